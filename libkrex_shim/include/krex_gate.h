@@ -1,0 +1,163 @@
+/*
+ * krex_gate.h — the per-GPU shared-memory gate: one fixed, versioned layout
+ * used by both sides of the region protocol (paper §4.2, DESIGN.md "Region
+ * entry and exit" steps 2-3 and 7-8).
+ *
+ *   krexd (coordinator, through ctypes on libkrex_gate.so) creates one gate
+ *   file per GPU, closes it for a holder, waits for every sibling slot to
+ *   acknowledge the epoch with a zero in-flight counter, and reopens it.
+ *
+ *   libkrex_shim.so (in every tenant process) claims one slot per process,
+ *   counts its in-flight driver calls in it, parks while a sibling holds the
+ *   gate, and runs a drainer thread that publishes acknowledgements.
+ *
+ * Both sides include this header; a change of layout bumps
+ * KREX_GATE_VERSION, and krex_gate_open() refuses a file of another version.
+ *
+ * Layout (little-endian, one mapping of sizeof(struct krex_gate) bytes):
+ *
+ *   offset 0    header (one cache line): magic, version, nslots, gpu,
+ *               word, seq, ack_seq
+ *   offset 64   slots[KREX_GATE_MAX_SLOTS], one cache line each
+ *
+ * The gate word packs the holder and the epoch so that closing is one
+ * atomic compare-and-swap (step 2: "atomically claims a shared-memory gate,
+ * recording the holder's identity and a unique epoch"):
+ *
+ *   word == 0                       gate open
+ *   word == (epoch << 32) | holder  gate closed for tenant `holder`
+ *
+ * Tenant ids and epochs are never 0.
+ */
+#ifndef KREX_GATE_H
+#define KREX_GATE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
+#define KREX_GATE_VERSION 1u
+#define KREX_GATE_MAX_SLOTS 256u
+
+/* Slot states.  FREE -> CLAIMING -> ACTIVE -> (FREE | DEAD -> FREE). */
+enum krex_slot_state {
+    KREX_SLOT_FREE = 0,     /* unused */
+    KREX_SLOT_CLAIMING = 1, /* a process is filling in pid/tenant */
+    KREX_SLOT_ACTIVE = 2,   /* a live process; must acknowledge drains */
+    KREX_SLOT_DEAD = 3,     /* its process died while a gate was closed;
+                               freed by the coordinator at reopen, never
+                               reassigned during the region (paper §4.2) */
+};
+
+struct krex_slot {
+    _Atomic uint32_t state;      /* enum krex_slot_state */
+    _Atomic uint32_t inflight;   /* in-flight driver calls; futex word */
+    _Atomic uint32_t ack_epoch;  /* last epoch this process drained for */
+    _Atomic int32_t pid;         /* owning process (krexd's pid namespace) */
+    _Atomic uint32_t tenant;     /* owning tenant id */
+    _Atomic uint32_t captures;   /* stream captures open in this process */
+    _Atomic uint64_t gated_calls;   /* statistics: calls that passed the gate */
+    _Atomic uint64_t blocked_calls; /* statistics: calls that parked */
+    _Atomic uint64_t last_drain_ns; /* statistics: duration of the last drain */
+    uint8_t pad_[64 - 6 * 4 - 3 * 8];
+} __attribute__((aligned(64)));
+
+struct krex_gate {
+    uint64_t magic;            /* KREX_GATE_MAGIC */
+    uint32_t version;          /* KREX_GATE_VERSION */
+    uint32_t nslots;           /* slots in use by this gate (<= MAX) */
+    uint32_t gpu;              /* GPU index this gate protects */
+    uint32_t reserved_;
+    _Atomic uint64_t word;     /* 0 = open, else (epoch << 32) | holder */
+    _Atomic uint32_t seq;      /* futex: bumped on every close and reopen;
+                                  parked submitters and drainers wait here */
+    _Atomic uint32_t ack_seq;  /* futex: bumped after each acknowledgement;
+                                  the coordinator waits here */
+    uint8_t pad_[64 - 8 - 4 * 4 - 8 - 4 * 2];
+    struct krex_slot slots[KREX_GATE_MAX_SLOTS];
+} __attribute__((aligned(64)));
+
+_Static_assert(sizeof(struct krex_slot) == 64, "slot is one cache line");
+_Static_assert(sizeof(struct krex_gate) == 64 + 64 * KREX_GATE_MAX_SLOTS,
+               "gate layout is fixed");
+
+static inline uint32_t krex_gate_holder(uint64_t word) { return (uint32_t)word; }
+static inline uint32_t krex_gate_epoch(uint64_t word) { return (uint32_t)(word >> 32); }
+static inline uint64_t krex_gate_word(uint32_t holder, uint32_t epoch)
+{
+    return ((uint64_t)epoch << 32) | holder;
+}
+
+/* Return codes: 0 on success, negative errno values on failure. */
+
+/* ---- both sides --------------------------------------------------------- */
+
+/* Map the gate file at `path`.  create != 0: create (or truncate) it with
+ * `mode`, initialise the header for `gpu` and `nslots`.  create == 0: map an
+ * existing file and check magic and version.  Returns NULL with errno set
+ * (EPROTO on a wrong magic or version). */
+struct krex_gate *krex_gate_open(const char *path, int create, uint32_t gpu,
+                                 uint32_t nslots, uint32_t mode);
+void krex_gate_unmap(struct krex_gate *g);
+
+/* ---- coordinator side (krexd) ------------------------------------------ */
+
+/* Step 2: close the gate for `holder` with `epoch`.  -EBUSY if not open. */
+int krex_gate_close(struct krex_gate *g, uint32_t holder, uint32_t epoch);
+
+/* Step 3: wait until every ACTIVE slot of another tenant has
+ * ack_epoch == epoch and inflight == 0.  Slots whose process has died are
+ * marked DEAD and skipped.  Spins briefly, then parks on ack_seq.
+ * timeout_ns bounds the wait: -ETIMEDOUT, with the indices of the slots
+ * still pending written to pending[0..*npending).  -ESTALE if the gate no
+ * longer holds (holder, epoch). */
+int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, uint32_t epoch,
+                           int64_t timeout_ns, uint32_t *pending,
+                           uint32_t *npending);
+
+/* Steps 7-8: reopen the gate only if it still holds (holder, epoch), so a
+ * late recovery never reopens a newer region.  Frees DEAD slots and wakes
+ * every parked submitter.  -ESTALE if the word differs. */
+int krex_gate_reopen(struct krex_gate *g, uint32_t holder, uint32_t epoch);
+
+/* Free ACTIVE slots whose process no longer exists (any gate state is
+ * fine: a dead process has nothing in flight).  Returns how many. */
+int krex_gate_reclaim_dead(struct krex_gate *g);
+
+/* ---- tenant side (libkrex_shim) ---------------------------------------- */
+
+/* Claim a slot for (tenant, pid).  The slot is published ACTIVE with
+ * inflight == 1 and then the gate is read, so registration is serialized
+ * with closure exactly like a submission (paper §4.2: "later arrivals must
+ * wait for the gate to reopen").  The caller must start its drainer before
+ * calling this, then treat the claim as an admitted call: on return
+ * (>= 0, the slot index) the registration has passed the gate and the caller
+ * must krex_gate_leave() it; -ENOSPC when every slot is taken. */
+int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid);
+
+/* The per-call protocol (paper §4.2 "increment, then check"): called around
+ * every gated driver call.  krex_gate_enter() returns once the call may
+ * proceed (gate open, or held by this tenant); it parks on the gate's futex
+ * while a sibling holds it.  krex_gate_leave() decrements and wakes a
+ * drainer waiting for zero. */
+void krex_gate_enter(struct krex_gate *g, struct krex_slot *s, uint32_t tenant);
+void krex_gate_leave(struct krex_gate *g, struct krex_slot *s);
+
+/* Drainer side: wait until the gate sequence differs from `seen`
+ * (futex wait, timeout_ns < 0 for none).  Returns the new sequence. */
+uint32_t krex_gate_wait_seq(struct krex_gate *g, uint32_t seen, int64_t timeout_ns);
+
+/* Drainer side: wait until s->inflight == 0 (spin briefly, then park). */
+void krex_gate_wait_idle(struct krex_slot *s);
+
+/* Drainer side: publish an acknowledgement of `epoch` and wake the
+ * coordinator. */
+void krex_gate_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KREX_GATE_H */
