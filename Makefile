@@ -1,0 +1,35 @@
+# krex top-level build.
+#   make          build the C parts (shim, gate library, fake driver for tests)
+#   make test     set up the virtualenv, build, run the test suite
+#   make demo     set up, build, run the main job (short replay; fake driver without a GPU)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+CUDA_INCLUDE ?= /usr/local/cuda/include
+export CUDA_INCLUDE
+
+.PHONY: all shim fakecuda venv test demo clean
+
+all: shim fakecuda
+
+shim:
+	$(MAKE) -C libkrex_shim
+
+fakecuda:
+	$(MAKE) -C tests/fakecuda
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+venv: $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+
+test: venv all
+	$(PY) -m pytest
+
+demo: venv all
+	$(PY) -m krexd.demo
+
+clean:
+	rm -rf build
