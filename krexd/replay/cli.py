@@ -1,0 +1,248 @@
+"""``krex replay`` arguments and dispatch.
+
+    krex replay TRACE --mode native|serial|krex|ungated [--concurrency N] --out DIR
+                [--duration S] [--repeat K] [--gpus 0,1,...] [--fake-gpus N]
+                [--socket PATH] [--config PATH] [--python PATH] [--cwd DIR]
+                [--timeout S] [--no-progress] [--no-report]
+    krex replay report DIR... --out REPORT_DIR
+
+A run writes DIR/results.jsonl and DIR/meta.json, then (unless
+--no-report) a report in DIR/report comparing it with every other run
+directory under DIR's parent.  Exit codes: 0 done (even when some commands
+failed: see the results), 1 the replay could not run (bad trace or
+arguments, krexd failed), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from krexd.replay import modes
+from krexd.replay.trace import TraceError, load
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def _gpu_list(text: str) -> list[int]:
+    try:
+        gpus = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        msg = f"--gpus wants comma-separated indices, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"--gpus wants distinct indices >= 0, got {text!r}")
+    return gpus
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` that must be > 0."""
+
+    def conv(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+        return v
+
+    return conv
+
+
+def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the replay arguments to ``p``."""
+    p.add_argument(
+        "target",
+        metavar="TRACE",
+        help="trace file (JSONL), or the word 'report' followed by run directories",
+    )
+    p.add_argument("dirs", nargs="*", metavar="DIR", help="run directories (report only)")
+    p.add_argument(
+        "--out", type=Path, required=True, help="output directory (a run's results, or the report)"
+    )
+    p.add_argument("--mode", choices=modes.MODES, help="how to run the commands")
+    p.add_argument(
+        "--concurrency",
+        type=_positive(int),
+        default=None,
+        help="commands per GPU at once (krex, ungated; default 1)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive(float),
+        default=None,
+        metavar="S",
+        help="loop over the trace until S seconds are spent",
+    )
+    p.add_argument(
+        "--repeat",
+        type=_positive(int),
+        default=None,
+        metavar="K",
+        help="passes over the trace (default 1; with --duration, at most K)",
+    )
+    p.add_argument(
+        "--gpus", type=_gpu_list, default=None, help="GPU indices to use, e.g. 0,1 (default: all)"
+    )
+    p.add_argument(
+        "--fake-gpus",
+        type=_positive(int),
+        default=None,
+        metavar="N",
+        help="simulated GPUs (passed to the started krexd; native uses 0..N-1)",
+    )
+    p.add_argument(
+        "--socket",
+        default=None,
+        help="use the krexd running at this socket instead of starting one",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="base krexd config (default: the shipped etc/krex.toml)",
+    )
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter for commands whose argv[0] is python/python3",
+    )
+    p.add_argument(
+        "--cwd",
+        type=Path,
+        default=Path.cwd(),
+        help="working directory of the commands (default: current)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=600.0,
+        metavar="S",
+        help="per-command time limit (default 600 s)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-report", action="store_true", help="skip the report after a run")
+    return p
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``replay`` on the ``krex`` CLI's subparsers (dispatch to ``main``)."""
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a benchmarking-command trace in one mode, or report on runs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    configure(p)
+    p.set_defaults(func=main)
+
+
+def build_parser(prog: str = "krex replay") -> argparse.ArgumentParser:
+    """A standalone parser (``python -m krexd.replay``)."""
+    return configure(
+        argparse.ArgumentParser(
+            prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+    )
+
+
+def count_gpus() -> int:
+    """Number of NVIDIA GPUs ``nvidia-smi -L`` lists (0 when it is missing or fails)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if out.returncode != 0:
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _err(msg: str) -> int:
+    print(f"krex replay: {msg}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _report(args: argparse.Namespace) -> int:
+    from krexd.replay.report import ReportError, generate
+
+    if not args.dirs:
+        return _err("report needs at least one run directory")
+    if args.mode is not None or args.concurrency is not None:
+        return _err("report takes run directories and --out only")
+    try:
+        md = generate([Path(d) for d in args.dirs], args.out)
+    except ReportError as exc:
+        return _err(str(exc))
+    print(md)
+    return EXIT_OK
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``krex replay`` with parsed ``args``; returns the exit code."""
+    if args.target == "report":
+        return _report(args)
+    if args.dirs:
+        return _err(f"unexpected arguments after the trace: {' '.join(args.dirs)}")
+    if args.mode is None:
+        return _err("--mode is required (native, serial, krex or ungated)")
+    from krexd.replay.runner import Runner, RunOptions
+
+    try:
+        trace_path = Path(args.target)
+        entries = load(trace_path)
+        mode = modes.make_mode(args.mode, args.concurrency or 1)
+        if args.gpus is not None:
+            gpus = args.gpus
+        elif args.fake_gpus is not None:
+            gpus = list(range(args.fake_gpus))
+        else:
+            gpus = list(range(count_gpus()))
+            if not gpus:
+                return _err("no GPU found (nvidia-smi -L); pass --gpus or --fake-gpus")
+        if args.socket is not None and not mode.uses_krexd:
+            return _err("--socket applies to the krexd-backed modes only")
+        base = args.config if args.config is not None else modes.default_base_config()
+        if args.config is not None and not args.config.is_file():
+            return _err(f"--config {args.config}: no such file")
+        opts = RunOptions(
+            trace=entries,
+            trace_path=trace_path.resolve(),
+            mode=mode,
+            out=args.out.resolve(),
+            gpus=gpus,
+            pin_gpus=args.gpus is not None,
+            duration_s=args.duration,
+            repeat=args.repeat,
+            python=args.python,
+            cwd=args.cwd.resolve(),
+            timeout_s=args.timeout,
+            socket=args.socket,
+            fake_gpus=args.fake_gpus,
+            base_config=base,
+            progress=not args.no_progress,
+        )
+        results = Runner(opts).run()
+    except (TraceError, modes.ModeError) as exc:
+        return _err(str(exc))
+    except KeyboardInterrupt:
+        print("krex replay: interrupted; partial results kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(results)
+    if not args.no_report:
+        from krexd.replay.report import find_runs, generate
+
+        out = args.out.resolve()
+        dirs = find_runs(out.parent)
+        if out not in dirs:
+            dirs.append(out)
+        print(generate(dirs, out / "report"))
+    return EXIT_OK

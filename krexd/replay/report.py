@@ -1,0 +1,406 @@
+"""``krex replay report``: compare replay runs; markdown, JSON and PNG plots.
+
+Input: run directories (each with meta.json and results.jsonl from the
+runner).  The reference is the earliest-started native run; any later
+native run is reported as a *native repeat* (run-to-run variation, paper
+§6.4).  Output directory: ``report.md``, ``metrics.json`` and the plots
+``throughput.png``, ``phases.png`` and, per statistic S in (median, mean),
+``ratio_cdf_S.png``, ``ratio_by_band_S.png``, ``flip_rate_S.png``,
+``kendall_cdf_S.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from krexd.replay import metrics  # noqa: E402
+from krexd.replay.runner import META, RESULTS, load_results  # noqa: E402
+from krexd.replay.trace import BAND_NAMES  # noqa: E402
+
+# Phases of a command, in order, as the workloads harness reports them (ms).
+PHASES: tuple[str, ...] = (
+    "admit_ms",
+    "imports_ms",
+    "context_ms",
+    "build_ms",
+    "correctness_ms",
+    "region_wait_ms",
+    "in_region_ms",
+    "exit_ms",
+)
+
+
+class ReportError(ValueError):
+    """A run directory is missing or unreadable."""
+
+
+@dataclass
+class Run:
+    """One replay run: its directory, label, meta.json and results.jsonl records."""
+
+    path: Path
+    label: str
+    meta: dict[str, Any]
+    records: list[dict[str, Any]]
+    role: str = "run"  # "reference", "native repeat" or "run"
+
+    @property
+    def mode(self) -> str:
+        return str(self.meta.get("mode", "?"))
+
+    def throughput(self) -> float:
+        """Completed commands per minute (window = --duration when it was set)."""
+        started = self.meta.get("started")
+        return metrics.throughput(
+            self.records,
+            self.meta.get("duration_s"),
+            float(started) if started is not None else None,
+        )
+
+
+def load_run(path: Path) -> Run:
+    """Read a run directory.
+
+    Raises:
+        ReportError: meta.json or results.jsonl is missing or not JSON.
+    """
+    meta_path, res_path = path / META, path / RESULTS
+    if not meta_path.is_file() or not res_path.is_file():
+        raise ReportError(f"{path}: not a replay run directory (needs {META} and {RESULTS})")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{meta_path}: unreadable ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ReportError(f"{meta_path}: not a JSON object")
+    return Run(path, path.name, meta, load_results(res_path))
+
+
+def find_runs(parent: Path) -> list[Path]:
+    """Run directories directly under ``parent`` (those holding meta.json and results.jsonl)."""
+    if not parent.is_dir():
+        return []
+    return sorted(
+        p
+        for p in parent.iterdir()
+        if p.is_dir() and (p / META).is_file() and (p / RESULTS).is_file()
+    )
+
+
+def assign_roles(runs: list[Run]) -> Run | None:
+    """Mark the earliest native run "reference" and later ones "native repeat"; return it."""
+    natives = sorted(
+        (r for r in runs if r.mode == "native"), key=lambda r: float(r.meta.get("started") or 0.0)
+    )
+    for i, r in enumerate(natives):
+        r.role = "reference" if i == 0 else "native repeat"
+    labels: dict[str, int] = {}
+    for r in runs:
+        n = labels.get(r.label, 0)
+        labels[r.label] = n + 1
+        if n:
+            r.label = f"{r.label}#{n + 1}"
+    return natives[0] if natives else None
+
+
+def compute(runs: list[Run], ref: Run | None) -> dict[str, Any]:
+    """All metrics of all runs against the reference (the content of metrics.json)."""
+    out: dict[str, Any] = {"reference": ref.label if ref else None, "runs": {}}
+    ref_times: dict[str, dict[metrics.Key, float]] = {}
+    if ref is not None:
+        for stat in metrics.STATS:
+            ref_times[stat] = metrics.per_key(metrics.samples(ref.records, stat))
+    for run in runs:
+        done = sum(1 for r in run.records if metrics.completed(r))
+        entry: dict[str, Any] = {
+            "path": str(run.path),
+            "mode": run.mode,
+            "role": run.role,
+            "concurrency": run.meta.get("concurrency"),
+            "commands": len(run.records),
+            "completed": done,
+            "failed": len(run.records) - done,
+            "throughput_cmds_per_min": run.throughput(),
+            "phases_median_ms": phase_medians(run),
+            "stats": {},
+        }
+        if ref is not None and run is not ref:
+            for stat in metrics.STATS:
+                ss = metrics.samples(run.records, stat)
+                rs = metrics.ratios(ss, ref_times[stat])
+                measured = metrics.per_key(ss)
+                flips = metrics.flip_rates(ref_times[stat], measured)
+                taus = metrics.kendall_per_task(ref_times[stat], measured)
+                entry["stats"][stat] = {
+                    "fidelity": metrics.summarize(rs),
+                    "ratios": [r.ratio for r in rs],
+                    "ratio_ref_ms": [r.ref_ms for r in rs],
+                    "flips": {
+                        b.name: {"pairs": b.pairs, "flips": b.flips, "rate": b.rate} for b in flips
+                    },
+                    "kendall_tau_b": taus,
+                    "kendall_median": statistics.median(taus.values()) if taus else math.nan,
+                }
+        out["runs"][run.label] = entry
+    return out
+
+
+def phase_medians(run: Run) -> dict[str, float]:
+    """Median ms of each phase (``PHASES``) over the run's completed commands."""
+    vals: dict[str, list[float]] = {p: [] for p in PHASES}
+    for r in run.records:
+        if not metrics.completed(r):
+            continue
+        ph = r["result"].get("phases") or {}
+        for p in PHASES:
+            v = ph.get(p)
+            if isinstance(v, int | float) and math.isfinite(v):
+                vals[p].append(float(v))
+    return {p: statistics.median(v) if v else math.nan for p, v in vals.items()}
+
+
+def _fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if not isinstance(x, int | float) or not math.isfinite(x):
+        return "—"
+    return f"{x:{spec}}{suffix}"
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def markdown(runs: list[Run], data: dict[str, Any]) -> str:
+    """The report text (markdown tables; plots referenced by file name)."""
+    ref = data["reference"]
+    lines = ["# krex replay report", ""]
+    lines.append(
+        f"Reference: **{ref}** (first native run)."
+        if ref
+        else "No native run found: timing fidelity needs one (run `--mode native`)."
+    )
+    lines += [
+        "",
+        "## Throughput",
+        "",
+        "| run | mode | concurrency | role | commands | completed "
+        "| failed | cmds/min | x reference |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    ref_tp = data["runs"][ref]["throughput_cmds_per_min"] if ref else math.nan
+    for run in runs:
+        d = data["runs"][run.label]
+        tp = d["throughput_cmds_per_min"]
+        lines.append(
+            f"| {run.label} | {d['mode']} | {d['concurrency']} | {d['role']} | "
+            f"{d['commands']} | {d['completed']} | {d['failed']} | {_fmt(tp, '.1f')} | "
+            f"{_fmt(tp / ref_tp if ref_tp else math.nan, '.2f', 'x')} |"
+        )
+    lines += ["", "![throughput](throughput.png)", ""]
+    for stat in metrics.STATS:
+        compared = [r for r in runs if stat in data["runs"][r.label]["stats"]]
+        if not compared:
+            continue
+        lines += [
+            f"## Timing fidelity ({stat} per command)",
+            "",
+            "P = p95 timing inflation against the reference; bands by reference time.",
+            "",
+            "| run | n | P | P >10ms | P >1ms | P >0.1ms | median ratio | within 5% "
+            "| median tau-b |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for run in compared:
+            s = data["runs"][run.label]["stats"][stat]
+            f = s["fidelity"]
+            lines.append(
+                f"| {run.label} | {f['n']} | {_fmt(f['P'], '.2f', '%')} | "
+                + " | ".join(_fmt(f["P_gt"][k], ".2f", "%") for k in (">10ms", ">1ms", ">0.1ms"))
+                + f" | {_fmt(f['median_ratio'], '.4f')} | {_fmt(f['within5'] * 100, '.1f', '%')}"
+                f" | {_fmt(s['kendall_median'], '.3f')} |"
+            )
+        lines += [
+            "",
+            "P by kernel-duration band (n):",
+            "",
+            "| run | " + " | ".join(BAND_NAMES) + " |",
+            "|---|" + "---|" * len(BAND_NAMES),
+        ]
+        for run in compared:
+            b = data["runs"][run.label]["stats"][stat]["fidelity"]["bands"]
+            lines.append(
+                f"| {run.label} | "
+                + " | ".join(f"{_fmt(b[n]['P'], '.2f', '%')} ({b[n]['n']})" for n in BAND_NAMES)
+                + " |"
+            )
+        names = [b[0] for b in metrics.GAP_BUCKETS]
+        lines += [
+            "",
+            "Pairwise flip rate by native gap (flips/pairs):",
+            "",
+            "| run | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+        ]
+        for run in compared:
+            fl = data["runs"][run.label]["stats"][stat]["flips"]
+            lines.append(
+                f"| {run.label} | "
+                + " | ".join(
+                    f"{_fmt(fl[n]['rate'] * 100, '.1f', '%')} ({fl[n]['flips']}/{fl[n]['pairs']})"
+                    for n in names
+                )
+                + " |"
+            )
+        lines += [
+            "",
+            f"![ratio CDF](ratio_cdf_{stat}.png) ![by band](ratio_by_band_{stat}.png)",
+            f"![flips](flip_rate_{stat}.png) ![tau-b](kendall_cdf_{stat}.png)",
+            "",
+        ]
+    lines += [
+        "## Where the time goes (median ms per command)",
+        "",
+        "| run | " + " | ".join(p.removesuffix("_ms") for p in PHASES) + " |",
+        "|---|" + "---|" * len(PHASES),
+    ]
+    for run in runs:
+        ph = data["runs"][run.label]["phases_median_ms"]
+        lines.append(f"| {run.label} | " + " | ".join(_fmt(ph[p], ".0f") for p in PHASES) + " |")
+    lines += ["", "![phases](phases.png)", ""]
+    return "\n".join(lines)
+
+
+def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plots(runs: list[Run], data: dict[str, Any], out: Path) -> list[Path]:
+    """Write the PNG plots into ``out``; returns their paths."""
+    written: list[Path] = []
+    labels = [r.label for r in runs]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(runs)), 3.5))
+    ax.bar(labels, np.nan_to_num([data["runs"][lb]["throughput_cmds_per_min"] for lb in labels]))
+    ax.set_ylabel("completed commands / min")
+    ax.set_title("Throughput")
+    ax.tick_params(axis="x", rotation=30)
+    _save(fig, out / "throughput.png")
+    written.append(out / "throughput.png")
+
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(runs)), 3.8))
+    bottom = np.zeros(len(runs))
+    for p in PHASES:
+        vals = np.array([data["runs"][lb]["phases_median_ms"][p] for lb in labels], dtype=float)
+        vals = np.nan_to_num(vals)
+        ax.bar(labels, vals, bottom=bottom, label=p.removesuffix("_ms"))
+        bottom += vals
+    ax.set_ylabel("median ms per command")
+    ax.set_title("Where the time goes")
+    ax.legend(fontsize=7, ncols=2)
+    ax.tick_params(axis="x", rotation=30)
+    _save(fig, out / "phases.png")
+    written.append(out / "phases.png")
+
+    for stat in metrics.STATS:
+        compared = [lb for lb in labels if stat in data["runs"][lb]["stats"]]
+        if not compared:
+            continue
+        st = {lb: data["runs"][lb]["stats"][stat] for lb in compared}
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for lb in compared:
+            v = np.sort(np.asarray(st[lb]["ratios"], dtype=float))
+            if v.size:
+                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=lb)
+        ax.set_xscale("log")
+        ax.axvline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel(f"timing ratio ({stat}) vs reference")
+        ax.set_ylabel("CDF")
+        ax.legend(fontsize=7)
+        _save(fig, out / f"ratio_cdf_{stat}.png")
+        written.append(out / f"ratio_cdf_{stat}.png")
+
+        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        width = 0.8 / len(compared)
+        for j, lb in enumerate(compared):
+            bands = st[lb]["fidelity"]["bands"]
+            ax.bar(
+                np.arange(len(BAND_NAMES)) + j * width,
+                [np.nan_to_num(bands[n]["P"]) for n in BAND_NAMES],
+                width,
+                label=lb,
+            )
+        ax.set_xticks(np.arange(len(BAND_NAMES)) + 0.4 - width / 2, BAND_NAMES)
+        ax.set_xlabel("reference kernel time")
+        ax.set_ylabel(f"P, p95 inflation (%, {stat})")
+        ax.legend(fontsize=7)
+        _save(fig, out / f"ratio_by_band_{stat}.png")
+        written.append(out / f"ratio_by_band_{stat}.png")
+
+        names = [b[0] for b in metrics.GAP_BUCKETS]
+        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        for j, lb in enumerate(compared):
+            ax.bar(
+                np.arange(len(names)) + j * width,
+                [np.nan_to_num(st[lb]["flips"][n]["rate"]) * 100 for n in names],
+                width,
+                label=lb,
+            )
+        ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names)
+        ax.set_xlabel("native gap")
+        ax.set_ylabel(f"pairs flipped (%, {stat})")
+        ax.legend(fontsize=7)
+        _save(fig, out / f"flip_rate_{stat}.png")
+        written.append(out / f"flip_rate_{stat}.png")
+
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for lb in compared:
+            v = np.sort(np.asarray(list(st[lb]["kendall_tau_b"].values()), dtype=float))
+            if v.size:
+                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=lb)
+        ax.set_xlabel(f"Kendall tau-b per task ({stat})")
+        ax.set_ylabel("CDF")
+        ax.set_xlim(-1.05, 1.05)
+        ax.legend(fontsize=7)
+        _save(fig, out / f"kendall_cdf_{stat}.png")
+        written.append(out / f"kendall_cdf_{stat}.png")
+    return written
+
+
+def generate(dirs: Sequence[Path], out: Path) -> Path:
+    """Write the report of the runs in ``dirs`` into ``out``; returns report.md's path.
+
+    Raises:
+        ReportError: no run directory given, or one is unreadable.
+    """
+    if not dirs:
+        raise ReportError("no run directory to report on")
+    runs = [load_run(Path(d)) for d in dirs]
+    runs.sort(key=lambda r: float(r.meta.get("started") or 0.0))
+    ref = assign_roles(runs)
+    data = compute(runs, ref)
+    out.mkdir(parents=True, exist_ok=True)
+    plots(runs, data, out)
+    (out / "metrics.json").write_text(
+        json.dumps(_jsonable(data), indent=1) + "\n", encoding="utf-8"
+    )
+    md = out / "report.md"
+    md.write_text(markdown(runs, data), encoding="utf-8")
+    return md

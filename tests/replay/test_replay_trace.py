@@ -1,0 +1,109 @@
+"""The trace parser, the mode table and the generated krexd config."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from krexd.replay import modes, trace
+from krexd.replay.runner import parse_result, resolve_argv
+
+GOOD = {"argv": ["python", "w/gemm.py", "--task", "t"], "task": "t", "candidate": "c",
+        "band": "0.1-1ms", "note": "kept"}
+
+
+def test_parse_good_lines_skips_blanks_and_keeps_extra() -> None:
+    lines = ["", json.dumps(GOOD), "   ", json.dumps({**GOOD, "candidate": "d"})]
+    es = trace.parse_lines(lines, "x.jsonl")
+    assert [e.candidate for e in es] == ["c", "d"]
+    assert es[0].argv == ("python", "w/gemm.py", "--task", "t")
+    assert es[0].key == ("t", "c")
+    assert es[0].extra == {"note": "kept"}
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        ("{not json", "x.jsonl:2: not valid JSON"),
+        (json.dumps([1, 2]), "expected a JSON object"),
+        (json.dumps({**GOOD, "argv": []}), "'argv' must be"),
+        (json.dumps({**GOOD, "argv": "python x.py"}), "'argv' must be"),
+        (json.dumps({**GOOD, "argv": ["python", ""]}), "'argv' must be"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "task"}), "'task' must be"),
+        (json.dumps({**GOOD, "candidate": 3}), "'candidate' must be"),
+        (json.dumps({**GOOD, "band": "fast"}), "'band' is 'fast', expected one of"),
+    ],
+)
+def test_bad_lines_name_file_and_line(line: str, fragment: str) -> None:
+    with pytest.raises(trace.TraceError) as ei:
+        trace.parse_lines([json.dumps(GOOD), line], "x.jsonl")
+    assert fragment in str(ei.value)
+    assert "x.jsonl:2" in str(ei.value)
+
+
+def test_empty_and_missing_files(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(trace.TraceError, match="holds no command"):
+        trace.load(tmp_path / "empty.jsonl")
+    with pytest.raises(trace.TraceError, match="cannot read trace"):
+        trace.load(tmp_path / "absent.jsonl")
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(trace.TraceError, match="not UTF-8"):
+        trace.load(tmp_path / "bin.jsonl")
+
+
+def test_dump_load_round_trip(tmp_path: Path) -> None:
+    es = trace.parse_lines([json.dumps(GOOD)])
+    trace.dump(es, tmp_path / "t.jsonl")
+    back = trace.load(tmp_path / "t.jsonl")
+    assert back == es and back[0].extra == {"note": "kept"}
+
+
+def test_band_of() -> None:
+    assert trace.band_of(0.01) == "<0.1ms"
+    assert trace.band_of(0.1) == "0.1-1ms"
+    assert trace.band_of(9.99) == "1-10ms"
+    assert trace.band_of(25.0) == ">=10ms"
+    with pytest.raises(ValueError):
+        trace.band_of(float("nan"))
+
+
+def test_modes() -> None:
+    assert modes.make_mode("native", 1) == modes.Mode("native", 1, False, True)
+    assert modes.make_mode("ungated", 8) == modes.Mode("ungated", 8, True, False)
+    assert modes.make_mode("krex", 16).enforce
+    for name, conc, msg in (("fast", 1, "unknown mode"), ("krex", 0, ">= 1"),
+                            ("serial", 4, "one command per GPU")):
+        with pytest.raises(modes.ModeError, match=msg):
+            modes.make_mode(name, conc)
+
+
+def test_generated_config_round_trips_and_overrides(tmp_path: Path) -> None:
+    base_text = (
+        'socket = "/run/krex/krexd.sock"\n'
+        "[admission]\nslots_per_gpu = 16\nqueue = [1, 2]\n"
+        "[region]\nenforce = true\nmax_region_s = 30.0\n"
+        '[cgroups.v2]\nroot = "/sys/fs/cgroup/krex"\n'
+    )
+    base_path = tmp_path / "base.toml"
+    base_path.write_text(base_text)
+    out = modes.write_config(modes.make_mode("ungated", 4), tmp_path / "k.toml", base_path)
+    got = tomllib.loads(out.read_text())
+    want = tomllib.loads(base_text)
+    table, key = modes.CONCURRENCY_KEY
+    want.setdefault(table, {})[key] = 4
+    want["region"]["enforce"] = False
+    assert got == want
+    # The base file is untouched.
+    assert base_path.read_text() == base_text
+
+
+def test_parse_result_and_argv() -> None:
+    out = 'noise\n{"median_ms": 1.5, "task": "t"}\n{"other": 1}\nnot json {\n'
+    assert parse_result(out) == {"median_ms": 1.5, "task": "t"}
+    assert parse_result("nothing here\n") is None
+    assert resolve_argv(["python3", "x.py"], "/opt/py") == ["/opt/py", "x.py"]
+    assert resolve_argv(["/bin/true"], "/opt/py") == ["/bin/true"]
