@@ -1,0 +1,254 @@
+"""krexd's cgroup subtree: ``<root>/<name>/gpu<N>/t<tenant id>``.
+
+Backends (shown by ``krexctl status``):
+
+* ``v2``: one cgroup2 tree; ``cgroup.freeze`` for freezing and the v2
+  ``cpuset`` controller for slices (enabled top-down through
+  ``cgroup.subtree_control``).  When cpuset cannot be enabled there, slices
+  fall back to ``sched_setaffinity`` on every thread (``cpuset: affinity``).
+* ``hybrid``: cgroup2 mounted beside v1 controllers (freezer through v2
+  ``cgroup.freeze``, which works without v2 controllers) and the v1 ``cpuset``
+  hierarchy for slices: a parallel tree ``<cpuset mount>/<name>/gpu<N>/t<id>``.
+
+``<root>``: ``[cgroup] root`` when set; under systemd (``Delegate=yes``) the
+unit's own cgroup, after krexd has moved itself into the ``supervisor`` leaf
+(before READY=1; systemd CGROUP_DELEGATION.md); else the cgroup2 mount.
+``<name>`` is ``[cgroup] name`` so several krexd instances never collide; tenant
+directories are ``t<id>`` so they never collide with kernel files.
+
+At start, a tree left by an earlier krexd of the same name is thawed, its
+processes killed and its directories removed, so no tenant stays frozen
+across a daemon crash.  At shutdown the same happens to krexd's own tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+
+from krexd.cgroups import detect, fs
+from krexd.cgroups.fs import CgroupError
+from krexd.cgroups.tenant import CPUSET_AFFINITY, CPUSET_V1, CPUSET_V2, TenantCgroup
+from krexd.config import CgroupConfig, ConfigError, format_cores
+from krexd.slices import CpuSlice
+
+_log = logging.getLogger("krexd.cgroups")
+
+SUPERVISOR_LEAF = "supervisor"
+
+
+class CgroupBackend:
+    """The cgroup tree of one krexd; build it with :meth:`open`, then :meth:`prepare`."""
+
+    def __init__(
+        self,
+        kind: str,
+        base: str,
+        name: str,
+        cpuset_kind: str,
+        cpuset_base: str | None,
+        systemd: bool,
+    ) -> None:
+        self.kind = kind
+        self.base = base
+        self.name = name
+        self.cpuset_kind = cpuset_kind
+        self.cpuset_base = cpuset_base
+        self.systemd = systemd
+        self.root = os.path.join(base, name)
+        self.cpuset_root = os.path.join(cpuset_base, name) if cpuset_base else None
+        self._mems = "0"
+        self._slices: dict[int, CpuSlice] = {}
+
+    # --- detection ----------------------------------------------------------------
+
+    @classmethod
+    def open(cls, cfg: CgroupConfig, mounts: detect.Mounts | None = None) -> CgroupBackend:
+        """Detect the hierarchies and choose the backend per ``[cgroup] backend``.
+
+        Under systemd with no ``[cgroup] root``, moves krexd into its
+        ``supervisor`` leaf first (no processes in inner nodes).
+        """
+        mounts = mounts or detect.find_mounts()
+        if mounts.v2 is None:
+            raise ConfigError("[cgroup] no cgroup2 mount found; krexd needs cgroup v2 (freezer)")
+        systemd = detect.under_systemd() and not cfg.root
+        if cfg.root:
+            base = cfg.root
+        elif systemd:
+            own = os.path.join(mounts.v2, detect.own_v2_cgroup().lstrip("/"))
+            leaf = os.path.join(own, SUPERVISOR_LEAF)
+            fs.mkdir(leaf)
+            fs.write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+            base = own
+        else:
+            base = mounts.v2
+        if not os.path.isfile(os.path.join(base, "cgroup.procs")):
+            raise ConfigError(f"[cgroup] root {base} is not a cgroup2 directory")
+        controllers = fs.read(os.path.join(base, "cgroup.controllers")).split()
+        want = cfg.backend
+        if want == "hybrid" or (want == "auto" and "cpuset" not in controllers):
+            cpuset_base = cfg.cpuset_root or mounts.v1_cpuset
+            if cpuset_base is not None:
+                return cls("hybrid", base, cfg.name, CPUSET_V1, cpuset_base, systemd)
+            if want == "hybrid":
+                raise ConfigError("[cgroup] backend = hybrid but no v1 cpuset hierarchy found")
+            _log.warning("no cpuset controller: CPU slices use sched_setaffinity")
+            return cls("v2", base, cfg.name, CPUSET_AFFINITY, None, systemd)
+        if "cpuset" not in controllers:
+            _log.warning("cpuset not available in %s: CPU slices use sched_setaffinity", base)
+            return cls("v2", base, cfg.name, CPUSET_AFFINITY, None, systemd)
+        return cls("v2", base, cfg.name, CPUSET_V2, base, systemd)
+
+    # --- building the tree --------------------------------------------------------
+
+    def prepare(self, slices: dict[int, CpuSlice]) -> int:
+        """Clean a stale tree, then build ``<name>/gpu<N>`` with each GPU's slice.
+
+        Returns how many leftover processes of an earlier krexd were killed.
+        """
+        killed = self.cleanup_stale()
+        self._slices = dict(slices)
+        all_cores = sorted({c for s in slices.values() for c in s.cores})
+        fs.mkdir(self.root)
+        if self.cpuset_kind == CPUSET_V2:
+            if not self._enable_cpuset(self.base):
+                self.cpuset_kind, self.cpuset_base, self.cpuset_root = CPUSET_AFFINITY, None, None
+        if self.cpuset_kind == CPUSET_V1:
+            assert self.cpuset_base is not None and self.cpuset_root is not None
+            self._mems = fs.read(os.path.join(self.cpuset_base, "cpuset.mems")).strip() or "0"
+            fs.mkdir(self.cpuset_root)
+            self._set_cpuset(self.cpuset_root, all_cores)
+        elif self.cpuset_kind == CPUSET_V2:
+            self._set_cpuset(self.root, all_cores)
+            self._enable_cpuset(self.root)
+        for gpu, sl in sorted(slices.items()):
+            fs.mkdir(self._gpu_dir(gpu))
+            cs_dir = self._gpu_cpuset_dir(gpu)
+            if cs_dir is not None:
+                if cs_dir != self._gpu_dir(gpu):
+                    fs.mkdir(cs_dir)
+                self._set_cpuset(cs_dir, sl.cores)
+                if self.cpuset_kind == CPUSET_V2:
+                    self._enable_cpuset(cs_dir)
+        return killed
+
+    def _enable_cpuset(self, directory: str) -> bool:
+        path = os.path.join(directory, "cgroup.subtree_control")
+        if "cpuset" in fs.read(path).split():
+            return True
+        try:
+            fs.write(path, "+cpuset")
+        except CgroupError as exc:
+            _log.warning("cannot enable cpuset in %s (%s): using sched_setaffinity", path, exc)
+            return False
+        return True
+
+    def _set_cpuset(self, directory: str, cores: tuple[int, ...] | list[int]) -> None:
+        if self.cpuset_kind == CPUSET_V1:
+            # v1 needs cpus and mems before a task or child may use the cgroup.
+            fs.write(os.path.join(directory, "cpuset.mems"), self._mems)
+        fs.write(os.path.join(directory, "cpuset.cpus"), format_cores(cores))
+
+    def _gpu_dir(self, gpu: int) -> str:
+        return os.path.join(self.root, f"gpu{gpu}")
+
+    def _gpu_cpuset_dir(self, gpu: int) -> str | None:
+        if self.cpuset_kind == CPUSET_V1:
+            assert self.cpuset_root is not None
+            return os.path.join(self.cpuset_root, f"gpu{gpu}")
+        if self.cpuset_kind == CPUSET_V2:
+            return self._gpu_dir(gpu)
+        return None
+
+    def create_tenant(self, gpu: int, tenant_id: int) -> TenantCgroup:
+        """Create ``gpu<gpu>/t<tenant_id>`` confined to the slice's tenant cores."""
+        sl = self._slices[gpu]
+        leaf = f"t{tenant_id}"
+        freezer = os.path.join(self._gpu_dir(gpu), leaf)
+        gpu_cs = self._gpu_cpuset_dir(gpu)
+        cpuset_dir = os.path.join(gpu_cs, leaf) if gpu_cs is not None else None
+        fs.mkdir(freezer)
+        if cpuset_dir is not None:
+            if cpuset_dir != freezer:
+                fs.mkdir(cpuset_dir)
+            self._set_cpuset(cpuset_dir, sl.tenant_cores)
+        return TenantCgroup(freezer, cpuset_dir, self.cpuset_kind, sl.tenant_cores)
+
+    # --- cleanup ------------------------------------------------------------------
+
+    def _trees(self) -> list[str]:
+        trees = [self.root]
+        if self.cpuset_root and self.cpuset_root != self.root:
+            trees.append(self.cpuset_root)
+        return trees
+
+    def _kill_tree(self) -> int:
+        """Thaw every directory of the v2 tree and SIGKILL all its processes."""
+        if not os.path.isdir(self.root):
+            return 0
+        dirs = fs.subdirs_bottom_up(self.root)
+        pids = {p for d in dirs for p in fs.read_pids(os.path.join(d, "cgroup.procs"))}
+        for d in reversed(dirs):  # top-down: a frozen ancestor keeps children frozen
+            try:
+                fs.write(os.path.join(d, "cgroup.freeze"), "0")
+            except CgroupError:
+                pass
+        kill_file = os.path.join(self.root, "cgroup.kill")
+        if os.path.exists(kill_file):
+            fs.write(kill_file, "1")
+        else:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return len(pids)
+
+    def _remove_dirs(self) -> None:
+        for tree in self._trees():
+            for d in fs.subdirs_bottom_up(tree):
+                fs.rmdir(d)
+
+    def _populated(self) -> bool:
+        try:
+            return fs.events(self.root).get("populated", 0) == 1
+        except CgroupError:
+            return False
+
+    def cleanup_stale(self, timeout_s: float = 5.0) -> int:
+        """Thaw, kill and remove a tree left by an earlier krexd (blocking; used at start)."""
+        killed = self._kill_tree()
+        deadline = time.monotonic() + timeout_s
+        while self._populated():
+            if time.monotonic() > deadline:
+                raise CgroupError(0, f"stale cgroup tree {self.root} did not empty in {timeout_s}s")
+            time.sleep(0.005)
+        self._remove_dirs()
+        if killed:
+            _log.warning("killed %d process(es) left in %s by an earlier krexd", killed, self.root)
+        return killed
+
+    async def teardown(self, timeout_s: float = 5.0) -> None:
+        """Thaw and kill whatever is still in the tree, then remove every directory."""
+        self._kill_tree()
+        deadline = time.monotonic() + timeout_s
+        while self._populated() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        try:
+            self._remove_dirs()
+        except CgroupError as exc:
+            _log.error("cgroup cleanup incomplete: %s", exc)
+
+    def describe(self) -> dict[str, object]:
+        """What ``krexctl status`` shows about cgroups."""
+        return {
+            "backend": self.kind,
+            "cpuset": self.cpuset_kind,
+            "root": self.root,
+            "cpuset_root": self.cpuset_root,
+            "systemd": self.systemd,
+        }

@@ -1,0 +1,170 @@
+"""One tenant's cgroup(s): v2 freezer directory plus, on hybrid hosts, a v1 cpuset one.
+
+Freeze semantics (cgroup-v2.rst ``cgroup.freeze``): writing 1 is asynchronous;
+the kernel reports completion as ``frozen 1`` in ``cgroup.events``.  Tasks in
+uninterruptible sleep freeze only when they return to user space, so waiting
+has a timeout and the caller rolls back with :meth:`TenantCgroup.thaw`
+(as runc does).  Frozen tasks still die from SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Sequence
+
+from krexd.cgroups import fs
+from krexd.config import format_cores
+
+CPUSET_V2 = "v2"  # cpuset.cpus in the v2 directory
+CPUSET_V1 = "v1"  # cpuset.cpus in a separate v1 cpuset directory (hybrid host)
+CPUSET_AFFINITY = "affinity"  # no cpuset controller: sched_setaffinity on every thread
+
+
+class TenantCgroup:
+    """Cgroup(s) of one tenant.
+
+    ``freezer_dir``: the v2 directory (``cgroup.procs``, ``cgroup.freeze``);
+    ``cpuset_dir``: where ``cpuset.cpus`` lives (same as ``freezer_dir`` for
+    pure v2, a v1 directory on hybrid hosts, ``None`` for the affinity fallback);
+    ``cores``: the tenant's off-region cores.
+    """
+
+    def __init__(
+        self, freezer_dir: str, cpuset_dir: str | None, cpuset_kind: str, cores: Sequence[int]
+    ) -> None:
+        self.freezer_dir = freezer_dir
+        self.cpuset_dir = cpuset_dir
+        self.cpuset_kind = cpuset_kind
+        self.cores: tuple[int, ...] = tuple(cores)
+
+    def __repr__(self) -> str:
+        return f"TenantCgroup({self.freezer_dir!r})"
+
+    @property
+    def path(self) -> str:
+        """The v2 (freezer) directory."""
+        return self.freezer_dir
+
+    @property
+    def paths(self) -> list[str]:
+        """Every directory of this tenant (v2 first, then v1 cpuset on hybrid hosts)."""
+        out = [self.freezer_dir]
+        if self.cpuset_dir and self.cpuset_dir != self.freezer_dir:
+            out.append(self.cpuset_dir)
+        return out
+
+    # --- membership ----------------------------------------------------------------
+
+    def add_pid(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into this tenant's cgroup(s)."""
+        for d in self.paths:
+            fs.write(os.path.join(d, "cgroup.procs"), str(pid))
+        if self.cpuset_kind == CPUSET_AFFINITY:
+            _set_affinity_all_threads(pid, self.cores)
+
+    def pids(self) -> list[int]:
+        """Processes now in the tenant's (v2) cgroup."""
+        return fs.read_pids(os.path.join(self.freezer_dir, "cgroup.procs"))
+
+    def populated(self) -> bool:
+        """True while any process is in the cgroup (``cgroup.events`` ``populated``)."""
+        try:
+            return fs.events(self.freezer_dir).get("populated", 0) == 1
+        except fs.CgroupError:
+            return False
+
+    # --- freezer (paper §4.2 step 4 and 7) ---------------------------------------------
+
+    def freeze(self) -> None:
+        """Ask the kernel to freeze the whole tree (asynchronous; see wait_frozen)."""
+        fs.write(os.path.join(self.freezer_dir, "cgroup.freeze"), "1")
+
+    def thaw(self) -> None:
+        """Thaw the whole tree (takes effect at once)."""
+        fs.write(os.path.join(self.freezer_dir, "cgroup.freeze"), "0")
+
+    def is_frozen(self) -> bool:
+        """True when the kernel reports every task frozen (``frozen 1``)."""
+        return fs.events(self.freezer_dir).get("frozen", 0) == 1
+
+    async def wait_frozen(self, timeout_s: float) -> bool:
+        """Wait until :meth:`is_frozen` (True) or ``timeout_s`` seconds pass (False).
+
+        Polls ``cgroup.events`` from 50 µs doubling to 5 ms, so a quick freeze
+        is seen quickly without spinning.
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = 50e-6
+        while True:
+            if self.is_frozen():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5e-3)
+
+    # --- CPU placement ------------------------------------------------------------------
+
+    def set_cpus(self, cores: Sequence[int]) -> None:
+        """Confine the tenant to ``cores`` (core ids; cpuset.cpus or every thread's affinity)."""
+        cores = tuple(sorted(set(cores)))
+        if not cores:
+            raise ValueError("set_cpus needs at least one core")
+        if self.cpuset_kind == CPUSET_AFFINITY or self.cpuset_dir is None:
+            for pid in self.pids():
+                _set_affinity_all_threads(pid, cores)
+        else:
+            fs.write(os.path.join(self.cpuset_dir, "cpuset.cpus"), format_cores(cores))
+
+    # --- end of life --------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """SIGKILL every process of the tree (``cgroup.kill``, else one by one).
+
+        Frozen tasks die too (fatal signals reach them); the cgroup is also
+        thawed so that nothing stays stopped.
+        """
+        kill_file = os.path.join(self.freezer_dir, "cgroup.kill")
+        if os.path.exists(kill_file):
+            fs.write(kill_file, "1")
+        else:
+            for pid in self.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.thaw()
+        except fs.CgroupError:
+            pass
+
+    async def wait_empty(self, timeout_s: float) -> bool:
+        """Wait until no process is left (True) or ``timeout_s`` seconds pass (False)."""
+        deadline = time.monotonic() + timeout_s
+        delay = 200e-6
+        while self.populated():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 20e-3)
+        return True
+
+    def remove(self) -> None:
+        """Remove the tenant's directories (they must be empty: kill() and wait_empty() first)."""
+        for d in reversed(self.paths):
+            fs.rmdir(d)
+
+
+def _set_affinity_all_threads(pid: int, cores: Sequence[int]) -> None:
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (FileNotFoundError, ProcessLookupError):
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,335 @@
+"""krexd configuration: TOML (``tomllib``) into frozen dataclasses, one per table.
+
+Every key is optional (defaults below, documented in ``etc/krex.toml``).
+Unknown tables/keys and bad values are refused at start with a
+:class:`ConfigError` whose message names the key, e.g.
+``[cgroup] nmae: unknown key``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SOCKET = "/run/krex/krexd.sock"
+SYSTEM_CONFIG = "/etc/krex/krex.toml"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the table and key."""
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """``[daemon]``: socket path, its permissions, where gate files go, fake GPUs."""
+
+    socket: str = DEFAULT_SOCKET
+    state_dir: str = ""  # "" -> the socket's directory
+    socket_group: str = ""  # "" -> leave krexd's primary group
+    socket_mode: int = 0o660
+    fake_gpus: int = 0
+    log_level: str = "info"
+    liveness_interval_ms: int = 200
+
+    @property
+    def gate_dir(self) -> str:
+        """Directory of the gate files (``state_dir`` or the socket's directory)."""
+        return self.state_dir or os.path.dirname(os.path.abspath(self.socket))
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """``[admission]``: command concurrency (slots) per GPU and the parking limit."""
+
+    slots_per_gpu: int = 4
+    max_parked: int = 4096
+
+
+@dataclass(frozen=True)
+class CgroupConfig:
+    """``[cgroup]``: backend choice and where krexd builds ``<root>/<name>/gpu<N>/t<id>``."""
+
+    name: str = "krex"
+    backend: str = "auto"  # auto | v2 | hybrid
+    root: str = ""  # "" -> own cgroup under systemd, else the cgroup2 mount
+    cpuset_root: str = ""  # hybrid hosts: v1 cpuset parent ("" -> the v1 cpuset mount)
+
+
+@dataclass(frozen=True)
+class CpuConfig:
+    """``[cpu]``: per-GPU CPU slices (explicit, or computed) and reserved cores."""
+
+    reserved_cores: int = 1
+    allow_shared: bool = False
+    slices: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """``[region]``: limits of the region protocol (coordinator)."""
+
+    max_region_s: float = 600.0
+    drain_timeout_s: float = 10.0
+    freeze_timeout_s: float = 10.0
+    l2_flush: bool = True
+    enforce: bool = True  # false: regions are recorded, not enforced ("ungated" mode)
+
+
+@dataclass(frozen=True)
+class ShimConfig:
+    """``[shim]``: explicit shim library path ("" -> search, see krexd.paths)."""
+
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; ``source`` is the file it came from ("" for defaults)."""
+
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    cgroup: CgroupConfig = field(default_factory=CgroupConfig)
+    cpu: CpuConfig = field(default_factory=CpuConfig)
+    region: RegionConfig = field(default_factory=RegionConfig)
+    shim: ShimConfig = field(default_factory=ShimConfig)
+    source: str = ""
+
+
+# --- value checkers: each returns the converted value or raises ValueError(reason) ----------
+
+
+def _int(lo: int, hi: int | None = None) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"must be an integer, got {type(v).__name__}")
+        if v < lo or (hi is not None and v > hi):
+            raise ValueError(f"must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
+        return v
+
+    return check
+
+
+def _float_pos(v: Any) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise ValueError(f"must be a number, got {type(v).__name__}")
+    if not v > 0:
+        raise ValueError(f"must be > 0, got {v}")
+    return float(v)
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {type(v).__name__}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"must be a string, got {type(v).__name__}")
+    return v
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if _str(v) not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+    return check
+
+
+def _abs_path_or_empty(v: Any) -> str:
+    s = _str(v)
+    if s and not os.path.isabs(s):
+        raise ValueError(f"must be an absolute path, got {s!r}")
+    return s
+
+
+def _socket_path(v: Any) -> str:
+    s = _str(v)
+    if not s:
+        raise ValueError("must not be empty")
+    if len(os.fsencode(os.path.abspath(s))) > 107:
+        raise ValueError("longer than the 107 bytes a Unix socket path may have")
+    return os.path.abspath(s)
+
+
+def _mode(v: Any) -> int:
+    if isinstance(v, str) and re.fullmatch(r"0?[0-7]{3}", v):
+        return int(v, 8)
+    raise ValueError(f'must be an octal string like "0660", got {v!r}')
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def _cgroup_name(v: Any) -> str:
+    s = _str(v)
+    # Names share a directory with kernel files (cgroup.*, cpuset.*, ...): refuse dots
+    # at the start and anything that looks like "<controller>.<file>".
+    if not _NAME_RE.fullmatch(s) or "." in s:
+        raise ValueError(f"must match [A-Za-z0-9][A-Za-z0-9_-]* (no dots), got {s!r}")
+    return s
+
+
+def parse_cores(v: Any) -> tuple[int, ...]:
+    """Parse a core list: ``"0-3,8"`` or ``[0, 1, 2]`` -> sorted unique core ids."""
+    cores: set[int] = set()
+    if isinstance(v, str):
+        for part in v.split(","):
+            part = part.strip()
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+            if not m:
+                raise ValueError(f'bad core list {v!r} (want e.g. "0-3,8")')
+            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+            if hi < lo:
+                raise ValueError(f"bad core range {part!r}")
+            cores.update(range(lo, hi + 1))
+    elif isinstance(v, list):
+        for c in v:
+            cores.add(_int(0)(c))
+    else:
+        raise ValueError(f"must be a core list string or array, got {type(v).__name__}")
+    return tuple(sorted(cores))
+
+
+def format_cores(cores: tuple[int, ...] | list[int] | set[int] | frozenset[int]) -> str:
+    """Format core ids as a cpuset list string (``[0,1,2,5]`` -> ``"0-2,5"``)."""
+    out: list[str] = []
+    ordered = sorted(cores)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _slices(v: Any) -> dict[int, tuple[int, ...]]:
+    if not isinstance(v, dict):
+        raise ValueError("must be a table of gpu index = core list")
+    out: dict[int, tuple[int, ...]] = {}
+    for k, cores in v.items():
+        if not re.fullmatch(r"\d+", k):
+            raise ValueError(f"key {k!r} is not a GPU index")
+        try:
+            out[int(k)] = parse_cores(cores)
+        except ValueError as exc:
+            raise ValueError(f"GPU {k}: {exc}") from None
+    return out
+
+
+_SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
+    "daemon": (
+        DaemonConfig,
+        {
+            "socket": _socket_path,
+            "state_dir": _abs_path_or_empty,
+            "socket_group": _str,
+            "socket_mode": _mode,
+            "fake_gpus": _int(0, 64),
+            "log_level": _choice("debug", "info", "warning", "error"),
+            "liveness_interval_ms": _int(10, 60_000),
+        },
+    ),
+    "admission": (
+        AdmissionConfig,
+        {"slots_per_gpu": _int(1, 1024), "max_parked": _int(1, 1_000_000)},
+    ),
+    "cgroup": (
+        CgroupConfig,
+        {
+            "name": _cgroup_name,
+            "backend": _choice("auto", "v2", "hybrid"),
+            "root": _abs_path_or_empty,
+            "cpuset_root": _abs_path_or_empty,
+        },
+    ),
+    "cpu": (
+        CpuConfig,
+        {"reserved_cores": _int(0, 1024), "allow_shared": _bool, "slices": _slices},
+    ),
+    "region": (
+        RegionConfig,
+        {
+            "max_region_s": _float_pos,
+            "drain_timeout_s": _float_pos,
+            "freeze_timeout_s": _float_pos,
+            "l2_flush": _bool,
+            "enforce": _bool,
+        },
+    ),
+    "shim": (ShimConfig, {"path": _abs_path_or_empty}),
+}
+
+
+def from_dict(data: dict[str, Any], source: str = "") -> Config:
+    """Validate a parsed TOML document (``dict``) into a :class:`Config`."""
+    tables: dict[str, Any] = {}
+    for table, content in data.items():
+        if table not in _SCHEMA:
+            raise ConfigError(f"[{table}]: unknown table (known: {', '.join(_SCHEMA)})")
+        if not isinstance(content, dict):
+            raise ConfigError(f"{table}: must be a table, got {type(content).__name__}")
+        cls, checkers = _SCHEMA[table]
+        values: dict[str, Any] = {}
+        for key, value in content.items():
+            if key not in checkers:
+                raise ConfigError(f"[{table}] {key}: unknown key (known: {', '.join(checkers)})")
+            try:
+                values[key] = checkers[key](value)
+            except ValueError as exc:
+                raise ConfigError(f"[{table}] {key}: {exc}") from None
+        tables[table] = cls(**values)
+    return Config(**tables, source=source)
+
+
+def default_path() -> str | None:
+    """Config used when none is named: ``KREX_CONFIG``, ``/etc/krex/krex.toml``, or the
+    source checkout's ``etc/krex.toml``; ``None`` means built-in defaults."""
+    env = os.environ.get("KREX_CONFIG")
+    if env:
+        return env
+    if os.path.exists(SYSTEM_CONFIG):
+        return SYSTEM_CONFIG
+    checkout = Path(__file__).resolve().parent.parent / "etc" / "krex.toml"
+    return str(checkout) if checkout.exists() else None
+
+
+def load(path: str | None) -> Config:
+    """Read and validate the TOML file at ``path`` (``None``: :func:`default_path`)."""
+    path = path if path is not None else default_path()
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return from_dict(data, source=os.path.abspath(path))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def with_overrides(cfg: Config, socket: str | None = None, fake_gpus: int | None = None) -> Config:
+    """Apply command-line overrides (``--socket``, ``--fake-gpus``) on top of ``cfg``."""
+    daemon = cfg.daemon
+    try:
+        if socket is not None:
+            daemon = dataclasses.replace(daemon, socket=_socket_path(socket))
+        if fake_gpus is not None:
+            daemon = dataclasses.replace(daemon, fake_gpus=_int(0, 64)(fake_gpus))
+    except ValueError as exc:
+        raise ConfigError(f"command line: {exc}") from None
+    return dataclasses.replace(cfg, daemon=daemon)

@@ -1,0 +1,52 @@
+"""``admit``: ask for a slot on a GPU; parked in krexd (FIFO) until one is free.
+
+Request body::
+
+    {"argv": [str, ...], "gpu": int?, "exclusive": bool?, "launcher_pid": int,
+     "mem_bytes": int?}
+
+Reply body (once granted)::
+
+    {"tenant": int, "token": str, "gpu": int, "env": {str: str}}
+
+``env`` is what the command's environment must get (docs/design/interfaces.md
+"Environment of a tenant command"): ``KREX_SOCKET``, ``KREX_TENANT``,
+``KREX_TOKEN``, ``KREX_GPU``, ``CUDA_VISIBLE_DEVICES``, ``NCCL_NVLS_ENABLE``,
+and for shared (non-exclusive) tenants ``KREX_GATE`` and ``LD_PRELOAD`` when
+the gate and the shim exist.  ``LD_PRELOAD`` is to be *prepended* to any
+value the caller already has.
+
+No reply is sent while parked: the client just waits (paper §4.3).  If the
+launcher (``launcher_pid``) exits while parked, the request is withdrawn.
+Errors: ``BAD_FIELD``, ``NO_SUCH_GPU``, ``CANCELLED`` (too many parked),
+``SHUTTING_DOWN``.
+Sent by: ``krex run [--gpu N] [--exclusive] -- CMD``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from krex_client.protocol import Request
+
+from krexd.control import fields
+
+if TYPE_CHECKING:
+    from krexd.daemon import Daemon
+
+
+async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+    """Park until a slot is granted, then create the tenant and its cgroup."""
+    fields.only(req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes")
+    argv = fields.str_list(req.body, "argv")
+    gpu = fields.integer(req.body, "gpu", 0, 1 << 16, default=None)
+    exclusive = fields.boolean(req.body, "exclusive")
+    launcher_pid = fields.integer(req.body, "launcher_pid", 1, 1 << 22)
+    fields.integer(req.body, "mem_bytes", 0, default=None)  # recorded for future scheduling
+    tenant = await daemon.lifecycle.admit(argv, gpu, exclusive, launcher_pid)
+    return {
+        "tenant": tenant.id,
+        "token": tenant.token,
+        "gpu": tenant.gpu,
+        "env": daemon.lifecycle.tenant_env(tenant),
+    }

@@ -1,0 +1,24 @@
+"""``ping``: is krexd there, and which one.
+
+Request body: ``{}``.
+Reply body: ``{"version": "0.1.0", "pid": <int>, "uptime_s": <float>}``.
+Errors: ``BAD_FIELD`` (unexpected body fields).
+Sent by: ``krex run`` (before admission), ``krexctl status``, tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from krex_client.protocol import Request
+
+from krexd.control import fields
+
+if TYPE_CHECKING:
+    from krexd.daemon import Daemon
+
+
+async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+    """Answer with version, pid and uptime (s)."""
+    fields.only(req.body)
+    return {"version": daemon.version, "pid": daemon.pid, "uptime_s": daemon.uptime_s()}

@@ -1,0 +1,31 @@
+"""``release``: the command ended; free its slot and remove its cgroup.
+
+Request: tenant + token; body ``{"exit_code": int?, "signal": int?}``.
+Reply body: ``{}``.
+
+Whatever is left of the tenant's process tree is killed (``cgroup.kill``);
+the coordinator's recovery runs first if the tenant held the region.
+Errors: ``AUTH``, ``BAD_FIELD``.
+Sent by: ``krex run`` when CMD exits (or its ``--timeout`` expires).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from krex_client.protocol import Request
+
+from krexd.control import fields
+
+if TYPE_CHECKING:
+    from krexd.daemon import Daemon
+
+
+async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+    """Authenticate, record the exit status, end the tenant."""
+    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    fields.only(req.body, "exit_code", "signal")
+    tenant.exit_code = fields.integer(req.body, "exit_code", 0, 255, default=None)
+    tenant.signal = fields.integer(req.body, "signal", 1, 128, default=None)
+    await daemon.lifecycle.end(tenant, "released")
+    return {}

@@ -1,0 +1,61 @@
+"""Where krexd and ``krex run`` find the shim, the gate library and the fake driver.
+
+Search order (docs/design/interfaces.md "Build outputs"): environment
+(``KREX_SHIM`` / ``KREX_GATE_LIB``), then the config's ``[shim] path``, then
+``krexd/_lib/`` (installed wheel), then ``build/lib/`` of a source checkout,
+then ``/usr/lib/<multiarch>/krex/`` (distribution packages).  Each function
+returns an existing absolute path or ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sysconfig
+from pathlib import Path
+
+SHIM_NAME = "libkrex_shim.so"
+GATE_NAME = "libkrex_gate.so"
+
+_PKG_DIR = Path(__file__).resolve().parent
+_CHECKOUT = _PKG_DIR.parent
+
+
+def _multiarch() -> str:
+    arch = sysconfig.get_config_var("MULTIARCH")
+    if isinstance(arch, str) and arch:
+        return arch
+    return f"{platform.machine()}-linux-gnu"
+
+
+def _search(name: str, env: str, configured: str | None) -> str | None:
+    candidates: list[str] = []
+    if os.environ.get(env):
+        candidates.append(os.environ[env])
+    if configured:
+        candidates.append(configured)
+    candidates += [
+        str(_PKG_DIR / "_lib" / name),
+        str(_CHECKOUT / "build" / "lib" / name),
+        f"/usr/lib/{_multiarch()}/krex/{name}",
+    ]
+    for c in candidates:
+        if os.path.isfile(c):
+            return os.path.abspath(c)
+    return None
+
+
+def shim_library(configured: str | None = None) -> str | None:
+    """Path of ``libkrex_shim.so`` (``configured``: the config's ``[shim] path``)."""
+    return _search(SHIM_NAME, "KREX_SHIM", configured)
+
+
+def gate_library() -> str | None:
+    """Path of ``libkrex_gate.so`` (gate protocol code krexd loads through ctypes)."""
+    return _search(GATE_NAME, "KREX_GATE_LIB", None)
+
+
+def fake_driver_dir() -> str | None:
+    """Directory holding the fake ``libcuda.so.1`` of a source checkout (tests only)."""
+    d = _CHECKOUT / "build" / "fakecuda"
+    return str(d) if (d / "libcuda.so.1").is_file() else None

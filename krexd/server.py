@@ -1,0 +1,192 @@
+"""The control-plane server: one ZeroMQ ROUTER on ``ipc://<socket>``, ops from control.OPS.
+
+Each valid request runs in its own task, so a parked ``admit`` never blocks
+other requests.  Malformed input never stops the loop:
+
+* a message that is not ``[identity, frame]`` (e.g. several frames) gets a
+  ``BAD_FRAME`` reply when an identity is there, else is dropped;
+* frames that break krex_client.protocol's rules get the error it names;
+* frames over 16 MiB are cut off by libzmq itself (``ZMQ_MAXMSGSIZE``: the
+  peer is disconnected, no reply is possible); frames over
+  ``MAX_FRAME_BYTES`` get a ``BAD_FRAME`` reply without being decoded.
+
+The socket file gets exactly ``[daemon] socket_mode`` (bound under a matching
+umask, then chmod) and ``[daemon] socket_group`` (chown).  A socket file that
+answers no ping is stale and replaced; one that answers belongs to another
+krexd and is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import grp
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
+
+from krexd.control import OPS
+from krexd.errors import Code, KrexError
+
+if TYPE_CHECKING:
+    from krexd.daemon import Daemon
+
+_log = logging.getLogger("krexd.server")
+
+HARD_MAX_MSG_BYTES = 16 << 20
+
+
+class ServerError(RuntimeError):
+    """The control socket cannot be set up (message names the path)."""
+
+
+def _socket_in_use(path: str) -> bool:
+    """True when a live krexd answers on ``path`` (used before replacing a socket file)."""
+    from krex_client.connection import Connection, KrexUnavailable, RemoteError
+
+    conn = Connection(path, timeout_s=0.5)
+    try:
+        conn.request("ping")
+        return True
+    except (KrexUnavailable, RemoteError):
+        return False
+    finally:
+        conn.close()
+
+
+class Server:
+    """ROUTER socket bound at ``daemon.config.daemon.socket``."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        cfg = daemon.config.daemon
+        self.path = cfg.socket
+        self.mode = cfg.socket_mode
+        self.group = cfg.socket_group
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.requests = 0
+        self.errors = 0
+
+    def bind(self) -> None:
+        """Create the socket file with the configured mode and group; raise ServerError."""
+        gid = -1
+        if self.group:
+            try:
+                gid = grp.getgrnam(self.group).gr_gid
+            except KeyError:
+                raise ServerError(f"[daemon] socket_group: no group {self.group!r}") from None
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        if os.path.exists(self.path):
+            if _socket_in_use(self.path):
+                raise ServerError(f"another krexd is serving {self.path}")
+            os.unlink(self.path)
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MSG_BYTES)
+        # libzmq creates the file with bind(2) in this thread, under the process umask.
+        old = os.umask(0o777 & ~self.mode)
+        try:
+            sock.bind(f"ipc://{self.path}")
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise ServerError(f"cannot bind {self.path}: {exc}") from None
+        finally:
+            os.umask(old)
+        os.chmod(self.path, self.mode)
+        if gid != -1:
+            os.chown(self.path, -1, gid)
+        self._sock = sock
+        _log.info("listening on ipc://%s (mode %o)", self.path, self.mode)
+
+    async def serve(self) -> None:
+        """Receive and dispatch requests until cancelled."""
+        assert self._sock is not None
+        while True:
+            msg = await self._sock.recv_multipart(copy=True)
+            self.requests += 1
+            if len(msg) < 2:
+                self.errors += 1
+                continue  # no identity: nothing to reply to
+            ident, frames = msg[0], msg[1:]
+            if len(frames) != 1:
+                self.errors += 1
+                await self._send(
+                    ident,
+                    encode_error(
+                        0,
+                        Code.BAD_FRAME,
+                        "BAD_FRAME",
+                        f"expected one frame per request, got {len(frames)}",
+                    ),
+                )
+                continue
+            try:
+                req = decode_request(frames[0])
+            except FrameError as exc:
+                self.errors += 1
+                code = Code[exc.name]
+                await self._send(ident, encode_error(exc.request_id, code, exc.name, exc.message))
+                continue
+            task = asyncio.get_running_loop().create_task(self._dispatch(ident, req))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _dispatch(self, ident: bytes, req: Request) -> None:
+        handler = OPS.get(req.op)
+        try:
+            if handler is None:
+                raise KrexError(Code.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
+            body: dict[str, Any] = await handler(self.daemon, req)
+            frame = encode_ok(req.id, body)
+        except KrexError as exc:
+            self.errors += 1
+            frame = encode_error(req.id, exc.code, exc.code.name, exc.message)
+        except asyncio.CancelledError:
+            frame = encode_error(req.id, Code.SHUTTING_DOWN, "SHUTTING_DOWN", "krexd is stopping")
+            await self._send(ident, frame)
+            raise
+        except (TypeError, ValueError, msgpack.PackException) as exc:
+            _log.exception("op %s failed", req.op)
+            frame = encode_error(req.id, Code.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            _log.exception("op %s failed", req.op)
+            frame = encode_error(req.id, Code.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
+        await self._send(ident, frame)
+
+    async def _send(self, ident: bytes, frame: bytes) -> None:
+        if self._sock is None or self._sock.closed:
+            return
+        try:
+            await self._sock.send_multipart([ident, frame], zmq.NOBLOCK)
+        except zmq.Again:
+            _log.warning("reply dropped: peer's queue is full")
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                _log.warning("reply dropped: %s", exc)
+
+    async def cancel_requests(self) -> None:
+        """Cancel requests in progress (parked admits answer SHUTTING_DOWN)."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=2.0)
+
+    def close(self) -> None:
+        """Close the socket and remove its file."""
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        self._ctx.term()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,155 @@
+"""Client side of the krex control plane: one ZeroMQ DEALER, request/reply with timeouts.
+
+Usage::
+
+    with Connection.from_env() as conn:          # KREX_SOCKET, KREX_TENANT, KREX_TOKEN
+        info = conn.request("ping")               # -> {"version", "pid", "uptime_s"}
+
+Replies are matched on the request ``id`` (a late reply to a request that
+timed out is discarded).  Errors from krexd raise :class:`RemoteError`
+carrying the numeric code and name of ``krexd/errors.py``; a daemon that is
+not there raises :class:`KrexUnavailable` naming the socket.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import zmq
+
+from krex_client.protocol import FrameError, Request, decode_reply, encode_request
+
+DEFAULT_SOCKET = "/run/krex/krexd.sock"
+"""krexd's control socket when neither ``--socket`` nor ``KREX_SOCKET`` says otherwise."""
+
+DEFAULT_TIMEOUT_S = 5.0
+"""Seconds a request waits for its reply unless told otherwise."""
+
+_POLL_SLICE_S = 0.5
+
+
+def default_socket() -> str:
+    """krexd's socket path: env ``KREX_SOCKET``, else :data:`DEFAULT_SOCKET`."""
+    return os.environ.get("KREX_SOCKET") or DEFAULT_SOCKET
+
+
+class KrexUnavailable(Exception):
+    """krexd cannot be reached at ``socket`` (missing socket file or no reply in time)."""
+
+    def __init__(self, socket: str, reason: str) -> None:
+        super().__init__(f"krexd is unreachable at {socket}: {reason}")
+        self.socket = socket
+        self.reason = reason
+
+
+class RemoteError(Exception):
+    """krexd answered with an error reply: ``code`` (int), ``name`` (e.g. ``"AUTH"``)."""
+
+    def __init__(self, code: int, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.code = code
+        self.name = name
+        self.message = message
+
+
+class Connection:
+    """A DEALER connection to krexd at ``socket`` (a filesystem path, not a URL).
+
+    ``tenant``/``token`` are attached to every request when given (both or
+    neither).  ``timeout_s`` is the default reply timeout in seconds.
+    """
+
+    def __init__(
+        self,
+        socket: str | None = None,
+        tenant: int | None = None,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if (tenant is None) != (token is None):
+            raise ValueError("tenant and token go together")
+        self.socket = socket or default_socket()
+        self.tenant = tenant
+        self.token = token
+        self.timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(f"ipc://{self.socket}")
+
+    @classmethod
+    def from_env(cls, timeout_s: float = DEFAULT_TIMEOUT_S) -> Connection:
+        """Connect with ``KREX_SOCKET`` and, when set, ``KREX_TENANT``/``KREX_TOKEN``."""
+        tenant_env = os.environ.get("KREX_TENANT")
+        token = os.environ.get("KREX_TOKEN")
+        tenant = int(tenant_env) if tenant_env and token else None
+        return cls(default_socket(), tenant, token if tenant is not None else None, timeout_s)
+
+    def request(
+        self,
+        op: str,
+        body: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        *,
+        forever: bool = False,
+        check: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """Send ``op`` with ``body`` and return the reply body.
+
+        ``timeout_s``: seconds to wait (``None``: the connection's default);
+        ``forever=True`` waits without a limit (used by ``admit``, which krexd
+        parks until a slot frees).
+        ``check`` is called about every 0.5 s while waiting and may raise to
+        give up (e.g. when krexd's process is gone).  Raises
+        :class:`KrexUnavailable` or :class:`RemoteError`.
+        """
+        if not os.path.exists(self.socket):
+            raise KrexUnavailable(self.socket, "no such socket (is krexd running?)")
+        wait = None if forever else (self.timeout_s if timeout_s is None else timeout_s)
+        req_id = next(self._ids)
+        req = Request(op=op, id=req_id, body=body or {}, tenant=self.tenant, token=self.token)
+        try:
+            self._sock.send(encode_request(req), zmq.NOBLOCK)
+        except zmq.Again:
+            raise KrexUnavailable(self.socket, "cannot queue the request") from None
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            left = _POLL_SLICE_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise KrexUnavailable(self.socket, f"no reply to '{op}' within {wait:g} s")
+            if self._sock.poll(int(min(left, _POLL_SLICE_S) * 1000) + 1, zmq.POLLIN):
+                frame = self._sock.recv()
+                try:
+                    reply = decode_reply(frame)
+                except FrameError as exc:
+                    raise KrexUnavailable(self.socket, f"garbled reply: {exc}") from None
+                if reply.id != req_id:
+                    continue  # late reply to an earlier request that timed out
+                if reply.ok:
+                    return reply.body
+                assert reply.error is not None
+                raise RemoteError(reply.error.code, reply.error.name, reply.error.message)
+            if check is not None:
+                check()
+
+    def close(self) -> None:
+        """Close the socket and its context (pending requests are dropped)."""
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
