@@ -123,7 +123,7 @@ class Daemon:
                 path = os.path.join(gate_dir, f"gpu{g.index}.gate")
                 self.gates[g.index] = gate_mod.Gate.create(path, g.index)
                 self.gate_paths[g.index] = path
-        if importlib.util.find_spec("krexd.coordinator") is None:
+        if not all(importlib.util.find_spec(m) for m in ("krexd.coordinator", "krexd.gate")):
             _log.warning("no coordinator module: regions are not available")
             return
         coord_mod = importlib.import_module("krexd.coordinator")
@@ -151,9 +151,9 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: _log.info("SIGHUP ignored"))
-        self.setup()
-        self.server = Server(self)
         try:
+            self.setup()
+            self.server = Server(self)
             self.server.bind()
             serve = self.spawn(self.server.serve())
             self.state = SERVING

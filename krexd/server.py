@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 import zmq.asyncio
-from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 
+from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 

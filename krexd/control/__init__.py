@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-
 from krexd.control import admit, ping, place, release, status
 
 if TYPE_CHECKING:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-
 from krexd.control import fields
 
 if TYPE_CHECKING:

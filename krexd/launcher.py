@@ -1,0 +1,254 @@
+"""``krex run``: admit a command through krexd, start it inside its tenant cgroup, relay its end.
+
+Sequence (DESIGN.md "krex run"):
+
+1. ``ping`` krexd (unreachable -> one line naming the socket, exit 69).
+2. ``admit`` (parked server-side until a slot frees; no polling).
+3. fork; the child puts itself in its own process group and blocks on a pipe.
+4. ``place`` the child's pid in the tenant cgroup; only then the pipe is
+   written and the child ``exec``s CMD, so CMD's first instruction already
+   runs in the cgroup (paper §4.2: a freeze catches ``import torch``).
+5. Wait for CMD; SIGINT/SIGTERM/SIGHUP/SIGQUIT to ``krex run`` are forwarded
+   to CMD's process group.  When stdin is a terminal and ``krex run`` is in
+   the foreground, CMD's group becomes the terminal's foreground group, so
+   Ctrl-C reaches CMD once, straight from the terminal.
+6. ``--timeout S``: SIGKILL to CMD's group, and krexd kills whatever is left
+   in the cgroup on ``release``; exit 124 with a one-line message.
+7. ``release`` with the exit status; exit with CMD's code (128+N for signal N).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from krex_client.connection import Connection, KrexUnavailable, RemoteError
+from krexd.errors import ExitCode, exit_code_for
+
+STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _say(msg: str) -> None:
+    print(f"krex: {msg}", file=sys.stderr, flush=True)
+
+
+def tenant_environ(base: dict[str, str], granted: dict[str, str]) -> dict[str, str]:
+    """CMD's environment: ``base`` minus systemd's notify variables, plus krexd's ``granted``.
+
+    ``LD_PRELOAD`` from krexd is prepended to any value ``base`` already has.
+    """
+    env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
+    for key, value in granted.items():
+        if key == "LD_PRELOAD" and env.get("LD_PRELOAD"):
+            env[key] = f"{value}:{env['LD_PRELOAD']}"
+        else:
+            env[key] = value
+    return env
+
+
+def _resolve(cmd: str, env: dict[str, str]) -> tuple[str | None, int]:
+    """Path of ``cmd`` (PATH lookup as execvp does) or (None, 127/126)."""
+    if "/" in cmd:
+        if not os.path.exists(cmd):
+            return None, ExitCode.NOT_FOUND
+        return (cmd, 0) if os.access(cmd, os.X_OK) else (None, ExitCode.CANNOT_EXEC)
+    found = shutil.which(cmd, path=env.get("PATH", os.defpath))
+    return (found, 0) if found else (None, ExitCode.NOT_FOUND)
+
+
+def _child(read_fd: int, path: str, argv: list[str], env: dict[str, str]) -> None:
+    """In the forked child: wait until placed, then exec CMD (never returns)."""
+    try:
+        os.setpgid(0, 0)
+        for sig in (*FORWARDED_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU):
+            signal.signal(sig, signal.SIG_DFL)
+        go = os.read(read_fd, 1)
+        os.close(read_fd)
+        if go != b"1":
+            os._exit(ExitCode.CANNOT_EXEC)
+        os.execve(path, argv, env)
+    except BaseException:
+        pass
+    os._exit(ExitCode.CANNOT_EXEC)
+
+
+@contextlib.contextmanager
+def _terminal_foreground(pgid: int) -> Iterator[None]:
+    """Make ``pgid`` the terminal's foreground group while CMD runs, when we own the terminal."""
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else -1
+    ours = False
+    if fd >= 0:
+        try:
+            ours = os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            ours = False
+    if ours:
+        _tcsetpgrp(fd, pgid)
+    try:
+        yield
+    finally:
+        if ours:
+            _tcsetpgrp(fd, os.getpgrp())
+
+
+def _tcsetpgrp(fd: int, pgid: int) -> None:
+    # A background group calling tcsetpgrp gets SIGTTOU unless it is ignored.
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(fd, pgid)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def _wait(pid: int, timeout_s: float | None) -> int | None:
+    """Wait for child ``pid``; its wait status, or None when ``timeout_s`` passed first."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pidfd = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while True:
+            left_ms = None if deadline is None else max(0, (deadline - time.monotonic()) * 1000)
+            if poller.poll(None if left_ms is None else int(left_ms) + 1):
+                _, status = os.waitpid(pid, 0)
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+    finally:
+        os.close(pidfd)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def run(
+    argv: list[str],
+    socket: str,
+    gpu: int | None = None,
+    timeout_s: float | None = None,
+    exclusive: bool = False,
+) -> int:
+    """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code."""
+    conn = Connection(socket, timeout_s=5.0)
+    try:
+        return _run(conn, argv, gpu, timeout_s, exclusive)
+    except KrexUnavailable as exc:
+        _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
+        return ExitCode.UNAVAILABLE
+    except RemoteError as exc:
+        _say(f"krexd refused: {exc.name}: {exc.message}")
+        return exit_code_for(exc.name)
+    finally:
+        conn.close()
+
+
+def _run(
+    conn: Connection,
+    argv: list[str],
+    gpu: int | None,
+    timeout_s: float | None,
+    exclusive: bool,
+) -> int:
+    daemon_pid = int(conn.request("ping")["pid"])
+
+    def daemon_alive() -> None:
+        try:
+            os.kill(daemon_pid, 0)
+        except ProcessLookupError:
+            raise KrexUnavailable(conn.socket, "krexd exited while the command waited") from None
+        except PermissionError:
+            pass  # alive, owned by root
+        if not os.path.exists(conn.socket):
+            raise KrexUnavailable(conn.socket, "socket removed while the command waited")
+
+    body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
+    if gpu is not None:
+        body["gpu"] = gpu
+    try:
+        granted = conn.request("admit", body, forever=True, check=daemon_alive)
+    except KeyboardInterrupt:
+        _say("interrupted while waiting for a slot")
+        return 128 + signal.SIGINT
+    tenant = Connection(conn.socket, int(granted["tenant"]), str(granted["token"]), timeout_s=10.0)
+    try:
+        return _launch(tenant, argv, granted, timeout_s)
+    finally:
+        tenant.close()
+
+
+def _launch(
+    tenant: Connection, argv: list[str], granted: dict[str, Any], timeout_s: float | None
+) -> int:
+    env = tenant_environ(dict(os.environ), {str(k): str(v) for k, v in granted["env"].items()})
+    path, err = _resolve(argv[0], env)
+    if path is None:
+        _say(f"{argv[0]}: {'command not found' if err == 127 else 'permission denied'}")
+        _release(tenant, {"exit_code": err})
+        return err
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write_fd)
+        _child(read_fd, path, argv, env)
+    os.close(read_fd)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # also done by the child: whichever runs first wins the race
+    try:
+        tenant.request("place", {"pid": pid})
+    except (KrexUnavailable, RemoteError):
+        os.close(write_fd)
+        _killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        _release(tenant, {"signal": int(signal.SIGKILL)})
+        raise
+    forward = _forwarder(pid)
+    old_handlers = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        with _terminal_foreground(pid):
+            os.write(write_fd, b"1")
+            os.close(write_fd)
+            status = _wait(pid, timeout_s)
+            if status is None:
+                _killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+    if status is None:
+        _release(tenant, {"signal": int(signal.SIGKILL)})
+        _say(f"timeout: {argv[0]} ran longer than {timeout_s:g} s; killed its process tree")
+        return ExitCode.TIMEOUT
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        _release(tenant, {"signal": signum})
+        return 128 + signum
+    code = os.waitstatus_to_exitcode(status)
+    _release(tenant, {"exit_code": code})
+    return code
+
+
+def _forwarder(pgid: int) -> Any:
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        _killpg(pgid, signum)
+
+    return forward
+
+
+def _release(tenant: Connection, body: dict[str, int]) -> None:
+    try:
+        tenant.request("release", body)
+    except (KrexUnavailable, RemoteError) as exc:
+        _say(f"warning: krexd did not confirm the end of the command: {exc}")
