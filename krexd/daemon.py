@@ -221,7 +221,8 @@ class Daemon:
         for g in self.gpus:
             coord = self.coordinators.get(g.index)
             region = coord.status() if coord is not None else None
-            holder = region.get("holder") if isinstance(region, dict) else None
+            held = region.get("holder") if isinstance(region, dict) else None
+            holder = held.get("tenant") if isinstance(held, dict) else held
             gpus_out.append(
                 {
                     "index": g.index,

@@ -1,0 +1,188 @@
+"""``krexctl status [--json] [--socket PATH]``: what krexd is doing.
+
+Prints GPUs with their CPU slices and slots, tenants (id, pid, command, state,
+age), the parked queue, each GPU's region holder and region counts, the
+cgroup backend in use, krexd's version and uptime.  ``--json`` prints the
+``status`` op's reply as is (keys documented in krexd/control/status.py).
+
+Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
+socket, or nothing listens on it), 4 unknown (the socket accepts connections
+but no valid answer came).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket as pysocket
+import sys
+from typing import Any
+
+from krex_client.connection import Connection, KrexUnavailable, RemoteError, default_socket
+from krexd import __version__
+from krexd.errors import StatusExit
+
+
+def _listening(path: str) -> bool:
+    """True when something accepts connections on the Unix socket ``path``."""
+    s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _duration(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    d, h = divmod(h, 24)
+    if d:
+        return f"{d}d{h:02d}h"
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _region_cells(region: Any) -> list[str]:
+    if not isinstance(region, dict):
+        return ["-", "-"]
+    counts = region.get("regions", {})
+    entry = region.get("entry_ms", {})
+    done = f"{counts.get('completed', 0)}/{counts.get('granted', 0)}"
+    lat = f"{entry.get('p50', 0):.2f}/{entry.get('p99', 0):.2f}" if entry.get("n") else "-"
+    return [done, lat]
+
+
+def render(st: dict[str, Any]) -> str:
+    """Human-readable status (the table ``krexctl status`` prints)."""
+    cg = st.get("cgroups") or {}
+    q = st.get("queue") or {}
+    lines = [
+        f"krexd {st['version']}  pid {st['pid']}  up {_duration(st['uptime_s'])}  "
+        f"state {st['state']}",
+        f"socket {st['socket']}  config {st.get('config') or '(built-in defaults)'}",
+        f"cgroups {cg.get('backend', '?')} (cpuset: {cg.get('cpuset', '?')}) at {cg.get('root')}"
+        + ("  [systemd]" if cg.get("systemd") else ""),
+        f"queue {q.get('parked', 0)} parked  "
+        f"(granted {q.get('granted_total', 0)}, parked {q.get('parked_total', 0)} since start)",
+        "",
+    ]
+    gpu_rows = [
+        [
+            "GPU",
+            "NAME",
+            "SLOTS",
+            "CORES",
+            "RESERVED",
+            "TENANT CORES",
+            "HOLDER",
+            "REGIONS",
+            "ENTRY p50/p99 ms",
+        ]
+    ]
+    for g in st.get("gpus", []):
+        sl = g.get("slice") or {}
+        holder = g.get("holder")
+        slots = f"{g['slots_used']}/{g['slots_total']}" + (" excl" if g.get("exclusive") else "")
+        gpu_rows.append(
+            [
+                str(g["index"]),
+                g["name"],
+                slots,
+                str(sl.get("cores", "-")) + (" (shared)" if sl.get("shared") else ""),
+                str(sl.get("reserved") or "-"),
+                str(sl.get("tenant_cores", "-")),
+                f"t{holder}" if holder is not None else "-",
+                *_region_cells(g.get("region")),
+            ]
+        )
+    lines.append(_table(gpu_rows) if len(gpu_rows) > 1 else "no GPUs")
+    lines.append("")
+    tenants = st.get("tenants", [])
+    if tenants:
+        rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "COMMAND"]]
+        for t in tenants:
+            cmd = " ".join(t.get("command", []))
+            rows.append(
+                [
+                    f"t{t['id']}" + (" excl" if t.get("exclusive") else ""),
+                    str(t["gpu"]),
+                    str(t.get("pid") or "-"),
+                    t["state"],
+                    _duration(t["age_s"]),
+                    cmd if len(cmd) <= 60 else cmd[:57] + "...",
+                ]
+            )
+        lines.append(_table(rows))
+    else:
+        lines.append("no tenants")
+    parked = q.get("queue", [])
+    if parked:
+        lines.append("")
+        rows = [["PARKED", "GPU", "LAUNCHER", "WAITING", "COMMAND"]]
+        for i, w in enumerate(parked, 1):
+            rows.append(
+                [
+                    str(i) + (" excl" if w.get("exclusive") else ""),
+                    "any" if w.get("gpu") is None else str(w["gpu"]),
+                    str(w.get("launcher_pid")),
+                    _duration(w.get("waiting_s", 0)),
+                    " ".join(w.get("command", []))[:60],
+                ]
+            )
+        lines.append(_table(rows))
+    return "\n".join(lines)
+
+
+def status(socket: str, as_json: bool) -> int:
+    """Query krexd at ``socket`` and print its status; returns an LSB status exit code."""
+    try:
+        with Connection(socket, timeout_s=3.0) as conn:
+            st = conn.request("status")
+    except KrexUnavailable as exc:
+        if not _listening(socket):
+            print(f"krexd is not running (no daemon on {socket})", file=sys.stderr)
+            return StatusExit.NOT_RUNNING
+        print(f"krexd state unknown: {exc}", file=sys.stderr)
+        return StatusExit.UNKNOWN
+    except RemoteError as exc:
+        print(f"krexd state unknown: {exc}", file=sys.stderr)
+        return StatusExit.UNKNOWN
+    if as_json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+    else:
+        print(render(st))
+    return StatusExit.RUNNING
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``krexctl``."""
+    p = argparse.ArgumentParser(
+        prog="krexctl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"krexctl {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("status", help="show GPUs, slices, slots, tenants, queue, holder")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--socket", metavar="PATH", help="krexd's socket (default: $KREX_SOCKET)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``krexctl``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "status":
+        return status(args.socket or default_socket(), args.json)
+    return StatusExit.UNKNOWN
