@@ -1,0 +1,204 @@
+"""Shared test fixtures: real krexd processes on private sockets and cgroup names.
+
+``krexd_factory(fake_gpus=1, slots=4, extra="", env=None)`` starts a real
+``krexd --foreground`` (over ``--fake-gpus``) on a socket in a fresh temporary
+directory, with a cgroup name no other test or krexd uses, waits until it
+answers ``ping``, and returns a :class:`Krexd` handle:
+
+* ``.socket`` – the control socket path; ``.env`` – environment for
+  ``krex run`` / clients (``KREX_SOCKET`` set); ``.krex`` – argv prefix of
+  the ``krex`` command; ``.pid``, ``.log()``, ``.status()``;
+* ``.stop()`` – SIGTERM, wait, then assert the socket and every cgroup
+  directory krexd made are gone; returns krexd's exit code.
+
+Every krexd still running at the end of a test is stopped (and checked).
+Tests marked ``root`` are skipped when not root; ``gpu`` without a GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from krex_client.connection import Connection, KrexUnavailable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KREX = [sys.executable, "-m", "krexd.cli.krex"]
+KREXCTL = [sys.executable, "-c", "import sys; from krexd.cli.krexctl import main; sys.exit(main())"]
+_counter = itertools.count()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``root`` tests when not root and ``gpu`` tests without an NVIDIA GPU."""
+    not_root = os.geteuid() != 0 or not os.path.isdir("/sys/fs/cgroup")
+    no_gpu = not os.path.exists("/dev/nvidiactl")
+    for item in items:
+        if not_root and "root" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs root and cgroups"))
+        if no_gpu and "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
+
+
+class Krexd:
+    """A krexd started by :func:`krexd_factory` (see the module docstring)."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], socket: str, workdir: str, name: str, log_path: str
+    ) -> None:
+        self.proc = proc
+        self.socket = socket
+        self.workdir = workdir
+        self.cgroup_name = name
+        self.log_path = log_path
+        self.env = dict(os.environ, KREX_SOCKET=socket)
+        for var in ("KREX_TENANT", "KREX_TOKEN", "KREX_GATE", "NOTIFY_SOCKET"):
+            self.env.pop(var, None)
+        self.krex = list(KREX)
+        self.krexctl = list(KREXCTL)
+        self.cgroup_dirs: list[str] = []
+
+    @property
+    def pid(self) -> int:
+        """krexd's pid."""
+        return self.proc.pid
+
+    def log(self) -> str:
+        """Everything krexd wrote to stderr so far."""
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def request(
+        self,
+        op: str,
+        body: dict[str, Any] | None = None,
+        timeout_s: float = 5.0,
+        tenant: int | None = None,
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        """One request on a fresh connection; returns the reply body."""
+        with Connection(self.socket, tenant, token, timeout_s=timeout_s) as conn:
+            return conn.request(op, body)
+
+    def status(self) -> dict[str, Any]:
+        """The ``status`` op's reply."""
+        return self.request("status")
+
+    def wait_ready(self, timeout_s: float = 20.0) -> None:
+        """Wait until krexd answers ``ping``; fail with its log if it exits or hangs."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"krexd exited with {self.proc.returncode}:\n{self.log()}")
+            if os.path.exists(self.socket):
+                try:
+                    self.request("ping", timeout_s=0.5)
+                    return
+                except KrexUnavailable:
+                    pass
+            time.sleep(0.05)
+        pytest.fail(f"krexd not ready after {timeout_s}s:\n{self.log()}")
+
+    def stop(self, check: bool = True, timeout_s: float = 20.0) -> int:
+        """SIGTERM krexd, wait; with ``check``, assert socket and cgroups are gone."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail(f"krexd ignored SIGTERM for {timeout_s}s:\n{self.log()}")
+        if check:
+            assert not os.path.exists(self.socket), "krexd left its socket behind"
+            left = [d for d in self.cgroup_dirs if os.path.exists(d)]
+            assert not left, f"krexd left cgroups behind: {left}\n{self.log()}"
+        return self.proc.returncode
+
+
+def write_config(path: str, socket: str, name: str, slots: int, extra: str) -> None:
+    """A test config: private socket and cgroup name, shared slices allowed (2-core CI)."""
+    text = (
+        f'[daemon]\nsocket = "{socket}"\nlog_level = "debug"\n'
+        f"[admission]\nslots_per_gpu = {slots}\n"
+        f'[cgroup]\nname = "{name}"\n'
+        "[cpu]\nallow_shared = true\n"
+    )
+    with open(path, "w") as f:
+        f.write(text + extra)
+
+
+@pytest.fixture
+def krexd_factory() -> Iterator[Callable[..., Krexd]]:
+    """Factory of real krexd processes; all are stopped and checked after the test."""
+    started: list[Krexd] = []
+    dirs: list[str] = []
+
+    def start(
+        fake_gpus: int = 1,
+        slots: int = 4,
+        extra: str = "",
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        args: list[str] | None = None,
+    ) -> Krexd:
+        workdir = tempfile.mkdtemp(prefix="krex-")
+        dirs.append(workdir)
+        os.chmod(workdir, 0o755)
+        socket = os.path.join(workdir, "krexd.sock")
+        name = f"krextest{os.getpid()}n{next(_counter)}"
+        config = os.path.join(workdir, "krex.toml")
+        write_config(config, socket, name, slots, extra)
+        log_path = os.path.join(workdir, "krexd.log")
+        proc_env = dict(os.environ)
+        for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID"):
+            proc_env.pop(var, None)
+        proc_env.update(env or {})
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "krexd",
+                    "--foreground",
+                    "--config",
+                    config,
+                    "--fake-gpus",
+                    str(fake_gpus),
+                    *(args or []),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=proc_env,
+                cwd=REPO,
+            )
+        k = Krexd(proc, socket, workdir, name, log_path)
+        started.append(k)
+        if wait:
+            k.wait_ready()
+            cg = k.status()["cgroups"]
+            k.cgroup_dirs = [d for d in (cg["root"], cg.get("cpuset_root")) if d]
+        return k
+
+    yield start
+    failures = []
+    for k in started:
+        if k.proc.poll() is None:
+            try:
+                k.stop()
+            except BaseException as exc:  # report after stopping the others
+                failures.append(exc)
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    if failures:
+        raise failures[0]

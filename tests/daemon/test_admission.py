@@ -1,0 +1,103 @@
+"""krexd.admission: slots, least-loaded placement, FIFO parking, exclusive leases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from krexd.admission import Admission
+from krexd.errors import Code, KrexError
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_least_loaded_then_lowest_index() -> None:
+    async def body() -> None:
+        a = Admission([0, 1], slots_per_gpu=2)
+        got = []
+        for _ in range(4):
+            w = a.park(None, False, 1, ["x"])
+            got.append(w.future.result())
+        assert got == [0, 1, 0, 1]
+        assert a.used == {0: 2, 1: 2}
+
+    run(body())
+
+
+def test_parked_requests_are_granted_in_fifo_order() -> None:
+    async def body() -> None:
+        a = Admission([0], slots_per_gpu=1)
+        first = a.park(None, False, 1, ["a"])
+        waiting = [a.park(None, False, 1, [str(i)]) for i in range(3)]
+        assert first.future.done() and not any(w.future.done() for w in waiting)
+        assert [w.argv for w in a.parked] == [["0"], ["1"], ["2"]]
+        a.release(0, False)
+        assert [w.future.done() for w in waiting] == [True, False, False]
+        a.release(0, False)
+        assert [w.future.done() for w in waiting] == [True, True, False]
+
+    run(body())
+
+
+def test_named_gpu_waits_for_that_gpu() -> None:
+    async def body() -> None:
+        a = Admission([0, 1], slots_per_gpu=1)
+        a.park(1, False, 1, ["a"])
+        w = a.park(1, False, 1, ["b"])
+        any_gpu = a.park(None, False, 1, ["c"])
+        assert not w.future.done() and any_gpu.future.result() == 0
+        a.release(1, False)
+        assert w.future.result() == 1
+
+    run(body())
+
+
+def test_exclusive_waits_for_an_empty_gpu_and_blocks_later_requests() -> None:
+    async def body() -> None:
+        a = Admission([0], slots_per_gpu=2)
+        a.park(0, False, 1, ["a"])
+        ex = a.park(0, True, 1, ["ex"])
+        later = a.park(0, False, 1, ["later"])
+        # A free slot exists, but the exclusive waiter ahead reserved the GPU.
+        assert not ex.future.done() and not later.future.done()
+        a.release(0, False)
+        assert ex.future.result() == 0 and not later.future.done()
+        assert a.used[0] == 2 and 0 in a.exclusive_on
+        a.release(0, True)
+        assert later.future.result() == 0
+
+    run(body())
+
+
+def test_cancelled_waiter_is_skipped() -> None:
+    async def body() -> None:
+        a = Admission([0], slots_per_gpu=1)
+        a.park(0, False, 1, ["a"])
+        gone = a.park(0, False, 1, ["gone"])
+        nxt = a.park(0, False, 1, ["next"])
+        a.cancel(gone)
+        with pytest.raises(KrexError) as info:
+            gone.future.result()
+        assert info.value.code == Code.CANCELLED
+        a.release(0, False)
+        assert nxt.future.result() == 0
+
+    run(body())
+
+
+def test_unknown_gpu_and_queue_limit() -> None:
+    async def body() -> None:
+        a = Admission([0], slots_per_gpu=1, max_parked=1)
+        with pytest.raises(KrexError) as info:
+            a.park(2, False, 1, ["x"])
+        assert info.value.code == Code.NO_SUCH_GPU
+        a.park(0, False, 1, ["a"])
+        a.park(0, False, 1, ["b"])
+        with pytest.raises(KrexError) as info:
+            a.park(0, False, 1, ["c"])
+        assert info.value.code == Code.CANCELLED
+
+    run(body())

@@ -1,0 +1,56 @@
+"""krexd.states: guarded transitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from krexd import states
+
+
+class Thing:
+    def __init__(self, state: str) -> None:
+        self.state = state
+
+
+def test_legal_edges() -> None:
+    t = Thing(states.ADMITTED)
+    for new in (
+        states.RUNNING,
+        states.FREEZING,
+        states.FROZEN,
+        states.THAWING,
+        states.RUNNING,
+        states.HOLDING,
+        states.RUNNING,
+        states.EXITED,
+    ):
+        states.change_state(t, new)
+        assert t.state == new
+
+
+def test_illegal_edge_raises_and_keeps_state() -> None:
+    t = Thing(states.EXITED)
+    with pytest.raises(states.StateError, match="exited -> running"):
+        states.change_state(t, states.RUNNING)
+    assert t.state == states.EXITED
+
+
+def test_region_edges() -> None:
+    r = Thing(states.IDLE)
+    for new in (
+        states.CLOSING,
+        states.DRAINING,
+        states.REGION_FREEZING,
+        states.HELD,
+        states.RECOVERING,
+        states.IDLE,
+    ):
+        states.change_state(r, new, states.REGION_EDGES)
+    with pytest.raises(states.StateError):
+        states.change_state(r, states.HELD, states.REGION_EDGES)
+
+
+def test_assert_in_state() -> None:
+    states.assert_in_state(Thing(states.RUNNING), states.RUNNING, states.HOLDING)
+    with pytest.raises(states.StateError):
+        states.assert_in_state(Thing(states.PARKED), states.RUNNING)
