@@ -151,9 +151,11 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: _log.info("SIGHUP ignored"))
+        server = Server(self)
+        server.check_free()  # before any cgroup is touched
         try:
             self.setup()
-            self.server = Server(self)
+            self.server = server
             self.server.bind()
             serve = self.spawn(self.server.serve())
             self.state = SERVING

@@ -74,6 +74,15 @@ class Server:
         self.requests = 0
         self.errors = 0
 
+    def check_free(self) -> None:
+        """Raise ServerError when a live krexd already serves this socket path.
+
+        Called before krexd touches any cgroup, so a second krexd started by
+        mistake cannot disturb the first one's tenants.
+        """
+        if os.path.exists(self.path) and _socket_in_use(self.path):
+            raise ServerError(f"another krexd is serving {self.path}")
+
     def bind(self) -> None:
         """Create the socket file with the configured mode and group; raise ServerError."""
         gid = -1
@@ -84,9 +93,8 @@ class Server:
                 raise ServerError(f"[daemon] socket_group: no group {self.group!r}") from None
         directory = os.path.dirname(self.path)
         os.makedirs(directory, mode=0o755, exist_ok=True)
+        self.check_free()
         if os.path.exists(self.path):
-            if _socket_in_use(self.path):
-                raise ServerError(f"another krexd is serving {self.path}")
             os.unlink(self.path)
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -185,8 +193,8 @@ class Server:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         self._ctx.term()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass

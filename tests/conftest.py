@@ -1,6 +1,7 @@
 """Shared test fixtures: real krexd processes on private sockets and cgroup names.
 
-``krexd_factory(fake_gpus=1, slots=4, extra="", env=None)`` starts a real
+``krexd_factory(fake_gpus=1, slots=4, config={table: {key: value}}, extra="",
+env=None, wait=True, args=None, name=None)`` starts a real
 ``krexd --foreground`` (over ``--fake-gpus``) on a socket in a fresh temporary
 directory, with a cgroup name no other test or krexd uses, waits until it
 answers ``ping``, and returns a :class:`Krexd` handle:
@@ -18,6 +19,7 @@ Tests marked ``root`` are skipped when not root; ``gpu`` without a GPU.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -125,16 +127,44 @@ class Krexd:
         return self.proc.returncode
 
 
-def write_config(path: str, socket: str, name: str, slots: int, extra: str) -> None:
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+def render_toml(tables: dict[str, dict[str, Any]]) -> str:
+    """Render ``{table: {key: value}}`` (a value may be a sub-table dict) as TOML."""
+    out: list[str] = []
+    for table, keys in tables.items():
+        out.append(f"[{table}]")
+        subs = {k: v for k, v in keys.items() if isinstance(v, dict)}
+        out += [f"{k} = {_toml_value(v)}" for k, v in keys.items() if k not in subs]
+        for sub, inner in subs.items():
+            out.append(f"[{table}.{sub}]")
+            out += [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in inner.items()]
+    return "\n".join(out) + "\n"
+
+
+def make_config(
+    socket: str, name: str, slots: int, overrides: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """A test config: private socket and cgroup name, shared slices allowed (2-core CI)."""
-    text = (
-        f'[daemon]\nsocket = "{socket}"\nlog_level = "debug"\n'
-        f"[admission]\nslots_per_gpu = {slots}\n"
-        f'[cgroup]\nname = "{name}"\n'
-        "[cpu]\nallow_shared = true\n"
-    )
-    with open(path, "w") as f:
-        f.write(text + extra)
+    tables: dict[str, dict[str, Any]] = {
+        "daemon": {"socket": socket, "log_level": "debug"},
+        "admission": {"slots_per_gpu": slots},
+        "cgroup": {"name": name},
+        "cpu": {"allow_shared": True},
+    }
+    for table, keys in (overrides or {}).items():
+        tables.setdefault(table, {}).update(keys)
+    return tables
 
 
 @pytest.fixture
@@ -146,18 +176,21 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
     def start(
         fake_gpus: int = 1,
         slots: int = 4,
+        config: dict[str, dict[str, Any]] | None = None,
         extra: str = "",
         env: dict[str, str] | None = None,
         wait: bool = True,
         args: list[str] | None = None,
+        name: str | None = None,
     ) -> Krexd:
         workdir = tempfile.mkdtemp(prefix="krex-")
         dirs.append(workdir)
         os.chmod(workdir, 0o755)
         socket = os.path.join(workdir, "krexd.sock")
-        name = f"krextest{os.getpid()}n{next(_counter)}"
-        config = os.path.join(workdir, "krex.toml")
-        write_config(config, socket, name, slots, extra)
+        name = name or f"krextest{os.getpid()}n{next(_counter)}"
+        config_path = os.path.join(workdir, "krex.toml")
+        with open(config_path, "w") as f:
+            f.write(render_toml(make_config(socket, name, slots, config)) + extra)
         log_path = os.path.join(workdir, "krexd.log")
         proc_env = dict(os.environ)
         for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID"):
@@ -171,7 +204,7 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
                     "krexd",
                     "--foreground",
                     "--config",
-                    config,
+                    config_path,
                     "--fake-gpus",
                     str(fake_gpus),
                     *(args or []),

@@ -1,0 +1,146 @@
+"""A real krexd: start, serve, socket permissions, refusals at start, clean shutdown."""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from krex_client.connection import Connection, RemoteError
+from tests.conftest import REPO, Krexd
+
+pytestmark = pytest.mark.root
+Factory = Callable[..., Krexd]
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_ping_and_status(krexd_factory: Factory) -> None:
+    k = krexd_factory(fake_gpus=2, slots=3)
+    ping = k.request("ping")
+    assert ping["pid"] == k.pid and ping["version"] == "0.1.0" and ping["uptime_s"] >= 0
+    st = k.status()
+    assert [g["index"] for g in st["gpus"]] == [0, 1]
+    assert all(g["fake"] and g["slots_total"] == 3 and g["slots_used"] == 0 for g in st["gpus"])
+    assert st["cgroups"]["backend"] in ("v2", "hybrid")
+    assert st["state"] == "running" and st["tenants"] == [] and st["queue"]["parked"] == 0
+    for g in st["gpus"]:
+        assert os.path.isdir(os.path.join(st["cgroups"]["root"], f"gpu{g['index']}"))
+
+
+def test_socket_mode_is_exact_under_any_umask(krexd_factory: Factory) -> None:
+    old = os.umask(0)  # krexd inherits it; the socket must still be 0660
+    try:
+        k = krexd_factory()
+    finally:
+        os.umask(old)
+    st = os.stat(k.socket)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+
+
+def test_socket_group_and_mode_from_config(krexd_factory: Factory) -> None:
+    group = "nogroup"
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        group, gid = grp.getgrgid(0).gr_name, 0
+    k = krexd_factory(config={"daemon": {"socket_group": group, "socket_mode": "0640"}})
+    st = os.stat(k.socket)
+    assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == gid
+
+
+def test_unknown_socket_group_is_refused(krexd_factory: Factory) -> None:
+    k = krexd_factory(config={"daemon": {"socket_group": "no-such-group-krex"}}, wait=False)
+    assert k.proc.wait(20) == 69
+    assert "no-such-group-krex" in k.log()
+
+
+def test_sigterm_removes_socket_and_cgroups(krexd_factory: Factory) -> None:
+    k = krexd_factory(fake_gpus=2)
+    dirs = list(k.cgroup_dirs)
+    assert dirs and all(os.path.isdir(d) for d in dirs)
+    assert k.stop() == 0
+    assert not any(os.path.exists(d) for d in dirs)
+
+
+def test_bad_config_is_refused_naming_the_key(krexd_factory: Factory) -> None:
+    k = krexd_factory(config={"admission": {"slot_per_gpu": 2}}, wait=False)
+    assert k.proc.wait(20) == 78
+    assert "[admission] slot_per_gpu: unknown key" in k.log()
+
+
+def test_invalid_slices_are_refused(krexd_factory: Factory) -> None:
+    k = krexd_factory(fake_gpus=2, config={"cpu": {"slices": {0: "0", 1: "0-999"}}}, wait=False)
+    assert k.proc.wait(20) == 78
+    assert "do not exist" in k.log()
+
+
+def test_second_krexd_on_the_same_socket_is_refused(krexd_factory: Factory) -> None:
+    k = krexd_factory()
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "krexd",
+            "--foreground",
+            "--fake-gpus",
+            "1",
+            "--config",
+            os.path.join(k.workdir, "krex.toml"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert p.returncode == 69 and "another krexd" in p.stderr
+    assert k.request("ping")["pid"] == k.pid
+
+
+def test_unknown_op_and_bad_fields_get_errors(krexd_factory: Factory) -> None:
+    k = krexd_factory()
+    with Connection(k.socket) as c:
+        with pytest.raises(RemoteError) as info:
+            c.request("launch_missiles")
+        assert info.value.name == "UNKNOWN_OP" and "launch_missiles" in info.value.message
+        with pytest.raises(RemoteError) as info:
+            c.request("admit", {"argv": "not a list", "launcher_pid": os.getpid()})
+        assert info.value.name == "BAD_FIELD" and "argv" in info.value.message
+        with pytest.raises(RemoteError) as info:
+            c.request("ping", {"extra": 1})
+        assert info.value.name == "BAD_FIELD"
+        with pytest.raises(RemoteError) as info:
+            c.request("admit", {"argv": ["x"], "launcher_pid": os.getpid(), "gpu": 9})
+        assert info.value.name == "NO_SUCH_GPU"
+        assert c.request("ping")["pid"] == k.pid
+
+
+def test_restart_after_crash_thaws_and_cleans(krexd_factory: Factory) -> None:
+    k = krexd_factory()
+    run = subprocess.Popen(
+        [*k.krex, "run", "--", "sleep", "60"], env=k.env, stderr=subprocess.DEVNULL
+    )
+    wait_for(lambda: bool(k.status()["tenants"]) and k.status()["tenants"][0]["pid"] is not None)
+    t = k.status()["tenants"][0]
+    with open(os.path.join(t["cgroup"], "cgroup.freeze"), "w") as f:
+        f.write("1")
+    k.proc.kill()  # a crash: krexd cleans up nothing
+    k.proc.wait()
+    assert os.path.isdir(t["cgroup"])
+    k2 = krexd_factory(name=k.cgroup_name)
+    # The frozen tenant of the dead krexd was thawed and killed, its cgroup removed.
+    assert run.wait(20) == 128 + 9
+    assert not os.path.exists(t["cgroup"])
+    assert k2.status()["tenants"] == []
+    k.cgroup_dirs = []  # k2 owns (and will remove) the tree now
