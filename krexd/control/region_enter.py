@@ -1,0 +1,42 @@
+"""``region_enter``: make the calling tenant the holder of its GPU's critical region.
+
+Request: tenant + token; body ``{"pid": int, "tid": int}`` — the requesting
+process (must be in the tenant's cgroup) and its submitting thread (a Linux
+thread id of that process, pinned to the reserved cores).
+Reply body: ``{"epoch": int, "gpu": int, "reserved_cores": [int], "l2_flush": bool,
+"wait_ms": float, "entry_ms": float, "drain_ms": float, "freeze_ms": float}``.
+
+The reply comes once the region is established (paper §4.2 steps 1-5): the
+request is parked server-side in FIFO order while another tenant holds the
+region.  The caller then flushes L2 through its shim and runs the timed code.
+Errors: ``AUTH``, ``BAD_FIELD``, ``NESTED_REGION``, ``DRAIN_TIMEOUT``,
+``FREEZE_TIMEOUT``, ``CANCELLED``, ``SHUTTING_DOWN``.
+Sent by: ``krex_client.region.critical()`` on entry.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from krex_client.protocol import Request
+from krexd.control import fields
+from krexd.errors import Code, KrexError
+
+if TYPE_CHECKING:
+    from krexd.coordinator import Coordinator
+    from krexd.daemon import Daemon
+
+_MAX_PID = 1 << 22  # Linux pid_max limit
+
+
+async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+    """Authenticate, check the fields, run the GPU coordinator's entry."""
+    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    fields.only(req.body, "pid", "tid")
+    pid = fields.integer(req.body, "pid", 1, _MAX_PID)
+    tid = fields.integer(req.body, "tid", 1, _MAX_PID)
+    if tenant.exclusive:
+        raise KrexError(Code.BAD_FIELD, "an --exclusive command holds the whole GPU already")
+    coordinator: Coordinator = daemon.coordinators[tenant.gpu]
+    reply: dict[str, Any] = await coordinator.enter(tenant, pid, tid)
+    return reply

@@ -1,0 +1,36 @@
+"""``region_exit``: the holder's timed code is done; thaw siblings, reopen, release.
+
+Request: tenant + token; body ``{"epoch": int, "sync_ms": float, "launches": int}``
+— the epoch ``region_enter`` returned, how long the holder's shim waited for
+its own GPU work at exit, and the launches it made inside the region.
+Reply body: ``{"region_ms": float, "thaw_ms": float, "sync_ms": float, "launches": int}``.
+
+Paper §4.2 steps 7-8, in that order: siblings thawed, *then* the gate
+reopened, *then* the region lock released to the next waiter.
+Errors: ``AUTH``, ``BAD_FIELD``, ``NOT_HOLDER`` (no region, another holder,
+a stale epoch), ``REGION_ABORTED`` (recovery ended the region first).
+Sent by: ``krex_client.region.critical()`` on exit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from krex_client.protocol import Request
+from krexd.control import fields
+
+if TYPE_CHECKING:
+    from krexd.coordinator import Coordinator
+    from krexd.daemon import Daemon
+
+
+async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+    """Authenticate, check the fields, run the GPU coordinator's exit."""
+    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    fields.only(req.body, "epoch", "sync_ms", "launches")
+    epoch = fields.integer(req.body, "epoch", 0, 0xFFFF_FFFF)
+    sync_ms = fields.number(req.body, "sync_ms", default=0.0)
+    launches = fields.integer(req.body, "launches", 0, default=0)
+    coordinator: Coordinator = daemon.coordinators[tenant.gpu]
+    reply: dict[str, Any] = await coordinator.exit(tenant, epoch, sync_ms, launches)
+    return reply

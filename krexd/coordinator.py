@@ -1,0 +1,629 @@
+"""Per-GPU region coordinator: the region lock, region entry and exit, recovery.
+
+One ``Coordinator`` per GPU implements krexd's half of region-granular
+exclusivity (paper §4.2; DESIGN.md "Region entry and exit").  The methods
+below read in the order of the protocol:
+
+    enter()     1  region lock, FIFO (no starvation: the paper has no fairness)
+                2  close the gate: holder id + new epoch, one atomic word
+                3  drain: every sibling's drainer acknowledges the epoch with
+                   a zero in-flight counter (libkrex_shim does the work)
+                4  freeze every sibling tenant's cgroup, wait until the kernel
+                   reports it frozen (bounded by freeze_timeout_ms)
+                5  give the holder's submitting thread the reserved cores;
+                   grant.  The holder flushes L2 itself, through the shim.
+    exit()      7  holder's CPU share restored, siblings thawed, *then*
+                8  the gate reopened, *then* the lock released
+    recovery    the same end path, bound to the Region object (holder and
+                epoch), when the holder's process dies, its tenant ends, or
+                the region outlives max_region_s
+
+Why exit thaws before it reopens and releases (paper §4.2): if the lock were
+released first, the next holder could freeze the same siblings and the
+previous holder's late thaw would undo that freeze in the middle of the next
+measurement.  Normal exit and recovery are serialized by one asyncio lock and
+bound to the Region they end, so a late recovery is a no-op for a newer
+region, and the gate's reopen is itself bound to (holder, epoch).
+
+Every failed entry undoes what it did (thaw, cores, gate) before it reports
+the error: no tenant is ever left frozen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from krexd import states
+from krexd.config import RegionConfig
+from krexd.errors import Code, KrexError
+from krexd.fifo import FifoLock
+from krexd.slices import CpuSlice
+from krexd.tenants import Tenant, TenantRegistry
+
+if TYPE_CHECKING:
+    # Only with a gate (libkrex_gate.so built) is krexd.gate imported.
+    from krexd.gate import Gate
+
+log = logging.getLogger("krexd.coordinator")
+
+# How many recent entry latencies status() summarizes.
+_LATENCY_WINDOW = 10_000
+
+
+@dataclass(eq=False)
+class Region:
+    """One granted critical region (identity matters: recovery is bound to it)."""
+
+    tenant: Tenant
+    epoch: int
+    pid: int
+    tid: int
+    requested_at: float  # monotonic s, when region_enter arrived
+    granted_at: float  # monotonic s
+    siblings: list[Tenant] = field(default_factory=list)  # frozen by this region
+    ended: bool = False
+    end_reason: str = ""
+    pidfd: int | None = None
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass
+class RegionCounts:
+    """Counters shown by ``krexctl status``."""
+
+    granted: int = 0
+    completed: int = 0
+    failed: int = 0
+    recovered: int = 0
+
+
+class Coordinator:
+    """Region lock and region protocol for one GPU (paper §4.2).
+
+    Args:
+        gpu: GPU index on the host.
+        gate: the GPU's shared-memory gate (krexd.gate).
+        cpu_slice: the GPU's CPU slice: ``cores`` (all), ``reserved`` (for the
+            holder's submitting thread during a region) and ``tenant_cores``
+            (cores minus reserved, for everyone off-region).
+        tenants: the daemon's tenant registry; siblings are this GPU's
+            other tenants.
+        region: the ``[region]`` config table (timeouts, enforce, l2_flush).
+    """
+
+    def __init__(
+        self,
+        gpu: int,
+        gate: Gate | None,
+        cpu_slice: CpuSlice,
+        tenants: TenantRegistry,
+        region: RegionConfig,
+    ) -> None:
+        self.gpu = gpu
+        self._gate = gate
+        self._slice = cpu_slice
+        self._tenants = tenants
+        self._cfg = region
+        self._lock: FifoLock[int] = FifoLock()
+        self._end_lock = asyncio.Lock()
+        self._region: Region | None = None
+        self._ungated: set[int] = set()  # tenants inside a region when enforce = false
+        self._epoch = 0
+        self._last_drain_ms = 0.0
+        self._last_freeze_ms = 0.0
+        self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
+        self._entry_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self._wait_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self.counts = RegionCounts()
+
+    def __repr__(self) -> str:
+        return f"Coordinator(gpu{self.gpu}, {self.state})"
+
+    # ------------------------------------------------------------------ entry
+
+    async def enter(self, tenant: Tenant, pid: int, tid: int) -> dict[str, Any]:
+        """Run region entry for ``tenant`` and return the grant (region_enter reply body).
+
+        Args:
+            tenant: the authenticated requesting tenant (must be on this GPU).
+            pid: the requesting process; must be in the tenant's cgroup.
+            tid: the submitting thread (Linux thread id) to pin to the
+                reserved cores.
+
+        Returns:
+            ``{epoch, gpu, reserved_cores, l2_flush, wait_ms, entry_ms,
+            drain_ms, freeze_ms}``; times in ms.
+
+        Raises:
+            KrexError: NESTED_REGION (tenant already holds or waits),
+                BAD_FIELD (pid/tid not the tenant's), DRAIN_TIMEOUT,
+                FREEZE_TIMEOUT, CANCELLED (tenant ended while waiting),
+                SHUTTING_DOWN.
+        """
+        requested_at = time.monotonic()
+        self._check_caller(tenant, pid, tid)
+        if not self._cfg.enforce:
+            return self._enter_ungated(tenant)
+        if (self._region is not None and self._region.tenant.id == tenant.id) or (
+            self._lock.is_queued(tenant.id)
+        ):
+            raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
+
+        # Step 1: the region lock, one holder at a time, FIFO.
+        try:
+            await self._lock.acquire(tenant.id)
+        except asyncio.CancelledError:
+            raise KrexError(
+                Code.CANCELLED, f"tenant {tenant.id} ended while waiting for the region"
+            ) from None
+        locked_at = time.monotonic()
+        try:
+            region = await self._establish(tenant, pid, tid, requested_at)
+        except BaseException:
+            self.counts.failed += 1
+            self._lock.release(tenant.id)
+            raise
+        granted_at = region.granted_at
+        self._wait_ms.append((locked_at - requested_at) * 1e3)
+        self._entry_ms.append((granted_at - locked_at) * 1e3)
+        self.counts.granted += 1
+        return {
+            "epoch": region.epoch,
+            "gpu": self.gpu,
+            "reserved_cores": list(self._slice.reserved),
+            "l2_flush": self._cfg.l2_flush,
+            "wait_ms": (locked_at - requested_at) * 1e3,
+            "entry_ms": (granted_at - requested_at) * 1e3,
+            "drain_ms": self._last_drain_ms,
+            "freeze_ms": self._last_freeze_ms,
+        }
+
+    async def _establish(self, tenant: Tenant, pid: int, tid: int, requested_at: float) -> Region:
+        """Steps 2-5 for a tenant that owns the region lock; undo on failure."""
+        epoch = self._next_epoch()
+        frozen: list[Tenant] = []
+        gate_closed = False
+        try:
+            # Step 2: close the gate for (holder, epoch).
+            self._region_state(states.CLOSING)  # IDLE -> CLOSING
+            if self._gate is not None:
+                self._gate.close(tenant.id, epoch)
+                gate_closed = True
+            # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
+            self._region_state(states.DRAINING)  # CLOSING -> DRAINING
+            t = time.monotonic()
+            await self._drain(tenant, epoch)
+            self._last_drain_ms = (time.monotonic() - t) * 1e3
+            # Step 4: freeze sibling process trees once their GPU work has drained.
+            self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
+            t = time.monotonic()
+            await self._freeze(self._siblings(tenant), frozen)
+            self._last_freeze_ms = (time.monotonic() - t) * 1e3
+            # Step 5: the holder's submitting thread gets the reserved cores.
+            self._pin_holder(tenant, tid)
+        except BaseException:
+            # Any failure: undo in exit order (cores, thaw, reopen) -> IDLE.
+            self._region_state(states.RECOVERING)  # CLOSING/DRAINING/FREEZING -> RECOVERING
+            self._unpin_holder(tenant, tid)
+            await self._thaw(frozen)
+            if gate_closed:
+                self._reopen_gate(tenant.id, epoch)
+            self._region_state(states.IDLE)  # RECOVERING -> IDLE
+            raise
+        self._region_state(states.HELD)  # FREEZING -> HELD
+        _tenant_state(tenant, states.RUNNING, states.HOLDING)  # RUNNING -> HOLDING
+        region = Region(
+            tenant=tenant,
+            epoch=epoch,
+            pid=pid,
+            tid=tid,
+            requested_at=requested_at,
+            granted_at=time.monotonic(),
+            siblings=frozen,
+        )
+        self._region = region
+        self._watch(region)
+        return region
+
+    def _next_epoch(self) -> int:
+        # Epochs are 32-bit and never 0 (krex_gate.h).
+        self._epoch = self._epoch % 0xFFFF_FFFF + 1
+        return self._epoch
+
+    async def _drain(self, holder: Tenant, epoch: int) -> None:
+        """Step 3: wait for every sibling slot to acknowledge ``epoch`` (bounded)."""
+        if self._gate is None:
+            return
+        from krexd.gate import GateError, GateTimeout
+
+        timeout_s = self._cfg.drain_timeout_s
+        try:
+            # wait_drained blocks in C with the GIL released: run it off the loop.
+            await asyncio.to_thread(self._gate.wait_drained, holder.id, epoch, timeout_s)
+        except GateTimeout as exc:
+            raise KrexError(
+                Code.DRAIN_TIMEOUT,
+                f"drain of GPU {self.gpu} timed out after {self._cfg.drain_timeout_s:g} s; "
+                f"not drained: {self._describe_slots(exc.pending)}",
+            ) from None
+        except GateError as exc:
+            raise KrexError(Code.INTERNAL, f"gate of GPU {self.gpu}: {exc}") from None
+
+    def _siblings(self, holder: Tenant) -> list[Tenant]:
+        """This GPU's tenants other than the holder, registered with the shim or not."""
+        return [t for t in self._tenants.on_gpu(self.gpu) if t.id != holder.id and not t.exclusive]
+
+    async def _freeze(self, siblings: list[Tenant], frozen: list[Tenant]) -> None:
+        """Step 4: freeze each sibling's cgroup and wait until all report frozen.
+
+        ``frozen`` collects every tenant whose cgroup was asked to freeze, so
+        the caller can thaw exactly those on failure.  A sibling whose cgroup
+        disappears meanwhile (it ended) is skipped.
+        """
+        for sib in siblings:
+            try:
+                sib.cgroup.freeze()
+            except OSError as exc:
+                if _gone(exc):
+                    continue
+                raise
+            _tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
+            frozen.append(sib)
+        timeout_s = self._cfg.freeze_timeout_s
+        results = await asyncio.gather(*(self._wait_frozen(sib, timeout_s) for sib in frozen))
+        stuck = [sib for sib, ok in zip(frozen, results, strict=True) if not ok]
+        for sib, ok in zip(frozen, results, strict=True):
+            if ok:
+                _tenant_state(sib, states.FREEZING, states.FROZEN)  # FREEZING -> FROZEN
+        if stuck:
+            # A task inside an uninterruptible call delays freezing; like container
+            # runtimes, give up after the timeout, thaw back and fail the entry.
+            names = ", ".join(f"tenant {s.id}" for s in stuck)
+            raise KrexError(
+                Code.FREEZE_TIMEOUT,
+                f"siblings on GPU {self.gpu} not frozen after "
+                f"{self._cfg.freeze_timeout_s:g} s: {names}",
+            )
+
+    @staticmethod
+    async def _wait_frozen(sib: Tenant, timeout_s: float) -> bool:
+        try:
+            return await sib.cgroup.wait_frozen(timeout_s)
+        except OSError as exc:
+            if _gone(exc):
+                return True  # the sibling ended: nothing left to run
+            raise
+
+    def _pin_holder(self, holder: Tenant, tid: int) -> None:
+        """Step 5: widen the holder's cpuset to the whole slice, pin ``tid`` to reserved."""
+        if not self._slice.reserved:
+            return
+        holder.cgroup.set_cpus(self._slice.cores)
+        try:
+            os.sched_setaffinity(tid, self._slice.reserved)
+        except ProcessLookupError:
+            pass  # the thread ended: the region will end through recovery
+
+    def _unpin_holder(self, holder: Tenant, tid: int) -> None:
+        if not self._slice.reserved:
+            return
+        try:
+            os.sched_setaffinity(tid, self._slice.tenant_cores)
+        except (ProcessLookupError, OSError):
+            pass
+        try:
+            holder.cgroup.set_cpus(self._slice.tenant_cores)
+        except OSError as exc:
+            if not _gone(exc):
+                raise
+
+    def _check_caller(self, tenant: Tenant, pid: int, tid: int) -> None:
+        """A tenant acts only on itself: pid must be in its cgroup, tid a thread of pid."""
+        if tenant.gpu != self.gpu:
+            raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is not on GPU {self.gpu}")
+        if pid not in tenant.cgroup.pids():
+            raise KrexError(Code.BAD_FIELD, f"pid {pid} is not a process of tenant {tenant.id}")
+        if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+            raise KrexError(Code.BAD_FIELD, f"tid {tid} is not a thread of pid {pid}")
+
+    def _enter_ungated(self, tenant: Tenant) -> dict[str, Any]:
+        """``[region] enforce = false``: record the region, enforce nothing."""
+        if tenant.id in self._ungated:
+            raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
+        self._ungated.add(tenant.id)
+        self.counts.granted += 1
+        return {
+            "epoch": 0,
+            "gpu": self.gpu,
+            "reserved_cores": [],
+            "l2_flush": self._cfg.l2_flush,
+            "wait_ms": 0.0,
+            "entry_ms": 0.0,
+            "drain_ms": 0.0,
+            "freeze_ms": 0.0,
+        }
+
+    def _region_state(self, new: str) -> None:
+        states.change_state(self, new, states.REGION_EDGES)
+
+    def _describe_slots(self, pending: list[int]) -> str:
+        """'pid P (tenant T)' for each pending gate slot index."""
+        if self._gate is None:
+            return ""
+        by_index = {s.index: s for s in self._gate.slots()}
+        parts = []
+        for i in pending:
+            slot = by_index.get(i)
+            parts.append(f"slot {i}" if slot is None else f"pid {slot.pid} (tenant {slot.tenant})")
+        return ", ".join(parts) or "none"
+
+    # ------------------------------------------------------------------- exit
+
+    async def exit(
+        self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
+    ) -> dict[str, Any]:
+        """Run region exit (steps 7-8) for the holder and return the region_exit body.
+
+        Args:
+            tenant: the authenticated tenant; must be the holder.
+            epoch: the epoch its region_enter returned.
+            sync_ms: how long the holder's shim waited for its own contexts
+                (reported back, for the record).
+            launches: launches the holder made inside the region.
+
+        Returns:
+            ``{region_ms, thaw_ms, sync_ms, launches}``.
+
+        Raises:
+            KrexError: NOT_HOLDER (no region, another holder, or a stale epoch).
+        """
+        if not self._cfg.enforce:
+            if tenant.id not in self._ungated:
+                raise KrexError(Code.NOT_HOLDER, f"tenant {tenant.id} holds no region")
+            self._ungated.discard(tenant.id)
+            self.counts.completed += 1
+            return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
+        region = self._region
+        if region is None or region.tenant.id != tenant.id:
+            raise KrexError(
+                Code.NOT_HOLDER, f"tenant {tenant.id} holds no region on GPU {self.gpu}"
+            )
+        if region.epoch != epoch:
+            raise KrexError(
+                Code.NOT_HOLDER,
+                f"epoch {epoch} is not the current region's ({region.epoch})",
+            )
+        thaw_ms = await self._end(region, "exit")
+        if thaw_ms is None:  # recovery ended it first
+            raise KrexError(Code.REGION_ABORTED, f"region ended: {region.end_reason}")
+        self.counts.completed += 1
+        return {
+            "region_ms": (time.monotonic() - region.granted_at) * 1e3,
+            "thaw_ms": thaw_ms,
+            "sync_ms": sync_ms,
+            "launches": launches,
+        }
+
+    async def _end(self, region: Region, reason: str) -> float | None:
+        """Steps 7-8 for ``region``, once; None when it had already ended.
+
+        Serialized with every other end path (paper §4.2: "serializes the two
+        paths ... so they cannot modify the gate and freeze state
+        concurrently"), and bound to ``region``: ending a region that is no
+        longer current does nothing.
+        """
+        async with self._end_lock:
+            if region.ended or self._region is not region:
+                return None
+            region.ended = True
+            region.end_reason = reason
+            self._unwatch(region)
+            recovering = reason != "exit"
+            # Step 7: the holder's cores back to its off-region share; siblings thawed.
+            # HELD -> THAWING (exit) or HELD -> RECOVERING (holder died, timed out, ...)
+            self._region_state(states.RECOVERING if recovering else states.REGION_THAWING)
+            self._unpin_holder(region.tenant, region.tid)
+            t = time.monotonic()
+            await self._thaw(region.siblings)
+            thaw_ms = (time.monotonic() - t) * 1e3
+            # Step 8: only after the thaw, reopen the gate, then release the lock.
+            if not recovering:
+                self._region_state(states.REOPENING)  # THAWING -> REOPENING
+            self._reopen_gate(region.tenant.id, region.epoch)
+            _tenant_state(region.tenant, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
+            self._region = None
+            self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
+            self._lock.release(region.tenant.id)
+            if reason != "exit":
+                self.counts.recovered += 1
+                log.warning(
+                    "GPU %d: region of tenant %d (epoch %d) ended by recovery: %s",
+                    self.gpu,
+                    region.tenant.id,
+                    region.epoch,
+                    reason,
+                )
+            return thaw_ms
+
+    async def _thaw(self, tenants: list[Tenant]) -> None:
+        """Thaw each tenant's cgroup and wait until none reports frozen."""
+        for t in tenants:
+            try:
+                t.cgroup.thaw()
+            except OSError as exc:
+                if not _gone(exc):
+                    raise
+                continue
+            # FROZEN/FREEZING -> THAWING -> RUNNING
+            if _tenant_state(t, (states.FROZEN, states.FREEZING), states.THAWING):
+                _tenant_state(t, states.THAWING, states.RUNNING)
+        deadline = time.monotonic() + max(1.0, self._cfg.freeze_timeout_s)
+        for t in tenants:
+            while time.monotonic() < deadline:
+                try:
+                    if not t.cgroup.is_frozen():
+                        break
+                except OSError:
+                    break  # gone
+                await asyncio.sleep(0.0005)
+
+    def _reopen_gate(self, holder: int, epoch: int) -> None:
+        if self._gate is None:
+            return
+        from krexd.gate import GateError
+
+        try:
+            self._gate.reopen(holder, epoch)
+        except GateError as exc:
+            # Bound to (holder, epoch): a stale reopen must not open a newer region.
+            log.error(
+                "GPU %d: reopen for tenant %d epoch %d refused: %s", self.gpu, holder, epoch, exc
+            )
+
+    # --------------------------------------------------------------- recovery
+
+    def _watch(self, region: Region) -> None:
+        """Recover when the holder's process exits or the region outlives max_region_s."""
+        loop = asyncio.get_running_loop()
+        try:
+            region.pidfd = os.pidfd_open(region.pid)
+        except ProcessLookupError:
+            region.pidfd = None
+            loop.call_soon(self._schedule_end, region, "holder process exited")
+        else:
+            loop.add_reader(region.pidfd, self._schedule_end, region, "holder process exited")
+        if self._cfg.max_region_s > 0:
+            region.timer = loop.call_later(self._cfg.max_region_s, self._expire, region)
+
+    def _unwatch(self, region: Region) -> None:
+        if region.pidfd is not None:
+            asyncio.get_running_loop().remove_reader(region.pidfd)
+            os.close(region.pidfd)
+            region.pidfd = None
+        if region.timer is not None:
+            region.timer.cancel()
+            region.timer = None
+
+    def _schedule_end(self, region: Region, reason: str) -> None:
+        if region.pidfd is not None:
+            # Level-triggered: stop watching before the end task runs.
+            asyncio.get_running_loop().remove_reader(region.pidfd)
+        asyncio.ensure_future(self._end(region, reason))
+
+    def _expire(self, region: Region) -> None:
+        """max_region_s passed: kill the holder's command, then end its region."""
+        if region.ended or self._region is not region:
+            return
+        reason = f"critical region exceeded max_region_s = {self._cfg.max_region_s:g} s"
+        region.tenant.kill_reason = reason
+        log.warning(
+            "GPU %d: tenant %d: %s; killing its command", self.gpu, region.tenant.id, reason
+        )
+        try:
+            region.tenant.cgroup.kill()
+        except OSError as exc:
+            if not _gone(exc):
+                log.error("GPU %d: cannot kill tenant %d: %s", self.gpu, region.tenant.id, exc)
+        asyncio.ensure_future(self._end(region, reason))
+
+    async def tenant_added(self, tenant: Tenant) -> None:
+        """A tenant was admitted to this GPU: freeze it if a region is active.
+
+        Called after its cgroup exists and before its command is placed, so a
+        command that starts during a region (an ``import torch`` that has not
+        reached the shim yet) cannot take CPU from the holder; it is thawed
+        with the other siblings at exit.
+        """
+        region = self._region
+        if region is None or region.ended or tenant.id == region.tenant.id or tenant.exclusive:
+            return
+        tenant.cgroup.freeze()
+        _tenant_state(tenant, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
+        region.siblings.append(tenant)
+
+    async def tenant_gone(self, tenant: Tenant) -> None:
+        """Recovery when a tenant ends: end its region, or drop it from the queue.
+
+        The daemon calls this before it removes the tenant's cgroup.
+        """
+        self._ungated.discard(tenant.id)
+        self._lock.cancel(tenant.id)
+        region = self._region
+        if region is not None and region.tenant.id == tenant.id:
+            await self._end(region, "holder's command ended")
+
+    async def shutdown(self) -> None:
+        """End any region (thaw, reopen) and cancel every waiter."""
+        for key in self._lock.queued():
+            self._lock.cancel(key)
+        region = self._region
+        if region is not None:
+            await self._end(region, "krexd is shutting down")
+
+    # ----------------------------------------------------------------- status
+
+    def status(self) -> dict[str, Any]:
+        """Holder, queue, counts and entry-latency percentiles (ms) for krexctl status."""
+        region = self._region
+        holder = None
+        if region is not None:
+            holder = {
+                "tenant": region.tenant.id,
+                "epoch": region.epoch,
+                "pid": region.pid,
+                "age_s": time.monotonic() - region.granted_at,
+                "siblings_frozen": [t.id for t in region.siblings],
+            }
+        return {
+            "holder": holder,
+            "queue": self._lock.queued(),
+            "queue_length": len(self._lock.queued()),
+            "enforce": self._cfg.enforce,
+            "epoch": self._epoch,
+            "regions": {
+                "granted": self.counts.granted,
+                "completed": self.counts.completed,
+                "failed": self.counts.failed,
+                "recovered": self.counts.recovered,
+            },
+            "entry_ms": _percentiles(self._entry_ms),
+            "wait_ms": _percentiles(self._wait_ms),
+        }
+
+
+def _gone(exc: OSError) -> bool:
+    """True when ``exc`` says the cgroup or process no longer exists."""
+    return exc.errno in (errno.ENOENT, errno.ESRCH, errno.ENODEV)
+
+
+def _tenant_state(tenant: Tenant, old: str | tuple[str, ...], new: str) -> bool:
+    """Move ``tenant`` from ``old`` to ``new`` if it is in ``old``; True when it moved.
+
+    Tenants not yet running their command (ADMITTED) or already EXITED keep
+    their lifecycle state: the coordinator freezes their cgroup all the same.
+    """
+    olds = (old,) if isinstance(old, str) else old
+    if tenant.state not in olds:
+        return False
+    states.change_state(tenant, new)
+    return True
+
+
+def _percentiles(samples: deque[float]) -> dict[str, float | int]:
+    """p50/p99/max of ``samples`` (nearest rank), and their count."""
+    if not samples:
+        return {"n": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+    ordered = sorted(samples)
+    n = len(ordered)
+
+    def rank(q: float) -> float:
+        return ordered[min(n - 1, max(0, int(round(q * n + 0.5)) - 1))]
+
+    return {"n": n, "p50": rank(0.50), "p99": rank(0.99), "max": ordered[-1]}

@@ -1,0 +1,196 @@
+"""``region.critical()``: mark the code whose timing must run alone on the GPU.
+
+Paper §4.1: the author marks the measurement; krex establishes exclusivity
+for the enclosed code at run time (§4.2).  Under ``krex run`` (``KREX_SOCKET``,
+``KREX_TENANT`` and ``KREX_TOKEN`` set) entering the context manager asks
+krexd for the region and returns once this command is the holder: siblings'
+GPU work drained and gated, their processes frozen, this thread on the
+reserved cores.  The shim then flushes L2 in this process's current context.
+Leaving it synchronizes this process's own GPU work (so nothing it queued
+runs alongside resumed siblings) and tells krexd to thaw and reopen.
+
+Outside krex, ``critical()`` does nothing and warns once, so the same script
+runs anywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from krex_client.connection import Connection, RemoteError
+
+
+class RegionError(RuntimeError):
+    """krexd refused or aborted a critical region (the message says why)."""
+
+
+class _Shim:
+    """The holder-side entry points of libkrex_shim.so, when it is preloaded."""
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL(None)
+        self.begin: Any = getattr(lib, "krex_shim_region_begin", None)
+        self.end: Any = getattr(lib, "krex_shim_region_end", None)
+        if self.begin is not None:
+            self.begin.argtypes = [ctypes.c_uint32, ctypes.c_int]
+            self.begin.restype = ctypes.c_int
+        if self.end is not None:
+            self.end.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
+            self.end.restype = ctypes.c_int
+
+    def region_begin(self, epoch: int, l2_flush: bool) -> None:
+        """Step 5, holder side: flush L2 in the current context (paper §4.2)."""
+        if self.begin is not None:
+            rc = self.begin(epoch, 1 if l2_flush else 0)
+            if rc != 0:
+                raise RegionError(f"L2 flush at region entry failed (CUresult {rc})")
+
+    def region_end(self) -> tuple[float, int]:
+        """Step 7, holder side: synchronize own contexts; (sync ms, launches in region)."""
+        if self.end is None:
+            return 0.0, 0
+        sync_ns = ctypes.c_uint64(0)
+        launches = ctypes.c_uint64(0)
+        self.end(ctypes.byref(sync_ns), ctypes.byref(launches))
+        return sync_ns.value / 1e6, int(launches.value)
+
+
+class Region:
+    """Critical regions of this process (one at a time)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._warned = False
+        self._stats: dict[str, float] = self._zero_stats()
+        self._shim: _Shim | None = None
+        self._conn: Connection | None = None
+        self._conn_pid = 0
+
+    @staticmethod
+    def _zero_stats() -> dict[str, float]:
+        return {
+            "entry_ms": 0.0,
+            "wait_ms": 0.0,
+            "drain_ms": 0.0,
+            "freeze_ms": 0.0,
+            "region_ms": 0.0,
+            "sync_ms": 0.0,
+            "launches": 0.0,
+        }
+
+    @staticmethod
+    def under_krex() -> bool:
+        """True when this process runs under ``krex run``."""
+        return all(os.environ.get(k) for k in ("KREX_SOCKET", "KREX_TENANT", "KREX_TOKEN"))
+
+    def stats(self) -> dict[str, float]:
+        """Figures of the last region, in ms (launches: a count).
+
+        Keys: entry_ms (request to grant), wait_ms (waiting for the region
+        lock), drain_ms, freeze_ms, region_ms (grant to exit), sync_ms (the
+        holder's own GPU work at exit), launches.  All zero outside krex.
+        """
+        return dict(self._stats)
+
+    @contextmanager
+    def critical(self) -> Iterator[None]:
+        """Run the enclosed code as this GPU's only tenant (paper §4.2).
+
+        Nested use inside one region is allowed and does nothing more.
+
+        Raises:
+            RegionError: krexd refused the region (drain or freeze timeout,
+                the command is not a krex tenant, ...) or ended it early.
+            krex_client.connection.KrexUnavailable: krexd cannot be reached.
+        """
+        with self._lock:
+            nested = self._depth > 0
+            self._depth += 1
+        try:
+            if nested:
+                yield
+                return
+            if not self.under_krex():
+                self._warn_once()
+                yield
+                return
+            yield from self._run_region()
+        finally:
+            with self._lock:
+                self._depth -= 1
+
+    def _run_region(self) -> Iterator[None]:
+        conn = self._connection()
+        t0 = time.monotonic()
+        grant = self._request(
+            conn, "region_enter", {"pid": os.getpid(), "tid": threading.get_native_id()}
+        )
+        if self._shim is None:
+            self._shim = _Shim()
+        try:
+            self._shim.region_begin(int(grant["epoch"]), bool(grant.get("l2_flush", True)))
+        except BaseException:
+            self._request(
+                conn, "region_exit", {"epoch": grant["epoch"], "sync_ms": 0.0, "launches": 0}
+            )
+            raise
+        granted = time.monotonic()
+        try:
+            yield
+        finally:
+            sync_ms, launches = self._shim.region_end()
+            reply = self._request(
+                conn,
+                "region_exit",
+                {"epoch": grant["epoch"], "sync_ms": sync_ms, "launches": launches},
+            )
+            self._stats = {
+                "entry_ms": (granted - t0) * 1e3,
+                "wait_ms": float(grant.get("wait_ms", 0.0)),
+                "drain_ms": float(grant.get("drain_ms", 0.0)),
+                "freeze_ms": float(grant.get("freeze_ms", 0.0)),
+                "region_ms": float(reply.get("region_ms", 0.0)),
+                "sync_ms": sync_ms,
+                "launches": float(launches),
+            }
+
+    def _connection(self) -> Connection:
+        # One connection per process; a forked child opens its own.
+        if self._conn is None or self._conn_pid != os.getpid():
+            self._conn = Connection.from_env()
+            self._conn_pid = os.getpid()
+        return self._conn
+
+    @staticmethod
+    def _request(conn: Connection, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        # region_enter is parked in krexd while another tenant holds the region:
+        # wait as long as it takes (krexd bounds drain and freeze itself).
+        try:
+            return conn.request(op, body, forever=True)
+        except RemoteError as exc:
+            raise RegionError(f"{op}: {exc.name}: {exc.message}") from None
+
+    def _warn_once(self) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "krex_client: not running under `krex run`; region.critical() does nothing",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+
+# ``from krex_client import region`` gives this module; these make
+# ``region.critical()`` and ``region.stats()`` work on it directly.
+region = Region()
+critical = region.critical
+stats = region.stats
+under_krex = Region.under_krex

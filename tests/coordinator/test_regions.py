@@ -1,0 +1,241 @@
+"""Region exclusivity by behaviour: sibling commands stop counting during a region.
+
+Real krexd, real cgroups (hybrid or v2), real ``krex run`` commands.  The
+siblings here never touch the GPU or krexd after admission, so what stops
+them is the cgroup freeze of their whole process tree (paper §4.2 step 4),
+including a grandchild each forks and commands admitted during the region.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from tests.coordinator.helpers import (
+    Counters,
+    holder_argv,
+    parse_cycles,
+    start_counter,
+    start_shell,
+    stop_all,
+)
+
+pytestmark = [pytest.mark.root]
+
+
+def _counters(k: Any, nslots: int) -> Counters:
+    return Counters(os.path.join(k.workdir, "counters"), nslots)
+
+
+def test_siblings_and_their_children_stop_during_region(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=4)
+    c = _counters(k, 4)
+    sibs = [start_counter(k, c, 0), start_counter(k, c, 2)]
+    try:
+        c.wait_running([0, 1, 2, 3])
+        run = subprocess.run(
+            holder_argv(k, c, "--cycles", "3", "--hold-s", "0.3"),
+            env=k.env,
+            capture_output=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr.decode()
+        cycles = parse_cycles(run.stdout)
+        assert len(cycles) == 3
+        for cyc in cycles:
+            assert cyc["in_region_advanced"] == [], cyc  # siblings + grandchildren frozen
+            assert cyc["after_exit_advanced"] == [0, 1, 2, 3], cyc  # all thawed
+            assert cyc["stats"]["freeze_ms"] >= 0
+        assert c.advancing() == [0, 1, 2, 3]
+    finally:
+        stop_all(sibs)
+
+
+def test_command_admitted_during_region_waits_for_exit(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=4)
+    c = _counters(k, 4)
+    sibs = [start_counter(k, c, 0, fork=False)]
+    ready = os.path.join(k.workdir, "ready")
+    try:
+        c.wait_running([0])
+        holder = subprocess.Popen(
+            holder_argv(k, c, "--hold-s", "2.0", "--ready-file", ready),
+            env=k.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _wait_file(ready)
+        # Admitted while the region is held: its cgroup is frozen before CMD runs.
+        sibs.append(start_counter(k, c, 2))
+        out, err = holder.communicate(timeout=60)
+        assert holder.returncode == 0, err.decode()
+        (cyc,) = parse_cycles(out)
+        assert cyc["in_region_advanced"] == []
+        c.wait_running([0, 1, 2, 3])  # it runs once the region is over
+        late = c.read()
+        assert late[2] > 0 and late[3] > 0
+    finally:
+        stop_all(sibs)
+
+
+def test_holder_killed_mid_region_is_recovered(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=4)
+    c = _counters(k, 4)
+    sibs = [start_counter(k, c, 0)]
+    ready = os.path.join(k.workdir, "ready")
+    try:
+        c.wait_running([0, 1])
+        dying = subprocess.Popen(
+            holder_argv(k, c, "--die-in-region", "--ready-file", ready),
+            env=k.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _wait_file(ready)
+        died_at = time.monotonic()
+        dying.wait(30)
+        assert dying.returncode == 128 + 9  # SIGKILL, relayed by krex run
+        # Siblings resume within 1 s of the holder's death.
+        while c.advancing(0.05) != [0, 1]:
+            assert time.monotonic() - died_at < 1.0, (
+                "siblings still frozen 1 s after the holder died"
+            )
+        # The region lock passed on: a new holder gets it and sees siblings frozen.
+        run = subprocess.run(
+            holder_argv(k, c, "--hold-s", "0.3"), env=k.env, capture_output=True, timeout=60
+        )
+        assert run.returncode == 0, run.stderr.decode()
+        (cyc,) = parse_cycles(run.stdout)
+        assert cyc["in_region_advanced"] == [] and cyc["after_exit_advanced"] == [0, 1]
+        assert k.status()["gpus"][0]["region"]["regions"]["recovered"] == 1
+    finally:
+        stop_all(sibs)
+
+
+def test_region_longer_than_max_region_s_is_ended(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=4, extra="[region]\nmax_region_s = 1.0\n")
+    c = _counters(k, 2)
+    sibs = [start_counter(k, c, 0)]
+    try:
+        c.wait_running([0, 1])
+        t0 = time.monotonic()
+        run = subprocess.run(
+            holder_argv(k, c, "--hold-s", "20"), env=k.env, capture_output=True, timeout=60
+        )
+        assert time.monotonic() - t0 < 15
+        assert run.returncode == 128 + 9, run.stderr.decode()
+        assert b"max_region_s" in run.stderr  # krex run says why
+        assert c.advancing() == [0, 1]
+    finally:
+        stop_all(sibs)
+
+
+def test_regions_are_granted_in_arrival_order(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=6)
+    c = _counters(k, 1)
+    ready = os.path.join(k.workdir, "ready")
+    first = subprocess.Popen(
+        holder_argv(k, c, "--hold-s", "1.5", "--ready-file", ready),
+        env=k.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    _wait_file(ready)
+    waiters = []
+    for _ in range(3):
+        waiters.append(
+            subprocess.Popen(
+                holder_argv(k, c, "--hold-s", "0.05"),
+                env=k.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+        _wait_queue(k, len(waiters))
+    outs = [p.communicate(timeout=60) for p in [first, *waiters]]
+    enter_times = [parse_cycles(out)[0]["enter_t"] for out, _ in outs]
+    assert enter_times == sorted(enter_times), enter_times
+
+
+def test_back_to_back_regions_never_let_siblings_run(krexd_factory: Any) -> None:
+    """Two holders alternate; exit thaws before it releases, so no region sees siblings run."""
+    k = krexd_factory(slots=4)
+    c = _counters(k, 2)
+    sibs = [start_counter(k, c, 0)]
+    try:
+        c.wait_running([0, 1])
+        holders = [
+            subprocess.Popen(
+                holder_argv(k, c, "--cycles", "12", "--hold-s", "0.05"),
+                env=k.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(2)
+        ]
+        for h in holders:
+            out, err = h.communicate(timeout=120)
+            assert h.returncode == 0, err.decode()
+            for cyc in parse_cycles(out):
+                assert cyc["in_region_advanced"] == [], cyc
+    finally:
+        stop_all(sibs)
+
+
+def test_region_protocol_errors(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=4)
+    a_proc, a = start_shell(k)
+    b_proc, b = start_shell(k)
+    try:
+        grant = k.request(
+            "region_enter", {"pid": a["pid"], "tid": a["tid"]}, tenant=a["tenant"], token=a["token"]
+        )
+        assert grant["epoch"] > 0
+        assert _error(k, "region_enter", {"pid": a["pid"], "tid": a["tid"]}, a) == "NESTED_REGION"
+        # exit by a tenant that does not hold the region, and with a stale epoch
+        assert _error(k, "region_exit", {"epoch": grant["epoch"]}, b) == "NOT_HOLDER"
+        assert _error(k, "region_exit", {"epoch": grant["epoch"] + 7}, a) == "NOT_HOLDER"
+        # a tenant may act only on itself: b's token cannot name a's id, b cannot pass a's pid
+        forged = {"tenant": a["tenant"], "token": b["token"]}
+        assert _error(k, "region_exit", {"epoch": grant["epoch"]}, forged) == "AUTH"
+        assert _error(k, "region_enter", {"pid": a["pid"], "tid": a["tid"]}, b) == "BAD_FIELD"
+        assert _error(k, "region_enter", {"pid": "x", "tid": 1}, b) == "BAD_FIELD"
+        unknown = {"tenant": 999, "token": "0" * 32}
+        assert _error(k, "region_enter", {"pid": 1, "tid": 1}, unknown) == "AUTH"
+        # b is frozen now (a holds the region); the proper exit thaws it
+        done = k.request(
+            "region_exit", {"epoch": grant["epoch"]}, tenant=a["tenant"], token=a["token"]
+        )
+        assert done["region_ms"] > 0
+        st = k.status()["gpus"][0]["region"]
+        assert st["holder"] is None and st["regions"]["completed"] == 1
+    finally:
+        stop_all([a_proc, b_proc])
+
+
+def _error(k: Any, op: str, body: dict[str, Any], who: dict[str, Any]) -> str:
+    from krex_client.connection import RemoteError
+
+    try:
+        k.request(op, body, tenant=who["tenant"], token=who["token"])
+    except RemoteError as exc:
+        return exc.name
+    raise AssertionError(f"{op} {body} as {who['tenant']} succeeded")
+
+
+def _wait_file(path: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path) or os.path.getsize(path) == 0:
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+
+
+def _wait_queue(k: Any, n: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while k.status()["gpus"][0]["region"]["queue_length"] < n:
+        assert time.monotonic() < deadline, k.status()
+        time.sleep(0.02)
