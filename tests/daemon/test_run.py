@@ -1,0 +1,254 @@
+"""``krex run`` end to end: real krexd, real cgroups, real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import KREX, Krexd
+
+pytestmark = pytest.mark.root
+Factory = Callable[..., Krexd]
+PY = sys.executable
+
+
+def krex_run(k: Krexd, *argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*k.krex, "run", *argv],
+        env=kw.pop("env", k.env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def parked_is(k: Krexd, n: int) -> Callable[[], bool]:
+    return lambda: bool(k.status()["queue"]["parked"] == n)
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_exit_code_is_relayed(krexd_factory: Factory) -> None:
+    k = krexd_factory()
+    assert krex_run(k, "--", "sh", "-c", "exit 7").returncode == 7
+    assert krex_run(k, "--", "true").returncode == 0
+    assert krex_run(k, "sh", "-c", "exit 3").returncode == 3  # "--" is optional
+
+
+def test_death_by_signal_is_128_plus_n(krexd_factory: Factory) -> None:
+    k = krexd_factory()
+    assert krex_run(k, "--", "sh", "-c", "kill -9 $$").returncode == 137
+    assert krex_run(k, "--", "sh", "-c", "kill -TERM $$").returncode == 143
+
+
+def test_command_not_found(krexd_factory: Factory) -> None:
+    k = krexd_factory()
+    p = krex_run(k, "--", "no-such-command-krex")
+    assert p.returncode == 127 and "command not found" in p.stderr
+    assert k.status()["tenants"] == []
+
+
+def test_command_runs_in_its_tenant_cgroup_from_its_first_instruction(
+    krexd_factory: Factory,
+) -> None:
+    k = krexd_factory()
+    # cat is exec'd directly: the file it reads is the cgroup of its own first instruction.
+    p = krex_run(k, "--", "cat", "/proc/self/cgroup")
+    assert p.returncode == 0
+    v2 = [line for line in p.stdout.splitlines() if line.startswith("0::")][0]
+    assert v2.endswith(f"/{k.cgroup_name}/gpu0/t1"), p.stdout
+    if k.status()["cgroups"]["cpuset"] == "v1":
+        cpuset = [line for line in p.stdout.splitlines() if ":cpuset:" in line][0]
+        assert cpuset.endswith(f"/{k.cgroup_name}/gpu0/t1")
+
+
+def test_command_is_confined_to_its_slice(krexd_factory: Factory) -> None:
+    k = krexd_factory(fake_gpus=2)
+    st = k.status()
+    p = krex_run(k, "--gpu", "1", "--", "grep", "Cpus_allowed_list", "/proc/self/status")
+    assert p.stdout.split()[1] == st["gpus"][1]["slice"]["tenant_cores"]
+
+
+def test_environment(krexd_factory: Factory) -> None:
+    libm = "/lib/x86_64-linux-gnu/libm.so.6"
+    if not os.path.exists(libm):
+        pytest.skip("no libm to stand in for the shim")
+    k = krexd_factory(fake_gpus=2, env={"KREX_SHIM": libm})
+    env = dict(k.env, NOTIFY_SOCKET="/x", WATCHDOG_USEC="1", WATCHDOG_PID="1", LD_PRELOAD=libm)
+    dump = "import json, os; print(json.dumps(dict(os.environ)))"
+    p = krex_run(k, "--gpu", "1", "--", PY, "-c", dump, env=env)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["KREX_SOCKET"] == k.socket and got["KREX_GPU"] == "1"
+    assert got["CUDA_VISIBLE_DEVICES"] == "1" and got["NCCL_NVLS_ENABLE"] == "0"
+    assert int(got["KREX_TENANT"]) > 0 and len(got["KREX_TOKEN"]) == 32
+    assert got["LD_PRELOAD"] == f"{libm}:{libm}"  # shim prepended to the caller's value
+    for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        assert var not in got
+    # --exclusive runs unshimmed.
+    p = krex_run(k, "--exclusive", "--", PY, "-c", dump)
+    got = json.loads(p.stdout)
+    assert "LD_PRELOAD" not in got and "KREX_GATE" not in got and "KREX_TENANT" in got
+
+
+def test_stdio_is_the_commands_own(krexd_factory: Factory) -> None:
+    k = krexd_factory()
+    p = krex_run(k, "--", "sh", "-c", "cat; echo err >&2", input="hello\n")
+    assert p.stdout == "hello\n" and p.stderr == "err\n"
+
+
+def test_timeout_kills_the_whole_tree(krexd_factory: Factory, tmp_path: Path) -> None:
+    k = krexd_factory()
+    pidfile = tmp_path / "pid"
+    script = f"setsid sleep 31 & echo $! > {pidfile}; sleep 30"
+    t0 = time.monotonic()
+    p = krex_run(k, "--timeout", "1", "--", "sh", "-c", script)
+    assert p.returncode == 124
+    assert time.monotonic() - t0 < 10
+    assert len(p.stderr.strip().splitlines()) == 1 and "timeout" in p.stderr
+    escaped = int(pidfile.read_text())
+    wait_for(lambda: gone(escaped), 5)
+    assert k.status()["tenants"] == []
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 3), (signal.SIGINT, 4)])
+def test_signals_are_forwarded(krexd_factory: Factory, tmp_path: Path, sig: int, code: int) -> None:
+    k = krexd_factory()
+    ready = tmp_path / "ready"
+    prog = (
+        "import signal, sys, time, pathlib\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+        f"signal.signal(signal.SIGINT, lambda *a: sys.exit(4))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+        "time.sleep(60)\n"
+    )
+    run = subprocess.Popen([*k.krex, "run", "--", PY, "-c", prog], env=k.env)
+    wait_for(ready.exists)
+    run.send_signal(sig)
+    assert run.wait(20) == code
+
+
+def test_unreachable_krexd_is_exit_69() -> None:
+    sock = "/nonexistent-krex/krexd.sock"
+    env = dict(os.environ, KREX_SOCKET=sock)
+    p = subprocess.run(
+        [*KREX, "run", "--", "true"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert p.returncode == 69
+    assert len(p.stderr.strip().splitlines()) == 1 and sock in p.stderr
+
+
+def test_parked_commands_run_in_fifo_order(krexd_factory: Factory, tmp_path: Path) -> None:
+    k = krexd_factory(slots=1)
+    order = tmp_path / "order"
+    go = tmp_path / "go"
+    first = subprocess.Popen(
+        [
+            *k.krex,
+            "run",
+            "--",
+            "sh",
+            "-c",
+            f"echo A >> {order}; while [ ! -e {go} ]; do sleep 0.02; done",
+        ],
+        env=k.env,
+    )
+    wait_for(order.exists)
+    later = []
+    for name in "BCD":
+        later.append(
+            subprocess.Popen(
+                [*k.krex, "run", "--", "sh", "-c", f"echo {name} >> {order}"], env=k.env
+            )
+        )
+        wait_for(parked_is(k, len(later)))
+    assert [w["command"][-1] for w in k.status()["queue"]["queue"]] == [
+        f"echo {n} >> {order}" for n in "BCD"
+    ]
+    go.write_text("")
+    assert first.wait(20) == 0 and all(p.wait(20) == 0 for p in later)
+    assert order.read_text().split() == ["A", "B", "C", "D"]
+
+
+def test_killed_launcher_frees_its_slot_and_its_command(krexd_factory: Factory) -> None:
+    k = krexd_factory(slots=1)
+    run = subprocess.Popen([*k.krex, "run", "--", "sleep", "60"], env=k.env)
+    wait_for(lambda: bool(k.status()["tenants"]) and k.status()["tenants"][0]["pid"] is not None)
+    cmd_pid = k.status()["tenants"][0]["pid"]
+    run.kill()
+    run.wait()
+    wait_for(lambda: k.status()["tenants"] == [], 10)
+    wait_for(lambda: gone(cmd_pid), 5)
+    assert krex_run(k, "--", "true").returncode == 0
+
+
+def test_killed_parked_launcher_leaves_the_queue(krexd_factory: Factory) -> None:
+    k = krexd_factory(slots=1)
+    holder = subprocess.Popen([*k.krex, "run", "--", "sleep", "60"], env=k.env)
+    wait_for(lambda: len(k.status()["tenants"]) == 1)
+    parked = subprocess.Popen([*k.krex, "run", "--", "true"], env=k.env)
+    wait_for(lambda: k.status()["queue"]["parked"] == 1)
+    parked.kill()
+    parked.wait()
+    wait_for(lambda: k.status()["queue"]["parked"] == 0, 10)
+    holder.send_signal(signal.SIGTERM)
+    assert holder.wait(20) == 143
+    wait_for(lambda: k.status()["gpus"][0]["slots_used"] == 0, 10)
+
+
+def test_exclusive_waits_for_an_empty_gpu_and_holds_it(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory(slots=2)
+    go = tmp_path / "go"
+    shared = subprocess.Popen(
+        [*k.krex, "run", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"], env=k.env
+    )
+    wait_for(lambda: len(k.status()["tenants"]) == 1)
+    excl_go = tmp_path / "excl_go"
+    excl = subprocess.Popen(
+        [
+            *k.krex,
+            "run",
+            "--exclusive",
+            "--",
+            "sh",
+            "-c",
+            f"while [ ! -e {excl_go} ]; do sleep 0.02; done",
+        ],
+        env=k.env,
+    )
+    wait_for(lambda: k.status()["queue"]["parked"] == 1)
+    # A slot is free, but the parked exclusive request has reserved the GPU.
+    late = subprocess.Popen([*k.krex, "run", "--", "true"], env=k.env)
+    wait_for(lambda: k.status()["queue"]["parked"] == 2)
+    go.write_text("")
+    assert shared.wait(20) == 0
+    wait_for(lambda: any(t["exclusive"] for t in k.status()["tenants"]))
+    st = k.status()
+    assert st["gpus"][0]["exclusive"] and st["gpus"][0]["slots_used"] == 2
+    assert st["queue"]["parked"] == 1 and late.poll() is None
+    excl_go.write_text("")
+    assert excl.wait(20) == 0 and late.wait(20) == 0
