@@ -148,13 +148,13 @@ def render(st: dict[str, Any]) -> str:
 
 def status(socket: str, as_json: bool) -> int:
     """Query krexd at ``socket`` and print its status; returns an LSB status exit code."""
+    if not _listening(socket):
+        print(f"krexd is not running (no daemon on {socket})", file=sys.stderr)
+        return StatusExit.NOT_RUNNING
     try:
         with Connection(socket, timeout_s=3.0) as conn:
             st = conn.request("status")
     except KrexUnavailable as exc:
-        if not _listening(socket):
-            print(f"krexd is not running (no daemon on {socket})", file=sys.stderr)
-            return StatusExit.NOT_RUNNING
         print(f"krexd state unknown: {exc}", file=sys.stderr)
         return StatusExit.UNKNOWN
     except RemoteError as exc:

@@ -1,0 +1,79 @@
+"""krexctl status: table, --json, LSB exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import KREXCTL, Krexd
+
+Factory = Callable[..., Krexd]
+
+
+def krexctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KREXCTL, *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.root
+def test_status_table_and_json(krexd_factory: Factory) -> None:
+    k = krexd_factory(fake_gpus=2, slots=1)
+    run = subprocess.Popen([*k.krex, "run", "--gpu", "1", "--", "sleep", "30"], env=k.env)
+    deadline = time.monotonic() + 20
+    while not k.status()["tenants"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    parked = subprocess.Popen([*k.krex, "run", "--gpu", "1", "--", "true"], env=k.env)
+    try:
+        while k.status()["queue"]["parked"] != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        p = krexctl("status", "--socket", k.socket)
+        assert p.returncode == 0, p.stderr
+        out = p.stdout
+        assert f"pid {k.pid}" in out and "fake GPU 1" in out and "sleep 30" in out
+        assert "1 parked" in out and k.status()["cgroups"]["backend"] in out
+        j = krexctl("status", "--json", env=k.env)
+        st = json.loads(j.stdout)
+        assert j.returncode == 0
+        assert st["gpus"][1]["slots_used"] == 1 and st["gpus"][0]["slots_used"] == 0
+        assert st["tenants"][0]["command"] == ["sleep", "30"] and st["tenants"][0]["gpu"] == 1
+        assert st["queue"]["parked"] == 1
+        assert {"version", "uptime_s", "cgroups", "gpus", "tenants", "queue"} <= set(st)
+    finally:
+        run.terminate()
+        run.wait(20)
+        parked.wait(20)
+
+
+def test_not_running_is_3() -> None:
+    p = krexctl("status", "--socket", "/nonexistent-krex/krexd.sock")
+    assert p.returncode == 3 and "not running" in p.stderr
+
+
+def test_stale_socket_file_is_3() -> None:
+    d = tempfile.mkdtemp(prefix="krex-")
+    path = os.path.join(d, "stale.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.close()  # the file stays, nobody listens
+    assert krexctl("status", "--socket", path).returncode == 3
+
+
+def test_listening_but_not_answering_is_4() -> None:
+    d = tempfile.mkdtemp(prefix="krex-")
+    path = os.path.join(d, "mute.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    s.listen(8)
+    try:
+        p = krexctl("status", "--socket", path)
+        assert p.returncode == 4 and "unknown" in p.stderr
+    finally:
+        s.close()
