@@ -1,0 +1,162 @@
+/*
+ * module.c — modules, libraries, kernels and functions.  Any image is
+ * accepted and every name resolves: all functions are "duration kernels"
+ * (launch.c).  Functions and kernels are kept for the life of the process
+ * (one per module/library and name), so handles stay valid after unload.
+ */
+#include "fakecuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (module == NULL || image == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fc_lock();
+    struct CUctx_st *ctx = NULL;
+    r = fc_current_ctx(&ctx); /* modules load into the current context */
+    if (r == CUDA_SUCCESS) {
+        struct CUmod_st *m = calloc(1, sizeof *m);
+        if (m) {
+            m->magic = FC_MAGIC_MODULE;
+            m->alive = true;
+            *module = m;
+        } else {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    fc_unlock();
+    return r;
+}
+
+FC_API CUresult cuModuleUnload(CUmodule hmod)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (hmod == NULL || hmod->magic != FC_MAGIC_MODULE || !hmod->alive)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fc_lock();
+    hmod->alive = false;
+    fc_unlock();
+    return CUDA_SUCCESS;
+}
+
+static struct CUfunc_st *func_find(struct CUfunc_st **list, const char *name)
+{
+    for (struct CUfunc_st *f = *list; f; f = f->next)
+        if (strcmp(f->name, name) == 0)
+            return f;
+    struct CUfunc_st *f = calloc(1, sizeof *f);
+    if (f == NULL)
+        return NULL;
+    f->magic = FC_MAGIC_FUNC;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->next = *list;
+    *list = f;
+    return f;
+}
+
+FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (hfunc == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hmod == NULL || hmod->magic != FC_MAGIC_MODULE || !hmod->alive)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fc_lock();
+    struct CUfunc_st *f = func_find(&hmod->funcs, name);
+    if (f)
+        *hfunc = f;
+    fc_unlock();
+    return f ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+FC_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                  void **jitOptionsValues, unsigned int numJitOptions,
+                                  CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                  unsigned int numLibraryOptions)
+{
+    (void)jitOptions;
+    (void)jitOptionsValues;
+    (void)libraryOptions;
+    (void)libraryOptionValues;
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (library == NULL || code == NULL || (numJitOptions && !jitOptions) ||
+        (numLibraryOptions && !libraryOptions))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Libraries are context-independent: no current context needed. */
+    struct CUlib_st *l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    l->magic = FC_MAGIC_LIBRARY;
+    l->alive = true;
+    *library = l;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuLibraryUnload(CUlibrary library)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (library == NULL || library->magic != FC_MAGIC_LIBRARY || !library->alive)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fc_lock();
+    library->alive = false;
+    fc_unlock();
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (pKernel == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (library == NULL || library->magic != FC_MAGIC_LIBRARY || !library->alive)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fc_lock();
+    struct CUkern_st *k = library->kernels;
+    while (k && strcmp(k->func.name, name) != 0)
+        k = k->next;
+    if (k == NULL && (k = calloc(1, sizeof *k)) != NULL) {
+        k->magic = FC_MAGIC_KERNEL;
+        k->func.magic = FC_MAGIC_FUNC;
+        snprintf(k->func.name, sizeof k->func.name, "%s", name);
+        k->next = library->kernels;
+        library->kernels = k;
+    }
+    if (k)
+        *pKernel = k;
+    fc_unlock();
+    return k ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+FC_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (pFunc == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (kernel == NULL || kernel->magic != FC_MAGIC_KERNEL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fc_lock();
+    struct CUctx_st *ctx = NULL;
+    r = fc_current_ctx(&ctx); /* the function of the kernel in the current context */
+    if (r == CUDA_SUCCESS)
+        *pFunc = &kernel->func;
+    fc_unlock();
+    return r;
+}
