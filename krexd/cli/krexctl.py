@@ -114,7 +114,7 @@ def render(st: dict[str, Any]) -> str:
     if tenants:
         rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "COMMAND"]]
         for t in tenants:
-            cmd = " ".join(t.get("command", []))
+            cmd = " ".join(" ".join(t.get("command", [])).split())  # one line, whatever argv holds
             rows.append(
                 [
                     f"t{t['id']}" + (" excl" if t.get("exclusive") else ""),
@@ -139,7 +139,7 @@ def render(st: dict[str, Any]) -> str:
                     "any" if w.get("gpu") is None else str(w["gpu"]),
                     str(w.get("launcher_pid")),
                     _duration(w.get("waiting_s", 0)),
-                    " ".join(w.get("command", []))[:60],
+                    " ".join(" ".join(w.get("command", [])).split())[:60],
                 ]
             )
         lines.append(_table(rows))
