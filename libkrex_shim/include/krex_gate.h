@@ -13,6 +13,7 @@
  *
  * Both sides include this header; a change of layout bumps
  * KREX_GATE_VERSION, and krex_gate_open() refuses a file of another version.
+ * docs/design/shim.md gives the memory-order argument.
  *
  * Layout (little-endian, one mapping of sizeof(struct krex_gate) bytes):
  *
@@ -28,6 +29,9 @@
  *   word == (epoch << 32) | holder  gate closed for tenant `holder`
  *
  * Tenant ids and epochs are never 0.
+ *
+ * Version history: 1 (initial); 2 adds krex_slot.start_ticks (pid reuse
+ * and exec detection) and the in-flight counter's waiter bit.
  */
 #ifndef KREX_GATE_H
 #define KREX_GATE_H
@@ -39,7 +43,7 @@ extern "C" {
 #endif
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
-#define KREX_GATE_VERSION 1u
+#define KREX_GATE_VERSION 2u
 #define KREX_GATE_MAX_SLOTS 256u
 
 /* Slot states.  FREE -> CLAIMING -> ACTIVE -> (FREE | DEAD -> FREE). */
@@ -52,6 +56,13 @@ enum krex_slot_state {
                                reassigned during the region (paper §4.2) */
 };
 
+/* krex_slot.inflight: bits 0-30 count the process's in-flight driver calls;
+ * bit 31 is set by the drainer before it parks waiting for zero, so that
+ * the submitter's decrement wakes it only when somebody waits (the fast
+ * path stays free of system calls). */
+#define KREX_INFLIGHT_WAITER 0x80000000u
+#define KREX_INFLIGHT_COUNT 0x7fffffffu
+
 struct krex_slot {
     _Atomic uint32_t state;      /* enum krex_slot_state */
     _Atomic uint32_t inflight;   /* in-flight driver calls; futex word */
@@ -62,7 +73,10 @@ struct krex_slot {
     _Atomic uint64_t gated_calls;   /* statistics: calls that passed the gate */
     _Atomic uint64_t blocked_calls; /* statistics: calls that parked */
     _Atomic uint64_t last_drain_ns; /* statistics: duration of the last drain */
-    uint8_t pad_[64 - 6 * 4 - 3 * 8];
+    _Atomic uint64_t start_ticks;   /* owner's start time (/proc/<pid>/stat
+                                       field 22): tells a dead pid from a
+                                       reused one */
+    uint8_t pad_[64 - 6 * 4 - 4 * 8];
 } __attribute__((aligned(64)));
 
 struct krex_gate {
@@ -91,29 +105,59 @@ static inline uint64_t krex_gate_word(uint32_t holder, uint32_t epoch)
     return ((uint64_t)epoch << 32) | holder;
 }
 
+/* A plain snapshot of one slot, for krexd's status and tests (ctypes reads
+ * this flat struct instead of mirroring the atomic layout). */
+struct krex_slot_info {
+    uint32_t state;
+    uint32_t inflight;  /* count only, waiter bit removed */
+    uint32_t ack_epoch;
+    int32_t pid;
+    uint32_t tenant;
+    uint32_t captures;
+    uint64_t gated_calls;
+    uint64_t blocked_calls;
+    uint64_t last_drain_ns;
+    uint64_t start_ticks;
+};
+
 /* Return codes: 0 on success, negative errno values on failure. */
 
 /* ---- both sides --------------------------------------------------------- */
 
-/* Map the gate file at `path`.  create != 0: create (or truncate) it with
- * `mode`, initialise the header for `gpu` and `nslots`.  create == 0: map an
- * existing file and check magic and version.  Returns NULL with errno set
- * (EPROTO on a wrong magic or version). */
+/* Map the gate file at `path`.  create != 0: build a fresh gate for `gpu`
+ * and `nslots` with permissions `mode` (umask not applied) in a temporary
+ * file beside `path` and rename it over `path`, so a process still mapping
+ * an older gate file keeps its own copy and never sees a half-built one.
+ * create == 0: map an existing file and check magic and version.  Returns
+ * NULL with errno set (EPROTO on a wrong magic or version, EINVAL on a bad
+ * nslots or a short file). */
 struct krex_gate *krex_gate_open(const char *path, int create, uint32_t gpu,
                                  uint32_t nslots, uint32_t mode);
 void krex_gate_unmap(struct krex_gate *g);
 
+/* KREX_GATE_VERSION of the compiled library (ctypes checks it). */
+uint32_t krex_gate_abi_version(void);
+
+/* The gate word now (0 = open). */
+uint64_t krex_gate_load_word(const struct krex_gate *g);
+
+/* Copy slot `i` into `out`.  -EINVAL when i >= nslots. */
+int krex_gate_slot_info(const struct krex_gate *g, uint32_t i,
+                        struct krex_slot_info *out);
+
 /* ---- coordinator side (krexd) ------------------------------------------ */
 
-/* Step 2: close the gate for `holder` with `epoch`.  -EBUSY if not open. */
+/* Step 2: close the gate for `holder` with `epoch`.  -EBUSY if not open,
+ * -EINVAL if holder or epoch is 0. */
 int krex_gate_close(struct krex_gate *g, uint32_t holder, uint32_t epoch);
 
 /* Step 3: wait until every ACTIVE slot of another tenant has
  * ack_epoch == epoch and inflight == 0.  Slots whose process has died are
  * marked DEAD and skipped.  Spins briefly, then parks on ack_seq.
  * timeout_ns bounds the wait: -ETIMEDOUT, with the indices of the slots
- * still pending written to pending[0..*npending).  -ESTALE if the gate no
- * longer holds (holder, epoch). */
+ * still pending written to pending[0..*npending) (pending must hold
+ * KREX_GATE_MAX_SLOTS entries; either may be NULL).  -ESTALE if the gate
+ * no longer holds (holder, epoch). */
 int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, uint32_t epoch,
                            int64_t timeout_ns, uint32_t *pending,
                            uint32_t *npending);
@@ -123,8 +167,10 @@ int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, uint32_t epoch,
  * every parked submitter.  -ESTALE if the word differs. */
 int krex_gate_reopen(struct krex_gate *g, uint32_t holder, uint32_t epoch);
 
-/* Free ACTIVE slots whose process no longer exists (any gate state is
- * fine: a dead process has nothing in flight).  Returns how many. */
+/* Reclaim slots whose process no longer exists (gone, a zombie, or its pid
+ * reused): freed at once while the gate is open, marked DEAD (freed at
+ * reopen) while it is closed, so that no slot is reassigned during a
+ * region.  Returns how many were reclaimed. */
 int krex_gate_reclaim_dead(struct krex_gate *g);
 
 /* ---- tenant side (libkrex_shim) ---------------------------------------- */
@@ -132,11 +178,20 @@ int krex_gate_reclaim_dead(struct krex_gate *g);
 /* Claim a slot for (tenant, pid).  The slot is published ACTIVE with
  * inflight == 1 and then the gate is read, so registration is serialized
  * with closure exactly like a submission (paper §4.2: "later arrivals must
- * wait for the gate to reopen").  The caller must start its drainer before
- * calling this, then treat the claim as an admitted call: on return
- * (>= 0, the slot index) the registration has passed the gate and the caller
- * must krex_gate_leave() it; -ENOSPC when every slot is taken. */
+ * wait for the gate to reopen").  A registrant that finds the gate closed
+ * by a sibling has put no work on the GPU yet (registration happens before
+ * its first gated call), so it acknowledges that epoch itself and parks
+ * until the reopen.  On return (>= 0, the slot index) the registration has
+ * passed the gate: the caller must start its drainer (whose first step
+ * reads the current gate word) and krex_gate_leave() the call.  -ENOSPC
+ * when every slot is taken, -EINVAL for tenant 0. */
 int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid);
+
+/* Free (FREE while open, DEAD while closed) the slots that `pid` claimed
+ * in an earlier program image: after an execve the process keeps its pid
+ * but loses its drainer.  Call before the new image registers.  Returns
+ * how many. */
+int krex_gate_forget_pid(struct krex_gate *g, int32_t pid);
 
 /* The per-call protocol (paper §4.2 "increment, then check"): called around
  * every gated driver call.  krex_gate_enter() returns once the call may
@@ -145,6 +200,12 @@ int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid);
  * drainer waiting for zero. */
 void krex_gate_enter(struct krex_gate *g, struct krex_slot *s, uint32_t tenant);
 void krex_gate_leave(struct krex_gate *g, struct krex_slot *s);
+
+/* One non-blocking attempt: 1 when admitted (the caller must leave), 0 when
+ * a sibling holds the gate (the increment has been retracted; the caller
+ * may then decide, e.g. for a launch into a capturing stream, to proceed
+ * without counting, or call krex_gate_enter() to park). */
+int krex_gate_try_enter(struct krex_gate *g, struct krex_slot *s, uint32_t tenant);
 
 /* Drainer side: wait until the gate sequence differs from `seen`
  * (futex wait, timeout_ns < 0 for none).  Returns the new sequence. */

@@ -1,0 +1,185 @@
+/*
+ * region.c — the holder's side of a critical region (paper §4.2 steps 5
+ * and 7), called by krex_client through ctypes after krexd granted the
+ * region and before it reports the exit (docs/design/interfaces.md).
+ *
+ *   krex_shim_region_begin(epoch, l2_flush)
+ *       resets the launch counter and flushes L2: a memset over a buffer of
+ *       CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE bytes, allocated once per context
+ *       in the calling thread's current context, then synchronized.
+ *   krex_shim_region_end(&sync_ns, &launches)
+ *       synchronizes every context of this process (work left on a private
+ *       side stream must not run alongside the siblings once they thaw) and
+ *       returns how long that took and the launches made in the region.
+ *
+ * Both return 0 or a CUresult.  The driver calls go to the real functions.
+ */
+#include "shim.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+#define MAX_L2_BUFFERS 16
+
+struct l2buf {
+    CUcontext ctx;
+    CUdevice dev;
+    CUdeviceptr ptr;
+    size_t size;
+};
+
+static pthread_mutex_t l2_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct l2buf l2[MAX_L2_BUFFERS];
+static size_t nl2;
+static _Atomic uint32_t region_epoch;
+
+/* A buffer of ours that the driver no longer knows (its context was torn
+ * down and the handle reused) is found out before it is written. */
+static int l2_valid(const struct l2buf *b)
+{
+    __typeof__(&cuPointerGetAttribute) get = KREX_REAL(cuPointerGetAttribute);
+    if (!get)
+        return 1; /* cannot check; destroy and reset observations keep the list */
+    CUcontext owner = NULL;
+    return get(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, b->ptr) == CUDA_SUCCESS &&
+           owner == b->ctx;
+}
+
+static void l2_drop(size_t i) { l2[i] = l2[--nl2]; }
+
+/* The flush buffer of `ctx` (current on this thread); size 0 when the
+ * device reports no L2. */
+static CUresult l2_buffer(CUcontext ctx, CUdeviceptr *ptr, size_t *size)
+{
+    CUresult r = CUDA_SUCCESS;
+    *size = 0;
+    pthread_mutex_lock(&l2_mu);
+    for (size_t i = 0; i < nl2; i++) {
+        if (l2[i].ctx != ctx)
+            continue;
+        if (l2_valid(&l2[i])) {
+            *ptr = l2[i].ptr;
+            *size = l2[i].size;
+            goto out;
+        }
+        l2_drop(i);
+        break;
+    }
+    __typeof__(&cuCtxGetDevice) get_dev = KREX_REAL(cuCtxGetDevice);
+    __typeof__(&cuDeviceGetAttribute) get_attr = KREX_REAL(cuDeviceGetAttribute);
+    __typeof__(&cuMemAlloc_v2) alloc = KREX_REAL(cuMemAlloc_v2);
+    if (!get_dev || !get_attr || !alloc) {
+        r = CUDA_ERROR_NOT_FOUND;
+        goto out;
+    }
+    CUdevice dev;
+    int bytes = 0;
+    if ((r = get_dev(&dev)) != CUDA_SUCCESS ||
+        (r = get_attr(&bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev)) != CUDA_SUCCESS)
+        goto out;
+    if (bytes <= 0)
+        goto out;
+    CUdeviceptr p;
+    if ((r = alloc(&p, (size_t)bytes)) != CUDA_SUCCESS)
+        goto out;
+    if (nl2 == MAX_L2_BUFFERS)
+        l2_drop(0); /* forget the oldest; its context keeps the memory */
+    l2[nl2++] = (struct l2buf){ctx, dev, p, (size_t)bytes};
+    *ptr = p;
+    *size = (size_t)bytes;
+    krex_log(KREX_LOG_DEBUG, "L2 flush buffer of %d bytes for context %p", bytes, (void *)ctx);
+out:
+    pthread_mutex_unlock(&l2_mu);
+    return r;
+}
+
+void krex_region_forget_ctx(CUcontext ctx)
+{
+    pthread_mutex_lock(&l2_mu);
+    for (size_t i = 0; i < nl2;)
+        if (l2[i].ctx == ctx)
+            l2_drop(i);
+        else
+            i++;
+    pthread_mutex_unlock(&l2_mu);
+}
+
+/* A reset primary context loses its memory; forget the device's buffers
+ * (a created context's buffer forgotten here is only re-made). */
+void krex_note_primary_reset(CUresult r, CUdevice dev)
+{
+    if (r != CUDA_SUCCESS)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&l2_mu);
+    for (size_t i = 0; i < nl2;)
+        if (l2[i].dev == dev)
+            l2_drop(i);
+        else
+            i++;
+    pthread_mutex_unlock(&l2_mu);
+    errno = saved;
+}
+
+void krex_region_atfork_child(void)
+{
+    pthread_mutex_init(&l2_mu, NULL);
+    nl2 = 0;
+    atomic_store_explicit(&region_epoch, 0, memory_order_relaxed);
+}
+
+KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
+{
+    krex_shim_init();
+    int saved = errno;
+    CUresult r = CUDA_SUCCESS;
+    atomic_store_explicit(&region_epoch, epoch, memory_order_relaxed);
+    atomic_store_explicit(&krex_launches, 0, memory_order_relaxed);
+    if (!l2_flush)
+        goto out;
+    __typeof__(&cuCtxGetCurrent) get_cur = KREX_REAL(cuCtxGetCurrent);
+    CUcontext ctx = NULL;
+    if (!get_cur || get_cur(&ctx) != CUDA_SUCCESS || !ctx) {
+        krex_log(KREX_LOG_DEBUG, "no current context: no L2 flush");
+        goto out;
+    }
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    if ((r = l2_buffer(ctx, &p, &size)) != CUDA_SUCCESS || size == 0)
+        goto out;
+    __typeof__(&cuMemsetD8_v2) memset8 = KREX_REAL(cuMemsetD8_v2);
+    __typeof__(&cuCtxSynchronize) sync = KREX_REAL(cuCtxSynchronize);
+    if (!memset8 || !sync) {
+        r = CUDA_ERROR_NOT_FOUND;
+        goto out;
+    }
+    if ((r = memset8(p, (unsigned char)(epoch & 0xff), size)) == CUDA_SUCCESS)
+        r = sync();
+out:
+    if (r != CUDA_SUCCESS)
+        krex_log(KREX_LOG_WARN, "region %u: L2 flush failed: %d", epoch, (int)r);
+    errno = saved;
+    return (int)r;
+}
+
+KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)
+{
+    krex_shim_init();
+    int saved = errno;
+    uint64_t t0 = krex_now_ns();
+    CUresult r = krex_sync_all(1);
+    uint64_t dt = krex_now_ns() - t0;
+    if (sync_ns)
+        *sync_ns = dt;
+    if (launches)
+        *launches = atomic_load_explicit(&krex_launches, memory_order_relaxed);
+    uint32_t epoch = atomic_exchange_explicit(&region_epoch, 0, memory_order_relaxed);
+    if (epoch && atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING &&
+        krex_gate_load_word(krex_gate_p) != krex_gate_word(krex_tenant, epoch))
+        krex_log(KREX_LOG_WARN, "region %u: the gate no longer holds it (ended by recovery?)",
+                 epoch);
+    if (r != CUDA_SUCCESS)
+        krex_log(KREX_LOG_WARN, "region %u: exit synchronization returned %d", epoch, (int)r);
+    errno = saved;
+    return (int)r;
+}

@@ -1,0 +1,196 @@
+/*
+ * shim.h — internal interface of libkrex_shim (not installed).
+ *
+ * Layering (docs/design/shim.md): exported hook (entrypoints.gen.c)
+ *   -> krex_ logic (gate per call here, observation in drain.c / shim.c)
+ *   -> real driver function, bound lazily through interpose.c.
+ *
+ * Everything here is hidden (-fvisibility=hidden); only the hooks, dlsym
+ * and the krex_shim_* functions are exported.
+ */
+#ifndef KREX_SHIM_H
+#define KREX_SHIM_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+/* Declare every exported ABI under its own name: the legacy ones (cuda.h
+ * keeps them under __CUDA_API_VERSION_INTERNAL) and the _ptsz/_ptds ones
+ * (the per-thread macros are on in that mode).  A name in the shim then
+ * means exactly the exported symbol of that name. */
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "entrypoints.gen.h"
+#include "krex_gate.h"
+
+#define KREX_HOOK __attribute__((visibility("default")))
+#define KREX_EXPORT __attribute__((visibility("default")))
+#define KREX_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KREX_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- logging (stderr; level from KREX_SHIM_LOG, read once at init) ------ */
+
+enum { KREX_LOG_ERROR = 0, KREX_LOG_WARN = 1, KREX_LOG_INFO = 2, KREX_LOG_DEBUG = 3 };
+extern int krex_log_level;
+void krex_log_write(int level, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define krex_log(level, ...)                                                   \
+    do {                                                                       \
+        if ((level) <= krex_log_level)                                         \
+            krex_log_write((level), __func__, __VA_ARGS__);                    \
+    } while (0)
+
+/* ---- process state (shim.c) ---------------------------------------------- */
+
+enum krex_mode { KREX_MODE_UNINIT = 0, KREX_MODE_PASS = 1, KREX_MODE_GATING = 2 };
+
+/* Written once by krex_shim_init() before it publishes krex_mode (release);
+ * read after an acquire load of krex_mode. */
+extern _Atomic int krex_mode;
+extern struct krex_gate *krex_gate_p;
+extern uint32_t krex_tenant;
+/* This process's slot; NULL until the first gated call registers (and
+ * again in a fork child). */
+extern _Atomic(struct krex_slot *) krex_slot_p;
+/* Kernel launches since the last krex_shim_region_begin(). */
+extern _Atomic uint64_t krex_launches;
+
+void krex_shim_init(void);
+struct krex_slot *krex_enter_slow(void);
+struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int ptsz);
+
+/* ---- real driver functions (interpose.c) --------------------------------- */
+
+extern _Atomic(void *) krex_real_fns[KREX_EP_COUNT];
+void *krex_bind(int idx);
+CUresult krex_missing(int idx);
+void *krex_libcuda(void);
+void *krex_dlsym_real(void *handle, const char *name);
+int krex_ep_lookup(const char *name);
+
+/* The real function for entry `idx`, bound on first use (acquire pairs
+ * with the release store in krex_bind(), so the pointer's target is
+ * fully resolved when we call it). */
+static inline void *krex_real(int idx)
+{
+    void *p = atomic_load_explicit(&krex_real_fns[idx], memory_order_acquire);
+    return KREX_LIKELY(p) ? p : krex_bind(idx);
+}
+
+/* In a hook: `krex_real_fn`, typed like the driver's own declaration. */
+#define KREX_BIND(name)                                                        \
+    __typeof__(&name) krex_real_fn = (__typeof__(&name))krex_real(KREX_EP_##name); \
+    if (KREX_UNLIKELY(krex_real_fn == NULL))                                   \
+        return krex_missing(KREX_EP_##name)
+
+/* A real function by name, or NULL when the driver lacks it. */
+#define KREX_REAL(name) ((__typeof__(&name))krex_real(KREX_EP_##name))
+
+/* ---- the per-call protocol (paper §4.2) ---------------------------------- */
+
+/* Non-zero while this thread is inside a gated call: a driver call made
+ * from within it (a driver or another interposer calling an exported name)
+ * is covered by the outer call's count and must not park with it held. */
+extern __thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
+
+/* Fast path: one acquire load of the mode, one of the slot, then the
+ * gate's increment-then-check.  Returns the slot to leave, or NULL (pure
+ * pass-through, or a nested call). */
+static inline struct krex_slot *krex_enter(void)
+{
+    if (KREX_UNLIKELY(krex_depth))
+        return NULL;
+    struct krex_slot *s;
+    if (KREX_LIKELY(atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING) &&
+        KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL))
+        krex_gate_enter(krex_gate_p, s, krex_tenant);
+    else
+        s = krex_enter_slow();
+    krex_depth = s != NULL;
+    return s;
+}
+
+/* As krex_enter() for a call into `stream`: when a sibling holds the gate
+ * and the stream is capturing, the call passes uncounted (a captured call
+ * puts no work on the device). */
+static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
+{
+    if (KREX_UNLIKELY(krex_depth))
+        return NULL;
+    struct krex_slot *s;
+    if (KREX_LIKELY(atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING) &&
+        KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
+        if (KREX_UNLIKELY(!krex_gate_try_enter(krex_gate_p, s, krex_tenant)))
+            s = krex_enter_blocked(s, stream, ptsz);
+    } else {
+        s = krex_enter_slow();
+    }
+    krex_depth = s != NULL;
+    return s;
+}
+
+static inline void krex_leave(struct krex_slot *s)
+{
+    if (s) {
+        krex_depth = 0;
+        krex_gate_leave(krex_gate_p, s);
+    }
+}
+
+static inline void krex_count_launch(void)
+{
+    /* Statistics: relaxed. */
+    atomic_fetch_add_explicit(&krex_launches, 1, memory_order_relaxed);
+}
+
+static inline CUstream krex_cfg_stream(const CUlaunchConfig *config)
+{
+    return config ? config->hStream : NULL;
+}
+
+/* ---- observation hooks (drain.c, shim.c, interpose.c) -------------------- */
+
+void krex_note_stream_created(CUresult r, CUstream *phStream);
+void krex_note_stream_destroying(CUstream stream);
+void krex_note_capture_begin(CUresult r);
+void krex_note_capture_end(CUresult r);
+void krex_note_ctx_created(CUresult r, CUcontext *pctx);
+void krex_note_ctx_destroyed(CUresult r, CUcontext ctx);
+void krex_note_ctx_current(CUresult r, CUcontext ctx);
+void krex_note_primary_reset(CUresult r, CUdevice dev);
+void krex_note_alloc(CUresult r, uint64_t bytes);
+void krex_note_free(CUresult r);
+void krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int cudaVersion,
+                             CUdriverProcAddressQueryResult *symbolStatus, int arity);
+
+/* ---- drain.c -------------------------------------------------------------- */
+
+/* Stream captures open in this process. */
+uint32_t krex_captures(void);
+/* Start the drainer thread for slot `s` (0 or an errno value). */
+int krex_drainer_start(struct krex_slot *s);
+/* Synchronize every context this process uses (paper §4.2 step 3):
+ * contexts it created or made current plus the active primary contexts;
+ * per stream instead while a capture is open.  `app_thread` != 0 when
+ * called from an application thread (its capture mode is restored).
+ * Returns the first error, or CUDA_SUCCESS. */
+CUresult krex_sync_all(int app_thread);
+void krex_drain_atfork_prepare(void);
+void krex_drain_atfork_parent(void);
+void krex_drain_atfork_child(void);
+
+/* ---- region.c ------------------------------------------------------------- */
+
+void krex_region_forget_ctx(CUcontext ctx);
+void krex_region_atfork_child(void);
+
+/* ---- time ----------------------------------------------------------------- */
+
+uint64_t krex_now_ns(void);
+
+#endif /* KREX_SHIM_H */

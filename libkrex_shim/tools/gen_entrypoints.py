@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Generate libkrex_shim's driver entry-point table from cuda.h.
+
+Reads every function that ``cuda.h`` declares, preprocessed with
+``-D__CUDA_API_VERSION_INTERNAL`` so that the legacy ABIs (``cuMemcpyHtoD``
+with 32-bit sizes, ``cuCtxCreate`` v1-v3, ...) are declared beside the
+current ones and the per-thread-stream macros turn the current names into
+their ``_ptsz``/``_ptds`` exports.  Classifies each name with
+``classes.toml`` (categories A/B/C/D; rules in docs/design/shim.md) and
+writes ``entrypoints.gen.h`` and ``entrypoints.gen.c``:
+
+* one enum constant and one table row per declared name (sorted by name),
+  with its class and flags, for ``dlsym`` and ``cuGetProcAddress`` routing;
+* one exported hook per A or C name, per name under ``[gate_also]`` and per
+  observed name: ``gate enter -> real -> observe -> gate leave``.
+
+Usage: ``gen_entrypoints.py [--cuda-include DIR] [--out-dir DIR] [--check]``
+(``--check`` exits 1 when the files on disk differ from what it would write).
+Errors (an unclassified or doubly classified name, a listed name that
+cuda.h does not declare) exit 2 with one line per problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHIM_DIR = HERE.parent
+
+# Words that mark an entry point as possibly doing device work: such a name
+# may not reach class D through a pattern (graph-node API excepted).
+RISKY = re.compile(r"Launch|Memcpy|Memset|Async|Prefetch|Upload|Synchron|Record|Wait|Signal")
+
+DECL = re.compile(r"\bCUresult\s+(cu[A-Za-z0-9_]+)\s*\(([^;{}]*?)\)\s*;", re.S)
+PARAM_NAME = re.compile(r"^(?P<type>.*?[\s*])(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
+TYPE_WORDS = {
+    "int",
+    "unsigned",
+    "char",
+    "short",
+    "long",
+    "float",
+    "double",
+    "void",
+    "const",
+    "size_t",
+    "signed",
+}
+
+
+class GenError(Exception):
+    """Problems found in cuda.h or classes.toml (one message per line)."""
+
+
+@dataclass
+class Param:
+    """One parameter: its C type text and its name."""
+
+    type: str
+    name: str
+
+
+@dataclass
+class Entry:
+    """One declared driver entry point and what its hook does."""
+
+    name: str
+    params: list[Param]
+    cls: str = "?"
+    gated: bool = False
+    launch: bool = False
+    stream: str | None = None  # C expression of the call's stream, for capture checks
+    ptsz: bool = False  # per-thread default stream family (_ptsz/_ptds)
+    pre: str | None = None
+    post: str | None = None
+    hooked: bool = False
+    flags: list[str] = field(default_factory=list)
+
+
+def preprocess(cuda_include: Path) -> tuple[str, int]:
+    """Run the C preprocessor over cuda.h; return (text without # lines, CUDA_VERSION)."""
+    header = cuda_include / "cuda.h"
+    if not header.is_file():
+        raise GenError(f"cuda.h not found in {cuda_include} (set --cuda-include)")
+    cmd = ["gcc", "-E", "-dD", "-D__CUDA_API_VERSION_INTERNAL", f"-I{cuda_include}", "-x", "c", "-"]
+    out = subprocess.run(
+        cmd, input="#include <cuda.h>\n", capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise GenError(f"preprocessing cuda.h failed: {out.stderr.strip()}")
+    version = 0
+    lines = []
+    for line in out.stdout.splitlines():
+        if line.startswith("#"):
+            m = re.match(r"#define CUDA_VERSION (\d+)", line)
+            if m:
+                version = int(m.group(1))
+            continue
+        lines.append(line)
+    if not version:
+        raise GenError("CUDA_VERSION not defined by cuda.h")
+    return "\n".join(lines), version
+
+
+def parse_params(name: str, text: str) -> list[Param]:
+    """Split a parameter list (no function-pointer or array parameters in cuda.h)."""
+    text = " ".join(text.split())
+    if text in ("", "void"):
+        return []
+    if "(" in text or "[" in text:
+        raise GenError(f"{name}: unsupported parameter syntax: {text}")
+    params = []
+    for raw in text.split(","):
+        raw = raw.strip()
+        m = PARAM_NAME.match(raw)
+        if not m or m.group("name") in TYPE_WORDS or not m.group("type").strip():
+            raise GenError(f"{name}: parameter without a name: {raw!r}")
+        params.append(Param(" ".join(m.group("type").split()).replace(" *", "*"), m.group("name")))
+    return params
+
+
+def parse_declarations(text: str) -> dict[str, Entry]:
+    """Every `CUresult cuX(...)` declaration, by name."""
+    entries: dict[str, Entry] = {}
+    for m in DECL.finditer(text):
+        name = m.group(1)
+        if name in entries:
+            raise GenError(f"{name}: declared twice")
+        entries[name] = Entry(name, parse_params(name, m.group(2)))
+    if not entries:
+        raise GenError("no driver declarations found in cuda.h")
+    return entries
+
+
+def _names(table: dict[str, object], key: str = "names") -> list[str]:
+    value = table.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise GenError(f"classes.toml: '{key}' must be a list of names")
+    return list(value)
+
+
+def classify(entries: dict[str, Entry], rules: dict[str, object]) -> None:
+    """Give each entry its class and hook behaviour; raise GenError listing every problem."""
+    problems: list[str] = []
+    explicit: dict[str, str] = {}
+    for cls in "ABCD":
+        table = rules.get(cls, {})
+        if not isinstance(table, dict):
+            raise GenError(f"classes.toml: [{cls}] must be a table")
+        for n in _names(table):
+            if n in explicit and explicit[n] != cls:
+                problems.append(f"{n}: listed in both {explicit[n]} and {cls}")
+            explicit[n] = cls
+            if n not in entries:
+                problems.append(f"{n}: listed in [{cls}] but not declared in cuda.h")
+    d_table = rules.get("D", {})
+    patterns = _names(d_table, "patterns") if isinstance(d_table, dict) else []
+    for e in entries.values():
+        if e.name in explicit:
+            e.cls = explicit[e.name]
+            continue
+        if not any(fnmatch.fnmatchcase(e.name, p) for p in patterns):
+            problems.append(f"{e.name}: unclassified (add it to classes.toml)")
+            continue
+        takes_stream = any(p.type.replace("const ", "") == "CUstream" for p in e.params)
+        if takes_stream or (RISKY.search(e.name) and "Node" not in e.name):
+            problems.append(
+                f"{e.name}: may do device work; classify it explicitly, not by a D pattern"
+            )
+            continue
+        e.cls = "D"
+
+    def section(name: str) -> dict[str, object]:
+        t = rules.get(name, {})
+        if not isinstance(t, dict):
+            raise GenError(f"classes.toml: [{name}] must be a table")
+        return t
+
+    for n in _names(section("gate_also")):
+        if n not in entries:
+            problems.append(f"{n}: in [gate_also] but not declared")
+        else:
+            entries[n].gated = True
+    for n in _names(section("launch")):
+        if n not in entries or entries[n].cls != "A":
+            problems.append(f"{n}: in [launch] but not a declared class-A name")
+        else:
+            entries[n].launch = True
+    for n, expr in section("stream").items():
+        if n not in entries or not isinstance(expr, str):
+            problems.append(f"{n}: bad [stream] entry")
+        else:
+            entries[n].stream = expr
+    observe = section("observe")
+    for when in ("pre", "post"):
+        t = observe.get(when, {})
+        if not isinstance(t, dict):
+            raise GenError(f"classes.toml: [observe.{when}] must be a table")
+        for n, stmt in t.items():
+            if n not in entries or not isinstance(stmt, str):
+                problems.append(f"{n}: bad [observe.{when}] entry")
+            else:
+                setattr(entries[n], when, stmt)
+    if problems:
+        raise GenError("\n".join(sorted(problems)))
+
+    for e in entries.values():
+        if e.cls in ("A", "C"):
+            e.gated = True
+        e.ptsz = e.name.endswith(("_ptsz", "_ptds"))
+        if e.gated and e.stream is None:
+            for p in e.params:
+                if p.type.replace("const ", "") == "CUstream":
+                    e.stream = p.name
+                    break
+        e.hooked = e.gated or e.pre is not None or e.post is not None
+        if e.gated:
+            e.flags.append("KREX_EPF_GATED")
+        if e.launch:
+            e.flags.append("KREX_EPF_LAUNCH")
+        if e.hooked:
+            e.flags.append("KREX_EPF_HOOKED")
+        if e.ptsz:
+            e.flags.append("KREX_EPF_PTSZ")
+
+
+BANNER = (
+    "/* Generated by libkrex_shim/tools/gen_entrypoints.py from cuda.h (CUDA_VERSION {v})\n"
+    " * and tools/classes.toml.  Do not edit; re-run the generator. */\n"
+)
+
+
+def render_header(entries: list[Entry], version: int) -> str:
+    """entrypoints.gen.h: enum, table types, and the helpers the hooks call."""
+    out = [BANNER.format(v=version)]
+    out.append("#ifndef KREX_ENTRYPOINTS_GEN_H\n#define KREX_ENTRYPOINTS_GEN_H\n\n")
+    out.append("#include <stdint.h>\n\n")
+    out.append(f"#define KREX_EP_CUDA_VERSION {version}\n\n")
+    out.append("enum krex_ep {\n")
+    for i, e in enumerate(entries):
+        out.append(f"    KREX_EP_{e.name} = {i},\n")
+    out.append(f"    KREX_EP_COUNT = {len(entries)}\n}};\n\n")
+    out.append("#define KREX_EPF_GATED 0x1u  /* A, C and [gate_also]: counted and gated */\n")
+    out.append("#define KREX_EPF_LAUNCH 0x2u /* counted as a kernel launch */\n")
+    out.append("#define KREX_EPF_HOOKED 0x4u /* the shim exports a hook of this name */\n")
+    out.append("#define KREX_EPF_PTSZ 0x8u   /* per-thread default stream family */\n\n")
+    out.append(
+        "struct krex_ep_desc {\n    const char *name;\n    char cls; /* 'A'..'D' */\n"
+        "    uint8_t flags;\n};\n\n"
+    )
+    out.append("/* Sorted by name (strcmp order). */\n")
+    out.append("extern const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT];\n")
+    out.append("/* The hook's address, or NULL for an unhooked name. */\n")
+    out.append("extern void *const krex_ep_hook[KREX_EP_COUNT];\n\n")
+    out.append("#endif /* KREX_ENTRYPOINTS_GEN_H */\n")
+    return "".join(out)
+
+
+def render_hook(e: Entry) -> str:
+    """One exported hook: gate enter -> real -> observe -> gate leave."""
+    decl = ", ".join(f"{p.type} {p.name}" for p in e.params) or "void"
+    args = ", ".join(p.name for p in e.params)
+    lines = [f"KREX_HOOK CUresult {e.name}({decl})\n{{\n", f"    KREX_BIND({e.name});\n"]
+    if e.gated:
+        if e.stream is not None:
+            lines.append(
+                f"    struct krex_slot *krex_s = krex_enter_stream({e.stream}, "
+                f"{1 if e.ptsz else 0});\n"
+            )
+        else:
+            lines.append("    struct krex_slot *krex_s = krex_enter();\n")
+    if e.launch:
+        lines.append("    krex_count_launch();\n")
+    if e.pre:
+        lines.append(f"    {e.pre}\n")
+    lines.append(f"    CUresult krex_r = krex_real_fn({args});\n")
+    if e.post:
+        lines.append(f"    {e.post}\n")
+    if e.gated:
+        lines.append("    krex_leave(krex_s);\n")
+    lines.append("    return krex_r;\n}\n\n")
+    return "".join(lines)
+
+
+def render_source(entries: list[Entry], version: int) -> str:
+    """entrypoints.gen.c: the table and every hook."""
+    out = [BANNER.format(v=version)]
+    out.append('#include "shim.h" /* cuda.h with every exported ABI declared */\n\n')
+    out.append(
+        "#if CUDA_VERSION != KREX_EP_CUDA_VERSION\n"
+        '#error "entrypoints.gen.c was generated from other CUDA headers: '
+        'run tools/gen_entrypoints.py"\n#endif\n\n'
+    )
+    out.append(
+        "/* cuda.h maps some names to others with macros; the hooks carry the\n"
+        " * exported names themselves. */\n"
+    )
+    for e in entries:
+        if e.hooked:
+            out.append(f"#undef {e.name}\n")
+    out.append("\n")
+    for e in entries:
+        if e.hooked:
+            out.append(render_hook(e))
+    out.append("const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {\n")
+    for e in entries:
+        flags = " | ".join(e.flags) or "0"
+        out.append(f"    {{\"{e.name}\", '{e.cls}', {flags}}},\n")
+    out.append("};\n\n")
+    out.append("void *const krex_ep_hook[KREX_EP_COUNT] = {\n")
+    for e in entries:
+        out.append(f"    (void *){e.name},\n" if e.hooked else "    NULL,\n")
+    out.append("};\n")
+    return "".join(out)
+
+
+def generate(cuda_include: Path, classes: Path) -> dict[str, str]:
+    """Return {file name: content} for the two generated files."""
+    text, version = preprocess(cuda_include)
+    entries = parse_declarations(text)
+    with classes.open("rb") as f:
+        rules = tomllib.load(f)
+    classify(entries, rules)
+    ordered = [entries[n] for n in sorted(entries)]
+    return {
+        "entrypoints.gen.h": render_header(ordered, version),
+        "entrypoints.gen.c": render_source(ordered, version),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: write (or --check) the generated files; 0 ok, 1 stale, 2 error."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--cuda-include",
+        type=Path,
+        default=Path(os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")),
+    )
+    ap.add_argument("--classes", type=Path, default=HERE / "classes.toml")
+    ap.add_argument("--out-dir", type=Path, default=SHIM_DIR)
+    ap.add_argument("--check", action="store_true", help="compare instead of writing")
+    ns = ap.parse_args(argv)
+    try:
+        files = generate(ns.cuda_include, ns.classes)
+    except (GenError, tomllib.TOMLDecodeError, OSError) as exc:
+        for line in str(exc).splitlines():
+            print(f"gen_entrypoints: {line}", file=sys.stderr)
+        return 2
+    stale = []
+    for name, content in files.items():
+        path = ns.out_dir / name
+        if ns.check:
+            if not path.is_file() or path.read_text() != content:
+                stale.append(name)
+        else:
+            path.write_text(content)
+    if stale:
+        print(f"gen_entrypoints: out of date: {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
