@@ -249,6 +249,9 @@ def _forwarder(pgid: int) -> Any:
 
 def _release(tenant: Connection, body: dict[str, int]) -> None:
     try:
-        tenant.request("release", body)
+        reply = tenant.request("release", body)
     except (KrexUnavailable, RemoteError) as exc:
         _say(f"warning: krexd did not confirm the end of the command: {exc}")
+        return
+    if reply.get("kill_reason"):
+        _say(f"krexd killed the command: {reply['kill_reason']}")

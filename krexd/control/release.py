@@ -1,7 +1,8 @@
 """``release``: the command ended; free its slot and remove its cgroup.
 
 Request: tenant + token; body ``{"exit_code": int?, "signal": int?}``.
-Reply body: ``{}``.
+Reply body: ``{"kill_reason": str | null}`` — why krexd killed the command
+(e.g. its critical region exceeded ``max_region_s``), or null.
 
 Whatever is left of the tenant's process tree is killed (``cgroup.kill``);
 the coordinator's recovery runs first if the tenant held the region.
@@ -27,4 +28,4 @@ async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
     tenant.exit_code = fields.integer(req.body, "exit_code", 0, 255, default=None)
     tenant.signal = fields.integer(req.body, "signal", 1, 128, default=None)
     await daemon.lifecycle.end(tenant, "released")
-    return {}
+    return {"kill_reason": tenant.kill_reason}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket as pysocket
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -57,6 +58,23 @@ class RemoteError(Exception):
         self.message = message
 
 
+def _probe(path: str) -> None:
+    """Fail fast when nothing listens on ``path`` (a socket file left by a dead krexd).
+
+    ZeroMQ would retry the connection silently until the reply timeout.
+    """
+    probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise KrexUnavailable(path, "nothing listens on the socket (is krexd running?)") from None
+    except OSError:
+        pass  # busy or slow: let the request itself decide
+    finally:
+        probe.close()
+
+
 class Connection:
     """A DEALER connection to krexd at ``socket`` (a filesystem path, not a URL).
 
@@ -78,6 +96,7 @@ class Connection:
         self.token = token
         self.timeout_s = timeout_s
         self._ids = itertools.count(1)
+        self._probed = False
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -111,6 +130,9 @@ class Connection:
         """
         if not os.path.exists(self.socket):
             raise KrexUnavailable(self.socket, "no such socket (is krexd running?)")
+        if not self._probed:
+            _probe(self.socket)
+            self._probed = True
         wait = None if forever else (self.timeout_s if timeout_s is None else timeout_s)
         req_id = next(self._ids)
         req = Request(op=op, id=req_id, body=body or {}, tenant=self.tenant, token=self.token)
@@ -135,6 +157,10 @@ class Connection:
                     return reply.body
                 assert reply.error is not None
                 raise RemoteError(reply.error.code, reply.error.name, reply.error.message)
+            # No reply yet: fail fast if krexd died meanwhile (its socket file stays).
+            if not os.path.exists(self.socket):
+                raise KrexUnavailable(self.socket, "socket removed while waiting for a reply")
+            _probe(self.socket)
             if check is not None:
                 check()
 
