@@ -25,6 +25,8 @@ import ctypes
 import errno
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,6 +175,11 @@ class Gate:
         self.path = path
         self._h: int | None = handle
         self._lib = _library()
+        # Calls in progress (wait_drained runs in worker threads): the
+        # mapping is dropped only when the last one returns.
+        self._users = 0
+        self._unmap_pending = False
+        self._mu = threading.Lock()
 
     # -- construction -----------------------------------------------------
 
@@ -214,16 +221,37 @@ class Gate:
             raise GateError(f"cannot open gate {path}: {why}", err)
         return cls(path, h)
 
-    def _handle(self) -> int:
-        if self._h is None:
-            raise GateError(f"gate {self.path} is unmapped")
-        return self._h
+    @contextmanager
+    def _mapped(self) -> Iterator[int]:
+        """The mapping's address, kept mapped for the duration of the block."""
+        with self._mu:
+            if self._h is None or self._unmap_pending:
+                raise GateError(f"gate {self.path} is unmapped")
+            self._users += 1
+            h = self._h
+        try:
+            yield h
+        finally:
+            with self._mu:
+                self._users -= 1
+                if self._unmap_pending and self._users == 0:
+                    self._drop()
 
-    def unmap(self) -> None:
-        """Drop the mapping (the file stays).  Further calls raise GateError."""
+    def _drop(self) -> None:
         if self._h is not None:
             self._lib.krex_gate_unmap(self._h)
             self._h = None
+
+    def unmap(self) -> None:
+        """Drop the mapping (the file stays); further calls raise GateError.
+
+        A call still running in another thread keeps the mapping until it
+        returns.
+        """
+        with self._mu:
+            self._unmap_pending = True
+            if self._users == 0:
+                self._drop()
 
     def unlink(self) -> None:
         """Remove the gate file; the mapping stays usable until :meth:`unmap`."""
@@ -247,7 +275,8 @@ class Gate:
         """
         _check_id("holder", holder)
         _check_id("epoch", epoch)
-        rc = self._lib.krex_gate_close(self._handle(), holder, epoch)
+        with self._mapped() as h:
+            rc = self._lib.krex_gate_close(h, holder, epoch)
         if rc == -errno.EBUSY:
             raise GateBusy(f"gate {self.path} is not open (held: {self.word})", errno.EBUSY)
         if rc != 0:
@@ -270,9 +299,11 @@ class Gate:
             raise ValueError(f"timeout_s must be >= 0, not {timeout_s}")
         pending = (ctypes.c_uint32 * MAX_SLOTS)()
         npending = ctypes.c_uint32(0)
-        rc = self._lib.krex_gate_wait_drained(
-            self._handle(), holder, epoch, int(timeout_s * 1e9), pending, ctypes.byref(npending)
-        )
+        timeout_ns = min(int(timeout_s * 1e9), 2**62)
+        with self._mapped() as h:
+            rc = self._lib.krex_gate_wait_drained(
+                h, holder, epoch, timeout_ns, pending, ctypes.byref(npending)
+            )
         if rc == -errno.ETIMEDOUT:
             idx = [int(pending[i]) for i in range(npending.value)]
             raise GateTimeout(
@@ -300,7 +331,8 @@ class Gate:
         """
         _check_id("holder", holder)
         _check_id("epoch", epoch)
-        rc = self._lib.krex_gate_reopen(self._handle(), holder, epoch)
+        with self._mapped() as h:
+            rc = self._lib.krex_gate_reopen(h, holder, epoch)
         if rc == -errno.ESTALE:
             raise GateStale(
                 f"gate {self.path} does not hold tenant {holder} epoch {epoch} (held: {self.word})",
@@ -315,7 +347,8 @@ class Gate:
         While the gate is closed they are marked dead instead and freed at
         reopen.  Returns how many were reclaimed.
         """
-        rc = int(self._lib.krex_gate_reclaim_dead(self._handle()))
+        with self._mapped() as h:
+            rc = int(self._lib.krex_gate_reclaim_dead(h))
         if rc < 0:
             raise GateError(f"reclaim on gate {self.path}: {os.strerror(-rc)}", -rc)
         return rc
@@ -325,16 +358,18 @@ class Gate:
     @property
     def word(self) -> tuple[int, int] | None:
         """``(holder, epoch)`` while the gate is closed, None while it is open."""
-        w = int(self._lib.krex_gate_load_word(self._handle()))
+        with self._mapped() as h:
+            w = int(self._lib.krex_gate_load_word(h))
         return None if w == 0 else (w & 0xFFFF_FFFF, w >> 32)
 
     def slots(self) -> list[SlotInfo]:
         """A snapshot of every slot of the gate (fields read without a lock)."""
-        h = self._handle()
         out: list[SlotInfo] = []
         info = _SlotInfoC()
         for i in range(MAX_SLOTS):
-            if self._lib.krex_gate_slot_info(h, i, ctypes.byref(info)) != 0:
+            with self._mapped() as h:
+                rc = self._lib.krex_gate_slot_info(h, i, ctypes.byref(info))
+            if rc != 0:
                 break  # past nslots
             out.append(
                 SlotInfo(

@@ -412,8 +412,9 @@ KREX_GATE_API int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, u
     int saved = errno;
     const uint64_t w = krex_gate_word(holder, epoch);
     const int64_t start = now_ns();
-    const int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
-    int64_t last_live = INT64_MIN;
+    const int64_t deadline =
+        timeout_ns < 0 || timeout_ns > INT64_MAX - start ? INT64_MAX : start + timeout_ns;
+    int64_t next_live = 0; /* when pending slots are next checked for liveness */
     uint32_t spins = 0, n = 0;
     int rc = 0;
     if (npending)
@@ -428,9 +429,9 @@ KREX_GATE_API int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, u
             break;
         }
         int64_t t = spins < SPIN_ITERS ? 0 : now_ns();
-        int check_live = spins >= SPIN_ITERS && t - last_live >= LIVENESS_PERIOD_NS;
+        int check_live = spins >= SPIN_ITERS && t >= next_live;
         if (check_live)
-            last_live = t;
+            next_live = t + LIVENESS_PERIOD_NS;
         n = scan_pending(g, holder, epoch, check_live, pending);
         if (n == 0)
             break;
@@ -645,7 +646,9 @@ KREX_GATE_API uint32_t krex_gate_wait_seq(struct krex_gate *g, uint32_t seen,
                                           int64_t timeout_ns)
 {
     int saved = errno;
-    int64_t deadline = timeout_ns < 0 ? INT64_MAX : now_ns() + timeout_ns;
+    int64_t start = now_ns();
+    int64_t deadline =
+        timeout_ns < 0 || timeout_ns > INT64_MAX - start ? INT64_MAX : start + timeout_ns;
     uint32_t cur;
     /* seq_cst: the drainer then reads the word, which the close/reopen
      * wrote before bumping seq. */

@@ -1,0 +1,1 @@
+"""Tests of libkrex_shim: the gate protocol and the driver interposition."""

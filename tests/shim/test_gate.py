@@ -1,0 +1,281 @@
+"""The gate protocol without a driver (paper §4.2 steps 2, 3 and 8).
+
+Tenant processes are ``tests/shim/c/gate_tenant.c``: real processes that
+register in a real shared-memory gate, make "calls" through
+krex_gate_enter/leave from several threads and run a drainer thread; the
+coordinator side is krexd.gate on libkrex_gate.so, as krexd uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from krexd.gate import Gate, GateBusy, GateError, GateStale, GateTimeout
+
+from .helpers import ShimBuild, Tenant, cpu_ticks, wait_for
+
+HOLDER = 1
+
+
+@pytest.fixture
+def spawn(shim_build: ShimBuild, gate: Gate, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
+    """Start gate_tenant processes on ``gate``; all are killed at the end."""
+    started: list[Tenant] = []
+
+    def start(tenant: int, *args: str) -> Tenant:
+        t = Tenant.start(shim_build, gate.path, tenant, tmp_path, *args)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.kill()
+
+
+def slot_of(gate: Gate, index: int) -> dict[str, object]:
+    s = gate.slots()[index]
+    return {"state": s.state, "pid": s.pid, "inflight": s.inflight, "ack": s.ack_epoch}
+
+
+def test_close_drain_reopen(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    t = spawn(2, "--threads", "2", "--call-us", "50")
+    t.wait_ready(calls=100)
+    gate.close(HOLDER, 1)
+    assert gate.word == (HOLDER, 1)
+    acked = gate.wait_drained(HOLDER, 1, 5.0)
+    slot = t.stats()["slot"]
+    assert acked == [slot]
+    # Drained: nothing in flight, and no call starts while the gate is closed.
+    s1 = t.stats()
+    assert s1["started"] == s1["finished"]
+    time.sleep(0.2)
+    assert t.stats()["started"] == s1["started"]
+    info = gate.slots()[slot]
+    assert info.state == "active" and info.ack_epoch == 1 and info.inflight == 0
+    assert info.blocked_calls >= 1
+    gate.reopen(HOLDER, 1)
+    assert gate.word is None
+    wait_for(lambda: t.stats()["started"] > s1["started"] + 100, what="calls resume")
+
+
+def test_racing_submissions_drained_or_blocked(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    """Thousands of closures land at random moments of four threads' calls.
+
+    After each wait_drained every call that started has finished (it was
+    covered by the drain) and none starts until the reopen (the rest were
+    blocked before their "driver call").
+    """
+    t = spawn(2, "--threads", "4", "--call-us", "30", "--gap-us", "20")
+    t.wait_ready(calls=50)
+    rng = random.Random(1234)
+    rounds, raced = 2000, 0
+    for epoch in range(1, rounds + 1):
+        before = t.stats()
+        gate.close(HOLDER, epoch)
+        raced += before["started"] != before["finished"]
+        gate.wait_drained(HOLDER, epoch, 5.0)
+        a = t.stats()
+        assert a["started"] == a["finished"], f"round {epoch}: a call in flight after the ack"
+        spin_until = time.perf_counter() + rng.uniform(0, 200e-6)
+        while time.perf_counter() < spin_until:
+            pass
+        b = t.stats()
+        assert b["started"] == a["started"], f"round {epoch}: a call passed the closed gate"
+        gate.reopen(HOLDER, epoch)
+        time.sleep(rng.uniform(0, 300e-6))
+    assert t.stats()["acks"] == rounds
+    # Many closures met a call in progress: submissions were racing them.
+    assert raced > rounds // 10, raced
+
+
+def test_blocked_submitter_uses_no_cpu(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    t = spawn(2, "--threads", "2", "--call-us", "0")
+    t.wait_ready(calls=1000)
+    before_busy = cpu_ticks(t.pid)
+    time.sleep(0.3)
+    busy = cpu_ticks(t.pid) - before_busy
+    assert busy >= 10  # it does burn CPU while the gate is open (100 ticks/s)
+    gate.close(HOLDER, 1)
+    gate.wait_drained(HOLDER, 1, 5.0)
+    time.sleep(0.05)
+    before = cpu_ticks(t.pid)
+    time.sleep(1.0)
+    used = cpu_ticks(t.pid) - before
+    assert used <= 2, f"blocked tenant used {used} ticks of CPU in 1 s"
+    gate.reopen(HOLDER, 1)
+
+
+@pytest.mark.parametrize("reap", [True, False], ids=["reaped", "zombie"])
+def test_sibling_dying_mid_drain(gate: Gate, spawn: Callable[..., Tenant], reap: bool) -> None:
+    """A sibling stuck in a call dies during the drain: wait_drained returns."""
+    t = spawn(2, "--stuck", "--calls", "1")
+    t.wait_ready()
+    slot = t.stats()["slot"]
+    wait_for(lambda: gate.slots()[slot].inflight == 1, what="stuck call")
+    gate.close(HOLDER, 1)
+    result: dict[str, object] = {}
+
+    def drain() -> None:
+        t0 = time.monotonic()
+        try:
+            result["acked"] = gate.wait_drained(HOLDER, 1, 10.0)
+        except GateError as exc:
+            result["error"] = exc
+        result["s"] = time.monotonic() - t0
+
+    th = threading.Thread(target=drain)
+    th.start()
+    time.sleep(0.3)
+    assert th.is_alive(), "drain finished although the sibling never acknowledged"
+    killed_at = time.monotonic()
+    os.kill(t.pid, signal.SIGKILL)
+    if reap:
+        t.proc.wait()
+    th.join(5.0)
+    assert not th.is_alive(), "wait_drained hangs on a dead sibling"
+    assert "error" not in result, result
+    assert time.monotonic() - killed_at < 1.0
+    assert result["acked"] == []
+    assert gate.slots()[slot].state == "dead"
+    # Never reassigned during the region: a newcomer takes another slot.
+    newcomer = spawn(3)
+    wait_for(lambda: any(s.pid == newcomer.pid for s in gate.slots()), what="newcomer")
+    taken = [s.index for s in gate.slots() if s.pid == newcomer.pid]
+    assert taken != [slot] and gate.slots()[slot].state == "dead"
+    gate.reopen(HOLDER, 1)
+    assert gate.slots()[slot].state == "free"
+    t.proc.wait()
+
+
+def test_drain_timeout_names_pending_slot(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    t = spawn(2, "--no-ack")
+    t.wait_ready()
+    slot = t.stats()["slot"]
+    gate.close(HOLDER, 9)
+    t0 = time.monotonic()
+    with pytest.raises(GateTimeout) as exc:
+        gate.wait_drained(HOLDER, 9, 0.3)
+    assert 0.3 <= time.monotonic() - t0 < 2.0
+    assert exc.value.pending == [slot]
+    assert f"pid {t.pid}" in exc.value.describe()
+    gate.reopen(HOLDER, 9)
+
+
+def test_stale_epochs_refused(gate: Gate) -> None:
+    gate.close(HOLDER, 5)
+    with pytest.raises(GateBusy):
+        gate.close(2, 6)
+    with pytest.raises(GateStale):
+        gate.reopen(HOLDER, 4)  # an older region's late recovery
+    with pytest.raises(GateStale):
+        gate.reopen(2, 5)
+    with pytest.raises(GateStale):
+        gate.wait_drained(HOLDER, 4, 1.0)
+    assert gate.word == (HOLDER, 5)
+    gate.reopen(HOLDER, 5)
+    with pytest.raises(GateStale):
+        gate.reopen(HOLDER, 5)
+    assert gate.word is None
+    with pytest.raises(ValueError):
+        gate.close(0, 1)
+    with pytest.raises(ValueError):
+        gate.close(1, 0)
+
+
+def test_registration_waits_for_reopen(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    """A process that registers while the gate is closed acknowledges and parks."""
+    gate.close(HOLDER, 3)
+    t = spawn(2)
+    wait_for(lambda: any(s.pid == t.pid for s in gate.slots()), what="registration")
+    (mine,) = [s.index for s in gate.slots() if s.pid == t.pid]
+    # It acknowledged the closure itself: it has no work and no drainer yet.
+    assert gate.wait_drained(HOLDER, 3, 2.0) == [mine]
+    time.sleep(0.2)
+    assert t.stats()["started"] == 0 and t.stats()["ready"] == 0
+    # A second closure while it is still parked is acknowledged too.
+    gate.reopen(HOLDER, 3)
+    gate.close(HOLDER, 4)
+    gate.wait_drained(HOLDER, 4, 2.0)
+    gate.reopen(HOLDER, 4)
+    t.wait_ready(calls=10)
+
+
+def test_holder_calls_pass(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    t = spawn(HOLDER, "--call-us", "10")
+    other = spawn(2, "--call-us", "10")
+    t.wait_ready(calls=10)
+    other.wait_ready(calls=10)
+    gate.close(HOLDER, 1)
+    assert gate.wait_drained(HOLDER, 1, 2.0) == [other.stats()["slot"]]
+    n = t.stats()["started"]
+    m = other.stats()["started"]
+    wait_for(lambda: t.stats()["started"] > n + 100, what="holder's calls")
+    assert other.stats()["started"] == m
+    gate.reopen(HOLDER, 1)
+
+
+def test_reclaim_dead(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    t = spawn(2, "--calls", "1")
+    t.wait_ready()
+    slot = t.stats()["slot"]
+    t.proc.wait()  # exited normally, slot left behind
+    assert gate.slots()[slot].state == "active"
+    assert gate.reclaim_dead() == 1
+    assert gate.slots()[slot].state == "free"
+    assert gate.reclaim_dead() == 0
+
+
+def test_exec_forgets_the_old_image(gate: Gate, spawn: Callable[..., Tenant]) -> None:
+    """After an execve the pid stays but the drainer is gone: the new image frees the slot."""
+    t = spawn(2, "--exec")
+    t.wait_ready()
+    assert t.stats()["forgotten"] == 1
+    mine = [s for s in gate.slots() if s.pid == t.pid and s.state != "free"]
+    assert len(mine) == 1 and mine[0].index == t.stats()["slot"]
+    gate.close(HOLDER, 1)
+    gate.wait_drained(HOLDER, 1, 2.0)
+    gate.reopen(HOLDER, 1)
+
+
+def test_open_checks_layout(shim_build: ShimBuild, tmp_path: Path) -> None:
+    path = tmp_path / "bad.gate"
+    old_umask = os.umask(0o077)
+    try:
+        g = Gate.create(str(path), 3)
+    finally:
+        os.umask(old_umask)
+    assert (path.stat().st_mode & 0o777) == 0o666
+    g.unmap()
+    data = bytearray(path.read_bytes())
+    data[8] = 1  # version 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(GateError, match="version"):
+        Gate.open(str(path))
+    path.write_bytes(b"short")
+    with pytest.raises(GateError):
+        Gate.open(str(path))
+    with pytest.raises(GateError, match="No such file"):
+        Gate.open(str(tmp_path / "missing.gate"))
+
+
+def test_create_replaces_atomically(shim_build: ShimBuild, tmp_path: Path) -> None:
+    """krexd recreates its gates at start; a process mapping the old one keeps it."""
+    path = str(tmp_path / "gpu0.gate")
+    old = Gate.create(path, 0)
+    old.close(HOLDER, 1)
+    new = Gate.create(path, 0)
+    assert new.word is None and old.word == (HOLDER, 1)
+    assert Gate.open(path).word is None
+    old.unmap()
+    with pytest.raises(GateError, match="unmapped"):
+        old.close(HOLDER, 2)
+    new.unlink()
+    assert not os.path.exists(path)
