@@ -160,6 +160,13 @@ static const char *symbol_name(void *addr)
     return addr && dladdr(addr, &info) && info.dli_sname ? info.dli_sname : "?";
 }
 
+/* Offset of addr in the object defining it: comparable across processes. */
+static uintptr_t symbol_offset(void *addr)
+{
+    Dl_info info;
+    return addr && dladdr(addr, &info) ? (uintptr_t)addr - (uintptr_t)info.dli_fbase : 0;
+}
+
 /* Fill `api` through the chosen path; NULL on success, else a message. */
 static const char *bind(const struct options *o, struct summary *sum)
 {
@@ -311,8 +318,8 @@ static void print_summary(const struct options *o, const struct summary *sum)
     printf("\"resolver\": %s%s%s, \"symbols\": {", sum->resolver ? "\"" : "",
            sum->resolver ? sum->resolver : "null", sum->resolver ? "\"" : "");
     for (size_t i = 0; i < NENTRIES; i++)
-        printf("%s\"%s\": {\"name\": \"%s\", \"addr\": \"%p\"}", i ? ", " : "", entries[i].base,
-               symbol_name(resolved[i]), resolved[i]);
+        printf("%s\"%s\": {\"name\": \"%s\", \"offset\": %ju}", i ? ", " : "",
+               entries[i].base, symbol_name(resolved[i]), (uintmax_t)symbol_offset(resolved[i]));
     printf("}, \"error\": ");
     if (sum->err_call) {
         const char *name = NULL;

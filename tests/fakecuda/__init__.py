@@ -1,0 +1,1 @@
+"""Tests and helpers for the fake CUDA driver (tests/fakecuda/README.md)."""
