@@ -202,12 +202,10 @@ class Daemon:
         if hasattr(self, "cgroups"):
             await self.cgroups.teardown()
         for gpu, gate in self.gates.items():
-            close = getattr(gate, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:
-                    _log.exception("gpu%d: closing the gate failed", gpu)
+            try:
+                gate.unmap()
+            except Exception:
+                _log.exception("gpu%d: unmapping the gate failed", gpu)
         for path in self.gate_paths.values():
             try:
                 os.unlink(path)

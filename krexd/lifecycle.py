@@ -33,6 +33,8 @@ class Lifecycle:
         self.daemon = daemon
         self._watches: dict[int, PidWatch] = {}
         self._ending: dict[int, asyncio.Task[None]] = {}
+        # Liveness poll period where pidfds are unavailable ([daemon] liveness_interval_ms).
+        self.poll_s = daemon.config.daemon.liveness_interval_ms / 1000
 
     async def admit(
         self, argv: list[str], gpu: int | None, exclusive: bool, launcher_pid: int
@@ -44,6 +46,7 @@ class Lifecycle:
         watch = PidWatch(
             launcher_pid,
             lambda: d.admission.cancel(waiter, Code.CANCELLED, "launcher exited while parked"),
+            self.poll_s,
         )
         try:
             granted = await asyncio.shield(waiter.future)
@@ -72,7 +75,9 @@ class Lifecycle:
             exclusive=exclusive,
         )
         d.tenants.add(tenant)
-        self._watches[tid] = PidWatch(launcher_pid, lambda: self._launcher_gone(tenant))
+        self._watches[tid] = PidWatch(
+            launcher_pid, lambda: self._launcher_gone(tenant), self.poll_s
+        )
         coordinator = d.coordinators.get(granted)
         if coordinator is not None:
             # A command admitted during a region starts frozen (it is a sibling).

@@ -252,3 +252,20 @@ def test_exclusive_waits_for_an_empty_gpu_and_holds_it(
     assert st["queue"]["parked"] == 1 and late.poll() is None
     excl_go.write_text("")
     assert excl.wait(20) == 0 and late.wait(20) == 0
+
+
+def test_shutdown_answers_parked_and_ends_running_commands(krexd_factory: Factory) -> None:
+    k = krexd_factory(slots=1)
+    running = subprocess.Popen(
+        [*k.krex, "run", "--", "sleep", "60"], env=k.env, stderr=subprocess.PIPE, text=True
+    )
+    wait_for(lambda: len(k.status()["tenants"]) == 1)
+    parked = subprocess.Popen(
+        [*k.krex, "run", "--", "true"], env=k.env, stderr=subprocess.PIPE, text=True
+    )
+    wait_for(parked_is(k, 1))
+    assert k.stop() == 0
+    _, err = parked.communicate(timeout=20)
+    assert parked.returncode == 69 and "SHUTTING_DOWN" in err
+    running.communicate(timeout=20)
+    assert running.returncode == 137
