@@ -1,0 +1,73 @@
+"""Backend detection from mountinfo and the cgroup root's controllers (no root needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from krexd.cgroups import CgroupBackend
+from krexd.cgroups.detect import Mounts, find_mounts, own_v2_cgroup
+from krexd.config import CgroupConfig, ConfigError
+
+PURE_V2 = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+HYBRID = (
+    "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755\n"
+    "34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"
+    "37 31 0:34 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+)
+
+
+def test_find_mounts(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text(PURE_V2)
+    (tmp_path / "b").write_text(HYBRID)
+    assert find_mounts(str(tmp_path / "a")) == Mounts("/sys/fs/cgroup", None)
+    assert find_mounts(str(tmp_path / "b")) == Mounts(
+        "/sys/fs/cgroup/unified", "/sys/fs/cgroup/cpuset"
+    )
+
+
+def test_own_cgroup(tmp_path: Path) -> None:
+    (tmp_path / "cg").write_text("1:name=systemd:/x\n0::/system.slice/krexd.service\n")
+    assert own_v2_cgroup(str(tmp_path / "cg")) == "/system.slice/krexd.service"
+
+
+def fake_root(tmp_path: Path, controllers: str) -> str:
+    (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / "cgroup.controllers").write_text(controllers + "\n")
+    return str(tmp_path)
+
+
+def test_pure_v2_with_cpuset(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, "cpuset cpu io memory pids")
+    b = CgroupBackend.open(CgroupConfig(name="k", root=root), Mounts(root, None))
+    assert (b.kind, b.cpuset_kind, b.root) == ("v2", "v2", f"{root}/k")
+
+
+def test_hybrid_when_v2_has_no_cpuset(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, "")
+    b = CgroupBackend.open(CgroupConfig(name="k", root=root), Mounts(root, "/cs"))
+    assert (b.kind, b.cpuset_kind, b.cpuset_root) == ("hybrid", "v1", "/cs/k")
+
+
+def test_affinity_without_any_cpuset(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, "memory")
+    b = CgroupBackend.open(CgroupConfig(name="k", root=root), Mounts(root, None))
+    assert (b.kind, b.cpuset_kind) == ("v2", "affinity")
+
+
+def test_forced_hybrid_needs_v1_cpuset(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, "")
+    with pytest.raises(ConfigError, match="no v1 cpuset"):
+        CgroupBackend.open(CgroupConfig(backend="hybrid", root=root), Mounts(root, None))
+
+
+def test_no_cgroup2_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no cgroup2 mount"):
+        CgroupBackend.open(CgroupConfig(), Mounts(None, "/cs"))
+
+
+def test_root_must_be_a_cgroup(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a cgroup2 directory"):
+        CgroupBackend.open(CgroupConfig(root=str(tmp_path)), Mounts(str(tmp_path), None))
