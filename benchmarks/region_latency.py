@@ -1,0 +1,181 @@
+"""Region entry latency (request → grant), p50/p99, with 1, 7 and 15 busy siblings.
+
+Starts a private krexd, fills one GPU with N busy sibling commands (through
+``krex run``, so they are real tenants: confined, gated, drained, frozen), then
+runs one holder command that enters and leaves ``region.critical()`` many
+times and reports the entry latency krex_client measured for each region.
+
+Siblings (``--sibling``):
+  fake   ``fakebench`` over the fake driver, launching 200 µs kernels
+         back to back under the shim (default on a machine without a GPU);
+  torch  a PyTorch loop of 4096² bf16 matmuls (on a GPU host);
+  spin   a pure CPU loop (no GPU calls at all).
+
+Usage:
+  python benchmarks/region_latency.py [--siblings 1,7,15] [--regions 200]
+         [--sibling fake|torch|spin] [--fake-gpus 1] [--json OUT]
+
+Prints a table; goal (issue): with 15 siblings p50 ≤ 2 ms, p99 ≤ 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KREX = [sys.executable, "-m", "krexd.cli.krex"]
+
+_HOLDER = textwrap.dedent(
+    """
+    import json, sys, time
+    from krex_client import region
+    n = int(sys.argv[1])
+    lat = []
+    for _ in range(n):
+        with region.critical():
+            pass
+        st = region.stats()
+        lat.append([st["entry_ms"], st["drain_ms"], st["freeze_ms"]])
+        time.sleep(0.005)
+    print(json.dumps(lat))
+    """
+)
+
+_TORCH_SIBLING = textwrap.dedent(
+    """
+    import torch
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    while True:
+        for _ in range(8):
+            b = a @ a
+        torch.cuda.synchronize()
+    """
+)
+
+_SPIN_SIBLING = "while True:\n    pass\n"
+
+
+def _sibling_argv(kind: str) -> list[str]:
+    if kind == "fake":
+        bench = os.path.join(REPO, "build", "fakecuda", "bin", "fakebench")
+        if not os.path.exists(bench):
+            sys.exit(f"{bench} is missing: run `make` first (or use --sibling spin)")
+        return [bench, "--run-for", "3600", "--kernel-ns", "200000", "--link", "procaddr"]
+    if kind == "torch":
+        return [sys.executable, "-c", _TORCH_SIBLING]
+    return [sys.executable, "-c", _SPIN_SIBLING]
+
+
+def _start_krexd(workdir: str, slots: int, fake_gpus: int) -> tuple[subprocess.Popen[bytes], str]:
+    socket = os.path.join(workdir, "krexd.sock")
+    config = os.path.join(workdir, "krex.toml")
+    with open(config, "w") as f:
+        f.write(
+            f'[daemon]\nsocket = "{socket}"\n[admission]\nslots_per_gpu = {slots}\n'
+            f'[cgroup]\nname = "krexbench{os.getpid()}"\n[cpu]\nallow_shared = true\n'
+        )
+    argv = [sys.executable, "-m", "krexd", "--foreground", "--config", config]
+    if fake_gpus:
+        argv += ["--fake-gpus", str(fake_gpus)]
+    log = open(os.path.join(workdir, "krexd.log"), "wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"krexd did not start; see {workdir}/krexd.log")
+        time.sleep(0.05)
+    return proc, socket
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, Any]:
+    """One configuration: returns p50/p99 of entry, drain and freeze (ms)."""
+    workdir = tempfile.mkdtemp(prefix="krex-bench-")
+    krexd, socket = _start_krexd(workdir, n_siblings + 1, fake_gpus)
+    env = dict(os.environ, KREX_SOCKET=socket)
+    env.pop("KREX_TENANT", None)
+    env.pop("KREX_TOKEN", None)
+    siblings = [
+        subprocess.Popen(
+            [*KREX, "run", "--", *_sibling_argv(kind)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n_siblings)
+    ]
+    try:
+        time.sleep(2.0 if kind != "torch" else 15.0)  # let siblings get busy
+        out = subprocess.run(
+            [*KREX, "run", "--", sys.executable, "-c", _HOLDER, str(regions)],
+            env=env,
+            capture_output=True,
+            timeout=600,
+            check=True,
+        )
+        lat = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    finally:
+        for p in siblings:
+            p.send_signal(signal.SIGTERM)
+        for p in siblings:
+            p.wait(30)
+        krexd.send_signal(signal.SIGTERM)
+        krexd.wait(30)
+        shutil.rmtree(workdir, ignore_errors=True)
+    entry = [x[0] for x in lat]
+    drain = [x[1] for x in lat]
+    freeze = [x[2] for x in lat]
+    return {
+        "siblings": n_siblings,
+        "sibling": kind,
+        "regions": len(lat),
+        "entry_p50_ms": _pct(entry, 0.5),
+        "entry_p99_ms": _pct(entry, 0.99),
+        "drain_p50_ms": _pct(drain, 0.5),
+        "freeze_p50_ms": _pct(freeze, 0.5),
+        "freeze_p99_ms": _pct(freeze, 0.99),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--siblings", default="1,7,15")
+    ap.add_argument("--regions", type=int, default=200)
+    ap.add_argument("--sibling", choices=("fake", "torch", "spin"), default="fake")
+    ap.add_argument("--fake-gpus", type=int, default=1, help="0 on a host with a real GPU")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    rows = [
+        run(int(n), args.regions, args.sibling, args.fake_gpus) for n in args.siblings.split(",")
+    ]
+    print(
+        f"{'siblings':>8} {'kind':>6} {'n':>5} {'entry p50':>10} {'entry p99':>10} "
+        f"{'drain p50':>10} {'freeze p50':>10} {'freeze p99':>10}  (ms)"
+    )
+    for r in rows:
+        print(
+            f"{r['siblings']:>8} {r['sibling']:>6} {r['regions']:>5} {r['entry_p50_ms']:>10.3f} "
+            f"{r['entry_p99_ms']:>10.3f} {r['drain_p50_ms']:>10.3f} {r['freeze_p50_ms']:>10.3f} "
+            f"{r['freeze_p99_ms']:>10.3f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
