@@ -65,7 +65,13 @@ def _run(argv: list[str], step: str, timeout: float) -> subprocess.CompletedProc
     """Run a host command of ``step``; raise :class:`StepFailed` with its output on failure."""
     try:
         res = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=_env(), check=False
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=_env(),
+            check=False,
         )
     except subprocess.TimeoutExpired as exc:
         raise StepFailed(f"{step}: timed out after {timeout} s: {argv}") from exc
@@ -84,6 +90,7 @@ def ensure_tools() -> None:
         raise ToolsUnavailable("needs root (apt, mmdebstrap, systemd-nspawn)")
     res = subprocess.run(
         [str(REPO / "packaging" / "install-build-deps.sh"), "--test"],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=900,
@@ -128,7 +135,9 @@ def base_tarball() -> Path:
     # The host's own Debian sources when it has them; mmdebstrap's default otherwise.
     if HOST_SOURCES.is_file():
         argv.append(str(HOST_SOURCES))
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=_env())
+    res = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, env=_env()
+    )
     if res.returncode != 0:
         partial.unlink(missing_ok=True)
         raise ToolsUnavailable(f"mmdebstrap failed (mirror unreachable?): {res.stderr[-2000:]}")
@@ -308,6 +317,7 @@ def container_journal(root: Path) -> str:
             "-u",
             "krex-pkgtest.service",
         ],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,

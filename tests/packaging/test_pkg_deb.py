@@ -8,6 +8,9 @@ test below reports one of those observations.
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +31,12 @@ class Booted:
 
 
 @pytest.fixture(scope="module")
-def booted(packages: pc.Packages) -> Booted:
-    """Install the .deb in a clean root and boot it once for all checks."""
+def booted(packages: pc.Packages) -> Iterator[Booted]:
+    """Install the .deb in a clean root and boot it once for all checks.
+
+    The unpacked root (about 400 MB) is removed afterwards unless
+    KREX_PKGTEST_KEEP=1; the base tarball stays cached in build/pkgtest/.
+    """
     try:
         tarball = pc.base_tarball()
         root = pc.prepare_root(tarball)
@@ -38,7 +45,9 @@ def booted(packages: pc.Packages) -> Booted:
         pytest.skip(f"no clean Debian root: {exc}")
     pc.stage_checks(root, fake_gpus=1)
     console = pc.boot(root)
-    return Booted(root, apt_log, console, pc.read_results(root))
+    yield Booted(root, apt_log, console, pc.read_results(root))
+    if os.environ.get("KREX_PKGTEST_KEEP") != "1":
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def expect(booted: Booted, name: str) -> None:
