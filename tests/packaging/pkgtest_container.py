@@ -80,6 +80,20 @@ def _run(argv: list[str], step: str, timeout: float) -> subprocess.CompletedProc
     return res
 
 
+def mirror_unreachable(output: str) -> bool:
+    """True when apt's or mmdebstrap's ``output`` says the mirror could not be reached."""
+    markers = (
+        "Failed to fetch",
+        "Could not resolve",
+        "Temporary failure",
+        "Unable to connect",
+        "Could not connect",
+        "Connection failed",
+        "Network is unreachable",
+    )
+    return any(m in output for m in markers)
+
+
 def ensure_tools() -> None:
     """Install what the build and the tested install need (idempotent).
 
@@ -140,7 +154,9 @@ def base_tarball() -> Path:
     )
     if res.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise ToolsUnavailable(f"mmdebstrap failed (mirror unreachable?): {res.stderr[-2000:]}")
+        if mirror_unreachable(res.stdout + res.stderr):
+            raise ToolsUnavailable(f"mmdebstrap cannot fetch: {res.stderr[-2000:]}")
+        raise StepFailed(f"mmdebstrap rc={res.returncode}: {res.stderr[-4000:]}")
     partial.rename(tarball)
     return tarball
 
@@ -206,9 +222,7 @@ def install_deb(root: Path, deb: Path) -> str:
     try:
         nspawn_run(root, ["apt-get", "update", "-qq"], "apt-get update in the root")
     except StepFailed as exc:
-        if any(
-            m in str(exc) for m in ("Failed to fetch", "Could not resolve", "Temporary failure")
-        ):
+        if mirror_unreachable(str(exc)):
             raise ToolsUnavailable(f"no Debian mirror reachable from the root: {exc}") from exc
         raise
     return nspawn_run(
