@@ -1,12 +1,10 @@
 /*
- * capture.c — stream capture and graphs.
+ * capture.c — stream capture.
  *
  * Work submitted to a capturing stream is not executed and not written to
  * the timeline: it becomes a node of the capture's graph (cuda.h: "all
  * operations pushed into the stream will not be executed, but will instead
- * be captured into a graph").  cuGraphLaunch runs the nodes one after the
- * other on the launch stream, each recorded with captured = 1 (kernels as
- * kind G).  Launching a graph into a capturing stream appends its nodes.
+ * be captured into a graph"); graph.c runs graphs.
  *
  * Calls that are unsafe during a capture break it the way the real driver
  * does (measured in cuda-interposition.md §3): a context-wide synchronize
@@ -20,38 +18,8 @@
 #include "fakecuda.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 static _Thread_local CUstreamCaptureMode tls_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-
-static struct CUgraph_st *graph_new(void)
-{
-    struct CUgraph_st *g = calloc(1, sizeof *g);
-    if (g)
-        g->magic = FC_MAGIC_GRAPH;
-    return g;
-}
-
-static void graph_free(struct CUgraph_st *g)
-{
-    g->magic = 0;
-    free(g->nodes);
-    free(g);
-}
-
-static CUresult graph_append(struct CUgraph_st *g, const struct fc_node *node)
-{
-    if (g->count == g->cap) {
-        size_t cap = g->cap ? g->cap * 2 : 16;
-        struct fc_node *n = realloc(g->nodes, cap * sizeof *n);
-        if (n == NULL)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        g->nodes = n;
-        g->cap = cap;
-    }
-    g->nodes[g->count++] = *node;
-    return CUDA_SUCCESS;
-}
 
 CUresult fc_capture_add(struct fc_capture *cap, enum fc_kind kind, uint64_t duration_ns,
                         const struct fc_dataop *op)
@@ -59,7 +27,7 @@ CUresult fc_capture_add(struct fc_capture *cap, enum fc_kind kind, uint64_t dura
     struct fc_node node = {.kind = kind, .duration_ns = duration_ns};
     if (op)
         node.op = *op;
-    return graph_append(cap->graph, &node);
+    return fc_graph_append(cap->graph, &node);
 }
 
 static void capture_free(struct CUctx_st *ctx, struct fc_capture *cap)
@@ -68,7 +36,7 @@ static void capture_free(struct CUctx_st *ctx, struct fc_capture *cap)
         if (s->capture == cap)
             s->capture = NULL;
     if (cap->graph)
-        graph_free(cap->graph);
+        fc_graph_free(cap->graph);
     free(cap);
 }
 
@@ -166,7 +134,7 @@ static CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode, bool p
     struct fc_capture *cap = NULL;
     if (r == CUDA_SUCCESS) {
         cap = calloc(1, sizeof *cap);
-        if (cap == NULL || (cap->graph = graph_new()) == NULL) {
+        if (cap == NULL || (cap->graph = fc_graph_new()) == NULL) {
             free(cap);
             r = CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -279,122 +247,4 @@ FC_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
     tls_mode = *mode;
     *mode = old;
     return CUDA_SUCCESS;
-}
-
-/* ---- graphs ---- */
-
-FC_API CUresult cuGraphDestroy(CUgraph hGraph)
-{
-    CUresult r = fc_check_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (hGraph == NULL || hGraph->magic != FC_MAGIC_GRAPH)
-        return CUDA_ERROR_INVALID_VALUE;
-    fc_lock();
-    graph_free(hGraph);
-    fc_unlock();
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                            unsigned long long flags)
-{
-    (void)flags; /* upload / auto-free / priority flags change nothing here */
-    CUresult r = fc_check_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (phGraphExec == NULL || hGraph == NULL || hGraph->magic != FC_MAGIC_GRAPH)
-        return CUDA_ERROR_INVALID_VALUE;
-    fc_lock();
-    struct CUgraphExec_st *e = calloc(1, sizeof *e);
-    if (e && hGraph->count) {
-        e->nodes = malloc(hGraph->count * sizeof *e->nodes);
-        if (e->nodes == NULL) {
-            free(e);
-            e = NULL;
-        } else {
-            memcpy(e->nodes, hGraph->nodes, hGraph->count * sizeof *e->nodes);
-        }
-    }
-    if (e) {
-        e->magic = FC_MAGIC_EXEC;
-        e->count = hGraph->count;
-        *phGraphExec = e;
-    }
-    fc_unlock();
-    return e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-FC_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
-{
-    CUresult r = fc_check_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (hGraphExec == NULL || hGraphExec->magic != FC_MAGIC_EXEC)
-        return CUDA_ERROR_INVALID_VALUE;
-    fc_lock();
-    hGraphExec->magic = 0;
-    free(hGraphExec->nodes);
-    free(hGraphExec);
-    fc_unlock();
-    return CUDA_SUCCESS;
-}
-
-static bool node_valid(const struct fc_node *n)
-{
-    const struct fc_dataop *op = &n->op;
-    size_t bytes = op->count * op->elem;
-    return op->kind == FC_OP_NONE ||
-           ((!op->dst_device || fc_mem_valid(op->dst, bytes)) &&
-            (!op->src_device || fc_mem_valid(op->src, bytes)));
-}
-
-static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool per_thread)
-{
-    CUresult r = fc_check_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (hGraphExec == NULL || hGraphExec->magic != FC_MAGIC_EXEC)
-        return CUDA_ERROR_INVALID_VALUE;
-    fc_lock();
-    struct CUstream_st *s = NULL;
-    r = fc_stream_resolve(hStream, per_thread, &s);
-    for (size_t i = 0; r == CUDA_SUCCESS && i < hGraphExec->count; i++)
-        if (!node_valid(&hGraphExec->nodes[i]))
-            r = CUDA_ERROR_ILLEGAL_ADDRESS; /* memory freed since capture */
-    if (r == CUDA_SUCCESS && s->capture) {
-        /* Launched into a capture: the graph's nodes join it. */
-        r = s->capture->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
-        for (size_t i = 0; r == CUDA_SUCCESS && i < hGraphExec->count; i++)
-            r = graph_append(s->capture->graph, &hGraphExec->nodes[i]);
-        fc_unlock();
-        return r;
-    }
-    if (r == CUDA_SUCCESS && s->kind == FC_STREAM_LEGACY)
-        r = fc_capture_check_legacy(s->ctx);
-    /* One queue entry for the whole graph, its nodes back to back. */
-    uint64_t total = 0, start = 0, end = 0;
-    for (size_t i = 0; i < hGraphExec->count; i++)
-        total += hGraphExec->nodes[i].duration_ns;
-    if (r == CUDA_SUCCESS)
-        r = fc_enqueue(s, total, &start, &end);
-    for (size_t i = 0; r == CUDA_SUCCESS && i < hGraphExec->count; i++) {
-        const struct fc_node *n = &hGraphExec->nodes[i];
-        if (n->op.kind != FC_OP_NONE)
-            fc_dataop_apply(&n->op);
-        fc_timeline_write(s->id, n->kind, start, start + n->duration_ns, true);
-        start += n->duration_ns;
-    }
-    fc_unlock();
-    return r;
-}
-
-FC_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
-{
-    return graph_launch(hGraphExec, hStream, false);
-}
-
-FC_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
-{
-    return graph_launch(hGraphExec, hStream, true);
 }

@@ -248,6 +248,11 @@ void fc_stream_retire(struct CUstream_st *s);
 CUresult fc_submit(struct CUstream_st *s, enum fc_kind kind, uint64_t duration_ns,
                    const struct fc_dataop *op);
 
+/* graph.c */
+struct CUgraph_st *fc_graph_new(void);
+void fc_graph_free(struct CUgraph_st *g);
+CUresult fc_graph_append(struct CUgraph_st *g, const struct fc_node *node);
+
 /* capture.c */
 CUresult fc_capture_add(struct fc_capture *cap, enum fc_kind kind, uint64_t duration_ns,
                         const struct fc_dataop *op);
@@ -261,12 +266,22 @@ void fc_capture_join(struct CUstream_st *s, uint64_t capture_id);
 /* A stream being destroyed leaves its capture (ending it if it began it). */
 void fc_capture_leave(struct CUstream_st *s);
 
+/* memshare.c: the per-GPU capacity shared by processes through the state file */
+CUresult fc_share_open(const char *path);
+/* Count `bytes` against GPU `gpu` (simulated index) for this process; false
+ * when the GPU is full even after reclaiming dead processes' usage. */
+bool fc_share_reserve(int gpu, uint64_t bytes);
+void fc_share_release(int gpu, uint64_t bytes);
+uint64_t fc_share_used(int gpu);  /* bytes in use by all processes */
+void fc_share_exit(void);
+void fc_share_atfork_child(void);
+
 /* memory.c */
-CUresult fc_mem_open(const char *path, int nphys);
 /* Validate [p, p+bytes) lies inside one allocation. */
 bool fc_mem_valid(const void *p, size_t bytes);
 void fc_mem_release_ctx(const struct CUctx_st *ctx);
 void fc_dataop_apply(const struct fc_dataop *op);
+void fc_mem_atfork_child(void);
 
 /* errors.c */
 const char *fc_error_name(CUresult e);

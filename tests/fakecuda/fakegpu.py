@@ -75,6 +75,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), _SZ],
     "cuMemFree_v2": [ctypes.c_uint64],
     "cuMemGetInfo_v2": [_PSZ, _PSZ],
+    "cuPointerGetAttribute": [_P, _I, ctypes.c_uint64],
     "cuMemsetD8Async": [ctypes.c_uint64, ctypes.c_ubyte, _SZ, _P],
     "cuMemcpyHtoD_v2": [ctypes.c_uint64, _P, _SZ],
     "cuMemcpyDtoH_v2": [_P, ctypes.c_uint64, _SZ],

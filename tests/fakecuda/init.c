@@ -33,9 +33,6 @@ struct fc_state fc = {
     .next_capture_id = 1,
 };
 
-void fc_mem_atfork_child(void);
-void fc_mem_exit(void);
-
 void fc_lock(void)
 {
     pthread_mutex_lock(&fc.mu);
@@ -164,7 +161,7 @@ static CUresult configure(void)
     } else {
         snprintf(state, sizeof state, "/dev/shm/krex-fakecuda-%u", (unsigned)getuid());
     }
-    r = fc_mem_open(state, fc.nphys);
+    r = fc_share_open(state);
     if (r != CUDA_SUCCESS)
         return r;
     return fc.ndev > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
@@ -230,5 +227,5 @@ __attribute__((constructor)) static void fc_load(void)
  * by the next allocation that finds the device full (memory.c). */
 __attribute__((destructor)) static void fc_unload(void)
 {
-    fc_mem_exit();
+    fc_share_exit();
 }

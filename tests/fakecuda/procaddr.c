@@ -83,6 +83,7 @@ static const struct proc_row rows[] = {
     ROW(cuMemAlloc, 3020, cuMemAlloc_v2),
     ROW(cuMemFree, 3020, cuMemFree_v2),
     ROW(cuMemGetInfo, 3020, cuMemGetInfo_v2),
+    ROW(cuPointerGetAttribute, 4000, cuPointerGetAttribute),
     ROWPT(cuMemAllocAsync, 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),
     ROWPT(cuMemFreeAsync, 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz),
     ROWPT(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds),

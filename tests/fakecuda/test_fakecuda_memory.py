@@ -117,3 +117,26 @@ def test_bad_capacity_is_a_clear_cuinit_error(fc: FakeCuda) -> None:
     assert proc.returncode != 0
     assert "KREX_FAKE_MEM_BYTES=lots" in proc.stderr
     assert "CUDA_ERROR_INVALID_VALUE" in proc.stderr
+
+
+def test_pointer_attributes_and_context_teardown(fc: FakeCuda) -> None:
+    res = fc.python_json(
+        """
+import ctypes, json, fakegpu
+g = fakegpu.init()
+p = g.alloc(700 << 20)
+ctx, start, size = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_size_t()
+d = g.drv
+d.call("cuPointerGetAttribute", ctypes.byref(ctx), 1, p + 10)      # CONTEXT
+d.call("cuPointerGetAttribute", ctypes.byref(start), 11, p + 10)   # RANGE_START_ADDR
+d.call("cuPointerGetAttribute", ctypes.byref(size), 12, p + 10)    # RANGE_SIZE
+res = [ctx.value == g.ctx.value, start.value == p, size.value]
+g.close()                                   # last release: the context's memory goes
+res.append(d.try_call("cuPointerGetAttribute", ctypes.byref(ctx), 1, p))
+g2 = fakegpu.FakeGpu()
+res.append(g2.mem_info()[0])
+print(json.dumps(res))
+""",
+        env=fc.env(KREX_FAKE_MEM_BYTES="1G"),
+    )
+    assert res == [True, True, 700 * MiB, 1, GiB]
