@@ -231,7 +231,8 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
                 k.stop()
             except BaseException as exc:  # report after stopping the others
                 failures.append(exc)
-    for d in dirs:
-        shutil.rmtree(d, ignore_errors=True)
+    if not os.environ.get("KREX_KEEP_TEST_DIRS"):  # set it to read krexd logs afterwards
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
     if failures:
         raise failures[0]
