@@ -47,12 +47,13 @@ FC_API CUresult cuGraphDestroy(CUgraph hGraph)
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
-    if (hGraph == NULL || hGraph->magic != FC_MAGIC_GRAPH)
-        return CUDA_ERROR_INVALID_VALUE;
     fc_lock();
-    fc_graph_free(hGraph);
+    if (hGraph && hGraph->magic == FC_MAGIC_GRAPH)
+        fc_graph_free(hGraph);
+    else
+        r = CUDA_ERROR_INVALID_VALUE;
     fc_unlock();
-    return CUDA_SUCCESS;
+    return r;
 }
 
 FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
@@ -62,9 +63,13 @@ FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hG
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
-    if (phGraphExec == NULL || hGraph == NULL || hGraph->magic != FC_MAGIC_GRAPH)
+    if (phGraphExec == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     fc_lock();
+    if (hGraph == NULL || hGraph->magic != FC_MAGIC_GRAPH) {
+        fc_unlock();
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     if (e && hGraph->count) {
         e->nodes = malloc(hGraph->count * sizeof *e->nodes);
@@ -89,14 +94,16 @@ FC_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
-    if (hGraphExec == NULL || hGraphExec->magic != FC_MAGIC_EXEC)
-        return CUDA_ERROR_INVALID_VALUE;
     fc_lock();
-    hGraphExec->magic = 0;
-    free(hGraphExec->nodes);
-    free(hGraphExec);
+    if (hGraphExec && hGraphExec->magic == FC_MAGIC_EXEC) {
+        hGraphExec->magic = 0;
+        free(hGraphExec->nodes);
+        free(hGraphExec);
+    } else {
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
     fc_unlock();
-    return CUDA_SUCCESS;
+    return r;
 }
 
 static bool node_valid(const struct fc_node *n)
@@ -113,11 +120,10 @@ static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool per_
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
-    if (hGraphExec == NULL || hGraphExec->magic != FC_MAGIC_EXEC)
-        return CUDA_ERROR_INVALID_VALUE;
     fc_lock();
     struct CUstream_st *s = NULL;
-    r = fc_stream_resolve(hStream, per_thread, &s);
+    r = hGraphExec && hGraphExec->magic == FC_MAGIC_EXEC ? fc_stream_resolve(hStream, per_thread, &s)
+                                                        : CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; r == CUDA_SUCCESS && i < hGraphExec->count; i++)
         if (!node_valid(&hGraphExec->nodes[i]))
             r = CUDA_ERROR_ILLEGAL_ADDRESS; /* memory freed since capture */

@@ -34,17 +34,29 @@ FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
     return r;
 }
 
+/* Handle checks read `alive`, which unloading changes: call with fc.mu held. */
+static bool module_ok(CUmodule m)
+{
+    return m && m->magic == FC_MAGIC_MODULE && m->alive;
+}
+
+static bool library_ok(CUlibrary l)
+{
+    return l && l->magic == FC_MAGIC_LIBRARY && l->alive;
+}
+
 FC_API CUresult cuModuleUnload(CUmodule hmod)
 {
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
-    if (hmod == NULL || hmod->magic != FC_MAGIC_MODULE || !hmod->alive)
-        return CUDA_ERROR_INVALID_HANDLE;
     fc_lock();
-    hmod->alive = false;
+    if (module_ok(hmod))
+        hmod->alive = false;
+    else
+        r = CUDA_ERROR_INVALID_HANDLE;
     fc_unlock();
-    return CUDA_SUCCESS;
+    return r;
 }
 
 static struct CUfunc_st *func_find(struct CUfunc_st **list, const char *name)
@@ -69,14 +81,16 @@ FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char
         return r;
     if (hfunc == NULL || name == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (hmod == NULL || hmod->magic != FC_MAGIC_MODULE || !hmod->alive)
-        return CUDA_ERROR_INVALID_HANDLE;
     fc_lock();
-    struct CUfunc_st *f = func_find(&hmod->funcs, name);
-    if (f)
+    struct CUfunc_st *f = NULL;
+    if (!module_ok(hmod))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if ((f = func_find(&hmod->funcs, name)) == NULL)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    else
         *hfunc = f;
     fc_unlock();
-    return f ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return r;
 }
 
 FC_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
@@ -109,12 +123,13 @@ FC_API CUresult cuLibraryUnload(CUlibrary library)
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
-    if (library == NULL || library->magic != FC_MAGIC_LIBRARY || !library->alive)
-        return CUDA_ERROR_INVALID_HANDLE;
     fc_lock();
-    library->alive = false;
+    if (library_ok(library))
+        library->alive = false;
+    else
+        r = CUDA_ERROR_INVALID_HANDLE;
     fc_unlock();
-    return CUDA_SUCCESS;
+    return r;
 }
 
 FC_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
@@ -124,9 +139,11 @@ FC_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
         return r;
     if (pKernel == NULL || name == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (library == NULL || library->magic != FC_MAGIC_LIBRARY || !library->alive)
-        return CUDA_ERROR_INVALID_HANDLE;
     fc_lock();
+    if (!library_ok(library)) {
+        fc_unlock();
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
     struct CUkern_st *k = library->kernels;
     while (k && strcmp(k->func.name, name) != 0)
         k = k->next;
