@@ -1,0 +1,60 @@
+"""MPS control daemons: one per GPU, private folders, always stopped.
+
+Uses a stand-in control program with nvidia-cuda-mps-control's contract
+(``-d`` starts a daemon serving a control pipe; ``quit`` on stdin stops it)
+so the lifecycle is tested without a GPU; the real one runs on GPU hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from krexd.mps import MpsError, MpsManager
+
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake-mps-control")
+
+
+def _daemons(pipe_dir: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if (p.info.get("environ") or {}).get("CUDA_MPS_PIPE_DIRECTORY") == pipe_dir:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_one_daemon_per_gpu_started_and_stopped(tmp_path: object) -> None:
+    mgr = MpsManager(FAKE, str(tmp_path))
+    mgr.start([0, 1])
+    try:
+        for gpu in (0, 1):
+            env = mgr.tenant_env(gpu)
+            pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+            assert pipe.endswith(f"mps-gpu{gpu}/pipe")
+            assert os.path.exists(os.path.join(pipe, "control"))
+            assert _daemons(pipe), "no control daemon process"
+            started = open(os.path.join(env["CUDA_MPS_LOG_DIRECTORY"], "started")).read()
+            assert started.strip() == f"started for GPU {gpu}"
+        assert mgr.tenant_env(2) == {}
+    finally:
+        mgr.stop()
+    for gpu in (0, 1):
+        pipe = os.path.join(str(tmp_path), f"mps-gpu{gpu}", "pipe")
+        deadline = time.monotonic() + 5
+        while _daemons(pipe) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _daemons(pipe), "MPS control daemon left running"
+        assert not os.path.exists(os.path.join(pipe, "control"))
+
+
+def test_missing_control_program_is_a_clear_error(tmp_path: object) -> None:
+    mgr = MpsManager("no-such-mps-control", str(tmp_path))
+    with pytest.raises(MpsError, match="not found"):
+        mgr.start([0])
+    assert mgr.daemons == {}
