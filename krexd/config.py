@@ -89,6 +89,14 @@ class ShimConfig:
 
 
 @dataclass(frozen=True)
+class MpsConfig:
+    """``[mps]``: an NVIDIA MPS control daemon per GPU, started and stopped by krexd."""
+
+    enabled: bool = False
+    control: str = "nvidia-cuda-mps-control"
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` is the file it came from ("" for defaults)."""
 
@@ -98,6 +106,7 @@ class Config:
     cpu: CpuConfig = field(default_factory=CpuConfig)
     region: RegionConfig = field(default_factory=RegionConfig)
     shim: ShimConfig = field(default_factory=ShimConfig)
+    mps: MpsConfig = field(default_factory=MpsConfig)
     source: str = ""
 
 
@@ -268,6 +277,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
         },
     ),
     "shim": (ShimConfig, {"path": _abs_path_or_empty}),
+    "mps": (MpsConfig, {"enabled": _bool, "control": _str}),
 }
 
 

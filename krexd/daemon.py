@@ -32,6 +32,7 @@ from krexd.cgroups import CgroupBackend
 from krexd.config import Config
 from krexd.errors import Code, KrexError
 from krexd.lifecycle import Lifecycle
+from krexd.mps import MpsManager
 from krexd.notify import Notifier
 from krexd.server import Server
 from krexd.slices import CpuSlice, compute_slices
@@ -63,6 +64,7 @@ class Daemon:
         self.gate_paths: dict[int, str] = {}
         self.coordinators: dict[int, Any] = {}
         self.lifecycle = Lifecycle(self)
+        self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
         self.server: Server | None = None
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -106,6 +108,9 @@ class Daemon:
             [g.index for g in self.gpus], cfg.admission.slots_per_gpu, cfg.admission.max_parked
         )
         self._setup_gates()
+        if cfg.mps.enabled:
+            # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
+            self.mps.start([g.index for g in self.gpus])
 
     def _setup_gates(self) -> None:
         """One gate per GPU and one coordinator per GPU, where their modules exist.
@@ -196,9 +201,11 @@ class Daemon:
         )
         if self.server is not None:
             await self.server.cancel_requests()
+        self.mps.stop()  # after the tenants: no MPS client is left
 
     async def _cleanup_after_failure(self) -> None:
         """Remove cgroups and gate files (also after a failed start)."""
+        self.mps.stop()
         if hasattr(self, "cgroups"):
             await self.cgroups.teardown()
         for gpu, gate in self.gates.items():

@@ -174,6 +174,7 @@ class Lifecycle:
             shim = paths.shim_library(d.config.shim.path or None)
             if shim is not None:
                 env["LD_PRELOAD"] = shim
+            env.update(d.mps.tenant_env(tenant.gpu))
         return env
 
 

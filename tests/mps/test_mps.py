@@ -58,3 +58,34 @@ def test_missing_control_program_is_a_clear_error(tmp_path: object) -> None:
     with pytest.raises(MpsError, match="not found"):
         mgr.start([0])
     assert mgr.daemons == {}
+
+
+@pytest.mark.root
+def test_krexd_runs_mps_per_gpu_and_tenants_get_its_pipe(krexd_factory: object) -> None:
+    import subprocess
+    import sys
+
+    k = krexd_factory(  # type: ignore[operator]
+        fake_gpus=2, extra=f'[mps]\nenabled = true\ncontrol = "{FAKE}"\n'
+    )
+    pipes = [os.path.join(k.workdir, f"mps-gpu{g}", "pipe") for g in (0, 1)]
+    assert all(os.path.exists(os.path.join(p, "control")) for p in pipes)
+    out = subprocess.run(
+        [
+            *k.krex,
+            "run",
+            "--gpu",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['CUDA_MPS_PIPE_DIRECTORY'])",
+        ],
+        env=k.env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert out.stdout.decode().strip() == pipes[1]
+    k.stop()
+    for p in pipes:
+        assert not os.path.exists(os.path.join(p, "control")), "MPS left running after krexd"
