@@ -70,7 +70,8 @@ def _sibling_argv(kind: str) -> list[str]:
         bench = os.path.join(REPO, "build", "fakecuda", "bin", "fakebench")
         if not os.path.exists(bench):
             sys.exit(f"{bench} is missing: run `make` first (or use --sibling spin)")
-        return [bench, "--run-for", "3600", "--kernel-ns", "200000", "--link", "procaddr"]
+        return [bench, "--seconds", "3600", "--kernel-ns", "200000", "--link", "procaddr",
+                "--sync-every", "8"]
     if kind == "torch":
         return [sys.executable, "-c", _TORCH_SIBLING]
     return [sys.executable, "-c", _SPIN_SIBLING]
