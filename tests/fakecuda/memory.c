@@ -21,7 +21,7 @@ struct alloc {
     uintptr_t base;
     size_t size;
     int gpu;                     /* simulated GPU index */
-    const struct CUctx_st *ctx;
+    struct CUctx_st *ctx;
 };
 
 static struct alloc *allocs;     /* sorted by base; guarded by fc.mu */
@@ -158,6 +158,9 @@ FC_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     fc_lock();
     struct CUctx_st *ctx = NULL;
     r = fc_current_ctx(&ctx);
+    /* cuMemAlloc is one of the calls a capture forbids outside RELAXED mode. */
+    if (r == CUDA_SUCCESS)
+        r = fc_capture_check_sync(ctx, NULL);
     if (r == CUDA_SUCCESS)
         r = mem_alloc(ctx, dptr, bytesize);
     fc_unlock();
@@ -176,7 +179,13 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr)
         return CUDA_ERROR_INVALID_VALUE;
     }
     /* cuMemFree synchronizes: work of the context still running may use
-     * the memory (cuda.h: "may perform implicit synchronization"). */
+     * the memory (cuda.h: "may perform implicit synchronization"); so a
+     * capture forbids it outside RELAXED mode. */
+    r = fc_capture_check_sync(a->ctx, NULL);
+    if (r != CUDA_SUCCESS) {
+        fc_unlock();
+        return r;
+    }
     uint64_t until = fc_ctx_tail(a->ctx);
     fc_unlock();
     fc_sleep_until(until);
@@ -271,7 +280,7 @@ FC_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute,
         return CUDA_ERROR_INVALID_VALUE; /* not device memory of this process */
     }
     switch (attribute) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)a->ctx; break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = a->ctx; break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = CU_MEMORYTYPE_DEVICE; break;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = ptr; break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a->ctx->device; break;

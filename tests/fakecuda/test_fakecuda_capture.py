@@ -48,6 +48,10 @@ g.launch(1_000_000, s)
 in_thread(lambda: res.update(query=g.drv.try_call("cuStreamQuery", other)))
 res["status"] = g.capture_status(s)
 try:
+    g.alloc(4096)                            # also unsafe in GLOBAL mode
+except fakegpu.CudaError as e:
+    res["alloc"] = e.code
+try:
     g.end_capture(s)
 except fakegpu.CudaError as e:
     res["end"] = e.code
@@ -57,6 +61,7 @@ print(json.dumps(res))
     assert res == {
         "query": CAPTURE_UNSUPPORTED,
         "status": "invalidated",
+        "alloc": CAPTURE_UNSUPPORTED,
         "end": CAPTURE_INVALIDATED,
     }
     assert fc.records() == []
