@@ -17,8 +17,8 @@
  *     spinning); queries compare the clock with the tail;
  *   - every kernel, memset and copy is appended as one line to the file
  *     named by KREX_FAKE_TIMELINE (simgpu.c, format in README.md);
- *   - device memory is counted against a per-GPU capacity shared by all
- *     processes through a small mmap'd state file (memory.c).
+ *   - device memory (memory.c) is counted against a per-GPU capacity shared
+ *     by all processes through a small mmap'd state file (memshare.c).
  *
  * All driver state of a process is guarded by one mutex, fc.mu.  Calls that
  * wait (synchronize, a full launch queue) compute their deadline under the
@@ -256,8 +256,8 @@ CUresult fc_graph_append(struct CUgraph_st *g, const struct fc_node *node);
 /* capture.c */
 CUresult fc_capture_add(struct fc_capture *cap, enum fc_kind kind, uint64_t duration_ns,
                         const struct fc_dataop *op);
-/* Checks made by calls that are unsafe during a capture (cuda-interposition.md §3):
- * returns CUDA_SUCCESS or the error after invalidating the captures it breaks. */
+/* Checks made by calls that are unsafe during a capture (rules in capture.c):
+ * return CUDA_SUCCESS, or the error after invalidating the captures broken. */
 CUresult fc_capture_check_sync(struct CUctx_st *ctx, struct CUstream_st *target);
 CUresult fc_capture_check_ctx_sync(struct CUctx_st *ctx);
 CUresult fc_capture_check_legacy(struct CUctx_st *ctx);
@@ -282,8 +282,5 @@ bool fc_mem_valid(const void *p, size_t bytes);
 void fc_mem_release_ctx(const struct CUctx_st *ctx);
 void fc_dataop_apply(const struct fc_dataop *op);
 void fc_mem_atfork_child(void);
-
-/* errors.c */
-const char *fc_error_name(CUresult e);
 
 #endif /* FAKECUDA_H */
