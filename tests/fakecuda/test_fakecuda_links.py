@@ -26,6 +26,8 @@ def test_link_modes_reach_the_same_functions(fc: FakeCuda, per_thread: bool) -> 
     }
     offsets = {link: {k: v["offset"] for k, v in r["symbols"].items()} for link, r in runs.items()}
     assert offsets["direct"] == offsets["dlsym"] == offsets["procaddr"]
+    for r in runs.values():
+        assert {v["object"] for v in r["symbols"].values()} == {"libcuda.so.1"}
     names = {k: v["name"] for k, v in runs["procaddr"]["symbols"].items()}
     assert names["cuLaunchKernel"] == ("cuLaunchKernel_ptsz" if per_thread else "cuLaunchKernel")
     for base, pt_name in PER_THREAD.items():

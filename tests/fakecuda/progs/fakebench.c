@@ -24,6 +24,8 @@
  *   --per-thread     per-thread default stream API flavour (_ptsz exports)
  *   --cuda-version V version passed to cuGetProcAddress (procaddr); default 13000
  * SIGTERM/SIGINT end the loop early; the summary is printed all the same.
+ * The summary names, for each function, the symbol and the object file its
+ * pointer belongs to (dladdr), so a test sees whether an interposer was hit.
  * Exit status: 0, 1 on a CUDA error (named in the summary), 2 on bad usage.
  */
 #include <cuda.h>
@@ -165,6 +167,17 @@ static uintptr_t symbol_offset(void *addr)
 {
     Dl_info info;
     return addr && dladdr(addr, &info) ? (uintptr_t)addr - (uintptr_t)info.dli_fbase : 0;
+}
+
+/* File name (without directory) of the object defining addr: shows whether
+ * a call reaches the driver or an interposer. */
+static const char *symbol_object(void *addr)
+{
+    Dl_info info;
+    if (!addr || !dladdr(addr, &info) || !info.dli_fname)
+        return "?";
+    const char *slash = strrchr(info.dli_fname, '/');
+    return slash ? slash + 1 : info.dli_fname;
 }
 
 /* Fill `api` through the chosen path; NULL on success, else a message. */
@@ -318,8 +331,9 @@ static void print_summary(const struct options *o, const struct summary *sum)
     printf("\"resolver\": %s%s%s, \"symbols\": {", sum->resolver ? "\"" : "",
            sum->resolver ? sum->resolver : "null", sum->resolver ? "\"" : "");
     for (size_t i = 0; i < NENTRIES; i++)
-        printf("%s\"%s\": {\"name\": \"%s\", \"offset\": %ju}", i ? ", " : "",
-               entries[i].base, symbol_name(resolved[i]), (uintmax_t)symbol_offset(resolved[i]));
+        printf("%s\"%s\": {\"name\": \"%s\", \"object\": \"%s\", \"offset\": %ju}",
+               i ? ", " : "", entries[i].base, symbol_name(resolved[i]),
+               symbol_object(resolved[i]), (uintmax_t)symbol_offset(resolved[i]));
     printf("}, \"error\": ");
     if (sum->err_call) {
         const char *name = NULL;
