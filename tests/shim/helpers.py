@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
+import queue
 import signal
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
@@ -92,3 +96,69 @@ class Tenant:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+class CuTenant:
+    """A running ``cu_tenant`` (tests/shim/c/cu_tenant.c) driven line by line."""
+
+    def __init__(self, build: ShimBuild, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [str(build.prog("cu_tenant"))],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._replies.put(json.loads(line))
+        self._replies.put(None)
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.proc.pid
+
+    def send(self, command: str) -> None:
+        """Send one command line without waiting for its reply."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The next reply; AssertionError when none comes within ``timeout`` s."""
+        try:
+            r = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"cu_tenant {self.pid}: no reply in {timeout} s") from None
+        if r is None:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"cu_tenant {self.pid} ended: rc {self.proc.wait()}\n{err}")
+        return r
+
+    def pending(self) -> bool:
+        """True when no reply is waiting."""
+        return self._replies.empty()
+
+    def run(self, command: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Send ``command``, return its reply, assert it succeeded (rc 0)."""
+        self.send(command)
+        r = self.reply(timeout)
+        assert r["rc"] == 0, f"{command}: {r}"
+        return r
+
+    def close(self) -> None:
+        """Quit (or kill) and reap."""
+        if self.proc.poll() is None:
+            try:
+                self.send("quit")
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()

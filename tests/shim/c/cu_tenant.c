@@ -1,0 +1,197 @@
+/*
+ * cu_tenant — a scriptable CUDA driver program for the interposition tests.
+ *
+ * Reaches the driver like a soft-linking program (dlopen("libcuda.so.1") +
+ * dlsym of each exported name), so under LD_PRELOAD it goes through the
+ * shim's dlsym override.  Reads one command per line on stdin and answers
+ * one JSON line per command on stdout (flushed):
+ *
+ *   {"cmd": "launch", "rc": 0, "t0": <ns>, "t1": <ns>, ...}
+ *
+ * t0/t1: CLOCK_MONOTONIC ns around the command.  Commands:
+ *
+ *   init [ctx]                 cuInit, device 0, primary context current
+ *                              (ctx: a created context, cuCtxCreate_v4)
+ *   stream ID [nonblocking]    create stream number ID (1..15)
+ *   launch ID N NS             N kernels of NS ns on stream ID (0 = legacy NULL)
+ *   begin ID MODE              cuStreamBeginCapture_v2 (global|thread|relaxed)
+ *   end ID                     cuStreamEndCapture + cuGraphInstantiateWithFlags
+ *   graph ID                   cuGraphLaunch of the last instantiated graph on ID
+ *   sync ID | ctxsync          cuStreamSynchronize / cuCtxSynchronize
+ *   region_begin EPOCH L2      krex_shim_region_begin (found with dlsym(RTLD_DEFAULT))
+ *   region_end                 krex_shim_region_end: adds "sync_ns" and "launches"
+ *   quit
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_STREAMS 16
+
+#define FN(name) static __typeof__(&name) p_##name
+FN(cuInit);
+FN(cuDeviceGet);
+FN(cuDevicePrimaryCtxRetain);
+FN(cuCtxSetCurrent);
+FN(cuCtxCreate_v4);
+FN(cuCtxSynchronize);
+FN(cuModuleLoadData);
+FN(cuModuleGetFunction);
+FN(cuStreamCreate);
+FN(cuStreamSynchronize);
+FN(cuLaunchKernel);
+FN(cuStreamBeginCapture_v2);
+FN(cuStreamEndCapture);
+FN(cuGraphInstantiateWithFlags);
+FN(cuGraphLaunch);
+
+static CUstream streams[MAX_STREAMS];
+static CUfunction kernel;
+static CUgraphExec graph_exec;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int bind_all(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "cu_tenant: %s\n", dlerror());
+        return -1;
+    }
+#define BIND(name)                                                                     \
+    if (!(p_##name = (__typeof__(&name))dlsym(h, #name))) {                            \
+        fprintf(stderr, "cu_tenant: %s missing\n", #name);                            \
+        return -1;                                                                     \
+    }
+    BIND(cuInit);
+    BIND(cuDeviceGet);
+    BIND(cuDevicePrimaryCtxRetain);
+    BIND(cuCtxSetCurrent);
+    BIND(cuCtxCreate_v4);
+    BIND(cuCtxSynchronize);
+    BIND(cuModuleLoadData);
+    BIND(cuModuleGetFunction);
+    BIND(cuStreamCreate);
+    BIND(cuStreamSynchronize);
+    BIND(cuLaunchKernel);
+    BIND(cuStreamBeginCapture_v2);
+    BIND(cuStreamEndCapture);
+    BIND(cuGraphInstantiateWithFlags);
+    BIND(cuGraphLaunch);
+    return 0;
+}
+
+static CUstream stream_of(int id)
+{
+    return id > 0 && id < MAX_STREAMS ? streams[id] : NULL;
+}
+
+static int cmd_init(const char *how)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    int r = p_cuInit(0);
+    if (!r)
+        r = p_cuDeviceGet(&dev, 0);
+    if (!r && how && !strcmp(how, "ctx"))
+        r = p_cuCtxCreate_v4(&ctx, NULL, 0, dev);
+    else if (!r && !(r = p_cuDevicePrimaryCtxRetain(&ctx, dev)))
+        r = p_cuCtxSetCurrent(ctx);
+    CUmodule mod;
+    if (!r)
+        r = p_cuModuleLoadData(&mod, "cu_tenant");
+    if (!r)
+        r = p_cuModuleGetFunction(&kernel, mod, "duration_kernel");
+    return r;
+}
+
+static int launch(int id, long n, uint64_t ns)
+{
+    for (long i = 0; i < n; i++) {
+        uint64_t d = ns;
+        void *params[] = {&d};
+        int r = p_cuLaunchKernel(kernel, 1, 1, 1, 32, 1, 1, 0, stream_of(id), params, NULL);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+static CUstreamCaptureMode mode_of(const char *s)
+{
+    if (s && !strcmp(s, "thread"))
+        return CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    if (s && !strcmp(s, "relaxed"))
+        return CU_STREAM_CAPTURE_MODE_RELAXED;
+    return CU_STREAM_CAPTURE_MODE_GLOBAL;
+}
+
+int main(void)
+{
+    if (bind_all())
+        return 1;
+    int (*region_begin)(uint32_t, int) =
+        (int (*)(uint32_t, int))dlsym(RTLD_DEFAULT, "krex_shim_region_begin");
+    int (*region_end)(uint64_t *, uint64_t *) =
+        (int (*)(uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT, "krex_shim_region_end");
+    char line[256];
+    while (fgets(line, sizeof line, stdin)) {
+        char cmd[32] = "", a[32] = "", b[32] = "", c[32] = "";
+        if (sscanf(line, "%31s %31s %31s %31s", cmd, a, b, c) < 1)
+            continue;
+        uint64_t t0 = now_ns(), sync_ns = 0, launches = 0;
+        int r = 0, extra = 0;
+        if (!strcmp(cmd, "init")) {
+            r = cmd_init(a);
+        } else if (!strcmp(cmd, "stream")) {
+            int id = atoi(a);
+            r = id > 0 && id < MAX_STREAMS
+                    ? p_cuStreamCreate(&streams[id],
+                                       strcmp(b, "nonblocking") ? 0 : CU_STREAM_NON_BLOCKING)
+                    : CUDA_ERROR_INVALID_VALUE;
+        } else if (!strcmp(cmd, "launch")) {
+            r = launch(atoi(a), atol(b), strtoull(c, NULL, 10));
+        } else if (!strcmp(cmd, "begin")) {
+            r = p_cuStreamBeginCapture_v2(stream_of(atoi(a)), mode_of(b));
+        } else if (!strcmp(cmd, "end")) {
+            CUgraph graph = NULL;
+            r = p_cuStreamEndCapture(stream_of(atoi(a)), &graph);
+            if (!r)
+                r = p_cuGraphInstantiateWithFlags(&graph_exec, graph, 0);
+        } else if (!strcmp(cmd, "graph")) {
+            r = p_cuGraphLaunch(graph_exec, stream_of(atoi(a)));
+        } else if (!strcmp(cmd, "sync")) {
+            r = p_cuStreamSynchronize(stream_of(atoi(a)));
+        } else if (!strcmp(cmd, "ctxsync")) {
+            r = p_cuCtxSynchronize();
+        } else if (!strcmp(cmd, "region_begin")) {
+            r = region_begin ? region_begin((uint32_t)atoi(a), atoi(b)) : -1;
+        } else if (!strcmp(cmd, "region_end")) {
+            r = region_end ? region_end(&sync_ns, &launches) : -1;
+            extra = 1;
+        } else if (!strcmp(cmd, "quit")) {
+            break;
+        } else {
+            r = -2;
+        }
+        uint64_t t1 = now_ns();
+        printf("{\"cmd\": \"%s\", \"rc\": %d, \"t0\": %llu, \"t1\": %llu", cmd, r,
+               (unsigned long long)t0, (unsigned long long)t1);
+        if (extra)
+            printf(", \"sync_ns\": %llu, \"launches\": %llu", (unsigned long long)sync_ns,
+                   (unsigned long long)launches);
+        printf("}\n");
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,447 @@
+"""The shim over the fake driver, under LD_PRELOAD as tenants run it.
+
+* lookups land on the hooks through dlsym and cuGetProcAddress_v2 (and its
+  self-lookup), keeping the driver's choice of _v2/_ptsz/_ptds;
+* dlsym(RTLD_NEXT, ...) still resolves relative to its real caller;
+* siblings reaching the driver by direct linking, dlopen+dlsym and
+  cuGetProcAddress stop launching while a gate is closed (fake timeline);
+* the drainer waits for queued work, keeps an open capture valid, and lets
+  launches into a capturing stream pass a closed gate;
+* fork, exec, pass-through and memory accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from krexd.gate import Gate
+from tests.fakecuda import timeline
+from tests.fakecuda.harness import FakeCuda
+from tests.fakecuda.harness import build as build_fake
+
+from .helpers import CuTenant, ShimBuild, wait_for
+
+HOLDER = 1
+FAKE_L2_BYTES = 50 * 1024 * 1024  # tests/fakecuda/devinfo.c: an H100-like 50 MiB L2
+
+
+@pytest.fixture(scope="module")
+def fake_build() -> Any:
+    return build_fake()
+
+
+@pytest.fixture
+def fc(fake_build: Any, tmp_path: Path) -> FakeCuda:
+    return FakeCuda(fake_build, tmp_path)
+
+
+def shim_env(fc: FakeCuda, shim: ShimBuild, gate: Gate | None, tenant: int = 2) -> dict[str, str]:
+    """A tenant's environment (interfaces.md): the shim preloaded, the gate and tenant id."""
+    env = fc.env(LD_PRELOAD=str(shim.shim))
+    if gate is not None:
+        env["KREX_GATE"] = gate.path
+        env["KREX_TENANT"] = str(tenant)
+    return env
+
+
+@pytest.fixture
+def tenants(shim_build: ShimBuild) -> Iterator[Callable[[dict[str, str]], CuTenant]]:
+    started: list[CuTenant] = []
+
+    def start(env: dict[str, str]) -> CuTenant:
+        t = CuTenant(shim_build, env)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.close()
+
+
+def records_of(fc: FakeCuda, pid: int) -> list[timeline.Record]:
+    return timeline.by_pid(fc.records()).get(pid, [])
+
+
+# ---- how lookups reach the hooks ---------------------------------------------------
+
+
+def run_routes(shim: ShimBuild, env: dict[str, str]) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [str(shim.prog("cu_routes"))], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_lookups_route_to_hooks(shim_build: ShimBuild, fc: FakeCuda) -> None:
+    """Every lookup of a hooked name lands in the shim on the export the driver chose."""
+    bare = run_routes(shim_build, fc.env())
+    shimmed = run_routes(shim_build, fc.env(LD_PRELOAD=str(shim_build.shim)))
+    assert len(bare) == len(shimmed) > 40
+    hooked = {
+        "cuLaunchKernel",
+        "cuLaunchKernel_ptsz",
+        "cuMemcpyHtoD_v2",
+        "cuMemAlloc_v2",
+        "cuGetProcAddress",
+        "cuGetProcAddress_v2",
+        "cuInit",
+        "cuLaunchKernelEx",
+        "cuLaunchKernelEx_ptsz",
+        "cuMemcpyHtoD_v2_ptds",
+        "cuMemsetD8Async",
+        "cuMemsetD8Async_ptsz",
+        "cuCtxCreate_v3",
+        "cuCtxCreate_v4",
+        "cuStreamBeginCapture_v2",
+        "cuStreamBeginCapture_v2_ptsz",
+        "cuGraphLaunch",
+        "cuGraphLaunch_ptsz",
+        "cuEventRecord",
+        "cuEventRecord_ptsz",
+    }
+    seen_hooked = set()
+    for b, s in zip(bare, shimmed, strict=True):
+        key = (b["how"], b["base"], b["version"], b["per_thread"])
+        assert key == (s["how"], s["base"], s["version"], s["per_thread"])
+        assert s["status"] == b["status"], key  # symbolStatus / rc as the driver said
+        if b["how"] == "dlsym_default" or b["how"] == "dlsym_next":
+            continue
+        assert s["symbol"] == b["symbol"], key  # the driver's choice of export is kept
+        if b["symbol"] in hooked:
+            assert b["object"] == "libcuda.so.1" and s["object"] == "libkrex_shim.so", key
+            seen_hooked.add(b["symbol"])
+        else:
+            assert s["object"] == b["object"], key  # unhooked: the driver's own pointer
+    assert seen_hooked == hooked
+    by_key = {(s["how"], s["base"], s["version"]): s for s in shimmed if not s["per_thread"]}
+    # The self-lookup returns our resolver of the arity the driver chose.
+    assert by_key[("self", "cuGetProcAddress", 13000)]["symbol"] == "cuGetProcAddress_v2"
+    assert by_key[("self", "cuGetProcAddress", 11030)]["symbol"] == "cuGetProcAddress"
+    assert by_key[("procaddr4", "cuLaunchKernel", 4000)]["object"] == "libkrex_shim.so"
+    # Not-found stays not found; RTLD_DEFAULT finds the exported hooks.
+    assert by_key[("procaddr", "cuNoSuchFunction", 2000)]["status"] == 500
+    assert by_key[("dlsym_default", "cuLaunchKernel", 0)]["object"] == "libkrex_shim.so"
+    assert by_key[("dlsym_next", "open", 0)]["object"].startswith("libc.so")
+
+
+def test_rtld_next_keeps_the_caller(shim_build: ShimBuild) -> None:
+    env = dict(os.environ, LD_PRELOAD=str(shim_build.shim))
+    out = subprocess.run(
+        [str(shim_build.prog("dl_next"))], env=env, capture_output=True, text=True, timeout=10
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "next=b", out
+
+
+# ---- siblings stop while the gate is closed -------------------------------------------
+
+LINKS = [
+    ("direct",),
+    ("dlsym",),
+    ("procaddr",),
+    ("procaddr", "--per-thread"),
+    ("direct", "--per-thread"),
+]
+
+
+def test_siblings_stop_while_gate_closed(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:
+    procs = []
+    for i, link in enumerate(LINKS):
+        env = shim_env(fc, shim_build, gate, tenant=2 + i)
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(fc.build.fakebench),
+                    "--link",
+                    link[0],
+                    *link[1:],
+                    "--seconds",
+                    "2.5",
+                    "--kernel-ns",
+                    "100000",
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        wait_for(
+            lambda: all(records_of(fc, p.pid) for p in procs),
+            timeout=10,
+            what="every sibling launching",
+        )
+        t_close = time.monotonic_ns()
+        gate.close(HOLDER, 11)
+        acked = gate.wait_drained(HOLDER, 11, 10.0)
+        t_ack = time.monotonic_ns()
+        time.sleep(0.4)
+        t_reopen = time.monotonic_ns()
+        gate.reopen(HOLDER, 11)
+        outs = [p.communicate(timeout=30) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert len(acked) == len(LINKS)
+    recs = fc.records()
+    for p, (out, err), link in zip(procs, outs, LINKS, strict=True):
+        assert p.returncode == 0, (link, err)
+        summary = json.loads(out)
+        mine = timeline.by_pid(recs)[p.pid]
+        assert summary["kernels"] == len(mine)
+        # No kernel of a sibling runs between the acknowledgement and the reopen.
+        assert timeline.overlapping(mine, t_ack, t_reopen) == [], link
+        assert any(r.end_ns <= t_close for r in mine), link
+        assert any(r.start_ns >= t_reopen for r in mine), link
+        assert max(r.end_ns for r in mine if r.start_ns < t_ack) <= t_ack, link
+    for s in gate.slots():
+        if s.state == "active":
+            assert s.ack_epoch == 11 and s.blocked_calls >= 1 and s.gated_calls > 10
+
+
+# ---- what the drainer does -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("context", ["primary", "ctx"])
+def test_drain_waits_for_queued_work(
+    shim_build: ShimBuild,
+    fc: FakeCuda,
+    gate: Gate,
+    tenants: Callable[[dict[str, str]], CuTenant],
+    context: str,
+) -> None:
+    t = tenants(shim_env(fc, shim_build, gate))
+    t.run("init" + (" ctx" if context == "ctx" else ""))
+    t.run("stream 1")
+    t.run("launch 1 20 10000000")  # 200 ms queued, not synchronized
+    gate.close(HOLDER, 2)
+    t0 = time.monotonic_ns()
+    gate.wait_drained(HOLDER, 2, 10.0)
+    t_ack = time.monotonic_ns()
+    last_end = max(r.end_ns for r in records_of(fc, t.pid))
+    assert t_ack >= last_end, "acknowledged before the queued kernels ended"
+    assert t_ack - t0 > 100_000_000
+    gate.reopen(HOLDER, 2)
+
+
+def test_capture_survives_drain(
+    shim_build: ShimBuild,
+    fc: FakeCuda,
+    gate: Gate,
+    tenants: Callable[[dict[str, str]], CuTenant],
+) -> None:
+    """A drain during an open GLOBAL capture synchronizes per stream and keeps the capture."""
+    t = tenants(shim_env(fc, shim_build, gate))
+    t.run("init")
+    t.run("stream 1")
+    t.run("stream 2")
+    t.run("begin 1 global")
+    t.run("launch 1 5 1000000")  # captured, not executed
+    t.run("launch 2 10 10000000")  # 100 ms of real work on another stream
+    assert gate.slots()[0].captures == 1
+    gate.close(HOLDER, 4)
+    gate.wait_drained(HOLDER, 4, 10.0)
+    t_ack = time.monotonic_ns()
+    work = [r for r in records_of(fc, t.pid) if not r.captured]
+    assert len(work) == 10 and max(r.end_ns for r in work) <= t_ack
+    gate.reopen(HOLDER, 4)
+    t.run("end 1")  # 901 (invalidated) if the drainer had synchronized the context
+    t.run("graph 1")
+    t.run("sync 1")
+    assert len([r for r in records_of(fc, t.pid) if r.captured]) == 5
+    assert gate.slots()[0].captures == 0
+
+
+def test_capturing_launch_passes_closed_gate(
+    shim_build: ShimBuild,
+    fc: FakeCuda,
+    gate: Gate,
+    tenants: Callable[[dict[str, str]], CuTenant],
+) -> None:
+    t = tenants(shim_env(fc, shim_build, gate))
+    t.run("init")
+    t.run("stream 1")
+    t.run("stream 2")
+    t.run("begin 1 global")
+    gate.close(HOLDER, 5)
+    gate.wait_drained(HOLDER, 5, 10.0)
+    r = t.run("launch 1 50 1000")  # into the capture: passes, uncounted
+    assert r["t1"] - r["t0"] < 500_000_000
+    t.send("launch 2 1 1000")  # real work: parks
+    time.sleep(0.3)
+    assert t.pending(), "a launch passed the closed gate"
+    t_reopen = time.monotonic_ns()
+    gate.reopen(HOLDER, 5)
+    r = t.reply()
+    assert r["rc"] == 0 and r["t1"] >= t_reopen
+    t.run("end 1")
+
+
+def test_holder_region_begin_end(
+    shim_build: ShimBuild,
+    fc: FakeCuda,
+    gate: Gate,
+    tenants: Callable[[dict[str, str]], CuTenant],
+) -> None:
+    """The holder's own calls pass; region_begin flushes L2, region_end waits for side work."""
+    holder = tenants(shim_env(fc, shim_build, gate, tenant=HOLDER))
+    holder.run("init")
+    holder.run("stream 1 nonblocking")
+    gate.close(HOLDER, 3)
+    gate.wait_drained(HOLDER, 3, 5.0)
+    b = holder.run("region_begin 3 1")
+    flush = [r for r in records_of(fc, holder.pid) if r.kind == timeline.MEMSET]
+    assert len(flush) == 1 and b["t0"] <= flush[0].start_ns and flush[0].end_ns <= b["t1"]
+    # The fake device moves bytes at 1 TB/s: the memset covered the whole L2.
+    assert abs(flush[0].duration_ns - FAKE_L2_BYTES / 1e3) < 2000
+    holder.run("launch 1 5 20000000")  # 100 ms left running on a side stream
+    e = holder.run("region_end")
+    kernels = [r for r in records_of(fc, holder.pid) if r.kind == timeline.KERNEL]
+    assert e["launches"] == 5
+    assert e["t1"] >= max(r.end_ns for r in kernels)
+    assert e["sync_ns"] >= 50_000_000
+    holder.run("region_begin 4 1")  # the buffer is reused: no second allocation
+    gate.reopen(HOLDER, 3)
+
+
+# ---- process lifecycle and pass-through -------------------------------------------------
+
+FORK_CODE = r"""
+import ctypes, os, sys, time
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+pid = os.fork()
+if pid == 0:
+    cu.cuInit(0)  # the child registers on its first gated call (the driver refuses it)
+    os.write(1, b"%d\n" % os.getpid())  # one write: lines of the two processes stay whole
+    time.sleep(30)
+    os._exit(0)
+os.write(1, b"%d\n" % os.getpid())
+time.sleep(30)
+"""
+
+
+def test_fork_child_registers_its_own_slot(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:
+    env = shim_env(fc, shim_build, gate)
+    p = subprocess.Popen(
+        [sys.executable, "-c", FORK_CODE], env=env, stdout=subprocess.PIPE, text=True
+    )
+    pids: set[int] = set()
+    try:
+        assert p.stdout is not None
+        pids = {int(p.stdout.readline()), int(p.stdout.readline())}
+        assert p.pid in pids
+        wait_for(
+            lambda: {s.pid for s in gate.slots() if s.state == "active"} == pids,
+            what="parent and child slots",
+        )
+        gate.close(HOLDER, 1)
+        assert len(gate.wait_drained(HOLDER, 1, 5.0)) == 2  # both have drainers
+        gate.reopen(HOLDER, 1)
+    finally:
+        for pid in pids - {p.pid}:  # the forked child, by its pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.kill()
+        p.wait()
+
+
+EXEC_CODE = """
+import ctypes, os, sys
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+print(os.getpid(), flush=True)
+sys.stdin.readline()
+os.execv(sys.executable, [sys.executable, "-c", "import sys; print('new', flush=True); "
+                          "sys.stdin.readline()"])
+"""
+
+
+def test_exec_releases_the_slot(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:
+    env = shim_env(fc, shim_build, gate)
+    p = subprocess.Popen(
+        [sys.executable, "-c", EXEC_CODE],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        pid = int(p.stdout.readline())
+        assert [s.state for s in gate.slots() if s.pid == pid] == ["active"]
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "new"
+        # The new image (same pid, no drainer) released the old slot at start.
+        assert [s.state for s in gate.slots() if s.pid == pid] == []
+        gate.close(HOLDER, 1)
+        assert gate.wait_drained(HOLDER, 1, 2.0) == []
+        gate.reopen(HOLDER, 1)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_pass_through_without_gate(shim_build: ShimBuild, fc: FakeCuda, tmp_path: Path) -> None:
+    summary = fc.bench(
+        "--link",
+        "procaddr",
+        "--count",
+        "20",
+        "--kernel-ns",
+        "1000",
+        env=shim_env(fc, shim_build, None),
+    )
+    assert summary["kernels"] == 20 and summary["error"] is None
+    env = shim_env(fc, shim_build, None)
+    env.update(KREX_GATE=str(tmp_path / "missing.gate"), KREX_TENANT="2")
+    out = subprocess.run(
+        [str(fc.build.fakebench), "--link", "dlsym", "--count", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0
+    warnings = [ln for ln in out.stderr.splitlines() if "krex-shim" in ln]
+    assert len(warnings) == 1 and "missing.gate" in warnings[0] and "pass-through" in warnings[0]
+    code = "import ctypes; print(ctypes.CDLL(None).krex_shim_active())"
+    active = fc.python(code, env=shim_env(fc, shim_build, None))
+    assert active.stdout.strip() == "0"
+
+
+def test_memory_accounting_and_active(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:
+    code = """
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+me = ctypes.CDLL(None)
+assert cu.cuInit(0) == 0
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cu.cuCtxSetCurrent(ctx) == 0
+ptr = ctypes.c_uint64()
+for n in (1 << 20, 3 << 20):
+    assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(n)) == 0
+assert cu.cuMemFree_v2(ptr) == 0
+b, a, f = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+me.krex_shim_mem_stats(ctypes.byref(b), ctypes.byref(a), ctypes.byref(f))
+print(json.dumps([me.krex_shim_active(), b.value, a.value, f.value]))
+"""
+    assert fc.python_json(code, env=shim_env(fc, shim_build, gate)) == [1, 4 << 20, 2, 1]
