@@ -20,7 +20,7 @@ import json, time, fakegpu
 g = fakegpu.init()
 t0 = time.monotonic_ns()
 for _ in range(5):
-    g.launch(50_000_000)
+    g.launch(100_000_000)
 t1 = time.monotonic_ns()
 g.synchronize()
 print(json.dumps([t0, t1, time.monotonic_ns()]))
@@ -31,8 +31,8 @@ print(json.dumps([t0, t1, time.monotonic_ns()]))
     assert t0 <= recs[0].start_ns <= t1
     for a, b in zip(recs, recs[1:], strict=False):
         assert b.start_ns == a.end_ns, "one stream's kernels run back to back, never overlap"
-    assert recs[-1].end_ns - recs[0].start_ns == 5 * 50 * MS
-    assert t1 - t0 < 150 * MS, "launches return before the kernels run"
+    assert recs[-1].end_ns - recs[0].start_ns == 5 * 100 * MS
+    assert t1 - t0 < 300 * MS, "launches return before the kernels run"
     assert t2 >= recs[-1].end_ns, "synchronize returns after the last kernel ends"
 
 
@@ -42,8 +42,8 @@ def test_two_streams_overlap(fc: FakeCuda) -> None:
 import fakegpu
 g = fakegpu.init()
 s1, s2 = g.stream_create(), g.stream_create()
-g.launch(60_000_000, s1)
-g.launch(60_000_000, s2)
+g.launch(200_000_000, s1)
+g.launch(200_000_000, s2)
 g.synchronize()
 print("{}")
 """
@@ -60,7 +60,7 @@ import fakegpu
 g = fakegpu.init()
 s1, s2 = g.stream_create(), g.stream_create()
 nb = g.stream_create(nonblocking=True)
-g.launch(40_000_000, s1)
+g.launch(200_000_000, s1)
 g.launch(10_000_000)           # legacy stream: waits for s1
 g.launch(10_000_000, s2)       # blocking stream: waits for the legacy stream
 g.launch(10_000_000, nb)       # non-blocking: waits for nothing
@@ -93,7 +93,7 @@ import json, fakegpu
 g = fakegpu.init()
 s = g.stream_create()
 e0, e1 = g.event_create(), g.event_create()
-g.launch(40_000_000, s)
+g.launch(200_000_000, s)
 g.event_record(e0, s)
 g.launch(80_000_000, s)
 g.event_record(e1, s)
@@ -138,7 +138,7 @@ def test_full_launch_queue_blocks_the_launch(fc: FakeCuda) -> None:
 import json, time, fakegpu
 g = fakegpu.init()
 s = g.stream_create()
-g.launch(300_000_000, s)
+g.launch(600_000_000, s)
 for _ in range(1023):
     g.launch(0, s)
 t = time.monotonic_ns()
@@ -147,8 +147,8 @@ print(json.dumps(time.monotonic_ns() - t))
 """
     )
     first = kernels(fc)[0]
-    assert first.duration_ns == 300 * MS
-    assert waited_ns > 150 * MS
+    assert first.duration_ns == 600 * MS
+    assert waited_ns > 200 * MS
 
 
 def test_work_of_a_destroyed_stream_still_counts_for_context_sync(fc: FakeCuda) -> None:
