@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from . import timeline
 from .harness import FakeCuda
 
 LINKS = ("direct", "dlsym", "procaddr")
@@ -35,10 +36,8 @@ def test_link_modes_reach_the_same_functions(fc: FakeCuda, per_thread: bool) -> 
     assert names["cuDevicePrimaryCtxRelease"] == "cuDevicePrimaryCtxRelease_v2"
     assert names["cuStreamBeginCapture"].startswith("cuStreamBeginCapture_v2")
     # Every mode's kernels reached the device.
-    per_pid = {r.pid: 0 for r in fc.records()}
-    for r in fc.records():
-        per_pid[r.pid] += 1
-    assert sorted(per_pid[r["pid"]] for r in runs.values()) == [3, 3, 3]
+    per_pid = timeline.by_pid(fc.records())
+    assert sorted(len(per_pid[run["pid"]]) for run in runs.values()) == [3, 3, 3]
 
 
 def test_procaddr_self_lookup_follows_the_version(fc: FakeCuda) -> None:
