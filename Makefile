@@ -2,13 +2,14 @@
 #   make          build the C parts (shim, gate library, fake driver for tests)
 #   make test     set up the virtualenv, build, run the test suite
 #   make demo     set up, build, run the main job (short replay; fake driver without a GPU)
+#   make packages build the .deb and .rpm into build/pkg/
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CUDA_INCLUDE ?= /usr/local/cuda/include
 export CUDA_INCLUDE
 
-.PHONY: all shim fakecuda venv test demo clean
+.PHONY: all shim fakecuda venv test demo packages clean
 
 all: shim fakecuda
 
@@ -30,6 +31,9 @@ test: venv all
 
 demo: venv all
 	$(PY) -m krexd.demo
+
+packages: all
+	packaging/build.sh
 
 clean:
 	rm -rf build

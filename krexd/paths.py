@@ -3,7 +3,7 @@
 Search order (docs/design/interfaces.md "Build outputs"): environment
 (``KREX_SHIM`` / ``KREX_GATE_LIB``), then the config's ``[shim] path``, then
 ``krexd/_lib/`` (installed wheel), then ``build/lib/`` of a source checkout,
-then ``/usr/lib/<multiarch>/krex/`` (distribution packages).  Each function
+then ``/usr/lib/<multiarch>/krex/`` (Debian) or ``%{_libdir}/krex/`` (rpm).  Each function
 returns an existing absolute path or ``None``.
 """
 
@@ -28,6 +28,13 @@ def _multiarch() -> str:
     return f"{platform.machine()}-linux-gnu"
 
 
+def _libdir() -> str:
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if isinstance(libdir, str) and libdir.startswith("/usr"):
+        return libdir
+    return "/usr/lib64" if platform.architecture()[0] == "64bit" else "/usr/lib"
+
+
 def _search(name: str, env: str, configured: str | None) -> str | None:
     candidates: list[str] = []
     if os.environ.get(env):
@@ -37,7 +44,8 @@ def _search(name: str, env: str, configured: str | None) -> str | None:
     candidates += [
         str(_PKG_DIR / "_lib" / name),
         str(_CHECKOUT / "build" / "lib" / name),
-        f"/usr/lib/{_multiarch()}/krex/{name}",
+        f"/usr/lib/{_multiarch()}/krex/{name}",  # Debian: /usr/lib/<multiarch>/krex
+        f"{_libdir()}/krex/{name}",  # rpm: %{_libdir}/krex (/usr/lib64/krex)
     ]
     for c in candidates:
         if os.path.isfile(c):
