@@ -103,16 +103,25 @@ void krex_note_ctx_created(CUresult r, CUcontext *pctx)
         track(&ctxs, *pctx, 1);
 }
 
+/* Frameworks make the same context current over and over: the last one
+ * recorded is remembered so that the repeat costs one load, no lock. */
+static _Atomic(CUcontext) last_current;
+
 void krex_note_ctx_current(CUresult r, CUcontext ctx)
 {
-    if (r == CUDA_SUCCESS && ctx)
-        track(&ctxs, ctx, 1);
+    if (r != CUDA_SUCCESS || !ctx ||
+        atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
+        return;
+    track(&ctxs, ctx, 1);
+    /* Relaxed: a hint only; a stale value costs one more locked add. */
+    atomic_store_explicit(&last_current, ctx, memory_order_relaxed);
 }
 
 void krex_note_ctx_destroyed(CUresult r, CUcontext ctx)
 {
     if (r != CUDA_SUCCESS || !ctx)
         return;
+    atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
     track(&ctxs, ctx, 0);
     krex_region_forget_ctx(ctx);
 }
@@ -282,8 +291,10 @@ CUresult krex_sync_all(int app_thread)
     if (krex_captures() == 0) {
         for (size_t i = 0; i < nall; i++) {
             CUresult r = sync_ctx(all[i]);
-            if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+            if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
                 handles_remove(&ctxs, all[i]); /* gone without our seeing it */
+                atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
+            }
             note(&first, r);
         }
     } else {
@@ -387,6 +398,7 @@ void krex_drain_atfork_parent(void) { pthread_mutex_unlock(&track_mu); }
 void krex_drain_atfork_child(void)
 {
     pthread_mutex_init(&track_mu, NULL);
+    atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
     handles_clear(&ctxs);
     handles_clear(&streams);
     atomic_store_explicit(&captures, 0, memory_order_relaxed);

@@ -106,9 +106,12 @@ static inline struct krex_slot *krex_enter(void)
     if (KREX_UNLIKELY(krex_depth))
         return NULL;
     struct krex_slot *s;
-    if (KREX_LIKELY(atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING) &&
+    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
+    if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
         KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL))
         krex_gate_enter(krex_gate_p, s, krex_tenant);
+    else if (mode == KREX_MODE_PASS)
+        return NULL;
     else
         s = krex_enter_slow();
     krex_depth = s != NULL;
@@ -123,10 +126,13 @@ static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
     if (KREX_UNLIKELY(krex_depth))
         return NULL;
     struct krex_slot *s;
-    if (KREX_LIKELY(atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING) &&
+    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
+    if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
         KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
         if (KREX_UNLIKELY(!krex_gate_try_enter(krex_gate_p, s, krex_tenant)))
             s = krex_enter_blocked(s, stream, ptsz);
+    } else if (mode == KREX_MODE_PASS) {
+        return NULL;
     } else {
         s = krex_enter_slow();
     }
