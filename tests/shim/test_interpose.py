@@ -445,3 +445,19 @@ me.krex_shim_mem_stats(ctypes.byref(b), ctypes.byref(a), ctypes.byref(f))
 print(json.dumps([me.krex_shim_active(), b.value, a.value, f.value]))
 """
     assert fc.python_json(code, env=shim_env(fc, shim_build, gate)) == [1, 4 << 20, 2, 1]
+
+
+def test_driver_called_from_a_library_constructor(
+    shim_build: ShimBuild, fc: FakeCuda, gate: Gate
+) -> None:
+    """A library's constructor reaches the hooks before main(), gated and registered."""
+    out = subprocess.run(
+        [str(shim_build.prog("dl_ctor"))],
+        env=shim_env(fc, shim_build, gate),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "init=0 active=1", out
+    mine = [s for s in gate.slots() if s.state == "active"]
+    assert len(mine) == 1 and mine[0].gated_calls >= 1
