@@ -397,9 +397,9 @@ void krex_drain_atfork_parent(void) { pthread_mutex_unlock(&track_mu); }
 
 void krex_drain_atfork_child(void)
 {
-    pthread_mutex_init(&track_mu, NULL);
     atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
     handles_clear(&ctxs);
     handles_clear(&streams);
     atomic_store_explicit(&captures, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&track_mu);
 }

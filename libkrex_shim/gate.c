@@ -47,8 +47,10 @@
 _Static_assert(sizeof(_Atomic uint32_t) == sizeof(uint32_t), "futex word is 32 bits");
 _Static_assert(sizeof(_Atomic uint64_t) == sizeof(uint64_t), "word is 64 bits");
 
-/* Iterations of the busy phase before parking (a few tens of µs). */
+/* Iterations of the drainer's busy phase before parking (a few tens of
+ * µs), and how long the coordinator scans before parking (ns). */
 #define SPIN_ITERS 2000
+#define COORD_SPIN_NS 50000LL
 /* While the coordinator waits it re-checks liveness of pending slots this
  * often (ns): a dead sibling never bumps ack_seq. */
 #define LIVENESS_PERIOD_NS 5000000LL
@@ -415,7 +417,8 @@ KREX_GATE_API int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, u
     const int64_t deadline =
         timeout_ns < 0 || timeout_ns > INT64_MAX - start ? INT64_MAX : start + timeout_ns;
     int64_t next_live = 0; /* when pending slots are next checked for liveness */
-    uint32_t spins = 0, n = 0;
+    int spinning = 1;
+    uint32_t n = 0;
     int rc = 0;
     if (npending)
         *npending = 0;
@@ -428,15 +431,16 @@ KREX_GATE_API int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, u
             rc = -ESTALE;
             break;
         }
-        int64_t t = spins < SPIN_ITERS ? 0 : now_ns();
-        int check_live = spins >= SPIN_ITERS && t >= next_live;
+        int64_t t = now_ns();
+        if (spinning && t - start >= COORD_SPIN_NS)
+            spinning = 0;
+        int check_live = !spinning && t >= next_live;
         if (check_live)
             next_live = t + LIVENESS_PERIOD_NS;
         n = scan_pending(g, holder, epoch, check_live, pending);
         if (n == 0)
             break;
-        if (spins < SPIN_ITERS) {
-            spins++;
+        if (spinning) {
             cpu_relax();
             continue;
         }

@@ -121,11 +121,15 @@ void krex_note_primary_reset(CUresult r, CUdevice dev)
     errno = saved;
 }
 
+void krex_region_atfork_prepare(void) { pthread_mutex_lock(&l2_mu); }
+
+void krex_region_atfork_parent(void) { pthread_mutex_unlock(&l2_mu); }
+
 void krex_region_atfork_child(void)
 {
-    pthread_mutex_init(&l2_mu, NULL);
-    nl2 = 0;
+    nl2 = 0; /* the parent's buffers belong to contexts the child cannot use */
     atomic_store_explicit(&region_epoch, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&l2_mu);
 }
 
 KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)

@@ -67,14 +67,19 @@ uint64_t krex_now_ns(void)
 
 /* ---- fork ------------------------------------------------------------------ */
 
+/* The forking thread takes every lock of the shim, so the child never
+ * inherits one held by a thread that does not exist there; both sides
+ * release them (the child's only thread is their owner). */
 static void atfork_prepare(void)
 {
     pthread_mutex_lock(&reg_mu);
     krex_drain_atfork_prepare();
+    krex_region_atfork_prepare();
 }
 
 static void atfork_parent(void)
 {
+    krex_region_atfork_parent();
     krex_drain_atfork_parent();
     pthread_mutex_unlock(&reg_mu);
 }
@@ -84,10 +89,10 @@ static void atfork_parent(void)
  * fork, so the tracking lists start empty. */
 static void atfork_child(void)
 {
-    pthread_mutex_init(&reg_mu, NULL);
     atomic_store_explicit(&krex_slot_p, NULL, memory_order_release);
-    krex_drain_atfork_child();
     krex_region_atfork_child();
+    krex_drain_atfork_child();
+    pthread_mutex_unlock(&reg_mu);
 }
 
 /* ---- initialisation ------------------------------------------------------- */

@@ -193,6 +193,8 @@ void krex_drain_atfork_child(void);
 /* ---- region.c ------------------------------------------------------------- */
 
 void krex_region_forget_ctx(CUcontext ctx);
+void krex_region_atfork_prepare(void);
+void krex_region_atfork_parent(void);
 void krex_region_atfork_child(void);
 
 /* ---- time ----------------------------------------------------------------- */
