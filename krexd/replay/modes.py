@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,8 +89,16 @@ def default_base_config() -> Path | None:
 
 
 def mode_config(base: Mapping[str, Any], mode: Mode) -> dict[str, Any]:
-    """``base`` (a parsed krexd config) with the mode's concurrency and enforce keys set."""
+    """``base`` (a parsed krexd config) with the mode's concurrency and enforce keys set.
+
+    Also ``[cgroup] name`` = ``krex-replay-<pid>``: the replay's krexd gets its own subtree.
+    """
     cfg: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in base.items()}
+    # A cgroup subtree of its own, so a replay never touches a system krexd's tenants.
+    cfg.setdefault("cgroup", {})
+    if not isinstance(cfg["cgroup"], dict):
+        raise ModeError("config key 'cgroup' must be a table")
+    cfg["cgroup"]["name"] = f"krex-replay-{os.getpid()}"
     for (table, key), value in ((CONCURRENCY_KEY, mode.concurrency), (ENFORCE_KEY, mode.enforce)):
         section = cfg.setdefault(table, {})
         if not isinstance(section, dict):
@@ -114,6 +123,10 @@ def _toml_value(v: Any, where: str) -> str:
     raise ModeError(f"config value {where} of type {type(v).__name__} cannot be written")
 
 
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k, k)
+
+
 def dumps_toml(cfg: Mapping[str, Any], prefix: str = "") -> str:
     """Write a config (tables of scalars and lists, nested tables) as TOML text.
 
@@ -121,10 +134,10 @@ def dumps_toml(cfg: Mapping[str, Any], prefix: str = "") -> str:
     """
     scalars = [(k, v) for k, v in cfg.items() if not isinstance(v, Mapping)]
     tables = [(k, v) for k, v in cfg.items() if isinstance(v, Mapping)]
-    lines = [f"{k} = {_toml_value(v, prefix + k)}" for k, v in scalars]
+    lines = [f"{_toml_key(k)} = {_toml_value(v, prefix + k)}" for k, v in scalars]
     out = "\n".join(lines) + ("\n" if lines else "")
     for k, v in tables:
-        name = f"{prefix}{k}"
+        name = f"{prefix}{_toml_key(k)}"
         body = dumps_toml(v, name + ".")
         out += f"\n[{name}]\n{body}"
     return out

@@ -82,9 +82,14 @@ def main() -> int:
     if admit is not None:
         phases["admit_ms"] = float(admit)
     line = {
-        "task": a.task, "candidate": a.candidate, "median_ms": statistics.median(times),
-        "mean_ms": statistics.fmean(times), "reps": len(times), "correct": True,
-        "phases": phases, "t_print": time.time(),
+        "task": a.task,
+        "candidate": a.candidate,
+        "median_ms": statistics.median(times),
+        "mean_ms": statistics.fmean(times),
+        "reps": len(times),
+        "correct": True,
+        "phases": phases,
+        "t_print": time.time(),
     }
     print(json.dumps(line), flush=True)
     return 0

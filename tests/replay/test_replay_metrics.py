@@ -29,8 +29,10 @@ def test_median_and_within_share() -> None:
 
 def test_samples_skip_failed_and_bad_values() -> None:
     recs = [
-        {"exit_code": 0, "result": {"task": "t", "candidate": "a", "median_ms": 2.0,
-                                    "mean_ms": 2.5}},
+        {
+            "exit_code": 0,
+            "result": {"task": "t", "candidate": "a", "median_ms": 2.0, "mean_ms": 2.5},
+        },
         {"exit_code": 1, "result": {"task": "t", "candidate": "b", "median_ms": 1.0}},
         {"exit_code": 0, "result": None},
         {"exit_code": 0, "result": {"task": "t", "candidate": "c", "median_ms": float("nan")}},
@@ -41,22 +43,24 @@ def test_samples_skip_failed_and_bad_values() -> None:
 
 
 def test_reference_is_median_per_key_and_ratios() -> None:
-    ref = metrics.per_key([Sample("t", "a", 1.0), Sample("t", "a", 3.0), Sample("t", "a", 2.0),
-                           Sample("t", "b", 4.0)])
+    ref = metrics.per_key(
+        [Sample("t", "a", 1.0), Sample("t", "a", 3.0), Sample("t", "a", 2.0), Sample("t", "b", 4.0)]
+    )
     assert ref == {("t", "a"): 2.0, ("t", "b"): 4.0}
-    rs = metrics.ratios([Sample("t", "a", 3.0), Sample("t", "b", 2.0), Sample("u", "x", 1.0)],
-                        ref)
+    rs = metrics.ratios([Sample("t", "a", 3.0), Sample("t", "b", 2.0), Sample("u", "x", 1.0)], ref)
     # u/x has no reference and is left out.
     assert [(r.key, r.ratio, r.ref_ms) for r in rs] == [
-        (("t", "a"), 1.5, 2.0), (("t", "b"), 0.5, 4.0)]
+        (("t", "a"), 1.5, 2.0),
+        (("t", "b"), 0.5, 4.0),
+    ]
 
 
 def test_summary_bands_and_thresholds() -> None:
     rs = [
-        Ratio(("t", "a"), 1.10, 0.05),   # < 0.1 ms
-        Ratio(("t", "b"), 1.02, 0.5),    # 0.1-1 ms
-        Ratio(("t", "c"), 1.00, 5.0),    # 1-10 ms
-        Ratio(("t", "d"), 0.99, 20.0),   # >= 10 ms
+        Ratio(("t", "a"), 1.10, 0.05),  # < 0.1 ms
+        Ratio(("t", "b"), 1.02, 0.5),  # 0.1-1 ms
+        Ratio(("t", "c"), 1.00, 5.0),  # 1-10 ms
+        Ratio(("t", "d"), 0.99, 20.0),  # >= 10 ms
     ]
     s = metrics.summarize(rs)
     assert s["n"] == 4
@@ -75,12 +79,21 @@ def test_summary_bands_and_thresholds() -> None:
 
 def test_flip_rates_by_gap_with_ties() -> None:
     ref = {
-        ("T", "a"): 1.0, ("T", "b"): 1.005, ("T", "c"): 1.15, ("T", "d"): 1.0,
-        ("U", "x"): 2.0, ("U", "y"): 2.06, ("U", "z"): 9.0,
+        ("T", "a"): 1.0,
+        ("T", "b"): 1.005,
+        ("T", "c"): 1.15,
+        ("T", "d"): 1.0,
+        ("U", "x"): 2.0,
+        ("U", "y"): 2.06,
+        ("U", "z"): 9.0,
     }
     measured = {
-        ("T", "a"): 1.01, ("T", "b"): 1.0, ("T", "c"): 1.2, ("T", "d"): 1.0,
-        ("U", "x"): 2.1, ("U", "y"): 2.0,  # U/z was not measured: its pairs do not count
+        ("T", "a"): 1.01,
+        ("T", "b"): 1.0,
+        ("T", "c"): 1.2,
+        ("T", "d"): 1.0,
+        ("U", "x"): 2.1,
+        ("U", "y"): 2.0,  # U/z was not measured: its pairs do not count
     }
     # T pairs: (a,b) gap 0.5 % -> 0-1 %, flipped (1.01 > 1.0);
     #          (a,c) 15 % -> 10-20 %, kept; (a,d) tied in the reference: left out;
@@ -88,22 +101,44 @@ def test_flip_rates_by_gap_with_ties() -> None:
     #          (c,d) 15 % -> 10-20 %, kept.
     # U pairs: (x,y) 3 % -> 2-5 %, flipped.
     got = {b.name: (b.pairs, b.flips) for b in metrics.flip_rates(ref, measured)}
-    assert got == {"0-1%": (2, 2), "1-2%": (0, 0), "2-5%": (1, 1), "5-10%": (0, 0),
-                   "10-20%": (3, 0), ">20%": (0, 0)}
+    assert got == {
+        "0-1%": (2, 2),
+        "1-2%": (0, 0),
+        "2-5%": (1, 1),
+        "5-10%": (0, 0),
+        "10-20%": (3, 0),
+        ">20%": (0, 0),
+    }
     buckets = {b.name: b for b in metrics.flip_rates(ref, measured)}
     assert buckets["0-1%"].rate == 1.0
     assert math.isnan(buckets["1-2%"].rate)
 
 
 def test_kendall_tau_b_per_task() -> None:
-    ref = {("A", "1"): 1.0, ("A", "2"): 2.0, ("A", "3"): 3.0, ("A", "4"): 4.0,
-           ("B", "1"): 1.0, ("B", "2"): 1.0, ("B", "3"): 2.0,
-           ("C", "1"): 1.0, ("C", "2"): 2.0,
-           ("D", "1"): 1.0}
-    measured = {("A", "1"): 1.0, ("A", "2"): 3.0, ("A", "3"): 2.0, ("A", "4"): 4.0,
-                ("B", "1"): 1.0, ("B", "2"): 2.0, ("B", "3"): 3.0,
-                ("C", "1"): 5.0, ("C", "2"): 5.0,
-                ("D", "1"): 1.0}
+    ref = {
+        ("A", "1"): 1.0,
+        ("A", "2"): 2.0,
+        ("A", "3"): 3.0,
+        ("A", "4"): 4.0,
+        ("B", "1"): 1.0,
+        ("B", "2"): 1.0,
+        ("B", "3"): 2.0,
+        ("C", "1"): 1.0,
+        ("C", "2"): 2.0,
+        ("D", "1"): 1.0,
+    }
+    measured = {
+        ("A", "1"): 1.0,
+        ("A", "2"): 3.0,
+        ("A", "3"): 2.0,
+        ("A", "4"): 4.0,
+        ("B", "1"): 1.0,
+        ("B", "2"): 2.0,
+        ("B", "3"): 3.0,
+        ("C", "1"): 5.0,
+        ("C", "2"): 5.0,
+        ("D", "1"): 1.0,
+    }
     taus = metrics.kendall_per_task(ref, measured)
     # A: 6 pairs, one discordant (2,3): (5 - 1) / 6.
     assert taus["A"] == pytest.approx(4 / 6)

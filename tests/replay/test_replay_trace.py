@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -11,8 +12,13 @@ import pytest
 from krexd.replay import modes, trace
 from krexd.replay.runner import parse_result, resolve_argv
 
-GOOD = {"argv": ["python", "w/gemm.py", "--task", "t"], "task": "t", "candidate": "c",
-        "band": "0.1-1ms", "note": "kept"}
+GOOD = {
+    "argv": ["python", "w/gemm.py", "--task", "t"],
+    "task": "t",
+    "candidate": "c",
+    "band": "0.1-1ms",
+    "note": "kept",
+}
 
 
 def test_parse_good_lines_skips_blanks_and_keeps_extra() -> None:
@@ -75,8 +81,11 @@ def test_modes() -> None:
     assert modes.make_mode("native", 1) == modes.Mode("native", 1, False, True)
     assert modes.make_mode("ungated", 8) == modes.Mode("ungated", 8, True, False)
     assert modes.make_mode("krex", 16).enforce
-    for name, conc, msg in (("fast", 1, "unknown mode"), ("krex", 0, ">= 1"),
-                            ("serial", 4, "one command per GPU")):
+    for name, conc, msg in (
+        ("fast", 1, "unknown mode"),
+        ("krex", 0, ">= 1"),
+        ("serial", 4, "one command per GPU"),
+    ):
         with pytest.raises(modes.ModeError, match=msg):
             modes.make_mode(name, conc)
 
@@ -86,7 +95,7 @@ def test_generated_config_round_trips_and_overrides(tmp_path: Path) -> None:
         'socket = "/run/krex/krexd.sock"\n'
         "[admission]\nslots_per_gpu = 16\nqueue = [1, 2]\n"
         "[region]\nenforce = true\nmax_region_s = 30.0\n"
-        '[cgroups.v2]\nroot = "/sys/fs/cgroup/krex"\n'
+        '[cgroup]\nname = "krex"\n[cpu]\nreserved_cores = 1\n[cpu.slices]\n0 = "0-15"\n'
     )
     base_path = tmp_path / "base.toml"
     base_path.write_text(base_text)
@@ -96,6 +105,7 @@ def test_generated_config_round_trips_and_overrides(tmp_path: Path) -> None:
     table, key = modes.CONCURRENCY_KEY
     want.setdefault(table, {})[key] = 4
     want["region"]["enforce"] = False
+    want["cgroup"]["name"] = f"krex-replay-{os.getpid()}"
     assert got == want
     # The base file is untouched.
     assert base_path.read_text() == base_text
@@ -107,3 +117,12 @@ def test_parse_result_and_argv() -> None:
     assert parse_result("nothing here\n") is None
     assert resolve_argv(["python3", "x.py"], "/opt/py") == ["/opt/py", "x.py"]
     assert resolve_argv(["/bin/true"], "/opt/py") == ["/bin/true"]
+
+
+def test_toml_writer_quotes_keys_and_refuses_odd_values() -> None:
+    cfg = {"top": True, "a": {"x.y": 1, "s": 'q"\\', "b": {"0": "0-3", "k k": [1.5, 2]}}}
+    assert tomllib.loads(modes.dumps_toml(cfg)) == cfg
+    with pytest.raises(modes.ModeError, match="cannot be written"):
+        modes.dumps_toml({"a": {"b": None}})
+    with pytest.raises(modes.ModeError, match="not finite"):
+        modes.dumps_toml({"a": float("nan")})
