@@ -32,7 +32,7 @@ from itertools import combinations
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats as sps  # type: ignore[import-untyped]
+from scipy import stats as sps  # type: ignore[import-untyped, unused-ignore]
 
 from krexd.replay.trace import BANDS
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack  # type: ignore[import-untyped, unused-ignore]
 import zmq
 
 MODES: tuple[str, ...] = ("native", "serial", "krex", "ungated")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
 from krexd.replay import modes
 from krexd.replay.trace import TraceEntry
