@@ -566,15 +566,10 @@ KREX_GATE_API void krex_gate_leave(struct krex_gate *g, struct krex_slot *s)
         wake_idle(s);
 }
 
-KREX_GATE_API int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid)
+/* Claim a FREE slot for (tenant, pid): CLAIMING, fields filled, then
+ * ACTIVE with inflight == 1.  Returns its index or -ENOSPC. */
+static int claim_slot(struct krex_gate *g, uint32_t tenant, int32_t pid, uint64_t ticks)
 {
-    if (!g || tenant == 0 || pid <= 0)
-        return -EINVAL;
-    int saved = errno;
-    uint64_t ticks = 0;
-    int zombie = 0;
-    if (proc_stat(pid, &ticks, &zombie) != 0)
-        ticks = 0;
     for (uint32_t i = 0; i < g->nslots; i++) {
         struct krex_slot *s = &g->slots[i];
         uint32_t expected = KREX_SLOT_FREE;
@@ -595,40 +590,61 @@ KREX_GATE_API int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32
         atomic_store_explicit(&s->blocked_calls, 0, memory_order_relaxed);
         atomic_store_explicit(&s->last_drain_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&s->inflight, 1, memory_order_seq_cst);
-        /* Publish, then check (seq_cst both): the registration half of
-         * the Dekker pairing with close-then-scan. */
+        /* Publish (seq_cst): the registration half of the Dekker pairing
+         * with close-then-scan; the caller reads the word next. */
         atomic_store_explicit(&s->state, KREX_SLOT_ACTIVE, memory_order_seq_cst);
-        uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
-        if (admits(w, tenant)) {
-            atomic_fetch_add_explicit(&s->gated_calls, 1, memory_order_relaxed);
-        } else {
-            /* Closed by a sibling: this process has no GPU work yet and
-             * no drainer, so it answers every closure itself while it is
-             * parked here.  Retract first, then ack, so the coordinator
-             * never sees the ack with a non-zero count and nothing left
-             * to wake it. */
-            atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
-            atomic_fetch_add_explicit(&s->blocked_calls, 1, memory_order_relaxed);
-            for (;;) {
-                /* seq before word, as in enter_slow(). */
-                uint32_t seen = atomic_load_explicit(&g->seq, memory_order_seq_cst);
-                w = atomic_load_explicit(&g->word, memory_order_seq_cst);
-                if (admits(w, tenant)) {
-                    if (krex_gate_try_enter(g, s, tenant))
-                        break;
-                    continue;
-                }
-                if (atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) !=
-                    krex_gate_epoch(w))
-                    krex_gate_ack(g, s, krex_gate_epoch(w));
-                futex_wait(&g->seq, seen, -1);
-            }
-        }
-        errno = saved;
         return (int)i;
     }
-    errno = saved;
     return -ENOSPC;
+}
+
+KREX_GATE_API int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid)
+{
+    if (!g || tenant == 0 || pid <= 0)
+        return -EINVAL;
+    int saved = errno;
+    uint64_t ticks = 0;
+    int zombie = 0;
+    if (proc_stat(pid, &ticks, &zombie) != 0)
+        ticks = 0;
+    int idx = claim_slot(g, tenant, pid, ticks);
+    /* Full: slots of processes that exited stay ACTIVE until the
+     * coordinator or a drain reclaims them.  Reclaim here once. */
+    if (idx == -ENOSPC && krex_gate_reclaim_dead(g) > 0)
+        idx = claim_slot(g, tenant, pid, ticks);
+    if (idx < 0) {
+        errno = saved;
+        return idx;
+    }
+    struct krex_slot *s = &g->slots[idx];
+    /* Check after publishing (seq_cst). */
+    uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
+    if (admits(w, tenant)) {
+        atomic_fetch_add_explicit(&s->gated_calls, 1, memory_order_relaxed);
+    } else {
+        /* Closed by a sibling: this process has no GPU work yet and no
+         * drainer, so it answers every closure itself while it is parked
+         * here.  Retract first, then ack, so the coordinator never sees
+         * the ack with a non-zero count and nothing left to wake it. */
+        atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
+        atomic_fetch_add_explicit(&s->blocked_calls, 1, memory_order_relaxed);
+        for (;;) {
+            /* seq before word, as in enter_slow(). */
+            uint32_t seen = atomic_load_explicit(&g->seq, memory_order_seq_cst);
+            w = atomic_load_explicit(&g->word, memory_order_seq_cst);
+            if (admits(w, tenant)) {
+                if (krex_gate_try_enter(g, s, tenant))
+                    break;
+                continue;
+            }
+            if (atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) !=
+                krex_gate_epoch(w))
+                krex_gate_ack(g, s, krex_gate_epoch(w));
+            futex_wait(&g->seq, seen, -1);
+        }
+    }
+    errno = saved;
+    return idx;
 }
 
 KREX_GATE_API int krex_gate_forget_pid(struct krex_gate *g, int32_t pid)

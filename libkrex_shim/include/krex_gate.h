@@ -183,8 +183,9 @@ int krex_gate_reclaim_dead(struct krex_gate *g);
  * its first gated call), so it acknowledges that epoch itself and parks
  * until the reopen.  On return (>= 0, the slot index) the registration has
  * passed the gate: the caller must start its drainer (whose first step
- * reads the current gate word) and krex_gate_leave() the call.  -ENOSPC
- * when every slot is taken, -EINVAL for tenant 0. */
+ * reads the current gate word) and krex_gate_leave() the call.  When
+ * every slot is taken it first reclaims those of dead processes
+ * (krex_gate_reclaim_dead); -ENOSPC if none was, -EINVAL for tenant 0. */
 int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid);
 
 /* Free (FREE while open, DEAD while closed) the slots that `pid` claimed

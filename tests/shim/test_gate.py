@@ -279,3 +279,22 @@ def test_create_replaces_atomically(shim_build: ShimBuild, tmp_path: Path) -> No
         old.close(HOLDER, 2)
     new.unlink()
     assert not os.path.exists(path)
+
+
+def test_full_gate_reclaims_exited_processes(shim_build: ShimBuild, tmp_path: Path) -> None:
+    """A registrant that finds every slot taken reclaims those of exited processes."""
+    g = Gate.create(str(tmp_path / "small.gate"), 0, nslots=2)
+    try:
+        done = [Tenant.start(shim_build, g.path, 2, tmp_path, "--calls", "1") for _ in range(2)]
+        for t in done:
+            t.proc.wait()
+        assert [s.state for s in g.slots()] == ["active", "active"]
+        alive = Tenant.start(shim_build, g.path, 3, tmp_path, "--calls", "0")
+        try:
+            alive.wait_ready()
+            states = {s.pid: s.state for s in g.slots()}
+            assert states == {alive.pid: "active", 0: "free"}
+        finally:
+            alive.kill()
+    finally:
+        g.unmap()
