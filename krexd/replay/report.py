@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
 from krexd.replay import metrics  # noqa: E402
 from krexd.replay.runner import META, RESULTS, load_results  # noqa: E402
@@ -330,6 +331,8 @@ def plots(runs: list[Run], data: dict[str, Any], out: Path) -> list[Path]:
             if v.size:
                 ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=lb)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+        ax.xaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
         ax.axvline(1.0, color="grey", lw=0.8)
         ax.set_xlabel(f"timing ratio ({stat}) vs reference")
         ax.set_ylabel("CDF")
