@@ -55,7 +55,7 @@ _Static_assert(sizeof(_Atomic uint64_t) == sizeof(uint64_t), "word is 64 bits");
  * often (ns): a dead sibling never bumps ack_seq. */
 #define LIVENESS_PERIOD_NS 5000000LL
 
-/* ---- small helpers ----------------------------------------------------- */
+/* ---- small utilities --------------------------------------------------- */
 
 static inline void cpu_relax(void)
 {

@@ -239,7 +239,7 @@ BANNER = (
 
 
 def render_header(entries: list[Entry], version: int) -> str:
-    """entrypoints.gen.h: enum, table types, and the helpers the hooks call."""
+    """entrypoints.gen.h: enum and table types."""
     out = [BANNER.format(v=version)]
     out.append("#ifndef KREX_ENTRYPOINTS_GEN_H\n#define KREX_ENTRYPOINTS_GEN_H\n\n")
     out.append("#include <stdint.h>\n\n")

@@ -17,12 +17,12 @@ import pytest
 
 from krexd.gate import Gate
 
-from .helpers import REPO, ShimBuild
+from .procs import REPO, ShimBuild
 
 
 @pytest.fixture(scope="session")
 def shim_build() -> ShimBuild:
-    """Build the shim, the gate library and the test programs (once per session)."""
+    """Build the shim, the gate library and the test programs (once per test run)."""
     subprocess.run(
         ["make", "-s", "-C", str(REPO / "libkrex_shim"), "tests"],
         check=True,

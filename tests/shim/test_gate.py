@@ -20,7 +20,7 @@ import pytest
 
 from krexd.gate import Gate, GateBusy, GateError, GateStale, GateTimeout
 
-from .helpers import ShimBuild, Tenant, cpu_ticks, wait_for
+from .procs import ShimBuild, Tenant, cpu_ticks, wait_for
 
 HOLDER = 1
 

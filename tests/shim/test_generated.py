@@ -22,7 +22,7 @@ from types import ModuleType
 
 import pytest
 
-from .helpers import REPO, ShimBuild
+from .procs import REPO, ShimBuild
 
 TOOLS = REPO / "libkrex_shim" / "tools"
 EXPORTS = Path(__file__).parent / "data" / "libcuda-580.159.04-exports.txt"

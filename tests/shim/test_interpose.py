@@ -29,7 +29,7 @@ from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
 from tests.fakecuda.harness import build as build_fake
 
-from .helpers import CuTenant, ShimBuild, wait_for
+from .procs import CuTenant, ShimBuild, wait_for
 
 HOLDER = 1
 FAKE_L2_BYTES = 50 * 1024 * 1024  # tests/fakecuda/devinfo.c: an H100-like 50 MiB L2

@@ -1,4 +1,4 @@
-"""Helpers for the shim tests: build paths and a tenant process of the gate tests."""
+"""Shim test support: build paths, polling, and the tenant processes the tests drive."""
 
 from __future__ import annotations
 
