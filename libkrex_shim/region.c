@@ -141,6 +141,12 @@ KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
     atomic_store_explicit(&krex_launches, 0, memory_order_relaxed);
     if (!l2_flush)
         goto out;
+    if (krex_captures() != 0) {
+        /* Legacy-stream work and a context synchronization would
+         * invalidate the open capture (docs/design/shim.md "Capture"). */
+        krex_log(KREX_LOG_WARN, "region %u: a stream capture is open: no L2 flush", epoch);
+        goto out;
+    }
     __typeof__(&cuCtxGetCurrent) get_cur = KREX_REAL(cuCtxGetCurrent);
     CUcontext ctx = NULL;
     if (!get_cur || get_cur(&ctx) != CUDA_SUCCESS || !ctx) {

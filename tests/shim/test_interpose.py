@@ -461,3 +461,21 @@ def test_driver_called_from_a_library_constructor(
     assert out.returncode == 0 and out.stdout.strip() == "init=0 active=1", out
     mine = [s for s in gate.slots() if s.state == "active"]
     assert len(mine) == 1 and mine[0].gated_calls >= 1
+
+
+def test_region_begin_keeps_an_open_capture(
+    shim_build: ShimBuild,
+    fc: FakeCuda,
+    gate: Gate,
+    tenants: Callable[[dict[str, str]], CuTenant],
+) -> None:
+    """With a capture open the L2 flush is skipped: it would invalidate the capture."""
+    t = tenants(shim_env(fc, shim_build, gate, tenant=HOLDER))
+    t.run("init")
+    t.run("stream 1")
+    t.run("begin 1 global")
+    t.run("launch 1 3 1000")
+    t.run("region_begin 1 1")
+    t.run("region_end")
+    t.run("end 1")  # 901 if the flush or the exit synchronization had broken it
+    assert [r for r in records_of(fc, t.pid) if r.kind == timeline.MEMSET] == []
