@@ -177,11 +177,14 @@ def _run(
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
     if gpu is not None:
         body["gpu"] = gpu
+    asked = time.monotonic()
     try:
         granted = conn.request("admit", body, forever=True, check=daemon_alive)
     except KeyboardInterrupt:
         _say("interrupted while waiting for a slot")
         return 128 + signal.SIGINT
+    # How long the command waited for its slot (ms), for its own record.
+    granted.setdefault("env", {})["KREX_ADMIT_MS"] = f"{(time.monotonic() - asked) * 1e3:.3f}"
     tenant = Connection(conn.socket, int(granted["tenant"]), str(granted["token"]), timeout_s=10.0)
     try:
         return _launch(tenant, argv, granted, timeout_s)
