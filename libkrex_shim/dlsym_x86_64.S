@@ -48,3 +48,19 @@ dlsym:
         .size   dlsym, .-dlsym
 
         .section .note.GNU-stack,"",@progbits
+
+#ifdef __CET__
+        /* Built with -fcf-protection: mark the object IBT/SHSTK compatible
+         * (the entry starts with endbr64 and returns normally), so the
+         * library keeps the marking of its C objects. */
+        .section .note.gnu.property,"a"
+        .p2align 3
+        .long   4                       /* name size */
+        .long   16                      /* descriptor size */
+        .long   5                       /* NT_GNU_PROPERTY_TYPE_0 */
+        .asciz  "GNU"
+        .long   0xc0000002              /* GNU_PROPERTY_X86_FEATURE_1_AND */
+        .long   4
+        .long   __CET__                 /* 1: IBT, 2: SHSTK */
+        .p2align 3
+#endif
