@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ def test_median_and_within_share() -> None:
 
 
 def test_samples_skip_failed_and_bad_values() -> None:
-    recs = [
+    recs: list[dict[str, Any]] = [
         {
             "exit_code": 0,
             "result": {"task": "t", "candidate": "a", "median_ms": 2.0, "mean_ms": 2.5},
@@ -150,7 +151,7 @@ def test_kendall_tau_b_per_task() -> None:
 
 
 def test_throughput_span_and_window() -> None:
-    recs = [
+    recs: list[dict[str, Any]] = [
         {"start": 100.0, "end": 110.0, "exit_code": 0, "result": {}},
         {"start": 100.0, "end": 130.0, "exit_code": 0, "result": {}},
         {"start": 110.0, "end": 160.0, "exit_code": 1, "result": None},
