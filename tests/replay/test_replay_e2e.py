@@ -150,8 +150,8 @@ def test_native_runs_repeat_and_report(tmp_path: Path) -> None:
         f = rep["stats"][stat]["fidelity"]
         assert f["n"] >= len(CANDIDATES)
         assert math.isfinite(f["P"]) and math.isfinite(f["median_ratio"])
-        # Sleep-timed kernels repeat within a few percent.
-        assert 0.9 < f["median_ratio"] < 1.1
+        # Sleep-timed kernels repeat closely (loose bounds: a loaded CI machine oversleeps).
+        assert 0.8 < f["median_ratio"] < 1.25
         flips = rep["stats"][stat]["flips"]
         assert sum(b["pairs"] for b in flips.values()) == 6  # 3 pairs per task
         assert set(rep["stats"][stat]["kendall_tau_b"]) == {"t_short", "t_long"}
