@@ -78,6 +78,22 @@ void *krex_libcuda(void)
     return atomic_load_explicit(&cuda_handle, memory_order_acquire);
 }
 
+void *krex_libcuda_if_loaded(void)
+{
+    void *h = atomic_load_explicit(&cuda_handle, memory_order_acquire);
+    if (h)
+        return h;
+    int saved = errno;
+    /* RTLD_NOLOAD: a handle only if the process already loaded the driver. */
+    void *probe = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (probe) {
+        dlclose(probe); /* drops the reference NOLOAD took; the driver stays */
+        h = krex_libcuda();
+    }
+    errno = saved;
+    return h;
+}
+
 void *krex_bind(int idx)
 {
     int saved = errno;

@@ -139,8 +139,8 @@ KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
     CUresult r = CUDA_SUCCESS;
     atomic_store_explicit(&region_epoch, epoch, memory_order_relaxed);
     atomic_store_explicit(&krex_launches, 0, memory_order_relaxed);
-    if (!l2_flush)
-        goto out;
+    if (!l2_flush || !krex_libcuda_if_loaded())
+        goto out; /* no driver loaded: no context, nothing to flush */
     if (krex_captures() != 0) {
         /* Legacy-stream work and a context synchronization would
          * invalidate the open capture (docs/design/shim.md "Capture"). */
@@ -177,7 +177,8 @@ KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)
     krex_shim_init();
     int saved = errno;
     uint64_t t0 = krex_now_ns();
-    CUresult r = krex_sync_all(1);
+    /* No driver loaded in this process: no work of it can be running. */
+    CUresult r = krex_libcuda_if_loaded() ? krex_sync_all(1) : CUDA_SUCCESS;
     uint64_t dt = krex_now_ns() - t0;
     if (sync_ns)
         *sync_ns = dt;

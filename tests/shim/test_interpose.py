@@ -479,3 +479,26 @@ def test_region_begin_keeps_an_open_capture(
     t.run("region_end")
     t.run("end 1")  # 901 if the flush or the exit synchronization had broken it
     assert [r for r in records_of(fc, t.pid) if r.kind == timeline.MEMSET] == []
+
+
+def test_region_calls_without_a_driver_loaded(shim_build: ShimBuild, gate: Gate) -> None:
+    """A command that never loaded the driver: region calls succeed, load nothing, say nothing."""
+    code = (
+        "import ctypes, json\n"
+        "me = ctypes.CDLL(None)\n"
+        "n, k = ctypes.c_uint64(), ctypes.c_uint64()\n"
+        "b = me.krex_shim_region_begin(7, 1)\n"
+        "e = me.krex_shim_region_end(ctypes.byref(n), ctypes.byref(k))\n"
+        "loaded = any('libcuda' in ln for ln in open('/proc/self/maps'))\n"
+        "print(json.dumps([b, e, k.value, me.krex_shim_active(), loaded]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env.update(LD_PRELOAD=str(shim_build.shim), KREX_GATE=gate.path, KREX_TENANT="2")
+    gate.close(2, 7)  # the region this command holds
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    gate.reopen(2, 7)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [0, 0, 0, 1, False]
+    assert "krex-shim" not in out.stderr
