@@ -518,8 +518,12 @@ KREX_GATE_API int krex_gate_try_enter(struct krex_gate *g, struct krex_slot *s,
     atomic_fetch_add_explicit(&s->inflight, 1, memory_order_seq_cst);
     uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
     if (__builtin_expect(admits(w, tenant), 1)) {
-        /* Statistics only: relaxed. */
-        atomic_fetch_add_explicit(&s->gated_calls, 1, memory_order_relaxed);
+        /* Statistics only: a relaxed load and store, not a locked
+         * read-modify-write, so the fast path keeps one locked increment
+         * and one locked decrement; threads racing here may lose a count. */
+        atomic_store_explicit(&s->gated_calls,
+                              atomic_load_explicit(&s->gated_calls, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
         return 1;
     }
     retract(g, s, w);
@@ -589,6 +593,10 @@ static int claim_slot(struct krex_gate *g, uint32_t tenant, int32_t pid, uint64_
         atomic_store_explicit(&s->gated_calls, 0, memory_order_relaxed);
         atomic_store_explicit(&s->blocked_calls, 0, memory_order_relaxed);
         atomic_store_explicit(&s->last_drain_ns, 0, memory_order_relaxed);
+        /* The memory record of the slot's previous owner, which
+         * slot_free() leaves for krexd to read, starts over. */
+        atomic_store_explicit(&s->mem_mib, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->oom, 0, memory_order_relaxed);
         atomic_store_explicit(&s->inflight, 1, memory_order_seq_cst);
         /* Publish (seq_cst): the registration half of the Dekker pairing
          * with close-then-scan; the caller reads the word next. */
