@@ -31,11 +31,15 @@
  * Tenant ids and epochs are never 0.
  *
  * Version history: 1 (initial); 2 adds krex_slot.start_ticks (pid reuse
- * and exec detection) and the in-flight counter's waiter bit.
+ * and exec detection) and the in-flight counter's waiter bit.  Version 2
+ * later took krex_slot.mem_mib/oom and the header's mem_seq/mem_waiters
+ * out of what was zero padding: a file without them reads as "no memory
+ * reported", so the layout stays compatible and the version unchanged.
  */
 #ifndef KREX_GATE_H
 #define KREX_GATE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -54,6 +58,37 @@ enum krex_slot_state {
     KREX_SLOT_DEAD = 3,     /* its process died while a gate was closed;
                                freed by the coordinator at reopen, never
                                reassigned during the region (paper §4.2) */
+};
+
+/* krex_slot.oom: what libkrex_shim did with CUDA_ERROR_OUT_OF_MEMORY in
+ * this process (docs/design/memory.md).  Three saturating counters, the
+ * reason of the last error handed back, and a flag set while an
+ * allocation waits for co-tenants to free memory (krexd admits nothing
+ * to the GPU meanwhile).  Updated by compare-and-swap, owner only. */
+#define KREX_OOM_WAITED_SHIFT 0u  /* co-tenant OOMs absorbed: waited, then got it */
+#define KREX_OOM_WAITED_MAX 0xfffu
+#define KREX_OOM_FAILED_SHIFT 12u /* co-tenant OOMs returned to the program */
+#define KREX_OOM_FAILED_MAX 0xffu
+#define KREX_OOM_OWN_SHIFT 20u    /* OOMs returned as the tenant's own */
+#define KREX_OOM_OWN_MAX 0xffu
+#define KREX_OOM_LAST_SHIFT 28u   /* enum krex_oom_reason of the last one returned */
+#define KREX_OOM_LAST_MAX 0x7u
+#define KREX_OOM_WAITING 0x80000000u
+
+enum krex_oom_reason {
+    KREX_OOM_NONE = 0,
+    /* Caused by co-tenants (they hold memory; the tenant alone fits): */
+    KREX_OOM_TIMEOUT = 1,   /* waited oom_wait_s; not enough was freed */
+    KREX_OOM_IN_REGION = 2, /* the tenant holds the region: never wait on
+                               frozen siblings */
+    KREX_OOM_NESTED = 3,    /* inside another driver call: cannot wait */
+    KREX_OOM_NO_WAIT = 4,   /* waiting is off (oom_wait_s = 0) */
+    /* The tenant's own: */
+    KREX_OOM_TOO_LARGE = 5, /* the tenant alone would exceed the card */
+    KREX_OOM_ALONE = 6,     /* no co-tenant process on the GPU */
+    /* Co-tenants again: */
+    KREX_OOM_MUTUAL = 7,    /* every co-tenant holding memory waits too:
+                               the latest admitted tenant gives up */
 };
 
 /* krex_slot.inflight: bits 0-30 count the process's in-flight driver calls;
@@ -76,7 +111,13 @@ struct krex_slot {
     _Atomic uint64_t start_ticks;   /* owner's start time (/proc/<pid>/stat
                                        field 22): tells a dead pid from a
                                        reused one */
-    uint8_t pad_[64 - 6 * 4 - 4 * 8];
+    /* Device memory (libkrex_shim/memory.c, docs/design/memory.md): zeroed
+     * at registration, kept by slot_free() so that krexd can read the
+     * record of a process that ended.  Written by the owner only. */
+    _Atomic uint32_t mem_mib;       /* device memory the process allocated
+                                       through the driver API and has not
+                                       freed, MiB rounded up (saturates) */
+    _Atomic uint32_t oom;           /* out-of-memory record, KREX_OOM_* */
 } __attribute__((aligned(64)));
 
 struct krex_gate {
@@ -90,13 +131,30 @@ struct krex_gate {
                                   parked submitters and drainers wait here */
     _Atomic uint32_t ack_seq;  /* futex: bumped after each acknowledgement;
                                   the coordinator waits here */
-    uint8_t pad_[64 - 8 - 4 * 4 - 8 - 4 * 2];
+    _Atomic uint32_t mem_seq;  /* futex: bumped after every device-memory
+                                  free; allocations waiting out a
+                                  co-tenant OOM wait here (memory.c) */
+    _Atomic uint32_t mem_waiters; /* processes waiting on mem_seq (a hint
+                                     for the freeing side; may overcount
+                                     after a waiter is killed) */
+    uint8_t pad_[64 - 8 - 4 * 4 - 8 - 4 * 4];
     struct krex_slot slots[KREX_GATE_MAX_SLOTS];
 } __attribute__((aligned(64)));
 
 _Static_assert(sizeof(struct krex_slot) == 64, "slot is one cache line");
 _Static_assert(sizeof(struct krex_gate) == 64 + 64 * KREX_GATE_MAX_SLOTS,
                "gate layout is fixed");
+/* Offsets that krexd reads from its own read-only mapping
+ * (krexd/memory/gatemem.py). */
+_Static_assert(offsetof(struct krex_gate, nslots) == 12 &&
+                   offsetof(struct krex_gate, mem_seq) == 40 &&
+                   offsetof(struct krex_gate, mem_waiters) == 44,
+               "gate header offsets used by krexd");
+_Static_assert(offsetof(struct krex_slot, state) == 0 && offsetof(struct krex_slot, pid) == 12 &&
+                   offsetof(struct krex_slot, tenant) == 16 &&
+                   offsetof(struct krex_slot, mem_mib) == 56 &&
+                   offsetof(struct krex_slot, oom) == 60,
+               "slot offsets used by krexd");
 
 static inline uint32_t krex_gate_holder(uint64_t word) { return (uint32_t)word; }
 static inline uint32_t krex_gate_epoch(uint64_t word) { return (uint32_t)(word >> 32); }
