@@ -12,7 +12,9 @@ writes ``entrypoints.gen.h`` and ``entrypoints.gen.c``:
 * one enum constant and one table row per declared name (sorted by name),
   with its class and flags, for ``dlsym`` and ``cuGetProcAddress`` routing;
 * one exported hook per A or C name, per name under ``[gate_also]`` and per
-  observed name: ``gate enter -> real -> observe -> gate leave``.
+  observed name: ``gate enter -> real -> observe -> gate leave``; names under
+  ``[oom_retry]`` (device allocations) repeat that while ``krex_oom_retry()``
+  (memory.c) asks to, leaving the gate between attempts.
 
 Usage: ``gen_entrypoints.py [--cuda-include DIR] [--out-dir DIR] [--check]``
 (``--check`` exits 1 when the files on disk differ from what it would write).
@@ -81,6 +83,7 @@ class Entry:
     ptsz: bool = False  # per-thread default stream family (_ptsz/_ptds)
     pre: str | None = None
     post: str | None = None
+    oom_bytes: str | None = None  # C expression of the device bytes requested ([oom_retry])
     hooked: bool = False
     flags: list[str] = field(default_factory=list)
 
@@ -209,6 +212,11 @@ def classify(entries: dict[str, Entry], rules: dict[str, object]) -> None:
                 problems.append(f"{n}: bad [observe.{when}] entry")
             else:
                 setattr(entries[n], when, stmt)
+    for n, expr in section("oom_retry").items():
+        if n not in entries or not isinstance(expr, str) or not expr.strip():
+            problems.append(f"{n}: bad [oom_retry] entry")
+        else:
+            entries[n].oom_bytes = expr
     if problems:
         raise GenError("\n".join(sorted(problems)))
 
@@ -221,7 +229,7 @@ def classify(entries: dict[str, Entry], rules: dict[str, object]) -> None:
                 if p.type.replace("const ", "") == "CUstream":
                     e.stream = p.name
                     break
-        e.hooked = e.gated or e.pre is not None or e.post is not None
+        e.hooked = e.gated or e.pre is not None or e.post is not None or e.oom_bytes is not None
         if e.gated:
             e.flags.append("KREX_EPF_GATED")
         if e.launch:
@@ -264,28 +272,46 @@ def render_header(entries: list[Entry], version: int) -> str:
     return "".join(out)
 
 
-def render_hook(e: Entry) -> str:
-    """One exported hook: gate enter -> real -> observe -> gate leave."""
-    decl = ", ".join(f"{p.type} {p.name}" for p in e.params) or "void"
+def _call_lines(e: Entry, indent: str, declare: bool) -> list[str]:
+    """gate enter -> pre -> real -> post -> gate leave, one statement per line."""
     args = ", ".join(p.name for p in e.params)
-    lines = [f"KREX_HOOK CUresult {e.name}({decl})\n{{\n", f"    KREX_BIND({e.name});\n"]
+    lines = []
     if e.gated:
         if e.stream is not None:
             lines.append(
-                f"    struct krex_slot *krex_s = krex_enter_stream({e.stream}, "
-                f"{1 if e.ptsz else 0});\n"
+                f"struct krex_slot *krex_s = krex_enter_stream({e.stream}, {1 if e.ptsz else 0});"
             )
         else:
-            lines.append("    struct krex_slot *krex_s = krex_enter();\n")
+            lines.append("struct krex_slot *krex_s = krex_enter();")
     if e.launch:
-        lines.append("    krex_count_launch();\n")
+        lines.append("krex_count_launch();")
     if e.pre:
-        lines.append(f"    {e.pre}\n")
-    lines.append(f"    CUresult krex_r = krex_real_fn({args});\n")
+        lines.append(e.pre)
+    lines.append(f"{'CUresult ' if declare else ''}krex_r = krex_real_fn({args});")
     if e.post:
-        lines.append(f"    {e.post}\n")
+        lines.append(e.post)
     if e.gated:
-        lines.append("    krex_leave(krex_s);\n")
+        lines.append("krex_leave(krex_s);")
+    return [f"{indent}{line}\n" for line in lines]
+
+
+def render_hook(e: Entry) -> str:
+    """One exported hook: gate enter -> real -> observe -> gate leave.
+
+    An ``[oom_retry]`` hook repeats that while ``krex_oom_retry()`` asks to
+    (memory.c): the wait for co-tenants' memory happens outside the gate.
+    """
+    decl = ", ".join(f"{p.type} {p.name}" for p in e.params) or "void"
+    lines = [f"KREX_HOOK CUresult {e.name}({decl})\n{{\n", f"    KREX_BIND({e.name});\n"]
+    if e.oom_bytes is None:
+        lines += _call_lines(e, "    ", declare=True)
+    else:
+        lines.append("    struct krex_oom krex_o = KREX_OOM_INIT;\n    CUresult krex_r;\n    do {\n")
+        lines += _call_lines(e, "        ", declare=False)
+        lines.append(
+            "    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&\n"
+            f"             krex_oom_retry(&krex_o, krex_r, (uint64_t)({e.oom_bytes})));\n"
+        )
     lines.append("    return krex_r;\n}\n\n")
     return "".join(lines)
 
@@ -293,7 +319,8 @@ def render_hook(e: Entry) -> str:
 def render_source(entries: list[Entry], version: int) -> str:
     """entrypoints.gen.c: the table and every hook."""
     out = [BANNER.format(v=version)]
-    out.append('#include "shim.h" /* cuda.h with every exported ABI declared */\n\n')
+    out.append('#include "shim.h" /* cuda.h with every exported ABI declared */\n')
+    out.append('#include "memory.h" /* krex_oom_retry, device-memory accounting */\n\n')
     out.append(
         "#if CUDA_VERSION != KREX_EP_CUDA_VERSION\n"
         '#error "entrypoints.gen.c was generated from other CUDA headers: '

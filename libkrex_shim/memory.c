@@ -1,0 +1,547 @@
+/*
+ * memory.c — the process's device memory and co-tenant out-of-memory
+ * handling (docs/design/memory.md; paper §7 names memory-aware scheduling
+ * as future work).
+ *
+ * Accounting.  Every device allocation the hooks see (cuMemAlloc*,
+ * cuMemAllocPitch*, cuMemAllocManaged, cuMemAlloc[FromPool]Async*,
+ * cuMemCreate with a device location) is recorded by address (or handle)
+ * with its size; frees look the size up.  The process's total is published
+ * in its gate slot as `mem_mib`, which krexd reads where NVML gives no
+ * per-process figure and which sibling shims read to tell their own
+ * out-of-memory errors from their co-tenants'.  Memory freed implicitly
+ * (a context destroyed with allocations alive, a pool keeping freed
+ * blocks) is not seen: the figure is the program's live allocations.
+ *
+ * Out-of-memory errors.  When an allocation fails with
+ * CUDA_ERROR_OUT_OF_MEMORY, krex_oom_retry() judges it:
+ *
+ *   the tenant alone would exceed the card     -> own error, returned now
+ *   no live process of another tenant on the GPU -> own error, returned now
+ *   this tenant holds the region                -> co-tenants', returned now
+ *     (its siblings are frozen: waiting on them would deadlock the region)
+ *   inside another driver call (nested)         -> co-tenants', returned now
+ *   every co-tenant holding memory waits too    -> the latest admitted
+ *     tenant gives up (co-tenants', returned now), the others keep waiting
+ *   otherwise                                   -> wait for co-tenants
+ *
+ * A wait sets the slot's KREX_OOM_WAITING bit (krexd admits nothing to
+ * the GPU meanwhile), then retries the allocation after every free on the
+ * GPU (futex on the gate's mem_seq) and at least every 20 ms (a co-tenant
+ * that exits frees its memory without a call), for at most oom_wait_s
+ * (env KREX_OOM_WAIT_S, set by krexd).  The candidate never sees an error
+ * its co-tenants caused unless that time runs out; then the error is
+ * returned, recorded as the co-tenants' (krex run exits 75 if the command
+ * fails), and later co-tenant errors of the process return at once until
+ * one of its allocations succeeds again (a caching allocator frees its
+ * cache and retries after the first error: that retry must not wait again).
+ */
+#include "memory.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1ull << 20)
+#define DEFAULT_OOM_WAIT_S 30.0
+#define MAX_OOM_WAIT_S 86400.0
+/* Waits between attempts: 1 ms doubling to 20 ms (wake-ups on frees come
+ * sooner; a co-tenant's exit is noticed within the cap). */
+#define FIRST_SLEEP_NS 1000000ull
+#define MAX_SLEEP_NS 20000000ull
+
+/* ---- configuration (read once, on the first out-of-memory error) --------- */
+
+static uint64_t oom_wait_ns;
+static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
+
+static void read_config(void)
+{
+    int saved = errno;
+    double secs = DEFAULT_OOM_WAIT_S;
+    const char *v = getenv("KREX_OOM_WAIT_S");
+    if (v && *v) {
+        char *end = NULL;
+        errno = 0;
+        double d = strtod(v, &end);
+        if (errno || end == v || *end || !(d >= 0.0) || d > MAX_OOM_WAIT_S)
+            krex_log(KREX_LOG_WARN, "KREX_OOM_WAIT_S=%s is not seconds in [0, %g]: using %g", v,
+                     MAX_OOM_WAIT_S, secs);
+        else
+            secs = d;
+    }
+    oom_wait_ns = (uint64_t)(secs * 1e9);
+    errno = saved;
+}
+
+/* ---- allocation tables (address or handle -> bytes) ----------------------- */
+
+/* Open addressing, linear probing, key 0 = empty, deletion by backward
+ * shift.  Guarded by `mu`, which also guards proc_bytes. */
+struct table {
+    uint64_t *keys;
+    uint64_t *vals;
+    size_t cap; /* a power of two, or 0 */
+    size_t n;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct table ptrs, handles;
+static uint64_t proc_bytes;
+/* A co-tenant wait of this process ran out: later co-tenant errors return
+ * at once until an allocation succeeds.  Relaxed: a hint, no data behind it. */
+static _Atomic int gave_up;
+
+static size_t home(uint64_t key, size_t cap)
+{
+    /* Fibonacci hashing: addresses are aligned, so mix the high bits in. */
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+
+static int table_grow(struct table *t)
+{
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    uint64_t *k = calloc(cap, sizeof *k), *v = calloc(cap, sizeof *v);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return -1;
+    }
+    for (size_t i = 0; i < t->cap; i++) {
+        if (!t->keys[i])
+            continue;
+        size_t j = home(t->keys[i], cap);
+        while (k[j])
+            j = (j + 1) & (cap - 1);
+        k[j] = t->keys[i];
+        v[j] = t->vals[i];
+    }
+    free(t->keys);
+    free(t->vals);
+    t->keys = k;
+    t->vals = v;
+    t->cap = cap;
+    return 0;
+}
+
+/* Insert or replace; 0 when the host is out of memory (not recorded). */
+static int table_put(struct table *t, uint64_t key, uint64_t val)
+{
+    if ((t->n + 1) * 2 > t->cap && table_grow(t) != 0)
+        return 0;
+    size_t i = home(key, t->cap);
+    while (t->keys[i] && t->keys[i] != key)
+        i = (i + 1) & (t->cap - 1);
+    if (!t->keys[i])
+        t->n++;
+    t->keys[i] = key;
+    t->vals[i] = val;
+    return 1;
+}
+
+/* Remove `key`; its value, or 0 when absent. */
+static uint64_t table_take(struct table *t, uint64_t key)
+{
+    if (!t->cap || !key)
+        return 0;
+    size_t mask = t->cap - 1, i = home(key, t->cap);
+    while (t->keys[i] != key) {
+        if (!t->keys[i])
+            return 0;
+        i = (i + 1) & mask;
+    }
+    uint64_t val = t->vals[i];
+    /* Backward shift: move later entries of the probe run into the hole
+     * unless their home lies cyclically in (hole, j]. */
+    for (size_t j = (i + 1) & mask; t->keys[j]; j = (j + 1) & mask) {
+        size_t h = home(t->keys[j], t->cap);
+        int stays = i < j ? (h > i && h <= j) : (h > i || h <= j);
+        if (!stays) {
+            t->keys[i] = t->keys[j];
+            t->vals[i] = t->vals[j];
+            i = j;
+        }
+    }
+    t->keys[i] = 0;
+    t->vals[i] = 0;
+    t->n--;
+    return val;
+}
+
+static void table_clear(struct table *t)
+{
+    free(t->keys);
+    free(t->vals);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- accounting ------------------------------------------------------------- */
+
+static int gating(void)
+{
+    /* Acquire pairs with shim.c's release store of the mode: krex_gate_p
+     * and krex_tenant are set. */
+    return atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING;
+}
+
+static struct krex_slot *my_slot(void)
+{
+    /* Acquire pairs with the release store in register_process(). */
+    return atomic_load_explicit(&krex_slot_p, memory_order_acquire);
+}
+
+/* Publish proc_bytes to the slot (under mu, so stores are in order).
+ * Relaxed: readers want the latest figure, nothing is published with it. */
+static void publish_locked(void)
+{
+    struct krex_slot *s = my_slot();
+    if (!s)
+        return;
+    uint64_t mib = (proc_bytes + MIB - 1) / MIB;
+    atomic_store_explicit(&s->mem_mib, mib > UINT32_MAX ? UINT32_MAX : (uint32_t)mib,
+                          memory_order_relaxed);
+}
+
+static void note_new(struct table *t, uint64_t key, uint64_t bytes)
+{
+    pthread_mutex_lock(&mu);
+    /* The same key again: its earlier allocation was freed where we did
+     * not see it (its context was destroyed). */
+    uint64_t stale = table_take(t, key);
+    proc_bytes -= stale < proc_bytes ? stale : proc_bytes;
+    if (table_put(t, key, bytes))
+        proc_bytes += bytes;
+    publish_locked();
+    pthread_mutex_unlock(&mu);
+    if (atomic_load_explicit(&gave_up, memory_order_relaxed))
+        atomic_store_explicit(&gave_up, 0, memory_order_relaxed);
+}
+
+static uint64_t note_take(struct table *t, uint64_t key)
+{
+    if (!key || !gating())
+        return 0;
+    pthread_mutex_lock(&mu);
+    uint64_t bytes = table_take(t, key);
+    pthread_mutex_unlock(&mu);
+    return bytes;
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr)
+{
+    /* Shared (non-PRIVATE) futex: the gate is a MAP_SHARED file mapping. */
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void futex_wait_ns(_Atomic uint32_t *addr, uint32_t expected, uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+static void note_gone(struct table *t, CUresult r, uint64_t key, uint64_t bytes)
+{
+    if (!gating())
+        return;
+    if (r != CUDA_SUCCESS) {
+        if (bytes) { /* still allocated: put it back */
+            pthread_mutex_lock(&mu);
+            table_put(t, key, bytes);
+            pthread_mutex_unlock(&mu);
+        }
+        return;
+    }
+    if (bytes) {
+        pthread_mutex_lock(&mu);
+        proc_bytes -= bytes < proc_bytes ? bytes : proc_bytes;
+        publish_locked();
+        pthread_mutex_unlock(&mu);
+    }
+    /* Wake allocations waiting for memory.  seq_cst increment, then a
+     * seq_cst read of the waiter count; a waiter increments the count and
+     * then reads mem_seq (seq_cst both, krex_oom_retry): either it reads
+     * the new mem_seq and retries at once, or we see it counted and wake
+     * it. */
+    struct krex_gate *g = krex_gate_p;
+    atomic_fetch_add_explicit(&g->mem_seq, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&g->mem_waiters, memory_order_seq_cst) != 0)
+        futex_wake_all(&g->mem_seq);
+}
+
+void krex_mem_alloced(CUresult r, CUdeviceptr ptr, uint64_t bytes)
+{
+    if (r == CUDA_SUCCESS && ptr && bytes && gating())
+        note_new(&ptrs, (uint64_t)ptr, bytes);
+}
+
+uint64_t krex_mem_take(CUdeviceptr ptr) { return note_take(&ptrs, (uint64_t)ptr); }
+
+void krex_mem_freed(CUresult r, CUdeviceptr ptr, uint64_t bytes)
+{
+    note_gone(&ptrs, r, (uint64_t)ptr, bytes);
+}
+
+void krex_mem_created(CUresult r, CUmemGenericAllocationHandle handle, uint64_t bytes)
+{
+    if (r == CUDA_SUCCESS && handle && bytes && gating())
+        note_new(&handles, (uint64_t)handle, bytes);
+}
+
+uint64_t krex_mem_take_handle(CUmemGenericAllocationHandle handle)
+{
+    return note_take(&handles, (uint64_t)handle);
+}
+
+void krex_mem_released(CUresult r, CUmemGenericAllocationHandle handle, uint64_t bytes)
+{
+    note_gone(&handles, r, (uint64_t)handle, bytes);
+}
+
+uint64_t krex_mem_device_bytes(size_t size, const CUmemAllocationProp *prop)
+{
+    return prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? (uint64_t)size : 0;
+}
+
+/* ---- out-of-memory judgement ---------------------------------------------------- */
+
+/* What the gate says about the GPU's tenants. */
+struct scan {
+    uint64_t own_bytes;          /* this tenant: this process exactly, others by slot */
+    uint32_t others;             /* live processes of other tenants */
+    uint32_t holding;            /* of them, holding memory */
+    uint32_t holding_waiting;    /* of those, waiting for memory themselves */
+    uint32_t max_waiting_tenant; /* highest tenant id among the waiting */
+    uint64_t other_mib;          /* what the other tenants' processes hold */
+};
+
+static int alive(int32_t pid)
+{
+    if (pid <= 0)
+        return 0;
+    int saved = errno;
+    int ok = kill(pid, 0) == 0 || errno == EPERM;
+    errno = saved;
+    return ok;
+}
+
+static void scan_gate(struct scan *sc, struct krex_slot *mine)
+{
+    struct krex_gate *g = krex_gate_p;
+    memset(sc, 0, sizeof *sc);
+    pthread_mutex_lock(&mu);
+    sc->own_bytes = proc_bytes;
+    pthread_mutex_unlock(&mu);
+    uint32_t n = g->nslots < KREX_GATE_MAX_SLOTS ? g->nslots : KREX_GATE_MAX_SLOTS;
+    for (uint32_t i = 0; i < n; i++) {
+        struct krex_slot *s = &g->slots[i];
+        /* Acquire: the owner's pid and tenant were published by its
+         * seq_cst ACTIVE store.  The memory fields are hints (relaxed). */
+        if (s == mine || atomic_load_explicit(&s->state, memory_order_acquire) != KREX_SLOT_ACTIVE)
+            continue;
+        uint32_t tenant = atomic_load_explicit(&s->tenant, memory_order_relaxed);
+        uint64_t mib = atomic_load_explicit(&s->mem_mib, memory_order_relaxed);
+        uint32_t oom = atomic_load_explicit(&s->oom, memory_order_relaxed);
+        if (!alive(atomic_load_explicit(&s->pid, memory_order_relaxed)))
+            continue;
+        if (tenant == krex_tenant) {
+            sc->own_bytes += mib * MIB;
+            continue;
+        }
+        sc->others++;
+        sc->other_mib += mib;
+        if (mib) {
+            sc->holding++;
+            if (oom & KREX_OOM_WAITING) {
+                sc->holding_waiting++;
+                if (tenant > sc->max_waiting_tenant)
+                    sc->max_waiting_tenant = tenant;
+            }
+        }
+    }
+}
+
+static uint64_t device_total(void)
+{
+    __typeof__(&cuMemGetInfo_v2) f = KREX_REAL(cuMemGetInfo_v2);
+    size_t free_b = 0, total = 0;
+    if (!f || f(&free_b, &total) != CUDA_SUCCESS)
+        return 0;
+    return (uint64_t)total;
+}
+
+/* KREX_OOM_NONE: co-tenants' memory, wait for it; else why to return now. */
+static enum krex_oom_reason judge(const struct scan *sc, uint64_t bytes, int first)
+{
+    uint64_t total = device_total();
+    if (total && sc->own_bytes + bytes > total)
+        return KREX_OOM_TOO_LARGE;
+    if (sc->others == 0)
+        return KREX_OOM_ALONE;
+    /* seq_cst like every read of the gate word. */
+    uint64_t w = atomic_load_explicit(&krex_gate_p->word, memory_order_seq_cst);
+    if (w != 0 && krex_gate_holder(w) == krex_tenant)
+        return KREX_OOM_IN_REGION;
+    if (krex_depth)
+        return KREX_OOM_NESTED;
+    if (oom_wait_ns == 0)
+        return KREX_OOM_NO_WAIT;
+    if (first && atomic_load_explicit(&gave_up, memory_order_relaxed))
+        return KREX_OOM_TIMEOUT;
+    if (sc->holding > 0 && sc->holding_waiting == sc->holding &&
+        krex_tenant > sc->max_waiting_tenant)
+        return KREX_OOM_MUTUAL;
+    return KREX_OOM_NONE;
+}
+
+static int is_own(enum krex_oom_reason why)
+{
+    return why == KREX_OOM_TOO_LARGE || why == KREX_OOM_ALONE;
+}
+
+static const char *reason_text(enum krex_oom_reason why)
+{
+    switch (why) {
+    case KREX_OOM_TIMEOUT: return "co-tenants did not free enough memory in time";
+    case KREX_OOM_IN_REGION: return "inside this tenant's critical region (siblings are frozen)";
+    case KREX_OOM_NESTED: return "inside another driver call, where it cannot wait";
+    case KREX_OOM_NO_WAIT: return "co-tenants hold the memory and waiting is off";
+    case KREX_OOM_TOO_LARGE: return "this tenant alone would exceed the GPU's memory";
+    case KREX_OOM_ALONE: return "no other tenant uses this GPU";
+    case KREX_OOM_MUTUAL: return "every co-tenant holding memory waits for memory too";
+    case KREX_OOM_NONE: break;
+    }
+    return "";
+}
+
+enum { EV_NONE, EV_WAITED, EV_FAILED, EV_OWN };
+
+static uint32_t bump(uint32_t word, unsigned shift, uint32_t max)
+{
+    /* Saturating: below max, +1 cannot carry into the next field. */
+    return ((word >> shift) & max) < max ? word + (1u << shift) : word;
+}
+
+/* Update the slot's record: count `ev`, remember `why`, set or clear the
+ * WAITING bit.  Relaxed CAS: the word carries no other data; krexd and
+ * sibling shims only need its latest value. */
+static void oom_record(int ev, enum krex_oom_reason why, int waiting)
+{
+    struct krex_slot *s = my_slot();
+    if (!s)
+        return;
+    uint32_t old = atomic_load_explicit(&s->oom, memory_order_relaxed), nw;
+    do {
+        nw = old;
+        if (ev == EV_WAITED)
+            nw = bump(nw, KREX_OOM_WAITED_SHIFT, KREX_OOM_WAITED_MAX);
+        if (ev == EV_FAILED)
+            nw = bump(nw, KREX_OOM_FAILED_SHIFT, KREX_OOM_FAILED_MAX);
+        if (ev == EV_OWN)
+            nw = bump(nw, KREX_OOM_OWN_SHIFT, KREX_OOM_OWN_MAX);
+        if (ev == EV_FAILED || ev == EV_OWN)
+            nw = (nw & ~(KREX_OOM_LAST_MAX << KREX_OOM_LAST_SHIFT)) |
+                 ((uint32_t)why << KREX_OOM_LAST_SHIFT);
+        nw = waiting ? nw | KREX_OOM_WAITING : nw & ~KREX_OOM_WAITING;
+    } while (!atomic_compare_exchange_weak_explicit(&s->oom, &old, nw, memory_order_relaxed,
+                                                    memory_order_relaxed));
+}
+
+static void stop_waiting(struct krex_oom *o, int ev, enum krex_oom_reason why)
+{
+    if (o->waiting) {
+        o->waiting = 0;
+        atomic_fetch_sub_explicit(&krex_gate_p->mem_waiters, 1, memory_order_seq_cst);
+    }
+    oom_record(ev, why, 0);
+}
+
+int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
+{
+    if (r != CUDA_ERROR_OUT_OF_MEMORY) {
+        if (o->waiting) {
+            stop_waiting(o, r == CUDA_SUCCESS ? EV_WAITED : EV_NONE, KREX_OOM_NONE);
+            krex_log(KREX_LOG_INFO, "%llu MiB: %s after waiting %.3f s for co-tenants' memory",
+                     (unsigned long long)((bytes + MIB - 1) / MIB),
+                     r == CUDA_SUCCESS ? "allocated" : "failed otherwise",
+                     (double)(krex_now_ns() - o->start_ns) / 1e9);
+        }
+        return 0;
+    }
+    struct krex_slot *mine = gating() ? my_slot() : NULL;
+    if (!mine)
+        return 0; /* ungated or not registered: nothing to judge by */
+    int saved = errno;
+    pthread_once(&cfg_once, read_config);
+    struct krex_gate *g = krex_gate_p;
+    unsigned long long mib = (unsigned long long)((bytes + MIB - 1) / MIB);
+    struct scan sc;
+    scan_gate(&sc, mine);
+    enum krex_oom_reason why = judge(&sc, bytes, !o->waiting);
+    uint64_t now = krex_now_ns();
+    if (why == KREX_OOM_NONE && o->waiting && now >= o->deadline_ns) {
+        why = KREX_OOM_TIMEOUT;
+        atomic_store_explicit(&gave_up, 1, memory_order_relaxed);
+    }
+    if (why != KREX_OOM_NONE) {
+        stop_waiting(o, is_own(why) ? EV_OWN : EV_FAILED, why);
+        if (is_own(why))
+            krex_log(KREX_LOG_INFO, "out of memory for %llu MiB: %s: the tenant's own error", mib,
+                     reason_text(why));
+        else
+            krex_log(KREX_LOG_WARN, "out of memory for %llu MiB: %s (%u co-tenant process(es) "
+                     "hold %llu MiB): returning CUDA_ERROR_OUT_OF_MEMORY, caused by co-tenants",
+                     mib, reason_text(why), sc.others, (unsigned long long)sc.other_mib);
+        errno = saved;
+        return 0;
+    }
+    if (!o->waiting) {
+        o->waiting = 1;
+        o->start_ns = now;
+        o->deadline_ns = now + oom_wait_ns;
+        o->sleep_ns = FIRST_SLEEP_NS;
+        /* Count, then read mem_seq (seq_cst both): see note_gone(). */
+        atomic_fetch_add_explicit(&g->mem_waiters, 1, memory_order_seq_cst);
+        oom_record(EV_NONE, KREX_OOM_NONE, 1);
+        krex_log(KREX_LOG_INFO, "out of memory for %llu MiB while %u co-tenant process(es) hold "
+                 "%llu MiB: waiting up to %.1f s for them to free memory", mib, sc.others,
+                 (unsigned long long)sc.other_mib, (double)oom_wait_ns / 1e9);
+        /* One attempt at once: a free between the failed attempt and this
+         * read of mem_seq is then not missed. */
+    } else {
+        uint64_t left = o->deadline_ns - now;
+        futex_wait_ns(&g->mem_seq, o->seq, left < o->sleep_ns ? left : o->sleep_ns);
+        o->sleep_ns = o->sleep_ns * 2 < MAX_SLEEP_NS ? o->sleep_ns * 2 : MAX_SLEEP_NS;
+    }
+    o->seq = atomic_load_explicit(&g->mem_seq, memory_order_seq_cst);
+    errno = saved;
+    return 1;
+}
+
+/* ---- fork ------------------------------------------------------------------------ */
+
+static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
+
+static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
+
+/* The child owns no device memory (CUDA state does not survive fork). */
+static void atfork_child(void)
+{
+    pthread_mutex_init(&mu, NULL);
+    table_clear(&ptrs);
+    table_clear(&handles);
+    proc_bytes = 0;
+    atomic_store_explicit(&gave_up, 0, memory_order_relaxed);
+}
+
+__attribute__((constructor)) static void memory_ctor(void)
+{
+    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
+        krex_log(KREX_LOG_WARN, "pthread_atfork failed: a fork child may misreport its memory");
+}

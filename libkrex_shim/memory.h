@@ -1,0 +1,54 @@
+/*
+ * memory.h — device-memory accounting and co-tenant out-of-memory handling
+ * in libkrex_shim (memory.c; docs/design/memory.md).  Internal, hidden.
+ *
+ * The generated allocation hooks (tools/classes.toml [oom_retry]) run the
+ * real call in a loop:
+ *
+ *     struct krex_oom krex_o = KREX_OOM_INIT;
+ *     do { gate enter; r = real(...); observe; gate leave; }
+ *     while ((r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+ *            krex_oom_retry(&krex_o, r, requested_bytes));
+ *
+ * so a wait for co-tenants' memory never holds the in-flight count (a
+ * region's drain would otherwise stall behind it).
+ */
+#ifndef KREX_MEMORY_H
+#define KREX_MEMORY_H
+
+#include "shim.h"
+
+/* One allocation's out-of-memory state, on the hook's stack. */
+struct krex_oom {
+    int waiting;          /* waiting for co-tenants (the slot's WAITING bit is set) */
+    uint32_t seq;         /* gate mem_seq read before the latest attempt */
+    uint64_t start_ns;    /* first CUDA_ERROR_OUT_OF_MEMORY (CLOCK_MONOTONIC) */
+    uint64_t deadline_ns; /* start_ns + oom_wait_s */
+    uint64_t sleep_ns;    /* next wait between attempts (backs off) */
+};
+#define KREX_OOM_INIT {0, 0, 0, 0, 0}
+
+/* After an attempt that returned `r` for `bytes` of device memory:
+ * 1 = try again (after waiting when needed), 0 = return `r` to the caller.
+ * Decides whether an out-of-memory error is the tenant's own or its
+ * co-tenants', records that in the slot (krex_gate.h KREX_OOM_*), and
+ * waits at most oom_wait_s (env KREX_OOM_WAIT_S) for co-tenants' memory,
+ * never inside the tenant's own region. */
+int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes);
+
+/* Accounting of the process's device memory, published to its slot.
+ * Frees take the size out before the call (`take`) and put it back if the
+ * call failed, so a concurrent allocation at the same address is never
+ * confused with the freed one. */
+void krex_mem_alloced(CUresult r, CUdeviceptr ptr, uint64_t bytes);
+uint64_t krex_mem_take(CUdeviceptr ptr);
+void krex_mem_freed(CUresult r, CUdeviceptr ptr, uint64_t bytes);
+void krex_mem_created(CUresult r, CUmemGenericAllocationHandle handle, uint64_t bytes);
+uint64_t krex_mem_take_handle(CUmemGenericAllocationHandle handle);
+void krex_mem_released(CUresult r, CUmemGenericAllocationHandle handle, uint64_t bytes);
+
+/* Bytes of device memory a cuMemCreate(size, prop) asks for (0 for host
+ * or host-NUMA locations: not device memory). */
+uint64_t krex_mem_device_bytes(size_t size, const CUmemAllocationProp *prop);
+
+#endif /* KREX_MEMORY_H */
