@@ -277,6 +277,9 @@ def main(
     case = Case(task, a.candidate, params, a.device)
     t_start = process_start()
 
+    # One in-process compile thread: inductor's worker pool costs seconds to start
+    # and to shut down at exit in every command, unrelated to the candidate.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     for mod in frameworks:  # imports phase (paper §2.1: start-up)
         if mod == "cupy" and a.device != "cuda":
             continue

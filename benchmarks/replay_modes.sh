@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Replay a trace in several modes back to back on one GPU host; one report.
+#   benchmarks/replay_modes.sh OUTDIR TRACE SECONDS CONCURRENCY MODE...
+# MODE: native | serial | krex | ungated | krex-mps. The first native run is the
+# reference and a second one is reported as native repeat. A warm-up pass
+# (ungated, every command once) fills the compile caches first.
+set -uo pipefail
+out=${1:?}; trace=${2:?}; secs=${3:?}; conc=${4:?}; shift 4
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD:$PWD/python_client${PYTHONPATH:+:$PYTHONPATH}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+krex() { python3 -m krexd.cli.krex "$@"; }
+mkdir -p "$out"
+krex replay "$trace" --mode ungated --concurrency "$conc" --repeat 1 --no-progress \
+    --no-report --out "$out/warmup" >"$out/warmup.log" 2>&1
+rm -rf "$out/warmup"  # not a measurement
+n=0
+for mode in "$@"; do
+    n=$((n + 1))
+    case $mode in
+        native) args=(--mode native) ;;
+        serial) args=(--mode serial) ;;
+        krex) args=(--mode krex --concurrency "$conc") ;;
+        ungated) args=(--mode ungated --concurrency "$conc") ;;
+        krex-mps)
+            sed 's/^enabled = false$/enabled = true/' etc/krex.toml >"$out/mps.toml"
+            args=(--mode krex --concurrency "$conc" --config "$out/mps.toml") ;;
+        *) echo "unknown mode $mode" >&2; exit 2 ;;
+    esac
+    krex replay "$trace" "${args[@]}" --duration "$secs" --no-progress --no-report \
+        --out "$out/$n-$mode" >"$out/$n-$mode.log" 2>&1
+    echo "$mode: rc=$? $(wc -l <"$out/$n-$mode/results.jsonl") commands"
+done
+krex replay report "$out"/[0-9]*-* --out "$out/report" >"$out/report.log" 2>&1
+echo "report: rc=$?"
