@@ -11,6 +11,18 @@ Exclusive requests (``krex run --exclusive``, paper §7 "whole-device lease")
 take a GPU with no tenants and hold all its slots.  A parked exclusive waiter
 reserves its GPU (the named one, else the least-loaded) so that later
 requests cannot keep it busy for ever.
+
+Memory (paper §7 names memory-aware scheduling as future work; docs/design/
+memory.md).  Each request carries its memory *need* (bytes); a GPU admits it
+only when the need fits in what the memory policy (``krexd.memory``) says is
+available there minus the needs already reserved on it, and never while an
+allocation on that GPU waits for co-tenants' memory.  Fairness is *bounded
+bypass*: a waiter that has a free slot but not enough memory names the GPU
+it waits for (the one with the most room); each later request granted that
+GPU counts as one bypass, and after ``max_bypass`` of them the GPU admits no
+later request until the waiter fits.  Memory on a GPU closed that way only
+comes back, so a large command waits at most for the commands admitted
+before it and ``max_bypass`` more (0 = strict head-of-line blocking).
 """
 
 from __future__ import annotations
@@ -19,8 +31,21 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from krexd.errors import Code, KrexError
+
+
+class MemoryPolicy(Protocol):
+    """What admission asks about a GPU's memory (``krexd.memory.MemoryMonitor``)."""
+
+    def blocked(self, gpu: int) -> bool:
+        """True while an allocation on ``gpu`` waits for co-tenants' memory."""
+        ...
+
+    def available(self, gpu: int) -> int | None:
+        """Bytes admission may reserve on ``gpu`` before reservations (None: no limit)."""
+        ...
 
 
 @dataclass(eq=False)
@@ -32,7 +57,11 @@ class Waiter:
     launcher_pid: int
     argv: list[str]
     future: asyncio.Future[int]
+    mem_bytes: int = 0  # memory need (bytes), reserved while admitted
     parked_at: float = field(default_factory=time.monotonic)
+    waiting_for: str | None = None  # "slot" | "memory" after a dispatch found no GPU
+    mem_gpu: int | None = None  # the GPU it waits for memory on
+    bypassed: int = 0  # later requests granted its mem_gpu meanwhile
 
     def summary(self) -> dict[str, object]:
         """JSON-ready status row."""
@@ -42,17 +71,31 @@ class Waiter:
             "launcher_pid": self.launcher_pid,
             "command": self.argv,
             "waiting_s": round(time.monotonic() - self.parked_at, 3),
+            "mem_bytes": self.mem_bytes,
+            "waiting_for": self.waiting_for,
+            "mem_gpu": self.mem_gpu,
+            "bypassed": self.bypassed,
         }
 
 
 class Admission:
     """Slot accounting and the FIFO parking queue for GPUs ``gpus`` (host indices)."""
 
-    def __init__(self, gpus: list[int], slots_per_gpu: int, max_parked: int = 4096) -> None:
+    def __init__(
+        self,
+        gpus: list[int],
+        slots_per_gpu: int,
+        max_parked: int = 4096,
+        memory: MemoryPolicy | None = None,
+        max_bypass: int = 4,
+    ) -> None:
         self.slots = {g: slots_per_gpu for g in gpus}
         self.used = {g: 0 for g in gpus}
         self.exclusive_on: set[int] = set()
         self.max_parked = max_parked
+        self.memory = memory
+        self.max_bypass = max_bypass
+        self.mem_reserved = {g: 0 for g in gpus}
         self._queue: deque[Waiter] = deque()
         self.granted_total = 0
         self.parked_total = 0
@@ -67,15 +110,40 @@ class Admission:
     def _least_loaded(self, candidates: list[int]) -> int | None:
         return min(candidates, key=lambda g: (self.used[g], g)) if candidates else None
 
-    def _choose(self, w: Waiter, blocked: set[int]) -> int | None:
+    def _mem_room(self, g: int) -> int | None:
+        """Bytes still reservable on ``g`` (None: no memory limit)."""
+        avail = self.memory.available(g) if self.memory is not None else None
+        return None if avail is None else avail - self.mem_reserved[g]
+
+    def _mem_fits(self, g: int, need: int) -> bool:
+        if self.memory is None:
+            return True
+        if self.memory.blocked(g):
+            return False  # an allocation there waits for co-tenants' memory
+        room = self._mem_room(g)
+        return room is None or need <= room
+
+    def _choose(self, w: Waiter, blocked: set[int], heads: list[Waiter]) -> int | None:
         gpus = [w.gpu] if w.gpu is not None else sorted(self.slots)
-        fitting = [g for g in gpus if self._fits(g, w.exclusive, blocked)]
-        choice = self._least_loaded(fitting)
+        slot_ok = [g for g in gpus if self._fits(g, w.exclusive, blocked)]
+        choice = self._least_loaded([g for g in slot_ok if self._mem_fits(g, w.mem_bytes)])
+        w.waiting_for = w.mem_gpu = None
         if choice is None and w.exclusive:
             # Reserve a GPU for this waiter: later requests must not take its slots.
+            w.waiting_for = "slot"
             target = self._least_loaded([g for g in gpus if g not in blocked])
             if target is not None:
                 blocked.add(target)
+        elif choice is None and slot_ok:
+            # A slot is free but not the memory: wait for the GPU with the most room.
+            w.waiting_for = "memory"
+            w.mem_gpu = max(slot_ok, key=lambda g: (self._mem_room(g) or 0, -g))
+            if w.bypassed >= self.max_bypass:
+                blocked.add(w.mem_gpu)  # bypass used up: nobody later takes this GPU
+            else:
+                heads.append(w)
+        elif choice is None:
+            w.waiting_for = "slot"
         return choice
 
     def _grant(self, w: Waiter, g: int) -> None:
@@ -84,28 +152,49 @@ class Admission:
             self.used[g] = self.slots[g]
         else:
             self.used[g] += 1
+        self.mem_reserved[g] += w.mem_bytes
         self.granted_total += 1
         w.future.set_result(g)
 
     def _dispatch(self) -> None:
         """Grant, in FIFO order, every parked waiter that fits now."""
         blocked: set[int] = set()
+        heads: list[Waiter] = []  # earlier waiters waiting for memory, bypass left
         kept: deque[Waiter] = deque()
         while self._queue:
             w = self._queue.popleft()
             if w.future.done():
                 continue  # cancelled while parked
-            g = self._choose(w, blocked)
+            g = self._choose(w, blocked, heads)
             if g is None:
                 kept.append(w)
-            else:
-                self._grant(w, g)
+                continue
+            self._grant(w, g)
+            for h in heads:
+                if h.mem_gpu == g:  # w overtook h on the GPU h waits for
+                    h.bypassed += 1
+                    if h.bypassed >= self.max_bypass:
+                        blocked.add(g)
         self._queue = kept
+
+    def kick(self) -> None:
+        """Re-run dispatch (memory freed without a slot being released)."""
+        self._dispatch()
 
     # --- API used by the admit/release ops -----------------------------------------
 
-    def park(self, gpu: int | None, exclusive: bool, launcher_pid: int, argv: list[str]) -> Waiter:
+    def park(
+        self,
+        gpu: int | None,
+        exclusive: bool,
+        launcher_pid: int,
+        argv: list[str],
+        mem_bytes: int = 0,
+    ) -> Waiter:
         """Queue a request and grant it at once if it fits; await ``waiter.future`` for the GPU.
+
+        ``mem_bytes`` is the request's memory need (bytes), reserved on the
+        granted GPU until :meth:`release`.
 
         Raises ``KrexError(NO_SUCH_GPU)`` for an unknown ``gpu`` and
         ``KrexError(CANCELLED)`` when ``max_parked`` requests already wait.
@@ -116,7 +205,8 @@ class Admission:
             raise KrexError(Code.NO_SUCH_GPU, "krexd manages no GPU (see --fake-gpus)")
         if len(self._queue) >= self.max_parked:
             raise KrexError(Code.CANCELLED, f"{len(self._queue)} requests already parked")
-        w = Waiter(gpu, exclusive, launcher_pid, argv, asyncio.get_running_loop().create_future())
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        w = Waiter(gpu, exclusive, launcher_pid, argv, future, mem_bytes)
         self._queue.append(w)
         self._dispatch()
         if not w.future.done():
@@ -131,13 +221,15 @@ class Admission:
             w.future.exception()
         self._dispatch()
 
-    def release(self, gpu: int, exclusive: bool) -> None:
-        """Free the slot(s) of a tenant of ``gpu`` and grant parked waiters that now fit."""
+    def release(self, gpu: int, exclusive: bool, mem_bytes: int = 0) -> None:
+        """Free the slot(s) and the memory reservation (bytes) of a tenant of ``gpu``;
+        grant parked waiters that now fit."""
         if exclusive:
             self.exclusive_on.discard(gpu)
             self.used[gpu] = 0
         elif self.used[gpu] > 0:
             self.used[gpu] -= 1
+        self.mem_reserved[gpu] = max(0, self.mem_reserved[gpu] - mem_bytes)
         self._dispatch()
 
     def cancel_all(self, code: Code, why: str) -> None:
@@ -160,4 +252,5 @@ class Admission:
             "queue": [w.summary() for w in self.parked],
             "granted_total": self.granted_total,
             "parked_total": self.parked_total,
+            "max_bypass": self.max_bypass,
         }

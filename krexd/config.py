@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from krexd.memory.sizes import parse_size
+
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 SYSTEM_CONFIG = "/etc/krex/krex.toml"
 
@@ -97,6 +99,18 @@ class MpsConfig:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """``[memory]``: admission by GPU memory and co-tenant out-of-memory waits (bytes, s, ms)."""
+
+    admission: bool = True
+    default_need: int = 1 << 30  # need of a command without `krex run --mem`
+    headroom: int = 1 << 30  # kept free on every GPU
+    max_bypass: int = 4  # later commands that may overtake one waiting for memory
+    oom_wait_s: float = 30.0  # bound of a co-tenant out-of-memory wait (0: no wait)
+    refresh_ms: int = 100
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` is the file it came from ("" for defaults)."""
 
@@ -107,6 +121,7 @@ class Config:
     region: RegionConfig = field(default_factory=RegionConfig)
     shim: ShimConfig = field(default_factory=ShimConfig)
     mps: MpsConfig = field(default_factory=MpsConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     source: str = ""
 
 
@@ -130,6 +145,23 @@ def _float_pos(v: Any) -> float:
     if not v > 0:
         raise ValueError(f"must be > 0, got {v}")
     return float(v)
+
+
+def _float_range(lo: float, hi: float) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            raise ValueError(f"must be a number, got {type(v).__name__}")
+        if not lo <= v <= hi:
+            raise ValueError(f"must be in [{lo:g}, {hi:g}], got {v}")
+        return float(v)
+
+    return check
+
+
+def _size(v: Any) -> int:
+    if not isinstance(v, int | str) or isinstance(v, bool):
+        raise ValueError(f'must be bytes or a size string like "4G", got {type(v).__name__}')
+    return parse_size(v)
 
 
 def _bool(v: Any) -> bool:
@@ -278,6 +310,17 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
     ),
     "shim": (ShimConfig, {"path": _abs_path_or_empty}),
     "mps": (MpsConfig, {"enabled": _bool, "control": _str}),
+    "memory": (
+        MemoryConfig,
+        {
+            "admission": _bool,
+            "default_need": _size,
+            "headroom": _size,
+            "max_bypass": _int(0, 1_000_000),
+            "oom_wait_s": _float_range(0.0, 86400.0),
+            "refresh_ms": _int(10, 60_000),
+        },
+    ),
 }
 
 

@@ -14,7 +14,14 @@ Sequence (DESIGN.md "krex run"):
    Ctrl-C reaches CMD once, straight from the terminal.
 6. ``--timeout S``: SIGKILL to CMD's group, and krexd kills whatever is left
    in the cgroup on ``release``; exit 124 with a one-line message.
-7. ``release`` with the exit status; exit with CMD's code (128+N for signal N).
+7. ``release`` with the exit status; exit with CMD's code (128+N for signal N),
+   except when CMD failed and its memory record (the ``memory`` op, asked
+   before ``release``) says out-of-memory errors caused by co-tenants were
+   returned to it: then one line says so and the exit code is 75
+   (EX_TEMPFAIL), so a harness retries instead of blaming the candidate
+   (docs/design/memory.md).
+
+``--mem SIZE`` declares the command's GPU memory need (admission by memory).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any
 
 from krex_client.connection import Connection, KrexUnavailable, RemoteError
 from krexd.errors import ExitCode, exit_code_for
+from krexd.memory.records import COTENANT_TEXT
 
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -140,11 +148,15 @@ def run(
     gpu: int | None = None,
     timeout_s: float | None = None,
     exclusive: bool = False,
+    mem_bytes: int | None = None,
 ) -> int:
-    """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code."""
+    """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code.
+
+    ``mem_bytes``: the command's GPU memory need (bytes), None for krexd's default.
+    """
     conn = Connection(socket, timeout_s=5.0)
     try:
-        return _run(conn, argv, gpu, timeout_s, exclusive)
+        return _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes)
     except KrexUnavailable as exc:
         _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
         return ExitCode.UNAVAILABLE
@@ -161,6 +173,7 @@ def _run(
     gpu: int | None,
     timeout_s: float | None,
     exclusive: bool,
+    mem_bytes: int | None = None,
 ) -> int:
     daemon_pid = int(conn.request("ping")["pid"])
 
@@ -177,6 +190,8 @@ def _run(
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
     if gpu is not None:
         body["gpu"] = gpu
+    if mem_bytes is not None:
+        body["mem_bytes"] = mem_bytes
     asked = time.monotonic()
     try:
         granted = conn.request("admit", body, forever=True, check=daemon_alive)
@@ -236,11 +251,37 @@ def _launch(
         return ExitCode.TIMEOUT
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
-        _release(tenant, {"signal": signum})
-        return 128 + signum
+        memory = _memory_record(tenant, 128 + signum)
+        return _outcome(argv, 128 + signum, memory, _release(tenant, {"signal": signum}))
     code = os.waitstatus_to_exitcode(status)
-    _release(tenant, {"exit_code": code})
-    return code
+    memory = _memory_record(tenant, code)
+    return _outcome(argv, code, memory, _release(tenant, {"exit_code": code}))
+
+
+def _memory_record(tenant: Connection, code: int) -> dict[str, Any]:
+    """The command's memory record when it failed (``{}`` when it succeeded or krexd cannot say)."""
+    if code == 0:
+        return {}
+    try:
+        return dict(tenant.request("memory"))
+    except (KrexUnavailable, RemoteError):
+        return {}
+
+
+def _outcome(
+    argv: list[str], code: int, memory: dict[str, Any], reply: dict[str, Any] | None
+) -> int:
+    """CMD's exit ``code``, or 75 when it failed after co-tenants' out-of-memory errors."""
+    failed_for_cotenants = int(memory.get("oom_cotenant") or 0)
+    if code == 0 or not failed_for_cotenants or (reply or {}).get("kill_reason"):
+        return code
+    why = COTENANT_TEXT.get(str(memory.get("last_cotenant_oom")), "co-tenants held the memory")
+    _say(
+        f"{argv[0]} failed (exit {code}) after {failed_for_cotenants} GPU out-of-memory "
+        f"error(s) caused by co-tenants ({why}); exit {int(ExitCode.TEMPFAIL)} "
+        "(EX_TEMPFAIL): run it again"
+    )
+    return ExitCode.TEMPFAIL
 
 
 def _forwarder(pgid: int) -> Any:
@@ -250,11 +291,13 @@ def _forwarder(pgid: int) -> Any:
     return forward
 
 
-def _release(tenant: Connection, body: dict[str, int]) -> None:
+def _release(tenant: Connection, body: dict[str, int]) -> dict[str, Any] | None:
+    """Tell krexd the command ended; its reply (None when krexd did not answer)."""
     try:
         reply = tenant.request("release", body)
     except (KrexUnavailable, RemoteError) as exc:
         _say(f"warning: krexd did not confirm the end of the command: {exc}")
-        return
+        return None
     if reply.get("kill_reason"):
         _say(f"krexd killed the command: {reply['kill_reason']}")
+    return reply

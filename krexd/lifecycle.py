@@ -2,8 +2,9 @@
 
 ``end`` is the single way out for a tenant, whatever the reason (release, its
 launcher died, shutdown): the coordinator recovers a region it may hold
-(``tenant_gone``), the tree is killed, the cgroup removed, the slot freed and
-parked requests granted.
+(``tenant_gone``), the tree is killed, the cgroup removed, the memory record
+completed, the slot and the memory reservation freed and parked requests
+granted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from krexd import paths, states
 from krexd.cgroups import CgroupError
 from krexd.errors import Code, KrexError
+from krexd.memory import MemoryMonitor
 from krexd.states import change_state
 from krexd.tenants import PidWatch, Tenant
 
@@ -35,14 +37,34 @@ class Lifecycle:
         self._ending: dict[int, asyncio.Task[None]] = {}
         # Liveness poll period where pidfds are unavailable ([daemon] liveness_interval_ms).
         self.poll_s = daemon.config.daemon.liveness_interval_ms / 1000
+        self._memory: MemoryMonitor | None = None
+
+    @property
+    def memory(self) -> MemoryMonitor:
+        """The memory monitor, started on first use (after the daemon's setup)."""
+        if self._memory is None:
+            self._memory = MemoryMonitor(self.daemon)
+            self._memory.start()
+        return self._memory
 
     async def admit(
-        self, argv: list[str], gpu: int | None, exclusive: bool, launcher_pid: int
+        self,
+        argv: list[str],
+        gpu: int | None,
+        exclusive: bool,
+        launcher_pid: int,
+        mem_bytes: int | None = None,
     ) -> Tenant:
-        """Park until admission grants a GPU, then create the tenant and its cgroup."""
+        """Park until admission grants a GPU, then create the tenant and its cgroup.
+
+        ``mem_bytes`` is the memory need declared with ``krex run --mem``
+        (bytes; None: the configured default need).
+        """
         d = self.daemon
         d.check_serving()
-        waiter = d.admission.park(gpu, exclusive, launcher_pid, argv)
+        record = self.memory.need_for(mem_bytes, gpu)
+        need = record.need_bytes
+        waiter = d.admission.park(gpu, exclusive, launcher_pid, argv, need)
         watch = PidWatch(
             launcher_pid,
             lambda: d.admission.cancel(waiter, Code.CANCELLED, "launcher exited while parked"),
@@ -52,7 +74,7 @@ class Lifecycle:
             granted = await asyncio.shield(waiter.future)
         except asyncio.CancelledError:
             if waiter.future.done() and not waiter.future.exception():
-                d.admission.release(waiter.future.result(), exclusive)
+                d.admission.release(waiter.future.result(), exclusive, need)
             else:
                 d.admission.cancel(waiter, Code.CANCELLED, "request cancelled")
             raise
@@ -63,7 +85,7 @@ class Lifecycle:
             tid = d.tenants.new_id()
             cgroup = d.cgroups.create_tenant(granted, tid)
         except BaseException:
-            d.admission.release(granted, exclusive)
+            d.admission.release(granted, exclusive, need)
             raise
         tenant = Tenant(
             id=tid,
@@ -73,6 +95,7 @@ class Lifecycle:
             launcher_pid=launcher_pid,
             cgroup=cgroup,
             exclusive=exclusive,
+            memory=record,
         )
         d.tenants.add(tenant)
         self._watches[tid] = PidWatch(
@@ -143,10 +166,14 @@ class Lifecycle:
             except CgroupError as exc:
                 _log.error("t%d: cgroup cleanup: %s", tenant.id, exc)
         finally:
+            try:
+                self.memory.tenant_ended(tenant)  # its processes are gone: final record
+            except Exception:
+                _log.exception("t%d: memory record", tenant.id)
             d.tenants.remove(tenant)
             if tenant.state != states.EXITED:
                 change_state(tenant, states.EXITED)  # any live -> EXITED
-            d.admission.release(tenant.gpu, tenant.exclusive)
+            d.admission.release(tenant.gpu, tenant.exclusive, tenant.memory.need_bytes)
             self._ending.pop(tenant.id, None)
             _log.info(
                 "t%d ended (%s, exit_code=%s, signal=%s)",
@@ -166,6 +193,8 @@ class Lifecycle:
             "KREX_GPU": str(tenant.gpu),
             "CUDA_VISIBLE_DEVICES": str(tenant.gpu),
             "NCCL_NVLS_ENABLE": "0",
+            # Bound of the shim's wait for co-tenants' memory (libkrex_shim/memory.c).
+            "KREX_OOM_WAIT_S": f"{d.config.memory.oom_wait_s:g}",
         }
         if not tenant.exclusive:  # a whole-device lease runs natively, unshimmed
             gate = d.gate_paths.get(tenant.gpu)

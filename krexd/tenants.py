@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from krexd import states
 from krexd.cgroups import TenantCgroup
 from krexd.errors import Code, KrexError
+from krexd.memory.records import TenantMemory
 
 _log = logging.getLogger("krexd.tenants")
 
@@ -46,6 +47,8 @@ class Tenant:
     exit_code: int | None = None
     signal: int | None = None
     kill_reason: str | None = None  # set when krexd kills the command (e.g. max_region_s)
+    # Memory need, usage and out-of-memory record (krexd/memory, docs/design/memory.md).
+    memory: TenantMemory = field(default_factory=lambda: TenantMemory(0, "default"))
 
     def __repr__(self) -> str:
         return f"Tenant(t{self.id}, gpu{self.gpu}, {self.state})"
@@ -63,6 +66,7 @@ class Tenant:
             "exclusive": self.exclusive,
             "cgroup": self.cgroup.path,
             "kill_reason": self.kill_reason,
+            "memory": self.memory.as_dict(),
         }
 
 

@@ -1,11 +1,13 @@
 """``krex``: the user's command.
 
-    krex run [--gpu N] [--timeout S] [--exclusive] [--socket PATH] -- CMD ARGS...
+    krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--socket PATH] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
 ``krex run`` exits with CMD's exit code (128+N when a signal N killed it),
 124 when ``--timeout`` expired, 69 when krexd is unreachable, 126/127 when CMD
-cannot be executed / is not found, 65 or 77 when krexd refused the request.
+cannot be executed / is not found, 65 or 77 when krexd refused the request,
+75 (EX_TEMPFAIL) when CMD failed after GPU out-of-memory errors that its
+co-tenants caused (run it again; the failure is not the command's).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 
 from krex_client.connection import default_socket
 from krexd import __version__
+from krexd.memory.sizes import parse_size
 
 
 def _positive_float(text: str) -> float:
@@ -27,6 +30,13 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
     return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait until the GPU has no tenants, then hold it alone, unshimmed",
     )
     run.add_argument(
+        "--mem",
+        type=_size,
+        metavar="SIZE",
+        help="GPU memory CMD needs (bytes, or e.g. 512M, 4G): admitted only where it fits "
+        "(default: krexd's [memory] default_need)",
+    )
+    run.add_argument(
         "--socket",
         metavar="PATH",
         help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
@@ -78,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--gpu must be >= 0")
         from krexd.launcher import run
 
-        return run(cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive)
+        return run(
+            cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive, args.mem
+        )
     func = getattr(args, "func", None)
     if func is None:
         parser.error(f"unknown command {args.command!r}")

@@ -1,8 +1,11 @@
 """``krexctl status [--json] [--socket PATH]``: what krexd is doing.
 
-Prints GPUs with their CPU slices and slots, tenants (id, pid, command, state,
-age), the parked queue, each GPU's region holder and region counts, the
-cgroup backend in use, krexd's version and uptime.  ``--json`` prints the
+Prints GPUs with their CPU slices, slots and memory (used/total, what
+admission may still give, allocations waiting for co-tenants' memory),
+tenants (id, pid, command, state, age, memory used/need and out-of-memory
+outcome), the parked queue (waiting for a slot or for memory), each GPU's
+region holder and region counts, the cgroup backend in use, krexd's version
+and uptime.  ``--json`` prints the
 ``status`` op's reply as is (keys documented in krexd/control/status.py).
 
 Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
@@ -21,6 +24,7 @@ from typing import Any
 from krex_client.connection import Connection, KrexUnavailable, RemoteError, default_socket
 from krexd import __version__
 from krexd.errors import StatusExit
+from krexd.memory.sizes import format_size
 
 
 def _listening(path: str) -> bool:
@@ -65,6 +69,49 @@ def _region_cells(region: Any) -> list[str]:
     return [done, lat]
 
 
+def _gib(n: Any) -> str:
+    return "-" if n is None else f"{int(n) / (1 << 30):.1f}"
+
+
+def _memory_cell(mem: Any) -> str:
+    """``used/total GiB (avail A)``, ``!`` while an allocation waits for co-tenants."""
+    if not isinstance(mem, dict):
+        return "-"
+    cell = f"{_gib(mem.get('used_bytes'))}/{_gib(mem.get('total_bytes'))}"
+    if mem.get("available_bytes") is not None:
+        cell += f" (avail {_gib(mem['available_bytes'])})"
+    if mem.get("waiting"):
+        cell += " !oom-wait " + ",".join(f"t{t}" for t in mem["waiting"])
+    return cell
+
+
+def _tenant_memory_cell(mem: Any) -> str:
+    """``peak/need`` and the out-of-memory outcome of one tenant."""
+    if not isinstance(mem, dict):
+        return "-"
+    cell = (
+        f"{format_size(int(mem.get('peak_bytes', 0)))}/{format_size(int(mem.get('need_bytes', 0)))}"
+    )
+    if mem.get("exceeded"):
+        cell += " over"
+    if mem.get("waiting"):
+        cell += " oom-wait"
+    elif mem.get("outcome") not in (None, "ok"):
+        cell += f" {mem['outcome']}"
+    return cell
+
+
+def _memory_line(m: Any) -> str:
+    if not isinstance(m, dict):
+        return "memory: not reported"
+    return (
+        f"memory ({m.get('source')}): admission {'on' if m.get('admission') else 'off'}, "
+        f"default need {format_size(int(m.get('default_need_bytes') or 0))}, "
+        f"headroom {format_size(int(m.get('headroom_bytes') or 0))}, "
+        f"max bypass {m.get('max_bypass')}, co-tenant OOM wait {m.get('oom_wait_s')} s"
+    )
+
+
 def render(st: dict[str, Any]) -> str:
     """Human-readable status (the table ``krexctl status`` prints)."""
     cg = st.get("cgroups") or {}
@@ -77,6 +124,7 @@ def render(st: dict[str, Any]) -> str:
         + ("  [systemd]" if cg.get("systemd") else ""),
         f"queue {q.get('parked', 0)} parked  "
         f"(granted {q.get('granted_total', 0)}, parked {q.get('parked_total', 0)} since start)",
+        _memory_line(st.get("memory")),
         "",
     ]
     gpu_rows = [
@@ -90,6 +138,7 @@ def render(st: dict[str, Any]) -> str:
             "HOLDER",
             "REGIONS",
             "ENTRY p50/p99 ms",
+            "MEMORY GiB",
         ]
     ]
     for g in st.get("gpus", []):
@@ -106,13 +155,14 @@ def render(st: dict[str, Any]) -> str:
                 str(sl.get("tenant_cores", "-")),
                 f"t{holder}" if holder is not None else "-",
                 *_region_cells(g.get("region")),
+                _memory_cell(g.get("memory")),
             ]
         )
     lines.append(_table(gpu_rows) if len(gpu_rows) > 1 else "no GPUs")
     lines.append("")
     tenants = st.get("tenants", [])
     if tenants:
-        rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "COMMAND"]]
+        rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "MEMORY", "COMMAND"]]
         for t in tenants:
             cmd = " ".join(" ".join(t.get("command", [])).split())  # one line, whatever argv holds
             rows.append(
@@ -122,6 +172,7 @@ def render(st: dict[str, Any]) -> str:
                     str(t.get("pid") or "-"),
                     t["state"],
                     _duration(t["age_s"]),
+                    _tenant_memory_cell(t.get("memory")),
                     cmd if len(cmd) <= 60 else cmd[:57] + "...",
                 ]
             )
@@ -131,7 +182,7 @@ def render(st: dict[str, Any]) -> str:
     parked = q.get("queue", [])
     if parked:
         lines.append("")
-        rows = [["PARKED", "GPU", "LAUNCHER", "WAITING", "COMMAND"]]
+        rows = [["PARKED", "GPU", "LAUNCHER", "WAITING", "FOR", "NEED", "COMMAND"]]
         for i, w in enumerate(parked, 1):
             rows.append(
                 [
@@ -139,11 +190,21 @@ def render(st: dict[str, Any]) -> str:
                     "any" if w.get("gpu") is None else str(w["gpu"]),
                     str(w.get("launcher_pid")),
                     _duration(w.get("waiting_s", 0)),
+                    _waiting_for(w),
+                    format_size(int(w.get("mem_bytes") or 0)),
                     " ".join(" ".join(w.get("command", [])).split())[:60],
                 ]
             )
         lines.append(_table(rows))
     return "\n".join(lines)
+
+
+def _waiting_for(w: dict[str, Any]) -> str:
+    """``slot``, or ``memory gpuN (bypassed K)``."""
+    what = w.get("waiting_for") or "-"
+    if what == "memory" and w.get("mem_gpu") is not None:
+        what += f" gpu{w['mem_gpu']} (bypassed {w.get('bypassed', 0)})"
+    return str(what)
 
 
 def status(socket: str, as_json: bool) -> int:

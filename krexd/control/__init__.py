@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd.control import admit, ping, place, release, status
+from krexd.control import admit, memory, ping, place, release, status
 
 if TYPE_CHECKING:
     from krexd.daemon import Daemon
@@ -26,6 +26,7 @@ OPS: dict[str, Handler] = {
     "admit": admit.handle,
     "place": place.handle,
     "release": release.handle,
+    "memory": memory.handle,
 }
 
 for _op in ("region_enter", "region_exit"):

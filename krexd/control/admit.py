@@ -16,11 +16,16 @@ and for shared (non-exclusive) tenants ``KREX_GATE`` and ``LD_PRELOAD`` when
 the gate and the shim exist.  ``LD_PRELOAD`` is to be *prepended* to any
 value the caller already has.
 
+``mem_bytes`` is the command's memory need (``krex run --mem SIZE``);
+without it the need is ``[memory] default_need`` (docs/design/memory.md).
+The need is reserved on the granted GPU until ``release``; a GPU admits the
+command only when the need fits there.
+
 No reply is sent while parked: the client just waits (paper §4.3).  If the
 launcher (``launcher_pid``) exits while parked, the request is withdrawn.
-Errors: ``BAD_FIELD``, ``NO_SUCH_GPU``, ``CANCELLED`` (too many parked),
-``SHUTTING_DOWN``.
-Sent by: ``krex run [--gpu N] [--exclusive] -- CMD``.
+Errors: ``BAD_FIELD`` (also a ``mem_bytes`` no GPU can ever hold),
+``NO_SUCH_GPU``, ``CANCELLED`` (too many parked), ``SHUTTING_DOWN``.
+Sent by: ``krex run [--gpu N] [--exclusive] [--mem SIZE] -- CMD``.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
     gpu = fields.integer(req.body, "gpu", 0, 1 << 16, default=None)
     exclusive = fields.boolean(req.body, "exclusive")
     launcher_pid = fields.integer(req.body, "launcher_pid", 1, 1 << 22)
-    fields.integer(req.body, "mem_bytes", 0, default=None)  # recorded for future scheduling
-    tenant = await daemon.lifecycle.admit(argv, gpu, exclusive, launcher_pid)
+    mem_bytes = fields.integer(req.body, "mem_bytes", 0, (1 << 60) - 1, default=None)
+    tenant = await daemon.lifecycle.admit(argv, gpu, exclusive, launcher_pid, mem_bytes)
     return {
         "tenant": tenant.id,
         "token": tenant.token,

@@ -12,13 +12,28 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                          "shared": bool},
                "slots_used": int, "slots_total": int, "exclusive": bool,
                "tenants": [int], "gate": str|null,
-               "holder": int|null, "region": {...}|null}],
+               "holder": int|null, "region": {...}|null,
+               "memory": {"source": "nvml|fake|shim", "total_bytes", "used_bytes",
+                          "free_bytes", "tenants_bytes", "other_bytes", "reserved_bytes",
+                          "headroom_bytes", "available_bytes": int|null,
+                          "waiting": [int], "blocked": bool}|null}],
      "tenants": [{"id", "gpu", "pid", "launcher_pid", "command", "state", "age_s",
-                  "exclusive", "cgroup"}],
-     "queue": {"parked": int, "queue": [...], "granted_total": int, "parked_total": int}}
+                  "exclusive", "cgroup", "kill_reason",
+                  "memory": {"need_bytes", "need_source", "used_bytes", "peak_bytes",
+                             "used_source", "exceeded", "oom_waited", "oom_cotenant",
+                             "oom_own", "last_oom", "last_cotenant_oom", "waiting",
+                             "outcome"}}],
+     "queue": {"parked": int, "queue": [...], "granted_total": int, "parked_total": int,
+               "max_bypass": int},
+     "memory": {"admission": bool, "default_need_bytes", "headroom_bytes", "max_bypass",
+                "oom_wait_s", "refresh_ms", "source"}}
 
 ``region`` is the coordinator's own ``status()`` (holder, queue, counts,
-entry-latency percentiles) when one runs for that GPU.
+entry-latency percentiles) when one runs for that GPU.  ``memory`` per GPU
+is ``krexd.memory.MemoryMonitor.gpu_status`` (``waiting``: tenants whose
+allocation waits for co-tenants' memory; ``blocked``: admission to the GPU
+is stopped meanwhile); a parked request's row has ``mem_bytes``,
+``waiting_for`` ("slot" or "memory"), ``mem_gpu`` and ``bypassed``.
 Errors: ``BAD_FIELD``.
 """
 
@@ -36,4 +51,9 @@ if TYPE_CHECKING:
 async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
     """Collect the daemon's status (see module docstring)."""
     fields.only(req.body)
-    return daemon.status()
+    body = daemon.status()
+    memory = daemon.lifecycle.memory
+    for gpu in body.get("gpus", []):
+        gpu["memory"] = memory.gpu_status(gpu["index"])
+    body["memory"] = memory.settings()
+    return body

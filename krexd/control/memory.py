@@ -1,0 +1,39 @@
+"""``memory``: the calling tenant's memory record, read fresh.
+
+Request: tenant + token; body ``{}``.
+Reply body (``krexd.memory.records.TenantMemory``; bytes)::
+
+    {"need_bytes": int, "need_source": "declared|default", "used_bytes": int,
+     "peak_bytes": int, "used_source": "nvml|fake|shim|none", "exceeded": bool,
+     "oom_waited": int, "oom_cotenant": int, "oom_own": int,
+     "last_oom": str|null, "last_cotenant_oom": str|null, "waiting": bool,
+     "outcome": "ok|waited|own_oom|cotenant_oom"}
+
+Before answering, krexd reads the gate slots of the tenant's GPU again, so
+every out-of-memory error its processes met so far is counted, those of
+processes that already ended included.  ``oom_cotenant`` counts errors
+returned to the command that its co-tenants caused (``last_cotenant_oom``
+says why: ``timeout``, ``in_region``, ``nested``, ``no_wait``, ``mutual``);
+``oom_own`` those that were its own (``too_large``, ``alone``).
+Errors: ``AUTH``, ``BAD_FIELD``.
+Sent by: ``krex run`` when CMD failed, to exit 75 (EX_TEMPFAIL) instead of
+CMD's code when co-tenants' memory caused the failure (docs/design/memory.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from krex_client.protocol import Request
+from krexd.control import fields
+
+if TYPE_CHECKING:
+    from krexd.daemon import Daemon
+
+
+async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+    """Authenticate, re-read the tenant's slots, return its record."""
+    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    fields.only(req.body)
+    daemon.lifecycle.memory.refresh_tenant(tenant)
+    return tenant.memory.as_dict()

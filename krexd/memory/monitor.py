@@ -1,0 +1,282 @@
+"""The memory view of krexd's GPUs, and the memory side of admission.
+
+Every ``[memory] refresh_ms`` the monitor reads each GPU's memory from its
+source (``krexd.memory.sources``: NVML, the fake driver's state, or none)
+and the shim's slots in the gate (``krexd.memory.gatemem``), and works out
+per GPU::
+
+    tenants_used = sum of the tenants' usage (per-process figures of the
+                   source for the tenant's cgroup pids, else the shim's count)
+    other        = device used - tenants_used   (processes krex does not run)
+    excess       = other + sum over tenants of max(0, used - need)
+    available    = total - headroom - excess    (before reservations)
+
+Admission (``krexd.admission``) reserves each admitted command's *need*
+(``krex run --mem``, else ``[memory] default_need`` capped at one slot's
+share of the card) and admits a command to a GPU only when its need fits in
+``available - reserved``; so a command is charged max(need, used), and
+memory used by others is charged too.  A GPU where an allocation waits for
+co-tenants' memory (the shim's WAITING bit) admits nothing until the wait
+ends.  docs/design/memory.md gives the reasoning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from krexd.errors import Code, KrexError
+from krexd.memory.gatemem import SLOT_ACTIVE, GateMemory, pid_alive
+from krexd.memory.records import SlotLedger, TenantMemory
+from krexd.memory.sizes import format_size
+from krexd.memory.sources import DeviceMemory, Source, open_source
+
+if TYPE_CHECKING:
+    from krexd.daemon import Daemon
+    from krexd.tenants import Tenant
+
+_log = logging.getLogger("krexd.memory")
+
+
+@dataclass
+class GpuView:
+    """One GPU's memory at the last refresh (bytes)."""
+
+    total: int
+    used: int
+    other: int
+    tenants_used: int
+    excess: int
+    source: str
+    waiting: set[int] = field(default_factory=set)
+
+
+class MemoryMonitor:
+    """Refreshes the memory view of ``daemon``'s GPUs; the admission memory policy."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.cfg = daemon.config.memory
+        self.source: Source | None = None
+        self.gates: dict[int, GateMemory] = {}
+        self.ledgers: dict[int, SlotLedger] = {}
+        self.views: dict[int, GpuView] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+
+    # --- life cycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the source and the gates, attach to admission, start refreshing (once)."""
+        if self._started:
+            return
+        self._started = True
+        d = self.daemon
+        self.source = open_source(d.gpus)
+        for gpu, path in d.gate_paths.items():
+            try:
+                self.gates[gpu] = GateMemory(path)
+            except (OSError, ValueError) as exc:
+                _log.warning("gpu%d: cannot read the gate's memory fields: %s", gpu, exc)
+            self.ledgers[gpu] = SlotLedger()
+        d.admission.memory = self
+        d.admission.max_bypass = self.cfg.max_bypass
+        self._apply(self.source.read())
+        _log.info(
+            "memory: source %s, admission %s, default need %s, headroom %s, oom wait %g s",
+            self.source.name,
+            "on" if self.cfg.admission else "off",
+            format_size(self.cfg.default_need),
+            format_size(self.cfg.headroom),
+            self.cfg.oom_wait_s,
+        )
+        self._task = d.spawn(self._loop())
+
+    async def _loop(self) -> None:
+        period = self.cfg.refresh_ms / 1000
+        source = self.source
+        assert source is not None
+        try:
+            while True:
+                try:
+                    self.daemon.check_serving()
+                except KrexError:
+                    return
+                try:
+                    self._apply(await asyncio.to_thread(source.read))
+                except Exception:
+                    _log.exception("memory refresh failed")
+                if self.daemon.admission.parked:
+                    self.daemon.admission.kick()  # memory may have come back
+                await asyncio.sleep(period)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the source and the gate mappings."""
+        if self.source is not None:
+            self.source.close()
+        for gm in self.gates.values():
+            gm.close()
+        self.gates.clear()
+
+    # --- refresh ------------------------------------------------------------------
+
+    def _apply(self, dev: dict[int, DeviceMemory]) -> None:
+        d = self.daemon
+        for g in d.gpus:
+            dm = dev.get(g.index) or DeviceMemory(g.total_mem_bytes, None, None, "shim")
+            tenants = d.tenants.on_gpu(g.index)
+            records = {t.id: t.memory for t in tenants}
+            shim_used: dict[int, int] = {}
+            waiting: set[int] = set()
+            gm = self.gates.get(g.index)
+            if gm is not None:
+                slots = gm.slots()
+                self.ledgers[g.index].update(slots, records)
+                for s in slots:
+                    if s.state == SLOT_ACTIVE and s.tenant and pid_alive(s.pid):
+                        shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
+                        if s.oom.waiting:
+                            waiting.add(s.tenant)
+            tenants_used = over = 0
+            for t in tenants:
+                used, src = self._tenant_used(t, dm, shim_used)
+                rec = t.memory
+                rec.waiting = t.id in waiting
+                rec.waits_seen += rec.waiting
+                if rec.observe(used, src):
+                    _log.warning(
+                        "t%d uses %s, more than the %s it %s (allowed; noted in its record)",
+                        t.id,
+                        format_size(used),
+                        format_size(rec.need_bytes),
+                        "declared" if rec.need_source == "declared" else "was assumed to need",
+                    )
+                tenants_used += used
+                over += max(0, used - rec.need_bytes)
+            other = max(0, dm.used - tenants_used) if dm.used is not None else 0
+            self.views[g.index] = GpuView(
+                total=dm.total,
+                used=dm.used if dm.used is not None else tenants_used,
+                other=other,
+                tenants_used=tenants_used,
+                excess=other + over,
+                source=dm.source,
+                waiting=waiting,
+            )
+
+    @staticmethod
+    def _tenant_used(t: Tenant, dm: DeviceMemory, shim_used: dict[int, int]) -> tuple[int, str]:
+        """The tenant's usage: the source's per-process figures for its pids, else the shim's."""
+        if dm.per_pid:
+            try:
+                pids = t.cgroup.pids()
+            except Exception:
+                pids = sorted(t.pids)
+            matched = [dm.per_pid[p] for p in pids if p in dm.per_pid]
+            if matched:
+                return sum(matched), dm.source
+        return shim_used.get(t.id, 0), "shim"
+
+    def refresh_tenant(self, tenant: Tenant) -> None:
+        """Credit what the tenant's processes (ended ones too) counted so far."""
+        gm = self.gates.get(tenant.gpu)
+        if gm is not None:
+            records = {t.id: t.memory for t in self.daemon.tenants.on_gpu(tenant.gpu)}
+            records[tenant.id] = tenant.memory
+            self.ledgers[tenant.gpu].update(gm.slots(), records)
+
+    def tenant_ended(self, tenant: Tenant) -> None:
+        """Final read of the tenant's gate slots (its processes are gone), then free them."""
+        self.refresh_tenant(tenant)
+        if tenant.gpu in self.gates:
+            gate = self.daemon.gates.get(tenant.gpu)
+            if gate is not None:
+                gate.reclaim_dead()  # after the read: the records are taken
+        tenant.memory.waiting = False
+        _log.info("t%d memory: %s", tenant.id, tenant.memory.describe())
+
+    # --- admission policy -----------------------------------------------------------
+
+    def need_for(self, mem_bytes: int | None, gpu: int | None) -> TenantMemory:
+        """A new command's record: its declared need, or the default need.
+
+        The default is ``[memory] default_need`` capped at one slot's share of
+        the smallest candidate GPU (``(total - headroom) / slots_per_gpu``), so
+        that a full GPU of undeclared commands always fits.  A declared need
+        no candidate GPU can ever hold (more than ``total - headroom``) is
+        refused with ``BAD_FIELD`` while admission by memory is on.
+        """
+        candidates = [gpu] if gpu is not None else [g.index for g in self.daemon.gpus]
+        caps = [self.capacity(g) for g in candidates if g in self.views]
+        if mem_bytes is None:
+            need = self.cfg.default_need
+            slots = self.daemon.config.admission.slots_per_gpu
+            if caps:
+                need = min(need, max(0, min(caps)) // slots)
+            return TenantMemory(need, "default")
+        if self.cfg.admission and caps and mem_bytes > max(caps):
+            raise KrexError(
+                Code.BAD_FIELD,
+                f"mem_bytes: {format_size(mem_bytes)} never fits: "
+                f"{'GPU ' + str(gpu) if gpu is not None else 'the largest GPU'} holds "
+                f"{format_size(max(0, max(caps)))} after the {format_size(self.cfg.headroom)} "
+                "headroom",
+            )
+        return TenantMemory(mem_bytes, "declared")
+
+    def capacity(self, gpu: int) -> int:
+        """What GPU ``gpu`` can ever give commands: total - headroom (bytes)."""
+        view = self.views.get(gpu)
+        total = view.total if view is not None else 0
+        return total - self.cfg.headroom
+
+    def blocked(self, gpu: int) -> bool:
+        """True while an allocation on ``gpu`` waits for co-tenants' memory (fresh read)."""
+        gm = self.gates.get(gpu)
+        return gm is not None and bool(gm.waiting_tenants())
+
+    def available(self, gpu: int) -> int | None:
+        """Bytes of ``gpu`` admission may still reserve (None: admission by memory off)."""
+        view = self.views.get(gpu)
+        if not self.cfg.admission or view is None:
+            return None
+        return view.total - self.cfg.headroom - view.excess
+
+    # --- status -----------------------------------------------------------------------
+
+    def gpu_status(self, gpu: int) -> dict[str, Any] | None:
+        """JSON-ready memory of ``gpu`` for ``krexctl status`` (bytes)."""
+        view = self.views.get(gpu)
+        if view is None:
+            return None
+        reserved = self.daemon.admission.mem_reserved.get(gpu, 0)
+        avail = self.available(gpu)
+        return {
+            "source": view.source,
+            "total_bytes": view.total,
+            "used_bytes": view.used,
+            "free_bytes": max(0, view.total - view.used),
+            "tenants_bytes": view.tenants_used,
+            "other_bytes": view.other,
+            "reserved_bytes": reserved,
+            "headroom_bytes": self.cfg.headroom,
+            "available_bytes": None if avail is None else max(0, avail - reserved),
+            "waiting": sorted(view.waiting),
+            "blocked": self.blocked(gpu),
+        }
+
+    def settings(self) -> dict[str, Any]:
+        """The ``[memory]`` settings in force (status)."""
+        return {
+            "admission": self.cfg.admission,
+            "default_need_bytes": self.cfg.default_need,
+            "headroom_bytes": self.cfg.headroom,
+            "max_bypass": self.cfg.max_bypass,
+            "oom_wait_s": self.cfg.oom_wait_s,
+            "refresh_ms": self.cfg.refresh_ms,
+            "source": self.source.name if self.source is not None else None,
+        }

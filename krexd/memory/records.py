@@ -1,0 +1,153 @@
+"""Per-tenant memory records, and the bookkeeping that fills them from gate slots.
+
+A tenant's record says what it declared (or was assumed to need), what it
+used, whether it exceeded its need (allowed, noted), and what the shim did
+with its out-of-memory errors: absorbed by waiting for co-tenants, returned
+as caused by co-tenants (``krex run`` then exits 75 if the command fails),
+or returned as its own.  It is shown by ``krexctl status`` and returned by
+``release``.
+
+The shim keeps per-process counters in its gate slot; a process's slot may
+be freed (and later reused) after it exits.  :class:`SlotLedger` remembers
+who owned each slot and what it had counted, and credits only increases to
+the owning tenant, so a record survives the slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from krexd.memory.gatemem import (
+    COTENANT_REASONS,
+    SLOT_ACTIVE,
+    SLOT_CLAIMING,
+    SLOT_DEAD,
+    SLOT_FREE,
+    SlotMemory,
+)
+from krexd.memory.sizes import format_size
+
+#: What each co-tenant out-of-memory reason means, for ``krex run``'s one-line message.
+COTENANT_TEXT = {
+    "timeout": "co-tenants did not free enough GPU memory within [memory] oom_wait_s",
+    "in_region": "inside its critical region, where frozen co-tenants' memory cannot be awaited",
+    "nested": "inside another driver call, where the shim cannot wait",
+    "no_wait": "co-tenants held the GPU memory and waiting is off ([memory] oom_wait_s = 0)",
+    "mutual": "every co-tenant holding GPU memory was waiting for memory too",
+}
+
+
+@dataclass
+class TenantMemory:
+    """One command's memory record (bytes; counts since it was admitted)."""
+
+    need_bytes: int
+    need_source: str  # "declared" (krex run --mem) | "default" ([memory] default_need)
+    used_bytes: int = 0
+    peak_bytes: int = 0
+    used_source: str = "none"  # "nvml" | "fake" | "shim" | "none"
+    exceeded: bool = False  # peak_bytes went over need_bytes
+    oom_waited: int = 0  # co-tenant OOMs absorbed: waited, then allocated
+    oom_cotenant: int = 0  # co-tenant OOMs returned to the program
+    oom_own: int = 0  # OOMs returned as its own (too large alone, no co-tenant)
+    last_oom: str | None = None  # reason of the last OOM returned (gatemem.OOM_REASONS)
+    last_cotenant_oom: str | None = None  # reason of the last co-tenant OOM returned
+    waiting: bool = False  # an allocation waits for co-tenants' memory now
+    waits_seen: int = 0  # refreshes that found it waiting (times refresh_ms: wait time)
+
+    def observe(self, used_bytes: int, source: str) -> bool:
+        """Record usage now; True the first time it exceeds the need."""
+        self.used_bytes = used_bytes
+        self.used_source = source
+        self.peak_bytes = max(self.peak_bytes, used_bytes)
+        if self.peak_bytes > self.need_bytes and not self.exceeded:
+            self.exceeded = True
+            return True
+        return False
+
+    @property
+    def outcome(self) -> str:
+        """``cotenant_oom``, ``own_oom``, ``waited`` or ``ok``: the worst that happened."""
+        if self.oom_cotenant:
+            return "cotenant_oom"
+        if self.oom_own:
+            return "own_oom"
+        return "waited" if self.oom_waited else "ok"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready record (status, ``release`` reply)."""
+        return {
+            "need_bytes": self.need_bytes,
+            "need_source": self.need_source,
+            "used_bytes": self.used_bytes,
+            "peak_bytes": self.peak_bytes,
+            "used_source": self.used_source,
+            "exceeded": self.exceeded,
+            "oom_waited": self.oom_waited,
+            "oom_cotenant": self.oom_cotenant,
+            "oom_own": self.oom_own,
+            "last_oom": self.last_oom,
+            "last_cotenant_oom": self.last_cotenant_oom,
+            "waiting": self.waiting,
+            "outcome": self.outcome,
+        }
+
+    def describe(self) -> str:
+        """One line for logs: need, peak, OOM outcome."""
+        return (
+            f"need {format_size(self.need_bytes)} ({self.need_source}), "
+            f"peak {format_size(self.peak_bytes)} ({self.used_source}), {self.outcome}"
+        )
+
+
+@dataclass
+class _Owner:
+    tenant: int
+    pid: int
+    waited: int = 0
+    failed: int = 0
+    own: int = 0
+    last: str | None = None
+
+
+@dataclass
+class SlotLedger:
+    """Credits the shim's per-slot OOM counters to tenant records, once each."""
+
+    _owners: dict[int, _Owner] = field(default_factory=dict)
+
+    def update(self, slots: list[SlotMemory], records: dict[int, TenantMemory]) -> None:
+        """Apply a fresh read of a gate's ``slots`` to ``records`` (tenant id -> record)."""
+        for s in slots:
+            known = self._owners.get(s.index)
+            if s.state in (SLOT_ACTIVE, SLOT_DEAD) and s.tenant:
+                if known is None or (known.tenant, known.pid) != (s.tenant, s.pid):
+                    known = self._owners[s.index] = _Owner(s.tenant, s.pid)
+                self._credit(known, s, records)
+            elif s.state == SLOT_FREE and known is not None:
+                # Freed since the last read: its fields are the owner's final counts.
+                self._credit(known, s, records)
+                del self._owners[s.index]
+            elif s.state == SLOT_CLAIMING:
+                self._owners.pop(s.index, None)  # being reset by a new owner
+
+    @staticmethod
+    def _credit(o: _Owner, s: SlotMemory, records: dict[int, TenantMemory]) -> None:
+        w = s.oom
+        rec = records.get(o.tenant)
+        if rec is not None:
+            rec.oom_waited += max(0, w.waited - o.waited)
+            rec.oom_own += max(0, w.own - o.own)
+            new_failed = max(0, w.failed - o.failed)
+            rec.oom_cotenant += new_failed
+            if w.last is not None and (w.failed, w.own) != (o.failed, o.own):
+                rec.last_oom = w.last
+                if new_failed and w.last in COTENANT_REASONS:
+                    rec.last_cotenant_oom = w.last
+        o.waited, o.failed, o.own, o.last = (
+            max(o.waited, w.waited),
+            max(o.failed, w.failed),
+            max(o.own, w.own),
+            w.last,
+        )

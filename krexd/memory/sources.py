@@ -1,0 +1,203 @@
+"""Where krexd sees a GPU's memory: NVML, the fake driver's shared state, or nothing.
+
+Each source reads, per GPU, the total, the memory in use by every process
+(when it can see the whole device) and the usage per process id (when the
+driver accounts per process).  What each gives:
+
+* ``NvmlSource`` (nvidia-ml-py, imported lazily): ``nvmlDeviceGetMemoryInfo``
+  (total/used, all processes) and ``nvmlDeviceGetComputeRunningProcesses``
+  (``usedGpuMemory`` per pid, the CUDA context included).  The per-process
+  figure is missing (``None``) where the driver withholds it, e.g. for MPS
+  clients (NVML then lists the MPS server) or across pid namespaces.
+* ``FakeStateSource``: the fake driver's state file (``tests/fakecuda``,
+  ``memshare.c``): per simulated GPU the bytes in use, per process its bytes;
+  for ``--fake-gpus``.  Capacity from ``KREX_FAKE_MEM_BYTES`` as the fake
+  driver reads it.
+* ``NoSource``: the total from the GPU inventory only; usage then comes
+  from the shim's own count in the gate slots (``krexd.memory.gatemem``).
+
+Processes that died without cleanup are skipped, as the drivers reclaim
+their memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from krexd.gpus import GpuInfo
+from krexd.memory.gatemem import pid_alive
+from krexd.memory.sizes import parse_size
+
+_log = logging.getLogger("krexd.memory")
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU as a source sees it (bytes).
+
+    ``used`` is None when the source cannot see the whole device, ``per_pid``
+    None when it has no per-process figures.
+    """
+
+    total: int
+    used: int | None
+    per_pid: dict[int, int] | None
+    source: str  # "nvml" | "fake" | "shim"
+
+
+class Source(Protocol):
+    """A device-memory reader for the GPUs krexd manages."""
+
+    name: str
+
+    def read(self) -> dict[int, DeviceMemory]:
+        """GPU index -> its memory now."""
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds."""
+        ...
+
+
+class NoSource:
+    """Totals from the inventory; usage left to the shim's count."""
+
+    name = "shim"
+
+    def __init__(self, gpus: list[GpuInfo]) -> None:
+        self._totals = {g.index: g.total_mem_bytes for g in gpus}
+
+    def read(self) -> dict[int, DeviceMemory]:
+        """GPU index -> total only."""
+        return {i: DeviceMemory(t, None, None, self.name) for i, t in self._totals.items()}
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class NvmlSource:
+    """NVML's view (raises RuntimeError when NVML is unavailable)."""
+
+    name = "nvml"
+
+    def __init__(self, gpus: list[GpuInfo]) -> None:
+        try:
+            import pynvml
+        except ImportError:
+            raise RuntimeError("nvidia-ml-py is not installed") from None
+        nv: Any = pynvml
+        try:
+            nv.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            raise RuntimeError(f"NVML unavailable: {exc}") from None
+        self._nv = nv
+        self._handles = {g.index: nv.nvmlDeviceGetHandleByIndex(g.index) for g in gpus}
+
+    def read(self) -> dict[int, DeviceMemory]:
+        """GPU index -> NVML's totals and per-process usage."""
+        out: dict[int, DeviceMemory] = {}
+        for index, h in self._handles.items():
+            info = self._nv.nvmlDeviceGetMemoryInfo(h)
+            per_pid: dict[int, int] = {}
+            for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h):
+                used = getattr(p, "usedGpuMemory", None)
+                if used is not None:
+                    per_pid[int(p.pid)] = per_pid.get(int(p.pid), 0) + int(used)
+            out[index] = DeviceMemory(int(info.total), int(info.used), per_pid or None, self.name)
+        return out
+
+    def close(self) -> None:
+        """Shut NVML down."""
+        try:
+            self._nv.nvmlShutdown()
+        except Exception as exc:
+            _log.debug("nvmlShutdown: %s", exc)
+
+
+# The fake driver's state file (tests/fakecuda/memshare.c, layout "rexfksv1").
+_FAKE_MAGIC = 0x3176736B66786572
+_FAKE_MAX_GPUS = 16
+_FAKE_PROCS = 1024
+_FAKE_USED_OFF = 64  # after magic and pad[7]
+_FAKE_PROCS_OFF = _FAKE_USED_OFF + 8 * _FAKE_MAX_GPUS
+_FAKE_PROC_BYTES = 16 + 8 * _FAKE_MAX_GPUS  # pid, pad, start_time, used[16]
+_FAKE_BYTES = _FAKE_PROCS_OFF + _FAKE_PROCS * _FAKE_PROC_BYTES
+
+
+def fake_state_path() -> str:
+    """The fake driver's state file, chosen as it does (tests/fakecuda/README.md)."""
+    explicit = os.environ.get("KREX_FAKE_STATE")
+    if explicit:
+        return explicit
+    timeline = os.environ.get("KREX_FAKE_TIMELINE")
+    if timeline:
+        return timeline + ".state"
+    return f"/dev/shm/krex-fakecuda-{os.getuid()}"
+
+
+class FakeStateSource:
+    """The fake driver's shared memory accounting, for ``--fake-gpus``."""
+
+    name = "fake"
+
+    def __init__(self, gpus: list[GpuInfo], path: str | None = None) -> None:
+        self.path = path or fake_state_path()
+        cap = os.environ.get("KREX_FAKE_MEM_BYTES")
+        try:
+            fake_total = parse_size(cap) if cap else None
+        except ValueError:
+            _log.warning("KREX_FAKE_MEM_BYTES=%s is not a size; using the inventory's", cap)
+            fake_total = None
+        self._totals = {
+            g.index: fake_total if fake_total is not None else g.total_mem_bytes for g in gpus
+        }
+
+    def _snapshot(self) -> bytes | None:
+        try:
+            with (
+                open(self.path, "rb") as f,
+                mmap.mmap(f.fileno(), _FAKE_BYTES, prot=mmap.PROT_READ) as m,
+            ):
+                return bytes(m)
+        except (OSError, ValueError):
+            return None  # no fake-driver process has run yet
+
+    def read(self) -> dict[int, DeviceMemory]:
+        """GPU index -> the simulated GPU's usage, by live process."""
+        snap = self._snapshot()
+        if snap is None or struct.unpack_from("<Q", snap, 0)[0] != _FAKE_MAGIC:
+            return {i: DeviceMemory(t, 0, {}, self.name) for i, t in self._totals.items()}
+        per_gpu: dict[int, dict[int, int]] = {i: {} for i in self._totals}
+        for p in range(_FAKE_PROCS):
+            off = _FAKE_PROCS_OFF + p * _FAKE_PROC_BYTES
+            (pid,) = struct.unpack_from("<i", snap, off)
+            if pid <= 0 or not pid_alive(pid):
+                continue
+            used = struct.unpack_from(f"<{_FAKE_MAX_GPUS}Q", snap, off + 16)
+            for i, by_pid in per_gpu.items():
+                if i < _FAKE_MAX_GPUS and used[i]:
+                    by_pid[pid] = by_pid.get(pid, 0) + used[i]
+        return {
+            i: DeviceMemory(self._totals[i], sum(per_gpu[i].values()), per_gpu[i], self.name)
+            for i in self._totals
+        }
+
+    def close(self) -> None:
+        """Nothing held between reads."""
+
+
+def open_source(gpus: list[GpuInfo]) -> Source:
+    """The best source for ``gpus``: fake state for simulated GPUs, else NVML, else none."""
+    if gpus and all(g.fake for g in gpus):
+        return FakeStateSource(gpus)
+    if gpus:
+        try:
+            return NvmlSource(gpus)
+        except RuntimeError as exc:
+            _log.warning("GPU memory: %s; using the shim's per-process counts", exc)
+    return NoSource(gpus)

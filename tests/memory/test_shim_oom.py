@@ -1,0 +1,134 @@
+"""libkrex_shim's out-of-memory handling (libkrex_shim/memory.c) over the fake driver.
+
+Real processes with the shim preloaded share one simulated GPU of 1 GiB and
+one gate; the gate slots are read as krexd reads them.  What is checked:
+
+* a co-tenant's memory makes an allocation wait, and it succeeds once the
+  co-tenant frees: the program never sees the error;
+* an allocation too large for the card, one with no co-tenant, and one
+  inside the tenant's own region fail at once, each recorded with its
+  reason; a wait that runs out returns the error after ``oom_wait_s``;
+* two tenants each waiting for the other: the later one gives up at once;
+* ``mem_mib`` follows allocations and frees.
+"""
+
+from __future__ import annotations
+
+import time
+
+from krexd.memory.gatemem import SLOT_ACTIVE
+
+from .conftest import SharedGpu
+
+
+def test_mem_mib_follows_allocations_and_frees(shared_gpu: SharedGpu) -> None:
+    p = shared_gpu.start(1, "alloc=300M", "alloc=100M", "wait", "free=0", "wait", "free=all")
+    assert p.next()["rc"] == 0 and p.next()["rc"] == 0 and p.next()["op"] == "wait"
+    s = shared_gpu.slot(p.pid)
+    assert (s.state, s.tenant, s.mem_mib) == (SLOT_ACTIVE, 1, 400)
+    p.go()
+    assert p.next()["op"] == "free" and p.next()["op"] == "wait"
+    assert shared_gpu.slot(p.pid).mem_mib == 100
+    p.go()
+    assert p.finish()[0] == 0
+    assert shared_gpu.slot(p.pid).mem_mib == 0
+
+
+def test_cotenant_oom_waits_until_the_cotenant_frees(shared_gpu: SharedGpu) -> None:
+    hog = shared_gpu.start(1, "alloc=700M", "wait", "free=all", "wait")
+    assert hog.next()["rc"] == 0 and hog.next()["op"] == "wait"
+    t0 = time.monotonic()
+    victim = shared_gpu.start(2, "alloc=500M")
+    time.sleep(0.4)
+    assert victim.popen.poll() is None, "the allocation must wait, not fail"
+    assert shared_gpu.slot(victim.pid).oom.waiting
+    hog.go()
+    got = victim.next()
+    waited = time.monotonic() - t0
+    assert got["rc"] == 0 and got["name"] == "CUDA_SUCCESS"
+    assert 0.4 <= waited < 5.0
+    code, err = victim.finish()
+    assert code == 0
+    rec = shared_gpu.slot(victim.pid).oom
+    assert (rec.waited, rec.failed, rec.own, rec.waiting) == (1, 0, 0, False)
+    assert "waiting up to 30.0 s" in err and "allocated after waiting" in err
+
+
+def test_too_large_for_the_card_fails_at_once_as_its_own(shared_gpu: SharedGpu) -> None:
+    hog = shared_gpu.start(1, "alloc=300M", "wait")
+    assert hog.next()["rc"] == 0
+    t0 = time.monotonic()
+    big = shared_gpu.start(2, "alloc=300M", "alloc=800M")
+    assert big.next()["rc"] == 0
+    line = big.next()
+    assert line["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert time.monotonic() - t0 < 2.0, "an own error must not wait"
+    assert big.finish()[0] == 0
+    rec = shared_gpu.slot(big.pid).oom
+    assert (rec.waited, rec.failed, rec.own, rec.last) == (0, 0, 1, "too_large")
+
+
+def test_no_cotenant_means_its_own_error(shared_gpu: SharedGpu) -> None:
+    outsider = shared_gpu.start(None, "alloc=700M", "wait")  # not a krex tenant
+    assert outsider.next()["rc"] == 0
+    t0 = time.monotonic()
+    p = shared_gpu.start(1, "alloc=500M")
+    assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert time.monotonic() - t0 < 2.0
+    p.finish()
+    rec = shared_gpu.slot(p.pid).oom
+    assert (rec.own, rec.last) == (1, "alone")
+
+
+def test_wait_runs_out_then_later_errors_return_at_once(shared_gpu: SharedGpu) -> None:
+    hog = shared_gpu.start(1, "alloc=700M", "wait")
+    assert hog.next()["rc"] == 0
+    t0 = time.monotonic()
+    p = shared_gpu.start(2, "alloc=500M", "alloc=400M", "alloc=100M", "alloc=400M", oom_wait_s=1)
+    assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    first = time.monotonic() - t0
+    assert 1.0 <= first < 3.0
+    assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert time.monotonic() - t0 - first < 0.5, "after a timeout the next one fails at once"
+    assert p.next()["rc"] == 0  # fits: success resets the give-up ...
+    t1 = time.monotonic()
+    assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert time.monotonic() - t1 >= 1.0  # ... so this one waited again
+    code, err = p.finish()
+    rec = shared_gpu.slot(p.pid).oom
+    assert (rec.waited, rec.failed, rec.own, rec.last) == (0, 3, 0, "timeout")
+    assert "caused by co-tenants" in err
+
+
+def test_inside_its_own_region_the_error_returns_at_once(shared_gpu: SharedGpu) -> None:
+    hog = shared_gpu.start(1, "alloc=700M", "wait")
+    assert hog.next()["rc"] == 0
+    shared_gpu.gate.close(2, 1)  # tenant 2 holds the region (its siblings would be frozen)
+    try:
+        t0 = time.monotonic()
+        p = shared_gpu.start(2, "alloc=500M")
+        assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+        assert time.monotonic() - t0 < 2.0, "a holder must never wait on its siblings"
+        p.finish()
+    finally:
+        shared_gpu.gate.reopen(2, 1)
+    rec = shared_gpu.slot(p.pid).oom
+    assert (rec.failed, rec.own, rec.last) == (1, 0, "in_region")
+
+
+def test_mutual_wait_the_later_tenant_gives_up(shared_gpu: SharedGpu) -> None:
+    a = shared_gpu.start(1, "alloc=500M", "wait", "alloc=400M", "wait")
+    assert a.next()["rc"] == 0 and a.next()["op"] == "wait"
+    b = shared_gpu.start(2, "alloc=400M", "wait", "alloc=300M", "free=all")
+    assert b.next()["rc"] == 0 and b.next()["op"] == "wait"
+    a.go()  # a waits for memory b holds
+    time.sleep(0.3)
+    assert shared_gpu.slot(a.pid).oom.waiting
+    t0 = time.monotonic()
+    b.go()  # b waits for memory a holds: a cycle; b, admitted later, gives up
+    assert b.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert time.monotonic() - t0 < 2.0
+    assert b.next()["op"] == "free"
+    assert a.next()["rc"] == 0  # b's free let a through
+    assert shared_gpu.slot(b.pid).oom.last == "mutual"
+    assert shared_gpu.slot(a.pid).oom.waited == 1
