@@ -89,6 +89,22 @@ class Proc:
         self.lines.append(item)
         return item
 
+    def drain(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Every line, to the end of the output (``lines`` then holds them all)."""
+        while True:
+            try:
+                item = self._q.get(timeout=timeout_s)
+            except queue.Empty:
+                raise AssertionError(f"output of {self.pid} did not end in {timeout_s} s") from None
+            if item is None:
+                self._q.put(None)
+                return self.lines
+            self.lines.append(item)
+
+    def quiet(self) -> bool:
+        """True when no line is waiting to be read."""
+        return self._q.empty()
+
     def go(self) -> None:
         """Release a ``wait`` step."""
         assert self.popen.stdin is not None
