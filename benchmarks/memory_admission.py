@@ -10,7 +10,7 @@ The same mixed workload runs twice through a private krexd (``--gpu 0``,
   are admitted by slots alone and an allocation that meets co-tenants'
   memory fails at once (what the H200 measurement saw);
 * ``protected``: admission by memory (each command declares its need with
-  ``krex run --mem``) and co-tenant out-of-memory waits (``oom_wait_s = 60``).
+  ``krex run --mem``) and co-tenant out-of-memory waits (``oom_wait_s = 30``).
 
 Each command is this script's ``worker``: PyTorch allocates the inputs of a
 problem (bf16 GEMM operands plus a data tensor) and a compile/autotune
