@@ -96,6 +96,7 @@ class MemoryMonitor:
 
     async def _loop(self) -> None:
         period = self.cfg.refresh_ms / 1000
+        failed = ""
         source = self.source
         assert source is not None
         try:
@@ -106,8 +107,11 @@ class MemoryMonitor:
                     return
                 try:
                     self._apply(await asyncio.to_thread(source.read))
-                except Exception:
-                    _log.exception("memory refresh failed")
+                    failed = ""
+                except Exception as exc:
+                    if repr(exc) != failed:  # once per distinct error, not every refresh
+                        _log.exception("memory refresh failed")
+                    failed = repr(exc)
                 if self.daemon.admission.parked:
                     self.daemon.admission.kick()  # memory may have come back
                 await asyncio.sleep(period)

@@ -26,6 +26,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,9 +98,16 @@ class NvmlSource:
             raise RuntimeError(f"NVML unavailable: {exc}") from None
         self._nv = nv
         self._handles = {g.index: nv.nvmlDeviceGetHandleByIndex(g.index) for g in gpus}
+        # Reads run in a worker thread; close() must not shut NVML down under one.
+        self._mu = threading.Lock()
+        self._open = True
 
     def read(self) -> dict[int, DeviceMemory]:
-        """GPU index -> NVML's totals and per-process usage."""
+        """GPU index -> NVML's totals and per-process usage ({} once closed)."""
+        with self._mu:
+            return self._read() if self._open else {}
+
+    def _read(self) -> dict[int, DeviceMemory]:
         out: dict[int, DeviceMemory] = {}
         for index, h in self._handles.items():
             info = self._nv.nvmlDeviceGetMemoryInfo(h)
@@ -112,11 +120,15 @@ class NvmlSource:
         return out
 
     def close(self) -> None:
-        """Shut NVML down."""
-        try:
-            self._nv.nvmlShutdown()
-        except Exception as exc:
-            _log.debug("nvmlShutdown: %s", exc)
+        """Shut NVML down (after a read in progress)."""
+        with self._mu:
+            if not self._open:
+                return
+            self._open = False
+            try:
+                self._nv.nvmlShutdown()
+            except Exception as exc:
+                _log.debug("nvmlShutdown: %s", exc)
 
 
 # The fake driver's state file (tests/fakecuda/memshare.c, layout "rexfksv1").
