@@ -83,7 +83,10 @@ class MemoryMonitor:
             self.ledgers[gpu] = SlotLedger()
         d.admission.memory = self
         d.admission.max_bypass = self.cfg.max_bypass
-        self._apply(self.source.read())
+        try:
+            self._apply(self.source.read())
+        except Exception:
+            _log.exception("first memory refresh failed")
         _log.info(
             "memory: source %s, admission %s, default need %s, headroom %s, oom wait %g s",
             self.source.name,

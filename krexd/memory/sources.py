@@ -210,6 +210,6 @@ def open_source(gpus: list[GpuInfo]) -> Source:
     if gpus:
         try:
             return NvmlSource(gpus)
-        except RuntimeError as exc:
+        except Exception as exc:  # RuntimeError above, or an NVMLError from a handle
             _log.warning("GPU memory: %s; using the shim's per-process counts", exc)
     return NoSource(gpus)
