@@ -21,7 +21,8 @@ order, so twelve at a time ask for more than an H200's 141 GB on average.
 A worker exits 1 on ``torch.OutOfMemoryError`` like a benchmark would;
 ``krex run`` turns that into 75 when co-tenants caused it.
 
-Per mode: commands ok / failed with exit 75 (co-tenant OOM) / own OOM /
+Per mode: commands ok / failed with exit 75 (co-tenant OOM) / failed at
+region entry because the shim's L2 flush buffer met a full GPU / own OOM /
 other failures, makespan, throughput (ok commands per minute), mean wait for
 admission, peak GPU memory and tenants seen by krexd, OOM waits absorbed.
 Writes ``memory_admission.json`` and ``memory_admission.md`` (a short table)
@@ -301,6 +302,8 @@ def _classify(p: subprocess.CompletedProcess[str]) -> str:
         return "ok"
     if p.returncode == 75:
         return "cotenant_oom"
+    if "L2 flush at region entry failed (CUresult 2)" in p.stderr:
+        return "region_l2_oom"  # the shim's L2 buffer, allocated in the region, met a full GPU
     if re.search(r"OutOfMemoryError|OUT_OF_MEMORY|out of memory", p.stderr):
         return "own_oom"
     return "other"
@@ -318,6 +321,7 @@ def _summary(
         "ok": count("ok"),
         "cotenant_oom": count("cotenant_oom"),
         "own_oom": count("own_oom"),
+        "region_l2_oom": count("region_l2_oom"),
         "other": count("other"),
         "makespan_s": round(makespan, 1),
         "throughput_per_min": round(count("ok") / makespan * 60, 2),
@@ -332,15 +336,16 @@ def _summary(
 def table(report: dict[str, Any]) -> str:
     """The short markdown table of the two modes."""
     rows = [
-        "| mode | ok | co-tenant OOM (exit 75) | own OOM | other | makespan s | ok/min "
-        "| mean admit wait s | peak GiB | peak tenants | OOM waits absorbed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | ok | co-tenant OOM (exit 75) | L2-flush OOM in region | own OOM | other "
+        "| makespan s | ok/min | mean admit wait s | peak GiB | peak tenants "
+        "| OOM waits absorbed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in report["modes"]:
         s = m["summary"]
         rows.append(
             f"| {m['mode']} | {s['ok']}/{s['commands']} | {s['cotenant_oom']} | "
-            f"{s['own_oom']} | {s['other']} | {s['makespan_s']} | "
+            f"{s['region_l2_oom']} | {s['own_oom']} | {s['other']} | {s['makespan_s']} | "
             f"{s['throughput_per_min']} | {s['mean_admit_wait_s']} | "
             f"{s['peak_used_gib']} | {s['peak_tenants']} | {s['oom_waits_absorbed']} |"
         )
