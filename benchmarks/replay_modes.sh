@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Replay a trace in several modes back to back on one GPU host; one report.
 #   benchmarks/replay_modes.sh OUTDIR TRACE SECONDS CONCURRENCY MODE...
-# MODE: native | serial | krex | ungated | krex-mps. The first native run is the
+# MODE: native | serial | krex | ungated | krex-mps, optionally MODE@SECONDS to
+# give that mode its own duration. The first native run is the
 # reference and a second one is reported as native repeat. A warm-up pass
 # (ungated, every command once) fills the compile caches first.
 set -uo pipefail
@@ -15,8 +16,11 @@ krex replay "$trace" --mode ungated --concurrency "$conc" --repeat 1 --no-progre
     --no-report --out "$out/warmup" >"$out/warmup.log" 2>&1
 rm -rf "$out/warmup"  # not a measurement
 n=0
-for mode in "$@"; do
+for spec in "$@"; do
     n=$((n + 1))
+    mode=${spec%@*}
+    dur=$secs
+    [ "$mode" != "$spec" ] && dur=${spec#*@}
     case $mode in
         native) args=(--mode native) ;;
         serial) args=(--mode serial) ;;
@@ -27,7 +31,7 @@ for mode in "$@"; do
             args=(--mode krex --concurrency "$conc" --config "$out/mps.toml") ;;
         *) echo "unknown mode $mode" >&2; exit 2 ;;
     esac
-    krex replay "$trace" "${args[@]}" --duration "$secs" --no-progress --no-report \
+    krex replay "$trace" "${args[@]}" --duration "$dur" --no-progress --no-report \
         --out "$out/$n-$mode" >"$out/$n-$mode.log" 2>&1
     echo "$mode: rc=$? $(wc -l <"$out/$n-$mode/results.jsonl") commands"
 done
