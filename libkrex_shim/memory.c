@@ -175,13 +175,6 @@ static uint64_t table_take(struct table *t, uint64_t key)
     return val;
 }
 
-static void table_clear(struct table *t)
-{
-    free(t->keys);
-    free(t->vals);
-    memset(t, 0, sizeof *t);
-}
-
 /* ---- accounting ------------------------------------------------------------- */
 
 static int gating(void)
@@ -530,12 +523,14 @@ static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
 
 static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
 
-/* The child owns no device memory (CUDA state does not survive fork). */
+/* The child owns no device memory (CUDA state does not survive fork).
+ * The inherited tables are dropped, not freed: only async-signal-safe work
+ * here, the child of a threaded parent may run no more before exec. */
 static void atfork_child(void)
 {
     pthread_mutex_init(&mu, NULL);
-    table_clear(&ptrs);
-    table_clear(&handles);
+    memset(&ptrs, 0, sizeof ptrs);
+    memset(&handles, 0, sizeof handles);
     proc_bytes = 0;
     atomic_store_explicit(&gave_up, 0, memory_order_relaxed);
 }

@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -148,6 +149,21 @@ class SharedGpu:
         p = Proc(
             subprocess.Popen(
                 [str(FAKEALLOC), *steps],
+                env=self.env(tenant, oom_wait_s),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+        self.procs.append(p)
+        return p
+
+    def run_allocator(self, tenant: int, *steps: str, oom_wait_s: float = 30.0) -> Proc:
+        """Start ``progs/allocator.py STEPS`` (Python, fakegpu) as tenant ``tenant``."""
+        p = Proc(
+            subprocess.Popen(
+                [sys.executable, str(ALLOCATOR), *steps],
                 env=self.env(tenant, oom_wait_s),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

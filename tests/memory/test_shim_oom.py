@@ -132,3 +132,27 @@ def test_mutual_wait_the_later_tenant_gives_up(shared_gpu: SharedGpu) -> None:
     assert a.next()["rc"] == 0  # b's free let a through
     assert shared_gpu.slot(b.pid).oom.last == "mutual"
     assert shared_gpu.slot(a.pid).oom.waited == 1
+
+
+def test_a_wait_in_a_gated_allocation_does_not_stall_a_drain(shared_gpu: SharedGpu) -> None:
+    """cuMemAllocAsync is gated; its wait happens outside the gate, so a region can start."""
+    hog = shared_gpu.start(1, "alloc=700M", "wait", "free=all")
+    assert hog.next()["rc"] == 0
+    victim = shared_gpu.run_allocator(2, "allocasync=500M")
+    assert victim.next()["op"] == "start"
+    deadline = time.monotonic() + 10
+    while not shared_gpu.slot(victim.pid).oom.waiting:
+        assert time.monotonic() < deadline, "the allocation never waited"
+        time.sleep(0.01)
+    shared_gpu.gate.close(3, 1)  # tenant 3 enters a region: tenants 1 and 2 must drain
+    try:
+        drained = shared_gpu.gate.wait_drained(3, 1, 5.0)
+        assert len(drained) == 2  # the waiting process acknowledged with nothing in flight
+    finally:
+        shared_gpu.gate.reopen(3, 1)
+    time.sleep(0.2)
+    assert shared_gpu.slot(victim.pid).oom.waiting  # still waiting after the region
+    hog.go()
+    got = victim.next()
+    assert got["op"] == "alloc" and got["rc"] == "CUDA_SUCCESS" and got["ms"] > 200
+    assert victim.finish()[0] == 0

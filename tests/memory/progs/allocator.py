@@ -4,6 +4,8 @@ Usage: allocator.py STEP...   (one JSON line per step on stdout, flushed)
 
   alloc=SIZE     cuMemAlloc_v2 of SIZE (e.g. 300M); raises on failure unless
                  the next step is ``tolerate``
+  allocasync=SIZE  the same with cuMemAllocAsync on the legacy stream (a
+                 gated call: counted in flight, parked by a closed gate)
   tolerate       the previous alloc may fail: report it and go on
   free           cuMemFree_v2 of everything held
   hold=S         sleep S seconds
@@ -20,6 +22,7 @@ the call took (``ms``).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -44,10 +47,10 @@ def run(steps: list[str], gpu: fakegpu.FakeGpu) -> None:
         step = steps[i]
         key, _, val = step.partition("=")
         tolerate = i + 1 < len(steps) and steps[i + 1] == "tolerate"
-        if key == "alloc":
+        if key in ("alloc", "allocasync"):
             t0 = time.monotonic()
             try:
-                held.append(gpu.alloc(parse_size(val)))
+                held.append(_alloc(gpu, parse_size(val), key == "allocasync"))
                 say(op="alloc", bytes=parse_size(val), rc="CUDA_SUCCESS", ms=_ms(t0))
             except fakegpu.CudaError as exc:
                 say(op="alloc", bytes=parse_size(val), rc=exc.name, ms=_ms(t0))
@@ -77,6 +80,19 @@ def run(steps: list[str], gpu: fakegpu.FakeGpu) -> None:
         elif key != "tolerate":
             raise SystemExit(f"allocator.py: unknown step {step!r}")
         i += 1
+
+
+def _alloc(gpu: fakegpu.FakeGpu, nbytes: int, stream_ordered: bool) -> int:
+    if not stream_ordered:
+        return gpu.alloc(nbytes)
+    fn = gpu.drv.lib.cuMemAllocAsync
+    fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    ptr = ctypes.c_uint64()
+    code = int(fn(ctypes.byref(ptr), nbytes, None))
+    if code != 0:
+        raise fakegpu.CudaError("cuMemAllocAsync", code, gpu.drv.error_name(code))
+    return ptr.value
 
 
 def _ms(t0: float) -> float:
