@@ -62,7 +62,7 @@ def test_too_large_for_the_card_fails_at_once_as_its_own(shared_gpu: SharedGpu) 
     assert big.next()["rc"] == 0
     line = big.next()
     assert line["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert time.monotonic() - t0 < 2.0, "an own error must not wait"
+    assert time.monotonic() - t0 < 5.0, "an own error must not wait (the wait bound is 30 s)"
     assert big.finish()[0] == 0
     rec = shared_gpu.slot(big.pid).oom
     assert (rec.waited, rec.failed, rec.own, rec.last) == (0, 0, 1, "too_large")
@@ -74,7 +74,7 @@ def test_no_cotenant_means_its_own_error(shared_gpu: SharedGpu) -> None:
     t0 = time.monotonic()
     p = shared_gpu.start(1, "alloc=500M")
     assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 5.0
     p.finish()
     rec = shared_gpu.slot(p.pid).oom
     assert (rec.own, rec.last) == (1, "alone")
@@ -87,9 +87,9 @@ def test_wait_runs_out_then_later_errors_return_at_once(shared_gpu: SharedGpu) -
     p = shared_gpu.start(2, "alloc=500M", "alloc=400M", "alloc=100M", "alloc=400M", oom_wait_s=1)
     assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
     first = time.monotonic() - t0
-    assert 1.0 <= first < 3.0
+    assert 1.0 <= first < 6.0
     assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert time.monotonic() - t0 - first < 0.5, "after a timeout the next one fails at once"
+    assert time.monotonic() - t0 - first < 0.9, "after a timeout the next one fails at once"
     assert p.next()["rc"] == 0  # fits: success resets the give-up ...
     t1 = time.monotonic()
     assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
@@ -108,7 +108,7 @@ def test_inside_its_own_region_the_error_returns_at_once(shared_gpu: SharedGpu) 
         t0 = time.monotonic()
         p = shared_gpu.start(2, "alloc=500M")
         assert p.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-        assert time.monotonic() - t0 < 2.0, "a holder must never wait on its siblings"
+        assert time.monotonic() - t0 < 5.0, "a holder must never wait on its siblings"
         p.finish()
     finally:
         shared_gpu.gate.reopen(2, 1)
@@ -127,7 +127,7 @@ def test_mutual_wait_the_later_tenant_gives_up(shared_gpu: SharedGpu) -> None:
     t0 = time.monotonic()
     b.go()  # b waits for memory a holds: a cycle; b, admitted later, gives up
     assert b.next()["name"] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 5.0
     assert b.next()["op"] == "free"
     assert a.next()["rc"] == 0  # b's free let a through
     assert shared_gpu.slot(b.pid).oom.last == "mutual"
