@@ -421,15 +421,20 @@ static uint32_t bump(uint32_t word, unsigned shift, uint32_t max)
     return ((word >> shift) & max) < max ? word + (1u << shift) : word;
 }
 
-/* Update the slot's record: count `ev`, remember `why`, set or clear the
- * WAITING bit.  Relaxed CAS: the word carries no other data; krexd and
- * sibling shims only need its latest value. */
-static void oom_record(int ev, enum krex_oom_reason why, int waiting)
+/* Threads of this process waiting for co-tenants' memory now. */
+static _Atomic uint32_t nwaiting;
+
+/* Update the slot's record: count `ev`, remember `why`, and set the
+ * WAITING bit while any thread of the process waits.  All seq_cst (a slow
+ * path): the count is read after the word in each attempt, so the update
+ * that lands last has seen every change of the count made before the
+ * updates it follows, and the bit matches the count once they settle. */
+static void oom_record(int ev, enum krex_oom_reason why)
 {
     struct krex_slot *s = my_slot();
     if (!s)
         return;
-    uint32_t old = atomic_load_explicit(&s->oom, memory_order_relaxed), nw;
+    uint32_t old = atomic_load_explicit(&s->oom, memory_order_seq_cst), nw;
     do {
         nw = old;
         if (ev == EV_WAITED)
@@ -441,18 +446,20 @@ static void oom_record(int ev, enum krex_oom_reason why, int waiting)
         if (ev == EV_FAILED || ev == EV_OWN)
             nw = (nw & ~(KREX_OOM_LAST_MAX << KREX_OOM_LAST_SHIFT)) |
                  ((uint32_t)why << KREX_OOM_LAST_SHIFT);
-        nw = waiting ? nw | KREX_OOM_WAITING : nw & ~KREX_OOM_WAITING;
-    } while (!atomic_compare_exchange_weak_explicit(&s->oom, &old, nw, memory_order_relaxed,
-                                                    memory_order_relaxed));
+        nw = atomic_load_explicit(&nwaiting, memory_order_seq_cst) ? nw | KREX_OOM_WAITING
+                                                                   : nw & ~KREX_OOM_WAITING;
+    } while (!atomic_compare_exchange_weak_explicit(&s->oom, &old, nw, memory_order_seq_cst,
+                                                    memory_order_seq_cst));
 }
 
 static void stop_waiting(struct krex_oom *o, int ev, enum krex_oom_reason why)
 {
     if (o->waiting) {
         o->waiting = 0;
+        atomic_fetch_sub_explicit(&nwaiting, 1, memory_order_seq_cst);
         atomic_fetch_sub_explicit(&krex_gate_p->mem_waiters, 1, memory_order_seq_cst);
     }
-    oom_record(ev, why, 0);
+    oom_record(ev, why);
 }
 
 int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
@@ -501,7 +508,8 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
         o->sleep_ns = FIRST_SLEEP_NS;
         /* Count, then read mem_seq (seq_cst both): see note_gone(). */
         atomic_fetch_add_explicit(&g->mem_waiters, 1, memory_order_seq_cst);
-        oom_record(EV_NONE, KREX_OOM_NONE, 1);
+        atomic_fetch_add_explicit(&nwaiting, 1, memory_order_seq_cst);
+        oom_record(EV_NONE, KREX_OOM_NONE);
         krex_log(KREX_LOG_INFO, "out of memory for %llu MiB while %u co-tenant process(es) hold "
                  "%llu MiB: waiting up to %.1f s for them to free memory", mib, sc.others,
                  (unsigned long long)sc.other_mib, (double)oom_wait_ns / 1e9);
@@ -533,6 +541,7 @@ static void atfork_child(void)
     memset(&handles, 0, sizeof handles);
     proc_bytes = 0;
     atomic_store_explicit(&gave_up, 0, memory_order_relaxed);
+    atomic_store_explicit(&nwaiting, 0, memory_order_relaxed);
 }
 
 __attribute__((constructor)) static void memory_ctor(void)
