@@ -20,9 +20,10 @@ allocation on that GPU waits for co-tenants' memory.  Fairness is *bounded
 bypass*: a waiter that has a free slot but not enough memory names the GPU
 it waits for (the one with the most room); each later request granted that
 GPU counts as one bypass, and after ``max_bypass`` of them the GPU admits no
-later request until the waiter fits.  Memory on a GPU closed that way only
-comes back, so a large command waits at most for the commands admitted
-before it and ``max_bypass`` more (0 = strict head-of-line blocking).
+later request until the waiter fits.  No later command takes memory on a
+GPU closed that way and the commands there end, so a large command waits at
+most for the commands admitted before it and ``max_bypass`` more (0 = strict
+head-of-line blocking).
 """
 
 from __future__ import annotations
