@@ -192,7 +192,7 @@ class FakeStateSource:
                 continue
             used = struct.unpack_from(f"<{_FAKE_MAX_GPUS}Q", snap, off + 16)
             for i, by_pid in per_gpu.items():
-                if i < _FAKE_MAX_GPUS and used[i]:
+                if i < _FAKE_MAX_GPUS:  # 0 too: the driver knows the process
                     by_pid[pid] = by_pid.get(pid, 0) + used[i]
         return {
             i: DeviceMemory(self._totals[i], sum(per_gpu[i].values()), per_gpu[i], self.name)
