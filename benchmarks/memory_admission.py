@@ -400,7 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("memory_admission.py needs root (krexd makes cgroups)")
     scale = args.fake_scale if args.fake else 1.0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "python_client")]))
+    path = [str(REPO), str(REPO / "python_client")]
+    if os.environ.get("PYTHONPATH"):  # keep what the caller added (e.g. packages not installed)
+        path.append(os.environ["PYTHONPATH"])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     if args.fake:
         state = tempfile.mkdtemp(prefix="krexmem-fake-")
         env.update(

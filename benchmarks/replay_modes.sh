@@ -35,5 +35,5 @@ for spec in "$@"; do
         --out "$out/$n-$mode" >"$out/$n-$mode.log" 2>&1
     echo "$mode: rc=$? $(wc -l <"$out/$n-$mode/results.jsonl") commands"
 done
-krex replay report "$out"/[0-9]*-* --out "$out/report" >"$out/report.log" 2>&1
+krex replay report "$out"/[0-9]*-*/ --out "$out/report" >"$out/report.log" 2>&1
 echo "report: rc=$?"
