@@ -1,125 +1,139 @@
-"""``make demo`` / ``python -m krexd.demo``: krexd with the shipped config and a few commands.
+"""``make demo`` / ``python -m krexd.demo``: the main job, short.
 
-Starts ``krexd --foreground`` with ``etc/krex.toml`` on a private socket
-(``--fake-gpus 1`` when this host has no GPU, and says so), runs more
-commands through ``krex run`` than there are slots so some are parked,
-shows ``krexctl status`` while they run, then stops krexd.  Needs root
-(krexd manages cgroups).
+Replays a few benchmarking commands twice — natively, one at a time
+(command-granular exclusivity), and through krex at command concurrency 4
+(regions enforced) — then prints the report's summary: throughput and
+timing fidelity against the native run (paper §6).
+
+* On a host with an NVIDIA GPU: the first commands of
+  ``workloads/trace-h200.jsonl`` (PyTorch, Triton and CuPy candidates).
+* Without one it says so and replays simulated benchmarks instead:
+  ``tests/replay/fake_bench.py`` timing kernels on the fake CUDA driver
+  (``build/fakecuda``, built by ``make``), with krexd on ``--fake-gpus 1``.
+
+Both runs start their own krexd with the shipped config ``etc/krex.toml``
+(``krex replay`` does that).  Needs root: krexd manages cgroups.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from krex_client.connection import Connection, KrexUnavailable
 from krexd import gpus, paths
 
 REPO = Path(__file__).resolve().parent.parent
-COMMANDS = 6
-# Each command reports where krex put it, then works for a moment.
-PROG = (
-    "import os, time\n"
-    "cg = [l for l in open('/proc/self/cgroup') if l.startswith('0::')][0].strip()[3:]\n"
-    "cpus = sorted(os.sched_getaffinity(0))\n"
-    "print(f\"  command {os.environ['DEMO_N']}: tenant {os.environ['KREX_TENANT']} on GPU "
-    "{os.environ['KREX_GPU']}, cgroup {cg}, cores {cpus}\", flush=True)\n"
-    "time.sleep(1.5)\n"
-)
+GPU_TRACE = REPO / "workloads" / "trace-h200.jsonl"
+GPU_COMMANDS = 10
+FAKE_BENCH = "tests/replay/fake_bench.py"
+# (task, [(candidate, kernel µs)]): three tasks whose candidates differ by 5-20 %.
+FAKE_TASKS = [
+    ("scale_vec", [("v1", 40.0), ("v2", 44.0), ("v3", 48.0)]),
+    ("reduce_rows", [("naive", 600.0), ("tiled", 520.0), ("warp", 500.0)]),
+    ("gemm_tile", [("t64", 2400.0), ("t128", 2100.0), ("t256", 2000.0)]),
+]
 
 
 def say(msg: str) -> None:
     print(f"demo: {msg}", flush=True)
 
 
-def wait_ready(proc: subprocess.Popen[bytes], socket: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"demo: krexd exited with {proc.returncode}")
-        if os.path.exists(socket):
-            try:
-                with Connection(socket, timeout_s=0.5) as c:
-                    c.request("ping")
-                return
-            except KrexUnavailable:
-                pass
-        time.sleep(0.05)
-    raise SystemExit("demo: krexd did not become ready")
+def fake_trace(path: Path) -> None:
+    """Write a trace of fake_bench commands, tasks interleaved as agents' trajectories are."""
+    lines = []
+    for i in range(3):
+        for task, cands in FAKE_TASKS:
+            cand, us = cands[i]
+            argv = [
+                "python",
+                FAKE_BENCH,
+                "--task",
+                task,
+                "--candidate",
+                cand,
+                "--kernel-us",
+                str(us),
+                "--reps",
+                "30",
+                "--setup-ms",
+                "1500",
+            ]
+            band = "<0.1ms" if us < 100 else "0.1-1ms" if us < 1000 else "1-10ms"
+            lines.append({"argv": argv, "task": task, "candidate": cand, "band": band})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def replay(env: dict[str, str], *args: str) -> None:
+    cmd = [sys.executable, "-m", "krexd.cli.krex", "replay", *args]
+    rc = subprocess.run(cmd, env=env, cwd=REPO).returncode
+    if rc != 0:
+        raise SystemExit(f"demo: krex replay failed (exit {rc}): {' '.join(args)}")
 
 
 def main() -> int:
-    """Run the demo; returns 0 when every command succeeded."""
+    """Run the short replay; 0 on success."""
     if os.geteuid() != 0:
         say("krexd manages cgroups and must run as root: sudo make demo")
         return 77
-    found = gpus.discover(0)
-    args: list[str] = []
-    if found:
-        say(f"GPUs found: {', '.join(g.name for g in found)}")
+    work = Path(tempfile.mkdtemp(prefix="krex-demo-"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), str(REPO / "python_client"), env.get("PYTHONPATH", "")) if p
+    )
+    trace = work / "trace.jsonl"
+    krex_args: list[str] = []
+    if gpus.discover(0):
+        say(f"GPU found: replaying the first {GPU_COMMANDS} commands of {GPU_TRACE.name}")
+        with GPU_TRACE.open() as f:
+            trace.write_text("".join(f.readlines()[:GPU_COMMANDS]))
     else:
-        say("no GPU on this host: krexd runs with --fake-gpus 1 (simulated GPU)")
-        args = ["--fake-gpus", "1"]
-    workdir = tempfile.mkdtemp(prefix="krex-demo-")
-    os.chmod(workdir, 0o755)
-    socket = os.path.join(workdir, "krexd.sock")
-    config = REPO / "etc" / "krex.toml"
-    env = dict(os.environ, KREX_SOCKET=socket)
-    fake = paths.fake_driver_dir()
-    if not found and fake:
-        say(f"commands load the fake CUDA driver from {fake}")
-        env["LD_LIBRARY_PATH"] = (
-            f"{fake}:{env['LD_LIBRARY_PATH']}" if env.get("LD_LIBRARY_PATH") else fake
+        fake = paths.fake_driver_dir()
+        if fake is None:
+            say("no GPU and no fake driver: run `make` first")
+            return 1
+        say(
+            "no GPU on this host: replaying simulated benchmarks over the fake CUDA "
+            f"driver ({fake}); krexd runs with --fake-gpus 1"
         )
-    cmd = [
-        sys.executable,
-        "-m",
-        "krexd",
-        "--foreground",
-        "--config",
-        str(config),
-        "--socket",
-        socket,
-        *args,
-    ]
-    say(f"starting: {' '.join(cmd)}")
-    log = open(os.path.join(workdir, "krexd.log"), "wb")  # noqa: SIM115
-    krexd = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    codes: list[int] = []
-    try:
-        wait_ready(krexd, socket)
-        say(f"krexd ready on {socket}; running {COMMANDS} commands through krex run")
-        runs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "krexd.cli.krex", "run", "--", sys.executable, "-c", PROG],
-                env=dict(env, DEMO_N=str(i)),
-            )
-            for i in range(1, COMMANDS + 1)
-        ]
-        time.sleep(0.8)
-        say("krexctl status while they run:")
-        subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from krexd.cli.krexctl import main; sys.exit(main())",
-                "status",
-            ],
-            env=env,
-            check=False,
-        )
-        codes = [r.wait() for r in runs]
-        say(f"exit codes: {codes}")
-    finally:
-        krexd.terminate()
-        krexd.wait(30)
-        log.close()
-        say(f"krexd stopped (exit {krexd.returncode}); its log: {workdir}/krexd.log")
-    return 0 if codes and all(c == 0 for c in codes) and krexd.returncode == 0 else 1
+        fake_trace(trace)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (fake, env.get("LD_LIBRARY_PATH")) if p)
+        env["KREX_FAKE_STATE"] = str(work / "fakecuda-state")
+        krex_args = ["--fake-gpus", "1"]
+    say("1/2 native: one command at a time, no krex")
+    replay(
+        env,
+        str(trace),
+        "--mode",
+        "native",
+        *krex_args,
+        "--no-report",
+        "--out",
+        str(work / "1-native"),
+    )
+    say("2/2 krex: 4 commands at a time, critical regions enforced")
+    replay(
+        env,
+        str(trace),
+        "--mode",
+        "krex",
+        "--concurrency",
+        "4",
+        *krex_args,
+        "--no-report",
+        "--out",
+        str(work / "2-krex"),
+    )
+    report = work / "report"
+    replay(env, "report", str(work / "1-native"), str(work / "2-krex"), "--out", str(report))
+    text = (report / "report.md").read_text()
+    summary = text.split("## Timing fidelity (mean")[0]
+    print("\n" + summary.split("\n", 2)[2].replace("![throughput](throughput.png)\n", ""))
+    say(f"full report with plots: {report}/report.md")
+    return 0
 
 
 if __name__ == "__main__":
