@@ -165,6 +165,11 @@ class Lifecycle:
                 tenant.cgroup.remove()
             except CgroupError as exc:
                 _log.error("t%d: cgroup cleanup: %s", tenant.id, exc)
+            gate = d.gates.get(tenant.gpu)
+            if gate is not None:
+                # Its processes are gone: free their gate slots now rather than at
+                # the next drain (krex_gate.h, krex_gate_reclaim_dead).
+                gate.reclaim_dead()
         finally:
             try:
                 self.memory.tenant_ended(tenant)  # its processes are gone: final record
