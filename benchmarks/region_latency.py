@@ -8,7 +8,8 @@ times and reports the entry latency krex_client measured for each region.
 Siblings (``--sibling``):
   fake   ``fakebench`` over the fake driver, launching 200 µs kernels
          back to back under the shim (default on a machine without a GPU);
-  torch  a PyTorch loop of 4096² bf16 matmuls (on a GPU host);
+  torch  a PyTorch loop of 4096² bf16 matmuls (on a GPU host): ~1.5 ms queued each;
+  light  a PyTorch loop of one 4 MiB elementwise op and a synchronize: ~nothing queued;
   spin   a pure CPU loop (no GPU calls at all).
 
 Usage:
@@ -62,6 +63,16 @@ _TORCH_SIBLING = textwrap.dedent(
     """
 )
 
+_LIGHT_SIBLING = textwrap.dedent(
+    """
+    import torch
+    a = torch.randn(1 << 20, device="cuda")
+    while True:
+        a.mul_(1.0001)
+        torch.cuda.synchronize()
+    """
+)
+
 _SPIN_SIBLING = "while True:\n    pass\n"
 
 
@@ -70,10 +81,15 @@ def _sibling_argv(kind: str) -> list[str]:
         bench = os.path.join(REPO, "build", "fakecuda", "bin", "fakebench")
         if not os.path.exists(bench):
             sys.exit(f"{bench} is missing: run `make` first (or use --sibling spin)")
-        return [bench, "--seconds", "3600", "--kernel-ns", "200000", "--link", "procaddr",
-                "--sync-every", "8"]
+        # KREX_BENCH_KERNEL_NS / KREX_BENCH_SYNC_EVERY set how much work a sibling queues.
+        kernel_ns = os.environ.get("KREX_BENCH_KERNEL_NS", "200000")
+        sync_every = os.environ.get("KREX_BENCH_SYNC_EVERY", "8")
+        return [bench, "--seconds", "3600", "--kernel-ns", kernel_ns, "--link", "procaddr",
+                "--sync-every", sync_every]
     if kind == "torch":
         return [sys.executable, "-c", _TORCH_SIBLING]
+    if kind == "light":
+        return [sys.executable, "-c", _LIGHT_SIBLING]
     return [sys.executable, "-c", _SPIN_SIBLING]
 
 
@@ -120,7 +136,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
         for _ in range(n_siblings)
     ]
     try:
-        time.sleep(2.0 if kind != "torch" else 15.0)  # let siblings get busy
+        time.sleep(15.0 if kind in ("torch", "light") else 2.0)  # let siblings get busy
         out = subprocess.run(
             [*KREX, "run", "--", sys.executable, "-c", _HOLDER, str(regions)],
             env=env,
@@ -156,7 +172,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--siblings", default="1,7,15")
     ap.add_argument("--regions", type=int, default=200)
-    ap.add_argument("--sibling", choices=("fake", "torch", "spin"), default="fake")
+    ap.add_argument("--sibling", choices=("fake", "torch", "light", "spin"), default="fake")
     ap.add_argument("--fake-gpus", type=int, default=1, help="0 on a host with a real GPU")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
