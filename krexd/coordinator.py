@@ -45,7 +45,7 @@ from krexd.config import RegionConfig
 from krexd.errors import Code, KrexError
 from krexd.fifo import FifoLock
 from krexd.slices import CpuSlice
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.tenants import PidWatch, Tenant, TenantRegistry
 
 if TYPE_CHECKING:
     # Only with a gate (libkrex_gate.so built) is krexd.gate imported.
@@ -70,7 +70,7 @@ class Region:
     siblings: list[Tenant] = field(default_factory=list)  # frozen by this region
     ended: bool = False
     end_reason: str = ""
-    pidfd: int | None = None
+    holder_watch: PidWatch | None = None  # fires when the holder's process exits
     timer: asyncio.TimerHandle | None = None
 
 
@@ -492,29 +492,21 @@ class Coordinator:
     def _watch(self, region: Region) -> None:
         """Recover when the holder's process exits or the region outlives max_region_s."""
         loop = asyncio.get_running_loop()
-        try:
-            region.pidfd = os.pidfd_open(region.pid)
-        except ProcessLookupError:
-            region.pidfd = None
-            loop.call_soon(self._schedule_end, region, "holder process exited")
-        else:
-            loop.add_reader(region.pidfd, self._schedule_end, region, "holder process exited")
+        region.holder_watch = PidWatch(
+            region.pid, lambda: self._schedule_end(region, "holder process exited")
+        )
         if self._cfg.max_region_s > 0:
             region.timer = loop.call_later(self._cfg.max_region_s, self._expire, region)
 
     def _unwatch(self, region: Region) -> None:
-        if region.pidfd is not None:
-            asyncio.get_running_loop().remove_reader(region.pidfd)
-            os.close(region.pidfd)
-            region.pidfd = None
+        if region.holder_watch is not None:
+            region.holder_watch.cancel()
+            region.holder_watch = None
         if region.timer is not None:
             region.timer.cancel()
             region.timer = None
 
     def _schedule_end(self, region: Region, reason: str) -> None:
-        if region.pidfd is not None:
-            # Level-triggered: stop watching before the end task runs.
-            asyncio.get_running_loop().remove_reader(region.pidfd)
         asyncio.ensure_future(self._end(region, reason))
 
     def _expire(self, region: Region) -> None:
