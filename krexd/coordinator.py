@@ -27,6 +27,10 @@ region, and the gate's reopen is itself bound to (holder, epoch).
 
 Every failed entry undoes what it did (thaw, cores, gate) before it reports
 the error: no tenant is ever left frozen.
+
+The module is longer than most on purpose: entry, exit and recovery share
+their undo steps and must be read together, in the paper's order.  Counters
+and latency percentiles live in ``krexd.region_stats``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ import errno
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +47,7 @@ from krexd import states
 from krexd.config import RegionConfig
 from krexd.errors import Code, KrexError
 from krexd.fifo import FifoLock
+from krexd.region_stats import RegionStats
 from krexd.slices import CpuSlice
 from krexd.tenants import PidWatch, Tenant, TenantRegistry
 
@@ -53,8 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("krexd.coordinator")
 
-# How many recent entry latencies status() summarizes.
-_LATENCY_WINDOW = 10_000
 
 
 @dataclass(eq=False)
@@ -72,16 +74,6 @@ class Region:
     end_reason: str = ""
     holder_watch: PidWatch | None = None  # fires when the holder's process exits
     timer: asyncio.TimerHandle | None = None
-
-
-@dataclass
-class RegionCounts:
-    """Counters shown by ``krexctl status``."""
-
-    granted: int = 0
-    completed: int = 0
-    failed: int = 0
-    recovered: int = 0
 
 
 class Coordinator:
@@ -119,9 +111,7 @@ class Coordinator:
         self._last_drain_ms = 0.0
         self._last_freeze_ms = 0.0
         self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
-        self._entry_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
-        self._wait_ms: deque[float] = deque(maxlen=_LATENCY_WINDOW)
-        self.counts = RegionCounts()
+        self.stats = RegionStats()
 
     def __repr__(self) -> str:
         return f"Coordinator(gpu{self.gpu}, {self.state})"
@@ -167,13 +157,11 @@ class Coordinator:
         try:
             region = await self._establish(tenant, pid, tid, requested_at)
         except BaseException:
-            self.counts.failed += 1
+            self.stats.failed += 1
             self._lock.release(tenant.id)
             raise
         granted_at = region.granted_at
-        self._wait_ms.append((locked_at - requested_at) * 1e3)
-        self._entry_ms.append((granted_at - locked_at) * 1e3)
-        self.counts.granted += 1
+        self.stats.grant((locked_at - requested_at) * 1e3, (granted_at - locked_at) * 1e3)
         return {
             "epoch": region.epoch,
             "gpu": self.gpu,
@@ -338,7 +326,7 @@ class Coordinator:
         if tenant.id in self._ungated:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
         self._ungated.add(tenant.id)
-        self.counts.granted += 1
+        self.stats.granted += 1
         return {
             "epoch": 0,
             "gpu": self.gpu,
@@ -388,7 +376,7 @@ class Coordinator:
             if tenant.id not in self._ungated:
                 raise KrexError(Code.NOT_HOLDER, f"tenant {tenant.id} holds no region")
             self._ungated.discard(tenant.id)
-            self.counts.completed += 1
+            self.stats.completed += 1
             return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
         region = self._region
         if region is None or region.tenant.id != tenant.id:
@@ -403,7 +391,7 @@ class Coordinator:
         thaw_ms = await self._end(region, "exit")
         if thaw_ms is None:  # recovery ended it first
             raise KrexError(Code.REGION_ABORTED, f"region ended: {region.end_reason}")
-        self.counts.completed += 1
+        self.stats.completed += 1
         return {
             "region_ms": (time.monotonic() - region.granted_at) * 1e3,
             "thaw_ms": thaw_ms,
@@ -442,7 +430,7 @@ class Coordinator:
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
             self._lock.release(region.tenant.id)
             if reason != "exit":
-                self.counts.recovered += 1
+                self.stats.recovered += 1
                 log.warning(
                     "GPU %d: region of tenant %d (epoch %d) ended by recovery: %s",
                     self.gpu,
@@ -579,14 +567,7 @@ class Coordinator:
             "queue_length": len(self._lock.queued()),
             "enforce": self._cfg.enforce,
             "epoch": self._epoch,
-            "regions": {
-                "granted": self.counts.granted,
-                "completed": self.counts.completed,
-                "failed": self.counts.failed,
-                "recovered": self.counts.recovered,
-            },
-            "entry_ms": _percentiles(self._entry_ms),
-            "wait_ms": _percentiles(self._wait_ms),
+            **self.stats.as_dict(),
         }
 
 
@@ -606,16 +587,3 @@ def _tenant_state(tenant: Tenant, old: str | tuple[str, ...], new: str) -> bool:
         return False
     states.change_state(tenant, new)
     return True
-
-
-def _percentiles(samples: deque[float]) -> dict[str, float | int]:
-    """p50/p99/max of ``samples`` (nearest rank), and their count."""
-    if not samples:
-        return {"n": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
-    ordered = sorted(samples)
-    n = len(ordered)
-
-    def rank(q: float) -> float:
-        return ordered[min(n - 1, max(0, int(round(q * n + 0.5)) - 1))]
-
-    return {"n": n, "p50": rank(0.50), "p99": rank(0.99), "max": ordered[-1]}

@@ -1,0 +1,60 @@
+"""Counters and entry-latency percentiles of one GPU's critical regions.
+
+Kept by the coordinator, shown by ``krexctl status`` (``gpus[].region``) and
+summarized by the region latency benchmark.  Latencies are ms; the window is
+the last :data:`WINDOW` regions.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+WINDOW = 10_000
+"""How many recent regions the latency percentiles cover."""
+
+
+def percentiles(samples: Iterable[float]) -> dict[str, float | int]:
+    """``{n, p50, p99, max}`` of ``samples`` (nearest rank; zeros when empty)."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    if n == 0:
+        return {"n": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+
+    def rank(q: float) -> float:
+        return ordered[min(n - 1, max(0, int(round(q * n + 0.5)) - 1))]
+
+    return {"n": n, "p50": rank(0.50), "p99": rank(0.99), "max": ordered[-1]}
+
+
+@dataclass
+class RegionStats:
+    """Regions granted, completed, failed at entry, ended by recovery; latencies (ms)."""
+
+    granted: int = 0
+    completed: int = 0
+    failed: int = 0
+    recovered: int = 0
+    wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    entry_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    def grant(self, wait_ms: float, entry_ms: float) -> None:
+        """A region was granted after ``wait_ms`` in the FIFO and ``entry_ms`` of steps 2-5."""
+        self.granted += 1
+        self.wait_ms.append(wait_ms)
+        self.entry_ms.append(entry_ms)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``regions``, ``entry_ms`` and ``wait_ms`` keys of the coordinator's status."""
+        return {
+            "regions": {
+                "granted": self.granted,
+                "completed": self.completed,
+                "failed": self.failed,
+                "recovered": self.recovered,
+            },
+            "entry_ms": percentiles(self.entry_ms),
+            "wait_ms": percentiles(self.wait_ms),
+        }
