@@ -155,7 +155,15 @@ KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
     }
     CUdeviceptr p = 0;
     size_t size = 0;
-    if ((r = l2_buffer(ctx, &p, &size)) != CUDA_SUCCESS || size == 0)
+    if ((r = l2_buffer(ctx, &p, &size)) == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* The GPU is full (frozen siblings keep their memory): waiting for
+         * room would deadlock the region, failing it would lose the
+         * command.  Run it unflushed and say so. */
+        krex_log(KREX_LOG_WARN, "region %u: no memory for the L2 flush buffer: no L2 flush", epoch);
+        r = CUDA_SUCCESS;
+        goto out;
+    }
+    if (r != CUDA_SUCCESS || size == 0)
         goto out;
     __typeof__(&cuMemsetD8_v2) memset8 = KREX_REAL(cuMemsetD8_v2);
     __typeof__(&cuCtxSynchronize) sync = KREX_REAL(cuCtxSynchronize);

@@ -317,6 +317,28 @@ def test_holder_region_begin_end(
     gate.reopen(HOLDER, 3)
 
 
+def test_region_runs_unflushed_when_the_gpu_has_no_room_for_the_flush_buffer(
+    shim_build: ShimBuild,
+    fc: FakeCuda,
+    gate: Gate,
+    tenants: Callable[[dict[str, str]], CuTenant],
+) -> None:
+    """Frozen siblings keep their memory: a full GPU skips the flush, the region goes on."""
+    env = shim_env(fc, shim_build, gate, tenant=HOLDER)
+    env["KREX_FAKE_MEM_BYTES"] = str(FAKE_L2_BYTES // 2)  # the L2-sized buffer cannot fit
+    holder = tenants(env)
+    holder.run("init")
+    gate.close(HOLDER, 5)
+    gate.wait_drained(HOLDER, 5, 5.0)
+    b = holder.run("region_begin 5 1")
+    assert b["rc"] == 0
+    assert not [r for r in records_of(fc, holder.pid) if r.kind == timeline.MEMSET]
+    holder.run("launch 0 2 1000000")
+    e = holder.run("region_end")
+    assert e["launches"] == 2
+    gate.reopen(HOLDER, 5)
+
+
 # ---- process lifecycle and pass-through -------------------------------------------------
 
 FORK_CODE = r"""
