@@ -92,7 +92,14 @@ class CgroupBackend:
         want = cfg.backend
         if want == "hybrid" or (want == "auto" and "cpuset" not in controllers):
             cpuset_base = cfg.cpuset_root or mounts.v1_cpuset
-            if cpuset_base is not None:
+            # A v1 cpuset tree mounted read-only (systemd-nspawn on a hybrid host
+            # does that) cannot hold slices: in auto mode use affinity instead.
+            read_only = (
+                cpuset_base is not None
+                and os.path.isdir(cpuset_base)
+                and not os.access(cpuset_base, os.W_OK)
+            )
+            if cpuset_base is not None and (want == "hybrid" or not read_only):
                 return cls("hybrid", base, cfg.name, CPUSET_V1, cpuset_base, systemd)
             if want == "hybrid":
                 raise ConfigError("[cgroup] backend = hybrid but no v1 cpuset hierarchy found")
