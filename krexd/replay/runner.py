@@ -38,6 +38,11 @@ RESULTS = "results.jsonl"
 META = "meta.json"
 
 
+EX_TEMPFAIL = 75
+"""``krex run``'s exit code when co-tenants' GPU memory failed the command."""
+TEMPFAIL_RETRIES = 2
+
+
 @dataclass
 class RunOptions:
     """What one replay runs.
@@ -144,9 +149,31 @@ class Runner:
         assert socket is not None
         env["KREX_SOCKET"] = socket
         pin = ["--gpu", str(gpu)] if self.opts.pin_gpus else []
+        mem = entry.extra.get("mem")  # the command's declared GPU memory need, e.g. "8G"
+        if isinstance(mem, str) and mem:
+            pin += ["--mem", mem]
         return modes.krex_command() + ["run", *pin, "--", *argv], env
 
     def _run_one(
+        self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
+    ) -> dict[str, Any]:
+        """Run one command; retry it when ``krex run`` says co-tenants' memory failed it.
+
+        Exit 75 (EX_TEMPFAIL, docs/design/memory.md) is not the candidate's
+        fault, so a harness retries instead of recording a failure; at most
+        :data:`TEMPFAIL_RETRIES` times.  ``retries`` in the record counts them.
+        """
+        retries = 0
+        while True:
+            rec = self._attempt(worker, gpu, socket, p, i, entry)
+            tempfail = self.opts.mode.uses_krexd and rec.get("exit_code") == EX_TEMPFAIL
+            if not tempfail or retries == TEMPFAIL_RETRIES:
+                break
+            retries += 1
+        rec["retries"] = retries
+        return rec
+
+    def _attempt(
         self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
     ) -> dict[str, Any]:
         argv, env = self._command(entry, gpu, socket)

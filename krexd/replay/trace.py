@@ -11,7 +11,9 @@ line is a JSON object:
 ``argv`` (non-empty list of strings) is what runs; ``task`` and
 ``candidate`` name the measurement (a task's candidates are ranked against
 each other); ``band`` is the expected kernel-duration band, one of
-``BANDS``.  Other keys are kept in ``extra`` and ignored.  Blank lines are
+``BANDS``.  An optional ``mem`` (e.g. ``"8G"``) is the command's GPU memory
+need, passed to ``krex run --mem`` in the krexd-backed modes.  Other keys are
+kept in ``extra`` and ignored.  Blank lines are
 skipped.  Bad input raises ``TraceError`` naming the file and line.
 """
 

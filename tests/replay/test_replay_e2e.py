@@ -258,3 +258,46 @@ def test_krex_replay_with_fake_gpu(tmp_path: Path) -> None:
     assert report.find_runs(runs) == [runs / "krex", runs / "native"]
     for r in recs:  # krex run reports its admission wait (KREX_ADMIT_MS)
         assert r["result"]["phases"]["admit_ms"] >= 0.0
+
+
+TEMPFAIL_ONCE = """
+import json, os, sys
+marker = sys.argv[1]
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    sys.exit(75)  # as krex run does when co-tenants' memory failed the command
+print(json.dumps({"task": "t", "candidate": "c", "median_ms": 1.0, "mean_ms": 1.0,
+                  "correct": True, "phases": {}}))
+"""
+
+
+@pytest.mark.root
+def test_krex_replay_retries_co_tenant_memory_failures_and_passes_mem(tmp_path: Path) -> None:
+    script = tmp_path / "tempfail_once.py"
+    script.write_text(TEMPFAIL_ONCE)
+    tr = tmp_path / "trace.jsonl"
+    tr.write_text(
+        json.dumps(
+            {
+                "argv": ["python", str(script), str(tmp_path / "marker")],
+                "task": "t",
+                "candidate": "c",
+                "band": "1-10ms",
+                "mem": "64M",
+            }
+        )
+        + "\n"
+    )
+    out = tmp_path / "krex"
+    p = replay(
+        str(tr), "--mode", "krex", "--concurrency", "1", "--fake-gpus", "1", "--out", str(out)
+    )
+    assert p.returncode == 0, p.stderr
+    (rec,) = load_results(out / "results.jsonl")
+    assert rec["retries"] == 1 and rec["exit_code"] == 0 and rec["result"]["median_ms"] == 1.0
+    # natively, 75 is just the command's own exit code: no retry
+    (tmp_path / "marker").unlink()
+    nat = tmp_path / "native"
+    p = replay(str(tr), "--mode", "native", "--fake-gpus", "1", "--out", str(nat))
+    (rec,) = load_results(nat / "results.jsonl")
+    assert rec["retries"] == 0 and rec["exit_code"] == 75
