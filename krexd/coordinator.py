@@ -300,17 +300,18 @@ class Coordinator:
             pass  # the thread ended: the region will end through recovery
 
     def _unpin_holder(self, holder: Tenant, tid: int) -> None:
+        """Undo step 5; never raises, so that the thaw and the reopen after it always run."""
         if not self._slice.reserved:
             return
         try:
             os.sched_setaffinity(tid, self._slice.tenant_cores)
-        except (ProcessLookupError, OSError):
-            pass
+        except OSError:
+            pass  # the thread ended, or its cgroup's cpuset is restored below
         try:
             holder.cgroup.set_cpus(self._slice.tenant_cores)
         except OSError as exc:
             if not _gone(exc):
-                raise
+                log.error("GPU %d: cannot restore tenant %d's cores: %s", self.gpu, holder.id, exc)
 
     def _check_caller(self, tenant: Tenant, pid: int, tid: int) -> None:
         """A tenant acts only on itself: pid must be in its cgroup, tid a thread of pid."""
@@ -441,19 +442,25 @@ class Coordinator:
             return thaw_ms
 
     async def _thaw(self, tenants: list[Tenant]) -> None:
-        """Thaw each tenant's cgroup and wait until none reports frozen."""
+        """Thaw each tenant's cgroup and wait until none reports frozen.
+
+        Never raises: a sibling that cannot be thawed is logged and skipped,
+        so that the others are thawed and the gate reopened all the same.
+        """
+        thawed: list[Tenant] = []
         for t in tenants:
             try:
                 t.cgroup.thaw()
             except OSError as exc:
                 if not _gone(exc):
-                    raise
+                    log.error("GPU %d: cannot thaw tenant %d: %s", self.gpu, t.id, exc)
                 continue
+            thawed.append(t)
             # FROZEN/FREEZING -> THAWING -> RUNNING
             if _tenant_state(t, (states.FROZEN, states.FREEZING), states.THAWING):
                 _tenant_state(t, states.THAWING, states.RUNNING)
         deadline = time.monotonic() + max(1.0, self._cfg.freeze_timeout_s)
-        for t in tenants:
+        for t in thawed:
             while time.monotonic() < deadline:
                 try:
                     if not t.cgroup.is_frozen():
