@@ -234,7 +234,7 @@ class Coordinator:
         timeout_s = self._cfg.drain_timeout_s
         try:
             # wait_drained blocks in C with the GIL released: run it off the loop.
-            await asyncio.to_thread(self._gate.wait_drained, holder.id, epoch, timeout_s)
+            await asyncio.to_thread(self._gate.drain, holder.id, epoch, timeout_s)
         except GateTimeout as exc:
             raise KrexError(
                 Code.DRAIN_TIMEOUT,
