@@ -193,7 +193,9 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
             f.write(render_toml(make_config(socket, name, slots, config)) + extra)
         log_path = os.path.join(workdir, "krexd.log")
         proc_env = dict(os.environ)
-        for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID"):
+        # KREX_SOCKET would override the config's socket: a test passes it in ``env``.
+        scrub = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID", "KREX_SOCKET")
+        for var in scrub:
             proc_env.pop(var, None)
         proc_env.update(env or {})
         with open(log_path, "wb") as log:

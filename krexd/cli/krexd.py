@@ -28,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="krexd", description="krex daemon: GPU tenant supervisor")
     p.add_argument("--foreground", action="store_true", help="run in the foreground (default)")
     p.add_argument("--config", metavar="PATH", help="TOML config (default: etc/krex.toml)")
-    p.add_argument("--socket", metavar="PATH", help="control socket path (overrides config)")
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="control socket path (default: $KREX_SOCKET, else the config's [daemon] socket)",
+    )
     p.add_argument("--fake-gpus", metavar="N", type=int, help="declare N simulated GPUs")
     p.add_argument("--version", action="version", version=f"krexd {__version__}")
     return p
@@ -40,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     # Read and strip NOTIFY_SOCKET/WATCHDOG_* first: nothing we start may inherit them.
     notifier = Notifier.from_env()
     try:
-        cfg = with_overrides(load(args.config), socket=args.socket, fake_gpus=args.fake_gpus)
+        # --socket, then KREX_SOCKET (as for every krex command), then the config.
+        socket = args.socket if args.socket is not None else os.environ.get("KREX_SOCKET") or None
+        cfg = with_overrides(load(args.config), socket=socket, fake_gpus=args.fake_gpus)
     except ConfigError as exc:
         print(f"krexd: {exc}", file=sys.stderr)
         return ExitCode.CONFIG

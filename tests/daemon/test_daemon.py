@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +85,17 @@ def test_invalid_slices_are_refused(krexd_factory: Factory) -> None:
     k = krexd_factory(fake_gpus=2, config={"cpu": {"slices": {0: "0", 1: "0-999"}}}, wait=False)
     assert k.proc.wait(20) == 78
     assert "do not exist" in k.log()
+
+
+def test_krex_socket_in_the_environment_overrides_the_config(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    alt = str(tmp_path / "env.sock")
+    k = krexd_factory(env={"KREX_SOCKET": alt}, wait=False)
+    k.socket = alt
+    k.wait_ready()
+    assert k.status()["socket"] == alt
+    assert not os.path.exists(os.path.join(k.workdir, "krexd.sock"))
 
 
 def test_second_krexd_on_the_same_socket_is_refused(krexd_factory: Factory) -> None:
