@@ -165,16 +165,19 @@ class Lifecycle:
                 tenant.cgroup.remove()
             except CgroupError as exc:
                 _log.error("t%d: cgroup cleanup: %s", tenant.id, exc)
-            gate = d.gates.get(tenant.gpu)
-            if gate is not None:
-                # Its processes are gone: free their gate slots now rather than at
-                # the next drain (krex_gate.h, krex_gate_reclaim_dead).
-                gate.reclaim_dead()
         finally:
             try:
                 self.memory.tenant_ended(tenant)  # its processes are gone: final record
             except Exception:
                 _log.exception("t%d: memory record", tenant.id)
+            gate = d.gates.get(tenant.gpu)
+            if gate is not None:
+                # After the final read (a freed slot no longer names its tenant): free
+                # the slots now rather than at the next drain (krex_gate_reclaim_dead).
+                try:
+                    gate.reclaim_dead()
+                except Exception:
+                    _log.exception("t%d: freeing its gate slots", tenant.id)
             d.tenants.remove(tenant)
             if tenant.state != states.EXITED:
                 change_state(tenant, states.EXITED)  # any live -> EXITED
