@@ -40,6 +40,7 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from krexd.gate import Gate
 
 log = logging.getLogger("krexd.coordinator")
-
 
 
 @dataclass(eq=False)
@@ -112,6 +112,11 @@ class Coordinator:
         self._last_freeze_ms = 0.0
         self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
         self.stats = RegionStats()
+        # Tenants frozen by the region being established or held (None: no region),
+        # and the tenant establishing one: late arrivals are frozen into this list.
+        self._frozen: list[Tenant] | None = None
+        self._entering: int | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # recovery tasks in flight
 
     def __repr__(self) -> str:
         return f"Coordinator(gpu{self.gpu}, {self.state})"
@@ -177,6 +182,7 @@ class Coordinator:
         """Steps 2-5 for a tenant that owns the region lock; undo on failure."""
         epoch = self._next_epoch()
         frozen: list[Tenant] = []
+        self._frozen, self._entering = frozen, tenant.id
         gate_closed = False
         try:
             # Step 2: close the gate for (holder, epoch).
@@ -200,11 +206,13 @@ class Coordinator:
             # Any failure: undo in exit order (cores, thaw, reopen) -> IDLE.
             self._region_state(states.RECOVERING)  # CLOSING/DRAINING/FREEZING -> RECOVERING
             self._unpin_holder(tenant, tid)
+            self._frozen, self._entering = None, None  # no late arrival joins a failed entry
             await self._thaw(frozen)
             if gate_closed:
                 self._reopen_gate(tenant.id, epoch)
             self._region_state(states.IDLE)  # RECOVERING -> IDLE
             raise
+        self._entering = None
         self._region_state(states.HELD)  # FREEZING -> HELD
         _tenant_state(tenant, states.RUNNING, states.HOLDING)  # RUNNING -> HOLDING
         region = Region(
@@ -256,6 +264,8 @@ class Coordinator:
         disappears meanwhile (it ended) is skipped.
         """
         for sib in siblings:
+            if any(sib is f for f in frozen):
+                continue  # admitted during this entry and frozen then (tenant_added)
             try:
                 sib.cgroup.freeze()
             except OSError as exc:
@@ -265,9 +275,11 @@ class Coordinator:
             _tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
             frozen.append(sib)
         timeout_s = self._cfg.freeze_timeout_s
-        results = await asyncio.gather(*(self._wait_frozen(sib, timeout_s) for sib in frozen))
-        stuck = [sib for sib, ok in zip(frozen, results, strict=True) if not ok]
-        for sib, ok in zip(frozen, results, strict=True):
+        # ``frozen`` may grow while we wait (tenant_added): wait for this snapshot.
+        waiting = list(frozen)
+        results = await asyncio.gather(*(self._wait_frozen(sib, timeout_s) for sib in waiting))
+        stuck = [sib for sib, ok in zip(waiting, results, strict=True) if not ok]
+        for sib, ok in zip(waiting, results, strict=True):
             if ok:
                 _tenant_state(sib, states.FREEZING, states.FROZEN)  # FREEZING -> FROZEN
         if stuck:
@@ -428,6 +440,7 @@ class Coordinator:
             self._reopen_gate(region.tenant.id, region.epoch)
             _tenant_state(region.tenant, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
             self._region = None
+            self._frozen = None
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
             self._lock.release(region.tenant.id)
             if reason != "exit":
@@ -502,7 +515,19 @@ class Coordinator:
             region.timer = None
 
     def _schedule_end(self, region: Region, reason: str) -> None:
-        asyncio.ensure_future(self._end(region, reason))
+        self._spawn(self._end(region, reason))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run a recovery in the background, keeping it referenced and its errors logged."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("GPU %d: recovery failed", self.gpu, exc_info=t.exception())
+
+        task.add_done_callback(done)
 
     def _expire(self, region: Region) -> None:
         """max_region_s passed: kill the holder's command, then end its region."""
@@ -518,7 +543,7 @@ class Coordinator:
         except OSError as exc:
             if not _gone(exc):
                 log.error("GPU %d: cannot kill tenant %d: %s", self.gpu, region.tenant.id, exc)
-        asyncio.ensure_future(self._end(region, reason))
+        self._spawn(self._end(region, reason))
 
     async def tenant_added(self, tenant: Tenant) -> None:
         """A tenant was admitted to this GPU: freeze it if a region is active.
@@ -528,12 +553,16 @@ class Coordinator:
         reached the shim yet) cannot take CPU from the holder; it is thawed
         with the other siblings at exit.
         """
+        frozen = self._frozen
         region = self._region
-        if region is None or region.ended or tenant.id == region.tenant.id or tenant.exclusive:
+        holder = region.tenant.id if region is not None else self._entering
+        if frozen is None or tenant.exclusive or tenant.id == holder:
+            return
+        if region is not None and region.ended:
             return
         tenant.cgroup.freeze()
         _tenant_state(tenant, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
-        region.siblings.append(tenant)
+        frozen.append(tenant)  # thawed with the others at exit (or if the entry fails)
 
     async def tenant_gone(self, tenant: Tenant) -> None:
         """Recovery when a tenant ends: end its region, or drop it from the queue.

@@ -88,3 +88,55 @@ def test_late_recovery_is_a_no_op_for_a_newer_region(tmp_path: Any) -> None:
         asyncio.run(backend.teardown())
         if gate is not None:
             gate.unlink()
+
+
+def test_tenant_admitted_while_a_region_is_being_established_is_frozen(tmp_path: Any) -> None:
+    """Forced race: a command admitted while siblings are being frozen is frozen too."""
+    backend = CgroupBackend.open(CgroupConfig(name=f"krexlate{os.getpid()}"))
+    fake = gpus.discover(1)
+    slices = compute_slices(fake, CpuConfig(allow_shared=True))
+    backend.prepare(slices)
+    registry = TenantRegistry()
+    procs = []
+    tenants: list[Tenant] = []
+    try:
+        for _ in range(3):
+            tid = registry.new_id()
+            cg = backend.create_tenant(0, tid)
+            proc = subprocess.Popen(["sleep", "60"])
+            cg.add_pid(proc.pid)
+            procs.append(proc)
+            t = Tenant(tid, registry.new_token(), 0, ["sleep"], os.getpid(), cg)
+            t.pids.add(proc.pid)
+            states.change_state(t, states.RUNNING)
+            tenants.append(t)
+        holder, sibling, late = tenants
+        registry.add(holder)
+        registry.add(sibling)  # ``late`` is admitted during the entry, below
+        coord = Coordinator(0, None, slices[0], registry, RegionConfig())
+        real_wait = coord._wait_frozen
+
+        async def slow_wait_frozen(sib: Tenant, timeout_s: float) -> bool:
+            await asyncio.sleep(0.3)  # the window a slow freeze leaves open
+            return await real_wait(sib, timeout_s)
+
+        coord._wait_frozen = slow_wait_frozen  # type: ignore[method-assign]
+
+        async def scenario() -> None:
+            entering = asyncio.ensure_future(coord.enter(holder, procs[0].pid, procs[0].pid))
+            await asyncio.sleep(0.1)
+            assert coord.status()["holder"] is None  # still establishing
+            registry.add(late)  # what the daemon's admission does, then:
+            await coord.tenant_added(late)
+            grant = await entering
+            assert late.cgroup.is_frozen(), "a tenant admitted during entry ran in the region"
+            assert sorted(coord.status()["holder"]["siblings_frozen"]) == [sibling.id, late.id]
+            await coord.exit(holder, grant["epoch"], 0.0, 0)
+            assert not late.cgroup.is_frozen() and not sibling.cgroup.is_frozen()
+
+        asyncio.run(scenario())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        asyncio.run(backend.teardown())
