@@ -116,6 +116,7 @@ class Coordinator:
         # and the tenant establishing one: late arrivals are frozen into this list.
         self._frozen: list[Tenant] | None = None
         self._entering: int | None = None
+        self._cancel_entry: int | None = None  # cancel() arrived while entering
         self._tasks: set[asyncio.Task[Any]] = set()  # recovery tasks in flight
 
     def __repr__(self) -> str:
@@ -159,12 +160,17 @@ class Coordinator:
                 Code.CANCELLED, f"tenant {tenant.id} ended while waiting for the region"
             ) from None
         locked_at = time.monotonic()
+        self._cancel_entry = None
         try:
             region = await self._establish(tenant, pid, tid, requested_at)
         except BaseException:
             self.stats.failed += 1
             self._lock.release(tenant.id)
             raise
+        if self._cancel_entry == tenant.id:
+            self._cancel_entry = None
+            await self._end(region, "cancelled by its holder")
+            raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         granted_at = region.granted_at
         self.stats.grant((locked_at - requested_at) * 1e3, (granted_at - locked_at) * 1e3)
         return {
@@ -563,6 +569,30 @@ class Coordinator:
         tenant.cgroup.freeze()
         _tenant_state(tenant, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
         frozen.append(tenant)  # thawed with the others at exit (or if the entry fails)
+
+    async def cancel(self, tenant: Tenant) -> dict[str, Any]:
+        """The tenant's client gave up on its region (interrupted while waiting).
+
+        Withdraws a queued request (its region_enter is answered CANCELLED),
+        ends a region being established as soon as it is granted, or ends the
+        region it holds: krexd never keeps siblings frozen for a holder that
+        stopped listening.  Returns ``{"cancelled": "queued" | "entering" |
+        "held" | "none"}``.
+        """
+        if not self._cfg.enforce:
+            held = tenant.id in self._ungated
+            self._ungated.discard(tenant.id)
+            return {"cancelled": "held" if held else "none"}
+        if self._lock.cancel(tenant.id):
+            return {"cancelled": "queued"}
+        if self._entering == tenant.id:
+            self._cancel_entry = tenant.id  # enter() ends the region once granted
+            return {"cancelled": "entering"}
+        region = self._region
+        if region is not None and region.tenant.id == tenant.id:
+            await self._end(region, "cancelled by its holder")
+            return {"cancelled": "held"}
+        return {"cancelled": "none"}
 
     async def tenant_gone(self, tenant: Tenant) -> None:
         """Recovery when a tenant ends: end its region, or drop it from the queue.

@@ -17,8 +17,6 @@ SHUTTING_DOWN, coordinators shut down (thaw, reopen), every tenant ended
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import logging
 import os
 import signal
@@ -30,7 +28,9 @@ from krexd import __version__, gpus, paths
 from krexd.admission import Admission
 from krexd.cgroups import CgroupBackend
 from krexd.config import Config
+from krexd.coordinator import Coordinator
 from krexd.errors import Code, KrexError
+from krexd.gate import Gate
 from krexd.lifecycle import Lifecycle
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
@@ -60,9 +60,9 @@ class Daemon:
         self.cgroups: CgroupBackend
         self.tenants = TenantRegistry()
         self.admission = Admission([], config.admission.slots_per_gpu)
-        self.gates: dict[int, Any] = {}
+        self.gates: dict[int, Gate] = {}
         self.gate_paths: dict[int, str] = {}
-        self.coordinators: dict[int, Any] = {}
+        self.coordinators: dict[int, Coordinator] = {}
         self.lifecycle = Lifecycle(self)
         self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
         self.server: Server | None = None
@@ -113,27 +113,23 @@ class Daemon:
             self.mps.start([g.index for g in self.gpus])
 
     def _setup_gates(self) -> None:
-        """One gate per GPU and one coordinator per GPU, where their modules exist.
+        """One gate and one region coordinator per GPU.
 
-        Without ``libkrex_gate.so`` (not built yet) coordinators get no gate: GPU
-        submissions are then not gated, CPU freezing and pinning still apply.
+        Without ``libkrex_gate.so`` (not built) coordinators get no gate: GPU
+        submissions are then not gated; draining is skipped and CPU freezing
+        and pinning still apply.  krexd says so at start.
         """
-        if importlib.util.find_spec("krexd.gate") is None or paths.gate_library() is None:
+        if paths.gate_library() is None:
             _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
         else:
-            gate_mod = importlib.import_module("krexd.gate")
             gate_dir = self.config.daemon.gate_dir
             os.makedirs(gate_dir, mode=0o755, exist_ok=True)
             for g in self.gpus:
                 path = os.path.join(gate_dir, f"gpu{g.index}.gate")
-                self.gates[g.index] = gate_mod.Gate.create(path, g.index)
+                self.gates[g.index] = Gate.create(path, g.index)
                 self.gate_paths[g.index] = path
-        if not all(importlib.util.find_spec(m) for m in ("krexd.coordinator", "krexd.gate")):
-            _log.warning("no coordinator module: regions are not available")
-            return
-        coord_mod = importlib.import_module("krexd.coordinator")
         for g in self.gpus:
-            self.coordinators[g.index] = coord_mod.Coordinator(
+            self.coordinators[g.index] = Coordinator(
                 g.index,
                 self.gates.get(g.index),
                 self.slices[g.index],

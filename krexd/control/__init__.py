@@ -1,19 +1,25 @@
 """Control-plane ops: one module per op, its docstring is the protocol.
 
 ``OPS`` maps the ``op`` string of a request to ``handle(daemon, req) -> body``.
-Region ops (``region_enter``/``region_exit``) are listed when their modules
-are present.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd.control import admit, memory, ping, place, release, status
+from krexd.control import (
+    admit,
+    memory,
+    ping,
+    place,
+    region_cancel,
+    region_enter,
+    region_exit,
+    release,
+    status,
+)
 
 if TYPE_CHECKING:
     from krexd.daemon import Daemon
@@ -27,8 +33,7 @@ OPS: dict[str, Handler] = {
     "place": place.handle,
     "release": release.handle,
     "memory": memory.handle,
+    "region_enter": region_enter.handle,
+    "region_exit": region_exit.handle,
+    "region_cancel": region_cancel.handle,
 }
-
-for _op in ("region_enter", "region_exit"):
-    if importlib.util.find_spec(f"krexd.control.{_op}") is not None:
-        OPS[_op] = importlib.import_module(f"krexd.control.{_op}").handle

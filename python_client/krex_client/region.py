@@ -130,9 +130,17 @@ class Region:
     def _run_region(self) -> Iterator[None]:
         conn = self._connection()
         t0 = time.monotonic()
-        grant = self._request(
-            conn, "region_enter", {"pid": os.getpid(), "tid": threading.get_native_id()}
-        )
+        try:
+            grant = self._request(
+                conn, "region_enter", {"pid": os.getpid(), "tid": threading.get_native_id()}
+            )
+        except RegionError:
+            raise
+        except BaseException:
+            # Interrupted while parked (Ctrl-C, a harness's alarm): krexd would still
+            # grant the region and keep the siblings frozen for nobody.  Withdraw it.
+            self._cancel(conn)
+            raise
         if self._shim is None:
             self._shim = _Shim()
         try:
@@ -161,6 +169,14 @@ class Region:
                 "sync_ms": sync_ms,
                 "launches": float(launches),
             }
+
+    @staticmethod
+    def _cancel(conn: Connection) -> None:
+        """Best effort ``region_cancel`` (the interruption propagates regardless)."""
+        try:
+            conn.request("region_cancel", {}, timeout_s=5.0)
+        except Exception:  # noqa: BLE001 - krexd gone or refusing: nothing more to do
+            pass
 
     def _connection(self) -> Connection:
         # One connection per process; a forked child opens its own.

@@ -265,3 +265,47 @@ def _wait_queue(k: Any, n: int, timeout_s: float = 30.0) -> None:
     while k.status()["gpus"][0]["region"]["queue_length"] < n:
         assert time.monotonic() < deadline, k.status()
         time.sleep(0.02)
+
+
+def test_region_cancel_withdraws_a_queued_request_and_ends_a_held_region(
+    krexd_factory: Any,
+) -> None:
+    """A client that stops waiting (interrupted) must not leave siblings frozen for nobody."""
+    k = krexd_factory(slots=4)
+    shells = [start_shell(k) for _ in range(3)]
+    a, b, s = (c for _, c in shells)
+
+    def as_(who: dict[str, Any], op: str, body: dict[str, Any], timeout_s: float = 5.0) -> Any:
+        return k.request(op, body, timeout_s=timeout_s, tenant=who["tenant"], token=who["token"])
+
+    def states() -> dict[int, str]:
+        return {t["id"]: t["state"] for t in k.status()["tenants"]}
+
+    try:
+        grant_a = as_(a, "region_enter", {"pid": a["pid"], "tid": a["tid"]})
+        outcome: queue.Queue[str] = queue.Queue()
+
+        def b_waits() -> None:
+            try:
+                as_(b, "region_enter", {"pid": b["pid"], "tid": b["tid"]}, timeout_s=30)
+                outcome.put("granted")
+            except Exception as exc:  # noqa: BLE001 - the test reads the error's name
+                outcome.put(getattr(exc, "name", repr(exc)))
+
+        waiter = threading.Thread(target=b_waits)
+        waiter.start()
+        _wait_queue(k, 1)
+        assert as_(b, "region_cancel", {}) == {"cancelled": "queued"}
+        assert outcome.get(timeout=10) == "CANCELLED"
+        waiter.join(10)
+        as_(a, "region_exit", {"epoch": grant_a["epoch"]})
+        # b holds a region, then cancels it: siblings thaw, the lock is free again
+        grant_b = as_(b, "region_enter", {"pid": b["pid"], "tid": b["tid"]})
+        assert states()[s["tenant"]] == "frozen"
+        assert as_(b, "region_cancel", {}) == {"cancelled": "held"}
+        assert states()[s["tenant"]] == "running"
+        assert k.status()["gpus"][0]["region"]["holder"] is None
+        assert _error(k, "region_exit", {"epoch": grant_b["epoch"]}, b) == "NOT_HOLDER"
+        assert as_(b, "region_cancel", {}) == {"cancelled": "none"}
+    finally:
+        stop_all([p for p, _ in shells])

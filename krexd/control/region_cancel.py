@@ -1,0 +1,35 @@
+"""``region_cancel``: the client stopped waiting for its region; withdraw or end it.
+
+Request: tenant + token; body ``{}``.
+Reply body: ``{"cancelled": "queued" | "entering" | "held" | "none"}`` — what
+was withdrawn: a request still in the FIFO (its ``region_enter`` is answered
+``CANCELLED``), a region being established (ended as soon as it is granted),
+the region the tenant holds (ended: siblings thawed, gate reopened), or
+nothing.
+
+Why: a benchmark interrupted while its ``region_enter`` is parked (Ctrl-C, a
+harness's alarm) would otherwise be granted a region nobody uses, and its
+siblings would stay frozen until the command exits or ``max_region_s``.
+Errors: ``AUTH``, ``BAD_FIELD``.
+Sent by: ``krex_client.region.critical()`` when its wait for the grant is
+interrupted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from krex_client.protocol import Request
+from krexd.control import fields
+
+if TYPE_CHECKING:
+    from krexd.coordinator import Coordinator
+    from krexd.daemon import Daemon
+
+
+async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+    """Authenticate, then let the GPU's coordinator withdraw or end the region."""
+    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    fields.only(req.body)
+    coordinator: Coordinator = daemon.coordinators[tenant.gpu]
+    return await coordinator.cancel(tenant)
