@@ -24,9 +24,12 @@ across a daemon crash.  At shutdown the same happens to krexd's own tree.
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import logging
 import os
 import signal
+import tempfile
 import time
 
 from krexd.cgroups import detect, fs
@@ -62,6 +65,7 @@ class CgroupBackend:
         self.cpuset_root = os.path.join(cpuset_base, name) if cpuset_base else None
         self._mems = "0"
         self._slices: dict[int, CpuSlice] = {}
+        self._lock_fd: int | None = None
 
     # --- detection ----------------------------------------------------------------
 
@@ -112,11 +116,39 @@ class CgroupBackend:
 
     # --- building the tree --------------------------------------------------------
 
+    def lock(self) -> None:
+        """Claim this tree for this krexd, or raise CgroupError if a live krexd has it.
+
+        Without this, a second krexd with the same ``[cgroup] name`` would take
+        the first one's live tree for a stale one and kill its tenants.  The
+        lock is an flock on a file named after the tree, held until this
+        process exits (a crashed krexd leaves no lock behind, so its tree is
+        cleaned as stale).
+        """
+        lock_dir = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
+        path = os.path.join(lock_dir, "krex-cgroup" + self.root.replace("/", "_") + ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise CgroupError(
+                errno.EBUSY,
+                f"cgroup tree {self.root} is in use by another krexd (pid {holder}); "
+                "give this one another [cgroup] name",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
     def prepare(self, slices: dict[int, CpuSlice]) -> int:
-        """Clean a stale tree, then build ``<name>/gpu<N>`` with each GPU's slice.
+        """Claim the tree (:meth:`lock`), clean a stale one, then build ``<name>/gpu<N>``.
 
         Returns how many leftover processes of an earlier krexd were killed.
+        Raises CgroupError when another live krexd uses the same tree.
         """
+        self.lock()
         killed = self.cleanup_stale()
         self._slices = dict(slices)
         all_cores = sorted({c for s in slices.values() for c in s.cores})
@@ -240,7 +272,13 @@ class CgroupBackend:
         return killed
 
     async def teardown(self, timeout_s: float = 5.0) -> None:
-        """Thaw and kill whatever is still in the tree, then remove every directory."""
+        """Thaw and kill whatever is still in the tree, remove every directory, unlock.
+
+        Does nothing unless this krexd claimed the tree (:meth:`lock`): a krexd
+        that failed to start because another one owns the tree leaves it alone.
+        """
+        if self._lock_fd is None:
+            return
         self._kill_tree()
         deadline = time.monotonic() + timeout_s
         while self._populated() and time.monotonic() < deadline:
@@ -249,6 +287,13 @@ class CgroupBackend:
             self._remove_dirs()
         except CgroupError as exc:
             _log.error("cgroup cleanup incomplete: %s", exc)
+        self.unlock()
+
+    def unlock(self) -> None:
+        """Release the claim on the tree (:meth:`lock`); the tree itself is left as it is."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def describe(self) -> dict[str, object]:
         """What ``krexctl status`` shows about cgroups."""

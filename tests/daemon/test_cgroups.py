@@ -144,13 +144,16 @@ def test_stale_tree_is_thawed_killed_and_removed(backend: CgroupBackend) -> None
     cg.add_pid(p.pid)
     cg.freeze()
     assert asyncio.run(cg.wait_frozen(5.0))
-    # A new backend of the same name finds the tree of a "crashed" krexd.
+    # A new backend of the same name finds the tree of a "crashed" krexd,
+    # whose claim on the tree died with it.
+    backend.unlock()
     again = CgroupBackend.open(CgroupConfig(name=backend.name))
     killed = again.prepare(backend._slices)
     assert killed == 1
     assert p.wait(5) == -9
     assert not os.path.exists(cg.path)
     assert os.path.isdir(os.path.join(backend.root, "gpu0"))
+    asyncio.run(again.teardown())
 
 
 def _expand(text: str) -> list[int]:

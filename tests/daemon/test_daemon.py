@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,3 +157,28 @@ def test_restart_after_crash_thaws_and_cleans(krexd_factory: Factory) -> None:
     assert not os.path.exists(t["cgroup"])
     assert k2.status()["tenants"] == []
     k.cgroup_dirs = []  # k2 owns (and will remove) the tree now
+
+
+@pytest.mark.root
+def test_second_krexd_with_the_same_cgroup_name_leaves_the_first_alone(
+    krexd_factory: Any,
+) -> None:
+    """A second krexd must not take a live krexd's cgroup tree for a stale one."""
+    first = krexd_factory(slots=2)
+    tenant = subprocess.Popen(
+        [*first.krex, "run", "--", sys.executable, "-c", "import time; time.sleep(60)"],
+        env=first.env,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not first.status()["tenants"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        second = krexd_factory(slots=2, name=first.cgroup_name, wait=False)
+        assert second.proc.wait(20) != 0
+        assert "in use by another krexd" in second.log()
+        assert tenant.poll() is None, "the second krexd killed the first one's tenant"
+        assert len(first.status()["tenants"]) == 1
+    finally:
+        tenant.terminate()
+        tenant.wait(20)
