@@ -5,8 +5,8 @@ Start order (each step logged; any failure stops the start with a message):
 1. GPU inventory (``gpus``), CPU slices (``slices``; invalid ones refused).
 2. cgroups: under systemd move into the ``supervisor`` leaf, thaw/kill/remove
    a stale tree, build ``<name>/gpu<N>`` with the slices.
-3. Gates (one per GPU, ``<state_dir>/gpu<N>.gate``) and coordinators, when
-   ``krexd.gate`` and ``libkrex_gate.so`` / ``krexd.coordinator`` exist.
+3. Gates (one per GPU, ``<state_dir>/<cgroup name>-gpu<N>.gate``, when
+   ``libkrex_gate.so`` is built) and one region coordinator per GPU.
 4. Bind the control socket; only then READY=1 (krexd serves requests).
 
 Shutdown (SIGTERM/SIGINT): STOPPING=1, parked requests answered
@@ -125,7 +125,9 @@ class Daemon:
             gate_dir = self.config.daemon.gate_dir
             os.makedirs(gate_dir, mode=0o755, exist_ok=True)
             for g in self.gpus:
-                path = os.path.join(gate_dir, f"gpu{g.index}.gate")
+                # Named after the cgroup tree too: krexds sharing a state directory
+                # (different [cgroup] names, which the tree lock enforces) never share a gate.
+                path = os.path.join(gate_dir, f"{self.config.cgroup.name}-gpu{g.index}.gate")
                 self.gates[g.index] = Gate.create(path, g.index)
                 self.gate_paths[g.index] = path
         for g in self.gpus:
