@@ -66,8 +66,8 @@ class Region:
     """Critical regions of this process (one at a time)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._depth = 0
+        self._local = threading.local()  # .depth: this thread's nesting of critical()
+        self._hold = threading.Lock()  # held by the thread whose region is active
         self._warned = False
         self._stats: dict[str, float] = self._zero_stats()
         self._shim: _Shim | None = None
@@ -104,28 +104,30 @@ class Region:
     def critical(self) -> Iterator[None]:
         """Run the enclosed code as this GPU's only tenant (paper §4.2).
 
-        Nested use inside one region is allowed and does nothing more.
+        Nested use in the thread that holds the region does nothing more; another
+        thread of the process waits until that region ends, then enters its own.
 
         Raises:
             RegionError: krexd refused the region (drain or freeze timeout,
                 the command is not a krex tenant, ...) or ended it early.
             krex_client.connection.KrexUnavailable: krexd cannot be reached.
         """
-        with self._lock:
-            nested = self._depth > 0
-            self._depth += 1
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
         try:
-            if nested:
+            if depth > 0:  # nested in this thread's region
                 yield
                 return
             if not self.under_krex():
                 self._warn_once()
                 yield
                 return
-            yield from self._run_region()
+            # One region per process at a time (krexd has one per tenant): a second
+            # thread waits here for the first thread's region to end, then gets its own.
+            with self._hold:
+                yield from self._run_region()
         finally:
-            with self._lock:
-                self._depth -= 1
+            self._local.depth = depth
 
     def _run_region(self) -> Iterator[None]:
         conn = self._connection()

@@ -309,3 +309,39 @@ def test_region_cancel_withdraws_a_queued_request_and_ends_a_held_region(
         assert as_(b, "region_cancel", {}) == {"cancelled": "none"}
     finally:
         stop_all([p for p, _ in shells])
+
+
+_TWO_THREADS = """
+import json, threading, time
+from krex_client import region
+spans = []
+def work():
+    for _ in range(5):
+        with region.critical():
+            with region.critical():  # nested in the same thread: no second request
+                t0 = time.monotonic()
+                time.sleep(0.02)
+                spans.append((t0, time.monotonic()))
+ts = [threading.Thread(target=work) for _ in range(2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(json.dumps(sorted(spans)))
+"""
+
+
+def test_threads_of_one_command_take_turns_in_regions(krexd_factory: Any) -> None:
+    import json
+    import sys
+
+    k = krexd_factory(slots=2)
+    run = subprocess.run(
+        [*k.krex, "run", "--", sys.executable, "-c", _TWO_THREADS],
+        env=k.env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    spans = json.loads(run.stdout)
+    assert len(spans) == 10
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), "regions overlapped"
+    assert k.status()["gpus"][0]["region"]["regions"]["completed"] == 10
