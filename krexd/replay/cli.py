@@ -166,6 +166,18 @@ def count_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def daemon_gpus(socket: str) -> list[int]:
+    """GPU indices the krexd at ``socket`` manages (``status``); [] when it cannot say."""
+    from krex_client.connection import Connection, KrexUnavailable, RemoteError
+
+    try:
+        with Connection(socket, timeout_s=5.0) as conn:
+            status = conn.request("status")
+    except (KrexUnavailable, RemoteError):
+        return []
+    return [int(g["index"]) for g in status.get("gpus", [])]
+
+
 def _err(msg: str) -> int:
     print(f"krex replay: {msg}", file=sys.stderr)
     return EXIT_ERROR
@@ -182,7 +194,7 @@ def _report(args: argparse.Namespace) -> int:
         md = generate([Path(d) for d in args.dirs], args.out)
     except ReportError as exc:
         return _err(str(exc))
-    print(md)
+    print(f"report: {md}")
     return EXIT_OK
 
 
@@ -204,6 +216,10 @@ def main(args: argparse.Namespace) -> int:
             gpus = args.gpus
         elif args.fake_gpus is not None:
             gpus = list(range(args.fake_gpus))
+        elif args.socket is not None:
+            gpus = daemon_gpus(args.socket)  # the running krexd's GPUs
+            if not gpus:
+                return _err(f"the krexd at {args.socket} reports no GPU; pass --gpus")
         else:
             gpus = list(range(count_gpus()))
             if not gpus:
@@ -236,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("krex replay: interrupted; partial results kept", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(results)
+    print(f"results: {results}")
     if not args.no_report:
         from krexd.replay.report import find_runs, generate
 
@@ -244,5 +260,5 @@ def main(args: argparse.Namespace) -> int:
         dirs = find_runs(out.parent)
         if out not in dirs:
             dirs.append(out)
-        print(generate(dirs, out / "report"))
+        print(f"report: {generate(dirs, out / 'report')}")
     return EXIT_OK
