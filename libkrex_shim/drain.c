@@ -345,6 +345,16 @@ static void *drainer_main(void *arg)
             CUresult r = CUDA_SUCCESS;
             if (!atomic_load_explicit(&exiting, memory_order_relaxed))
                 r = krex_sync_all(0);
+            if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND) {
+                /* Nothing was synchronized (no memory for the context list, or
+                 * no capture-mode call while a capture is open): work may still
+                 * be queued, so no acknowledgement.  The entry then fails with
+                 * a drain timeout naming this process; the next closure retries. */
+                krex_log(KREX_LOG_ERROR, "drain for epoch %u: could not synchronize (%d); "
+                         "not acknowledging", epoch, (int)r);
+                krex_gate_wait_seq(g, seen, -1);
+                continue;
+            }
             if (r != CUDA_SUCCESS)
                 krex_log(KREX_LOG_WARN, "drain for epoch %u: synchronization returned %d; "
                          "acknowledging (a failed context runs no more work)", epoch, (int)r);
