@@ -9,76 +9,45 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
-import subprocess
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
-from krexd import gpus, paths, states
-from krexd.cgroups import CgroupBackend, CgroupError
-from krexd.config import CgroupConfig, CpuConfig, RegionConfig
-from krexd.coordinator import Coordinator
-from krexd.slices import compute_slices
-from krexd.tenants import Tenant, TenantRegistry
+from krexd import states
+from krexd.cgroups import CgroupError
+from tests.coordinator.conftest import OneGpu
 
 pytestmark = [pytest.mark.root]
 
 
-def test_failed_thaw_of_one_sibling_still_ends_the_region(tmp_path: Any) -> None:
-    backend = CgroupBackend.open(CgroupConfig(name=f"krexthaw{os.getpid()}"))
-    slices = compute_slices(gpus.discover(1), CpuConfig(allow_shared=True))
-    backend.prepare(slices)
-    registry = TenantRegistry()
-    procs: list[subprocess.Popen[bytes]] = []
-    tenants: list[Tenant] = []
-    gate = None
-    if paths.gate_library() is not None:
-        from krexd.gate import Gate
+def test_failed_thaw_of_one_sibling_still_ends_the_region(
+    one_gpu: Callable[[int], OneGpu],
+) -> None:
+    g = one_gpu(3)
+    holder, stuck, other = g.tenants
+    g.admit(holder, stuck, other)
+    coord = g.coordinator()
 
-        gate = Gate.create(os.path.join(str(tmp_path), "gpu0.gate"), 0)
-    try:
-        for _ in range(3):
-            tid = registry.new_id()
-            cg = backend.create_tenant(0, tid)
-            proc = subprocess.Popen(["sleep", "60"])
-            cg.add_pid(proc.pid)
-            procs.append(proc)
-            t = Tenant(tid, registry.new_token(), 0, ["sleep"], os.getpid(), cg)
-            t.pids.add(proc.pid)
-            states.change_state(t, states.RUNNING)
-            registry.add(t)
-            tenants.append(t)
-        holder, stuck, other = tenants
-        coord = Coordinator(0, gate, slices[0], registry, RegionConfig())
+    def refuse() -> None:
+        raise CgroupError(errno.EIO, "thaw refused")
 
-        def refuse() -> None:
-            raise CgroupError(errno.EIO, "thaw refused")
+    async def scenario() -> None:
+        grant = await coord.enter(holder, g.pid(holder), g.pid(holder))
+        assert stuck.cgroup.is_frozen() and other.cgroup.is_frozen()
+        real_thaw = stuck.cgroup.thaw
+        stuck.cgroup.thaw = refuse  # type: ignore[method-assign]
+        try:
+            await coord.exit(holder, grant["epoch"], 0.0, 0)
+        finally:
+            stuck.cgroup.thaw = real_thaw  # type: ignore[method-assign]
+        assert not other.cgroup.is_frozen()
+        assert coord.state == states.IDLE and coord.status()["holder"] is None
+        if g.gate is not None:
+            assert g.gate.word is None, "gate left closed"
+        # The lock is free: the next region is granted and ends normally.
+        stuck.cgroup.thaw()
+        grant = await asyncio.wait_for(coord.enter(other, g.pid(other), g.pid(other)), 10)
+        await coord.exit(other, grant["epoch"], 0.0, 0)
+        assert not stuck.cgroup.is_frozen() and not holder.cgroup.is_frozen()
 
-        async def scenario() -> None:
-            grant = await coord.enter(holder, procs[0].pid, procs[0].pid)
-            assert stuck.cgroup.is_frozen() and other.cgroup.is_frozen()
-            real_thaw = stuck.cgroup.thaw
-            stuck.cgroup.thaw = refuse  # type: ignore[method-assign]
-            try:
-                await coord.exit(holder, grant["epoch"], 0.0, 0)
-            finally:
-                stuck.cgroup.thaw = real_thaw  # type: ignore[method-assign]
-            assert not other.cgroup.is_frozen()
-            assert coord.state == states.IDLE and coord.status()["holder"] is None
-            if gate is not None:
-                assert gate.word is None, "gate left closed"
-            # The lock is free: the next region is granted and ends normally.
-            stuck.cgroup.thaw()
-            grant = await asyncio.wait_for(coord.enter(other, procs[2].pid, procs[2].pid), 10)
-            await coord.exit(other, grant["epoch"], 0.0, 0)
-            assert not stuck.cgroup.is_frozen() and not holder.cgroup.is_frozen()
-
-        asyncio.run(scenario())
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        asyncio.run(backend.teardown())
-        if gate is not None:
-            gate.unlink()
+    asyncio.run(scenario())
