@@ -17,6 +17,7 @@ SHUTTING_DOWN, coordinators shut down (thaw, reopen), every tenant ended
 from __future__ import annotations
 
 import asyncio
+import grp
 import logging
 import os
 import signal
@@ -128,7 +129,15 @@ class Daemon:
                 # Named after the cgroup tree too: krexds sharing a state directory
                 # (different [cgroup] names, which the tree lock enforces) never share a gate.
                 path = os.path.join(gate_dir, f"{self.config.cgroup.name}-gpu{g.index}.gate")
-                self.gates[g.index] = Gate.create(path, g.index)
+                # Who may map the gate is who may talk to krexd: the socket's mode and group.
+                mode = self.config.daemon.socket_mode
+                self.gates[g.index] = Gate.create(path, g.index, mode=mode)
+                group = self.config.daemon.socket_group
+                try:
+                    if group:
+                        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+                except KeyError:
+                    pass  # binding the socket refuses the unknown group, with the key's name
                 self.gate_paths[g.index] = path
         for g in self.gpus:
             self.coordinators[g.index] = Coordinator(

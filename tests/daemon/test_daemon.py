@@ -182,3 +182,12 @@ def test_second_krexd_with_the_same_cgroup_name_leaves_the_first_alone(
     finally:
         tenant.terminate()
         tenant.wait(20)
+
+
+@pytest.mark.root
+def test_gate_files_get_the_sockets_mode(krexd_factory: Any) -> None:
+    """Whoever may talk to krexd may map the gate, and nobody else."""
+    k = krexd_factory(config={"daemon": {"socket_mode": "0640"}})
+    gate = k.status()["gpus"][0]["gate"]
+    assert gate and os.path.basename(gate) == f"{k.cgroup_name}-gpu0.gate"
+    assert stat.S_IMODE(os.stat(gate).st_mode) == 0o640 == stat.S_IMODE(os.stat(k.socket).st_mode)
