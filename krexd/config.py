@@ -139,6 +139,14 @@ def _int(lo: int, hi: int | None = None) -> Callable[[Any], int]:
     return check
 
 
+def _float_nonneg(v: Any) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise ValueError(f"must be a number, got {type(v).__name__}")
+    if not v >= 0:
+        raise ValueError(f"must be >= 0, got {v}")
+    return float(v)
+
+
 def _float_pos(v: Any) -> float:
     if not isinstance(v, int | float) or isinstance(v, bool):
         raise ValueError(f"must be a number, got {type(v).__name__}")
@@ -301,7 +309,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
     "region": (
         RegionConfig,
         {
-            "max_region_s": _float_pos,
+            "max_region_s": _float_nonneg,  # 0: no limit
             "drain_timeout_s": _float_pos,
             "freeze_timeout_s": _float_pos,
             "l2_flush": _bool,

@@ -103,3 +103,11 @@ def test_core_lists() -> None:
     assert format_cores((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
     with pytest.raises(ValueError):
         parse_cores("a-b")
+
+
+def test_max_region_s_zero_means_no_limit_and_negative_is_refused() -> None:
+    from krexd.config import ConfigError, from_dict
+
+    assert from_dict({"region": {"max_region_s": 0}}).region.max_region_s == 0.0
+    with pytest.raises(ConfigError, match=r"\[region\] max_region_s: must be >= 0"):
+        from_dict({"region": {"max_region_s": -1}})
