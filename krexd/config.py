@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from krexd.memory.sizes import parse_size
+from krex_client.sizes import parse_size
 
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 SYSTEM_CONFIG = "/etc/krex/krex.toml"

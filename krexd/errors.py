@@ -1,32 +1,16 @@
-"""Numeric error codes of the control plane and the exit codes of the CLIs.
+"""krexd's error exception; the codes themselves live in :mod:`krex_client.errors`.
 
-The *names* are the contract (docs/design/interfaces.md); the numbers are
-stable once released.  An op handler raises ``KrexError(Code.X, "message")``
-and the server turns it into an error reply ``{"code", "name", "message"}``.
+An op handler raises ``KrexError(Code.X, "message")`` and the server turns it
+into an error reply ``{"code", "name", "message"}``.  ``Code``, ``ExitCode``,
+``StatusExit`` and ``exit_code_for`` are re-exported from the client library,
+which both krexd and the command-line programs read (one definition).
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
+from krex_client.errors import Code, ExitCode, StatusExit, exit_code_for
 
-
-class Code(IntEnum):
-    """Error codes carried in error replies."""
-
-    BAD_FRAME = 1  # not msgpack, not a map, too large
-    BAD_VERSION = 2  # missing or unsupported protocol version
-    UNKNOWN_OP = 3  # op not in control.OPS
-    BAD_FIELD = 4  # a field is missing, of the wrong type or out of range
-    AUTH = 5  # tenant id / token missing or wrong
-    NOT_HOLDER = 6  # region_exit from a tenant that does not hold the region
-    NESTED_REGION = 7  # region_enter while already holding
-    DRAIN_TIMEOUT = 8  # siblings did not drain in time
-    FREEZE_TIMEOUT = 9  # siblings did not freeze in time
-    NO_SUCH_GPU = 10  # --gpu N names a GPU krexd does not have
-    SHUTTING_DOWN = 11  # krexd is stopping
-    INTERNAL = 12  # a bug or an unexpected OS error; see krexd's log
-    REGION_ABORTED = 13  # the region was ended by recovery
-    CANCELLED = 14  # the request was withdrawn (e.g. its launcher died while parked)
+__all__ = ["Code", "ExitCode", "KrexError", "StatusExit", "exit_code_for"]
 
 
 class KrexError(Exception):
@@ -36,39 +20,3 @@ class KrexError(Exception):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
-
-
-class ExitCode(IntEnum):
-    """Exit codes of ``krex`` and ``krexd`` (sysexits.h / coreutils ``timeout``)."""
-
-    OK = 0
-    FAILURE = 1
-    USAGE = 2  # argparse's own
-    DATAERR = 65  # EX_DATAERR: krexd refused the request (bad field, no such GPU…)
-    NOPERM = 77  # EX_NOPERM: authentication refused
-    UNAVAILABLE = 69  # EX_UNAVAILABLE: krexd unreachable
-    SOFTWARE = 70  # EX_SOFTWARE: internal error in krexd
-    CONFIG = 78  # EX_CONFIG: krexd's configuration is invalid
-    TEMPFAIL = 75  # EX_TEMPFAIL: CMD failed on GPU memory its co-tenants held; run it again
-    TIMEOUT = 124  # krex run --timeout expired (as coreutils timeout)
-    CANNOT_EXEC = 126  # CMD found but not executable
-    NOT_FOUND = 127  # CMD not found
-
-
-class StatusExit(IntEnum):
-    """``krexctl status`` exit codes, LSB ``status`` convention."""
-
-    RUNNING = 0
-    NOT_RUNNING = 3
-    UNKNOWN = 4
-
-
-def exit_code_for(name: str) -> int:
-    """Map an error name from a reply (e.g. ``"AUTH"``) to a ``krex`` exit code."""
-    if name == "AUTH":
-        return ExitCode.NOPERM
-    if name in ("INTERNAL",):
-        return ExitCode.SOFTWARE
-    if name == "SHUTTING_DOWN":
-        return ExitCode.UNAVAILABLE
-    return ExitCode.DATAERR

@@ -38,8 +38,7 @@ from types import FrameType
 from typing import Any
 
 from krex_client.connection import Connection, KrexUnavailable, RemoteError
-from krexd.errors import ExitCode, exit_code_for
-from krexd.memory.records import COTENANT_TEXT
+from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
 
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

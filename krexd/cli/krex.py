@@ -18,8 +18,8 @@ import importlib.util
 import sys
 
 from krex_client.connection import default_socket
+from krex_client.sizes import parse_size
 from krexd import __version__
-from krexd.memory.sizes import parse_size
 
 
 def _positive_float(text: str) -> float:

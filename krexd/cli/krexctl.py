@@ -22,9 +22,9 @@ import sys
 from typing import Any
 
 from krex_client.connection import Connection, KrexUnavailable, RemoteError, default_socket
+from krex_client.errors import StatusExit
+from krex_client.sizes import format_size
 from krexd import __version__
-from krexd.errors import StatusExit
-from krexd.memory.sizes import format_size
 
 
 def _listening(path: str) -> bool:

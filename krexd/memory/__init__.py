@@ -1,6 +1,5 @@
 """GPU memory in krexd: the memory view, admission by memory, tenants' memory records.
 
-* :mod:`krexd.memory.sizes` — ``4G``-style sizes (``krex run --mem``, config);
 * :mod:`krexd.memory.gatemem` — the shim's per-process memory fields in a gate;
 * :mod:`krexd.memory.sources` — NVML / fake-driver / no device view;
 * :mod:`krexd.memory.records` — per-tenant records and slot bookkeeping;
@@ -12,6 +11,5 @@ what NVML gives).
 
 from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.records import TenantMemory
-from krexd.memory.sizes import format_size, parse_size
 
-__all__ = ["MemoryMonitor", "TenantMemory", "format_size", "parse_size"]
+__all__ = ["MemoryMonitor", "TenantMemory"]

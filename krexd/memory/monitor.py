@@ -27,10 +27,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from krex_client.sizes import format_size
 from krexd.errors import Code, KrexError
 from krexd.memory.gatemem import SLOT_ACTIVE, GateMemory, pid_alive
 from krexd.memory.records import SlotLedger, TenantMemory
-from krexd.memory.sizes import format_size
 from krexd.memory.sources import DeviceMemory, Source, open_source
 
 if TYPE_CHECKING:

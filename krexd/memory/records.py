@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from krex_client.sizes import format_size
 from krexd.memory.gatemem import (
     COTENANT_REASONS,
     SLOT_ACTIVE,
@@ -26,16 +27,6 @@ from krexd.memory.gatemem import (
     SLOT_FREE,
     SlotMemory,
 )
-from krexd.memory.sizes import format_size
-
-#: What each co-tenant out-of-memory reason means, for ``krex run``'s one-line message.
-COTENANT_TEXT = {
-    "timeout": "co-tenants did not free enough GPU memory within [memory] oom_wait_s",
-    "in_region": "inside its critical region, where frozen co-tenants' memory cannot be awaited",
-    "nested": "inside another driver call, where the shim cannot wait",
-    "no_wait": "co-tenants held the GPU memory and waiting is off ([memory] oom_wait_s = 0)",
-    "mutual": "every co-tenant holding GPU memory was waiting for memory too",
-}
 
 
 @dataclass

@@ -30,9 +30,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from krex_client.sizes import parse_size
 from krexd.gpus import GpuInfo
 from krexd.memory.gatemem import pid_alive
-from krexd.memory.sizes import parse_size
 
 _log = logging.getLogger("krexd.memory")
 

@@ -7,7 +7,7 @@ Usage::
 
 Replies are matched on the request ``id`` (a late reply to a request that
 timed out is discarded).  Errors from krexd raise :class:`RemoteError`
-carrying the numeric code and name of ``krexd/errors.py``; a daemon that is
+carrying the numeric code and name of :mod:`krex_client.errors`; a daemon that is
 not there raises :class:`KrexUnavailable` naming the socket.
 """
 

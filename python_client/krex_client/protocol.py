@@ -31,7 +31,7 @@ Rules checked by :func:`decode_request`, each with its error name:
   map with ``str`` keys (``BAD_FIELD``); no other top-level keys
   (``BAD_FIELD``).
 
-Error codes and their numbers live in ``krexd/errors.py``; this module speaks
+Error codes and their numbers live in :mod:`krex_client.errors`; this module speaks
 only of their names so that it imports anywhere (no krexd, no GPU).
 """
 
@@ -165,7 +165,7 @@ def encode_ok(request_id: int, body: dict[str, Any]) -> bytes:
 
 
 def encode_error(request_id: int, code: int, name: str, message: str) -> bytes:
-    """Serialize an error reply (``code``/``name`` from ``krexd/errors.py``)."""
+    """Serialize an error reply (``code``/``name`` from :mod:`krex_client.errors`)."""
     msg = {
         "v": PROTOCOL_VERSION,
         "id": request_id,

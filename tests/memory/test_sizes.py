@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from krexd.memory.sizes import format_size, parse_size
+from krex_client.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, REPO)
 
-from krexd.memory.sizes import parse_size  # noqa: E402
+from krex_client.sizes import parse_size  # noqa: E402
 from tests.fakecuda import fakegpu  # noqa: E402
 
 held: list[int] = []

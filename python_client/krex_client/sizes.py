@@ -2,8 +2,9 @@
 
 Units are binary whatever the spelling (``K`` = 2**10 … ``T`` = 2**40; ``G``,
 ``GiB`` and ``GB`` are the same), as for ``KREX_FAKE_MEM_BYTES`` and
-``nvidia-smi``'s MiB.  Used by ``krex run --mem`` and the ``[memory]``
-configuration table.
+``nvidia-smi``'s MiB.  Used by ``krex run --mem``, ``krexctl status`` and
+krexd's ``[memory]`` configuration table: one definition for both sides.
+Standard library only.
 """
 
 from __future__ import annotations
