@@ -30,7 +30,7 @@ test: venv all
 	$(PY) -m pytest
 
 demo: venv all
-	$(PY) -m krexd.demo
+	$(PY) -m krex_cli.demo
 
 packages: all
 	packaging/build.sh

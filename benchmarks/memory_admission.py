@@ -257,7 +257,7 @@ def run_mode(
             argv = [
                 sys.executable,
                 "-m",
-                "krexd.cli.krex",
+                "krex_cli",
                 "run",
                 "--gpu",
                 "0",

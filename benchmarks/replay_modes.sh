@@ -10,7 +10,7 @@ out=${1:?}; trace=${2:?}; secs=${3:?}; conc=${4:?}; shift 4
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD:$PWD/python_client${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-krex() { python3 -m krexd.cli.krex "$@"; }
+krex() { python3 -m krex_cli "$@"; }
 mkdir -p "$out"
 krex replay "$trace" --mode ungated --concurrency "$conc" --repeat 1 --no-progress \
     --no-report --out "$out/warmup" >"$out/warmup.log" 2>&1

@@ -35,8 +35,8 @@ import pytest
 from krex_client.connection import Connection, KrexUnavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KREX = [sys.executable, "-m", "krexd.cli.krex"]
-KREXCTL = [sys.executable, "-c", "import sys; from krexd.cli.krexctl import main; sys.exit(main())"]
+KREX = [sys.executable, "-m", "krex_cli"]
+KREXCTL = [sys.executable, "-c", "import sys; from krex_cli.krexctl import main; sys.exit(main())"]
 _counter = itertools.count()
 
 

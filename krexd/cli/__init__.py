@@ -1,1 +1,1 @@
-"""Command-line entry points: ``krexd``, ``krex``, ``krexctl``."""
+"""The daemon's command-line entry point: ``krexd``."""

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats as sps  # type: ignore[import-untyped, unused-ignore]
 
-from krexd.replay.trace import BANDS
+from krex_cli.replay.trace import BANDS
 
 Stat = Literal["median", "mean"]
 STATS: tuple[Stat, ...] = ("median", "mean")

@@ -175,11 +175,11 @@ def krex_command() -> list[str]:
     script = _script("krex")
     if script:
         return [script]
-    return [sys.executable, "-c", "import sys; from krexd.cli.krex import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from krex_cli.main import main; sys.exit(main())"]
 
 
 def package_pythonpath() -> list[str]:
-    """Directories holding the krexd and krex_client packages (for commands' PYTHONPATH)."""
+    """Directories holding the krex_cli and krex_client packages (for commands' PYTHONPATH)."""
     dirs = [str(Path(__file__).resolve().parents[2])]
     try:
         import krex_client

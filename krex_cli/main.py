@@ -13,13 +13,12 @@ co-tenants caused (run it again; the failure is not the command's).
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 
+from krex_cli import __version__
+from krex_cli.replay import cli as replay_cli
 from krex_client.connection import default_socket
 from krex_client.sizes import parse_size
-from krexd import __version__
 
 
 def _positive_float(text: str) -> float:
@@ -76,8 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
-    if importlib.util.find_spec("krexd.replay.cli") is not None:
-        importlib.import_module("krexd.replay.cli").add_parser(sub)
+    replay_cli.add_parser(sub)
     return p
 
 
@@ -93,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("krex run needs a command: krex run [options] -- CMD ARGS...")
         if args.gpu is not None and args.gpu < 0:
             parser.error("--gpu must be >= 0")
-        from krexd.launcher import run
+        from krex_cli.run import run
 
         return run(
             cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive, args.mem

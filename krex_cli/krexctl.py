@@ -21,10 +21,10 @@ import socket as pysocket
 import sys
 from typing import Any
 
+from krex_cli import __version__
 from krex_client.connection import Connection, KrexUnavailable, RemoteError, default_socket
 from krex_client.errors import StatusExit
 from krex_client.sizes import format_size
-from krexd import __version__
 
 
 def _listening(path: str) -> bool:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from krexd.replay import trace
+from krex_cli.replay import trace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WL = ROOT / "workloads"
 sys.path.insert(0, str(WL))
 

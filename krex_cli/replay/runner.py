@@ -30,8 +30,8 @@ from typing import IO, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-from krexd.replay import modes
-from krexd.replay.trace import TraceEntry
+from krex_cli.replay import modes
+from krex_cli.replay.trace import TraceEntry
 
 STDERR_TAIL_CHARS = 4000
 RESULTS = "results.jsonl"

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from krexd.replay import report, trace
-from krexd.replay.runner import load_results
+from krex_cli.replay import report, trace
+from krex_cli.replay.runner import load_results
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-BENCH = HERE / "fake_bench.py"
+ROOT = HERE.parents[2]
+BENCH = ROOT / "tests" / "replay" / "fake_bench.py"
 # (task, candidate, kernel µs): three candidates per task, 5-20 % apart.
 CANDIDATES = [
     ("t_short", "a", 1500.0),
@@ -79,7 +79,7 @@ def write_trace(path: Path, fail: bool = False) -> list[trace.TraceEntry]:
 def replay(
     *args: str, timeout: float = 120.0, sleep: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m krexd.replay ARGS``; ``sleep``: kernels are sleeps, not fake launches."""
+    """Run ``python -m krex_cli.replay ARGS``; ``sleep``: kernels are sleeps, not fake launches."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "python_client"), env.get("PYTHONPATH", "")]
@@ -88,7 +88,7 @@ def replay(
     if sleep:
         env["FAKE_BENCH_SLEEP"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "krexd.replay", *args, "--no-progress"],
+        [sys.executable, "-m", "krex_cli.replay", *args, "--no-progress"],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -207,7 +207,7 @@ def _krex_ready() -> str | None:
     """Why the krex-mode replay cannot run here, or None when it can."""
     if os.geteuid() != 0:
         return "needs root (cgroups)"
-    for mod in ("krexd.cli.krexd", "krexd.cli.krex"):
+    for mod in ("krexd.cli.krexd", "krex_cli.main"):
         if importlib.util.find_spec(mod) is None:
             return f"{mod} does not exist yet"
     for lib in ("build/lib/libkrex_shim.so", "build/fakecuda/libcuda.so.1"):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from krexd.replay import modes, trace
-from krexd.replay.runner import parse_result, resolve_argv
+from krex_cli.replay import modes, trace
+from krex_cli.replay.runner import parse_result, resolve_argv
 
 GOOD = {
     "argv": ["python", "w/gemm.py", "--task", "t"],

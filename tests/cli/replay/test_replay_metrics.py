@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from krexd.replay import metrics
-from krexd.replay.metrics import Ratio, Sample
+from krex_cli.replay import metrics
+from krex_cli.replay.metrics import Ratio, Sample
 
 
 def test_p95_inflation_linear_interpolation() -> None:

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from krexd.replay import modes
-from krexd.replay.trace import TraceError, load
+from krex_cli.replay import modes
+from krex_cli.replay.trace import TraceError, load
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -145,7 +145,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def build_parser(prog: str = "krex replay") -> argparse.ArgumentParser:
-    """A standalone parser (``python -m krexd.replay``)."""
+    """A standalone parser (``python -m krex_cli.replay``)."""
     return configure(
         argparse.ArgumentParser(
             prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -184,7 +184,7 @@ def _err(msg: str) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from krexd.replay.report import ReportError, generate
+    from krex_cli.replay.report import ReportError, generate
 
     if not args.dirs:
         return _err("report needs at least one run directory")
@@ -206,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
         return _err(f"unexpected arguments after the trace: {' '.join(args.dirs)}")
     if args.mode is None:
         return _err("--mode is required (native, serial, krex or ungated)")
-    from krexd.replay.runner import Runner, RunOptions
+    from krex_cli.replay.runner import Runner, RunOptions
 
     try:
         trace_path = Path(args.target)
@@ -254,7 +254,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     print(f"results: {results}")
     if not args.no_report:
-        from krexd.replay.report import find_runs, generate
+        from krex_cli.replay.report import find_runs, generate
 
         out = args.out.resolve()
         dirs = find_runs(out.parent)

@@ -1,4 +1,4 @@
-"""``make demo`` (``python -m krexd.demo``) runs the short replay end to end."""
+"""``make demo`` (``python -m krex_cli.demo``) runs the short replay end to end."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_demo_replays_native_and_krex_and_prints_the_summary() -> None:
     if os.path.exists("/dev/nvidiactl"):
         pytest.skip("on a GPU host the demo runs the PyTorch corpus (see tests/gpu)")
     run = subprocess.run(
-        [sys.executable, "-m", "krexd.demo"], cwd=REPO, capture_output=True, timeout=300
+        [sys.executable, "-m", "krex_cli.demo"], cwd=REPO, capture_output=True, timeout=300
     )
     out = run.stdout.decode()
     assert run.returncode == 0, out[-3000:] + run.stderr.decode()[-3000:]

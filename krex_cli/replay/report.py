@@ -26,9 +26,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
-from krexd.replay import metrics  # noqa: E402
-from krexd.replay.runner import META, RESULTS, load_results  # noqa: E402
-from krexd.replay.trace import BAND_NAMES  # noqa: E402
+from krex_cli.replay import metrics  # noqa: E402
+from krex_cli.replay.runner import META, RESULTS, load_results  # noqa: E402
+from krex_cli.replay.trace import BAND_NAMES  # noqa: E402
 
 # Phases of a command, in order, as the workloads harness reports them (ms).
 PHASES: tuple[str, ...] = (

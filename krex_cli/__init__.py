@@ -1,0 +1,15 @@
+"""krex_cli: the user's programs around krexd: ``krex run``, ``krex replay``, ``krexctl``, demo.
+
+* :mod:`krex_cli.main` — the ``krex`` command (``run`` and ``replay`` subcommands);
+* :mod:`krex_cli.run` — ``krex run``: admit a command through krexd and run it as a tenant;
+* :mod:`krex_cli.krexctl` — ``krexctl status``;
+* :mod:`krex_cli.replay` — ``krex replay``: replay a command trace, report fidelity;
+* :mod:`krex_cli.demo` — ``make demo``: a short replay, native against krex.
+
+They talk to krexd only through its control socket, with the client library
+(:mod:`krex_client`: connection, wire protocol, error and exit codes, sizes),
+and never import the daemon's package ``krexd`` (tests/cli/test_boundary.py
+keeps it so).  Importing this package has no side effects.
+"""
+
+__version__ = "0.1.0"
