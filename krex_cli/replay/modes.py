@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped, unused-ignore]
-import zmq
+from krex_client.connection import Connection, KrexUnavailable, RemoteError
 
 MODES: tuple[str, ...] = ("native", "serial", "krex", "ungated")
 # Config keys the overrides set: (table, key).
@@ -193,25 +192,18 @@ def package_pythonpath() -> list[str]:
 def ping(socket_path: str, timeout_s: float = 1.0) -> dict[str, Any]:
     """Send the ``ping`` op to krexd (interfaces.md, control plane); returns its body.
 
+    Uses :class:`krex_client.connection.Connection` (framing of krex_client.protocol).
+
     Raises:
-        ModeError: no reply within ``timeout_s`` or an error reply.
+        ModeError: krexd unreachable, no reply within ``timeout_s``, or an error reply.
     """
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(f"ipc://{socket_path}")
-        sock.send(msgpack.packb({"v": 1, "id": 1, "op": "ping", "body": {}}))
-        if not sock.poll(int(timeout_s * 1000)):
-            raise ModeError(f"krexd at {socket_path} did not answer ping in {timeout_s} s")
-        frames = sock.recv_multipart()
-        reply = msgpack.unpackb(frames[-1], raw=False)
-    finally:
-        sock.close()
-    if not isinstance(reply, dict) or not reply.get("ok"):
-        raise ModeError(f"krexd ping failed: {reply!r}")
-    body = reply.get("body", {})
-    return body if isinstance(body, dict) else {}
+        with Connection(socket_path, timeout_s=timeout_s) as conn:
+            return conn.request("ping")
+    except KrexUnavailable as exc:
+        raise ModeError(f"krexd did not answer ping: {exc}") from None
+    except RemoteError as exc:
+        raise ModeError(f"krexd ping failed: {exc}") from None
 
 
 class Krexd:

@@ -6,6 +6,7 @@ import json
 import os
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,3 +127,23 @@ def test_toml_writer_quotes_keys_and_refuses_odd_values() -> None:
         modes.dumps_toml({"a": {"b": None}})
     with pytest.raises(modes.ModeError, match="not finite"):
         modes.dumps_toml({"a": float("nan")})
+
+
+def test_ping_names_a_socket_nothing_listens_on(tmp_path: Path) -> None:
+    import socket as pysocket
+
+    path = str(tmp_path / "dead.sock")
+    s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    s.bind(path)  # the socket file of a krexd that died: bound, never listening
+    s.close()
+    with pytest.raises(modes.ModeError, match="dead.sock"):
+        modes.ping(path, timeout_s=0.5)
+    with pytest.raises(modes.ModeError, match="no such socket"):
+        modes.ping(str(tmp_path / "missing.sock"), timeout_s=0.5)
+
+
+@pytest.mark.root
+def test_ping_gets_krexd_s_reply(krexd_factory: Any) -> None:
+    k = krexd_factory()
+    body = modes.ping(k.socket, timeout_s=5.0)
+    assert body["pid"] == k.pid and "version" in body
