@@ -1,14 +1,15 @@
-"""``make demo`` / ``python -m krexd.demo``: the main job, short.
+"""``make demo`` / ``python -m krex_cli.demo``: the main job, short.
 
 Replays a few benchmarking commands twice — natively, one at a time
 (command-granular exclusivity), and through krex at command concurrency 4
 (regions enforced) — then prints the report's summary: throughput and
 timing fidelity against the native run (paper §6).
 
-* On a host with an NVIDIA GPU: the first commands of
-  ``workloads/trace-h200.jsonl`` (PyTorch, Triton and CuPy candidates).
+* On a host with an NVIDIA GPU (``nvidia-smi -L`` lists one): the first
+  commands of ``workloads/trace-h200.jsonl`` (PyTorch, Triton and CuPy
+  candidates).
 * Without one it says so and replays simulated benchmarks instead:
-  ``tests/replay/fake_bench.py`` timing kernels on the fake CUDA driver
+  ``workloads/simulated.py`` timing kernels on the fake CUDA driver
   (``build/fakecuda``, built by ``make``), with krexd on ``--fake-gpus 1``.
 
 Both runs start their own krexd with the shipped config ``etc/krex.toml``
@@ -24,12 +25,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from krexd import gpus, paths
+from krex_cli.replay.cli import count_gpus
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_TRACE = REPO / "workloads" / "trace-h200.jsonl"
 GPU_COMMANDS = 10
-FAKE_BENCH = "tests/replay/fake_bench.py"
+SIMULATED = "workloads/simulated.py"
+# The fake CUDA driver of a source checkout (``make`` builds it there).
+FAKE_DRIVER = REPO / "build" / "fakecuda"
 # (task, [(candidate, kernel µs)]): three tasks whose candidates differ by 5-20 %.
 FAKE_TASKS = [
     ("scale_vec", [("v1", 40.0), ("v2", 44.0), ("v3", 48.0)]),
@@ -43,14 +46,14 @@ def say(msg: str) -> None:
 
 
 def fake_trace(path: Path) -> None:
-    """Write a trace of fake_bench commands, tasks interleaved as agents' trajectories are."""
+    """Write a trace of simulated commands, tasks interleaved as agents' trajectories are."""
     lines = []
     for i in range(3):
         for task, cands in FAKE_TASKS:
             cand, us = cands[i]
             argv = [
                 "python",
-                FAKE_BENCH,
+                SIMULATED,
                 "--task",
                 task,
                 "--candidate",
@@ -68,7 +71,7 @@ def fake_trace(path: Path) -> None:
 
 
 def replay(env: dict[str, str], *args: str) -> None:
-    cmd = [sys.executable, "-m", "krexd.cli.krex", "replay", *args]
+    cmd = [sys.executable, "-m", "krex_cli", "replay", *args]
     rc = subprocess.run(cmd, env=env, cwd=REPO).returncode
     if rc != 0:
         raise SystemExit(f"demo: krex replay failed (exit {rc}): {' '.join(args)}")
@@ -86,15 +89,15 @@ def main() -> int:
     )
     trace = work / "trace.jsonl"
     krex_args: list[str] = []
-    if gpus.discover(0):
+    if count_gpus() > 0:
         say(f"GPU found: replaying the first {GPU_COMMANDS} commands of {GPU_TRACE.name}")
         with GPU_TRACE.open() as f:
             trace.write_text("".join(f.readlines()[:GPU_COMMANDS]))
     else:
-        fake = paths.fake_driver_dir()
-        if fake is None:
+        if not (FAKE_DRIVER / "libcuda.so.1").is_file():
             say("no GPU and no fake driver: run `make` first")
             return 1
+        fake = str(FAKE_DRIVER)
         say(
             "no GPU on this host: replaying simulated benchmarks over the fake CUDA "
             f"driver ({fake}); krexd runs with --fake-gpus 1"

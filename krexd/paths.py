@@ -1,4 +1,4 @@
-"""Where krexd and ``krex run`` find the shim, the gate library and the fake driver.
+"""Where krexd finds the shim and the gate library.
 
 Search order (docs/design/interfaces.md "Build outputs"): environment
 (``KREX_SHIM`` / ``KREX_GATE_LIB``), then the config's ``[shim] path``, then
@@ -61,9 +61,3 @@ def shim_library(configured: str | None = None) -> str | None:
 def gate_library() -> str | None:
     """Path of ``libkrex_gate.so`` (gate protocol code krexd loads through ctypes)."""
     return _search(GATE_NAME, "KREX_GATE_LIB", None)
-
-
-def fake_driver_dir() -> str | None:
-    """Directory holding the fake ``libcuda.so.1`` of a source checkout (tests only)."""
-    d = _CHECKOUT / "build" / "fakecuda"
-    return str(d) if (d / "libcuda.so.1").is_file() else None

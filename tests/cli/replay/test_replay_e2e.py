@@ -21,7 +21,7 @@ from krex_cli.replay.runner import load_results
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-BENCH = ROOT / "tests" / "replay" / "fake_bench.py"
+BENCH = ROOT / "workloads" / "simulated.py"
 # (task, candidate, kernel µs): three candidates per task, 5-20 % apart.
 CANDIDATES = [
     ("t_short", "a", 1500.0),
@@ -34,7 +34,7 @@ CANDIDATES = [
 
 
 def write_trace(path: Path, fail: bool = False) -> list[trace.TraceEntry]:
-    """A mixed-order trace of fake_bench commands (plus one failing command if asked)."""
+    """A mixed-order trace of simulated commands (plus one failing command if asked)."""
     order = [0, 3, 1, 4, 2, 5]
     entries = []
     for i in order:
@@ -84,9 +84,9 @@ def replay(
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "python_client"), env.get("PYTHONPATH", "")]
     )
-    env.pop("FAKE_BENCH_SLEEP", None)
+    env.pop("SIMULATED_SLEEP", None)
     if sleep:
-        env["FAKE_BENCH_SLEEP"] = "1"
+        env["SIMULATED_SLEEP"] = "1"
     return subprocess.run(
         [sys.executable, "-m", "krex_cli.replay", *args, "--no-progress"],
         capture_output=True,
@@ -213,8 +213,6 @@ def _krex_ready() -> str | None:
     for lib in ("build/lib/libkrex_shim.so", "build/fakecuda/libcuda.so.1"):
         if not (ROOT / lib).is_file():
             return f"{lib} is not built (run make)"
-    if not (ROOT / "tests" / "fakecuda" / "fakegpu.py").is_file():
-        return "tests/fakecuda/fakegpu.py does not exist yet"
     return None
 
 
