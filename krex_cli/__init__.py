@@ -8,8 +8,8 @@
 
 They talk to krexd only through its control socket, with the client library
 (:mod:`krex_client`: connection, wire protocol, error and exit codes, sizes),
-and never import the daemon's package ``krexd`` (tests/cli/test_boundary.py
-keeps it so).  Importing this package has no side effects.
+and never import the daemon's package ``krexd``; they start krexd as a
+program only (``krex replay``).  Importing this package has no side effects.
 """
 
 __version__ = "0.1.0"

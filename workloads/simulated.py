@@ -1,7 +1,7 @@
 """A simulated benchmarking command: no framework, kernels of a chosen length.
 
 The command ``make demo`` replays on a host without a GPU (krex_cli/demo.py),
-and the replay tests' stand-in for the corpus of workloads/.  It sets up for
+a stand-in for the corpus of workloads/ where no GPU is at hand.  It sets up for
 ``--setup-ms`` (half asleep, half launching kernels, as imports, compilation
 and correctness checks would), times ``--reps`` kernels of ``--kernel-us`` µs
 inside ``region.critical()`` and prints the same JSON result line as
