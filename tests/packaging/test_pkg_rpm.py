@@ -54,7 +54,7 @@ def test_install_into_scratch_root(packages: pc.Packages, tmp_path: Path) -> Non
     assert (root / "usr" / "lib" / "sysusers.d" / "krex.conf").is_file()
     sitelib = list(root.glob("usr/lib/python3.*/site-packages"))
     assert len(sitelib) == 1, sitelib
-    for pkg in ("krexd", "krex_client"):
+    for pkg in ("krexd", "krex_cli", "krex_client"):
         assert (sitelib[0] / pkg / "__init__.py").is_file(), pkg
 
     # %config(noreplace): an edited config survives removal as .rpmsave.

@@ -237,7 +237,8 @@ def system_python_imports() -> str:
         [
             "/usr/bin/python3",
             "-c",
-            "import krex_client, krexd; print(krex_client.__file__, krexd.__file__)",
+            "import krex_cli, krex_client, krexd; "
+            "print(krex_cli.__file__, krex_client.__file__, krexd.__file__)",
         ],
         user=BENCH_USER,
     )
