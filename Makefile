@@ -9,12 +9,16 @@ PY     := $(VENV)/bin/python
 CUDA_INCLUDE ?= /usr/local/cuda/include
 export CUDA_INCLUDE
 
-.PHONY: all shim fakecuda venv test demo packages clean
+.PHONY: all shim shim-tests fakecuda venv check test demo packages clean
 
 all: shim fakecuda
 
 shim:
 	$(MAKE) -C libkrex_shim
+
+# The shim, the gate library and the C programs of tests/shim.
+shim-tests:
+	$(MAKE) -C libkrex_shim tests
 
 fakecuda:
 	$(MAKE) -C tests/fakecuda
