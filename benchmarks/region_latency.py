@@ -84,8 +84,17 @@ def _sibling_argv(kind: str) -> list[str]:
         # KREX_BENCH_KERNEL_NS / KREX_BENCH_SYNC_EVERY set how much work a sibling queues.
         kernel_ns = os.environ.get("KREX_BENCH_KERNEL_NS", "200000")
         sync_every = os.environ.get("KREX_BENCH_SYNC_EVERY", "8")
-        return [bench, "--seconds", "3600", "--kernel-ns", kernel_ns, "--link", "procaddr",
-                "--sync-every", sync_every]
+        return [
+            bench,
+            "--seconds",
+            "3600",
+            "--kernel-ns",
+            kernel_ns,
+            "--link",
+            "procaddr",
+            "--sync-every",
+            sync_every,
+        ]
     if kind == "torch":
         return [sys.executable, "-c", _TORCH_SIBLING]
     if kind == "light":
