@@ -21,6 +21,8 @@ mapping itself: the slots' device-memory fields and out-of-memory record
 (``libkrex_shim/memory.c``, docs/design/memory.md) come decoded through
 ``krex_gate_slots_info`` like every other field.  One :class:`Gate` per
 gate file per process: krexd's memory monitor reads the coordinator's.
+(One module, above the usual size, on purpose: it is the only Python code
+that knows the gate's C API; ``tests/daemon/test_boundaries.py`` keeps it so.)
 
 The library is found through ``krexd.paths.gate_library()``.
 """
@@ -162,6 +164,15 @@ class _SlotInfoC(ctypes.Structure):
 
     def snapshot(self, index: int) -> SlotInfo:
         """This C snapshot as a :class:`SlotInfo` of slot ``index``."""
+        oom = _NO_OOM
+        if self.oom_waited or self.oom_failed or self.oom_own or self.oom_last or self.oom_waiting:
+            oom = OomRecord(
+                waited=self.oom_waited,
+                failed=self.oom_failed,
+                own=self.oom_own,
+                last=OOM_REASONS.get(self.oom_last),
+                waiting=bool(self.oom_waiting),
+            )
         return SlotInfo(
             index=index,
             state=SLOT_STATES.get(self.state, f"unknown({self.state})"),
@@ -174,14 +185,11 @@ class _SlotInfoC(ctypes.Structure):
             blocked_calls=self.blocked_calls,
             last_drain_ns=self.last_drain_ns,
             mem_mib=self.mem_mib,
-            oom=OomRecord(
-                waited=self.oom_waited,
-                failed=self.oom_failed,
-                own=self.oom_own,
-                last=OOM_REASONS.get(self.oom_last),
-                waiting=bool(self.oom_waiting),
-            ),
+            oom=oom,
         )
+
+
+_NO_OOM = OomRecord()
 
 
 _lib: ctypes.CDLL | None = None
@@ -448,9 +456,22 @@ class Gate:
         Fields are read without a lock (one C call, relaxed loads): counts
         may be mutually stale by a few calls.  Raises GateError once unmapped.
         """
+        infos = self._read_slots()
+        return [info.snapshot(i) for i, info in enumerate(infos)]
+
+    def waiting_for_memory(self) -> list[SlotInfo]:
+        """The slots whose allocation waits for co-tenants' memory now (``oom.waiting``).
+
+        What admission asks before every decision: only those slots are
+        converted.  Raises GateError once unmapped.
+        """
+        infos = self._read_slots()
+        return [info.snapshot(i) for i, info in enumerate(infos) if info.oom_waiting]
+
+    def _read_slots(self) -> list[_SlotInfoC]:
         infos = (_SlotInfoC * MAX_SLOTS)()
         with self._mapped() as h:
             n = int(self._lib.krex_gate_slots_info(h, infos, MAX_SLOTS))
         if n < 0:
             raise GateError(f"slots of gate {self.path}: {os.strerror(-n)}", -n)
-        return [infos[i].snapshot(i) for i in range(n)]
+        return list(infos[:n])

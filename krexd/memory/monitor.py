@@ -248,10 +248,12 @@ class MemoryMonitor:
 
     def blocked(self, gpu: int) -> bool:
         """True while an allocation on ``gpu`` waits for co-tenants' memory (fresh read)."""
-        return any(
-            s.oom.waiting and s.state == "active" and pid_alive(s.pid)
-            for s in self._slots(gpu) or ()
-        )
+        gate = self.gates.get(gpu)
+        try:
+            waiting = gate.waiting_for_memory() if gate is not None else []
+        except GateError:
+            return False  # unmapped: the daemon is stopping
+        return any(s.state == "active" and pid_alive(s.pid) for s in waiting)
 
     def available(self, gpu: int) -> int | None:
         """Bytes of ``gpu`` admission may still reserve (None: admission by memory off)."""

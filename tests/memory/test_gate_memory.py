@@ -74,11 +74,13 @@ def test_slots_give_the_memory_fields_decoded(probe: Path, tmp_path: Path) -> No
     with Gate.create(path, 0, nslots=8) as gate:
         subprocess.run([str(probe), path], check=True)
         slots = gate.slots()
+        waiting = gate.waiting_for_memory()
     assert len(slots) == 8
     s = slots[5]
     assert (s.state, s.pid, s.tenant, s.mem_mib) == ("active", 4242, 9, 300)
     assert s.oom == OomRecord(waited=7, failed=3, own=2, last="in_region", waiting=True)
     assert all(o.mem_mib == 0 and o.oom == OomRecord() for o in slots if o.index != 5)
+    assert waiting == [s]
 
 
 def test_a_gate_of_another_layout_version_is_refused_by_name(
