@@ -22,7 +22,7 @@ mapping itself: the slots' device-memory fields and out-of-memory record
 ``krex_gate_slots_info`` like every other field.  One :class:`Gate` per
 gate file per process: krexd's memory monitor reads the coordinator's.
 (One module, above the usual size, on purpose: it is the only Python code
-that knows the gate's C API; ``tests/daemon/test_boundaries.py`` keeps it so.)
+that knows the gate's C API, and a test keeps it the only one.)
 
 The library is found through ``krexd.paths.gate_library()``.
 """
