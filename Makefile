@@ -1,20 +1,31 @@
 # krex top-level build.
 #   make          build the C parts (shim, gate library, fake driver for tests)
-#   make test     set up the virtualenv, build, run the test suite
+#   make check    the fast lane: ruff, ruff format --check, mypy --strict and the tests
+#                 that need neither root, a GPU nor a built C part (no build; under a minute)
+#   make test     make check, then build and run every other test (CI runs this)
 #   make demo     set up, build, run the main job (short replay; fake driver without a GPU)
 #   make packages build the .deb and .rpm into build/pkg/
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# Installed once per change of pyproject.toml (which lists ruff, mypy and pytest).
+STAMP  := $(VENV)/.krex-installed
+# The fast lane's tests: a test is needs_build when it uses a build fixture
+# (tests/conftest.py); `make test` runs the complement after building.
+FAST   := not root and not gpu and not needs_build
 CUDA_INCLUDE ?= /usr/local/cuda/include
 export CUDA_INCLUDE
 
-.PHONY: all shim fakecuda venv test demo packages clean
+.PHONY: all shim shim-tests fakecuda venv check test demo packages clean
 
 all: shim fakecuda
 
 shim:
 	$(MAKE) -C libkrex_shim
+
+# The shim, the gate library and the C programs of tests/shim.
+shim-tests:
+	$(MAKE) -C libkrex_shim tests
 
 fakecuda:
 	$(MAKE) -C tests/fakecuda
@@ -22,12 +33,21 @@ fakecuda:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-venv: $(PY)
+$(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	touch $@
 
-test: venv all
-	$(PY) -m pytest
+venv: $(STAMP)
+
+check: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(PY) -m pytest -q -m '$(FAST)'
+
+test: check all
+	$(PY) -m pytest -m 'not ($(FAST))'
 
 demo: venv all
 	$(PY) -m krex_cli.demo

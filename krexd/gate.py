@@ -16,6 +16,14 @@ shim; this module only binds it.  ``wait_drained`` blocks in C: ctypes
 releases the GIL for the call, so run it in a worker thread
 (``asyncio.to_thread``) to keep an event loop responsive.
 
+The layout is defined once, in the C header; this binding never reads the
+mapping itself: the slots' device-memory fields and out-of-memory record
+(``libkrex_shim/memory.c``, docs/design/memory.md) come decoded through
+``krex_gate_slots_info`` like every other field.  One :class:`Gate` per
+gate file per process: krexd's memory monitor reads the coordinator's.
+(One module, above the usual size, on purpose: it is the only Python code
+that knows the gate's C API, and a test keeps it the only one.)
+
 The library is found through ``krexd.paths.gate_library()``.
 """
 
@@ -33,11 +41,25 @@ from typing import Any
 from krexd import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: Slots a gate can hold (krex_gate.h KREX_GATE_MAX_SLOTS).
 MAX_SLOTS = 256
 
 SLOT_STATES = {0: "free", 1: "claiming", 2: "active", 3: "dead"}
+
+#: enum krex_oom_reason, by value: the last out-of-memory error the shim handed back.
+OOM_REASONS: dict[int, str | None] = {
+    0: None,
+    1: "timeout",  # co-tenants: waited oom_wait_s, not enough was freed
+    2: "in_region",  # co-tenants: the tenant held the region (siblings frozen)
+    3: "nested",  # co-tenants: inside another driver call, could not wait
+    4: "no_wait",  # co-tenants: waiting is off ([memory] oom_wait_s = 0)
+    5: "too_large",  # own: the tenant alone would exceed the card
+    6: "alone",  # own: no co-tenant process on the GPU
+    7: "mutual",  # co-tenants: all of them waited too; the latest admitted gave up
+}
+#: The reasons that blame co-tenants (``krex run`` exits 75 on them).
+COTENANT_REASONS = frozenset({"timeout", "in_region", "nested", "no_wait", "mutual"})
 
 
 class GateError(Exception):
@@ -57,6 +79,17 @@ class GateStale(GateError):
 
 
 @dataclass(frozen=True)
+class OomRecord:
+    """A slot's out-of-memory record (counts since the process registered; saturating)."""
+
+    waited: int = 0  # co-tenant OOMs absorbed: waited, then the allocation succeeded
+    failed: int = 0  # co-tenant OOMs returned to the program
+    own: int = 0  # OOMs returned as the tenant's own
+    last: str | None = None  # reason of the last one returned (OOM_REASONS)
+    waiting: bool = False  # an allocation waits for co-tenants' memory now
+
+
+@dataclass(frozen=True)
 class SlotInfo:
     """One slot of the gate: a registered tenant process.
 
@@ -65,6 +98,9 @@ class SlotInfo:
     is the last epoch the process drained for; ``captures`` its open stream
     captures; ``gated_calls`` / ``blocked_calls`` are counts since it
     registered; ``last_drain_ns`` is the duration of its last drain (ns).
+    ``mem_mib`` is the device memory it allocated through the driver API and
+    has not freed (MiB, rounded up) and ``oom`` its out-of-memory record;
+    both stay readable after the process ended, until the slot is reused.
     """
 
     index: int
@@ -77,6 +113,8 @@ class SlotInfo:
     gated_calls: int
     blocked_calls: int
     last_drain_ns: int
+    mem_mib: int = 0
+    oom: OomRecord = OomRecord()
 
 
 class GateTimeout(GateError):
@@ -116,7 +154,42 @@ class _SlotInfoC(ctypes.Structure):
         ("blocked_calls", ctypes.c_uint64),
         ("last_drain_ns", ctypes.c_uint64),
         ("start_ticks", ctypes.c_uint64),
+        ("mem_mib", ctypes.c_uint32),
+        ("oom_waited", ctypes.c_uint32),
+        ("oom_failed", ctypes.c_uint32),
+        ("oom_own", ctypes.c_uint32),
+        ("oom_last", ctypes.c_uint32),
+        ("oom_waiting", ctypes.c_uint32),
     ]
+
+    def snapshot(self, index: int) -> SlotInfo:
+        """This C snapshot as a :class:`SlotInfo` of slot ``index``."""
+        oom = _NO_OOM
+        if self.oom_waited or self.oom_failed or self.oom_own or self.oom_last or self.oom_waiting:
+            oom = OomRecord(
+                waited=self.oom_waited,
+                failed=self.oom_failed,
+                own=self.oom_own,
+                last=OOM_REASONS.get(self.oom_last),
+                waiting=bool(self.oom_waiting),
+            )
+        return SlotInfo(
+            index=index,
+            state=SLOT_STATES.get(self.state, f"unknown({self.state})"),
+            pid=self.pid,
+            tenant=self.tenant,
+            inflight=self.inflight,
+            ack_epoch=self.ack_epoch,
+            captures=self.captures,
+            gated_calls=self.gated_calls,
+            blocked_calls=self.blocked_calls,
+            last_drain_ns=self.last_drain_ns,
+            mem_mib=self.mem_mib,
+            oom=oom,
+        )
+
+
+_NO_OOM = OomRecord()
 
 
 _lib: ctypes.CDLL | None = None
@@ -143,6 +216,8 @@ def _library() -> ctypes.CDLL:
             "krex_gate_abi_version": (u32, []),
             "krex_gate_load_word": (ctypes.c_uint64, [p]),
             "krex_gate_slot_info": (ctypes.c_int, [p, u32, ctypes.POINTER(_SlotInfoC)]),
+            "krex_gate_slots_info": (ctypes.c_int, [p, ctypes.POINTER(_SlotInfoC), u32]),
+            "krex_gate_file_version": (ctypes.c_int, [ctypes.c_char_p, u32p]),
             "krex_gate_close": (ctypes.c_int, [p, u32, u32]),
             "krex_gate_wait_drained": (ctypes.c_int, [p, u32, u32, i64, u32p, u32p]),
             "krex_gate_reopen": (ctypes.c_int, [p, u32, u32]),
@@ -157,7 +232,8 @@ def _library() -> ctypes.CDLL:
         if version != ABI_VERSION:
             raise GateError(
                 f"{path}: gate layout version {version}, this krexd expects "
-                f"{ABI_VERSION} (rebuild with `make shim`)"
+                f"{ABI_VERSION} (krexd and {paths.GATE_NAME} come from different builds; "
+                "rebuild with `make shim`)"
             )
         _lib = lib
         return lib
@@ -213,11 +289,16 @@ class Gate:
         h = lib.krex_gate_open(os.fsencode(path), 0, 0, 0, 0)
         if not h:
             err = ctypes.get_errno()
-            why = (
-                "not a krex gate of this layout version"
-                if err == errno.EPROTO
-                else os.strerror(err)
-            )
+            why = os.strerror(err)
+            if err == errno.EPROTO:
+                version = ctypes.c_uint32(0)
+                rc = lib.krex_gate_file_version(os.fsencode(path), ctypes.byref(version))
+                why = (
+                    f"gate layout version {version.value}, this krexd expects {ABI_VERSION} "
+                    "(the file was made by another build)"
+                    if rc == 0
+                    else "not a krex gate"
+                )
             raise GateError(f"cannot open gate {path}: {why}", err)
         return cls(path, h)
 
@@ -321,8 +402,8 @@ class Gate:
     def wait_drained(self, holder: int, epoch: int, timeout_s: float) -> list[int]:
         """:meth:`drain`, then the indices of the sibling slots that acknowledged ``epoch``.
 
-        Reading the slots back costs about a millisecond (every slot is
-        read): use :meth:`drain` where the list is not needed.
+        Reading the slots back copies every slot: use :meth:`drain` where
+        the list is not needed.
         """
         self.drain(holder, epoch, timeout_s)
         return [
@@ -370,26 +451,27 @@ class Gate:
         return None if w == 0 else (w & 0xFFFF_FFFF, w >> 32)
 
     def slots(self) -> list[SlotInfo]:
-        """A snapshot of every slot of the gate (fields read without a lock)."""
-        out: list[SlotInfo] = []
-        info = _SlotInfoC()
-        for i in range(MAX_SLOTS):
-            with self._mapped() as h:
-                rc = self._lib.krex_gate_slot_info(h, i, ctypes.byref(info))
-            if rc != 0:
-                break  # past nslots
-            out.append(
-                SlotInfo(
-                    index=i,
-                    state=SLOT_STATES.get(info.state, f"unknown({info.state})"),
-                    pid=info.pid,
-                    tenant=info.tenant,
-                    inflight=info.inflight,
-                    ack_epoch=info.ack_epoch,
-                    captures=info.captures,
-                    gated_calls=info.gated_calls,
-                    blocked_calls=info.blocked_calls,
-                    last_drain_ns=info.last_drain_ns,
-                )
-            )
-        return out
+        """A snapshot of every slot below the gate's ``nslots``, free ones included.
+
+        Fields are read without a lock (one C call, relaxed loads): counts
+        may be mutually stale by a few calls.  Raises GateError once unmapped.
+        """
+        infos = self._read_slots()
+        return [info.snapshot(i) for i, info in enumerate(infos)]
+
+    def waiting_for_memory(self) -> list[SlotInfo]:
+        """The slots whose allocation waits for co-tenants' memory now (``oom.waiting``).
+
+        What admission asks before every decision: only those slots are
+        converted.  Raises GateError once unmapped.
+        """
+        infos = self._read_slots()
+        return [info.snapshot(i) for i, info in enumerate(infos) if info.oom_waiting]
+
+    def _read_slots(self) -> list[_SlotInfoC]:
+        infos = (_SlotInfoC * MAX_SLOTS)()
+        with self._mapped() as h:
+            n = int(self._lib.krex_gate_slots_info(h, infos, MAX_SLOTS))
+        if n < 0:
+            raise GateError(f"slots of gate {self.path}: {os.strerror(-n)}", -n)
+        return list(infos[:n])

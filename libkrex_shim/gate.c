@@ -345,6 +345,47 @@ KREX_GATE_API int krex_gate_slot_info(const struct krex_gate *g, uint32_t i,
     out->blocked_calls = atomic_load_explicit(&s->blocked_calls, memory_order_relaxed);
     out->last_drain_ns = atomic_load_explicit(&s->last_drain_ns, memory_order_relaxed);
     out->start_ticks = atomic_load_explicit(&s->start_ticks, memory_order_relaxed);
+    /* Relaxed too: each word is one aligned 32-bit load (never torn), and
+     * krexd only sums and compares counts that its next read refreshes. */
+    out->mem_mib = atomic_load_explicit(&s->mem_mib, memory_order_relaxed);
+    uint32_t oom = atomic_load_explicit(&s->oom, memory_order_relaxed);
+    out->oom_waited = (oom >> KREX_OOM_WAITED_SHIFT) & KREX_OOM_WAITED_MAX;
+    out->oom_failed = (oom >> KREX_OOM_FAILED_SHIFT) & KREX_OOM_FAILED_MAX;
+    out->oom_own = (oom >> KREX_OOM_OWN_SHIFT) & KREX_OOM_OWN_MAX;
+    out->oom_last = (oom >> KREX_OOM_LAST_SHIFT) & KREX_OOM_LAST_MAX;
+    out->oom_waiting = (oom & KREX_OOM_WAITING) != 0;
+    return 0;
+}
+
+KREX_GATE_API int krex_gate_slots_info(const struct krex_gate *g, struct krex_slot_info *out,
+                                       uint32_t n)
+{
+    if (!g || !out)
+        return -EINVAL;
+    uint32_t count = g->nslots < n ? g->nslots : n;
+    for (uint32_t i = 0; i < count; i++)
+        krex_gate_slot_info(g, i, &out[i]);
+    return (int)count;
+}
+
+KREX_GATE_API int krex_gate_file_version(const char *path, uint32_t *version)
+{
+    if (!path || !version)
+        return -EINVAL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    /* magic and version: the first 12 bytes of every version's header. */
+    unsigned char head[12];
+    ssize_t n = pread(fd, head, sizeof head, 0);
+    int saved = errno;
+    close(fd);
+    if (n < 0)
+        return -saved;
+    uint64_t magic;
+    if ((size_t)n < sizeof head || (memcpy(&magic, head, 8), magic != KREX_GATE_MAGIC))
+        return -EPROTO;
+    memcpy(version, head + 8, 4);
     return 0;
 }
 

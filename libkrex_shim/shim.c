@@ -131,8 +131,17 @@ static void init_from_env(void)
     }
     struct krex_gate *g = krex_gate_open(path, 0, 0, 0, 0);
     if (!g) {
-        krex_log(KREX_LOG_WARN, "cannot map gate %s: %s: pass-through", path,
-                 errno == EPROTO ? "not a krex gate of this version" : strerror(errno));
+        int err = errno;
+        uint32_t version = 0;
+        if (err == EPROTO && krex_gate_file_version(path, &version) == 0)
+            krex_log(KREX_LOG_WARN,
+                     "cannot map gate %s: gate layout version %u, this libkrex_shim.so "
+                     "expects %u (krexd and the shim come from different builds): "
+                     "pass-through",
+                     path, version, KREX_GATE_VERSION);
+        else
+            krex_log(KREX_LOG_WARN, "cannot map gate %s: %s: pass-through", path,
+                     err == EPROTO ? "not a krex gate" : strerror(err));
         goto out;
     }
     /* After an execve this process keeps its pid but lost its drainer:

@@ -13,7 +13,16 @@ answers ``ping``, and returns a :class:`Krexd` handle:
   directory krexd made are gone; returns krexd's exit code.
 
 Every krexd still running at the end of a test is stopped (and checked).
-Tests marked ``root`` are skipped when not root; ``gpu`` without a GPU.
+
+Built parts, once per session (helpers in :mod:`tests.support`):
+``shim_build`` (the shim, the gate library and the C programs of tests/shim;
+points ``krexd.gate`` at that library), ``fakecuda_build`` (the fake driver),
+``built`` (both), and ``fc``, a private fake device per test.
+
+Markers: tests marked ``root`` are skipped when not root, ``gpu`` without a
+GPU; a test that uses a build fixture is marked ``needs_build`` here, so
+``make check`` (``-m "not root and not gpu and not needs_build"``) runs
+only the tests that need neither root nor a built C part.
 """
 
 from __future__ import annotations
@@ -33,18 +42,27 @@ from typing import Any
 import pytest
 
 from krex_client.connection import Connection, KrexUnavailable
+from tests.fakecuda.harness import Build, FakeCuda
+from tests.support import REPO as _REPO
+from tests.support import ShimBuild, clean_env, make
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(_REPO)
 KREX = [sys.executable, "-m", "krex_cli"]
 KREXCTL = [sys.executable, "-c", "import sys; from krex_cli.krexctl import main; sys.exit(main())"]
 _counter = itertools.count()
 
 
+#: Fixtures that build C parts: a test using one (directly or not) is ``needs_build``.
+BUILD_FIXTURES = frozenset({"shim_build", "fakecuda_build", "built"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``root`` tests when not root and ``gpu`` tests without an NVIDIA GPU."""
+    """Mark ``needs_build``; skip ``root`` tests when not root, ``gpu`` ones without a GPU."""
     not_root = os.geteuid() != 0 or not os.path.isdir("/sys/fs/cgroup")
     no_gpu = not os.path.exists("/dev/nvidiactl")
     for item in items:
+        if BUILD_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.needs_build)
         if not_root and "root" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="needs root and cgroups"))
         if no_gpu and "gpu" in item.keywords:
@@ -62,9 +80,7 @@ class Krexd:
         self.workdir = workdir
         self.cgroup_name = name
         self.log_path = log_path
-        self.env = dict(os.environ, KREX_SOCKET=socket)
-        for var in ("KREX_TENANT", "KREX_TOKEN", "KREX_GATE", "NOTIFY_SOCKET"):
-            self.env.pop(var, None)
+        self.env = clean_env(KREX_SOCKET=socket)
         self.krex = list(KREX)
         self.krexctl = list(KREXCTL)
         self.cgroup_dirs: list[str] = []
@@ -192,12 +208,8 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
         with open(config_path, "w") as f:
             f.write(render_toml(make_config(socket, name, slots, config)) + extra)
         log_path = os.path.join(workdir, "krexd.log")
-        proc_env = dict(os.environ)
         # KREX_SOCKET would override the config's socket: a test passes it in ``env``.
-        scrub = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID", "KREX_SOCKET")
-        for var in scrub:
-            proc_env.pop(var, None)
-        proc_env.update(env or {})
+        proc_env = clean_env(**(env or {}))
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [
@@ -238,3 +250,30 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
             shutil.rmtree(d, ignore_errors=True)
     if failures:
         raise failures[0]
+
+
+@pytest.fixture(scope="session")
+def shim_build() -> ShimBuild:
+    """Build the shim, the gate library and the test programs (once per test run)."""
+    make("shim-tests")
+    b = ShimBuild()
+    os.environ["KREX_GATE_LIB"] = str(b.gate_lib)
+    return b
+
+
+@pytest.fixture(scope="session")
+def fakecuda_build() -> Build:
+    """The fake driver and its programs, built once per test session."""
+    make("fakecuda")
+    return Build.default()
+
+
+@pytest.fixture(scope="session")
+def built(shim_build: ShimBuild, fakecuda_build: Build) -> None:
+    """The shim, the gate library and the fake driver (once)."""
+
+
+@pytest.fixture
+def fc(fakecuda_build: Build, tmp_path: Any) -> FakeCuda:
+    """A fake device whose timeline and memory state belong to this test only."""
+    return FakeCuda(fakecuda_build, tmp_path)

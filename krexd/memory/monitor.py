@@ -2,7 +2,8 @@
 
 Every ``[memory] refresh_ms`` the monitor reads each GPU's memory from its
 source (``krexd.memory.sources``: NVML, the fake driver's state, or none)
-and the shim's slots in the gate (``krexd.memory.gatemem``), and works out
+and the shim's slots in the gate (``krexd.gate.Gate.slots``: the daemon's
+own gate objects, so each gate file is mapped once), and works out
 per GPU::
 
     tenants_used = sum of the tenants' usage (per-process figures of the
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from krex_client.sizes import format_size
 from krexd.errors import Code, KrexError
-from krexd.memory.gatemem import SLOT_ACTIVE, GateMemory, pid_alive
+from krexd.gate import Gate, GateError, SlotInfo
 from krexd.memory.records import SlotLedger, TenantMemory
-from krexd.memory.sources import DeviceMemory, Source, open_source
+from krexd.memory.sources import DeviceMemory, Source, open_source, pid_alive
 
 if TYPE_CHECKING:
     from krexd.daemon import Daemon
@@ -60,7 +61,8 @@ class MemoryMonitor:
         self.daemon = daemon
         self.cfg = daemon.config.memory
         self.source: Source | None = None
-        self.gates: dict[int, GateMemory] = {}
+        # The daemon's gates (GPU index -> Gate), read, never unmapped here.
+        self.gates: dict[int, Gate] = {}
         self.ledgers: dict[int, SlotLedger] = {}
         self.views: dict[int, GpuView] = {}
         self._task: asyncio.Task[None] | None = None
@@ -75,11 +77,8 @@ class MemoryMonitor:
         self._started = True
         d = self.daemon
         self.source = open_source(d.gpus)
-        for gpu, path in d.gate_paths.items():
-            try:
-                self.gates[gpu] = GateMemory(path)
-            except (OSError, ValueError) as exc:
-                _log.warning("gpu%d: cannot read the gate's memory fields: %s", gpu, exc)
+        for gpu, gate in d.gates.items():
+            self.gates[gpu] = gate
             self.ledgers[gpu] = SlotLedger()
         d.admission.memory = self
         d.admission.max_bypass = self.cfg.max_bypass
@@ -122,12 +121,20 @@ class MemoryMonitor:
             self.close()
 
     def close(self) -> None:
-        """Release the source and the gate mappings."""
+        """Release the source; forget the gates (the daemon unmaps them)."""
         if self.source is not None:
             self.source.close()
-        for gm in self.gates.values():
-            gm.close()
         self.gates.clear()
+
+    def _slots(self, gpu: int) -> list[SlotInfo] | None:
+        """The slots of ``gpu``'s gate now; None without a gate or once it is unmapped."""
+        gate = self.gates.get(gpu)
+        if gate is None:
+            return None
+        try:
+            return gate.slots()
+        except GateError:
+            return None  # unmapped: the daemon is stopping
 
     # --- refresh ------------------------------------------------------------------
 
@@ -139,12 +146,11 @@ class MemoryMonitor:
             records = {t.id: t.memory for t in tenants}
             shim_used: dict[int, int] = {}
             waiting: set[int] = set()
-            gm = self.gates.get(g.index)
-            if gm is not None:
-                slots = gm.slots()
+            slots = self._slots(g.index)
+            if slots is not None:
                 self.ledgers[g.index].update(slots, records)
                 for s in slots:
-                    if s.state == SLOT_ACTIVE and s.tenant and pid_alive(s.pid):
+                    if s.state == "active" and s.tenant and pid_alive(s.pid):
                         shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
                         if s.oom.waiting:
                             waiting.add(s.tenant)
@@ -190,19 +196,18 @@ class MemoryMonitor:
 
     def refresh_tenant(self, tenant: Tenant) -> None:
         """Credit what the tenant's processes (ended ones too) counted so far."""
-        gm = self.gates.get(tenant.gpu)
-        if gm is not None:
+        slots = self._slots(tenant.gpu)
+        if slots is not None:
             records = {t.id: t.memory for t in self.daemon.tenants.on_gpu(tenant.gpu)}
             records[tenant.id] = tenant.memory
-            self.ledgers[tenant.gpu].update(gm.slots(), records)
+            self.ledgers[tenant.gpu].update(slots, records)
 
     def tenant_ended(self, tenant: Tenant) -> None:
         """Final read of the tenant's gate slots (its processes are gone), then free them."""
         self.refresh_tenant(tenant)
-        if tenant.gpu in self.gates:
-            gate = self.daemon.gates.get(tenant.gpu)
-            if gate is not None:
-                gate.reclaim_dead()  # after the read: the records are taken
+        gate = self.gates.get(tenant.gpu)
+        if gate is not None:
+            gate.reclaim_dead()  # after the read: the records are taken
         tenant.memory.waiting = False
         _log.info("t%d memory: %s", tenant.id, tenant.memory.describe())
 
@@ -243,8 +248,12 @@ class MemoryMonitor:
 
     def blocked(self, gpu: int) -> bool:
         """True while an allocation on ``gpu`` waits for co-tenants' memory (fresh read)."""
-        gm = self.gates.get(gpu)
-        return gm is not None and bool(gm.waiting_tenants())
+        gate = self.gates.get(gpu)
+        try:
+            waiting = gate.waiting_for_memory() if gate is not None else []
+        except GateError:
+            return False  # unmapped: the daemon is stopping
+        return any(s.state == "active" and pid_alive(s.pid) for s in waiting)
 
     def available(self, gpu: int) -> int | None:
         """Bytes of ``gpu`` admission may still reserve (None: admission by memory off)."""

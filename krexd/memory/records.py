@@ -19,14 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex_client.sizes import format_size
-from krexd.memory.gatemem import (
-    COTENANT_REASONS,
-    SLOT_ACTIVE,
-    SLOT_CLAIMING,
-    SLOT_DEAD,
-    SLOT_FREE,
-    SlotMemory,
-)
+from krexd.gate import COTENANT_REASONS, SlotInfo
 
 
 @dataclass
@@ -42,7 +35,7 @@ class TenantMemory:
     oom_waited: int = 0  # co-tenant OOMs absorbed: waited, then allocated
     oom_cotenant: int = 0  # co-tenant OOMs returned to the program
     oom_own: int = 0  # OOMs returned as its own (too large alone, no co-tenant)
-    last_oom: str | None = None  # reason of the last OOM returned (gatemem.OOM_REASONS)
+    last_oom: str | None = None  # reason of the last OOM returned (krexd.gate.OOM_REASONS)
     last_cotenant_oom: str | None = None  # reason of the last co-tenant OOM returned
     waiting: bool = False  # an allocation waits for co-tenants' memory now
     waits_seen: int = 0  # refreshes that found it waiting (times refresh_ms: wait time)
@@ -108,23 +101,27 @@ class SlotLedger:
 
     _owners: dict[int, _Owner] = field(default_factory=dict)
 
-    def update(self, slots: list[SlotMemory], records: dict[int, TenantMemory]) -> None:
-        """Apply a fresh read of a gate's ``slots`` to ``records`` (tenant id -> record)."""
+    def update(self, slots: list[SlotInfo], records: dict[int, TenantMemory]) -> None:
+        """Apply a fresh read of a gate's ``slots`` (``Gate.slots()``) to ``records``.
+
+        ``records`` maps tenant id -> record; slots of other tenants are
+        tracked but credit nothing.
+        """
         for s in slots:
             known = self._owners.get(s.index)
-            if s.state in (SLOT_ACTIVE, SLOT_DEAD) and s.tenant:
+            if s.state in ("active", "dead") and s.tenant:
                 if known is None or (known.tenant, known.pid) != (s.tenant, s.pid):
                     known = self._owners[s.index] = _Owner(s.tenant, s.pid)
                 self._credit(known, s, records)
-            elif s.state == SLOT_FREE and known is not None:
+            elif s.state == "free" and known is not None:
                 # Freed since the last read: its fields are the owner's final counts.
                 self._credit(known, s, records)
                 del self._owners[s.index]
-            elif s.state == SLOT_CLAIMING:
+            elif s.state == "claiming":
                 self._owners.pop(s.index, None)  # being reset by a new owner
 
     @staticmethod
-    def _credit(o: _Owner, s: SlotMemory, records: dict[int, TenantMemory]) -> None:
+    def _credit(o: _Owner, s: SlotInfo, records: dict[int, TenantMemory]) -> None:
         w = s.oom
         rec = records.get(o.tenant)
         if rec is not None:

@@ -9,12 +9,12 @@ driver accounts per process).  What each gives:
   (``usedGpuMemory`` per pid, the CUDA context included).  The per-process
   figure is missing (``None``) where the driver withholds it, e.g. for MPS
   clients (NVML then lists the MPS server) or across pid namespaces.
-* ``FakeStateSource``: the fake driver's state file (``tests/fakecuda``,
-  ``memshare.c``): per simulated GPU the bytes in use, per process its bytes;
-  for ``--fake-gpus``.  Capacity from ``KREX_FAKE_MEM_BYTES`` as the fake
-  driver reads it.
+* ``FakeStateSource``: the simulated GPUs' memory-state file, an interface
+  declared in docs/design/interfaces.md ("Simulated GPU memory state"): per
+  simulated GPU the bytes in use, per process its bytes; for
+  ``--fake-gpus``.  Capacity from ``KREX_FAKE_MEM_BYTES``.
 * ``NoSource``: the total from the GPU inventory only; usage then comes
-  from the shim's own count in the gate slots (``krexd.memory.gatemem``).
+  from the shim's own count in the gate slots (``krexd.gate.Gate.slots``).
 
 Processes that died without cleanup are skipped, as the drivers reclaim
 their memory.
@@ -32,9 +32,20 @@ from typing import Any, Protocol
 
 from krex_client.sizes import parse_size
 from krexd.gpus import GpuInfo
-from krexd.memory.gatemem import pid_alive
 
 _log = logging.getLogger("krexd.memory")
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists and is not a zombie (``/proc/<pid>/stat``)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 @dataclass(frozen=True)
@@ -131,18 +142,19 @@ class NvmlSource:
                 _log.debug("nvmlShutdown: %s", exc)
 
 
-# The fake driver's state file (tests/fakecuda/memshare.c, layout "rexfksv1").
+# The simulated GPU memory-state file, format "rexfksv1": the table of
+# docs/design/interfaces.md ("Simulated GPU memory state") is its declaration.
 _FAKE_MAGIC = 0x3176736B66786572
 _FAKE_MAX_GPUS = 16
 _FAKE_PROCS = 1024
-_FAKE_USED_OFF = 64  # after magic and pad[7]
+_FAKE_USED_OFF = 64  # after the magic and 56 reserved bytes
 _FAKE_PROCS_OFF = _FAKE_USED_OFF + 8 * _FAKE_MAX_GPUS
 _FAKE_PROC_BYTES = 16 + 8 * _FAKE_MAX_GPUS  # pid, pad, start_time, used[16]
 _FAKE_BYTES = _FAKE_PROCS_OFF + _FAKE_PROCS * _FAKE_PROC_BYTES
 
 
 def fake_state_path() -> str:
-    """The fake driver's state file, chosen as it does (tests/fakecuda/README.md)."""
+    """The simulated GPUs' memory-state file (docs/design/interfaces.md gives the rule)."""
     explicit = os.environ.get("KREX_FAKE_STATE")
     if explicit:
         return explicit
@@ -153,7 +165,11 @@ def fake_state_path() -> str:
 
 
 class FakeStateSource:
-    """The fake driver's shared memory accounting, for ``--fake-gpus``."""
+    """The simulated GPUs' shared memory accounting, for ``--fake-gpus``.
+
+    Reads the ``rexfksv1`` state file (docs/design/interfaces.md) afresh on
+    every :meth:`read`; ``path`` defaults to :func:`fake_state_path`.
+    """
 
     name = "fake"
 

@@ -31,10 +31,13 @@
  * Tenant ids and epochs are never 0.
  *
  * Version history: 1 (initial); 2 adds krex_slot.start_ticks (pid reuse
- * and exec detection) and the in-flight counter's waiter bit.  Version 2
- * later took krex_slot.mem_mib/oom and the header's mem_seq/mem_waiters
- * out of what was zero padding: a file without them reads as "no memory
- * reported", so the layout stays compatible and the version unchanged.
+ * and exec detection) and the in-flight counter's waiter bit; 3 adds
+ * krex_slot.mem_mib/oom and the header's mem_seq/mem_waiters (carved from
+ * padding) and their fields in struct krex_slot_info.  Any change of the
+ * file layout, of struct krex_slot_info or of a function's signature bumps
+ * the version: krex_gate_open() refuses a file of another version (EPROTO;
+ * krex_gate_file_version() says which), and krexd refuses a library of
+ * another version (krex_gate_abi_version()).
  */
 #ifndef KREX_GATE_H
 #define KREX_GATE_H
@@ -47,7 +50,7 @@ extern "C" {
 #endif
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
-#define KREX_GATE_VERSION 2u
+#define KREX_GATE_VERSION 3u
 #define KREX_GATE_MAX_SLOTS 256u
 
 /* Slot states.  FREE -> CLAIMING -> ACTIVE -> (FREE | DEAD -> FREE). */
@@ -144,17 +147,9 @@ struct krex_gate {
 _Static_assert(sizeof(struct krex_slot) == 64, "slot is one cache line");
 _Static_assert(sizeof(struct krex_gate) == 64 + 64 * KREX_GATE_MAX_SLOTS,
                "gate layout is fixed");
-/* Offsets that krexd reads from its own read-only mapping
- * (krexd/memory/gatemem.py). */
-_Static_assert(offsetof(struct krex_gate, nslots) == 12 &&
-                   offsetof(struct krex_gate, mem_seq) == 40 &&
-                   offsetof(struct krex_gate, mem_waiters) == 44,
-               "gate header offsets used by krexd");
-_Static_assert(offsetof(struct krex_slot, state) == 0 && offsetof(struct krex_slot, pid) == 12 &&
-                   offsetof(struct krex_slot, tenant) == 16 &&
-                   offsetof(struct krex_slot, mem_mib) == 56 &&
-                   offsetof(struct krex_slot, oom) == 60,
-               "slot offsets used by krexd");
+/* The version field sits where every version put it, so that
+ * krex_gate_file_version() can name the version of any gate file. */
+_Static_assert(offsetof(struct krex_gate, version) == 8, "version field is fixed");
 
 static inline uint32_t krex_gate_holder(uint64_t word) { return (uint32_t)word; }
 static inline uint32_t krex_gate_epoch(uint64_t word) { return (uint32_t)(word >> 32); }
@@ -176,6 +171,14 @@ struct krex_slot_info {
     uint64_t blocked_calls;
     uint64_t last_drain_ns;
     uint64_t start_ticks;
+    /* Device memory and out-of-memory record (krex_slot.mem_mib and .oom,
+     * the oom word decoded): kept after the process ended (slot_free). */
+    uint32_t mem_mib;     /* MiB allocated through the driver API, not freed */
+    uint32_t oom_waited;  /* co-tenant OOMs absorbed: waited, then allocated */
+    uint32_t oom_failed;  /* co-tenant OOMs returned to the program */
+    uint32_t oom_own;     /* OOMs returned as the tenant's own */
+    uint32_t oom_last;    /* enum krex_oom_reason of the last one returned */
+    uint32_t oom_waiting; /* 1 while an allocation waits for co-tenants */
 };
 
 /* Return codes: 0 on success, negative errno values on failure. */
@@ -202,6 +205,16 @@ uint64_t krex_gate_load_word(const struct krex_gate *g);
 /* Copy slot `i` into `out`.  -EINVAL when i >= nslots. */
 int krex_gate_slot_info(const struct krex_gate *g, uint32_t i,
                         struct krex_slot_info *out);
+
+/* Copy slots 0 .. min(nslots, n) - 1 into out[] (one call for krexd's
+ * periodic reads).  Returns how many, -EINVAL for a NULL argument. */
+int krex_gate_slots_info(const struct krex_gate *g, struct krex_slot_info *out, uint32_t n);
+
+/* The layout version recorded in the gate file at `path`, read without
+ * mapping it, for the message after krex_gate_open() failed with EPROTO:
+ * 0 with *version set; -EPROTO when the file is no krex gate (short, or
+ * another magic); -errno when it cannot be read. */
+int krex_gate_file_version(const char *path, uint32_t *version);
 
 /* ---- coordinator side (krexd) ------------------------------------------ */
 

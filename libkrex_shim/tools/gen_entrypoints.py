@@ -306,7 +306,9 @@ def render_hook(e: Entry) -> str:
     if e.oom_bytes is None:
         lines += _call_lines(e, "    ", declare=True)
     else:
-        lines.append("    struct krex_oom krex_o = KREX_OOM_INIT;\n    CUresult krex_r;\n    do {\n")
+        lines.append(
+            "    struct krex_oom krex_o = KREX_OOM_INIT;\n    CUresult krex_r;\n    do {\n"
+        )
         lines += _call_lines(e, "        ", declare=False)
         lines.append(
             "    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&\n"

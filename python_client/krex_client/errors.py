@@ -69,7 +69,7 @@ def exit_code_for(name: str) -> int:
 
 
 #: What each co-tenant out-of-memory reason of the shim means (the reasons are
-#: krexd's ``memory.gatemem.COTENANT_REASONS``), for ``krex run``'s one-line message
+#: krexd's ``gate.COTENANT_REASONS``), for ``krex run``'s one-line message
 #: when it exits 75.
 COTENANT_TEXT = {
     "timeout": "co-tenants did not free enough GPU memory within [memory] oom_wait_s",

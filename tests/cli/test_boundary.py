@@ -15,7 +15,7 @@ from pathlib import Path
 import krex_cli
 import krexd
 from krex_client.errors import COTENANT_TEXT, Code, ExitCode, StatusExit
-from krexd.memory.gatemem import COTENANT_REASONS
+from krexd.gate import COTENANT_REASONS
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "krex_cli"

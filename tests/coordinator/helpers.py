@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from tests.support import json_lines
+
 PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs")
 COUNTER = os.path.join(PROGS, "counter.py")
 HOLDER = os.path.join(PROGS, "holder.py")
@@ -73,7 +75,7 @@ def holder_argv(k: Any, counters: Counters, *extra: str) -> list[str]:
 
 
 def parse_cycles(out: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    return json_lines(out.decode(), only_objects=True)
 
 
 def start_shell(k: Any) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:

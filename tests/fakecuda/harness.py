@@ -1,15 +1,15 @@
 """Running programs on the fake driver from tests.
 
-:func:`build` runs ``make -C tests/fakecuda`` once and returns where the
-outputs are; :class:`FakeCuda` gives each test its own timeline and memory
-state and runs fakebench, fakealloc and Python snippets against them.
-Other test packages (shim, integration) can use it as well.
+:class:`Build` says where the outputs of ``make fakecuda`` are (the
+``fakecuda_build`` fixture of tests/conftest.py builds them once);
+:class:`FakeCuda` gives each test its own timeline and memory state and runs
+fakebench, fakealloc and Python snippets against them.  Other test packages
+(shim, memory, integration) use it as well.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,21 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support import FAKE_DIR, clean_env, json_lines
+
 from . import timeline
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-BUILD = REPO / "build" / "fakecuda"
-
-# Variables of the caller's environment that would change the fake device.
-_SCRUB = (
-    "CUDA_VISIBLE_DEVICES",
-    "KREX_FAKE_GPUS",
-    "KREX_FAKE_MEM_BYTES",
-    "KREX_FAKE_STATE",
-    "KREX_FAKE_TIMELINE",
-    "LD_PRELOAD",
-)
 
 
 @dataclass(frozen=True)
@@ -42,11 +32,10 @@ class Build:
     fakebench: Path
     fakealloc: Path
 
-
-def build() -> Build:
-    """Build (or bring up to date) the fake driver; raises CalledProcessError on failure."""
-    subprocess.run(["make", "-s", "-C", str(HERE)], check=True, stdout=subprocess.DEVNULL)
-    return Build(BUILD, BUILD / "bin" / "fakebench", BUILD / "bin" / "fakealloc")
+    @classmethod
+    def default(cls) -> Build:
+        """Where ``make fakecuda`` puts them (``build/fakecuda``)."""
+        return cls(FAKE_DIR, FAKE_DIR / "bin" / "fakebench", FAKE_DIR / "bin" / "fakealloc")
 
 
 @dataclass
@@ -68,7 +57,7 @@ class FakeCuda:
 
     def env(self, **overrides: str) -> dict[str, str]:
         """Environment for a process on this fake device (``overrides`` added last)."""
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+        env = clean_env()
         env["LD_LIBRARY_PATH"] = str(self.build.lib_dir)
         env["KREX_FAKE_TIMELINE"] = str(self.timeline_path)
         env["KREX_FAKE_STATE"] = str(self.state_path)
@@ -140,4 +129,4 @@ def run_steps(fc: FakeCuda, steps: Sequence[str]) -> list[dict[str, Any]]:
     proc = fc.alloc_proc(*steps)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, f"fakealloc {steps}: rc {proc.returncode}"
-    return [json.loads(line) for line in out.splitlines()]
+    return json_lines(out)

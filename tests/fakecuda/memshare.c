@@ -4,7 +4,10 @@
  *
  * The file is one mmap'd struct shared_state: per GPU an atomic count of
  * bytes in use, and per process a slot (pid, start time, bytes in use per
- * GPU).  A process claims a slot at its first allocation and gives it back
+ * GPU).  krexd reads it for --fake-gpus: the format is an interface,
+ * declared in docs/design/interfaces.md ("Simulated GPU memory state");
+ * change that table with this struct (tests/memory/test_sources.py checks
+ * krexd's reader against this writer).  A process claims a slot at its first allocation and gives it back
  * at normal exit (fc_share_exit, from the library destructor).  The usage
  * of a process that died without that (SIGKILL) is reclaimed when an
  * allocation finds the GPU full, and when cuMemGetInfo reads the count.

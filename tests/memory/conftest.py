@@ -5,17 +5,13 @@ creates a gate for GPU 0 in the test's directory and gives processes on it:
 ``start(tenant, *steps)`` runs ``fakealloc`` (tests/fakecuda) with the shim
 preloaded as tenant ``tenant`` (``tenant=None``: no shim, a process krex does
 not run); ``slot(pid)`` reads that process's memory fields from the gate as
-krexd does (``krexd.memory.gatemem``).
+krexd does (``krexd.gate.Gate.slots``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,88 +19,48 @@ from typing import Any
 
 import pytest
 
-from krexd.memory.gatemem import GateMemory, SlotMemory
+from krexd.gate import SlotInfo
+from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "build"
 SHIM = BUILD / "lib" / "libkrex_shim.so"
-GATE_LIB = BUILD / "lib" / "libkrex_gate.so"
-FAKE_DIR = BUILD / "fakecuda"
 FAKEALLOC = FAKE_DIR / "bin" / "fakealloc"
 ALLOCATOR = Path(__file__).resolve().parent / "progs" / "allocator.py"
 CAPACITY = "1G"
 
-_SCRUB = (
-    "CUDA_VISIBLE_DEVICES",
-    "KREX_FAKE_GPUS",
-    "KREX_FAKE_MEM_BYTES",
-    "KREX_FAKE_STATE",
-    "KREX_FAKE_TIMELINE",
-    "LD_PRELOAD",
-    "KREX_GATE",
-    "KREX_TENANT",
-    "KREX_TOKEN",
-    "KREX_SOCKET",
-    "KREX_OOM_WAIT_S",
-)
-
-
-@pytest.fixture(scope="session")
-def built() -> None:
-    """Build the shim, the gate library and the fake driver (once)."""
-    for target in ("shim", "fakecuda"):
-        subprocess.run(
-            ["make", "-s", "-C", str(REPO), target], check=True, stdout=subprocess.DEVNULL
-        )
-    os.environ["KREX_GATE_LIB"] = str(GATE_LIB)
+__all__ = ["ALLOCATOR", "FAKE_DIR", "Proc", "SharedGpu"]
 
 
 class Proc:
-    """A fakealloc process; a thread collects its JSON lines as they come."""
+    """A fakealloc (or allocator.py) process; its JSON lines are collected as they come."""
 
     def __init__(self, popen: subprocess.Popen[str]) -> None:
         self.popen = popen
-        self.lines: list[dict[str, Any]] = []
-        self._q: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        assert popen.stdout is not None
+        self._reader = JsonLineReader(popen.stdout, f"process {popen.pid}", self._ended)
 
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self._q.put(json.loads(line))
-        self._q.put(None)
+    def _ended(self) -> str:
+        return f"({self.popen.poll()})"
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
+    @property
+    def lines(self) -> list[dict[str, Any]]:
+        """The lines read so far."""
+        return self._reader.lines
+
     def next(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """The next JSON line (fails after ``timeout_s`` or at the end of output)."""
-        try:
-            item = self._q.get(timeout=timeout_s)
-        except queue.Empty:
-            raise AssertionError(f"no line from {self.pid} within {timeout_s} s") from None
-        if item is None:
-            self._q.put(None)
-            raise AssertionError(f"process {self.pid} ended ({self.popen.poll()})")
-        self.lines.append(item)
-        return item
+        return self._reader.next(timeout_s)
 
     def drain(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Every line, to the end of the output (``lines`` then holds them all)."""
-        while True:
-            try:
-                item = self._q.get(timeout=timeout_s)
-            except queue.Empty:
-                raise AssertionError(f"output of {self.pid} did not end in {timeout_s} s") from None
-            if item is None:
-                self._q.put(None)
-                return self.lines
-            self.lines.append(item)
+        return self._reader.drain(timeout_s)
 
     def quiet(self) -> bool:
         """True when no line is waiting to be read."""
-        return self._q.empty()
+        return self._reader.empty()
 
     def go(self) -> None:
         """Release a ``wait`` step."""
@@ -128,8 +84,7 @@ class SharedGpu:
     procs: list[Proc] = field(default_factory=list)
 
     def env(self, tenant: int | None, oom_wait_s: float = 30.0) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-        env.update(
+        env = clean_env(
             LD_LIBRARY_PATH=str(FAKE_DIR),
             KREX_FAKE_MEM_BYTES=CAPACITY,
             KREX_FAKE_STATE=str(self.workdir / "fakestate"),
@@ -174,13 +129,9 @@ class SharedGpu:
         self.procs.append(p)
         return p
 
-    def slot(self, pid: int) -> SlotMemory:
+    def slot(self, pid: int) -> SlotInfo:
         """The gate slot of process ``pid`` (its last record, even after it ended)."""
-        gm = GateMemory(self.gate.path)
-        try:
-            mine = [s for s in gm.slots() if s.pid == pid]
-        finally:
-            gm.close()
+        mine = [s for s in self.gate.slots() if s.pid == pid]
         assert mine, f"pid {pid} has no gate slot"
         return mine[0]
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import time
 
-from krexd.memory.gatemem import SLOT_ACTIVE
-
 from .conftest import SharedGpu
 
 
@@ -25,7 +23,7 @@ def test_mem_mib_follows_allocations_and_frees(shared_gpu: SharedGpu) -> None:
     p = shared_gpu.start(1, "alloc=300M", "alloc=100M", "wait", "free=0", "wait", "free=all")
     assert p.next()["rc"] == 0 and p.next()["rc"] == 0 and p.next()["op"] == "wait"
     s = shared_gpu.slot(p.pid)
-    assert (s.state, s.tenant, s.mem_mib) == (SLOT_ACTIVE, 1, 400)
+    assert (s.state, s.tenant, s.mem_mib) == ("active", 1, 400)
     p.go()
     assert p.next()["op"] == "free" and p.next()["op"] == "wait"
     assert shared_gpu.slot(p.pid).mem_mib == 100

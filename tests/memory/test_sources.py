@@ -17,6 +17,7 @@ import pytest
 
 from krexd.gpus import GpuInfo
 from krexd.memory import sources
+from tests.fakecuda.harness import FakeCuda, read_step
 
 GPU = GpuInfo(0, "test GPU", 80 << 30, 50 << 20, None, False)
 
@@ -77,3 +78,23 @@ def test_fake_source_before_any_fake_process_ran(
     monkeypatch.setenv("KREX_FAKE_MEM_BYTES", "2G")
     src = sources.FakeStateSource([GPU], str(tmp_path / "absent"))
     assert src.read()[0] == sources.DeviceMemory(2 << 30, 0, {}, "fake")
+
+
+def test_fake_source_reads_what_the_fake_driver_writes(fc: FakeCuda) -> None:
+    """krexd's reader against the writer of the ``rexfksv1`` state file (interfaces.md)."""
+    env = fc.env(KREX_FAKE_MEM_BYTES="1G", KREX_FAKE_GPUS="2")
+    holder = fc.alloc_proc("device=1", "alloc=300M", "wait", env=env)
+    try:
+        assert read_step(holder)["rc"] == 0 and read_step(holder)["rc"] == 0
+        assert read_step(holder) == {"op": "wait"}
+        gpus = [GpuInfo(i, "sim", 80 << 30, 50 << 20, None, True) for i in (0, 1)]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("KREX_FAKE_MEM_BYTES", "1G")
+            view = sources.FakeStateSource(gpus, str(fc.state_path)).read()
+        assert view[1] == sources.DeviceMemory(1 << 30, 300 << 20, {holder.pid: 300 << 20}, "fake")
+        assert view[0].used == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    # A process that is gone counts for nothing (the driver reclaims it later).
+    assert sources.FakeStateSource(gpus, str(fc.state_path)).read()[1].used == 0

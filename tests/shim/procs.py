@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import queue
 import signal
 import struct
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "build"
+from tests.support import REPO, JsonLineReader, ShimBuild
+
+__all__ = ["REPO", "CuTenant", "ShimBuild", "Tenant", "cpu_ticks", "wait_for"]
 
 STATS_FIELDS = ("started", "finished", "slot", "acks", "ready", "forgotten")
 _STATS = struct.Struct("<" + "Q" * len(STATS_FIELDS))
-
-
-@dataclass(frozen=True)
-class ShimBuild:
-    """Paths of the built libraries and test programs."""
-
-    shim: Path = BUILD / "lib" / "libkrex_shim.so"
-    gate_lib: Path = BUILD / "lib" / "libkrex_gate.so"
-    tests: Path = BUILD / "shim-tests"
-
-    def prog(self, name: str) -> Path:
-        """A test program of tests/shim/c."""
-        return self.tests / name
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
@@ -110,15 +95,12 @@ class CuTenant:
             stderr=subprocess.PIPE,
             text=True,
         )
-        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._replies.put(json.loads(line))
-        self._replies.put(None)
+        self._replies = JsonLineReader(self.proc.stdout, f"cu_tenant {self.pid}", self._ended)
+
+    def _ended(self) -> str:
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        return f"rc {self.proc.wait()}\n{err}"
 
     @property
     def pid(self) -> int:
@@ -133,14 +115,7 @@ class CuTenant:
 
     def reply(self, timeout: float = 10.0) -> dict[str, Any]:
         """The next reply; AssertionError when none comes within ``timeout`` s."""
-        try:
-            r = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"cu_tenant {self.pid}: no reply in {timeout} s") from None
-        if r is None:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"cu_tenant {self.pid} ended: rc {self.proc.wait()}\n{err}")
-        return r
+        return self._replies.next(timeout)
 
     def pending(self) -> bool:
         """True when no reply is waiting."""

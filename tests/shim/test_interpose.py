@@ -27,22 +27,12 @@ import pytest
 from krexd.gate import Gate
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
-from tests.fakecuda.harness import build as build_fake
+from tests.support import json_lines
 
 from .procs import CuTenant, ShimBuild, wait_for
 
 HOLDER = 1
 FAKE_L2_BYTES = 50 * 1024 * 1024  # tests/fakecuda/devinfo.c: an H100-like 50 MiB L2
-
-
-@pytest.fixture(scope="module")
-def fake_build() -> Any:
-    return build_fake()
-
-
-@pytest.fixture
-def fc(fake_build: Any, tmp_path: Path) -> FakeCuda:
-    return FakeCuda(fake_build, tmp_path)
 
 
 def shim_env(fc: FakeCuda, shim: ShimBuild, gate: Gate | None, tenant: int = 2) -> dict[str, str]:
@@ -80,7 +70,7 @@ def run_routes(shim: ShimBuild, env: dict[str, str]) -> list[dict[str, Any]]:
         [str(shim.prog("cu_routes"))], env=env, capture_output=True, text=True, timeout=30
     )
     assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines()]
+    return json_lines(out.stdout)
 
 
 def test_lookups_route_to_hooks(shim_build: ShimBuild, fc: FakeCuda) -> None:
@@ -446,6 +436,30 @@ def test_pass_through_without_gate(shim_build: ShimBuild, fc: FakeCuda, tmp_path
     code = "import ctypes; print(ctypes.CDLL(None).krex_shim_active())"
     active = fc.python(code, env=shim_env(fc, shim_build, None))
     assert active.stdout.strip() == "0"
+
+
+def test_a_gate_of_another_layout_version_is_refused_by_name(
+    shim_build: ShimBuild, fc: FakeCuda, tmp_path: Path
+) -> None:
+    path = tmp_path / "old.gate"
+    Gate.create(str(path), 0).unmap()
+    with open(path, "r+b") as f:  # the version field: bytes 8..11 of every version
+        f.seek(8)
+        f.write((2).to_bytes(4, "little"))
+    env = shim_env(fc, shim_build, None)
+    env.update(KREX_GATE=str(path), KREX_TENANT="2")
+    out = subprocess.run(
+        [str(fc.build.fakebench), "--link", "dlsym", "--count", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0  # pass-through, as without a gate
+    (warning,) = [ln for ln in out.stderr.splitlines() if "krex-shim" in ln]
+    assert "old.gate" in warning and "gate layout version 2, this libkrex_shim.so expects 3" in (
+        warning
+    )
 
 
 def test_memory_accounting_and_active(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:

@@ -1,0 +1,145 @@
+"""Helpers shared by every test package, defined once (``tests/conftest.py`` exposes the fixtures).
+
+* Paths of the built parts: :data:`REPO`, :data:`BUILD`, :class:`ShimBuild`
+  (``libkrex_shim.so``, ``libkrex_gate.so``, the C programs of tests/shim),
+  :data:`FAKE_DIR` (the fake driver of tests/fakecuda).
+* :func:`make`: build a top-level target of the Makefile, quietly, once per
+  target and test session.
+* :data:`SCRUB_ENV` and :func:`clean_env`: the caller's variables that would
+  change a driver, a shim or a krex client under test, removed.
+* :func:`json_lines` and :class:`JsonLineReader`: programs under test print
+  one JSON document per line; read them whole or as they come.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = REPO / "build"
+FAKE_DIR = BUILD / "fakecuda"
+
+
+@dataclass(frozen=True)
+class ShimBuild:
+    """Paths of the built libraries and test programs."""
+
+    shim: Path = BUILD / "lib" / "libkrex_shim.so"
+    gate_lib: Path = BUILD / "lib" / "libkrex_gate.so"
+    tests: Path = BUILD / "shim-tests"
+
+    def prog(self, name: str) -> Path:
+        """A test program of tests/shim/c."""
+        return self.tests / name
+
+
+# Variables of the caller's environment that change the fake device, the shim
+# or a krex client: a process under test gets only what its test sets.
+SCRUB_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "KREX_FAKE_GPUS",
+    "KREX_FAKE_MEM_BYTES",
+    "KREX_FAKE_STATE",
+    "KREX_FAKE_TIMELINE",
+    "LD_PRELOAD",
+    "KREX_GATE",
+    "KREX_TENANT",
+    "KREX_TOKEN",
+    "KREX_SOCKET",
+    "KREX_OOM_WAIT_S",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "INVOCATION_ID",
+)
+
+_made: set[str] = set()
+_make_lock = threading.Lock()
+
+
+def make(target: str) -> None:
+    """``make -s TARGET`` at the top of the tree, once per session (CalledProcessError on failure).
+
+    Targets: ``shim`` (libraries), ``shim-tests`` (libraries and the C
+    programs of tests/shim), ``fakecuda`` (the fake driver and its programs).
+    """
+    with _make_lock:
+        if target in _made:
+            return
+        subprocess.run(
+            ["make", "-s", "-C", str(REPO), target], check=True, stdout=subprocess.DEVNULL
+        )
+        _made.add(target)
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """This process's environment without :data:`SCRUB_ENV`, ``overrides`` added last."""
+    env = {k: v for k, v in os.environ.items() if k not in SCRUB_ENV}
+    env.update(overrides)
+    return env
+
+
+def json_lines(text: str, only_objects: bool = False) -> list[dict[str, Any]]:
+    """The JSON documents of ``text``, one a line (``only_objects``: skip lines not ``{...}``)."""
+    lines = text.splitlines()
+    if only_objects:
+        lines = [ln for ln in lines if ln.startswith("{")]
+    return [json.loads(ln) for ln in lines]
+
+
+class JsonLineReader:
+    """Collects the JSON lines of a text stream in a thread, as the program prints them.
+
+    ``what`` names the program in failure messages; ``on_end`` (optional)
+    gives a description of how it ended (exit code, stderr) for them.
+    """
+
+    def __init__(self, stream: IO[str], what: str, on_end: Callable[[], str] = str) -> None:
+        self.what = what
+        self.lines: list[dict[str, Any]] = []
+        self._on_end = on_end
+        self._q: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._q.put(json.loads(line))
+        self._q.put(None)
+
+    def next(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The next line (AssertionError after ``timeout_s`` or at the end of output)."""
+        try:
+            item = self._q.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"no line from {self.what} within {timeout_s} s") from None
+        if item is None:
+            self._q.put(None)
+            raise AssertionError(f"{self.what} ended {self._on_end()}")
+        self.lines.append(item)
+        return item
+
+    def drain(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Every line to the end of the output (``lines`` then holds them all)."""
+        while True:
+            try:
+                item = self._q.get(timeout=timeout_s)
+            except queue.Empty:
+                raise AssertionError(
+                    f"output of {self.what} did not end in {timeout_s} s"
+                ) from None
+            if item is None:
+                self._q.put(None)
+                return self.lines
+            self.lines.append(item)
+
+    def empty(self) -> bool:
+        """True when no line is waiting to be read."""
+        return self._q.empty()
