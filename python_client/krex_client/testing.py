@@ -13,10 +13,11 @@ What the functions do follows Triton's own (``python/triton/testing.py``):
   and ``rep`` budgets (ms, at least one each), then time every repetition
   with a pair of events after resetting ``grad_to_none``'s gradients and
   flushing L2;
-* :func:`do_bench_cudagraph` – on a side stream: capture ``fn`` in a graph to
-  estimate it, capture ``n_repeat = rep / estimate`` calls unrolled into one
-  graph, replay it 10 times; each sample is one replay divided by
-  ``n_repeat`` (no L2 flush between calls, as in Triton);
+* :func:`do_bench_cudagraph` – on a side stream: call ``fn`` once, estimate
+  one call from five plain calls, capture ``n_repeat = rep / estimate`` calls
+  (1000 when the estimate reads 0) unrolled into one graph, replay it 10
+  times; each sample is one replay divided by ``n_repeat`` (no L2 flush
+  between calls, as in Triton);
 * :func:`time_trials` – KernelBench's loop: ``num_warmup`` untimed calls, then
   ``num_trials`` calls, each timed by its own event pair and synchronized.
 
@@ -40,6 +41,7 @@ __all__ = ["do_bench", "do_bench_cudagraph", "time_trials", "TrialTimes"]
 
 _ESTIMATE_CALLS = 5
 _GRAPH_REPLAYS = 10
+_GRAPH_ZERO_ESTIMATE_CALLS = 1000  # Triton's count when the estimate reads 0 ms
 _MIN_ESTIMATE_MS = 1e-4
 
 
@@ -121,8 +123,8 @@ def do_bench_cudagraph(
 ) -> float | list[float]:
     """Time ``fn`` replayed from a CUDA graph, as ``triton.testing.do_bench_cudagraph`` does.
 
-    The whole measurement (first call, both captures, the 10 replays) runs in
-    one critical region.
+    The whole measurement (first call, estimate, capture, the 10 replays) runs
+    in one critical region.
 
     Args:
         fn: callable whose launches can be captured in a CUDA graph.
@@ -156,10 +158,15 @@ def graph_loop(
                 x.detach_()
                 x.requires_grad_(True)
                 x.grad = None
-        graph = backend.capture(fn)
+        # Estimate from plain calls (capturing a graph costs far more than a call).
+        start, end = backend.event(), backend.event()
+        start.record()
+        for _ in range(_ESTIMATE_CALLS):
+            fn()
+        end.record()
         backend.synchronize()
-        estimate_ms = _replay_ms(backend, graph)
-        n_repeat = _count(rep, estimate_ms)
+        estimate_ms = start.elapsed_time(end) / _ESTIMATE_CALLS
+        n_repeat = _GRAPH_ZERO_ESTIMATE_CALLS if estimate_ms == 0 else _count(rep, estimate_ms)
 
         def unrolled() -> None:
             for _ in range(n_repeat):
