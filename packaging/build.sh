@@ -43,6 +43,9 @@ rpm_version=$(awk '$1 == "Version:" {print $2}' "$root/packaging/rpm/krex.spec")
     || die "packaging/deb/changelog has $deb_version, pyproject.toml has $version"
 [[ $rpm_version == "$version" ]] \
     || die "packaging/rpm/krex.spec has $rpm_version, pyproject.toml has $version"
+client_version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$root/python_client/krex_client/__init__.py")
+[[ $client_version == "$version" ]] \
+    || die "python_client/krex_client/__init__.py has $client_version, pyproject.toml has $version"
 for f in etc/krex.toml README.md docs/install.md docs/packaging.md; do
     [[ -f $root/$f ]] || die "$f is missing; the packages ship it"
 done

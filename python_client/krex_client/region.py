@@ -10,21 +10,59 @@ Leaving it synchronizes this process's own GPU work (so nothing it queued
 runs alongside resumed siblings) and tells krexd to thaw and reopen.
 
 Outside krex, ``critical()`` does nothing and warns once, so the same script
-runs anywhere.
+runs anywhere.  This module imports pyzmq and msgpack (through
+:mod:`krex_client.connection`) only when it first talks to krexd.
+
+Regions are re-entrant: a ``critical()`` nested in the same thread's region,
+explicit or entered by an auto-region (:mod:`krex_client.implicit`), joins
+the outer region instead of asking krexd again.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from krex_client.connection import Connection, RemoteError
+if TYPE_CHECKING:
+    from krex_client.connection import Connection
+
+
+class ControlConnection(Protocol):
+    """What a region needs of a control-plane connection (``Connection`` has it)."""
+
+    def request(
+        self,
+        op: str,
+        body: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        *,
+        forever: bool = False,
+    ) -> dict[str, Any]:
+        """Send ``op`` and return the reply body (see ``Connection.request``)."""
+        ...
+
+
+def _connect_from_env() -> ControlConnection:
+    """A ``Connection`` from ``KREX_SOCKET``/``KREX_TENANT``/``KREX_TOKEN``.
+
+    pyzmq and msgpack are imported here, on the first region under krex.
+    """
+    try:
+        from krex_client.connection import Connection
+    except ImportError as exc:
+        raise RegionError(
+            f"talking to krexd needs pyzmq and msgpack ({exc}); "
+            "install krex-client with its dependencies"
+        ) from None
+    conn: Connection = Connection.from_env()
+    return conn
 
 
 class RegionError(RuntimeError):
@@ -65,13 +103,15 @@ class _Shim:
 class Region:
     """Critical regions of this process (one at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, connect: Callable[[], ControlConnection] = _connect_from_env) -> None:
+        # ``connect`` opens the control connection (once per process); tests pass a fake.
+        self.connect = connect
         self._local = threading.local()  # .depth: this thread's nesting of critical()
         self._hold = threading.Lock()  # held by the thread whose region is active
         self._warned = False
         self._stats: dict[str, float] = self._zero_stats()
         self._shim: _Shim | None = None
-        self._conn: Connection | None = None
+        self._conn: ControlConnection | None = None
         self._conn_pid = 0
 
     @staticmethod
@@ -173,27 +213,32 @@ class Region:
             }
 
     @staticmethod
-    def _cancel(conn: Connection) -> None:
+    def _cancel(conn: ControlConnection) -> None:
         """Best effort ``region_cancel`` (the interruption propagates regardless)."""
         try:
             conn.request("region_cancel", {}, timeout_s=5.0)
         except Exception:  # noqa: BLE001 - krexd gone or refusing: nothing more to do
             pass
 
-    def _connection(self) -> Connection:
+    def _connection(self) -> ControlConnection:
         # One connection per process; a forked child opens its own.
         if self._conn is None or self._conn_pid != os.getpid():
-            self._conn = Connection.from_env()
+            self._conn = self.connect()
             self._conn_pid = os.getpid()
         return self._conn
 
     @staticmethod
-    def _request(conn: Connection, op: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _request(conn: ControlConnection, op: str, body: dict[str, Any]) -> dict[str, Any]:
         # region_enter is parked in krexd while another tenant holds the region:
         # wait as long as it takes (krexd bounds drain and freeze itself).
         try:
             return conn.request(op, body, forever=True)
-        except RemoteError as exc:
+        except Exception as exc:
+            # A RemoteError can only come from a loaded connection module; importing
+            # it here just to compare would pull in pyzmq.
+            connection = sys.modules.get("krex_client.connection")
+            if connection is None or not isinstance(exc, connection.RemoteError):
+                raise
             raise RegionError(f"{op}: {exc.name}: {exc.message}") from None
 
     def _warn_once(self) -> None:

@@ -1,0 +1,288 @@
+"""Drop-in timing: ``triton.testing``'s ``do_bench`` family, each run in one critical region.
+
+``from krex_client.testing import do_bench`` replaces ``from triton.testing
+import do_bench`` with no other change: same parameters, defaults and return
+shapes (Triton 3.x).  The difference is that the whole measurement, warm-up
+and estimate included, runs inside one ``region.critical()`` (paper §4.1:
+warm-up belongs to the measurement), so under krex it has the GPU alone.
+
+What the functions do follows Triton's own (``python/triton/testing.py``):
+
+* :func:`do_bench` – call ``fn`` once, estimate one call from five (each
+  after an L2 flush), derive warm-up and repetition counts from the ``warmup``
+  and ``rep`` budgets (ms, at least one each), then time every repetition
+  with a pair of events after resetting ``grad_to_none``'s gradients and
+  flushing L2;
+* :func:`do_bench_cudagraph` – on a side stream: call ``fn`` once, estimate
+  one call from five plain calls, capture ``n_repeat = rep / estimate`` calls
+  (1000 when the estimate reads 0) unrolled into one graph, replay it 10
+  times; each sample is one replay divided by ``n_repeat`` (no L2 flush
+  between calls, as in Triton);
+* :func:`time_trials` – KernelBench's loop: ``num_warmup`` untimed calls, then
+  ``num_trials`` calls, each timed by its own event pair and synchronized.
+
+Off a GPU host (no PyTorch with CUDA) they time on the host clock and warn
+once (see :mod:`krex_client._timing`); off krex the region is a no-op that
+warns once.  PyTorch is imported at the first measurement, never at import.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from krex_client._timing import Backend, check_return_mode, current_backend, summarize
+from krex_client.region import region
+
+__all__ = ["do_bench", "do_bench_cudagraph", "time_trials", "TrialTimes"]
+
+_ESTIMATE_CALLS = 5
+_GRAPH_REPLAYS = 10
+_GRAPH_ZERO_ESTIMATE_CALLS = 1000  # Triton's count when the estimate reads 0 ms
+_MIN_ESTIMATE_MS = 1e-4
+
+
+def do_bench(
+    fn: Callable[[], Any],
+    warmup: float = 25,
+    rep: float = 100,
+    grad_to_none: Sequence[Any] | None = None,
+    quantiles: Sequence[float] | None = None,
+    return_mode: str = "mean",
+) -> float | list[float]:
+    """Time ``fn`` as ``triton.testing.do_bench`` does, inside one critical region.
+
+    Args:
+        fn: callable launching the work to time on the current stream.
+        warmup: warm-up budget in ms (at least one call).
+        rep: measurement budget in ms (at least one repetition).
+        grad_to_none: tensors whose ``.grad`` is set to ``None`` before each
+            repetition (for a ``fn`` that runs a backward pass).
+        quantiles: when given, return these quantiles (each in [0, 1]) of the
+            per-repetition times instead of ``return_mode``'s statistic.
+        return_mode: "mean" (default), "median", "min", "max", or "all".
+
+    Returns:
+        ms: a float; with ``quantiles``, a list of floats (a float when it has
+        one element); with ``return_mode="all"``, the list of per-repetition ms.
+
+    Raises:
+        ValueError: unknown ``return_mode`` or a quantile outside [0, 1].
+        krex_client.region.RegionError: krexd refused the region.
+    """
+    check_return_mode(return_mode)
+    with region.critical():
+        times = bench_loop(current_backend(), fn, warmup, rep, grad_to_none)
+    return summarize(times, quantiles, return_mode)
+
+
+def bench_loop(
+    backend: Backend,
+    fn: Callable[[], Any],
+    warmup: float,
+    rep: float,
+    grad_to_none: Sequence[Any] | None,
+) -> list[float]:
+    """The timed loop of :func:`do_bench`; per-repetition ms (the caller holds the region)."""
+    fn()
+    backend.synchronize()
+    cache = backend.flush_buffer()
+    start, end = backend.event(), backend.event()
+    start.record()
+    for _ in range(_ESTIMATE_CALLS):
+        backend.flush(cache)
+        fn()
+    end.record()
+    backend.synchronize()
+    estimate_ms = start.elapsed_time(end) / _ESTIMATE_CALLS
+    n_warmup = _count(warmup, estimate_ms)
+    n_repeat = _count(rep, estimate_ms)
+    starts = [backend.event() for _ in range(n_repeat)]
+    ends = [backend.event() for _ in range(n_repeat)]
+    for _ in range(n_warmup):
+        fn()
+    for i in range(n_repeat):
+        _clear_grads(grad_to_none)
+        backend.flush(cache)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    backend.synchronize()
+    return [float(s.elapsed_time(e)) for s, e in zip(starts, ends, strict=True)]
+
+
+def do_bench_cudagraph(
+    fn: Callable[[], Any],
+    rep: float = 20,
+    grad_to_none: Sequence[Any] | None = None,
+    quantiles: Sequence[float] | None = None,
+    return_mode: str = "mean",
+) -> float | list[float]:
+    """Time ``fn`` replayed from a CUDA graph, as ``triton.testing.do_bench_cudagraph`` does.
+
+    The whole measurement (first call, estimate, capture, the 10 replays) runs
+    in one critical region.
+
+    Args:
+        fn: callable whose launches can be captured in a CUDA graph.
+        rep: measurement budget in ms for one replay of the unrolled graph.
+        grad_to_none: tensors detached, marked ``requires_grad`` and whose
+            ``.grad`` is reset before capture and before each unrolled call.
+        quantiles: as for :func:`do_bench`, over the 10 per-replay samples.
+        return_mode: as for :func:`do_bench`.
+
+    Returns:
+        ms per call: the shapes of :func:`do_bench`'s return value.
+
+    Raises:
+        ValueError: unknown ``return_mode`` or a quantile outside [0, 1].
+        krex_client.region.RegionError: krexd refused the region.
+    """
+    check_return_mode(return_mode)
+    with region.critical():
+        times = graph_loop(current_backend(), fn, rep, grad_to_none)
+    return summarize(times, quantiles, return_mode)
+
+
+def graph_loop(
+    backend: Backend, fn: Callable[[], Any], rep: float, grad_to_none: Sequence[Any] | None
+) -> list[float]:
+    """The replays of :func:`do_bench_cudagraph`; ms per call for each (region held)."""
+    with backend.side_stream():
+        fn()
+        if grad_to_none is not None:
+            for x in grad_to_none:
+                x.detach_()
+                x.requires_grad_(True)
+                x.grad = None
+        # Estimate from plain calls (capturing a graph costs far more than a call).
+        start, end = backend.event(), backend.event()
+        start.record()
+        for _ in range(_ESTIMATE_CALLS):
+            fn()
+        end.record()
+        backend.synchronize()
+        estimate_ms = start.elapsed_time(end) / _ESTIMATE_CALLS
+        n_repeat = _GRAPH_ZERO_ESTIMATE_CALLS if estimate_ms == 0 else _count(rep, estimate_ms)
+
+        def unrolled() -> None:
+            for _ in range(n_repeat):
+                _clear_grads(grad_to_none)
+                fn()
+
+        graph = backend.capture(unrolled)
+        backend.synchronize()
+        return [_replay_ms(backend, graph) / n_repeat for _ in range(_GRAPH_REPLAYS)]
+
+
+@dataclass(frozen=True)
+class TrialTimes:
+    """Per-trial times of :func:`time_trials` and their statistics (all in ms).
+
+    ``std`` is the population standard deviation (``numpy.std``'s default,
+    which KernelBench reports); ``num_trials == len(times_ms)``.
+    """
+
+    times_ms: list[float]
+    mean: float
+    std: float
+    min: float
+    max: float
+    num_trials: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_trials", len(self.times_ms))
+
+    def as_dict(self) -> dict[str, float | int]:
+        """KernelBench's ``get_timing_stats`` keys: mean, std, min, max, num_trials."""
+        return {
+            "mean": self.mean,
+            "std": self.std,
+            "min": self.min,
+            "max": self.max,
+            "num_trials": self.num_trials,
+        }
+
+
+def time_trials(
+    fn: Callable[[], Any],
+    num_trials: int = 100,
+    num_warmup: int = 3,
+    *,
+    flush_l2: bool = False,
+) -> TrialTimes:
+    """Time ``fn`` for ``num_trials`` trials after ``num_warmup`` untimed calls (KernelBench).
+
+    Each trial records an event pair around one call and synchronizes; the
+    warm-up and all trials run in one critical region.
+
+    Args:
+        fn: callable launching the work on the current stream.
+        num_trials: timed calls (>= 1).
+        num_warmup: untimed calls before them (>= 0).
+        flush_l2: overwrite an L2-sized buffer before each trial (KernelBench
+            does not; off by default to match it).
+
+    Returns:
+        :class:`TrialTimes`: per-trial ms, mean, std, min, max.
+
+    Raises:
+        ValueError: ``num_trials < 1`` or ``num_warmup < 0``.
+        krex_client.region.RegionError: krexd refused the region.
+    """
+    if num_trials < 1 or num_warmup < 0:
+        raise ValueError(
+            f"need num_trials >= 1 and num_warmup >= 0, got {num_trials}, {num_warmup}"
+        )
+    with region.critical():
+        backend = current_backend()
+        cache = backend.flush_buffer() if flush_l2 else None
+        for _ in range(num_warmup):
+            fn()
+        backend.synchronize()
+        times: list[float] = []
+        for _ in range(num_trials):
+            if cache is not None:
+                backend.flush(cache)
+            start, end = backend.event(), backend.event()
+            start.record()
+            fn()
+            end.record()
+            backend.synchronize()
+            times.append(float(start.elapsed_time(end)))
+    return TrialTimes(
+        times_ms=times,
+        mean=statistics.fmean(times),
+        std=statistics.pstdev(times),
+        min=min(times),
+        max=max(times),
+    )
+
+
+def _count(budget_ms: float, estimate_ms: float) -> int:
+    """``max(1, int(budget / estimate))`` (Triton's rule).
+
+    An estimate below 100 ns (a coarse host clock reads 0) counts as 100 ns, so
+    the count stays bounded where Triton would divide by zero.
+    """
+    if not math.isfinite(estimate_ms) or estimate_ms < _MIN_ESTIMATE_MS:
+        estimate_ms = _MIN_ESTIMATE_MS
+    return max(1, int(budget_ms / estimate_ms))
+
+
+def _replay_ms(backend: Backend, graph: Any) -> float:
+    start, end = backend.event(), backend.event()
+    start.record()
+    graph.replay()
+    end.record()
+    backend.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def _clear_grads(grad_to_none: Sequence[Any] | None) -> None:
+    if grad_to_none is not None:
+        for x in grad_to_none:
+            x.grad = None
