@@ -32,6 +32,7 @@ from krexd.config import Config
 from krexd.coordinator import Coordinator
 from krexd.errors import Code, KrexError
 from krexd.gate import Gate
+from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
@@ -146,6 +147,8 @@ class Daemon:
                 self.slices[g.index],
                 self.tenants,
                 self.config.region,
+                CgroupControl(self.config.daemon.liveness_interval_ms / 1000),
+                AffinityPinner(),
             )
 
     def summary_line(self) -> str:
