@@ -28,12 +28,12 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, re-read the tenant's slots, return its record."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body)
-    daemon.lifecycle.memory.refresh_tenant(tenant)
+    ctx.memory.refresh_tenant(tenant)
     return tenant.memory.as_dict()

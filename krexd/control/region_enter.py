@@ -23,20 +23,18 @@ from krexd.control import fields
 from krexd.errors import Code, KrexError
 
 if TYPE_CHECKING:
-    from krexd.coordinator import Coordinator
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 _MAX_PID = 1 << 22  # Linux pid_max limit
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the fields, run the GPU coordinator's entry."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body, "pid", "tid")
     pid = fields.integer(req.body, "pid", 1, _MAX_PID)
     tid = fields.integer(req.body, "tid", 1, _MAX_PID)
     if tenant.exclusive:
         raise KrexError(Code.BAD_FIELD, "an --exclusive command holds the whole GPU already")
-    coordinator: Coordinator = daemon.coordinators[tenant.gpu]
-    reply: dict[str, Any] = await coordinator.enter(tenant, pid, tid)
+    reply: dict[str, Any] = await ctx.regions(tenant.gpu).enter(tenant, pid, tid)
     return reply

@@ -45,15 +45,10 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
-    """Collect the daemon's status (see module docstring)."""
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
+    """Collect krexd's status (see module docstring)."""
     fields.only(req.body)
-    body = daemon.status()
-    memory = daemon.lifecycle.memory
-    for gpu in body.get("gpus", []):
-        gpu["memory"] = memory.gpu_status(gpu["index"])
-    body["memory"] = memory.settings()
-    return body
+    return ctx.status()

@@ -3,15 +3,13 @@
 * :mod:`krexd.memory.sizes` — ``4G``-style sizes (``krex run --mem``, config);
 * :mod:`krexd.memory.gatemem` — the shim's per-process memory fields in a gate;
 * :mod:`krexd.memory.sources` — NVML / fake-driver / no device view;
-* :mod:`krexd.memory.records` — per-tenant records and slot bookkeeping;
+* :mod:`krexd.memory.records` — per-tenant records and registration bookkeeping;
+* :mod:`krexd.memory.view` — one GPU's memory state (lives on ``krexd.gpu.Gpu``);
 * :mod:`krexd.memory.monitor` — the refresh loop and the admission policy.
+
+The package itself imports nothing: ``krexd.config`` and ``krexd.tenants``
+import ``sizes`` and ``records`` without pulling in the monitor.
 
 docs/design/memory.md explains the decisions (fairness, OOM attribution,
 what NVML gives).
 """
-
-from krexd.memory.monitor import MemoryMonitor
-from krexd.memory.records import TenantMemory
-from krexd.memory.sizes import format_size, parse_size
-
-__all__ = ["MemoryMonitor", "TenantMemory", "format_size", "parse_size"]

@@ -1,0 +1,39 @@
+"""One GPU's memory state in krexd: the gate's memory fields, the ledger, the last view.
+
+A :class:`GpuMemory` lives on each ``krexd.gpu.Gpu``; only the memory
+monitor (``krexd.memory.monitor``) writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from krexd.memory.gatemem import GateMemory
+from krexd.memory.records import SlotLedger
+
+
+@dataclass
+class GpuView:
+    """One GPU's memory at the last refresh (bytes)."""
+
+    total: int
+    used: int
+    other: int
+    tenants_used: int
+    excess: int
+    source: str
+    waiting: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class GpuMemory:
+    """The memory monitor's state of one GPU.
+
+    ``reader``: the shim's memory fields in the GPU's gate (None without a
+    gate); ``ledger``: what each registration counted so far, credited to
+    its tenant; ``view``: the last refresh (None before the first).
+    """
+
+    reader: GateMemory | None = None
+    ledger: SlotLedger = field(default_factory=SlotLedger)
+    view: GpuView | None = None
