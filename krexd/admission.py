@@ -66,11 +66,6 @@ class GpuSlots:
     mem_reserved: int = 0
 
 
-def slots_for(indices: Iterable[int], slots_per_gpu: int) -> list[GpuSlots]:
-    """Fresh counters for GPUs ``indices``, ``slots_per_gpu`` slots each."""
-    return [GpuSlots(i, slots_per_gpu) for i in indices]
-
-
 @dataclass(eq=False)
 class Waiter:
     """A parked (or just granted) admission request."""

@@ -14,6 +14,7 @@ without a built shim.
 * :class:`FakeGate` — the gate word with (holder, epoch) checks; ``drain``
   can time out (``drain_pending``).
 * :func:`make_tenant` — a RUNNING tenant with a placeholder cgroup.
+* :func:`slots_for` — admission slot counters for a list of GPUs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krexd import states
+from krexd.admission import GpuSlots
 from krexd.cgroups import TenantCgroup
 from krexd.gate import GateError, GateStale, GateTimeout, SlotInfo
 from krexd.tenants import Tenant, TenantRegistry
@@ -176,6 +178,11 @@ class FakeGate:
 
     def slots(self) -> list[SlotInfo]:
         return list(self.registrations)
+
+
+def slots_for(indices: list[int], slots_per_gpu: int) -> list[GpuSlots]:
+    """Fresh admission counters for GPUs ``indices``, ``slots_per_gpu`` slots each."""
+    return [GpuSlots(i, slots_per_gpu) for i in indices]
 
 
 def make_tenant(registry: TenantRegistry, gpu: int = 0, exclusive: bool = False) -> Tenant:

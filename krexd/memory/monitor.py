@@ -2,7 +2,7 @@
 
 Every ``[memory] refresh_ms`` the monitor reads each GPU's memory from its
 source (``krexd.memory.sources``: NVML, the fake driver's state, or none)
-and the shim's slots in the gate (``krexd.memory.gatemem``), and works out
+and the shim's registrations in the gate (``krexd.memory.gatemem``), and works out
 per GPU::
 
     tenants_used = sum of the tenants' usage (per-process figures of the

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from krexd.memory.gatemem import GateMemory
-from krexd.memory.records import SlotLedger
+from krexd.memory.records import RegistrationLedger
 
 
 @dataclass
@@ -35,5 +35,5 @@ class GpuMemory:
     """
 
     reader: GateMemory | None = None
-    ledger: SlotLedger = field(default_factory=SlotLedger)
+    ledger: RegistrationLedger = field(default_factory=RegistrationLedger)
     view: GpuView | None = None

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from krexd.admission import Admission, slots_for
+from krexd.admission import Admission
 from krexd.errors import Code, KrexError
+from tests.fakes import slots_for
 
 
 def run(coro: object) -> None:

@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from krexd.admission import Admission, Waiter, slots_for
+from krexd.admission import Admission, Waiter
+from tests.fakes import slots_for
 
 G = 1 << 30
 

@@ -15,7 +15,7 @@ import pytest
 
 from krexd.memory import gatemem
 from krexd.memory.gatemem import OomWord, SlotMemory
-from krexd.memory.records import SlotLedger, TenantMemory
+from krexd.memory.records import RegistrationLedger, TenantMemory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,7 +104,7 @@ def slot(
 def test_ledger_credits_each_count_once_and_keeps_it_after_the_slot_is_freed() -> None:
     a, b = TenantMemory(0, "default"), TenantMemory(0, "default")
     records = {1: a, 2: b}
-    ledger = SlotLedger()
+    ledger = RegistrationLedger()
     ledger.update([slot(0, gatemem.SLOT_ACTIVE, 1, 100, waited=1)], records)
     ledger.update([slot(0, gatemem.SLOT_ACTIVE, 1, 100, waited=1)], records)  # no double count
     assert (a.oom_waited, a.oom_cotenant) == (1, 0)
