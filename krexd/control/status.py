@@ -28,8 +28,10 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "memory": {"admission": bool, "default_need_bytes", "headroom_bytes", "max_bypass",
                 "oom_wait_s", "refresh_ms", "source"}}
 
-``region`` is the coordinator's own ``status()`` (holder, queue, counts,
-entry-latency percentiles) when one runs for that GPU.  ``memory`` per GPU
+``region`` is the coordinator's own ``status()``: holder, queue, counts and
+latency percentiles (ms) ``entry_ms`` (request to grant, as in the
+``region_enter`` reply), ``wait_ms`` (for the region lock) and
+``establish_ms`` (steps 2-5).  ``memory`` per GPU
 is ``krexd.memory.MemoryMonitor.gpu_status`` (``waiting``: tenants whose
 allocation waits for co-tenants' memory; ``blocked``: admission to the GPU
 is stopped meanwhile); a parked request's row has ``mem_bytes``,
