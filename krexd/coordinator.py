@@ -188,17 +188,24 @@ class Coordinator:
             self._cancel_entry = None
             await self._end(region, "cancelled by its holder")
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
-        granted_at = region.granted_at
-        self.stats.grant((locked_at - requested_at) * 1e3, (granted_at - locked_at) * 1e3)
+        wait_ms = (locked_at - requested_at) * 1e3
+        establish_ms = (region.granted_at - locked_at) * 1e3
+        self.stats.grant(wait_ms, establish_ms)
+        return self._grant_reply(region.epoch, list(self._slice.reserved), wait_ms, establish_ms)
+
+    def _grant_reply(
+        self, epoch: int, reserved: list[int], wait_ms: float, establish_ms: float
+    ) -> dict[str, Any]:
+        """The region_enter reply body (ms); ``entry_ms`` = wait + steps 2-5."""
         return {
-            "epoch": region.epoch,
+            "epoch": epoch,
             "gpu": self.gpu,
-            "reserved_cores": list(self._slice.reserved),
+            "reserved_cores": reserved,
             "l2_flush": self._cfg.l2_flush,
-            "wait_ms": (locked_at - requested_at) * 1e3,
-            "entry_ms": (granted_at - requested_at) * 1e3,
-            "drain_ms": self._last_drain_ms,
-            "freeze_ms": self._last_freeze_ms,
+            "wait_ms": wait_ms,
+            "entry_ms": wait_ms + establish_ms,
+            "drain_ms": self._last_drain_ms if epoch else 0.0,
+            "freeze_ms": self._last_freeze_ms if epoch else 0.0,
         }
 
     async def _establish(self, tenant: Tenant, pid: int, tid: int, requested_at: float) -> Region:
@@ -360,16 +367,7 @@ class Coordinator:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
         self._ungated.add(tenant.id)
         self.stats.granted += 1
-        return {
-            "epoch": 0,
-            "gpu": self.gpu,
-            "reserved_cores": [],
-            "l2_flush": self._cfg.l2_flush,
-            "wait_ms": 0.0,
-            "entry_ms": 0.0,
-            "drain_ms": 0.0,
-            "freeze_ms": 0.0,
-        }
+        return self._grant_reply(0, [], 0.0, 0.0)
 
     def _region_state(self, new: str) -> None:
         states.change_state(self, new, states.REGION_EDGES)
