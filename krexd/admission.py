@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,6 +48,22 @@ class MemoryPolicy(Protocol):
     def available(self, gpu: int) -> int | None:
         """Bytes admission may reserve on ``gpu`` before reservations (None: no limit)."""
         ...
+
+
+@dataclass(eq=False)
+class GpuSlots:
+    """Admission's count for one GPU (it lives on ``krexd.gpu.Gpu``; admission writes it).
+
+    ``total`` slots (command concurrency), ``used`` by its tenants,
+    ``exclusive`` while a whole-device lease holds them all, and the memory
+    needs (bytes) reserved by its tenants.
+    """
+
+    index: int
+    total: int
+    used: int = 0
+    exclusive: bool = False
+    mem_reserved: int = 0
 
 
 @dataclass(eq=False)
@@ -80,41 +97,43 @@ class Waiter:
 
 
 class Admission:
-    """Slot accounting and the FIFO parking queue for GPUs ``gpus`` (host indices)."""
+    """Slot accounting and the FIFO parking queue over the GPUs' slot counters ``gpus``."""
 
     def __init__(
         self,
-        gpus: list[int],
-        slots_per_gpu: int,
+        gpus: Iterable[GpuSlots],
         max_parked: int = 4096,
         memory: MemoryPolicy | None = None,
         max_bypass: int = 4,
     ) -> None:
-        self.slots = {g: slots_per_gpu for g in gpus}
-        self.used = {g: 0 for g in gpus}
-        self.exclusive_on: set[int] = set()
+        self._gpus = {g.index: g for g in gpus}
         self.max_parked = max_parked
         self.memory = memory
         self.max_bypass = max_bypass
-        self.mem_reserved = {g: 0 for g in gpus}
         self._queue: deque[Waiter] = deque()
         self.granted_total = 0
         self.parked_total = 0
 
+    def use_memory(self, policy: MemoryPolicy, max_bypass: int) -> None:
+        """Admit by memory from now on: ask ``policy``; bypass bound ``max_bypass``."""
+        self.memory = policy
+        self.max_bypass = max_bypass
+
     # --- placement ----------------------------------------------------------------
 
     def _fits(self, g: int, exclusive: bool, blocked: set[int]) -> bool:
-        if g in blocked or g in self.exclusive_on:
+        s = self._gpus[g]
+        if g in blocked or s.exclusive:
             return False
-        return self.used[g] == 0 if exclusive else self.used[g] < self.slots[g]
+        return s.used == 0 if exclusive else s.used < s.total
 
     def _least_loaded(self, candidates: list[int]) -> int | None:
-        return min(candidates, key=lambda g: (self.used[g], g)) if candidates else None
+        return min(candidates, key=lambda g: (self._gpus[g].used, g)) if candidates else None
 
     def _mem_room(self, g: int) -> int | None:
         """Bytes still reservable on ``g`` (None: no memory limit)."""
         avail = self.memory.available(g) if self.memory is not None else None
-        return None if avail is None else avail - self.mem_reserved[g]
+        return None if avail is None else avail - self._gpus[g].mem_reserved
 
     def _mem_fits(self, g: int, need: int) -> bool:
         if self.memory is None:
@@ -125,7 +144,7 @@ class Admission:
         return room is None or need <= room
 
     def _choose(self, w: Waiter, blocked: set[int], heads: list[Waiter]) -> int | None:
-        gpus = [w.gpu] if w.gpu is not None else sorted(self.slots)
+        gpus = [w.gpu] if w.gpu is not None else sorted(self._gpus)
         slot_ok = [g for g in gpus if self._fits(g, w.exclusive, blocked)]
         choice = self._least_loaded([g for g in slot_ok if self._mem_fits(g, w.mem_bytes)])
         w.waiting_for = w.mem_gpu = None
@@ -148,12 +167,13 @@ class Admission:
         return choice
 
     def _grant(self, w: Waiter, g: int) -> None:
+        s = self._gpus[g]
         if w.exclusive:
-            self.exclusive_on.add(g)
-            self.used[g] = self.slots[g]
+            s.exclusive = True
+            s.used = s.total
         else:
-            self.used[g] += 1
-        self.mem_reserved[g] += w.mem_bytes
+            s.used += 1
+        s.mem_reserved += w.mem_bytes
         self.granted_total += 1
         w.future.set_result(g)
 
@@ -200,9 +220,9 @@ class Admission:
         Raises ``KrexError(NO_SUCH_GPU)`` for an unknown ``gpu`` and
         ``KrexError(CANCELLED)`` when ``max_parked`` requests already wait.
         """
-        if gpu is not None and gpu not in self.slots:
-            raise KrexError(Code.NO_SUCH_GPU, f"no GPU {gpu} (GPUs: {sorted(self.slots)})")
-        if not self.slots:
+        if gpu is not None and gpu not in self._gpus:
+            raise KrexError(Code.NO_SUCH_GPU, f"no GPU {gpu} (GPUs: {sorted(self._gpus)})")
+        if not self._gpus:
             raise KrexError(Code.NO_SUCH_GPU, "krexd manages no GPU (see --fake-gpus)")
         if len(self._queue) >= self.max_parked:
             raise KrexError(Code.CANCELLED, f"{len(self._queue)} requests already parked")
@@ -225,12 +245,13 @@ class Admission:
     def release(self, gpu: int, exclusive: bool, mem_bytes: int = 0) -> None:
         """Free the slot(s) and the memory reservation (bytes) of a tenant of ``gpu``;
         grant parked waiters that now fit."""
+        s = self._gpus[gpu]
         if exclusive:
-            self.exclusive_on.discard(gpu)
-            self.used[gpu] = 0
-        elif self.used[gpu] > 0:
-            self.used[gpu] -= 1
-        self.mem_reserved[gpu] = max(0, self.mem_reserved[gpu] - mem_bytes)
+            s.exclusive = False
+            s.used = 0
+        elif s.used > 0:
+            s.used -= 1
+        s.mem_reserved = max(0, s.mem_reserved - mem_bytes)
         self._dispatch()
 
     def cancel_all(self, code: Code, why: str) -> None:

@@ -1,8 +1,9 @@
 """Per-GPU region coordinator: the region lock, region entry and exit, recovery.
 
 One ``Coordinator`` per GPU implements krexd's half of region-granular
-exclusivity (paper §4.2; DESIGN.md "Region entry and exit").  The methods
-below read in the order of the protocol:
+exclusivity (paper §4.2; DESIGN.md "Region entry and exit";
+docs/design/architecture.md maps every step to its file).  Steps carry the
+paper's numbers (its circled 1-8); the methods below read in that order:
 
     enter()     1  region lock, FIFO (no starvation: the paper has no fairness)
                 2  close the gate: holder id + new epoch, one atomic word
@@ -12,8 +13,11 @@ below read in the order of the protocol:
                    reports it frozen (bounded by freeze_timeout_ms)
                 5  give the holder's submitting thread the reserved cores;
                    grant.  The holder flushes L2 itself, through the shim.
-    exit()      7  holder's CPU share restored, siblings thawed, *then*
-                8  the gate reopened, *then* the lock released
+    (client)    6  the holder runs its timed code
+    exit()      7  the holder's own GPU work is done (its shim synchronized
+                   before region_exit); its cores go back to the off-region
+                   share and the siblings are thawed, *then*
+                8  the gate is reopened, *then* the lock released
     recovery    the same end path, bound to the Region object (holder and
                 epoch), when the holder's process dies, its tenant ends, or
                 the region outlives max_region_s
@@ -25,8 +29,15 @@ measurement.  Normal exit and recovery are serialized by one asyncio lock and
 bound to the Region they end, so a late recovery is a no-op for a newer
 region, and the gate's reopen is itself bound to (holder, epoch).
 
-Every failed entry undoes what it did (thaw, cores, gate) before it reports
+Every failed entry undoes what it did (cores, thaw, gate) before it reports
 the error: no tenant is ever left frozen.
+
+The coordinator acts only through injected interfaces (``krexd.isolation``):
+``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),
+``Pinner`` (cpuset and thread affinity) and ``RegionGate`` (the gate, absent
+when ``libkrex_gate.so`` is not built).  The daemon injects the cgroup
+implementations; any other implementation of these interfaces (in-memory
+fakes, say) drives the same protocol without root.
 
 The module is longer than most on purpose: entry, exit and recovery share
 their undo steps and must be read together, in the paper's order.  Counters
@@ -36,25 +47,21 @@ and latency percentiles live in ``krexd.region_stats``.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from krexd import states
 from krexd.config import RegionConfig
 from krexd.errors import Code, KrexError
 from krexd.fifo import FifoLock
+from krexd.gate import GateError, GateTimeout
+from krexd.isolation import Pinner, RegionGate, TenantControl, Watch, gone
 from krexd.region_stats import RegionStats
 from krexd.slices import CpuSlice
-from krexd.tenants import PidWatch, Tenant, TenantRegistry
-
-if TYPE_CHECKING:
-    # Only with a gate (libkrex_gate.so built) is krexd.gate imported.
-    from krexd.gate import Gate
+from krexd.tenants import Tenant, TenantRegistry
 
 log = logging.getLogger("krexd.coordinator")
 
@@ -72,7 +79,7 @@ class Region:
     siblings: list[Tenant] = field(default_factory=list)  # frozen by this region
     ended: bool = False
     end_reason: str = ""
-    holder_watch: PidWatch | None = None  # fires when the holder's process exits
+    holder_watch: Watch | None = None  # fires when the holder's process exits
     timer: asyncio.TimerHandle | None = None
 
 
@@ -81,25 +88,33 @@ class Coordinator:
 
     Args:
         gpu: GPU index on the host.
-        gate: the GPU's shared-memory gate (krexd.gate).
+        gate: the GPU's gate (``krexd.gate.Gate``), or None without
+            ``libkrex_gate.so``: submissions are then not gated and step 3
+            is skipped; freezing and pinning still apply.
         cpu_slice: the GPU's CPU slice: ``cores`` (all), ``reserved`` (for the
             holder's submitting thread during a region) and ``tenant_cores``
             (cores minus reserved, for everyone off-region).
         tenants: the daemon's tenant registry; siblings are this GPU's
             other tenants.
         region: the ``[region]`` config table (timeouts, enforce, l2_flush).
+        control: freezes, thaws and watches tenants (steps 4 and 7, recovery).
+        pinner: moves the holder to the reserved cores and back (steps 5, 7).
     """
 
     def __init__(
         self,
         gpu: int,
-        gate: Gate | None,
+        gate: RegionGate | None,
         cpu_slice: CpuSlice,
         tenants: TenantRegistry,
         region: RegionConfig,
+        control: TenantControl,
+        pinner: Pinner,
     ) -> None:
         self.gpu = gpu
         self._gate = gate
+        self._ctl = control
+        self._pinner = pinner
         self._slice = cpu_slice
         self._tenants = tenants
         self._cfg = region
@@ -135,7 +150,9 @@ class Coordinator:
 
         Returns:
             ``{epoch, gpu, reserved_cores, l2_flush, wait_ms, entry_ms,
-            drain_ms, freeze_ms}``; times in ms.
+            drain_ms, freeze_ms}``; times in ms: ``wait_ms`` in the FIFO
+            (step 1), ``entry_ms`` from the request to the grant (steps
+            1-5), ``drain_ms`` step 3, ``freeze_ms`` step 4.
 
         Raises:
             KrexError: NESTED_REGION (tenant already holds or waits),
@@ -171,17 +188,24 @@ class Coordinator:
             self._cancel_entry = None
             await self._end(region, "cancelled by its holder")
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
-        granted_at = region.granted_at
-        self.stats.grant((locked_at - requested_at) * 1e3, (granted_at - locked_at) * 1e3)
+        wait_ms = (locked_at - requested_at) * 1e3
+        establish_ms = (region.granted_at - locked_at) * 1e3
+        self.stats.grant(wait_ms, establish_ms)
+        return self._grant_reply(region.epoch, list(self._slice.reserved), wait_ms, establish_ms)
+
+    def _grant_reply(
+        self, epoch: int, reserved: list[int], wait_ms: float, establish_ms: float
+    ) -> dict[str, Any]:
+        """The region_enter reply body (ms); ``entry_ms`` = wait + steps 2-5."""
         return {
-            "epoch": region.epoch,
+            "epoch": epoch,
             "gpu": self.gpu,
-            "reserved_cores": list(self._slice.reserved),
+            "reserved_cores": reserved,
             "l2_flush": self._cfg.l2_flush,
-            "wait_ms": (locked_at - requested_at) * 1e3,
-            "entry_ms": (granted_at - requested_at) * 1e3,
-            "drain_ms": self._last_drain_ms,
-            "freeze_ms": self._last_freeze_ms,
+            "wait_ms": wait_ms,
+            "entry_ms": wait_ms + establish_ms,
+            "drain_ms": self._last_drain_ms if epoch else 0.0,
+            "freeze_ms": self._last_freeze_ms if epoch else 0.0,
         }
 
     async def _establish(self, tenant: Tenant, pid: int, tid: int, requested_at: float) -> Region:
@@ -240,11 +264,9 @@ class Coordinator:
         return self._epoch
 
     async def _drain(self, holder: Tenant, epoch: int) -> None:
-        """Step 3: wait for every sibling slot to acknowledge ``epoch`` (bounded)."""
+        """Step 3: wait for every sibling registration to acknowledge ``epoch`` (bounded)."""
         if self._gate is None:
             return
-        from krexd.gate import GateError, GateTimeout
-
         timeout_s = self._cfg.drain_timeout_s
         try:
             # wait_drained blocks in C with the GIL released: run it off the loop.
@@ -253,7 +275,7 @@ class Coordinator:
             raise KrexError(
                 Code.DRAIN_TIMEOUT,
                 f"drain of GPU {self.gpu} timed out after {self._cfg.drain_timeout_s:g} s; "
-                f"not drained: {self._describe_slots(exc.pending)}",
+                f"not drained: {self._describe_pending(exc.pending)}",
             ) from None
         except GateError as exc:
             raise KrexError(Code.INTERNAL, f"gate of GPU {self.gpu}: {exc}") from None
@@ -273,9 +295,9 @@ class Coordinator:
             if any(sib is f for f in frozen):
                 continue  # admitted during this entry and frozen then (tenant_added)
             try:
-                sib.cgroup.freeze()
+                self._ctl.freeze(sib)
             except OSError as exc:
-                if _gone(exc):
+                if gone(exc):
                     continue
                 raise
             _tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
@@ -298,12 +320,11 @@ class Coordinator:
                 f"{self._cfg.freeze_timeout_s:g} s: {names}",
             )
 
-    @staticmethod
-    async def _wait_frozen(sib: Tenant, timeout_s: float) -> bool:
+    async def _wait_frozen(self, sib: Tenant, timeout_s: float) -> bool:
         try:
-            return await sib.cgroup.wait_frozen(timeout_s)
+            return await self._ctl.wait_frozen(sib, timeout_s)
         except OSError as exc:
-            if _gone(exc):
+            if gone(exc):
                 return True  # the sibling ended: nothing left to run
             raise
 
@@ -311,9 +332,9 @@ class Coordinator:
         """Step 5: widen the holder's cpuset to the whole slice, pin ``tid`` to reserved."""
         if not self._slice.reserved:
             return
-        holder.cgroup.set_cpus(self._slice.cores)
+        self._pinner.set_cpus(holder, self._slice.cores)
         try:
-            os.sched_setaffinity(tid, self._slice.reserved)
+            self._pinner.pin_thread(tid, self._slice.reserved)
         except ProcessLookupError:
             pass  # the thread ended: the region will end through recovery
 
@@ -322,22 +343,22 @@ class Coordinator:
         if not self._slice.reserved:
             return
         try:
-            os.sched_setaffinity(tid, self._slice.tenant_cores)
+            self._pinner.pin_thread(tid, self._slice.tenant_cores)
         except OSError:
             pass  # the thread ended, or its cgroup's cpuset is restored below
         try:
-            holder.cgroup.set_cpus(self._slice.tenant_cores)
+            self._pinner.set_cpus(holder, self._slice.tenant_cores)
         except OSError as exc:
-            if not _gone(exc):
+            if not gone(exc):
                 log.error("GPU %d: cannot restore tenant %d's cores: %s", self.gpu, holder.id, exc)
 
     def _check_caller(self, tenant: Tenant, pid: int, tid: int) -> None:
         """A tenant acts only on itself: pid must be in its cgroup, tid a thread of pid."""
         if tenant.gpu != self.gpu:
             raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is not on GPU {self.gpu}")
-        if pid not in tenant.cgroup.pids():
+        if not self._ctl.owns_process(tenant, pid):
             raise KrexError(Code.BAD_FIELD, f"pid {pid} is not a process of tenant {tenant.id}")
-        if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+        if not self._ctl.thread_exists(pid, tid):
             raise KrexError(Code.BAD_FIELD, f"tid {tid} is not a thread of pid {pid}")
 
     def _enter_ungated(self, tenant: Tenant) -> dict[str, Any]:
@@ -346,29 +367,22 @@ class Coordinator:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
         self._ungated.add(tenant.id)
         self.stats.granted += 1
-        return {
-            "epoch": 0,
-            "gpu": self.gpu,
-            "reserved_cores": [],
-            "l2_flush": self._cfg.l2_flush,
-            "wait_ms": 0.0,
-            "entry_ms": 0.0,
-            "drain_ms": 0.0,
-            "freeze_ms": 0.0,
-        }
+        return self._grant_reply(0, [], 0.0, 0.0)
 
     def _region_state(self, new: str) -> None:
         states.change_state(self, new, states.REGION_EDGES)
 
-    def _describe_slots(self, pending: list[int]) -> str:
-        """'pid P (tenant T)' for each pending gate slot index."""
+    def _describe_pending(self, pending: list[int]) -> str:
+        """'pid P (tenant T)' for each pending registration (its index in the gate)."""
         if self._gate is None:
             return ""
-        by_index = {s.index: s for s in self._gate.slots()}
+        by_index = {r.index: r for r in self._gate.slots()}
         parts = []
         for i in pending:
-            slot = by_index.get(i)
-            parts.append(f"slot {i}" if slot is None else f"pid {slot.pid} (tenant {slot.tenant})")
+            reg = by_index.get(i)
+            parts.append(
+                f"registration {i}" if reg is None else f"pid {reg.pid} (tenant {reg.tenant})"
+            )
         return ", ".join(parts) or "none"
 
     # ------------------------------------------------------------------- exit
@@ -469,9 +483,9 @@ class Coordinator:
         thawed: list[Tenant] = []
         for t in tenants:
             try:
-                t.cgroup.thaw()
+                self._ctl.thaw(t)
             except OSError as exc:
-                if not _gone(exc):
+                if not gone(exc):
                     log.error("GPU %d: cannot thaw tenant %d: %s", self.gpu, t.id, exc)
                 continue
             thawed.append(t)
@@ -482,7 +496,7 @@ class Coordinator:
         for t in thawed:
             while time.monotonic() < deadline:
                 try:
-                    if not t.cgroup.is_frozen():
+                    if not self._ctl.is_frozen(t):
                         break
                 except OSError:
                     break  # gone
@@ -491,8 +505,6 @@ class Coordinator:
     def _reopen_gate(self, holder: int, epoch: int) -> None:
         if self._gate is None:
             return
-        from krexd.gate import GateError
-
         try:
             self._gate.reopen(holder, epoch)
         except GateError as exc:
@@ -506,7 +518,7 @@ class Coordinator:
     def _watch(self, region: Region) -> None:
         """Recover when the holder's process exits or the region outlives max_region_s."""
         loop = asyncio.get_running_loop()
-        region.holder_watch = PidWatch(
+        region.holder_watch = self._ctl.watch_exit(
             region.pid, lambda: self._schedule_end(region, "holder process exited")
         )
         if self._cfg.max_region_s > 0:
@@ -545,9 +557,9 @@ class Coordinator:
             "GPU %d: tenant %d: %s; killing its command", self.gpu, region.tenant.id, reason
         )
         try:
-            region.tenant.cgroup.kill()
+            self._ctl.kill(region.tenant)
         except OSError as exc:
-            if not _gone(exc):
+            if not gone(exc):
                 log.error("GPU %d: cannot kill tenant %d: %s", self.gpu, region.tenant.id, exc)
         self._spawn(self._end(region, reason))
 
@@ -566,7 +578,7 @@ class Coordinator:
             return
         if region is not None and region.ended:
             return
-        tenant.cgroup.freeze()
+        self._ctl.freeze(tenant)
         _tenant_state(tenant, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
         frozen.append(tenant)  # thawed with the others at exit (or if the entry fails)
 
@@ -635,11 +647,6 @@ class Coordinator:
             "epoch": self._epoch,
             **self.stats.as_dict(),
         }
-
-
-def _gone(exc: OSError) -> bool:
-    """True when ``exc`` says the cgroup or process no longer exists."""
-    return exc.errno in (errno.ENOENT, errno.ESRCH, errno.ENODEV)
 
 
 def _tenant_state(tenant: Tenant, old: str | tuple[str, ...], new: str) -> bool:

@@ -1,13 +1,19 @@
-"""The krexd process: one asyncio loop holding every part (docs/design/interfaces.md).
+"""The krexd process: the composition root that builds and wires the parts and runs the loop.
 
 Start order (each step logged; any failure stops the start with a message):
 
 1. GPU inventory (``gpus``), CPU slices (``slices``; invalid ones refused).
 2. cgroups: under systemd move into the ``supervisor`` leaf, thaw/kill/remove
    a stale tree, build ``<name>/gpu<N>`` with the slices.
-3. Gates (one per GPU, ``<state_dir>/<cgroup name>-gpu<N>.gate``, when
-   ``libkrex_gate.so`` is built) and one region coordinator per GPU.
+3. One ``krexd.gpu.Gpu`` per GPU: its gate (``<state_dir>/<cgroup
+   name>-gpu<N>.gate``, when ``libkrex_gate.so`` is built), its region
+   coordinator, its admission slots, its MPS daemon (``[mps] enabled``);
+   then admission, the memory monitor and the tenant lifecycle over them.
 4. Bind the control socket; only then READY=1 (krexd serves requests).
+
+The parts never see the daemon: each gets the narrow interfaces it uses
+(``krexd.isolation`` for the coordinators, ``krexd.runtime.Runtime``,
+``krexd.control.context.OpContext`` for the ops).
 
 Shutdown (SIGTERM/SIGINT): STOPPING=1, parked requests answered
 SHUTTING_DOWN, coordinators shut down (thaw, reopen), every tenant ended
@@ -21,72 +27,48 @@ import grp
 import logging
 import os
 import signal
-import time
-from collections.abc import Coroutine
 from typing import Any
 
 from krexd import __version__, gpus, paths
-from krexd.admission import Admission
+from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
 from krexd.config import Config
+from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
-from krexd.errors import Code, KrexError
+from krexd.errors import Code
 from krexd.gate import Gate
+from krexd.gpu import Gpu
+from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
+from krexd.memory.monitor import MemoryMonitor
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
-from krexd.server import Server
-from krexd.slices import CpuSlice, compute_slices
+from krexd.runtime import SERVING, STOPPING, Runtime
+from krexd.server import Server, check_free
+from krexd.slices import compute_slices
 from krexd.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")
 
-STARTING = "starting"
-SERVING = "running"
-STOPPING = "stopping"
-
 
 class Daemon:
-    """Everything one krexd owns; op handlers receive it (see interfaces.md for attributes)."""
+    """Builds krexd's parts, wires them, runs the event loop until asked to stop."""
 
     def __init__(self, config: Config, notifier: Notifier | None = None) -> None:
         self.config = config
         self.version = __version__
         self.pid = os.getpid()
-        self.started_at = time.monotonic()
-        self.state = STARTING
+        self.runtime = Runtime()
         self.notifier = notifier or Notifier(None, None)
-        self.gpus: list[gpus.GpuInfo] = []
-        self.slices: dict[int, CpuSlice] = {}
-        self.cgroups: CgroupBackend
+        self.gpus: dict[int, Gpu] = {}
+        self.cgroups: CgroupBackend | None = None
         self.tenants = TenantRegistry()
-        self.admission = Admission([], config.admission.slots_per_gpu)
-        self.gates: dict[int, Gate] = {}
-        self.gate_paths: dict[int, str] = {}
-        self.coordinators: dict[int, Coordinator] = {}
-        self.lifecycle = Lifecycle(self)
+        self.admission = Admission([])
         self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
+        self.memory: MemoryMonitor | None = None
+        self.lifecycle: Lifecycle | None = None
         self.server: Server | None = None
         self._stop = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    # --- helpers used by ops -------------------------------------------------------
-
-    def uptime_s(self) -> float:
-        """Seconds since krexd started."""
-        return round(time.monotonic() - self.started_at, 3)
-
-    def check_serving(self) -> None:
-        """Raise ``KrexError(SHUTTING_DOWN)`` once shutdown has begun."""
-        if self.state == STOPPING:
-            raise KrexError(Code.SHUTTING_DOWN, "krexd is stopping")
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Run ``coro`` as a background task kept alive until it ends."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     def request_stop(self) -> None:
         """Begin shutdown (signal handler)."""
@@ -94,64 +76,80 @@ class Daemon:
 
     # --- start ----------------------------------------------------------------------
 
-    def setup(self) -> None:
-        """Steps 1-3 of the start order (synchronous; raises on invalid setup)."""
+    def setup(self) -> OpContext:
+        """Steps 1-3 of the start order; returns what the ops get (raises on invalid setup)."""
         cfg = self.config
-        self.gpus = gpus.discover(cfg.daemon.fake_gpus)
-        _log.info("GPUs: %s", ", ".join(g.name for g in self.gpus) or "none")
-        self.slices = compute_slices(self.gpus, cfg.cpu)
-        for s in self.slices.values():
+        infos = gpus.discover(cfg.daemon.fake_gpus)
+        _log.info("GPUs: %s", ", ".join(g.name for g in infos) or "none")
+        slices = compute_slices(infos, cfg.cpu)
+        for s in slices.values():
             _log.info("gpu%d slice %s", s.gpu, s.as_dict())
-        self.cgroups = CgroupBackend.open(cfg.cgroup)
-        self.cgroups.prepare(self.slices)
-        _log.info("cgroups: %s", self.cgroups.describe())
-        self.admission = Admission(
-            [g.index for g in self.gpus], cfg.admission.slots_per_gpu, cfg.admission.max_parked
-        )
-        self._setup_gates()
+        cgroups = self.cgroups = CgroupBackend.open(cfg.cgroup)
+        cgroups.prepare(slices)
+        _log.info("cgroups: %s", cgroups.describe())
+        if paths.gate_library() is None:
+            # Without a gate, submissions are not gated: draining is skipped, CPU
+            # freezing and pinning still apply.
+            _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
+        control = CgroupControl(cfg.daemon.liveness_interval_ms / 1000)
+        pinner = AffinityPinner()
+        for info in infos:
+            gate, gate_path = self._create_gate(info.index)
+            coordinator = Coordinator(
+                info.index, gate, slices[info.index], self.tenants, cfg.region, control, pinner
+            )
+            slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
+            gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)
+            self.gpus[info.index] = gpu
         if cfg.mps.enabled:
             # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
-            self.mps.start([g.index for g in self.gpus])
+            for gpu in self.gpus.values():
+                gpu.mps = self.mps.start(gpu.index)
+        self.admission = Admission([g.slots for g in self.gpus.values()], cfg.admission.max_parked)
+        memory = self.memory = MemoryMonitor(
+            cfg.memory,
+            cfg.admission.slots_per_gpu,
+            list(self.gpus.values()),
+            self.tenants,
+            self.admission,
+            self.runtime,
+        )
+        memory.start()
+        lifecycle = self.lifecycle = Lifecycle(
+            cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
+        )
+        by_index = self.gpus
+        return OpContext(
+            tenants=self.tenants,
+            lifecycle=lifecycle,
+            memory=memory,
+            regions=lambda index: by_index[index].coordinator,
+            about=self.about,
+            status=self.status,
+        )
 
-    def _setup_gates(self) -> None:
-        """One gate and one region coordinator per GPU.
-
-        Without ``libkrex_gate.so`` (not built) coordinators get no gate: GPU
-        submissions are then not gated; draining is skipped and CPU freezing
-        and pinning still apply.  krexd says so at start.
-        """
+    def _create_gate(self, gpu: int) -> tuple[Gate | None, str | None]:
+        """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``."""
         if paths.gate_library() is None:
-            _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
-        else:
-            gate_dir = self.config.daemon.gate_dir
-            os.makedirs(gate_dir, mode=0o755, exist_ok=True)
-            for g in self.gpus:
-                # Named after the cgroup tree too: krexds sharing a state directory
-                # (different [cgroup] names, which the tree lock enforces) never share a gate.
-                path = os.path.join(gate_dir, f"{self.config.cgroup.name}-gpu{g.index}.gate")
-                # Who may map the gate is who may talk to krexd: the socket's mode and group.
-                mode = self.config.daemon.socket_mode
-                self.gates[g.index] = Gate.create(path, g.index, mode=mode)
-                group = self.config.daemon.socket_group
-                try:
-                    if group:
-                        os.chown(path, -1, grp.getgrnam(group).gr_gid)
-                except KeyError:
-                    pass  # binding the socket refuses the unknown group, with the key's name
-                self.gate_paths[g.index] = path
-        for g in self.gpus:
-            self.coordinators[g.index] = Coordinator(
-                g.index,
-                self.gates.get(g.index),
-                self.slices[g.index],
-                self.tenants,
-                self.config.region,
-            )
+            return None, None
+        cfg = self.config.daemon
+        os.makedirs(cfg.gate_dir, mode=0o755, exist_ok=True)
+        # Named after the cgroup tree too: krexds sharing a state directory
+        # (different [cgroup] names, which the tree lock enforces) never share a gate.
+        path = os.path.join(cfg.gate_dir, f"{self.config.cgroup.name}-gpu{gpu}.gate")
+        # Who may map the gate is who may talk to krexd: the socket's mode and group.
+        gate = Gate.create(path, gpu, mode=cfg.socket_mode)
+        try:
+            if cfg.socket_group:
+                os.chown(path, -1, grp.getgrnam(cfg.socket_group).gr_gid)
+        except KeyError:
+            pass  # binding the socket refuses the unknown group, with the key's name
+        return gate, path
 
     def summary_line(self) -> str:
         """One line for STATUS= and the log."""
-        used = sum(self.admission.used.values())
-        total = sum(self.admission.slots.values())
+        used = sum(g.slots.used for g in self.gpus.values())
+        total = sum(g.slots.total for g in self.gpus.values())
         return (
             f"{len(self.gpus)} GPU(s), {len(self.tenants)} tenant(s), slots {used}/{total}, "
             f"{len(self.admission.parked)} parked"
@@ -163,18 +161,17 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: _log.info("SIGHUP ignored"))
-        server = Server(self)
-        server.check_free()  # before any cgroup is touched
+        check_free(self.config.daemon.socket)  # before any cgroup is touched
         try:
-            self.setup()
-            self.server = server
+            self.server = Server(self.config.daemon, self.setup())
             self.server.bind()
-            serve = self.spawn(self.server.serve())
-            self.state = SERVING
+            spawn = self.runtime.spawn
+            serve = spawn(self.server.serve())
+            self.runtime.state = SERVING
             self.notifier.ready(f"serving {self.config.daemon.socket}: {self.summary_line()}")
             _log.info("krexd %s ready (pid %d)", self.version, self.pid)
-            watchdog = self.spawn(self.notifier.watchdog_loop())
-            status = self.spawn(self._status_loop())
+            watchdog = spawn(self.notifier.watchdog_loop())
+            status = spawn(self._status_loop())
             await self._stop.wait()
             await self.shutdown()
             for t in (serve, watchdog, status):
@@ -193,75 +190,70 @@ class Daemon:
 
     async def shutdown(self) -> None:
         """Stop serving new work, recover regions, end every tenant, remove cgroups."""
-        self.state = STOPPING
+        self.runtime.state = STOPPING
         self.notifier.stopping()
         _log.info("shutting down: %s", self.summary_line())
         self.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
-        for gpu, coordinator in self.coordinators.items():
+        for gpu in self.gpus.values():
             try:
-                await coordinator.shutdown()
+                await gpu.coordinator.shutdown()
             except Exception:
-                _log.exception("gpu%d: coordinator shutdown failed", gpu)
-        await asyncio.gather(
-            *(self.lifecycle.end(t, "krexd shutdown") for t in self.tenants),
-            return_exceptions=True,
-        )
+                _log.exception("gpu%d: coordinator shutdown failed", gpu.index)
+        if self.lifecycle is not None:
+            lifecycle = self.lifecycle
+            await asyncio.gather(
+                *(lifecycle.end(t, "krexd shutdown") for t in self.tenants),
+                return_exceptions=True,
+            )
         if self.server is not None:
             await self.server.cancel_requests()
-        self.mps.stop()  # after the tenants: no MPS client is left
+        self._stop_mps()  # after the tenants: no MPS client is left
+
+    def _stop_mps(self) -> None:
+        for gpu in self.gpus.values():
+            if gpu.mps is not None:
+                self.mps.stop(gpu.mps)
+                gpu.mps = None
 
     async def _cleanup_after_failure(self) -> None:
         """Remove cgroups and gate files (also after a failed start)."""
-        self.mps.stop()
-        if hasattr(self, "cgroups"):
+        self._stop_mps()
+        if self.cgroups is not None:
             await self.cgroups.teardown()
-        for gpu, gate in self.gates.items():
-            try:
-                gate.unmap()
-            except Exception:
-                _log.exception("gpu%d: unmapping the gate failed", gpu)
-        for path in self.gate_paths.values():
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        for gpu in self.gpus.values():
+            if gpu.gate is not None:
+                try:
+                    gpu.gate.unmap()
+                except Exception:
+                    _log.exception("gpu%d: unmapping the gate failed", gpu.index)
+            if gpu.gate_path is not None:
+                try:
+                    os.unlink(gpu.gate_path)
+                except FileNotFoundError:
+                    pass
         _log.info("krexd stopped")
 
     # --- status -------------------------------------------------------------------
 
+    def about(self) -> dict[str, Any]:
+        """The ``ping`` op's reply body: version, pid, uptime (s)."""
+        return {"version": self.version, "pid": self.pid, "uptime_s": self.runtime.uptime_s()}
+
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""
         gpus_out = []
-        for g in self.gpus:
-            coord = self.coordinators.get(g.index)
-            region = coord.status() if coord is not None else None
-            held = region.get("holder") if isinstance(region, dict) else None
-            holder = held.get("tenant") if isinstance(held, dict) else held
-            gpus_out.append(
-                {
-                    "index": g.index,
-                    "name": g.name,
-                    "fake": g.fake,
-                    "total_mem_bytes": g.total_mem_bytes,
-                    "slice": self.slices[g.index].as_dict() if g.index in self.slices else None,
-                    "slots_used": self.admission.used.get(g.index, 0),
-                    "slots_total": self.admission.slots.get(g.index, 0),
-                    "exclusive": g.index in self.admission.exclusive_on,
-                    "tenants": [t.id for t in self.tenants.on_gpu(g.index)],
-                    "gate": self.gate_paths.get(g.index),
-                    "holder": holder,
-                    "region": region,
-                }
-            )
+        for gpu in self.gpus.values():
+            row = gpu.status([t.id for t in self.tenants.on_gpu(gpu.index)])
+            row["memory"] = self.memory.gpu_status(gpu.index) if self.memory else None
+            gpus_out.append(row)
         return {
-            "version": self.version,
-            "pid": self.pid,
-            "uptime_s": self.uptime_s(),
-            "state": self.state,
+            **self.about(),
+            "state": self.runtime.state,
             "socket": self.config.daemon.socket,
             "config": self.config.source,
-            "cgroups": self.cgroups.describe() if hasattr(self, "cgroups") else None,
+            "cgroups": self.cgroups.describe() if self.cgroups is not None else None,
             "gpus": gpus_out,
             "tenants": [t.summary() for t in self.tenants],
             "queue": self.admission.status(),
+            "memory": self.memory.settings() if self.memory else None,
         }

@@ -3,7 +3,7 @@
 ``end`` is the single way out for a tenant, whatever the reason (release, its
 launcher died, shutdown): the coordinator recovers a region it may hold
 (``tenant_gone``), the tree is killed, the cgroup removed, the memory record
-completed, the slot and the memory reservation freed and parked requests
+completed, the admission slot and the memory reservation freed and parked requests
 granted.
 """
 
@@ -11,41 +11,67 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from krexd import paths, states
-from krexd.cgroups import CgroupError
+from krexd.admission import Admission
+from krexd.cgroups import CgroupError, TenantCgroup
+from krexd.config import Config
 from krexd.errors import Code, KrexError
-from krexd.memory import MemoryMonitor
+from krexd.gpu import Gpu
+from krexd.memory.monitor import MemoryMonitor
+from krexd.runtime import Runtime
 from krexd.states import change_state
-from krexd.tenants import PidWatch, Tenant
-
-if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+from krexd.tenants import PidWatch, Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd.lifecycle")
 
 EMPTY_TIMEOUT_S = 5.0
 
 
-class Lifecycle:
-    """Creates and ends the tenants of ``daemon``."""
+class TenantCgroups(Protocol):
+    """Where tenant cgroups come from (``krexd.cgroups.CgroupBackend``)."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def create_tenant(self, gpu: int, tenant_id: int) -> TenantCgroup:
+        """Create the cgroup(s) of tenant ``tenant_id`` under GPU ``gpu``."""
+        ...
+
+
+class Lifecycle:
+    """Creates and ends tenants.
+
+    Args:
+        config: krexd's configuration (socket, shim, memory and liveness settings).
+        runtime: refuses work once shutdown begins; runs background ends.
+        gpus: the managed GPUs by index (coordinator, gate, MPS daemon).
+        tenants: the live tenants (written: add and remove).
+        admission: slots and parking (park, cancel, release).
+        cgroups: creates tenant cgroups.
+        memory: memory needs and final memory records.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        runtime: Runtime,
+        gpus: Mapping[int, Gpu],
+        tenants: TenantRegistry,
+        admission: Admission,
+        cgroups: TenantCgroups,
+        memory: MemoryMonitor,
+    ) -> None:
+        self._config = config
+        self._runtime = runtime
+        self._gpus = gpus
+        self._tenants = tenants
+        self._admission = admission
+        self._cgroups = cgroups
+        self._memory = memory
         self._watches: dict[int, PidWatch] = {}
         self._ending: dict[int, asyncio.Task[None]] = {}
         # Liveness poll period where pidfds are unavailable ([daemon] liveness_interval_ms).
-        self.poll_s = daemon.config.daemon.liveness_interval_ms / 1000
-        self._memory: MemoryMonitor | None = None
-
-    @property
-    def memory(self) -> MemoryMonitor:
-        """The memory monitor, started on first use (after the daemon's setup)."""
-        if self._memory is None:
-            self._memory = MemoryMonitor(self.daemon)
-            self._memory.start()
-        return self._memory
+        self.poll_s = config.daemon.liveness_interval_ms / 1000
 
     async def admit(
         self,
@@ -60,36 +86,36 @@ class Lifecycle:
         ``mem_bytes`` is the memory need declared with ``krex run --mem``
         (bytes; None: the configured default need).
         """
-        d = self.daemon
-        d.check_serving()
-        record = self.memory.need_for(mem_bytes, gpu)
+        admission = self._admission
+        self._runtime.check_serving()
+        record = self._memory.need_for(mem_bytes, gpu)
         need = record.need_bytes
-        waiter = d.admission.park(gpu, exclusive, launcher_pid, argv, need)
+        waiter = admission.park(gpu, exclusive, launcher_pid, argv, need)
         watch = PidWatch(
             launcher_pid,
-            lambda: d.admission.cancel(waiter, Code.CANCELLED, "launcher exited while parked"),
+            lambda: admission.cancel(waiter, Code.CANCELLED, "launcher exited while parked"),
             self.poll_s,
         )
         try:
             granted = await asyncio.shield(waiter.future)
         except asyncio.CancelledError:
             if waiter.future.done() and not waiter.future.exception():
-                d.admission.release(waiter.future.result(), exclusive, need)
+                admission.release(waiter.future.result(), exclusive, need)
             else:
-                d.admission.cancel(waiter, Code.CANCELLED, "request cancelled")
+                admission.cancel(waiter, Code.CANCELLED, "request cancelled")
             raise
         finally:
             watch.cancel()
         try:
-            d.check_serving()
-            tid = d.tenants.new_id()
-            cgroup = d.cgroups.create_tenant(granted, tid)
+            self._runtime.check_serving()
+            tid = self._tenants.new_id()
+            cgroup = self._cgroups.create_tenant(granted, tid)
         except BaseException:
-            d.admission.release(granted, exclusive, need)
+            admission.release(granted, exclusive, need)
             raise
         tenant = Tenant(
             id=tid,
-            token=d.tenants.new_token(),
+            token=self._tenants.new_token(),
             gpu=granted,
             argv=argv,
             launcher_pid=launcher_pid,
@@ -97,14 +123,12 @@ class Lifecycle:
             exclusive=exclusive,
             memory=record,
         )
-        d.tenants.add(tenant)
+        self._tenants.add(tenant)
         self._watches[tid] = PidWatch(
             launcher_pid, lambda: self._launcher_gone(tenant), self.poll_s
         )
-        coordinator = d.coordinators.get(granted)
-        if coordinator is not None:
-            # A command admitted during a region starts frozen (it is a sibling).
-            await coordinator.tenant_added(tenant)
+        # A command admitted during a region starts frozen (it is a sibling).
+        await self._gpus[granted].coordinator.tenant_added(tenant)
         _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(argv)[:200])
         return tenant
 
@@ -113,11 +137,11 @@ class Lifecycle:
             _log.warning(
                 "t%d: launcher %d died; reclaiming its slot", tenant.id, tenant.launcher_pid
             )
-            self.daemon.spawn(self.end(tenant, "launcher died"))
+            self._runtime.spawn(self.end(tenant, "launcher died"))
 
     def place(self, tenant: Tenant, pid: int) -> None:
         """Move ``pid`` (a child of the tenant's launcher) into the tenant's cgroup(s)."""
-        self.daemon.check_serving()
+        self._runtime.check_serving()
         if tenant.state not in (states.ADMITTED, states.RUNNING):
             raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is {tenant.state}; cannot place")
         ppid = _parent_of(pid)
@@ -145,17 +169,15 @@ class Lifecycle:
         await asyncio.shield(running)
 
     async def _end(self, tenant: Tenant, reason: str) -> None:
-        d = self.daemon
+        gpu = self._gpus[tenant.gpu]
         watch = self._watches.pop(tenant.id, None)
         if watch is not None:
             watch.cancel()
         try:
-            coordinator = d.coordinators.get(tenant.gpu)
-            if coordinator is not None:
-                try:
-                    await coordinator.tenant_gone(tenant)
-                except Exception:
-                    _log.exception("t%d: coordinator recovery failed", tenant.id)
+            try:
+                await gpu.coordinator.tenant_gone(tenant)
+            except Exception:
+                _log.exception("t%d: coordinator recovery failed", tenant.id)
             try:
                 tenant.cgroup.kill()
                 if not await tenant.cgroup.wait_empty(EMPTY_TIMEOUT_S):
@@ -167,21 +189,20 @@ class Lifecycle:
                 _log.error("t%d: cgroup cleanup: %s", tenant.id, exc)
         finally:
             try:
-                self.memory.tenant_ended(tenant)  # its processes are gone: final record
+                self._memory.tenant_ended(tenant)  # its processes are gone: final record
             except Exception:
                 _log.exception("t%d: memory record", tenant.id)
-            gate = d.gates.get(tenant.gpu)
-            if gate is not None:
-                # After the final read (a freed slot no longer names its tenant): free
-                # the slots now rather than at the next drain (krex_gate_reclaim_dead).
+            if gpu.gate is not None:
+                # After the final read (a freed registration no longer names its tenant):
+                # free them now rather than at the next drain (krex_gate_reclaim_dead).
                 try:
-                    gate.reclaim_dead()
+                    gpu.gate.reclaim_dead()
                 except Exception:
-                    _log.exception("t%d: freeing its gate slots", tenant.id)
-            d.tenants.remove(tenant)
+                    _log.exception("t%d: freeing its gate registrations", tenant.id)
+            self._tenants.remove(tenant)
             if tenant.state != states.EXITED:
                 change_state(tenant, states.EXITED)  # any live -> EXITED
-            d.admission.release(tenant.gpu, tenant.exclusive, tenant.memory.need_bytes)
+            self._admission.release(tenant.gpu, tenant.exclusive, tenant.memory.need_bytes)
             self._ending.pop(tenant.id, None)
             _log.info(
                 "t%d ended (%s, exit_code=%s, signal=%s)",
@@ -193,25 +214,26 @@ class Lifecycle:
 
     def tenant_env(self, tenant: Tenant) -> dict[str, str]:
         """Environment for the tenant's command (docs/design/interfaces.md)."""
-        d = self.daemon
+        cfg = self._config
+        gpu = self._gpus[tenant.gpu]
         env = {
-            "KREX_SOCKET": d.config.daemon.socket,
+            "KREX_SOCKET": cfg.daemon.socket,
             "KREX_TENANT": str(tenant.id),
             "KREX_TOKEN": tenant.token,
             "KREX_GPU": str(tenant.gpu),
             "CUDA_VISIBLE_DEVICES": str(tenant.gpu),
             "NCCL_NVLS_ENABLE": "0",
             # Bound of the shim's wait for co-tenants' memory (libkrex_shim/memory.c).
-            "KREX_OOM_WAIT_S": f"{d.config.memory.oom_wait_s:g}",
+            "KREX_OOM_WAIT_S": f"{cfg.memory.oom_wait_s:g}",
         }
         if not tenant.exclusive:  # a whole-device lease runs natively, unshimmed
-            gate = d.gate_paths.get(tenant.gpu)
-            if gate is not None:
-                env["KREX_GATE"] = gate
-            shim = paths.shim_library(d.config.shim.path or None)
+            if gpu.gate_path is not None:
+                env["KREX_GATE"] = gpu.gate_path
+            shim = paths.shim_library(cfg.shim.path or None)
             if shim is not None:
                 env["LD_PRELOAD"] = shim
-            env.update(d.mps.tenant_env(tenant.gpu))
+            if gpu.mps is not None:
+                env.update(gpu.mps.tenant_env())
         return env
 
 

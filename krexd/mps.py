@@ -55,7 +55,7 @@ class MpsDaemon:
 
 
 class MpsManager:
-    """Start and stop one MPS control daemon per GPU.
+    """Start and stop the MPS control daemon of a GPU (each lives on its ``krexd.gpu.Gpu``).
 
     Args:
         control: the control program (``nvidia-cuda-mps-control``, or a path).
@@ -67,10 +67,9 @@ class MpsManager:
     def __init__(self, control: str, state_dir: str) -> None:
         self.control = control
         self.state_dir = state_dir
-        self.daemons: dict[int, MpsDaemon] = {}
 
-    def start(self, gpus: list[int]) -> None:
-        """Start a control daemon for each GPU index; stop those started on failure.
+    def start(self, gpu: int) -> MpsDaemon:
+        """Start the control daemon of GPU ``gpu`` and wait for its control pipe.
 
         Raises:
             MpsError: the control program is missing, fails, or its pipe does
@@ -79,14 +78,6 @@ class MpsManager:
         exe = shutil.which(self.control)
         if exe is None:
             raise MpsError(f"[mps] control: {self.control!r} not found")
-        try:
-            for gpu in gpus:
-                self._start_one(exe, gpu)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start_one(self, exe: str, gpu: int) -> None:
         base = os.path.join(self.state_dir, f"mps-gpu{gpu}")
         d = MpsDaemon(gpu, os.path.join(base, "pipe"), os.path.join(base, "log"))
         for path in (d.pipe_dir, d.log_dir):
@@ -100,33 +91,27 @@ class MpsManager:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not os.path.exists(control_pipe):
             if time.monotonic() > deadline:
+                self.stop(d)
                 raise MpsError(f"GPU {gpu}: MPS control pipe {control_pipe} did not appear")
             time.sleep(0.02)
-        self.daemons[gpu] = d
         _log.info("GPU %d: MPS control daemon started (pipes in %s)", gpu, d.pipe_dir)
+        return d
 
-    def tenant_env(self, gpu: int) -> dict[str, str]:
-        """Env for a tenant of ``gpu`` ({} when MPS is off for it)."""
-        d = self.daemons.get(gpu)
-        return d.tenant_env() if d else {}
-
-    def stop(self) -> None:
-        """Quit every control daemon (it stops its server), then kill leftovers."""
-        for gpu, d in list(self.daemons.items()):
-            exe = shutil.which(self.control) or self.control
-            try:
-                subprocess.run(
-                    [exe],
-                    input=b"quit\n",
-                    env=d._env(str(gpu)),
-                    capture_output=True,
-                    timeout=_STOP_TIMEOUT_S,
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                _log.error("GPU %d: MPS quit failed: %s", gpu, exc)
-            self._kill_leftovers(d)
-            del self.daemons[gpu]
-            _log.info("GPU %d: MPS control daemon stopped", gpu)
+    def stop(self, d: MpsDaemon) -> None:
+        """Quit the control daemon ``d`` (it stops its server), then kill leftovers."""
+        exe = shutil.which(self.control) or self.control
+        try:
+            subprocess.run(
+                [exe],
+                input=b"quit\n",
+                env=d._env(str(d.gpu)),
+                capture_output=True,
+                timeout=_STOP_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _log.error("GPU %d: MPS quit failed: %s", d.gpu, exc)
+        self._kill_leftovers(d)
+        _log.info("GPU %d: MPS control daemon stopped", d.gpu)
 
     @staticmethod
     def _kill_leftovers(d: MpsDaemon) -> None:

@@ -30,11 +30,12 @@ import zmq
 import zmq.asyncio
 
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
+from krexd.config import DaemonConfig
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 _log = logging.getLogger("krexd.server")
 
@@ -59,12 +60,21 @@ def _socket_in_use(path: str) -> bool:
         conn.close()
 
 
-class Server:
-    """ROUTER socket bound at ``daemon.config.daemon.socket``."""
+def check_free(path: str) -> None:
+    """Raise ServerError when a live krexd already serves socket ``path``.
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        cfg = daemon.config.daemon
+    Called before krexd touches any cgroup, so a second krexd started by
+    mistake cannot disturb the first one's tenants.
+    """
+    if os.path.exists(path) and _socket_in_use(path):
+        raise ServerError(f"another krexd is serving {path}")
+
+
+class Server:
+    """ROUTER socket bound at ``cfg.socket``; each request runs its op with ``ctx``."""
+
+    def __init__(self, cfg: DaemonConfig, ctx: OpContext) -> None:
+        self.ctx = ctx
         self.path = cfg.socket
         self.mode = cfg.socket_mode
         self.group = cfg.socket_group
@@ -73,15 +83,6 @@ class Server:
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0
         self.errors = 0
-
-    def check_free(self) -> None:
-        """Raise ServerError when a live krexd already serves this socket path.
-
-        Called before krexd touches any cgroup, so a second krexd started by
-        mistake cannot disturb the first one's tenants.
-        """
-        if os.path.exists(self.path) and _socket_in_use(self.path):
-            raise ServerError(f"another krexd is serving {self.path}")
 
     def bind(self) -> None:
         """Create the socket file with the configured mode and group; raise ServerError."""
@@ -93,7 +94,7 @@ class Server:
                 raise ServerError(f"[daemon] socket_group: no group {self.group!r}") from None
         directory = os.path.dirname(self.path)
         os.makedirs(directory, mode=0o755, exist_ok=True)
-        self.check_free()
+        check_free(self.path)
         if os.path.exists(self.path):
             os.unlink(self.path)
         sock = self._ctx.socket(zmq.ROUTER)
@@ -152,7 +153,7 @@ class Server:
         try:
             if handler is None:
                 raise KrexError(Code.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
-            body: dict[str, Any] = await handler(self.daemon, req)
+            body: dict[str, Any] = await handler(self.ctx, req)
             frame = encode_ok(req.id, body)
         except KrexError as exc:
             self.errors += 1

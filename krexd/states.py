@@ -5,7 +5,6 @@ from anywhere, like supervisor's ``states.py``).
 
 Tenant edges (``# A -> B`` comments mark them where they are taken)::
 
-    PARKED   -> ADMITTED  a slot freed (admission)          -> CANCELLED launcher died
     ADMITTED -> RUNNING   CMD placed in its cgroup (place)  -> EXITED
     RUNNING  -> FREEZING  a sibling entered a region (coordinator step 4)
     FREEZING -> FROZEN    the kernel reports the cgroup frozen
@@ -19,7 +18,10 @@ Tenant edges (``# A -> B`` comments mark them where they are taken)::
 Region edges (per GPU, coordinator)::
 
     IDLE -> CLOSING -> DRAINING -> FREEZING -> HELD -> THAWING -> REOPENING -> IDLE
+      steps:  2           3           4       5, 6        7           8
     CLOSING/DRAINING/FREEZING/HELD -> RECOVERING -> IDLE   (failure or holder death)
+
+Steps are the paper's §4.2 numbers (krexd/coordinator.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from typing import Protocol
 _log = logging.getLogger("krexd.states")
 
 # --- tenant states ---------------------------------------------------------
-PARKED = "parked"
+# A request waiting for an admission slot is no tenant yet: it is a
+# ``krexd.admission.Waiter``; a tenant begins ADMITTED.
 ADMITTED = "admitted"
 RUNNING = "running"
 FREEZING = "freezing"
@@ -38,13 +41,8 @@ FROZEN = "frozen"
 THAWING = "thawing"
 HOLDING = "holding"
 EXITED = "exited"
-CANCELLED = "cancelled"
-
-TENANT_STATES = (PARKED, ADMITTED, RUNNING, FREEZING, FROZEN, THAWING, HOLDING, EXITED, CANCELLED)
-LIVE_TENANT_STATES = frozenset({ADMITTED, RUNNING, FREEZING, FROZEN, THAWING, HOLDING})
 
 TENANT_EDGES: dict[str, frozenset[str]] = {
-    PARKED: frozenset({ADMITTED, CANCELLED}),
     ADMITTED: frozenset({RUNNING, EXITED}),
     RUNNING: frozenset({FREEZING, HOLDING, EXITED}),
     FREEZING: frozenset({FROZEN, THAWING, EXITED}),
@@ -52,7 +50,6 @@ TENANT_EDGES: dict[str, frozenset[str]] = {
     THAWING: frozenset({RUNNING, EXITED}),
     HOLDING: frozenset({RUNNING, EXITED}),
     EXITED: frozenset(),
-    CANCELLED: frozenset(),
 }
 
 # --- region states (per GPU) -------------------------------------------------
@@ -85,12 +82,6 @@ class HasState(Protocol):
     """Anything with a mutable ``state`` string (Tenant, a coordinator's region)."""
 
     state: str
-
-
-def assert_in_state(obj: HasState, *allowed: str) -> None:
-    """Raise :class:`StateError` unless ``obj.state`` is one of ``allowed``."""
-    if obj.state not in allowed:
-        raise StateError(f"{obj!r}: state {obj.state!r} not in {allowed!r}")
 
 
 def change_state(obj: HasState, new: str, edges: dict[str, frozenset[str]] = TENANT_EDGES) -> None:

@@ -1,6 +1,7 @@
 """Control-plane ops: one module per op, its docstring is the protocol.
 
-``OPS`` maps the ``op`` string of a request to ``handle(daemon, req) -> body``.
+``OPS`` maps the ``op`` string of a request to ``handle(ctx, req) -> body``; ``ctx``
+is the :class:`krexd.control.context.OpContext` the daemon builds.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from krexd.control import (
 )
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
-Handler = Callable[["Daemon", Request], Awaitable[dict[str, Any]]]
+Handler = Callable[["OpContext", Request], Awaitable[dict[str, Any]]]
 
 OPS: dict[str, Handler] = {
     "ping": ping.handle,

@@ -36,10 +36,10 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Park until a slot is granted, then create the tenant and its cgroup."""
     fields.only(req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes")
     argv = fields.str_list(req.body, "argv")
@@ -47,10 +47,10 @@ async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
     exclusive = fields.boolean(req.body, "exclusive")
     launcher_pid = fields.integer(req.body, "launcher_pid", 1, 1 << 22)
     mem_bytes = fields.integer(req.body, "mem_bytes", 0, (1 << 60) - 1, default=None)
-    tenant = await daemon.lifecycle.admit(argv, gpu, exclusive, launcher_pid, mem_bytes)
+    tenant = await ctx.lifecycle.admit(argv, gpu, exclusive, launcher_pid, mem_bytes)
     return {
         "tenant": tenant.id,
         "token": tenant.token,
         "gpu": tenant.gpu,
-        "env": daemon.lifecycle.tenant_env(tenant),
+        "env": ctx.lifecycle.tenant_env(tenant),
     }

@@ -9,7 +9,7 @@ Reply body (``krexd.memory.records.TenantMemory``; bytes)::
      "last_oom": str|null, "last_cotenant_oom": str|null, "waiting": bool,
      "outcome": "ok|waited|own_oom|cotenant_oom"}
 
-Before answering, krexd reads the gate slots of the tenant's GPU again, so
+Before answering, krexd reads the gate registrations of the tenant's GPU again, so
 every out-of-memory error its processes met so far is counted, those of
 processes that already ended included.  ``oom_cotenant`` counts errors
 returned to the command that its co-tenants caused (``last_cotenant_oom``
@@ -28,12 +28,12 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
-    """Authenticate, re-read the tenant's slots, return its record."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
+    """Authenticate, re-read the tenant's registrations, return its record."""
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body)
-    daemon.lifecycle.memory.refresh_tenant(tenant)
+    ctx.memory.refresh_tenant(tenant)
     return tenant.memory.as_dict()

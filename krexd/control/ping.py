@@ -14,10 +14,10 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Answer with version, pid and uptime (s)."""
     fields.only(req.body)
-    return {"version": daemon.version, "pid": daemon.pid, "uptime_s": daemon.uptime_s()}
+    return ctx.about()

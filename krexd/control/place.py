@@ -21,13 +21,13 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the pid's parent, write it into the tenant's cgroup.procs."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body, "pid")
     pid = fields.integer(req.body, "pid", 1, 1 << 22)
-    daemon.lifecycle.place(tenant, pid)
+    ctx.lifecycle.place(tenant, pid)
     return {"cgroups": tenant.cgroup.paths}

@@ -23,13 +23,11 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.coordinator import Coordinator
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, then let the GPU's coordinator withdraw or end the region."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body)
-    coordinator: Coordinator = daemon.coordinators[tenant.gpu]
-    return await coordinator.cancel(tenant)
+    return await ctx.regions(tenant.gpu).cancel(tenant)

@@ -4,7 +4,10 @@ Request: tenant + token; body ``{"pid": int, "tid": int}`` — the requesting
 process (must be in the tenant's cgroup) and its submitting thread (a Linux
 thread id of that process, pinned to the reserved cores).
 Reply body: ``{"epoch": int, "gpu": int, "reserved_cores": [int], "l2_flush": bool,
-"wait_ms": float, "entry_ms": float, "drain_ms": float, "freeze_ms": float}``.
+"wait_ms": float, "entry_ms": float, "drain_ms": float, "freeze_ms": float}``
+— ms: ``wait_ms`` waiting for the region lock, ``entry_ms`` from the request
+to the grant (``wait_ms`` included), ``drain_ms`` and ``freeze_ms`` steps 3
+and 4.
 
 The reply comes once the region is established (paper §4.2 steps 1-5): the
 request is parked server-side in FIFO order while another tenant holds the
@@ -23,20 +26,18 @@ from krexd.control import fields
 from krexd.errors import Code, KrexError
 
 if TYPE_CHECKING:
-    from krexd.coordinator import Coordinator
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 _MAX_PID = 1 << 22  # Linux pid_max limit
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the fields, run the GPU coordinator's entry."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body, "pid", "tid")
     pid = fields.integer(req.body, "pid", 1, _MAX_PID)
     tid = fields.integer(req.body, "tid", 1, _MAX_PID)
     if tenant.exclusive:
         raise KrexError(Code.BAD_FIELD, "an --exclusive command holds the whole GPU already")
-    coordinator: Coordinator = daemon.coordinators[tenant.gpu]
-    reply: dict[str, Any] = await coordinator.enter(tenant, pid, tid)
+    reply: dict[str, Any] = await ctx.regions(tenant.gpu).enter(tenant, pid, tid)
     return reply

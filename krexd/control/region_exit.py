@@ -20,17 +20,15 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.coordinator import Coordinator
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the fields, run the GPU coordinator's exit."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body, "epoch", "sync_ms", "launches")
     epoch = fields.integer(req.body, "epoch", 0, 0xFFFF_FFFF)
     sync_ms = fields.number(req.body, "sync_ms", default=0.0)
     launches = fields.integer(req.body, "launches", 0, default=0)
-    coordinator: Coordinator = daemon.coordinators[tenant.gpu]
-    reply: dict[str, Any] = await coordinator.exit(tenant, epoch, sync_ms, launches)
+    reply: dict[str, Any] = await ctx.regions(tenant.gpu).exit(tenant, epoch, sync_ms, launches)
     return reply

@@ -18,14 +18,14 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, record the exit status, end the tenant."""
-    tenant = daemon.tenants.authenticate(req.tenant, req.token)
+    tenant = ctx.tenants.authenticate(req.tenant, req.token)
     fields.only(req.body, "exit_code", "signal")
     tenant.exit_code = fields.integer(req.body, "exit_code", 0, 255, default=None)
     tenant.signal = fields.integer(req.body, "signal", 1, 128, default=None)
-    await daemon.lifecycle.end(tenant, "released")
+    await ctx.lifecycle.end(tenant, "released")
     return {"kill_reason": tenant.kill_reason}

@@ -28,8 +28,10 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "memory": {"admission": bool, "default_need_bytes", "headroom_bytes", "max_bypass",
                 "oom_wait_s", "refresh_ms", "source"}}
 
-``region`` is the coordinator's own ``status()`` (holder, queue, counts,
-entry-latency percentiles) when one runs for that GPU.  ``memory`` per GPU
+``region`` is the coordinator's own ``status()``: holder, queue, counts and
+latency percentiles (ms) ``entry_ms`` (request to grant, as in the
+``region_enter`` reply), ``wait_ms`` (for the region lock) and
+``establish_ms`` (steps 2-5).  ``memory`` per GPU
 is ``krexd.memory.MemoryMonitor.gpu_status`` (``waiting``: tenants whose
 allocation waits for co-tenants' memory; ``blocked``: admission to the GPU
 is stopped meanwhile); a parked request's row has ``mem_bytes``,
@@ -45,15 +47,10 @@ from krex_client.protocol import Request
 from krexd.control import fields
 
 if TYPE_CHECKING:
-    from krexd.daemon import Daemon
+    from krexd.control.context import OpContext
 
 
-async def handle(daemon: Daemon, req: Request) -> dict[str, Any]:
-    """Collect the daemon's status (see module docstring)."""
+async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
+    """Collect krexd's status (see module docstring)."""
     fields.only(req.body)
-    body = daemon.status()
-    memory = daemon.lifecycle.memory
-    for gpu in body.get("gpus", []):
-        gpu["memory"] = memory.gpu_status(gpu["index"])
-    body["memory"] = memory.settings()
-    return body
+    return ctx.status()

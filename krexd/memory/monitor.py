@@ -2,8 +2,8 @@
 
 Every ``[memory] refresh_ms`` the monitor reads each GPU's memory from its
 source (``krexd.memory.sources``: NVML, the fake driver's state, or none)
-and the shim's slots in the gate (``krexd.gate.Gate.slots``: the daemon's
-own gate objects, so each gate file is mapped once), and works out
+and the shim's registrations in the gate (``krexd.gate.Gate.slots``: the
+daemon's own gate objects, so each gate file is mapped once), and works out
 per GPU::
 
     tenants_used = sum of the tenants' usage (per-process figures of the
@@ -25,46 +25,79 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from krex_client.sizes import format_size
+from krexd.admission import GpuSlots, MemoryPolicy, Waiter
+from krexd.config import MemoryConfig
 from krexd.errors import Code, KrexError
 from krexd.gate import Gate, GateError, SlotInfo
-from krexd.memory.records import SlotLedger, TenantMemory
+from krexd.gpus import GpuInfo
+from krexd.memory.records import TenantMemory
 from krexd.memory.sources import DeviceMemory, Source, open_source, pid_alive
-
-if TYPE_CHECKING:
-    from krexd.daemon import Daemon
-    from krexd.tenants import Tenant
+from krexd.memory.view import GpuMemory, GpuView
+from krexd.runtime import Runtime
+from krexd.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd.memory")
 
 
-@dataclass
-class GpuView:
-    """One GPU's memory at the last refresh (bytes)."""
+class MonitoredGpu(Protocol):
+    """What the monitor uses of a GPU (``krexd.gpu.Gpu``)."""
 
-    total: int
-    used: int
-    other: int
-    tenants_used: int
-    excess: int
-    source: str
-    waiting: set[int] = field(default_factory=set)
+    @property
+    def info(self) -> GpuInfo: ...
+
+    @property
+    def gate(self) -> Gate | None: ...
+
+    @property
+    def memory(self) -> GpuMemory: ...
+
+    @property
+    def slots(self) -> GpuSlots: ...
+
+
+class MemoryAdmission(Protocol):
+    """What the monitor asks of admission (``krexd.admission.Admission``)."""
+
+    def use_memory(self, policy: MemoryPolicy, max_bypass: int) -> None: ...
+
+    @property
+    def parked(self) -> list[Waiter]: ...
+
+    def kick(self) -> None: ...
 
 
 class MemoryMonitor:
-    """Refreshes the memory view of ``daemon``'s GPUs; the admission memory policy."""
+    """Refreshes the memory view of ``gpus``; the admission memory policy.
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.cfg = daemon.config.memory
+    Args:
+        cfg: the ``[memory]`` table.
+        slots_per_gpu: ``[admission] slots_per_gpu`` (caps the default need).
+        gpus: the managed GPUs; the monitor writes their ``memory``.
+        tenants: the live tenants (read).
+        admission: told to admit by memory through this monitor.
+        runtime: to run the refresh loop and stop it at shutdown.
+    """
+
+    def __init__(
+        self,
+        cfg: MemoryConfig,
+        slots_per_gpu: int,
+        gpus: Sequence[MonitoredGpu],
+        tenants: TenantRegistry,
+        admission: MemoryAdmission,
+        runtime: Runtime,
+    ) -> None:
+        self.cfg = cfg
+        self._slots_per_gpu = slots_per_gpu
+        self._gpus = {g.info.index: g for g in gpus}
+        self._tenants = tenants
+        self._admission = admission
+        self._runtime = runtime
         self.source: Source | None = None
-        # The daemon's gates (GPU index -> Gate), read, never unmapped here.
-        self.gates: dict[int, Gate] = {}
-        self.ledgers: dict[int, SlotLedger] = {}
-        self.views: dict[int, GpuView] = {}
         self._task: asyncio.Task[None] | None = None
         self._started = False
 
@@ -75,13 +108,8 @@ class MemoryMonitor:
         if self._started:
             return
         self._started = True
-        d = self.daemon
-        self.source = open_source(d.gpus)
-        for gpu, gate in d.gates.items():
-            self.gates[gpu] = gate
-            self.ledgers[gpu] = SlotLedger()
-        d.admission.memory = self
-        d.admission.max_bypass = self.cfg.max_bypass
+        self.source = open_source([g.info for g in self._gpus.values()])
+        self._admission.use_memory(self, self.cfg.max_bypass)
         try:
             self._apply(self.source.read())
         except Exception:
@@ -94,7 +122,7 @@ class MemoryMonitor:
             format_size(self.cfg.headroom),
             self.cfg.oom_wait_s,
         )
-        self._task = d.spawn(self._loop())
+        self._task = self._runtime.spawn(self._loop())
 
     async def _loop(self) -> None:
         period = self.cfg.refresh_ms / 1000
@@ -104,7 +132,7 @@ class MemoryMonitor:
         try:
             while True:
                 try:
-                    self.daemon.check_serving()
+                    self._runtime.check_serving()
                 except KrexError:
                     return
                 try:
@@ -114,41 +142,39 @@ class MemoryMonitor:
                     if repr(exc) != failed:  # once per distinct error, not every refresh
                         _log.exception("memory refresh failed")
                     failed = repr(exc)
-                if self.daemon.admission.parked:
-                    self.daemon.admission.kick()  # memory may have come back
+                if self._admission.parked:
+                    self._admission.kick()  # memory may have come back
                 await asyncio.sleep(period)
         finally:
             self.close()
 
     def close(self) -> None:
-        """Release the source; forget the gates (the daemon unmaps them)."""
+        """Release the source (the gates are the daemon's: it unmaps them)."""
         if self.source is not None:
             self.source.close()
-        self.gates.clear()
 
-    def _slots(self, gpu: int) -> list[SlotInfo] | None:
-        """The slots of ``gpu``'s gate now; None without a gate or once it is unmapped."""
-        gate = self.gates.get(gpu)
-        if gate is None:
+    def _registrations(self, gpu: int) -> list[SlotInfo] | None:
+        """The registrations in ``gpu``'s gate now; None without a gate or once it is unmapped."""
+        g = self._gpus.get(gpu)
+        if g is None or g.gate is None:
             return None
         try:
-            return gate.slots()
+            return g.gate.slots()
         except GateError:
             return None  # unmapped: the daemon is stopping
 
     # --- refresh ------------------------------------------------------------------
 
     def _apply(self, dev: dict[int, DeviceMemory]) -> None:
-        d = self.daemon
-        for g in d.gpus:
-            dm = dev.get(g.index) or DeviceMemory(g.total_mem_bytes, None, None, "shim")
-            tenants = d.tenants.on_gpu(g.index)
+        for index, g in self._gpus.items():
+            dm = dev.get(index) or DeviceMemory(g.info.total_mem_bytes, None, None, "shim")
+            tenants = self._tenants.on_gpu(index)
             records = {t.id: t.memory for t in tenants}
             shim_used: dict[int, int] = {}
             waiting: set[int] = set()
-            slots = self._slots(g.index)
+            slots = self._registrations(index)
             if slots is not None:
-                self.ledgers[g.index].update(slots, records)
+                g.memory.ledger.update(slots, records)
                 for s in slots:
                     if s.state == "active" and s.tenant and pid_alive(s.pid):
                         shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
@@ -171,7 +197,7 @@ class MemoryMonitor:
                 tenants_used += used
                 over += max(0, used - rec.need_bytes)
             other = max(0, dm.used - tenants_used) if dm.used is not None else 0
-            self.views[g.index] = GpuView(
+            g.memory.view = GpuView(
                 total=dm.total,
                 used=dm.used if dm.used is not None else tenants_used,
                 other=other,
@@ -196,18 +222,20 @@ class MemoryMonitor:
 
     def refresh_tenant(self, tenant: Tenant) -> None:
         """Credit what the tenant's processes (ended ones too) counted so far."""
-        slots = self._slots(tenant.gpu)
-        if slots is not None:
-            records = {t.id: t.memory for t in self.daemon.tenants.on_gpu(tenant.gpu)}
+        g = self._gpus.get(tenant.gpu)
+        slots = self._registrations(tenant.gpu)
+        if g is not None and slots is not None:
+            records = {t.id: t.memory for t in self._tenants.on_gpu(tenant.gpu)}
             records[tenant.id] = tenant.memory
-            self.ledgers[tenant.gpu].update(slots, records)
+            g.memory.ledger.update(slots, records)
 
     def tenant_ended(self, tenant: Tenant) -> None:
-        """Final read of the tenant's gate slots (its processes are gone), then free them."""
+        """Final read of the tenant's registrations (its processes are gone).
+
+        The caller frees the registrations afterwards (``Gate.reclaim_dead``):
+        a freed registration no longer names its tenant.
+        """
         self.refresh_tenant(tenant)
-        gate = self.gates.get(tenant.gpu)
-        if gate is not None:
-            gate.reclaim_dead()  # after the read: the records are taken
         tenant.memory.waiting = False
         _log.info("t%d memory: %s", tenant.id, tenant.memory.describe())
 
@@ -222,11 +250,11 @@ class MemoryMonitor:
         no candidate GPU can ever hold (more than ``total - headroom``) is
         refused with ``BAD_FIELD`` while admission by memory is on.
         """
-        candidates = [gpu] if gpu is not None else [g.index for g in self.daemon.gpus]
-        caps = [self.capacity(g) for g in candidates if g in self.views]
+        candidates = [gpu] if gpu is not None else list(self._gpus)
+        caps = [self.capacity(g) for g in candidates if self._view(g) is not None]
         if mem_bytes is None:
             need = self.cfg.default_need
-            slots = self.daemon.config.admission.slots_per_gpu
+            slots = self._slots_per_gpu
             if caps:
                 need = min(need, max(0, min(caps)) // slots)
             return TenantMemory(need, "default")
@@ -242,34 +270,40 @@ class MemoryMonitor:
 
     def capacity(self, gpu: int) -> int:
         """What GPU ``gpu`` can ever give commands: total - headroom (bytes)."""
-        view = self.views.get(gpu)
+        view = self._view(gpu)
         total = view.total if view is not None else 0
         return total - self.cfg.headroom
 
     def blocked(self, gpu: int) -> bool:
         """True while an allocation on ``gpu`` waits for co-tenants' memory (fresh read)."""
-        gate = self.gates.get(gpu)
+        g = self._gpus.get(gpu)
+        if g is None or g.gate is None:
+            return False
         try:
-            waiting = gate.waiting_for_memory() if gate is not None else []
+            waiting = g.gate.waiting_for_memory()
         except GateError:
             return False  # unmapped: the daemon is stopping
         return any(s.state == "active" and pid_alive(s.pid) for s in waiting)
 
     def available(self, gpu: int) -> int | None:
         """Bytes of ``gpu`` admission may still reserve (None: admission by memory off)."""
-        view = self.views.get(gpu)
+        view = self._view(gpu)
         if not self.cfg.admission or view is None:
             return None
         return view.total - self.cfg.headroom - view.excess
+
+    def _view(self, gpu: int) -> GpuView | None:
+        g = self._gpus.get(gpu)
+        return g.memory.view if g is not None else None
 
     # --- status -----------------------------------------------------------------------
 
     def gpu_status(self, gpu: int) -> dict[str, Any] | None:
         """JSON-ready memory of ``gpu`` for ``krexctl status`` (bytes)."""
-        view = self.views.get(gpu)
+        view = self._view(gpu)
         if view is None:
             return None
-        reserved = self.daemon.admission.mem_reserved.get(gpu, 0)
+        reserved = self._gpus[gpu].slots.mem_reserved
         avail = self.available(gpu)
         return {
             "source": view.source,

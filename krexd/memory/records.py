@@ -1,4 +1,4 @@
-"""Per-tenant memory records, and the bookkeeping that fills them from gate slots.
+"""Per-tenant memory records, and the bookkeeping that fills them from gate registrations.
 
 A tenant's record says what it declared (or was assumed to need), what it
 used, whether it exceeded its need (allowed, noted), and what the shim did
@@ -7,10 +7,11 @@ as caused by co-tenants (``krex run`` then exits 75 if the command fails),
 or returned as its own.  It is shown by ``krexctl status`` and returned by
 ``release``.
 
-The shim keeps per-process counters in its gate slot; a process's slot may
-be freed (and later reused) after it exits.  :class:`SlotLedger` remembers
-who owned each slot and what it had counted, and credits only increases to
-the owning tenant, so a record survives the slot.
+The shim keeps per-process counters in its registration (a slot of the
+gate, ``krex_gate.h``); a process's registration may be freed (and later
+reused) after it exits.  :class:`RegistrationLedger` remembers who owned
+each registration and what it had counted, and credits only increases to
+the owning tenant, so a record survives the registration.
 """
 
 from __future__ import annotations
@@ -96,15 +97,15 @@ class _Owner:
 
 
 @dataclass
-class SlotLedger:
-    """Credits the shim's per-slot OOM counters to tenant records, once each."""
+class RegistrationLedger:
+    """Credits the shim's per-registration OOM counters to tenant records, once each."""
 
     _owners: dict[int, _Owner] = field(default_factory=dict)
 
     def update(self, slots: list[SlotInfo], records: dict[int, TenantMemory]) -> None:
-        """Apply a fresh read of a gate's ``slots`` (``Gate.slots()``) to ``records``.
+        """Apply a fresh read of a gate's registrations (``Gate.slots()``) to ``records``.
 
-        ``records`` maps tenant id -> record; slots of other tenants are
+        ``records`` maps tenant id -> record; registrations of other tenants are
         tracked but credit nothing.
         """
         for s in slots:

@@ -23,6 +23,7 @@ from krexd import gpus, paths, states
 from krexd.cgroups import CgroupBackend
 from krexd.config import CgroupConfig, CpuConfig, RegionConfig
 from krexd.coordinator import Coordinator
+from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.slices import CpuSlice, compute_slices
 from krexd.tenants import Tenant, TenantRegistry
 
@@ -46,7 +47,15 @@ class OneGpu:
             self.registry.add(t)
 
     def coordinator(self) -> Coordinator:
-        return Coordinator(0, self.gate, self.cpu_slice, self.registry, RegionConfig())
+        return Coordinator(
+            0,
+            self.gate,
+            self.cpu_slice,
+            self.registry,
+            RegionConfig(),
+            CgroupControl(),
+            AffinityPinner(),
+        )
 
     def pid(self, t: Tenant) -> int:
         return min(t.pids)

@@ -8,6 +8,7 @@ import pytest
 
 from krexd.admission import Admission
 from krexd.errors import Code, KrexError
+from tests.fakes import slots_for
 
 
 def run(coro: object) -> None:
@@ -16,20 +17,21 @@ def run(coro: object) -> None:
 
 def test_least_loaded_then_lowest_index() -> None:
     async def body() -> None:
-        a = Admission([0, 1], slots_per_gpu=2)
+        slots = slots_for([0, 1], 2)
+        a = Admission(slots)
         got = []
         for _ in range(4):
             w = a.park(None, False, 1, ["x"])
             got.append(w.future.result())
         assert got == [0, 1, 0, 1]
-        assert a.used == {0: 2, 1: 2}
+        assert [s.used for s in slots] == [2, 2]
 
     run(body())
 
 
 def test_parked_requests_are_granted_in_fifo_order() -> None:
     async def body() -> None:
-        a = Admission([0], slots_per_gpu=1)
+        a = Admission(slots_for([0], 1))
         first = a.park(None, False, 1, ["a"])
         waiting = [a.park(None, False, 1, [str(i)]) for i in range(3)]
         assert first.future.done() and not any(w.future.done() for w in waiting)
@@ -44,7 +46,7 @@ def test_parked_requests_are_granted_in_fifo_order() -> None:
 
 def test_named_gpu_waits_for_that_gpu() -> None:
     async def body() -> None:
-        a = Admission([0, 1], slots_per_gpu=1)
+        a = Admission(slots_for([0, 1], 1))
         a.park(1, False, 1, ["a"])
         w = a.park(1, False, 1, ["b"])
         any_gpu = a.park(None, False, 1, ["c"])
@@ -57,7 +59,8 @@ def test_named_gpu_waits_for_that_gpu() -> None:
 
 def test_exclusive_waits_for_an_empty_gpu_and_blocks_later_requests() -> None:
     async def body() -> None:
-        a = Admission([0], slots_per_gpu=2)
+        (gpu0,) = slots = slots_for([0], 2)
+        a = Admission(slots)
         a.park(0, False, 1, ["a"])
         ex = a.park(0, True, 1, ["ex"])
         later = a.park(0, False, 1, ["later"])
@@ -65,7 +68,7 @@ def test_exclusive_waits_for_an_empty_gpu_and_blocks_later_requests() -> None:
         assert not ex.future.done() and not later.future.done()
         a.release(0, False)
         assert ex.future.result() == 0 and not later.future.done()
-        assert a.used[0] == 2 and 0 in a.exclusive_on
+        assert gpu0.used == 2 and gpu0.exclusive
         a.release(0, True)
         assert later.future.result() == 0
 
@@ -74,7 +77,7 @@ def test_exclusive_waits_for_an_empty_gpu_and_blocks_later_requests() -> None:
 
 def test_cancelled_waiter_is_skipped() -> None:
     async def body() -> None:
-        a = Admission([0], slots_per_gpu=1)
+        a = Admission(slots_for([0], 1))
         a.park(0, False, 1, ["a"])
         gone = a.park(0, False, 1, ["gone"])
         nxt = a.park(0, False, 1, ["next"])
@@ -90,7 +93,7 @@ def test_cancelled_waiter_is_skipped() -> None:
 
 def test_unknown_gpu_and_queue_limit() -> None:
     async def body() -> None:
-        a = Admission([0], slots_per_gpu=1, max_parked=1)
+        a = Admission(slots_for([0], 1), max_parked=1)
         with pytest.raises(KrexError) as info:
             a.park(2, False, 1, ["x"])
         assert info.value.code == Code.NO_SUCH_GPU

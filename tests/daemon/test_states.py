@@ -48,9 +48,3 @@ def test_region_edges() -> None:
         states.change_state(r, new, states.REGION_EDGES)
     with pytest.raises(states.StateError):
         states.change_state(r, states.HELD, states.REGION_EDGES)
-
-
-def test_assert_in_state() -> None:
-    states.assert_in_state(Thing(states.RUNNING), states.RUNNING, states.HOLDING)
-    with pytest.raises(states.StateError):
-        states.assert_in_state(Thing(states.PARKED), states.RUNNING)

@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from krexd.admission import Admission, Waiter
+from tests.fakes import slots_for
 
 G = 1 << 30
 
@@ -45,15 +46,16 @@ def granted(ws: list[Waiter]) -> list[bool]:
 
 def test_a_command_is_admitted_only_where_its_need_fits() -> None:
     async def body() -> None:
-        a = Admission([0], slots_per_gpu=8, memory=Policy({0: 10 * G}))
+        (gpu0,) = slots = slots_for([0], 8)
+        a = Admission(slots, memory=Policy({0: 10 * G}))
         first, second = park(a, 6 * G), park(a, 6 * G)
         assert granted([first, second]) == [True, False]
-        assert a.mem_reserved[0] == 6 * G
+        assert gpu0.mem_reserved == 6 * G
         assert second.waiting_for == "memory" and second.mem_gpu == 0
         small = park(a, 3 * G)  # fits beside the first: overtakes the waiter (bounded)
         assert small.future.done() and second.bypassed == 1
         a.release(0, False, 6 * G)  # 10 - 3 = 7 GiB >= 6 GiB
-        assert second.future.done() and a.mem_reserved[0] == 9 * G
+        assert second.future.done() and gpu0.mem_reserved == 9 * G
 
     run(body())
 
@@ -61,7 +63,7 @@ def test_a_command_is_admitted_only_where_its_need_fits() -> None:
 def test_memory_used_beyond_needs_counts_against_admission() -> None:
     async def body() -> None:
         policy = Policy({0: 10 * G})
-        a = Admission([0], slots_per_gpu=8, memory=policy)
+        a = Admission(slots_for([0], 8), memory=policy)
         park(a, 2 * G)
         policy.avail[0] = 5 * G  # e.g. a tenant uses 5 GiB more than it declared
         w = park(a, 4 * G)
@@ -76,7 +78,7 @@ def test_memory_used_beyond_needs_counts_against_admission() -> None:
 def test_no_admission_while_an_allocation_waits_for_cotenants() -> None:
     async def body() -> None:
         policy = Policy({0: 80 * G, 1: 80 * G})
-        a = Admission([0, 1], slots_per_gpu=8, memory=policy)
+        a = Admission(slots_for([0, 1], 8), memory=policy)
         policy.blocked_gpus.add(0)
         elsewhere = park(a, G)
         pinned = park(a, G, gpu=0)
@@ -91,7 +93,7 @@ def test_no_admission_while_an_allocation_waits_for_cotenants() -> None:
 
 def test_slots_still_bound_and_unlimited_memory_is_slots_only() -> None:
     async def body() -> None:
-        a = Admission([0], slots_per_gpu=2, memory=Policy({0: None}))
+        a = Admission(slots_for([0], 2), memory=Policy({0: None}))
         ws = [park(a, 100 * G) for _ in range(3)]
         assert granted(ws) == [True, True, False]
         assert ws[2].waiting_for == "slot"
@@ -103,7 +105,7 @@ def test_bounded_bypass_then_the_large_command_goes_first() -> None:
     """A large command waiting for memory is overtaken at most max_bypass times."""
 
     async def body(max_bypass: int) -> tuple[list[bool], Waiter, list[Waiter], Admission]:
-        a = Admission([0], slots_per_gpu=16, memory=Policy({0: 10 * G}), max_bypass=max_bypass)
+        a = Admission(slots_for([0], 16), memory=Policy({0: 10 * G}), max_bypass=max_bypass)
         holders = [park(a, 2 * G) for _ in range(4)]  # 8 GiB reserved
         big = park(a, 6 * G, name="big")
         smalls = [park(a, G, name=f"s{i}") for i in range(4)]
@@ -134,7 +136,7 @@ def test_bounded_bypass_then_the_large_command_goes_first() -> None:
 def test_a_waiter_for_memory_targets_the_gpu_with_most_room() -> None:
     async def body() -> None:
         policy = Policy({0: 4 * G, 1: 6 * G})
-        a = Admission([0, 1], slots_per_gpu=4, memory=policy, max_bypass=0)
+        a = Admission(slots_for([0, 1], 4), memory=policy, max_bypass=0)
         big = park(a, 8 * G)
         assert not big.future.done() and big.mem_gpu == 1
         other = park(a, G)
@@ -149,7 +151,7 @@ def test_a_waiter_for_memory_targets_the_gpu_with_most_room() -> None:
 
 def test_status_rows_say_what_a_request_waits_for() -> None:
     async def body() -> None:
-        a = Admission([0], slots_per_gpu=4, memory=Policy({0: 4 * G}))
+        a = Admission(slots_for([0], 4), memory=Policy({0: 4 * G}))
         park(a, 3 * G)
         w = park(a, 3 * G)
         row = a.status()["queue"][0]  # type: ignore[index]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from krexd.gate import Gate, OomRecord, SlotInfo
-from krexd.memory.records import SlotLedger, TenantMemory
+from krexd.memory.records import RegistrationLedger, TenantMemory
 from tests.support import REPO, ShimBuild
 
 # Writes slot 5 of the gate file argv[1] as an owner would (state ACTIVE).
@@ -116,7 +116,7 @@ def slot(
 def test_ledger_credits_each_count_once_and_keeps_it_after_the_slot_is_freed() -> None:
     a, b = TenantMemory(0, "default"), TenantMemory(0, "default")
     records = {1: a, 2: b}
-    ledger = SlotLedger()
+    ledger = RegistrationLedger()
     ledger.update([slot(0, "active", 1, 100, waited=1)], records)
     ledger.update([slot(0, "active", 1, 100, waited=1)], records)  # no double count
     assert (a.oom_waited, a.oom_cotenant) == (1, 0)

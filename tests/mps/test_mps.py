@@ -31,19 +31,20 @@ def _daemons(pipe_dir: str) -> list[psutil.Process]:
 
 def test_one_daemon_per_gpu_started_and_stopped(tmp_path: object) -> None:
     mgr = MpsManager(FAKE, str(tmp_path))
-    mgr.start([0, 1])
+    daemons = [mgr.start(0)]
     try:
+        daemons.append(mgr.start(1))
         for gpu in (0, 1):
-            env = mgr.tenant_env(gpu)
+            env = daemons[gpu].tenant_env()
             pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
             assert pipe.endswith(f"mps-gpu{gpu}/pipe")
             assert os.path.exists(os.path.join(pipe, "control"))
             assert _daemons(pipe), "no control daemon process"
             started = open(os.path.join(env["CUDA_MPS_LOG_DIRECTORY"], "started")).read()
             assert started.strip() == f"started for GPU {gpu}"
-        assert mgr.tenant_env(2) == {}
     finally:
-        mgr.stop()
+        for d in daemons:
+            mgr.stop(d)
     for gpu in (0, 1):
         pipe = os.path.join(str(tmp_path), f"mps-gpu{gpu}", "pipe")
         deadline = time.monotonic() + 5
@@ -56,8 +57,8 @@ def test_one_daemon_per_gpu_started_and_stopped(tmp_path: object) -> None:
 def test_missing_control_program_is_a_clear_error(tmp_path: object) -> None:
     mgr = MpsManager("no-such-mps-control", str(tmp_path))
     with pytest.raises(MpsError, match="not found"):
-        mgr.start([0])
-    assert mgr.daemons == {}
+        mgr.start(0)
+    assert not os.path.exists(os.path.join(str(tmp_path), "mps-gpu0"))
 
 
 @pytest.mark.root

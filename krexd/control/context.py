@@ -1,0 +1,91 @@
+"""What the control ops may use: a small context object of narrow interfaces.
+
+``Daemon`` builds one :class:`OpContext` and the server hands it to every
+op's ``handle(ctx, req)``; no op sees the daemon.  Each interface below
+lists only what the ops call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from krexd.tenants import Tenant
+
+
+class TenantAuth(Protocol):
+    """Authentication of tenant requests (``krexd.tenants.TenantRegistry``)."""
+
+    def authenticate(self, tenant_id: int | None, token: str | None) -> Tenant:
+        """The tenant if ``token`` is its token; else ``KrexError(AUTH)``."""
+        ...
+
+
+class TenantLifecycle(Protocol):
+    """Admit, place and end tenants (``krexd.lifecycle.Lifecycle``)."""
+
+    async def admit(
+        self,
+        argv: list[str],
+        gpu: int | None,
+        exclusive: bool,
+        launcher_pid: int,
+        mem_bytes: int | None = None,
+    ) -> Tenant:
+        """Park until a slot is granted, then create the tenant."""
+        ...
+
+    def tenant_env(self, tenant: Tenant) -> dict[str, str]:
+        """Environment of the tenant's command."""
+        ...
+
+    def place(self, tenant: Tenant, pid: int) -> None:
+        """Move ``pid`` into the tenant's cgroup(s)."""
+        ...
+
+    async def end(self, tenant: Tenant, reason: str) -> None:
+        """End the tenant (recover, kill, free its slot)."""
+        ...
+
+
+class Regions(Protocol):
+    """One GPU's region protocol as the ops drive it (``krexd.coordinator.Coordinator``)."""
+
+    async def enter(self, tenant: Tenant, pid: int, tid: int) -> dict[str, Any]:
+        """Steps 1-5; the ``region_enter`` reply body."""
+        ...
+
+    async def exit(
+        self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
+    ) -> dict[str, Any]:
+        """Steps 7-8; the ``region_exit`` reply body."""
+        ...
+
+    async def cancel(self, tenant: Tenant) -> dict[str, Any]:
+        """Withdraw or end the tenant's region; the ``region_cancel`` reply body."""
+        ...
+
+
+class MemoryRecords(Protocol):
+    """Tenants' memory records (``krexd.memory.monitor.MemoryMonitor``)."""
+
+    def refresh_tenant(self, tenant: Tenant) -> None:
+        """Credit what the tenant's processes counted so far."""
+        ...
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """Everything an op may use.
+
+    ``regions(gpu)`` is the region protocol of GPU ``gpu``; ``about()`` the
+    ``ping`` body (version, pid, uptime_s); ``status()`` the ``status`` body.
+    """
+
+    tenants: TenantAuth
+    lifecycle: TenantLifecycle
+    memory: MemoryRecords
+    regions: Callable[[int], Regions]
+    about: Callable[[], dict[str, Any]]
+    status: Callable[[], dict[str, Any]]

@@ -1,0 +1,78 @@
+"""One object per GPU krexd manages: everything that belongs to that GPU, in one place.
+
+``krexd.gpus`` finds the GPUs (inventory); ``Daemon`` builds one :class:`Gpu`
+for each at start and the parts look it up by index instead of keeping
+tables of their own:
+
+* ``info`` — inventory (name, memory, NUMA node);
+* ``cpu_slice`` — its CPU slice and reserved cores (``krexd.slices``);
+* ``gate`` / ``gate_path`` — its shared-memory gate (None without
+  ``libkrex_gate.so``);
+* ``coordinator`` — its region lock and region protocol;
+* ``memory`` — its memory view, written by the memory monitor;
+* ``mps`` — its MPS control daemon (None unless ``[mps] enabled``);
+* ``slots`` — its admission slots, counted by ``krexd.admission``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from krexd.admission import GpuSlots
+from krexd.coordinator import Coordinator
+from krexd.gate import Gate
+from krexd.gpus import GpuInfo
+from krexd.memory.view import GpuMemory
+from krexd.mps import MpsDaemon
+from krexd.slices import CpuSlice
+
+
+@dataclass(eq=False)
+class Gpu:
+    """One managed GPU and its parts (see the module docstring)."""
+
+    info: GpuInfo
+    cpu_slice: CpuSlice
+    slots: GpuSlots
+    coordinator: Coordinator
+    gate: Gate | None = None
+    gate_path: str | None = None
+    memory: GpuMemory = field(default_factory=GpuMemory)
+    mps: MpsDaemon | None = None
+
+    def __repr__(self) -> str:
+        return f"Gpu({self.index}, {self.info.name!r})"
+
+    @property
+    def index(self) -> int:
+        """Host index of the GPU (``CUDA_VISIBLE_DEVICES`` numbering)."""
+        return self.info.index
+
+    @property
+    def total_mem_bytes(self) -> int:
+        """Device memory from the inventory (bytes)."""
+        return self.info.total_mem_bytes
+
+    def status(self, tenants: list[int]) -> dict[str, Any]:
+        """The GPU's row of the ``status`` reply, without ``memory``.
+
+        ``tenants``: ids of its live tenants, in admission order.  Keys are
+        documented in ``krexd/control/status.py``.
+        """
+        region = self.coordinator.status()
+        held = region.get("holder")
+        return {
+            "index": self.index,
+            "name": self.info.name,
+            "fake": self.info.fake,
+            "total_mem_bytes": self.info.total_mem_bytes,
+            "slice": self.cpu_slice.as_dict(),
+            "slots_used": self.slots.used,
+            "slots_total": self.slots.total,
+            "exclusive": self.slots.exclusive,
+            "tenants": tenants,
+            "gate": self.gate_path,
+            "holder": held.get("tenant") if isinstance(held, dict) else None,
+            "region": region,
+        }

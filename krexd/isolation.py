@@ -1,0 +1,166 @@
+"""How the coordinator acts on tenants and on the gate: small interfaces, real implementations.
+
+The region coordinator (``krexd.coordinator``) never touches cgroupfs, the
+scheduler or the gate library directly.  It goes through three interfaces:
+
+* :class:`TenantControl` — freeze, thaw, wait frozen, kill a tenant's process
+  tree (paper §4.2 steps 4 and 7), check that a pid/tid belongs to a tenant,
+  watch the holder's process for recovery;
+* :class:`Pinner` — the holder's cores (step 5): widen its cpuset to the
+  whole slice, pin its submitting thread to the reserved cores, and back;
+* :class:`RegionGate` — the gate word (steps 2, 3 and 8), satisfied by
+  ``krexd.gate.Gate``.
+
+The daemon injects :class:`CgroupControl` and :class:`AffinityPinner` (the
+real cgroup v2 freezer, cpuset and ``sched_setaffinity``); anything that
+implements the same protocols (in-memory fakes, say) can stand in for them.  Errors keep the kernel's
+meaning: an ``OSError`` whose errno is ENOENT, ESRCH or ENODEV says the
+tenant or thread is gone (:func:`gone`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from typing import Protocol
+
+from krexd.gate import SlotInfo
+from krexd.tenants import PidWatch, Tenant
+
+
+def gone(exc: OSError) -> bool:
+    """True when ``exc`` says the cgroup, process or thread no longer exists."""
+    return exc.errno in (errno.ENOENT, errno.ESRCH, errno.ENODEV)
+
+
+class Watch(Protocol):
+    """A watch on a process started by :meth:`TenantControl.watch_exit`."""
+
+    def cancel(self) -> None:
+        """Stop watching (no callback afterwards)."""
+        ...
+
+
+class TenantControl(Protocol):
+    """Freezer and process control of tenants (raises ``OSError``; see :func:`gone`)."""
+
+    def freeze(self, tenant: Tenant) -> None:
+        """Ask the kernel to freeze the tenant's whole tree (asynchronous)."""
+        ...
+
+    def thaw(self, tenant: Tenant) -> None:
+        """Thaw the tenant's whole tree."""
+        ...
+
+    def is_frozen(self, tenant: Tenant) -> bool:
+        """True when every task of the tenant is frozen."""
+        ...
+
+    async def wait_frozen(self, tenant: Tenant, timeout_s: float) -> bool:
+        """Wait until frozen (True) or ``timeout_s`` seconds pass (False)."""
+        ...
+
+    def kill(self, tenant: Tenant) -> None:
+        """SIGKILL the tenant's whole tree."""
+        ...
+
+    def owns_process(self, tenant: Tenant, pid: int) -> bool:
+        """True when process ``pid`` is in the tenant's cgroup."""
+        ...
+
+    def thread_exists(self, pid: int, tid: int) -> bool:
+        """True when ``tid`` is a thread of process ``pid``."""
+        ...
+
+    def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> Watch:
+        """Call ``on_exit()`` once, from the event loop, when process ``pid`` ends."""
+        ...
+
+
+class Pinner(Protocol):
+    """CPU placement of a region's holder (step 5 and its undo at step 7)."""
+
+    def set_cpus(self, tenant: Tenant, cores: tuple[int, ...]) -> None:
+        """Confine the tenant's tree to ``cores`` (its cpuset)."""
+        ...
+
+    def pin_thread(self, tid: int, cores: tuple[int, ...]) -> None:
+        """Set thread ``tid``'s affinity to ``cores``; ``ProcessLookupError`` if it ended."""
+        ...
+
+
+class RegionGate(Protocol):
+    """The coordinator's side of one GPU's gate (``krexd.gate.Gate``).
+
+    ``drain`` raises ``krexd.gate.GateTimeout`` (``pending``: the undrained
+    registrations) or another ``GateError``; ``reopen`` raises ``GateError``
+    when the gate no longer holds (holder, epoch).
+    """
+
+    def close(self, holder: int, epoch: int) -> None:
+        """Step 2: close the gate for (holder, epoch)."""
+        ...
+
+    def drain(self, holder: int, epoch: int, timeout_s: float) -> None:
+        """Step 3: block until every sibling registration acknowledged ``epoch``."""
+        ...
+
+    def reopen(self, holder: int, epoch: int) -> None:
+        """Step 8: reopen the gate if it still holds (holder, epoch)."""
+        ...
+
+    def slots(self) -> list[SlotInfo]:
+        """A snapshot of every registration of the gate (to name pending ones)."""
+        ...
+
+
+class CgroupControl:
+    """:class:`TenantControl` over the tenant's cgroup (``krexd.cgroups.TenantCgroup``)."""
+
+    def __init__(self, poll_s: float = 0.2) -> None:
+        self._poll_s = poll_s  # liveness poll period where pidfds are unavailable
+
+    def freeze(self, tenant: Tenant) -> None:
+        """``cgroup.freeze`` = 1."""
+        tenant.cgroup.freeze()
+
+    def thaw(self, tenant: Tenant) -> None:
+        """``cgroup.freeze`` = 0."""
+        tenant.cgroup.thaw()
+
+    def is_frozen(self, tenant: Tenant) -> bool:
+        """``frozen 1`` in ``cgroup.events``."""
+        return tenant.cgroup.is_frozen()
+
+    async def wait_frozen(self, tenant: Tenant, timeout_s: float) -> bool:
+        """Poll ``cgroup.events`` until frozen or ``timeout_s`` (s)."""
+        return await tenant.cgroup.wait_frozen(timeout_s)
+
+    def kill(self, tenant: Tenant) -> None:
+        """``cgroup.kill`` (or SIGKILL one by one)."""
+        tenant.cgroup.kill()
+
+    def owns_process(self, tenant: Tenant, pid: int) -> bool:
+        """``pid`` listed in the tenant's ``cgroup.procs``."""
+        return pid in tenant.cgroup.pids()
+
+    def thread_exists(self, pid: int, tid: int) -> bool:
+        """``/proc/<pid>/task/<tid>`` exists."""
+        return os.path.exists(f"/proc/{pid}/task/{tid}")
+
+    def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> Watch:
+        """A pidfd watch (``krexd.tenants.PidWatch``)."""
+        return PidWatch(pid, on_exit, self._poll_s)
+
+
+class AffinityPinner:
+    """:class:`Pinner` through the tenant's cpuset and ``sched_setaffinity(2)``."""
+
+    def set_cpus(self, tenant: Tenant, cores: tuple[int, ...]) -> None:
+        """``cpuset.cpus`` of the tenant (or every thread's affinity without cpuset)."""
+        tenant.cgroup.set_cpus(cores)
+
+    def pin_thread(self, tid: int, cores: tuple[int, ...]) -> None:
+        """``sched_setaffinity(tid, cores)``."""
+        os.sched_setaffinity(tid, cores)

@@ -1,0 +1,36 @@
+"""One GPU's memory state in krexd: the gate's memory fields, the ledger, the last view.
+
+A :class:`GpuMemory` lives on each ``krexd.gpu.Gpu``; only the memory
+monitor (``krexd.memory.monitor``) writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from krexd.memory.records import RegistrationLedger
+
+
+@dataclass
+class GpuView:
+    """One GPU's memory at the last refresh (bytes)."""
+
+    total: int
+    used: int
+    other: int
+    tenants_used: int
+    excess: int
+    source: str
+    waiting: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class GpuMemory:
+    """The memory monitor's state of one GPU.
+
+    ``ledger``: what each registration in the GPU's gate counted so far,
+    credited to its tenant; ``view``: the last refresh (None before the first).
+    """
+
+    ledger: RegistrationLedger = field(default_factory=RegistrationLedger)
+    view: GpuView | None = None

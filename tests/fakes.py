@@ -1,0 +1,195 @@
+"""In-memory fakes of the coordinator's interfaces (krexd.isolation), for root-free tests.
+
+Every fake appends what it was asked to do to one shared :class:`Events`
+log, so a test can assert on the order of the protocol's steps across the
+freezer, the pinner and the gate.  Nothing here touches cgroupfs, the
+scheduler or ``libkrex_gate.so``: tests using these run without root and
+without a built shim.
+
+* :class:`FakeTenantControl` — freeze/thaw/kill as flags; ``wait_frozen``
+  can be held open (``hold_freeze``) or made to time out (``stuck``);
+  ``watch_exit`` keeps the callbacks so a test can kill a holder
+  (:meth:`FakeTenantControl.exit_process`).
+* :class:`FakePinner` — records cpusets and thread affinities.
+* :class:`FakeGate` — the gate word with (holder, epoch) checks; ``drain``
+  can time out (``drain_pending``).
+* :func:`make_tenant` — a RUNNING tenant with a placeholder cgroup.
+* :func:`slots_for` — admission slot counters for a list of GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from krexd import states
+from krexd.admission import GpuSlots
+from krexd.cgroups import TenantCgroup
+from krexd.gate import GateError, GateStale, GateTimeout, SlotInfo
+from krexd.tenants import Tenant, TenantRegistry
+
+_pids = itertools.count(100_000)
+
+
+@dataclass
+class Events:
+    """The ordered log of every fake's actions: tuples like ``("freeze", 3)``.
+
+    ``hooks`` maps an action name to callbacks run right after the action is
+    logged (to force a race at an exact point of the protocol).
+    """
+
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+    hooks: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
+
+    def add(self, *event: Any) -> None:
+        """Log ``event`` and run the hooks of its name."""
+        self.log.append(event)
+        for hook in self.hooks.get(event[0], []):
+            hook()
+
+    def on(self, name: str, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` each time an action ``name`` is logged."""
+        self.hooks.setdefault(name, []).append(hook)
+
+    def names(self) -> list[str]:
+        """Action names in order."""
+        return [e[0] for e in self.log]
+
+
+class _FakeWatch:
+    def __init__(self, control: FakeTenantControl, pid: int, on_exit: Callable[[], None]) -> None:
+        self.pid = pid
+        self.on_exit = on_exit
+        self.cancelled = False
+        self._control = control
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeTenantControl:
+    """:class:`krexd.isolation.TenantControl` over flags: nothing is really frozen."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.frozen: set[int] = set()
+        self.killed: set[int] = set()
+        self.stuck: set[int] = set()  # tenants whose freeze never completes
+        self.hold_freeze: asyncio.Event | None = None  # wait_frozen waits for it when set
+        self.watches: list[_FakeWatch] = []
+
+    def freeze(self, tenant: Tenant) -> None:
+        self.events.add("freeze", tenant.id)
+        self.frozen.add(tenant.id)
+
+    def thaw(self, tenant: Tenant) -> None:
+        self.events.add("thaw", tenant.id)
+        self.frozen.discard(tenant.id)
+
+    def is_frozen(self, tenant: Tenant) -> bool:
+        return tenant.id in self.frozen and tenant.id not in self.stuck
+
+    async def wait_frozen(self, tenant: Tenant, timeout_s: float) -> bool:
+        self.events.add("wait_frozen", tenant.id)
+        if self.hold_freeze is not None:
+            await self.hold_freeze.wait()
+        return self.is_frozen(tenant)
+
+    def kill(self, tenant: Tenant) -> None:
+        self.events.add("kill", tenant.id)
+        self.killed.add(tenant.id)
+
+    def owns_process(self, tenant: Tenant, pid: int) -> bool:
+        return pid in tenant.pids
+
+    def thread_exists(self, pid: int, tid: int) -> bool:
+        return tid == pid or tid > 0
+
+    def watch_exit(self, pid: int, on_exit: Callable[[], None]) -> _FakeWatch:
+        w = _FakeWatch(self, pid, on_exit)
+        self.watches.append(w)
+        return w
+
+    def exit_process(self, pid: int) -> None:
+        """Process ``pid`` ends: fire every live watch on it (as a pidfd would)."""
+        for w in self.watches:
+            if w.pid == pid and not w.cancelled:
+                w.cancelled = True
+                w.on_exit()
+
+
+class FakePinner:
+    """:class:`krexd.isolation.Pinner` that records cpusets and thread affinities."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.cpus: dict[int, tuple[int, ...]] = {}
+        self.affinity: dict[int, tuple[int, ...]] = {}
+
+    def set_cpus(self, tenant: Tenant, cores: tuple[int, ...]) -> None:
+        self.events.add("set_cpus", tenant.id, tuple(cores))
+        self.cpus[tenant.id] = tuple(cores)
+
+    def pin_thread(self, tid: int, cores: tuple[int, ...]) -> None:
+        self.events.add("pin_thread", tid, tuple(cores))
+        self.affinity[tid] = tuple(cores)
+
+
+class FakeGate:
+    """:class:`krexd.isolation.RegionGate`: the gate word and its (holder, epoch) checks.
+
+    ``drain_pending``: registration indices ``drain`` reports as not drained
+    (it then raises ``GateTimeout``), for the holders in ``drain_fails_for``
+    (None: every holder); ``drain_error`` another error to raise.
+    """
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.word: tuple[int, int] | None = None
+        self.drain_pending: list[int] = []
+        self.drain_fails_for: set[int] | None = None
+        self.drain_error: GateError | None = None
+        self.registrations: list[SlotInfo] = []
+
+    def close(self, holder: int, epoch: int) -> None:
+        self.events.add("close", holder, epoch)
+        if self.word is not None:
+            raise GateError(f"gate held by {self.word}")
+        self.word = (holder, epoch)
+
+    def drain(self, holder: int, epoch: int, timeout_s: float) -> None:
+        # Called from a worker thread (asyncio.to_thread), like the real one.
+        self.events.add("drain", holder, epoch)
+        if self.drain_error is not None:
+            raise self.drain_error
+        fails = self.drain_fails_for is None or holder in self.drain_fails_for
+        if self.drain_pending and fails:
+            raise GateTimeout("not drained", list(self.drain_pending), self.registrations)
+
+    def reopen(self, holder: int, epoch: int) -> None:
+        self.events.add("reopen", holder, epoch)
+        if self.word != (holder, epoch):
+            raise GateStale(f"gate holds {self.word}, not {(holder, epoch)}")
+        self.word = None
+
+    def slots(self) -> list[SlotInfo]:
+        return list(self.registrations)
+
+
+def slots_for(indices: list[int], slots_per_gpu: int) -> list[GpuSlots]:
+    """Fresh admission counters for GPUs ``indices``, ``slots_per_gpu`` slots each."""
+    return [GpuSlots(i, slots_per_gpu) for i in indices]
+
+
+def make_tenant(registry: TenantRegistry, gpu: int = 0, exclusive: bool = False) -> Tenant:
+    """A RUNNING tenant of ``gpu`` with one fake pid; its cgroup is a placeholder path."""
+    tid = registry.new_id()
+    cgroup = TenantCgroup(f"/nonexistent/krex-fake/t{tid}", None, "v2", (0,))
+    t = Tenant(tid, registry.new_token(), gpu, ["fake"], 1, cgroup, exclusive=exclusive)
+    t.pids.add(next(_pids))
+    states.change_state(t, states.RUNNING)
+    return t
