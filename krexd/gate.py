@@ -33,7 +33,7 @@ from typing import Any
 from krexd import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: Slots a gate can hold (krex_gate.h KREX_GATE_MAX_SLOTS).
 MAX_SLOTS = 256
 
@@ -64,7 +64,9 @@ class SlotInfo:
     ``inflight`` counts driver calls between entry and return; ``ack_epoch``
     is the last epoch the process drained for; ``captures`` its open stream
     captures; ``gated_calls`` / ``blocked_calls`` are counts since it
-    registered; ``last_drain_ns`` is the duration of its last drain (ns).
+    registered; ``last_drain_ns`` is the duration of its last drain (ns);
+    ``generation`` counts the slot's ownership transitions (mod 2**24,
+    krex_gate.h ``krex_slot.owner``).
     """
 
     index: int
@@ -77,6 +79,7 @@ class SlotInfo:
     gated_calls: int
     blocked_calls: int
     last_drain_ns: int
+    generation: int = 0
 
 
 class GateTimeout(GateError):
@@ -116,6 +119,8 @@ class _SlotInfoC(ctypes.Structure):
         ("blocked_calls", ctypes.c_uint64),
         ("last_drain_ns", ctypes.c_uint64),
         ("start_ticks", ctypes.c_uint64),
+        ("generation", ctypes.c_uint32),
+        ("reserved_", ctypes.c_uint32),
     ]
 
 
@@ -390,6 +395,7 @@ class Gate:
                     gated_calls=info.gated_calls,
                     blocked_calls=info.blocked_calls,
                     last_drain_ns=info.last_drain_ns,
+                    generation=info.generation,
                 )
             )
         return out

@@ -25,8 +25,11 @@ MAX_SLOTS = 256
 GATE_BYTES = HEADER_BYTES + SLOT_BYTES * MAX_SLOTS
 NSLOTS_OFF = 12
 MEM_SEQ_OFF = 40
+# The ownership word (krex_slot.owner, layout 3): state in the low byte of
+# its low half, generation above it, the owner pid in its high half.
 SLOT_STATE_OFF = 0
-SLOT_PID_OFF = 12
+SLOT_STATE_MASK = 0xFF
+SLOT_PID_OFF = 4
 SLOT_TENANT_OFF = 16
 SLOT_MEM_MIB_OFF = 56
 SLOT_OOM_OFF = 60
@@ -136,7 +139,7 @@ class GateMemory:
         pid = self._word(base + SLOT_PID_OFF)
         return SlotMemory(
             index=i,
-            state=self._word(base + SLOT_STATE_OFF),
+            state=self._word(base + SLOT_STATE_OFF) & SLOT_STATE_MASK,
             pid=pid - (1 << 32) if pid >= 1 << 31 else pid,
             tenant=self._word(base + SLOT_TENANT_OFF),
             mem_mib=self._word(base + SLOT_MEM_MIB_OFF),

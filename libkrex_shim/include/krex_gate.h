@@ -35,6 +35,10 @@
  * later took krex_slot.mem_mib/oom and the header's mem_seq/mem_waiters
  * out of what was zero padding: a file without them reads as "no memory
  * reported", so the layout stays compatible and the version unchanged.
+ * 3: a slot's state and pid become one 64-bit ownership word with a
+ * generation (krex_slot.owner, below), so that every ownership transition
+ * is one compare-and-swap on the owner's identity; inflight, ack_epoch
+ * and captures move up by 4 bytes, the other slot offsets are unchanged.
  */
 #ifndef KREX_GATE_H
 #define KREX_GATE_H
@@ -47,18 +51,57 @@ extern "C" {
 #endif
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
-#define KREX_GATE_VERSION 2u
+#define KREX_GATE_VERSION 3u
 #define KREX_GATE_MAX_SLOTS 256u
 
-/* Slot states.  FREE -> CLAIMING -> ACTIVE -> (FREE | DEAD -> FREE). */
+/* Slot states (the low byte of krex_slot.owner).  Every transition is one
+ * compare-and-swap of the whole ownership word (gate.c):
+ *
+ *   FREE -> CLAIMING     a registrant claims it (its pid enters the word)
+ *   CLAIMING -> ACTIVE   the registrant published its fields
+ *   CLAIMING|ACTIVE -> DEAD   the owner is gone, or forgot the slot
+ *   DEAD -> FREE         while the gate is open: by the winner of the DEAD
+ *                        transition, or by krexd's reopen (whoever's CAS
+ *                        succeeds; the other's fails on the generation)
+ *
+ * There is no other transient state, so a judgement about a slot's owner
+ * (dead, or a given pid) always names the exact ownership it was made on. */
 enum krex_slot_state {
     KREX_SLOT_FREE = 0,     /* unused */
-    KREX_SLOT_CLAIMING = 1, /* a process is filling in pid/tenant */
+    KREX_SLOT_CLAIMING = 1, /* a process is filling in its fields */
     KREX_SLOT_ACTIVE = 2,   /* a live process; must acknowledge drains */
-    KREX_SLOT_DEAD = 3,     /* its process died while a gate was closed;
-                               freed by the coordinator at reopen, never
+    KREX_SLOT_DEAD = 3,     /* its process died or left; while a gate is
+                               closed it stays DEAD until the reopen, never
                                reassigned during the region (paper §4.2) */
 };
+
+/* krex_slot.owner: a slot's ownership in one word, changed only by
+ * compare-and-swap (one word, so that it can later live in memory the
+ * owning tenant alone may write):
+ *
+ *   bits 0-7    state (enum krex_slot_state)
+ *   bits 8-31   generation: +1 (mod 2^24) on every transition, so a CAS
+ *               from a word read earlier fails once the slot changed
+ *               hands, even back to the same state and pid (an ABA needs
+ *               2^24 transitions of one slot inside one reclaimer's
+ *               read-check-CAS window, a few microseconds)
+ *   bits 32-63  pid of the owner (krexd's pid namespace); 0 when FREE */
+#define KREX_OWNER_STATE_MASK 0xffu
+#define KREX_OWNER_GEN_SHIFT 8u
+#define KREX_OWNER_GEN_MASK 0xffffffu
+
+static inline uint32_t krex_owner_state(uint64_t o) { return (uint32_t)o & KREX_OWNER_STATE_MASK; }
+static inline uint32_t krex_owner_gen(uint64_t o)
+{
+    return ((uint32_t)o >> KREX_OWNER_GEN_SHIFT) & KREX_OWNER_GEN_MASK;
+}
+static inline int32_t krex_owner_pid(uint64_t o) { return (int32_t)(uint32_t)(o >> 32); }
+/* The word after a transition of `o` to (state, pid): next generation. */
+static inline uint64_t krex_owner_next(uint64_t o, uint32_t state, int32_t pid)
+{
+    uint32_t gen = (krex_owner_gen(o) + 1u) & KREX_OWNER_GEN_MASK;
+    return ((uint64_t)(uint32_t)pid << 32) | ((uint64_t)gen << KREX_OWNER_GEN_SHIFT) | state;
+}
 
 /* krex_slot.oom: what libkrex_shim did with CUDA_ERROR_OUT_OF_MEMORY in
  * this process (docs/design/memory.md).  Three saturating counters, the
@@ -99,10 +142,9 @@ enum krex_oom_reason {
 #define KREX_INFLIGHT_COUNT 0x7fffffffu
 
 struct krex_slot {
-    _Atomic uint32_t state;      /* enum krex_slot_state */
+    _Atomic uint64_t owner;      /* state | generation | pid, see above */
     _Atomic uint32_t inflight;   /* in-flight driver calls; futex word */
     _Atomic uint32_t ack_epoch;  /* last epoch this process drained for */
-    _Atomic int32_t pid;         /* owning process (krexd's pid namespace) */
     _Atomic uint32_t tenant;     /* owning tenant id */
     _Atomic uint32_t captures;   /* stream captures open in this process */
     _Atomic uint64_t gated_calls;   /* statistics: calls that passed the gate */
@@ -150,8 +192,7 @@ _Static_assert(offsetof(struct krex_gate, nslots) == 12 &&
                    offsetof(struct krex_gate, mem_seq) == 40 &&
                    offsetof(struct krex_gate, mem_waiters) == 44,
                "gate header offsets used by krexd");
-_Static_assert(offsetof(struct krex_slot, state) == 0 && offsetof(struct krex_slot, pid) == 12 &&
-                   offsetof(struct krex_slot, tenant) == 16 &&
+_Static_assert(offsetof(struct krex_slot, owner) == 0 && offsetof(struct krex_slot, tenant) == 16 &&
                    offsetof(struct krex_slot, mem_mib) == 56 &&
                    offsetof(struct krex_slot, oom) == 60,
                "slot offsets used by krexd");
@@ -176,6 +217,8 @@ struct krex_slot_info {
     uint64_t blocked_calls;
     uint64_t last_drain_ns;
     uint64_t start_ticks;
+    uint32_t generation; /* of the ownership word (version 3) */
+    uint32_t reserved_;
 };
 
 /* Return codes: 0 on success, negative errno values on failure. */
@@ -211,7 +254,8 @@ int krex_gate_close(struct krex_gate *g, uint32_t holder, uint32_t epoch);
 
 /* Step 3: wait until every ACTIVE slot of another tenant has
  * ack_epoch == epoch and inflight == 0.  Slots whose process has died are
- * marked DEAD and skipped.  Spins briefly, then parks on ack_seq.
+ * marked DEAD (bound to that owner, as in krex_gate_reclaim_dead) and
+ * skipped.  Spins briefly, then parks on ack_seq.
  * timeout_ns bounds the wait: -ETIMEDOUT, with the indices of the slots
  * still pending written to pending[0..*npending) (pending must hold
  * KREX_GATE_MAX_SLOTS entries; either may be NULL).  -ESTALE if the gate
@@ -225,10 +269,13 @@ int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, uint32_t epoch,
  * every parked submitter.  -ESTALE if the word differs. */
 int krex_gate_reopen(struct krex_gate *g, uint32_t holder, uint32_t epoch);
 
-/* Reclaim slots whose process no longer exists (gone, a zombie, or its pid
- * reused): freed at once while the gate is open, marked DEAD (freed at
- * reopen) while it is closed, so that no slot is reassigned during a
- * region.  Returns how many were reclaimed. */
+/* Reclaim slots whose process no longer exists (gone, a zombie, its pid
+ * reused, or a pid that is not positive): freed at once while the gate is
+ * open, marked DEAD (freed at reopen) while it is closed, so that no slot
+ * is reassigned during a region; DEAD slots found while open are freed.
+ * Each judgement is bound to the ownership word it was made on (a slot
+ * that changed hands meanwhile is left alone).  Returns how many were
+ * reclaimed. */
 int krex_gate_reclaim_dead(struct krex_gate *g);
 
 /* ---- tenant side (libkrex_shim) ---------------------------------------- */
@@ -248,7 +295,8 @@ int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid);
 
 /* Free (FREE while open, DEAD while closed) the slots that `pid` claimed
  * in an earlier program image: after an execve the process keeps its pid
- * but loses its drainer.  Call before the new image registers.  Returns
+ * but loses its drainer.  Call before the new image registers.  The pid
+ * is matched in the ownership word the transition is made from.  Returns
  * how many. */
 int krex_gate_forget_pid(struct krex_gate *g, int32_t pid);
 

@@ -28,7 +28,7 @@ int main(void)
     printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct krex_gate),
            offsetof(struct krex_gate, nslots), offsetof(struct krex_gate, mem_seq),
            offsetof(struct krex_gate, slots), sizeof(struct krex_slot),
-           offsetof(struct krex_slot, state), offsetof(struct krex_slot, pid),
+           offsetof(struct krex_slot, owner), offsetof(struct krex_slot, owner) + 4,
            offsetof(struct krex_slot, tenant), offsetof(struct krex_slot, mem_mib),
            offsetof(struct krex_slot, oom));
     unsigned w = (7u << KREX_OOM_WAITED_SHIFT) | (3u << KREX_OOM_FAILED_SHIFT) |
