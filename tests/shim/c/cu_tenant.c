@@ -20,6 +20,9 @@
  *   sync ID | ctxsync          cuStreamSynchronize / cuCtxSynchronize
  *   region_begin EPOCH L2      krex_shim_region_begin (found with dlsym(RTLD_DEFAULT))
  *   region_end                 krex_shim_region_end: adds "sync_ns" and "launches"
+ *   exitflush PATH             exit(0) with 256 KiB of fully buffered output for
+ *                              PATH (a FIFO) still in stdio: the exit blocks in
+ *                              its final flush until the test reads (no reply)
  *   quit
  */
 #define _GNU_SOURCE
@@ -146,8 +149,8 @@ int main(void)
         (int (*)(uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT, "krex_shim_region_end");
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
-        char cmd[32] = "", a[32] = "", b[32] = "", c[32] = "";
-        if (sscanf(line, "%31s %31s %31s %31s", cmd, a, b, c) < 1)
+        char cmd[32] = "", a[200] = "", b[32] = "", c[32] = "";
+        if (sscanf(line, "%31s %199s %31s %31s", cmd, a, b, c) < 1)
             continue;
         uint64_t t0 = now_ns(), sync_ns = 0, launches = 0;
         int r = 0, extra = 0;
@@ -179,6 +182,15 @@ int main(void)
         } else if (!strcmp(cmd, "region_end")) {
             r = region_end ? region_end(&sync_ns, &launches) : -1;
             extra = 1;
+        } else if (!strcmp(cmd, "exitflush")) {
+            FILE *f = fopen(a, "w");
+            static char big[1 << 20], chunk[4096];
+            if (!f || setvbuf(f, big, _IOFBF, sizeof big) != 0)
+                return 3;
+            memset(chunk, 'x', sizeof chunk);
+            for (int i = 0; i < 64; i++)
+                fwrite(chunk, 1, sizeof chunk, f);
+            exit(0);
         } else if (!strcmp(cmd, "quit")) {
             break;
         } else {
