@@ -41,7 +41,7 @@ from typing import Any
 from krexd import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
-ABI_VERSION = 3
+ABI_VERSION = 4
 #: Slots a gate can hold (krex_gate.h KREX_GATE_MAX_SLOTS).
 MAX_SLOTS = 256
 
@@ -101,6 +101,8 @@ class SlotInfo:
     ``mem_mib`` is the device memory it allocated through the driver API and
     has not freed (MiB, rounded up) and ``oom`` its out-of-memory record;
     both stay readable after the process ended, until the slot is reused.
+    ``generation`` counts the slot's ownership transitions (mod 2**24,
+    krex_gate.h ``krex_slot.owner``).
     """
 
     index: int
@@ -115,6 +117,7 @@ class SlotInfo:
     last_drain_ns: int
     mem_mib: int = 0
     oom: OomRecord = OomRecord()
+    generation: int = 0
 
 
 class GateTimeout(GateError):
@@ -160,6 +163,8 @@ class _SlotInfoC(ctypes.Structure):
         ("oom_own", ctypes.c_uint32),
         ("oom_last", ctypes.c_uint32),
         ("oom_waiting", ctypes.c_uint32),
+        ("generation", ctypes.c_uint32),
+        ("reserved_", ctypes.c_uint32),
     ]
 
     def snapshot(self, index: int) -> SlotInfo:
@@ -184,6 +189,7 @@ class _SlotInfoC(ctypes.Structure):
             gated_calls=self.gated_calls,
             blocked_calls=self.blocked_calls,
             last_drain_ns=self.last_drain_ns,
+            generation=self.generation,
             mem_mib=self.mem_mib,
             oom=oom,
         )

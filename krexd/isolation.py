@@ -12,8 +12,8 @@ scheduler or the gate library directly.  It goes through three interfaces:
   ``krexd.gate.Gate``.
 
 The daemon injects :class:`CgroupControl` and :class:`AffinityPinner` (the
-real cgroup v2 freezer, cpuset and ``sched_setaffinity``); anything that
-implements the same protocols (in-memory fakes, say) can stand in for them.  Errors keep the kernel's
+real cgroup v2 freezer, cpuset and ``sched_setaffinity``); anything
+that implements the same protocols (in-memory fakes, say) can stand in.  Errors keep the kernel's
 meaning: an ``OSError`` whose errno is ENOENT, ESRCH or ENODEV says the
 tenant or thread is gone (:func:`gone`).
 """

@@ -12,6 +12,16 @@
  * switches its own thread to the relaxed capture mode and synchronizes the
  * tracked streams that are not capturing and each context's legacy stream
  * instead (docs/design/shim.md "Capture").
+ *
+ * No lock that the command's own threads need is held while the device is
+ * waited on: the lists are copied under track_mu, and each handle is then
+ * claimed (still tracked, marked busy) and synchronized outside it; a
+ * destroy of the busy handle, or of its context, waits in its hook until
+ * the drain moved on, so the driver never gets a freed handle.  Contexts
+ * destroyed take their streams with them; a green context is synchronized
+ * through the context converted from it.  At exit the drainer stops before
+ * the driver's teardown and the process synchronizes once more (see
+ * drain_at_exit): nothing acknowledges without synchronizing.
  */
 #include "shim.h"
 
@@ -20,33 +30,66 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "testhook.h"
 
 #define MAX_DEVICES 64
 
+/* A tracked handle: a context (owner: the green context it was converted
+ * from, or NULL) or a stream (owner: its context). */
+struct tracked {
+    void *h;
+    void *owner;
+};
+
 struct handles {
-    void **v;
+    struct tracked *v;
     size_t n, cap;
 };
 
-/* Guards both lists.  Held during a drain's synchronization so that a
- * stream or context cannot be destroyed under it (stream destruction is
- * not gated; see classes.toml [observe.pre]). */
+/* Guards both lists and `busy`.  Held only for list operations, never
+ * across a driver call that waits on the device: the command's own
+ * threads take it in cuStreamCreate / cuStreamDestroy / cuCtxDestroy
+ * hooks and at fork, and must not wait behind a drain (a kernel waiting
+ * for host progress made after such a call would deadlock). */
 static pthread_mutex_t track_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t track_cv = PTHREAD_COND_INITIALIZER;
 static struct handles ctxs;    /* created through the API or made current */
-static struct handles streams; /* created through the API */
+static struct handles streams; /* created through the API; owner = context */
+/* The handle a drain is synchronizing right now (and its context): a
+ * destroy of either waits until the drain moved on, so the driver never
+ * gets a handle freed under it (stream destruction is not gated). */
+static void *busy, *busy_ctx;
+/* Serializes the synchronizations themselves (the drainer and a holder's
+ * region exit); never taken by a driver call's hook. */
+static pthread_mutex_t sync_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint32_t captures;
+
+/* Exit (see krex_drain_exit below): seq_cst flags of a Dekker pairing
+ * between the drainer (drain_busy = 1; read exiting) and the exit path
+ * (exiting = 1; read drain_busy), so that the driver's teardown, which
+ * follows the exit path, never runs under a drain. */
 static _Atomic int exiting;
+static _Atomic int drain_busy;
 
 /* ---- tracking ------------------------------------------------------------- */
 
-static void handles_add(struct handles *h, void *p)
+static struct tracked *handles_find(struct handles *h, void *p)
 {
     for (size_t i = 0; i < h->n; i++)
-        if (h->v[i] == p)
-            return;
+        if (h->v[i].h == p)
+            return &h->v[i];
+    return NULL;
+}
+
+static void handles_add(struct handles *h, void *p, void *owner)
+{
+    if (handles_find(h, p))
+        return; /* already tracked (a green context's keeps its owner) */
     if (h->n == h->cap) {
         size_t cap = h->cap ? 2 * h->cap : 16;
-        void **v = realloc(h->v, cap * sizeof *v);
+        struct tracked *v = realloc(h->v, cap * sizeof *v);
         if (!v) {
             krex_log(KREX_LOG_ERROR, "out of memory: handle %p not tracked for drains", p);
             return;
@@ -54,16 +97,26 @@ static void handles_add(struct handles *h, void *p)
         h->v = v;
         h->cap = cap;
     }
-    h->v[h->n++] = p;
+    h->v[h->n++] = (struct tracked){p, owner};
 }
 
 static void handles_remove(struct handles *h, void *p)
 {
     for (size_t i = 0; i < h->n; i++)
-        if (h->v[i] == p) {
+        if (h->v[i].h == p) {
             h->v[i] = h->v[--h->n];
             return;
         }
+}
+
+/* Remove every entry owned by `owner` (a context's streams). */
+static void handles_remove_owned(struct handles *h, void *owner)
+{
+    for (size_t i = 0; i < h->n;)
+        if (h->v[i].owner == owner)
+            h->v[i] = h->v[--h->n];
+        else
+            i++;
 }
 
 static void handles_clear(struct handles *h)
@@ -73,57 +126,156 @@ static void handles_clear(struct handles *h)
     h->n = h->cap = 0;
 }
 
-static void track(struct handles *h, void *p, int add)
+/* Frameworks make the same context current over and over: the last one
+ * recorded is remembered so that the repeat costs one load, no lock.  It
+ * is written under track_mu only, together with the list, so it always
+ * names a tracked context (or NULL). */
+static _Atomic(CUcontext) last_current;
+
+/* Under track_mu: forget context `ctx` and its streams; then wait until a
+ * drain synchronizing it (or one of its streams) has moved on. */
+static void forget_ctx_locked(CUcontext ctx)
 {
-    int saved = errno;
-    pthread_mutex_lock(&track_mu);
-    if (add)
-        handles_add(h, p);
-    else
-        handles_remove(h, p);
-    pthread_mutex_unlock(&track_mu);
-    errno = saved;
+    handles_remove(&ctxs, ctx);
+    handles_remove_owned(&streams, ctx);
+    /* Relaxed: written and read under track_mu (the lock orders it). */
+    if (atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
+        atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
+    while (busy_ctx == (void *)ctx)
+        pthread_cond_wait(&track_cv, &track_mu);
+}
+
+/* The context of `stream` (its owner for the tracking list). */
+static CUcontext stream_ctx(CUstream stream)
+{
+    __typeof__(&cuStreamGetCtx) get = KREX_REAL(cuStreamGetCtx);
+    CUcontext ctx = NULL;
+    if (!get || get(stream, &ctx) != CUDA_SUCCESS)
+        return NULL;
+    return ctx;
 }
 
 void krex_note_stream_created(CUresult r, CUstream *phStream)
 {
-    if (r == CUDA_SUCCESS && phStream && *phStream)
-        track(&streams, *phStream, 1);
+    if (r != CUDA_SUCCESS || !phStream || !*phStream)
+        return;
+    int saved = errno;
+    CUcontext ctx = stream_ctx(*phStream); /* a host query, outside the lock */
+    pthread_mutex_lock(&track_mu);
+    handles_add(&streams, *phStream, ctx);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
 }
 
 void krex_note_stream_destroying(CUstream stream)
 {
-    if (stream && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD)
-        track(&streams, stream, 0);
+    if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    handles_remove(&streams, stream);
+    while (busy == (void *)stream) /* only while a drain syncs this very stream */
+        pthread_cond_wait(&track_cv, &track_mu);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
 }
 
 void krex_note_ctx_created(CUresult r, CUcontext *pctx)
 {
-    if (r == CUDA_SUCCESS && pctx && *pctx)
-        track(&ctxs, *pctx, 1);
+    if (r != CUDA_SUCCESS || !pctx || !*pctx)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    handles_add(&ctxs, *pctx, NULL);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
 }
 
-/* Frameworks make the same context current over and over: the last one
- * recorded is remembered so that the repeat costs one load, no lock. */
-static _Atomic(CUcontext) last_current;
+/* A green context's work runs in the context converted from it
+ * (cuCtxFromGreenCtx): track that one, owned by the green context. */
+void krex_note_green_created(CUresult r, CUgreenCtx *phCtx)
+{
+    if (r != CUDA_SUCCESS || !phCtx || !*phCtx)
+        return;
+    int saved = errno;
+    __typeof__(&cuCtxFromGreenCtx) conv = KREX_REAL(cuCtxFromGreenCtx);
+    CUcontext ctx = NULL;
+    if (!conv || conv(&ctx, *phCtx) != CUDA_SUCCESS || !ctx) {
+        krex_log(KREX_LOG_WARN, "green context %p: no context to synchronize it through",
+                 (void *)*phCtx);
+    } else {
+        pthread_mutex_lock(&track_mu);
+        handles_add(&ctxs, ctx, *phCtx);
+        pthread_mutex_unlock(&track_mu);
+    }
+    errno = saved;
+}
+
+void krex_note_green_destroying(CUgreenCtx green)
+{
+    if (!green)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    for (size_t i = 0; i < ctxs.n; i++)
+        if (ctxs.v[i].owner == (void *)green) {
+            forget_ctx_locked((CUcontext)ctxs.v[i].h);
+            break;
+        }
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+/* Is `ctx` still a context (not destroyed)?  Without the query, assume so. */
+static int ctx_alive(CUcontext ctx)
+{
+    __typeof__(&cuCtxGetApiVersion) ver = KREX_REAL(cuCtxGetApiVersion);
+    unsigned int v = 0;
+    return !ver || ver(ctx, &v) == CUDA_SUCCESS;
+}
 
 void krex_note_ctx_current(CUresult r, CUcontext ctx)
 {
+    /* Relaxed: a hint; a stale read only takes the locked path. */
     if (r != CUDA_SUCCESS || !ctx ||
         atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
         return;
-    track(&ctxs, ctx, 1);
-    /* Relaxed: a hint only; a stale value costs one more locked add. */
-    atomic_store_explicit(&last_current, ctx, memory_order_relaxed);
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    /* Another thread may have destroyed `ctx` after it was made current
+     * here; its removal note takes this lock after the driver destroyed
+     * it, so checking liveness under the lock never re-adds a dead one. */
+    if (handles_find(&ctxs, ctx) || ctx_alive(ctx)) {
+        handles_add(&ctxs, ctx, NULL);
+        atomic_store_explicit(&last_current, ctx, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+void krex_note_ctx_destroying(CUcontext ctx)
+{
+    if (!ctx)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    forget_ctx_locked(ctx);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
 }
 
 void krex_note_ctx_destroyed(CUresult r, CUcontext ctx)
 {
     if (r != CUDA_SUCCESS || !ctx)
         return;
-    atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
-    track(&ctxs, ctx, 0);
+    int saved = errno;
+    /* Again after the call: a set-current racing with the destroy may
+     * have re-added it between the pre-call removal and the destroy. */
+    pthread_mutex_lock(&track_mu);
+    forget_ctx_locked(ctx);
+    pthread_mutex_unlock(&track_mu);
     krex_region_forget_ctx(ctx);
+    errno = saved;
 }
 
 static void mirror_captures(uint32_t n)
@@ -217,84 +369,173 @@ static CUresult sync_legacy_stream(CUcontext ctx)
     return r;
 }
 
-static CUresult sync_streams_capture_safe(CUcontext *all, size_t nall)
+/* Claim tracked handle `h` (in `list`; a context's own legacy stream when
+ * `list` is &ctxs and `ctx` == h) for one synchronization: 0 when it was
+ * destroyed since the snapshot (skip it).  While claimed, a destroy of it
+ * or of its context waits in its hook (forget_ctx_locked,
+ * krex_note_stream_destroying), so the handle stays valid. */
+static int claim(struct handles *list, void *h, void *ctx)
+{
+    pthread_mutex_lock(&track_mu);
+    int ok = handles_find(list, h) != NULL;
+    if (ok) {
+        busy = h;
+        busy_ctx = ctx;
+    }
+    pthread_mutex_unlock(&track_mu);
+    return ok;
+}
+
+static void unclaim(void)
+{
+    pthread_mutex_lock(&track_mu);
+    busy = busy_ctx = NULL;
+    pthread_cond_broadcast(&track_cv);
+    pthread_mutex_unlock(&track_mu);
+}
+
+/* A copy of `list` taken under track_mu (NULL with *n = 0 when empty;
+ * *oom set when the copy could not be made). */
+static struct tracked *snapshot(struct handles *list, size_t *n, int *oom)
+{
+    pthread_mutex_lock(&track_mu);
+    *n = list->n;
+    struct tracked *v = NULL;
+    if (*n && !(v = malloc(*n * sizeof *v)))
+        *oom = 1;
+    else if (*n)
+        memcpy(v, list->v, *n * sizeof *v);
+    pthread_mutex_unlock(&track_mu);
+    if (!v)
+        *n = 0;
+    return v;
+}
+
+static CUresult sync_streams_capture_safe(CUcontext *all, const int *tracked, size_t nall)
 {
     CUresult first = CUDA_SUCCESS;
     __typeof__(&cuStreamIsCapturing) is_capturing = KREX_REAL(cuStreamIsCapturing);
     __typeof__(&cuStreamSynchronize) ssync = KREX_REAL(cuStreamSynchronize);
     if (!is_capturing || !ssync)
         return CUDA_ERROR_NOT_FOUND;
-    for (size_t i = 0; i < streams.n; i++) {
+    size_t n = 0;
+    int oom = 0;
+    struct tracked *sv = snapshot(&streams, &n, &oom);
+    if (oom)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < n; i++) {
+        if (!claim(&streams, sv[i].h, sv[i].owner))
+            continue; /* destroyed since the snapshot */
+        KREX_TEST_POINT("drain_stream_claimed");
         CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-        CUresult r = is_capturing((CUstream)streams.v[i], &st);
+        CUresult r = is_capturing((CUstream)sv[i].h, &st);
         if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
-            r = ssync((CUstream)streams.v[i]);
+            r = ssync((CUstream)sv[i].h);
+        unclaim();
         note(&first, r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ? CUDA_SUCCESS : r);
     }
-    for (size_t i = 0; i < nall; i++)
+    free(sv);
+    for (size_t i = 0; i < nall; i++) {
+        /* Primaries are retained by the caller; tracked contexts claimed. */
+        if (tracked[i] && !claim(&ctxs, all[i], all[i]))
+            continue;
         note(&first, sync_legacy_stream(all[i]));
+        if (tracked[i])
+            unclaim();
+    }
     return first;
 }
 
-CUresult krex_sync_all(int app_thread)
+/* Active primary contexts, retained so that their handles stay valid until
+ * released by release_primaries().  Returns how many. */
+static size_t retain_primaries(CUcontext *prim, CUdevice *prim_dev)
 {
-    int saved = errno;
-    CUresult first = CUDA_SUCCESS;
-    CUcontext prim[MAX_DEVICES];
-    CUdevice prim_dev[MAX_DEVICES];
-    size_t nprim = 0;
-
-    /* Active primary contexts: retained for the duration, so their handles
-     * stay valid until the synchronization returns (paper §4.2). */
     __typeof__(&cuDeviceGetCount) get_count = KREX_REAL(cuDeviceGetCount);
     __typeof__(&cuDeviceGet) get_dev = KREX_REAL(cuDeviceGet);
     __typeof__(&cuDevicePrimaryCtxGetState) get_state = KREX_REAL(cuDevicePrimaryCtxGetState);
     __typeof__(&cuDevicePrimaryCtxRetain) retain = KREX_REAL(cuDevicePrimaryCtxRetain);
+    int ndev = 0;
+    size_t nprim = 0;
+    if (!get_count || !get_dev || !get_state || !retain || get_count(&ndev) != CUDA_SUCCESS)
+        return 0;
+    for (int d = 0; d < ndev && nprim < MAX_DEVICES; d++) {
+        CUdevice dev;
+        unsigned int flags = 0;
+        int active = 0;
+        CUcontext ctx = NULL;
+        if (get_dev(&dev, d) == CUDA_SUCCESS && get_state(dev, &flags, &active) == CUDA_SUCCESS &&
+            active && retain(&ctx, dev) == CUDA_SUCCESS) {
+            prim[nprim] = ctx;
+            prim_dev[nprim++] = dev;
+        }
+    }
+    return nprim;
+}
+
+static void release_primaries(const CUdevice *prim_dev, size_t nprim)
+{
     __typeof__(&cuDevicePrimaryCtxRelease_v2) release = KREX_REAL(cuDevicePrimaryCtxRelease_v2);
     if (!release)
         release = KREX_REAL(cuDevicePrimaryCtxRelease);
-    int ndev = 0;
-    if (get_count && get_dev && get_state && retain && release &&
-        get_count(&ndev) == CUDA_SUCCESS) {
-        for (int d = 0; d < ndev && nprim < MAX_DEVICES; d++) {
-            CUdevice dev;
-            unsigned int flags = 0;
-            int active = 0;
-            CUcontext ctx = NULL;
-            if (get_dev(&dev, d) == CUDA_SUCCESS &&
-                get_state(dev, &flags, &active) == CUDA_SUCCESS && active &&
-                retain(&ctx, dev) == CUDA_SUCCESS) {
-                prim[nprim] = ctx;
-                prim_dev[nprim++] = dev;
-            }
-        }
-    }
+    for (size_t i = 0; release && i < nprim; i++)
+        release(prim_dev[i]);
+}
 
-    pthread_mutex_lock(&track_mu);
-    /* All contexts, primaries first, without duplicates. */
-    size_t nall = nprim;
-    CUcontext *all = malloc((nprim + ctxs.n + 1) * sizeof *all);
-    if (!all) {
-        pthread_mutex_unlock(&track_mu);
-        first = CUDA_ERROR_OUT_OF_MEMORY;
-        goto release;
+/* Every context this process uses, primaries first, without duplicates;
+ * tracked[i] != 0 for those from the tracking list (claimed before use). */
+static CUcontext *all_contexts(const CUcontext *prim, size_t nprim, int **tracked, size_t *nall)
+{
+    size_t n = 0;
+    int oom = 0;
+    struct tracked *cv = snapshot(&ctxs, &n, &oom);
+    CUcontext *all = oom ? NULL : malloc((nprim + n + 1) * sizeof *all);
+    int *tr = all ? calloc(nprim + n + 1, sizeof *tr) : NULL;
+    if (!all || !tr) {
+        free(cv);
+        free(all);
+        return NULL;
     }
     memcpy(all, prim, nprim * sizeof *all);
-    for (size_t i = 0; i < ctxs.n; i++) {
+    *nall = nprim;
+    for (size_t i = 0; i < n; i++) {
         size_t j = 0;
-        while (j < nall && all[j] != (CUcontext)ctxs.v[i])
+        while (j < *nall && all[j] != (CUcontext)cv[i].h)
             j++;
-        if (j == nall)
-            all[nall++] = (CUcontext)ctxs.v[i];
+        if (j == *nall) {
+            tr[*nall] = 1;
+            all[(*nall)++] = (CUcontext)cv[i].h;
+        }
     }
+    free(cv);
+    *tracked = tr;
+    return all;
+}
 
+/* The synchronization proper: snapshot under track_mu, then each context
+ * (or, while a capture is open, each stream) claimed and synchronized
+ * outside it, so the command's threads never wait behind the device. */
+static CUresult sync_all_locked(int app_thread)
+{
+    CUresult first = CUDA_SUCCESS;
+    CUcontext prim[MAX_DEVICES];
+    CUdevice prim_dev[MAX_DEVICES];
+    size_t nprim = retain_primaries(prim, prim_dev), nall = 0;
+    int *tracked = NULL;
+    CUcontext *all = all_contexts(prim, nprim, &tracked, &nall);
+    if (!all) {
+        release_primaries(prim_dev, nprim);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (krex_captures() == 0) {
         for (size_t i = 0; i < nall; i++) {
+            if (tracked[i] && !claim(&ctxs, all[i], all[i]))
+                continue; /* destroyed since the snapshot */
+            KREX_TEST_POINT("drain_ctx_claimed");
             CUresult r = sync_ctx(all[i]);
-            if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
-                handles_remove(&ctxs, all[i]); /* gone without our seeing it */
-                atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
-            }
+            if (tracked[i])
+                unclaim();
+            if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+                krex_note_ctx_destroyed(CUDA_SUCCESS, all[i]); /* gone unseen */
             note(&first, r);
         }
     } else {
@@ -305,65 +546,91 @@ CUresult krex_sync_all(int app_thread)
             KREX_REAL(cuThreadExchangeStreamCaptureMode);
         CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         if (exch && exch(&mode) == CUDA_SUCCESS) {
-            note(&first, sync_streams_capture_safe(all, nall));
+            note(&first, sync_streams_capture_safe(all, tracked, nall));
             if (app_thread)
                 exch(&mode); /* give the application thread its mode back */
         } else {
             first = CUDA_ERROR_NOT_FOUND;
         }
     }
-    pthread_mutex_unlock(&track_mu);
     free(all);
-
-release:
-    for (size_t i = 0; i < nprim; i++)
-        release(prim_dev[i]);
-    errno = saved;
+    free(tracked);
+    release_primaries(prim_dev, nprim);
     return first;
 }
 
+CUresult krex_sync_all(int app_thread)
+{
+    int saved = errno;
+    pthread_mutex_lock(&sync_mu);
+    CUresult r = sync_all_locked(app_thread);
+    pthread_mutex_unlock(&sync_mu);
+    errno = saved;
+    return r;
+}
+
 /* ---- the drainer thread --------------------------------------------------- */
+
+/* A closure by another tenant that slot `s` has not acknowledged: its
+ * epoch, else 0. */
+static uint32_t pending_epoch(struct krex_slot *s, uint64_t w)
+{
+    uint32_t epoch = krex_gate_epoch(w);
+    if (w != 0 && krex_gate_holder(w) != krex_tenant &&
+        atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) != epoch)
+        return epoch;
+    return 0;
+}
+
+/* Steps 2-3 of a drain once no admitted call is in flight: synchronize,
+ * then acknowledge `epoch` (unless nothing could be synchronized). */
+static void sync_and_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoch, uint64_t t0)
+{
+    CUresult r = krex_sync_all(0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND) {
+        /* Nothing was synchronized (no memory for the context list, or no
+         * capture-mode call while a capture is open): work may still be
+         * queued, so no acknowledgement.  The entry then fails with a
+         * drain timeout naming this process; the next closure retries. */
+        krex_log(KREX_LOG_ERROR, "drain for epoch %u: could not synchronize (%d); "
+                 "not acknowledging", epoch, (int)r);
+        return;
+    }
+    if (r != CUDA_SUCCESS)
+        krex_log(KREX_LOG_WARN, "drain for epoch %u: synchronization returned %d; "
+                 "acknowledging (a failed context runs no more work)", epoch, (int)r);
+    krex_gate_ack(g, s, epoch);
+    uint64_t dt = krex_now_ns() - t0;
+    atomic_store_explicit(&s->last_drain_ns, dt, memory_order_relaxed);
+    krex_log(KREX_LOG_DEBUG, "drained for epoch %u in %llu ns", epoch, (unsigned long long)dt);
+}
 
 static void *drainer_main(void *arg)
 {
     struct krex_slot *s = arg;
     struct krex_gate *g = krex_gate_p;
-    const uint32_t tenant = krex_tenant;
     for (;;) {
         /* seq before word (both seq_cst): a closure that this read of the
          * word misses bumps seq later, so the wait below returns. */
         uint32_t seen = atomic_load_explicit(&g->seq, memory_order_seq_cst);
         uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
-        uint32_t epoch = krex_gate_epoch(w);
-        if (w != 0 && krex_gate_holder(w) != tenant &&
-            atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) != epoch) {
+        uint32_t epoch = pending_epoch(s, w);
+        if (epoch) {
             uint64_t t0 = krex_now_ns();
             /* 1. Every admitted call has returned; later ones see the
              *    closed word and park. */
             krex_gate_wait_idle(s);
-            /* 2. Their work has left the GPU. */
-            CUresult r = CUDA_SUCCESS;
-            if (!atomic_load_explicit(&exiting, memory_order_relaxed))
-                r = krex_sync_all(0);
-            if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND) {
-                /* Nothing was synchronized (no memory for the context list, or
-                 * no capture-mode call while a capture is open): work may still
-                 * be queued, so no acknowledgement.  The entry then fails with
-                 * a drain timeout naming this process; the next closure retries. */
-                krex_log(KREX_LOG_ERROR, "drain for epoch %u: could not synchronize (%d); "
-                         "not acknowledging", epoch, (int)r);
-                krex_gate_wait_seq(g, seen, -1);
-                continue;
-            }
-            if (r != CUDA_SUCCESS)
-                krex_log(KREX_LOG_WARN, "drain for epoch %u: synchronization returned %d; "
-                         "acknowledging (a failed context runs no more work)", epoch, (int)r);
-            /* 3. Acknowledge this epoch. */
-            krex_gate_ack(g, s, epoch);
-            uint64_t dt = krex_now_ns() - t0;
-            atomic_store_explicit(&s->last_drain_ns, dt, memory_order_relaxed);
-            krex_log(KREX_LOG_DEBUG, "drained for tenant %u epoch %u in %llu ns",
-                     krex_gate_holder(w), epoch, (unsigned long long)dt);
+            /* Announce the drain, then look for the exit (both seq_cst; the
+             * exit path stores `exiting` then reads `drain_busy`): either
+             * the exit path waits for this drain, or this drain sees the
+             * exit and leaves the driver alone. */
+            atomic_store_explicit(&drain_busy, 1, memory_order_seq_cst);
+            if (!atomic_load_explicit(&exiting, memory_order_seq_cst))
+                sync_and_ack(g, s, epoch, t0); /* 2. work off the GPU, 3. ack */
+            else
+                krex_log(KREX_LOG_DEBUG, "drain for epoch %u: exiting, synchronized at exit: "
+                         "not acknowledging (pending until gone)", epoch);
+            atomic_store_explicit(&drain_busy, 0, memory_order_seq_cst);
         }
         krex_gate_wait_seq(g, seen, -1);
     }
@@ -391,13 +658,63 @@ int krex_drainer_start(struct krex_slot *s)
     return err;
 }
 
-/* At exit the driver tears its state down while the drainer may still be
- * parked: a drain that starts after this acknowledges without touching
- * the driver (the process's contexts die with it). */
-__attribute__((destructor)) static void drain_exit(void)
+/* ---- exit ------------------------------------------------------------------ */
+
+/* Stop the drainer from touching the driver again, and wait for a drain in
+ * progress to finish (its synchronization must not run under the driver's
+ * teardown, which follows). */
+static void stop_drains(void)
 {
-    atomic_store_explicit(&exiting, 1, memory_order_relaxed);
+    atomic_store_explicit(&exiting, 1, memory_order_seq_cst);
+    struct timespec tick = {0, 100000}; /* 100 µs */
+    while (atomic_load_explicit(&drain_busy, memory_order_seq_cst))
+        nanosleep(&tick, NULL);
 }
+
+/* At exit, before the driver's teardown (an atexit handler registered
+ * after the first successful cuInit, so it runs before the handlers the
+ * driver registered there and before every library destructor): stop the
+ * drainer, then synchronize once more while the driver still works.  A
+ * closure already waiting with nothing in flight is acknowledged by this
+ * synchronization; a later one is never acknowledged (this process stays
+ * pending until it is gone).  Nothing acknowledges without synchronizing.
+ * The cost: exit waits for the work the process left queued. */
+static void drain_at_exit(void)
+{
+    stop_drains();
+    struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
+    if (!s || atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
+        return;
+    struct krex_gate *g = krex_gate_p;
+    /* Word, then the count (seq_cst): zero means every later call parks
+     * (the drainer's own order); a call in flight leaves the closure to
+     * the coordinator's liveness check. */
+    uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
+    uint32_t epoch = pending_epoch(s, w);
+    if (epoch && (atomic_load_explicit(&s->inflight, memory_order_seq_cst) & KREX_INFLIGHT_COUNT))
+        epoch = 0;
+    if (epoch) {
+        sync_and_ack(g, s, epoch, krex_now_ns());
+    } else {
+        CUresult r = krex_sync_all(0);
+        if (r != CUDA_SUCCESS)
+            krex_log(KREX_LOG_DEBUG, "synchronization at exit returned %d", (int)r);
+    }
+}
+
+void krex_note_init(CUresult r)
+{
+    static _Atomic int registered;
+    /* Relaxed: only one caller registers; nothing else is published. */
+    if (r == CUDA_SUCCESS && !atomic_exchange_explicit(&registered, 1, memory_order_relaxed) &&
+        atexit(drain_at_exit) != 0)
+        krex_log(KREX_LOG_WARN, "atexit failed: no synchronization at exit");
+}
+
+/* Last resort when the atexit handler never ran (no cuInit through the
+ * shim): the drainer stops touching the driver, which its destructors
+ * may be tearing down, and acknowledges nothing more. */
+__attribute__((destructor)) static void drain_exit(void) { stop_drains(); }
 
 /* ---- fork ------------------------------------------------------------------ */
 
@@ -407,6 +724,13 @@ void krex_drain_atfork_parent(void) { pthread_mutex_unlock(&track_mu); }
 
 void krex_drain_atfork_child(void)
 {
+    /* The child has no drainer: no drain is busy, and a synchronization
+     * lock held by the parent's drainer at fork is released by starting
+     * it over (the child's only thread owns nothing). */
+    atomic_store_explicit(&drain_busy, 0, memory_order_relaxed);
+    pthread_mutex_init(&sync_mu, NULL);
+    pthread_cond_init(&track_cv, NULL);
+    busy = busy_ctx = NULL;
     atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
     handles_clear(&ctxs);
     handles_clear(&streams);

@@ -10,6 +10,8 @@
 /* cuda.h maps some names to others with macros; the hooks carry the
  * exported names themselves. */
 #undef cuArrayDestroy
+#undef cuCheckpointProcessCheckpoint
+#undef cuCheckpointProcessRestore
 #undef cuCtxAttach
 #undef cuCtxCreate
 #undef cuCtxCreate_v2
@@ -72,7 +74,9 @@
 #undef cuLaunchKernelEx
 #undef cuLaunchKernelEx_ptsz
 #undef cuLaunchKernel_ptsz
+#undef cuLibraryGetGlobal
 #undef cuLibraryGetKernel
+#undef cuLibraryGetManaged
 #undef cuLibraryGetModule
 #undef cuLibraryGetUnifiedFunction
 #undef cuLibraryLoadData
@@ -225,6 +229,10 @@
 #undef cuMemsetD8_v2_ptds
 #undef cuMipmappedArrayDestroy
 #undef cuModuleGetFunction
+#undef cuModuleGetGlobal
+#undef cuModuleGetGlobal_v2
+#undef cuModuleGetSurfRef
+#undef cuModuleGetTexRef
 #undef cuModuleLoad
 #undef cuModuleLoadData
 #undef cuModuleLoadDataEx
@@ -282,6 +290,24 @@ KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
     return krex_r;
 }
 
+KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args)
+{
+    KREX_BIND(cuCheckpointProcessCheckpoint);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(pid, args);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args)
+{
+    KREX_BIND(cuCheckpointProcessRestore);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(pid, args);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
 {
     KREX_BIND(cuCtxAttach);
@@ -335,6 +361,7 @@ KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
 {
     KREX_BIND(cuCtxDestroy);
     struct krex_slot *krex_s = krex_enter();
+    krex_note_ctx_destroying(ctx);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
@@ -345,6 +372,7 @@ KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     KREX_BIND(cuCtxDestroy_v2);
     struct krex_slot *krex_s = krex_enter();
+    krex_note_ctx_destroying(ctx);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
@@ -686,6 +714,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
     KREX_BIND(cuGreenCtxCreate);
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(phCtx, desc, dev, flags);
+    krex_note_green_created(krex_r, phCtx);
     krex_leave(krex_s);
     return krex_r;
 }
@@ -694,6 +723,7 @@ KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
 {
     KREX_BIND(cuGreenCtxDestroy);
     struct krex_slot *krex_s = krex_enter();
+    krex_note_green_destroying(hCtx);
     CUresult krex_r = krex_real_fn(hCtx);
     krex_leave(krex_s);
     return krex_r;
@@ -732,6 +762,7 @@ KREX_HOOK CUresult cuInit(unsigned int Flags)
     KREX_BIND(cuInit);
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(Flags);
+    krex_note_init(krex_r);
     krex_leave(krex_s);
     return krex_r;
 }
@@ -863,11 +894,29 @@ KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsi
     return krex_r;
 }
 
+KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
+{
+    KREX_BIND(cuLibraryGetGlobal);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name)
 {
     KREX_BIND(cuLibraryGetKernel);
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pKernel, library, name);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
+{
+    KREX_BIND(cuLibraryGetManaged);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
     krex_leave(krex_s);
     return krex_r;
 }
@@ -2296,6 +2345,42 @@ KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
     return krex_r;
 }
 
+KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, CUmodule hmod, const char* name)
+{
+    KREX_BIND(cuModuleGetGlobal);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name)
+{
+    KREX_BIND(cuModuleGetGlobal_v2);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const char* name)
+{
+    KREX_BIND(cuModuleGetSurfRef);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(pSurfRef, hmod, name);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const char* name)
+{
+    KREX_BIND(cuModuleGetTexRef);
+    struct krex_slot *krex_s = krex_enter();
+    CUresult krex_r = krex_real_fn(pTexRef, hmod, name);
+    krex_leave(krex_s);
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
 {
     KREX_BIND(cuModuleLoad);
@@ -2732,11 +2817,11 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuArrayGetMemoryRequirements", 'D', 0},
     {"cuArrayGetPlane", 'D', 0},
     {"cuArrayGetSparseProperties", 'D', 0},
-    {"cuCheckpointProcessCheckpoint", 'D', 0},
+    {"cuCheckpointProcessCheckpoint", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuCheckpointProcessGetRestoreThreadId", 'D', 0},
     {"cuCheckpointProcessGetState", 'D', 0},
     {"cuCheckpointProcessLock", 'D', 0},
-    {"cuCheckpointProcessRestore", 'D', 0},
+    {"cuCheckpointProcessRestore", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuCheckpointProcessUnlock", 'D', 0},
     {"cuCoredumpGetAttribute", 'D', 0},
     {"cuCoredumpGetAttributeGlobal", 'D', 0},
@@ -2990,10 +3075,10 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuLaunchKernelEx_ptsz", 'A', KREX_EPF_GATED | KREX_EPF_LAUNCH | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
     {"cuLaunchKernel_ptsz", 'A', KREX_EPF_GATED | KREX_EPF_LAUNCH | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
     {"cuLibraryEnumerateKernels", 'D', 0},
-    {"cuLibraryGetGlobal", 'D', 0},
+    {"cuLibraryGetGlobal", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuLibraryGetKernel", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuLibraryGetKernelCount", 'D', 0},
-    {"cuLibraryGetManaged", 'D', 0},
+    {"cuLibraryGetManaged", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuLibraryGetModule", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuLibraryGetUnifiedFunction", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuLibraryLoadData", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
@@ -3197,11 +3282,11 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuModuleEnumerateFunctions", 'D', 0},
     {"cuModuleGetFunction", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuModuleGetFunctionCount", 'D', 0},
-    {"cuModuleGetGlobal", 'D', 0},
-    {"cuModuleGetGlobal_v2", 'D', 0},
+    {"cuModuleGetGlobal", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
+    {"cuModuleGetGlobal_v2", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuModuleGetLoadingMode", 'D', 0},
-    {"cuModuleGetSurfRef", 'D', 0},
-    {"cuModuleGetTexRef", 'D', 0},
+    {"cuModuleGetSurfRef", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
+    {"cuModuleGetTexRef", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuModuleLoad", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuModuleLoadData", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuModuleLoadDataEx", 'C', KREX_EPF_GATED | KREX_EPF_HOOKED},
@@ -3369,11 +3454,11 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     NULL,
     NULL,
     NULL,
+    (void *)cuCheckpointProcessCheckpoint,
     NULL,
     NULL,
     NULL,
-    NULL,
-    NULL,
+    (void *)cuCheckpointProcessRestore,
     NULL,
     NULL,
     NULL,
@@ -3627,10 +3712,10 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     (void *)cuLaunchKernelEx_ptsz,
     (void *)cuLaunchKernel_ptsz,
     NULL,
-    NULL,
+    (void *)cuLibraryGetGlobal,
     (void *)cuLibraryGetKernel,
     NULL,
-    NULL,
+    (void *)cuLibraryGetManaged,
     (void *)cuLibraryGetModule,
     (void *)cuLibraryGetUnifiedFunction,
     (void *)cuLibraryLoadData,
@@ -3834,11 +3919,11 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     NULL,
     (void *)cuModuleGetFunction,
     NULL,
+    (void *)cuModuleGetGlobal,
+    (void *)cuModuleGetGlobal_v2,
     NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)cuModuleGetSurfRef,
+    (void *)cuModuleGetTexRef,
     (void *)cuModuleLoad,
     (void *)cuModuleLoadData,
     (void *)cuModuleLoadDataEx,

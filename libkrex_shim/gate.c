@@ -16,12 +16,23 @@
  * submitter's increment, that increment is later in S, so the submitter's
  * read of `word` comes after the close and sees the gate closed: a racing
  * submission is either drained or blocked before it reaches the driver.
- * The same pairing (state = ACTIVE ; read word) serializes registration
+ * The same pairing (owner = ACTIVE ; read word) serializes registration
  * with closure.  docs/design/shim.md gives the argument in full.
  * Statistics use relaxed orders: nothing is ordered by them.
+ *
+ * Slot ownership.  A slot's state, generation and owner pid are one word
+ * (krex_slot.owner) and every transition is a seq_cst compare-and-swap
+ * from the exact word the caller judged: "this owner is dead", "this
+ * owner has pid P".  Any transition in between changes the generation, so
+ * the CAS fails and the judgement is dropped instead of being applied to
+ * a later owner.  Only the winner of a transition acts on it (frees the
+ * slot), and it frees by CAS from the DEAD word it made itself, so a
+ * reopen that freed the slot first, and whoever claimed it next, are left
+ * alone.
  */
 #define _GNU_SOURCE
 #include "krex_gate.h"
+#include "testhook.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -123,12 +134,14 @@ static int proc_stat(int32_t pid, uint64_t *start_ticks, int *zombie)
 }
 
 /* A slot's process is gone, a zombie (its contexts are torn down), or its
- * pid now names another process (start time differs). */
+ * pid now names another process (start time differs; 0: not checked).  A
+ * pid that is not positive names no process: garbage, hence dead (a
+ * registrant's pid is in the ownership word from its claim on). */
 static int process_dead(int32_t pid, uint64_t start_ticks)
 {
     int saved = errno, dead = 0;
     if (pid <= 0) {
-        dead = 0; /* not filled in yet: never declare it dead */
+        dead = 1;
     } else if (kill(pid, 0) != 0 && errno == ESRCH) {
         dead = 1;
     } else {
@@ -144,36 +157,53 @@ static int process_dead(int32_t pid, uint64_t start_ticks)
     return dead;
 }
 
-/* Return a slot to FREE.  The fields are cleared first and the state is
- * stored last with seq_cst, which also releases the cleared fields to the
- * next claimer (its CAS on state is seq_cst, hence acquires). */
-static void slot_free(struct krex_slot *s)
+/* The ownership word (seq_cst: it is the slot's half of the pairing of
+ * registration with closure, and every transition reads it fresh). */
+static inline uint64_t owner_load(struct krex_slot *s)
 {
-    atomic_store_explicit(&s->pid, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->tenant, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->inflight, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->ack_epoch, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->captures, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->start_ticks, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->state, KREX_SLOT_FREE, memory_order_seq_cst);
+    return atomic_load_explicit(&s->owner, memory_order_seq_cst);
 }
 
-/* Reclaim one slot whose process is dead: FREE while the gate is open,
- * DEAD while it is closed (freed at reopen; paper §4.2: "registration
- * entries for the processes being drained cannot be reassigned to
- * replacement processes until the region ends").  The CAS from the
- * observed state makes two reclaimers race safely. */
-static int slot_reclaim(struct krex_gate *g, struct krex_slot *s, uint32_t from)
+/* One ownership transition from the word `o` the caller judged to
+ * (state, pid) of the next generation; 1 for the winner.  seq_cst CAS:
+ * also releases the fields the caller wrote before it (a claimer's) and
+ * acquires those of the previous owner. */
+static int owner_cas(struct krex_slot *s, uint64_t o, uint32_t state, int32_t pid)
 {
-    uint32_t expected = from;
-    if (!atomic_compare_exchange_strong_explicit(&s->state, &expected, KREX_SLOT_DEAD,
-                                                 memory_order_seq_cst,
-                                                 memory_order_seq_cst))
+    return atomic_compare_exchange_strong_explicit(&s->owner, &o,
+                                                   krex_owner_next(o, state, pid),
+                                                   memory_order_seq_cst, memory_order_seq_cst);
+}
+
+/* Is the owner that `o` names gone?  ACTIVE: pid and start time; CLAIMING:
+ * pid only (this owner may not have written start_ticks yet, and what is
+ * there is the previous owner's).  The relaxed read of start_ticks is
+ * ordered by the seq_cst load of `o` (acquire) after the claimer's write;
+ * if a later owner rewrote it meanwhile, the caller's CAS on `o` fails. */
+static int owner_dead(struct krex_slot *s, uint64_t o)
+{
+    uint64_t ticks = krex_owner_state(o) == KREX_SLOT_ACTIVE
+                         ? atomic_load_explicit(&s->start_ticks, memory_order_relaxed)
+                         : 0;
+    return process_dead(krex_owner_pid(o), ticks);
+}
+
+/* Retire the ownership `o` (CLAIMING or ACTIVE) whose process is dead or
+ * has left: DEAD, then FREE if the gate is open (paper §4.2: "registration
+ * entries for the processes being drained cannot be reassigned to
+ * replacement processes until the region ends", so while it is closed the
+ * reopen frees it).  Returns 1 for the winner of the DEAD transition; a
+ * loser (the slot changed hands since `o` was read) does nothing. */
+static int slot_retire(struct krex_gate *g, struct krex_slot *s, uint64_t o)
+{
+    if (!owner_cas(s, o, KREX_SLOT_DEAD, krex_owner_pid(o)))
         return 0;
-    /* seq_cst: ordered after the DEAD store, so a close that we miss here
-     * sees the slot DEAD (and skips it) in its own scan. */
+    KREX_TEST_POINT("reclaim_marked");
+    /* seq_cst: ordered after the DEAD CAS, so a close that we miss here
+     * sees the slot DEAD (and skips it) in its own scan.  The free is a
+     * CAS from our own DEAD word: it fails if the reopen freed it first. */
     if (atomic_load_explicit(&g->word, memory_order_seq_cst) == 0)
-        slot_free(s);
+        owner_cas(s, krex_owner_next(o, KREX_SLOT_DEAD, krex_owner_pid(o)), KREX_SLOT_FREE, 0);
     return 1;
 }
 
@@ -334,11 +364,14 @@ KREX_GATE_API int krex_gate_slot_info(const struct krex_gate *g, uint32_t i,
         return -EINVAL;
     struct krex_slot *s = (struct krex_slot *)&g->slots[i];
     /* A status snapshot: relaxed reads, fields may be mutually stale. */
-    out->state = atomic_load_explicit(&s->state, memory_order_relaxed);
+    uint64_t o = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    out->state = krex_owner_state(o);
+    out->pid = krex_owner_pid(o);
+    out->generation = krex_owner_gen(o);
+    out->reserved_ = 0;
     out->inflight = atomic_load_explicit(&s->inflight, memory_order_relaxed) &
                     KREX_INFLIGHT_COUNT;
     out->ack_epoch = atomic_load_explicit(&s->ack_epoch, memory_order_relaxed);
-    out->pid = atomic_load_explicit(&s->pid, memory_order_relaxed);
     out->tenant = atomic_load_explicit(&s->tenant, memory_order_relaxed);
     out->captures = atomic_load_explicit(&s->captures, memory_order_relaxed);
     out->gated_calls = atomic_load_explicit(&s->gated_calls, memory_order_relaxed);
@@ -419,11 +452,11 @@ static uint32_t scan_pending(struct krex_gate *g, uint32_t holder, uint32_t epoc
     for (uint32_t i = 0; i < g->nslots; i++) {
         struct krex_slot *s = &g->slots[i];
         /* seq_cst: read after our close in S (Dekker with the
-         * registrant's ACTIVE store then word read).  A CLAIMING slot has
+         * registrant's ACTIVE CAS then word read).  A CLAIMING slot has
          * not yet published ACTIVE, so its registrant will read the word
          * after our close and block: it needs no drain. */
-        uint32_t st = atomic_load_explicit(&s->state, memory_order_seq_cst);
-        if (st != KREX_SLOT_ACTIVE)
+        uint64_t o = owner_load(s);
+        if (krex_owner_state(o) != KREX_SLOT_ACTIVE)
             continue;
         /* Written before ACTIVE was published; the seq_cst load above
          * acquired them. */
@@ -433,11 +466,12 @@ static uint32_t scan_pending(struct krex_gate *g, uint32_t holder, uint32_t epoc
             (atomic_load_explicit(&s->inflight, memory_order_seq_cst) &
              KREX_INFLIGHT_COUNT) == 0)
             continue;
-        if (check_live &&
-            process_dead(atomic_load_explicit(&s->pid, memory_order_relaxed),
-                         atomic_load_explicit(&s->start_ticks, memory_order_relaxed))) {
-            slot_reclaim(g, s, KREX_SLOT_ACTIVE);
-            continue;
+        if (check_live && owner_dead(s, o)) {
+            KREX_TEST_POINT("scan_judged");
+            /* Lost: the slot changed hands since `o`; count it pending
+             * and judge the new owner in the next scan. */
+            if (slot_retire(g, s, o))
+                continue;
         }
         if (pending)
             pending[n] = i;
@@ -516,12 +550,13 @@ KREX_GATE_API int krex_gate_reopen(struct krex_gate *g, uint32_t holder, uint32_
         return -ESTALE;
     /* The region is over: DEAD slots may be reassigned now. */
     for (uint32_t i = 0; i < g->nslots; i++) {
-        uint32_t st = KREX_SLOT_DEAD;
-        if (atomic_compare_exchange_strong_explicit(&g->slots[i].state, &st,
-                                                    KREX_SLOT_CLAIMING,
-                                                    memory_order_seq_cst,
-                                                    memory_order_seq_cst))
-            slot_free(&g->slots[i]);
+        uint64_t o = owner_load(&g->slots[i]);
+        if (krex_owner_state(o) != KREX_SLOT_DEAD)
+            continue;
+        KREX_TEST_POINT("reopen_judged");
+        /* From the DEAD word read: a reclaimer that freed it first makes
+         * this CAS fail, and the slot's next owner is left alone. */
+        owner_cas(&g->slots[i], o, KREX_SLOT_FREE, 0);
     }
     /* seq_cst RMW after the CAS: a parked submitter read seq before it
      * re-read the word, so either it saw the open word or its futex wait
@@ -538,12 +573,21 @@ KREX_GATE_API int krex_gate_reclaim_dead(struct krex_gate *g)
     int n = 0;
     for (uint32_t i = 0; i < g->nslots; i++) {
         struct krex_slot *s = &g->slots[i];
-        uint32_t st = atomic_load_explicit(&s->state, memory_order_seq_cst);
+        uint64_t o = owner_load(s);
+        uint32_t st = krex_owner_state(o);
+        if (st == KREX_SLOT_DEAD) {
+            /* Left DEAD while open (its retirer died before freeing it):
+             * seq_cst word read after the owner read, as in slot_retire. */
+            if (atomic_load_explicit(&g->word, memory_order_seq_cst) == 0)
+                n += owner_cas(s, o, KREX_SLOT_FREE, 0);
+            continue;
+        }
         if (st != KREX_SLOT_ACTIVE && st != KREX_SLOT_CLAIMING)
             continue;
-        if (process_dead(atomic_load_explicit(&s->pid, memory_order_relaxed),
-                         atomic_load_explicit(&s->start_ticks, memory_order_relaxed)))
-            n += slot_reclaim(g, s, st);
+        if (owner_dead(s, o)) {
+            KREX_TEST_POINT("reclaim_judged");
+            n += slot_retire(g, s, o);
+        }
     }
     return n;
 }
@@ -611,22 +655,22 @@ KREX_GATE_API void krex_gate_leave(struct krex_gate *g, struct krex_slot *s)
         wake_idle(s);
 }
 
-/* Claim a FREE slot for (tenant, pid): CLAIMING, fields filled, then
- * ACTIVE with inflight == 1.  Returns its index or -ENOSPC. */
+/* Claim a FREE slot for (tenant, pid): CLAIMING with our pid, fields
+ * filled, then ACTIVE with inflight == 1.  Returns its index or -ENOSPC. */
 static int claim_slot(struct krex_gate *g, uint32_t tenant, int32_t pid, uint64_t ticks)
 {
     for (uint32_t i = 0; i < g->nslots; i++) {
         struct krex_slot *s = &g->slots[i];
-        uint32_t expected = KREX_SLOT_FREE;
-        /* seq_cst CAS: claims the slot exclusively and acquires the fields
-         * cleared by slot_free(). */
-        if (!atomic_compare_exchange_strong_explicit(&s->state, &expected,
-                                                     KREX_SLOT_CLAIMING,
-                                                     memory_order_seq_cst,
-                                                     memory_order_seq_cst))
+        uint64_t o = owner_load(s);
+        /* seq_cst CAS: claims the slot exclusively (the pid is in the word
+         * from now on, so nobody judges this claim by an older owner). */
+        if (krex_owner_state(o) != KREX_SLOT_FREE || !owner_cas(s, o, KREX_SLOT_CLAIMING, pid))
             continue;
-        /* Relaxed: published by the seq_cst ACTIVE store below. */
-        atomic_store_explicit(&s->pid, pid, memory_order_relaxed);
+        uint64_t claimed = krex_owner_next(o, KREX_SLOT_CLAIMING, pid);
+        /* Relaxed: published by the seq_cst ACTIVE CAS below.  Every field
+         * of the previous owner is overwritten here (a freed slot keeps
+         * them, so that krexd can read the record of a process that
+         * ended). */
         atomic_store_explicit(&s->tenant, tenant, memory_order_relaxed);
         atomic_store_explicit(&s->start_ticks, ticks, memory_order_relaxed);
         atomic_store_explicit(&s->ack_epoch, 0, memory_order_relaxed);
@@ -634,15 +678,16 @@ static int claim_slot(struct krex_gate *g, uint32_t tenant, int32_t pid, uint64_
         atomic_store_explicit(&s->gated_calls, 0, memory_order_relaxed);
         atomic_store_explicit(&s->blocked_calls, 0, memory_order_relaxed);
         atomic_store_explicit(&s->last_drain_ns, 0, memory_order_relaxed);
-        /* The memory record of the slot's previous owner, which
-         * slot_free() leaves for krexd to read, starts over. */
         atomic_store_explicit(&s->mem_mib, 0, memory_order_relaxed);
         atomic_store_explicit(&s->oom, 0, memory_order_relaxed);
         atomic_store_explicit(&s->inflight, 1, memory_order_seq_cst);
-        /* Publish (seq_cst): the registration half of the Dekker pairing
-         * with close-then-scan; the caller reads the word next. */
-        atomic_store_explicit(&s->state, KREX_SLOT_ACTIVE, memory_order_seq_cst);
-        return (int)i;
+        KREX_TEST_POINT("claim_filled");
+        /* Publish (seq_cst CAS): the registration half of the Dekker
+         * pairing with close-then-scan; the caller reads the word next.
+         * It fails only if our claim was retired meanwhile (judged dead
+         * or forgotten by pid): the slot is no longer ours, try another. */
+        if (owner_cas(s, claimed, KREX_SLOT_ACTIVE, pid))
+            return (int)i;
     }
     return -ENOSPC;
 }
@@ -703,10 +748,13 @@ KREX_GATE_API int krex_gate_forget_pid(struct krex_gate *g, int32_t pid)
     int n = 0;
     for (uint32_t i = 0; i < g->nslots; i++) {
         struct krex_slot *s = &g->slots[i];
-        uint32_t st = atomic_load_explicit(&s->state, memory_order_seq_cst);
-        if ((st == KREX_SLOT_ACTIVE || st == KREX_SLOT_CLAIMING) &&
-            atomic_load_explicit(&s->pid, memory_order_relaxed) == pid)
-            n += slot_reclaim(g, s, st);
+        uint64_t o = owner_load(s);
+        uint32_t st = krex_owner_state(o);
+        /* The pid is matched in the same word the CAS is made from. */
+        if ((st == KREX_SLOT_ACTIVE || st == KREX_SLOT_CLAIMING) && krex_owner_pid(o) == pid) {
+            KREX_TEST_POINT("forget_matched");
+            n += slot_retire(g, s, o);
+        }
     }
     return n;
 }

@@ -334,14 +334,16 @@ static void scan_gate(struct scan *sc, struct krex_slot *mine)
     uint32_t n = g->nslots < KREX_GATE_MAX_SLOTS ? g->nslots : KREX_GATE_MAX_SLOTS;
     for (uint32_t i = 0; i < n; i++) {
         struct krex_slot *s = &g->slots[i];
-        /* Acquire: the owner's pid and tenant were published by its
-         * seq_cst ACTIVE store.  The memory fields are hints (relaxed). */
-        if (s == mine || atomic_load_explicit(&s->state, memory_order_acquire) != KREX_SLOT_ACTIVE)
+        /* Acquire: the owner's tenant was published by its seq_cst ACTIVE
+         * CAS (the pid is in the word).  The memory fields are hints
+         * (relaxed). */
+        uint64_t o = s == mine ? 0 : atomic_load_explicit(&s->owner, memory_order_acquire);
+        if (krex_owner_state(o) != KREX_SLOT_ACTIVE)
             continue;
         uint32_t tenant = atomic_load_explicit(&s->tenant, memory_order_relaxed);
         uint64_t mib = atomic_load_explicit(&s->mem_mib, memory_order_relaxed);
         uint32_t oom = atomic_load_explicit(&s->oom, memory_order_relaxed);
-        if (!alive(atomic_load_explicit(&s->pid, memory_order_relaxed)))
+        if (!alive(krex_owner_pid(o)))
             continue;
         if (tenant == krex_tenant) {
             sc->own_bytes += mib * MIB;

@@ -6,7 +6,13 @@
  *   krex_shim_region_begin(epoch, l2_flush)
  *       resets the launch counter and flushes L2: a memset over a buffer of
  *       CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE bytes, allocated once per context
- *       in the calling thread's current context, then synchronized.
+ *       in the calling thread's current context, then synchronized.  The
+ *       buffer lives as long as its context (forgotten when the context is
+ *       destroyed or its primary reset: the memory goes with it).
+ *   krex_shim_region_l2_flushed()
+ *       1 when the last krex_shim_region_begin() did flush L2, else 0 (no
+ *       context, an open capture, no memory for the buffer, an error), so
+ *       the region's record says what happened, not what was asked.
  *   krex_shim_region_end(&sync_ns, &launches)
  *       synchronizes every context of this process (work left on a private
  *       side stream must not run alongside the siblings once they thaw) and
@@ -19,8 +25,6 @@
 #include <errno.h>
 #include <pthread.h>
 
-#define MAX_L2_BUFFERS 16
-
 struct l2buf {
     CUcontext ctx;
     CUdevice dev;
@@ -29,9 +33,10 @@ struct l2buf {
 };
 
 static pthread_mutex_t l2_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct l2buf l2[MAX_L2_BUFFERS];
-static size_t nl2;
+static struct l2buf *l2; /* one per context that flushed; grows, never evicts */
+static size_t nl2, l2cap;
 static _Atomic uint32_t region_epoch;
+static _Atomic int l2_flushed;
 
 /* A buffer of ours that the driver no longer knows (its context was torn
  * down and the handle reused) is found out before it is written. */
@@ -82,8 +87,20 @@ static CUresult l2_buffer(CUcontext ctx, CUdeviceptr *ptr, size_t *size)
     CUdeviceptr p;
     if ((r = alloc(&p, (size_t)bytes)) != CUDA_SUCCESS)
         goto out;
-    if (nl2 == MAX_L2_BUFFERS)
-        l2_drop(0); /* forget the oldest; its context keeps the memory */
+    if (nl2 == l2cap) {
+        size_t cap = l2cap ? 2 * l2cap : 8;
+        struct l2buf *v = realloc(l2, cap * sizeof *v);
+        if (!v) {
+            /* Not remembered, so not reusable: give it back now. */
+            __typeof__(&cuMemFree_v2) mfree = KREX_REAL(cuMemFree_v2);
+            if (mfree)
+                mfree(p);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            goto out;
+        }
+        l2 = v;
+        l2cap = cap;
+    }
     l2[nl2++] = (struct l2buf){ctx, dev, p, (size_t)bytes};
     *ptr = p;
     *size = (size_t)bytes;
@@ -129,6 +146,7 @@ void krex_region_atfork_child(void)
 {
     nl2 = 0; /* the parent's buffers belong to contexts the child cannot use */
     atomic_store_explicit(&region_epoch, 0, memory_order_relaxed);
+    atomic_store_explicit(&l2_flushed, 0, memory_order_relaxed);
     pthread_mutex_unlock(&l2_mu);
 }
 
@@ -139,6 +157,8 @@ KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
     CUresult r = CUDA_SUCCESS;
     atomic_store_explicit(&region_epoch, epoch, memory_order_relaxed);
     atomic_store_explicit(&krex_launches, 0, memory_order_relaxed);
+    /* Relaxed: read back by the same thread (the client) after the call. */
+    atomic_store_explicit(&l2_flushed, 0, memory_order_relaxed);
     if (!l2_flush || !krex_libcuda_if_loaded())
         goto out; /* no driver loaded: no context, nothing to flush */
     if (krex_captures() != 0) {
@@ -171,13 +191,19 @@ KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
         r = CUDA_ERROR_NOT_FOUND;
         goto out;
     }
-    if ((r = memset8(p, (unsigned char)(epoch & 0xff), size)) == CUDA_SUCCESS)
-        r = sync();
+    if ((r = memset8(p, (unsigned char)(epoch & 0xff), size)) == CUDA_SUCCESS &&
+        (r = sync()) == CUDA_SUCCESS)
+        atomic_store_explicit(&l2_flushed, 1, memory_order_relaxed);
 out:
     if (r != CUDA_SUCCESS)
         krex_log(KREX_LOG_WARN, "region %u: L2 flush failed: %d", epoch, (int)r);
     errno = saved;
     return (int)r;
+}
+
+KREX_EXPORT int krex_shim_region_l2_flushed(void)
+{
+    return atomic_load_explicit(&l2_flushed, memory_order_relaxed);
 }
 
 KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)

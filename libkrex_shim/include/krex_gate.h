@@ -33,7 +33,11 @@
  * Version history: 1 (initial); 2 adds krex_slot.start_ticks (pid reuse
  * and exec detection) and the in-flight counter's waiter bit; 3 adds
  * krex_slot.mem_mib/oom and the header's mem_seq/mem_waiters (carved from
- * padding) and their fields in struct krex_slot_info.  Any change of the
+ * padding) and their fields in struct krex_slot_info; 4: a slot's state and
+ * pid become one 64-bit ownership word with a generation (krex_slot.owner,
+ * below), so that every ownership transition is one compare-and-swap on the
+ * owner's identity (inflight, ack_epoch and captures move up by 4 bytes),
+ * and struct krex_slot_info gains the generation.  Any change of the
  * file layout, of struct krex_slot_info or of a function's signature bumps
  * the version: krex_gate_open() refuses a file of another version (EPROTO;
  * krex_gate_file_version() says which), and krexd refuses a library of
@@ -50,18 +54,57 @@ extern "C" {
 #endif
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
-#define KREX_GATE_VERSION 3u
+#define KREX_GATE_VERSION 4u
 #define KREX_GATE_MAX_SLOTS 256u
 
-/* Slot states.  FREE -> CLAIMING -> ACTIVE -> (FREE | DEAD -> FREE). */
+/* Slot states (the low byte of krex_slot.owner).  Every transition is one
+ * compare-and-swap of the whole ownership word (gate.c):
+ *
+ *   FREE -> CLAIMING     a registrant claims it (its pid enters the word)
+ *   CLAIMING -> ACTIVE   the registrant published its fields
+ *   CLAIMING|ACTIVE -> DEAD   the owner is gone, or forgot the slot
+ *   DEAD -> FREE         while the gate is open: by the winner of the DEAD
+ *                        transition, or by krexd's reopen (whoever's CAS
+ *                        succeeds; the other's fails on the generation)
+ *
+ * There is no other transient state, so a judgement about a slot's owner
+ * (dead, or a given pid) always names the exact ownership it was made on. */
 enum krex_slot_state {
     KREX_SLOT_FREE = 0,     /* unused */
-    KREX_SLOT_CLAIMING = 1, /* a process is filling in pid/tenant */
+    KREX_SLOT_CLAIMING = 1, /* a process is filling in its fields */
     KREX_SLOT_ACTIVE = 2,   /* a live process; must acknowledge drains */
-    KREX_SLOT_DEAD = 3,     /* its process died while a gate was closed;
-                               freed by the coordinator at reopen, never
+    KREX_SLOT_DEAD = 3,     /* its process died or left; while a gate is
+                               closed it stays DEAD until the reopen, never
                                reassigned during the region (paper §4.2) */
 };
+
+/* krex_slot.owner: a slot's ownership in one word, changed only by
+ * compare-and-swap (one word, so that it can later live in memory the
+ * owning tenant alone may write):
+ *
+ *   bits 0-7    state (enum krex_slot_state)
+ *   bits 8-31   generation: +1 (mod 2^24) on every transition, so a CAS
+ *               from a word read earlier fails once the slot changed
+ *               hands, even back to the same state and pid (an ABA needs
+ *               2^24 transitions of one slot inside one reclaimer's
+ *               read-check-CAS window, a few microseconds)
+ *   bits 32-63  pid of the owner (krexd's pid namespace); 0 when FREE */
+#define KREX_OWNER_STATE_MASK 0xffu
+#define KREX_OWNER_GEN_SHIFT 8u
+#define KREX_OWNER_GEN_MASK 0xffffffu
+
+static inline uint32_t krex_owner_state(uint64_t o) { return (uint32_t)o & KREX_OWNER_STATE_MASK; }
+static inline uint32_t krex_owner_gen(uint64_t o)
+{
+    return ((uint32_t)o >> KREX_OWNER_GEN_SHIFT) & KREX_OWNER_GEN_MASK;
+}
+static inline int32_t krex_owner_pid(uint64_t o) { return (int32_t)(uint32_t)(o >> 32); }
+/* The word after a transition of `o` to (state, pid): next generation. */
+static inline uint64_t krex_owner_next(uint64_t o, uint32_t state, int32_t pid)
+{
+    uint32_t gen = (krex_owner_gen(o) + 1u) & KREX_OWNER_GEN_MASK;
+    return ((uint64_t)(uint32_t)pid << 32) | ((uint64_t)gen << KREX_OWNER_GEN_SHIFT) | state;
+}
 
 /* krex_slot.oom: what libkrex_shim did with CUDA_ERROR_OUT_OF_MEMORY in
  * this process (docs/design/memory.md).  Three saturating counters, the
@@ -102,10 +145,9 @@ enum krex_oom_reason {
 #define KREX_INFLIGHT_COUNT 0x7fffffffu
 
 struct krex_slot {
-    _Atomic uint32_t state;      /* enum krex_slot_state */
+    _Atomic uint64_t owner;      /* state | generation | pid, see above */
     _Atomic uint32_t inflight;   /* in-flight driver calls; futex word */
     _Atomic uint32_t ack_epoch;  /* last epoch this process drained for */
-    _Atomic int32_t pid;         /* owning process (krexd's pid namespace) */
     _Atomic uint32_t tenant;     /* owning tenant id */
     _Atomic uint32_t captures;   /* stream captures open in this process */
     _Atomic uint64_t gated_calls;   /* statistics: calls that passed the gate */
@@ -179,6 +221,8 @@ struct krex_slot_info {
     uint32_t oom_own;     /* OOMs returned as the tenant's own */
     uint32_t oom_last;    /* enum krex_oom_reason of the last one returned */
     uint32_t oom_waiting; /* 1 while an allocation waits for co-tenants */
+    uint32_t generation; /* of the ownership word (version 4) */
+    uint32_t reserved_;
 };
 
 /* Return codes: 0 on success, negative errno values on failure. */
@@ -224,7 +268,8 @@ int krex_gate_close(struct krex_gate *g, uint32_t holder, uint32_t epoch);
 
 /* Step 3: wait until every ACTIVE slot of another tenant has
  * ack_epoch == epoch and inflight == 0.  Slots whose process has died are
- * marked DEAD and skipped.  Spins briefly, then parks on ack_seq.
+ * marked DEAD (bound to that owner, as in krex_gate_reclaim_dead) and
+ * skipped.  Spins briefly, then parks on ack_seq.
  * timeout_ns bounds the wait: -ETIMEDOUT, with the indices of the slots
  * still pending written to pending[0..*npending) (pending must hold
  * KREX_GATE_MAX_SLOTS entries; either may be NULL).  -ESTALE if the gate
@@ -238,10 +283,13 @@ int krex_gate_wait_drained(struct krex_gate *g, uint32_t holder, uint32_t epoch,
  * every parked submitter.  -ESTALE if the word differs. */
 int krex_gate_reopen(struct krex_gate *g, uint32_t holder, uint32_t epoch);
 
-/* Reclaim slots whose process no longer exists (gone, a zombie, or its pid
- * reused): freed at once while the gate is open, marked DEAD (freed at
- * reopen) while it is closed, so that no slot is reassigned during a
- * region.  Returns how many were reclaimed. */
+/* Reclaim slots whose process no longer exists (gone, a zombie, its pid
+ * reused, or a pid that is not positive): freed at once while the gate is
+ * open, marked DEAD (freed at reopen) while it is closed, so that no slot
+ * is reassigned during a region; DEAD slots found while open are freed.
+ * Each judgement is bound to the ownership word it was made on (a slot
+ * that changed hands meanwhile is left alone).  Returns how many were
+ * reclaimed. */
 int krex_gate_reclaim_dead(struct krex_gate *g);
 
 /* ---- tenant side (libkrex_shim) ---------------------------------------- */
@@ -261,7 +309,8 @@ int krex_gate_register(struct krex_gate *g, uint32_t tenant, int32_t pid);
 
 /* Free (FREE while open, DEAD while closed) the slots that `pid` claimed
  * in an earlier program image: after an execve the process keeps its pid
- * but loses its drainer.  Call before the new image registers.  Returns
+ * but loses its drainer.  Call before the new image registers.  The pid
+ * is matched in the ownership word the transition is made from.  Returns
  * how many. */
 int krex_gate_forget_pid(struct krex_gate *g, int32_t pid);
 

@@ -154,11 +154,16 @@ def classify(entries: dict[str, Entry], rules: dict[str, object]) -> None:
     """Give each entry its class and hook behaviour; raise GenError listing every problem."""
     problems: list[str] = []
     explicit: dict[str, str] = {}
+    reviewed: set[str] = set()
     for cls in "ABCD":
         table = rules.get(cls, {})
         if not isinstance(table, dict):
             raise GenError(f"classes.toml: [{cls}] must be a table")
-        for n in _names(table):
+        listed = _names(table)
+        if cls == "D":
+            reviewed = set(_names(table, "reviewed"))
+            listed = listed + sorted(reviewed)
+        for n in listed:
             if n in explicit and explicit[n] != cls:
                 problems.append(f"{n}: listed in both {explicit[n]} and {cls}")
             explicit[n] = cls
@@ -167,14 +172,22 @@ def classify(entries: dict[str, Entry], rules: dict[str, object]) -> None:
     d_table = rules.get("D", {})
     patterns = _names(d_table, "patterns") if isinstance(d_table, dict) else []
     for e in entries.values():
+        takes_stream = any(p.type.replace("const ", "") == "CUstream" for p in e.params)
+        risky = takes_stream or (RISKY.search(e.name) is not None and "Node" not in e.name)
         if e.name in explicit:
             e.cls = explicit[e.name]
+            # A name that may do device work reaches D only through
+            # [D] reviewed, where each one says why it does not.
+            if e.cls == "D" and risky and e.name not in reviewed:
+                problems.append(
+                    f"{e.name}: may do device work; classify it in A/B/C, or list it "
+                    "under [D] reviewed with the reason it does not"
+                )
             continue
         if not any(fnmatch.fnmatchcase(e.name, p) for p in patterns):
             problems.append(f"{e.name}: unclassified (add it to classes.toml)")
             continue
-        takes_stream = any(p.type.replace("const ", "") == "CUstream" for p in e.params)
-        if takes_stream or (RISKY.search(e.name) and "Node" not in e.name):
+        if risky:
             problems.append(
                 f"{e.name}: may do device work; classify it explicitly, not by a D pattern"
             )

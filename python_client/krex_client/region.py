@@ -76,6 +76,10 @@ class _Shim:
         lib = ctypes.CDLL(None)
         self.begin: Any = getattr(lib, "krex_shim_region_begin", None)
         self.end: Any = getattr(lib, "krex_shim_region_end", None)
+        self.flushed: Any = getattr(lib, "krex_shim_region_l2_flushed", None)
+        if self.flushed is not None:
+            self.flushed.argtypes = []
+            self.flushed.restype = ctypes.c_int
         if self.begin is not None:
             self.begin.argtypes = [ctypes.c_uint32, ctypes.c_int]
             self.begin.restype = ctypes.c_int
@@ -83,12 +87,19 @@ class _Shim:
             self.end.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
             self.end.restype = ctypes.c_int
 
-    def region_begin(self, epoch: int, l2_flush: bool) -> None:
-        """Step 5, holder side: flush L2 in the current context (paper §4.2)."""
-        if self.begin is not None:
-            rc = self.begin(epoch, 1 if l2_flush else 0)
-            if rc != 0:
-                raise RegionError(f"L2 flush at region entry failed (CUresult {rc})")
+    def region_begin(self, epoch: int, l2_flush: bool) -> bool:
+        """Step 5, holder side: flush L2 in the current context (paper §4.2).
+
+        Returns whether L2 was actually flushed (the shim may have had no
+        context, an open capture or no memory for the buffer); raises
+        RegionError when the flush failed.
+        """
+        if self.begin is None:
+            return False
+        rc = self.begin(epoch, 1 if l2_flush else 0)
+        if rc != 0:
+            raise RegionError(f"L2 flush at region entry failed (CUresult {rc})")
+        return self.flushed is not None and bool(self.flushed())
 
     def region_end(self) -> tuple[float, int]:
         """Step 7, holder side: synchronize own contexts; (sync ms, launches in region)."""
@@ -124,6 +135,7 @@ class Region:
             "region_ms": 0.0,
             "sync_ms": 0.0,
             "launches": 0.0,
+            "l2_flushed": 0.0,
         }
 
     @staticmethod
@@ -136,7 +148,9 @@ class Region:
 
         Keys: entry_ms (request to grant), wait_ms (waiting for the region
         lock), drain_ms, freeze_ms, region_ms (grant to exit), sync_ms (the
-        holder's own GPU work at exit), launches.  All zero outside krex.
+        holder's own GPU work at exit), launches, l2_flushed (1 when the
+        shim flushed L2 at entry, 0 when it did not, whatever the grant
+        asked).  All zero outside krex.
         """
         return dict(self._stats)
 
@@ -186,7 +200,9 @@ class Region:
         if self._shim is None:
             self._shim = _Shim()
         try:
-            self._shim.region_begin(int(grant["epoch"]), bool(grant.get("l2_flush", True)))
+            flushed = self._shim.region_begin(
+                int(grant["epoch"]), bool(grant.get("l2_flush", True))
+            )
         except BaseException:
             self._request(
                 conn, "region_exit", {"epoch": grant["epoch"], "sync_ms": 0.0, "launches": 0}
@@ -210,6 +226,7 @@ class Region:
                 "region_ms": float(reply.get("region_ms", 0.0)),
                 "sync_ms": sync_ms,
                 "launches": float(launches),
+                "l2_flushed": 1.0 if flushed else 0.0,
             }
 
     @staticmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gate import Gate, OomRecord, SlotInfo
+from krexd.gate import ABI_VERSION, Gate, OomRecord, SlotInfo
 from krexd.memory.records import RegistrationLedger, TenantMemory
 from tests.support import REPO, ShimBuild
 
@@ -30,14 +30,13 @@ int main(int argc, char **argv)
     if (!g)
         return 1;
     struct krex_slot *s = &g->slots[5];
-    atomic_store(&s->pid, 4242);
     atomic_store(&s->tenant, 9);
     atomic_store(&s->mem_mib, 300);
     atomic_store(&s->oom, (7u << KREX_OOM_WAITED_SHIFT) | (3u << KREX_OOM_FAILED_SHIFT) |
                               (2u << KREX_OOM_OWN_SHIFT) |
                               ((unsigned)KREX_OOM_IN_REGION << KREX_OOM_LAST_SHIFT) |
                               KREX_OOM_WAITING);
-    atomic_store(&s->state, KREX_SLOT_ACTIVE);
+    atomic_store(&s->owner, krex_owner_next(atomic_load(&s->owner), KREX_SLOT_ACTIVE, 4242));
     krex_gate_unmap(g);
     return 0;
 }
@@ -91,7 +90,7 @@ def test_a_gate_of_another_layout_version_is_refused_by_name(
     with open(path, "r+b") as f:  # the version field: bytes 8..11 of every version
         f.seek(8)
         f.write((2).to_bytes(4, "little"))
-    with pytest.raises(Exception, match="gate layout version 2, this krexd expects 3"):
+    with pytest.raises(Exception, match=f"gate layout version 2, this krexd expects {ABI_VERSION}"):
         Gate.open(str(path))
     path.write_bytes(b"\0" * os.path.getsize(path))
     with pytest.raises(Exception, match="not a krex gate"):

@@ -90,8 +90,18 @@ def test_every_declared_function_is_classified(
         assert classes[name] == "A", name
     for name in ("cuCtxSynchronize_v2", "cuStreamSynchronize", "cuEventQuery"):
         assert classes[name] == "B", name
-    for name in ("cuInit", "cuCtxCreate_v4", "cuDevicePrimaryCtxRetain", "cuModuleLoadData"):
+    for name in (
+        "cuInit",
+        "cuCtxCreate_v4",
+        "cuDevicePrimaryCtxRetain",
+        "cuModuleLoadData",
+        "cuModuleGetGlobal_v2",
+        "cuLibraryGetGlobal",
+        "cuLibraryGetManaged",
+    ):
         assert classes[name] == "C", name
+    for name in ("cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore"):
+        assert classes[name] == "A", name
     for name in ("cuMemAlloc_v2", "cuStreamCreate", "cuGetProcAddress_v2", "cuGetExportTable"):
         assert classes[name] == "D", name
 
@@ -162,7 +172,17 @@ def test_generator_refuses_incomplete_classification(tmp_path: Path) -> None:
         text.replace('"cuMemcpyAsync", ', "", 1)
         .replace('"cuStreamGetPriority", ', "", 1)
         .replace('"cuArray*", ', '"cuArray*", "cuStreamGet*", ', 1)
+        # A plain [D] name that may do device work is refused as well.
+        .replace(
+            '"cuStreamIsCapturing", "cuStreamIsCapturing_ptsz",', '"cuStreamIsCapturing_ptsz",', 1
+        )
+        .replace(
+            'names = [\n    "cuStreamCreate",',
+            'names = [\n    "cuStreamIsCapturing", "cuStreamCreate",',
+            1,
+        )
     )
+    assert '"cuStreamIsCapturing", "cuStreamCreate"' in broken
     assert broken.count("cuMemcpyAsync") < text.count("cuMemcpyAsync")
     assert "cuStreamGet*" in broken
     (tmp_path / "classes.toml").write_text(broken)
@@ -184,4 +204,5 @@ def test_generator_refuses_incomplete_classification(tmp_path: Path) -> None:
     assert "cuMemcpyAsync: unclassified" in proc.stderr
     # A stream-taking name may not reach D through a pattern.
     assert "cuStreamGetPriority: may do device work" in proc.stderr
+    assert "cuStreamIsCapturing: may do device work; classify it in A/B/C" in proc.stderr
     assert not (tmp_path / "entrypoints.gen.c").exists()

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import Gate
+from krexd.gate import ABI_VERSION, Gate
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
 from tests.support import json_lines
@@ -295,6 +295,7 @@ def test_holder_region_begin_end(
     b = holder.run("region_begin 3 1")
     flush = [r for r in records_of(fc, holder.pid) if r.kind == timeline.MEMSET]
     assert len(flush) == 1 and b["t0"] <= flush[0].start_ns and flush[0].end_ns <= b["t1"]
+    assert b["flushed"] == 1  # the record says what happened
     # The fake device moves bytes at 1 TB/s: the memset covered the whole L2.
     assert abs(flush[0].duration_ns - FAKE_L2_BYTES / 1e3) < 2000
     holder.run("launch 1 5 20000000")  # 100 ms left running on a side stream
@@ -322,6 +323,7 @@ def test_region_runs_unflushed_when_the_gpu_has_no_room_for_the_flush_buffer(
     gate.wait_drained(HOLDER, 5, 5.0)
     b = holder.run("region_begin 5 1")
     assert b["rc"] == 0
+    assert b["flushed"] == 0  # asked for, not done: the record must not claim it
     assert not [r for r in records_of(fc, holder.pid) if r.kind == timeline.MEMSET]
     holder.run("launch 0 2 1000000")
     e = holder.run("region_end")
@@ -457,8 +459,9 @@ def test_a_gate_of_another_layout_version_is_refused_by_name(
     )
     assert out.returncode == 0  # pass-through, as without a gate
     (warning,) = [ln for ln in out.stderr.splitlines() if "krex-shim" in ln]
-    assert "old.gate" in warning and "gate layout version 2, this libkrex_shim.so expects 3" in (
-        warning
+    assert (
+        "old.gate" in warning
+        and f"gate layout version 2, this libkrex_shim.so expects {ABI_VERSION}" in (warning)
     )
 
 

@@ -18,8 +18,12 @@
  *   end ID                     cuStreamEndCapture + cuGraphInstantiateWithFlags
  *   graph ID                   cuGraphLaunch of the last instantiated graph on ID
  *   sync ID | ctxsync          cuStreamSynchronize / cuCtxSynchronize
- *   region_begin EPOCH L2      krex_shim_region_begin (found with dlsym(RTLD_DEFAULT))
+ *   region_begin EPOCH L2      krex_shim_region_begin (found with dlsym(RTLD_DEFAULT)):
+ *                              adds "flushed" (krex_shim_region_l2_flushed)
  *   region_end                 krex_shim_region_end: adds "sync_ns" and "launches"
+ *   exitflush PATH             exit(0) with 256 KiB of fully buffered output for
+ *                              PATH (a FIFO) still in stdio: the exit blocks in
+ *                              its final flush until the test reads (no reply)
  *   quit
  */
 #define _GNU_SOURCE
@@ -144,13 +148,14 @@ int main(void)
         (int (*)(uint32_t, int))dlsym(RTLD_DEFAULT, "krex_shim_region_begin");
     int (*region_end)(uint64_t *, uint64_t *) =
         (int (*)(uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT, "krex_shim_region_end");
+    int (*l2_flushed)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "krex_shim_region_l2_flushed");
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
-        char cmd[32] = "", a[32] = "", b[32] = "", c[32] = "";
-        if (sscanf(line, "%31s %31s %31s %31s", cmd, a, b, c) < 1)
+        char cmd[32] = "", a[200] = "", b[32] = "", c[32] = "";
+        if (sscanf(line, "%31s %199s %31s %31s", cmd, a, b, c) < 1)
             continue;
         uint64_t t0 = now_ns(), sync_ns = 0, launches = 0;
-        int r = 0, extra = 0;
+        int r = 0, extra = 0, flushed = -1;
         if (!strcmp(cmd, "init")) {
             r = cmd_init(a);
         } else if (!strcmp(cmd, "stream")) {
@@ -176,9 +181,19 @@ int main(void)
             r = p_cuCtxSynchronize();
         } else if (!strcmp(cmd, "region_begin")) {
             r = region_begin ? region_begin((uint32_t)atoi(a), atoi(b)) : -1;
+            flushed = l2_flushed ? l2_flushed() : -1;
         } else if (!strcmp(cmd, "region_end")) {
             r = region_end ? region_end(&sync_ns, &launches) : -1;
             extra = 1;
+        } else if (!strcmp(cmd, "exitflush")) {
+            FILE *f = fopen(a, "w");
+            static char big[1 << 20], chunk[4096];
+            if (!f || setvbuf(f, big, _IOFBF, sizeof big) != 0)
+                return 3;
+            memset(chunk, 'x', sizeof chunk);
+            for (int i = 0; i < 64; i++)
+                fwrite(chunk, 1, sizeof chunk, f);
+            exit(0);
         } else if (!strcmp(cmd, "quit")) {
             break;
         } else {
@@ -190,6 +205,8 @@ int main(void)
         if (extra)
             printf(", \"sync_ns\": %llu, \"launches\": %llu", (unsigned long long)sync_ns,
                    (unsigned long long)launches);
+        if (flushed >= 0)
+            printf(", \"flushed\": %d", flushed);
         printf("}\n");
         fflush(stdout);
     }
