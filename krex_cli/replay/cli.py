@@ -1,4 +1,4 @@
-"""``krex replay`` arguments and dispatch.
+"""``krex replay``: replay a benchmarking-command trace in one mode, or report on runs.
 
     krex replay TRACE --mode native|serial|krex|ungated [--concurrency N] --out DIR
                 [--duration S] [--repeat K] [--gpus 0,1,...] [--fake-gpus N]
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from krex_cli import help_text
 from krex_cli.replay import modes
 from krex_cli.replay.trace import TraceError, load
 
@@ -137,7 +138,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "replay",
         help="replay a benchmarking-command trace in one mode, or report on runs",
-        description=__doc__,
+        description=help_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     configure(p)
@@ -148,7 +149,9 @@ def build_parser(prog: str = "krex replay") -> argparse.ArgumentParser:
     """A standalone parser (``python -m krex_cli.replay``)."""
     return configure(
         argparse.ArgumentParser(
-            prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+            prog=prog,
+            description=help_text(__doc__),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
 
