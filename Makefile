@@ -5,6 +5,11 @@
 #   make test     make check, then build and run every other test (CI runs this)
 #   make demo     set up, build, run the main job (short replay; fake driver without a GPU)
 #   make packages build the .deb and .rpm into build/pkg/
+# The same commands work as root (nothing escalates) and as a user who may use sudo: the
+# venv and the build stay the caller's, and only the steps that start krexd (it manages
+# cgroups) run through $(AS_ROOT), which is sudo when not root and sudo exists, else empty
+# (the demo then says it needs root; tests that need root are skipped).  `AS_ROOT=` forces
+# an unprivileged run.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -13,6 +18,7 @@ STAMP  := $(VENV)/.krex-installed
 # The fast lane's tests: a test is needs_build when it uses a build fixture
 # (tests/conftest.py); `make test` runs the complement after building.
 FAST   := not root and not gpu and not needs_build
+AS_ROOT ?= $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 CUDA_INCLUDE ?= /usr/local/cuda/include
 export CUDA_INCLUDE
 
@@ -47,10 +53,10 @@ check: venv
 	$(PY) -m pytest -q -m '$(FAST)'
 
 test: check all
-	$(PY) -m pytest -m 'not ($(FAST))'
+	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST))'
 
 demo: venv all
-	$(PY) -m krex_cli.demo
+	$(AS_ROOT) $(abspath $(PY)) -m krex_cli.demo
 
 packages: all
 	packaging/build.sh

@@ -102,7 +102,22 @@ def _sibling_argv(kind: str) -> list[str]:
     return [sys.executable, "-c", _SPIN_SIBLING]
 
 
+def _clean_env() -> dict[str, str]:
+    """This script's environment without the ``KREX_*`` of a krexd or tenant it may run under.
+
+    krexd and ``krex run`` take ``KREX_SOCKET`` from the environment before
+    any config, so an inherited one would point them at another krexd.
+    """
+    return {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+
+
 def _start_krexd(workdir: str, slots: int, fake_gpus: int) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a private krexd in ``workdir``; returns it and its socket once it answers.
+
+    Raises:
+        RuntimeError: krexd exited or did not create its socket within 30 s
+            (it is stopped first).
+    """
     socket = os.path.join(workdir, "krexd.sock")
     config = os.path.join(workdir, "krex.toml")
     with open(config, "w") as f:
@@ -110,17 +125,32 @@ def _start_krexd(workdir: str, slots: int, fake_gpus: int) -> tuple[subprocess.P
             f'[daemon]\nsocket = "{socket}"\n[admission]\nslots_per_gpu = {slots}\n'
             f'[cgroup]\nname = "krexbench{os.getpid()}"\n[cpu]\nallow_shared = true\n'
         )
-    argv = [sys.executable, "-m", "krexd", "--foreground", "--config", config]
+    # --socket as well as the config's: krexd prefers $KREX_SOCKET to its config.
+    argv = [sys.executable, "-m", "krexd", "--config", config, "--socket", socket]
     if fake_gpus:
         argv += ["--fake-gpus", str(fake_gpus)]
-    log = open(os.path.join(workdir, "krexd.log"), "wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    with open(os.path.join(workdir, "krexd.log"), "wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=_clean_env()
+        )
     deadline = time.monotonic() + 30
     while not os.path.exists(socket):
         if proc.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"krexd did not start; see {workdir}/krexd.log")
+            _stop(proc)
+            raise RuntimeError(f"krexd did not start; see {workdir}/krexd.log")
         time.sleep(0.05)
     return proc, socket
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM ``proc`` (a process this script started), SIGKILL after ``timeout_s``; reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -129,22 +159,25 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, Any]:
-    """One configuration: returns p50/p99 of entry, drain and freeze (ms)."""
+    """One configuration: returns p50/p99 of entry, drain and freeze (ms).
+
+    Whatever it started (krexd, siblings, holder) is stopped before it returns or raises.
+    """
     workdir = tempfile.mkdtemp(prefix="krex-bench-")
-    krexd, socket = _start_krexd(workdir, n_siblings + 1, fake_gpus)
-    env = dict(os.environ, KREX_SOCKET=socket)
-    env.pop("KREX_TENANT", None)
-    env.pop("KREX_TOKEN", None)
-    siblings = [
-        subprocess.Popen(
-            [*KREX, "run", "--", *_sibling_argv(kind)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(n_siblings)
-    ]
+    siblings: list[subprocess.Popen[bytes]] = []
+    krexd: subprocess.Popen[bytes] | None = None
     try:
+        krexd, socket = _start_krexd(workdir, n_siblings + 1, fake_gpus)
+        env = dict(_clean_env(), KREX_SOCKET=socket)
+        for _ in range(n_siblings):
+            siblings.append(
+                subprocess.Popen(
+                    [*KREX, "run", "--", *_sibling_argv(kind)],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         time.sleep(15.0 if kind in ("torch", "light") else 2.0)  # let siblings get busy
         out = subprocess.run(
             [*KREX, "run", "--", sys.executable, "-c", _HOLDER, str(regions)],
@@ -156,11 +189,12 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
         lat = json.loads(out.stdout.decode().strip().splitlines()[-1])
     finally:
         for p in siblings:
-            p.send_signal(signal.SIGTERM)
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
         for p in siblings:
-            p.wait(30)
-        krexd.send_signal(signal.SIGTERM)
-        krexd.wait(30)
+            _stop(p)
+        if krexd is not None:
+            _stop(krexd)
         shutil.rmtree(workdir, ignore_errors=True)
     entry = [x[0] for x in lat]
     drain = [x[1] for x in lat]
@@ -185,9 +219,15 @@ def main() -> None:
     ap.add_argument("--fake-gpus", type=int, default=1, help="0 on a host with a real GPU")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    rows = [
-        run(int(n), args.regions, args.sibling, args.fake_gpus) for n in args.siblings.split(",")
-    ]
+    try:
+        rows = [
+            run(int(n), args.regions, args.sibling, args.fake_gpus)
+            for n in args.siblings.split(",")
+        ]
+    except RuntimeError as exc:
+        sys.exit(f"region_latency: {exc}")
+    except subprocess.CalledProcessError as exc:
+        sys.exit(f"region_latency: the holder failed ({exc}):\n{exc.stderr.decode()[-2000:]}")
     print(
         f"{'siblings':>8} {'kind':>6} {'n':>5} {'entry p50':>10} {'entry p99':>10} "
         f"{'drain p50':>10} {'freeze p50':>10} {'freeze p99':>10}  (ms)"

@@ -13,3 +13,8 @@ program only (``krex replay``).  Importing this package has no side effects.
 """
 
 __version__ = "0.1.0"
+
+
+def help_text(doc: str | None) -> str:
+    """``doc`` (a module docstring, reST) as plain ``--help`` text: double backticks removed."""
+    return (doc or "").replace("``", "")

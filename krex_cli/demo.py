@@ -41,6 +41,46 @@ FAKE_TASKS = [
 ]
 
 
+#: What each figure of the summary means, printed under its tables (metrics: krex_cli/replay/
+#: metrics.py; "native" is the reference run: one command at a time, no krex).
+EXPLAINED: tuple[tuple[str, str], ...] = (
+    ("cmds/min", "commands that exited 0, per minute of the run's wall time"),
+    ("x reference", "cmds/min against the native run's"),
+    ("n", "commands whose kernel time is compared with the native time of the same command"),
+    (
+        "P",
+        "p95 timing inflation: (95th percentile of measured / native kernel time - 1) x 100; "
+        "0% means timed as natively",
+    ),
+    ("P >10ms, P >1ms, P >0.1ms", "P of the commands whose native kernel time exceeds that"),
+    ("median ratio", "median of measured / native kernel time (1.0 means the same)"),
+    ("within 5%", "share of the commands timed within 5% of their native time"),
+    (
+        "median tau-b",
+        "median over tasks of Kendall's tau-b between the native and the measured ranking "
+        "of a task's candidates (1 same order, -1 reversed)",
+    ),
+    (
+        "P by kernel-duration band",
+        "P of the commands whose native kernel time is in that band (n: how many)",
+    ),
+    (
+        "flip rate by native gap",
+        "share of a task's candidate pairs ranked in the opposite order to native, by how "
+        "far apart they were natively (|a - b| / min(a, b))",
+    ),
+)
+
+
+def explain(ran: str) -> list[str]:
+    """The lines printed under the summary's tables: what ran (``ran``), what each metric means."""
+    return [
+        f"what ran: {ran}",
+        "what the figures mean:",
+        *(f"  {name}: {meaning}" for name, meaning in EXPLAINED),
+    ]
+
+
 def say(msg: str) -> None:
     print(f"demo: {msg}", flush=True)
 
@@ -80,7 +120,10 @@ def replay(env: dict[str, str], *args: str) -> None:
 def main() -> int:
     """Run the short replay; 0 on success."""
     if os.geteuid() != 0:
-        say("krexd manages cgroups and must run as root: sudo make demo")
+        say(
+            "krexd manages cgroups and must run as root: run `make demo` as root, or as a user "
+            "who may use sudo (make runs this step through sudo then)"
+        )
         return 77
     work = Path(tempfile.mkdtemp(prefix="krex-demo-"))
     env = dict(os.environ)
@@ -89,6 +132,10 @@ def main() -> int:
     )
     trace = work / "trace.jsonl"
     krex_args: list[str] = []
+    what = (
+        f"the first {GPU_COMMANDS} commands of {GPU_TRACE.relative_to(REPO)} "
+        "(PyTorch, Triton and CuPy candidates, each timing its kernel)"
+    )
     if count_gpus() > 0:
         say(f"GPU found: replaying the first {GPU_COMMANDS} commands of {GPU_TRACE.name}")
         with GPU_TRACE.open() as f:
@@ -103,6 +150,11 @@ def main() -> int:
             f"driver ({fake}); krexd runs with --fake-gpus 1"
         )
         fake_trace(trace)
+        what = (
+            f"{sum(len(c) for _, c in FAKE_TASKS)} commands `python {SIMULATED} --task T "
+            "--candidate C --kernel-us US --reps 30`, each timing a simulated kernel 30 times "
+            f"({len(FAKE_TASKS)} tasks of 3 candidates)"
+        )
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (fake, env.get("LD_LIBRARY_PATH")) if p)
         env["KREX_FAKE_STATE"] = str(work / "fakecuda-state")
         krex_args = ["--fake-gpus", "1"]
@@ -135,7 +187,13 @@ def main() -> int:
     text = (report / "report.md").read_text()
     summary = text.split("## Timing fidelity (mean")[0]
     lines = [ln for ln in summary.split("\n")[2:] if not ln.startswith("![")]  # no image links
-    print("\n" + "\n".join(lines))
+    print("\n" + "\n".join(lines).rstrip("\n") + "\n")
+    flags = "".join(f" {a}" for a in krex_args)
+    ran = (
+        f"{what}, replayed with `krex replay TRACE --mode native{flags}` and then "
+        f"`krex replay TRACE --mode krex --concurrency 4{flags}` (TRACE: {trace})"
+    )
+    print("\n".join(explain(ran)) + "\n")
     if krex_args:
         say(
             "simulated device: kernels are timed on the host clock of a small shared "

@@ -5,8 +5,10 @@ admission may still give, allocations waiting for co-tenants' memory),
 tenants (id, pid, command, state, age, memory used/need and out-of-memory
 outcome), the parked queue (waiting for a slot or for memory), each GPU's
 region holder and region counts, the cgroup backend in use, krexd's version
-and uptime.  ``--json`` prints the
-``status`` op's reply as is (keys documented in krexd/control/status.py).
+and uptime.  ``--json`` prints the ``status`` op's reply as is (keys
+documented in krexd/control/status.py); when krexd is not running or does
+not answer it prints ``{"state": "not running"|"unknown", "socket": PATH,
+"error": TEXT}`` instead, with the same exit code.
 
 Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
 socket, or nothing listens on it), 4 unknown (the socket accepts connections
@@ -21,7 +23,7 @@ import socket as pysocket
 import sys
 from typing import Any
 
-from krex_cli import __version__
+from krex_cli import __version__, help_text
 from krex_client.connection import Connection, KrexUnavailable, RemoteError, default_socket
 from krex_client.errors import StatusExit
 from krex_client.sizes import format_size
@@ -208,19 +210,18 @@ def _waiting_for(w: dict[str, Any]) -> str:
 
 
 def status(socket: str, as_json: bool) -> int:
-    """Query krexd at ``socket`` and print its status; returns an LSB status exit code."""
+    """Query krexd at ``socket`` and print its status; returns an LSB status exit code.
+
+    With ``as_json`` every outcome is one JSON object on stdout: the ``status``
+    reply, or ``{"state": "not running"|"unknown", "socket", "error"}``.
+    """
     if not _listening(socket):
-        print(f"krexd is not running (no daemon on {socket})", file=sys.stderr)
-        return StatusExit.NOT_RUNNING
+        return _down(socket, as_json, StatusExit.NOT_RUNNING, f"no daemon on {socket}")
     try:
         with Connection(socket, timeout_s=3.0) as conn:
             st = conn.request("status")
-    except KrexUnavailable as exc:
-        print(f"krexd state unknown: {exc}", file=sys.stderr)
-        return StatusExit.UNKNOWN
-    except RemoteError as exc:
-        print(f"krexd state unknown: {exc}", file=sys.stderr)
-        return StatusExit.UNKNOWN
+    except (KrexUnavailable, RemoteError) as exc:
+        return _down(socket, as_json, StatusExit.UNKNOWN, str(exc))
     if as_json:
         print(json.dumps(st, indent=2, sort_keys=True))
     else:
@@ -228,22 +229,49 @@ def status(socket: str, as_json: bool) -> int:
     return StatusExit.RUNNING
 
 
+def _down(socket: str, as_json: bool, code: StatusExit, error: str) -> int:
+    """Report krexd not running (``code`` 3) or in an unknown state (4); returns ``code``."""
+    state = "not running" if code == StatusExit.NOT_RUNNING else "unknown"
+    if as_json:
+        print(json.dumps({"state": state, "socket": socket, "error": error}, indent=2))
+    elif code == StatusExit.NOT_RUNNING:
+        print(f"krexd is not running ({error})", file=sys.stderr)
+    else:
+        print(f"krexd state unknown: {error}", file=sys.stderr)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``krexctl``."""
     p = argparse.ArgumentParser(
-        prog="krexctl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="krexctl",
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"krexctl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    st = sub.add_parser("status", help="show GPUs, slices, slots, tenants, queue, holder")
+    st = sub.add_parser(
+        "status",
+        help="show GPUs, slices, slots, tenants, queue, holder",
+        description="Show what krexd is doing.  Exit codes: 0 running, 3 not running, "
+        "4 unknown (see krexctl --help).",
+    )
     st.add_argument("--json", action="store_true", help="machine-readable output")
-    st.add_argument("--socket", metavar="PATH", help="krexd's socket (default: $KREX_SOCKET)")
+    st.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``krexctl``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's usage, not krexctl's
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "status":
         return status(args.socket or default_socket(), args.json)
     return StatusExit.UNKNOWN

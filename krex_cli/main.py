@@ -3,11 +3,8 @@
     krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--socket PATH] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
-``krex run`` exits with CMD's exit code (128+N when a signal N killed it),
-124 when ``--timeout`` expired, 69 when krexd is unreachable, 126/127 when CMD
-cannot be executed / is not found, 65 or 77 when krexd refused the request,
-75 (EX_TEMPFAIL) when CMD failed after GPU out-of-memory errors that its
-co-tenants caused (run it again; the failure is not the command's).
+``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
+other exit codes.
 """
 
 from __future__ import annotations
@@ -15,10 +12,28 @@ from __future__ import annotations
 import argparse
 import sys
 
-from krex_cli import __version__
+from krex_cli import __version__, help_text
 from krex_cli.replay import cli as replay_cli
 from krex_client.connection import default_socket
+from krex_client.errors import ExitCode
 from krex_client.sizes import parse_size
+
+#: ``krex run``'s exit codes (its ``--help`` epilog); numbers from krex_client.errors.ExitCode.
+RUN_EXIT_CODES = f"""\
+exit codes:
+  CMD's own     CMD ran and exited (0 included)
+  128+N         signal N killed CMD (137 for SIGKILL)
+  {ExitCode.TIMEOUT:<13} --timeout expired; CMD's process tree was killed
+  {ExitCode.UNAVAILABLE:<13} krexd is unreachable, or it is shutting down
+  {ExitCode.TEMPFAIL:<13} CMD failed after GPU out-of-memory errors its co-tenants caused
+                (EX_TEMPFAIL: run it again; the failure is not the command's)
+  {ExitCode.CANNOT_EXEC:<13} CMD cannot be executed (a directory, permission denied)
+  {ExitCode.NOT_FOUND:<13} CMD not found
+  {ExitCode.DATAERR:<13} krexd refused the request (no such GPU, bad field)
+  {ExitCode.NOPERM:<13} krexd refused the caller (authentication)
+  {ExitCode.SOFTWARE:<13} internal error in krexd (see its log)
+  {ExitCode.USAGE:<13} bad arguments to krex run
+"""
 
 
 def _positive_float(text: str) -> float:
@@ -28,6 +43,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _gpu_index(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a GPU index, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
     return value
 
 
@@ -41,7 +66,9 @@ def _size(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``krex``."""
     p = argparse.ArgumentParser(
-        prog="krex", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="krex",
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"krex {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -49,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run one command as a krex tenant",
         description="Run CMD on a GPU shared through krexd.",
+        epilog=RUN_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("--gpu", type=int, metavar="N", help="this GPU (default: least loaded)")
+    run.add_argument("--gpu", type=_gpu_index, metavar="N", help="this GPU (default: least loaded)")
     run.add_argument(
         "--timeout",
         type=_positive_float,
@@ -80,26 +109,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``krex``; returns the exit code."""
+    """Entry point of ``krex``; returns the exit code.
+
+    A subcommand's usage errors (unknown options, a bad value, no CMD) print
+    that subcommand's usage, not krex's, and exit 2.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    sub = _subparser(parser, args.command)
+    if extra:
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "run":
         cmd = list(args.cmd)
         if cmd and cmd[0] == "--":
             cmd = cmd[1:]
         if not cmd:
-            parser.error("krex run needs a command: krex run [options] -- CMD ARGS...")
-        if args.gpu is not None and args.gpu < 0:
-            parser.error("--gpu must be >= 0")
+            sub.error("needs a command: krex run [options] -- CMD ARGS...")
         from krex_cli.run import run
 
         return run(
             cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive, args.mem
         )
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.error(f"unknown command {args.command!r}")
-    return int(func(args))
+    return int(args.func(args))
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name`` of ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]  # type: ignore[no-any-return]
+    raise LookupError(name)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ Sequence (DESIGN.md "krex run"):
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import shutil
@@ -62,18 +63,32 @@ def tenant_environ(base: dict[str, str], granted: dict[str, str]) -> dict[str, s
     return env
 
 
-def _resolve(cmd: str, env: dict[str, str]) -> tuple[str | None, int]:
-    """Path of ``cmd`` (PATH lookup as execvp does) or (None, 127/126)."""
-    if "/" in cmd:
-        if not os.path.exists(cmd):
-            return None, ExitCode.NOT_FOUND
-        return (cmd, 0) if os.access(cmd, os.X_OK) else (None, ExitCode.CANNOT_EXEC)
-    found = shutil.which(cmd, path=env.get("PATH", os.defpath))
-    return (found, 0) if found else (None, ExitCode.NOT_FOUND)
+def _resolve(cmd: str, env: dict[str, str]) -> tuple[str | None, int, str]:
+    """Path of ``cmd`` (PATH lookup as execvp does), or (None, exit code, why) as a shell says.
+
+    127 ``command not found`` (no ``/``, not on PATH) or ``No such file or
+    directory``; 126 ``Is a directory`` or ``Permission denied`` (bash's codes
+    and words).
+    """
+    if "/" not in cmd:
+        found = shutil.which(cmd, path=env.get("PATH", os.defpath))
+        return (found, 0, "") if found else (None, ExitCode.NOT_FOUND, "command not found")
+    if not os.path.exists(cmd):
+        return None, ExitCode.NOT_FOUND, os.strerror(errno.ENOENT)
+    if os.path.isdir(cmd):
+        return None, ExitCode.CANNOT_EXEC, os.strerror(errno.EISDIR)
+    if not os.access(cmd, os.X_OK):
+        return None, ExitCode.CANNOT_EXEC, os.strerror(errno.EACCES)
+    return cmd, 0, ""
 
 
 def _child(read_fd: int, path: str, argv: list[str], env: dict[str, str]) -> None:
-    """In the forked child: wait until placed, then exec CMD (never returns)."""
+    """In the forked child: wait until placed, then exec CMD (never returns).
+
+    When the exec itself fails (the file changed since :func:`_resolve`, or it
+    is no program: ``Exec format error``), one line on stderr says why and the
+    exit code is 127 for a missing file, 126 otherwise.
+    """
     try:
         os.setpgid(0, 0)
         for sig in (*FORWARDED_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU):
@@ -83,6 +98,11 @@ def _child(read_fd: int, path: str, argv: list[str], env: dict[str, str]) -> Non
         if go != b"1":
             os._exit(ExitCode.CANNOT_EXEC)
         os.execve(path, argv, env)
+    except OSError as exc:
+        code = ExitCode.NOT_FOUND if exc.errno == errno.ENOENT else ExitCode.CANNOT_EXEC
+        with contextlib.suppress(OSError):
+            os.write(2, f"krex: {argv[0]}: {exc.strerror}\n".encode(errors="replace"))
+        os._exit(code)
     except BaseException:
         pass
     os._exit(ExitCode.CANNOT_EXEC)
@@ -210,9 +230,9 @@ def _launch(
     tenant: Connection, argv: list[str], granted: dict[str, Any], timeout_s: float | None
 ) -> int:
     env = tenant_environ(dict(os.environ), {str(k): str(v) for k, v in granted["env"].items()})
-    path, err = _resolve(argv[0], env)
+    path, err, why = _resolve(argv[0], env)
     if path is None:
-        _say(f"{argv[0]}: {'command not found' if err == 127 else 'permission denied'}")
+        _say(f"{argv[0]}: {why}")
         _release(tenant, {"exit_code": err})
         return err
     read_fd, write_fd = os.pipe()

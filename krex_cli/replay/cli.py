@@ -1,4 +1,4 @@
-"""``krex replay`` arguments and dispatch.
+"""``krex replay``: replay a benchmarking-command trace in one mode, or report on runs.
 
     krex replay TRACE --mode native|serial|krex|ungated [--concurrency N] --out DIR
                 [--duration S] [--repeat K] [--gpus 0,1,...] [--fake-gpus N]
@@ -8,7 +8,9 @@
 
 A run writes DIR/results.jsonl and DIR/meta.json, then (unless
 --no-report) a report in DIR/report comparing it with every other run
-directory under DIR's parent.  Exit codes: 0 done (even when some commands
+directory under DIR's parent.  --concurrency defaults to 1, or with
+--socket (krex and ungated modes) to the running krexd's slots per GPU.
+Exit codes: 0 done (even when some commands
 failed: see the results), 1 the replay could not run (bad trace or
 arguments, krexd failed), 130 interrupted.
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from krex_cli import help_text
 from krex_cli.replay import modes
 from krex_cli.replay.trace import TraceError, load
 
@@ -72,7 +75,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--concurrency",
         type=_positive(int),
         default=None,
-        help="commands per GPU at once (krex, ungated; default 1)",
+        help="commands per GPU at once (krex, ungated; default 1, or with --socket "
+        "the running krexd's slots per GPU)",
     )
     p.add_argument(
         "--duration",
@@ -137,7 +141,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "replay",
         help="replay a benchmarking-command trace in one mode, or report on runs",
-        description=__doc__,
+        description=help_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     configure(p)
@@ -148,7 +152,9 @@ def build_parser(prog: str = "krex replay") -> argparse.ArgumentParser:
     """A standalone parser (``python -m krex_cli.replay``)."""
     return configure(
         argparse.ArgumentParser(
-            prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+            prog=prog,
+            description=help_text(__doc__),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     )
 
@@ -166,16 +172,32 @@ def count_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def daemon_gpus(socket: str) -> list[int]:
-    """GPU indices the krexd at ``socket`` manages (``status``); [] when it cannot say."""
+def daemon_status(socket: str) -> dict[str, Any] | None:
+    """The ``status`` reply of the krexd at ``socket``; None when it cannot say."""
     from krex_client.connection import Connection, KrexUnavailable, RemoteError
 
     try:
         with Connection(socket, timeout_s=5.0) as conn:
-            status = conn.request("status")
+            return dict(conn.request("status"))
     except (KrexUnavailable, RemoteError):
-        return []
+        return None
+
+
+def daemon_gpus(socket: str) -> list[int]:
+    """GPU indices the krexd at ``socket`` manages (``status``); [] when it cannot say."""
+    status = daemon_status(socket) or {}
     return [int(g["index"]) for g in status.get("gpus", [])]
+
+
+def daemon_slots(socket: str, gpus: list[int]) -> int | None:
+    """Slots per GPU of the krexd at ``socket``: the fewest among ``gpus`` (None: unknown).
+
+    ``krex replay --socket`` runs that many commands per GPU unless ``--concurrency``
+    says otherwise, so a replay fills the running krexd as its config intends.
+    """
+    status = daemon_status(socket) or {}
+    slots = [int(g["slots_total"]) for g in status.get("gpus", []) if int(g["index"]) in gpus]
+    return min(slots) if slots else None
 
 
 def _err(msg: str) -> int:
@@ -198,6 +220,19 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _gpus(args: argparse.Namespace) -> list[int] | int:
+    """The GPU indices a run uses, or an exit code after saying why there are none."""
+    if args.gpus is not None:
+        return list(args.gpus)
+    if args.fake_gpus is not None:
+        return list(range(args.fake_gpus))
+    if args.socket is not None:
+        gpus = daemon_gpus(args.socket)  # the running krexd's GPUs
+        return gpus or _err(f"the krexd at {args.socket} reports no GPU; pass --gpus")
+    gpus = list(range(count_gpus()))
+    return gpus or _err("no GPU found (nvidia-smi -L); pass --gpus or --fake-gpus")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``krex replay`` with parsed ``args``; returns the exit code."""
     if args.target == "report":
@@ -211,19 +246,14 @@ def main(args: argparse.Namespace) -> int:
     try:
         trace_path = Path(args.target)
         entries = load(trace_path)
-        mode = modes.make_mode(args.mode, args.concurrency or 1)
-        if args.gpus is not None:
-            gpus = args.gpus
-        elif args.fake_gpus is not None:
-            gpus = list(range(args.fake_gpus))
-        elif args.socket is not None:
-            gpus = daemon_gpus(args.socket)  # the running krexd's GPUs
-            if not gpus:
-                return _err(f"the krexd at {args.socket} reports no GPU; pass --gpus")
-        else:
-            gpus = list(range(count_gpus()))
-            if not gpus:
-                return _err("no GPU found (nvidia-smi -L); pass --gpus or --fake-gpus")
+        modes.make_mode(args.mode, args.concurrency or 1)  # a bad combination fails first
+        gpus = _gpus(args)
+        if isinstance(gpus, int):
+            return gpus
+        concurrency = args.concurrency
+        if concurrency is None and args.socket is not None and args.mode in ("krex", "ungated"):
+            concurrency = daemon_slots(args.socket, gpus)
+        mode = modes.make_mode(args.mode, concurrency or 1)
         if args.socket is not None and not mode.uses_krexd:
             return _err("--socket applies to the krexd-backed modes only")
         base = args.config if args.config is not None else modes.default_base_config()

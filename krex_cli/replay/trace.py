@@ -10,11 +10,13 @@ line is a JSON object:
 
 ``argv`` (non-empty list of strings) is what runs; ``task`` and
 ``candidate`` name the measurement (a task's candidates are ranked against
-each other); ``band`` is the expected kernel-duration band, one of
-``BANDS``.  An optional ``mem`` (e.g. ``"8G"``) is the command's GPU memory
-need, passed to ``krex run --mem`` in the krexd-backed modes.  Other keys are
-kept in ``extra`` and ignored.  Blank lines are
-skipped.  Bad input raises ``TraceError`` naming the file and line.
+each other); ``band``, optional and informative, is the expected
+kernel-duration band, one of ``BANDS`` (the metrics band every measurement
+by its measured native time, not by this key; absent, it is unknown:
+``None`` here, ``null`` in the results).  An optional ``mem`` (e.g.
+``"8G"``) is the command's GPU memory need, passed to ``krex run --mem`` in
+the krexd-backed modes.  Other keys are kept in ``extra`` and ignored.  Blank
+lines are skipped.  Bad input raises ``TraceError`` naming the file and line.
 """
 
 from __future__ import annotations
@@ -53,13 +55,14 @@ class TraceEntry:
     """One command of a trace.
 
     argv: the command line; task, candidate: what it measures; band: the
-    expected kernel-duration band (``BAND_NAMES``); extra: other keys.
+    expected kernel-duration band (``BAND_NAMES``), None when the trace does
+    not say; extra: other keys.
     """
 
     argv: tuple[str, ...]
     task: str
     candidate: str
-    band: str
+    band: str | None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -70,7 +73,9 @@ class TraceEntry:
     def to_json(self) -> dict[str, Any]:
         """The entry as its JSONL object (``extra`` keys included)."""
         obj: dict[str, Any] = dict(self.extra)
-        obj.update(argv=list(self.argv), task=self.task, candidate=self.candidate, band=self.band)
+        obj.update(argv=list(self.argv), task=self.task, candidate=self.candidate)
+        if self.band is not None:
+            obj["band"] = self.band
         return obj
 
 
@@ -88,16 +93,15 @@ def parse_entry(obj: Any, where: str = "entry") -> TraceEntry:
     argv = obj.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
         raise TraceError(f"{where}: 'argv' must be a non-empty list of non-empty strings")
-    for key in ("task", "candidate", "band"):
+    for key in ("task", "candidate"):
         value = obj.get(key)
         if not isinstance(value, str) or not value:
             raise TraceError(f"{where}: '{key}' must be a non-empty string")
-    if obj["band"] not in BAND_NAMES:
-        raise TraceError(
-            f"{where}: 'band' is {obj['band']!r}, expected one of {', '.join(BAND_NAMES)}"
-        )
+    band = obj.get("band")
+    if band is not None and band not in BAND_NAMES:
+        raise TraceError(f"{where}: 'band' is {band!r}, expected one of {', '.join(BAND_NAMES)}")
     extra = {k: v for k, v in obj.items() if k not in ("argv", "task", "candidate", "band")}
-    return TraceEntry(tuple(argv), obj["task"], obj["candidate"], obj["band"], extra)
+    return TraceEntry(tuple(argv), obj["task"], obj["candidate"], band, extra)
 
 
 def parse_lines(lines: Iterable[str], name: str = "<trace>") -> list[TraceEntry]:

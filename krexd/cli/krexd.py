@@ -1,9 +1,12 @@
-"""``krexd [--foreground] [--config PATH] [--socket PATH] [--fake-gpus N]``: the daemon.
+"""``krexd [--config PATH] [--socket PATH] [--fake-gpus N]``: the daemon.
 
-Runs in the foreground (under systemd, ``Type=notify``; by hand, with
-``--foreground``).  Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for
-an invalid configuration or slice layout, 69 (EX_UNAVAILABLE) when the
-socket or the cgroups cannot be set up, 77 (EX_NOPERM) when not root.
+krexd always runs in the foreground: under systemd as a ``Type=notify``
+service, by hand from a shell.  ``--foreground`` is accepted for
+compatibility (units and scripts pass it) and changes nothing.
+
+Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for an invalid
+configuration or slice layout, 69 (EX_UNAVAILABLE) when the socket or the
+cgroups cannot be set up, 77 (EX_NOPERM) when not root.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 
 from krexd import __version__
 from krexd.cgroups import CgroupError
-from krexd.config import ConfigError, load, with_overrides
+from krexd.config import SYSTEM_CONFIG, ConfigError, load, with_overrides
 from krexd.errors import ExitCode
 from krexd.mps import MpsError
 from krexd.notify import Notifier
@@ -25,9 +28,20 @@ from krexd.server import ServerError
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``krexd``."""
-    p = argparse.ArgumentParser(prog="krexd", description="krex daemon: GPU tenant supervisor")
-    p.add_argument("--foreground", action="store_true", help="run in the foreground (default)")
-    p.add_argument("--config", metavar="PATH", help="TOML config (default: etc/krex.toml)")
+    p = argparse.ArgumentParser(
+        prog="krexd",
+        description="krex daemon: GPU tenant supervisor.\n\n"
+        + (__doc__ or "").split("\n\n", 1)[1].replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Accepted for compatibility (the default, and the only way krexd runs): not offered.
+    p.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"TOML config (default: $KREX_CONFIG, else {SYSTEM_CONFIG} when it exists, "
+        "else etc/krex.toml of a source checkout, else built-in defaults)",
+    )
     p.add_argument(
         "--socket",
         metavar="PATH",

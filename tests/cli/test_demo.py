@@ -30,3 +30,28 @@ def test_demo_replays_native_and_krex_and_prints_the_summary() -> None:
     # both runs in the throughput table, every command completed
     throughput = [r for r in rows if "| 9 | 9 | 0 |" in r]
     assert len(throughput) == 2, out
+    # Under the tables: one line saying what ran, one per metric saying what it means.
+    lines = out.splitlines()
+    last_table = max(i for i, line in enumerate(lines) if line.startswith("|"))
+    below = lines[last_table + 1 :]
+    (ran,) = [line for line in below if line.startswith("what ran: ")]
+    assert "workloads/simulated.py" in ran
+    assert "--mode native --fake-gpus 1" in ran and "--mode krex --concurrency 4" in ran
+    explained = {
+        name
+        for line in below
+        if line.startswith("  ")
+        for name in line.strip().split(": ", 1)[0].split(", ")
+    }
+    headers = {
+        cell.strip()
+        for line in lines
+        if line.startswith("| run |")
+        for cell in line.strip("|").split("|")
+    }
+    counts = {"run", "mode", "concurrency", "role", "commands", "completed", "failed"}
+    columns = {"<0.1ms", "0.1-1ms", "1-10ms", ">=10ms", "0-1%", "1-2%", "2-5%", "5-10%"}
+    columns |= {"10-20%", ">20%"}  # band and gap columns: explained by their tables' lines
+    assert "median tau-b" in headers and "P" in headers
+    assert headers - counts - columns <= explained, explained
+    assert {"P by kernel-duration band", "flip rate by native gap"} <= explained

@@ -57,6 +57,14 @@ def test_not_running_is_3() -> None:
     assert p.returncode == 3 and "not running" in p.stderr
 
 
+def test_not_running_json_is_a_json_object_and_3() -> None:
+    sock = "/nonexistent-krex/krexd.sock"
+    p = krexctl("status", "--json", "--socket", sock)
+    assert p.returncode == 3
+    st = json.loads(p.stdout)
+    assert st["state"] == "not running" and st["socket"] == sock and sock in st["error"]
+
+
 def test_stale_socket_file_is_3() -> None:
     d = tempfile.mkdtemp(prefix="krex-")
     path = os.path.join(d, "stale.sock")
@@ -66,14 +74,19 @@ def test_stale_socket_file_is_3() -> None:
     assert krexctl("status", "--socket", path).returncode == 3
 
 
-def test_listening_but_not_answering_is_4() -> None:
+@pytest.mark.parametrize("as_json", [False, True])
+def test_listening_but_not_answering_is_4(as_json: bool) -> None:
     d = tempfile.mkdtemp(prefix="krex-")
     path = os.path.join(d, "mute.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(path)
     s.listen(8)
     try:
-        p = krexctl("status", "--socket", path)
-        assert p.returncode == 4 and "unknown" in p.stderr
+        if as_json:
+            p = krexctl("status", "--json", "--socket", path)
+            assert p.returncode == 4 and json.loads(p.stdout)["state"] == "unknown"
+        else:
+            p = krexctl("status", "--socket", path)
+            assert p.returncode == 4 and "unknown" in p.stderr
     finally:
         s.close()

@@ -21,7 +21,7 @@ PY = sys.executable
 
 
 def krex_run(k: Krexd, *argv: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    p: subprocess.CompletedProcess[str] = subprocess.run(
         [*k.krex, "run", *argv],
         env=kw.pop("env", k.env),
         capture_output=True,
@@ -29,6 +29,7 @@ def krex_run(k: Krexd, *argv: str, **kw: object) -> subprocess.CompletedProcess[
         timeout=60,
         **kw,  # type: ignore[call-overload]
     )
+    return p
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
@@ -68,6 +69,27 @@ def test_command_not_found(krexd_factory: Factory) -> None:
     p = krex_run(k, "--", "no-such-command-krex")
     assert p.returncode == 127 and "command not found" in p.stderr
     assert k.status()["tenants"] == []
+
+
+def test_commands_that_cannot_run_say_why_as_a_shell_does(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory()
+    plain = tmp_path / "plain.txt"
+    plain.write_text("not a program\n")
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x7fELF\x00not really")
+    garbage.chmod(0o755)
+    for argv, code, why in [
+        (str(tmp_path), 126, "Is a directory"),
+        (str(plain), 126, "Permission denied"),
+        (str(tmp_path / "absent"), 127, "No such file or directory"),
+        (str(garbage), 126, "Exec format error"),
+    ]:
+        p = krex_run(k, "--", argv)
+        assert p.returncode == code, (argv, p.stderr)
+        assert p.stderr.strip() == f"krex: {argv}: {why}", p.stderr
+    wait_for(lambda: k.status()["tenants"] == [], 10)
 
 
 def test_command_runs_in_its_tenant_cgroup_from_its_first_instruction(

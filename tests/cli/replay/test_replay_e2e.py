@@ -12,7 +12,9 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,6 +179,27 @@ def test_native_runs_repeat_and_report(tmp_path: Path) -> None:
     assert again["reference"] == "native"
 
 
+def test_trace_without_bands_replays_and_bands_by_native_time(tmp_path: Path) -> None:
+    tr = tmp_path / "trace.jsonl"
+    entries = write_trace(tr)
+    tr.write_text(
+        "".join(
+            json.dumps({k: v for k, v in e.to_json().items() if k != "band"}) + "\n"
+            for e in entries
+        )
+    )
+    runs = tmp_path / "runs"
+    for name in ("native", "repeat"):
+        p = replay(str(tr), "--mode", "native", "--fake-gpus", "1", "--out", str(runs / name))
+        assert p.returncode == 0, p.stderr
+    recs = load_results(runs / "repeat" / "results.jsonl")
+    assert len(recs) == len(entries) and all(r["band"] is None for r in recs)
+    data = json.loads((runs / "repeat" / "report" / "metrics.json").read_text())
+    bands = data["runs"]["repeat"]["stats"]["median"]["fidelity"]["bands"]
+    # CANDIDATES: three 1.5-1.8 ms and three 4-5 ms kernels, all in the 1-10 ms band natively.
+    assert bands["1-10ms"]["n"] == len(entries)
+
+
 def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     tr = tmp_path / "bad.jsonl"
     tr.write_text('{"argv": ["python"], "task": "t", "candidate": "c", "band": "huge"}\n')
@@ -256,6 +279,25 @@ def test_krex_replay_with_fake_gpu(tmp_path: Path) -> None:
     assert report.find_runs(runs) == [runs / "krex", runs / "native"]
     for r in recs:  # krex run reports its admission wait (KREX_ADMIT_MS)
         assert r["result"]["phases"]["admit_ms"] >= 0.0
+
+
+@pytest.mark.root
+def test_socket_replay_fills_the_running_krexds_slots(
+    krexd_factory: Callable[..., Any], tmp_path: Path
+) -> None:
+    k = krexd_factory(slots=4)
+    tr = tmp_path / "trace.jsonl"
+    entries = write_trace(tr)
+    for conc, out in ((None, "default"), ("2", "asked")):
+        extra = [] if conc is None else ["--concurrency", conc]
+        args = ["--mode", "krex", "--socket", k.socket, *extra, "--out", str(tmp_path / out)]
+        p = replay(str(tr), *args, "--no-report")
+        assert p.returncode == 0, p.stderr
+        meta = json.loads((tmp_path / out / "meta.json").read_text())
+        want = 4 if conc is None else 2
+        assert meta["concurrency"] == want and meta["workers"] == want
+        recs = load_results(tmp_path / out / "results.jsonl")
+        assert len(recs) == len(entries) and all(r["exit_code"] == 0 for r in recs)
 
 
 TEMPFAIL_ONCE = """

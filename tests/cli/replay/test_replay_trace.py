@@ -69,6 +69,15 @@ def test_dump_load_round_trip(tmp_path: Path) -> None:
     assert back == es and back[0].extra == {"note": "kept"}
 
 
+def test_band_is_optional_and_stays_unknown(tmp_path: Path) -> None:
+    no_band = {k: v for k, v in GOOD.items() if k != "band"}
+    (e,) = trace.parse_lines([json.dumps(no_band)], "x.jsonl")
+    assert e.band is None and e.extra == {"note": "kept"}
+    trace.dump([e], tmp_path / "t.jsonl")
+    assert "band" not in json.loads((tmp_path / "t.jsonl").read_text())
+    assert trace.load(tmp_path / "t.jsonl") == [e]
+
+
 def test_band_of() -> None:
     assert trace.band_of(0.01) == "<0.1ms"
     assert trace.band_of(0.1) == "0.1-1ms"

@@ -1,0 +1,81 @@
+"""The README's first two commands work as written: as root without sudo, as a user with sudo.
+
+``make -n`` shows what make would run: as root nothing goes through sudo (a
+container has none); as another user the venv and the build stay that
+user's and only the demo and the test suite run through sudo.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+
+
+def readme_try_it() -> list[str]:
+    """The commands of the README's "Try it" block (comments stripped)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Try it", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None, "no sh block under 'Try it'"
+    return [ln.split("#", 1)[0].strip() for ln in block.group(1).splitlines() if ln.strip()]
+
+
+def make_dry_run(target: str, path: str, uid: int | None = None) -> list[str]:
+    """The recipe lines ``make -n TARGET`` prints with ``PATH=path`` (as ``uid`` when given)."""
+    env = {"PATH": path, "HOME": "/nonexistent"}
+    argv = ["make", "-n", "-s", "-C", str(ROOT), target]
+    if uid is not None:
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
+def step(lines: list[str], module: str) -> str:
+    (line,) = [ln for ln in lines if f" -m {module}" in ln]
+    return line
+
+
+def test_readme_commands_are_make_demo_and_make_test() -> None:
+    assert readme_try_it() == ["make demo", "make test"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (and setpriv to become another user)")
+def test_make_escalates_only_where_needed_and_available() -> None:
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv")
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    if subprocess.run([*as_nobody, "test", "-r", str(ROOT / "Makefile")]).returncode != 0:
+        pytest.skip("this checkout is not readable by other users")
+    system_path = "/usr/local/bin:/usr/bin:/bin"
+    fake = Path(tempfile.mkdtemp(prefix="krex-sudo-"))  # outside pytest's root-only tmp
+    try:
+        fake.chmod(0o755)
+        (fake / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+        (fake / "sudo").chmod(0o755)
+        check_make(system_path, f"{fake}:{system_path}")
+    finally:
+        shutil.rmtree(fake)
+
+
+def check_make(system_path: str, with_sudo: str) -> None:
+    """``make -n demo|test`` as root and as nobody, with and without a ``sudo`` on PATH."""
+    for target, module in (("demo", "krex_cli.demo"), ("test", "pytest")):
+        # root, with or without sudo installed: nothing is escalated
+        for path in (system_path, with_sudo):
+            assert not step(make_dry_run(target, path), module).startswith("sudo ")
+        # another user with sudo: only the step that starts krexd goes through sudo
+        lines = make_dry_run(target, with_sudo, NOBODY)
+        assert step(lines, module).startswith("sudo /")  # an absolute interpreter for sudo
+        assert not [ln for ln in lines if ln.startswith("sudo") and f" -m {module}" not in ln]
+        # another user without sudo: runs unprivileged (the demo says it needs root)
+        assert not step(make_dry_run(target, system_path, NOBODY), module).startswith("sudo")
