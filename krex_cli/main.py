@@ -1,6 +1,7 @@
 """``krex``: the user's command.
 
-    krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--socket PATH] -- CMD ARGS...
+    krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--socket PATH]
+             [--autoregion] [--region-log PATH] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
 ``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
@@ -10,6 +11,7 @@ other exit codes.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from krex_cli import __version__, help_text
@@ -103,9 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
     )
+    # -- region options (auto-regions, the region record) --
+    run.add_argument(
+        "--autoregion",
+        action="store_true",
+        help="run triton.testing.do_bench, Triton's autotuner and torch.utils.benchmark.Timer "
+        "measurements in critical regions (sets KREX_AUTOREGION=1 for CMD)",
+    )
+    run.add_argument(
+        "--region-log",
+        metavar="PATH",
+        help="append one JSON line per critical region of CMD to PATH "
+        "(sets KREX_REGION_LOG; docs/design/region-log.md)",
+    )
+    # -- end of region options --
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     replay_cli.add_parser(sub)
     return p
+
+
+def _region_environ(args: argparse.Namespace) -> None:
+    """``--autoregion`` and ``--region-log``: variables CMD inherits (krex run's environment)."""
+    if args.autoregion:
+        os.environ["KREX_AUTOREGION"] = "1"
+    if args.region_log:
+        os.environ["KREX_REGION_LOG"] = os.path.abspath(args.region_log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             sub.error("needs a command: krex run [options] -- CMD ARGS...")
         from krex_cli.run import run
 
+        _region_environ(args)
         return run(
             cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive, args.mem
         )

@@ -81,6 +81,9 @@ class RegionConfig:
     freeze_timeout_s: float = 10.0
     l2_flush: bool = True
     enforce: bool = True  # false: regions are recorded, not enforced ("ungated" mode)
+    # The holder's cores in a region: "add" (reserved cores added to what it had) or
+    # "reserved_only" (its submitting thread on the reserved cores alone).
+    holder_cpus: str = "add"
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "freeze_timeout_s": _float_pos,
             "l2_flush": _bool,
             "enforce": _bool,
+            "holder_cpus": _choice("add", "reserved_only"),
         },
     ),
     "shim": (ShimConfig, {"path": _abs_path_or_empty}),

@@ -11,8 +11,9 @@ paper's numbers (its circled 1-8); the methods below read in that order:
                    a zero in-flight counter (libkrex_shim does the work)
                 4  freeze every sibling tenant's cgroup, wait until the kernel
                    reports it frozen (bounded by freeze_timeout_ms)
-                5  give the holder's submitting thread the reserved cores;
-                   grant.  The holder flushes L2 itself, through the shim.
+                5  give the holder (and its submitting thread) the reserved
+                   cores, added to its own ([region] holder_cpus); grant.
+                   The holder flushes L2 itself, through the shim.
     (client)    6  the holder runs its timed code
     exit()      7  the holder's own GPU work is done (its shim synchronized
                    before region_exit); its cores go back to the off-region
@@ -64,6 +65,11 @@ from krexd.slices import CpuSlice
 from krexd.tenants import Tenant, TenantRegistry
 
 log = logging.getLogger("krexd.coordinator")
+
+
+def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Sorted core ids in ``a`` or ``b``."""
+    return tuple(sorted(set(a) | set(b)))
 
 
 @dataclass(eq=False)
@@ -125,6 +131,7 @@ class Coordinator:
         self._epoch = 0
         self._last_drain_ms = 0.0
         self._last_freeze_ms = 0.0
+        self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")
         self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
         self.stats = RegionStats()
         # Tenants frozen by the region being established or held (None: no region),
@@ -329,12 +336,29 @@ class Coordinator:
             raise
 
     def _pin_holder(self, holder: Tenant, tid: int) -> None:
-        """Step 5: widen the holder's cpuset to the whole slice, pin ``tid`` to reserved."""
+        """Step 5: the holder's cgroup gets the reserved cores, and so does thread ``tid``.
+
+        ``[region] holder_cpus = "add"`` (default): the cpuset becomes the
+        off-region cores plus the reserved ones, and ``tid`` keeps its own
+        affinity plus the reserved cores, so no thread of the holder has fewer
+        cores than outside a region (docs/design/daemon.md).  ``"reserved_only"``:
+        ``tid`` runs on the reserved cores alone (the paper's pinning).
+        """
+        self._thread_cpus = None
         if not self._slice.reserved:
             return
-        self._pinner.set_cpus(holder, self._slice.cores)
+        add = self._cfg.holder_cpus == "add"
         try:
-            self._pinner.pin_thread(tid, self._slice.reserved)
+            # Read before the cpuset widens: older kernels reset affinities when it does.
+            self._thread_cpus = self._pinner.thread_cpus(tid) if add else None
+        except ProcessLookupError:
+            pass  # the thread ended: the region will end through recovery
+        self._pinner.set_cpus(holder, _union(self._slice.tenant_cores, self._slice.reserved))
+        try:
+            if not add:
+                self._pinner.pin_thread(tid, self._slice.reserved)
+            elif self._thread_cpus is not None:
+                self._pinner.pin_thread(tid, _union(self._thread_cpus, self._slice.reserved))
         except ProcessLookupError:
             pass  # the thread ended: the region will end through recovery
 
@@ -342,8 +366,10 @@ class Coordinator:
         """Undo step 5; never raises, so that the thaw and the reopen after it always run."""
         if not self._slice.reserved:
             return
+        back, self._thread_cpus = self._thread_cpus, None
         try:
-            self._pinner.pin_thread(tid, self._slice.tenant_cores)
+            # "add": the thread's own affinity from before the region.
+            self._pinner.pin_thread(tid, back if back is not None else self._slice.tenant_cores)
         except OSError:
             pass  # the thread ended, or its cgroup's cpuset is restored below
         try:

@@ -6,8 +6,9 @@ scheduler or the gate library directly.  It goes through three interfaces:
 * :class:`TenantControl` — freeze, thaw, wait frozen, kill a tenant's process
   tree (paper §4.2 steps 4 and 7), check that a pid/tid belongs to a tenant,
   watch the holder's process for recovery;
-* :class:`Pinner` — the holder's cores (step 5): widen its cpuset to the
-  whole slice, pin its submitting thread to the reserved cores, and back;
+* :class:`Pinner` — the holder's cores (step 5): widen its cpuset by the
+  reserved cores, give its submitting thread the reserved cores (added to
+  what it had, or alone: ``[region] holder_cpus``), and back;
 * :class:`RegionGate` — the gate word (steps 2, 3 and 8), satisfied by
   ``krexd.gate.Gate``.
 
@@ -89,6 +90,10 @@ class Pinner(Protocol):
         """Set thread ``tid``'s affinity to ``cores``; ``ProcessLookupError`` if it ended."""
         ...
 
+    def thread_cpus(self, tid: int) -> tuple[int, ...]:
+        """Thread ``tid``'s affinity (sorted core ids); ``ProcessLookupError`` if it ended."""
+        ...
+
 
 class RegionGate(Protocol):
     """The coordinator's side of one GPU's gate (``krexd.gate.Gate``).
@@ -164,3 +169,7 @@ class AffinityPinner:
     def pin_thread(self, tid: int, cores: tuple[int, ...]) -> None:
         """``sched_setaffinity(tid, cores)``."""
         os.sched_setaffinity(tid, cores)
+
+    def thread_cpus(self, tid: int) -> tuple[int, ...]:
+        """``sched_getaffinity(tid)``."""
+        return tuple(sorted(os.sched_getaffinity(tid)))

@@ -38,6 +38,8 @@
 #undef cuDevicePrimaryCtxRetain
 #undef cuDevicePrimaryCtxSetFlags
 #undef cuDevicePrimaryCtxSetFlags_v2
+#undef cuEventElapsedTime
+#undef cuEventElapsedTime_v2
 #undef cuEventRecord
 #undef cuEventRecordWithFlags
 #undef cuEventRecordWithFlags_ptsz
@@ -556,11 +558,28 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
     return krex_r;
 }
 
+KREX_HOOK CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    KREX_BIND(cuEventElapsedTime);
+    CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
+    krex_note_event_elapsed(krex_r, hStart, hEnd);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    KREX_BIND(cuEventElapsedTime_v2);
+    CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
+    krex_note_event_elapsed(krex_r, hStart, hEnd);
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
     KREX_BIND(cuEventRecord);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hEvent, hStream);
+    krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
     return krex_r;
 }
@@ -570,6 +589,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsi
     KREX_BIND(cuEventRecordWithFlags);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
+    krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
     return krex_r;
 }
@@ -579,6 +599,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
     KREX_BIND(cuEventRecordWithFlags_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
+    krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
     return krex_r;
 }
@@ -588,6 +609,7 @@ KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
     KREX_BIND(cuEventRecord_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hEvent, hStream);
+    krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
     return krex_r;
 }
@@ -2595,7 +2617,7 @@ KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int f
 KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
 {
     KREX_BIND(cuStreamDestroy);
-    krex_note_stream_destroying(hStream);
+    krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
     return krex_r;
 }
@@ -2603,7 +2625,7 @@ KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
 KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
 {
     KREX_BIND(cuStreamDestroy_v2);
-    krex_note_stream_destroying(hStream);
+    krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
     return krex_r;
 }
@@ -2909,8 +2931,8 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuEventCreate", 'D', 0},
     {"cuEventDestroy", 'D', 0},
     {"cuEventDestroy_v2", 'D', 0},
-    {"cuEventElapsedTime", 'B', 0},
-    {"cuEventElapsedTime_v2", 'B', 0},
+    {"cuEventElapsedTime", 'B', KREX_EPF_HOOKED},
+    {"cuEventElapsedTime_v2", 'B', KREX_EPF_HOOKED},
     {"cuEventQuery", 'B', 0},
     {"cuEventRecord", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuEventRecordWithFlags", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
@@ -3546,8 +3568,8 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     NULL,
     NULL,
     NULL,
-    NULL,
-    NULL,
+    (void *)cuEventElapsedTime,
+    (void *)cuEventElapsedTime_v2,
     NULL,
     (void *)cuEventRecord,
     (void *)cuEventRecordWithFlags,

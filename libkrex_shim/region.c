@@ -17,8 +17,21 @@
  *       synchronizes every context of this process (work left on a private
  *       side stream must not run alongside the siblings once they thaw) and
  *       returns how long that took and the launches made in the region.
+ *       When an event was recorded in the region, the stream of the last
+ *       one (the timed stream) is synchronized first, then the contexts:
+ *   krex_shim_region_other_streams_ns()
+ *       how long that second part took: device time of work left on streams
+ *       other than the timed one when the region ended (UINT64_MAX when no
+ *       event was recorded in the region, or a capture was open).
+ *   krex_shim_region_events_outside(&recorded, &timed)
+ *       CUDA events this process recorded (cuEventRecord*) and timed
+ *       (cuEventElapsedTime*) outside any region so far: timing done
+ *       outside a region.  Timing events recorded in one of the last
+ *       RECENT_EVENTS region records after the region ended is not counted.
  *
- * Both return 0 or a CUresult.  The driver calls go to the real functions.
+ * The region record (krex_client, docs/design/region-log.md) reports them.
+ * begin and end return 0 or a CUresult.  The driver calls go to the real
+ * functions.
  */
 #include "shim.h"
 
@@ -37,6 +50,19 @@ static struct l2buf *l2; /* one per context that flushed; grows, never evicts */
 static size_t nl2, l2cap;
 static _Atomic uint32_t region_epoch;
 static _Atomic int l2_flushed;
+
+/* Events and streams, for the region record.  All relaxed: statistics,
+ * written by the hooks of any thread and read by the client's thread after
+ * krex_shim_region_end(); a record racing with begin or end may land on
+ * either side, as it would without the shim. */
+#define RECENT_EVENTS 64
+static _Atomic int region_open;      /* 1 from region_begin to region_end */
+static _Atomic uint64_t events_recorded_outside, events_timed_outside;
+static _Atomic(CUstream) timed_stream; /* stream of the last event recorded in the region */
+static _Atomic int timed_stream_known;
+static _Atomic(CUevent) recent_events[RECENT_EVENTS]; /* recorded in regions */
+static _Atomic uint32_t recent_next;
+static _Atomic uint64_t other_streams_ns = UINT64_MAX;
 
 /* A buffer of ours that the driver no longer knows (its context was torn
  * down and the handle reused) is found out before it is written. */
@@ -110,8 +136,53 @@ out:
     return r;
 }
 
+/* [observe.post] of cuEventRecord*: in a region, remember the stream (the
+ * timed one) and the event; outside, one relaxed increment. */
+void krex_note_event_record(CUresult r, CUevent ev, CUstream stream)
+{
+    if (r != CUDA_SUCCESS)
+        return;
+    if (KREX_LIKELY(!atomic_load_explicit(&region_open, memory_order_relaxed))) {
+        atomic_fetch_add_explicit(&events_recorded_outside, 1, memory_order_relaxed);
+        return;
+    }
+    atomic_store_explicit(&timed_stream, stream, memory_order_relaxed);
+    atomic_store_explicit(&timed_stream_known, 1, memory_order_relaxed);
+    uint32_t i = atomic_fetch_add_explicit(&recent_next, 1, memory_order_relaxed);
+    atomic_store_explicit(&recent_events[i % RECENT_EVENTS], ev, memory_order_relaxed);
+}
+
+static int recorded_in_region(CUevent ev)
+{
+    for (int i = 0; i < RECENT_EVENTS; i++)
+        if (atomic_load_explicit(&recent_events[i], memory_order_relaxed) == ev)
+            return 1;
+    return 0;
+}
+
+/* [observe.post] of cuEventElapsedTime*: timing outside a region, unless
+ * both events were recorded in a region (read after it ended). */
+void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end)
+{
+    if (r != CUDA_SUCCESS || atomic_load_explicit(&region_open, memory_order_relaxed))
+        return;
+    if (recorded_in_region(start) && recorded_in_region(end))
+        return;
+    atomic_fetch_add_explicit(&events_timed_outside, 1, memory_order_relaxed);
+}
+
+/* [observe.pre] of cuStreamDestroy*: the exit never synchronizes a freed stream. */
+void krex_region_stream_destroying(CUstream stream)
+{
+    if (atomic_load_explicit(&timed_stream_known, memory_order_relaxed) &&
+        atomic_load_explicit(&timed_stream, memory_order_relaxed) == stream)
+        atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
+}
+
 void krex_region_forget_ctx(CUcontext ctx)
 {
+    /* The timed stream may be one of the context's: forget it. */
+    atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
     pthread_mutex_lock(&l2_mu);
     for (size_t i = 0; i < nl2;)
         if (l2[i].ctx == ctx)
@@ -147,6 +218,8 @@ void krex_region_atfork_child(void)
     nl2 = 0; /* the parent's buffers belong to contexts the child cannot use */
     atomic_store_explicit(&region_epoch, 0, memory_order_relaxed);
     atomic_store_explicit(&l2_flushed, 0, memory_order_relaxed);
+    atomic_store_explicit(&region_open, 0, memory_order_relaxed);
+    atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
     pthread_mutex_unlock(&l2_mu);
 }
 
@@ -159,6 +232,9 @@ KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
     atomic_store_explicit(&krex_launches, 0, memory_order_relaxed);
     /* Relaxed: read back by the same thread (the client) after the call. */
     atomic_store_explicit(&l2_flushed, 0, memory_order_relaxed);
+    atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
+    atomic_store_explicit(&other_streams_ns, UINT64_MAX, memory_order_relaxed);
+    atomic_store_explicit(&region_open, 1, memory_order_relaxed);
     if (!l2_flush || !krex_libcuda_if_loaded())
         goto out; /* no driver loaded: no context, nothing to flush */
     if (krex_captures() != 0) {
@@ -206,14 +282,31 @@ KREX_EXPORT int krex_shim_region_l2_flushed(void)
     return atomic_load_explicit(&l2_flushed, memory_order_relaxed);
 }
 
+/* The exit synchronization: the timed stream first (when known), then
+ * every context; the second part's duration goes to other_streams_ns. */
+static CUresult exit_sync(void)
+{
+    __typeof__(&cuStreamSynchronize) ssync = KREX_REAL(cuStreamSynchronize);
+    int known = atomic_exchange_explicit(&timed_stream_known, 0, memory_order_relaxed);
+    if (!known || !ssync || krex_captures() != 0)
+        return krex_sync_all(1); /* a capture: per-stream rules apply (drain.c) */
+    CUresult r = ssync(atomic_load_explicit(&timed_stream, memory_order_relaxed));
+    uint64_t t1 = krex_now_ns();
+    CUresult r2 = krex_sync_all(1);
+    if (r == CUDA_SUCCESS)
+        atomic_store_explicit(&other_streams_ns, krex_now_ns() - t1, memory_order_relaxed);
+    return r != CUDA_SUCCESS ? r : r2;
+}
+
 KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)
 {
     krex_shim_init();
     int saved = errno;
     uint64_t t0 = krex_now_ns();
     /* No driver loaded in this process: no work of it can be running. */
-    CUresult r = krex_libcuda_if_loaded() ? krex_sync_all(1) : CUDA_SUCCESS;
+    CUresult r = krex_libcuda_if_loaded() ? exit_sync() : CUDA_SUCCESS;
     uint64_t dt = krex_now_ns() - t0;
+    atomic_store_explicit(&region_open, 0, memory_order_relaxed);
     if (sync_ns)
         *sync_ns = dt;
     if (launches)
@@ -227,4 +320,18 @@ KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)
         krex_log(KREX_LOG_WARN, "region %u: exit synchronization returned %d", epoch, (int)r);
     errno = saved;
     return (int)r;
+}
+
+KREX_EXPORT uint64_t krex_shim_region_other_streams_ns(void)
+{
+    return atomic_load_explicit(&other_streams_ns, memory_order_relaxed);
+}
+
+KREX_EXPORT int krex_shim_region_events_outside(uint64_t *recorded, uint64_t *timed)
+{
+    if (recorded)
+        *recorded = atomic_load_explicit(&events_recorded_outside, memory_order_relaxed);
+    if (timed)
+        *timed = atomic_load_explicit(&events_timed_outside, memory_order_relaxed);
+    return 0;
 }

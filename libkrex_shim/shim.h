@@ -199,6 +199,10 @@ void krex_drain_atfork_child(void);
 /* ---- region.c ------------------------------------------------------------- */
 
 void krex_region_forget_ctx(CUcontext ctx);
+/* Event and stream observations for the region record (classes.toml). */
+void krex_note_event_record(CUresult r, CUevent ev, CUstream stream);
+void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end);
+void krex_region_stream_destroying(CUstream stream);
 void krex_region_atfork_prepare(void);
 void krex_region_atfork_parent(void);
 void krex_region_atfork_child(void);

@@ -129,6 +129,7 @@ class FakePinner:
         self.events = events
         self.cpus: dict[int, tuple[int, ...]] = {}
         self.affinity: dict[int, tuple[int, ...]] = {}
+        self.initial: tuple[int, ...] = ()  # affinity of a thread never pinned
 
     def set_cpus(self, tenant: Tenant, cores: tuple[int, ...]) -> None:
         self.events.add("set_cpus", tenant.id, tuple(cores))
@@ -137,6 +138,10 @@ class FakePinner:
     def pin_thread(self, tid: int, cores: tuple[int, ...]) -> None:
         self.events.add("pin_thread", tid, tuple(cores))
         self.affinity[tid] = tuple(cores)
+
+    def thread_cpus(self, tid: int) -> tuple[int, ...]:
+        # A read, not an action: not logged.  Threads never pinned have ``initial``.
+        return self.affinity.get(tid, self.initial)
 
 
 class FakeGate:

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
-from krex_cli.replay import metrics  # noqa: E402
+from krex_cli.replay import metrics, regions  # noqa: E402
 from krex_cli.replay.runner import META, RESULTS, load_results  # noqa: E402
 from krex_cli.replay.trace import BAND_NAMES  # noqa: E402
 
@@ -135,6 +135,7 @@ def compute(runs: list[Run], ref: Run | None) -> dict[str, Any]:
             "failed": len(run.records) - done,
             "throughput_cmds_per_min": run.throughput(),
             "phases_median_ms": phase_medians(run),
+            "regions": regions.summarize(regions.load(run.path)),
             "stats": {},
         }
         if ref is not None and run is not ref:
@@ -285,6 +286,7 @@ def markdown(runs: list[Run], data: dict[str, Any]) -> str:
         ph = data["runs"][run.label]["phases_median_ms"]
         lines.append(f"| {run.label} | " + " | ".join(_fmt(ph[p], ".0f") for p in PHASES) + " |")
     lines += ["", "![phases](phases.png)", ""]
+    lines += regions.markdown({r.label: data["runs"][r.label]["regions"] for r in runs})
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-from krex_cli.replay import modes
+from krex_cli.replay import modes, regions
 from krex_cli.replay.trace import TraceEntry
 
 STDERR_TAIL_CHARS = 4000
@@ -135,6 +135,7 @@ class Runner:
         self._results: IO[str] | None = None
         self._bar: Any = None
         self._failed = 0
+        self._logs: dict[tuple[int, int], int] = {}  # region logs per (pass, index)
 
     # --- one command ---------------------------------------------------------------------
     def _command(
@@ -177,6 +178,9 @@ class Runner:
         self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
     ) -> dict[str, Any]:
         argv, env = self._command(entry, gpu, socket)
+        log = self._region_log(p, i) if self.opts.mode.uses_krexd else None
+        if log is not None:
+            env["KREX_REGION_LOG"] = os.path.abspath(self.opts.out / log)
         rec: dict[str, Any] = {
             "pass": p,
             "index": i,
@@ -189,6 +193,8 @@ class Runner:
             "worker": worker,
             "gpu": gpu,
         }
+        if log is not None:
+            rec["region_log"] = log
         rec["start"] = time.time()
         t0 = time.monotonic()
         error: str | None = None
@@ -242,6 +248,13 @@ class Runner:
             rec["error"] = error
             rec["stderr_tail"] = err[-STDERR_TAIL_CHARS:]
         return rec
+
+    def _region_log(self, p: int, i: int) -> str:
+        """A fresh region log (relative to the run) for one attempt of line ``i`` in pass ``p``."""
+        with self._lock:
+            n = self._logs[(p, i)] = self._logs.get((p, i), 0) + 1
+        (self.opts.out / regions.DIR).mkdir(exist_ok=True)
+        return regions.log_name(p, i, n)
 
     def _record(self, rec: dict[str, Any]) -> None:
         with self._lock:

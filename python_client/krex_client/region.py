@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from krex_client.connection import Connection
+    from krex_client.record import Recorder
 
 
 class ControlConnection(Protocol):
@@ -86,6 +87,14 @@ class _Shim:
         if self.end is not None:
             self.end.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
             self.end.restype = ctypes.c_int
+        self.other: Any = getattr(lib, "krex_shim_region_other_streams_ns", None)
+        if self.other is not None:
+            self.other.argtypes = []
+            self.other.restype = ctypes.c_uint64
+        self.outside: Any = getattr(lib, "krex_shim_region_events_outside", None)
+        if self.outside is not None:
+            self.outside.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
+            self.outside.restype = ctypes.c_int
 
     def region_begin(self, epoch: int, l2_flush: bool) -> bool:
         """Step 5, holder side: flush L2 in the current context (paper §4.2).
@@ -110,6 +119,20 @@ class _Shim:
         self.end(ctypes.byref(sync_ns), ctypes.byref(launches))
         return sync_ns.value / 1e6, int(launches.value)
 
+    def other_streams_ms(self) -> float | None:
+        """Device time (ms) of work left on streams other than the timed one at the
+        last ``region_end``; None when unknown (no event recorded in the region)."""
+        ns = int(self.other()) if self.other is not None else 2**64 - 1
+        return None if ns == 2**64 - 1 else ns / 1e6
+
+    def events_outside(self) -> tuple[int, int]:
+        """CUDA events (recorded, timed) outside any region in this process so far."""
+        if self.outside is None:
+            return 0, 0
+        rec, timed = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        self.outside(ctypes.byref(rec), ctypes.byref(timed))
+        return int(rec.value), int(timed.value)
+
 
 class Region:
     """Critical regions of this process (one at a time)."""
@@ -124,6 +147,8 @@ class Region:
         self._shim: _Shim | None = None
         self._conn: ControlConnection | None = None
         self._conn_pid = 0
+        self._recorder: Recorder | None = None  # the region log's (KREX_REGION_LOG)
+        self._recorder_pid = 0
 
     @staticmethod
     def _zero_stats() -> dict[str, float]:
@@ -185,6 +210,7 @@ class Region:
 
     def _run_region(self) -> Iterator[None]:
         conn = self._connection()
+        recorder = self._region_log()  # NVML opened here, before the region
         t0 = time.monotonic()
         try:
             grant = self._request(
@@ -209,10 +235,12 @@ class Region:
             )
             raise
         granted = time.monotonic()
+        entry = recorder.sample() if recorder is not None else {}
         try:
             yield
         finally:
             sync_ms, launches = self._shim.region_end()
+            exit_ = recorder.sample() if recorder is not None else {}
             reply = self._request(
                 conn,
                 "region_exit",
@@ -228,6 +256,44 @@ class Region:
                 "launches": float(launches),
                 "l2_flushed": 1.0 if flushed else 0.0,
             }
+            if recorder is not None:
+                self._log(recorder, grant, reply, entry, exit_)
+
+    def _region_log(self) -> Recorder | None:
+        """The region log's recorder when ``KREX_REGION_LOG`` is set (one per process)."""
+        from krex_client import record
+
+        path = record.log_path()
+        if path is None:
+            return None
+        if self._recorder is None or self._recorder_pid != os.getpid():
+            self._recorder, self._recorder_pid = record.Recorder(path), os.getpid()
+        return self._recorder
+
+    def _log(
+        self,
+        recorder: Recorder,
+        grant: dict[str, Any],
+        reply: dict[str, Any],
+        entry: dict[str, Any],
+        exit_: dict[str, Any],
+    ) -> None:
+        """Append this region's record (after the exit: nothing here is timed)."""
+        assert self._shim is not None
+        st = self._stats
+        figures: dict[str, Any] = {
+            "epoch": int(grant["epoch"]),
+            **{k: st[k] for k in ("wait_ms", "drain_ms", "freeze_ms", "entry_ms", "region_ms")},
+            "sync_ms": st["sync_ms"],
+            "thaw_ms": float(reply.get("thaw_ms", 0.0)),
+            "other_streams_ms": self._shim.other_streams_ms(),
+            "launches": int(st["launches"]),
+            "l2_flushed": bool(st["l2_flushed"]),
+        }
+        try:
+            recorder.append(recorder.record(figures, entry, exit_, self._shim.events_outside()))
+        except OSError as exc:
+            warnings.warn(f"krex_client: region log {recorder.path}: {exc}", stacklevel=4)
 
     @staticmethod
     def _cancel(conn: ControlConnection) -> None:

@@ -51,6 +51,7 @@ class Rig:
 def rig(n: int, **region: Any) -> Rig:
     events = Events()
     control, pinner, gate = FakeTenantControl(events), FakePinner(events), FakeGate(events)
+    pinner.initial = SLICE.tenant_cores  # threads start on the off-region cores
     registry = TenantRegistry()
     tenants = [make_tenant(registry) for _ in range(n)]
     for t in tenants:
@@ -95,8 +96,8 @@ def test_entry_and_exit_run_the_steps_in_the_papers_order() -> None:
             ("freeze", s2.id),
             ("wait_frozen", s1.id),
             ("wait_frozen", s2.id),
-            ("set_cpus", holder.id, SLICE.cores),  # 5
-            ("pin_thread", tid, SLICE.reserved),
+            ("set_cpus", holder.id, SLICE.cores),  # 5: reserved cores added
+            ("pin_thread", tid, SLICE.cores),  # [region] holder_cpus = "add"
         ]
         assert holder.state == states.HOLDING
         assert s1.state == s2.state == states.FROZEN

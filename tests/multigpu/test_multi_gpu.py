@@ -92,13 +92,22 @@ def test_tenants_are_confined_to_their_gpus_slice(krexd_factory: Any) -> None:
     assert seen == {0: [0], 1: [1]}
 
 
-def test_holder_thread_runs_on_reserved_cores_only_in_region(krexd_factory: Any) -> None:
+@pytest.mark.parametrize(
+    "holder_cpus, in_region", [("add", [0, 1]), ("reserved_only", [1])]
+)  # fmt: skip
+def test_holder_thread_gets_the_reserved_cores_in_region(
+    krexd_factory: Any, holder_cpus: str, in_region: list[int]
+) -> None:
+    """[region] holder_cpus: reserved cores added to the thread's own, or alone."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores")
     k = krexd_factory(
         fake_gpus=1,
         slots=2,
-        config={"cpu": {"reserved_cores": 1, "allow_shared": False, "slices": {"0": "0-1"}}},
+        config={
+            "cpu": {"reserved_cores": 1, "allow_shared": False, "slices": {"0": "0-1"}},
+            "region": {"holder_cpus": holder_cpus},
+        },
     )
     prog = (
         "import json, os\n"
@@ -113,7 +122,7 @@ def test_holder_thread_runs_on_reserved_cores_only_in_region(krexd_factory: Any)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err.decode()
     before, inside, after = json.loads(out)
-    assert (before, inside, after) == ([0], [1], [0])
+    assert (before, inside, after) == ([0], in_region, [0])
 
 
 def test_commands_go_to_the_least_loaded_gpu(krexd_factory: Any) -> None:

@@ -139,6 +139,8 @@ def test_shim_exports_the_hooks(shim_build: ShimBuild) -> None:
         "cuStreamBeginCapture_v2",
         "cuStreamEndCapture",
         "cuMemAlloc_v2",
+        "cuEventRecord",
+        "cuEventElapsedTime_v2",
     }
     assert observed <= hooked
     assert not {"cuCtxSynchronize", "cuStreamSynchronize", "cuGetExportTable"} & hooked
@@ -146,6 +148,8 @@ def test_shim_exports_the_hooks(shim_build: ShimBuild) -> None:
         "dlsym",
         "krex_shim_region_begin",
         "krex_shim_region_end",
+        "krex_shim_region_other_streams_ns",
+        "krex_shim_region_events_outside",
         "krex_shim_active",
     } <= exported
     assert not {n for n in exported if n.startswith("krex_gate_")}, "gate code leaks out"

@@ -279,6 +279,14 @@ def test_krex_replay_with_fake_gpu(tmp_path: Path) -> None:
     assert report.find_runs(runs) == [runs / "krex", runs / "native"]
     for r in recs:  # krex run reports its admission wait (KREX_ADMIT_MS)
         assert r["result"]["phases"]["admit_ms"] >= 0.0
+    # Each command's own region log (docs/design/region-log.md), summarized in the report.
+    for r in recs:
+        logged = (runs / "krex" / r["region_log"]).read_text().splitlines()
+        assert len(logged) == 1 and json.loads(logged[0])["region_ms"] > 0.0
+    assert k["regions"]["regions"] == len(entries)
+    assert k["regions"]["region_ms"]["p50"] > 0.0
+    assert data["runs"]["native"]["regions"]["regions"] == 0
+    assert "## Regions" in (runs / "krex" / "report" / "report.md").read_text()
 
 
 @pytest.mark.root

@@ -1,0 +1,213 @@
+"""The region record: one JSON line per critical region (docs/design/region-log.md).
+
+Enabled by ``KREX_REGION_LOG=PATH`` (``krex run --region-log PATH`` sets it;
+``krex replay`` gives each command its own).  After each region the holder
+process appends one object to PATH: the region's epoch and timings (wait,
+drain, freeze, in-region, exit synchronization), the device and its SM and
+memory clocks, temperature and power at entry and at exit (NVML, through
+``pynvml`` when it is importable; a figure NVML cannot give is null, never
+guessed), whether L2 was flushed, the launches in the region, the device
+time of work left on streams other than the timed one, CUDA events recorded
+and timed outside any region, and warnings.
+
+Several processes of one command may share PATH: each record is one
+``write(2)`` of one line to a file opened with ``O_APPEND``, under an
+exclusive ``flock``.  On a local file system the append alone is atomic
+(the kernel positions and writes under the inode lock); the lock also
+covers file systems where it is not (NFS emulates ``flock`` with byte-range
+locks).  Nothing here runs inside the timed code: NVML is sampled after the
+grant and before the exit request, the line written after the exit.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from typing import Any
+
+ENV_VAR = "KREX_REGION_LOG"
+"""Environment variable naming the region log (a path; empty: no log)."""
+
+VERSION = 1
+COLD_CLOCK = 0.8
+"""A region entered with the SM clock below this fraction of its maximum is cold."""
+OTHER_STREAMS_WARN_MS = 0.1
+"""Work left on other streams above this (ms of device time at exit) is warned about;
+below it the exit synchronization of idle contexts is indistinguishable from work."""
+
+SAMPLE_KEYS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w")
+
+
+def log_path() -> str | None:
+    """The region log's path from ``KREX_REGION_LOG``, or None when unset."""
+    path = os.environ.get(ENV_VAR, "")
+    return path or None
+
+
+class Nvml:
+    """This command's GPU through NVML (``pynvml``), or nothing when it is absent.
+
+    The GPU is ``CUDA_VISIBLE_DEVICES`` when it names a UUID (``GPU-...``),
+    else index ``KREX_GPU`` (``krex run`` sets both).  Every query returns
+    None for what NVML cannot give.
+    """
+
+    def __init__(self) -> None:
+        self.nv: Any = None
+        self.handle: Any = None
+        try:
+            import pynvml  # type: ignore[import-not-found, unused-ignore]
+
+            nv: Any = pynvml
+            nv.nvmlInit()
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+            if visible.startswith(("GPU-", "MIG-")):
+                self.handle = nv.nvmlDeviceGetHandleByUUID(visible)
+            else:
+                self.handle = nv.nvmlDeviceGetHandleByIndex(int(os.environ.get("KREX_GPU", "0")))
+            self.nv = nv
+        except Exception:  # noqa: BLE001 - no pynvml, no driver, no such GPU: all nulls
+            self.nv = self.handle = None
+
+    def _get(self, fn: str, *args: Any) -> Any:
+        if self.nv is None:
+            return None
+        try:
+            value = getattr(self.nv, fn)(self.handle, *args)
+        except Exception:  # noqa: BLE001 - not supported on this GPU: null
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    def device(self) -> dict[str, Any]:
+        """``{name, uuid, sm_clock_max_mhz}`` (MHz)."""
+        nv = self.nv
+        return {
+            "name": self._get("nvmlDeviceGetName"),
+            "uuid": self._get("nvmlDeviceGetUUID"),
+            "sm_clock_max_mhz": self._get("nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_SM)
+            if nv
+            else None,
+        }
+
+    def sample(self) -> dict[str, Any]:
+        """``{sm_clock_mhz, mem_clock_mhz, temperature_c, power_w}`` now."""
+        nv = self.nv
+        if nv is None:
+            return dict.fromkeys(SAMPLE_KEYS)
+        power_mw = self._get("nvmlDeviceGetPowerUsage")
+        return {
+            "sm_clock_mhz": self._get("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM),
+            "mem_clock_mhz": self._get("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM),
+            "temperature_c": self._get("nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU),
+            "power_w": None if power_mw is None else power_mw / 1000.0,
+        }
+
+
+class Recorder:
+    """Builds and appends the records of one process's regions to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.nvml = Nvml()
+        self.device = self.nvml.device()
+        self._outside = (0, 0)  # events (recorded, timed) outside regions at the last record
+        self._lock = threading.Lock()
+
+    def sample(self) -> dict[str, Any]:
+        """Clocks, temperature and power now (see :meth:`Nvml.sample`)."""
+        return self.nvml.sample()
+
+    def record(
+        self,
+        figures: dict[str, Any],
+        entry: dict[str, Any],
+        exit_: dict[str, Any],
+        events_outside: tuple[int, int],
+    ) -> dict[str, Any]:
+        """The record of one region.
+
+        Args:
+            figures: epoch, the timings in ms (wait_ms, drain_ms, freeze_ms,
+                entry_ms, region_ms, sync_ms, thaw_ms), other_streams_ms (or
+                None), launches, l2_flushed.
+            entry, exit_: :meth:`sample` after the grant and before the exit.
+            events_outside: the shim's (recorded, timed) counts so far.
+        """
+        with self._lock:
+            since = (events_outside[0] - self._outside[0], events_outside[1] - self._outside[1])
+            self._outside = events_outside
+        rec: dict[str, Any] = {
+            "v": VERSION,
+            "time": time.time(),
+            "pid": os.getpid(),
+            "tenant": _int_env("KREX_TENANT"),
+            "gpu": _int_env("KREX_GPU"),
+            **figures,
+            "device": dict(self.device),
+            "entry": entry,
+            "exit": exit_,
+            "events_outside": {"recorded": events_outside[0], "timed": events_outside[1]},
+        }
+        rec["warnings"] = warnings_for(rec, since)
+        return rec
+
+    def append(self, rec: dict[str, Any]) -> None:
+        """Append ``rec`` as one line (one ``write``, ``O_APPEND``, ``flock``)."""
+        line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line)
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def warnings_for(rec: dict[str, Any], since: tuple[int, int]) -> list[dict[str, str]]:
+    """The record's warnings: ``[{kind, message}]``.
+
+    Kinds: ``cold_clock`` (SM clock at entry below ``COLD_CLOCK`` of its
+    maximum), ``timing_outside_region`` (``since``: events recorded and
+    timed outside any region since this process's previous region; timing
+    warns, a record alone does not: frameworks record events for stream
+    ordering), ``work_on_other_stream`` (more than ``OTHER_STREAMS_WARN_MS``
+    of device work left on streams other than the timed one at exit).
+    """
+    out: list[dict[str, str]] = []
+    sm, top = rec["entry"].get("sm_clock_mhz"), rec["device"].get("sm_clock_max_mhz")
+    if sm is not None and top and sm < COLD_CLOCK * top:
+        out.append(
+            {
+                "kind": "cold_clock",
+                "message": f"SM clock {sm} MHz at entry, {100 * sm / top:.0f}% of its "
+                f"maximum {top} MHz: the region started before the GPU clocked up",
+            }
+        )
+    if since[1] > 0:
+        out.append(
+            {
+                "kind": "timing_outside_region",
+                "message": f"{since[1]} CUDA event timing(s) and {since[0]} event record(s) "
+                "outside any region since the previous region: those measurements ran "
+                "unprotected",
+            }
+        )
+    other = rec.get("other_streams_ms")
+    if other is not None and other > OTHER_STREAMS_WARN_MS:
+        out.append(
+            {
+                "kind": "work_on_other_stream",
+                "message": f"{other:.3f} ms of device work was left on streams other than "
+                "the timed one when the region ended: the timing did not cover it",
+            }
+        )
+    return out
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
