@@ -10,7 +10,12 @@ and uptime.  ``--json`` prints the
 
 Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
 socket, or nothing listens on it), 4 unknown (the socket accepts connections
-but no valid answer came).
+but no valid answer came, or this user may not open it: the message then says
+"permission denied" and names the group to join).
+
+What a user sees of other users' tenants is need-to-know (the ``status`` op,
+krexd/control/status.py): their id, GPU, state and age, not their command
+line or pids.
 """
 
 from __future__ import annotations
@@ -22,7 +27,14 @@ import sys
 from typing import Any
 
 from krex_cli import __version__
-from krex_client.connection import Connection, KrexUnavailable, RemoteError, default_socket
+from krex_client.connection import (
+    Connection,
+    KrexPermissionDenied,
+    KrexUnavailable,
+    RemoteError,
+    check_access,
+    default_socket,
+)
 from krex_client.errors import StatusExit
 from krex_client.sizes import format_size
 
@@ -165,6 +177,8 @@ def render(st: dict[str, Any]) -> str:
         rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "MEMORY", "COMMAND"]]
         for t in tenants:
             cmd = " ".join(" ".join(t.get("command", [])).split())  # one line, whatever argv holds
+            if t.get("redacted"):
+                cmd = "(another user's command)"
             rows.append(
                 [
                     f"t{t['id']}" + (" excl" if t.get("exclusive") else ""),
@@ -209,6 +223,11 @@ def _waiting_for(w: dict[str, Any]) -> str:
 
 def status(socket: str, as_json: bool) -> int:
     """Query krexd at ``socket`` and print its status; returns an LSB status exit code."""
+    try:
+        check_access(socket)
+    except KrexPermissionDenied as exc:
+        print(f"krexd state unknown: {socket}: {exc.reason}", file=sys.stderr)
+        return StatusExit.UNKNOWN
     if not _listening(socket):
         print(f"krexd is not running (no daemon on {socket})", file=sys.stderr)
         return StatusExit.NOT_RUNNING

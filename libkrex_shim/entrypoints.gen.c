@@ -321,6 +321,7 @@ KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev
 {
     KREX_BIND(cuCtxCreate);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -331,6 +332,7 @@ KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
 {
     KREX_BIND(cuCtxCreate_v2);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -341,6 +343,7 @@ KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
 {
     KREX_BIND(cuCtxCreate_v3);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, paramsArray, numParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -351,6 +354,7 @@ KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateP
 {
     KREX_BIND(cuCtxCreate_v4);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, ctxCreateParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -533,6 +537,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRetain);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, dev);
     krex_leave(krex_s);
     return krex_r;
@@ -713,6 +718,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
 {
     KREX_BIND(cuGreenCtxCreate);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(phCtx, desc, dev, flags);
     krex_note_green_created(krex_r, phCtx);
     krex_leave(krex_s);
