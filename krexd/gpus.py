@@ -116,10 +116,22 @@ def _from_cuda_python() -> list[GpuInfo] | None:
         )
         _, bus = drv.cuDeviceGetPCIBusId(64, dev)
         bus_s = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
-        _, raw_uuid = drv.cuDeviceGetUuid(dev)
-        uuid = format_uuid(bytes(raw_uuid.bytes))
+        uuid = _cuda_uuid(drv, dev)
         out.append(GpuInfo(i, name, int(mem), int(l2), _numa_node_of(bus_s), False, bus_s, uuid))
     return out
+
+
+def _cuda_uuid(drv: Any, dev: Any) -> str:
+    """``GPU-...`` of a cuda-python device; "" when the driver cannot say."""
+    try:
+        err, raw = drv.cuDeviceGetUuid(dev)
+        if int(err) != 0:
+            return ""
+        data = raw.bytes
+        return format_uuid(data if isinstance(data, bytes) else bytes(c & 0xFF for c in data))
+    except Exception as exc:  # an older cuda-python without the call, or a driver error
+        _log.info("cuDeviceGetUuid failed: %s", exc)
+        return ""
 
 
 def fake_gpus(n: int, mem_bytes: int = FAKE_MEM_BYTES) -> list[GpuInfo]:
