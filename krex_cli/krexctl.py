@@ -12,7 +12,12 @@ not answer it prints ``{"state": "not running"|"unknown", "socket": PATH,
 
 Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
 socket, or nothing listens on it), 4 unknown (the socket accepts connections
-but no valid answer came).
+but no valid answer came, or this user may not open it: the message then says
+"permission denied" and names the group to join).
+
+What a user sees of other users' tenants is need-to-know (the ``status`` op,
+krexd/control/status.py): their id, GPU, state and age, not their command
+line or pids.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ import sys
 from typing import Any
 
 from krex_cli import __version__, help_text
-from krex_client.connection import Connection, KrexUnavailable, RemoteError, default_socket
+from krex_client.connection import (
+    Connection,
+    KrexPermissionDenied,
+    KrexUnavailable,
+    RemoteError,
+    check_access,
+    default_socket,
+)
 from krex_client.errors import StatusExit
 from krex_client.sizes import format_size
 
@@ -167,6 +179,8 @@ def render(st: dict[str, Any]) -> str:
         rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "MEMORY", "COMMAND"]]
         for t in tenants:
             cmd = " ".join(" ".join(t.get("command", [])).split())  # one line, whatever argv holds
+            if t.get("redacted"):
+                cmd = "(another user's command)"
             rows.append(
                 [
                     f"t{t['id']}" + (" excl" if t.get("exclusive") else ""),
@@ -215,6 +229,10 @@ def status(socket: str, as_json: bool) -> int:
     With ``as_json`` every outcome is one JSON object on stdout: the ``status``
     reply, or ``{"state": "not running"|"unknown", "socket", "error"}``.
     """
+    try:
+        check_access(socket)
+    except KrexPermissionDenied as exc:
+        return _down(socket, as_json, StatusExit.UNKNOWN, f"{socket}: {exc.reason}")
     if not _listening(socket):
         return _down(socket, as_json, StatusExit.NOT_RUNNING, f"no daemon on {socket}")
     try:

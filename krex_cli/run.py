@@ -22,6 +22,12 @@ Sequence (DESIGN.md "krex run"):
    (docs/design/memory.md).
 
 ``--mem SIZE`` declares the command's GPU memory need (admission by memory).
+
+CMD runs as the user who ran ``krex run``: krexd executes nothing; ``krex
+run`` forks and execs CMD itself, and krexd places only a direct child of
+the verified launcher with the launcher's uid (docs/design/security.md).  A
+socket this user may not open is reported as "permission denied" with the
+group to join (exit 77, EX_NOPERM).
 """
 
 from __future__ import annotations
@@ -38,7 +44,12 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from krex_client.connection import Connection, KrexUnavailable, RemoteError
+from krex_client.connection import (
+    Connection,
+    KrexPermissionDenied,
+    KrexUnavailable,
+    RemoteError,
+)
 from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
 
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -176,6 +187,9 @@ def run(
     conn = Connection(socket, timeout_s=5.0)
     try:
         return _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes)
+    except KrexPermissionDenied as exc:
+        _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
+        return ExitCode.NOPERM
     except KrexUnavailable as exc:
         _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
         return ExitCode.UNAVAILABLE

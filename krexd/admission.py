@@ -24,6 +24,10 @@ later request until the waiter fits.  No later command takes memory on a
 GPU closed that way and the commands there end, so a large command waits at
 most for the commands admitted before it and ``max_bypass`` more (0 = strict
 head-of-line blocking).
+
+Per-uid caps (``krexd.quotas``): a waiter whose uid holds its
+``max_admitted_per_uid`` slots is passed over (FIFO among the others), and a
+uid may have at most ``max_parked_per_uid`` requests parked.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from krexd.errors import Code, KrexError
+from krexd.quotas import UidCaps
 
 
 class MemoryPolicy(Protocol):
@@ -80,11 +85,13 @@ class Waiter:
     waiting_for: str | None = None  # "slot" | "memory" after a dispatch found no GPU
     mem_gpu: int | None = None  # the GPU it waits for memory on
     bypassed: int = 0  # later requests granted its mem_gpu meanwhile
+    uid: int = 0  # the verified caller's uid (krexd.identity), for the per-uid caps
 
     def summary(self) -> dict[str, object]:
         """JSON-ready status row."""
         return {
             "gpu": self.gpu,
+            "uid": self.uid,
             "exclusive": self.exclusive,
             "launcher_pid": self.launcher_pid,
             "command": self.argv,
@@ -105,8 +112,10 @@ class Admission:
         max_parked: int = 4096,
         memory: MemoryPolicy | None = None,
         max_bypass: int = 4,
+        caps: UidCaps | None = None,
     ) -> None:
         self._gpus = {g.index: g for g in gpus}
+        self.caps = caps or UidCaps()
         self.max_parked = max_parked
         self.memory = memory
         self.max_bypass = max_bypass
@@ -174,6 +183,7 @@ class Admission:
         else:
             s.used += 1
         s.mem_reserved += w.mem_bytes
+        self.caps.granted(w.uid)
         self.granted_total += 1
         w.future.set_result(g)
 
@@ -186,6 +196,9 @@ class Admission:
             w = self._queue.popleft()
             if w.future.done():
                 continue  # cancelled while parked
+            if not self.caps.may_grant(w.uid):
+                kept.append(w)  # its uid holds its cap: later users' requests pass it
+                continue
             g = self._choose(w, blocked, heads)
             if g is None:
                 kept.append(w)
@@ -211,14 +224,17 @@ class Admission:
         launcher_pid: int,
         argv: list[str],
         mem_bytes: int = 0,
+        uid: int = 0,
     ) -> Waiter:
         """Queue a request and grant it at once if it fits; await ``waiter.future`` for the GPU.
 
         ``mem_bytes`` is the request's memory need (bytes), reserved on the
-        granted GPU until :meth:`release`.
+        granted GPU until :meth:`release`; ``uid`` is the verified caller's,
+        counted against the per-uid caps.
 
         Raises ``KrexError(NO_SUCH_GPU)`` for an unknown ``gpu`` and
-        ``KrexError(CANCELLED)`` when ``max_parked`` requests already wait.
+        ``KrexError(CANCELLED)`` when ``max_parked`` requests already wait,
+        or ``max_parked_per_uid`` of ``uid``.
         """
         if gpu is not None and gpu not in self._gpus:
             raise KrexError(Code.NO_SUCH_GPU, f"no GPU {gpu} (GPUs: {sorted(self._gpus)})")
@@ -226,8 +242,9 @@ class Admission:
             raise KrexError(Code.NO_SUCH_GPU, "krexd manages no GPU (see --fake-gpus)")
         if len(self._queue) >= self.max_parked:
             raise KrexError(Code.CANCELLED, f"{len(self._queue)} requests already parked")
+        self.caps.check_park(uid, (p.uid for p in self.parked))
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        w = Waiter(gpu, exclusive, launcher_pid, argv, future, mem_bytes)
+        w = Waiter(gpu, exclusive, launcher_pid, argv, future, mem_bytes, uid=uid)
         self._queue.append(w)
         self._dispatch()
         if not w.future.done():
@@ -242,9 +259,10 @@ class Admission:
             w.future.exception()
         self._dispatch()
 
-    def release(self, gpu: int, exclusive: bool, mem_bytes: int = 0) -> None:
-        """Free the slot(s) and the memory reservation (bytes) of a tenant of ``gpu``;
-        grant parked waiters that now fit."""
+    def release(self, gpu: int, exclusive: bool, mem_bytes: int = 0, uid: int = 0) -> None:
+        """Free the slot(s) and the memory reservation (bytes) of a tenant of ``gpu``
+        owned by ``uid``; grant parked waiters that now fit."""
+        self.caps.released(uid)
         s = self._gpus[gpu]
         if exclusive:
             s.exclusive = False

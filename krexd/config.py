@@ -47,10 +47,19 @@ class DaemonConfig:
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    """``[admission]``: command concurrency (slots) per GPU and the parking limit."""
+    """``[admission]``: command concurrency (slots) per GPU, parking and per-uid limits.
+
+    ``place_timeout_s``: an admitted command not placed in its cgroup within
+    this many seconds is ended and its slot freed (no squatting).
+    ``max_admitted_per_uid`` / ``max_parked_per_uid``: per-uid caps (0 = no
+    cap; root is exempt), see ``krexd.quotas``.
+    """
 
     slots_per_gpu: int = 4
     max_parked: int = 4096
+    place_timeout_s: float = 5.0
+    max_admitted_per_uid: int = 0
+    max_parked_per_uid: int = 1024
 
 
 @dataclass(frozen=True)
@@ -294,7 +303,13 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
     ),
     "admission": (
         AdmissionConfig,
-        {"slots_per_gpu": _int(1, 1024), "max_parked": _int(1, 1_000_000)},
+        {
+            "slots_per_gpu": _int(1, 1024),
+            "max_parked": _int(1, 1_000_000),
+            "place_timeout_s": _float_range(0.05, 3600.0),
+            "max_admitted_per_uid": _int(0, 1_000_000),
+            "max_parked_per_uid": _int(0, 1_000_000),
+        },
     ),
     "cgroup": (
         CgroupConfig,

@@ -43,6 +43,7 @@ from krexd.lifecycle import Lifecycle
 from krexd.memory.monitor import MemoryMonitor
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
+from krexd.quotas import UidCaps
 from krexd.runtime import SERVING, STOPPING, Runtime
 from krexd.server import Server, check_free
 from krexd.slices import compute_slices
@@ -104,8 +105,12 @@ class Daemon:
         if cfg.mps.enabled:
             # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
             for gpu in self.gpus.values():
-                gpu.mps = self.mps.start(gpu.index)
-        self.admission = Admission([g.slots for g in self.gpus.values()], cfg.admission.max_parked)
+                gpu.mps = self.mps.start(gpu.index, gpu.info.uuid)
+        self.admission = Admission(
+            [g.slots for g in self.gpus.values()],
+            cfg.admission.max_parked,
+            caps=UidCaps(cfg.admission.max_admitted_per_uid, cfg.admission.max_parked_per_uid),
+        )
         memory = self.memory = MemoryMonitor(
             cfg.memory,
             cfg.admission.slots_per_gpu,

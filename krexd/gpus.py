@@ -4,6 +4,12 @@ Imports of the vendor libraries are lazy: without them (or without a driver)
 the inventory is empty unless ``--fake-gpus N`` / ``[daemon] fake_gpus``
 declares simulated GPUs.  krexd never creates a CUDA context here (NVML
 needs none; cuda-python's ``cuDeviceGet*`` calls need only ``cuInit``).
+
+Each GPU carries its UUID (``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``, the
+form ``nvidia-smi -L``, NVML and ``CUDA_VISIBLE_DEVICES`` use): tenants are
+bound to their GPU by UUID, never by index (docs/design/security.md).  A
+simulated GPU's UUID is the one the fake driver reports for it
+(:func:`fake_uuid`; docs/design/interfaces.md "Fake driver").
 """
 
 from __future__ import annotations
@@ -29,6 +35,22 @@ class GpuInfo:
     numa_node: int | None
     fake: bool
     pci_bus_id: str = ""
+    uuid: str = ""  # "GPU-..." (empty when the inventory could not read it)
+
+
+def format_uuid(raw: bytes) -> str:
+    """The text form of a 16-byte CUDA/NVML GPU UUID: ``GPU-8-4-4-4-12`` lowercase hex."""
+    h = raw[:16].hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+# The fake driver's UUID bytes: this 12-byte stem, three zero bytes, the GPU index.
+_FAKE_UUID_STEM = b"krex-fake-gp"
+
+
+def fake_uuid(index: int) -> str:
+    """UUID of simulated GPU ``index`` as the fake driver's ``cuDeviceGetUuid`` reports it."""
+    return format_uuid(_FAKE_UUID_STEM + bytes(3) + bytes([index & 0xFF]))
 
 
 def _numa_node_of(pci_bus_id: str) -> int | None:
@@ -64,7 +86,9 @@ def _from_nvml() -> list[GpuInfo] | None:
             mem = int(nv.nvmlDeviceGetMemoryInfo(h).total)
             bus = nv.nvmlDeviceGetPciInfo(h).busId
             bus = bus.decode() if isinstance(bus, bytes) else str(bus)
-            out.append(GpuInfo(i, name, mem, 0, _numa_node_of(bus), False, bus))
+            uuid = nv.nvmlDeviceGetUUID(h)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            out.append(GpuInfo(i, name, mem, 0, _numa_node_of(bus), False, bus, uuid))
         return out
     finally:
         nv.nvmlShutdown()
@@ -92,13 +116,30 @@ def _from_cuda_python() -> list[GpuInfo] | None:
         )
         _, bus = drv.cuDeviceGetPCIBusId(64, dev)
         bus_s = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
-        out.append(GpuInfo(i, name, int(mem), int(l2), _numa_node_of(bus_s), False, bus_s))
+        uuid = _cuda_uuid(drv, dev)
+        out.append(GpuInfo(i, name, int(mem), int(l2), _numa_node_of(bus_s), False, bus_s, uuid))
     return out
+
+
+def _cuda_uuid(drv: Any, dev: Any) -> str:
+    """``GPU-...`` of a cuda-python device; "" when the driver cannot say."""
+    try:
+        err, raw = drv.cuDeviceGetUuid(dev)
+        if int(err) != 0:
+            return ""
+        data = raw.bytes
+        return format_uuid(data if isinstance(data, bytes) else bytes(c & 0xFF for c in data))
+    except Exception as exc:  # an older cuda-python without the call, or a driver error
+        _log.info("cuDeviceGetUuid failed: %s", exc)
+        return ""
 
 
 def fake_gpus(n: int, mem_bytes: int = FAKE_MEM_BYTES) -> list[GpuInfo]:
     """``n`` simulated GPUs (index 0..n-1) for hosts without one."""
-    return [GpuInfo(i, f"fake GPU {i}", mem_bytes, FAKE_L2_BYTES, None, True) for i in range(n)]
+    return [
+        GpuInfo(i, f"fake GPU {i}", mem_bytes, FAKE_L2_BYTES, None, True, uuid=fake_uuid(i))
+        for i in range(n)
+    ]
 
 
 def discover(fake: int) -> list[GpuInfo]:

@@ -5,6 +5,11 @@ launcher died, shutdown): the coordinator recovers a region it may hold
 (``tenant_gone``), the tree is killed, the cgroup removed, the memory record
 completed, the admission slot and the memory reservation freed and parked requests
 granted.
+
+Identity (docs/design/security.md): ``admit`` records the verified launcher
+(``krexd.identity.Caller``); ``place`` moves only a direct child of it with
+its uid; a tenant not placed within ``[admission] place_timeout_s`` is ended
+(:meth:`Lifecycle._arm_place_timeout`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from krexd import paths, states
+from krexd import identity, paths, states
 from krexd.admission import Admission
 from krexd.cgroups import CgroupError, TenantCgroup
 from krexd.config import Config
@@ -70,6 +75,7 @@ class Lifecycle:
         self._memory = memory
         self._watches: dict[int, PidWatch] = {}
         self._ending: dict[int, asyncio.Task[None]] = {}
+        self._place_timers: dict[int, asyncio.TimerHandle] = {}
         # Liveness poll period where pidfds are unavailable ([daemon] liveness_interval_ms).
         self.poll_s = config.daemon.liveness_interval_ms / 1000
 
@@ -78,19 +84,21 @@ class Lifecycle:
         argv: list[str],
         gpu: int | None,
         exclusive: bool,
-        launcher_pid: int,
+        launcher: identity.Caller,
         mem_bytes: int | None = None,
     ) -> Tenant:
         """Park until admission grants a GPU, then create the tenant and its cgroup.
 
-        ``mem_bytes`` is the memory need declared with ``krex run --mem``
-        (bytes; None: the configured default need).
+        ``launcher`` is the verified caller of ``admit`` (``krex run``); its
+        uid counts against the per-uid caps.  ``mem_bytes`` is the memory need
+        declared with ``krex run --mem`` (bytes; None: the configured default need).
         """
+        launcher_pid, uid = launcher.pid, launcher.uid
         admission = self._admission
         self._runtime.check_serving()
         record = self._memory.need_for(mem_bytes, gpu)
         need = record.need_bytes
-        waiter = admission.park(gpu, exclusive, launcher_pid, argv, need)
+        waiter = admission.park(gpu, exclusive, launcher_pid, argv, need, uid=uid)
         watch = PidWatch(
             launcher_pid,
             lambda: admission.cancel(waiter, Code.CANCELLED, "launcher exited while parked"),
@@ -100,7 +108,7 @@ class Lifecycle:
             granted = await asyncio.shield(waiter.future)
         except asyncio.CancelledError:
             if waiter.future.done() and not waiter.future.exception():
-                admission.release(waiter.future.result(), exclusive, need)
+                admission.release(waiter.future.result(), exclusive, need, uid=uid)
             else:
                 admission.cancel(waiter, Code.CANCELLED, "request cancelled")
             raise
@@ -111,7 +119,7 @@ class Lifecycle:
             tid = self._tenants.new_id()
             cgroup = self._cgroups.create_tenant(granted, tid)
         except BaseException:
-            admission.release(granted, exclusive, need)
+            admission.release(granted, exclusive, need, uid=uid)
             raise
         tenant = Tenant(
             id=tid,
@@ -122,11 +130,15 @@ class Lifecycle:
             cgroup=cgroup,
             exclusive=exclusive,
             memory=record,
+            uid=uid,
+            gid=launcher.gid,
+            launcher_start=launcher.start_time,
         )
         self._tenants.add(tenant)
         self._watches[tid] = PidWatch(
             launcher_pid, lambda: self._launcher_gone(tenant), self.poll_s
         )
+        self._arm_place_timeout(tenant)
         # A command admitted during a region starts frozen (it is a sibling).
         await self._gpus[granted].coordinator.tenant_added(tenant)
         _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(argv)[:200])
@@ -139,23 +151,49 @@ class Lifecycle:
             )
             self._runtime.spawn(self.end(tenant, "launcher died"))
 
+    def _arm_place_timeout(self, tenant: Tenant) -> None:
+        """End ``tenant`` if it is still not placed ``[admission] place_timeout_s`` from now.
+
+        An admitted command holds a slot; one whose launcher never places a
+        process (a squatter, or a launcher stuck before ``exec``) would hold it
+        for ever.  The timer is cancelled by the first ``place`` and by ``end``.
+        """
+        limit = self._config.admission.place_timeout_s
+
+        def expired() -> None:
+            self._place_timers.pop(tenant.id, None)
+            if tenant.state == states.ADMITTED and tenant.id not in self._ending:
+                _log.warning(
+                    "t%d (uid %d): not placed within %g s; ending it", tenant.id, tenant.uid, limit
+                )
+                tenant.kill_reason = f"not placed within [admission] place_timeout_s = {limit:g} s"
+                self._runtime.spawn(self.end(tenant, "not placed in time"))
+
+        loop = asyncio.get_running_loop()
+        self._place_timers[tenant.id] = loop.call_later(limit, expired)
+
+    def _disarm_place_timeout(self, tenant: Tenant) -> None:
+        timer = self._place_timers.pop(tenant.id, None)
+        if timer is not None:
+            timer.cancel()
+
     def place(self, tenant: Tenant, pid: int) -> None:
-        """Move ``pid`` (a child of the tenant's launcher) into the tenant's cgroup(s)."""
+        """Move ``pid`` into the tenant's cgroup(s).
+
+        ``pid`` must be a direct child of the tenant's verified launcher, with
+        its uid (``krexd.identity.check_placeable``): ``KrexError(AUTH)``
+        otherwise, ``KrexError(BAD_FIELD)`` when it is gone or the tenant ended.
+        """
         self._runtime.check_serving()
         if tenant.state not in (states.ADMITTED, states.RUNNING):
             raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is {tenant.state}; cannot place")
-        ppid = _parent_of(pid)
-        if ppid is None:
-            raise KrexError(Code.BAD_FIELD, f"pid {pid} does not exist")
-        if ppid != tenant.launcher_pid and pid != tenant.launcher_pid:
-            raise KrexError(
-                Code.BAD_FIELD, f"pid {pid} is not a child of launcher {tenant.launcher_pid}"
-            )
+        identity.check_placeable(tenant, pid)
         try:
             tenant.cgroup.add_pid(pid)
         except CgroupError as exc:
             raise KrexError(Code.INTERNAL, f"cannot place pid {pid}: {exc}") from None
         tenant.pids.add(pid)
+        self._disarm_place_timeout(tenant)
         if tenant.state == states.ADMITTED:
             change_state(tenant, states.RUNNING)  # ADMITTED -> RUNNING
         _log.info("t%d: placed pid %d in %s", tenant.id, pid, tenant.cgroup.path)
@@ -170,6 +208,7 @@ class Lifecycle:
 
     async def _end(self, tenant: Tenant, reason: str) -> None:
         gpu = self._gpus[tenant.gpu]
+        self._disarm_place_timeout(tenant)
         watch = self._watches.pop(tenant.id, None)
         if watch is not None:
             watch.cancel()
@@ -202,7 +241,9 @@ class Lifecycle:
             self._tenants.remove(tenant)
             if tenant.state != states.EXITED:
                 change_state(tenant, states.EXITED)  # any live -> EXITED
-            self._admission.release(tenant.gpu, tenant.exclusive, tenant.memory.need_bytes)
+            self._admission.release(
+                tenant.gpu, tenant.exclusive, tenant.memory.need_bytes, uid=tenant.uid
+            )
             self._ending.pop(tenant.id, None)
             _log.info(
                 "t%d ended (%s, exit_code=%s, signal=%s)",
@@ -221,7 +262,7 @@ class Lifecycle:
             "KREX_TENANT": str(tenant.id),
             "KREX_TOKEN": tenant.token,
             "KREX_GPU": str(tenant.gpu),
-            "CUDA_VISIBLE_DEVICES": str(tenant.gpu),
+            **gpu_binding(gpu),
             "NCCL_NVLS_ENABLE": "0",
             # Bound of the shim's wait for co-tenants' memory (libkrex_shim/memory.c).
             "KREX_OOM_WAIT_S": f"{cfg.memory.oom_wait_s:g}",
@@ -237,9 +278,18 @@ class Lifecycle:
         return env
 
 
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+def gpu_binding(gpu: Gpu) -> dict[str, str]:
+    """The variables that bind a command to ``gpu`` by identity (docs/design/security.md).
+
+    ``CUDA_VISIBLE_DEVICES`` names the GPU by UUID, so no index order (CUDA's
+    default fastest-first, or a script's own numbering) can pick another
+    device; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA's numbering NVML's.
+    ``KREX_GPU_UUID`` is what the shim compares every new context's device
+    with (libkrex_shim/bind.c).  Without a UUID (inventory could not read it)
+    the index is used, as before.
+    """
+    uuid = gpu.info.uuid
+    env = {"CUDA_VISIBLE_DEVICES": uuid or str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if uuid:
+        env["KREX_GPU_UUID"] = uuid
+    return env

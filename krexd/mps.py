@@ -50,7 +50,11 @@ class MpsDaemon:
         env = dict(os.environ)
         for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LD_PRELOAD"):
             env.pop(var, None)
-        env.update(self.tenant_env(), CUDA_VISIBLE_DEVICES=gpu_uuid_or_index)
+        env.update(
+            self.tenant_env(),
+            CUDA_VISIBLE_DEVICES=gpu_uuid_or_index,
+            CUDA_DEVICE_ORDER="PCI_BUS_ID",  # an index then means NVML's (PCI bus) order
+        )
         return env
 
 
@@ -68,8 +72,8 @@ class MpsManager:
         self.control = control
         self.state_dir = state_dir
 
-    def start(self, gpu: int) -> MpsDaemon:
-        """Start the control daemon of GPU ``gpu`` and wait for its control pipe.
+    def start(self, gpu: int, uuid: str = "") -> MpsDaemon:
+        """Start the control daemon of GPU ``gpu`` (UUID ``uuid`` when known), wait for its pipe.
 
         Raises:
             MpsError: the control program is missing, fails, or its pipe does
@@ -83,7 +87,7 @@ class MpsManager:
         for path in (d.pipe_dir, d.log_dir):
             os.makedirs(path, mode=0o755, exist_ok=True)
         run = subprocess.run(
-            [exe, "-d"], env=d._env(str(gpu)), capture_output=True, timeout=_START_TIMEOUT_S
+            [exe, "-d"], env=d._env(uuid or str(gpu)), capture_output=True, timeout=_START_TIMEOUT_S
         )
         if run.returncode != 0:
             raise MpsError(f"GPU {gpu}: {exe} -d failed: {run.stderr.decode().strip()}")

@@ -14,6 +14,11 @@ The socket file gets exactly ``[daemon] socket_mode`` (bound under a matching
 umask, then chmod) and ``[daemon] socket_group`` (chown).  A socket file that
 answers no ping is stale and replaced; one that answers belongs to another
 krexd and is refused.
+
+Every request runs with its kernel-verified caller (``krexd.identity``):
+libzmq's ``Peer-Address`` property of the message (SO_PEERCRED of the IPC
+connection), bound to the connection's first caller by
+``identity.PeerTable``, published in ``identity.CALLER`` for the op.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import zmq
 import zmq.asyncio
 
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
+from krexd import identity
 from krexd.config import DaemonConfig
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
@@ -81,6 +87,7 @@ class Server:
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._peers = identity.PeerTable()
         self.requests = 0
         self.errors = 0
 
@@ -119,12 +126,12 @@ class Server:
         """Receive and dispatch requests until cancelled."""
         assert self._sock is not None
         while True:
-            msg = await self._sock.recv_multipart(copy=True)
+            parts = await self._sock.recv_multipart(copy=False)
             self.requests += 1
-            if len(msg) < 2:
+            if len(parts) < 2:
                 self.errors += 1
                 continue  # no identity: nothing to reply to
-            ident, frames = msg[0], msg[1:]
+            ident, frames = parts[0].bytes, [p.bytes for p in parts[1:]]
             if len(frames) != 1:
                 self.errors += 1
                 await self._send(
@@ -144,11 +151,13 @@ class Server:
                 code = Code[exc.name]
                 await self._send(ident, encode_error(exc.request_id, code, exc.name, exc.message))
                 continue
-            task = asyncio.get_running_loop().create_task(self._dispatch(ident, req))
+            who = self._peers.resolve(ident, _peer_address(parts[-1]))
+            task = asyncio.get_running_loop().create_task(self._dispatch(ident, req, who))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _dispatch(self, ident: bytes, req: Request) -> None:
+    async def _dispatch(self, ident: bytes, req: Request, who: identity.Caller | None) -> None:
+        identity.CALLER.set(who)  # this task's own context: seen by this request's op only
         handler = OPS.get(req.op)
         try:
             if handler is None:
@@ -199,3 +208,12 @@ class Server:
             except FileNotFoundError:
                 pass
         self._ctx.term()
+
+
+def _peer_address(frame: zmq.Frame) -> str | None:
+    """libzmq's ``Peer-Address`` of the message ``frame`` belongs to (None when absent)."""
+    try:
+        value = frame.get("Peer-Address")
+    except (zmq.ZMQError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, str) else None

@@ -2,9 +2,9 @@
 
 A tenant is a command admitted to a GPU (DESIGN.md vocabulary).  Ids are
 decimal integers > 0, never reused within one krexd; tokens are 128-bit
-random hex strings.  Every request after ``admit`` carries both; the token is
-the authority (ZeroMQ gives krexd no per-message peer credentials, see
-docs/design/daemon.md).
+random hex strings.  Every request after ``admit`` carries both; the token
+names the tenant, and the kernel-verified caller (``krexd.identity``) must be
+a process of that tenant or its launcher (docs/design/security.md).
 
 Liveness: krexd watches each tenant's launcher (``krex run``) through a pidfd
 (Linux ≥ 5.3), which becomes readable when the process exits, so a launcher
@@ -41,6 +41,11 @@ class Tenant:
     launcher_pid: int
     cgroup: TenantCgroup
     exclusive: bool = False
+    # The verified launcher (krexd.identity): its uid and gid, and its start time
+    # (field 22 of /proc/<pid>/stat), which binds launcher_pid against pid reuse.
+    uid: int = 0
+    gid: int = 0
+    launcher_start: int = 0
     pids: set[int] = field(default_factory=set)
     state: str = states.ADMITTED
     admitted_at: float = field(default_factory=time.monotonic)
@@ -58,6 +63,7 @@ class Tenant:
         return {
             "id": self.id,
             "gpu": self.gpu,
+            "uid": self.uid,
             "pid": min(self.pids) if self.pids else None,
             "launcher_pid": self.launcher_pid,
             "command": self.argv,

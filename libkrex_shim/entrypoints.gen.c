@@ -323,6 +323,7 @@ KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev
 {
     KREX_BIND(cuCtxCreate);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -333,6 +334,7 @@ KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
 {
     KREX_BIND(cuCtxCreate_v2);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -343,6 +345,7 @@ KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
 {
     KREX_BIND(cuCtxCreate_v3);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, paramsArray, numParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -353,6 +356,7 @@ KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateP
 {
     KREX_BIND(cuCtxCreate_v4);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, ctxCreateParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -535,6 +539,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRetain);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, dev);
     krex_leave(krex_s);
     return krex_r;
@@ -735,6 +740,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
 {
     KREX_BIND(cuGreenCtxCreate);
     struct krex_slot *krex_s = krex_enter();
+    krex_check_device(dev);
     CUresult krex_r = krex_real_fn(phCtx, desc, dev, flags);
     krex_note_green_created(krex_r, phCtx);
     krex_leave(krex_s);

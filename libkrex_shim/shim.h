@@ -207,6 +207,14 @@ void krex_region_atfork_prepare(void);
 void krex_region_atfork_parent(void);
 void krex_region_atfork_child(void);
 
+/* ---- bind.c --------------------------------------------------------------- */
+
+/* Exit code of a command that tried to create a context on another GPU than
+ * the one it is bound to (KREX_GPU_UUID); krex_client.errors.ExitCode.WRONG_GPU. */
+#define KREX_EXIT_WRONG_GPU 83
+/* Ends the process (KREX_EXIT_WRONG_GPU) when `dev` is not the bound GPU. */
+void krex_check_device(CUdevice dev);
+
 /* ---- time ----------------------------------------------------------------- */
 
 uint64_t krex_now_ns(void);

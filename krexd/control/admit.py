@@ -2,7 +2,7 @@
 
 Request body::
 
-    {"argv": [str, ...], "gpu": int?, "exclusive": bool?, "launcher_pid": int,
+    {"argv": [str, ...], "gpu": int?, "exclusive": bool?, "launcher_pid": int?,
      "mem_bytes": int?}
 
 Reply body (once granted)::
@@ -21,10 +21,19 @@ without it the need is ``[memory] default_need`` (docs/design/memory.md).
 The need is reserved on the granted GPU until ``release``; a GPU admits the
 command only when the need fits there.
 
+The launcher is the kernel-verified caller (``krexd.identity``): the process
+that sent ``admit`` (``krex run``), with its uid and start time.
+``launcher_pid`` is optional and, when given, must be the caller's own pid
+(``AUTH`` otherwise); it is never trusted on its own.  Only a direct child of
+the launcher with its uid can be placed, and the tenant is ended when
+nothing is placed within ``[admission] place_timeout_s``.
+
 No reply is sent while parked: the client just waits (paper §4.3).  If the
-launcher (``launcher_pid``) exits while parked, the request is withdrawn.
-Errors: ``BAD_FIELD`` (also a ``mem_bytes`` no GPU can ever hold),
-``NO_SUCH_GPU``, ``CANCELLED`` (too many parked), ``SHUTTING_DOWN``.
+launcher exits while parked, the request is withdrawn.
+Errors: ``AUTH`` (``launcher_pid`` not the caller), ``BAD_FIELD`` (also a
+``mem_bytes`` no GPU can ever hold), ``NO_SUCH_GPU``, ``CANCELLED`` (too many
+parked: ``max_parked``, or ``max_parked_per_uid`` of the caller's uid),
+``SHUTTING_DOWN``.
 Sent by: ``krex run [--gpu N] [--exclusive] [--mem SIZE] -- CMD``.
 """
 
@@ -33,6 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
+from krexd import identity
 from krexd.control import fields
 
 if TYPE_CHECKING:
@@ -45,9 +55,11 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     argv = fields.str_list(req.body, "argv")
     gpu = fields.integer(req.body, "gpu", 0, 1 << 16, default=None)
     exclusive = fields.boolean(req.body, "exclusive")
-    launcher_pid = fields.integer(req.body, "launcher_pid", 1, 1 << 22)
+    launcher_pid = fields.integer(req.body, "launcher_pid", 1, 1 << 22, default=None)
     mem_bytes = fields.integer(req.body, "mem_bytes", 0, (1 << 60) - 1, default=None)
-    tenant = await ctx.lifecycle.admit(argv, gpu, exclusive, launcher_pid, mem_bytes)
+    launcher = identity.caller()
+    identity.check_launcher_claim(launcher, launcher_pid)
+    tenant = await ctx.lifecycle.admit(argv, gpu, exclusive, launcher, mem_bytes)
     return {
         "tenant": tenant.id,
         "token": tenant.token,

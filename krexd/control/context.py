@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from krexd.identity import Caller
 from krexd.tenants import Tenant
 
 
@@ -30,10 +31,10 @@ class TenantLifecycle(Protocol):
         argv: list[str],
         gpu: int | None,
         exclusive: bool,
-        launcher_pid: int,
+        launcher: Caller,
         mem_bytes: int | None = None,
     ) -> Tenant:
-        """Park until a slot is granted, then create the tenant."""
+        """Park until a slot is granted, then create the tenant launched by ``launcher``."""
         ...
 
     def tenant_env(self, tenant: Tenant) -> dict[str, str]:

@@ -15,7 +15,8 @@ processes that already ended included.  ``oom_cotenant`` counts errors
 returned to the command that its co-tenants caused (``last_cotenant_oom``
 says why: ``timeout``, ``in_region``, ``nested``, ``no_wait``, ``mutual``);
 ``oom_own`` those that were its own (``too_large``, ``alone``).
-Errors: ``AUTH``, ``BAD_FIELD``.
+Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
+that is not its launcher: ``krexd.identity``), ``BAD_FIELD``.
 Sent by: ``krex run`` when CMD failed, to exit 75 (EX_TEMPFAIL) instead of
 CMD's code when co-tenants' memory caused the failure (docs/design/memory.md).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
+from krexd import identity
 from krexd.control import fields
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, re-read the tenant's registrations, return its record."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
+    identity.authorize(tenant, "memory")
     fields.only(req.body)
     ctx.memory.refresh_tenant(tenant)
     return tenant.memory.as_dict()

@@ -10,7 +10,8 @@ nothing.
 Why: a benchmark interrupted while its ``region_enter`` is parked (Ctrl-C, a
 harness's alarm) would otherwise be granted a region nobody uses, and its
 siblings would stay frozen until the command exits or ``max_region_s``.
-Errors: ``AUTH``, ``BAD_FIELD``.
+Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
+that is not its launcher: ``krexd.identity``), ``BAD_FIELD``.
 Sent by: ``krex_client.region.critical()`` when its wait for the grant is
 interrupted.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
+from krexd import identity
 from krexd.control import fields
 
 if TYPE_CHECKING:
@@ -29,5 +31,6 @@ if TYPE_CHECKING:
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, then let the GPU's coordinator withdraw or end the region."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
+    identity.authorize(tenant, "region_cancel")
     fields.only(req.body)
     return await ctx.regions(tenant.gpu).cancel(tenant)

@@ -12,7 +12,8 @@ and 4.
 The reply comes once the region is established (paper §4.2 steps 1-5): the
 request is parked server-side in FIFO order while another tenant holds the
 region.  The caller then flushes L2 through its shim and runs the timed code.
-Errors: ``AUTH``, ``BAD_FIELD``, ``NESTED_REGION``, ``DRAIN_TIMEOUT``,
+Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
+that is not its launcher: ``krexd.identity``), ``BAD_FIELD``, ``NESTED_REGION``, ``DRAIN_TIMEOUT``,
 ``FREEZE_TIMEOUT``, ``CANCELLED``, ``SHUTTING_DOWN``.
 Sent by: ``krex_client.region.critical()`` on entry.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
+from krexd import identity
 from krexd.control import fields
 from krexd.errors import Code, KrexError
 
@@ -34,6 +36,7 @@ _MAX_PID = 1 << 22  # Linux pid_max limit
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the fields, run the GPU coordinator's entry."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
+    identity.authorize(tenant, "region_enter")
     fields.only(req.body, "pid", "tid")
     pid = fields.integer(req.body, "pid", 1, _MAX_PID)
     tid = fields.integer(req.body, "tid", 1, _MAX_PID)

@@ -7,8 +7,9 @@ Reply body: ``{"region_ms": float, "thaw_ms": float, "sync_ms": float, "launches
 
 Paper §4.2 steps 7-8, in that order: siblings thawed, *then* the gate
 reopened, *then* the region lock released to the next waiter.
-Errors: ``AUTH``, ``BAD_FIELD``, ``NOT_HOLDER`` (no region, another holder,
-a stale epoch), ``REGION_ABORTED`` (recovery ended the region first).
+Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
+that is not its launcher: ``krexd.identity``), ``BAD_FIELD``, ``NOT_HOLDER``
+(no region, another holder, a stale epoch), ``REGION_ABORTED`` (recovery ended the region first).
 Sent by: ``krex_client.region.critical()`` on exit.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
+from krexd import identity
 from krexd.control import fields
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the fields, run the GPU coordinator's exit."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
+    identity.authorize(tenant, "region_exit")
     fields.only(req.body, "epoch", "sync_ms", "launches")
     epoch = fields.integer(req.body, "epoch", 0, 0xFFFF_FFFF)
     sync_ms = fields.number(req.body, "sync_ms", default=0.0)

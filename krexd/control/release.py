@@ -6,7 +6,8 @@ Reply body: ``{"kill_reason": str | null}`` — why krexd killed the command
 
 Whatever is left of the tenant's process tree is killed (``cgroup.kill``);
 the coordinator's recovery runs first if the tenant held the region.
-Errors: ``AUTH``, ``BAD_FIELD``.
+Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
+that is not its launcher: ``krexd.identity``), ``BAD_FIELD``.
 Sent by: ``krex run`` when CMD exits (or its ``--timeout`` expires).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
+from krexd import identity
 from krexd.control import fields
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, record the exit status, end the tenant."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
+    identity.authorize(tenant, "release")
     fields.only(req.body, "exit_code", "signal")
     tenant.exit_code = fields.integer(req.body, "exit_code", 0, 255, default=None)
     tenant.signal = fields.integer(req.body, "signal", 1, 128, default=None)

@@ -1,6 +1,7 @@
 """``status``: everything ``krexctl status`` shows.
 
-Request body: ``{}``.  No credentials needed.
+Request body: ``{}``.  No tenant credentials needed; what is shown depends
+on the kernel-verified caller (need-to-know, below).
 Reply body (stable keys; ``krexctl status --json`` prints it as is)::
 
     {"version": str, "pid": int, "uptime_s": float, "state": "starting|running|stopping",
@@ -17,7 +18,7 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                           "free_bytes", "tenants_bytes", "other_bytes", "reserved_bytes",
                           "headroom_bytes", "available_bytes": int|null,
                           "waiting": [int], "blocked": bool}|null}],
-     "tenants": [{"id", "gpu", "pid", "launcher_pid", "command", "state", "age_s",
+     "tenants": [{"id", "gpu", "uid", "pid", "launcher_pid", "command", "state", "age_s",
                   "exclusive", "cgroup", "kill_reason",
                   "memory": {"need_bytes", "need_source", "used_bytes", "peak_bytes",
                              "used_source", "exceeded", "oom_waited", "oom_cotenant",
@@ -36,6 +37,13 @@ is ``krexd.memory.MemoryMonitor.gpu_status`` (``waiting``: tenants whose
 allocation waits for co-tenants' memory; ``blocked``: admission to the GPU
 is stopped meanwhile); a parked request's row has ``mem_bytes``,
 ``waiting_for`` ("slot" or "memory"), ``mem_gpu`` and ``bypassed``.
+Need-to-know: root and the tenant's own uid (its launcher's) see every key
+of a tenant row and of a parked request (``queue.queue``) and the holder's
+``pid`` in ``gpus[].region.holder``.  Any other caller sees only that the
+tenant exists: its row is ``{"id", "gpu", "state", "age_s", "exclusive",
+"redacted": true}``, a parked request ``{"gpu", "exclusive", "waiting_s",
+"waiting_for", "redacted": true}``, and the holder without ``pid``.  Command
+lines carry secrets; pids let a user aim at another's processes.
 Errors: ``BAD_FIELD``.
 """
 
@@ -44,6 +52,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
+from krexd import identity
 from krexd.control import fields
 
 if TYPE_CHECKING:
@@ -53,4 +62,45 @@ if TYPE_CHECKING:
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Collect krexd's status (see module docstring)."""
     fields.only(req.body)
-    return ctx.status()
+    return need_to_know(ctx.status(), identity.CALLER.get())
+
+
+TENANT_PUBLIC = ("id", "gpu", "state", "age_s", "exclusive")
+PARKED_PUBLIC = ("gpu", "exclusive", "waiting_s", "waiting_for")
+
+
+def need_to_know(body: dict[str, Any], who: identity.Caller | None) -> dict[str, Any]:
+    """``body`` with other users' tenants reduced to their public keys (module docstring).
+
+    ``who`` None (no verified caller) sees no private key of anyone.
+    """
+    if who is not None and who.is_root:
+        return body
+
+    def mine(row: dict[str, Any]) -> bool:
+        return who is not None and row.get("uid") == who.uid
+
+    def public(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+        return {**{k: row.get(k) for k in keys}, "redacted": True}
+
+    tenants = body.get("tenants") or []
+    hidden = {t.get("id") for t in tenants if not mine(t)}
+    out = dict(body)
+    out["tenants"] = [t if mine(t) else public(t, TENANT_PUBLIC) for t in tenants]
+    queue = dict(body.get("queue") or {})
+    rows = queue.get("queue") or []
+    queue["queue"] = [w if mine(w) else public(w, PARKED_PUBLIC) for w in rows]
+    out["queue"] = queue
+    out["gpus"] = [_hide_holder_pid(g, hidden) for g in body.get("gpus") or []]
+    return out
+
+
+def _hide_holder_pid(gpu: dict[str, Any], hidden: set[Any]) -> dict[str, Any]:
+    region = gpu.get("region")
+    if not isinstance(region, dict):
+        return gpu
+    holder = region.get("holder")
+    if not isinstance(holder, dict) or holder.get("tenant") not in hidden:
+        return gpu
+    holder = {k: v for k, v in holder.items() if k != "pid"}
+    return {**gpu, "region": {**region, "holder": holder}}

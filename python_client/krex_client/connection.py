@@ -8,11 +8,16 @@ Usage::
 Replies are matched on the request ``id`` (a late reply to a request that
 timed out is discarded).  Errors from krexd raise :class:`RemoteError`
 carrying the numeric code and name of :mod:`krex_client.errors`; a daemon that is
-not there raises :class:`KrexUnavailable` naming the socket.
+not there raises :class:`KrexUnavailable` naming the socket, and a socket this
+user may not open raises :class:`KrexPermissionDenied` (a subclass) naming the
+group to join — checked before connecting, since ZeroMQ retries a refused
+``connect(2)`` silently and the request would only time out.
 """
 
 from __future__ import annotations
 
+import errno
+import grp
 import itertools
 import os
 import socket as pysocket
@@ -48,6 +53,51 @@ class KrexUnavailable(Exception):
         self.reason = reason
 
 
+class KrexPermissionDenied(KrexUnavailable):
+    """This user may not open krexd's socket: ``group`` is the group to join (or None)."""
+
+    def __init__(self, socket: str, group: str | None) -> None:
+        join = (
+            f"join group '{group}' (the socket's group), then log in again"
+            if group
+            else "ask the administrator for access to the socket"
+        )
+        super().__init__(socket, f"permission denied: {join}")
+        self.group = group
+
+
+def _group_of(path: str) -> str | None:
+    """Name of the group owning ``path`` or, when it cannot be read, its nearest parent."""
+    while path and path != os.path.dirname(path):
+        try:
+            gid = os.stat(path).st_gid
+        except OSError:
+            path = os.path.dirname(path)
+            continue
+        try:
+            return grp.getgrgid(gid).gr_name
+        except KeyError:
+            return str(gid)
+    return None
+
+
+def check_access(path: str) -> None:
+    """Raise :class:`KrexPermissionDenied` when this process may not connect to ``path``.
+
+    Connecting to a Unix socket needs search permission on every directory of
+    the path and write permission on the socket file (unix(7)).  A path that
+    does not exist is left to the caller.
+    """
+    try:
+        os.stat(path)
+    except PermissionError:
+        raise KrexPermissionDenied(path, _group_of(os.path.dirname(path))) from None
+    except OSError:
+        return
+    if not os.access(path, os.W_OK, effective_ids=True):
+        raise KrexPermissionDenied(path, _group_of(path))
+
+
 class RemoteError(Exception):
     """krexd answered with an error reply: ``code`` (int), ``name`` (e.g. ``"AUTH"``)."""
 
@@ -69,8 +119,12 @@ def _probe(path: str) -> None:
         probe.connect(path)
     except (ConnectionRefusedError, FileNotFoundError):
         raise KrexUnavailable(path, "nothing listens on the socket (is krexd running?)") from None
-    except OSError:
-        pass  # busy or slow: let the request itself decide
+    except PermissionError:
+        raise KrexPermissionDenied(path, _group_of(path)) from None
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise KrexPermissionDenied(path, _group_of(path)) from None
+        # busy or slow: let the request itself decide
     finally:
         probe.close()
 
@@ -128,6 +182,7 @@ class Connection:
         give up (e.g. when krexd's process is gone).  Raises
         :class:`KrexUnavailable` or :class:`RemoteError`.
         """
+        check_access(self.socket)
         if not os.path.exists(self.socket):
             raise KrexUnavailable(self.socket, "no such socket (is krexd running?)")
         if not self._probed:

@@ -124,7 +124,10 @@ def test_environment(krexd_factory: Factory) -> None:
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)
     assert got["KREX_SOCKET"] == k.socket and got["KREX_GPU"] == "1"
-    assert got["CUDA_VISIBLE_DEVICES"] == "1" and got["NCCL_NVLS_ENABLE"] == "0"
+    # Bound by UUID (the fake driver's for GPU 1), in PCI bus order.
+    uuid = "GPU-6b726578-2d66-616b-652d-677000000001"
+    assert got["CUDA_VISIBLE_DEVICES"] == uuid and got["KREX_GPU_UUID"] == uuid
+    assert got["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and got["NCCL_NVLS_ENABLE"] == "0"
     assert int(got["KREX_TENANT"]) > 0 and len(got["KREX_TOKEN"]) == 32
     assert got["LD_PRELOAD"] == f"{libm}:{libm}"  # shim prepended to the caller's value
     for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):

@@ -8,6 +8,7 @@ import pytest
 
 from krexd.admission import Admission
 from krexd.errors import Code, KrexError
+from krexd.quotas import UidCaps
 from tests.fakes import slots_for
 
 
@@ -102,5 +103,27 @@ def test_unknown_gpu_and_queue_limit() -> None:
         with pytest.raises(KrexError) as info:
             a.park(0, False, 1, ["c"])
         assert info.value.code == Code.CANCELLED
+
+    run(body())
+
+
+def test_per_uid_caps_keep_fifo_among_requests_within_their_caps() -> None:
+    """[admission] max_admitted_per_uid / max_parked_per_uid; root is exempt."""
+
+    async def body() -> None:
+        a = Admission(slots_for([0], 4), caps=UidCaps(max_admitted=1, max_parked=1))
+        first = a.park(None, False, 1, ["a1"], uid=1000)
+        assert first.future.result() == 0
+        second = a.park(None, False, 1, ["a2"], uid=1000)  # at its cap: parked
+        with pytest.raises(KrexError) as info:
+            a.park(None, False, 1, ["a3"], uid=1000)  # a second parked request
+        assert info.value.code == Code.CANCELLED and "max_parked_per_uid" in info.value.message
+        other = a.park(None, False, 1, ["b"], uid=1001)  # passes the capped request
+        assert other.future.done() and not second.future.done()
+        roots = [a.park(None, False, 1, ["r"], uid=0) for _ in range(2)]
+        assert all(r.future.done() for r in roots)  # root: no cap
+        a.release(0, False, uid=1000)
+        assert second.future.result() == 0
+        assert a.caps.admitted(1000) == 1
 
     run(body())

@@ -66,6 +66,25 @@ FC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* krexd computes the same bytes (krexd/gpus.py fake_uuid): keep them in step. */
+void fc_uuid_bytes(int phys, char out[16])
+{
+    static const char stem[12] = {'k', 'r', 'e', 'x', '-', 'f', 'a', 'k', 'e', '-', 'g', 'p'};
+    memcpy(out, stem, sizeof stem);
+    memset(out + sizeof stem, 0, 16 - sizeof stem);
+    out[15] = (char)phys;
+}
+
+void fc_uuid_text(int phys, char out[FC_UUID_TEXT])
+{
+    unsigned char b[16];
+    fc_uuid_bytes(phys, (char *)b);
+    snprintf(out, FC_UUID_TEXT,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
 static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
 {
     CUresult r = check_device(dev);
@@ -73,10 +92,7 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
         return r;
     if (uuid == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    static const char stem[12] = {'k', 'r', 'e', 'x', '-', 'f', 'a', 'k', 'e', '-', 'g', 'p'};
-    memcpy(uuid->bytes, stem, sizeof stem);
-    memset(uuid->bytes + sizeof stem, 0, sizeof uuid->bytes - sizeof stem);
-    uuid->bytes[15] = (char)fc.phys[dev];
+    fc_uuid_bytes(fc.phys[dev], uuid->bytes);
     return CUDA_SUCCESS;
 }
 

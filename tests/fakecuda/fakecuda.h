@@ -214,6 +214,11 @@ extern struct fc_state fc;
 void fc_lock(void);
 void fc_unlock(void);
 CUresult fc_check_init(void);   /* CUDA_SUCCESS or CUDA_ERROR_NOT_INITIALIZED */
+/* The 16 UUID bytes of simulated GPU `phys`, and their text form
+ * "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (41 bytes with the NUL). */
+#define FC_UUID_TEXT 41
+void fc_uuid_bytes(int phys, char out[16]);
+void fc_uuid_text(int phys, char out[FC_UUID_TEXT]);
 
 /* simgpu.c: the simulated device */
 uint64_t fc_now_ns(void);

@@ -4,8 +4,10 @@
  *
  * Environment (read once, by the first cuInit of a process):
  *   KREX_FAKE_GPUS        simulated GPUs, 1..FC_MAX_GPUS (default 1)
- *   CUDA_VISIBLE_DEVICES  comma-separated GPU indices; parsing stops at the
- *                         first invalid entry, as the real driver does
+ *   CUDA_VISIBLE_DEVICES  comma-separated GPU indices or UUIDs ("GPU-..." as
+ *                         cuDeviceGetUuid's text form, or a unique prefix
+ *                         of it); parsing stops at the first invalid
+ *                         entry, as the real driver does
  *   KREX_FAKE_MEM_BYTES   per-GPU memory capacity in bytes, optional suffix
  *                         K/M/G/T (binary, also KiB/MiB/GiB/TiB); default 80 GiB
  *   KREX_FAKE_TIMELINE    timeline file (appended; unset: no timeline)
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 struct fc_state fc = {
@@ -81,6 +84,28 @@ static bool parse_bytes(const char *s, uint64_t *out)
     return true;
 }
 
+/* The simulated GPU whose UUID text starts with the entry at `p` (up to ','
+ * or the end; the real driver accepts a unique prefix too), or -1.  *end is
+ * set past the entry. */
+static long uuid_entry(const char *p, char **end)
+{
+    size_t n = strcspn(p, ",");
+    *end = (char *)p + n;
+    while (n > 0 && p[n - 1] == ' ')
+        n--;
+    long found = -1;
+    for (int i = 0; i < fc.nphys; i++) {
+        char text[FC_UUID_TEXT];
+        fc_uuid_text(i, text);
+        if (n <= strlen(text) && strncasecmp(p, text, n) == 0) {
+            if (found >= 0)
+                return -1; /* ambiguous prefix */
+            found = i;
+        }
+    }
+    return found;
+}
+
 static CUresult config_gpus(void)
 {
     const char *s = getenv("KREX_FAKE_GPUS");
@@ -109,9 +134,16 @@ static CUresult config_gpus(void)
         while (*p == ' ')
             p++;
         char *end = NULL;
-        errno = 0;
-        long idx = strtol(p, &end, 10);
-        if (end == p || errno != 0 || idx < 0 || idx >= fc.nphys)
+        long idx;
+        if (strncmp(p, "GPU-", 4) == 0) {
+            idx = uuid_entry(p, &end);
+        } else {
+            errno = 0;
+            idx = strtol(p, &end, 10);
+            if (end == p || errno != 0)
+                break;
+        }
+        if (idx < 0 || idx >= fc.nphys)
             break;
         bool dup = false;
         for (int i = 0; i < fc.ndev; i++)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from krexd.gpus import fake_uuid
+
 from .harness import FakeCuda
 
 INVALID_CONTEXT = 201
@@ -49,6 +51,15 @@ def test_visible_devices_parsing(fc: FakeCuda) -> None:
         out = fc.python_json(PROBE, env=fc.env(KREX_FAKE_GPUS="2", CUDA_VISIBLE_DEVICES=visible))
         assert out["uuid_last"] == want, visible
         assert out["init"] == (0 if want else NO_DEVICE)
+
+
+def test_visible_devices_by_uuid(fc: FakeCuda) -> None:
+    """UUID entries (krexd binds tenants by UUID), a unique prefix included, as the driver."""
+    g1, g2 = fake_uuid(1), fake_uuid(2)
+    cases = {g2: [2], f"{g1},0": [1, 0], g2.upper(): [2], "GPU-6b726578": [], f"{g1}x": []}
+    for visible, want in cases.items():
+        out = fc.python_json(PROBE, env=fc.env(KREX_FAKE_GPUS="3", CUDA_VISIBLE_DEVICES=visible))
+        assert out["uuid_last"] == want, visible
 
 
 def test_bad_gpu_count(fc: FakeCuda) -> None:

@@ -1,0 +1,256 @@
+"""Who sent a request: the kernel-verified caller, and what it may do to a tenant.
+
+krexd acts only for the process that sent a request, as the kernel reports it
+(docs/design/security.md).  The control socket is a ZeroMQ ROUTER on
+``ipc://``; for an IPC connection libzmq reads the peer's credentials with
+``getsockopt(SO_PEERCRED)`` when the connection is accepted and attaches them
+to every message as the property ``Peer-Address``, formatted
+``localhost:UID:GID:PID`` (pyzmq: ``frame.get("Peer-Address")`` on a frame
+received with ``copy=False``).  Those are the credentials of the process that
+called ``connect(2)``, fixed at that moment; nothing in a message (a pid, a
+uid, a tenant id) is trusted on its own.
+
+The server reads them for each request (:func:`caller_from_peer`), adds the
+caller's start time (field 22 of ``/proc/<pid>/stat``) so that a later reuse
+of the pid is seen (:class:`PeerTable`), and publishes the result in the
+context variable :data:`CALLER` of the task that runs the op; ops read it
+with :func:`caller`.
+
+Rules (each refusal is logged with the caller's pid and uid and answered
+``AUTH``):
+
+* ``admit``: the caller is the launcher (:func:`check_launcher_claim`).
+* ``place``: only a direct child of the launcher, with the launcher's uid,
+  started after it (:func:`check_placeable`) — never the launcher itself.
+* acting on a tenant (``place``, ``region_enter``, ``region_exit``,
+  ``region_cancel``, ``release``, ``memory``): the caller is in the tenant's
+  own cgroup, or is its launcher (same pid and start time), or is root
+  (:func:`authorize_tenant_op`).  Root is trusted (DESIGN.md "Trust model"):
+  it can freeze, kill or move any process through cgroupfs and kill(2)
+  anyway.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from krexd.errors import Code, KrexError
+
+if TYPE_CHECKING:
+    from krexd.tenants import Tenant
+
+_log = logging.getLogger("krexd.identity")
+
+ROOT_UID = 0
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A kernel-verified caller: ``pid``, ``uid``, ``gid`` (SO_PEERCRED) and ``start_time``.
+
+    ``start_time`` is field 22 of ``/proc/<pid>/stat`` (clock ticks since
+    boot) read when the request arrived; 0 when the process is already gone.
+    """
+
+    pid: int
+    uid: int
+    gid: int
+    start_time: int
+
+    @property
+    def is_root(self) -> bool:
+        """True for uid 0 (trusted with every tenant)."""
+        return self.uid == ROOT_UID
+
+    def describe(self) -> str:
+        """``pid P uid U`` for log lines and messages."""
+        return f"pid {self.pid} uid {self.uid}"
+
+
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("krex_caller", default=None)
+"""The caller of the request the current task serves (set by ``krexd.server``)."""
+
+
+def caller() -> Caller:
+    """The verified caller of the current request; ``KrexError(AUTH)`` when unknown.
+
+    Fails closed: a transport that gave no peer credentials gets no op that
+    needs an identity.
+    """
+    c = CALLER.get()
+    if c is None:
+        raise KrexError(Code.AUTH, "krexd could not verify who sent this request")
+    return c
+
+
+# --- /proc readers ---------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[int, int] | None:
+    """``(ppid, start_time)`` of process ``pid`` from ``/proc/<pid>/stat``; None when gone.
+
+    A zombie counts as gone: it can neither be placed nor send requests.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        if fields[0] in ("Z", "X"):
+            return None
+        # fields[0] is field 3 (state): ppid is field 4, starttime field 22.
+        return int(fields[1]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_uids(pid: int) -> tuple[int, ...] | None:
+    """Real, effective, saved and filesystem uid of ``pid`` (``/proc/<pid>/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return tuple(int(x) for x in line.split()[1:5])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def caller_from_peer(peer: str | None) -> Caller | None:
+    """Parse libzmq's ``Peer-Address`` of an IPC peer (``localhost:UID:GID:PID``).
+
+    Returns None when the property is missing or malformed (the request then
+    runs without a caller and every op needing one answers AUTH).
+    """
+    if not peer:
+        return None
+    parts = peer.rsplit(":", 3)
+    if len(parts) != 4:
+        return None
+    try:
+        uid, gid, pid = int(parts[1]), int(parts[2]), int(parts[3])
+    except ValueError:
+        return None
+    if pid <= 0 or uid < 0 or gid < 0:
+        return None
+    stat = proc_stat(pid)
+    return Caller(pid, uid, gid, stat[1] if stat is not None else 0)
+
+
+class PeerTable:
+    """Binds each connection (ROUTER routing id) to the caller of its first request.
+
+    The pid in ``SO_PEERCRED`` is the process that connected.  If that process
+    exits while a descendant keeps the connection open, the pid may be reused
+    by an unrelated process; a later request on the same connection then
+    shows a different start time and is answered with no caller (AUTH).
+    Remembers at most ``limit`` connections (oldest forgotten first).
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._seen: OrderedDict[bytes, Caller] = OrderedDict()
+        self._limit = limit
+
+    def resolve(self, routing_id: bytes, peer: str | None) -> Caller | None:
+        """The verified caller of a request that came on connection ``routing_id``."""
+        c = caller_from_peer(peer)
+        if c is None:
+            return None
+        first = self._seen.get(routing_id)
+        if first is None:
+            self._seen[routing_id] = c
+            while len(self._seen) > self._limit:
+                self._seen.popitem(last=False)
+            return c if c.start_time else None
+        self._seen.move_to_end(routing_id)
+        if (first.pid, first.start_time) != (c.pid, c.start_time):
+            _log.warning(
+                "connection of %s now shows start time %d: pid reused; request refused",
+                first.describe(),
+                c.start_time,
+            )
+            return None
+        return c
+
+
+# --- rules -----------------------------------------------------------------------------
+
+
+def refuse(who: Caller, what: str) -> KrexError:
+    """Log a refusal with the caller's pid and uid; the ``KrexError(AUTH)`` to raise."""
+    _log.warning("refused %s: %s", who.describe(), what)
+    return KrexError(Code.AUTH, f"{what} (caller {who.describe()})")
+
+
+def check_launcher_claim(who: Caller, launcher_pid: int | None) -> None:
+    """``admit``: a ``launcher_pid`` in the body must be the caller's own pid."""
+    if launcher_pid is not None and launcher_pid != who.pid:
+        raise refuse(who, f"admit: launcher_pid {launcher_pid} is not the caller")
+
+
+def is_launcher(tenant: Tenant, who: Caller) -> bool:
+    """True when ``who`` is the tenant's launcher (same pid and start time)."""
+    return who.pid == tenant.launcher_pid and who.start_time == tenant.launcher_start
+
+
+def in_tenant_cgroup(tenant: Tenant, pid: int) -> bool:
+    """True when process ``pid`` is listed in the tenant's ``cgroup.procs``."""
+    try:
+        return pid in tenant.cgroup.pids()
+    except OSError:
+        return False
+
+
+def authorize_tenant_op(tenant: Tenant, who: Caller, op: str) -> None:
+    """Raise ``KrexError(AUTH)`` unless ``who`` may act on ``tenant`` (see module docstring).
+
+    A stolen ``KREX_TOKEN`` is useless outside the tenant's cgroup: the token
+    names the tenant, the kernel names the caller.
+    """
+    if who.is_root or is_launcher(tenant, who) or in_tenant_cgroup(tenant, who.pid):
+        return
+    raise refuse(who, f"{op}: not a process of tenant {tenant.id} nor its launcher")
+
+
+def authorize(tenant: Tenant, op: str) -> None:
+    """:func:`authorize_tenant_op` for the caller of the current request."""
+    authorize_tenant_op(tenant, caller(), op)
+
+
+def check_placeable(tenant: Tenant, pid: int) -> None:
+    """``place``: ``pid`` must be a direct child of the launcher, with its uid, started after it.
+
+    Raises ``KrexError(BAD_FIELD)`` for a process that is gone, and
+    ``KrexError(AUTH)`` for anything else (the launcher itself included).
+    The uid check compares every uid of the process (real, effective, saved,
+    filesystem) with the launcher's, so a set-uid child is refused too.
+    """
+    stat = proc_stat(pid)
+    if stat is None:
+        raise KrexError(Code.BAD_FIELD, f"pid {pid} does not exist")
+    ppid, start = stat
+    owner = Caller(tenant.launcher_pid, tenant.uid, tenant.gid, tenant.launcher_start)
+    if pid == tenant.launcher_pid:
+        raise refuse(owner, f"place: pid {pid} is the launcher itself, not its child")
+    if ppid != tenant.launcher_pid or start < tenant.launcher_start:
+        raise refuse(owner, f"place: pid {pid} is not a child of launcher {tenant.launcher_pid}")
+    uids = proc_uids(pid)
+    if uids is None or any(u != tenant.uid for u in uids):
+        raise refuse(owner, f"place: pid {pid} does not run as the launcher's uid {tenant.uid}")
+
+
+def pid_start_time(pid: int) -> int:
+    """Start time of ``pid`` (clock ticks since boot), 0 when it is gone."""
+    stat = proc_stat(pid)
+    return stat[1] if stat is not None else 0
+
+
+def current_process() -> Caller:
+    """krexd itself as a caller (for in-process uses and tests)."""
+    return Caller(os.getpid(), os.getuid(), os.getgid(), pid_start_time(os.getpid()))

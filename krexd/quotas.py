@@ -1,0 +1,61 @@
+"""Per-uid caps on admission: admitted tenants and parked requests of one user.
+
+``[admission] max_admitted_per_uid`` bounds the slots one uid holds at once:
+a parked request of a uid at its cap stays parked and is passed over, so
+requests of other users behind it are granted first (the queue stays FIFO
+among the requests that are within their caps).  ``[admission]
+max_parked_per_uid`` bounds the requests one uid may have parked; one more is
+refused with ``CANCELLED``.  0 means no cap.  Root (uid 0) is exempt from
+both: it is trusted (DESIGN.md "Trust model") and is still bounded by
+``max_parked``.  The uid is the kernel-verified caller's (``krexd.identity``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from krexd.errors import Code, KrexError
+
+EXEMPT_UID = 0
+
+
+class UidCaps:
+    """Counts admitted tenants per uid; ``max_admitted`` / ``max_parked`` (0 = no cap)."""
+
+    def __init__(self, max_admitted: int = 0, max_parked: int = 0) -> None:
+        self.max_admitted = max_admitted
+        self.max_parked = max_parked
+        self._admitted: Counter[int] = Counter()
+
+    def check_park(self, uid: int, parked_uids: Iterable[int]) -> None:
+        """Raise ``KrexError(CANCELLED)`` when ``uid`` has ``max_parked`` requests parked."""
+        if uid == EXEMPT_UID or not self.max_parked:
+            return
+        n = sum(1 for u in parked_uids if u == uid)
+        if n >= self.max_parked:
+            raise KrexError(
+                Code.CANCELLED,
+                f"uid {uid} already has {n} requests parked ([admission] max_parked_per_uid)",
+            )
+
+    def may_grant(self, uid: int) -> bool:
+        """False while ``uid`` holds ``max_admitted`` slots."""
+        if uid == EXEMPT_UID or not self.max_admitted:
+            return True
+        return self._admitted[uid] < self.max_admitted
+
+    def granted(self, uid: int) -> None:
+        """A request of ``uid`` was granted a slot."""
+        self._admitted[uid] += 1
+
+    def released(self, uid: int) -> None:
+        """A tenant of ``uid`` freed its slot."""
+        if self._admitted[uid] > 1:
+            self._admitted[uid] -= 1
+        else:
+            self._admitted.pop(uid, None)
+
+    def admitted(self, uid: int) -> int:
+        """Slots ``uid`` holds now."""
+        return self._admitted[uid]

@@ -1,0 +1,84 @@
+/*
+ * bind.c — GPU binding by identity: a command creates contexts only on the
+ * GPU krexd gave it.
+ *
+ * krexd binds a tenant to its GPU by UUID (CUDA_VISIBLE_DEVICES=<UUID>,
+ * CUDA_DEVICE_ORDER=PCI_BUS_ID) and names it again in KREX_GPU_UUID.  A
+ * script that sets CUDA_VISIBLE_DEVICES itself, or a driver that numbers
+ * GPUs differently, could otherwise put the command on a GPU whose
+ * coordinator neither drains nor freezes it (docs/design/security.md).
+ * Before every call that creates a context on a device (cuCtxCreate*,
+ * cuDevicePrimaryCtxRetain, cuGreenCtxCreate; classes.toml [observe.pre]),
+ * krex_check_device() compares that device's cuDeviceGetUuid with
+ * KREX_GPU_UUID and, on a mismatch, prints one line naming both and ends
+ * the process with KREX_EXIT_WRONG_GPU (83; krex_client.errors.ExitCode).
+ * Without KREX_GPU_UUID (not run by krex) nothing is checked.
+ */
+#include "shim.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#define KREX_UUID_TEXT 41 /* "GPU-" + 36 + NUL */
+
+static pthread_once_t bound_once = PTHREAD_ONCE_INIT;
+static char bound_uuid[KREX_UUID_TEXT + 23]; /* room for a "MIG-"-style or longer value */
+static int bound_set;
+
+static void read_bound(void)
+{
+    const char *v = getenv("KREX_GPU_UUID");
+    if (v != NULL && *v != '\0' && strlen(v) < sizeof bound_uuid) {
+        strcpy(bound_uuid, v);
+        bound_set = 1;
+    }
+}
+
+static void uuid_text(const CUuuid *u, char out[KREX_UUID_TEXT])
+{
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, KREX_UUID_TEXT,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
+/* UUID text of `dev`; 0 on success, else the driver's error (the real call
+ * that follows then fails the same way, e.g. CUDA_ERROR_INVALID_DEVICE). */
+static CUresult device_uuid(CUdevice dev, char out[KREX_UUID_TEXT])
+{
+    CUuuid u;
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    __typeof__(&cuDeviceGetUuid_v2) get_v2 = KREX_REAL(cuDeviceGetUuid_v2);
+    if (get_v2 != NULL) {
+        r = get_v2(&u, dev);
+    } else {
+        __typeof__(&cuDeviceGetUuid) get = KREX_REAL(cuDeviceGetUuid);
+        if (get != NULL)
+            r = get(&u, dev);
+    }
+    if (r == CUDA_SUCCESS)
+        uuid_text(&u, out);
+    return r;
+}
+
+void krex_check_device(CUdevice dev)
+{
+    pthread_once(&bound_once, read_bound);
+    if (!bound_set)
+        return;
+    char have[KREX_UUID_TEXT];
+    if (device_uuid(dev, have) != CUDA_SUCCESS)
+        return; /* no such device: the driver refuses the call itself */
+    if (strcasecmp(have, bound_uuid) == 0)
+        return;
+    fprintf(stderr,
+            "krex: refusing to create a CUDA context on %s: this command is bound to %s "
+            "(KREX_GPU_UUID); a krex tenant may use only its own GPU (exit %d)\n",
+            have, bound_uuid, KREX_EXIT_WRONG_GPU);
+    _exit(KREX_EXIT_WRONG_GPU);
+}
