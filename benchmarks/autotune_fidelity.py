@@ -51,11 +51,17 @@ def _granted(socket: str) -> int:
         st = conn.request("status")
     finally:
         conn.close()
-    return sum(int((g.get("region") or {}).get("granted", 0)) for g in st["gpus"])
+    return sum(
+        int(((g.get("region") or {}).get("regions") or {}).get("granted", 0)) for g in st["gpus"]
+    )
 
 
-def _round(socket: str, n: int, autoregion: bool, size: int) -> list[str]:
-    """Run ``n`` tuning commands at once; the configuration each picked ('' on failure)."""
+def _round(socket: str, n: int, autoregion: bool, size: int, margins: list[float]) -> list[str]:
+    """Run ``n`` tuning commands at once; the configuration each picked ('' on failure).
+
+    Appends to ``margins`` each command's gap between its two fastest
+    configurations (percent of the fastest).
+    """
     env = dict(_clean_env(), KREX_SOCKET=socket)
     if autoregion:
         env["KREX_AUTOREGION"] = "1"
@@ -73,7 +79,11 @@ def _round(socket: str, n: int, autoregion: bool, size: int) -> list[str]:
     for p in procs:
         out, err = p.communicate(timeout=600)
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        pick = json.loads(lines[-1]).get("config", "") if lines else ""
+        out_obj = json.loads(lines[-1]) if lines else {}
+        pick = out_obj.get("config", "")
+        ranked = out_obj.get("ranked") or []
+        if len(ranked) >= 2 and ranked[0][0] > 0:
+            margins.append(100.0 * (ranked[1][0] - ranked[0][0]) / ranked[0][0])
         if not pick:
             sys.stderr.write(f"a command failed (exit {p.returncode}): {err[-400:]}\n")
         picks.append(pick)
@@ -108,7 +118,10 @@ def main() -> int:
     krexd, socket = _start_krexd(workdir, args.commands, args.fake_gpus)
     result: dict[str, Any] = {"commands": args.commands, "size": args.size}
     try:
-        serial = [_round(socket, 1, True, args.size)[0] for _ in range(args.serial)]
+        margins: dict[str, list[float]] = {"serial": [], "auto-regions": [], "unprotected": []}
+        serial = [
+            _round(socket, 1, True, args.size, margins["serial"])[0] for _ in range(args.serial)
+        ]
         winner, _ = collections.Counter(serial).most_common(1)[0]
         result.update(serial=serial, winner=winner)
         modes = {"auto-regions": [], "unprotected": []}
@@ -117,7 +130,7 @@ def main() -> int:
         for mode in plan:
             before = _granted(socket)
             t = time.monotonic()
-            picks = _round(socket, args.commands, mode == "auto-regions", args.size)
+            picks = _round(socket, args.commands, mode == "auto-regions", args.size, margins[mode])
             regions[mode] += _granted(socket) - before
             modes[mode].append(picks)
             hits = sum(p == winner for p in picks)
@@ -128,6 +141,7 @@ def main() -> int:
             )
         result["trials"] = modes
         result["regions"] = regions
+        result["margins_pct"] = margins
     finally:
         _stop(krexd)
     print(f"\nserial winner: {winner}  (serial runs: {collections.Counter(serial)})")
@@ -141,6 +155,13 @@ def main() -> int:
             f"{mode:13s} {len(trials):6d} {all_ok:>10d}/{len(trials):<2d} "
             f"{picks:>10d}/{total:<4d} {result['regions'][mode]:8d}"
         )
+    for mode, m in result.get("margins_pct", {}).items():
+        if m:
+            m = sorted(m)
+            print(
+                f"{mode:13s} gap between the two fastest configurations: median "
+                f"{m[len(m) // 2]:.2f}%, min {m[0]:.2f}%, max {m[-1]:.2f}%"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

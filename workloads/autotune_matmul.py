@@ -6,7 +6,8 @@ internally").  Under ``krex run --autoregion`` (or ``KREX_AUTOREGION=1`` with
 the ``krex_client`` .pth installed) those measurements run in critical
 regions without a change here.  ``benchmarks/autotune_fidelity.py`` runs it.
 
-Output: one JSON line ``{"config": "...", "ms": best time}`` on stdout.
+Output: one JSON line ``{"config": "...", "ranked": [[ms, config], ...]}`` on stdout
+(every configuration's median ms, fastest first).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def matmul_kernel(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.c
     tl.store(c + rm[:, None] * N + rn[None, :], acc.to(tl.float16))
 
 
+def _median(t: object) -> float:
+    """The autotuner's figure for one configuration (its first quantile: the median)."""
+    return float(t[0]) if isinstance(t, (list, tuple)) else float(t)  # type: ignore[arg-type]
+
+
 def main() -> int:
     """Tune for one size (argv[1], default 4096), check the result, print the winner."""
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
@@ -68,9 +74,8 @@ def main() -> int:
         return 1
     best = matmul_kernel.best_config
     timings = getattr(matmul_kernel, "configs_timings", None) or {}
-    ms = timings.get(best)
-    ms0 = ms[0] if isinstance(ms, (list, tuple)) else ms
-    print(json.dumps({"config": str(best), "ms": ms0}))
+    ranked = sorted((_median(t), str(c)) for c, t in timings.items())
+    print(json.dumps({"config": str(best), "ranked": ranked}))
     return 0
 
 
