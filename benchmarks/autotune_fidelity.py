@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,15 +57,20 @@ def _granted(socket: str) -> int:
     )
 
 
-def _round(socket: str, n: int, autoregion: bool, size: int, margins: list[float]) -> list[str]:
+def _round(
+    socket: str, n: int, autoregion: bool, size: int, margins: list[float], log: str = ""
+) -> list[str]:
     """Run ``n`` tuning commands at once; the configuration each picked ('' on failure).
 
     Appends to ``margins`` each command's gap between its two fastest
-    configurations (percent of the fastest).
+    configurations (percent of the fastest).  With ``log``, every region's
+    record (docs/design/region-log.md) is appended there.
     """
     env = dict(_clean_env(), KREX_SOCKET=socket)
     if autoregion:
         env["KREX_AUTOREGION"] = "1"
+    if log:
+        env["KREX_REGION_LOG"] = log
     procs = [
         subprocess.Popen(
             [*KREX, "run", "--", sys.executable, WORKLOAD, str(size)],
@@ -88,6 +94,24 @@ def _round(socket: str, n: int, autoregion: bool, size: int, margins: list[float
             sys.stderr.write(f"a command failed (exit {p.returncode}): {err[-400:]}\n")
         picks.append(pick)
     return picks
+
+
+def _summarize_regions(path: str) -> None:
+    """Print what the region records say: count, warnings, SM clock at entry."""
+    if not os.path.exists(path):
+        print("no region records")
+        return
+    recs = [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.startswith("{")]
+    warnings = collections.Counter(w.get("kind") for r in recs for w in r.get("warnings") or [])
+    clocks = sorted(
+        c for r in recs if isinstance(c := (r.get("entry") or {}).get("sm_clock_mhz"), int | float)
+    )
+    print(f"region records: {len(recs)}; warnings: {dict(warnings) or 'none'}")
+    if clocks:
+        print(
+            f"SM clock at entry (MHz): min {clocks[0]}, median {clocks[len(clocks) // 2]}, "
+            f"max {clocks[-1]}"
+        )
 
 
 def _interleave(protected: int, unprotected: int) -> list[str]:
@@ -130,7 +154,10 @@ def main() -> int:
         for mode in plan:
             before = _granted(socket)
             t = time.monotonic()
-            picks = _round(socket, args.commands, mode == "auto-regions", args.size, margins[mode])
+            log = os.path.join(workdir, "regions.jsonl")
+            picks = _round(
+                socket, args.commands, mode == "auto-regions", args.size, margins[mode], log
+            )
             regions[mode] += _granted(socket) - before
             modes[mode].append(picks)
             hits = sum(p == winner for p in picks)
@@ -162,6 +189,7 @@ def main() -> int:
                 f"{mode:13s} gap between the two fastest configurations: median "
                 f"{m[len(m) // 2]:.2f}%, min {m[0]:.2f}%, max {m[-1]:.2f}%"
             )
+    _summarize_regions(os.path.join(workdir, "regions.jsonl"))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
