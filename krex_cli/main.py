@@ -1,13 +1,15 @@
 """``krex``: the user's command.
 
-    krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--socket PATH] -- CMD ARGS...
+    krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
+             [--retry-tempfail N] [--socket PATH] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
 ``krex run`` exits with CMD's exit code (128+N when a signal N killed it),
 124 when ``--timeout`` expired, 69 when krexd is unreachable, 126/127 when CMD
 cannot be executed / is not found, 65 or 77 when krexd refused the request,
 75 (EX_TEMPFAIL) when CMD failed after GPU out-of-memory errors that its
-co-tenants caused (run it again; the failure is not the command's).
+co-tenants caused (run it again; the failure is not the command's;
+``--retry-tempfail N`` does so up to N times).
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _retries(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count, got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be in [0, 100], got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: krexd's [memory] default_need)",
     )
     run.add_argument(
+        "--label",
+        metavar="L",
+        help="name CMD for learned memory needs: krexd charges it the peak earlier runs "
+        "with this label used (default: the script and its arguments)",
+    )
+    run.add_argument(
+        "--retry-tempfail",
+        type=_retries,
+        metavar="N",
+        help="run CMD again, up to N times, when it exits 75 (failed by co-tenants' GPU "
+        "memory), once its memory is free (default: krexd's [memory] retry_tempfail; 0 = never)",
+    )
+    run.add_argument(
         "--socket",
         metavar="PATH",
         help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
@@ -93,8 +118,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--gpu must be >= 0")
         from krex_cli.run import run
 
+        if args.label is not None and not 0 < len(args.label) <= 512:
+            parser.error("--label must be 1 to 512 characters")
         return run(
-            cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive, args.mem
+            cmd,
+            args.socket or default_socket(),
+            args.gpu,
+            args.timeout,
+            args.exclusive,
+            args.mem,
+            args.label,
+            args.retry_tempfail,
         )
     func = getattr(args, "func", None)
     if func is None:

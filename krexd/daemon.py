@@ -40,6 +40,7 @@ from krexd.gate import Gate
 from krexd.gpu import Gpu
 from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
+from krexd.memory.learned import LearnedNeeds
 from krexd.memory.monitor import MemoryMonitor
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
@@ -113,6 +114,7 @@ class Daemon:
             self.tenants,
             self.admission,
             self.runtime,
+            self._learned_needs(),
         )
         memory.start()
         lifecycle = self.lifecycle = Lifecycle(
@@ -127,6 +129,19 @@ class Daemon:
             about=self.about,
             status=self.status,
         )
+
+    def _learned_needs(self) -> LearnedNeeds:
+        """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``."""
+        cfg = self.config
+        try:
+            os.makedirs(cfg.daemon.gate_dir, mode=0o755, exist_ok=True)
+            path: str | None = os.path.join(
+                cfg.daemon.gate_dir, f"{cfg.cgroup.name}-learned-memory.json"
+            )
+        except OSError as exc:
+            _log.error("learned memory needs kept in memory only: %s", exc)
+            path = None
+        return LearnedNeeds(path, cfg.memory.learned_max)
 
     def _create_gate(self, gpu: int) -> tuple[Gate | None, str | None]:
         """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``."""
@@ -236,8 +251,13 @@ class Daemon:
     # --- status -------------------------------------------------------------------
 
     def about(self) -> dict[str, Any]:
-        """The ``ping`` op's reply body: version, pid, uptime (s)."""
-        return {"version": self.version, "pid": self.pid, "uptime_s": self.runtime.uptime_s()}
+        """The ``ping`` op's reply body: version, pid, uptime (s), ``krex run``'s retry default."""
+        return {
+            "version": self.version,
+            "pid": self.pid,
+            "uptime_s": self.runtime.uptime_s(),
+            "retry_tempfail": self.config.memory.retry_tempfail,
+        }
 
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""

@@ -32,6 +32,7 @@ class TenantLifecycle(Protocol):
         exclusive: bool,
         launcher_pid: int,
         mem_bytes: int | None = None,
+        label: str | None = None,
     ) -> Tenant:
         """Park until a slot is granted, then create the tenant."""
         ...

@@ -65,7 +65,9 @@ def _wait_until_waiting(gpu: SharedGpu, pid: int) -> None:
 
 
 @pytest.mark.parametrize("call", CALLS)
-def test_a_call_failing_for_a_cotenant_waits_then_succeeds(shared_gpu: SharedGpu, call: str) -> None:
+def test_a_call_failing_for_a_cotenant_waits_then_succeeds(
+    shared_gpu: SharedGpu, call: str
+) -> None:
     victim = _prepared(shared_gpu, 2, f"call={call}")
     hog = _fill(shared_gpu, 1)
     victim.go()
