@@ -42,6 +42,7 @@ from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
 from krexd.memory.learned import LearnedNeeds
 from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
 from krexd.runtime import SERVING, STOPPING, Runtime
@@ -94,10 +95,18 @@ class Daemon:
             _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
         control = CgroupControl(cfg.daemon.liveness_interval_ms / 1000)
         pinner = AffinityPinner()
+        region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
         for info in infos:
             gate, gate_path = self._create_gate(info.index)
             coordinator = Coordinator(
-                info.index, gate, slices[info.index], self.tenants, cfg.region, control, pinner
+                info.index,
+                gate,
+                slices[info.index],
+                self.tenants,
+                cfg.region,
+                control,
+                pinner,
+                region_memory,
             )
             slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
             gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)
@@ -117,6 +126,7 @@ class Daemon:
             self._learned_needs(),
         )
         memory.start()
+        region_memory.monitor = memory
         lifecycle = self.lifecycle = Lifecycle(
             cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
         )

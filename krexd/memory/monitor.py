@@ -345,6 +345,10 @@ class MemoryMonitor:
             return None
         return view.total - self.cfg.headroom - view.excess
 
+    def view(self, gpu: int) -> GpuView | None:
+        """GPU ``gpu``'s memory view as of the last refresh (None before the first)."""
+        return self._view(gpu)
+
     def _view(self, gpu: int) -> GpuView | None:
         g = self._gpus.get(gpu)
         return g.memory.view if g is not None else None
