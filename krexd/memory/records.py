@@ -43,7 +43,7 @@ class TenantMemory:
     last_oom: str | None = None  # reason of the last OOM returned (krexd.gate.OOM_REASONS)
     last_cotenant_oom: str | None = None  # reason of the last co-tenant OOM returned
     waiting: bool = False  # an allocation waits for co-tenants' memory now
-    waits_seen: int = 0  # refreshes that found it waiting (times refresh_ms: wait time)
+    waits_seen: int = 0  # reads of the gate (periodic and on demand) that found it waiting
 
     def observe(self, used_bytes: int, source: str, shim_bytes: int = 0) -> bool:
         """Record usage now (bytes; ``shim_bytes``: the shim's count).
