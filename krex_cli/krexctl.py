@@ -2,13 +2,14 @@
 
 Prints GPUs with their CPU slices, slots and memory (used/total, what
 admission may still give, allocations waiting for co-tenants' memory),
-tenants (id, pid, command, state, age, memory used/need and out-of-memory
-outcome), the parked queue (waiting for a slot or for memory), each GPU's
-region holder and region counts, the cgroup backend in use, krexd's version
-and uptime.  ``--json`` prints the ``status`` op's reply as is (keys
-documented in krexd/control/status.py); when krexd is not running or does
-not answer it prints ``{"state": "not running"|"unknown", "socket": PATH,
-"error": TEXT}`` instead, with the same exit code.
+tenants (id, pid, command, state, age, memory peak/need and out-of-memory
+outcome, then its current, learned and declared memory), the parked queue
+(waiting for a slot or for memory), each GPU's region holder and region
+counts, the cgroup backend in use, krexd's version and uptime.  ``--json``
+prints the ``status`` op's reply as is (keys documented in
+krexd/control/status.py); when krexd is not running or does not answer it
+prints ``{"state": "not running"|"unknown", "socket": PATH, "error": TEXT}``
+instead, with the same exit code.
 
 Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
 socket, or nothing listens on it), 4 unknown (the socket accepts connections
@@ -99,8 +100,12 @@ def _memory_cell(mem: Any) -> str:
     return cell
 
 
+def _size_or_dash(value: Any) -> str:
+    return "-" if value is None else format_size(int(value))
+
+
 def _tenant_memory_cell(mem: Any) -> str:
-    """``peak/need`` and the out-of-memory outcome of one tenant."""
+    """``peak/need``, the out-of-memory outcome, then current, learned and declared sizes."""
     if not isinstance(mem, dict):
         return "-"
     cell = (
@@ -112,6 +117,11 @@ def _tenant_memory_cell(mem: Any) -> str:
         cell += " oom-wait"
     elif mem.get("outcome") not in (None, "ok"):
         cell += f" {mem['outcome']}"
+    cell += (
+        f" (now {_size_or_dash(mem.get('used_bytes'))},"
+        f" learned {_size_or_dash(mem.get('learned_bytes'))},"
+        f" declared {_size_or_dash(mem.get('declared_bytes'))})"
+    )
     return cell
 
 

@@ -1,7 +1,8 @@
 """``krex``: the user's command.
 
-    krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--socket PATH]
-             [--autoregion] [--region-log PATH] -- CMD ARGS...
+    krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
+             [--retry-tempfail N] [--socket PATH] [--autoregion] [--region-log PATH]
+             -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
 ``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
@@ -28,7 +29,9 @@ exit codes:
   {ExitCode.TIMEOUT:<13} --timeout expired; CMD's process tree was killed
   {ExitCode.UNAVAILABLE:<13} krexd is unreachable, or it is shutting down
   {ExitCode.TEMPFAIL:<13} CMD failed after GPU out-of-memory errors its co-tenants caused
-                (EX_TEMPFAIL: run it again; the failure is not the command's)
+                (EX_TEMPFAIL: run it again; the failure is not the command's;
+                --retry-tempfail N does so up to N times)
+  {ExitCode.WRONG_GPU:<13} CMD tried to use another GPU than its own (the shim ended it)
   {ExitCode.CANNOT_EXEC:<13} CMD cannot be executed (a directory, permission denied)
   {ExitCode.NOT_FOUND:<13} CMD not found
   {ExitCode.DATAERR:<13} krexd refused the request (no such GPU, bad field)
@@ -65,6 +68,22 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _retries(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count, got {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be in [0, 100], got {text!r}")
+    return value
+
+
+def _label(text: str) -> str:
+    if not 0 < len(text) <= 512:
+        raise argparse.ArgumentTypeError(f"must be 1 to 512 characters, got {len(text)}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``krex``."""
     p = argparse.ArgumentParser(
@@ -99,6 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="GPU memory CMD needs (bytes, or e.g. 512M, 4G): admitted only where it fits "
         "(default: krexd's [memory] default_need)",
+    )
+    run.add_argument(
+        "--label",
+        type=_label,
+        metavar="L",
+        help="name CMD for learned memory needs: krexd charges it the peak earlier runs "
+        "with this label used (default: the script and its arguments)",
+    )
+    run.add_argument(
+        "--retry-tempfail",
+        type=_retries,
+        metavar="N",
+        help="run CMD again, up to N times, when it exits 75 (failed by co-tenants' GPU "
+        "memory), once its memory is free (default: krexd's [memory] retry_tempfail; 0 = never)",
     )
     run.add_argument(
         "--socket",
@@ -153,7 +186,14 @@ def main(argv: list[str] | None = None) -> int:
 
         _region_environ(args)
         return run(
-            cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive, args.mem
+            cmd,
+            args.socket or default_socket(),
+            args.gpu,
+            args.timeout,
+            args.exclusive,
+            args.mem,
+            args.label,
+            args.retry_tempfail,
         )
     return int(args.func(args))
 

@@ -21,7 +21,13 @@ Sequence (DESIGN.md "krex run"):
    (EX_TEMPFAIL), so a harness retries instead of blaming the candidate
    (docs/design/memory.md).
 
-``--mem SIZE`` declares the command's GPU memory need (admission by memory).
+``--mem SIZE`` declares the command's GPU memory need (admission by memory);
+``--label L`` names the command for learned needs (default: krexd derives
+the label from the command line).  ``--retry-tempfail N`` (default: krexd's
+``[memory] retry_tempfail``, reported by ``ping``; 0 = never) runs CMD again,
+up to N times, when it exited 75: the new ``admit`` is charged the memory
+the failed run used (learned under its label), so it starts once that much
+is free; each retry is announced on stderr.
 
 CMD runs as the user who ran ``krex run``: krexd executes nothing; ``krex
 run`` forks and execs CMD itself, and krexd places only a direct child of
@@ -179,14 +185,32 @@ def run(
     timeout_s: float | None = None,
     exclusive: bool = False,
     mem_bytes: int | None = None,
+    label: str | None = None,
+    retry_tempfail: int | None = None,
 ) -> int:
     """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code.
 
     ``mem_bytes``: the command's GPU memory need (bytes), None for krexd's default.
+    ``label``: its name for learned needs (None: krexd derives it from ``argv``).
+    ``retry_tempfail``: times to run it again after an exit 75 (None: krexd's default).
     """
     conn = Connection(socket, timeout_s=5.0)
     try:
-        return _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes)
+        about = conn.request("ping")
+        retries = retry_tempfail
+        if retries is None:
+            retries = int(about.get("retry_tempfail") or 0)
+        attempt = 0
+        while True:
+            code = _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes, label, about)
+            if code != ExitCode.TEMPFAIL or attempt >= retries:
+                return code
+            attempt += 1
+            _say(
+                f"running {argv[0]} again (retry {attempt} of {retries} after exit "
+                f"{int(ExitCode.TEMPFAIL)}): it starts once krexd finds the GPU memory its "
+                "last run used free"
+            )
     except KrexPermissionDenied as exc:
         _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
         return ExitCode.NOPERM
@@ -207,8 +231,10 @@ def _run(
     timeout_s: float | None,
     exclusive: bool,
     mem_bytes: int | None = None,
+    label: str | None = None,
+    about: dict[str, Any] | None = None,
 ) -> int:
-    daemon_pid = int(conn.request("ping")["pid"])
+    daemon_pid = int((about or conn.request("ping"))["pid"])
 
     def daemon_alive() -> None:
         try:
@@ -225,6 +251,8 @@ def _run(
         body["gpu"] = gpu
     if mem_bytes is not None:
         body["mem_bytes"] = mem_bytes
+    if label is not None:
+        body["label"] = label
     asked = time.monotonic()
     try:
         granted = conn.request("admit", body, forever=True, check=daemon_alive)

@@ -54,6 +54,10 @@ class MemoryPolicy(Protocol):
         """Bytes admission may reserve on ``gpu`` before reservations (None: no limit)."""
         ...
 
+    def refresh(self) -> None:
+        """Re-read the memory counts now (called once per dispatch, before deciding)."""
+        ...
+
 
 @dataclass(eq=False)
 class GpuSlots:
@@ -192,6 +196,8 @@ class Admission:
         blocked: set[int] = set()
         heads: list[Waiter] = []  # earlier waiters waiting for memory, bypass left
         kept: deque[Waiter] = deque()
+        if self.memory is not None and self._queue:
+            self.memory.refresh()  # decide on the shim's counts as they are now
         while self._queue:
             w = self._queue.popleft()
             if w.future.done():

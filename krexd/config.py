@@ -120,6 +120,10 @@ class MemoryConfig:
     max_bypass: int = 4  # later commands that may overtake one waiting for memory
     oom_wait_s: float = 30.0  # bound of a co-tenant out-of-memory wait (0: no wait)
     refresh_ms: int = 100
+    learn: bool = True  # charge commands what earlier runs of their label used
+    learned_max: int = 4096  # labels whose needs are kept (least recently used dropped)
+    region_wait_s: float = 10.0  # bound of a region entry's wait for siblings' memory
+    retry_tempfail: int = 0  # default of `krex run --retry-tempfail N`
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,10 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "max_bypass": _int(0, 1_000_000),
             "oom_wait_s": _float_range(0.0, 86400.0),
             "refresh_ms": _int(10, 60_000),
+            "learn": _bool,
+            "learned_max": _int(1, 1_000_000),
+            "region_wait_s": _float_range(0.0, 86400.0),
+            "retry_tempfail": _int(0, 100),
         },
     ),
 }

@@ -5,7 +5,11 @@ exclusivity (paper §4.2; DESIGN.md "Region entry and exit";
 docs/design/architecture.md maps every step to its file).  Steps carry the
 paper's numbers (its circled 1-8); the methods below read in that order:
 
-    enter()     1  region lock, FIFO (no starvation: the paper has no fairness)
+    enter()     1  region lock, FIFO (no starvation: the paper has no fairness);
+                   then, lock held, the holder's expected memory must fit in
+                   what its siblings leave free (they keep their memory while
+                   frozen): wait, bounded, for them to free some, or fail at
+                   once when it can never fit (RegionMemory; docs/design/memory.md)
                 2  close the gate: holder id + new epoch, one atomic word
                 3  drain: every sibling's drainer acknowledges the epoch with
                    a zero in-flight counter (libkrex_shim does the work)
@@ -35,8 +39,9 @@ the error: no tenant is ever left frozen.
 
 The coordinator acts only through injected interfaces (``krexd.isolation``):
 ``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),
-``Pinner`` (cpuset and thread affinity) and ``RegionGate`` (the gate, absent
-when ``libkrex_gate.so`` is not built).  The daemon injects the cgroup
+``Pinner`` (cpuset and thread affinity), ``RegionGate`` (the gate, absent
+when ``libkrex_gate.so`` is not built) and ``RegionMemory`` (the memory
+check before step 2, absent: no check).  The daemon injects the cgroup
 implementations; any other implementation of these interfaces (in-memory
 fakes, say) drives the same protocol without root.
 
@@ -59,7 +64,7 @@ from krexd.config import RegionConfig
 from krexd.errors import Code, KrexError
 from krexd.fifo import FifoLock
 from krexd.gate import GateError, GateTimeout
-from krexd.isolation import Pinner, RegionGate, TenantControl, Watch, gone
+from krexd.isolation import Pinner, RegionGate, RegionMemory, TenantControl, Watch, gone
 from krexd.region_stats import RegionStats
 from krexd.slices import CpuSlice
 from krexd.tenants import Tenant, TenantRegistry
@@ -105,6 +110,7 @@ class Coordinator:
         region: the ``[region]`` config table (timeouts, enforce, l2_flush).
         control: freezes, thaws and watches tenants (steps 4 and 7, recovery).
         pinner: moves the holder to the reserved cores and back (steps 5, 7).
+        memory: the memory check before step 2 (None: none).
     """
 
     def __init__(
@@ -116,8 +122,12 @@ class Coordinator:
         region: RegionConfig,
         control: TenantControl,
         pinner: Pinner,
+        memory: RegionMemory | None = None,
     ) -> None:
         self.gpu = gpu
+        self._memory = memory
+        self._mem_waiting: int | None = None  # tenant whose entry waits for memory
+        self.memory_waits = 0  # entries that waited for siblings' memory
         self._gate = gate
         self._ctl = control
         self._pinner = pinner
@@ -165,7 +175,8 @@ class Coordinator:
             KrexError: NESTED_REGION (tenant already holds or waits),
                 BAD_FIELD (pid/tid not the tenant's), DRAIN_TIMEOUT,
                 FREEZE_TIMEOUT, CANCELLED (tenant ended while waiting),
-                SHUTTING_DOWN.
+                REGION_NO_MEMORY (its expected memory can never fit beside
+                its siblings), SHUTTING_DOWN.
         """
         requested_at = time.monotonic()
         self._check_caller(tenant, pid, tid)
@@ -186,6 +197,7 @@ class Coordinator:
         locked_at = time.monotonic()
         self._cancel_entry = None
         try:
+            await self._wait_for_memory(tenant)
             region = await self._establish(tenant, pid, tid, requested_at)
         except BaseException:
             self.stats.failed += 1
@@ -214,6 +226,53 @@ class Coordinator:
             "drain_ms": self._last_drain_ms if epoch else 0.0,
             "freeze_ms": self._last_freeze_ms if epoch else 0.0,
         }
+
+    async def _wait_for_memory(self, holder: Tenant) -> None:
+        """Before step 2, with the lock held (FIFO kept): the holder's expected memory
+        must fit in what its siblings leave free, or the region would begin into an
+        out-of-memory error its frozen siblings cause.
+
+        Waits up to ``RegionMemory.wait_s`` for the siblings (still running) to free
+        memory, then proceeds: the expectation is an estimate, and an error inside
+        the region is attributed to the co-tenants anyway (exit 75).  Raises
+        ``KrexError(REGION_NO_MEMORY)`` at once when the need exceeds what the card
+        can ever give it, ``KrexError(CANCELLED)`` when the tenant gives up or ends.
+        """
+        if self._memory is None:
+            return
+        fit = self._memory.check(holder, self._siblings(holder))
+        if fit is None or fit.fits:
+            return
+        deadline = time.monotonic() + self._memory.wait_s
+        self._mem_waiting = holder.id
+        self.memory_waits += 1
+        try:
+            while fit is not None and not fit.fits:
+                if fit.never:
+                    raise KrexError(
+                        Code.REGION_NO_MEMORY,
+                        f"GPU {self.gpu}: tenant {holder.id} expects {_gib(fit.need)} in its "
+                        f"region, more than the {_gib(fit.total - fit.other)} the card can give "
+                        f"it ({_gib(fit.total)} total, {_gib(fit.other)} held by processes krex "
+                        "does not run)",
+                    )
+                if self._cancel_entry == holder.id:
+                    raise KrexError(Code.CANCELLED, f"tenant {holder.id} cancelled its region")
+                if time.monotonic() >= deadline:
+                    log.warning(
+                        "GPU %d: tenant %d enters its region expecting %s while its siblings "
+                        "leave %s free (waited %g s)",
+                        self.gpu,
+                        holder.id,
+                        _gib(fit.need),
+                        _gib(fit.free),
+                        self._memory.wait_s,
+                    )
+                    return
+                await asyncio.sleep(0.02)
+                fit = self._memory.check(holder, self._siblings(holder))
+        finally:
+            self._mem_waiting = None
 
     async def _establish(self, tenant: Tenant, pid: int, tid: int, requested_at: float) -> Region:
         """Steps 2-5 for a tenant that owns the region lock; undo on failure."""
@@ -623,7 +682,7 @@ class Coordinator:
             return {"cancelled": "held" if held else "none"}
         if self._lock.cancel(tenant.id):
             return {"cancelled": "queued"}
-        if self._entering == tenant.id:
+        if self._entering == tenant.id or self._mem_waiting == tenant.id:
             self._cancel_entry = tenant.id  # enter() ends the region once granted
             return {"cancelled": "entering"}
         region = self._region
@@ -639,6 +698,8 @@ class Coordinator:
         """
         self._ungated.discard(tenant.id)
         self._lock.cancel(tenant.id)
+        if self._mem_waiting == tenant.id:
+            self._cancel_entry = tenant.id  # its entry stops waiting for memory
         region = self._region
         if region is not None and region.tenant.id == tenant.id:
             await self._end(region, "holder's command ended")
@@ -647,6 +708,8 @@ class Coordinator:
         """End any region (thaw, reopen) and cancel every waiter."""
         for key in self._lock.queued():
             self._lock.cancel(key)
+        if self._mem_waiting is not None:
+            self._cancel_entry = self._mem_waiting
         region = self._region
         if region is not None:
             await self._end(region, "krexd is shutting down")
@@ -671,6 +734,8 @@ class Coordinator:
             "queue_length": len(self._lock.queued()),
             "enforce": self._cfg.enforce,
             "epoch": self._epoch,
+            "memory_wait": self._mem_waiting,
+            "memory_waits": self.memory_waits,
             **self.stats.as_dict(),
         }
 
@@ -686,3 +751,7 @@ def _tenant_state(tenant: Tenant, old: str | tuple[str, ...], new: str) -> bool:
         return False
     states.change_state(tenant, new)
     return True
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB"

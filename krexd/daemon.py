@@ -40,7 +40,9 @@ from krexd.gate import Gate
 from krexd.gpu import Gpu
 from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
+from krexd.memory.learned import LearnedNeeds
 from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
 from krexd.quotas import UidCaps
@@ -94,10 +96,18 @@ class Daemon:
             _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
         control = CgroupControl(cfg.daemon.liveness_interval_ms / 1000)
         pinner = AffinityPinner()
+        region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
         for info in infos:
             gate, gate_path = self._create_gate(info.index)
             coordinator = Coordinator(
-                info.index, gate, slices[info.index], self.tenants, cfg.region, control, pinner
+                info.index,
+                gate,
+                slices[info.index],
+                self.tenants,
+                cfg.region,
+                control,
+                pinner,
+                region_memory,
             )
             slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
             gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)
@@ -118,8 +128,10 @@ class Daemon:
             self.tenants,
             self.admission,
             self.runtime,
+            self._learned_needs(),
         )
         memory.start()
+        region_memory.monitor = memory
         lifecycle = self.lifecycle = Lifecycle(
             cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
         )
@@ -132,6 +144,19 @@ class Daemon:
             about=self.about,
             status=self.status,
         )
+
+    def _learned_needs(self) -> LearnedNeeds:
+        """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``."""
+        cfg = self.config
+        try:
+            os.makedirs(cfg.daemon.gate_dir, mode=0o755, exist_ok=True)
+            path: str | None = os.path.join(
+                cfg.daemon.gate_dir, f"{cfg.cgroup.name}-learned-memory.json"
+            )
+        except OSError as exc:
+            _log.error("learned memory needs kept in memory only: %s", exc)
+            path = None
+        return LearnedNeeds(path, cfg.memory.learned_max)
 
     def _create_gate(self, gpu: int) -> tuple[Gate | None, str | None]:
         """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``."""
@@ -241,8 +266,13 @@ class Daemon:
     # --- status -------------------------------------------------------------------
 
     def about(self) -> dict[str, Any]:
-        """The ``ping`` op's reply body: version, pid, uptime (s)."""
-        return {"version": self.version, "pid": self.pid, "uptime_s": self.runtime.uptime_s()}
+        """The ``ping`` op's reply body: version, pid, uptime (s), ``krex run``'s retry default."""
+        return {
+            "version": self.version,
+            "pid": self.pid,
+            "uptime_s": self.runtime.uptime_s(),
+            "retry_tempfail": self.config.memory.retry_tempfail,
+        }
 
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""

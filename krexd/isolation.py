@@ -10,7 +10,9 @@ scheduler or the gate library directly.  It goes through three interfaces:
   reserved cores, give its submitting thread the reserved cores (added to
   what it had, or alone: ``[region] holder_cpus``), and back;
 * :class:`RegionGate` — the gate word (steps 2, 3 and 8), satisfied by
-  ``krexd.gate.Gate``.
+  ``krexd.gate.Gate``;
+* :class:`RegionMemory` — before step 2, whether the holder's expected
+  memory fits in what its siblings leave free (``krexd.memory.region_fit``).
 
 The daemon injects :class:`CgroupControl` and :class:`AffinityPinner` (the
 real cgroup v2 freezer, cpuset and ``sched_setaffinity``); anything
@@ -24,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from krexd.gate import SlotInfo
@@ -117,6 +120,51 @@ class RegionGate(Protocol):
 
     def slots(self) -> list[SlotInfo]:
         """A snapshot of every registration of the gate (to name pending ones)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RegionFit:
+    """A region entry's memory (bytes): the holder's expected need against its siblings'.
+
+    ``need``: what the holder is expected to hold in its region (its peak so
+    far in this command, or its learned need, whichever is larger);
+    ``total``: the card; ``siblings``: what the other tenants of the GPU hold
+    now (frozen, they keep it through the region); ``other``: what processes
+    krex does not run hold.
+    """
+
+    need: int
+    total: int
+    siblings: int
+    other: int
+
+    @property
+    def free(self) -> int:
+        """What the card leaves the holder while its siblings keep their memory."""
+        return self.total - self.other - self.siblings
+
+    @property
+    def fits(self) -> bool:
+        """The need fits now."""
+        return self.need <= self.free
+
+    @property
+    def never(self) -> bool:
+        """The need cannot fit even with every sibling's memory freed."""
+        return self.need > self.total - self.other
+
+
+class RegionMemory(Protocol):
+    """The coordinator's memory check before freezing siblings (step 2)."""
+
+    @property
+    def wait_s(self) -> float:
+        """Bound (s) of an entry's wait for siblings to free memory (``[memory] region_wait_s``)."""
+        ...
+
+    def check(self, holder: Tenant, siblings: list[Tenant]) -> RegionFit | None:
+        """The holder's expected need against what ``siblings`` hold, read now (None: unknown)."""
         ...
 
 

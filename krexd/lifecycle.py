@@ -86,17 +86,21 @@ class Lifecycle:
         exclusive: bool,
         launcher: identity.Caller,
         mem_bytes: int | None = None,
+        label: str | None = None,
     ) -> Tenant:
         """Park until admission grants a GPU, then create the tenant and its cgroup.
 
         ``launcher`` is the verified caller of ``admit`` (``krex run``); its
         uid counts against the per-uid caps.  ``mem_bytes`` is the memory need
-        declared with ``krex run --mem`` (bytes; None: the configured default need).
+        declared with ``krex run --mem`` (bytes; None: none declared);
+        ``label`` names the command for learned needs (None: derived from
+        ``argv``).  The need charged is max(declared, learned, default)
+        (``MemoryMonitor.need_for``).
         """
         launcher_pid, uid = launcher.pid, launcher.uid
         admission = self._admission
         self._runtime.check_serving()
-        record = self._memory.need_for(mem_bytes, gpu)
+        record = self._memory.need_for(mem_bytes, gpu, argv, label)
         need = record.need_bytes
         waiter = admission.park(gpu, exclusive, launcher_pid, argv, need, uid=uid)
         watch = PidWatch(

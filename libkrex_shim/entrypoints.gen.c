@@ -9,6 +9,10 @@
 
 /* cuda.h maps some names to others with macros; the hooks carry the
  * exported names themselves. */
+#undef cuArray3DCreate
+#undef cuArray3DCreate_v2
+#undef cuArrayCreate
+#undef cuArrayCreate_v2
 #undef cuArrayDestroy
 #undef cuCheckpointProcessCheckpoint
 #undef cuCheckpointProcessRestore
@@ -38,6 +42,7 @@
 #undef cuDevicePrimaryCtxRetain
 #undef cuDevicePrimaryCtxSetFlags
 #undef cuDevicePrimaryCtxSetFlags_v2
+#undef cuEventCreate
 #undef cuEventElapsedTime
 #undef cuEventElapsedTime_v2
 #undef cuEventRecord
@@ -47,8 +52,11 @@
 #undef cuFuncLoad
 #undef cuGetProcAddress
 #undef cuGetProcAddress_v2
+#undef cuGraphInstantiate
+#undef cuGraphInstantiateWithFlags
 #undef cuGraphInstantiateWithParams
 #undef cuGraphInstantiateWithParams_ptsz
+#undef cuGraphInstantiate_v2
 #undef cuGraphLaunch
 #undef cuGraphLaunch_ptsz
 #undef cuGraphUpload
@@ -97,6 +105,8 @@
 #undef cuMemAllocAsync_ptsz
 #undef cuMemAllocFromPoolAsync
 #undef cuMemAllocFromPoolAsync_ptsz
+#undef cuMemAllocHost
+#undef cuMemAllocHost_v2
 #undef cuMemAllocManaged
 #undef cuMemAllocPitch
 #undef cuMemAllocPitch_v2
@@ -113,9 +123,14 @@
 #undef cuMemFreeAsync_ptsz
 #undef cuMemFreeHost
 #undef cuMemFree_v2
+#undef cuMemHostAlloc
+#undef cuMemHostRegister
+#undef cuMemHostRegister_v2
 #undef cuMemHostUnregister
+#undef cuMemMap
 #undef cuMemMapArrayAsync
 #undef cuMemMapArrayAsync_ptsz
+#undef cuMemPoolCreate
 #undef cuMemPrefetchAsync
 #undef cuMemPrefetchAsync_ptsz
 #undef cuMemPrefetchAsync_v2
@@ -229,6 +244,7 @@
 #undef cuMemsetD8Async_ptsz
 #undef cuMemsetD8_v2
 #undef cuMemsetD8_v2_ptds
+#undef cuMipmappedArrayCreate
 #undef cuMipmappedArrayDestroy
 #undef cuModuleGetFunction
 #undef cuModuleGetGlobal
@@ -283,6 +299,54 @@
 #undef cuWaitExternalSemaphoresAsync
 #undef cuWaitExternalSemaphoresAsync_ptsz
 
+KREX_HOOK CUresult cuArray3DCreate(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1* pAllocateArray)
+{
+    KREX_BIND(cuArray3DCreate);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pHandle, pAllocateArray);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray)
+{
+    KREX_BIND(cuArray3DCreate_v2);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pHandle, pAllocateArray);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v1* pAllocateArray)
+{
+    KREX_BIND(cuArrayCreate);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pHandle, pAllocateArray);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray)
+{
+    KREX_BIND(cuArrayCreate_v2);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pHandle, pAllocateArray);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
 {
     KREX_BIND(cuArrayDestroy);
@@ -322,44 +386,64 @@ KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
 KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev)
 {
     KREX_BIND(cuCtxCreate);
-    struct krex_slot *krex_s = krex_enter();
-    krex_check_device(dev);
-    CUresult krex_r = krex_real_fn(pctx, flags, dev);
-    krex_note_ctx_created(krex_r, pctx);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_check_device(dev);
+        krex_r = krex_real_fn(pctx, flags, dev);
+        krex_note_ctx_created(krex_r, pctx);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev)
 {
     KREX_BIND(cuCtxCreate_v2);
-    struct krex_slot *krex_s = krex_enter();
-    krex_check_device(dev);
-    CUresult krex_r = krex_real_fn(pctx, flags, dev);
-    krex_note_ctx_created(krex_r, pctx);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_check_device(dev);
+        krex_r = krex_real_fn(pctx, flags, dev);
+        krex_note_ctx_created(krex_r, pctx);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams, unsigned int flags, CUdevice dev)
 {
     KREX_BIND(cuCtxCreate_v3);
-    struct krex_slot *krex_s = krex_enter();
-    krex_check_device(dev);
-    CUresult krex_r = krex_real_fn(pctx, paramsArray, numParams, flags, dev);
-    krex_note_ctx_created(krex_r, pctx);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_check_device(dev);
+        krex_r = krex_real_fn(pctx, paramsArray, numParams, flags, dev);
+        krex_note_ctx_created(krex_r, pctx);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags, CUdevice dev)
 {
     KREX_BIND(cuCtxCreate_v4);
-    struct krex_slot *krex_s = krex_enter();
-    krex_check_device(dev);
-    CUresult krex_r = krex_real_fn(pctx, ctxCreateParams, flags, dev);
-    krex_note_ctx_created(krex_r, pctx);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_check_device(dev);
+        krex_r = krex_real_fn(pctx, ctxCreateParams, flags, dev);
+        krex_note_ctx_created(krex_r, pctx);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -482,9 +566,14 @@ KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
 KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
     KREX_BIND(cuCtxSetLimit);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(limit, value);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(limit, value);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -538,10 +627,15 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRetain);
-    struct krex_slot *krex_s = krex_enter();
-    krex_check_device(dev);
-    CUresult krex_r = krex_real_fn(pctx, dev);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_check_device(dev);
+        krex_r = krex_real_fn(pctx, dev);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -560,6 +654,18 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags)
+{
+    KREX_BIND(cuEventCreate);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(phEvent, Flags);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -622,9 +728,14 @@ KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
 KREX_HOOK CUresult cuFuncLoad(CUfunction function)
 {
     KREX_BIND(cuFuncLoad);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(function);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(function);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -644,59 +755,125 @@ KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaV
     return krex_r;
 }
 
+KREX_HOOK CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer, size_t bufferSize)
+{
+    KREX_BIND(cuGraphInstantiate);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+    KREX_BIND(cuGraphInstantiateWithFlags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(phGraphExec, hGraph, flags);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
 {
     KREX_BIND(cuGraphInstantiateWithParams);
-    struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 0);
-    CUresult krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 0);
+        krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
 {
     KREX_BIND(cuGraphInstantiateWithParams_ptsz);
-    struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 1);
-    CUresult krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 1);
+        krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer, size_t bufferSize)
+{
+    KREX_BIND(cuGraphInstantiate_v2);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
 {
     KREX_BIND(cuGraphLaunch);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(hGraph, hStream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        krex_count_launch();
+        krex_r = krex_real_fn(hGraph, hStream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     KREX_BIND(cuGraphLaunch_ptsz);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(hGraphExec, hStream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        krex_count_launch();
+        krex_r = krex_real_fn(hGraphExec, hStream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
 {
     KREX_BIND(cuGraphUpload);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
-    CUresult krex_r = krex_real_fn(hGraph, hStream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        krex_r = krex_real_fn(hGraph, hStream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     KREX_BIND(cuGraphUpload_ptsz);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
-    CUresult krex_r = krex_real_fn(hGraphExec, hStream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        krex_r = krex_real_fn(hGraphExec, hStream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -739,11 +916,16 @@ KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsR
 KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
 {
     KREX_BIND(cuGreenCtxCreate);
-    struct krex_slot *krex_s = krex_enter();
-    krex_check_device(dev);
-    CUresult krex_r = krex_real_fn(phCtx, desc, dev, flags);
-    krex_note_green_created(krex_r, phCtx);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_check_device(dev);
+        krex_r = krex_real_fn(phCtx, desc, dev, flags);
+        krex_note_green_created(krex_r, phCtx);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -769,10 +951,15 @@ KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
 KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx, unsigned int flags, int priority)
 {
     KREX_BIND(cuGreenCtxStreamCreate);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(phStream, greenCtx, flags, priority);
-    krex_note_stream_created(krex_r, phStream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(phStream, greenCtx, flags, priority);
+        krex_note_stream_created(krex_r, phStream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -798,69 +985,104 @@ KREX_HOOK CUresult cuInit(unsigned int Flags)
 KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
 {
     KREX_BIND(cuKernelGetFunction);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(pFunc, kernel);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(pFunc, kernel);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunch(CUfunction f)
 {
     KREX_BIND(cuLaunch);
-    struct krex_slot *krex_s = krex_enter();
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(f);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_count_launch();
+        krex_r = krex_real_fn(f);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
 {
     KREX_BIND(cuLaunchCooperativeKernel);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* launchParamsList, unsigned int numDevices, unsigned int flags)
 {
     KREX_BIND(cuLaunchCooperativeKernelMultiDevice);
-    struct krex_slot *krex_s = krex_enter();
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(launchParamsList, numDevices, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_count_launch();
+        krex_r = krex_real_fn(launchParamsList, numDevices, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
 {
     KREX_BIND(cuLaunchCooperativeKernel_ptsz);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
     KREX_BIND(cuLaunchGrid);
-    struct krex_slot *krex_s = krex_enter();
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(f, grid_width, grid_height);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_count_launch();
+        krex_r = krex_real_fn(f, grid_width, grid_height);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
 {
     KREX_BIND(cuLaunchGridAsync);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(f, grid_width, grid_height, hStream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, grid_width, grid_height, hStream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -885,103 +1107,158 @@ KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* us
 KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
 {
     KREX_BIND(cuLaunchKernel);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
 {
     KREX_BIND(cuLaunchKernelEx);
-    struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 0);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(config, f, kernelParams, extra);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 0);
+        krex_count_launch();
+        krex_r = krex_real_fn(config, f, kernelParams, extra);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
 {
     KREX_BIND(cuLaunchKernelEx_ptsz);
-    struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 1);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(config, f, kernelParams, extra);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 1);
+        krex_count_launch();
+        krex_r = krex_real_fn(config, f, kernelParams, extra);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
 {
     KREX_BIND(cuLaunchKernel_ptsz);
-    struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
-    krex_count_launch();
-    CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
 {
     KREX_BIND(cuLibraryGetGlobal);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(dptr, bytes, library, name);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name)
 {
     KREX_BIND(cuLibraryGetKernel);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(pKernel, library, name);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(pKernel, library, name);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
 {
     KREX_BIND(cuLibraryGetManaged);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(dptr, bytes, library, name);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
 {
     KREX_BIND(cuLibraryGetModule);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(pMod, library);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(pMod, library);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, const char* symbol)
 {
     KREX_BIND(cuLibraryGetUnifiedFunction);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(fptr, library, symbol);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(fptr, library, symbol);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
 {
     KREX_BIND(cuLibraryLoadData);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
 {
     KREX_BIND(cuLibraryLoadFromFile);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -1136,6 +1413,30 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesi
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuMemAllocHost(void** pp, unsigned int bytesize)
+{
+    KREX_BIND(cuMemAllocHost);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pp, bytesize);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuMemAllocHost_v2(void** pp, size_t bytesize)
+{
+    KREX_BIND(cuMemAllocHost_v2);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pp, bytesize);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -1311,12 +1612,60 @@ KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
     return krex_r;
 }
 
+KREX_HOOK CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags)
+{
+    KREX_BIND(cuMemHostAlloc);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pp, bytesize, Flags);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags)
+{
+    KREX_BIND(cuMemHostRegister);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(p, bytesize, Flags);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags)
+{
+    KREX_BIND(cuMemHostRegister_v2);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(p, bytesize, Flags);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuMemHostUnregister(void* p)
 {
     KREX_BIND(cuMemHostUnregister);
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    KREX_BIND(cuMemMap);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, size, offset, handle, flags);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -1335,6 +1684,18 @@ KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
+    return krex_r;
+}
+
+KREX_HOOK CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps)
+{
+    KREX_BIND(cuMemPoolCreate);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pool, poolProps);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -2355,6 +2716,18 @@ KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, s
     return krex_r;
 }
 
+KREX_HOOK CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc, unsigned int numMipmapLevels)
+{
+    KREX_BIND(cuMipmappedArrayCreate);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
+}
+
 KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
     KREX_BIND(cuMipmappedArrayDestroy);
@@ -2367,27 +2740,42 @@ KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name)
 {
     KREX_BIND(cuModuleGetFunction);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(hfunc, hmod, name);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(hfunc, hmod, name);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, CUmodule hmod, const char* name)
 {
     KREX_BIND(cuModuleGetGlobal);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(dptr, bytes, hmod, name);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name)
 {
     KREX_BIND(cuModuleGetGlobal_v2);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(dptr, bytes, hmod, name);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -2412,36 +2800,56 @@ KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const cha
 KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
 {
     KREX_BIND(cuModuleLoad);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(module, fname);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(module, fname);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
 {
     KREX_BIND(cuModuleLoadData);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(module, image);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(module, image);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions, CUjit_option* options, void** optionValues)
 {
     KREX_BIND(cuModuleLoadDataEx);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(module, image, numOptions, options, optionValues);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(module, image, numOptions, options, optionValues);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
 {
     KREX_BIND(cuModuleLoadFatBinary);
-    struct krex_slot *krex_s = krex_enter();
-    CUresult krex_r = krex_real_fn(module, fatCubin);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        krex_r = krex_real_fn(module, fatCubin);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -2607,16 +3015,26 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptur
 KREX_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags)
 {
     KREX_BIND(cuStreamCreate);
-    CUresult krex_r = krex_real_fn(phStream, Flags);
-    krex_note_stream_created(krex_r, phStream);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(phStream, Flags);
+        krex_note_stream_created(krex_r, phStream);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
 KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority)
 {
     KREX_BIND(cuStreamCreateWithPriority);
-    CUresult krex_r = krex_real_fn(phStream, flags, priority);
-    krex_note_stream_created(krex_r, phStream);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    CUresult krex_r;
+    do {
+        krex_r = krex_real_fn(phStream, flags, priority);
+        krex_note_stream_created(krex_r, phStream);
+    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     return krex_r;
 }
 
@@ -2833,12 +3251,12 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore*
 }
 
 const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
-    {"cuArray3DCreate", 'D', 0},
-    {"cuArray3DCreate_v2", 'D', 0},
+    {"cuArray3DCreate", 'D', KREX_EPF_HOOKED},
+    {"cuArray3DCreate_v2", 'D', KREX_EPF_HOOKED},
     {"cuArray3DGetDescriptor", 'D', 0},
     {"cuArray3DGetDescriptor_v2", 'D', 0},
-    {"cuArrayCreate", 'D', 0},
-    {"cuArrayCreate_v2", 'D', 0},
+    {"cuArrayCreate", 'D', KREX_EPF_HOOKED},
+    {"cuArrayCreate_v2", 'D', KREX_EPF_HOOKED},
     {"cuArrayDestroy", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuArrayGetDescriptor", 'D', 0},
     {"cuArrayGetDescriptor_v2", 'D', 0},
@@ -2934,7 +3352,7 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuDeviceTotalMem_v2", 'D', 0},
     {"cuDeviceUnregisterAsyncNotification", 'D', 0},
     {"cuDriverGetVersion", 'D', 0},
-    {"cuEventCreate", 'D', 0},
+    {"cuEventCreate", 'D', KREX_EPF_HOOKED},
     {"cuEventDestroy", 'D', 0},
     {"cuEventDestroy_v2", 'D', 0},
     {"cuEventElapsedTime", 'B', KREX_EPF_HOOKED},
@@ -3021,11 +3439,11 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuGraphGetRootNodes", 'D', 0},
     {"cuGraphHostNodeGetParams", 'D', 0},
     {"cuGraphHostNodeSetParams", 'D', 0},
-    {"cuGraphInstantiate", 'D', 0},
-    {"cuGraphInstantiateWithFlags", 'D', 0},
+    {"cuGraphInstantiate", 'D', KREX_EPF_HOOKED},
+    {"cuGraphInstantiateWithFlags", 'D', KREX_EPF_HOOKED},
     {"cuGraphInstantiateWithParams", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuGraphInstantiateWithParams_ptsz", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
-    {"cuGraphInstantiate_v2", 'D', 0},
+    {"cuGraphInstantiate_v2", 'D', KREX_EPF_HOOKED},
     {"cuGraphKernelNodeCopyAttributes", 'D', 0},
     {"cuGraphKernelNodeGetAttribute", 'D', 0},
     {"cuGraphKernelNodeGetParams", 'D', 0},
@@ -3134,8 +3552,8 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuMemAllocAsync_ptsz", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
     {"cuMemAllocFromPoolAsync", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuMemAllocFromPoolAsync_ptsz", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
-    {"cuMemAllocHost", 'D', 0},
-    {"cuMemAllocHost_v2", 'D', 0},
+    {"cuMemAllocHost", 'D', KREX_EPF_HOOKED},
+    {"cuMemAllocHost_v2", 'D', KREX_EPF_HOOKED},
     {"cuMemAllocManaged", 'D', KREX_EPF_HOOKED},
     {"cuMemAllocPitch", 'D', KREX_EPF_HOOKED},
     {"cuMemAllocPitch_v2", 'D', KREX_EPF_HOOKED},
@@ -3163,18 +3581,18 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuMemGetInfo", 'D', 0},
     {"cuMemGetInfo_v2", 'D', 0},
     {"cuMemGetMemPool", 'D', 0},
-    {"cuMemHostAlloc", 'D', 0},
+    {"cuMemHostAlloc", 'D', KREX_EPF_HOOKED},
     {"cuMemHostGetDevicePointer", 'D', 0},
     {"cuMemHostGetDevicePointer_v2", 'D', 0},
     {"cuMemHostGetFlags", 'D', 0},
-    {"cuMemHostRegister", 'D', 0},
-    {"cuMemHostRegister_v2", 'D', 0},
+    {"cuMemHostRegister", 'D', KREX_EPF_HOOKED},
+    {"cuMemHostRegister_v2", 'D', KREX_EPF_HOOKED},
     {"cuMemHostUnregister", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuMemImportFromShareableHandle", 'D', 0},
-    {"cuMemMap", 'D', 0},
+    {"cuMemMap", 'D', KREX_EPF_HOOKED},
     {"cuMemMapArrayAsync", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuMemMapArrayAsync_ptsz", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
-    {"cuMemPoolCreate", 'D', 0},
+    {"cuMemPoolCreate", 'D', KREX_EPF_HOOKED},
     {"cuMemPoolDestroy", 'D', 0},
     {"cuMemPoolExportPointer", 'D', 0},
     {"cuMemPoolExportToShareableHandle", 'D', 0},
@@ -3302,7 +3720,7 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
     {"cuMemsetD8Async_ptsz", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
     {"cuMemsetD8_v2", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuMemsetD8_v2_ptds", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED | KREX_EPF_PTSZ},
-    {"cuMipmappedArrayCreate", 'D', 0},
+    {"cuMipmappedArrayCreate", 'D', KREX_EPF_HOOKED},
     {"cuMipmappedArrayDestroy", 'A', KREX_EPF_GATED | KREX_EPF_HOOKED},
     {"cuMipmappedArrayGetLevel", 'D', 0},
     {"cuMipmappedArrayGetMemoryRequirements", 'D', 0},
@@ -3470,12 +3888,12 @@ const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
 };
 
 void *const krex_ep_hook[KREX_EP_COUNT] = {
+    (void *)cuArray3DCreate,
+    (void *)cuArray3DCreate_v2,
     NULL,
     NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)cuArrayCreate,
+    (void *)cuArrayCreate_v2,
     (void *)cuArrayDestroy,
     NULL,
     NULL,
@@ -3571,7 +3989,7 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     NULL,
     NULL,
     NULL,
-    NULL,
+    (void *)cuEventCreate,
     NULL,
     NULL,
     (void *)cuEventElapsedTime,
@@ -3658,11 +4076,11 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     NULL,
     NULL,
     NULL,
-    NULL,
-    NULL,
+    (void *)cuGraphInstantiate,
+    (void *)cuGraphInstantiateWithFlags,
     (void *)cuGraphInstantiateWithParams,
     (void *)cuGraphInstantiateWithParams_ptsz,
-    NULL,
+    (void *)cuGraphInstantiate_v2,
     NULL,
     NULL,
     NULL,
@@ -3771,8 +4189,8 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     (void *)cuMemAllocAsync_ptsz,
     (void *)cuMemAllocFromPoolAsync,
     (void *)cuMemAllocFromPoolAsync_ptsz,
-    NULL,
-    NULL,
+    (void *)cuMemAllocHost,
+    (void *)cuMemAllocHost_v2,
     (void *)cuMemAllocManaged,
     (void *)cuMemAllocPitch,
     (void *)cuMemAllocPitch_v2,
@@ -3800,18 +4218,18 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     NULL,
     NULL,
     NULL,
+    (void *)cuMemHostAlloc,
     NULL,
     NULL,
     NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)cuMemHostRegister,
+    (void *)cuMemHostRegister_v2,
     (void *)cuMemHostUnregister,
     NULL,
-    NULL,
+    (void *)cuMemMap,
     (void *)cuMemMapArrayAsync,
     (void *)cuMemMapArrayAsync_ptsz,
-    NULL,
+    (void *)cuMemPoolCreate,
     NULL,
     NULL,
     NULL,
@@ -3939,7 +4357,7 @@ void *const krex_ep_hook[KREX_EP_COUNT] = {
     (void *)cuMemsetD8Async_ptsz,
     (void *)cuMemsetD8_v2,
     (void *)cuMemsetD8_v2_ptds,
-    NULL,
+    (void *)cuMipmappedArrayCreate,
     (void *)cuMipmappedArrayDestroy,
     NULL,
     NULL,

@@ -13,8 +13,11 @@
  * (a context destroyed with allocations alive, a pool keeping freed
  * blocks) is not seen: the figure is the program's live allocations.
  *
- * Out-of-memory errors.  When an allocation fails with
- * CUDA_ERROR_OUT_OF_MEMORY, krex_oom_retry() judges it:
+ * Out-of-memory errors.  When a call fails with CUDA_ERROR_OUT_OF_MEMORY
+ * -- an allocation, or any other call that needs device memory: a launch
+ * growing local memory, a module load, context or stream creation, graph
+ * instantiation or upload, cuMemMap, page-locked host memory (the list is
+ * tools/classes.toml [oom_retry]) -- krex_oom_retry() judges it:
  *
  *   the tenant alone would exceed the card     -> own error, returned now
  *   no live process of another tenant on the GPU -> own error, returned now
@@ -43,6 +46,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -471,7 +475,7 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
             stop_waiting(o, r == CUDA_SUCCESS ? EV_WAITED : EV_NONE, KREX_OOM_NONE);
             krex_log(KREX_LOG_INFO, "%llu MiB: %s after waiting %.3f s for co-tenants' memory",
                      (unsigned long long)((bytes + MIB - 1) / MIB),
-                     r == CUDA_SUCCESS ? "allocated" : "failed otherwise",
+                     r != CUDA_SUCCESS ? "failed otherwise" : bytes ? "allocated" : "succeeded",
                      (double)(krex_now_ns() - o->start_ns) / 1e9);
         }
         return 0;
@@ -483,6 +487,11 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
     pthread_once(&cfg_once, read_config);
     struct krex_gate *g = krex_gate_p;
     unsigned long long mib = (unsigned long long)((bytes + MIB - 1) / MIB);
+    char what[48]; /* "for 300 MiB", or a call that needs memory of unknown size */
+    if (bytes)
+        snprintf(what, sizeof what, "for %llu MiB", mib);
+    else
+        snprintf(what, sizeof what, "in a call that needs device memory");
     struct scan sc;
     scan_gate(&sc, mine);
     enum krex_oom_reason why = judge(&sc, bytes, !o->waiting);
@@ -494,12 +503,12 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
     if (why != KREX_OOM_NONE) {
         stop_waiting(o, is_own(why) ? EV_OWN : EV_FAILED, why);
         if (is_own(why))
-            krex_log(KREX_LOG_INFO, "out of memory for %llu MiB: %s: the tenant's own error", mib,
+            krex_log(KREX_LOG_INFO, "out of memory %s: %s: the tenant's own error", what,
                      reason_text(why));
         else
-            krex_log(KREX_LOG_WARN, "out of memory for %llu MiB: %s (%u co-tenant process(es) "
+            krex_log(KREX_LOG_WARN, "out of memory %s: %s (%u co-tenant process(es) "
                      "hold %llu MiB): returning CUDA_ERROR_OUT_OF_MEMORY, caused by co-tenants",
-                     mib, reason_text(why), sc.others, (unsigned long long)sc.other_mib);
+                     what, reason_text(why), sc.others, (unsigned long long)sc.other_mib);
         errno = saved;
         return 0;
     }
@@ -512,8 +521,8 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
         atomic_fetch_add_explicit(&g->mem_waiters, 1, memory_order_seq_cst);
         atomic_fetch_add_explicit(&nwaiting, 1, memory_order_seq_cst);
         oom_record(EV_NONE, KREX_OOM_NONE);
-        krex_log(KREX_LOG_INFO, "out of memory for %llu MiB while %u co-tenant process(es) hold "
-                 "%llu MiB: waiting up to %.1f s for them to free memory", mib, sc.others,
+        krex_log(KREX_LOG_INFO, "out of memory %s while %u co-tenant process(es) hold "
+                 "%llu MiB: waiting up to %.1f s for them to free memory", what, sc.others,
                  (unsigned long long)sc.other_mib, (double)oom_wait_ns / 1e9);
         /* One attempt at once: a free between the failed attempt and this
          * read of mem_seq is then not missed. */

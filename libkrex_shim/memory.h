@@ -2,8 +2,10 @@
  * memory.h — device-memory accounting and co-tenant out-of-memory handling
  * in libkrex_shim (memory.c; docs/design/memory.md).  Internal, hidden.
  *
- * The generated allocation hooks (tools/classes.toml [oom_retry]) run the
- * real call in a loop:
+ * The generated hooks of every call that can fail because the device is
+ * full (tools/classes.toml [oom_retry]: allocations, launches, module
+ * loads, context and stream creation, graphs, VMM, pinned host memory)
+ * run the real call in a loop:
  *
  *     struct krex_oom krex_o = KREX_OOM_INIT;
  *     do { gate enter; r = real(...); observe; gate leave; }
@@ -28,7 +30,8 @@ struct krex_oom {
 };
 #define KREX_OOM_INIT {0, 0, 0, 0, 0}
 
-/* After an attempt that returned `r` for `bytes` of device memory:
+/* After an attempt that returned `r` for `bytes` of device memory (0 when
+ * the call's own need is unknown or not device memory):
  * 1 = try again (after waiting when needed), 0 = return `r` to the caller.
  * Decides whether an out-of-memory error is the tenant's own or its
  * co-tenants', records that in the slot (krex_gate.h KREX_OOM_*), and

@@ -13,6 +13,8 @@ without a built shim.
 * :class:`FakePinner` — records cpusets and thread affinities.
 * :class:`FakeGate` — the gate word with (holder, epoch) checks; ``drain``
   can time out (``drain_pending``).
+* :class:`FakeRegionMemory` — the memory check before step 2: per-tenant
+  bytes held and expected, set by the test.
 * :func:`make_tenant` — a RUNNING tenant with a placeholder cgroup.
 * :func:`slots_for` — admission slot counters for a list of GPUs.
 """
@@ -29,6 +31,7 @@ from krexd import states
 from krexd.admission import GpuSlots
 from krexd.cgroups import TenantCgroup
 from krexd.gate import GateError, GateStale, GateTimeout, SlotInfo
+from krexd.isolation import RegionFit
 from krexd.tenants import Tenant, TenantRegistry
 
 _pids = itertools.count(100_000)
@@ -183,6 +186,37 @@ class FakeGate:
 
     def slots(self) -> list[SlotInfo]:
         return list(self.registrations)
+
+
+class FakeRegionMemory:
+    """:class:`krexd.isolation.RegionMemory` over numbers the test sets (bytes).
+
+    ``held[tenant id]``: what a tenant holds now; ``expected[tenant id]``: its
+    expected need in a region; ``total`` and ``other`` describe the card.
+    Each check is logged as ``("memory_check", holder id, fits)``.
+    """
+
+    def __init__(self, events: Events, total: int, wait_s: float = 5.0) -> None:
+        self.events = events
+        self.total = total
+        self.other = 0
+        self.held: dict[int, int] = {}
+        self.expected: dict[int, int] = {}
+        self._wait_s = wait_s
+
+    @property
+    def wait_s(self) -> float:
+        return self._wait_s
+
+    def check(self, holder: Tenant, siblings: list[Tenant]) -> RegionFit | None:
+        fit = RegionFit(
+            need=self.expected.get(holder.id, self.held.get(holder.id, 0)),
+            total=self.total,
+            siblings=sum(self.held.get(t.id, 0) for t in siblings),
+            other=self.other,
+        )
+        self.events.add("memory_check", holder.id, fit.fits)
+        return fit
 
 
 def slots_for(indices: list[int], slots_per_gpu: int) -> list[GpuSlots]:

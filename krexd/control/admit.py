@@ -3,7 +3,7 @@
 Request body::
 
     {"argv": [str, ...], "gpu": int?, "exclusive": bool?, "launcher_pid": int?,
-     "mem_bytes": int?}
+     "mem_bytes": int?, "label": str?}
 
 Reply body (once granted)::
 
@@ -18,6 +18,10 @@ value the caller already has.
 
 ``mem_bytes`` is the command's memory need (``krex run --mem SIZE``);
 without it the need is ``[memory] default_need`` (docs/design/memory.md).
+``label`` (``krex run --label L``, at most 512 characters) names the
+command for learned needs; without it krexd derives one from ``argv`` (the
+script and its arguments).  The need charged is max(``mem_bytes``, the need
+learned from earlier runs of the label, the default need).
 The need is reserved on the granted GPU until ``release``; a GPU admits the
 command only when the need fits there.
 
@@ -34,7 +38,7 @@ Errors: ``AUTH`` (``launcher_pid`` not the caller), ``BAD_FIELD`` (also a
 ``mem_bytes`` no GPU can ever hold), ``NO_SUCH_GPU``, ``CANCELLED`` (too many
 parked: ``max_parked``, or ``max_parked_per_uid`` of the caller's uid),
 ``SHUTTING_DOWN``.
-Sent by: ``krex run [--gpu N] [--exclusive] [--mem SIZE] -- CMD``.
+Sent by: ``krex run [--gpu N] [--exclusive] [--mem SIZE] [--label L] -- CMD``.
 """
 
 from __future__ import annotations
@@ -51,15 +55,16 @@ if TYPE_CHECKING:
 
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Park until a slot is granted, then create the tenant and its cgroup."""
-    fields.only(req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes")
+    fields.only(req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes", "label")
     argv = fields.str_list(req.body, "argv")
     gpu = fields.integer(req.body, "gpu", 0, 1 << 16, default=None)
     exclusive = fields.boolean(req.body, "exclusive")
     launcher_pid = fields.integer(req.body, "launcher_pid", 1, 1 << 22, default=None)
     mem_bytes = fields.integer(req.body, "mem_bytes", 0, (1 << 60) - 1, default=None)
+    label = fields.string(req.body, "label", 512, default=None)
     launcher = identity.caller()
     identity.check_launcher_claim(launcher, launcher_pid)
-    tenant = await ctx.lifecycle.admit(argv, gpu, exclusive, launcher, mem_bytes)
+    tenant = await ctx.lifecycle.admit(argv, gpu, exclusive, launcher, mem_bytes, label)
     return {
         "tenant": tenant.id,
         "token": tenant.token,

@@ -33,6 +33,7 @@ class TenantLifecycle(Protocol):
         exclusive: bool,
         launcher: Caller,
         mem_bytes: int | None = None,
+        label: str | None = None,
     ) -> Tenant:
         """Park until a slot is granted, then create the tenant launched by ``launcher``."""
         ...

@@ -49,6 +49,16 @@ def boolean(body: dict[str, Any], name: str, default: bool = False) -> bool:
     return v
 
 
+def string(body: dict[str, Any], name: str, max_len: int, default: Any = _MISSING) -> Any:
+    """``body[name]``: a non-empty string of at most ``max_len`` characters (or ``default``)."""
+    if name not in body and default is not _MISSING:
+        return default
+    v = body.get(name)
+    if not isinstance(v, str) or not v or len(v) > max_len:
+        raise _bad(name, f"must be a non-empty string of at most {max_len} characters")
+    return v
+
+
 def str_list(body: dict[str, Any], name: str, max_items: int = 4096) -> list[str]:
     """Required non-empty list of strings."""
     v = body.get(name, _MISSING)

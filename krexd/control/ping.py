@@ -1,7 +1,9 @@
 """``ping``: is krexd there, and which one.
 
 Request body: ``{}``.
-Reply body: ``{"version": "0.1.0", "pid": <int>, "uptime_s": <float>}``.
+Reply body: ``{"version": "0.1.0", "pid": <int>, "uptime_s": <float>,
+"retry_tempfail": <int>}`` (``retry_tempfail``: ``[memory] retry_tempfail``,
+the default of ``krex run --retry-tempfail``).
 Errors: ``BAD_FIELD`` (unexpected body fields).
 Sent by: ``krex run`` (before admission), ``krexctl status``, tests.
 """

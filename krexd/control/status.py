@@ -21,22 +21,30 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "tenants": [{"id", "gpu", "uid", "pid", "launcher_pid", "command", "state", "age_s",
                   "exclusive", "cgroup", "kill_reason",
                   "memory": {"need_bytes", "need_source", "used_bytes", "peak_bytes",
-                             "used_source", "exceeded", "oom_waited", "oom_cotenant",
+                             "used_source", "label", "declared_bytes", "learned_bytes",
+                             "shim_peak_bytes", "exceeded", "oom_waited", "oom_cotenant",
                              "oom_own", "last_oom", "last_cotenant_oom", "waiting",
                              "outcome"}}],
      "queue": {"parked": int, "queue": [...], "granted_total": int, "parked_total": int,
                "max_bypass": int},
      "memory": {"admission": bool, "default_need_bytes", "headroom_bytes", "max_bypass",
-                "oom_wait_s", "refresh_ms", "source"}}
+                "oom_wait_s", "refresh_ms", "source", "learn",
+                "learned": {"labels", "max_labels", "path"}, "region_wait_s",
+                "retry_tempfail"}}
 
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
 latency percentiles (ms) ``entry_ms`` (request to grant, as in the
 ``region_enter`` reply), ``wait_ms`` (for the region lock) and
 ``establish_ms`` (steps 2-5).  ``memory`` per GPU
-is ``krexd.memory.MemoryMonitor.gpu_status`` (``waiting``: tenants whose
+is ``krexd.memory.MemoryMonitor.gpu_status``, read from the gate at the
+moment of the request (``waiting``: tenants whose
 allocation waits for co-tenants' memory; ``blocked``: admission to the GPU
 is stopped meanwhile); a parked request's row has ``mem_bytes``,
 ``waiting_for`` ("slot" or "memory"), ``mem_gpu`` and ``bypassed``.
+A tenant's ``need_bytes`` is max(``declared_bytes``, ``learned_bytes``, the
+default need) and ``need_source`` names which; ``used_bytes`` is its memory
+now, ``peak_bytes`` its peak so far (``shim_peak_bytes``: of the shim's own
+count).
 Need-to-know: root and the tenant's own uid (its launcher's) see every key
 of a tenant row and of a parked request (``queue.queue``) and the holder's
 ``pid`` in ``gpus[].region.holder``.  Any other caller sees only that the

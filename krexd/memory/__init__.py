@@ -4,7 +4,9 @@
 * :mod:`krexd.memory.records` — per-tenant records and registration bookkeeping (the
   shim's per-process memory fields come through :meth:`krexd.gate.Gate.slots`);
 * :mod:`krexd.memory.view` — one GPU's memory state (lives on ``krexd.gpu.Gpu``);
-* :mod:`krexd.memory.monitor` — the refresh loop and the admission policy.
+* :mod:`krexd.memory.monitor` — the refresh loop and the admission policy;
+* :mod:`krexd.memory.learned` — learned needs per command label (state directory);
+* :mod:`krexd.memory.region_fit` — the region entry's memory check (``RegionMemory``).
 
 The package itself imports nothing: ``krexd.config`` and ``krexd.tenants``
 import ``sizes`` and ``records`` without pulling in the monitor.

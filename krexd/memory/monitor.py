@@ -13,10 +13,14 @@ per GPU::
     available    = total - headroom - excess    (before reservations)
 
 Admission (``krexd.admission``) reserves each admitted command's *need*
-(``krex run --mem``, else ``[memory] default_need`` capped at one slot's
-share of the card) and admits a command to a GPU only when its need fits in
-``available - reserved``; so a command is charged max(need, used), and
-memory used by others is charged too.  A GPU where an allocation waits for
+(max of ``krex run --mem``, the need learned from earlier runs of its label
+(``krexd.memory.learned``) and ``[memory] default_need`` capped at one
+slot's share of the card) and admits a command to a GPU only when its need
+fits in ``available - reserved``; so a command is charged max(need, used),
+and memory used by others is charged too.  Besides the periodic refresh,
+every admission decision, region entry check and status re-reads the
+shim's counts from the gates (:meth:`MemoryMonitor.refresh`): admission
+sees memory as the shim counts it at that moment.  A GPU where an allocation waits for
 co-tenants' memory (the shim's WAITING bit) admits nothing until the wait
 ends.  docs/design/memory.md gives the reasoning.
 """
@@ -34,6 +38,7 @@ from krexd.config import MemoryConfig
 from krexd.errors import Code, KrexError
 from krexd.gate import Gate, GateError, SlotInfo
 from krexd.gpus import GpuInfo
+from krexd.memory.learned import LearnedNeeds, label_for
 from krexd.memory.records import TenantMemory
 from krexd.memory.sources import DeviceMemory, Source, open_source, pid_alive
 from krexd.memory.view import GpuMemory, GpuView
@@ -80,6 +85,8 @@ class MemoryMonitor:
         tenants: the live tenants (read).
         admission: told to admit by memory through this monitor.
         runtime: to run the refresh loop and stop it at shutdown.
+        learned: the learned needs (``krexd.memory.learned``; None: kept in
+            memory only, not across restarts).
     """
 
     def __init__(
@@ -90,8 +97,11 @@ class MemoryMonitor:
         tenants: TenantRegistry,
         admission: MemoryAdmission,
         runtime: Runtime,
+        learned: LearnedNeeds | None = None,
     ) -> None:
         self.cfg = cfg
+        self.learned = learned if learned is not None else LearnedNeeds(None, cfg.learned_max)
+        self._device: dict[int, DeviceMemory] = {}  # the last read of each GPU's source
         self._slots_per_gpu = slots_per_gpu
         self._gpus = {g.info.index: g for g in gpus}
         self._tenants = tenants
@@ -109,6 +119,8 @@ class MemoryMonitor:
             return
         self._started = True
         self.source = open_source([g.info for g in self._gpus.values()])
+        if self.cfg.learn:
+            self.learned.load()
         self._admission.use_memory(self, self.cfg.max_bypass)
         try:
             self._apply(self.source.read())
@@ -166,63 +178,86 @@ class MemoryMonitor:
     # --- refresh ------------------------------------------------------------------
 
     def _apply(self, dev: dict[int, DeviceMemory]) -> None:
+        """A fresh read of every GPU's source: remember it, recompute each view."""
         for index, g in self._gpus.items():
-            dm = dev.get(index) or DeviceMemory(g.info.total_mem_bytes, None, None, "shim")
-            tenants = self._tenants.on_gpu(index)
-            records = {t.id: t.memory for t in tenants}
-            shim_used: dict[int, int] = {}
-            waiting: set[int] = set()
-            slots = self._registrations(index)
-            if slots is not None:
-                g.memory.ledger.update(slots, records)
-                for s in slots:
-                    if s.state == "active" and s.tenant and pid_alive(s.pid):
-                        shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
-                        if s.oom.waiting:
-                            waiting.add(s.tenant)
-            tenants_used = over = 0
-            for t in tenants:
-                used, src = self._tenant_used(t, dm, shim_used)
-                rec = t.memory
-                rec.waiting = t.id in waiting
-                rec.waits_seen += rec.waiting
-                if rec.observe(used, src):
-                    _log.warning(
-                        "t%d uses %s, more than the %s it %s (allowed; noted in its record)",
-                        t.id,
-                        format_size(used),
-                        format_size(rec.need_bytes),
-                        "declared" if rec.need_source == "declared" else "was assumed to need",
-                    )
-                tenants_used += used
-                over += max(0, used - rec.need_bytes)
-            other = max(0, dm.used - tenants_used) if dm.used is not None else 0
-            g.memory.view = GpuView(
-                total=dm.total,
-                used=dm.used if dm.used is not None else tenants_used,
-                other=other,
-                tenants_used=tenants_used,
-                excess=other + over,
-                source=dm.source,
-                waiting=waiting,
+            self._device[index] = dev.get(index) or DeviceMemory(
+                g.info.total_mem_bytes, None, None, "shim"
             )
+            self._apply_gpu(index)
+
+    def refresh(self, gpu: int | None = None) -> None:
+        """Re-read the shim's counts now (one GPU, or all) over the last device read.
+
+        Called at every admission decision, region entry check and status, so
+        that they see each tenant's memory as the shim counts it at that moment,
+        not only as of the last ``refresh_ms`` tick.
+        """
+        for index in [gpu] if gpu is not None else list(self._gpus):
+            if index in self._device:
+                self._apply_gpu(index)
+
+    def _apply_gpu(self, index: int) -> None:
+        g = self._gpus[index]
+        dm = self._device[index]
+        tenants = self._tenants.on_gpu(index)
+        records = {t.id: t.memory for t in tenants}
+        shim_used: dict[int, int] = {}
+        waiting: set[int] = set()
+        slots = self._registrations(index)
+        if slots is not None:
+            g.memory.ledger.update(slots, records)
+            for s in slots:
+                if s.state == "active" and s.tenant and pid_alive(s.pid):
+                    shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
+                    if s.oom.waiting:
+                        waiting.add(s.tenant)
+        tenants_used = over = 0
+        for t in tenants:
+            used, src = self._tenant_used(t, dm, shim_used)
+            rec = t.memory
+            rec.waiting = t.id in waiting
+            rec.waits_seen += rec.waiting
+            if rec.observe(used, src, shim_used.get(t.id, 0)):
+                _log.warning(
+                    "t%d uses %s, more than the %s it %s (allowed; noted in its record)",
+                    t.id,
+                    format_size(used),
+                    format_size(rec.need_bytes),
+                    "declared" if rec.need_source == "declared" else "was assumed to need",
+                )
+            tenants_used += used
+            over += max(0, used - rec.need_bytes)
+        other = max(0, dm.used - tenants_used) if dm.used is not None else 0
+        g.memory.view = GpuView(
+            total=dm.total,
+            used=dm.used if dm.used is not None else tenants_used,
+            other=other,
+            tenants_used=tenants_used,
+            excess=other + over,
+            source=dm.source,
+            waiting=waiting,
+        )
 
     @staticmethod
     def _tenant_used(t: Tenant, dm: DeviceMemory, shim_used: dict[int, int]) -> tuple[int, str]:
-        """The tenant's usage: the source's per-process figures for its pids, else the shim's."""
+        """The tenant's usage: the source's per-process figures for its pids, or the
+        shim's count when that is larger (the source is sampled, the count is live)."""
+        shim = shim_used.get(t.id, 0)
         if dm.per_pid:
             try:
                 pids = t.cgroup.pids()
             except Exception:
                 pids = sorted(t.pids)
             matched = [dm.per_pid[p] for p in pids if p in dm.per_pid]
-            if matched:
+            if matched and sum(matched) >= shim:
                 return sum(matched), dm.source
-        return shim_used.get(t.id, 0), "shim"
+        return shim, "shim"
 
     def refresh_tenant(self, tenant: Tenant) -> None:
         """Credit what the tenant's processes (ended ones too) counted so far."""
         g = self._gpus.get(tenant.gpu)
+        if g is not None and tenant.gpu in self._device:
+            self._apply_gpu(tenant.gpu)  # live counts and peaks, and the ledger
         slots = self._registrations(tenant.gpu)
         if g is not None and slots is not None:
             records = {t.id: t.memory for t in self._tenants.on_gpu(tenant.gpu)}
@@ -230,35 +265,39 @@ class MemoryMonitor:
             g.memory.ledger.update(slots, records)
 
     def tenant_ended(self, tenant: Tenant) -> None:
-        """Final read of the tenant's registrations (its processes are gone).
+        """Final read of the tenant's registrations (its processes are gone); its peak
+        is learned under its label.
 
         The caller frees the registrations afterwards (``Gate.reclaim_dead``):
         a freed registration no longer names its tenant.
         """
         self.refresh_tenant(tenant)
-        tenant.memory.waiting = False
-        _log.info("t%d memory: %s", tenant.id, tenant.memory.describe())
+        rec = tenant.memory
+        rec.waiting = False
+        if self.cfg.learn and rec.label and not tenant.exclusive:
+            self.learned.record(rec.label, rec.learn_bytes)
+        _log.info("t%d memory: %s", tenant.id, rec.describe())
 
     # --- admission policy -----------------------------------------------------------
 
-    def need_for(self, mem_bytes: int | None, gpu: int | None) -> TenantMemory:
-        """A new command's record: its declared need, or the default need.
+    def need_for(
+        self, mem_bytes: int | None, gpu: int | None, argv: list[str], label: str | None = None
+    ) -> TenantMemory:
+        """A new command's record: what admission charges it, and why.
 
-        The default is ``[memory] default_need`` capped at one slot's share of
-        the smallest candidate GPU (``(total - headroom) / slots_per_gpu``), so
-        that a full GPU of undeclared commands always fits.  A declared need
-        no candidate GPU can ever hold (more than ``total - headroom``) is
-        refused with ``BAD_FIELD`` while admission by memory is on.
+        The need is max(declared ``mem_bytes``, learned, default): the learned
+        need is the largest recent peak of the command's label (``label``, else
+        :func:`krexd.memory.learned.label_for` of ``argv``), capped at what the
+        largest candidate GPU can give; the default is ``[memory] default_need``
+        capped at one slot's share of the smallest candidate GPU
+        (``(total - headroom) / slots_per_gpu``), so that a full GPU of
+        undeclared commands always fits.  A declared need no candidate GPU can
+        ever hold (more than ``total - headroom``) is refused with
+        ``BAD_FIELD`` while admission by memory is on.
         """
         candidates = [gpu] if gpu is not None else list(self._gpus)
         caps = [self.capacity(g) for g in candidates if self._view(g) is not None]
-        if mem_bytes is None:
-            need = self.cfg.default_need
-            slots = self._slots_per_gpu
-            if caps:
-                need = min(need, max(0, min(caps)) // slots)
-            return TenantMemory(need, "default")
-        if self.cfg.admission and caps and mem_bytes > max(caps):
+        if mem_bytes is not None and self.cfg.admission and caps and mem_bytes > max(caps):
             raise KrexError(
                 Code.BAD_FIELD,
                 f"mem_bytes: {format_size(mem_bytes)} never fits: "
@@ -266,7 +305,21 @@ class MemoryMonitor:
                 f"{format_size(max(0, max(caps)))} after the {format_size(self.cfg.headroom)} "
                 "headroom",
             )
-        return TenantMemory(mem_bytes, "declared")
+        default = self.cfg.default_need
+        if caps:
+            default = min(default, max(0, min(caps)) // self._slots_per_gpu)
+        key = label if label else label_for(argv)
+        learned = self.learned.need(key) if self.cfg.learn else None
+        if learned is not None and caps:
+            learned = min(learned, max(0, max(caps)))
+        need, source = default, "default"
+        if learned is not None and learned > need:
+            need, source = learned, "learned"
+        if mem_bytes is not None and mem_bytes >= need:
+            need, source = mem_bytes, "declared"
+        rec = TenantMemory(need, source, label=key, declared_bytes=mem_bytes)
+        rec.learned_bytes = learned
+        return rec
 
     def capacity(self, gpu: int) -> int:
         """What GPU ``gpu`` can ever give commands: total - headroom (bytes)."""
@@ -292,6 +345,10 @@ class MemoryMonitor:
             return None
         return view.total - self.cfg.headroom - view.excess
 
+    def view(self, gpu: int) -> GpuView | None:
+        """GPU ``gpu``'s memory view as of the last refresh (None before the first)."""
+        return self._view(gpu)
+
     def _view(self, gpu: int) -> GpuView | None:
         g = self._gpus.get(gpu)
         return g.memory.view if g is not None else None
@@ -300,6 +357,7 @@ class MemoryMonitor:
 
     def gpu_status(self, gpu: int) -> dict[str, Any] | None:
         """JSON-ready memory of ``gpu`` for ``krexctl status`` (bytes)."""
+        self.refresh(gpu)
         view = self._view(gpu)
         if view is None:
             return None
@@ -329,4 +387,8 @@ class MemoryMonitor:
             "oom_wait_s": self.cfg.oom_wait_s,
             "refresh_ms": self.cfg.refresh_ms,
             "source": self.source.name if self.source is not None else None,
+            "learn": self.cfg.learn,
+            "learned": self.learned.status(),
+            "region_wait_s": self.cfg.region_wait_s,
+            "retry_tempfail": self.cfg.retry_tempfail,
         }

@@ -27,11 +27,15 @@ from krexd.gate import COTENANT_REASONS, SlotInfo
 class TenantMemory:
     """One command's memory record (bytes; counts since it was admitted)."""
 
-    need_bytes: int
-    need_source: str  # "declared" (krex run --mem) | "default" ([memory] default_need)
-    used_bytes: int = 0
+    need_bytes: int  # what admission charges: max(declared, learned, default)
+    need_source: str  # "declared" (krex run --mem) | "learned" | "default" ([memory] default_need)
+    used_bytes: int = 0  # current usage (the latest read)
     peak_bytes: int = 0
     used_source: str = "none"  # "nvml" | "fake" | "shim" | "none"
+    label: str = ""  # what learned needs are keyed by (krexd.memory.learned)
+    declared_bytes: int | None = None  # krex run --mem
+    learned_bytes: int | None = None  # learned from earlier runs of the label
+    shim_peak_bytes: int = 0  # peak of the shim's own count (live driver allocations)
     exceeded: bool = False  # peak_bytes went over need_bytes
     oom_waited: int = 0  # co-tenant OOMs absorbed: waited, then allocated
     oom_cotenant: int = 0  # co-tenant OOMs returned to the program
@@ -39,10 +43,14 @@ class TenantMemory:
     last_oom: str | None = None  # reason of the last OOM returned (krexd.gate.OOM_REASONS)
     last_cotenant_oom: str | None = None  # reason of the last co-tenant OOM returned
     waiting: bool = False  # an allocation waits for co-tenants' memory now
-    waits_seen: int = 0  # refreshes that found it waiting (times refresh_ms: wait time)
+    waits_seen: int = 0  # reads of the gate (periodic and on demand) that found it waiting
 
-    def observe(self, used_bytes: int, source: str) -> bool:
-        """Record usage now; True the first time it exceeds the need."""
+    def observe(self, used_bytes: int, source: str, shim_bytes: int = 0) -> bool:
+        """Record usage now (bytes; ``shim_bytes``: the shim's count).
+
+        True the first time the peak exceeds the need.
+        """
+        self.shim_peak_bytes = max(self.shim_peak_bytes, shim_bytes)
         self.used_bytes = used_bytes
         self.used_source = source
         self.peak_bytes = max(self.peak_bytes, used_bytes)
@@ -50,6 +58,11 @@ class TenantMemory:
             self.exceeded = True
             return True
         return False
+
+    @property
+    def learn_bytes(self) -> int:
+        """What this run teaches about its label: the larger of the two peaks (bytes)."""
+        return max(self.peak_bytes, self.shim_peak_bytes)
 
     @property
     def outcome(self) -> str:
@@ -68,6 +81,10 @@ class TenantMemory:
             "used_bytes": self.used_bytes,
             "peak_bytes": self.peak_bytes,
             "used_source": self.used_source,
+            "label": self.label,
+            "declared_bytes": self.declared_bytes,
+            "learned_bytes": self.learned_bytes,
+            "shim_peak_bytes": self.shim_peak_bytes,
             "exceeded": self.exceeded,
             "oom_waited": self.oom_waited,
             "oom_cotenant": self.oom_cotenant,

@@ -30,6 +30,7 @@ class Code(IntEnum):
     INTERNAL = 12  # a bug or an unexpected OS error; see krexd's log
     REGION_ABORTED = 13  # the region was ended by recovery
     CANCELLED = 14  # the request was withdrawn (e.g. its launcher died while parked)
+    REGION_NO_MEMORY = 15  # a region's expected memory can never fit beside its siblings
 
 
 class ExitCode(IntEnum):

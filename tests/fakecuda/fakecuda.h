@@ -199,6 +199,7 @@ struct fc_state {
     int phys[FC_MAX_GPUS];     /* visible ordinal -> simulated GPU index */
     int nphys;                 /* KREX_FAKE_GPUS */
     uint64_t mem_bytes;        /* per-GPU capacity */
+    uint64_t call_bytes;       /* KREX_FAKE_CALL_BYTES: free memory a call needs */
     int timeline_fd;           /* -1: no timeline */
     struct CUctx_st primary[FC_MAX_GPUS];
     uint64_t next_stream_id;
@@ -287,5 +288,12 @@ bool fc_mem_valid(const void *p, size_t bytes);
 void fc_mem_release_ctx(const struct CUctx_st *ctx);
 void fc_dataop_apply(const struct fc_dataop *op);
 void fc_mem_atfork_child(void);
+/* A call that needs device memory of its own (a context, a module image, a
+ * launch's local memory, a graph upload, page tables of a mapping, pinned
+ * staging): CUDA_ERROR_OUT_OF_MEMORY when simulated GPU `gpu` has less than
+ * fc.call_bytes free (fc.mu held or not; nothing stays reserved). */
+CUresult fc_mem_working(int gpu);
+/* The simulated GPU of the calling thread's current context (0 without one). */
+int fc_current_gpu(void);
 
 #endif /* FAKECUDA_H */

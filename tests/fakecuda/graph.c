@@ -56,8 +56,10 @@ FC_API CUresult cuGraphDestroy(CUgraph hGraph)
     return r;
 }
 
-FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                            unsigned long long flags)
+/* Called directly, never through the exported name: a preloaded shim
+ * would otherwise see the driver call itself. */
+static CUresult graph_instantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                  unsigned long long flags)
 {
     (void)flags; /* upload / auto-free / priority flags change nothing here */
     CUresult r = fc_check_init();
@@ -69,6 +71,12 @@ FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hG
     if (hGraph == NULL || hGraph->magic != FC_MAGIC_GRAPH) {
         fc_unlock();
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* An executable graph keeps device memory (its launch resources). */
+    r = fc_mem_working(fc_current_gpu());
+    if (r != CUDA_SUCCESS) {
+        fc_unlock();
+        return r;
     }
     struct CUgraphExec_st *e = calloc(1, sizeof *e);
     if (e && hGraph->count) {
@@ -87,6 +95,12 @@ FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hG
     }
     fc_unlock();
     return e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                            unsigned long long flags)
+{
+    return graph_instantiate(phGraphExec, hGraph, flags);
 }
 
 FC_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
@@ -137,6 +151,8 @@ static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool per_
     }
     if (r == CUDA_SUCCESS && s->kind == FC_STREAM_LEGACY)
         r = fc_capture_check_legacy(s->ctx);
+    if (r == CUDA_SUCCESS)
+        r = fc_mem_working(fc.phys[s->ctx->device]); /* a first launch uploads the graph */
     /* One queue entry for the whole graph, its nodes back to back. */
     uint64_t total = 0, start = 0, end = 0;
     for (size_t i = 0; i < hGraphExec->count; i++)
@@ -162,4 +178,59 @@ FC_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 FC_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     return graph_launch(hGraphExec, hStream, true);
+}
+
+/* cuGraphInstantiateWithParams: cuGraphInstantiateWithFlags with the
+ * result reported in the parameters (an upload stream changes nothing:
+ * uploads put no modelled work on the device). */
+static CUresult instantiate_with_params(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (params == NULL)
+        return fc_check_init() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE
+                                               : CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = graph_instantiate(phGraphExec, hGraph, params->flags);
+    params->hErrNode_out = NULL;
+    params->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
+                                           : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return r;
+}
+
+FC_API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return instantiate_with_params(phGraphExec, hGraph, params);
+}
+
+FC_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return instantiate_with_params(phGraphExec, hGraph, params);
+}
+
+/* cuGraphUpload: the graph's resources go to the device (memory needed);
+ * no modelled device time. */
+static CUresult graph_upload(CUgraphExec hGraphExec, CUstream hStream, bool per_thread)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    fc_lock();
+    struct CUstream_st *s = NULL;
+    r = hGraphExec && hGraphExec->magic == FC_MAGIC_EXEC ? fc_stream_resolve(hStream, per_thread, &s)
+                                                        : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS)
+        r = fc_mem_working(fc.phys[s->ctx->device]);
+    fc_unlock();
+    return r;
+}
+
+FC_API CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
+{
+    return graph_upload(hGraphExec, hStream, false);
+}
+
+FC_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    return graph_upload(hGraphExec, hStream, true);
 }

@@ -8,6 +8,12 @@
  *                         cuDeviceGetUuid's text form, or a unique prefix
  *                         of it); parsing stops at the first invalid
  *                         entry, as the real driver does
+ *   KREX_FAKE_CALL_BYTES  free device memory a non-allocating call that
+ *                         needs some (context and stream creation, module
+ *                         loads, launches, graph instantiation and upload,
+ *                         cuMemMap, host allocation) must find, else it fails
+ *                         with CUDA_ERROR_OUT_OF_MEMORY (default 1: only a
+ *                         full GPU fails them); suffixes as below
  *   KREX_FAKE_MEM_BYTES   per-GPU memory capacity in bytes, optional suffix
  *                         K/M/G/T (binary, also KiB/MiB/GiB/TiB); default 80 GiB
  *   KREX_FAKE_TIMELINE    timeline file (appended; unset: no timeline)
@@ -173,6 +179,13 @@ static CUresult configure(void)
                 "fakecuda: KREX_FAKE_MEM_BYTES=%s: expected a positive byte count "
                 "(e.g. 80G, 1048576)\n",
                 mem);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    fc.call_bytes = 1;
+    const char *call = getenv("KREX_FAKE_CALL_BYTES");
+    if (call && *call && (!parse_bytes(call, &fc.call_bytes) || fc.call_bytes == 0)) {
+        fprintf(stderr, "fakecuda: KREX_FAKE_CALL_BYTES=%s: expected a positive byte count\n",
+                call);
         return CUDA_ERROR_INVALID_VALUE;
     }
     const char *timeline = getenv("KREX_FAKE_TIMELINE");

@@ -75,6 +75,9 @@ static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned 
     r = fc_current_ctx(&ctx);
     if (r == CUDA_SUCCESS)
         r = fc_stream_resolve(hStream, per_thread, &s);
+    /* A launch that grows the context's local memory needs device memory. */
+    if (r == CUDA_SUCCESS && s->capture == NULL)
+        r = fc_mem_working(fc.phys[s->ctx->device]);
     if (r == CUDA_SUCCESS)
         r = fc_submit(s, FC_KIND_KERNEL, duration, NULL);
     fc_unlock();

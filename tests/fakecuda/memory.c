@@ -146,6 +146,20 @@ void fc_dataop_apply(const struct fc_dataop *op)
     }
 }
 
+CUresult fc_mem_working(int gpu)
+{
+    if (!fc_share_reserve(gpu, fc.call_bytes))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    fc_share_release(gpu, fc.call_bytes);
+    return CUDA_SUCCESS;
+}
+
+int fc_current_gpu(void)
+{
+    struct CUctx_st *ctx = NULL;
+    return fc_current_ctx(&ctx) == CUDA_SUCCESS ? fc.phys[ctx->device] : 0;
+}
+
 /* ---- entry points ---- */
 
 FC_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -254,6 +268,52 @@ FC_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hSt
 FC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
     return alloc_async(dptr, bytesize, hStream, true);
+}
+
+/* Memory pools: each device's default pool only (no pool is ever trimmed:
+ * the simulated allocator keeps nothing after a free). */
+struct CUmemPoolHandle_st {
+    uint32_t magic;
+    int device; /* visible ordinal */
+};
+
+#define FC_MAGIC_POOL 0x6c6f5066u /* "fPol" */
+
+static struct CUmemPoolHandle_st default_pools[FC_MAX_GPUS];
+
+FC_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    CUresult r = fc_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (pool_out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= fc.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    default_pools[dev] = (struct CUmemPoolHandle_st){FC_MAGIC_POOL, dev};
+    *pool_out = &default_pools[dev];
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                CUstream hStream, bool per_thread)
+{
+    if (pool == NULL || pool->magic != FC_MAGIC_POOL)
+        return fc_check_init() == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE
+                                               : CUDA_ERROR_NOT_INITIALIZED;
+    return alloc_async(dptr, bytesize, hStream, per_thread);
+}
+
+FC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream hStream)
+{
+    return alloc_from_pool(dptr, bytesize, pool, hStream, false);
+}
+
+FC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
+                                             CUmemoryPool pool, CUstream hStream)
+{
+    return alloc_from_pool(dptr, bytesize, pool, hStream, true);
 }
 
 FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)

@@ -20,6 +20,8 @@ FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
     fc_lock();
     struct CUctx_st *ctx = NULL;
     r = fc_current_ctx(&ctx); /* modules load into the current context */
+    if (r == CUDA_SUCCESS)
+        r = fc_mem_working(fc.phys[ctx->device]); /* the image goes to device memory */
     if (r == CUDA_SUCCESS) {
         struct CUmod_st *m = calloc(1, sizeof *m);
         if (m) {
@@ -108,7 +110,13 @@ FC_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
     if (library == NULL || code == NULL || (numJitOptions && !jitOptions) ||
         (numLibraryOptions && !libraryOptions))
         return CUDA_ERROR_INVALID_VALUE;
-    /* Libraries are context-independent: no current context needed. */
+    /* Libraries are context-independent: no current context needed (the
+     * image is loaded into the current one, if any, or device 0's). */
+    fc_lock();
+    r = fc_mem_working(fc_current_gpu());
+    fc_unlock();
+    if (r != CUDA_SUCCESS)
+        return r;
     struct CUlib_st *l = calloc(1, sizeof *l);
     if (l == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;

@@ -147,6 +147,8 @@ static CUresult stream_create(CUstream *phStream, unsigned int flags, int priori
     fc_lock();
     struct CUctx_st *ctx = NULL;
     r = fc_current_ctx(&ctx);
+    if (r == CUDA_SUCCESS)
+        r = fc_mem_working(fc.phys[ctx->device]);
     if (r == CUDA_SUCCESS) {
         struct CUstream_st *s = fc_stream_new(ctx, FC_STREAM_CREATED, flags, priority);
         if (s)

@@ -24,10 +24,11 @@ from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env
 
 SHIM = BUILD / "lib" / "libkrex_shim.so"
 FAKEALLOC = FAKE_DIR / "bin" / "fakealloc"
+FAKECALL = FAKE_DIR / "bin" / "fakecall"
 ALLOCATOR = Path(__file__).resolve().parent / "progs" / "allocator.py"
 CAPACITY = "1G"
 
-__all__ = ["ALLOCATOR", "FAKE_DIR", "Proc", "SharedGpu"]
+__all__ = ["ALLOCATOR", "FAKECALL", "FAKE_DIR", "Proc", "SharedGpu"]
 
 
 class Proc:
@@ -99,11 +100,13 @@ class SharedGpu:
             )
         return env
 
-    def start(self, tenant: int | None, *steps: str, oom_wait_s: float = 30.0) -> Proc:
-        """Start ``fakealloc STEPS`` as tenant ``tenant`` (None: without the shim)."""
+    def start(
+        self, tenant: int | None, *steps: str, oom_wait_s: float = 30.0, prog: Path = FAKEALLOC
+    ) -> Proc:
+        """Start ``fakealloc STEPS`` (or ``prog STEPS``) as tenant ``tenant`` (None: no shim)."""
         p = Proc(
             subprocess.Popen(
-                [str(FAKEALLOC), *steps],
+                [str(prog), *steps],
                 env=self.env(tenant, oom_wait_s),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -31,6 +31,9 @@ class Policy:
     def available(self, gpu: int) -> int | None:
         return self.avail[gpu]
 
+    def refresh(self) -> None:
+        self.refreshes = getattr(self, "refreshes", 0) + 1
+
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)

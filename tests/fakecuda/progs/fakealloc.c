@@ -8,6 +8,7 @@
  *                 set up by the first step that needs a context)
  *   alloc=BYTES   cuMemAlloc; BYTES takes a K/M/G/T suffix (binary, optional
  *                 "iB"); prints rc and, on success, the allocation's index
+ *   fill          cuMemAlloc of all the GPU's free memory (cuMemGetInfo)
  *   free=I|all    cuMemFree of allocation I (or all still held)
  *   info          cuMemGetInfo: free and total bytes
  *   wait          print {"op": "wait"} and block until a line (or EOF) on stdin
@@ -93,9 +94,16 @@ static int step(const char *arg)
         if (r != CUDA_SUCCESS)
             return fail("device", r);
         printf("{\"op\": \"device\", \"rc\": 0, \"device\": %d}\n", atoi(val));
-    } else if (eq && key_is(arg, klen, "alloc")) {
-        unsigned long long bytes;
-        if (!parse_bytes(val, &bytes)) {
+    } else if ((eq && key_is(arg, klen, "alloc")) || strcmp(arg, "fill") == 0) {
+        unsigned long long bytes = 0;
+        size_t free_b = 0, total = 0;
+        if (!eq) {
+            if (!have_ctx && (r = use_device(0)) != CUDA_SUCCESS)
+                return fail("device", r);
+            if ((r = cuMemGetInfo(&free_b, &total)) != CUDA_SUCCESS)
+                return fail("info", r);
+            bytes = free_b;
+        } else if (!parse_bytes(val, &bytes)) {
             fprintf(stderr, "fakealloc: %s: bad byte count\n", arg);
             exit(2);
         }
@@ -148,7 +156,7 @@ static int step(const char *arg)
         fflush(stdout);
         raise(SIGKILL);
     } else {
-        fprintf(stderr, "fakealloc: unknown step '%s' (device=N alloc=BYTES free=I|all info wait "
+        fprintf(stderr, "fakealloc: unknown step '%s' (device=N alloc=BYTES fill free=I|all info wait "
                         "sleep=SEC kill)\n", arg);
         exit(2);
     }
@@ -159,7 +167,7 @@ static int step(const char *arg)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: fakealloc STEP... (device=N alloc=BYTES free=I|all info wait "
+        fprintf(stderr, "usage: fakealloc STEP... (device=N alloc=BYTES fill free=I|all info wait "
                         "sleep=SEC kill)\n");
         return 2;
     }

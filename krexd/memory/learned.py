@@ -1,0 +1,149 @@
+"""Learned memory needs: what earlier runs of the same command used sets the need of the next.
+
+Agents do not know how much GPU memory a candidate takes, so commands
+rarely declare it (``krex run --mem``).  krexd learns it: each command has a
+*label* (``krex run --label L``, else :func:`label_for` derives one from the
+command line: the script and its arguments), and when a command ends the
+peak the shim counted for it (and the device source's peak, whichever is
+larger) is recorded under its label.  The next command with that label is
+charged, by admission, the largest peak of the last ``KEEP_RUNS`` runs
+(docs/design/memory.md "Learned needs").
+
+The table persists in the state directory (one JSON file, replaced
+atomically: ``krexd.atomic_file``), so it survives krexd's restarts; it is
+versioned (a file of another version is set aside and learning starts
+again) and bounded: at most ``max_labels`` labels, the least recently used
+dropped first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections import OrderedDict
+from typing import Any
+
+from krexd.atomic_file import write_atomic
+
+_log = logging.getLogger("krexd.memory")
+
+VERSION = 1
+KEEP_RUNS = 4  # peaks kept per label; the need is their maximum
+MAX_LABEL = 512  # characters; longer labels keep a prefix and a digest
+
+_PYTHON = re.compile(r"^(python|pypy)[\d.]*$")
+_PY_OPTS_WITH_VALUE = ("-W", "-X", "-Q")
+
+
+def label_for(argv: list[str]) -> str:
+    """The default label of a command line: its script (or ``-m module``) and arguments.
+
+    A leading Python interpreter and its options are dropped, so that
+    ``python3 -u bench.py --n 4096`` and ``python bench.py --n 4096`` share
+    one label (``bench.py --n 4096``); other commands keep their whole
+    command line.  Labels longer than ``MAX_LABEL`` characters end in a digest.
+    """
+    args = list(argv)
+    if args and _PYTHON.match(os.path.basename(args[0])):
+        i = 1
+        while i < len(args) and args[i].startswith("-") and args[i] != "-":
+            if args[i] in ("-m", "-c"):
+                break
+            i += 2 if args[i] in _PY_OPTS_WITH_VALUE else 1
+        args = args[i:] or args[:1]
+    label = " ".join(args)
+    if len(label) > MAX_LABEL:
+        digest = hashlib.sha256(label.encode()).hexdigest()[:16]
+        label = f"{label[: MAX_LABEL - 18]}..{digest}"
+    return label
+
+
+class LearnedNeeds:
+    """Peaks of earlier runs per label, kept in ``path`` (None: in memory only).
+
+    Args:
+        path: the JSON file in the state directory.
+        max_labels: labels kept at most (least recently used dropped first).
+    """
+
+    def __init__(self, path: str | None, max_labels: int) -> None:
+        self.path = path
+        self.max_labels = max_labels
+        self._peaks: OrderedDict[str, list[int]] = OrderedDict()  # oldest use first
+
+    def load(self) -> None:
+        """Read the file; a missing one means nothing learned yet.
+
+        An unreadable file or one of another version is renamed to
+        ``<path>.bad`` (kept for inspection) and learning starts afresh.
+        """
+        if self.path is None:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                doc = json.load(f)
+            if not isinstance(doc, dict) or doc.get("version") != VERSION:
+                raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else '?'}")
+            labels = doc["labels"]
+            for label, peaks in labels:
+                if isinstance(label, str) and all(isinstance(p, int) and p >= 0 for p in peaks):
+                    self._peaks[label] = list(peaks)[-KEEP_RUNS:]
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _log.warning("learned memory needs: %s unusable (%s); starting afresh", self.path, exc)
+            self._peaks.clear()
+            try:
+                os.replace(self.path, self.path + ".bad")
+            except OSError:
+                pass
+            return
+        self._trim()
+        _log.info("learned memory needs: %d label(s) from %s", len(self._peaks), self.path)
+
+    def need(self, label: str) -> int | None:
+        """Bytes learned for ``label`` (the largest recent peak), or None; marks it used."""
+        peaks = self._peaks.get(label)
+        if not peaks:
+            return None
+        self._peaks.move_to_end(label)
+        return max(peaks)
+
+    def record(self, label: str, peak_bytes: int) -> None:
+        """Add one run's peak (bytes) under ``label`` and save the table."""
+        if not label or peak_bytes <= 0:
+            return
+        peaks = self._peaks.pop(label, [])
+        peaks.append(int(peak_bytes))
+        self._peaks[label] = peaks[-KEEP_RUNS:]
+        self._trim()
+        self.save()
+
+    def _trim(self) -> None:
+        while len(self._peaks) > self.max_labels:
+            self._peaks.popitem(last=False)
+
+    def save(self) -> None:
+        """Write the table (atomically); errors are logged, learning goes on in memory."""
+        if self.path is None:
+            return
+        doc = {
+            "version": VERSION,
+            "saved_at": time.time(),
+            "labels": [[label, peaks] for label, peaks in self._peaks.items()],
+        }
+        try:
+            write_atomic(self.path, json.dumps(doc, separators=(",", ":")).encode())
+        except OSError as exc:
+            _log.error("learned memory needs: cannot write %s: %s", self.path, exc)
+
+    def __len__(self) -> int:
+        return len(self._peaks)
+
+    def status(self) -> dict[str, Any]:
+        """JSON-ready summary: labels kept, bound, file."""
+        return {"labels": len(self._peaks), "max_labels": self.max_labels, "path": self.path}

@@ -1,0 +1,160 @@
+"""Memory-aware region entry with in-memory fakes (no root): krexd.coordinator + tests/fakes.py.
+
+Before freezing siblings (step 4, whose siblings then keep their memory for
+the whole region), the coordinator checks that the holder's expected memory
+fits in what they leave free (``RegionMemory``):
+
+* it fits: the entry goes on at once;
+* it does not fit yet: the entry waits, lock held (later requests stay
+  queued behind it, FIFO), and proceeds as soon as siblings free memory —
+  before any gate closure or freeze;
+* it never fits: REGION_NO_MEMORY at once, naming the sizes;
+* the wait is bounded; the holder's cancel ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from krexd.config import RegionConfig
+from krexd.coordinator import Coordinator
+from krexd.errors import Code, KrexError
+from krexd.slices import CpuSlice
+from krexd.tenants import Tenant, TenantRegistry
+from tests.fakes import (
+    Events,
+    FakeGate,
+    FakePinner,
+    FakeRegionMemory,
+    FakeTenantControl,
+    make_tenant,
+)
+
+T = TypeVar("T")
+G = 1 << 30
+SLICE = CpuSlice(0, cores=(0, 1), reserved=(), tenant_cores=(0, 1))
+
+
+def rig(n: int, wait_s: float = 5.0) -> tuple[Coordinator, FakeRegionMemory, Events, list[Tenant]]:
+    events = Events()
+    registry = TenantRegistry()
+    tenants = [make_tenant(registry) for _ in range(n)]
+    for t in tenants:
+        registry.add(t)
+    mem = FakeRegionMemory(events, total=80 * G, wait_s=wait_s)
+    coord = Coordinator(
+        0,
+        FakeGate(events),
+        SLICE,
+        registry,
+        RegionConfig(),
+        FakeTenantControl(events),
+        FakePinner(events),
+        mem,
+    )
+    return coord, mem, events, tenants
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+async def enter(c: Coordinator, t: Tenant) -> dict[str, Any]:
+    pid = min(t.pids)
+    return await c.enter(t, pid, pid)
+
+
+def test_a_fitting_entry_goes_on_at_once() -> None:
+    c, mem, events, (holder, sib) = rig(2)
+    mem.held = {holder.id: 10 * G, sib.id: 30 * G}
+
+    async def scenario() -> None:
+        grant = await enter(c, holder)
+        await c.exit(holder, grant["epoch"], 0.0, 0)
+
+    run(scenario())
+    assert events.names()[:2] == ["memory_check", "close"]
+    assert c.memory_waits == 0
+
+
+def test_entry_waits_for_siblings_to_free_before_freezing_them_fifo_kept() -> None:
+    c, mem, events, (holder, sib, later) = rig(3)
+    mem.held = {holder.id: 5 * G, sib.id: 50 * G, later.id: 1 * G}
+    mem.expected = {holder.id: 40 * G}  # 80 - 50 - 1 = 29 GiB free: does not fit
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(enter(c, holder))
+        await asyncio.sleep(0.2)
+        second = asyncio.ensure_future(enter(c, later))
+        await asyncio.sleep(0.2)
+        assert not first.done() and not second.done()
+        assert "close" not in events.names() and "freeze" not in events.names()
+        assert c.status()["memory_wait"] == holder.id
+        assert c.status()["queue"] == [later.id], "later requests wait behind, in order"
+        mem.held[sib.id] = 20 * G  # the sibling frees memory: 80 - 20 - 1 = 59 GiB free
+        grant = await first
+        assert not second.done()
+        await c.exit(holder, grant["epoch"], 0.0, 0)
+        g2 = await second
+        await c.exit(later, g2["epoch"], 0.0, 0)
+
+    run(scenario())
+    first_close = events.names().index("close")
+    checks = [e for e in events.log[:first_close] if e[0] == "memory_check"]
+    assert [e[2] for e in checks][0] is False and checks[-1] == ("memory_check", holder.id, True)
+    assert c.memory_waits == 1
+
+
+def test_an_entry_that_can_never_fit_fails_at_once_naming_the_sizes() -> None:
+    c, mem, events, (holder, sib) = rig(2)
+    mem.other = 30 * G  # held by processes krex does not run
+    mem.held = {holder.id: 1 * G, sib.id: 10 * G}
+    mem.expected = {holder.id: 60 * G}
+    t0 = time.monotonic()
+    with pytest.raises(KrexError) as err:
+        run(enter(c, holder))
+    assert err.value.code == Code.REGION_NO_MEMORY
+    assert "60.00 GiB" in err.value.message and "50.00 GiB" in err.value.message
+    assert time.monotonic() - t0 < 1.0
+    assert "close" not in events.names() and c.status()["holder"] is None
+    assert c._lock.owner is None, "the lock is released"
+
+
+def test_the_wait_is_bounded_then_the_entry_proceeds() -> None:
+    c, mem, events, (holder, sib) = rig(2, wait_s=0.3)
+    mem.held = {holder.id: 1 * G, sib.id: 70 * G}
+    mem.expected = {holder.id: 20 * G}
+
+    async def scenario() -> float:
+        t0 = time.monotonic()
+        grant = await enter(c, holder)
+        waited = time.monotonic() - t0
+        await c.exit(holder, grant["epoch"], 0.0, 0)
+        return waited
+
+    waited = run(scenario())
+    assert 0.3 <= waited < 2.0
+    assert "freeze" in events.names()
+
+
+def test_cancel_ends_a_wait_for_memory() -> None:
+    c, mem, events, (holder, sib) = rig(2, wait_s=30)
+    mem.held = {holder.id: 1 * G, sib.id: 70 * G}
+    mem.expected = {holder.id: 20 * G}
+
+    async def scenario() -> None:
+        entry = asyncio.ensure_future(enter(c, holder))
+        await asyncio.sleep(0.1)
+        assert (await c.cancel(holder))["cancelled"] == "entering"
+        with pytest.raises(KrexError) as err:
+            await entry
+        assert err.value.code == Code.CANCELLED
+        assert c._lock.owner is None
+
+    run(scenario())
+    assert "close" not in events.names()
