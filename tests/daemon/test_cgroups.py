@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -48,7 +49,7 @@ def backend() -> Iterator[CgroupBackend]:
 
 
 def spin() -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["python3", "-c", "while True: pass"])
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
 def test_backend_is_detected(backend: CgroupBackend) -> None:
