@@ -41,11 +41,14 @@ from typing import Any
 from krexd import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
-ABI_VERSION = 4
+ABI_VERSION = 5
 #: Slots a gate can hold (krex_gate.h KREX_GATE_MAX_SLOTS).
 MAX_SLOTS = 256
 
-SLOT_STATES = {0: "free", 1: "claiming", 2: "active", 3: "dead"}
+SLOT_STATES = {0: "free", 1: "claiming", 2: "active", 3: "dead", 4: "exiting"}
+#: States of a slot whose process is registered and alive ("exiting": past its
+#: exit synchronization, drained whenever nothing is in flight).
+LIVE_SLOT_STATES = ("active", "exiting")
 
 #: enum krex_oom_reason, by value: the last out-of-memory error the shim handed back.
 OOM_REASONS: dict[int, str | None] = {
@@ -93,7 +96,8 @@ class OomRecord:
 class SlotInfo:
     """One slot of the gate: a registered tenant process.
 
-    ``state`` is one of ``free``, ``claiming``, ``active``, ``dead``;
+    ``state`` is one of ``free``, ``claiming``, ``active``, ``dead``,
+    ``exiting`` (alive, past its exit synchronization);
     ``inflight`` counts driver calls between entry and return; ``ack_epoch``
     is the last epoch the process drained for; ``captures`` its open stream
     captures; ``gated_calls`` / ``blocked_calls`` are counts since it
@@ -372,8 +376,9 @@ class Gate:
     def drain(self, holder: int, epoch: int, timeout_s: float) -> None:
         """Step 3: block until every sibling slot acknowledged ``epoch``, idle.
 
-        Siblings are the ACTIVE slots of tenants other than ``holder``;
-        slots whose process died are marked dead and skipped.  Raises
+        Siblings are the ACTIVE and EXITING slots of tenants other than
+        ``holder`` (an EXITING one needs no acknowledgement, only nothing
+        in flight); slots whose process died are marked dead and skipped.  Raises
         GateTimeout (with ``pending``, the undrained slot indices) after
         ``timeout_s`` seconds, GateStale if the gate no longer holds
         (holder, epoch).  Blocks without the GIL: call it from a worker

@@ -20,17 +20,21 @@
  * the drain moved on, so the driver never gets a freed handle.  Contexts
  * destroyed take their streams with them; a green context is synchronized
  * through the context converted from it.  At exit the drainer stops before
- * the driver's teardown and the process synchronizes once more (see
- * drain_at_exit): nothing acknowledges without synchronizing.
+ * the driver's teardown, the process synchronizes once more, and each
+ * later gated call synchronizes before it leaves (see "exit" below):
+ * nothing acknowledges without synchronizing.
  */
 #include "shim.h"
 
 #include <errno.h>
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "testhook.h"
 
@@ -671,14 +675,75 @@ static void stop_drains(void)
         nanosleep(&tick, NULL);
 }
 
+/* ---- exit: the exiting discipline ----------------------------------------
+ *
+ * An exiting process runs no drainer (its synchronization must not race
+ * the driver's teardown), yet its teardown (library destructors, atexit
+ * handlers registered before cuInit, the runtime's own) still makes gated
+ * calls, and a region may close meanwhile.  So from the exit
+ * synchronization on, each gated call synchronizes the process's work
+ * itself, on its own thread and inside its own driver call, before its
+ * count drops (krex_leave_exiting), and the slot turns EXITING: krexd
+ * counts it drained whenever nothing is in flight.  A call that meets a
+ * closed gate parks, its count retracted, so krexd never waits for it;
+ * one in flight makes krexd wait only for the work it synchronizes.
+ *
+ * Ordering.  A call whose leave reads krex_exit_sync == 0 does not
+ * synchronize: its work must be covered by the exit synchronization.  The
+ * exit path stores krex_exit_sync = 1, then issues membarrier(2) (every
+ * thread of the process passes a full barrier), then synchronizes: a leave
+ * that read 0 did so before its thread's barrier, so the driver work of
+ * that call, earlier in the thread's program order, is visible to the
+ * synchronization that follows; a leave after the barrier reads 1.  This
+ * keeps the fast path at one plain load (no fence per call).  Without
+ * membarrier the slot is never marked EXITING: pending until gone. */
+_Atomic int krex_exit_sync;
+
+void krex_leave_exiting(struct krex_slot *s)
+{
+    int saved = errno;
+    /* Still counted, and still nested (krex_depth): the synchronization
+     * goes to the real functions, never through a hook. */
+    CUresult r = krex_sync_all(1);
+    krex_depth = 0;
+    if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND) {
+        /* Nothing was synchronized: the count stays taken, so this
+         * process stays pending until it is gone (never drained over
+         * queued work). */
+        krex_log(KREX_LOG_ERROR, "exiting: could not synchronize (%d); this process "
+                 "stays undrained until it is gone", (int)r);
+        errno = saved;
+        return;
+    }
+    krex_gate_leave_exiting(krex_gate_p, s);
+    errno = saved;
+}
+
+/* Turn the exiting discipline on: krex_exit_sync = 1, then a process-wide
+ * barrier (see above).  0, or -errno when no membarrier command works (the
+ * discipline is then on but proves nothing). */
+static int exiting_discipline_on(void)
+{
+    int saved = errno, rc = 0;
+    long cmd = MEMBARRIER_CMD_PRIVATE_EXPEDITED;
+    if (syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) != 0)
+        cmd = MEMBARRIER_CMD_GLOBAL; /* no registration: slower, once */
+    /* seq_cst store; membarrier orders it against every thread's leave. */
+    atomic_store_explicit(&krex_exit_sync, 1, memory_order_seq_cst);
+    if (syscall(SYS_membarrier, cmd, 0, 0) != 0)
+        rc = -errno;
+    errno = saved;
+    return rc;
+}
+
 /* At exit, before the driver's teardown (an atexit handler registered
  * after the first successful cuInit, so it runs before the handlers the
  * driver registered there and before every library destructor): stop the
- * drainer, then synchronize once more while the driver still works.  A
- * closure already waiting with nothing in flight is acknowledged by this
- * synchronization; a later one is never acknowledged (this process stays
- * pending until it is gone).  Nothing acknowledges without synchronizing.
- * The cost: exit waits for the work the process left queued. */
+ * drainer, turn the exiting discipline on, synchronize once more while the
+ * driver still works, then mark the slot EXITING.  Nothing acknowledges
+ * without synchronizing, and the driver's teardown never runs under the
+ * drainer.  The cost: exit waits for the work the process left queued,
+ * and each gated call made after this point synchronizes. */
 static void drain_at_exit(void)
 {
     stop_drains();
@@ -686,6 +751,18 @@ static void drain_at_exit(void)
     if (!s || atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
         return;
     struct krex_gate *g = krex_gate_p;
+    int barrier = exiting_discipline_on();
+    if (barrier == 0) {
+        CUresult r = krex_sync_all(0);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND)
+            krex_log(KREX_LOG_ERROR, "synchronization at exit failed (%d): this process "
+                     "stays undrained until it is gone", (int)r);
+        else if (krex_gate_mark_exiting(g, s, (int32_t)getpid()) != 0)
+            krex_log(KREX_LOG_WARN, "slot no longer ours at exit");
+        return;
+    }
+    krex_log(KREX_LOG_INFO, "membarrier: %s: closures after exit stay undrained until this "
+             "process is gone", strerror(-barrier));
     /* Word, then the count (seq_cst): zero means every later call parks
      * (the drainer's own order); a call in flight leaves the closure to
      * the coordinator's liveness check. */
@@ -728,6 +805,11 @@ void krex_drain_atfork_child(void)
      * lock held by the parent's drainer at fork is released by starting
      * it over (the child's only thread owns nothing). */
     atomic_store_explicit(&drain_busy, 0, memory_order_relaxed);
+    /* A child forked while its parent exits is not exiting: its drainer
+     * (started when it registers) must drain, and its calls need not
+     * synchronize.  Relaxed: the child's only thread. */
+    atomic_store_explicit(&exiting, 0, memory_order_relaxed);
+    atomic_store_explicit(&krex_exit_sync, 0, memory_order_relaxed);
     pthread_mutex_init(&sync_mu, NULL);
     pthread_cond_init(&track_cv, NULL);
     busy = busy_ctx = NULL;

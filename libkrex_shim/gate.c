@@ -17,7 +17,10 @@
  * read of `word` comes after the close and sees the gate closed: a racing
  * submission is either drained or blocked before it reaches the driver.
  * The same pairing (owner = ACTIVE ; read word) serializes registration
- * with closure.  docs/design/shim.md gives the argument in full.
+ * with closure.  An EXITING slot needs no acknowledgement: each of its
+ * calls synchronizes before its decrement, so a zero read after the close
+ * means none of its work is queued (see "exiting process" below).
+ * docs/design/shim.md gives the argument in full.
  * Statistics use relaxed orders: nothing is ordered by them.
  *
  * Slot ownership.  A slot's state, generation and owner pid are one word
@@ -175,20 +178,27 @@ static int owner_cas(struct krex_slot *s, uint64_t o, uint32_t state, int32_t pi
                                                    memory_order_seq_cst, memory_order_seq_cst);
 }
 
-/* Is the owner that `o` names gone?  ACTIVE: pid and start time; CLAIMING:
+/* A slot state whose owner is a live registrant (drained, reclaimed when
+ * it dies). */
+static inline int owner_registered(uint32_t st)
+{
+    return st == KREX_SLOT_ACTIVE || st == KREX_SLOT_EXITING;
+}
+
+/* Is the owner that `o` names gone?  ACTIVE/EXITING: pid and start time; CLAIMING:
  * pid only (this owner may not have written start_ticks yet, and what is
  * there is the previous owner's).  The relaxed read of start_ticks is
  * ordered by the seq_cst load of `o` (acquire) after the claimer's write;
  * if a later owner rewrote it meanwhile, the caller's CAS on `o` fails. */
 static int owner_dead(struct krex_slot *s, uint64_t o)
 {
-    uint64_t ticks = krex_owner_state(o) == KREX_SLOT_ACTIVE
+    uint64_t ticks = owner_registered(krex_owner_state(o))
                          ? atomic_load_explicit(&s->start_ticks, memory_order_relaxed)
                          : 0;
     return process_dead(krex_owner_pid(o), ticks);
 }
 
-/* Retire the ownership `o` (CLAIMING or ACTIVE) whose process is dead or
+/* Retire the ownership `o` (CLAIMING, ACTIVE or EXITING) whose process is dead or
  * has left: DEAD, then FREE if the gate is open (paper §4.2: "registration
  * entries for the processes being drained cannot be reassigned to
  * replacement processes until the region ends", so while it is closed the
@@ -228,7 +238,8 @@ static void wake_idle(struct krex_slot *s)
 /* Undo an increment that met a closed gate (`w`).  The decrement is
  * seq_cst like the increment.  If it brings the count to zero it wakes a
  * drainer waiting for zero and, when this slot already acknowledged the
- * epoch, the coordinator, which may have seen the transient 1. */
+ * epoch or is EXITING (drained at zero, no acknowledgement), the
+ * coordinator, which may have seen the transient 1. */
 static void retract(struct krex_gate *g, struct krex_slot *s, uint64_t w)
 {
     uint32_t prev = atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
@@ -236,7 +247,8 @@ static void retract(struct krex_gate *g, struct krex_slot *s, uint64_t w)
         return;
     if (prev & KREX_INFLIGHT_WAITER)
         wake_idle(s);
-    if (atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) == krex_gate_epoch(w))
+    if (atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) == krex_gate_epoch(w) ||
+        krex_owner_state(owner_load(s)) == KREX_SLOT_EXITING)
         bump_ack_seq(g);
 }
 
@@ -443,6 +455,20 @@ KREX_GATE_API int krex_gate_close(struct krex_gate *g, uint32_t holder, uint32_t
     return 0;
 }
 
+/* Is slot `s` (state `st`, ACTIVE or EXITING) drained for `epoch`?  ACTIVE:
+ * acknowledged, and nothing in flight.  EXITING: nothing in flight: the
+ * owner synchronized before it made the slot EXITING (the caller's seq_cst
+ * owner load read that CAS, so the synchronization happened before), and
+ * each of its calls since synchronizes before its decrement.  The count is
+ * read after the close (seq_cst): a call it misses sees the gate closed. */
+static int slot_drained(struct krex_slot *s, uint32_t st, uint32_t epoch)
+{
+    if (st == KREX_SLOT_ACTIVE &&
+        atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) != epoch)
+        return 0;
+    return (atomic_load_explicit(&s->inflight, memory_order_seq_cst) & KREX_INFLIGHT_COUNT) == 0;
+}
+
 /* Slots still to drain for (holder, epoch); with `check_live`, dead ones
  * are reclaimed instead of listed. */
 static uint32_t scan_pending(struct krex_gate *g, uint32_t holder, uint32_t epoch,
@@ -456,15 +482,14 @@ static uint32_t scan_pending(struct krex_gate *g, uint32_t holder, uint32_t epoc
          * not yet published ACTIVE, so its registrant will read the word
          * after our close and block: it needs no drain. */
         uint64_t o = owner_load(s);
-        if (krex_owner_state(o) != KREX_SLOT_ACTIVE)
+        uint32_t st = krex_owner_state(o);
+        if (!owner_registered(st))
             continue;
         /* Written before ACTIVE was published; the seq_cst load above
          * acquired them. */
         if (atomic_load_explicit(&s->tenant, memory_order_relaxed) == holder)
             continue; /* the holder's own processes are not drained */
-        if (atomic_load_explicit(&s->ack_epoch, memory_order_seq_cst) == epoch &&
-            (atomic_load_explicit(&s->inflight, memory_order_seq_cst) &
-             KREX_INFLIGHT_COUNT) == 0)
+        if (slot_drained(s, st, epoch))
             continue;
         if (check_live && owner_dead(s, o)) {
             KREX_TEST_POINT("scan_judged");
@@ -582,7 +607,7 @@ KREX_GATE_API int krex_gate_reclaim_dead(struct krex_gate *g)
                 n += owner_cas(s, o, KREX_SLOT_FREE, 0);
             continue;
         }
-        if (st != KREX_SLOT_ACTIVE && st != KREX_SLOT_CLAIMING)
+        if (!owner_registered(st) && st != KREX_SLOT_CLAIMING)
             continue;
         if (owner_dead(s, o)) {
             KREX_TEST_POINT("reclaim_judged");
@@ -751,7 +776,7 @@ KREX_GATE_API int krex_gate_forget_pid(struct krex_gate *g, int32_t pid)
         uint64_t o = owner_load(s);
         uint32_t st = krex_owner_state(o);
         /* The pid is matched in the same word the CAS is made from. */
-        if ((st == KREX_SLOT_ACTIVE || st == KREX_SLOT_CLAIMING) && krex_owner_pid(o) == pid) {
+        if ((owner_registered(st) || st == KREX_SLOT_CLAIMING) && krex_owner_pid(o) == pid) {
             KREX_TEST_POINT("forget_matched");
             n += slot_retire(g, s, o);
         }
@@ -821,4 +846,39 @@ KREX_GATE_API void krex_gate_ack(struct krex_gate *g, struct krex_slot *s, uint3
      * reads the bumped ack_seq reads this ack in its scan. */
     atomic_store_explicit(&s->ack_epoch, epoch, memory_order_seq_cst);
     bump_ack_seq(g);
+}
+
+/* ---- tenant side: an exiting process ------------------------------------- */
+
+KREX_GATE_API int krex_gate_mark_exiting(struct krex_gate *g, struct krex_slot *s,
+                                         int32_t pid)
+{
+    uint64_t o = owner_load(s);
+    /* A seq_cst CAS from our own ACTIVE word: it releases the exit
+     * synchronization made before it to the coordinator whose seq_cst
+     * owner load reads EXITING (scan_pending), and fails if the slot was
+     * retired meanwhile (then it is not ours to mark). */
+    if (krex_owner_state(o) != KREX_SLOT_ACTIVE || krex_owner_pid(o) != pid ||
+        !owner_cas(s, o, KREX_SLOT_EXITING, pid))
+        return -ESTALE;
+    /* A coordinator waiting for our acknowledgement rescans now. */
+    bump_ack_seq(g);
+    return 0;
+}
+
+KREX_GATE_API void krex_gate_leave_exiting(struct krex_gate *g, struct krex_slot *s)
+{
+    /* seq_cst like every RMW on inflight; it releases the caller's
+     * synchronization to the coordinator that reads zero. */
+    uint32_t prev = atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
+    if ((prev & KREX_INFLIGHT_COUNT) != 1)
+        return;
+    if (prev & KREX_INFLIGHT_WAITER)
+        wake_idle(s); /* the stopped drainer may still wait for zero */
+    /* At zero an EXITING slot is drained: wake a coordinator that may be
+     * waiting.  The word is read after the decrement (both seq_cst): a
+     * closure this read misses comes later in S, and its scan reads the
+     * count after it, zero. */
+    if (atomic_load_explicit(&g->word, memory_order_seq_cst) != 0)
+        bump_ack_seq(g);
 }

@@ -340,9 +340,10 @@ static void scan_gate(struct scan *sc, struct krex_slot *mine)
         struct krex_slot *s = &g->slots[i];
         /* Acquire: the owner's tenant was published by its seq_cst ACTIVE
          * CAS (the pid is in the word).  The memory fields are hints
-         * (relaxed). */
+         * (relaxed).  An EXITING process still holds its memory. */
         uint64_t o = s == mine ? 0 : atomic_load_explicit(&s->owner, memory_order_acquire);
-        if (krex_owner_state(o) != KREX_SLOT_ACTIVE)
+        uint32_t st = krex_owner_state(o);
+        if (st != KREX_SLOT_ACTIVE && st != KREX_SLOT_EXITING)
             continue;
         uint32_t tenant = atomic_load_explicit(&s->tenant, memory_order_relaxed);
         uint64_t mib = atomic_load_explicit(&s->mem_mib, memory_order_relaxed);

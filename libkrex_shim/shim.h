@@ -142,9 +142,25 @@ static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
     return s;
 }
 
+/* Non-zero once this process has begun exiting (drain.c, "exit"): every
+ * gated call then synchronizes the process's work before it leaves. */
+extern _Atomic int krex_exit_sync;
+void krex_leave_exiting(struct krex_slot *s);
+
 static inline void krex_leave(struct krex_slot *s)
 {
     if (s) {
+        /* Relaxed: one plain load on the fast path.  The exit path orders
+         * its store against this load with a process-wide barrier
+         * (membarrier, drain.c): a call that reads 0 here had its driver
+         * work visible before the exit synchronization began.  The
+         * signal fence (no instruction) keeps the compiler from moving
+         * the load above the driver call. */
+        atomic_signal_fence(memory_order_seq_cst);
+        if (KREX_UNLIKELY(atomic_load_explicit(&krex_exit_sync, memory_order_relaxed))) {
+            krex_leave_exiting(s);
+            return;
+        }
         krex_depth = 0;
         krex_gate_leave(krex_gate_p, s);
     }

@@ -36,7 +36,7 @@ from krex_client.sizes import format_size
 from krexd.admission import GpuSlots, MemoryPolicy, Waiter
 from krexd.config import MemoryConfig
 from krexd.errors import Code, KrexError
-from krexd.gate import Gate, GateError, SlotInfo
+from krexd.gate import LIVE_SLOT_STATES, Gate, GateError, SlotInfo
 from krexd.gpus import GpuInfo
 from krexd.memory.learned import LearnedNeeds, label_for
 from krexd.memory.records import TenantMemory
@@ -207,7 +207,7 @@ class MemoryMonitor:
         if slots is not None:
             g.memory.ledger.update(slots, records)
             for s in slots:
-                if s.state == "active" and s.tenant and pid_alive(s.pid):
+                if s.state in LIVE_SLOT_STATES and s.tenant and pid_alive(s.pid):
                     shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
                     if s.oom.waiting:
                         waiting.add(s.tenant)
@@ -336,7 +336,7 @@ class MemoryMonitor:
             waiting = g.gate.waiting_for_memory()
         except GateError:
             return False  # unmapped: the daemon is stopping
-        return any(s.state == "active" and pid_alive(s.pid) for s in waiting)
+        return any(s.state in LIVE_SLOT_STATES and pid_alive(s.pid) for s in waiting)
 
     def available(self, gpu: int) -> int | None:
         """Bytes of ``gpu`` admission may still reserve (None: admission by memory off)."""

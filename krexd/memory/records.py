@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex_client.sizes import format_size
-from krexd.gate import COTENANT_REASONS, SlotInfo
+from krexd.gate import COTENANT_REASONS, LIVE_SLOT_STATES, SlotInfo
 
 
 @dataclass
@@ -127,7 +127,7 @@ class RegistrationLedger:
         """
         for s in slots:
             known = self._owners.get(s.index)
-            if s.state in ("active", "dead") and s.tenant:
+            if (s.state in LIVE_SLOT_STATES or s.state == "dead") and s.tenant:
                 if known is None or (known.tenant, known.pid) != (s.tenant, s.pid):
                     known = self._owners[s.index] = _Owner(s.tenant, s.pid)
                 self._credit(known, s, records)

@@ -37,8 +37,10 @@
  * pid become one 64-bit ownership word with a generation (krex_slot.owner,
  * below), so that every ownership transition is one compare-and-swap on the
  * owner's identity (inflight, ack_epoch and captures move up by 4 bytes),
- * and struct krex_slot_info gains the generation.  Any change of the
- * file layout, of struct krex_slot_info or of a function's signature bumps
+ * and struct krex_slot_info gains the generation; 5: the EXITING slot
+ * state (drained with nothing in flight, no acknowledgement) and
+ * krex_gate_mark_exiting() / krex_gate_leave_exiting().  Any change of the
+ * file layout, of a slot state's meaning, of struct krex_slot_info or of a function's signature bumps
  * the version: krex_gate_open() refuses a file of another version (EPROTO;
  * krex_gate_file_version() says which), and krexd refuses a library of
  * another version (krex_gate_abi_version()).
@@ -54,7 +56,7 @@ extern "C" {
 #endif
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
-#define KREX_GATE_VERSION 4u
+#define KREX_GATE_VERSION 5u
 #define KREX_GATE_MAX_SLOTS 256u
 
 /* Slot states (the low byte of krex_slot.owner).  Every transition is one
@@ -62,7 +64,9 @@ extern "C" {
  *
  *   FREE -> CLAIMING     a registrant claims it (its pid enters the word)
  *   CLAIMING -> ACTIVE   the registrant published its fields
- *   CLAIMING|ACTIVE -> DEAD   the owner is gone, or forgot the slot
+ *   ACTIVE -> EXITING    the owner, at exit, after synchronizing
+ *                        (krex_gate_mark_exiting)
+ *   CLAIMING|ACTIVE|EXITING -> DEAD   the owner is gone, or forgot the slot
  *   DEAD -> FREE         while the gate is open: by the winner of the DEAD
  *                        transition, or by krexd's reopen (whoever's CAS
  *                        succeeds; the other's fails on the generation)
@@ -76,6 +80,12 @@ enum krex_slot_state {
     KREX_SLOT_DEAD = 3,     /* its process died or left; while a gate is
                                closed it stays DEAD until the reopen, never
                                reassigned during the region (paper §4.2) */
+    KREX_SLOT_EXITING = 4,  /* a live process past its exit
+                               synchronization: its drainer is stopped, and
+                               each of its gated calls synchronizes before
+                               its in-flight count drops, so it is drained
+                               whenever nothing is in flight (no
+                               acknowledgement; docs/design/shim.md "Exit") */
 };
 
 /* krex_slot.owner: a slot's ownership in one word, changed only by
@@ -267,7 +277,8 @@ int krex_gate_file_version(const char *path, uint32_t *version);
 int krex_gate_close(struct krex_gate *g, uint32_t holder, uint32_t epoch);
 
 /* Step 3: wait until every ACTIVE slot of another tenant has
- * ack_epoch == epoch and inflight == 0.  Slots whose process has died are
+ * ack_epoch == epoch and inflight == 0, and every EXITING one has
+ * inflight == 0.  Slots whose process has died are
  * marked DEAD (bound to that owner, as in krex_gate_reclaim_dead) and
  * skipped.  Spins briefly, then parks on ack_seq.
  * timeout_ns bounds the wait: -ETIMEDOUT, with the indices of the slots
@@ -327,6 +338,17 @@ void krex_gate_leave(struct krex_gate *g, struct krex_slot *s);
  * may then decide, e.g. for a launch into a capturing stream, to proceed
  * without counting, or call krex_gate_enter() to park). */
 int krex_gate_try_enter(struct krex_gate *g, struct krex_slot *s, uint32_t tenant);
+
+/* Exit (docs/design/shim.md "Exit"): once this process has synchronized
+ * at exit and every later gated call of it synchronizes before leaving,
+ * turn its slot `s` (ACTIVE, owned by `pid`) EXITING and wake the
+ * coordinator.  0, or -ESTALE when the slot is no longer so owned. */
+int krex_gate_mark_exiting(struct krex_gate *g, struct krex_slot *s, int32_t pid);
+
+/* krex_gate_leave() for a call that has synchronized the process's work
+ * after the driver call: also wakes the coordinator when the count drops
+ * to zero (an EXITING slot is drained then, without an acknowledgement). */
+void krex_gate_leave_exiting(struct krex_gate *g, struct krex_slot *s);
 
 /* Drainer side: wait until the gate sequence differs from `seen`
  * (futex wait, timeout_ns < 0 for none).  Returns the new sequence. */

@@ -1,6 +1,7 @@
 """The drainer against the fake device timeline: it never keeps the command's
-own threads waiting behind the device, and an exiting process never
-acknowledges a drain it did not synchronize.
+own threads waiting behind the device, an exiting process never
+acknowledges a drain it did not synchronize, and an exiting process's
+teardown never stalls a drain longer than its own queued work.
 
 Each test runs a sibling (``cu_tenant`` under the shim, tenant 2) with
 kernels queued on the fake driver, plays the coordinator with krexd.gate
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gate import Gate
+from krexd.gate import Gate, SlotInfo
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
 from tests.support import ShimBuild
@@ -116,3 +117,105 @@ def test_exit_without_sync_is_not_acknowledged(
         assert inside(kernels, start, end) == [], "a sibling kernel ran inside the region"
     finally:
         os.close(reader)
+
+
+# -- an exiting sibling's teardown ---------------------------------------------
+#
+# cu_tenant's "teardown" exits; an atexit handler it registered before cuInit
+# (so it runs after the shim's exit handler, like a library's teardown) then
+# makes gated calls when told "go NS": a kernel of NS ns, an allocation and
+# its free, a module unload.
+
+TEARDOWN_KERNEL_NS = 200_000_000
+
+
+def slot_of(gate: Gate, pid: int) -> SlotInfo:
+    """The slot that ``pid`` owns (any state but free)."""
+    mine = [s for s in gate.slots() if s.pid == pid and s.state != "free"]
+    assert len(mine) == 1, f"slots of {pid}: {mine}"
+    return mine[0]
+
+
+def start_teardown(t: CuTenant) -> None:
+    """Let ``t`` exit and wait until its teardown handler runs (the shim's has)."""
+    t.run("init")
+    t.send("teardown")
+    assert t.reply()["cmd"] == "teardown"
+
+
+def test_teardown_calls_park_without_stalling_the_drain(
+    fc: FakeCuda, gate: Gate, sibling: Callable[[], CuTenant]
+) -> None:
+    """Teardown calls after the shim's exit handler park at the closed gate; the drain goes on.
+
+    The exiting sibling has nothing queued: the drain must not wait for it
+    (it used to wait for an acknowledgement that its stopped drainer never
+    gave while its teardown parked at the gate, until the drain timed out),
+    and the teardown's kernel runs after the region.
+    """
+    t = sibling()
+    start_teardown(t)
+    assert slot_of(gate, t.pid).state == "exiting"
+    gate.close(HOLDER, 1)
+    t.send(f"go {TEARDOWN_KERNEL_NS}")
+    t0 = time.monotonic()
+    gate.drain(HOLDER, 1, 5.0)
+    drain_s = time.monotonic() - t0
+    start = time.monotonic_ns()
+    wait_for(lambda: slot_of(gate, t.pid).blocked_calls >= 1, what="the teardown parked")
+    time.sleep(0.3)
+    assert t.pending(), "a teardown call passed the closed gate"
+    end = time.monotonic_ns()
+    gate.reopen(HOLDER, 1)
+    r = t.reply()
+    assert (r["cmd"], r["rc"]) == ("go", 0), r
+    assert t.proc.wait(5) == 0
+    assert drain_s < 1.0, f"the drain waited {drain_s:.2f} s for an exiting sibling"
+    kernels = [k for k in fc.records() if k.pid == t.pid]
+    assert kernels, "the teardown's kernel is on the timeline"
+    assert inside(kernels, start, end) == [], "a sibling kernel ran inside the region"
+
+
+def test_teardown_kernel_in_flight_delays_the_grant_until_it_ends(
+    fc: FakeCuda, gate: Gate, sibling: Callable[[], CuTenant]
+) -> None:
+    """A kernel launched in teardown, before the closure, is waited for, and only it.
+
+    The launch synchronizes before its count drops, so the drain ends when
+    the kernel does (not at a drain timeout), and the teardown's later calls
+    park until the reopen.
+    """
+    t = sibling()
+    start_teardown(t)
+    t.send(f"go {KERNEL_NS}")
+    wait_for(lambda: slot_of(gate, t.pid).inflight == 1, what="the teardown launch in flight")
+    t0 = time.monotonic_ns()
+    start, end = region(gate, 1, timeout_s=5.0)
+    drain_s = (start - t0) / 1e9
+    r = t.reply()
+    assert (r["cmd"], r["rc"]) == ("go", 0), r
+    assert t.proc.wait(5) == 0
+    kernels = [k for k in fc.records() if k.pid == t.pid]
+    assert kernels, "the teardown's kernel is on the timeline"
+    assert inside(kernels, start, end) == [], "a sibling kernel ran inside the region"
+    assert drain_s < KERNEL_NS / 1e9 + 1.0, f"the drain took {drain_s:.2f} s"
+    assert r["t1"] > end, "the teardown's later calls ran inside the region"
+
+
+def test_sibling_killed_in_teardown_frees_its_slot(
+    gate: Gate, sibling: Callable[[], CuTenant]
+) -> None:
+    """An exiting sibling killed while parked in teardown: its slot is freed as before."""
+    t = sibling()
+    start_teardown(t)
+    gate.close(HOLDER, 1)
+    t.send(f"go {TEARDOWN_KERNEL_NS}")
+    gate.drain(HOLDER, 1, 5.0)
+    wait_for(lambda: slot_of(gate, t.pid).blocked_calls >= 1, what="the teardown parked")
+    index = slot_of(gate, t.pid).index
+    t.proc.kill()
+    t.proc.wait()
+    assert gate.reclaim_dead() == 1
+    assert gate.slots()[index].state == "dead", "never reassigned during the region"
+    gate.reopen(HOLDER, 1)
+    assert gate.slots()[index].state == "free"

@@ -24,6 +24,12 @@
  *   exitflush PATH             exit(0) with 256 KiB of fully buffered output for
  *                              PATH (a FIFO) still in stdio: the exit blocks in
  *                              its final flush until the test reads (no reply)
+ *   teardown                   exit(0); an atexit handler registered before the
+ *                              first cuInit (so it runs after the shim's) answers
+ *                              {"cmd": "teardown"}, reads one more line, "go NS",
+ *                              then makes teardown calls: a kernel of NS ns on the
+ *                              legacy stream, cuMemAlloc_v2 + cuMemFree_v2,
+ *                              cuModuleUnload; answers {"cmd": "go", "rc": ...}
  *   quit
  */
 #define _GNU_SOURCE
@@ -46,6 +52,9 @@ FN(cuCtxCreate_v4);
 FN(cuCtxSynchronize);
 FN(cuModuleLoadData);
 FN(cuModuleGetFunction);
+FN(cuModuleUnload);
+FN(cuMemAlloc_v2);
+FN(cuMemFree_v2);
 FN(cuStreamCreate);
 FN(cuStreamSynchronize);
 FN(cuLaunchKernel);
@@ -56,6 +65,8 @@ FN(cuGraphLaunch);
 
 static CUstream streams[MAX_STREAMS];
 static CUfunction kernel;
+static CUmodule module;
+static int tearing_down;
 static CUgraphExec graph_exec;
 
 static uint64_t now_ns(void)
@@ -85,6 +96,9 @@ static int bind_all(void)
     BIND(cuCtxSynchronize);
     BIND(cuModuleLoadData);
     BIND(cuModuleGetFunction);
+    BIND(cuModuleUnload);
+    BIND(cuMemAlloc_v2);
+    BIND(cuMemFree_v2);
     BIND(cuStreamCreate);
     BIND(cuStreamSynchronize);
     BIND(cuLaunchKernel);
@@ -111,11 +125,10 @@ static int cmd_init(const char *how)
         r = p_cuCtxCreate_v4(&ctx, NULL, 0, dev);
     else if (!r && !(r = p_cuDevicePrimaryCtxRetain(&ctx, dev)))
         r = p_cuCtxSetCurrent(ctx);
-    CUmodule mod;
     if (!r)
-        r = p_cuModuleLoadData(&mod, "cu_tenant");
+        r = p_cuModuleLoadData(&module, "cu_tenant");
     if (!r)
-        r = p_cuModuleGetFunction(&kernel, mod, "duration_kernel");
+        r = p_cuModuleGetFunction(&kernel, module, "duration_kernel");
     return r;
 }
 
@@ -131,6 +144,35 @@ static int launch(int id, long n, uint64_t ns)
     return 0;
 }
 
+static void reply(const char *cmd, int r, uint64_t t0)
+{
+    printf("{\"cmd\": \"%s\", \"rc\": %d, \"t0\": %llu, \"t1\": %llu}\n", cmd, r,
+           (unsigned long long)t0, (unsigned long long)now_ns());
+    fflush(stdout);
+}
+
+/* Registered before the first cuInit: runs after the shim's exit handler,
+ * like a library's teardown (the runtime's, a framework's destructors). */
+static void teardown_at_exit(void)
+{
+    if (!tearing_down)
+        return;
+    reply("teardown", 0, now_ns());
+    char line[64] = "";
+    if (!fgets(line, sizeof line, stdin) || strncmp(line, "go ", 3) != 0)
+        return;
+    uint64_t t0 = now_ns();
+    int r = launch(0, 1, strtoull(line + 3, NULL, 10));
+    CUdeviceptr p = 0;
+    if (!r)
+        r = p_cuMemAlloc_v2(&p, 1 << 20);
+    if (!r)
+        r = p_cuMemFree_v2(p);
+    if (!r)
+        r = p_cuModuleUnload(module);
+    reply("go", r, t0);
+}
+
 static CUstreamCaptureMode mode_of(const char *s)
 {
     if (s && !strcmp(s, "thread"))
@@ -142,7 +184,7 @@ static CUstreamCaptureMode mode_of(const char *s)
 
 int main(void)
 {
-    if (bind_all())
+    if (bind_all() || atexit(teardown_at_exit) != 0)
         return 1;
     int (*region_begin)(uint32_t, int) =
         (int (*)(uint32_t, int))dlsym(RTLD_DEFAULT, "krex_shim_region_begin");
@@ -193,6 +235,9 @@ int main(void)
             memset(chunk, 'x', sizeof chunk);
             for (int i = 0; i < 64; i++)
                 fwrite(chunk, 1, sizeof chunk, f);
+            exit(0);
+        } else if (!strcmp(cmd, "teardown")) {
+            tearing_down = 1;
             exit(0);
         } else if (!strcmp(cmd, "quit")) {
             break;
