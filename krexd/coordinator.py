@@ -83,6 +83,27 @@ class Region:
     timer: asyncio.TimerHandle | None = None
 
 
+# Stages of a region request (``RegionRequest.stage``).
+QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
+ENTERING = "entering"  # steps 2-5 in progress
+HELD = "held"  # granted: a Region exists
+
+
+@dataclass(eq=False)
+class RegionRequest:
+    """One tenant's region request, recorded from its arrival until its region ends.
+
+    ``region_cancel`` and recovery act on this record, so a request is never
+    found nowhere (the window between the lock's hand-over and the waiter's
+    resumption) nor twice (a second ``region_enter`` is refused while one is
+    recorded).
+    """
+
+    tenant: int
+    stage: str = QUEUED
+    cancelled: bool = False
+
+
 class Coordinator:
     """Region lock and region protocol for one GPU (paper §4.2).
 
@@ -131,7 +152,7 @@ class Coordinator:
         # and the tenant establishing one: late arrivals are frozen into this list.
         self._frozen: list[Tenant] | None = None
         self._entering: int | None = None
-        self._cancel_entry: int | None = None  # cancel() arrived while entering
+        self._requests: dict[int, RegionRequest] = {}  # by tenant id, arrival to region end
         self._tasks: set[asyncio.Task[Any]] = set()  # recovery tasks in flight
 
     def __repr__(self) -> str:
@@ -162,13 +183,23 @@ class Coordinator:
         """
         requested_at = time.monotonic()
         self._check_caller(tenant, pid, tid)
-        if not self._cfg.enforce:
+        if not self._cfg.enforce or tenant.exclusive:
+            # An --exclusive tenant has the whole GPU already: its region is a no-op,
+            # so the same script runs with and without --exclusive.
             return self._enter_ungated(tenant)
-        if (self._region is not None and self._region.tenant.id == tenant.id) or (
-            self._lock.is_queued(tenant.id)
-        ):
+        if tenant.id in self._requests:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
+        request = self._requests[tenant.id] = RegionRequest(tenant.id)
+        try:
+            return await self._enter_recorded(request, tenant, pid, tid, requested_at)
+        finally:
+            if request.stage != HELD and self._requests.get(tenant.id) is request:
+                del self._requests[tenant.id]
 
+    async def _enter_recorded(
+        self, request: RegionRequest, tenant: Tenant, pid: int, tid: int, requested_at: float
+    ) -> dict[str, Any]:
+        """Steps 1-5 for a recorded request; a cancel at any step is honoured."""
         # Step 1: the region lock, one holder at a time, FIFO.
         try:
             await self._lock.acquire(tenant.id)
@@ -176,16 +207,19 @@ class Coordinator:
             raise KrexError(
                 Code.CANCELLED, f"tenant {tenant.id} ended while waiting for the region"
             ) from None
+        if request.cancelled:  # cancelled after the hand-over, before this task resumed
+            self._lock.release(tenant.id)
+            raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         locked_at = time.monotonic()
-        self._cancel_entry = None
+        request.stage = ENTERING
         try:
             region = await self._establish(tenant, pid, tid, requested_at)
         except BaseException:
             self.stats.failed += 1
             self._lock.release(tenant.id)
             raise
-        if self._cancel_entry == tenant.id:
-            self._cancel_entry = None
+        request.stage = HELD
+        if request.cancelled:
             await self._end(region, "cancelled by its holder")
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         wait_ms = (locked_at - requested_at) * 1e3
@@ -405,7 +439,7 @@ class Coordinator:
         Raises:
             KrexError: NOT_HOLDER (no region, another holder, or a stale epoch).
         """
-        if not self._cfg.enforce:
+        if not self._cfg.enforce or tenant.exclusive:
             if tenant.id not in self._ungated:
                 raise KrexError(Code.NOT_HOLDER, f"tenant {tenant.id} holds no region")
             self._ungated.discard(tenant.id)
@@ -461,6 +495,8 @@ class Coordinator:
             _tenant_state(region.tenant, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
             self._region = None
             self._frozen = None
+            if self._requests.get(region.tenant.id) is not None:
+                del self._requests[region.tenant.id]
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
             self._lock.release(region.tenant.id)
             if reason != "exit":
@@ -591,20 +627,22 @@ class Coordinator:
         stopped listening.  Returns ``{"cancelled": "queued" | "entering" |
         "held" | "none"}``.
         """
-        if not self._cfg.enforce:
+        if not self._cfg.enforce or tenant.exclusive:
             held = tenant.id in self._ungated
             self._ungated.discard(tenant.id)
             return {"cancelled": "held" if held else "none"}
-        if self._lock.cancel(tenant.id):
-            return {"cancelled": "queued"}
-        if self._entering == tenant.id:
-            self._cancel_entry = tenant.id  # enter() ends the region once granted
-            return {"cancelled": "entering"}
+        request = self._requests.get(tenant.id)
+        if request is None:
+            return {"cancelled": "none"}
+        stage = request.stage
+        request.cancelled = True  # enter() honours it at its next step
+        if stage == QUEUED:
+            self._lock.cancel(tenant.id)  # False in the hand-over window: enter() sees the flag
+            return {"cancelled": QUEUED}
         region = self._region
-        if region is not None and region.tenant.id == tenant.id:
+        if stage == HELD and region is not None and region.tenant.id == tenant.id:
             await self._end(region, "cancelled by its holder")
-            return {"cancelled": "held"}
-        return {"cancelled": "none"}
+        return {"cancelled": stage}
 
     async def tenant_gone(self, tenant: Tenant) -> None:
         """Recovery when a tenant ends: end its region, or drop it from the queue.
@@ -612,6 +650,9 @@ class Coordinator:
         The daemon calls this before it removes the tenant's cgroup.
         """
         self._ungated.discard(tenant.id)
+        request = self._requests.get(tenant.id)
+        if request is not None:
+            request.cancelled = True  # also in the lock's hand-over window
         self._lock.cancel(tenant.id)
         region = self._region
         if region is not None and region.tenant.id == tenant.id:
