@@ -150,10 +150,18 @@ class Daemon:
         """One line for STATUS= and the log."""
         used = sum(g.slots.used for g in self.gpus.values())
         total = sum(g.slots.total for g in self.gpus.values())
-        return (
+        line = (
             f"{len(self.gpus)} GPU(s), {len(self.tenants)} tenant(s), slots {used}/{total}, "
             f"{len(self.admission.parked)} parked"
         )
+        problems = self.problems()
+        if problems:
+            line += "; unhealthy: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
+        return line
+
+    def problems(self) -> dict[str, str]:
+        """What is wrong now, by part (empty: healthy); shown by status and STATUS=."""
+        return dict(self.cgroups.problems) if self.cgroups is not None else {}
 
     async def run(self) -> None:
         """Start, serve until asked to stop, shut down cleanly."""
@@ -249,11 +257,18 @@ class Daemon:
         return {
             **self.about(),
             "state": self.runtime.state,
+            "healthy": not self.problems(),
+            "problems": self.problems(),
             "socket": self.config.daemon.socket,
             "config": self.config.source,
             "cgroups": self.cgroups.describe() if self.cgroups is not None else None,
             "gpus": gpus_out,
             "tenants": [t.summary() for t in self.tenants],
             "queue": self.admission.status(),
+            "connections": (
+                self.server.guard.status()
+                if self.server is not None and self.server.guard is not None
+                else None
+            ),
             "memory": self.memory.settings() if self.memory else None,
         }

@@ -31,6 +31,7 @@ import zmq.asyncio
 
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 from krexd.config import DaemonConfig
+from krexd.connections import ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 
@@ -78,6 +79,8 @@ class Server:
         self.path = cfg.socket
         self.mode = cfg.socket_mode
         self.group = cfg.socket_group
+        self.max_connections = cfg.max_connections
+        self.guard: ConnectionGuard | None = None  # connection cap (krexd/connections.py)
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -113,10 +116,19 @@ class Server:
         if gid != -1:
             os.chown(self.path, -1, gid)
         self._sock = sock
+        self.guard = ConnectionGuard(sock, self.max_connections)
         _log.info("listening on ipc://%s (mode %o)", self.path, self.mode)
 
     async def serve(self) -> None:
         """Receive and dispatch requests until cancelled."""
+        assert self._sock is not None and self.guard is not None
+        guard = asyncio.get_running_loop().create_task(self.guard.run())
+        try:
+            await self._serve()
+        finally:
+            guard.cancel()
+
+    async def _serve(self) -> None:
         assert self._sock is not None
         while True:
             msg = await self._sock.recv_multipart(copy=True)
@@ -191,6 +203,9 @@ class Server:
 
     def close(self) -> None:
         """Close the socket and remove its file."""
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
