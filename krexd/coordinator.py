@@ -81,6 +81,7 @@ class Region:
     end_reason: str = ""
     holder_watch: Watch | None = None  # fires when the holder's process exits
     timer: asyncio.TimerHandle | None = None
+    adopted: bool = False  # from a crashed krexd's state, its grant maybe never delivered
 
 
 # Stages of a region request (``RegionRequest.stage``).
@@ -154,6 +155,10 @@ class Coordinator:
         self._entering: int | None = None
         self._requests: dict[int, RegionRequest] = {}  # by tenant id, arrival to region end
         self._tasks: set[asyncio.Task[Any]] = set()  # recovery tasks in flight
+        # Epoch of each tenant's last region ended by exit (saved: a region_exit
+        # re-sent after a restart is answered again), and regions a restart ended.
+        self._exited: dict[int, int] = {}
+        self._resumed: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"Coordinator(gpu{self.gpu}, {self.state})"
@@ -187,6 +192,10 @@ class Coordinator:
             # An --exclusive tenant has the whole GPU already: its region is a no-op,
             # so the same script runs with and without --exclusive.
             return self._enter_ungated(tenant)
+        region = self._region
+        if region is not None and region.adopted and region.tenant.id == tenant.id:
+            region.adopted = False  # a region_enter re-sent after a restart: grant it again
+            return self._grant_reply(region.epoch, list(self._slice.reserved), 0.0, 0.0)
         if tenant.id in self._requests:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
         request = self._requests[tenant.id] = RegionRequest(tenant.id)
@@ -446,6 +455,12 @@ class Coordinator:
             self.stats.completed += 1
             return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
         region = self._region
+        if (region is None or region.tenant.id != tenant.id) and self._resumed.get(
+            tenant.id
+        ) == epoch:
+            # Re-sent after a restart, for a region that ended meanwhile: answer it again.
+            del self._resumed[tenant.id]
+            return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
         if region is None or region.tenant.id != tenant.id:
             raise KrexError(
                 Code.NOT_HOLDER, f"tenant {tenant.id} holds no region on GPU {self.gpu}"
@@ -497,6 +512,8 @@ class Coordinator:
             self._frozen = None
             if self._requests.get(region.tenant.id) is not None:
                 del self._requests[region.tenant.id]
+            if not recovering:
+                self._exited[region.tenant.id] = region.epoch
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
             self._lock.release(region.tenant.id)
             if reason != "exit":
@@ -650,6 +667,8 @@ class Coordinator:
         The daemon calls this before it removes the tenant's cgroup.
         """
         self._ungated.discard(tenant.id)
+        self._exited.pop(tenant.id, None)
+        self._resumed.pop(tenant.id, None)
         request = self._requests.get(tenant.id)
         if request is not None:
             request.cancelled = True  # also in the lock's hand-over window
@@ -665,6 +684,52 @@ class Coordinator:
         region = self._region
         if region is not None:
             await self._end(region, "krexd is shutting down")
+
+    # ------------------------------------------------------- restart (krexd/adopt.py)
+
+    def saved(self) -> dict[str, Any]:
+        """What a restarted krexd needs of this GPU: epoch, region in progress, last exits."""
+        region = self._region
+        saved_region = None
+        if region is not None and not region.ended:
+            saved_region = {
+                "tenant": region.tenant.id,
+                "epoch": region.epoch,
+                "pid": region.pid,
+                "tid": region.tid,
+                "siblings": [t.id for t in region.siblings],
+            }
+        exited = {str(k): v for k, v in {**self._resumed, **self._exited}.items()}
+        return {"epoch": self._epoch, "region": saved_region, "exited": exited}
+
+    def resume(self, epoch: int, exited: dict[int, int]) -> None:
+        """Continue the epochs of the krexd before; answer its regions' re-sent exits."""
+        self._epoch = max(self._epoch, epoch)
+        self._resumed.update(exited)
+
+    def adopt_region(
+        self, holder: Tenant, epoch: int, pid: int, tid: int, siblings: list[Tenant]
+    ) -> None:
+        """Hold the region a crashed krexd granted (its siblings frozen, the gate closed).
+
+        Bound to (holder, epoch) like any region: the holder's exit or its
+        process's death ends it, and ``max_region_s`` counts from adoption.
+        """
+        self._lock.take(holder.id)
+        self._requests[holder.id] = RegionRequest(holder.id, stage=HELD)
+        now = time.monotonic()
+        region = Region(holder, epoch, pid, tid, now, now, list(siblings), adopted=True)
+        self._region, self._frozen = region, region.siblings
+        self._epoch = max(self._epoch, epoch)
+        self._region_state(states.HELD)  # IDLE -> HELD (adopted)
+        self._watch(region)
+        log.warning(
+            "GPU %d: adopted the region of tenant %d (epoch %d), %d sibling(s) frozen",
+            self.gpu,
+            holder.id,
+            epoch,
+            len(siblings),
+        )
 
     # ----------------------------------------------------------------- status
 

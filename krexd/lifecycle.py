@@ -132,6 +132,14 @@ class Lifecycle:
         _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(argv)[:200])
         return tenant
 
+    def adopt(self, tenant: Tenant) -> None:
+        """Take over a tenant of the krexd before a restart (krexd/adopt.py): register it
+        and watch its launcher again."""
+        self._tenants.add(tenant)
+        self._watches[tenant.id] = PidWatch(
+            tenant.launcher_pid, lambda: self._launcher_gone(tenant), self.poll_s
+        )
+
     def _launcher_gone(self, tenant: Tenant) -> None:
         if tenant.state != states.EXITED and tenant.id not in self._ending:
             _log.warning(
@@ -162,6 +170,9 @@ class Lifecycle:
 
     async def end(self, tenant: Tenant, reason: str) -> None:
         """End ``tenant`` once (later calls wait for the first): recover, kill, free the slot."""
+        if tenant.state == states.EXITED and tenant.id not in self._ending:
+            tenant.told_end = True  # ended already (krexd's stop): release reads kill_reason
+            return
         running = self._ending.get(tenant.id)
         if running is None:
             running = asyncio.ensure_future(self._end(tenant, reason))

@@ -23,6 +23,7 @@ import errno
 import grp
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger("krexd.server")
 
 HARD_MAX_MSG_BYTES = 16 << 20
+_READ_ONLY_OPS = frozenset({"ping", "status", "memory"})
 
 
 class ServerError(RuntimeError):
@@ -81,6 +83,9 @@ class Server:
         self.group = cfg.socket_group
         self.max_connections = cfg.max_connections
         self.guard: ConnectionGuard | None = None  # connection cap (krexd/connections.py)
+        # Called after each op, before its reply: the state a restart adopts is saved
+        # before the client can act on the reply (krexd/adopt.py StateKeeper.save).
+        self.after_op: Callable[[], None] | None = None
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -166,6 +171,8 @@ class Server:
             if handler is None:
                 raise KrexError(Code.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
             body: dict[str, Any] = await handler(self.ctx, req)
+            if self.after_op is not None and req.op not in _READ_ONLY_OPS:
+                self.after_op()
             frame = encode_ok(req.id, body)
         except KrexError as exc:
             self.errors += 1

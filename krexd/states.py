@@ -63,7 +63,8 @@ REOPENING = "reopening"
 RECOVERING = "recovering"
 
 REGION_EDGES: dict[str, frozenset[str]] = {
-    IDLE: frozenset({CLOSING}),
+    # IDLE -> HELD: a region in progress adopted from a crashed krexd (krexd/adopt.py).
+    IDLE: frozenset({CLOSING, HELD}),
     CLOSING: frozenset({DRAINING, RECOVERING}),
     DRAINING: frozenset({REGION_FREEZING, RECOVERING}),
     REGION_FREEZING: frozenset({HELD, RECOVERING}),

@@ -144,14 +144,16 @@ class CgroupBackend:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
-    def prepare(self, slices: dict[int, CpuSlice]) -> int:
+    def prepare(self, slices: dict[int, CpuSlice], adopt: bool = False) -> int:
         """Claim the tree (:meth:`lock`), clean a stale one, then build ``<name>/gpu<N>``.
 
+        With ``adopt`` the tree of the krexd before is kept as it is (its
+        tenants are adopted, krexd/adopt.py); only missing directories are made.
         Returns how many leftover processes of an earlier krexd were killed.
         Raises CgroupError when another live krexd uses the same tree.
         """
         self.lock()
-        killed = self.cleanup_stale()
+        killed = 0 if adopt else self.cleanup_stale()
         self._slices = dict(slices)
         all_cores = sorted({c for s in slices.values() for c in s.cores})
         fs.mkdir(self.root)
@@ -279,6 +281,28 @@ class CgroupBackend:
         for tree in self._trees():
             for d in fs.subdirs_bottom_up(tree):
                 fs.rmdir(d)
+
+    def tenant_dirs(self) -> dict[int, str]:
+        """The ``gpu<N>/t<id>`` directories in the tree now, by tenant id."""
+        out: dict[int, str] = {}
+        for gpu in self._slices:
+            gdir = self._gpu_dir(gpu)
+            try:
+                names = os.listdir(gdir)
+            except FileNotFoundError:
+                continue
+            for n in names:
+                if n.startswith("t") and n[1:].isdigit():
+                    out[int(n[1:])] = os.path.join(gdir, n)
+        return out
+
+    def thaw_inner(self) -> None:
+        """Thaw the tree's root and ``gpu<N>`` directories (a frozen ancestor freezes all)."""
+        for d in [self.root, *(self._gpu_dir(g) for g in self._slices)]:
+            try:
+                fs.write(os.path.join(d, "cgroup.freeze"), "0")
+            except CgroupError:
+                pass
 
     def _populated(self) -> bool:
         try:
