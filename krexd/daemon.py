@@ -215,7 +215,8 @@ class Daemon:
         self.runtime.state = RESTARTING
         self.notifier.stopping()
         if self.server is not None:
-            self.server.close()  # parked requests are not answered: clients re-send them
+            # Parked requests are not answered (clients re-send them); the socket file stays.
+            self.server.close(unlink=False)
             self.server = None
         if self.continuity is not None:
             self.continuity.leave_for_restart()

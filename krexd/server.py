@@ -208,8 +208,9 @@ class Server:
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
 
-    def close(self) -> None:
-        """Close the socket and remove its file."""
+    def close(self, unlink: bool = True) -> None:
+        """Close the socket and remove its file (kept with ``unlink=False``: a restart,
+        so that clients wait for the successor rather than take krexd for stopped)."""
         if self.guard is not None:
             self.guard.close()
             self.guard = None
@@ -217,7 +218,8 @@ class Server:
             self._sock.close(linger=0)
             self._sock = None
             try:
-                os.unlink(self.path)
+                if unlink:
+                    os.unlink(self.path)
             except FileNotFoundError:
                 pass
         self._ctx.term()
