@@ -78,6 +78,21 @@ class Reconnecting:
         self.daemon_pid = int(reply["pid"])
         return reply
 
+    def first_ping(self) -> dict[str, Any]:
+        """``ping`` before the command starts: a missing socket fails at once; a socket
+        that refuses (krexd crashed or restarting) is waited for like a lost krexd."""
+        try:
+            return self.ping()
+        except KrexUnavailable as exc:
+            if not os.path.exists(self.socket):
+                raise
+            if self._on_reconnect is not None:
+                self._on_reconnect("ping")
+            if not self._wait_for_krexd(time.monotonic() + reconnect_s()):
+                raise exc from None
+            assert self.daemon_pid is not None
+            return {"pid": self.daemon_pid}
+
     def _wait_for_krexd(self, deadline: float) -> bool:
         delay = 0.05
         missing_since: float | None = None

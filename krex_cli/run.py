@@ -177,7 +177,7 @@ def _run(
     exclusive: bool,
     mem_bytes: int | None = None,
 ) -> int:
-    conn.ping()  # krexd not there: one line, exit 69 (no waiting for a restart here)
+    conn.first_ping()  # no socket: one line, exit 69; krexd restarting: wait for it
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
     if gpu is not None:
         body["gpu"] = gpu
@@ -200,7 +200,10 @@ def _run(
 
 def _resent(op: str) -> None:
     # krexd restarted under the command (it keeps running, adopted by the new krexd).
-    _say(f"krexd restarted; sent '{op}' again")
+    if op == "ping":
+        _say("krexd is not answering (restarting?); waiting for it")
+    else:
+        _say(f"krexd restarted; sent '{op}' again")
 
 
 def _launch(

@@ -53,7 +53,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from krexd import states
+from krexd import states, testhooks
 from krexd.config import RegionConfig
 from krexd.errors import Code, KrexError
 from krexd.fifo import FifoLock
@@ -228,6 +228,7 @@ class Coordinator:
             self._lock.release(tenant.id)
             raise
         request.stage = HELD
+        testhooks.pause("granted")
         if request.cancelled:
             await self._end(region, "cancelled by its holder")
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
@@ -263,16 +264,19 @@ class Coordinator:
             if self._gate is not None:
                 self._gate.close(tenant.id, epoch)
                 gate_closed = True
+            testhooks.pause("closed")
             # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
             self._region_state(states.DRAINING)  # CLOSING -> DRAINING
             t = time.monotonic()
             await self._drain(tenant, epoch)
             self._last_drain_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("drained")
             # Step 4: freeze sibling process trees once their GPU work has drained.
             self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
             t = time.monotonic()
             await self._freeze(self._siblings(tenant), frozen)
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("frozen")
             # Step 5: the holder's submitting thread gets the reserved cores.
             self._pin_holder(tenant, tid)
         except BaseException:
@@ -503,6 +507,7 @@ class Coordinator:
             t = time.monotonic()
             await self._thaw(region.siblings)
             thaw_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("thawed")
             # Step 8: only after the thaw, reopen the gate, then release the lock.
             if not recovering:
                 self._region_state(states.REOPENING)  # THAWING -> REOPENING

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from krexd import paths, states
+from krexd import paths, states, testhooks
 from krexd.admission import Admission
 from krexd.cgroups import CgroupError, TenantCgroup
 from krexd.config import Config
@@ -130,6 +130,7 @@ class Lifecycle:
         # A command admitted during a region starts frozen (it is a sibling).
         await self._gpus[granted].coordinator.tenant_added(tenant)
         _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(argv)[:200])
+        testhooks.pause("admitted")
         return tenant
 
     def adopt(self, tenant: Tenant) -> None:
@@ -167,6 +168,7 @@ class Lifecycle:
         if tenant.state == states.ADMITTED:
             change_state(tenant, states.RUNNING)  # ADMITTED -> RUNNING
         _log.info("t%d: placed pid %d in %s", tenant.id, pid, tenant.cgroup.path)
+        testhooks.pause("placed")
 
     async def end(self, tenant: Tenant, reason: str) -> None:
         """End ``tenant`` once (later calls wait for the first): recover, kill, free the slot."""
