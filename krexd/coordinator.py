@@ -726,7 +726,9 @@ class Coordinator:
         region = Region(holder, epoch, pid, tid, now, now, list(siblings), adopted=True)
         self._region, self._frozen = region, region.siblings
         self._epoch = max(self._epoch, epoch)
-        self._region_state(states.HELD)  # IDLE -> HELD (adopted)
+        # The region went through steps 2-4 in the krexd before: replay its edges.
+        for step in (states.CLOSING, states.DRAINING, states.REGION_FREEZING, states.HELD):
+            self._region_state(step)  # IDLE -> CLOSING -> DRAINING -> FREEZING -> HELD
         self._watch(region)
         log.warning(
             "GPU %d: adopted the region of tenant %d (epoch %d), %d sibling(s) frozen",

@@ -63,8 +63,7 @@ REOPENING = "reopening"
 RECOVERING = "recovering"
 
 REGION_EDGES: dict[str, frozenset[str]] = {
-    # IDLE -> HELD: a region in progress adopted from a crashed krexd (krexd/adopt.py).
-    IDLE: frozenset({CLOSING, HELD}),
+    IDLE: frozenset({CLOSING}),
     CLOSING: frozenset({DRAINING, RECOVERING}),
     DRAINING: frozenset({REGION_FREEZING, RECOVERING}),
     REGION_FREEZING: frozenset({HELD, RECOVERING}),

@@ -1,7 +1,7 @@
 """Test-only pause points of the control plane (environment ``KREX_TEST_PAUSE_AT``).
 
 The restart tests SIGKILL krexd at each step of a command's life and of the
-region protocol (tests/restarts/test_kill_steps.py).  With
+region protocol.  With
 ``KREX_TEST_PAUSE_AT=<step>`` in krexd's environment, the first time krexd
 reaches ``<step>`` it logs ``test pause at <step>`` and blocks its whole
 event loop for ``KREX_TEST_PAUSE_S`` seconds (default 60), so the test can

@@ -1,4 +1,4 @@
-"""Bounded freeze without krexd: the watchdog thaws tenants and reopens gates (krexd/watchdog.py)."""
+"""Bounded freeze without krexd: the watchdog thaws tenants and reopens gates."""
 
 from __future__ import annotations
 
