@@ -251,7 +251,7 @@ class Daemon:
                 return_exceptions=True,
             )
         # Each krex run sees its command end and sends release: answer it with the reason.
-        await self._await_releases(ended, 2.0)
+        await self._await_releases(ended, 5.0)
         if self.server is not None:
             await self.server.cancel_requests()
         self._stop_mps()  # after the tenants: no MPS client is left
@@ -262,7 +262,8 @@ class Daemon:
             self.tenants.add(t)  # EXITED: release only reads its kill_reason
         deadline = asyncio.get_running_loop().time() + timeout_s
         while ended and asyncio.get_running_loop().time() < deadline:
-            ended = [t for t in ended if not t.told_end and _alive(t.launcher_pid)]
+            # A tenant that never ran a command has no krex run waiting for its end.
+            ended = [t for t in ended if t.pids and not t.told_end and _alive(t.launcher_pid)]
             await asyncio.sleep(0.05)
 
     def _stop_mps(self) -> None:
