@@ -8,6 +8,8 @@ Sequence (DESIGN.md "krex run"):
 4. ``place`` the child's pid in the tenant cgroup; only then the pipe is
    written and the child ``exec``s CMD, so CMD's first instruction already
    runs in the cgroup (paper §4.2: a freeze catches ``import torch``).
+   On a lost krexd every request is re-sent to the krexd that comes back
+   (``krex_cli.reconnect``): a restart loses no command.
 5. Wait for CMD; SIGINT/SIGTERM/SIGHUP/SIGQUIT to ``krex run`` are forwarded
    to CMD's process group.  When stdin is a terminal and ``krex run`` is in
    the foreground, CMD's group becomes the terminal's foreground group, so
@@ -50,12 +52,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from krex_client.connection import (
-    Connection,
-    KrexPermissionDenied,
-    KrexUnavailable,
-    RemoteError,
-)
+from krex_cli.reconnect import Reconnecting
+from krex_client.connection import KrexPermissionDenied, KrexUnavailable, RemoteError
 from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
 
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -194,15 +192,16 @@ def run(
     ``label``: its name for learned needs (None: krexd derives it from ``argv``).
     ``retry_tempfail``: times to run it again after an exit 75 (None: krexd's default).
     """
-    conn = Connection(socket, timeout_s=5.0)
+    conn = Reconnecting(socket, timeout_s=5.0, on_reconnect=_resent)
     try:
-        about = conn.request("ping")
+        # No socket: one line, exit 69; krexd restarting: wait for it.
+        about = conn.first_ping()
         retries = retry_tempfail
         if retries is None:
             retries = int(about.get("retry_tempfail") or 0)
         attempt = 0
         while True:
-            code = _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes, label, about)
+            code = _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes, label)
             if code != ExitCode.TEMPFAIL or attempt >= retries:
                 return code
             attempt += 1
@@ -225,27 +224,14 @@ def run(
 
 
 def _run(
-    conn: Connection,
+    conn: Reconnecting,
     argv: list[str],
     gpu: int | None,
     timeout_s: float | None,
     exclusive: bool,
     mem_bytes: int | None = None,
     label: str | None = None,
-    about: dict[str, Any] | None = None,
 ) -> int:
-    daemon_pid = int((about or conn.request("ping"))["pid"])
-
-    def daemon_alive() -> None:
-        try:
-            os.kill(daemon_pid, 0)
-        except ProcessLookupError:
-            raise KrexUnavailable(conn.socket, "krexd exited while the command waited") from None
-        except PermissionError:
-            pass  # alive, owned by root
-        if not os.path.exists(conn.socket):
-            raise KrexUnavailable(conn.socket, "socket removed while the command waited")
-
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
     if gpu is not None:
         body["gpu"] = gpu
@@ -255,21 +241,29 @@ def _run(
         body["label"] = label
     asked = time.monotonic()
     try:
-        granted = conn.request("admit", body, forever=True, check=daemon_alive)
+        granted = conn.request("admit", body, forever=True)
     except KeyboardInterrupt:
         _say("interrupted while waiting for a slot")
         return 128 + signal.SIGINT
     # How long the command waited for its slot (ms), for its own record.
     granted.setdefault("env", {})["KREX_ADMIT_MS"] = f"{(time.monotonic() - asked) * 1e3:.3f}"
-    tenant = Connection(conn.socket, int(granted["tenant"]), str(granted["token"]), timeout_s=10.0)
+    tenant = Reconnecting(conn.socket, int(granted["tenant"]), str(granted["token"]), 10.0, _resent)
     try:
         return _launch(tenant, argv, granted, timeout_s)
     finally:
         tenant.close()
 
 
+def _resent(op: str) -> None:
+    # krexd restarted under the command (it keeps running, adopted by the new krexd).
+    if op == "ping":
+        _say("krexd is not answering (restarting?); waiting for it")
+    else:
+        _say(f"krexd restarted; sent '{op}' again")
+
+
 def _launch(
-    tenant: Connection, argv: list[str], granted: dict[str, Any], timeout_s: float | None
+    tenant: Reconnecting, argv: list[str], granted: dict[str, Any], timeout_s: float | None
 ) -> int:
     env = tenant_environ(dict(os.environ), {str(k): str(v) for k, v in granted["env"].items()})
     path, err, why = _resolve(argv[0], env)
@@ -319,7 +313,7 @@ def _launch(
     return _outcome(argv, code, memory, _release(tenant, {"exit_code": code}))
 
 
-def _memory_record(tenant: Connection, code: int) -> dict[str, Any]:
+def _memory_record(tenant: Reconnecting, code: int) -> dict[str, Any]:
     """The command's memory record when it failed (``{}`` when it succeeded or krexd cannot say)."""
     if code == 0:
         return {}
@@ -352,7 +346,7 @@ def _forwarder(pgid: int) -> Any:
     return forward
 
 
-def _release(tenant: Connection, body: dict[str, int]) -> dict[str, Any] | None:
+def _release(tenant: Reconnecting, body: dict[str, int]) -> dict[str, Any] | None:
     """Tell krexd the command ended; its reply (None when krexd did not answer)."""
     try:
         reply = tenant.request("release", body)

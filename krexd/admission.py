@@ -265,6 +265,18 @@ class Admission:
             w.future.exception()
         self._dispatch()
 
+    def adopt(self, gpu: int, exclusive: bool, mem_bytes: int = 0, uid: int = 0) -> None:
+        """Count a tenant of ``uid`` adopted after a restart as holding its slot(s) and
+        memory need (bytes), against the per-uid caps too."""
+        s = self._gpus[gpu]
+        if exclusive:
+            s.exclusive = True
+            s.used = s.total
+        else:
+            s.used += 1
+        s.mem_reserved += mem_bytes
+        self.caps.granted(uid)
+
     def release(self, gpu: int, exclusive: bool, mem_bytes: int = 0, uid: int = 0) -> None:
         """Free the slot(s) and the memory reservation (bytes) of a tenant of ``gpu``
         owned by ``uid``; grant parked waiters that now fit."""

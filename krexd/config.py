@@ -38,6 +38,9 @@ class DaemonConfig:
     fake_gpus: int = 0
     log_level: str = "info"
     liveness_interval_ms: int = 200
+    max_connections: int = 1024  # open control connections; more are disconnected
+    freeze_bound_s: float = 20.0  # longest freeze without a live krexd (krexd/watchdog.py)
+    adopt: bool = True  # a restarted krexd adopts the tenants of the one before
 
     @property
     def gate_dir(self) -> str:
@@ -303,6 +306,9 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "fake_gpus": _int(0, 64),
             "log_level": _choice("debug", "info", "warning", "error"),
             "liveness_interval_ms": _int(10, 60_000),
+            "max_connections": _int(8, 1_000_000),
+            "freeze_bound_s": _float_range(1.0, 3600.0),
+            "adopt": _bool,
         },
     ),
     "admission": (

@@ -5,7 +5,10 @@ exclusivity (paper §4.2; DESIGN.md "Region entry and exit";
 docs/design/architecture.md maps every step to its file).  Steps carry the
 paper's numbers (its circled 1-8); the methods below read in that order:
 
-    enter()     1  region lock, FIFO (no starvation: the paper has no fairness);
+    enter()     0  the request is recorded (RegionRequest) from its arrival to
+                   its region's end: a second one is NESTED_REGION, a cancel
+                   acts on it at any stage
+                1  region lock, FIFO (no starvation: the paper has no fairness);
                    then, lock held, the holder's expected memory must fit in
                    what its siblings leave free (they keep their memory while
                    frozen): wait, bounded, for them to free some, or fail at
@@ -59,7 +62,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from krexd import states
+from krexd import states, testhooks
 from krexd.config import RegionConfig
 from krexd.errors import Code, KrexError
 from krexd.fifo import FifoLock
@@ -92,6 +95,28 @@ class Region:
     end_reason: str = ""
     holder_watch: Watch | None = None  # fires when the holder's process exits
     timer: asyncio.TimerHandle | None = None
+    adopted: bool = False  # from a crashed krexd's state, its grant maybe never delivered
+
+
+# Stages of a region request (``RegionRequest.stage``).
+QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
+ENTERING = "entering"  # steps 2-5 in progress
+HELD = "held"  # granted: a Region exists
+
+
+@dataclass(eq=False)
+class RegionRequest:
+    """One tenant's region request, recorded from its arrival until its region ends.
+
+    ``region_cancel`` and recovery act on this record, so a request is never
+    found nowhere (the window between the lock's hand-over and the waiter's
+    resumption) nor twice (a second ``region_enter`` is refused while one is
+    recorded).
+    """
+
+    tenant: int
+    stage: str = QUEUED
+    cancelled: bool = False
 
 
 class Coordinator:
@@ -148,8 +173,12 @@ class Coordinator:
         # and the tenant establishing one: late arrivals are frozen into this list.
         self._frozen: list[Tenant] | None = None
         self._entering: int | None = None
-        self._cancel_entry: int | None = None  # cancel() arrived while entering
+        self._requests: dict[int, RegionRequest] = {}  # by tenant id, arrival to region end
         self._tasks: set[asyncio.Task[Any]] = set()  # recovery tasks in flight
+        # Epoch of each tenant's last region ended by exit (saved: a region_exit
+        # re-sent after a restart is answered again), and regions a restart ended.
+        self._exited: dict[int, int] = {}
+        self._resumed: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"Coordinator(gpu{self.gpu}, {self.state})"
@@ -180,13 +209,27 @@ class Coordinator:
         """
         requested_at = time.monotonic()
         self._check_caller(tenant, pid, tid)
-        if not self._cfg.enforce:
+        if not self._cfg.enforce or tenant.exclusive:
+            # An --exclusive tenant has the whole GPU already: its region is a no-op,
+            # so the same script runs with and without --exclusive.
             return self._enter_ungated(tenant)
-        if (self._region is not None and self._region.tenant.id == tenant.id) or (
-            self._lock.is_queued(tenant.id)
-        ):
+        region = self._region
+        if region is not None and region.adopted and region.tenant.id == tenant.id:
+            region.adopted = False  # a region_enter re-sent after a restart: grant it again
+            return self._grant_reply(region.epoch, list(self._slice.reserved), 0.0, 0.0)
+        if tenant.id in self._requests:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
+        request = self._requests[tenant.id] = RegionRequest(tenant.id)
+        try:
+            return await self._enter_recorded(request, tenant, pid, tid, requested_at)
+        finally:
+            if request.stage != HELD and self._requests.get(tenant.id) is request:
+                del self._requests[tenant.id]
 
+    async def _enter_recorded(
+        self, request: RegionRequest, tenant: Tenant, pid: int, tid: int, requested_at: float
+    ) -> dict[str, Any]:
+        """Steps 1-5 for a recorded request; a cancel at any step is honoured."""
         # Step 1: the region lock, one holder at a time, FIFO.
         try:
             await self._lock.acquire(tenant.id)
@@ -194,17 +237,21 @@ class Coordinator:
             raise KrexError(
                 Code.CANCELLED, f"tenant {tenant.id} ended while waiting for the region"
             ) from None
+        if request.cancelled:  # cancelled after the hand-over, before this task resumed
+            self._lock.release(tenant.id)
+            raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         locked_at = time.monotonic()
-        self._cancel_entry = None
+        request.stage = ENTERING
         try:
-            await self._wait_for_memory(tenant)
+            await self._wait_for_memory(tenant, request)
             region = await self._establish(tenant, pid, tid, requested_at)
         except BaseException:
             self.stats.failed += 1
             self._lock.release(tenant.id)
             raise
-        if self._cancel_entry == tenant.id:
-            self._cancel_entry = None
+        request.stage = HELD
+        testhooks.pause("granted")
+        if request.cancelled:
             await self._end(region, "cancelled by its holder")
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         wait_ms = (locked_at - requested_at) * 1e3
@@ -227,7 +274,7 @@ class Coordinator:
             "freeze_ms": self._last_freeze_ms if epoch else 0.0,
         }
 
-    async def _wait_for_memory(self, holder: Tenant) -> None:
+    async def _wait_for_memory(self, holder: Tenant, request: RegionRequest) -> None:
         """Before step 2, with the lock held (FIFO kept): the holder's expected memory
         must fit in what its siblings leave free, or the region would begin into an
         out-of-memory error its frozen siblings cause.
@@ -256,7 +303,7 @@ class Coordinator:
                         f"it ({_gib(fit.total)} total, {_gib(fit.other)} held by processes krex "
                         "does not run)",
                     )
-                if self._cancel_entry == holder.id:
+                if request.cancelled:
                     raise KrexError(Code.CANCELLED, f"tenant {holder.id} cancelled its region")
                 if time.monotonic() >= deadline:
                     log.warning(
@@ -286,16 +333,19 @@ class Coordinator:
             if self._gate is not None:
                 self._gate.close(tenant.id, epoch)
                 gate_closed = True
+            testhooks.pause("closed")
             # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
             self._region_state(states.DRAINING)  # CLOSING -> DRAINING
             t = time.monotonic()
             await self._drain(tenant, epoch)
             self._last_drain_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("drained")
             # Step 4: freeze sibling process trees once their GPU work has drained.
             self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
             t = time.monotonic()
             await self._freeze(self._siblings(tenant), frozen)
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("frozen")
             # Step 5: the holder's submitting thread gets the reserved cores.
             self._pin_holder(tenant, tid)
         except BaseException:
@@ -490,13 +540,19 @@ class Coordinator:
         Raises:
             KrexError: NOT_HOLDER (no region, another holder, or a stale epoch).
         """
-        if not self._cfg.enforce:
+        if not self._cfg.enforce or tenant.exclusive:
             if tenant.id not in self._ungated:
                 raise KrexError(Code.NOT_HOLDER, f"tenant {tenant.id} holds no region")
             self._ungated.discard(tenant.id)
             self.stats.completed += 1
             return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
         region = self._region
+        if (region is None or region.tenant.id != tenant.id) and self._resumed.get(
+            tenant.id
+        ) == epoch:
+            # Re-sent after a restart, for a region that ended meanwhile: answer it again.
+            del self._resumed[tenant.id]
+            return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
         if region is None or region.tenant.id != tenant.id:
             raise KrexError(
                 Code.NOT_HOLDER, f"tenant {tenant.id} holds no region on GPU {self.gpu}"
@@ -539,6 +595,7 @@ class Coordinator:
             t = time.monotonic()
             await self._thaw(region.siblings)
             thaw_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("thawed")
             # Step 8: only after the thaw, reopen the gate, then release the lock.
             if not recovering:
                 self._region_state(states.REOPENING)  # THAWING -> REOPENING
@@ -546,6 +603,10 @@ class Coordinator:
             _tenant_state(region.tenant, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
             self._region = None
             self._frozen = None
+            if self._requests.get(region.tenant.id) is not None:
+                del self._requests[region.tenant.id]
+            if not recovering:
+                self._exited[region.tenant.id] = region.epoch
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
             self._lock.release(region.tenant.id)
             if reason != "exit":
@@ -676,20 +737,22 @@ class Coordinator:
         stopped listening.  Returns ``{"cancelled": "queued" | "entering" |
         "held" | "none"}``.
         """
-        if not self._cfg.enforce:
+        if not self._cfg.enforce or tenant.exclusive:
             held = tenant.id in self._ungated
             self._ungated.discard(tenant.id)
             return {"cancelled": "held" if held else "none"}
-        if self._lock.cancel(tenant.id):
-            return {"cancelled": "queued"}
-        if self._entering == tenant.id or self._mem_waiting == tenant.id:
-            self._cancel_entry = tenant.id  # enter() ends the region once granted
-            return {"cancelled": "entering"}
+        request = self._requests.get(tenant.id)
+        if request is None:
+            return {"cancelled": "none"}
+        stage = request.stage
+        request.cancelled = True  # enter() honours it at its next step
+        if stage == QUEUED:
+            self._lock.cancel(tenant.id)  # False in the hand-over window: enter() sees the flag
+            return {"cancelled": QUEUED}
         region = self._region
-        if region is not None and region.tenant.id == tenant.id:
+        if stage == HELD and region is not None and region.tenant.id == tenant.id:
             await self._end(region, "cancelled by its holder")
-            return {"cancelled": "held"}
-        return {"cancelled": "none"}
+        return {"cancelled": stage}
 
     async def tenant_gone(self, tenant: Tenant) -> None:
         """Recovery when a tenant ends: end its region, or drop it from the queue.
@@ -697,9 +760,12 @@ class Coordinator:
         The daemon calls this before it removes the tenant's cgroup.
         """
         self._ungated.discard(tenant.id)
-        self._lock.cancel(tenant.id)
-        if self._mem_waiting == tenant.id:
-            self._cancel_entry = tenant.id  # its entry stops waiting for memory
+        self._exited.pop(tenant.id, None)
+        self._resumed.pop(tenant.id, None)
+        request = self._requests.get(tenant.id)
+        if request is not None:
+            request.cancelled = True  # also in the lock's hand-over window
+        self._lock.cancel(tenant.id)  # an entry waiting for memory sees the flag
         region = self._region
         if region is not None and region.tenant.id == tenant.id:
             await self._end(region, "holder's command ended")
@@ -708,11 +774,71 @@ class Coordinator:
         """End any region (thaw, reopen) and cancel every waiter."""
         for key in self._lock.queued():
             self._lock.cancel(key)
-        if self._mem_waiting is not None:
-            self._cancel_entry = self._mem_waiting
+        waiting = self._requests.get(self._mem_waiting) if self._mem_waiting is not None else None
+        if waiting is not None:
+            waiting.cancelled = True  # its entry stops waiting for memory
         region = self._region
         if region is not None:
             await self._end(region, "krexd is shutting down")
+
+    # ------------------------------------------------------- restart (krexd/adopt.py)
+
+    def saved(self) -> dict[str, Any]:
+        """What a restarted krexd needs of this GPU: epoch, region in progress, last exits."""
+        region = self._region
+        saved_region = None
+        if region is not None and not region.ended:
+            saved_region = {
+                "tenant": region.tenant.id,
+                "epoch": region.epoch,
+                "pid": region.pid,
+                "tid": region.tid,
+                "siblings": [t.id for t in region.siblings],
+                # The holder thread's own cores ("add"), given back at exit.
+                "thread_cpus": list(self._thread_cpus) if self._thread_cpus is not None else None,
+            }
+        exited = {str(k): v for k, v in {**self._resumed, **self._exited}.items()}
+        return {"epoch": self._epoch, "region": saved_region, "exited": exited}
+
+    def resume(self, epoch: int, exited: dict[int, int]) -> None:
+        """Continue the epochs of the krexd before; answer its regions' re-sent exits."""
+        self._epoch = max(self._epoch, epoch)
+        self._resumed.update(exited)
+
+    def adopt_region(
+        self,
+        holder: Tenant,
+        epoch: int,
+        pid: int,
+        tid: int,
+        siblings: list[Tenant],
+        thread_cpus: tuple[int, ...] | None = None,
+    ) -> None:
+        """Hold the region a crashed krexd granted (its siblings frozen, the gate closed).
+
+        Bound to (holder, epoch) like any region: the holder's exit or its
+        process's death ends it, and ``max_region_s`` counts from adoption.
+        ``thread_cpus``: the holder thread's affinity before step 5
+        (``[region] holder_cpus = "add"``), given back at exit.
+        """
+        self._thread_cpus = thread_cpus
+        self._lock.take(holder.id)
+        self._requests[holder.id] = RegionRequest(holder.id, stage=HELD)
+        now = time.monotonic()
+        region = Region(holder, epoch, pid, tid, now, now, list(siblings), adopted=True)
+        self._region, self._frozen = region, region.siblings
+        self._epoch = max(self._epoch, epoch)
+        # The region went through steps 2-4 in the krexd before: replay its edges.
+        for step in (states.CLOSING, states.DRAINING, states.REGION_FREEZING, states.HELD):
+            self._region_state(step)  # IDLE -> CLOSING -> DRAINING -> FREEZING -> HELD
+        self._watch(region)
+        log.warning(
+            "GPU %d: adopted the region of tenant %d (epoch %d), %d sibling(s) frozen",
+            self.gpu,
+            holder.id,
+            epoch,
+            len(siblings),
+        )
 
     # ----------------------------------------------------------------- status
 

@@ -29,7 +29,7 @@ import os
 import signal
 from typing import Any
 
-from krexd import __version__, gpus, paths
+from krexd import __version__, adopt, gpus, paths, restart
 from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
 from krexd.config import Config
@@ -46,7 +46,7 @@ from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
 from krexd.quotas import UidCaps
-from krexd.runtime import SERVING, STOPPING, Runtime
+from krexd.runtime import RESTARTING, SERVING, STOPPING, Runtime
 from krexd.server import Server, check_free
 from krexd.slices import compute_slices
 from krexd.tenants import TenantRegistry
@@ -71,6 +71,7 @@ class Daemon:
         self.memory: MemoryMonitor | None = None
         self.lifecycle: Lifecycle | None = None
         self.server: Server | None = None
+        self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -88,7 +89,9 @@ class Daemon:
         for s in slices.values():
             _log.info("gpu%d slice %s", s.gpu, s.as_dict())
         cgroups = self.cgroups = CgroupBackend.open(cfg.cgroup)
-        cgroups.prepare(slices)
+        # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
+        saved = adopt.load(cfg, cgroups, [i.index for i in infos])
+        cgroups.prepare(slices, adopt=saved is not None)
         _log.info("cgroups: %s", cgroups.describe())
         if paths.gate_library() is None:
             # Without a gate, submissions are not gated: draining is skipped, CPU
@@ -98,7 +101,10 @@ class Daemon:
         pinner = AffinityPinner()
         region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
         for info in infos:
-            gate, gate_path = self._create_gate(info.index)
+            reopened = saved.gates.get(info.index) if saved is not None else None
+            gate, gate_path = (
+                (reopened, reopened.path) if reopened else self._create_gate(info.index)
+            )
             coordinator = Coordinator(
                 info.index,
                 gate,
@@ -135,6 +141,11 @@ class Daemon:
         lifecycle = self.lifecycle = Lifecycle(
             cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
         )
+        if saved is not None:
+            adopt.adopt(
+                saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
+            )
+        self.continuity = restart.Continuity(cfg, cgroups.root, self.tenants, self.gpus)
         by_index = self.gpus
         return OpContext(
             tenants=self.tenants,
@@ -180,10 +191,18 @@ class Daemon:
         """One line for STATUS= and the log."""
         used = sum(g.slots.used for g in self.gpus.values())
         total = sum(g.slots.total for g in self.gpus.values())
-        return (
+        line = (
             f"{len(self.gpus)} GPU(s), {len(self.tenants)} tenant(s), slots {used}/{total}, "
             f"{len(self.admission.parked)} parked"
         )
+        problems = self.problems()
+        if problems:
+            line += "; unhealthy: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
+        return line
+
+    def problems(self) -> dict[str, str]:
+        """What is wrong now, by part (empty: healthy); shown by status and STATUS=."""
+        return dict(self.cgroups.problems) if self.cgroups is not None else {}
 
     async def run(self) -> None:
         """Start, serve until asked to stop, shut down cleanly."""
@@ -196,6 +215,10 @@ class Daemon:
             self.server = Server(self.config.daemon, self.setup())
             self.server.bind()
             spawn = self.runtime.spawn
+            assert self.continuity is not None
+            self.continuity.start()
+            self.server.after_op = self.continuity.keeper.save  # saved before each reply
+            keep = spawn(self.continuity.loop())
             serve = spawn(self.server.serve())
             self.runtime.state = SERVING
             self.notifier.ready(f"serving {self.config.daemon.socket}: {self.summary_line()}")
@@ -203,13 +226,32 @@ class Daemon:
             watchdog = spawn(self.notifier.watchdog_loop())
             status = spawn(self._status_loop())
             await self._stop.wait()
+            if restart.take_restart_intent(self.config):
+                self._leave_for_restart()  # tenants keep running; the successor adopts them
+                return
             await self.shutdown()
-            for t in (serve, watchdog, status):
+            for t in (serve, watchdog, status, keep):
                 t.cancel()
         finally:
             if self.server is not None:
                 self.server.close()
-            await self._cleanup_after_failure()
+            if self.runtime.state != RESTARTING:
+                if self.continuity is not None:
+                    self.continuity.full_stop()
+                await self._cleanup_after_failure()
+
+    def _leave_for_restart(self) -> None:
+        """Exit for a restart: save, close the socket unanswered, leave cgroups and gates."""
+        self.runtime.state = RESTARTING
+        self.notifier.stopping()
+        if self.server is not None:
+            # Parked requests are not answered (clients re-send them); the socket file stays.
+            self.server.close(unlink=False)
+            self.server = None
+        if self.continuity is not None:
+            self.continuity.leave_for_restart()
+        if self.memory is not None:
+            self.memory.close()
 
     async def _status_loop(self) -> None:
         while True:
@@ -224,20 +266,36 @@ class Daemon:
         self.notifier.stopping()
         _log.info("shutting down: %s", self.summary_line())
         self.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
+        for t in self.tenants:
+            t.kill_reason = t.kill_reason or restart.STOPPED_REASON  # release answers it
         for gpu in self.gpus.values():
             try:
                 await gpu.coordinator.shutdown()
             except Exception:
                 _log.exception("gpu%d: coordinator shutdown failed", gpu.index)
+        ended = list(self.tenants)
         if self.lifecycle is not None:
             lifecycle = self.lifecycle
             await asyncio.gather(
                 *(lifecycle.end(t, "krexd shutdown") for t in self.tenants),
                 return_exceptions=True,
             )
+        # Each krex run sees its command end and sends release: answer it with the reason.
+        await self._await_releases(ended, 5.0)
         if self.server is not None:
             await self.server.cancel_requests()
         self._stop_mps()  # after the tenants: no MPS client is left
+
+    async def _await_releases(self, ended: list[Any], timeout_s: float) -> None:
+        """Keep the ended tenants answerable until their launchers released them (bounded)."""
+        for t in ended:
+            if self.tenants.get(t.id) is None:
+                self.tenants.add(t)  # EXITED: release only reads its kill_reason
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while ended and asyncio.get_running_loop().time() < deadline:
+            # A tenant that never ran a command has no krex run waiting for its end.
+            ended = [t for t in ended if t.pids and not t.told_end and _alive(t.launcher_pid)]
+            await asyncio.sleep(0.05)
 
     def _stop_mps(self) -> None:
         for gpu in self.gpus.values():
@@ -284,11 +342,28 @@ class Daemon:
         return {
             **self.about(),
             "state": self.runtime.state,
+            "healthy": not self.problems(),
+            "problems": self.problems(),
             "socket": self.config.daemon.socket,
             "config": self.config.source,
             "cgroups": self.cgroups.describe() if self.cgroups is not None else None,
             "gpus": gpus_out,
             "tenants": [t.summary() for t in self.tenants],
             "queue": self.admission.status(),
+            "connections": (
+                self.server.guard.status()
+                if self.server is not None and self.server.guard is not None
+                else None
+            ),
             "memory": self.memory.settings() if self.memory else None,
         }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

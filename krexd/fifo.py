@@ -69,6 +69,16 @@ class FifoLock(Generic[T]):
                     pass
             raise
 
+    def take(self, key: T) -> None:
+        """Own the free lock at once (a region adopted after a restart).
+
+        Raises:
+            RuntimeError: the lock is owned or waited for.
+        """
+        if self._owner is not None or self._waiters:
+            raise RuntimeError(f"take by {key!r}, but the lock is busy")
+        self._owner = key
+
     def cancel(self, key: T) -> bool:
         """Drop a waiting ``key`` from the queue (its acquire raises CancelledError).
 

@@ -19,14 +19,14 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from krexd import identity, paths, states
+from krexd import identity, paths, states, testhooks
 from krexd.admission import Admission
 from krexd.cgroups import CgroupError, TenantCgroup
 from krexd.config import Config
 from krexd.errors import Code, KrexError
 from krexd.gpu import Gpu
 from krexd.memory.monitor import MemoryMonitor
-from krexd.runtime import Runtime
+from krexd.runtime import STOPPING, Runtime
 from krexd.states import change_state
 from krexd.tenants import PidWatch, Tenant, TenantRegistry
 
@@ -146,7 +146,16 @@ class Lifecycle:
         # A command admitted during a region starts frozen (it is a sibling).
         await self._gpus[granted].coordinator.tenant_added(tenant)
         _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(argv)[:200])
+        testhooks.pause("admitted")
         return tenant
+
+    def adopt(self, tenant: Tenant) -> None:
+        """Take over a tenant of the krexd before a restart (krexd/adopt.py): register it
+        and watch its launcher again."""
+        self._tenants.add(tenant)
+        self._watches[tenant.id] = PidWatch(
+            tenant.launcher_pid, lambda: self._launcher_gone(tenant), self.poll_s
+        )
 
     def _launcher_gone(self, tenant: Tenant) -> None:
         if tenant.state != states.EXITED and tenant.id not in self._ending:
@@ -201,9 +210,13 @@ class Lifecycle:
         if tenant.state == states.ADMITTED:
             change_state(tenant, states.RUNNING)  # ADMITTED -> RUNNING
         _log.info("t%d: placed pid %d in %s", tenant.id, pid, tenant.cgroup.path)
+        testhooks.pause("placed")
 
     async def end(self, tenant: Tenant, reason: str) -> None:
         """End ``tenant`` once (later calls wait for the first): recover, kill, free the slot."""
+        if tenant.state == states.EXITED and tenant.id not in self._ending:
+            tenant.told_end = True  # ended already (krexd's stop): release reads kill_reason
+            return
         running = self._ending.get(tenant.id)
         if running is None:
             running = asyncio.ensure_future(self._end(tenant, reason))
@@ -242,7 +255,10 @@ class Lifecycle:
                     gpu.gate.reclaim_dead()
                 except Exception:
                     _log.exception("t%d: freeing its gate registrations", tenant.id)
-            self._tenants.remove(tenant)
+            if self._runtime.state != STOPPING:
+                # While krexd stops, an ended tenant stays registered (EXITED) so that
+                # its launcher's release, however late, reads its kill_reason.
+                self._tenants.remove(tenant)
             if tenant.state != states.EXITED:
                 change_state(tenant, states.EXITED)  # any live -> EXITED
             self._admission.release(

@@ -17,6 +17,7 @@ from krexd.errors import Code, KrexError
 STARTING = "starting"
 SERVING = "running"
 STOPPING = "stopping"
+RESTARTING = "restarting"  # leaving the tenants to the next krexd (krexd/restart.py)
 
 
 class Runtime:
@@ -33,7 +34,7 @@ class Runtime:
 
     def check_serving(self) -> None:
         """Raise ``KrexError(SHUTTING_DOWN)`` once shutdown has begun."""
-        if self.state == STOPPING:
+        if self.state in (STOPPING, RESTARTING):
             raise KrexError(Code.SHUTTING_DOWN, "krexd is stopping")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

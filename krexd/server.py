@@ -28,6 +28,7 @@ import errno
 import grp
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -37,6 +38,7 @@ import zmq.asyncio
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 from krexd import identity
 from krexd.config import DaemonConfig
+from krexd.connections import ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger("krexd.server")
 
 HARD_MAX_MSG_BYTES = 16 << 20
+_READ_ONLY_OPS = frozenset({"ping", "status", "memory"})
 
 
 class ServerError(RuntimeError):
@@ -84,6 +87,11 @@ class Server:
         self.path = cfg.socket
         self.mode = cfg.socket_mode
         self.group = cfg.socket_group
+        self.max_connections = cfg.max_connections
+        self.guard: ConnectionGuard | None = None  # connection cap (krexd/connections.py)
+        # Called after each op, before its reply: the state a restart adopts is saved
+        # before the client can act on the reply (krexd/adopt.py StateKeeper.save).
+        self.after_op: Callable[[], None] | None = None
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -120,10 +128,19 @@ class Server:
         if gid != -1:
             os.chown(self.path, -1, gid)
         self._sock = sock
+        self.guard = ConnectionGuard(sock, self.max_connections)
         _log.info("listening on ipc://%s (mode %o)", self.path, self.mode)
 
     async def serve(self) -> None:
         """Receive and dispatch requests until cancelled."""
+        assert self._sock is not None and self.guard is not None
+        guard = asyncio.get_running_loop().create_task(self.guard.run())
+        try:
+            await self._serve()
+        finally:
+            guard.cancel()
+
+    async def _serve(self) -> None:
         assert self._sock is not None
         while True:
             parts = await self._sock.recv_multipart(copy=False)
@@ -163,6 +180,8 @@ class Server:
             if handler is None:
                 raise KrexError(Code.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
             body: dict[str, Any] = await handler(self.ctx, req)
+            if self.after_op is not None and req.op not in _READ_ONLY_OPS:
+                self.after_op()
             frame = encode_ok(req.id, body)
         except KrexError as exc:
             self.errors += 1
@@ -198,13 +217,18 @@ class Server:
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
 
-    def close(self) -> None:
-        """Close the socket and remove its file."""
+    def close(self, unlink: bool = True) -> None:
+        """Close the socket and remove its file (kept with ``unlink=False``: a restart,
+        so that clients wait for the successor rather than take krexd for stopped)."""
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
             try:
-                os.unlink(self.path)
+                if unlink:
+                    os.unlink(self.path)
             except FileNotFoundError:
                 pass
         self._ctx.term()

@@ -52,6 +52,7 @@ class Tenant:
     exit_code: int | None = None
     signal: int | None = None
     kill_reason: str | None = None  # set when krexd kills the command (e.g. max_region_s)
+    told_end: bool = False  # its launcher asked after it once it had ended (krexd's stop)
     # Memory need, usage and out-of-memory record (krexd/memory, docs/design/memory.md).
     memory: TenantMemory = field(default_factory=lambda: TenantMemory(0, "default"))
 
@@ -88,6 +89,15 @@ class TenantRegistry:
         tid = self._next_id
         self._next_id += 1
         return tid
+
+    @property
+    def next_id(self) -> int:
+        """The id :meth:`new_id` gives next (saved, so ids are not reused after a restart)."""
+        return self._next_id
+
+    def resume_ids(self, next_id: int) -> None:
+        """Continue the ids of the krexd before a restart (never lowers the counter)."""
+        self._next_id = max(self._next_id, next_id)
 
     @staticmethod
     def new_token() -> str:

@@ -66,6 +66,8 @@ class CgroupBackend:
         self._mems = "0"
         self._slices: dict[int, CpuSlice] = {}
         self._lock_fd: int | None = None
+        # What is wrong now, by part ("gpu0": why); empty when healthy (krexctl status).
+        self.problems: dict[str, str] = {}
 
     # --- detection ----------------------------------------------------------------
 
@@ -142,14 +144,16 @@ class CgroupBackend:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
-    def prepare(self, slices: dict[int, CpuSlice]) -> int:
+    def prepare(self, slices: dict[int, CpuSlice], adopt: bool = False) -> int:
         """Claim the tree (:meth:`lock`), clean a stale one, then build ``<name>/gpu<N>``.
 
+        With ``adopt`` the tree of the krexd before is kept as it is (its
+        tenants are adopted, krexd/adopt.py); only missing directories are made.
         Returns how many leftover processes of an earlier krexd were killed.
         Raises CgroupError when another live krexd uses the same tree.
         """
         self.lock()
-        killed = self.cleanup_stale()
+        killed = 0 if adopt else self.cleanup_stale()
         self._slices = dict(slices)
         all_cores = sorted({c for s in slices.values() for c in s.cores})
         fs.mkdir(self.root)
@@ -164,16 +168,20 @@ class CgroupBackend:
         elif self.cpuset_kind == CPUSET_V2:
             self._set_cpuset(self.root, all_cores)
             self._enable_cpuset(self.root)
-        for gpu, sl in sorted(slices.items()):
-            fs.mkdir(self._gpu_dir(gpu))
-            cs_dir = self._gpu_cpuset_dir(gpu)
-            if cs_dir is not None:
-                if cs_dir != self._gpu_dir(gpu):
-                    fs.mkdir(cs_dir)
-                self._set_cpuset(cs_dir, sl.cores)
-                if self.cpuset_kind == CPUSET_V2:
-                    self._enable_cpuset(cs_dir)
+        for gpu in sorted(slices):
+            self._build_gpu(gpu)
         return killed
+
+    def _build_gpu(self, gpu: int) -> None:
+        """Create ``<name>/gpu<N>`` (and its cpuset directory) with the GPU's slice."""
+        fs.mkdir(self._gpu_dir(gpu))
+        cs_dir = self._gpu_cpuset_dir(gpu)
+        if cs_dir is not None:
+            if cs_dir != self._gpu_dir(gpu):
+                fs.mkdir(cs_dir)
+            self._set_cpuset(cs_dir, self._slices[gpu].cores)
+            if self.cpuset_kind == CPUSET_V2:
+                self._enable_cpuset(cs_dir)
 
     def _enable_cpuset(self, directory: str) -> bool:
         path = os.path.join(directory, "cgroup.subtree_control")
@@ -204,7 +212,29 @@ class CgroupBackend:
         return None
 
     def create_tenant(self, gpu: int, tenant_id: int) -> TenantCgroup:
-        """Create ``gpu<gpu>/t<tenant_id>`` confined to the slice's tenant cores."""
+        """Create ``gpu<gpu>/t<tenant_id>`` confined to the slice's tenant cores.
+
+        A ``gpu<N>`` directory removed from outside (an administrator, a
+        cleanup script) is built again once; when that fails too, the GPU is
+        recorded in :attr:`problems` (krexd reports itself unhealthy) and the
+        CgroupError is raised.
+        """
+        try:
+            cgroup = self._create_tenant(gpu, tenant_id)
+        except CgroupError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            _log.warning("gpu%d: cgroup directory missing (%s); building it again", gpu, exc)
+            try:
+                self._build_gpu(gpu)
+                cgroup = self._create_tenant(gpu, tenant_id)
+            except CgroupError as again:
+                self.problems[f"gpu{gpu}"] = f"cannot rebuild its cgroup directory: {again}"
+                raise
+        self.problems.pop(f"gpu{gpu}", None)
+        return cgroup
+
+    def _create_tenant(self, gpu: int, tenant_id: int) -> TenantCgroup:
         sl = self._slices[gpu]
         leaf = f"t{tenant_id}"
         freezer = os.path.join(self._gpu_dir(gpu), leaf)
@@ -251,6 +281,28 @@ class CgroupBackend:
         for tree in self._trees():
             for d in fs.subdirs_bottom_up(tree):
                 fs.rmdir(d)
+
+    def tenant_dirs(self) -> dict[int, str]:
+        """The ``gpu<N>/t<id>`` directories in the tree now, by tenant id."""
+        out: dict[int, str] = {}
+        for gpu in self._slices:
+            gdir = self._gpu_dir(gpu)
+            try:
+                names = os.listdir(gdir)
+            except FileNotFoundError:
+                continue
+            for n in names:
+                if n.startswith("t") and n[1:].isdigit():
+                    out[int(n[1:])] = os.path.join(gdir, n)
+        return out
+
+    def thaw_inner(self) -> None:
+        """Thaw the tree's root and ``gpu<N>`` directories (a frozen ancestor freezes all)."""
+        for d in [self.root, *(self._gpu_dir(g) for g in self._slices)]:
+            try:
+                fs.write(os.path.join(d, "cgroup.freeze"), "0")
+            except CgroupError:
+                pass
 
     def _populated(self) -> bool:
         try:
@@ -303,4 +355,5 @@ class CgroupBackend:
             "root": self.root,
             "cpuset_root": self.cpuset_root,
             "systemd": self.systemd,
+            "problems": dict(self.problems),
         }

@@ -4,6 +4,11 @@ krexd always runs in the foreground: under systemd as a ``Type=notify``
 service, by hand from a shell.  ``--foreground`` is accepted for
 compatibility (units and scripts pass it) and changes nothing.
 
+``krexd --prepare-restart [--config PATH]`` only writes the restart marker:
+the next SIGTERM makes the running krexd leave its tenants running for its
+successor instead of ending them (krexd/restart.py); the unit's ``ExecStop``
+runs it when systemd's job is a restart.
+
 Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for an invalid
 configuration or slice layout, 69 (EX_UNAVAILABLE) when the socket or the
 cgroups cannot be set up, 77 (EX_NOPERM) when not root.
@@ -48,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="control socket path (default: $KREX_SOCKET, else the config's [daemon] socket)",
     )
     p.add_argument("--fake-gpus", metavar="N", type=int, help="declare N simulated GPUs")
+    p.add_argument(
+        "--prepare-restart",
+        action="store_true",
+        help="mark the next SIGTERM as a restart: running commands are kept and adopted",
+    )
     p.add_argument("--version", action="version", version=f"krexd {__version__}")
     return p
 
@@ -72,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("krexd: must run as root (it manages cgroups)", file=sys.stderr)
         return ExitCode.NOPERM
+    if args.prepare_restart:
+        from krexd.restart import prepare_restart
+
+        prepare_restart(cfg)
+        return ExitCode.OK
     from krexd.daemon import Daemon
 
     try:

@@ -12,8 +12,14 @@ and 4.
 The reply comes once the region is established (paper §4.2 steps 1-5): the
 request is parked server-side in FIFO order while another tenant holds the
 region.  The caller then flushes L2 through its shim and runs the timed code.
+An ``--exclusive`` tenant holds the whole GPU already: it gets a no-op grant
+(epoch 0, no reserved cores) at once, so one script runs with and without
+``--exclusive``.  A second request from a tenant whose request is queued,
+being set up or held is refused ``NESTED_REGION``.
 Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.identity``), ``BAD_FIELD``, ``NESTED_REGION``, ``DRAIN_TIMEOUT``,
+that is not its launcher: ``krexd.identity``), ``BAD_FIELD``,
+``NESTED_REGION``, ``REGION_NO_MEMORY`` (its expected memory can never fit
+beside its siblings), ``DRAIN_TIMEOUT``,
 ``FREEZE_TIMEOUT``, ``CANCELLED``, ``SHUTTING_DOWN``.
 Sent by: ``krex_client.region.critical()`` on entry.
 """
@@ -25,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from krex_client.protocol import Request
 from krexd import identity
 from krexd.control import fields
-from krexd.errors import Code, KrexError
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext
@@ -40,7 +45,5 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     fields.only(req.body, "pid", "tid")
     pid = fields.integer(req.body, "pid", 1, _MAX_PID)
     tid = fields.integer(req.body, "tid", 1, _MAX_PID)
-    if tenant.exclusive:
-        raise KrexError(Code.BAD_FIELD, "an --exclusive command holds the whole GPU already")
     reply: dict[str, Any] = await ctx.regions(tenant.gpu).enter(tenant, pid, tid)
     return reply

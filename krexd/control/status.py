@@ -5,9 +5,11 @@ on the kernel-verified caller (need-to-know, below).
 Reply body (stable keys; ``krexctl status --json`` prints it as is)::
 
     {"version": str, "pid": int, "uptime_s": float, "state": "starting|running|stopping",
+     "healthy": bool, "problems": {str: str},
      "socket": str, "config": str,
      "cgroups": {"backend": "v2|hybrid", "cpuset": "v2|v1|affinity", "root": str,
-                 "cpuset_root": str|null, "systemd": bool},
+                 "cpuset_root": str|null, "systemd": bool, "problems": {str: str}},
+     "connections": {"open": int, "peak": int, "max": int, "refused": int}|null,
      "gpus": [{"index": int, "name": str, "fake": bool, "total_mem_bytes": int,
                "slice": {"cores": "0-7", "reserved": "7", "tenant_cores": "0-6",
                          "shared": bool},

@@ -66,6 +66,14 @@ def _connect_from_env() -> ControlConnection:
     return conn
 
 
+def _reconnect_s() -> float:
+    """Seconds a region request waits for a restarted krexd (``KREX_RECONNECT_S``)."""
+    try:
+        return max(0.0, float(os.environ.get("KREX_RECONNECT_S", "120")))
+    except ValueError:
+        return 120.0
+
+
 class RegionError(RuntimeError):
     """krexd refused or aborted a critical region (the message says why)."""
 
@@ -149,6 +157,7 @@ class Region:
         self._conn_pid = 0
         self._recorder: Recorder | None = None  # the region log's (KREX_REGION_LOG)
         self._recorder_pid = 0
+        self._daemon_pid: int | None = None  # the krexd that answers (a restart changes it)
 
     @staticmethod
     def _zero_stats() -> dict[str, float]:
@@ -306,23 +315,69 @@ class Region:
     def _connection(self) -> ControlConnection:
         # One connection per process; a forked child opens its own.
         if self._conn is None or self._conn_pid != os.getpid():
+            self._daemon_pid = None
             self._conn = self.connect()
             self._conn_pid = os.getpid()
         return self._conn
 
-    @staticmethod
-    def _request(conn: ControlConnection, op: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _request(self, conn: ControlConnection, op: str, body: dict[str, Any]) -> dict[str, Any]:
         # region_enter is parked in krexd while another tenant holds the region:
-        # wait as long as it takes (krexd bounds drain and freeze itself).
-        try:
+        # wait as long as it takes (krexd bounds drain and freeze itself).  When krexd
+        # restarts meanwhile, the request is sent again to the krexd that adopted this
+        # command (``KREX_RECONNECT_S``, default 120 s): a re-sent enter of a region
+        # already granted is granted again, a re-sent exit of one ended is answered again.
+        deadline: float | None = None
+        while True:
+            try:
+                return self._send(conn, op, body)
+            except Exception as exc:
+                # RemoteError/KrexUnavailable come from a loaded connection module;
+                # importing it here just to compare would pull in pyzmq.
+                connection = sys.modules.get("krex_client.connection")
+                if connection is not None and isinstance(exc, connection.RemoteError):
+                    raise RegionError(f"{op}: {exc.name}: {exc.message}") from None
+                if connection is None or not isinstance(exc, connection.KrexUnavailable):
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + _reconnect_s()
+                conn = self._reconnect(deadline, exc)
+
+    def _send(self, conn: ControlConnection, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``conn.request(op, body, forever=True)``; a real connection also gives up when
+        the krexd that took the request exits (a fast restart would never answer it)."""
+        connection = sys.modules.get("krex_client.connection")
+        if connection is None or not isinstance(conn, connection.Connection):
             return conn.request(op, body, forever=True)
-        except Exception as exc:
-            # A RemoteError can only come from a loaded connection module; importing
-            # it here just to compare would pull in pyzmq.
-            connection = sys.modules.get("krex_client.connection")
-            if connection is None or not isinstance(exc, connection.RemoteError):
-                raise
-            raise RegionError(f"{op}: {exc.name}: {exc.message}") from None
+        if self._daemon_pid is None:
+            self._daemon_pid = int(conn.request("ping", {})["pid"])
+        pid, socket = self._daemon_pid, conn.socket
+
+        def krexd_alive() -> None:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                raise connection.KrexUnavailable(socket, "krexd exited") from None
+            except PermissionError:
+                pass  # alive, owned by root
+
+        reply: dict[str, Any] = conn.request(op, body, forever=True, check=krexd_alive)
+        return reply
+
+    def _reconnect(self, deadline: float, lost: Exception) -> ControlConnection:
+        """A fresh connection to the krexd that answers ``ping`` before ``deadline``."""
+        delay = 0.05
+        while time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+            try:
+                conn = self.connect()
+                pid = int(conn.request("ping", {})["pid"])
+            except Exception:  # noqa: BLE001 - not back yet
+                continue
+            self._daemon_pid = pid
+            self._conn, self._conn_pid = conn, os.getpid()
+            return conn
+        raise lost
 
     def _warn_once(self) -> None:
         if not self._warned:

@@ -154,3 +154,38 @@ def test_multithreaded_holder_keeps_its_cores_in_a_region(
         assert proc.pid in fewer
     after = _affinities(proc.pid)
     assert all(a == set(g.cpu_slice.tenant_cores) for a in after.values()), after
+
+
+def test_an_adopted_region_gives_the_thread_its_own_cores_back() -> None:
+    # A region granted by a krexd that then crashed: its successor adopts it from the
+    # saved state and, at exit, gives the holder thread its own affinity (core 1) back.
+    events = Events()
+    pinner = FakePinner(events)
+    pinner.initial = (1,)
+    registry = TenantRegistry()
+    holder, sibling = make_tenant(registry), make_tenant(registry)
+    registry.add(holder)
+    registry.add(sibling)
+    cfg = RegionConfig(holder_cpus="add")
+    before = Coordinator(0, None, SLICE, registry, cfg, FakeTenantControl(events), pinner)
+    after = Coordinator(0, None, SLICE, registry, cfg, FakeTenantControl(events), pinner)
+    tid = min(holder.pids)
+
+    async def scenario() -> None:
+        await before.enter(holder, tid, tid)
+        r = before.saved()["region"]
+        assert r["thread_cpus"] == [1]
+        siblings = [registry.get(i) for i in r["siblings"]]
+        after.adopt_region(
+            holder,
+            r["epoch"],
+            r["pid"],
+            r["tid"],
+            [s for s in siblings if s is not None],
+            tuple(r["thread_cpus"]),
+        )
+        await after.exit(holder, r["epoch"], 0.0, 0)
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert pinner.affinity[tid] == (1,)
+    assert pinner.cpus[holder.id] == SLICE.tenant_cores

@@ -141,8 +141,12 @@ def test_unknown_op_and_bad_fields_get_errors(krexd_factory: Factory) -> None:
 
 def test_restart_after_crash_thaws_and_cleans(krexd_factory: Factory) -> None:
     k = krexd_factory()
+    # k2 below has its own socket and state directory (nothing to adopt); krex run
+    # would wait KREX_RECONNECT_S for a krexd on k's socket to confirm the end.
     run = subprocess.Popen(
-        [*k.krex, "run", "--", "sleep", "60"], env=k.env, stderr=subprocess.DEVNULL
+        [*k.krex, "run", "--", "sleep", "60"],
+        env=dict(k.env, KREX_RECONNECT_S="1"),
+        stderr=subprocess.DEVNULL,
     )
     wait_for(lambda: bool(k.status()["tenants"]) and k.status()["tenants"][0]["pid"] is not None)
     t = k.status()["tenants"][0]

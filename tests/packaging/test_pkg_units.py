@@ -89,11 +89,16 @@ def test_unit_contract() -> None:
         "RuntimeDirectory": "krex",
         "Group": "krex",
         "Slice": "krex.slice",
-        "KillMode": "control-group",
+        # Restarts keep the commands (containerd's model); krexd ends them on a stop.
+        "KillMode": "process",
+        "RuntimeDirectoryPreserve": "restart",
     }
     for k, v in expect.items():
         assert keys.get(k) == [v], (k, keys.get(k))
     assert keys.get("WatchdogSec") and keys["WatchdogSec"][0] != "0"
+    # ExecStop tells a restart from a stop (krexd --prepare-restart only for a restart job).
+    (stop,) = keys["ExecStop"]
+    assert "list-jobs" in stop and "--prepare-restart" in stop
     # Hardening that would break cgroup management or GPU access stays off.
     for forbidden in ("ProtectControlGroups", "PrivateDevices", "DevicePolicy", "IPAddressDeny"):
         assert forbidden not in keys, forbidden

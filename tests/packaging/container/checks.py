@@ -302,6 +302,65 @@ def region_freezes() -> str:
     return json.dumps(seen)
 
 
+def _command_across(action: list[str], sleep_s: float = 8.0, code: int = 7) -> str:
+    """A ``krex run`` whose command exits ``code`` after ``sleep_s``, with ``action`` run
+    meanwhile: the command must end with its own code (no command lost)."""
+    before = show("MainPID")["MainPID"]
+    tenant = subprocess.Popen(
+        [
+            "runuser",
+            "-u",
+            BENCH_USER,
+            "--",
+            "krex",
+            "run",
+            "--",
+            "sh",
+            "-c",
+            f"sleep {sleep_s}; exit {code}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    time.sleep(2.0)  # admitted and running
+    done = run(action, timeout=120)
+    try:
+        out = tenant.communicate(timeout=120)[0]
+    except subprocess.TimeoutExpired:
+        tenant.kill()
+        raise CheckFailed(f"krex run did not end after {action}") from None
+    props = wait_active()
+    if done.returncode != 0:
+        raise CheckFailed(f"{action} rc={done.returncode}: {done.stdout}{done.stderr}")
+    if tenant.returncode != code:
+        raise CheckFailed(f"command lost across {action}: rc={tenant.returncode}: {out}")
+    if props.get("MainPID") == before:
+        raise CheckFailed(f"krexd was not restarted by {action}: {props}")
+    return f"krexd {before} -> {props.get('MainPID')}; command exited {code}"
+
+
+@check("restart_keeps_commands")
+def restart_keeps_commands() -> str:
+    return _command_across(["systemctl", "restart", UNIT])
+
+
+@check("reinstall_keeps_commands")
+def reinstall_keeps_commands() -> str:
+    debs = sorted(Path("/root").glob("krex_*.deb"))
+    if not debs:
+        raise CheckFailed("no .deb in /root to reinstall")
+    return _command_across(["apt-get", "install", "-y", "--reinstall", str(debs[-1])])
+
+
+@check("watchdog_restart_keeps_commands")
+def watchdog_restart_keeps_commands() -> str:
+    # A hung event loop (SIGSTOP) misses WATCHDOG=1: systemd kills krexd (the
+    # test drop-in's WatchdogSec) and restarts it; the new krexd adopts the command.
+    pid = show("MainPID")["MainPID"]
+    return _command_across(["kill", "-STOP", pid], sleep_s=15.0)
+
+
 @check("stop_leaves_no_process")
 def stop_leaves_nothing() -> str:
     props = show("MainPID", "ControlGroup")

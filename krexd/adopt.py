@@ -1,0 +1,361 @@
+"""Adoption: a restarted krexd takes over the running tenants of the one before.
+
+The model is containerd's: the service's restart leaves the tenants running
+(``KillMode=process``, ``Delegate=yes``) and the new daemon re-attaches to
+them from what the old one saved (``krexd.state``).  :class:`StateKeeper`
+saves, :func:`load` decides whether to adopt, :func:`adopt` does it:
+
+1. before the cgroup tree is touched, :func:`load` reads the state and maps
+   every saved gate file again (never recreated: the tenants' shims map these
+   files and their registrations live there).  Anything refused (corrupt,
+   foreign or newer state, a gate that does not open, GPUs or cgroup layout
+   changed) is logged with its reason and krexd falls back to the safe
+   cleanup of an unknown tree: thaw, kill, start empty.
+2. :func:`adopt` then re-creates each tenant (id, token, GPU, cgroup, pids,
+   verified launcher: pid, start time, uid and gid; memory record with its
+   label and declared and learned needs), counts its slot (and its uid's
+   cap), watches its launcher again (pidfd) and ends those whose launcher is
+   gone (a pid is matched with its start time, so a reused pid is not taken
+   for the launcher).
+3. a region in progress is adopted bound to its saved holder and epoch when
+   the holder lives and the gate still holds (holder, epoch); otherwise the
+   gate is reopened for that word and the region counts as ended.  Every
+   tenant that is not a sibling of an adopted region is thawed, with the
+   tree's inner directories; tenant directories the state does not know are
+   killed and removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from krexd import state as saved_state
+from krexd import states
+from krexd.cgroups import CgroupBackend, CgroupError, TenantCgroup
+from krexd.config import Config
+from krexd.gate import Gate, GateError
+from krexd.gpu import Gpu
+from krexd.memory.records import TenantMemory
+from krexd.runtime import Runtime
+from krexd.tenants import Tenant, TenantRegistry
+
+_log = logging.getLogger("krexd.adopt")
+
+_RESTORED_STATES = {states.ADMITTED: states.ADMITTED, states.HOLDING: states.HOLDING}
+
+
+class Adopting(Protocol):
+    """What adoption needs of the tenant life cycle (``krexd.lifecycle.Lifecycle``)."""
+
+    def adopt(self, tenant: Tenant) -> None:
+        """Register ``tenant`` and watch its launcher."""
+        ...
+
+    async def end(self, tenant: Tenant, reason: str) -> None:
+        """End the tenant (recover, kill, free its slot)."""
+        ...
+
+
+class SlotCounter(Protocol):
+    """Admission's count of slots (``krexd.admission.Admission``)."""
+
+    def adopt(self, gpu: int, exclusive: bool, mem_bytes: int = 0, uid: int = 0) -> None:
+        """Count an adopted tenant's slot(s), memory need and its uid's cap."""
+        ...
+
+
+@dataclass
+class Saved:
+    """A state accepted for adoption and the gates mapped again for it."""
+
+    doc: dict[str, Any]
+    gates: dict[int, Gate] = field(default_factory=dict)
+
+
+def load(cfg: Config, cgroups: CgroupBackend, gpus: list[int]) -> Saved | None:
+    """The saved state to adopt, or None (nothing saved, ``[daemon] adopt = false``, refused).
+
+    ``gpus``: the GPU indices of this krexd.  Never raises: a refusal is
+    logged with its reason and the caller cleans the tree as unknown.
+    """
+    path = saved_state.path_for(cfg.daemon.gate_dir, cfg.cgroup.name)
+    if not cfg.daemon.adopt:
+        saved_state.remove(path)
+        return None
+    try:
+        doc = saved_state.load(path, cgroups.root)
+        if doc is None:
+            return None
+        saved = Saved(doc)
+        _check_layout(doc, cgroups, gpus)
+        for key, g in doc["gpus"].items():
+            if g.get("gate"):
+                try:
+                    saved.gates[int(key)] = Gate.open(g["gate"])
+                except GateError as exc:
+                    raise saved_state.StateRefused(f"gate of GPU {key}: {exc}") from None
+    except saved_state.StateRefused as exc:
+        _log.error("saved state refused, not adopting: %s; cleaning the tree instead", exc)
+        saved_state.remove(path)
+        return None
+    _log.info("adopting %d tenant(s) from %s", len(doc["tenants"]), path)
+    return saved
+
+
+def _check_layout(doc: dict[str, Any], cgroups: CgroupBackend, gpus: list[int]) -> None:
+    for key in doc["gpus"]:
+        if int(key) not in gpus:
+            raise saved_state.StateRefused(f"GPU {key} of the saved state is not managed now")
+    for t in doc["tenants"]:
+        if t["cgroup"].get("kind") != cgroups.cpuset_kind:
+            raise saved_state.StateRefused(
+                f"cpuset backend changed ({t['cgroup'].get('kind')} -> {cgroups.cpuset_kind})"
+            )
+
+
+def _tenant(t: dict[str, Any]) -> Tenant:
+    cg = t["cgroup"]
+    known = {f.name for f in dataclasses.fields(TenantMemory)}
+    memory = TenantMemory(**{k: v for k, v in t["memory"].items() if k in known})
+    return Tenant(
+        id=t["id"],
+        token=t["token"],
+        gpu=t["gpu"],
+        argv=list(t["argv"]),
+        launcher_pid=t["launcher_pid"],
+        cgroup=TenantCgroup(cg["freezer"], cg.get("cpuset"), cg["kind"], cg["cores"]),
+        exclusive=bool(t["exclusive"]),
+        # The verified launcher (krexd.identity): place and the tenant ops check it.
+        uid=t["uid"],
+        gid=t["gid"],
+        launcher_start=t["launcher_start"],
+        pids=set(t["pids"]),
+        state=_RESTORED_STATES.get(t["state"], states.RUNNING),
+        kill_reason=t.get("kill_reason"),
+        memory=memory,
+    )
+
+
+def adopt(
+    saved: Saved,
+    registry: TenantRegistry,
+    gpus: Mapping[int, Gpu],
+    admission: SlotCounter,
+    lifecycle: Adopting,
+    cgroups: CgroupBackend,
+    runtime: Runtime,
+) -> list[Tenant]:
+    """Take over the saved tenants and regions (see the module docstring); returns the tenants.
+
+    Runs on the event loop before krexd serves (pidfds are registered with it).
+    """
+    doc = saved.doc
+    registry.resume_ids(doc["next_tenant_id"])
+    adopted: list[Tenant] = []
+    gone: list[Tenant] = []
+    for t in doc["tenants"]:
+        tenant = _tenant(t)
+        if tenant.gpu not in gpus:
+            continue
+        admission.adopt(tenant.gpu, tenant.exclusive, tenant.memory.need_bytes, uid=tenant.uid)
+        lifecycle.adopt(tenant)
+        adopted.append(tenant)
+        launcher_alive = saved_state.process_start(tenant.launcher_pid) == tenant.launcher_start
+        if not launcher_alive or not os.path.isdir(tenant.cgroup.path):
+            gone.append(tenant)
+    known = {t.id for t in adopted}
+    _kill_orphans(cgroups, known, runtime)
+    cgroups.thaw_inner()
+    keep_frozen: set[int] = set()
+    for key, g in doc["gpus"].items():
+        gpu = gpus[int(key)]
+        keep_frozen |= _adopt_region(gpu, g, registry, {t.id for t in gone})
+    for tenant in adopted:
+        if tenant.id in keep_frozen:
+            continue
+        try:
+            tenant.cgroup.thaw()
+        except OSError:
+            pass
+    for gpu in gpus.values():
+        if gpu.gate is not None:
+            try:
+                gpu.gate.reclaim_dead()
+            except GateError as exc:
+                _log.error("gpu%d: reclaiming dead registrations: %s", gpu.index, exc)
+    for tenant in gone:
+        runtime.spawn(lifecycle.end(tenant, "its launcher ended while krexd was away"))
+    _log.warning(
+        "adopted %d tenant(s) (%d to end: launcher gone), %d kept frozen by an adopted region",
+        len(adopted),
+        len(gone),
+        len(keep_frozen),
+    )
+    return adopted
+
+
+def _adopt_region(
+    gpu: Gpu, g: dict[str, Any], registry: TenantRegistry, gone: set[int]
+) -> set[int]:
+    """Adopt GPU ``gpu``'s saved region or end it; the ids to keep frozen."""
+    coordinator = gpu.coordinator
+    exited = {int(k): int(v) for k, v in (g.get("exited") or {}).items()}
+    r = g.get("region")
+    word = gpu.gate.word if gpu.gate is not None else None
+    holder = registry.get(r["tenant"]) if r else None
+    alive = holder is not None and holder.id not in gone
+    if r and alive and holder is not None and (gpu.gate is None or word == (holder.id, r["epoch"])):
+        siblings = [s for s in (registry.get(i) for i in r["siblings"]) if s is not None]
+        for s in siblings:
+            try:
+                s.cgroup.freeze()  # it is, unless a watchdog thawed it; then the gate is open
+                s.state = states.FROZEN
+            except OSError:
+                pass
+        holder.state = states.HOLDING
+        coordinator.resume(g["epoch"], exited)
+        cpus = r.get("thread_cpus")
+        coordinator.adopt_region(
+            holder,
+            r["epoch"],
+            r["pid"],
+            r["tid"],
+            siblings,
+            tuple(int(c) for c in cpus) if cpus is not None else None,
+        )
+        return {s.id for s in siblings}
+    if holder is not None and holder.state == states.HOLDING:
+        holder.state = states.RUNNING
+    if r:
+        exited[r["tenant"]] = r["epoch"]  # its re-sent region_exit is answered
+    if word is not None and gpu.gate is not None:
+        # Closed by an entry in progress or a region not adopted: reopen it for that word.
+        try:
+            gpu.gate.reopen(*word)
+        except GateError as exc:
+            _log.error("gpu%d: reopening the gate left closed: %s", gpu.index, exc)
+        _log.warning("gpu%d: reopened the gate a crashed krexd left closed %s", gpu.index, word)
+    coordinator.resume(max(g["epoch"], word[1] if word else 0), exited)
+    return set()
+
+
+def _kill_orphans(cgroups: CgroupBackend, known: set[int], runtime: Runtime) -> None:
+    """Kill and remove tenant directories the saved state does not name."""
+    for tid, path in cgroups.tenant_dirs().items():
+        if tid in known:
+            continue
+        cg = TenantCgroup(path, None, "affinity", ())
+        _log.warning("t%d: not in the saved state; killing %s", tid, path)
+        try:
+            cg.kill()
+        except CgroupError as exc:
+            _log.error("t%d: %s", tid, exc)
+            continue
+        runtime.spawn(_remove_when_empty(cg))
+
+
+async def _remove_when_empty(cg: TenantCgroup) -> None:
+    await cg.wait_empty(5.0)
+    try:
+        cg.remove()
+    except CgroupError as exc:
+        _log.error("%s", exc)
+
+
+class StateKeeper:
+    """Saves what adoption needs whenever it changed (after each op, and every second).
+
+    Args:
+        path: the state file (``krexd.state.path_for``).
+        cgroup_root: the tree the state describes.
+        registry: the live tenants.
+        gpus: the GPUs (coordinator epochs and regions, gate paths).
+    """
+
+    def __init__(
+        self, path: str, cgroup_root: str, registry: TenantRegistry, gpus: Mapping[int, Gpu]
+    ) -> None:
+        self.path = path
+        self._root = cgroup_root
+        self._registry = registry
+        self._gpus = gpus
+        self._starts: dict[int, int] = {}  # launcher start time read here, by tenant id
+        self._last = b""
+        self.enabled = True
+        self.writes = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as it is now (without the write time)."""
+        tenants = []
+        live = set()
+        for t in self._registry:
+            if t.state == states.EXITED:
+                continue
+            live.add(t.id)
+            start = t.launcher_start or self._starts.get(t.id)  # verified at admit
+            if start is None:
+                start = saved_state.process_start(t.launcher_pid) or 0
+                self._starts[t.id] = start
+            tenants.append(
+                {
+                    "id": t.id,
+                    "token": t.token,
+                    "gpu": t.gpu,
+                    "argv": t.argv,
+                    "launcher_pid": t.launcher_pid,
+                    "launcher_start": start,
+                    "uid": t.uid,
+                    "gid": t.gid,
+                    "exclusive": t.exclusive,
+                    "pids": sorted(t.pids),
+                    "state": t.state,
+                    "kill_reason": t.kill_reason,
+                    "cgroup": {
+                        "freezer": t.cgroup.freezer_dir,
+                        "cpuset": t.cgroup.cpuset_dir,
+                        "kind": t.cgroup.cpuset_kind,
+                        "cores": list(t.cgroup.cores),
+                    },
+                    "memory": dataclasses.asdict(t.memory),
+                }
+            )
+        for tid in set(self._starts) - live:
+            del self._starts[tid]
+        return {
+            "cgroup_root": self._root,
+            "pid": os.getpid(),
+            "next_tenant_id": self._registry.next_id,
+            "gpus": {
+                str(i): {**g.coordinator.saved(), "gate": g.gate_path}
+                for i, g in self._gpus.items()
+            },
+            "tenants": tenants,
+        }
+
+    def save(self) -> None:
+        """Write the state if it changed since the last write (never raises)."""
+        if not self.enabled:
+            return
+        doc = self.snapshot()
+        data = json.dumps(doc, sort_keys=True, default=str).encode()
+        if data == self._last:
+            return
+        try:
+            saved_state.write(self.path, {**doc, "saved_at": time.time()})
+        except (OSError, TypeError, ValueError) as exc:
+            _log.error("cannot save state to %s: %s", self.path, exc)
+            return
+        self._last = data
+        self.writes += 1
+
+    def remove(self) -> None:
+        """Delete the state (a full stop: nothing is left to adopt) and stop saving."""
+        self.enabled = False
+        saved_state.remove(self.path)

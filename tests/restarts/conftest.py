@@ -1,0 +1,89 @@
+"""Fixtures for restart tests: a krexd that can be SIGKILLed and started again on its config."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, Krexd
+from tests.support import clean_env
+
+Factory = Callable[..., Krexd]
+
+
+class Restarter:
+    """Kills and restarts krexds made by ``krexd_factory`` on the same config and socket."""
+
+    def __init__(self) -> None:
+        self.started: list[Krexd] = []
+
+    def kill(self, k: Krexd, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to krexd and wait for it to exit."""
+        k.proc.send_signal(sig)
+        k.proc.wait(20)
+
+    def start_again(self, k: Krexd, wait: bool = True) -> Krexd:
+        """A new krexd on ``k``'s config (same socket, cgroup name, state directory)."""
+        config = os.path.join(k.workdir, "krex.toml")
+        log = open(k.log_path, "ab")  # noqa: SIM115 - kept open by the child
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "krexd",
+                "--foreground",
+                "--config",
+                config,
+                "--fake-gpus",
+                str(len(k.status()["gpus"]) if k.proc.poll() is None else 1),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(),
+            cwd=REPO,
+        )
+        log.close()
+        new = Krexd(proc, k.socket, k.workdir, k.cgroup_name, k.log_path)
+        new.cgroup_dirs = list(k.cgroup_dirs)
+        self.started.append(new)
+        if wait:
+            new.wait_ready()
+        return new
+
+    def prepare_restart(self, k: Krexd) -> None:
+        """``krexd --prepare-restart`` on ``k``'s config."""
+        config = os.path.join(k.workdir, "krex.toml")
+        subprocess.run(
+            [sys.executable, "-m", "krexd", "--config", config, "--prepare-restart"],
+            check=True,
+            env=clean_env(),
+            cwd=REPO,
+            timeout=30,
+        )
+
+
+@pytest.fixture
+def restarter() -> Iterator[Restarter]:
+    r = Restarter()
+    yield r
+    for k in r.started:
+        if k.proc.poll() is None:
+            k.stop(check=False)
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"{what} not met in {timeout_s} s"
+        time.sleep(0.02)
