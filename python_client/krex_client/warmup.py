@@ -127,9 +127,10 @@ def warm_up(
     sm, error, t0, ran = first_mhz, None, now(), False
     while True:
         left_ms = policy.budget_ms - (now() - t0) * 1e3
-        if left_ms <= 0 or (by_clock and (sm is None or sm >= threshold)):
-            break
-        spent = warm_us(max(1, int(min(SLICE_MS if by_clock else left_ms, left_ms) * 1e3)))
+        slice_us = round(min(SLICE_MS if by_clock else left_ms, left_ms) * 1e3)
+        if slice_us < 1 or (by_clock and (sm is None or sm >= threshold)):
+            break  # the budget is spent (to the µs the shim counts in), or the clock is warm
+        spent = warm_us(slice_us)
         ran = True
         if spent < 0:
             error = -spent
