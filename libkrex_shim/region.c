@@ -28,6 +28,11 @@
  *       (cuEventElapsedTime*) outside any region so far: timing done
  *       outside a region.  Timing events recorded in one of the last
  *       RECENT_EVENTS region records after the region ended is not counted.
+ *   krex_shim_region_warm(budget_us)
+ *       inside the holder's region only: keeps the GPU busy for about
+ *       budget_us microseconds (memsets of the L2 flush buffer) so that
+ *       its SM clock ramps up before the timed code runs; returns the
+ *       microseconds spent, or a negative CUresult.
  *
  * The region record (krex_client, docs/design/region-log.md) reports them.
  * begin and end return 0 or a CUresult.  The driver calls go to the real
@@ -36,6 +41,7 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 
 struct l2buf {
@@ -334,4 +340,104 @@ KREX_EXPORT int krex_shim_region_events_outside(uint64_t *recorded, uint64_t *ti
     if (timed)
         *timed = atomic_load_explicit(&events_timed_outside, memory_order_relaxed);
     return 0;
+}
+
+/* The clock warm-up.  A region often begins on an idle GPU (the drain
+ * emptied it, the tenants were compiling), and an idle GPU lowers its SM
+ * clock: two configurations timed in two regions can then run at two
+ * clocks (docs/bench/autotune-h200.md).  Busy work brings the clock back;
+ * the client decides how long from NVML (docs/design/region-log.md).
+ *
+ * The work is memsets of the L2 flush buffer (no allocation beyond the
+ * one region_begin makes anyway) on the current context's legacy stream,
+ * enqueued in batches so the GPU never idles between two of them, and
+ * synchronized per batch so the budget is checked between batches.  The
+ * batch doubles from one memset (a synchronization's host overhead is
+ * amortized over more of them), but holds no more than the time per
+ * memset measured in the previous batch says fit in what is left: the
+ * budget is overshot by at most the first memset, whose length is not
+ * known before it runs, and one synchronization's overhead. */
+#define WARM_BATCH_MAX 64
+
+/* Whether this process holds the region it began: 0 outside a region, or
+ * when the gate no longer holds its epoch (ended by recovery). */
+static int warm_allowed(void)
+{
+    if (!atomic_load_explicit(&region_open, memory_order_relaxed))
+        return 0;
+    uint32_t epoch = atomic_load_explicit(&region_epoch, memory_order_relaxed);
+    /* Acquire: krex_gate_p and krex_tenant are published with krex_mode. */
+    if (atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
+        return 1; /* pass-through: no gate to ask, the region is advisory */
+    return epoch && krex_gate_load_word(krex_gate_p) == krex_gate_word(krex_tenant, epoch);
+}
+
+/* Runs the batches; returns 0 or a CUresult, *spent_ns the time they took. */
+static CUresult warm_batches(CUdeviceptr p, size_t size, uint64_t budget_ns, uint64_t *spent_ns)
+{
+    __typeof__(&cuMemsetD8Async) memset8 = KREX_REAL(cuMemsetD8Async);
+    __typeof__(&cuStreamSynchronize) ssync = KREX_REAL(cuStreamSynchronize);
+    if (!memset8 || !ssync)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = CUDA_SUCCESS;
+    uint64_t t0 = krex_now_ns(), per = 0; /* ns per memset, from the last batch */
+    uint64_t n = 0;
+    for (;;) {
+        uint64_t b0 = krex_now_ns();
+        if (b0 - t0 >= budget_ns)
+            break;
+        n = n ? 2 * n : 1;
+        if (n > WARM_BATCH_MAX)
+            n = WARM_BATCH_MAX;
+        if (per && n > (budget_ns - (b0 - t0)) / per)
+            n = (budget_ns - (b0 - t0)) / per;
+        if (n == 0)
+            break; /* one more would overshoot */
+        for (uint64_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+            r = memset8(p, 0, size, NULL); /* NULL: the legacy stream */
+        CUresult r2 = ssync(NULL);
+        if (r != CUDA_SUCCESS || (r = r2) != CUDA_SUCCESS)
+            break;
+        per = (krex_now_ns() - b0) / n;
+        if (per == 0)
+            per = 1;
+    }
+    *spent_ns = krex_now_ns() - t0;
+    return r;
+}
+
+KREX_EXPORT int krex_shim_region_warm(uint32_t budget_us)
+{
+    krex_shim_init();
+    int saved = errno;
+    int ret = 0;
+    if (!warm_allowed()) {
+        ret = -(int)CUDA_ERROR_NOT_PERMITTED;
+        goto out;
+    }
+    /* No driver, an open capture (legacy-stream work would invalidate it),
+     * no context or no buffer: nothing to warm with, 0 spent. */
+    if (budget_us == 0 || !krex_libcuda_if_loaded() || krex_captures() != 0)
+        goto out;
+    __typeof__(&cuCtxGetCurrent) get_cur = KREX_REAL(cuCtxGetCurrent);
+    CUcontext ctx = NULL;
+    if (!get_cur || get_cur(&ctx) != CUDA_SUCCESS || !ctx)
+        goto out;
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    CUresult r = l2_buffer(ctx, &p, &size);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY || (r == CUDA_SUCCESS && size == 0))
+        goto out; /* as in region_begin: run the region unwarmed */
+    uint64_t spent_ns = 0;
+    if (r == CUDA_SUCCESS)
+        r = warm_batches(p, size, (uint64_t)budget_us * 1000u, &spent_ns);
+    if (r != CUDA_SUCCESS) {
+        krex_log(KREX_LOG_WARN, "region clock warm-up failed: %d", (int)r);
+        ret = -(int)r;
+        goto out;
+    }
+    ret = spent_ns / 1000u > INT_MAX ? INT_MAX : (int)(spent_ns / 1000u);
+out:
+    errno = saved;
+    return ret;
 }

@@ -58,6 +58,7 @@ class Nvml:
     def __init__(self) -> None:
         self.nv: Any = None
         self.handle: Any = None
+        self._sm_max: int | None = None
         try:
             import pynvml  # type: ignore[import-not-found, unused-ignore]
 
@@ -92,6 +93,18 @@ class Nvml:
             else None,
         }
 
+    def sm_clock_max(self) -> int | None:
+        """The SM clock's maximum (MHz), asked once; None without NVML."""
+        if self._sm_max is None and self.nv is not None:
+            self._sm_max = self._get("nvmlDeviceGetMaxClockInfo", self.nv.NVML_CLOCK_SM)
+        return self._sm_max
+
+    def sm_clock(self) -> int | None:
+        """The SM clock now (MHz); None without NVML or when it cannot say."""
+        return (
+            None if self.nv is None else self._get("nvmlDeviceGetClockInfo", self.nv.NVML_CLOCK_SM)
+        )
+
     def sample(self) -> dict[str, Any]:
         """``{sm_clock_mhz, mem_clock_mhz, temperature_c, power_w}`` now."""
         nv = self.nv
@@ -109,9 +122,10 @@ class Nvml:
 class Recorder:
     """Builds and appends the records of one process's regions to ``path``."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, nvml: Nvml | None = None) -> None:
+        # ``nvml``: the process's NVML view when it has one already (the clock warm-up's).
         self.path = path
-        self.nvml = Nvml()
+        self.nvml = nvml if nvml is not None else Nvml()
         self.device = self.nvml.device()
         self._outside = (0, 0)  # events (recorded, timed) outside regions at the last record
         self._lock = threading.Lock()
@@ -126,15 +140,18 @@ class Recorder:
         entry: dict[str, Any],
         exit_: dict[str, Any],
         events_outside: tuple[int, int],
+        warmed: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The record of one region.
 
         Args:
             figures: epoch, the timings in ms (wait_ms, drain_ms, freeze_ms,
-                entry_ms, region_ms, sync_ms, thaw_ms), other_streams_ms (or
-                None), launches, l2_flushed.
+                entry_ms, warmup_ms, region_ms, sync_ms, thaw_ms),
+                other_streams_ms (or None), launches, l2_flushed.
             entry, exit_: :meth:`sample` after the grant and before the exit.
             events_outside: the shim's (recorded, timed) counts so far.
+            warmed: ``{sm_clock_mhz}`` after the clock warm-up
+                (krex_client.warmup); None: the entry clock (no warm-up ran).
         """
         with self._lock:
             since = (events_outside[0] - self._outside[0], events_outside[1] - self._outside[1])
@@ -148,6 +165,7 @@ class Recorder:
             **figures,
             "device": dict(self.device),
             "entry": entry,
+            "warmed": warmed if warmed is not None else {"sm_clock_mhz": entry.get("sm_clock_mhz")},
             "exit": exit_,
             "events_outside": {"recorded": events_outside[0], "timed": events_outside[1]},
         }
@@ -168,23 +186,18 @@ class Recorder:
 def warnings_for(rec: dict[str, Any], since: tuple[int, int]) -> list[dict[str, str]]:
     """The record's warnings: ``[{kind, message}]``.
 
-    Kinds: ``cold_clock`` (SM clock at entry below ``COLD_CLOCK`` of its
-    maximum), ``timing_outside_region`` (``since``: events recorded and
-    timed outside any region since this process's previous region; timing
-    warns, a record alone does not: frameworks record events for stream
+    Kinds: ``cold_clock`` (SM clock below ``COLD_CLOCK`` of its maximum
+    after the clock warm-up, or at entry when none ran),
+    ``timing_outside_region`` (``since``: events recorded and timed outside
+    any region since this process's previous region; timing warns, a
+    record alone does not: frameworks record events for stream
     ordering), ``work_on_other_stream`` (more than ``OTHER_STREAMS_WARN_MS``
     of device work left on streams other than the timed one at exit).
     """
     out: list[dict[str, str]] = []
-    sm, top = rec["entry"].get("sm_clock_mhz"), rec["device"].get("sm_clock_max_mhz")
-    if sm is not None and top and sm < COLD_CLOCK * top:
-        out.append(
-            {
-                "kind": "cold_clock",
-                "message": f"SM clock {sm} MHz at entry, {100 * sm / top:.0f}% of its "
-                f"maximum {top} MHz: the region started before the GPU clocked up",
-            }
-        )
+    cold = _cold_clock(rec)
+    if cold is not None:
+        out.append({"kind": "cold_clock", "message": cold})
     if since[1] > 0:
         out.append(
             {
@@ -204,6 +217,27 @@ def warnings_for(rec: dict[str, Any], since: tuple[int, int]) -> list[dict[str, 
             }
         )
     return out
+
+
+def _cold_clock(rec: dict[str, Any]) -> str | None:
+    """The ``cold_clock`` message when the clock the timed code began on was cold."""
+    entry, top = rec["entry"].get("sm_clock_mhz"), rec["device"].get("sm_clock_max_mhz")
+    warmup_ms = rec.get("warmup_ms") or 0.0
+    sm = entry
+    if warmup_ms > 0:
+        sm = (rec.get("warmed") or {}).get("sm_clock_mhz")
+    if sm is None or not top or sm >= COLD_CLOCK * top:
+        return None
+    if warmup_ms > 0:
+        return (
+            f"SM clock {sm} MHz after {warmup_ms:.1f} ms of warm-up ({entry} MHz at entry), "
+            f"{100 * sm / top:.0f}% of its maximum {top} MHz: the region's code began "
+            "before the GPU clocked up"
+        )
+    return (
+        f"SM clock {sm} MHz at entry, {100 * sm / top:.0f}% of its "
+        f"maximum {top} MHz: the region started before the GPU clocked up"
+    )
 
 
 def _int_env(name: str) -> int | None:

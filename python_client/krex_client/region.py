@@ -5,7 +5,9 @@ for the enclosed code at run time (§4.2).  Under ``krex run`` (``KREX_SOCKET``,
 ``KREX_TENANT`` and ``KREX_TOKEN`` set) entering the context manager asks
 krexd for the region and returns once this command is the holder: siblings'
 GPU work drained and gated, their processes frozen, this thread on the
-reserved cores.  The shim then flushes L2 in this process's current context.
+reserved cores.  The shim then flushes L2 in this process's current context,
+and, when the SM clock is cold, keeps the GPU busy until it warms up
+(:mod:`krex_client.warmup`).
 Leaving it synchronizes this process's own GPU work (so nothing it queued
 runs alongside resumed siblings) and tells krexd to thaw and reopen.
 
@@ -30,9 +32,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from krex_client import warmup
+
 if TYPE_CHECKING:
     from krex_client.connection import Connection
-    from krex_client.record import Recorder
+    from krex_client.record import Nvml, Recorder
 
 
 class ControlConnection(Protocol):
@@ -103,6 +107,10 @@ class _Shim:
         if self.outside is not None:
             self.outside.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
             self.outside.restype = ctypes.c_int
+        self.warm: Any = getattr(lib, "krex_shim_region_warm", None)
+        if self.warm is not None:
+            self.warm.argtypes = [ctypes.c_uint32]
+            self.warm.restype = ctypes.c_int
 
     def region_begin(self, epoch: int, l2_flush: bool) -> bool:
         """Step 5, holder side: flush L2 in the current context (paper §4.2).
@@ -158,6 +166,8 @@ class Region:
         self._recorder: Recorder | None = None  # the region log's (KREX_REGION_LOG)
         self._recorder_pid = 0
         self._daemon_pid: int | None = None  # the krexd that answers (a restart changes it)
+        self._nvml: Nvml | None = None  # this process's, shared by warm-up and record
+        self._nvml_pid = 0
 
     @staticmethod
     def _zero_stats() -> dict[str, float]:
@@ -170,6 +180,7 @@ class Region:
             "sync_ms": 0.0,
             "launches": 0.0,
             "l2_flushed": 0.0,
+            "warmup_ms": 0.0,
         }
 
     @staticmethod
@@ -184,7 +195,8 @@ class Region:
         lock), drain_ms, freeze_ms, region_ms (grant to exit), sync_ms (the
         holder's own GPU work at exit), launches, l2_flushed (1 when the
         shim flushed L2 at entry, 0 when it did not, whatever the grant
-        asked).  All zero outside krex.
+        asked), warmup_ms (the clock warm-up after the grant, inside the
+        region: :mod:`krex_client.warmup`).  All zero outside krex.
         """
         return dict(self._stats)
 
@@ -219,7 +231,8 @@ class Region:
 
     def _run_region(self) -> Iterator[None]:
         conn = self._connection()
-        recorder = self._region_log()  # NVML opened here, before the region
+        policy = warmup.Policy.from_env()
+        recorder = self._region_log(policy)  # NVML opened here, before the region
         t0 = time.monotonic()
         try:
             grant = self._request(
@@ -245,7 +258,9 @@ class Region:
             raise
         granted = time.monotonic()
         entry = recorder.sample() if recorder is not None else {}
+        warm = warmup.Result(0.0, entry.get("sm_clock_mhz"))
         try:
+            warm = self._warm_up(policy, entry)
             yield
         finally:
             sync_ms, launches = self._shim.region_end()
@@ -264,35 +279,72 @@ class Region:
                 "sync_ms": sync_ms,
                 "launches": float(launches),
                 "l2_flushed": 1.0 if flushed else 0.0,
+                "warmup_ms": warm.ms,
             }
             if recorder is not None:
-                self._log(recorder, grant, reply, entry, exit_)
+                warmed = {"sm_clock_mhz": warm.sm_clock_mhz}
+                self._log(recorder, grant, reply, (entry, warmed, exit_))
 
-    def _region_log(self) -> Recorder | None:
-        """The region log's recorder when ``KREX_REGION_LOG`` is set (one per process)."""
+    def _nvml_view(self) -> Nvml:
+        """This process's NVML view (opened once per process; all nulls without pynvml)."""
+        if self._nvml is None or self._nvml_pid != os.getpid():
+            from krex_client.record import Nvml
+
+            self._nvml, self._nvml_pid = Nvml(), os.getpid()
+        return self._nvml
+
+    def _region_log(self, policy: warmup.Policy) -> Recorder | None:
+        """The region log's recorder when ``KREX_REGION_LOG`` is set (one per process).
+
+        Also opens NVML, before the region, when the clock warm-up may use it.
+        """
         from krex_client import record
 
+        if policy.budget_ms > 0:
+            self._nvml_view()
         path = record.log_path()
         if path is None:
             return None
         if self._recorder is None or self._recorder_pid != os.getpid():
-            self._recorder, self._recorder_pid = record.Recorder(path), os.getpid()
+            nvml = self._nvml_view()
+            self._recorder, self._recorder_pid = record.Recorder(path, nvml), os.getpid()
         return self._recorder
+
+    def _warm_up(self, policy: warmup.Policy, entry: dict[str, Any]) -> warmup.Result:
+        """The clock warm-up, inside the region (after the grant and the L2 flush)."""
+        assert self._shim is not None
+        first = entry.get("sm_clock_mhz")
+        if policy.budget_ms <= 0 or self._shim.warm is None:
+            return warmup.Result(0.0, first)
+        nvml = self._nvml_view()
+        clock = nvml.sm_clock if nvml.nv is not None else None
+        if clock is not None and not entry:
+            first = clock()  # no region log: the entry clock is read here
+        top = nvml.sm_clock_max()
+        result = warmup.warm_up(self._shim.warm, policy, clock, top, first)
+        if result.error is not None:
+            warnings.warn(
+                f"krex_client: clock warm-up at region entry failed (CUresult {result.error})",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return result
 
     def _log(
         self,
         recorder: Recorder,
         grant: dict[str, Any],
         reply: dict[str, Any],
-        entry: dict[str, Any],
-        exit_: dict[str, Any],
+        samples: tuple[dict[str, Any], dict[str, Any], dict[str, Any]],
     ) -> None:
         """Append this region's record (after the exit: nothing here is timed)."""
         assert self._shim is not None
         st = self._stats
         figures: dict[str, Any] = {
             "epoch": int(grant["epoch"]),
-            **{k: st[k] for k in ("wait_ms", "drain_ms", "freeze_ms", "entry_ms", "region_ms")},
+            **{k: st[k] for k in ("wait_ms", "drain_ms", "freeze_ms", "entry_ms")},
+            "warmup_ms": st["warmup_ms"],
+            "region_ms": st["region_ms"],
             "sync_ms": st["sync_ms"],
             "thaw_ms": float(reply.get("thaw_ms", 0.0)),
             "other_streams_ms": self._shim.other_streams_ms(),
@@ -300,7 +352,9 @@ class Region:
             "l2_flushed": bool(st["l2_flushed"]),
         }
         try:
-            recorder.append(recorder.record(figures, entry, exit_, self._shim.events_outside()))
+            entry, warmed, exit_ = samples
+            outside = self._shim.events_outside()
+            recorder.append(recorder.record(figures, entry, exit_, outside, warmed))
         except OSError as exc:
             warnings.warn(f"krex_client: region log {recorder.path}: {exc}", stacklevel=4)
 
