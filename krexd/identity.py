@@ -24,10 +24,12 @@ Rules (each refusal is logged with the caller's pid and uid and answered
   started after it (:func:`check_placeable`) — never the launcher itself.
 * acting on a tenant (``place``, ``region_enter``, ``region_exit``,
   ``region_cancel``, ``release``, ``memory``): the caller is in the tenant's
-  own cgroup, or is its launcher (same pid and start time), or is root
-  (:func:`authorize_tenant_op`).  Root is trusted (DESIGN.md "Trust model"):
-  it can freeze, kill or move any process through cgroupfs and kill(2)
-  anyway.
+  own cgroup, or is its launcher (same pid and start time), and runs as the
+  launcher's uid; or is root (:func:`authorize_tenant_op`).  Root is trusted
+  (DESIGN.md "Trust model"): it can freeze, kill or move any process through
+  cgroupfs and kill(2) anyway.  The uid check refuses a process of another
+  user that reached the tenant's cgroup or pid (a set-uid program a command
+  ran, a pid reused between two reads) even when the place test passes.
 """
 
 from __future__ import annotations
@@ -213,7 +215,11 @@ def authorize_tenant_op(tenant: Tenant, who: Caller, op: str) -> None:
     A stolen ``KREX_TOKEN`` is useless outside the tenant's cgroup: the token
     names the tenant, the kernel names the caller.
     """
-    if who.is_root or is_launcher(tenant, who) or in_tenant_cgroup(tenant, who.pid):
+    if who.is_root:
+        return
+    if who.uid != tenant.uid:
+        raise refuse(who, f"{op}: tenant {tenant.id} belongs to uid {tenant.uid}")
+    if is_launcher(tenant, who) or in_tenant_cgroup(tenant, who.pid):
         return
     raise refuse(who, f"{op}: not a process of tenant {tenant.id} nor its launcher")
 
