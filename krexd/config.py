@@ -70,6 +70,7 @@ class CgroupConfig:
     backend: str = "auto"  # auto | v2 | hybrid
     root: str = ""  # "" -> own cgroup under systemd, else the cgroup2 mount
     cpuset_root: str = ""  # hybrid hosts: v1 cpuset parent ("" -> the v1 cpuset mount)
+    pids_max: int = 4096  # tasks (processes and threads) per tenant cgroup; 0: no limit
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "backend": _choice("auto", "v2", "hybrid"),
             "root": _abs_path_or_empty,
             "cpuset_root": _abs_path_or_empty,
+            "pids_max": _int(0, 1 << 22),
         },
     ),
     "cpu": (
