@@ -31,7 +31,7 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                "max_bypass": int},
      "memory": {"admission": bool, "default_need_bytes", "headroom_bytes", "max_bypass",
                 "oom_wait_s", "refresh_ms", "source", "learn",
-                "learned": {"labels", "max_labels", "path"}, "region_wait_s",
+                "learned": {"labels", "max_labels", "max_per_uid", "path"}, "region_wait_s",
                 "retry_tempfail"}}
 
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
