@@ -4,11 +4,13 @@ Prints GPUs with their CPU slices, slots and memory (used/total, what
 admission may still give, allocations waiting for co-tenants' memory),
 tenants (id, pid, command, state, age, memory peak/need and out-of-memory
 outcome, then its current, learned and declared memory), the parked queue
-(waiting for a slot or for memory), each GPU's region holder and region
-counts, the cgroup backend in use, krexd's version and uptime.  ``--json``
-prints the ``status`` op's reply as is (keys documented in
-krexd/control/status.py); when krexd is not running or does not answer it
-prints ``{"state": "not running"|"unknown", "socket": PATH, "error": TEXT}``
+(waiting for a slot or for memory), each GPU's region holder, its gate word
+(``open``, or ``t<holder> e<epoch>`` while closed) and region counts
+(``completed/granted``, then failed and recovered ones), the cgroup backend
+in use, krexd's version and uptime.  ``--json`` prints the ``status`` op's
+reply as is (keys documented in krexd/control/status.py); when krexd is not
+running or does not answer it prints
+``{"state": "not running"|"unknown", "socket": PATH, "error": TEXT}``
 instead, with the same exit code.
 
 Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
@@ -80,8 +82,21 @@ def _region_cells(region: Any) -> list[str]:
     counts = region.get("regions", {})
     entry = region.get("entry_ms", {})
     done = f"{counts.get('completed', 0)}/{counts.get('granted', 0)}"
+    ended = [f"{counts[k]} {k}" for k in ("failed", "recovered") if counts.get(k)]
+    if ended:
+        done += f" ({', '.join(ended)})"
     lat = f"{entry.get('p50', 0):.2f}/{entry.get('p99', 0):.2f}" if entry.get("n") else "-"
     return [done, lat]
+
+
+def _gate_cell(g: dict[str, Any]) -> str:
+    """``open``, ``t<holder> e<epoch>`` while the gate word is closed, ``-`` without a gate."""
+    if not g.get("gate"):
+        return "-"
+    word = g.get("gate_word")
+    if not isinstance(word, dict):
+        return "open"
+    return f"t{word.get('holder')} e{word.get('epoch')}"
 
 
 def _gib(n: Any) -> str:
@@ -160,6 +175,7 @@ def render(st: dict[str, Any]) -> str:
             "RESERVED",
             "TENANT CORES",
             "HOLDER",
+            "GATE",
             "REGIONS",
             "ENTRY p50/p99 ms",
             "MEMORY GiB",
@@ -178,6 +194,7 @@ def render(st: dict[str, Any]) -> str:
                 str(sl.get("reserved") or "-"),
                 str(sl.get("tenant_cores", "-")),
                 f"t{holder}" if holder is not None else "-",
+                _gate_cell(g),
                 *_region_cells(g.get("region")),
                 _memory_cell(g.get("memory")),
             ]

@@ -15,6 +15,7 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                          "shared": bool},
                "slots_used": int, "slots_total": int, "exclusive": bool,
                "tenants": [int], "gate": str|null,
+               "gate_word": {"holder": int, "epoch": int}|null,  (null: open, or no gate)
                "holder": int|null, "region": {...}|null,
                "memory": {"source": "nvml|fake|shim", "total_bytes", "used_bytes",
                           "free_bytes", "tenants_bytes", "other_bytes", "reserved_bytes",
