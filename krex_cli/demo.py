@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from krex_cli.replay.cli import count_gpus
+from krex_cli.replay.metrics import MIN_PAIRS
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_TRACE = REPO / "workloads" / "trace-h200.jsonl"
@@ -67,7 +68,8 @@ EXPLAINED: tuple[tuple[str, str], ...] = (
     (
         "flip rate by native gap",
         "share of a task's candidate pairs ranked in the opposite order to native, by how "
-        "far apart they were natively (|a - b| / min(a, b))",
+        "far apart they were natively (|a - b| / min(a, b)); a gap with fewer than "
+        f"{MIN_PAIRS} pairs says 'too few to judge'",
     ),
 )
 
@@ -131,7 +133,8 @@ def main() -> int:
         p for p in (str(REPO), str(REPO / "python_client"), env.get("PYTHONPATH", "")) if p
     )
     trace = work / "trace.jsonl"
-    krex_args: list[str] = []
+    krex_args: list[str] = []  # flags of the krex replay (its krexd's simulated GPU)
+    native_args: list[str] = []  # flags of the native replay (no krexd: --fake-gpus means nothing)
     what = (
         f"the first {GPU_COMMANDS} commands of {GPU_TRACE.relative_to(REPO)} "
         "(PyTorch, Triton and CuPy candidates, each timing its kernel)"
@@ -158,13 +161,14 @@ def main() -> int:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (fake, env.get("LD_LIBRARY_PATH")) if p)
         env["KREX_FAKE_STATE"] = str(work / "fakecuda-state")
         krex_args = ["--fake-gpus", "1"]
+        native_args = ["--gpus", "0"]
     say("1/2 native: one command at a time, no krex")
     replay(
         env,
         str(trace),
         "--mode",
         "native",
-        *krex_args,
+        *native_args,
         "--no-report",
         "--out",
         str(work / "1-native"),
@@ -188,9 +192,10 @@ def main() -> int:
     summary = text.split("## Timing fidelity (mean")[0]
     lines = [ln for ln in summary.split("\n")[2:] if not ln.startswith("![")]  # no image links
     print("\n" + "\n".join(lines).rstrip("\n") + "\n")
+    native_flags = "".join(f" {a}" for a in native_args)
     flags = "".join(f" {a}" for a in krex_args)
     ran = (
-        f"{what}, replayed with `krex replay TRACE --mode native{flags}` and then "
+        f"{what}, replayed with `krex replay TRACE --mode native{native_flags}` and then "
         f"`krex replay TRACE --mode krex --concurrency 4{flags}` (TRACE: {trace})"
     )
     print("\n".join(explain(ran)) + "\n")
