@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from krexd.errors import Code, KrexError
+from krexd.procfs import proc_stat, proc_uids
 
 if TYPE_CHECKING:
     from krexd.tenants import Tenant
@@ -88,40 +88,6 @@ def caller() -> Caller:
     if c is None:
         raise KrexError(Code.AUTH, "krexd could not verify who sent this request")
     return c
-
-
-# --- /proc readers ---------------------------------------------------------------------
-
-
-def proc_stat(pid: int) -> tuple[int, int] | None:
-    """``(ppid, start_time)`` of process ``pid`` from ``/proc/<pid>/stat``; None when gone.
-
-    A zombie counts as gone: it can neither be placed nor send requests.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    try:
-        if fields[0] in ("Z", "X"):
-            return None
-        # fields[0] is field 3 (state): ppid is field 4, starttime field 22.
-        return int(fields[1]), int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def proc_uids(pid: int) -> tuple[int, ...] | None:
-    """Real, effective, saved and filesystem uid of ``pid`` (``/proc/<pid>/status``)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return tuple(int(x) for x in line.split()[1:5])
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def caller_from_peer(peer: str | None) -> Caller | None:
@@ -255,8 +221,3 @@ def pid_start_time(pid: int) -> int:
     """Start time of ``pid`` (clock ticks since boot), 0 when it is gone."""
     stat = proc_stat(pid)
     return stat[1] if stat is not None else 0
-
-
-def current_process() -> Caller:
-    """krexd itself as a caller (for in-process uses and tests)."""
-    return Caller(os.getpid(), os.getuid(), os.getgid(), pid_start_time(os.getpid()))

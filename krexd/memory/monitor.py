@@ -40,8 +40,9 @@ from krexd.gate import Gate, GateError, SlotInfo
 from krexd.gpus import GpuInfo
 from krexd.memory.learned import LearnedNeeds, label_for
 from krexd.memory.records import TenantMemory
-from krexd.memory.sources import DeviceMemory, Source, open_source, pid_alive
+from krexd.memory.sources import DeviceMemory, Source, open_source
 from krexd.memory.view import GpuMemory, GpuView
+from krexd.procfs import pid_alive
 from krexd.runtime import Runtime
 from krexd.tenants import Tenant, TenantRegistry
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from krexd import identity
+from krexd import identity, procfs
 from krexd.cgroups import TenantCgroup
 from krexd.control.status import need_to_know
 from krexd.errors import KrexError
@@ -119,3 +121,22 @@ def test_a_caller_of_another_uid_is_refused_even_inside_the_tenant_cgroup(
         assert exc.value.code.name == "AUTH" and "uid 1000" in exc.value.message
     with pytest.raises(KrexError):
         identity.authorize_tenant_op(tenant, identity.Caller(77, 1000, 1000, 9), "release")
+
+
+def test_a_process_named_in_bytes_that_are_not_utf8_is_still_read() -> None:
+    # A command may set its name (/proc/PID/stat field 2) to any bytes (prctl PR_SET_NAME).
+    code = (
+        "import ctypes, sys, time\n"
+        "ctypes.CDLL(None).prctl(15, ctypes.c_char_p(b'\\xff\\xfe) Z 1'), 0, 0, 0)\n"
+        "print('named', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"named\n"
+        assert procfs.proc_stat(child.pid) == (os.getpid(), identity.pid_start_time(child.pid))
+        assert procfs.pid_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not procfs.pid_alive(child.pid)
