@@ -23,9 +23,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from krex_cli.replay.cli import count_gpus
+from krex_cli.replay.metrics import MIN_PAIRS
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_TRACE = REPO / "workloads" / "trace-h200.jsonl"
@@ -67,7 +69,8 @@ EXPLAINED: tuple[tuple[str, str], ...] = (
     (
         "flip rate by native gap",
         "share of a task's candidate pairs ranked in the opposite order to native, by how "
-        "far apart they were natively (|a - b| / min(a, b))",
+        "far apart they were natively (|a - b| / min(a, b)); a gap with fewer than "
+        f"{MIN_PAIRS} pairs says 'too few to judge'",
     ),
 )
 
@@ -117,6 +120,22 @@ def replay(env: dict[str, str], *args: str) -> None:
         raise SystemExit(f"demo: krex replay failed (exit {rc}): {' '.join(args)}")
 
 
+@dataclass
+class Setup:
+    """What the demo replays and how: the trace, the environment, each mode's flags."""
+
+    trace: Path
+    env: dict[str, str]
+    what: str  # the commands, in words (the "what ran" line)
+    native_args: list[str] = field(default_factory=list)  # no krexd: --fake-gpus means nothing
+    krex_args: list[str] = field(default_factory=list)  # its krexd's simulated GPU, if any
+
+    @property
+    def simulated(self) -> bool:
+        """True when the commands run on the fake CUDA driver."""
+        return bool(self.krex_args)
+
+
 def main() -> int:
     """Run the short replay; 0 on success."""
     if os.geteuid() != 0:
@@ -126,75 +145,12 @@ def main() -> int:
         )
         return 77
     work = Path(tempfile.mkdtemp(prefix="krex-demo-"))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), str(REPO / "python_client"), env.get("PYTHONPATH", "")) if p
-    )
-    trace = work / "trace.jsonl"
-    krex_args: list[str] = []
-    what = (
-        f"the first {GPU_COMMANDS} commands of {GPU_TRACE.relative_to(REPO)} "
-        "(PyTorch, Triton and CuPy candidates, each timing its kernel)"
-    )
-    if count_gpus() > 0:
-        say(f"GPU found: replaying the first {GPU_COMMANDS} commands of {GPU_TRACE.name}")
-        with GPU_TRACE.open() as f:
-            trace.write_text("".join(f.readlines()[:GPU_COMMANDS]))
-    else:
-        if not (FAKE_DRIVER / "libcuda.so.1").is_file():
-            say("no GPU and no fake driver: run `make` first")
-            return 1
-        fake = str(FAKE_DRIVER)
-        say(
-            "no GPU on this host: replaying simulated benchmarks over the fake CUDA "
-            f"driver ({fake}); krexd runs with --fake-gpus 1"
-        )
-        fake_trace(trace)
-        what = (
-            f"{sum(len(c) for _, c in FAKE_TASKS)} commands `python {SIMULATED} --task T "
-            "--candidate C --kernel-us US --reps 30`, each timing a simulated kernel 30 times "
-            f"({len(FAKE_TASKS)} tasks of 3 candidates)"
-        )
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (fake, env.get("LD_LIBRARY_PATH")) if p)
-        env["KREX_FAKE_STATE"] = str(work / "fakecuda-state")
-        krex_args = ["--fake-gpus", "1"]
-    say("1/2 native: one command at a time, no krex")
-    replay(
-        env,
-        str(trace),
-        "--mode",
-        "native",
-        *krex_args,
-        "--no-report",
-        "--out",
-        str(work / "1-native"),
-    )
-    say("2/2 krex: 4 commands at a time, critical regions enforced")
-    replay(
-        env,
-        str(trace),
-        "--mode",
-        "krex",
-        "--concurrency",
-        "4",
-        *krex_args,
-        "--no-report",
-        "--out",
-        str(work / "2-krex"),
-    )
-    report = work / "report"
-    replay(env, "report", str(work / "1-native"), str(work / "2-krex"), "--out", str(report))
-    text = (report / "report.md").read_text()
-    summary = text.split("## Timing fidelity (mean")[0]
-    lines = [ln for ln in summary.split("\n")[2:] if not ln.startswith("![")]  # no image links
-    print("\n" + "\n".join(lines).rstrip("\n") + "\n")
-    flags = "".join(f" {a}" for a in krex_args)
-    ran = (
-        f"{what}, replayed with `krex replay TRACE --mode native{flags}` and then "
-        f"`krex replay TRACE --mode krex --concurrency 4{flags}` (TRACE: {trace})"
-    )
-    print("\n".join(explain(ran)) + "\n")
-    if krex_args:
+    setup = _setup(work)
+    if setup is None:
+        return 1
+    report = _replay_both(setup, work)
+    _print_summary(setup, report)
+    if setup.simulated:
         say(
             "simulated device: kernels are timed on the host clock of a small shared "
             "machine, so read throughput here; fidelity is measured on a GPU "
@@ -202,6 +158,72 @@ def main() -> int:
         )
     say(f"full report with plots: {report}/report.md (this run's files stay in {work})")
     return 0
+
+
+def _setup(work: Path) -> Setup | None:
+    """The GPU trace on a GPU host, else simulated commands on the fake driver (None:
+    neither is available; the reason is said)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), str(REPO / "python_client"), env.get("PYTHONPATH", "")) if p
+    )
+    trace = work / "trace.jsonl"
+    if count_gpus() > 0:
+        say(f"GPU found: replaying the first {GPU_COMMANDS} commands of {GPU_TRACE.name}")
+        with GPU_TRACE.open() as f:
+            trace.write_text("".join(f.readlines()[:GPU_COMMANDS]))
+        what = (
+            f"the first {GPU_COMMANDS} commands of {GPU_TRACE.relative_to(REPO)} "
+            "(PyTorch, Triton and CuPy candidates, each timing its kernel)"
+        )
+        return Setup(trace, env, what)
+    if not (FAKE_DRIVER / "libcuda.so.1").is_file():
+        say("no GPU and no fake driver: run `make` first")
+        return None
+    fake = str(FAKE_DRIVER)
+    say(
+        "no GPU on this host: replaying simulated benchmarks over the fake CUDA "
+        f"driver ({fake}); krexd runs with --fake-gpus 1"
+    )
+    fake_trace(trace)
+    what = (
+        f"{sum(len(c) for _, c in FAKE_TASKS)} commands `python {SIMULATED} --task T "
+        "--candidate C --kernel-us US --reps 30`, each timing a simulated kernel 30 times "
+        f"({len(FAKE_TASKS)} tasks of 3 candidates)"
+    )
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (fake, env.get("LD_LIBRARY_PATH")) if p)
+    env["KREX_FAKE_STATE"] = str(work / "fakecuda-state")
+    return Setup(trace, env, what, native_args=["--gpus", "0"], krex_args=["--fake-gpus", "1"])
+
+
+def _replay_both(setup: Setup, work: Path) -> Path:
+    """Replay natively, then through krex at concurrency 4; the report's directory."""
+    trace = str(setup.trace)
+    say("1/2 native: one command at a time, no krex")
+    native = ["--mode", "native", *setup.native_args]
+    replay(setup.env, trace, *native, "--no-report", "--out", str(work / "1-native"))
+    say("2/2 krex: 4 commands at a time, critical regions enforced")
+    krex = ["--mode", "krex", "--concurrency", "4", *setup.krex_args]
+    replay(setup.env, trace, *krex, "--no-report", "--out", str(work / "2-krex"))
+    report = work / "report"
+    runs = [str(work / "1-native"), str(work / "2-krex")]
+    replay(setup.env, "report", *runs, "--out", str(report))
+    return report
+
+
+def _print_summary(setup: Setup, report: Path) -> None:
+    """The report's summary tables, then what ran and what the figures mean."""
+    text = (report / "report.md").read_text()
+    summary = text.split("## Timing fidelity (mean")[0]
+    lines = [ln for ln in summary.split("\n")[2:] if not ln.startswith("![")]  # no image links
+    print("\n" + "\n".join(lines).rstrip("\n") + "\n")
+    native_flags = "".join(f" {a}" for a in setup.native_args)
+    flags = "".join(f" {a}" for a in setup.krex_args)
+    ran = (
+        f"{setup.what}, replayed with `krex replay TRACE --mode native{native_flags}` and then "
+        f"`krex replay TRACE --mode krex --concurrency 4{flags}` (TRACE: {setup.trace})"
+    )
+    print("\n".join(explain(ran)) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ Prints GPUs with their CPU slices, slots and memory (used/total, what
 admission may still give, allocations waiting for co-tenants' memory),
 tenants (id, pid, command, state, age, memory peak/need and out-of-memory
 outcome, then its current, learned and declared memory), the parked queue
-(waiting for a slot or for memory), each GPU's region holder and region
-counts, the cgroup backend in use, krexd's version and uptime.  ``--json``
-prints the ``status`` op's reply as is (keys documented in
-krexd/control/status.py); when krexd is not running or does not answer it
-prints ``{"state": "not running"|"unknown", "socket": PATH, "error": TEXT}``
+(waiting for a slot or for memory), each GPU's region holder, its gate word
+(``open``, or ``t<holder> e<epoch>`` while closed) and region counts
+(``completed/granted``, then failed and recovered ones), the cgroup backend
+in use, krexd's version and uptime.  ``--json`` prints the ``status`` op's
+reply as is (keys documented in krexd/control/status.py); when krexd is not
+running or does not answer it prints
+``{"state": "not running"|"unknown", "socket": PATH, "error": TEXT}``
 instead, with the same exit code.
 
 Exit codes (LSB ``status``): 0 krexd is running, 3 it is not running (no
@@ -80,8 +82,21 @@ def _region_cells(region: Any) -> list[str]:
     counts = region.get("regions", {})
     entry = region.get("entry_ms", {})
     done = f"{counts.get('completed', 0)}/{counts.get('granted', 0)}"
+    ended = [f"{counts[k]} {k}" for k in ("failed", "recovered") if counts.get(k)]
+    if ended:
+        done += f" ({', '.join(ended)})"
     lat = f"{entry.get('p50', 0):.2f}/{entry.get('p99', 0):.2f}" if entry.get("n") else "-"
     return [done, lat]
+
+
+def _gate_cell(g: dict[str, Any]) -> str:
+    """``open``, ``t<holder> e<epoch>`` while the gate word is closed, ``-`` without a gate."""
+    if not g.get("gate"):
+        return "-"
+    word = g.get("gate_word")
+    if not isinstance(word, dict):
+        return "open"
+    return f"t{word.get('holder')} e{word.get('epoch')}"
 
 
 def _gib(n: Any) -> str:
@@ -138,9 +153,19 @@ def _memory_line(m: Any) -> str:
 
 def render(st: dict[str, Any]) -> str:
     """Human-readable status (the table ``krexctl status`` prints)."""
+    lines = [*_header_lines(st), "", _gpu_table(st.get("gpus", [])), ""]
+    lines.append(_tenant_table(st.get("tenants", [])))
+    parked = (st.get("queue") or {}).get("queue", [])
+    if parked:
+        lines += ["", _parked_table(parked)]
+    return "\n".join(lines)
+
+
+def _header_lines(st: dict[str, Any]) -> list[str]:
+    """krexd itself, its cgroups, its queue's totals and its memory policy."""
     cg = st.get("cgroups") or {}
     q = st.get("queue") or {}
-    lines = [
+    return [
         f"krexd {st['version']}  pid {st['pid']}  up {_duration(st['uptime_s'])}  "
         f"state {st['state']}",
         f"socket {st['socket']}  config {st.get('config') or '(built-in defaults)'}",
@@ -149,27 +174,32 @@ def render(st: dict[str, Any]) -> str:
         f"queue {q.get('parked', 0)} parked  "
         f"(granted {q.get('granted_total', 0)}, parked {q.get('parked_total', 0)} since start)",
         _memory_line(st.get("memory")),
-        "",
     ]
-    gpu_rows = [
-        [
-            "GPU",
-            "NAME",
-            "SLOTS",
-            "CORES",
-            "RESERVED",
-            "TENANT CORES",
-            "HOLDER",
-            "REGIONS",
-            "ENTRY p50/p99 ms",
-            "MEMORY GiB",
-        ]
-    ]
-    for g in st.get("gpus", []):
+
+
+_GPU_HEADER = [
+    "GPU",
+    "NAME",
+    "SLOTS",
+    "CORES",
+    "RESERVED",
+    "TENANT CORES",
+    "HOLDER",
+    "GATE",
+    "REGIONS",
+    "ENTRY p50/p99 ms",
+    "MEMORY GiB",
+]
+
+
+def _gpu_table(gpus: list[dict[str, Any]]) -> str:
+    """One row per GPU: slice, slots, holder, gate word, regions, memory."""
+    rows = [_GPU_HEADER]
+    for g in gpus:
         sl = g.get("slice") or {}
         holder = g.get("holder")
         slots = f"{g['slots_used']}/{g['slots_total']}" + (" excl" if g.get("exclusive") else "")
-        gpu_rows.append(
+        rows.append(
             [
                 str(g["index"]),
                 g["name"],
@@ -178,51 +208,53 @@ def render(st: dict[str, Any]) -> str:
                 str(sl.get("reserved") or "-"),
                 str(sl.get("tenant_cores", "-")),
                 f"t{holder}" if holder is not None else "-",
+                _gate_cell(g),
                 *_region_cells(g.get("region")),
                 _memory_cell(g.get("memory")),
             ]
         )
-    lines.append(_table(gpu_rows) if len(gpu_rows) > 1 else "no GPUs")
-    lines.append("")
-    tenants = st.get("tenants", [])
-    if tenants:
-        rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "MEMORY", "COMMAND"]]
-        for t in tenants:
-            cmd = " ".join(" ".join(t.get("command", [])).split())  # one line, whatever argv holds
-            if t.get("redacted"):
-                cmd = "(another user's command)"
-            rows.append(
-                [
-                    f"t{t['id']}" + (" excl" if t.get("exclusive") else ""),
-                    str(t["gpu"]),
-                    str(t.get("pid") or "-"),
-                    t["state"],
-                    _duration(t["age_s"]),
-                    _tenant_memory_cell(t.get("memory")),
-                    cmd if len(cmd) <= 60 else cmd[:57] + "...",
-                ]
-            )
-        lines.append(_table(rows))
-    else:
-        lines.append("no tenants")
-    parked = q.get("queue", [])
-    if parked:
-        lines.append("")
-        rows = [["PARKED", "GPU", "LAUNCHER", "WAITING", "FOR", "NEED", "COMMAND"]]
-        for i, w in enumerate(parked, 1):
-            rows.append(
-                [
-                    str(i) + (" excl" if w.get("exclusive") else ""),
-                    "any" if w.get("gpu") is None else str(w["gpu"]),
-                    str(w.get("launcher_pid")),
-                    _duration(w.get("waiting_s", 0)),
-                    _waiting_for(w),
-                    format_size(int(w.get("mem_bytes") or 0)),
-                    " ".join(" ".join(w.get("command", [])).split())[:60],
-                ]
-            )
-        lines.append(_table(rows))
-    return "\n".join(lines)
+    return _table(rows) if len(rows) > 1 else "no GPUs"
+
+
+def _tenant_table(tenants: list[dict[str, Any]]) -> str:
+    """One row per tenant (another user's command line is not shown)."""
+    if not tenants:
+        return "no tenants"
+    rows = [["TENANT", "GPU", "PID", "STATE", "AGE", "MEMORY", "COMMAND"]]
+    for t in tenants:
+        cmd = " ".join(" ".join(t.get("command", [])).split())  # one line, whatever argv holds
+        if t.get("redacted"):
+            cmd = "(another user's command)"
+        rows.append(
+            [
+                f"t{t['id']}" + (" excl" if t.get("exclusive") else ""),
+                str(t["gpu"]),
+                str(t.get("pid") or "-"),
+                t["state"],
+                _duration(t["age_s"]),
+                _tenant_memory_cell(t.get("memory")),
+                cmd if len(cmd) <= 60 else cmd[:57] + "...",
+            ]
+        )
+    return _table(rows)
+
+
+def _parked_table(parked: list[dict[str, Any]]) -> str:
+    """One row per parked request, in queue order."""
+    rows = [["PARKED", "GPU", "LAUNCHER", "WAITING", "FOR", "NEED", "COMMAND"]]
+    for i, w in enumerate(parked, 1):
+        rows.append(
+            [
+                str(i) + (" excl" if w.get("exclusive") else ""),
+                "any" if w.get("gpu") is None else str(w["gpu"]),
+                str(w.get("launcher_pid")),
+                _duration(w.get("waiting_s", 0)),
+                _waiting_for(w),
+                format_size(int(w.get("mem_bytes") or 0)),
+                " ".join(" ".join(w.get("command", [])).split())[:60],
+            ]
+        )
+    return _table(rows)
 
 
 def _waiting_for(w: dict[str, Any]) -> str:

@@ -100,6 +100,21 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=RUN_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_run_placement(run)
+    _add_run_memory(run)
+    run.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
+    )
+    _add_run_regions(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    replay_cli.add_parser(sub)
+    return p
+
+
+def _add_run_placement(run: argparse.ArgumentParser) -> None:
+    """``krex run``'s GPU choice, time limit and exclusivity."""
     run.add_argument("--gpu", type=_gpu_index, metavar="N", help="this GPU (default: least loaded)")
     run.add_argument(
         "--timeout",
@@ -112,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="wait until the GPU has no tenants, then hold it alone, unshimmed",
     )
+
+
+def _add_run_memory(run: argparse.ArgumentParser) -> None:
+    """``krex run``'s GPU memory options: declared need, label, retries after co-tenant OOM."""
     run.add_argument(
         "--mem",
         type=_size,
@@ -133,11 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run CMD again, up to N times, when it exits 75 (failed by co-tenants' GPU "
         "memory), once its memory is free (default: krexd's [memory] retry_tempfail; 0 = never)",
     )
-    run.add_argument(
-        "--socket",
-        metavar="PATH",
-        help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
-    )
+
+
+def _add_run_regions(run: argparse.ArgumentParser) -> None:
+    """``krex run``'s region options: auto-regions and the region record."""
     # -- region options (auto-regions, the region record) --
     run.add_argument(
         "--autoregion",
@@ -152,9 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(sets KREX_REGION_LOG; docs/design/region-log.md)",
     )
     # -- end of region options --
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
-    replay_cli.add_parser(sub)
-    return p
 
 
 def _region_environ(args: argparse.Namespace) -> None:

@@ -3,21 +3,36 @@
 Every key is optional (defaults below, documented in ``etc/krex.toml``).
 Unknown tables/keys and bad values are refused at start with a
 :class:`ConfigError` whose message names the key, e.g.
-``[cgroup] nmae: unknown key``.
+``[cgroup] nmae: unknown key``.  The checkers of single values and the
+core-list syntax are in ``krexd.config_values``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from krex_client.sizes import parse_size
+# The checkers keep their short private names here, so the schema reads as before.
+from krexd.config_values import abs_path_or_empty as _abs_path_or_empty
+from krexd.config_values import boolean as _bool
+from krexd.config_values import cgroup_name as _cgroup_name
+from krexd.config_values import choice as _choice
+from krexd.config_values import float_nonneg as _float_nonneg
+from krexd.config_values import float_pos as _float_pos
+from krexd.config_values import float_range as _float_range
+from krexd.config_values import format_cores as format_cores  # re-exported
+from krexd.config_values import integer as _int
+from krexd.config_values import octal_mode as _mode
+from krexd.config_values import parse_cores as parse_cores  # re-exported
+from krexd.config_values import size as _size
+from krexd.config_values import slices_table as _slices
+from krexd.config_values import socket_path as _socket_path
+from krexd.config_values import string as _str
 
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 SYSTEM_CONFIG = "/etc/krex/krex.toml"
@@ -73,6 +88,7 @@ class CgroupConfig:
     backend: str = "auto"  # auto | v2 | hybrid
     root: str = ""  # "" -> own cgroup under systemd, else the cgroup2 mount
     cpuset_root: str = ""  # hybrid hosts: v1 cpuset parent ("" -> the v1 cpuset mount)
+    pids_max: int = 4096  # tasks (processes and threads) per tenant cgroup; 0: no limit
 
 
 @dataclass(frozen=True)
@@ -125,6 +141,7 @@ class MemoryConfig:
     refresh_ms: int = 100
     learn: bool = True  # charge commands what earlier runs of their label used
     learned_max: int = 4096  # labels whose needs are kept (least recently used dropped)
+    learned_per_uid: int = 256  # labels kept per uid (its least recently used dropped)
     region_wait_s: float = 10.0  # bound of a region entry's wait for siblings' memory
     retry_tempfail: int = 0  # default of `krex run --retry-tempfail N`
 
@@ -142,157 +159,6 @@ class Config:
     mps: MpsConfig = field(default_factory=MpsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     source: str = ""
-
-
-# --- value checkers: each returns the converted value or raises ValueError(reason) ----------
-
-
-def _int(lo: int, hi: int | None = None) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ValueError(f"must be an integer, got {type(v).__name__}")
-        if v < lo or (hi is not None and v > hi):
-            raise ValueError(f"must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
-        return v
-
-    return check
-
-
-def _float_nonneg(v: Any) -> float:
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        raise ValueError(f"must be a number, got {type(v).__name__}")
-    if not v >= 0:
-        raise ValueError(f"must be >= 0, got {v}")
-    return float(v)
-
-
-def _float_pos(v: Any) -> float:
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        raise ValueError(f"must be a number, got {type(v).__name__}")
-    if not v > 0:
-        raise ValueError(f"must be > 0, got {v}")
-    return float(v)
-
-
-def _float_range(lo: float, hi: float) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        if not isinstance(v, int | float) or isinstance(v, bool):
-            raise ValueError(f"must be a number, got {type(v).__name__}")
-        if not lo <= v <= hi:
-            raise ValueError(f"must be in [{lo:g}, {hi:g}], got {v}")
-        return float(v)
-
-    return check
-
-
-def _size(v: Any) -> int:
-    if not isinstance(v, int | str) or isinstance(v, bool):
-        raise ValueError(f'must be bytes or a size string like "4G", got {type(v).__name__}')
-    return parse_size(v)
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"must be true or false, got {type(v).__name__}")
-    return v
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str):
-        raise ValueError(f"must be a string, got {type(v).__name__}")
-    return v
-
-
-def _choice(*options: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if _str(v) not in options:
-            raise ValueError(f"must be one of {', '.join(options)}, got {v!r}")
-        return str(v)
-
-    return check
-
-
-def _abs_path_or_empty(v: Any) -> str:
-    s = _str(v)
-    if s and not os.path.isabs(s):
-        raise ValueError(f"must be an absolute path, got {s!r}")
-    return s
-
-
-def _socket_path(v: Any) -> str:
-    s = _str(v)
-    if not s:
-        raise ValueError("must not be empty")
-    if len(os.fsencode(os.path.abspath(s))) > 107:
-        raise ValueError("longer than the 107 bytes a Unix socket path may have")
-    return os.path.abspath(s)
-
-
-def _mode(v: Any) -> int:
-    if isinstance(v, str) and re.fullmatch(r"0?[0-7]{3}", v):
-        return int(v, 8)
-    raise ValueError(f'must be an octal string like "0660", got {v!r}')
-
-
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-
-
-def _cgroup_name(v: Any) -> str:
-    s = _str(v)
-    # Names share a directory with kernel files (cgroup.*, cpuset.*, ...): refuse dots
-    # at the start and anything that looks like "<controller>.<file>".
-    if not _NAME_RE.fullmatch(s) or "." in s:
-        raise ValueError(f"must match [A-Za-z0-9][A-Za-z0-9_-]* (no dots), got {s!r}")
-    return s
-
-
-def parse_cores(v: Any) -> tuple[int, ...]:
-    """Parse a core list: ``"0-3,8"`` or ``[0, 1, 2]`` -> sorted unique core ids."""
-    cores: set[int] = set()
-    if isinstance(v, str):
-        for part in v.split(","):
-            part = part.strip()
-            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-            if not m:
-                raise ValueError(f'bad core list {v!r} (want e.g. "0-3,8")')
-            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-            if hi < lo:
-                raise ValueError(f"bad core range {part!r}")
-            cores.update(range(lo, hi + 1))
-    elif isinstance(v, list):
-        for c in v:
-            cores.add(_int(0)(c))
-    else:
-        raise ValueError(f"must be a core list string or array, got {type(v).__name__}")
-    return tuple(sorted(cores))
-
-
-def format_cores(cores: tuple[int, ...] | list[int] | set[int] | frozenset[int]) -> str:
-    """Format core ids as a cpuset list string (``[0,1,2,5]`` -> ``"0-2,5"``)."""
-    out: list[str] = []
-    ordered = sorted(cores)
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def _slices(v: Any) -> dict[int, tuple[int, ...]]:
-    if not isinstance(v, dict):
-        raise ValueError("must be a table of gpu index = core list")
-    out: dict[int, tuple[int, ...]] = {}
-    for k, cores in v.items():
-        if not re.fullmatch(r"\d+", k):
-            raise ValueError(f"key {k!r} is not a GPU index")
-        try:
-            out[int(k)] = parse_cores(cores)
-        except ValueError as exc:
-            raise ValueError(f"GPU {k}: {exc}") from None
-    return out
 
 
 _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
@@ -328,6 +194,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "backend": _choice("auto", "v2", "hybrid"),
             "root": _abs_path_or_empty,
             "cpuset_root": _abs_path_or_empty,
+            "pids_max": _int(0, 1 << 22),
         },
     ),
     "cpu": (
@@ -358,6 +225,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "refresh_ms": _int(10, 60_000),
             "learn": _bool,
             "learned_max": _int(1, 1_000_000),
+            "learned_per_uid": _int(1, 1_000_000),
             "region_wait_s": _float_range(0.0, 86400.0),
             "retry_tempfail": _int(0, 100),
         },

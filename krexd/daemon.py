@@ -167,7 +167,7 @@ class Daemon:
         except OSError as exc:
             _log.error("learned memory needs kept in memory only: %s", exc)
             path = None
-        return LearnedNeeds(path, cfg.memory.learned_max)
+        return LearnedNeeds(path, cfg.memory.learned_max, cfg.memory.learned_per_uid)
 
     def _create_gate(self, gpu: int) -> tuple[Gate | None, str | None]:
         """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``."""

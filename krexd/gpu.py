@@ -21,7 +21,7 @@ from typing import Any
 
 from krexd.admission import GpuSlots
 from krexd.coordinator import Coordinator
-from krexd.gate import Gate
+from krexd.gate import Gate, GateError
 from krexd.gpus import GpuInfo
 from krexd.memory.view import GpuMemory
 from krexd.mps import MpsDaemon
@@ -73,6 +73,17 @@ class Gpu:
             "exclusive": self.slots.exclusive,
             "tenants": tenants,
             "gate": self.gate_path,
+            "gate_word": self._gate_word(),
             "holder": held.get("tenant") if isinstance(held, dict) else None,
             "region": region,
         }
+
+    def _gate_word(self) -> dict[str, int] | None:
+        """The gate word as it is now: ``{"holder", "epoch"}`` while closed, else None."""
+        if self.gate is None:
+            return None
+        try:
+            word = self.gate.word
+        except GateError:
+            return None
+        return None if word is None else {"holder": word[0], "epoch": word[1]}

@@ -24,22 +24,24 @@ Rules (each refusal is logged with the caller's pid and uid and answered
   started after it (:func:`check_placeable`) — never the launcher itself.
 * acting on a tenant (``place``, ``region_enter``, ``region_exit``,
   ``region_cancel``, ``release``, ``memory``): the caller is in the tenant's
-  own cgroup, or is its launcher (same pid and start time), or is root
-  (:func:`authorize_tenant_op`).  Root is trusted (DESIGN.md "Trust model"):
-  it can freeze, kill or move any process through cgroupfs and kill(2)
-  anyway.
+  own cgroup, or is its launcher (same pid and start time), and runs as the
+  launcher's uid; or is root (:func:`authorize_tenant_op`).  Root is trusted
+  (DESIGN.md "Trust model"): it can freeze, kill or move any process through
+  cgroupfs and kill(2) anyway.  The uid check refuses a process of another
+  user that reached the tenant's cgroup or pid (a set-uid program a command
+  ran, a pid reused between two reads) even when the place test passes.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from krexd.errors import Code, KrexError
+from krexd.procfs import proc_stat, proc_uids
 
 if TYPE_CHECKING:
     from krexd.tenants import Tenant
@@ -86,40 +88,6 @@ def caller() -> Caller:
     if c is None:
         raise KrexError(Code.AUTH, "krexd could not verify who sent this request")
     return c
-
-
-# --- /proc readers ---------------------------------------------------------------------
-
-
-def proc_stat(pid: int) -> tuple[int, int] | None:
-    """``(ppid, start_time)`` of process ``pid`` from ``/proc/<pid>/stat``; None when gone.
-
-    A zombie counts as gone: it can neither be placed nor send requests.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    try:
-        if fields[0] in ("Z", "X"):
-            return None
-        # fields[0] is field 3 (state): ppid is field 4, starttime field 22.
-        return int(fields[1]), int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def proc_uids(pid: int) -> tuple[int, ...] | None:
-    """Real, effective, saved and filesystem uid of ``pid`` (``/proc/<pid>/status``)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return tuple(int(x) for x in line.split()[1:5])
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def caller_from_peer(peer: str | None) -> Caller | None:
@@ -213,7 +181,11 @@ def authorize_tenant_op(tenant: Tenant, who: Caller, op: str) -> None:
     A stolen ``KREX_TOKEN`` is useless outside the tenant's cgroup: the token
     names the tenant, the kernel names the caller.
     """
-    if who.is_root or is_launcher(tenant, who) or in_tenant_cgroup(tenant, who.pid):
+    if who.is_root:
+        return
+    if who.uid != tenant.uid:
+        raise refuse(who, f"{op}: tenant {tenant.id} belongs to uid {tenant.uid}")
+    if is_launcher(tenant, who) or in_tenant_cgroup(tenant, who.pid):
         return
     raise refuse(who, f"{op}: not a process of tenant {tenant.id} nor its launcher")
 
@@ -249,8 +221,3 @@ def pid_start_time(pid: int) -> int:
     """Start time of ``pid`` (clock ticks since boot), 0 when it is gone."""
     stat = proc_stat(pid)
     return stat[1] if stat is not None else 0
-
-
-def current_process() -> Caller:
-    """krexd itself as a caller (for in-process uses and tests)."""
-    return Caller(os.getpid(), os.getuid(), os.getgid(), pid_start_time(os.getpid()))

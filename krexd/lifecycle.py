@@ -100,7 +100,7 @@ class Lifecycle:
         launcher_pid, uid = launcher.pid, launcher.uid
         admission = self._admission
         self._runtime.check_serving()
-        record = self._memory.need_for(mem_bytes, gpu, argv, label)
+        record = self._memory.need_for(mem_bytes, gpu, argv, label, uid=uid)
         need = record.need_bytes
         waiter = admission.park(gpu, exclusive, launcher_pid, argv, need, uid=uid)
         watch = PidWatch(

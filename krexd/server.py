@@ -31,7 +31,6 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import zmq
 import zmq.asyncio
 
@@ -190,10 +189,7 @@ class Server:
             frame = encode_error(req.id, Code.SHUTTING_DOWN, "SHUTTING_DOWN", "krexd is stopping")
             await self._send(ident, frame)
             raise
-        except (TypeError, ValueError, msgpack.PackException) as exc:
-            _log.exception("op %s failed", req.op)
-            frame = encode_error(req.id, Code.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
-        except Exception as exc:
+        except Exception as exc:  # an op's bug, or a reply msgpack cannot encode
             _log.exception("op %s failed", req.op)
             frame = encode_error(req.id, Code.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
         await self._send(ident, frame)

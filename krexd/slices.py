@@ -137,47 +137,55 @@ def compute_slices(
     nodes = numa_cpus() if nodes is None else nodes
     indices = [g.index for g in gpus]
     if cpu.slices:
-        extra = sorted(set(cpu.slices) - set(indices))
-        if extra:
-            raise ConfigError(f"[cpu.slices] GPU {extra[0]} does not exist (GPUs: {indices})")
-        missing = sorted(set(indices) - set(cpu.slices))
-        if missing:
-            raise ConfigError(f"[cpu.slices] no slice for GPU {missing[0]}")
-        raw = dict(cpu.slices)
-        for g, cores in sorted(raw.items()):
-            if not cores:
-                raise ConfigError(f"[cpu.slices] GPU {g}: empty slice")
-            bad = set(cores) - set(allowed_t)
-            if bad:
-                raise ConfigError(
-                    f"[cpu.slices] GPU {g}: cores {format_cores(bad)} do not exist or are not "
-                    f"allowed for krexd (allowed: {format_cores(allowed_t)})"
-                )
-        overlaps = _check_overlap(raw)
-        if overlaps and not cpu.allow_shared:
-            raise ConfigError(f"[cpu.slices] {overlaps[0]}; set [cpu] allow_shared = true")
+        raw = _configured(cpu, indices, allowed_t)
     else:
         raw = _computed(gpus, allowed_t, nodes, cpu.allow_shared)
     shared_any = bool(_check_overlap(raw))
-    out: dict[int, CpuSlice] = {}
-    for g in indices:
-        cores = raw[g]
-        k = cpu.reserved_cores
-        reserved = cores[len(cores) - k :] if 0 < k <= len(cores) else (cores if k else ())
-        tenant = tuple(c for c in cores if c not in reserved)
-        shared = shared_any
-        if k > len(cores) and not cpu.allow_shared:
+    return {g: _reserve(g, raw[g], cpu, shared_any) for g in indices}
+
+
+def _configured(
+    cpu: CpuConfig, indices: list[int], allowed: tuple[int, ...]
+) -> dict[int, tuple[int, ...]]:
+    """``[cpu.slices]``, checked: one non-empty slice per GPU, allowed cores, no overlap."""
+    extra = sorted(set(cpu.slices) - set(indices))
+    if extra:
+        raise ConfigError(f"[cpu.slices] GPU {extra[0]} does not exist (GPUs: {indices})")
+    missing = sorted(set(indices) - set(cpu.slices))
+    if missing:
+        raise ConfigError(f"[cpu.slices] no slice for GPU {missing[0]}")
+    raw = dict(cpu.slices)
+    for g, cores in sorted(raw.items()):
+        if not cores:
+            raise ConfigError(f"[cpu.slices] GPU {g}: empty slice")
+        bad = set(cores) - set(allowed)
+        if bad:
             raise ConfigError(
-                f"[cpu] reserved_cores = {k} but GPU {g}'s slice has only {len(cores)} core(s) "
-                f"({format_cores(cores)}); lower it or set allow_shared = true"
+                f"[cpu.slices] GPU {g}: cores {format_cores(bad)} do not exist or are not "
+                f"allowed for krexd (allowed: {format_cores(allowed)})"
             )
-        if not tenant:
-            if not cpu.allow_shared:
-                raise ConfigError(
-                    f"[cpu] GPU {g}'s slice {format_cores(cores)} is empty after reserving "
-                    f"{k} core(s); lower reserved_cores, give larger [cpu.slices], "
-                    "or set allow_shared = true"
-                )
-            tenant, shared = cores, True
-        out[g] = CpuSlice(g, cores, reserved, tenant, shared)
-    return out
+    overlaps = _check_overlap(raw)
+    if overlaps and not cpu.allow_shared:
+        raise ConfigError(f"[cpu.slices] {overlaps[0]}; set [cpu] allow_shared = true")
+    return raw
+
+
+def _reserve(g: int, cores: tuple[int, ...], cpu: CpuConfig, shared: bool) -> CpuSlice:
+    """GPU ``g``'s slice with its last ``reserved_cores`` cores reserved for the holder."""
+    k = cpu.reserved_cores
+    reserved = cores[len(cores) - k :] if 0 < k <= len(cores) else (cores if k else ())
+    tenant = tuple(c for c in cores if c not in reserved)
+    if k > len(cores) and not cpu.allow_shared:
+        raise ConfigError(
+            f"[cpu] reserved_cores = {k} but GPU {g}'s slice has only {len(cores)} core(s) "
+            f"({format_cores(cores)}); lower it or set allow_shared = true"
+        )
+    if not tenant:
+        if not cpu.allow_shared:
+            raise ConfigError(
+                f"[cpu] GPU {g}'s slice {format_cores(cores)} is empty after reserving "
+                f"{k} core(s); lower reserved_cores, give larger [cpu.slices], "
+                "or set allow_shared = true"
+            )
+        tenant, shared = cores, True
+    return CpuSlice(g, cores, reserved, tenant, shared)

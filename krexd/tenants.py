@@ -26,6 +26,7 @@ from krexd import states
 from krexd.cgroups import TenantCgroup
 from krexd.errors import Code, KrexError
 from krexd.memory.records import TenantMemory
+from krexd.procfs import pid_alive
 
 _log = logging.getLogger("krexd.tenants")
 
@@ -169,7 +170,7 @@ class PidWatch:
         loop.add_reader(self._fd, self._fire)
 
     async def _poll(self, poll_s: float) -> None:
-        while _alive(self.pid):
+        while pid_alive(self.pid):
             await asyncio.sleep(poll_s)
         self._fire()
 
@@ -190,12 +191,3 @@ class PidWatch:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")

@@ -234,7 +234,8 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
         if wait:
             k.wait_ready()
             cg = k.status()["cgroups"]
-            k.cgroup_dirs = [d for d in (cg["root"], cg.get("cpuset_root")) if d]
+            trees = (cg["root"], cg.get("cpuset_root"), cg.get("pids_root"))
+            k.cgroup_dirs = [d for d in trees if d]
         return k
 
     yield start

@@ -60,7 +60,15 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the replay arguments to ``p``."""
+    """Add the replay arguments to ``p`` (in the order ``--help`` lists them)."""
+    _add_run_arguments(p)
+    _add_placement_arguments(p)
+    _add_command_arguments(p)
+    return p
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """What to replay, in which mode, for how long, and where results go."""
     p.add_argument(
         "target",
         metavar="TRACE",
@@ -92,6 +100,10 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="K",
         help="passes over the trace (default 1; with --duration, at most K)",
     )
+
+
+def _add_placement_arguments(p: argparse.ArgumentParser) -> None:
+    """Which GPUs and which krexd (started, or a running one) the replay uses."""
     p.add_argument(
         "--gpus", type=_gpu_list, default=None, help="GPU indices to use, e.g. 0,1 (default: all)"
     )
@@ -113,6 +125,10 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="base krexd config (default: the shipped etc/krex.toml)",
     )
+
+
+def _add_command_arguments(p: argparse.ArgumentParser) -> None:
+    """How each command runs (interpreter, directory, time limit) and what is printed."""
     p.add_argument(
         "--python",
         default=sys.executable,
@@ -133,7 +149,6 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="skip the report after a run")
-    return p
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

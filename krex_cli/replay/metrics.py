@@ -43,6 +43,9 @@ Key = tuple[str, str]
 # P thresholds on reference kernel time (ms), paper §6.4 ("> 10, > 1, > 0.1 ms").
 P_THRESHOLDS_MS: tuple[float, ...] = (10.0, 1.0, 0.1)
 WITHIN = 0.05
+# Fewer candidate pairs than this in a gap bucket: its flip rate says nothing (reports
+# say "too few to judge" instead of a rate).
+MIN_PAIRS = 5
 # Native-gap buckets of the pairwise flip rate, [lo, hi) as fractions (Figure 10a).
 GAP_BUCKETS: tuple[tuple[str, float, float], ...] = (
     ("0-1%", 0.0, 0.01),

@@ -173,6 +173,19 @@ def phase_medians(run: Run) -> dict[str, float]:
     return {p: statistics.median(v) if v else math.nan for p, v in vals.items()}
 
 
+def flip_cell(bucket: dict[str, Any]) -> str:
+    """One flip-rate cell: ``rate% (flips/pairs)``, or ``n=P: too few to judge`` below
+    ``metrics.MIN_PAIRS`` pairs.
+
+    ``bucket`` is a gap bucket of ``report.json`` (``pairs``, ``flips``,
+    ``rate``: a fraction, NaN without pairs).
+    """
+    pairs = int(bucket["pairs"])
+    if 0 < pairs < metrics.MIN_PAIRS:
+        return f"n={pairs}: too few to judge"
+    return f"{_fmt(bucket['rate'] * 100, '.1f', '%')} ({bucket['flips']}/{pairs})"
+
+
 def _fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
     if not isinstance(x, int | float) or not math.isfinite(x):
         return "—"
@@ -262,14 +275,7 @@ def markdown(runs: list[Run], data: dict[str, Any]) -> str:
         ]
         for run in compared:
             fl = data["runs"][run.label]["stats"][stat]["flips"]
-            lines.append(
-                f"| {run.label} | "
-                + " | ".join(
-                    f"{_fmt(fl[n]['rate'] * 100, '.1f', '%')} ({fl[n]['flips']}/{fl[n]['pairs']})"
-                    for n in names
-                )
-                + " |"
-            )
+            lines.append(f"| {run.label} | " + " | ".join(flip_cell(fl[n]) for n in names) + " |")
         lines += [
             "",
             f"![ratio CDF](ratio_cdf_{stat}.png) ![by band](ratio_by_band_{stat}.png)",

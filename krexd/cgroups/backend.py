@@ -10,6 +10,15 @@ Backends (shown by ``krexctl status``):
   ``cgroup.freeze``, which works without v2 controllers) and the v1 ``cpuset``
   hierarchy for slices: a parallel tree ``<cpuset mount>/<name>/gpu<N>/t<id>``.
 
+Each tenant cgroup gets ``pids.max = [cgroup] pids_max`` (tasks: processes
+and threads), so a command that forks without bound gets ``EAGAIN`` from
+fork/clone instead of exhausting the host's pids for every tenant and
+growing the ``cgroup.procs`` krexd reads.  The ``pids`` controller comes
+from the v2 tree (enabled top-down like cpuset) when the root offers it, else
+from a v1 ``pids`` hierarchy (a parallel tree, like the hybrid cpuset one);
+with neither, krexd warns and tenants have no such limit (``pids: none`` in
+``krexctl status``).
+
 ``<root>``: ``[cgroup] root`` when set; under systemd (``Delegate=yes``) the
 unit's own cgroup, after krexd has moved itself into the ``supervisor`` leaf
 (before READY=1; systemd CGROUP_DELEGATION.md); else the cgroup2 mount.
@@ -41,6 +50,9 @@ from krexd.slices import CpuSlice
 _log = logging.getLogger("krexd.cgroups")
 
 SUPERVISOR_LEAF = "supervisor"
+PIDS_V2 = "v2"  # pids.max in the tenant's v2 directory
+PIDS_V1 = "v1"  # pids.max in a parallel v1 pids tree (hybrid hosts)
+PIDS_NONE = "none"  # no pids controller, or [cgroup] pids_max = 0
 
 
 class CgroupBackend:
@@ -68,6 +80,11 @@ class CgroupBackend:
         self._lock_fd: int | None = None
         # What is wrong now, by part ("gpu0": why); empty when healthy (krexctl status).
         self.problems: dict[str, str] = {}
+        # [cgroup] pids_max and where pids.max lives: PIDS_V2, PIDS_V1 (pids_root) or
+        # PIDS_NONE; set by open() and prepare().
+        self.pids_max = 0
+        self.pids_kind = PIDS_NONE
+        self.pids_root: str | None = None
 
     # --- detection ----------------------------------------------------------------
 
@@ -79,6 +96,14 @@ class CgroupBackend:
         ``supervisor`` leaf first (no processes in inner nodes).
         """
         mounts = mounts or detect.find_mounts()
+        backend = cls._choose(cfg, mounts)
+        backend.pids_max = cfg.pids_max
+        if mounts.v1_pids is not None:  # known before prepare() so a stale tree is cleaned
+            backend.pids_root = os.path.join(mounts.v1_pids, cfg.name)
+        return backend
+
+    @classmethod
+    def _choose(cls, cfg: CgroupConfig, mounts: detect.Mounts) -> CgroupBackend:
         if mounts.v2 is None:
             raise ConfigError("[cgroup] no cgroup2 mount found; krexd needs cgroup v2 (freezer)")
         systemd = detect.under_systemd() and not cfg.root
@@ -170,6 +195,7 @@ class CgroupBackend:
             self._enable_cpuset(self.root)
         for gpu in sorted(slices):
             self._build_gpu(gpu)
+        self._prepare_pids()
         return killed
 
     def _build_gpu(self, gpu: int) -> None:
@@ -182,17 +208,40 @@ class CgroupBackend:
             self._set_cpuset(cs_dir, self._slices[gpu].cores)
             if self.cpuset_kind == CPUSET_V2:
                 self._enable_cpuset(cs_dir)
+        if self.pids_kind == PIDS_V2:  # a rebuilt directory needs the controller again
+            _enable_controller(self._gpu_dir(gpu), "pids")
+        elif self.pids_kind == PIDS_V1 and self.pids_root is not None:
+            fs.mkdir(os.path.join(self.pids_root, f"gpu{gpu}"))
 
     def _enable_cpuset(self, directory: str) -> bool:
-        path = os.path.join(directory, "cgroup.subtree_control")
-        if "cpuset" in fs.read(path).split():
-            return True
         try:
-            fs.write(path, "+cpuset")
+            _enable_controller(directory, "cpuset")
         except CgroupError as exc:
-            _log.warning("cannot enable cpuset in %s (%s): using sched_setaffinity", path, exc)
+            _log.warning("cannot enable cpuset in %s (%s): using sched_setaffinity", directory, exc)
             return False
         return True
+
+    def _prepare_pids(self) -> None:
+        """Choose where tenants' ``pids.max`` goes and build that tree (module docstring)."""
+        self.pids_kind = PIDS_NONE
+        if self.pids_max == 0:
+            return
+        gpu_dirs = [self._gpu_dir(gpu) for gpu in sorted(self._slices)]
+        if "pids" in fs.read(os.path.join(self.base, "cgroup.controllers")).split():
+            try:
+                for d in [self.base, self.root, *gpu_dirs]:
+                    _enable_controller(d, "pids")
+                self.pids_kind = PIDS_V2
+                return
+            except CgroupError as exc:
+                _log.warning("cannot enable the v2 pids controller: %s", exc)
+        root = self.pids_root
+        if root is not None and os.access(os.path.dirname(root), os.W_OK):
+            for d in [root, *(os.path.join(root, f"gpu{gpu}") for gpu in sorted(self._slices))]:
+                fs.mkdir(d)
+            self.pids_kind = PIDS_V1
+            return
+        _log.warning("no pids controller: [cgroup] pids_max = %d is not applied", self.pids_max)
 
     def _set_cpuset(self, directory: str, cores: tuple[int, ...] | list[int]) -> None:
         if self.cpuset_kind == CPUSET_V1:
@@ -245,7 +294,14 @@ class CgroupBackend:
             if cpuset_dir != freezer:
                 fs.mkdir(cpuset_dir)
             self._set_cpuset(cpuset_dir, sl.tenant_cores)
-        return TenantCgroup(freezer, cpuset_dir, self.cpuset_kind, sl.tenant_cores)
+        pids_dir = None
+        if self.pids_kind == PIDS_V1:
+            assert self.pids_root is not None
+            pids_dir = os.path.join(self.pids_root, f"gpu{gpu}", leaf)
+            fs.mkdir(pids_dir)
+        if self.pids_kind != PIDS_NONE:
+            fs.write(os.path.join(pids_dir or freezer, "pids.max"), str(self.pids_max))
+        return TenantCgroup(freezer, cpuset_dir, self.cpuset_kind, sl.tenant_cores, pids_dir)
 
     # --- cleanup ------------------------------------------------------------------
 
@@ -253,6 +309,8 @@ class CgroupBackend:
         trees = [self.root]
         if self.cpuset_root and self.cpuset_root != self.root:
             trees.append(self.cpuset_root)
+        if self.pids_root and self.pids_root != self.root:
+            trees.append(self.pids_root)
         return trees
 
     def _kill_tree(self) -> int:
@@ -356,4 +414,14 @@ class CgroupBackend:
             "cpuset_root": self.cpuset_root,
             "systemd": self.systemd,
             "problems": dict(self.problems),
+            "pids": self.pids_kind,
+            "pids_root": self.pids_root if self.pids_kind == PIDS_V1 else None,
+            "pids_max": self.pids_max if self.pids_kind != PIDS_NONE else None,
         }
+
+
+def _enable_controller(directory: str, controller: str) -> None:
+    """Enable ``controller`` for the children of ``directory``; raises CgroupError."""
+    path = os.path.join(directory, "cgroup.subtree_control")
+    if controller not in fs.read(path).split():
+        fs.write(path, f"+{controller}")

@@ -15,16 +15,18 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Mounts:
-    """Mount points: ``v2`` (cgroup2) and ``v1_cpuset`` (v1 cpuset), ``None`` when absent."""
+    """Mount points: ``v2`` (cgroup2), ``v1_cpuset`` and ``v1_pids`` (v1), ``None`` when absent."""
 
     v2: str | None
     v1_cpuset: str | None
+    v1_pids: str | None = None
 
 
 def find_mounts(mountinfo: str = "/proc/self/mountinfo") -> Mounts:
-    """Parse ``mountinfo`` (see proc(5)) for the cgroup2 and v1 cpuset mounts."""
+    """Parse ``mountinfo`` (see proc(5)) for the cgroup2 and v1 cpuset and pids mounts."""
     v2: str | None = None
     cpuset: str | None = None
+    pids: str | None = None
     with open(mountinfo) as f:
         for line in f:
             left, _, right = line.partition(" - ")
@@ -38,7 +40,9 @@ def find_mounts(mountinfo: str = "/proc/self/mountinfo") -> Mounts:
                 v2 = mount_point
             elif fstype == "cgroup" and "cpuset" in options and cpuset is None:
                 cpuset = mount_point
-    return Mounts(v2, cpuset)
+            elif fstype == "cgroup" and "pids" in options and pids is None:
+                pids = mount_point
+    return Mounts(v2, cpuset, pids)
 
 
 def own_v2_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str:

@@ -29,14 +29,21 @@ class TenantCgroup:
     ``freezer_dir``: the v2 directory (``cgroup.procs``, ``cgroup.freeze``);
     ``cpuset_dir``: where ``cpuset.cpus`` lives (same as ``freezer_dir`` for
     pure v2, a v1 directory on hybrid hosts, ``None`` for the affinity fallback);
-    ``cores``: the tenant's off-region cores.
+    ``cores``: the tenant's off-region cores; ``pids_dir``: a v1 ``pids``
+    directory on hybrid hosts (``pids.max`` is in ``freezer_dir`` on pure v2).
     """
 
     def __init__(
-        self, freezer_dir: str, cpuset_dir: str | None, cpuset_kind: str, cores: Sequence[int]
+        self,
+        freezer_dir: str,
+        cpuset_dir: str | None,
+        cpuset_kind: str,
+        cores: Sequence[int],
+        pids_dir: str | None = None,
     ) -> None:
         self.freezer_dir = freezer_dir
         self.cpuset_dir = cpuset_dir
+        self.pids_dir = pids_dir
         self.cpuset_kind = cpuset_kind
         self.cores: tuple[int, ...] = tuple(cores)
 
@@ -50,10 +57,12 @@ class TenantCgroup:
 
     @property
     def paths(self) -> list[str]:
-        """Every directory of this tenant (v2 first, then v1 cpuset on hybrid hosts)."""
+        """Every directory of this tenant (v2 first, then v1 cpuset and pids on hybrid hosts)."""
         out = [self.freezer_dir]
         if self.cpuset_dir and self.cpuset_dir != self.freezer_dir:
             out.append(self.cpuset_dir)
+        if self.pids_dir and self.pids_dir != self.freezer_dir:
+            out.append(self.pids_dir)
         return out
 
     # --- membership ----------------------------------------------------------------

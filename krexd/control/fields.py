@@ -50,8 +50,12 @@ def boolean(body: dict[str, Any], name: str, default: bool = False) -> bool:
 
 
 def string(body: dict[str, Any], name: str, max_len: int, default: Any = _MISSING) -> Any:
-    """``body[name]``: a non-empty string of at most ``max_len`` characters (or ``default``)."""
-    if name not in body and default is not _MISSING:
+    """``body[name]``: a non-empty string of at most ``max_len`` characters.
+
+    An absent or None field gives ``default`` when one is given (like
+    :func:`integer`), else raises ``KrexError(BAD_FIELD)``.
+    """
+    if body.get(name) is None and default is not _MISSING:
         return default
     v = body.get(name)
     if not isinstance(v, str) or not v or len(v) > max_len:

@@ -8,13 +8,15 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "healthy": bool, "problems": {str: str},
      "socket": str, "config": str,
      "cgroups": {"backend": "v2|hybrid", "cpuset": "v2|v1|affinity", "root": str,
-                 "cpuset_root": str|null, "systemd": bool, "problems": {str: str}},
+                 "cpuset_root": str|null, "systemd": bool, "problems": {str: str},
+                 "pids": "v2|v1|none", "pids_root": str|null, "pids_max": int|null},
      "connections": {"open": int, "peak": int, "max": int, "refused": int}|null,
      "gpus": [{"index": int, "name": str, "fake": bool, "total_mem_bytes": int,
                "slice": {"cores": "0-7", "reserved": "7", "tenant_cores": "0-6",
                          "shared": bool},
                "slots_used": int, "slots_total": int, "exclusive": bool,
                "tenants": [int], "gate": str|null,
+               "gate_word": {"holder": int, "epoch": int}|null,  (null: open, or no gate)
                "holder": int|null, "region": {...}|null,
                "memory": {"source": "nvml|fake|shim", "total_bytes", "used_bytes",
                           "free_bytes", "tenants_bytes", "other_bytes", "reserved_bytes",
@@ -31,7 +33,7 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                "max_bypass": int},
      "memory": {"admission": bool, "default_need_bytes", "headroom_bytes", "max_bypass",
                 "oom_wait_s", "refresh_ms", "source", "learn",
-                "learned": {"labels", "max_labels", "path"}, "region_wait_s",
+                "learned": {"labels", "max_labels", "max_per_uid", "path"}, "region_wait_s",
                 "retry_tempfail"}}
 
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and

@@ -5,15 +5,20 @@ rarely declare it (``krex run --mem``).  krexd learns it: each command has a
 *label* (``krex run --label L``, else :func:`label_for` derives one from the
 command line: the script and its arguments), and when a command ends the
 peak the shim counted for it (and the device source's peak, whichever is
-larger) is recorded under its label.  The next command with that label is
-charged, by admission, the largest peak of the last ``KEEP_RUNS`` runs
-(docs/design/memory.md "Learned needs").
+larger) is recorded under its launcher's uid and its label.  The next
+command of that uid with that label is charged, by admission, the largest
+peak of the last ``KEEP_RUNS`` runs (docs/design/memory.md "Learned needs").
+
+Needs are keyed by ``(uid, label)``: one user's runs can neither raise nor
+evict another user's learned need.  Each uid keeps at most ``max_per_uid``
+labels (its least recently used dropped first), so a user churning labels
+evicts only its own; beyond ``max_labels`` in all, the least recently used
+label of the uid holding the most is dropped.
 
 The table persists in the state directory (one JSON file, replaced
 atomically: ``krexd.atomic_file``), so it survives krexd's restarts; it is
-versioned (a file of another version is set aside and learning starts
-again) and bounded: at most ``max_labels`` labels, the least recently used
-dropped first.
+versioned (a file of another version, the label-only version 1 included, is
+set aside and learning starts again).
 """
 
 from __future__ import annotations
@@ -24,14 +29,14 @@ import logging
 import os
 import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 from krexd.atomic_file import write_atomic
 
 _log = logging.getLogger("krexd.memory")
 
-VERSION = 1
+VERSION = 2  # 2: entries keyed by (uid, label); 1 had labels only
 KEEP_RUNS = 4  # peaks kept per label; the need is their maximum
 MAX_LABEL = 512  # characters; longer labels keep a prefix and a digest
 
@@ -63,17 +68,20 @@ def label_for(argv: list[str]) -> str:
 
 
 class LearnedNeeds:
-    """Peaks of earlier runs per label, kept in ``path`` (None: in memory only).
+    """Peaks of earlier runs per ``(uid, label)``, kept in ``path`` (None: in memory only).
 
     Args:
         path: the JSON file in the state directory.
-        max_labels: labels kept at most (least recently used dropped first).
+        max_labels: entries kept at most, all uids together.
+        max_per_uid: entries kept at most per uid (``[memory] learned_per_uid``).
     """
 
-    def __init__(self, path: str | None, max_labels: int) -> None:
+    def __init__(self, path: str | None, max_labels: int, max_per_uid: int = 256) -> None:
         self.path = path
         self.max_labels = max_labels
-        self._peaks: OrderedDict[str, list[int]] = OrderedDict()  # oldest use first
+        self.max_per_uid = max_per_uid
+        self._peaks: OrderedDict[tuple[int, str], list[int]] = OrderedDict()  # oldest use first
+        self._per_uid: Counter[int] = Counter()
 
     def load(self) -> None:
         """Read the file; a missing one means nothing learned yet.
@@ -88,44 +96,62 @@ class LearnedNeeds:
                 doc = json.load(f)
             if not isinstance(doc, dict) or doc.get("version") != VERSION:
                 raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else '?'}")
-            labels = doc["labels"]
-            for label, peaks in labels:
-                if isinstance(label, str) and all(isinstance(p, int) and p >= 0 for p in peaks):
-                    self._peaks[label] = list(peaks)[-KEEP_RUNS:]
+            for uid, label, peaks in doc["labels"]:
+                if _valid_entry(uid, label, peaks):
+                    self._put((uid, label), list(peaks)[-KEEP_RUNS:])
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError) as exc:
             _log.warning("learned memory needs: %s unusable (%s); starting afresh", self.path, exc)
             self._peaks.clear()
+            self._per_uid.clear()
             try:
                 os.replace(self.path, self.path + ".bad")
             except OSError:
                 pass
             return
-        self._trim()
         _log.info("learned memory needs: %d label(s) from %s", len(self._peaks), self.path)
 
-    def need(self, label: str) -> int | None:
-        """Bytes learned for ``label`` (the largest recent peak), or None; marks it used."""
-        peaks = self._peaks.get(label)
+    def need(self, uid: int, label: str) -> int | None:
+        """Bytes learned for ``label`` of ``uid`` (largest recent peak), or None; marks it used."""
+        peaks = self._peaks.get((uid, label))
         if not peaks:
             return None
-        self._peaks.move_to_end(label)
+        self._peaks.move_to_end((uid, label))
         return max(peaks)
 
-    def record(self, label: str, peak_bytes: int) -> None:
-        """Add one run's peak (bytes) under ``label`` and save the table."""
+    def record(self, uid: int, label: str, peak_bytes: int) -> None:
+        """Add one run's peak (bytes) under ``label`` of ``uid`` and save the table."""
         if not label or peak_bytes <= 0:
             return
-        peaks = self._peaks.pop(label, [])
+        peaks = self._pop((uid, label)) or []
         peaks.append(int(peak_bytes))
-        self._peaks[label] = peaks[-KEEP_RUNS:]
-        self._trim()
+        self._put((uid, label), peaks[-KEEP_RUNS:])
         self.save()
 
-    def _trim(self) -> None:
-        while len(self._peaks) > self.max_labels:
-            self._peaks.popitem(last=False)
+    def labels_of(self, uid: int) -> list[str]:
+        """Labels kept for ``uid``, least recently used first."""
+        return [label for u, label in self._peaks if u == uid]
+
+    def _put(self, key: tuple[int, str], peaks: list[int]) -> None:
+        """Store ``key`` as the most recently used, then evict to the bounds (docstring)."""
+        self._pop(key)
+        uid = key[0]
+        while self._per_uid[uid] >= self.max_per_uid:
+            self._pop(next(k for k in self._peaks if k[0] == uid))
+        while len(self._peaks) >= self.max_labels:
+            most = max(self._per_uid, key=lambda u: self._per_uid[u])
+            self._pop(next(k for k in self._peaks if k[0] == most))
+        self._peaks[key] = peaks
+        self._per_uid[uid] += 1
+
+    def _pop(self, key: tuple[int, str]) -> list[int] | None:
+        peaks = self._peaks.pop(key, None)
+        if peaks is not None:
+            self._per_uid[key[0]] -= 1
+            if not self._per_uid[key[0]]:
+                del self._per_uid[key[0]]
+        return peaks
 
     def save(self) -> None:
         """Write the table (atomically); errors are logged, learning goes on in memory."""
@@ -134,7 +160,7 @@ class LearnedNeeds:
         doc = {
             "version": VERSION,
             "saved_at": time.time(),
-            "labels": [[label, peaks] for label, peaks in self._peaks.items()],
+            "labels": [[uid, label, peaks] for (uid, label), peaks in self._peaks.items()],
         }
         try:
             write_atomic(self.path, json.dumps(doc, separators=(",", ":")).encode())
@@ -145,5 +171,22 @@ class LearnedNeeds:
         return len(self._peaks)
 
     def status(self) -> dict[str, Any]:
-        """JSON-ready summary: labels kept, bound, file."""
-        return {"labels": len(self._peaks), "max_labels": self.max_labels, "path": self.path}
+        """JSON-ready summary: labels kept, bounds, file."""
+        return {
+            "labels": len(self._peaks),
+            "max_labels": self.max_labels,
+            "max_per_uid": self.max_per_uid,
+            "path": self.path,
+        }
+
+
+def _valid_entry(uid: Any, label: Any, peaks: Any) -> bool:
+    """True for one well-formed saved entry: uid ≥ 0, a label, peaks ≥ 0 (bytes)."""
+    return (
+        isinstance(uid, int)
+        and not isinstance(uid, bool)
+        and uid >= 0
+        and isinstance(label, str)
+        and isinstance(peaks, list)
+        and all(isinstance(p, int) and p >= 0 for p in peaks)
+    )

@@ -40,8 +40,9 @@ from krexd.gate import LIVE_SLOT_STATES, Gate, GateError, SlotInfo
 from krexd.gpus import GpuInfo
 from krexd.memory.learned import LearnedNeeds, label_for
 from krexd.memory.records import TenantMemory
-from krexd.memory.sources import DeviceMemory, Source, open_source, pid_alive
+from krexd.memory.sources import DeviceMemory, Source, open_source
 from krexd.memory.view import GpuMemory, GpuView
+from krexd.procfs import pid_alive
 from krexd.runtime import Runtime
 from krexd.tenants import Tenant, TenantRegistry
 
@@ -100,7 +101,11 @@ class MemoryMonitor:
         learned: LearnedNeeds | None = None,
     ) -> None:
         self.cfg = cfg
-        self.learned = learned if learned is not None else LearnedNeeds(None, cfg.learned_max)
+        self.learned = (
+            learned
+            if learned is not None
+            else LearnedNeeds(None, cfg.learned_max, cfg.learned_per_uid)
+        )
         self._device: dict[int, DeviceMemory] = {}  # the last read of each GPU's source
         self._slots_per_gpu = slots_per_gpu
         self._gpus = {g.info.index: g for g in gpus}
@@ -275,19 +280,26 @@ class MemoryMonitor:
         rec = tenant.memory
         rec.waiting = False
         if self.cfg.learn and rec.label and not tenant.exclusive:
-            self.learned.record(rec.label, rec.learn_bytes)
+            self.learned.record(tenant.uid, rec.label, rec.learn_bytes)
         _log.info("t%d memory: %s", tenant.id, rec.describe())
 
     # --- admission policy -----------------------------------------------------------
 
     def need_for(
-        self, mem_bytes: int | None, gpu: int | None, argv: list[str], label: str | None = None
+        self,
+        mem_bytes: int | None,
+        gpu: int | None,
+        argv: list[str],
+        label: str | None = None,
+        *,
+        uid: int,
     ) -> TenantMemory:
         """A new command's record: what admission charges it, and why.
 
         The need is max(declared ``mem_bytes``, learned, default): the learned
         need is the largest recent peak of the command's label (``label``, else
-        :func:`krexd.memory.learned.label_for` of ``argv``), capped at what the
+        :func:`krexd.memory.learned.label_for` of ``argv``) among the runs of
+        ``uid`` (the verified launcher's; never another user's), capped at what the
         largest candidate GPU can give; the default is ``[memory] default_need``
         capped at one slot's share of the smallest candidate GPU
         (``(total - headroom) / slots_per_gpu``), so that a full GPU of
@@ -309,7 +321,7 @@ class MemoryMonitor:
         if caps:
             default = min(default, max(0, min(caps)) // self._slots_per_gpu)
         key = label if label else label_for(argv)
-        learned = self.learned.need(key) if self.cfg.learn else None
+        learned = self.learned.need(uid, key) if self.cfg.learn else None
         if learned is not None and caps:
             learned = min(learned, max(0, max(caps)))
         need, source = default, "default"

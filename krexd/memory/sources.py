@@ -32,20 +32,9 @@ from typing import Any, Protocol
 
 from krex_client.sizes import parse_size
 from krexd.gpus import GpuInfo
+from krexd.procfs import pid_alive
 
 _log = logging.getLogger("krexd.memory")
-
-
-def pid_alive(pid: int) -> bool:
-    """True when process ``pid`` exists and is not a zombie (``/proc/<pid>/stat``)."""
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 @dataclass(frozen=True)

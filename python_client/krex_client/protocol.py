@@ -155,6 +155,11 @@ def decode_request(frame: bytes) -> Request:
     body = msg.get("body", {})
     if not isinstance(body, dict):
         raise FrameError("BAD_FIELD", "'body' must be a map", request_id)
+    bad_key = next((k for k in body if not isinstance(k, str)), None)
+    if bad_key is not None:
+        raise FrameError(
+            "BAD_FIELD", f"'body' keys must be strings, got {bad_key!r:.64}", request_id
+        )
     return Request(op=op, id=raw_id, body=body, tenant=tenant, token=token)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -36,7 +37,12 @@ def test_demo_replays_native_and_krex_and_prints_the_summary() -> None:
     below = lines[last_table + 1 :]
     (ran,) = [line for line in below if line.startswith("what ran: ")]
     assert "workloads/simulated.py" in ran
-    assert "--mode native --fake-gpus 1" in ran and "--mode krex --concurrency 4" in ran
+    assert "--mode native --gpus 0`" in ran and "--mode krex --concurrency 4 --fake-gpus 1" in ran
+    # Gap buckets of fewer than 5 pairs (9 pairs here in all) say so instead of a rate.
+    flips = lines.index("Pairwise flip rate by native gap (flips/pairs):")
+    flip_rows = [line for line in lines[flips:] if line.startswith("| 2-krex |")][:1]
+    assert flip_rows and "too few to judge" in flip_rows[0], out
+    assert not re.search(r"\((\d+)/[1-4]\)", flip_rows[0]), flip_rows
     explained = {
         name
         for line in below

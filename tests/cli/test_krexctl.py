@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
+from krex_cli.krexctl import render
+from krexd.gate import Gate
 from tests.conftest import KREXCTL, Krexd
 
 Factory = Callable[..., Krexd]
@@ -46,10 +48,52 @@ def test_status_table_and_json(krexd_factory: Factory) -> None:
         assert st["tenants"][0]["command"] == ["sleep", "30"] and st["tenants"][0]["gpu"] == 1
         assert st["queue"]["parked"] == 1
         assert {"version", "uptime_s", "cgroups", "gpus", "tenants", "queue"} <= set(st)
+        # The gate word as krexd reads it: open, then closed by someone (here: the test).
+        assert st["gpus"][0]["gate_word"] is None and _gate_column(out) == ["open", "open"]
+        with Gate.open(st["gpus"][0]["gate"]) as gate:
+            gate.close(77, 5)
+            try:
+                assert k.status()["gpus"][0]["gate_word"] == {"holder": 77, "epoch": 5}
+                table = krexctl("status", "--socket", k.socket).stdout
+                assert _gate_column(table) == ["t77 e5", "open"]
+            finally:
+                gate.reopen(77, 5)
     finally:
         run.terminate()
         run.wait(20)
         parked.wait(20)
+
+
+def _gate_column(table: str) -> list[str]:
+    """The GATE cells of the GPU table of ``krexctl status``."""
+    lines = table.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("GPU "))
+    start = lines[head].index("GATE")
+    end = lines[head].index("REGIONS")
+    rows = lines[head + 1 :]
+    return [r[start:end].strip() for r in rows[: rows.index("")]]
+
+
+def test_regions_column_shows_failed_and_recovered_regions() -> None:
+    gpu = {
+        "index": 0,
+        "name": "fake GPU 0",
+        "slots_used": 1,
+        "slots_total": 4,
+        "gate": "/run/krex/krex-gpu0.gate",
+        "gate_word": {"holder": 4, "epoch": 9},
+        "holder": 4,
+        "region": {
+            "regions": {"granted": 5, "completed": 2, "failed": 2, "recovered": 1},
+            "entry_ms": {"n": 0},
+        },
+    }
+    st = {"version": "x", "pid": 1, "uptime_s": 1.0, "state": "running", "socket": "s"}
+    out = render({**st, "gpus": [gpu]})
+    assert "2/5 (2 failed, 1 recovered)" in out and _gate_column(out) == ["t4 e9"]
+    gpu["region"]["regions"].update(failed=0, recovered=0)  # type: ignore[index]
+    out = render({**st, "gpus": [gpu, {**gpu, "index": 1, "gate": None}]})
+    assert "2/5  " in out and "failed" not in out and _gate_column(out) == ["t4 e9", "-"]
 
 
 def test_not_running_is_3() -> None:

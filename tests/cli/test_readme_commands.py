@@ -7,6 +7,7 @@ user's and only the demo and the test suite run through sudo.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from krex_cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -82,3 +85,28 @@ def check_make(system_path: str, with_sudo: str) -> None:
         assert [ln for ln in lines if ln.startswith("sudo")] == [step(lines, module)]
         # another user without sudo: runs unprivileged (the demo says it needs root)
         assert not step(make_dry_run(target, system_path, NOBODY), module).startswith("sudo")
+
+
+def readme_using_it() -> str:
+    """The README's "Using it" usage block."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Using it", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None, "no sh block under 'Using it'"
+    return block.group(1)
+
+
+def test_readme_usage_lists_every_krex_run_option_and_the_config_search_order() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = {
+        opt
+        for action in sub.choices["run"]._actions
+        for opt in action.option_strings
+        if opt.startswith("--") and opt != "--help"
+    }
+    usage = readme_using_it()
+    run_usage = usage[usage.index("krex run") : usage.index("krexctl")]
+    assert {o for o in options if o not in run_usage} == set()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    for where in ("$KREX_CONFIG", "/etc/krex/krex.toml", "etc/krex.toml"):
+        assert where in text.split("## Using it", 1)[1], where

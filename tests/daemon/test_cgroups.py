@@ -46,6 +46,8 @@ def backend() -> Iterator[CgroupBackend]:
     assert not os.path.exists(b.root)
     if b.cpuset_root:
         assert not os.path.exists(b.cpuset_root)
+    if b.pids_root:
+        assert not os.path.exists(b.pids_root)
 
 
 def spin() -> subprocess.Popen[bytes]:

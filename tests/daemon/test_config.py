@@ -60,6 +60,7 @@ def test_unknown_table_is_named(tmp_path: Path) -> None:
         ('[cgroup]\nbackend = "v3"\n', r"\[cgroup\] backend"),
         ('[cgroup]\nname = "cgroup.procs"\n', r"\[cgroup\] name"),
         ('[cgroup]\nname = "a/b"\n', r"\[cgroup\] name"),
+        ("[cgroup]\npids_max = -1\n", r"\[cgroup\] pids_max"),
         ('[daemon]\nsocket_mode = "999"\n', r"\[daemon\] socket_mode"),
         ('[daemon]\nsocket = "/' + "x" * 120 + '"\n', r"\[daemon\] socket"),
         ("[region]\nmax_region_s = -1\n", r"\[region\] max_region_s"),

@@ -16,6 +16,7 @@ HYBRID = (
     "34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"
     "37 31 0:34 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer\n"
     "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+    "42 31 0:39 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
 )
 
 
@@ -24,7 +25,7 @@ def test_find_mounts(tmp_path: Path) -> None:
     (tmp_path / "b").write_text(HYBRID)
     assert find_mounts(str(tmp_path / "a")) == Mounts("/sys/fs/cgroup", None)
     assert find_mounts(str(tmp_path / "b")) == Mounts(
-        "/sys/fs/cgroup/unified", "/sys/fs/cgroup/cpuset"
+        "/sys/fs/cgroup/unified", "/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/pids"
     )
 
 

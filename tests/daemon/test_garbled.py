@@ -11,6 +11,7 @@ import psutil
 import pytest
 import zmq
 
+from krex_client.connection import Connection, RemoteError
 from krex_client.protocol import decode_reply
 from tests.conftest import Krexd
 
@@ -40,6 +41,7 @@ def junk_value(rng: random.Random) -> object:
             [1, "a"],
             {},
             {"k": [None]},
+            {"a": 1, b"b": 2},
         ]
     )
 
@@ -137,3 +139,17 @@ def test_garbled_frames(krexd_factory: Factory) -> None:
     assert k.request("ping")["pid"] == k.pid
     st = k.status()
     assert st["tenants"] == [] and st["queue"]["parked"] == 0
+
+
+def test_malformed_bodies_get_bad_field_and_a_null_label_is_absent(krexd_factory: Factory) -> None:
+    k = krexd_factory(fake_gpus=1)
+    mixed = {"argv": ["x"], b"label": "y"}
+    with Connection(k.socket) as c:
+        for op in ("ping", "status", "admit", "place", "release", "region_enter"):
+            with pytest.raises(RemoteError) as info:
+                c.request(op, mixed)
+            assert info.value.name == "BAD_FIELD", (op, info.value)
+        granted = c.request("admit", {"argv": ["x"], "label": None})
+    k.request("release", {}, tenant=granted["tenant"], token=granted["token"])
+    assert k.status()["tenants"] == []
+    assert "Traceback" not in k.log() and "INTERNAL" not in k.log()

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-from krexd import identity
+import pytest
+
+from krexd import identity, procfs
+from krexd.cgroups import TenantCgroup
 from krexd.control.status import need_to_know
 from krexd.errors import KrexError
+from krexd.tenants import Tenant
 
 
 def test_peer_address_is_parsed_and_bound_to_the_start_time() -> None:
@@ -91,3 +98,45 @@ def test_status_is_need_to_know() -> None:
         ]
         assert seen["queue"]["queue"][0]["redacted"] is True
         assert seen["gpus"][0]["region"]["holder"] == {"tenant": 1, "epoch": 3}
+
+
+def _tenant_with_procs(tmp_path: Path, uid: int, pids: list[int]) -> Tenant:
+    """A tenant of ``uid`` whose cgroup lists ``pids`` (a plain ``cgroup.procs`` file)."""
+    (tmp_path / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+    cgroup = TenantCgroup(str(tmp_path), None, "v2", (0,))
+    return Tenant(1, "0" * 32, 0, ["bench"], 41, cgroup, uid=uid, gid=uid, launcher_start=5)
+
+
+def test_a_caller_of_another_uid_is_refused_even_inside_the_tenant_cgroup(
+    tmp_path: Path,
+) -> None:
+    tenant = _tenant_with_procs(tmp_path, 1000, [4242])
+    identity.authorize_tenant_op(tenant, identity.Caller(4242, 1000, 1000, 9), "region_enter")
+    identity.authorize_tenant_op(tenant, identity.Caller(41, 1000, 1000, 5), "release")
+    identity.authorize_tenant_op(tenant, identity.Caller(4242, 0, 0, 9), "release")
+    # The same pid (in the cgroup) and the launcher's pid and start time, another uid.
+    for intruder in (identity.Caller(4242, 1001, 1001, 9), identity.Caller(41, 1001, 1001, 5)):
+        with pytest.raises(KrexError) as exc:
+            identity.authorize_tenant_op(tenant, intruder, "region_enter")
+        assert exc.value.code.name == "AUTH" and "uid 1000" in exc.value.message
+    with pytest.raises(KrexError):
+        identity.authorize_tenant_op(tenant, identity.Caller(77, 1000, 1000, 9), "release")
+
+
+def test_a_process_named_in_bytes_that_are_not_utf8_is_still_read() -> None:
+    # A command may set its name (/proc/PID/stat field 2) to any bytes (prctl PR_SET_NAME).
+    code = (
+        "import ctypes, sys, time\n"
+        "ctypes.CDLL(None).prctl(15, ctypes.c_char_p(b'\\xff\\xfe) Z 1'), 0, 0, 0)\n"
+        "print('named', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"named\n"
+        assert procfs.proc_stat(child.pid) == (os.getpid(), identity.pid_start_time(child.pid))
+        assert procfs.pid_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not procfs.pid_alive(child.pid)

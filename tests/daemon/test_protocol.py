@@ -132,3 +132,9 @@ def test_reply_round_trips() -> None:
 def test_reply_without_ok_is_refused() -> None:
     with pytest.raises(FrameError):
         decode_reply(pack({"v": 1, "id": 1}))
+
+
+@pytest.mark.parametrize("body", [{"a": 1, b"b": 2}, {b"argv": ["x"]}])
+def test_body_keys_must_be_strings(body: Any) -> None:
+    e = err(pack({"v": 1, "id": 7, "op": "admit", "body": body}))
+    assert e.name == "BAD_FIELD" and "keys must be strings" in e.message and e.request_id == 7

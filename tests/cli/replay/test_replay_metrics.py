@@ -9,6 +9,7 @@ import pytest
 
 from krex_cli.replay import metrics
 from krex_cli.replay.metrics import Ratio, Sample
+from krex_cli.replay.report import flip_cell
 
 
 def test_p95_inflation_linear_interpolation() -> None:
@@ -162,3 +163,10 @@ def test_throughput_span_and_window() -> None:
     # Window of 60 s from t0 = 100: two completions by 160 s -> 2 cmds/min.
     assert metrics.throughput(recs, window_s=60.0, t0=100.0) == pytest.approx(2.0)
     assert math.isnan(metrics.throughput([]))
+
+
+def test_a_flip_rate_of_too_few_pairs_is_not_shown_as_a_rate() -> None:
+    assert flip_cell({"pairs": 1, "flips": 1, "rate": 1.0}) == "n=1: too few to judge"
+    assert flip_cell({"pairs": 4, "flips": 0, "rate": 0.0}) == "n=4: too few to judge"
+    assert flip_cell({"pairs": 5, "flips": 1, "rate": 0.2}) == "20.0% (1/5)"
+    assert flip_cell({"pairs": 0, "flips": 0, "rate": math.nan}) == "— (0/0)"

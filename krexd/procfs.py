@@ -1,0 +1,48 @@
+"""Readers of ``/proc/<pid>``: state, parent, start time and uids of a process.
+
+One place for the checks several parts make (identity's rules, the tenants'
+liveness poll, the memory monitor's registrations): a zombie (``Z``) or dead
+(``X``) process counts as gone everywhere, since it can neither run nor be
+placed nor send requests.  Field numbers are proc(5)'s.
+"""
+
+from __future__ import annotations
+
+
+def proc_stat(pid: int) -> tuple[int, int] | None:
+    """``(ppid, start_time)`` of process ``pid`` from ``/proc/<pid>/stat``; None when gone.
+
+    ``start_time`` is field 22 (clock ticks since boot).  A zombie counts as gone.
+    """
+    if pid <= 0:
+        return None
+    try:
+        # Bytes: the command name (field 2) is whatever the process set, not always UTF-8.
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        if fields[0] in (b"Z", b"X"):
+            return None
+        # fields[0] is field 3 (state): ppid is field 4, starttime field 22.
+        return int(fields[1]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists and is not a zombie."""
+    return proc_stat(pid) is not None
+
+
+def proc_uids(pid: int) -> tuple[int, ...] | None:
+    """Real, effective, saved and filesystem uid of ``pid`` (``/proc/<pid>/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return tuple(int(x) for x in line.split()[1:5])
+    except (OSError, ValueError):
+        return None
+    return None
