@@ -9,7 +9,10 @@ scheduler or the gate library directly.  It goes through three interfaces:
 * :class:`Pinner` — the holder's cores (step 5): widen its cpuset to the
   whole slice, pin its submitting thread to the reserved cores, and back;
 * :class:`RegionGate` — the gate word (steps 2, 3 and 8), satisfied by
-  ``krexd.gate.Gate``.
+  ``krexd.gate.Gate``;
+* :class:`GpuUseCheck` — the fail-closed check after step 4: sibling
+  processes with the GPU open and no drained registration, satisfied by
+  ``krexd.registrations.RegionGuard``.
 
 The daemon injects :class:`CgroupControl` and :class:`AffinityPinner` (the
 real cgroup v2 freezer, cpuset and ``sched_setaffinity``); anything
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from krexd.gate import SlotInfo
+from krexd.registrations import Unprotected
 from krexd.tenants import PidWatch, Tenant
 
 
@@ -112,6 +116,18 @@ class RegionGate(Protocol):
 
     def slots(self) -> list[SlotInfo]:
         """A snapshot of every registration of the gate (to name pending ones)."""
+        ...
+
+
+class GpuUseCheck(Protocol):
+    """Who has the GPU open, and which siblings do so unprotected (``RegionGuard``)."""
+
+    def users(self) -> set[int] | None:
+        """Pids (krexd's namespace) with a context on the GPU now; None when unknown."""
+        ...
+
+    def unprotected(self, siblings: list[Tenant], epoch: int) -> list[Unprotected]:
+        """Sibling processes with the GPU open and no verified registration drained for it."""
         ...
 
 

@@ -47,6 +47,8 @@ class Tenant:
     exit_code: int | None = None
     signal: int | None = None
     kill_reason: str | None = None  # set when krexd kills the command (e.g. max_region_s)
+    kill_code: int | None = None  # the exit code krex run reports for that kill (e.g. 76)
+    slots_attached: bool = False  # its slot memory is attached to its GPU's gate
     # Memory need, usage and out-of-memory record (krexd/memory, docs/design/memory.md).
     memory: TenantMemory = field(default_factory=lambda: TenantMemory(0, "default"))
 

@@ -584,7 +584,7 @@ static uint32_t pending_epoch(struct krex_slot *s, uint64_t w)
 
 /* Steps 2-3 of a drain once no admitted call is in flight: synchronize,
  * then acknowledge `epoch` (unless nothing could be synchronized). */
-static void sync_and_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoch, uint64_t t0)
+static void sync_and_ack(struct krex_slot *s, uint32_t epoch, uint64_t t0)
 {
     CUresult r = krex_sync_all(0);
     if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND) {
@@ -599,7 +599,7 @@ static void sync_and_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoc
     if (r != CUDA_SUCCESS)
         krex_log(KREX_LOG_WARN, "drain for epoch %u: synchronization returned %d; "
                  "acknowledging (a failed context runs no more work)", epoch, (int)r);
-    krex_gate_ack(g, s, epoch);
+    krex_gate_ack(s, epoch);
     uint64_t dt = krex_now_ns() - t0;
     atomic_store_explicit(&s->last_drain_ns, dt, memory_order_relaxed);
     krex_log(KREX_LOG_DEBUG, "drained for epoch %u in %llu ns", epoch, (unsigned long long)dt);
@@ -608,12 +608,12 @@ static void sync_and_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoc
 static void *drainer_main(void *arg)
 {
     struct krex_slot *s = arg;
-    struct krex_gate *g = krex_gate_p;
+    const struct krex_gate *g = krex_gate_p;
     for (;;) {
         /* seq before word (both seq_cst): a closure that this read of the
          * word misses bumps seq later, so the wait below returns. */
         uint32_t seen = atomic_load_explicit(&g->seq, memory_order_seq_cst);
-        uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
+        uint64_t w = krex_gate_load_word(g);
         uint32_t epoch = pending_epoch(s, w);
         if (epoch) {
             uint64_t t0 = krex_now_ns();
@@ -626,7 +626,7 @@ static void *drainer_main(void *arg)
              * exit and leaves the driver alone. */
             atomic_store_explicit(&drain_busy, 1, memory_order_seq_cst);
             if (!atomic_load_explicit(&exiting, memory_order_seq_cst))
-                sync_and_ack(g, s, epoch, t0); /* 2. work off the GPU, 3. ack */
+                sync_and_ack(s, epoch, t0); /* 2. work off the GPU, 3. ack */
             else
                 krex_log(KREX_LOG_DEBUG, "drain for epoch %u: exiting, synchronized at exit: "
                          "not acknowledging (pending until gone)", epoch);
@@ -685,16 +685,15 @@ static void drain_at_exit(void)
     struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
     if (!s || atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
         return;
-    struct krex_gate *g = krex_gate_p;
     /* Word, then the count (seq_cst): zero means every later call parks
      * (the drainer's own order); a call in flight leaves the closure to
      * the coordinator's liveness check. */
-    uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
+    uint64_t w = krex_gate_load_word(krex_gate_p);
     uint32_t epoch = pending_epoch(s, w);
     if (epoch && (atomic_load_explicit(&s->inflight, memory_order_seq_cst) & KREX_INFLIGHT_COUNT))
         epoch = 0;
     if (epoch) {
-        sync_and_ack(g, s, epoch, krex_now_ns());
+        sync_and_ack(s, epoch, krex_now_ns());
     } else {
         CUresult r = krex_sync_all(0);
         if (r != CUDA_SUCCESS)

@@ -285,6 +285,7 @@ KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
 {
     KREX_BIND(cuArrayDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuArrayDestroy);
     CUresult krex_r = krex_real_fn(hArray);
     krex_leave(krex_s);
     return krex_r;
@@ -294,6 +295,7 @@ KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpoint
 {
     KREX_BIND(cuCheckpointProcessCheckpoint);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCheckpointProcessCheckpoint);
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
     return krex_r;
@@ -303,6 +305,7 @@ KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
 {
     KREX_BIND(cuCheckpointProcessRestore);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCheckpointProcessRestore);
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
     return krex_r;
@@ -312,6 +315,7 @@ KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
 {
     KREX_BIND(cuCtxAttach);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxAttach);
     CUresult krex_r = krex_real_fn(pctx, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -321,6 +325,7 @@ KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev
 {
     KREX_BIND(cuCtxCreate);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate);
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -331,6 +336,7 @@ KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
 {
     KREX_BIND(cuCtxCreate_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate_v2);
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -341,6 +347,7 @@ KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
 {
     KREX_BIND(cuCtxCreate_v3);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate_v3);
     CUresult krex_r = krex_real_fn(pctx, paramsArray, numParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -351,6 +358,7 @@ KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateP
 {
     KREX_BIND(cuCtxCreate_v4);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate_v4);
     CUresult krex_r = krex_real_fn(pctx, ctxCreateParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
@@ -361,6 +369,7 @@ KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
 {
     KREX_BIND(cuCtxDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxDestroy);
     krex_note_ctx_destroying(ctx);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
@@ -372,6 +381,7 @@ KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     KREX_BIND(cuCtxDestroy_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxDestroy_v2);
     krex_note_ctx_destroying(ctx);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
@@ -383,6 +393,7 @@ KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
 {
     KREX_BIND(cuCtxDetach);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxDetach);
     CUresult krex_r = krex_real_fn(ctx);
     krex_leave(krex_s);
     return krex_r;
@@ -392,6 +403,7 @@ KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
 {
     KREX_BIND(cuCtxFromGreenCtx);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxFromGreenCtx);
     CUresult krex_r = krex_real_fn(pContext, hCtx);
     krex_note_ctx_created(krex_r, pContext);
     krex_leave(krex_s);
@@ -402,6 +414,7 @@ KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
 {
     KREX_BIND(cuCtxPopCurrent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPopCurrent);
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
     return krex_r;
@@ -411,6 +424,7 @@ KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
 {
     KREX_BIND(cuCtxPopCurrent_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPopCurrent_v2);
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
     return krex_r;
@@ -420,6 +434,7 @@ KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
 {
     KREX_BIND(cuCtxPushCurrent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPushCurrent);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
@@ -430,6 +445,7 @@ KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     KREX_BIND(cuCtxPushCurrent_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPushCurrent_v2);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
@@ -440,6 +456,7 @@ KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
 {
     KREX_BIND(cuCtxRecordEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxRecordEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -449,6 +466,7 @@ KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
 {
     KREX_BIND(cuCtxResetPersistingL2Cache);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxResetPersistingL2Cache);
     CUresult krex_r = krex_real_fn();
     krex_leave(krex_s);
     return krex_r;
@@ -458,6 +476,7 @@ KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     KREX_BIND(cuCtxSetCurrent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxSetCurrent);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
@@ -468,6 +487,7 @@ KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
 {
     KREX_BIND(cuCtxSetFlags);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxSetFlags);
     CUresult krex_r = krex_real_fn(flags);
     krex_leave(krex_s);
     return krex_r;
@@ -477,6 +497,7 @@ KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
     KREX_BIND(cuCtxSetLimit);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxSetLimit);
     CUresult krex_r = krex_real_fn(limit, value);
     krex_leave(krex_s);
     return krex_r;
@@ -486,6 +507,7 @@ KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
 {
     KREX_BIND(cuCtxWaitEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxWaitEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -495,6 +517,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRelease);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRelease);
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
     return krex_r;
@@ -504,6 +527,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRelease_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRelease_v2);
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
     return krex_r;
@@ -513,6 +537,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxReset);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxReset);
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
@@ -523,6 +548,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxReset_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxReset_v2);
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
@@ -533,6 +559,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRetain);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRetain);
     CUresult krex_r = krex_real_fn(pctx, dev);
     krex_leave(krex_s);
     return krex_r;
@@ -542,6 +569,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
 {
     KREX_BIND(cuDevicePrimaryCtxSetFlags);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxSetFlags);
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -551,6 +579,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
 {
     KREX_BIND(cuDevicePrimaryCtxSetFlags_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxSetFlags_v2);
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -560,6 +589,7 @@ KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
     KREX_BIND(cuEventRecord);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecord);
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -569,6 +599,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsi
 {
     KREX_BIND(cuEventRecordWithFlags);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecordWithFlags);
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -578,6 +609,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
 {
     KREX_BIND(cuEventRecordWithFlags_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecordWithFlags_ptsz);
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -587,6 +619,7 @@ KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
 {
     KREX_BIND(cuEventRecord_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecord_ptsz);
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -596,6 +629,7 @@ KREX_HOOK CUresult cuFuncLoad(CUfunction function)
 {
     KREX_BIND(cuFuncLoad);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuFuncLoad);
     CUresult krex_r = krex_real_fn(function);
     krex_leave(krex_s);
     return krex_r;
@@ -621,6 +655,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgrap
 {
     KREX_BIND(cuGraphInstantiateWithParams);
     struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphInstantiateWithParams);
     CUresult krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
     krex_leave(krex_s);
     return krex_r;
@@ -630,6 +665,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, C
 {
     KREX_BIND(cuGraphInstantiateWithParams_ptsz);
     struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphInstantiateWithParams_ptsz);
     CUresult krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
     krex_leave(krex_s);
     return krex_r;
@@ -639,6 +675,7 @@ KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
 {
     KREX_BIND(cuGraphLaunch);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphLaunch);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(hGraph, hStream);
     krex_leave(krex_s);
@@ -649,6 +686,7 @@ KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     KREX_BIND(cuGraphLaunch_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphLaunch_ptsz);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(hGraphExec, hStream);
     krex_leave(krex_s);
@@ -659,6 +697,7 @@ KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
 {
     KREX_BIND(cuGraphUpload);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphUpload);
     CUresult krex_r = krex_real_fn(hGraph, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -668,6 +707,7 @@ KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     KREX_BIND(cuGraphUpload_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphUpload_ptsz);
     CUresult krex_r = krex_real_fn(hGraphExec, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -677,6 +717,7 @@ KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource
 {
     KREX_BIND(cuGraphicsMapResources);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsMapResources);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -686,6 +727,7 @@ KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsRes
 {
     KREX_BIND(cuGraphicsMapResources_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsMapResources_ptsz);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -695,6 +737,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResour
 {
     KREX_BIND(cuGraphicsUnmapResources);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsUnmapResources);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -704,6 +747,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsR
 {
     KREX_BIND(cuGraphicsUnmapResources_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsUnmapResources_ptsz);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -713,6 +757,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
 {
     KREX_BIND(cuGreenCtxCreate);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxCreate);
     CUresult krex_r = krex_real_fn(phCtx, desc, dev, flags);
     krex_note_green_created(krex_r, phCtx);
     krex_leave(krex_s);
@@ -723,6 +768,7 @@ KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
 {
     KREX_BIND(cuGreenCtxDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxDestroy);
     krex_note_green_destroying(hCtx);
     CUresult krex_r = krex_real_fn(hCtx);
     krex_leave(krex_s);
@@ -733,6 +779,7 @@ KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
     KREX_BIND(cuGreenCtxRecordEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxRecordEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -742,6 +789,7 @@ KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
 {
     KREX_BIND(cuGreenCtxStreamCreate);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxStreamCreate);
     CUresult krex_r = krex_real_fn(phStream, greenCtx, flags, priority);
     krex_note_stream_created(krex_r, phStream);
     krex_leave(krex_s);
@@ -752,6 +800,7 @@ KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
     KREX_BIND(cuGreenCtxWaitEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxWaitEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -761,6 +810,7 @@ KREX_HOOK CUresult cuInit(unsigned int Flags)
 {
     KREX_BIND(cuInit);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuInit);
     CUresult krex_r = krex_real_fn(Flags);
     krex_note_init(krex_r);
     krex_leave(krex_s);
@@ -771,6 +821,7 @@ KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
 {
     KREX_BIND(cuKernelGetFunction);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuKernelGetFunction);
     CUresult krex_r = krex_real_fn(pFunc, kernel);
     krex_leave(krex_s);
     return krex_r;
@@ -780,6 +831,7 @@ KREX_HOOK CUresult cuLaunch(CUfunction f)
 {
     KREX_BIND(cuLaunch);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunch);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f);
     krex_leave(krex_s);
@@ -790,6 +842,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX
 {
     KREX_BIND(cuLaunchCooperativeKernel);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchCooperativeKernel);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
     krex_leave(krex_s);
@@ -800,6 +853,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* laun
 {
     KREX_BIND(cuLaunchCooperativeKernelMultiDevice);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchCooperativeKernelMultiDevice);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(launchParamsList, numDevices, flags);
     krex_leave(krex_s);
@@ -810,6 +864,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gri
 {
     KREX_BIND(cuLaunchCooperativeKernel_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchCooperativeKernel_ptsz);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
     krex_leave(krex_s);
@@ -820,6 +875,7 @@ KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
     KREX_BIND(cuLaunchGrid);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchGrid);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, grid_width, grid_height);
     krex_leave(krex_s);
@@ -830,6 +886,7 @@ KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
 {
     KREX_BIND(cuLaunchGridAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchGridAsync);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, grid_width, grid_height, hStream);
     krex_leave(krex_s);
@@ -840,6 +897,7 @@ KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userDat
 {
     KREX_BIND(cuLaunchHostFunc);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchHostFunc);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
     return krex_r;
@@ -849,6 +907,7 @@ KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* us
 {
     KREX_BIND(cuLaunchHostFunc_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchHostFunc_ptsz);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
     return krex_r;
@@ -858,6 +917,7 @@ KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
 {
     KREX_BIND(cuLaunchKernel);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernel);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
     krex_leave(krex_s);
@@ -868,6 +928,7 @@ KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, 
 {
     KREX_BIND(cuLaunchKernelEx);
     struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernelEx);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(config, f, kernelParams, extra);
     krex_leave(krex_s);
@@ -878,6 +939,7 @@ KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunctio
 {
     KREX_BIND(cuLaunchKernelEx_ptsz);
     struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernelEx_ptsz);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(config, f, kernelParams, extra);
     krex_leave(krex_s);
@@ -888,6 +950,7 @@ KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsi
 {
     KREX_BIND(cuLaunchKernel_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernel_ptsz);
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
     krex_leave(krex_s);
@@ -898,6 +961,7 @@ KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrar
 {
     KREX_BIND(cuLibraryGetGlobal);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetGlobal);
     CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
     krex_leave(krex_s);
     return krex_r;
@@ -907,6 +971,7 @@ KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, cons
 {
     KREX_BIND(cuLibraryGetKernel);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetKernel);
     CUresult krex_r = krex_real_fn(pKernel, library, name);
     krex_leave(krex_s);
     return krex_r;
@@ -916,6 +981,7 @@ KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibra
 {
     KREX_BIND(cuLibraryGetManaged);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetManaged);
     CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
     krex_leave(krex_s);
     return krex_r;
@@ -925,6 +991,7 @@ KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
 {
     KREX_BIND(cuLibraryGetModule);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetModule);
     CUresult krex_r = krex_real_fn(pMod, library);
     krex_leave(krex_s);
     return krex_r;
@@ -934,6 +1001,7 @@ KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, c
 {
     KREX_BIND(cuLibraryGetUnifiedFunction);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetUnifiedFunction);
     CUresult krex_r = krex_real_fn(fptr, library, symbol);
     krex_leave(krex_s);
     return krex_r;
@@ -943,6 +1011,7 @@ KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit
 {
     KREX_BIND(cuLibraryLoadData);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryLoadData);
     CUresult krex_r = krex_real_fn(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     krex_leave(krex_s);
     return krex_r;
@@ -952,6 +1021,7 @@ KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileNam
 {
     KREX_BIND(cuLibraryLoadFromFile);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryLoadFromFile);
     CUresult krex_r = krex_real_fn(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     krex_leave(krex_s);
     return krex_r;
@@ -961,6 +1031,7 @@ KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
 {
     KREX_BIND(cuLibraryUnload);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryUnload);
     CUresult krex_r = krex_real_fn(library);
     krex_leave(krex_s);
     return krex_r;
@@ -970,6 +1041,7 @@ KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* d
 {
     KREX_BIND(cuLinkAddData);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddData);
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -979,6 +1051,7 @@ KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void
 {
     KREX_BIND(cuLinkAddData_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddData_v2);
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -988,6 +1061,7 @@ KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const c
 {
     KREX_BIND(cuLinkAddFile);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddFile);
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -997,6 +1071,7 @@ KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, cons
 {
     KREX_BIND(cuLinkAddFile_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddFile_v2);
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -1006,6 +1081,7 @@ KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* si
 {
     KREX_BIND(cuLinkComplete);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkComplete);
     CUresult krex_r = krex_real_fn(state, cubinOut, sizeOut);
     krex_leave(krex_s);
     return krex_r;
@@ -1015,6 +1091,7 @@ KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, 
 {
     KREX_BIND(cuLinkCreate);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkCreate);
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
     return krex_r;
@@ -1024,6 +1101,7 @@ KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* option
 {
     KREX_BIND(cuLinkCreate_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkCreate_v2);
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
     return krex_r;
@@ -1033,6 +1111,7 @@ KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
 {
     KREX_BIND(cuLinkDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkDestroy);
     CUresult krex_r = krex_real_fn(state);
     krex_leave(krex_s);
     return krex_r;
@@ -1058,6 +1137,7 @@ KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream 
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocAsync);
         krex_r = krex_real_fn(dptr, bytesize, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1073,6 +1153,7 @@ KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUst
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocAsync_ptsz);
         krex_r = krex_real_fn(dptr, bytesize, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1088,6 +1169,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, C
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocFromPoolAsync);
         krex_r = krex_real_fn(dptr, bytesize, pool, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1103,6 +1185,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesi
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocFromPoolAsync_ptsz);
         krex_r = krex_real_fn(dptr, bytesize, pool, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1167,6 +1250,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray,
 {
     KREX_BIND(cuMemBatchDecompressAsync);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemBatchDecompressAsync);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -1176,6 +1260,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsA
 {
     KREX_BIND(cuMemBatchDecompressAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemBatchDecompressAsync_ptsz);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -1198,6 +1283,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t*
 {
     KREX_BIND(cuMemDiscardAndPrefetchBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardAndPrefetchBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1207,6 +1293,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, si
 {
     KREX_BIND(cuMemDiscardAndPrefetchBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardAndPrefetchBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1216,6 +1303,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, siz
 {
     KREX_BIND(cuMemDiscardBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1225,6 +1313,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes
 {
     KREX_BIND(cuMemDiscardBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1234,6 +1323,7 @@ KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     KREX_BIND(cuMemFree);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFree);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1245,6 +1335,7 @@ KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     KREX_BIND(cuMemFreeAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeAsync);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1256,6 +1347,7 @@ KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     KREX_BIND(cuMemFreeAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeAsync_ptsz);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1267,6 +1359,7 @@ KREX_HOOK CUresult cuMemFreeHost(void* p)
 {
     KREX_BIND(cuMemFreeHost);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeHost);
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
     return krex_r;
@@ -1276,6 +1369,7 @@ KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     KREX_BIND(cuMemFree_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFree_v2);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1287,6 +1381,7 @@ KREX_HOOK CUresult cuMemHostUnregister(void* p)
 {
     KREX_BIND(cuMemHostUnregister);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemHostUnregister);
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
     return krex_r;
@@ -1296,6 +1391,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int 
 {
     KREX_BIND(cuMemMapArrayAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemMapArrayAsync);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1305,6 +1401,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned
 {
     KREX_BIND(cuMemMapArrayAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemMapArrayAsync_ptsz);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1314,6 +1411,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice
 {
     KREX_BIND(cuMemPrefetchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1323,6 +1421,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUd
 {
     KREX_BIND(cuMemPrefetchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_ptsz);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1332,6 +1431,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmem
 {
     KREX_BIND(cuMemPrefetchAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_v2);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1341,6 +1441,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, 
 {
     KREX_BIND(cuMemPrefetchAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1350,6 +1451,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, si
 {
     KREX_BIND(cuMemPrefetchBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1359,6 +1461,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* size
 {
     KREX_BIND(cuMemPrefetchBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1377,6 +1480,7 @@ KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 {
     KREX_BIND(cuMemSetAccess);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemSetAccess);
     CUresult krex_r = krex_real_fn(ptr, size, desc, count);
     krex_leave(krex_s);
     return krex_r;
@@ -1386,6 +1490,7 @@ KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     KREX_BIND(cuMemUnmap);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemUnmap);
     CUresult krex_r = krex_real_fn(ptr, size);
     krex_leave(krex_s);
     return krex_r;
@@ -1395,6 +1500,7 @@ KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
     KREX_BIND(cuMemcpy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1404,6 +1510,7 @@ KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
 {
     KREX_BIND(cuMemcpy2D);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1413,6 +1520,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy2DAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1422,6 +1530,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy2DAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync_v2);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1431,6 +1540,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream 
 {
     KREX_BIND(cuMemcpy2DAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1440,6 +1550,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
 {
     KREX_BIND(cuMemcpy2DUnaligned);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1449,6 +1560,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2DUnaligned_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1458,6 +1570,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2DUnaligned_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1467,6 +1580,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2D_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1476,6 +1590,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2D_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1485,6 +1600,7 @@ KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
 {
     KREX_BIND(cuMemcpy3D);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1494,6 +1610,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy3DAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1503,6 +1620,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy3DAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync_v2);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1512,6 +1630,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream 
 {
     KREX_BIND(cuMemcpy3DAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1521,6 +1640,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* o
 {
     KREX_BIND(cuMemcpy3DBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1530,6 +1650,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_
 {
     KREX_BIND(cuMemcpy3DBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1539,6 +1660,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP
 {
     KREX_BIND(cuMemcpy3DBatchAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_v2);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1548,6 +1670,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BAT
 {
     KREX_BIND(cuMemcpy3DBatchAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1557,6 +1680,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
 {
     KREX_BIND(cuMemcpy3DPeer);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeer);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1566,6 +1690,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream
 {
     KREX_BIND(cuMemcpy3DPeerAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeerAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1575,6 +1700,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUs
 {
     KREX_BIND(cuMemcpy3DPeerAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeerAsync_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1584,6 +1710,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
 {
     KREX_BIND(cuMemcpy3DPeer_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeer_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1593,6 +1720,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
 {
     KREX_BIND(cuMemcpy3D_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1602,6 +1730,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
 {
     KREX_BIND(cuMemcpy3D_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1611,6 +1740,7 @@ KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
 {
     KREX_BIND(cuMemcpyAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAsync);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1620,6 +1750,7 @@ KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
 {
     KREX_BIND(cuMemcpyAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAsync_ptsz);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1629,6 +1760,7 @@ KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarra
 {
     KREX_BIND(cuMemcpyAtoA);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1638,6 +1770,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray s
 {
     KREX_BIND(cuMemcpyAtoA_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1647,6 +1780,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUar
 {
     KREX_BIND(cuMemcpyAtoA_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1656,6 +1790,7 @@ KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsi
 {
     KREX_BIND(cuMemcpyAtoD);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1665,6 +1800,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size
 {
     KREX_BIND(cuMemcpyAtoD_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1674,6 +1810,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
 {
     KREX_BIND(cuMemcpyAtoD_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1683,6 +1820,7 @@ KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int sr
 {
     KREX_BIND(cuMemcpyAtoH);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1692,6 +1830,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned i
 {
     KREX_BIND(cuMemcpyAtoHAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1701,6 +1840,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t 
 {
     KREX_BIND(cuMemcpyAtoHAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1710,6 +1850,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, si
 {
     KREX_BIND(cuMemcpyAtoHAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1719,6 +1860,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOf
 {
     KREX_BIND(cuMemcpyAtoH_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1728,6 +1870,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t 
 {
     KREX_BIND(cuMemcpyAtoH_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH_v2_ptds);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1737,6 +1880,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size
 {
     KREX_BIND(cuMemcpyBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1746,6 +1890,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs,
 {
     KREX_BIND(cuMemcpyBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1755,6 +1900,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, s
 {
     KREX_BIND(cuMemcpyBatchAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_v2);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1764,6 +1910,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* sr
 {
     KREX_BIND(cuMemcpyBatchAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1773,6 +1920,7 @@ KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdevi
 {
     KREX_BIND(cuMemcpyDtoA);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1782,6 +1930,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdevicep
 {
     KREX_BIND(cuMemcpyDtoA_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1791,6 +1940,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUde
 {
     KREX_BIND(cuMemcpyDtoA_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1800,6 +1950,7 @@ KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevi
 {
     KREX_BIND(cuMemcpyDtoD);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1809,6 +1960,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 sr
 {
     KREX_BIND(cuMemcpyDtoDAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1818,6 +1970,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
 {
     KREX_BIND(cuMemcpyDtoDAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1827,6 +1980,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr 
 {
     KREX_BIND(cuMemcpyDtoDAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1836,6 +1990,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 {
     KREX_BIND(cuMemcpyDtoD_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1845,6 +2000,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDe
 {
     KREX_BIND(cuMemcpyDtoD_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1854,6 +2010,7 @@ KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigne
 {
     KREX_BIND(cuMemcpyDtoH);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1863,6 +2020,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, un
 {
     KREX_BIND(cuMemcpyDtoHAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1872,6 +2030,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, si
 {
     KREX_BIND(cuMemcpyDtoHAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1881,6 +2040,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevic
 {
     KREX_BIND(cuMemcpyDtoHAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1890,6 +2050,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t 
 {
     KREX_BIND(cuMemcpyDtoH_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1899,6 +2060,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, si
 {
     KREX_BIND(cuMemcpyDtoH_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH_v2_ptds);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1908,6 +2070,7 @@ KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const 
 {
     KREX_BIND(cuMemcpyHtoA);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1917,6 +2080,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, c
 {
     KREX_BIND(cuMemcpyHtoAAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1926,6 +2090,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, cons
 {
     KREX_BIND(cuMemcpyHtoAAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1935,6 +2100,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset,
 {
     KREX_BIND(cuMemcpyHtoAAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1944,6 +2110,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const voi
 {
     KREX_BIND(cuMemcpyHtoA_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1953,6 +2120,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, cons
 {
     KREX_BIND(cuMemcpyHtoA_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1962,6 +2130,7 @@ KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, u
 {
     KREX_BIND(cuMemcpyHtoD);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1971,6 +2140,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHo
 {
     KREX_BIND(cuMemcpyHtoDAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1980,6 +2150,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHo
 {
     KREX_BIND(cuMemcpyHtoDAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1989,6 +2160,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* 
 {
     KREX_BIND(cuMemcpyHtoDAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1998,6 +2170,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, s
 {
     KREX_BIND(cuMemcpyHtoD_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2007,6 +2180,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHo
 {
     KREX_BIND(cuMemcpyHtoD_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2016,6 +2190,7 @@ KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUd
 {
     KREX_BIND(cuMemcpyPeer);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeer);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2025,6 +2200,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext
 {
     KREX_BIND(cuMemcpyPeerAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeerAsync);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2034,6 +2210,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstCo
 {
     KREX_BIND(cuMemcpyPeerAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeerAsync_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2043,6 +2220,7 @@ KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext
 {
     KREX_BIND(cuMemcpyPeer_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeer_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2052,6 +2230,7 @@ KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
 {
     KREX_BIND(cuMemcpy_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy_ptds);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2061,6 +2240,7 @@ KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsi
 {
     KREX_BIND(cuMemsetD16);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2070,6 +2250,7 @@ KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, si
 {
     KREX_BIND(cuMemsetD16Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16Async);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2079,6 +2260,7 @@ KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short u
 {
     KREX_BIND(cuMemsetD16Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2088,6 +2270,7 @@ KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size
 {
     KREX_BIND(cuMemsetD16_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16_v2);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2097,6 +2280,7 @@ KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us,
 {
     KREX_BIND(cuMemsetD16_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2106,6 +2290,7 @@ KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
 {
     KREX_BIND(cuMemsetD2D16);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2115,6 +2300,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, un
 {
     KREX_BIND(cuMemsetD2D16Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2124,6 +2310,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
 {
     KREX_BIND(cuMemsetD2D16Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2133,6 +2320,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
 {
     KREX_BIND(cuMemsetD2D16_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2142,6 +2330,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
 {
     KREX_BIND(cuMemsetD2D16_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2151,6 +2340,7 @@ KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
 {
     KREX_BIND(cuMemsetD2D32);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2160,6 +2350,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, un
 {
     KREX_BIND(cuMemsetD2D32Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2169,6 +2360,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
 {
     KREX_BIND(cuMemsetD2D32Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2178,6 +2370,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
 {
     KREX_BIND(cuMemsetD2D32_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2187,6 +2380,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
 {
     KREX_BIND(cuMemsetD2D32_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2196,6 +2390,7 @@ KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch,
 {
     KREX_BIND(cuMemsetD2D8);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2205,6 +2400,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, uns
 {
     KREX_BIND(cuMemsetD2D8Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2214,6 +2410,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch
 {
     KREX_BIND(cuMemsetD2D8Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2223,6 +2420,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsig
 {
     KREX_BIND(cuMemsetD2D8_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2232,6 +2430,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, 
 {
     KREX_BIND(cuMemsetD2D8_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2241,6 +2440,7 @@ KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsign
 {
     KREX_BIND(cuMemsetD32);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2250,6 +2450,7 @@ KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size
 {
     KREX_BIND(cuMemsetD32Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32Async);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2259,6 +2460,7 @@ KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui,
 {
     KREX_BIND(cuMemsetD32Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2268,6 +2470,7 @@ KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t
 {
     KREX_BIND(cuMemsetD32_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32_v2);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2277,6 +2480,7 @@ KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, s
 {
     KREX_BIND(cuMemsetD32_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2286,6 +2490,7 @@ KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsign
 {
     KREX_BIND(cuMemsetD8);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2295,6 +2500,7 @@ KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
 {
     KREX_BIND(cuMemsetD8Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8Async);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2304,6 +2510,7 @@ KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
 {
     KREX_BIND(cuMemsetD8Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2313,6 +2520,7 @@ KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t
 {
     KREX_BIND(cuMemsetD8_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8_v2);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2322,6 +2530,7 @@ KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, s
 {
     KREX_BIND(cuMemsetD8_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2331,6 +2540,7 @@ KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
     KREX_BIND(cuMipmappedArrayDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMipmappedArrayDestroy);
     CUresult krex_r = krex_real_fn(hMipmappedArray);
     krex_leave(krex_s);
     return krex_r;
@@ -2340,6 +2550,7 @@ KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
 {
     KREX_BIND(cuModuleGetFunction);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetFunction);
     CUresult krex_r = krex_real_fn(hfunc, hmod, name);
     krex_leave(krex_s);
     return krex_r;
@@ -2349,6 +2560,7 @@ KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, 
 {
     KREX_BIND(cuModuleGetGlobal);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetGlobal);
     CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
     krex_leave(krex_s);
     return krex_r;
@@ -2358,6 +2570,7 @@ KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodu
 {
     KREX_BIND(cuModuleGetGlobal_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetGlobal_v2);
     CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
     krex_leave(krex_s);
     return krex_r;
@@ -2367,6 +2580,7 @@ KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const 
 {
     KREX_BIND(cuModuleGetSurfRef);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetSurfRef);
     CUresult krex_r = krex_real_fn(pSurfRef, hmod, name);
     krex_leave(krex_s);
     return krex_r;
@@ -2376,6 +2590,7 @@ KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const cha
 {
     KREX_BIND(cuModuleGetTexRef);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetTexRef);
     CUresult krex_r = krex_real_fn(pTexRef, hmod, name);
     krex_leave(krex_s);
     return krex_r;
@@ -2385,6 +2600,7 @@ KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
 {
     KREX_BIND(cuModuleLoad);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoad);
     CUresult krex_r = krex_real_fn(module, fname);
     krex_leave(krex_s);
     return krex_r;
@@ -2394,6 +2610,7 @@ KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
 {
     KREX_BIND(cuModuleLoadData);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoadData);
     CUresult krex_r = krex_real_fn(module, image);
     krex_leave(krex_s);
     return krex_r;
@@ -2403,6 +2620,7 @@ KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
 {
     KREX_BIND(cuModuleLoadDataEx);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoadDataEx);
     CUresult krex_r = krex_real_fn(module, image, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -2412,6 +2630,7 @@ KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
 {
     KREX_BIND(cuModuleLoadFatBinary);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoadFatBinary);
     CUresult krex_r = krex_real_fn(module, fatCubin);
     krex_leave(krex_s);
     return krex_r;
@@ -2421,6 +2640,7 @@ KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
 {
     KREX_BIND(cuModuleUnload);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleUnload);
     CUresult krex_r = krex_real_fn(hmod);
     krex_leave(krex_s);
     return krex_r;
@@ -2430,6 +2650,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* ex
 {
     KREX_BIND(cuSignalExternalSemaphoresAsync);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuSignalExternalSemaphoresAsync);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -2439,6 +2660,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphor
 {
     KREX_BIND(cuSignalExternalSemaphoresAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuSignalExternalSemaphoresAsync_ptsz);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -2448,6 +2670,7 @@ KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callba
 {
     KREX_BIND(cuStreamAddCallback);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAddCallback);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2457,6 +2680,7 @@ KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback c
 {
     KREX_BIND(cuStreamAddCallback_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAddCallback_ptsz);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2466,6 +2690,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, si
 {
     KREX_BIND(cuStreamAttachMemAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAttachMemAsync);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2475,6 +2700,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dpt
 {
     KREX_BIND(cuStreamAttachMemAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAttachMemAsync_ptsz);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2484,6 +2710,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstr
 {
     KREX_BIND(cuStreamBatchMemOp);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2493,6 +2720,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, 
 {
     KREX_BIND(cuStreamBatchMemOp_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_ptsz);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2502,6 +2730,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CU
 {
     KREX_BIND(cuStreamBatchMemOp_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_v2);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2511,6 +2740,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int coun
 {
     KREX_BIND(cuStreamBatchMemOp_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2520,6 +2750,7 @@ KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
 {
     KREX_BIND(cuStreamBeginCapture);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture);
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2530,6 +2761,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
 {
     KREX_BIND(cuStreamBeginCaptureToGraph);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCaptureToGraph);
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2540,6 +2772,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
 {
     KREX_BIND(cuStreamBeginCaptureToGraph_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCaptureToGraph_ptsz);
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2550,6 +2783,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
 {
     KREX_BIND(cuStreamBeginCapture_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_ptsz);
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2560,6 +2794,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
 {
     KREX_BIND(cuStreamBeginCapture_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_v2);
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2570,6 +2805,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptur
 {
     KREX_BIND(cuStreamBeginCapture_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_v2_ptsz);
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2628,6 +2864,7 @@ KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned 
 {
     KREX_BIND(cuStreamWaitEvent);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitEvent);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2637,6 +2874,7 @@ KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsi
 {
     KREX_BIND(cuStreamWaitEvent_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitEvent_ptsz);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2646,6 +2884,7 @@ KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint
 {
     KREX_BIND(cuStreamWaitValue32);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2655,6 +2894,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, c
 {
     KREX_BIND(cuStreamWaitValue32_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2664,6 +2904,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuu
 {
     KREX_BIND(cuStreamWaitValue32_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2673,6 +2914,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr
 {
     KREX_BIND(cuStreamWaitValue32_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2682,6 +2924,7 @@ KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint
 {
     KREX_BIND(cuStreamWaitValue64);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2691,6 +2934,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, c
 {
     KREX_BIND(cuStreamWaitValue64_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2700,6 +2944,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuu
 {
     KREX_BIND(cuStreamWaitValue64_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2709,6 +2954,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr
 {
     KREX_BIND(cuStreamWaitValue64_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2718,6 +2964,7 @@ KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuin
 {
     KREX_BIND(cuStreamWriteValue32);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2727,6 +2974,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, 
 {
     KREX_BIND(cuStreamWriteValue32_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2736,6 +2984,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
 {
     KREX_BIND(cuStreamWriteValue32_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2745,6 +2994,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr add
 {
     KREX_BIND(cuStreamWriteValue32_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2754,6 +3004,7 @@ KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuin
 {
     KREX_BIND(cuStreamWriteValue64);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2763,6 +3014,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, 
 {
     KREX_BIND(cuStreamWriteValue64_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2772,6 +3024,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cu
 {
     KREX_BIND(cuStreamWriteValue64_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2781,6 +3034,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr add
 {
     KREX_BIND(cuStreamWriteValue64_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2790,6 +3044,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extS
 {
     KREX_BIND(cuWaitExternalSemaphoresAsync);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuWaitExternalSemaphoresAsync);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -2799,6 +3054,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore*
 {
     KREX_BIND(cuWaitExternalSemaphoresAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuWaitExternalSemaphoresAsync_ptsz);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;

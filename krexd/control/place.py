@@ -1,6 +1,6 @@
 """``place``: move a launcher's child into the tenant's cgroup(s) before it executes CMD.
 
-Request: tenant + token; body ``{"pid": int}``.
+Request: tenant + token; body ``{"pid": int, "slots_fd": int?}``.
 Reply body: ``{"cgroups": [str, ...]}`` (the directories the pid is now in).
 
 The pid must be a child of the tenant's launcher (``/proc/<pid>/stat`` ppid),
@@ -8,7 +8,12 @@ so a tenant cannot pull another user's process into its cgroup.  ``krex run``
 forks, the child blocks on a pipe, the launcher sends ``place`` and only then
 lets the child ``exec`` CMD, so CMD's first instruction already runs inside
 the tenant cgroup (paper §4.2: freezing catches ``import torch``).
-Errors: ``AUTH``, ``BAD_FIELD`` (not the launcher's child, gone),
+``slots_fd`` is the launcher's fd of the tenant's slot memory (the memfd
+the ``admit`` reply described): krexd opens it as
+``/proc/<launcher>/fd/<slots_fd>``, checks its seals, size and header, and
+maps it read-only before the command runs (docs/design/shim.md).
+Errors: ``AUTH``, ``BAD_FIELD`` (not the launcher's child, gone, slot memory
+not acceptable),
 ``SHUTTING_DOWN``, ``INTERNAL`` (cgroupfs write failed).
 Sent by: ``krex run``.
 """
@@ -27,7 +32,8 @@ if TYPE_CHECKING:
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the pid's parent, write it into the tenant's cgroup.procs."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
-    fields.only(req.body, "pid")
+    fields.only(req.body, "pid", "slots_fd")
     pid = fields.integer(req.body, "pid", 1, 1 << 22)
-    ctx.lifecycle.place(tenant, pid)
+    slots_fd = fields.integer(req.body, "slots_fd", 0, 1 << 20, default=None)
+    ctx.lifecycle.place(tenant, pid, slots_fd)
     return {"cgroups": tenant.cgroup.paths}

@@ -44,6 +44,8 @@ class ExitCode(IntEnum):
     SOFTWARE = 70  # EX_SOFTWARE: internal error in krexd
     CONFIG = 78  # EX_CONFIG: krexd's configuration is invalid
     TEMPFAIL = 75  # EX_TEMPFAIL: CMD failed on GPU memory its co-tenants held; run it again
+    UNPROTECTABLE = 76  # krexd ended CMD: it used the GPU where krex cannot drain it,
+    # or tampered with its gate registrations (the message names the process and cause)
     TIMEOUT = 124  # krex run --timeout expired (as coreutils timeout)
     CANNOT_EXEC = 126  # CMD found but not executable
     NOT_FOUND = 127  # CMD not found

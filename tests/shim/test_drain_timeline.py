@@ -21,7 +21,7 @@ import pytest
 from krexd.gate import Gate
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
-from tests.support import ShimBuild
+from tests.support import ShimBuild, tenant_env
 
 from .procs import CuTenant, wait_for
 
@@ -34,7 +34,7 @@ def sibling(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> Iterator[Callabl
     started: list[CuTenant] = []
 
     def start() -> CuTenant:
-        env = fc.env(LD_PRELOAD=str(shim_build.shim), KREX_GATE=gate.path, KREX_TENANT="2")
+        env = fc.env(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, 2))
         t = CuTenant(shim_build, env)
         started.append(t)
         return t
