@@ -19,8 +19,9 @@ Modes (the attacks of the issues "Gate v2" and "Tenant identity" 12.5):
   included) with 0xff bytes; keep launching.
 * ``truncate-slots``: register, then try to shrink and grow the slot
   memory; keep launching.
-* ``gpu``: just keep launching (run it with ``env -u LD_PRELOAD`` or under
-  ``unshare -pf --mount-proc``).
+* ``gpu [KERNEL_NS]``: just keep launching, kernels of KERNEL_NS (default
+  200 µs), synchronizing every second one (run it with ``env -u
+  LD_PRELOAD`` or under ``unshare -pf --mount-proc``).
 * ``exec-unshimmed``: one kernel through the shim, then ``execve`` this
   program in mode ``gpu`` without ``LD_PRELOAD``.
 """
@@ -72,12 +73,12 @@ def write_word() -> None:
         f.write((0xFFFF_FFFF_0000_0001).to_bytes(8, "little"))
 
 
-def launch_forever(gpu: fakegpu.FakeGpu) -> None:
+def launch_forever(gpu: fakegpu.FakeGpu, kernel_ns: int = 200_000) -> None:
     n = 0
     while True:
-        gpu.launch(200_000)
+        gpu.launch(kernel_ns)
         n += 1
-        if n % 4 == 0:
+        if n % 2 == 0:
             gpu.synchronize()
 
 
@@ -119,7 +120,7 @@ def main() -> None:
                             4, "little"
                         )
             say(written=True)
-    launch_forever(gpu)
+    launch_forever(gpu, int(sys.argv[2]) if mode == "gpu" and len(sys.argv) > 2 else 200_000)
 
 
 if __name__ == "__main__":
