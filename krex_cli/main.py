@@ -7,7 +7,9 @@
 124 when ``--timeout`` expired, 69 when krexd is unreachable, 126/127 when CMD
 cannot be executed / is not found, 65 or 77 when krexd refused the request,
 75 (EX_TEMPFAIL) when CMD failed after GPU out-of-memory errors that its
-co-tenants caused (run it again; the failure is not the command's).
+co-tenants caused (run it again; the failure is not the command's), 76 when
+krexd ended CMD because it used the GPU where krex cannot drain it (no shim,
+an exec'd program without it) or tampered with its gate registrations.
 """
 
 from __future__ import annotations
