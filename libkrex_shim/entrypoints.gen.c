@@ -2847,6 +2847,7 @@ KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
 KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
 {
     KREX_BIND(cuStreamEndCapture);
+    krex_capture_end_begin();
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
     return krex_r;
@@ -2855,6 +2856,7 @@ KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
 KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
 {
     KREX_BIND(cuStreamEndCapture_ptsz);
+    krex_capture_end_begin();
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
     return krex_r;

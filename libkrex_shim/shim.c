@@ -15,6 +15,7 @@
  * (default warn).
  */
 #include "shim.h"
+#include "testhook.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -381,10 +382,19 @@ static int stream_capturing(CUstream stream, int ptsz)
 struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int ptsz)
 {
     int saved = errno;
-    /* Only while this process has a capture open is the query worth it. */
-    if (krex_captures() != 0 && stream_capturing(stream, ptsz)) {
-        errno = saved;
-        return NULL; /* captured: passes the closed gate, uncounted */
+    /* Only while this process has a capture open is the query worth it.
+     * The check and the call are one step for the capture's end: the
+     * capture lock is held (shared) from the check until krex_leave(), and
+     * cuStreamEndCapture takes it exclusively, so a capture cannot end
+     * between them and turn the uncounted call into device work. */
+    if (krex_captures() != 0) {
+        krex_capture_pass_begin();
+        if (stream_capturing(stream, ptsz)) {
+            KREX_TEST_POINT("capture_checked");
+            errno = saved;
+            return KREX_CAPTURED; /* captured: passes the closed gate, uncounted */
+        }
+        krex_capture_pass_end();
     }
     krex_gate_enter(krex_gate_p, s, krex_tenant);
     errno = saved;

@@ -78,6 +78,18 @@ struct krex_slot *krex_enter_slow(void);
  * REFUSE): the hook returns krex_refused() without calling the driver. */
 #define KREX_REFUSED ((struct krex_slot *)(uintptr_t)1)
 CUresult krex_refused(int idx);
+/* What krex_enter_stream() returns for a call into a capturing stream that
+ * passes a closed gate uncounted: the capture lock is held (read) until
+ * krex_leave(), so the capture cannot end between the check and the call
+ * (track.c). */
+#define KREX_CAPTURED ((struct krex_slot *)(uintptr_t)2)
+
+/* The capture lock (track.c): shared by uncounted passes into capturing
+ * streams, exclusive for cuStreamEndCapture (pre-call; its post-call note,
+ * krex_note_capture_end, releases it). */
+void krex_capture_pass_begin(void);
+void krex_capture_pass_end(void);
+void krex_capture_end_begin(void);
 struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int ptsz);
 
 /* ---- real driver functions (interpose.c) --------------------------------- */
@@ -139,7 +151,7 @@ static inline struct krex_slot *krex_enter(void)
 
 /* As krex_enter() for a call into `stream`: when a sibling holds the gate
  * and the stream is capturing, the call passes uncounted (a captured call
- * puts no work on the device). */
+ * puts no work on the device): KREX_CAPTURED. */
 static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
 {
     if (KREX_UNLIKELY(krex_depth))
@@ -163,7 +175,10 @@ static inline void krex_leave(struct krex_slot *s)
 {
     if (s) {
         krex_depth = 0;
-        krex_gate_leave(s);
+        if (KREX_UNLIKELY(s == KREX_CAPTURED))
+            krex_capture_pass_end();
+        else
+            krex_gate_leave(s);
     }
 }
 

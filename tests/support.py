@@ -33,6 +33,7 @@ class ShimBuild:
     """Paths of the built libraries and test programs."""
 
     shim: Path = BUILD / "lib" / "libkrex_shim.so"
+    shim_test: Path = BUILD / "lib" / "libkrex_shim_test.so"  # pause points compiled in
     gate_lib: Path = BUILD / "lib" / "libkrex_gate.so"
     tests: Path = BUILD / "shim-tests"
 
@@ -52,6 +53,8 @@ SCRUB_ENV = (
     "LD_PRELOAD",
     "KREX_GATE",
     "KREX_TENANT",
+    "KREX_SLOTS",
+    "KREX_SLOTS_FD",
     "KREX_TOKEN",
     "KREX_SOCKET",
     "KREX_OOM_WAIT_S",
