@@ -183,7 +183,7 @@ def fake_state_path() -> str:
     timeline = os.environ.get("KREX_FAKE_TIMELINE")
     if timeline:
         return timeline + ".state"
-    return f"/dev/shm/krex-fakecuda-{os.getuid()}"
+    return f"/dev/shm/krex-fakecuda-{os.getuid()}.v2"  # the format version: no clash
 
 
 class FakeStateSource:
