@@ -29,7 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from krexd.gate import Gate  # noqa: E402
+from krex_cli import slotmem  # noqa: E402
+from krexd.gate import Gate, slot_memory_spec  # noqa: E402
 
 GOAL_NS = 50.0
 
@@ -62,11 +63,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cmd += ["--cpu", str(args.cpu)]
     with tempfile.TemporaryDirectory(prefix="krex-shim-bench-") as tmp:
         gate = Gate.create(os.path.join(tmp, "gpu0.gate"), 0)
+        slots = -1
         if not args.pass_through:
-            env["KREX_GATE"] = gate.path
-            env["KREX_TENANT"] = "1"
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            # As krex run does: the tenant's sealed slot memory, inherited.
+            slots = slotmem.create(*slot_memory_spec(1))
+            gate.attach(1, slots)
+            env.update(KREX_GATE=gate.path, KREX_TENANT="1", **slotmem.environ(slots))
+        out = subprocess.run(
+            cmd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            pass_fds=(slots,) if slots >= 0 else (),
+        )
         gate.unmap()
+        if slots >= 0:
+            os.close(slots)
     if out.returncode != 0:
         raise SystemExit(f"shim_overhead failed (rc {out.returncode}):\n{out.stderr}")
     doc: dict[str, Any] = json.loads(out.stdout)

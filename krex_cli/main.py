@@ -31,6 +31,9 @@ exit codes:
   {ExitCode.TEMPFAIL:<13} CMD failed after GPU out-of-memory errors its co-tenants caused
                 (EX_TEMPFAIL: run it again; the failure is not the command's;
                 --retry-tempfail N does so up to N times)
+  {ExitCode.UNPROTECTABLE:<13} krexd ended CMD: it used the GPU where krex cannot drain it
+                (no shim, an exec'd program without it) or tampered with its
+                gate registrations (one line names the process and cause)
   {ExitCode.WRONG_GPU:<13} CMD tried to use another GPU than its own (the shim ended it)
   {ExitCode.CANNOT_EXEC:<13} CMD cannot be executed (a directory, permission denied)
   {ExitCode.NOT_FOUND:<13} CMD not found

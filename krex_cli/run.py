@@ -4,10 +4,13 @@ Sequence (DESIGN.md "krex run"):
 
 1. ``ping`` krexd (unreachable -> one line naming the socket, exit 69).
 2. ``admit`` (parked server-side until a slot frees; no polling).
-3. fork; the child puts itself in its own process group and blocks on a pipe.
-4. ``place`` the child's pid in the tenant cgroup; only then the pipe is
-   written and the child ``exec``s CMD, so CMD's first instruction already
-   runs in the cgroup (paper §4.2: a freeze catches ``import torch``).
+3. Create the tenant's slot memory when the reply asks for it (a sealed
+   memfd, ``krex_cli.slotmem``; the command inherits it), then fork; the
+   child puts itself in its own process group and blocks on a pipe.
+4. ``place`` the child's pid in the tenant cgroup (and name the slot
+   memory, which krexd attaches to the gate); only then the pipe is written
+   and the child ``exec``s CMD, so CMD's first instruction already runs in
+   the cgroup (paper §4.2: a freeze catches ``import torch``).
    On a lost krexd every request is re-sent to the krexd that comes back
    (``krex_cli.reconnect``): a restart loses no command.
 5. Wait for CMD; SIGINT/SIGTERM/SIGHUP/SIGQUIT to ``krex run`` are forwarded
@@ -21,7 +24,9 @@ Sequence (DESIGN.md "krex run"):
    before ``release``) says out-of-memory errors caused by co-tenants were
    returned to it: then one line says so and the exit code is 75
    (EX_TEMPFAIL), so a harness retries instead of blaming the candidate
-   (docs/design/memory.md).
+   (docs/design/memory.md).  When krexd itself ended CMD with an exit code
+   of its own (76: GPU use krex cannot drain, or tampered gate
+   registrations), that code, after krexd's reason on one line.
 
 ``--mem SIZE`` declares the command's GPU memory need (admission by memory);
 ``--label L`` names the command for learned needs (default: krexd derives
@@ -52,6 +57,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from krex_cli import slotmem
 from krex_cli.reconnect import Reconnecting
 from krex_client.connection import KrexPermissionDenied, KrexUnavailable, RemoteError
 from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
@@ -271,6 +277,17 @@ def _launch(
         _say(f"{argv[0]}: {why}")
         _release(tenant, {"exit_code": err})
         return err
+    place: dict[str, Any] = {}
+    slots = granted.get("slots")
+    if slots:
+        try:
+            slots_fd = slotmem.create(int(slots["size"]), bytes(slots["header"]))
+        except OSError as exc:
+            _say(f"cannot create the tenant's slot memory: {exc.strerror}")
+            _release(tenant, {"exit_code": ExitCode.SOFTWARE})
+            return ExitCode.SOFTWARE
+        env.update(slotmem.environ(slots_fd))
+        place["slots_fd"] = slots_fd
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -280,7 +297,7 @@ def _launch(
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also done by the child: whichever runs first wins the race
     try:
-        tenant.request("place", {"pid": pid})
+        tenant.request("place", {"pid": pid, **place})
     except (KrexUnavailable, RemoteError):
         os.close(write_fd)
         _killpg(pid, signal.SIGKILL)
@@ -327,6 +344,9 @@ def _outcome(
     argv: list[str], code: int, memory: dict[str, Any], reply: dict[str, Any] | None
 ) -> int:
     """CMD's exit ``code``, or 75 when it failed after co-tenants' out-of-memory errors."""
+    killed_with = (reply or {}).get("exit_code")
+    if code != 0 and killed_with is not None:
+        return int(killed_with)  # krexd ended CMD for a reason of its own (said already)
     failed_for_cotenants = int(memory.get("oom_cotenant") or 0)
     if code == 0 or not failed_for_cotenants or (reply or {}).get("kill_reason"):
         return code

@@ -6,8 +6,9 @@ them from what the old one saved (``krexd.state``).  :class:`StateKeeper`
 saves, :func:`load` decides whether to adopt, :func:`adopt` does it:
 
 1. before the cgroup tree is touched, :func:`load` reads the state and maps
-   every saved gate file again (never recreated: the tenants' shims map these
-   files and their registrations live there).  Anything refused (corrupt,
+   every saved gate file again, read-write (never recreated: the tenants'
+   shims map these very files read-only; ``Gate.open`` checks that each is
+   root's, written by nobody else, of this layout and GPU).  Anything refused (corrupt,
    foreign or newer state, a gate that does not open, GPUs or cgroup layout
    changed) is logged with its reason and krexd falls back to the safe
    cleanup of an unknown tree: thaw, kill, start empty.
@@ -16,13 +17,18 @@ saves, :func:`load` decides whether to adopt, :func:`adopt` does it:
    label and declared and learned needs), counts its slot (and its uid's
    cap), watches its launcher again (pidfd) and ends those whose launcher is
    gone (a pid is matched with its start time, so a reused pid is not taken
-   for the launcher).
+   for the launcher).  Each live tenant's slot memory (where its processes
+   registered) is attached to its gate again, opened through its launcher's
+   fd (``/proc/<launcher>/fd/<slots_fd>``); a tenant whose slot memory cannot
+   be attached is ended (krexd could not drain it).
 3. a region in progress is adopted bound to its saved holder and epoch when
    the holder lives and the gate still holds (holder, epoch); otherwise the
    gate is reopened for that word and the region counts as ended.  Every
    tenant that is not a sibling of an adopted region is thawed, with the
    tree's inner directories; tenant directories the state does not know are
-   killed and removed.
+   killed and removed.  Each gate's epoch (the bound of honest
+   acknowledgements) is seeded with the coordinator's resumed one, so that
+   epochs never repeat across the restart.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from krexd import state as saved_state
 from krexd import states
 from krexd.cgroups import CgroupBackend, CgroupError, TenantCgroup
 from krexd.config import Config
-from krexd.gate import Gate, GateError
+from krexd.gate import Gate, GateError, keep_path
 from krexd.gpu import Gpu
 from krexd.memory.records import TenantMemory
 from krexd.runtime import Runtime
@@ -98,7 +104,7 @@ def load(cfg: Config, cgroups: CgroupBackend, gpus: list[int]) -> Saved | None:
         for key, g in doc["gpus"].items():
             if g.get("gate"):
                 try:
-                    saved.gates[int(key)] = Gate.open(g["gate"])
+                    saved.gates[int(key)] = Gate.open(g["gate"], int(key), keep_path(g["gate"]))
                 except GateError as exc:
                     raise saved_state.StateRefused(f"gate of GPU {key}: {exc}") from None
     except saved_state.StateRefused as exc:
@@ -140,6 +146,7 @@ def _tenant(t: dict[str, Any]) -> Tenant:
         state=_RESTORED_STATES.get(t["state"], states.RUNNING),
         kill_reason=t.get("kill_reason"),
         memory=memory,
+        slots_fd=t.get("slots_fd"),
     )
 
 
@@ -160,6 +167,7 @@ def adopt(
     registry.resume_ids(doc["next_tenant_id"])
     adopted: list[Tenant] = []
     gone: list[Tenant] = []
+    unattached: list[Tenant] = []  # slot memory lost: krexd could not drain them
     for t in doc["tenants"]:
         tenant = _tenant(t)
         if tenant.gpu not in gpus:
@@ -170,6 +178,8 @@ def adopt(
         launcher_alive = saved_state.process_start(tenant.launcher_pid) == tenant.launcher_start
         if not launcher_alive or not os.path.isdir(tenant.cgroup.path):
             gone.append(tenant)
+        elif not _attach_slots(tenant, gpus[tenant.gpu]):
+            unattached.append(tenant)
     known = {t.id for t in adopted}
     _kill_orphans(cgroups, known, runtime)
     cgroups.thaw_inner()
@@ -177,6 +187,10 @@ def adopt(
     for key, g in doc["gpus"].items():
         gpu = gpus[int(key)]
         keep_frozen |= _adopt_region(gpu, g, registry, {t.id for t in gone})
+        if gpu.gate is not None:
+            # Epochs continue from the saved one: acknowledgements of epochs
+            # after it are forgeries (krexd.gatewatch), and none repeats.
+            gpu.gate.set_epoch(max(gpu.gate.epoch, gpu.coordinator.epoch))
     for tenant in adopted:
         if tenant.id in keep_frozen:
             continue
@@ -184,14 +198,11 @@ def adopt(
             tenant.cgroup.thaw()
         except OSError:
             pass
-    for gpu in gpus.values():
-        if gpu.gate is not None:
-            try:
-                gpu.gate.reclaim_dead()
-            except GateError as exc:
-                _log.error("gpu%d: reclaiming dead registrations: %s", gpu.index, exc)
     for tenant in gone:
         runtime.spawn(lifecycle.end(tenant, "its launcher ended while krexd was away"))
+    for tenant in unattached:
+        tenant.kill_reason = "its slot memory could not be attached again after a krexd restart"
+        runtime.spawn(lifecycle.end(tenant, tenant.kill_reason))
     _log.warning(
         "adopted %d tenant(s) (%d to end: launcher gone), %d kept frozen by an adopted region",
         len(adopted),
@@ -199,6 +210,32 @@ def adopt(
         len(keep_frozen),
     )
     return adopted
+
+
+def _attach_slots(tenant: Tenant, gpu: Gpu) -> bool:
+    """Attach ``tenant``'s slot memory to ``gpu``'s re-opened gate again; False when lost.
+
+    True as well when there is nothing to attach (no gate, an exclusive
+    tenant, or one not placed yet: ``place`` attaches it then).
+    """
+    if gpu.gate is None or tenant.exclusive or tenant.slots_fd is None:
+        return True
+    try:
+        fd = os.open(
+            f"/proc/{tenant.launcher_pid}/fd/{tenant.slots_fd}", os.O_RDONLY | os.O_CLOEXEC
+        )
+    except OSError as exc:
+        _log.error("t%d: slot memory fd %d of its launcher: %s", tenant.id, tenant.slots_fd, exc)
+        return False
+    try:
+        gpu.gate.attach(tenant.id, fd)
+    except GateError as exc:
+        _log.error("t%d: %s", tenant.id, exc)
+        return False
+    finally:
+        os.close(fd)
+    tenant.slots_attached = True
+    return True
 
 
 def _adopt_region(
@@ -317,6 +354,7 @@ class StateKeeper:
                     "pids": sorted(t.pids),
                     "state": t.state,
                     "kill_reason": t.kill_reason,
+                    "slots_fd": t.slots_fd if t.slots_attached else None,
                     "cgroup": {
                         "freezer": t.cgroup.freezer_dir,
                         "cpuset": t.cgroup.cpuset_dir,

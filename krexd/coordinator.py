@@ -17,7 +17,10 @@ paper's numbers (its circled 1-8); the methods below read in that order:
                 3  drain: every sibling's drainer acknowledges the epoch with
                    a zero in-flight counter (libkrex_shim does the work)
                 4  freeze every sibling tenant's cgroup, wait until the kernel
-                   reports it frozen (bounded by freeze_timeout_ms)
+                   reports it frozen (bounded by freeze_timeout_ms); then fail
+                   closed: a sibling process with the GPU open and no drained
+                   registration ends its command (exit 76) and the grant
+                   waits until it has left the GPU
                 5  give the holder (and its submitting thread) the reserved
                    cores, added to its own ([region] holder_cpus); grant.
                    The holder flushes L2 itself, through the shim.
@@ -43,8 +46,10 @@ the error: no tenant is ever left frozen.
 The coordinator acts only through injected interfaces (``krexd.isolation``):
 ``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),
 ``Pinner`` (cpuset and thread affinity), ``RegionGate`` (the gate, absent
-when ``libkrex_gate.so`` is not built) and ``RegionMemory`` (the memory
-check before step 2, absent: no check).  The daemon injects the cgroup
+when ``libkrex_gate.so`` is not built), ``RegionMemory`` (the memory
+check before step 2, absent: no check) and ``GpuUseCheck`` (who has the GPU
+open; absent where no source can tell), and ends a tenant's command through
+the ``end_command`` callback it is given (the daemon's lifecycle).  The daemon injects the cgroup
 implementations; any other implementation of these interfaces (in-memory
 fakes, say) drives the same protocol without root.
 
@@ -58,16 +63,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from krex_client.errors import ExitCode
 from krexd import states, testhooks
 from krexd.config import RegionConfig
 from krexd.errors import Code, KrexError
 from krexd.fifo import FifoLock
 from krexd.gate import GateError, GateTimeout
-from krexd.isolation import Pinner, RegionGate, RegionMemory, TenantControl, Watch, gone
+from krexd.isolation import (
+    GpuUseCheck,
+    Pinner,
+    RegionGate,
+    RegionMemory,
+    TenantControl,
+    Watch,
+    gone,
+)
 from krexd.region_stats import RegionStats
 from krexd.slices import CpuSlice
 from krexd.tenants import Tenant, TenantRegistry
@@ -136,6 +150,10 @@ class Coordinator:
         control: freezes, thaws and watches tenants (steps 4 and 7, recovery).
         pinner: moves the holder to the reserved cores and back (steps 5, 7).
         memory: the memory check before step 2 (None: none).
+        guard: the fail-closed check after step 4 (None: skipped).
+        end_command: ``end_command(tenant, reason, exit_code)`` ends a
+            tenant's command for unprotectable GPU use (None: the tree is
+            killed through ``control`` with the reason recorded).
     """
 
     def __init__(
@@ -148,11 +166,15 @@ class Coordinator:
         control: TenantControl,
         pinner: Pinner,
         memory: RegionMemory | None = None,
+        guard: GpuUseCheck | None = None,
+        end_command: Callable[[Tenant, str, int], None] | None = None,
     ) -> None:
         self.gpu = gpu
         self._memory = memory
         self._mem_waiting: int | None = None  # tenant whose entry waits for memory
         self.memory_waits = 0  # entries that waited for siblings' memory
+        self._guard = guard
+        self._end_command = end_command
         self._gate = gate
         self._ctl = control
         self._pinner = pinner
@@ -344,6 +366,7 @@ class Coordinator:
             self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
             t = time.monotonic()
             await self._freeze(self._siblings(tenant), frozen)
+            await self._fail_closed(tenant, epoch)
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("frozen")
             # Step 5: the holder's submitting thread gets the reserved cores.
@@ -391,7 +414,7 @@ class Coordinator:
             raise KrexError(
                 Code.DRAIN_TIMEOUT,
                 f"drain of GPU {self.gpu} timed out after {self._cfg.drain_timeout_s:g} s; "
-                f"not drained: {self._describe_pending(exc.pending)}",
+                f"not drained: {exc.describe()}",
             ) from None
         except GateError as exc:
             raise KrexError(Code.INTERNAL, f"gate of GPU {self.gpu}: {exc}") from None
@@ -435,6 +458,58 @@ class Coordinator:
                 f"siblings on GPU {self.gpu} not frozen after "
                 f"{self._cfg.freeze_timeout_s:g} s: {names}",
             )
+
+    async def _fail_closed(self, holder: Tenant, epoch: int) -> None:
+        """After step 4: end siblings that use the GPU unprotected, wait until they left it.
+
+        With the siblings frozen nothing new can open the GPU.  Each sibling
+        process with a context and no verified registration drained for
+        ``epoch`` (``krexd.registrations``) ends its command with exit code
+        76; the grant waits (bounded by drain_timeout_s) until none of them
+        is on the GPU any more, else the entry fails with DRAIN_TIMEOUT.
+        """
+        if self._guard is None:
+            return
+        guard = self._guard
+        found = await asyncio.to_thread(guard.unprotected, self._siblings(holder), epoch)
+        if not found:
+            return
+        ended: dict[int, list[str]] = {}
+        for u in found:
+            ended.setdefault(u.tenant.id, []).append(u.describe())
+        for tid, lines in ended.items():
+            tenant = next(u.tenant for u in found if u.tenant.id == tid)
+            reason = "; ".join(lines)
+            log.error("GPU %d: %s; ending tenant %d's command", self.gpu, reason, tid)
+            self._end_unprotected(tenant, reason)
+        pids = {u.pid for u in found}
+        deadline = time.monotonic() + self._cfg.drain_timeout_s
+        while True:
+            users = await asyncio.to_thread(guard.users)
+            if users is None or not pids & users:
+                return
+            if time.monotonic() >= deadline:
+                raise KrexError(
+                    Code.DRAIN_TIMEOUT,
+                    f"GPU {self.gpu}: unprotected processes {sorted(pids & users)} still on the "
+                    f"GPU {self._cfg.drain_timeout_s:g} s after their commands were ended",
+                )
+            await asyncio.sleep(0.002)
+
+    def _end_unprotected(self, tenant: Tenant, reason: str) -> None:
+        if self._end_command is not None:
+            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE)
+            return
+        tenant.kill_reason = reason
+        try:
+            self._ctl.kill(tenant)
+        except OSError as exc:
+            if not gone(exc):
+                log.error("GPU %d: cannot kill tenant %d: %s", self.gpu, tenant.id, exc)
+
+    def idle(self) -> bool:
+        """True when no region is held or being established (the gate should be open)."""
+        return self.state == states.IDLE and self._region is None and self._entering is None
 
     async def _wait_frozen(self, sib: Tenant, timeout_s: float) -> bool:
         try:
@@ -506,19 +581,6 @@ class Coordinator:
 
     def _region_state(self, new: str) -> None:
         states.change_state(self, new, states.REGION_EDGES)
-
-    def _describe_pending(self, pending: list[int]) -> str:
-        """'pid P (tenant T)' for each pending registration (its index in the gate)."""
-        if self._gate is None:
-            return ""
-        by_index = {r.index: r for r in self._gate.slots()}
-        parts = []
-        for i in pending:
-            reg = by_index.get(i)
-            parts.append(
-                f"registration {i}" if reg is None else f"pid {reg.pid} (tenant {reg.tenant})"
-            )
-        return ", ".join(parts) or "none"
 
     # ------------------------------------------------------------------- exit
 
@@ -799,6 +861,11 @@ class Coordinator:
             }
         exited = {str(k): v for k, v in {**self._resumed, **self._exited}.items()}
         return {"epoch": self._epoch, "region": saved_region, "exited": exited}
+
+    @property
+    def epoch(self) -> int:
+        """The last epoch this GPU's regions used (0 before the first)."""
+        return self._epoch
 
     def resume(self, epoch: int, exited: dict[int, int]) -> None:
         """Continue the epochs of the krexd before; answer its regions' re-sent exits."""

@@ -6,9 +6,13 @@ Start order (each step logged; any failure stops the start with a message):
 2. cgroups: under systemd move into the ``supervisor`` leaf, thaw/kill/remove
    a stale tree, build ``<name>/gpu<N>`` with the slices.
 3. One ``krexd.gpu.Gpu`` per GPU: its gate (``<state_dir>/<cgroup
-   name>-gpu<N>.gate``, when ``libkrex_gate.so`` is built), its region
-   coordinator, its admission slots, its MPS daemon (``[mps] enabled``);
-   then admission, the memory monitor and the tenant lifecycle over them.
+   name>-gpu<N>.gate``, root's, mode 0644, its space reserved — a full
+   file system stops the start with one line naming the directory — and a
+   second link under ``<state_dir>/.krex-keep/``, when ``libkrex_gate.so``
+   is built), its region coordinator with the fail-closed check
+   (``krexd.registrations``), its admission slots, its MPS daemon
+   (``[mps] enabled``); then admission, the memory monitor and the tenant
+   lifecycle over them, and the gate watch (``krexd.gatewatch``).
 4. Bind the control socket; only then READY=1 (krexd serves requests).
 
 The parts never see the daemon: each gets the narrow interfaces it uses
@@ -23,7 +27,6 @@ SHUTTING_DOWN, coordinators shut down (thaw, reopen), every tenant ended
 from __future__ import annotations
 
 import asyncio
-import grp
 import logging
 import os
 import signal
@@ -36,7 +39,8 @@ from krexd.config import Config
 from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
 from krexd.errors import Code
-from krexd.gate import Gate
+from krexd.gate import GATE_MODE, Gate, GateError
+from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
 from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
@@ -46,6 +50,7 @@ from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
 from krexd.quotas import UidCaps
+from krexd.registrations import RegionGuard, Verifier
 from krexd.runtime import RESTARTING, SERVING, STOPPING, Runtime
 from krexd.server import Server, check_free
 from krexd.slices import compute_slices
@@ -72,6 +77,7 @@ class Daemon:
         self.lifecycle: Lifecycle | None = None
         self.server: Server | None = None
         self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
+        self.verifier = Verifier(self._cgroup_pids)
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -100,11 +106,16 @@ class Daemon:
         control = CgroupControl(cfg.daemon.liveness_interval_ms / 1000)
         pinner = AffinityPinner()
         region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
+        verifier = self.verifier = Verifier(self._cgroup_pids)
         for info in infos:
             reopened = saved.gates.get(info.index) if saved is not None else None
             gate, gate_path = (
                 (reopened, reopened.path) if reopened else self._create_gate(info.index)
             )
+            guard = None
+            if gate is not None:
+                gate.judge = verifier.judge
+                guard = RegionGuard(self._users_of(info.index), gate.slots)
             coordinator = Coordinator(
                 info.index,
                 gate,
@@ -114,6 +125,8 @@ class Daemon:
                 control,
                 pinner,
                 region_memory,
+                guard=guard,
+                end_command=self._kill_command,
             )
             slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
             gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)
@@ -170,22 +183,54 @@ class Daemon:
         return LearnedNeeds(path, cfg.memory.learned_max, cfg.memory.learned_per_uid)
 
     def _create_gate(self, gpu: int) -> tuple[Gate | None, str | None]:
-        """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``."""
+        """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``.
+
+        Raises GateError with one line naming the directory when the gate
+        cannot be made there (a full file system: its space is reserved now).
+        """
         if paths.gate_library() is None:
             return None, None
         cfg = self.config.daemon
-        os.makedirs(cfg.gate_dir, mode=0o755, exist_ok=True)
+        keep_dir = os.path.join(cfg.gate_dir, ".krex-keep")
+        try:
+            os.makedirs(cfg.gate_dir, mode=0o755, exist_ok=True)
+            os.makedirs(keep_dir, mode=0o700, exist_ok=True)
+            os.chmod(keep_dir, 0o700)
+        except OSError as exc:
+            raise GateError(
+                f"cannot create gate directory {cfg.gate_dir}: {exc.strerror}"
+            ) from None
         # Named after the cgroup tree too: krexds sharing a state directory
         # (different [cgroup] names, which the tree lock enforces) never share a gate.
-        path = os.path.join(cfg.gate_dir, f"{self.config.cgroup.name}-gpu{gpu}.gate")
-        # Who may map the gate is who may talk to krexd: the socket's mode and group.
-        gate = Gate.create(path, gpu, mode=cfg.socket_mode)
+        name = f"{self.config.cgroup.name}-gpu{gpu}.gate"
+        path = os.path.join(cfg.gate_dir, name)
         try:
-            if cfg.socket_group:
-                os.chown(path, -1, grp.getgrnam(cfg.socket_group).gr_gid)
-        except KeyError:
-            pass  # binding the socket refuses the unknown group, with the key's name
+            # Root's, 0644: every tenant maps it read-only, krexd alone writes it.
+            gate = Gate.create(path, gpu, mode=GATE_MODE, keep=os.path.join(keep_dir, name))
+        except GateError as exc:
+            raise GateError(
+                f"cannot create the gate of GPU {gpu} in {cfg.gate_dir}: "
+                f"{os.strerror(exc.errno) if exc.errno else exc}",
+                exc.errno,
+            ) from None
         return gate, path
+
+    def _cgroup_pids(self, tenant_id: int) -> list[int] | None:
+        """The pids of tenant ``tenant_id``'s cgroup (None for an unknown tenant)."""
+        tenant = self.tenants.get(tenant_id)
+        return tenant.cgroup.pids() if tenant is not None else None
+
+    def _users_of(self, gpu: int) -> Any:
+        """Who has GPU ``gpu`` open, read afresh from the memory source."""
+
+        def users() -> set[int] | None:
+            return self.memory.gpu_users(gpu) if self.memory is not None else None
+
+        return users
+
+    def _kill_command(self, tenant: Any, reason: str, exit_code: int) -> None:
+        if self.lifecycle is not None:
+            self.lifecycle.kill_command(tenant, reason, exit_code)
 
     def summary_line(self) -> str:
         """One line for STATUS= and the log."""
@@ -225,7 +270,10 @@ class Daemon:
             _log.info("krexd %s ready (pid %d)", self.version, self.pid)
             watchdog = spawn(self.notifier.watchdog_loop())
             status = spawn(self._status_loop())
+            watch = GateWatch(self.gpus, self.tenants, self.verifier, self._kill_command)
+            gates = spawn(watch.run())
             await self._stop.wait()
+            gates.cancel()
             if restart.take_restart_intent(self.config):
                 self._leave_for_restart()  # tenants keep running; the successor adopts them
                 return
@@ -314,11 +362,7 @@ class Daemon:
                     gpu.gate.unmap()
                 except Exception:
                     _log.exception("gpu%d: unmapping the gate failed", gpu.index)
-            if gpu.gate_path is not None:
-                try:
-                    os.unlink(gpu.gate_path)
-                except FileNotFoundError:
-                    pass
+                gpu.gate.unlink()
         _log.info("krexd stopped")
 
     # --- status -------------------------------------------------------------------

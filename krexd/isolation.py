@@ -13,6 +13,9 @@ scheduler or the gate library directly.  It goes through three interfaces:
   ``krexd.gate.Gate``;
 * :class:`RegionMemory` — before step 2, whether the holder's expected
   memory fits in what its siblings leave free (``krexd.memory.region_fit``).
+* :class:`GpuUseCheck` — the fail-closed check after step 4: sibling
+  processes with the GPU open and no drained registration, satisfied by
+  ``krexd.registrations.RegionGuard``.
 
 The daemon injects :class:`CgroupControl` and :class:`AffinityPinner` (the
 real cgroup v2 freezer, cpuset and ``sched_setaffinity``); anything
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from krexd.gate import SlotInfo
+from krexd.registrations import Unprotected
 from krexd.tenants import PidWatch, Tenant
 
 
@@ -165,6 +169,18 @@ class RegionMemory(Protocol):
 
     def check(self, holder: Tenant, siblings: list[Tenant]) -> RegionFit | None:
         """The holder's expected need against what ``siblings`` hold, read now (None: unknown)."""
+        ...
+
+
+class GpuUseCheck(Protocol):
+    """Who has the GPU open, and which siblings do so unprotected (``RegionGuard``)."""
+
+    def users(self) -> set[int] | None:
+        """Pids (krexd's namespace) with a context on the GPU now; None when unknown."""
+        ...
+
+    def unprotected(self, siblings: list[Tenant], epoch: int) -> list[Unprotected]:
+        """Sibling processes with the GPU open and no verified registration drained for it."""
         ...
 
 

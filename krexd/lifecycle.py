@@ -3,27 +3,38 @@
 ``end`` is the single way out for a tenant, whatever the reason (release, its
 launcher died, shutdown): the coordinator recovers a region it may hold
 (``tenant_gone``), the tree is killed, the cgroup removed, the memory record
-completed, the admission slot and the memory reservation freed and parked requests
-granted.
+completed, the tenant's slot memory detached from its gate, the admission
+slot and the memory reservation freed and parked requests granted.
 
 Identity (docs/design/security.md): ``admit`` records the verified launcher
 (``krexd.identity.Caller``); ``place`` moves only a direct child of it with
 its uid; a tenant not placed within ``[admission] place_timeout_s`` is ended
 (:meth:`Lifecycle._arm_place_timeout`).
+
+``kill_command`` ends a tenant's command for what it did (unprotectable GPU
+use, tampered gate registrations): the tree is killed with the reason and an
+exit code recorded, which ``release`` hands to the launcher; a launcher that
+does not release within ``KILL_GRACE_S`` has its tenant ended all the same.
+
+``place`` also attaches the tenant's slot memory (the launcher's sealed memfd,
+opened through ``/proc/<launcher>/fd/<n>``) to its GPU's gate before the
+command runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from krexd import identity, paths, states, testhooks
 from krexd.admission import Admission
 from krexd.cgroups import CgroupError, TenantCgroup
 from krexd.config import Config
 from krexd.errors import Code, KrexError
+from krexd.gate import GateError, slot_memory_spec
 from krexd.gpu import Gpu
 from krexd.memory.monitor import MemoryMonitor
 from krexd.runtime import STOPPING, Runtime
@@ -33,6 +44,8 @@ from krexd.tenants import PidWatch, Tenant, TenantRegistry
 _log = logging.getLogger("krexd.lifecycle")
 
 EMPTY_TIMEOUT_S = 5.0
+#: How long a command killed by kill_command waits for its launcher's release (s).
+KILL_GRACE_S = 5.0
 
 
 class TenantCgroups(Protocol):
@@ -190,17 +203,29 @@ class Lifecycle:
         if timer is not None:
             timer.cancel()
 
-    def place(self, tenant: Tenant, pid: int) -> None:
+    def slot_memory(self, tenant: Tenant) -> dict[str, Any] | None:
+        """``{"size", "header"}`` of the tenant's slot memory, or None (no gate, exclusive)."""
+        if tenant.exclusive or self._gpus[tenant.gpu].gate is None:
+            return None
+        size, header = slot_memory_spec(tenant.id)
+        return {"size": size, "header": header}
+
+    def place(self, tenant: Tenant, pid: int, slots_fd: int | None = None) -> None:
         """Move ``pid`` into the tenant's cgroup(s).
 
         ``pid`` must be a direct child of the tenant's verified launcher, with
         its uid (``krexd.identity.check_placeable``): ``KrexError(AUTH)``
         otherwise, ``KrexError(BAD_FIELD)`` when it is gone or the tenant ended.
+        ``slots_fd``: the launcher's fd of the tenant's slot memory, attached
+        to the GPU's gate here (once), before the command runs
+        (``KrexError(BAD_FIELD)`` when it is not acceptable).
         """
         self._runtime.check_serving()
         if tenant.state not in (states.ADMITTED, states.RUNNING):
             raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is {tenant.state}; cannot place")
         identity.check_placeable(tenant, pid)
+        if slots_fd is not None:
+            self._attach_slots(tenant, slots_fd)
         try:
             tenant.cgroup.add_pid(pid)
         except CgroupError as exc:
@@ -211,6 +236,48 @@ class Lifecycle:
             change_state(tenant, states.RUNNING)  # ADMITTED -> RUNNING
         _log.info("t%d: placed pid %d in %s", tenant.id, pid, tenant.cgroup.path)
         testhooks.pause("placed")
+
+    def _attach_slots(self, tenant: Tenant, slots_fd: int) -> None:
+        """Attach the launcher's slot memory fd ``slots_fd`` to the tenant's gate (once)."""
+        gate = self._gpus[tenant.gpu].gate
+        if gate is None or tenant.exclusive or tenant.slots_attached:
+            return
+        try:
+            fd = os.open(f"/proc/{tenant.launcher_pid}/fd/{slots_fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise KrexError(
+                Code.BAD_FIELD, f"slot memory fd {slots_fd} of launcher: {exc.strerror}"
+            ) from None
+        try:
+            gate.attach(tenant.id, fd)
+        except GateError as exc:
+            raise KrexError(Code.BAD_FIELD, str(exc)) from None
+        finally:
+            os.close(fd)
+        tenant.slots_attached = True
+        tenant.slots_fd = slots_fd
+
+    def kill_command(self, tenant: Tenant, reason: str, exit_code: int) -> None:
+        """End ``tenant``'s command for what it did; the launcher reports ``exit_code``.
+
+        Kills the tree now (``reason`` and ``exit_code`` go back in the
+        ``release`` reply); the tenant itself is ended by that release, or
+        after ``KILL_GRACE_S`` if its launcher never sends it.
+        """
+        if tenant.state == states.EXITED or tenant.kill_reason is not None:
+            return
+        tenant.kill_reason = reason
+        tenant.kill_code = exit_code
+        try:
+            tenant.cgroup.kill()
+        except CgroupError as exc:
+            _log.error("t%d: cannot kill its command: %s", tenant.id, exc)
+        self._runtime.spawn(self._end_unreleased(tenant, reason))
+
+    async def _end_unreleased(self, tenant: Tenant, reason: str) -> None:
+        await asyncio.sleep(KILL_GRACE_S)
+        if self._tenants.get(tenant.id) is tenant and tenant.state != states.EXITED:
+            await self.end(tenant, reason)
 
     async def end(self, tenant: Tenant, reason: str) -> None:
         """End ``tenant`` once (later calls wait for the first): recover, kill, free the slot."""
@@ -248,13 +315,13 @@ class Lifecycle:
                 self._memory.tenant_ended(tenant)  # its processes are gone: final record
             except Exception:
                 _log.exception("t%d: memory record", tenant.id)
-            if gpu.gate is not None:
-                # After the final read (a freed registration no longer names its tenant):
-                # free them now rather than at the next drain (krex_gate_reclaim_dead).
+            if gpu.gate is not None and tenant.slots_attached:
+                # After the final read of its registrations' memory records.
                 try:
-                    gpu.gate.reclaim_dead()
+                    gpu.gate.detach(tenant.id)
                 except Exception:
-                    _log.exception("t%d: freeing its gate registrations", tenant.id)
+                    _log.exception("t%d: detaching its slot memory", tenant.id)
+                tenant.slots_attached = False
             if self._runtime.state != STOPPING:
                 # While krexd stops, an ended tenant stays registered (EXITED) so that
                 # its launcher's release, however late, reads its kill_reason.
@@ -288,7 +355,12 @@ class Lifecycle:
             "KREX_OOM_WAIT_S": f"{cfg.memory.oom_wait_s:g}",
         }
         if not tenant.exclusive:  # a whole-device lease runs natively, unshimmed
-            if gpu.gate_path is not None:
+            if gpu.gate is not None and gpu.gate_path is not None:
+                try:
+                    if gpu.gate.relink():  # removed or replaced: new tenants still find it
+                        _log.error("gpu%d: gate file %s restored", gpu.index, gpu.gate_path)
+                except Exception as exc:
+                    _log.error("gpu%d: %s", gpu.index, exc)
                 env["KREX_GATE"] = gpu.gate_path
             shim = paths.shim_library(cfg.shim.path or None)
             if shim is not None:

@@ -15,6 +15,7 @@ either the previous state or the new one, never a mix.  Layout::
                           "exited": {"<tenant>": epoch}}},
      "tenants": [{"id", "token", "gpu", "argv", "launcher_pid", "launcher_start",
                   "uid", "gid", "exclusive", "pids": [int], "state", "kill_reason",
+                  "slots_fd": int | null,
                   "cgroup": {"freezer", "cpuset", "kind", "cores": [int]},
                   "memory": {TenantMemory fields}}]}
 
@@ -23,6 +24,11 @@ either the previous state or the new one, never a mix.  Layout::
 reused by another process is never adopted as a launcher; with ``uid`` and
 ``gid`` it is the verified launcher of ``krexd.identity``, so an adopted
 tenant's ``place`` and tenant ops are checked as before the restart.
+``slots_fd`` is the launcher's fd of the tenant's slot memory (the sealed
+memfd krexd attached to the gate at ``place``; null before that or without a
+gate): a restarted krexd opens it again as ``/proc/<launcher>/fd/<slots_fd>``
+and attaches it to the gate it re-opens, and continues the GPU's ``epoch``
+so that no epoch repeats (krexd audits acknowledgements against it).
 ``memory`` carries the label and the declared and learned needs, so an
 adopted tenant is charged and teaches its label as before.
 
@@ -135,6 +141,8 @@ def _check_shape(path: str, doc: dict[str, Any]) -> None:
             for k in ("id", "gpu", "launcher_pid", "launcher_start", "uid", "gid"):
                 if not isinstance(t[k], int):
                     raise TypeError(k)
+            if not isinstance(t.get("slots_fd"), (int, type(None))):
+                raise TypeError("slots_fd")
             if not isinstance(t["token"], str) or not isinstance(t["cgroup"]["freezer"], str):
                 raise TypeError("token/cgroup")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

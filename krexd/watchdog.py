@@ -112,7 +112,7 @@ def reopen_gates(gates: list[str]) -> None:
 
     for path in gates:
         try:
-            gate = Gate.open(path)
+            gate = Gate.open(path, None)
         except GateError as exc:
             _log.error("%s", exc)
             continue

@@ -1,7 +1,6 @@
 /*
- * drain.c — the drainer thread (paper §4.2 step 3) and what it needs to
- * know: the contexts and streams this process uses and its open stream
- * captures.
+ * drain.c — the drainer thread (paper §4.2 step 3) and the synchronization
+ * it runs; what to synchronize comes from track.c (track.h).
  *
  * On a closure by another tenant the drainer captures the epoch, waits for
  * the in-flight counter to reach zero, synchronizes every context the
@@ -14,17 +13,15 @@
  * instead (docs/design/shim.md "Capture").
  *
  * No lock that the command's own threads need is held while the device is
- * waited on: the lists are copied under track_mu, and each handle is then
- * claimed (still tracked, marked busy) and synchronized outside it; a
- * destroy of the busy handle, or of its context, waits in its hook until
- * the drain moved on, so the driver never gets a freed handle.  Contexts
- * destroyed take their streams with them; a green context is synchronized
- * through the context converted from it.  At exit the drainer stops before
- * the driver's teardown, the process synchronizes once more, and each
- * later gated call synchronizes before it leaves (see "exit" below):
- * nothing acknowledges without synchronizing.
+ * waited on: the lists are snapshot, and each handle is then claimed
+ * (still tracked, marked busy) and synchronized outside the tracking lock;
+ * a destroy of the busy handle, or of its context, waits in its hook until
+ * the drain moved on, so the driver never gets a freed handle.  At exit the
+ * drainer stops before the driver's teardown, the process synchronizes
+ * once more, and each later gated call synchronizes before it leaves (see
+ * "exit" below): nothing acknowledges without synchronizing.
  */
-#include "shim.h"
+#include "track.h"
 
 #include <errno.h>
 #include <linux/membarrier.h>
@@ -40,283 +37,16 @@
 
 #define MAX_DEVICES 64
 
-/* A tracked handle: a context (owner: the green context it was converted
- * from, or NULL) or a stream (owner: its context). */
-struct tracked {
-    void *h;
-    void *owner;
-};
-
-struct handles {
-    struct tracked *v;
-    size_t n, cap;
-};
-
-/* Guards both lists and `busy`.  Held only for list operations, never
- * across a driver call that waits on the device: the command's own
- * threads take it in cuStreamCreate / cuStreamDestroy / cuCtxDestroy
- * hooks and at fork, and must not wait behind a drain (a kernel waiting
- * for host progress made after such a call would deadlock). */
-static pthread_mutex_t track_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t track_cv = PTHREAD_COND_INITIALIZER;
-static struct handles ctxs;    /* created through the API or made current */
-static struct handles streams; /* created through the API; owner = context */
-/* The handle a drain is synchronizing right now (and its context): a
- * destroy of either waits until the drain moved on, so the driver never
- * gets a handle freed under it (stream destruction is not gated). */
-static void *busy, *busy_ctx;
 /* Serializes the synchronizations themselves (the drainer and a holder's
  * region exit); never taken by a driver call's hook. */
 static pthread_mutex_t sync_mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic uint32_t captures;
 
-/* Exit (see krex_drain_exit below): seq_cst flags of a Dekker pairing
+/* Exit (see drain_at_exit below): seq_cst flags of a Dekker pairing
  * between the drainer (drain_busy = 1; read exiting) and the exit path
  * (exiting = 1; read drain_busy), so that the driver's teardown, which
  * follows the exit path, never runs under a drain. */
 static _Atomic int exiting;
 static _Atomic int drain_busy;
-
-/* ---- tracking ------------------------------------------------------------- */
-
-static struct tracked *handles_find(struct handles *h, void *p)
-{
-    for (size_t i = 0; i < h->n; i++)
-        if (h->v[i].h == p)
-            return &h->v[i];
-    return NULL;
-}
-
-static void handles_add(struct handles *h, void *p, void *owner)
-{
-    if (handles_find(h, p))
-        return; /* already tracked (a green context's keeps its owner) */
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 16;
-        struct tracked *v = realloc(h->v, cap * sizeof *v);
-        if (!v) {
-            krex_log(KREX_LOG_ERROR, "out of memory: handle %p not tracked for drains", p);
-            return;
-        }
-        h->v = v;
-        h->cap = cap;
-    }
-    h->v[h->n++] = (struct tracked){p, owner};
-}
-
-static void handles_remove(struct handles *h, void *p)
-{
-    for (size_t i = 0; i < h->n; i++)
-        if (h->v[i].h == p) {
-            h->v[i] = h->v[--h->n];
-            return;
-        }
-}
-
-/* Remove every entry owned by `owner` (a context's streams). */
-static void handles_remove_owned(struct handles *h, void *owner)
-{
-    for (size_t i = 0; i < h->n;)
-        if (h->v[i].owner == owner)
-            h->v[i] = h->v[--h->n];
-        else
-            i++;
-}
-
-static void handles_clear(struct handles *h)
-{
-    free(h->v);
-    h->v = NULL;
-    h->n = h->cap = 0;
-}
-
-/* Frameworks make the same context current over and over: the last one
- * recorded is remembered so that the repeat costs one load, no lock.  It
- * is written under track_mu only, together with the list, so it always
- * names a tracked context (or NULL). */
-static _Atomic(CUcontext) last_current;
-
-/* Under track_mu: forget context `ctx` and its streams; then wait until a
- * drain synchronizing it (or one of its streams) has moved on. */
-static void forget_ctx_locked(CUcontext ctx)
-{
-    handles_remove(&ctxs, ctx);
-    handles_remove_owned(&streams, ctx);
-    /* Relaxed: written and read under track_mu (the lock orders it). */
-    if (atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
-        atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
-    while (busy_ctx == (void *)ctx)
-        pthread_cond_wait(&track_cv, &track_mu);
-}
-
-/* The context of `stream` (its owner for the tracking list). */
-static CUcontext stream_ctx(CUstream stream)
-{
-    __typeof__(&cuStreamGetCtx) get = KREX_REAL(cuStreamGetCtx);
-    CUcontext ctx = NULL;
-    if (!get || get(stream, &ctx) != CUDA_SUCCESS)
-        return NULL;
-    return ctx;
-}
-
-void krex_note_stream_created(CUresult r, CUstream *phStream)
-{
-    if (r != CUDA_SUCCESS || !phStream || !*phStream)
-        return;
-    int saved = errno;
-    CUcontext ctx = stream_ctx(*phStream); /* a host query, outside the lock */
-    pthread_mutex_lock(&track_mu);
-    handles_add(&streams, *phStream, ctx);
-    pthread_mutex_unlock(&track_mu);
-    errno = saved;
-}
-
-void krex_note_stream_destroying(CUstream stream)
-{
-    if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
-        return;
-    int saved = errno;
-    pthread_mutex_lock(&track_mu);
-    handles_remove(&streams, stream);
-    while (busy == (void *)stream) /* only while a drain syncs this very stream */
-        pthread_cond_wait(&track_cv, &track_mu);
-    pthread_mutex_unlock(&track_mu);
-    errno = saved;
-}
-
-void krex_note_ctx_created(CUresult r, CUcontext *pctx)
-{
-    if (r != CUDA_SUCCESS || !pctx || !*pctx)
-        return;
-    int saved = errno;
-    pthread_mutex_lock(&track_mu);
-    handles_add(&ctxs, *pctx, NULL);
-    pthread_mutex_unlock(&track_mu);
-    errno = saved;
-}
-
-/* A green context's work runs in the context converted from it
- * (cuCtxFromGreenCtx): track that one, owned by the green context. */
-void krex_note_green_created(CUresult r, CUgreenCtx *phCtx)
-{
-    if (r != CUDA_SUCCESS || !phCtx || !*phCtx)
-        return;
-    int saved = errno;
-    __typeof__(&cuCtxFromGreenCtx) conv = KREX_REAL(cuCtxFromGreenCtx);
-    CUcontext ctx = NULL;
-    if (!conv || conv(&ctx, *phCtx) != CUDA_SUCCESS || !ctx) {
-        krex_log(KREX_LOG_WARN, "green context %p: no context to synchronize it through",
-                 (void *)*phCtx);
-    } else {
-        pthread_mutex_lock(&track_mu);
-        handles_add(&ctxs, ctx, *phCtx);
-        pthread_mutex_unlock(&track_mu);
-    }
-    errno = saved;
-}
-
-void krex_note_green_destroying(CUgreenCtx green)
-{
-    if (!green)
-        return;
-    int saved = errno;
-    pthread_mutex_lock(&track_mu);
-    for (size_t i = 0; i < ctxs.n; i++)
-        if (ctxs.v[i].owner == (void *)green) {
-            forget_ctx_locked((CUcontext)ctxs.v[i].h);
-            break;
-        }
-    pthread_mutex_unlock(&track_mu);
-    errno = saved;
-}
-
-/* Is `ctx` still a context (not destroyed)?  Without the query, assume so. */
-static int ctx_alive(CUcontext ctx)
-{
-    __typeof__(&cuCtxGetApiVersion) ver = KREX_REAL(cuCtxGetApiVersion);
-    unsigned int v = 0;
-    return !ver || ver(ctx, &v) == CUDA_SUCCESS;
-}
-
-void krex_note_ctx_current(CUresult r, CUcontext ctx)
-{
-    /* Relaxed: a hint; a stale read only takes the locked path. */
-    if (r != CUDA_SUCCESS || !ctx ||
-        atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
-        return;
-    int saved = errno;
-    pthread_mutex_lock(&track_mu);
-    /* Another thread may have destroyed `ctx` after it was made current
-     * here; its removal note takes this lock after the driver destroyed
-     * it, so checking liveness under the lock never re-adds a dead one. */
-    if (handles_find(&ctxs, ctx) || ctx_alive(ctx)) {
-        handles_add(&ctxs, ctx, NULL);
-        atomic_store_explicit(&last_current, ctx, memory_order_relaxed);
-    }
-    pthread_mutex_unlock(&track_mu);
-    errno = saved;
-}
-
-void krex_note_ctx_destroying(CUcontext ctx)
-{
-    if (!ctx)
-        return;
-    int saved = errno;
-    pthread_mutex_lock(&track_mu);
-    forget_ctx_locked(ctx);
-    pthread_mutex_unlock(&track_mu);
-    errno = saved;
-}
-
-void krex_note_ctx_destroyed(CUresult r, CUcontext ctx)
-{
-    if (r != CUDA_SUCCESS || !ctx)
-        return;
-    int saved = errno;
-    /* Again after the call: a set-current racing with the destroy may
-     * have re-added it between the pre-call removal and the destroy. */
-    pthread_mutex_lock(&track_mu);
-    forget_ctx_locked(ctx);
-    pthread_mutex_unlock(&track_mu);
-    krex_region_forget_ctx(ctx);
-    errno = saved;
-}
-
-static void mirror_captures(uint32_t n)
-{
-    struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
-    if (s) /* status for krexd only: relaxed */
-        atomic_store_explicit(&s->captures, n, memory_order_relaxed);
-}
-
-/* Capture begin is gated ([gate_also]): the increment happens before the
- * call's krex_gate_leave (a seq_cst RMW, hence a release), so a drainer
- * that then reads the counter at zero (seq_cst, hence acquire) reads the
- * new capture count. */
-void krex_note_capture_begin(CUresult r)
-{
-    if (r == CUDA_SUCCESS)
-        mirror_captures(atomic_fetch_add_explicit(&captures, 1, memory_order_acq_rel) + 1);
-}
-
-/* EndCapture ends the capture when it succeeds and when it reports the
- * capture invalidated; other errors leave it open. */
-void krex_note_capture_end(CUresult r)
-{
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
-        return;
-    uint32_t n = atomic_load_explicit(&captures, memory_order_acquire);
-    while (n > 0 && !atomic_compare_exchange_weak_explicit(&captures, &n, n - 1,
-                                                           memory_order_acq_rel,
-                                                           memory_order_acquire))
-        ;
-    mirror_captures(n > 0 ? n - 1 : 0);
-}
-
-uint32_t krex_captures(void)
-{
-    return atomic_load_explicit(&captures, memory_order_acquire);
-}
 
 /* ---- synchronization ------------------------------------------------------ */
 
@@ -373,48 +103,6 @@ static CUresult sync_legacy_stream(CUcontext ctx)
     return r;
 }
 
-/* Claim tracked handle `h` (in `list`; a context's own legacy stream when
- * `list` is &ctxs and `ctx` == h) for one synchronization: 0 when it was
- * destroyed since the snapshot (skip it).  While claimed, a destroy of it
- * or of its context waits in its hook (forget_ctx_locked,
- * krex_note_stream_destroying), so the handle stays valid. */
-static int claim(struct handles *list, void *h, void *ctx)
-{
-    pthread_mutex_lock(&track_mu);
-    int ok = handles_find(list, h) != NULL;
-    if (ok) {
-        busy = h;
-        busy_ctx = ctx;
-    }
-    pthread_mutex_unlock(&track_mu);
-    return ok;
-}
-
-static void unclaim(void)
-{
-    pthread_mutex_lock(&track_mu);
-    busy = busy_ctx = NULL;
-    pthread_cond_broadcast(&track_cv);
-    pthread_mutex_unlock(&track_mu);
-}
-
-/* A copy of `list` taken under track_mu (NULL with *n = 0 when empty;
- * *oom set when the copy could not be made). */
-static struct tracked *snapshot(struct handles *list, size_t *n, int *oom)
-{
-    pthread_mutex_lock(&track_mu);
-    *n = list->n;
-    struct tracked *v = NULL;
-    if (*n && !(v = malloc(*n * sizeof *v)))
-        *oom = 1;
-    else if (*n)
-        memcpy(v, list->v, *n * sizeof *v);
-    pthread_mutex_unlock(&track_mu);
-    if (!v)
-        *n = 0;
-    return v;
-}
-
 static CUresult sync_streams_capture_safe(CUcontext *all, const int *tracked, size_t nall)
 {
     CUresult first = CUDA_SUCCESS;
@@ -424,28 +112,28 @@ static CUresult sync_streams_capture_safe(CUcontext *all, const int *tracked, si
         return CUDA_ERROR_NOT_FOUND;
     size_t n = 0;
     int oom = 0;
-    struct tracked *sv = snapshot(&streams, &n, &oom);
+    struct krex_tracked *sv = krex_track_snapshot(KREX_TRACK_STREAMS, &n, &oom);
     if (oom)
         return CUDA_ERROR_OUT_OF_MEMORY;
     for (size_t i = 0; i < n; i++) {
-        if (!claim(&streams, sv[i].h, sv[i].owner))
+        if (!krex_track_claim(KREX_TRACK_STREAMS, sv[i].h, sv[i].owner))
             continue; /* destroyed since the snapshot */
         KREX_TEST_POINT("drain_stream_claimed");
         CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
         CUresult r = is_capturing((CUstream)sv[i].h, &st);
         if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
             r = ssync((CUstream)sv[i].h);
-        unclaim();
+        krex_track_unclaim();
         note(&first, r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ? CUDA_SUCCESS : r);
     }
     free(sv);
     for (size_t i = 0; i < nall; i++) {
         /* Primaries are retained by the caller; tracked contexts claimed. */
-        if (tracked[i] && !claim(&ctxs, all[i], all[i]))
+        if (tracked[i] && !krex_track_claim(KREX_TRACK_CTXS, all[i], all[i]))
             continue;
         note(&first, sync_legacy_stream(all[i]));
         if (tracked[i])
-            unclaim();
+            krex_track_unclaim();
     }
     return first;
 }
@@ -491,7 +179,7 @@ static CUcontext *all_contexts(const CUcontext *prim, size_t nprim, int **tracke
 {
     size_t n = 0;
     int oom = 0;
-    struct tracked *cv = snapshot(&ctxs, &n, &oom);
+    struct krex_tracked *cv = krex_track_snapshot(KREX_TRACK_CTXS, &n, &oom);
     CUcontext *all = oom ? NULL : malloc((nprim + n + 1) * sizeof *all);
     int *tr = all ? calloc(nprim + n + 1, sizeof *tr) : NULL;
     if (!all || !tr) {
@@ -532,12 +220,12 @@ static CUresult sync_all_locked(int app_thread)
     }
     if (krex_captures() == 0) {
         for (size_t i = 0; i < nall; i++) {
-            if (tracked[i] && !claim(&ctxs, all[i], all[i]))
+            if (tracked[i] && !krex_track_claim(KREX_TRACK_CTXS, all[i], all[i]))
                 continue; /* destroyed since the snapshot */
             KREX_TEST_POINT("drain_ctx_claimed");
             CUresult r = sync_ctx(all[i]);
             if (tracked[i])
-                unclaim();
+                krex_track_unclaim();
             if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED)
                 krex_note_ctx_destroyed(CUDA_SUCCESS, all[i]); /* gone unseen */
             note(&first, r);
@@ -588,7 +276,7 @@ static uint32_t pending_epoch(struct krex_slot *s, uint64_t w)
 
 /* Steps 2-3 of a drain once no admitted call is in flight: synchronize,
  * then acknowledge `epoch` (unless nothing could be synchronized). */
-static void sync_and_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoch, uint64_t t0)
+static void sync_and_ack(struct krex_slot *s, uint32_t epoch, uint64_t t0)
 {
     CUresult r = krex_sync_all(0);
     if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND) {
@@ -603,7 +291,7 @@ static void sync_and_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoc
     if (r != CUDA_SUCCESS)
         krex_log(KREX_LOG_WARN, "drain for epoch %u: synchronization returned %d; "
                  "acknowledging (a failed context runs no more work)", epoch, (int)r);
-    krex_gate_ack(g, s, epoch);
+    krex_gate_ack(s, epoch);
     uint64_t dt = krex_now_ns() - t0;
     atomic_store_explicit(&s->last_drain_ns, dt, memory_order_relaxed);
     krex_log(KREX_LOG_DEBUG, "drained for epoch %u in %llu ns", epoch, (unsigned long long)dt);
@@ -612,12 +300,12 @@ static void sync_and_ack(struct krex_gate *g, struct krex_slot *s, uint32_t epoc
 static void *drainer_main(void *arg)
 {
     struct krex_slot *s = arg;
-    struct krex_gate *g = krex_gate_p;
+    const struct krex_gate *g = krex_gate_p;
     for (;;) {
         /* seq before word (both seq_cst): a closure that this read of the
          * word misses bumps seq later, so the wait below returns. */
         uint32_t seen = atomic_load_explicit(&g->seq, memory_order_seq_cst);
-        uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
+        uint64_t w = krex_gate_load_word(g);
         uint32_t epoch = pending_epoch(s, w);
         if (epoch) {
             uint64_t t0 = krex_now_ns();
@@ -630,7 +318,7 @@ static void *drainer_main(void *arg)
              * exit and leaves the driver alone. */
             atomic_store_explicit(&drain_busy, 1, memory_order_seq_cst);
             if (!atomic_load_explicit(&exiting, memory_order_seq_cst))
-                sync_and_ack(g, s, epoch, t0); /* 2. work off the GPU, 3. ack */
+                sync_and_ack(s, epoch, t0); /* 2. work off the GPU, 3. ack */
             else
                 krex_log(KREX_LOG_DEBUG, "drain for epoch %u: exiting, synchronized at exit: "
                          "not acknowledging (pending until gone)", epoch);
@@ -715,7 +403,7 @@ void krex_leave_exiting(struct krex_slot *s)
         errno = saved;
         return;
     }
-    krex_gate_leave_exiting(krex_gate_p, s);
+    krex_gate_leave_exiting(s);
     errno = saved;
 }
 
@@ -750,7 +438,7 @@ static void drain_at_exit(void)
     struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
     if (!s || atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
         return;
-    struct krex_gate *g = krex_gate_p;
+    const struct krex_gate *g = krex_gate_p;
     int barrier = exiting_discipline_on();
     if (barrier == 0) {
         CUresult r = krex_sync_all(0);
@@ -766,12 +454,12 @@ static void drain_at_exit(void)
     /* Word, then the count (seq_cst): zero means every later call parks
      * (the drainer's own order); a call in flight leaves the closure to
      * the coordinator's liveness check. */
-    uint64_t w = atomic_load_explicit(&g->word, memory_order_seq_cst);
+    uint64_t w = krex_gate_load_word(krex_gate_p);
     uint32_t epoch = pending_epoch(s, w);
     if (epoch && (atomic_load_explicit(&s->inflight, memory_order_seq_cst) & KREX_INFLIGHT_COUNT))
         epoch = 0;
     if (epoch) {
-        sync_and_ack(g, s, epoch, krex_now_ns());
+        sync_and_ack(s, epoch, krex_now_ns());
     } else {
         CUresult r = krex_sync_all(0);
         if (r != CUDA_SUCCESS)
@@ -795,9 +483,9 @@ __attribute__((destructor)) static void drain_exit(void) { stop_drains(); }
 
 /* ---- fork ------------------------------------------------------------------ */
 
-void krex_drain_atfork_prepare(void) { pthread_mutex_lock(&track_mu); }
+void krex_drain_atfork_prepare(void) { krex_track_atfork_prepare(); }
 
-void krex_drain_atfork_parent(void) { pthread_mutex_unlock(&track_mu); }
+void krex_drain_atfork_parent(void) { krex_track_atfork_parent(); }
 
 void krex_drain_atfork_child(void)
 {
@@ -811,11 +499,5 @@ void krex_drain_atfork_child(void)
     atomic_store_explicit(&exiting, 0, memory_order_relaxed);
     atomic_store_explicit(&krex_exit_sync, 0, memory_order_relaxed);
     pthread_mutex_init(&sync_mu, NULL);
-    pthread_cond_init(&track_cv, NULL);
-    busy = busy_ctx = NULL;
-    atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
-    handles_clear(&ctxs);
-    handles_clear(&streams);
-    atomic_store_explicit(&captures, 0, memory_order_relaxed);
-    pthread_mutex_unlock(&track_mu);
+    krex_track_atfork_child();
 }

@@ -351,6 +351,7 @@ KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
 {
     KREX_BIND(cuArrayDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuArrayDestroy);
     CUresult krex_r = krex_real_fn(hArray);
     krex_leave(krex_s);
     return krex_r;
@@ -360,6 +361,7 @@ KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpoint
 {
     KREX_BIND(cuCheckpointProcessCheckpoint);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCheckpointProcessCheckpoint);
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
     return krex_r;
@@ -369,6 +371,7 @@ KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
 {
     KREX_BIND(cuCheckpointProcessRestore);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCheckpointProcessRestore);
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
     return krex_r;
@@ -378,6 +381,7 @@ KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
 {
     KREX_BIND(cuCtxAttach);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxAttach);
     CUresult krex_r = krex_real_fn(pctx, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -390,6 +394,7 @@ KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate);
         krex_check_device(dev);
         krex_r = krex_real_fn(pctx, flags, dev);
         krex_note_ctx_created(krex_r, pctx);
@@ -406,6 +411,7 @@ KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate_v2);
         krex_check_device(dev);
         krex_r = krex_real_fn(pctx, flags, dev);
         krex_note_ctx_created(krex_r, pctx);
@@ -422,6 +428,7 @@ KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate_v3);
         krex_check_device(dev);
         krex_r = krex_real_fn(pctx, paramsArray, numParams, flags, dev);
         krex_note_ctx_created(krex_r, pctx);
@@ -438,6 +445,7 @@ KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateP
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxCreate_v4);
         krex_check_device(dev);
         krex_r = krex_real_fn(pctx, ctxCreateParams, flags, dev);
         krex_note_ctx_created(krex_r, pctx);
@@ -451,6 +459,7 @@ KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
 {
     KREX_BIND(cuCtxDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxDestroy);
     krex_note_ctx_destroying(ctx);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
@@ -462,6 +471,7 @@ KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     KREX_BIND(cuCtxDestroy_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxDestroy_v2);
     krex_note_ctx_destroying(ctx);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
@@ -473,6 +483,7 @@ KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
 {
     KREX_BIND(cuCtxDetach);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxDetach);
     CUresult krex_r = krex_real_fn(ctx);
     krex_leave(krex_s);
     return krex_r;
@@ -482,6 +493,7 @@ KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
 {
     KREX_BIND(cuCtxFromGreenCtx);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxFromGreenCtx);
     CUresult krex_r = krex_real_fn(pContext, hCtx);
     krex_note_ctx_created(krex_r, pContext);
     krex_leave(krex_s);
@@ -492,6 +504,7 @@ KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
 {
     KREX_BIND(cuCtxPopCurrent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPopCurrent);
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
     return krex_r;
@@ -501,6 +514,7 @@ KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
 {
     KREX_BIND(cuCtxPopCurrent_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPopCurrent_v2);
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
     return krex_r;
@@ -510,6 +524,7 @@ KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
 {
     KREX_BIND(cuCtxPushCurrent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPushCurrent);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
@@ -520,6 +535,7 @@ KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     KREX_BIND(cuCtxPushCurrent_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPushCurrent_v2);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
@@ -530,6 +546,7 @@ KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
 {
     KREX_BIND(cuCtxRecordEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxRecordEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -539,6 +556,7 @@ KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
 {
     KREX_BIND(cuCtxResetPersistingL2Cache);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxResetPersistingL2Cache);
     CUresult krex_r = krex_real_fn();
     krex_leave(krex_s);
     return krex_r;
@@ -548,6 +566,7 @@ KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     KREX_BIND(cuCtxSetCurrent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxSetCurrent);
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
@@ -558,6 +577,7 @@ KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
 {
     KREX_BIND(cuCtxSetFlags);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxSetFlags);
     CUresult krex_r = krex_real_fn(flags);
     krex_leave(krex_s);
     return krex_r;
@@ -570,6 +590,7 @@ KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxSetLimit);
         krex_r = krex_real_fn(limit, value);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -581,6 +602,7 @@ KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
 {
     KREX_BIND(cuCtxWaitEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxWaitEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -590,6 +612,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRelease);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRelease);
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
     return krex_r;
@@ -599,6 +622,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxRelease_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRelease_v2);
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
     return krex_r;
@@ -608,6 +632,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxReset);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxReset);
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
@@ -618,6 +643,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     KREX_BIND(cuDevicePrimaryCtxReset_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxReset_v2);
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
@@ -631,6 +657,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRetain);
         krex_check_device(dev);
         krex_r = krex_real_fn(pctx, dev);
         krex_leave(krex_s);
@@ -643,6 +670,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
 {
     KREX_BIND(cuDevicePrimaryCtxSetFlags);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxSetFlags);
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -652,6 +680,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
 {
     KREX_BIND(cuDevicePrimaryCtxSetFlags_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxSetFlags_v2);
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -689,6 +718,7 @@ KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
     KREX_BIND(cuEventRecord);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecord);
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
@@ -699,6 +729,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsi
 {
     KREX_BIND(cuEventRecordWithFlags);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecordWithFlags);
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
@@ -709,6 +740,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
 {
     KREX_BIND(cuEventRecordWithFlags_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecordWithFlags_ptsz);
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
@@ -719,6 +751,7 @@ KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
 {
     KREX_BIND(cuEventRecord_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuEventRecord_ptsz);
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
@@ -732,6 +765,7 @@ KREX_HOOK CUresult cuFuncLoad(CUfunction function)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuFuncLoad);
         krex_r = krex_real_fn(function);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -786,6 +820,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgrap
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphInstantiateWithParams);
         krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -800,6 +835,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, C
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphInstantiateWithParams_ptsz);
         krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -826,6 +862,7 @@ KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphLaunch);
         krex_count_launch();
         krex_r = krex_real_fn(hGraph, hStream);
         krex_leave(krex_s);
@@ -841,6 +878,7 @@ KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphLaunch_ptsz);
         krex_count_launch();
         krex_r = krex_real_fn(hGraphExec, hStream);
         krex_leave(krex_s);
@@ -856,6 +894,7 @@ KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphUpload);
         krex_r = krex_real_fn(hGraph, hStream);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -870,6 +909,7 @@ KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphUpload_ptsz);
         krex_r = krex_real_fn(hGraphExec, hStream);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -881,6 +921,7 @@ KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource
 {
     KREX_BIND(cuGraphicsMapResources);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsMapResources);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -890,6 +931,7 @@ KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsRes
 {
     KREX_BIND(cuGraphicsMapResources_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsMapResources_ptsz);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -899,6 +941,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResour
 {
     KREX_BIND(cuGraphicsUnmapResources);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsUnmapResources);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -908,6 +951,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsR
 {
     KREX_BIND(cuGraphicsUnmapResources_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsUnmapResources_ptsz);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -920,6 +964,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxCreate);
         krex_check_device(dev);
         krex_r = krex_real_fn(phCtx, desc, dev, flags);
         krex_note_green_created(krex_r, phCtx);
@@ -933,6 +978,7 @@ KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
 {
     KREX_BIND(cuGreenCtxDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxDestroy);
     krex_note_green_destroying(hCtx);
     CUresult krex_r = krex_real_fn(hCtx);
     krex_leave(krex_s);
@@ -943,6 +989,7 @@ KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
     KREX_BIND(cuGreenCtxRecordEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxRecordEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -955,6 +1002,7 @@ KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxStreamCreate);
         krex_r = krex_real_fn(phStream, greenCtx, flags, priority);
         krex_note_stream_created(krex_r, phStream);
         krex_leave(krex_s);
@@ -967,6 +1015,7 @@ KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
 {
     KREX_BIND(cuGreenCtxWaitEvent);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxWaitEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
     return krex_r;
@@ -976,6 +1025,7 @@ KREX_HOOK CUresult cuInit(unsigned int Flags)
 {
     KREX_BIND(cuInit);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuInit);
     CUresult krex_r = krex_real_fn(Flags);
     krex_note_init(krex_r);
     krex_leave(krex_s);
@@ -989,6 +1039,7 @@ KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuKernelGetFunction);
         krex_r = krex_real_fn(pFunc, kernel);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1003,6 +1054,7 @@ KREX_HOOK CUresult cuLaunch(CUfunction f)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunch);
         krex_count_launch();
         krex_r = krex_real_fn(f);
         krex_leave(krex_s);
@@ -1018,6 +1070,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchCooperativeKernel);
         krex_count_launch();
         krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
         krex_leave(krex_s);
@@ -1033,6 +1086,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* laun
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchCooperativeKernelMultiDevice);
         krex_count_launch();
         krex_r = krex_real_fn(launchParamsList, numDevices, flags);
         krex_leave(krex_s);
@@ -1048,6 +1102,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gri
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchCooperativeKernel_ptsz);
         krex_count_launch();
         krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
         krex_leave(krex_s);
@@ -1063,6 +1118,7 @@ KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchGrid);
         krex_count_launch();
         krex_r = krex_real_fn(f, grid_width, grid_height);
         krex_leave(krex_s);
@@ -1078,6 +1134,7 @@ KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchGridAsync);
         krex_count_launch();
         krex_r = krex_real_fn(f, grid_width, grid_height, hStream);
         krex_leave(krex_s);
@@ -1090,6 +1147,7 @@ KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userDat
 {
     KREX_BIND(cuLaunchHostFunc);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchHostFunc);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
     return krex_r;
@@ -1099,6 +1157,7 @@ KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* us
 {
     KREX_BIND(cuLaunchHostFunc_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchHostFunc_ptsz);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
     return krex_r;
@@ -1111,6 +1170,7 @@ KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernel);
         krex_count_launch();
         krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
         krex_leave(krex_s);
@@ -1126,6 +1186,7 @@ KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, 
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernelEx);
         krex_count_launch();
         krex_r = krex_real_fn(config, f, kernelParams, extra);
         krex_leave(krex_s);
@@ -1141,6 +1202,7 @@ KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunctio
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream((krex_cfg_stream(config)), 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernelEx_ptsz);
         krex_count_launch();
         krex_r = krex_real_fn(config, f, kernelParams, extra);
         krex_leave(krex_s);
@@ -1156,6 +1218,7 @@ KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsi
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchKernel_ptsz);
         krex_count_launch();
         krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
         krex_leave(krex_s);
@@ -1171,6 +1234,7 @@ KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrar
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetGlobal);
         krex_r = krex_real_fn(dptr, bytes, library, name);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1185,6 +1249,7 @@ KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, cons
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetKernel);
         krex_r = krex_real_fn(pKernel, library, name);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1199,6 +1264,7 @@ KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibra
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetManaged);
         krex_r = krex_real_fn(dptr, bytes, library, name);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1213,6 +1279,7 @@ KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetModule);
         krex_r = krex_real_fn(pMod, library);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1227,6 +1294,7 @@ KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, c
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryGetUnifiedFunction);
         krex_r = krex_real_fn(fptr, library, symbol);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1241,6 +1309,7 @@ KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryLoadData);
         krex_r = krex_real_fn(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1255,6 +1324,7 @@ KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileNam
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryLoadFromFile);
         krex_r = krex_real_fn(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -1266,6 +1336,7 @@ KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
 {
     KREX_BIND(cuLibraryUnload);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryUnload);
     CUresult krex_r = krex_real_fn(library);
     krex_leave(krex_s);
     return krex_r;
@@ -1275,6 +1346,7 @@ KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* d
 {
     KREX_BIND(cuLinkAddData);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddData);
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -1284,6 +1356,7 @@ KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void
 {
     KREX_BIND(cuLinkAddData_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddData_v2);
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -1293,6 +1366,7 @@ KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const c
 {
     KREX_BIND(cuLinkAddFile);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddFile);
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -1302,6 +1376,7 @@ KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, cons
 {
     KREX_BIND(cuLinkAddFile_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddFile_v2);
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
     return krex_r;
@@ -1311,6 +1386,7 @@ KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* si
 {
     KREX_BIND(cuLinkComplete);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkComplete);
     CUresult krex_r = krex_real_fn(state, cubinOut, sizeOut);
     krex_leave(krex_s);
     return krex_r;
@@ -1320,6 +1396,7 @@ KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, 
 {
     KREX_BIND(cuLinkCreate);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkCreate);
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
     return krex_r;
@@ -1329,6 +1406,7 @@ KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* option
 {
     KREX_BIND(cuLinkCreate_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkCreate_v2);
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
     return krex_r;
@@ -1338,6 +1416,7 @@ KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
 {
     KREX_BIND(cuLinkDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkDestroy);
     CUresult krex_r = krex_real_fn(state);
     krex_leave(krex_s);
     return krex_r;
@@ -1363,6 +1442,7 @@ KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream 
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocAsync);
         krex_r = krex_real_fn(dptr, bytesize, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1378,6 +1458,7 @@ KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUst
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocAsync_ptsz);
         krex_r = krex_real_fn(dptr, bytesize, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1393,6 +1474,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, C
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocFromPoolAsync);
         krex_r = krex_real_fn(dptr, bytesize, pool, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1408,6 +1490,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesi
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocFromPoolAsync_ptsz);
         krex_r = krex_real_fn(dptr, bytesize, pool, hStream);
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
@@ -1496,6 +1579,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray,
 {
     KREX_BIND(cuMemBatchDecompressAsync);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemBatchDecompressAsync);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -1505,6 +1589,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsA
 {
     KREX_BIND(cuMemBatchDecompressAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemBatchDecompressAsync_ptsz);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -1527,6 +1612,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t*
 {
     KREX_BIND(cuMemDiscardAndPrefetchBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardAndPrefetchBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1536,6 +1622,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, si
 {
     KREX_BIND(cuMemDiscardAndPrefetchBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardAndPrefetchBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1545,6 +1632,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, siz
 {
     KREX_BIND(cuMemDiscardBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1554,6 +1642,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes
 {
     KREX_BIND(cuMemDiscardBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1563,6 +1652,7 @@ KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     KREX_BIND(cuMemFree);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFree);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1574,6 +1664,7 @@ KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     KREX_BIND(cuMemFreeAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeAsync);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1585,6 +1676,7 @@ KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     KREX_BIND(cuMemFreeAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeAsync_ptsz);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1596,6 +1688,7 @@ KREX_HOOK CUresult cuMemFreeHost(void* p)
 {
     KREX_BIND(cuMemFreeHost);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeHost);
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
     return krex_r;
@@ -1605,6 +1698,7 @@ KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     KREX_BIND(cuMemFree_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFree_v2);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
@@ -1652,6 +1746,7 @@ KREX_HOOK CUresult cuMemHostUnregister(void* p)
 {
     KREX_BIND(cuMemHostUnregister);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemHostUnregister);
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
     return krex_r;
@@ -1673,6 +1768,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int 
 {
     KREX_BIND(cuMemMapArrayAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemMapArrayAsync);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1682,6 +1778,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned
 {
     KREX_BIND(cuMemMapArrayAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemMapArrayAsync_ptsz);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1703,6 +1800,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice
 {
     KREX_BIND(cuMemPrefetchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1712,6 +1810,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUd
 {
     KREX_BIND(cuMemPrefetchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_ptsz);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1721,6 +1820,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmem
 {
     KREX_BIND(cuMemPrefetchAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_v2);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1730,6 +1830,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, 
 {
     KREX_BIND(cuMemPrefetchAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1739,6 +1840,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, si
 {
     KREX_BIND(cuMemPrefetchBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1748,6 +1850,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* size
 {
     KREX_BIND(cuMemPrefetchBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1766,6 +1869,7 @@ KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 {
     KREX_BIND(cuMemSetAccess);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemSetAccess);
     CUresult krex_r = krex_real_fn(ptr, size, desc, count);
     krex_leave(krex_s);
     return krex_r;
@@ -1775,6 +1879,7 @@ KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     KREX_BIND(cuMemUnmap);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemUnmap);
     CUresult krex_r = krex_real_fn(ptr, size);
     krex_leave(krex_s);
     return krex_r;
@@ -1784,6 +1889,7 @@ KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
     KREX_BIND(cuMemcpy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -1793,6 +1899,7 @@ KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
 {
     KREX_BIND(cuMemcpy2D);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1802,6 +1909,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy2DAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1811,6 +1919,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy2DAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync_v2);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1820,6 +1929,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream 
 {
     KREX_BIND(cuMemcpy2DAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1829,6 +1939,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
 {
     KREX_BIND(cuMemcpy2DUnaligned);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1838,6 +1949,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2DUnaligned_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1847,6 +1959,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2DUnaligned_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1856,6 +1969,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2D_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1865,6 +1979,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
 {
     KREX_BIND(cuMemcpy2D_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1874,6 +1989,7 @@ KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
 {
     KREX_BIND(cuMemcpy3D);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1883,6 +1999,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy3DAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1892,6 +2009,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStre
 {
     KREX_BIND(cuMemcpy3DAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync_v2);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1901,6 +2019,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream 
 {
     KREX_BIND(cuMemcpy3DAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1910,6 +2029,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* o
 {
     KREX_BIND(cuMemcpy3DBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1919,6 +2039,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_
 {
     KREX_BIND(cuMemcpy3DBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1928,6 +2049,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP
 {
     KREX_BIND(cuMemcpy3DBatchAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_v2);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1937,6 +2059,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BAT
 {
     KREX_BIND(cuMemcpy3DBatchAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1946,6 +2069,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
 {
     KREX_BIND(cuMemcpy3DPeer);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeer);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1955,6 +2079,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream
 {
     KREX_BIND(cuMemcpy3DPeerAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeerAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1964,6 +2089,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUs
 {
     KREX_BIND(cuMemcpy3DPeerAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeerAsync_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -1973,6 +2099,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
 {
     KREX_BIND(cuMemcpy3DPeer_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeer_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1982,6 +2109,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
 {
     KREX_BIND(cuMemcpy3D_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -1991,6 +2119,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
 {
     KREX_BIND(cuMemcpy3D_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
     return krex_r;
@@ -2000,6 +2129,7 @@ KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
 {
     KREX_BIND(cuMemcpyAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAsync);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2009,6 +2139,7 @@ KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
 {
     KREX_BIND(cuMemcpyAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAsync_ptsz);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2018,6 +2149,7 @@ KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarra
 {
     KREX_BIND(cuMemcpyAtoA);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2027,6 +2159,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray s
 {
     KREX_BIND(cuMemcpyAtoA_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2036,6 +2169,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUar
 {
     KREX_BIND(cuMemcpyAtoA_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2045,6 +2179,7 @@ KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsi
 {
     KREX_BIND(cuMemcpyAtoD);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2054,6 +2189,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size
 {
     KREX_BIND(cuMemcpyAtoD_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2063,6 +2199,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
 {
     KREX_BIND(cuMemcpyAtoD_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2072,6 +2209,7 @@ KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int sr
 {
     KREX_BIND(cuMemcpyAtoH);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2081,6 +2219,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned i
 {
     KREX_BIND(cuMemcpyAtoHAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2090,6 +2229,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t 
 {
     KREX_BIND(cuMemcpyAtoHAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2099,6 +2239,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, si
 {
     KREX_BIND(cuMemcpyAtoHAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2108,6 +2249,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOf
 {
     KREX_BIND(cuMemcpyAtoH_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2117,6 +2259,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t 
 {
     KREX_BIND(cuMemcpyAtoH_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH_v2_ptds);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2126,6 +2269,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size
 {
     KREX_BIND(cuMemcpyBatchAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2135,6 +2279,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs,
 {
     KREX_BIND(cuMemcpyBatchAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2144,6 +2289,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, s
 {
     KREX_BIND(cuMemcpyBatchAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_v2);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2153,6 +2299,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* sr
 {
     KREX_BIND(cuMemcpyBatchAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2162,6 +2309,7 @@ KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdevi
 {
     KREX_BIND(cuMemcpyDtoA);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2171,6 +2319,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdevicep
 {
     KREX_BIND(cuMemcpyDtoA_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2180,6 +2329,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUde
 {
     KREX_BIND(cuMemcpyDtoA_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2189,6 +2339,7 @@ KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevi
 {
     KREX_BIND(cuMemcpyDtoD);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2198,6 +2349,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 sr
 {
     KREX_BIND(cuMemcpyDtoDAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2207,6 +2359,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
 {
     KREX_BIND(cuMemcpyDtoDAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2216,6 +2369,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr 
 {
     KREX_BIND(cuMemcpyDtoDAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2225,6 +2379,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 {
     KREX_BIND(cuMemcpyDtoD_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2234,6 +2389,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDe
 {
     KREX_BIND(cuMemcpyDtoD_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2243,6 +2399,7 @@ KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigne
 {
     KREX_BIND(cuMemcpyDtoH);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2252,6 +2409,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, un
 {
     KREX_BIND(cuMemcpyDtoHAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2261,6 +2419,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, si
 {
     KREX_BIND(cuMemcpyDtoHAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2270,6 +2429,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevic
 {
     KREX_BIND(cuMemcpyDtoHAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2279,6 +2439,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t 
 {
     KREX_BIND(cuMemcpyDtoH_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2288,6 +2449,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, si
 {
     KREX_BIND(cuMemcpyDtoH_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH_v2_ptds);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2297,6 +2459,7 @@ KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const 
 {
     KREX_BIND(cuMemcpyHtoA);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2306,6 +2469,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, c
 {
     KREX_BIND(cuMemcpyHtoAAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2315,6 +2479,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, cons
 {
     KREX_BIND(cuMemcpyHtoAAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2324,6 +2489,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset,
 {
     KREX_BIND(cuMemcpyHtoAAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2333,6 +2499,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const voi
 {
     KREX_BIND(cuMemcpyHtoA_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2342,6 +2509,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, cons
 {
     KREX_BIND(cuMemcpyHtoA_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2351,6 +2519,7 @@ KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, u
 {
     KREX_BIND(cuMemcpyHtoD);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2360,6 +2529,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHo
 {
     KREX_BIND(cuMemcpyHtoDAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2369,6 +2539,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHo
 {
     KREX_BIND(cuMemcpyHtoDAsync_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2378,6 +2549,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* 
 {
     KREX_BIND(cuMemcpyHtoDAsync_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2387,6 +2559,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, s
 {
     KREX_BIND(cuMemcpyHtoD_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2396,6 +2569,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHo
 {
     KREX_BIND(cuMemcpyHtoD_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2405,6 +2579,7 @@ KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUd
 {
     KREX_BIND(cuMemcpyPeer);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeer);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2414,6 +2589,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext
 {
     KREX_BIND(cuMemcpyPeerAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeerAsync);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2423,6 +2599,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstCo
 {
     KREX_BIND(cuMemcpyPeerAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeerAsync_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2432,6 +2609,7 @@ KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext
 {
     KREX_BIND(cuMemcpyPeer_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeer_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2441,6 +2619,7 @@ KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
 {
     KREX_BIND(cuMemcpy_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy_ptds);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
     return krex_r;
@@ -2450,6 +2629,7 @@ KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsi
 {
     KREX_BIND(cuMemsetD16);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2459,6 +2639,7 @@ KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, si
 {
     KREX_BIND(cuMemsetD16Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16Async);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2468,6 +2649,7 @@ KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short u
 {
     KREX_BIND(cuMemsetD16Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2477,6 +2659,7 @@ KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size
 {
     KREX_BIND(cuMemsetD16_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16_v2);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2486,6 +2669,7 @@ KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us,
 {
     KREX_BIND(cuMemsetD16_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2495,6 +2679,7 @@ KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
 {
     KREX_BIND(cuMemsetD2D16);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2504,6 +2689,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, un
 {
     KREX_BIND(cuMemsetD2D16Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2513,6 +2699,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
 {
     KREX_BIND(cuMemsetD2D16Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2522,6 +2709,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
 {
     KREX_BIND(cuMemsetD2D16_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2531,6 +2719,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
 {
     KREX_BIND(cuMemsetD2D16_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2540,6 +2729,7 @@ KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
 {
     KREX_BIND(cuMemsetD2D32);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2549,6 +2739,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, un
 {
     KREX_BIND(cuMemsetD2D32Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2558,6 +2749,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
 {
     KREX_BIND(cuMemsetD2D32Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2567,6 +2759,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
 {
     KREX_BIND(cuMemsetD2D32_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2576,6 +2769,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
 {
     KREX_BIND(cuMemsetD2D32_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2585,6 +2779,7 @@ KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch,
 {
     KREX_BIND(cuMemsetD2D8);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2594,6 +2789,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, uns
 {
     KREX_BIND(cuMemsetD2D8Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2603,6 +2799,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch
 {
     KREX_BIND(cuMemsetD2D8Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2612,6 +2809,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsig
 {
     KREX_BIND(cuMemsetD2D8_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2621,6 +2819,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, 
 {
     KREX_BIND(cuMemsetD2D8_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
     return krex_r;
@@ -2630,6 +2829,7 @@ KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsign
 {
     KREX_BIND(cuMemsetD32);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2639,6 +2839,7 @@ KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size
 {
     KREX_BIND(cuMemsetD32Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32Async);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2648,6 +2849,7 @@ KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui,
 {
     KREX_BIND(cuMemsetD32Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2657,6 +2859,7 @@ KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t
 {
     KREX_BIND(cuMemsetD32_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32_v2);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2666,6 +2869,7 @@ KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, s
 {
     KREX_BIND(cuMemsetD32_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2675,6 +2879,7 @@ KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsign
 {
     KREX_BIND(cuMemsetD8);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2684,6 +2889,7 @@ KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
 {
     KREX_BIND(cuMemsetD8Async);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8Async);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2693,6 +2899,7 @@ KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
 {
     KREX_BIND(cuMemsetD8Async_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
     return krex_r;
@@ -2702,6 +2909,7 @@ KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t
 {
     KREX_BIND(cuMemsetD8_v2);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8_v2);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2711,6 +2919,7 @@ KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, s
 {
     KREX_BIND(cuMemsetD8_v2_ptds);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
     return krex_r;
@@ -2732,6 +2941,7 @@ KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
     KREX_BIND(cuMipmappedArrayDestroy);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMipmappedArrayDestroy);
     CUresult krex_r = krex_real_fn(hMipmappedArray);
     krex_leave(krex_s);
     return krex_r;
@@ -2744,6 +2954,7 @@ KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetFunction);
         krex_r = krex_real_fn(hfunc, hmod, name);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -2758,6 +2969,7 @@ KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, 
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetGlobal);
         krex_r = krex_real_fn(dptr, bytes, hmod, name);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -2772,6 +2984,7 @@ KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodu
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetGlobal_v2);
         krex_r = krex_real_fn(dptr, bytes, hmod, name);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -2783,6 +2996,7 @@ KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const 
 {
     KREX_BIND(cuModuleGetSurfRef);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetSurfRef);
     CUresult krex_r = krex_real_fn(pSurfRef, hmod, name);
     krex_leave(krex_s);
     return krex_r;
@@ -2792,6 +3006,7 @@ KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const cha
 {
     KREX_BIND(cuModuleGetTexRef);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetTexRef);
     CUresult krex_r = krex_real_fn(pTexRef, hmod, name);
     krex_leave(krex_s);
     return krex_r;
@@ -2804,6 +3019,7 @@ KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoad);
         krex_r = krex_real_fn(module, fname);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -2818,6 +3034,7 @@ KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoadData);
         krex_r = krex_real_fn(module, image);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -2832,6 +3049,7 @@ KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoadDataEx);
         krex_r = krex_real_fn(module, image, numOptions, options, optionValues);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -2846,6 +3064,7 @@ KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
     CUresult krex_r;
     do {
         struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleLoadFatBinary);
         krex_r = krex_real_fn(module, fatCubin);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
@@ -2857,6 +3076,7 @@ KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
 {
     KREX_BIND(cuModuleUnload);
     struct krex_slot *krex_s = krex_enter();
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleUnload);
     CUresult krex_r = krex_real_fn(hmod);
     krex_leave(krex_s);
     return krex_r;
@@ -2866,6 +3086,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* ex
 {
     KREX_BIND(cuSignalExternalSemaphoresAsync);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuSignalExternalSemaphoresAsync);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -2875,6 +3096,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphor
 {
     KREX_BIND(cuSignalExternalSemaphoresAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuSignalExternalSemaphoresAsync_ptsz);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -2884,6 +3106,7 @@ KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callba
 {
     KREX_BIND(cuStreamAddCallback);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAddCallback);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2893,6 +3116,7 @@ KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback c
 {
     KREX_BIND(cuStreamAddCallback_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAddCallback_ptsz);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2902,6 +3126,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, si
 {
     KREX_BIND(cuStreamAttachMemAsync);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAttachMemAsync);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2911,6 +3136,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dpt
 {
     KREX_BIND(cuStreamAttachMemAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAttachMemAsync_ptsz);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2920,6 +3146,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstr
 {
     KREX_BIND(cuStreamBatchMemOp);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2929,6 +3156,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, 
 {
     KREX_BIND(cuStreamBatchMemOp_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_ptsz);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2938,6 +3166,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CU
 {
     KREX_BIND(cuStreamBatchMemOp_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_v2);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2947,6 +3176,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int coun
 {
     KREX_BIND(cuStreamBatchMemOp_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -2956,6 +3186,7 @@ KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
 {
     KREX_BIND(cuStreamBeginCapture);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture);
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2966,6 +3197,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
 {
     KREX_BIND(cuStreamBeginCaptureToGraph);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCaptureToGraph);
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2976,6 +3208,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
 {
     KREX_BIND(cuStreamBeginCaptureToGraph_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCaptureToGraph_ptsz);
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2986,6 +3219,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
 {
     KREX_BIND(cuStreamBeginCapture_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_ptsz);
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -2996,6 +3230,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
 {
     KREX_BIND(cuStreamBeginCapture_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_v2);
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -3006,6 +3241,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptur
 {
     KREX_BIND(cuStreamBeginCapture_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_v2_ptsz);
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -3057,6 +3293,7 @@ KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
 KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
 {
     KREX_BIND(cuStreamEndCapture);
+    krex_capture_end_begin();
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
     return krex_r;
@@ -3065,6 +3302,7 @@ KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
 KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
 {
     KREX_BIND(cuStreamEndCapture_ptsz);
+    krex_capture_end_begin();
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
     return krex_r;
@@ -3074,6 +3312,7 @@ KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned 
 {
     KREX_BIND(cuStreamWaitEvent);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitEvent);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3083,6 +3322,7 @@ KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsi
 {
     KREX_BIND(cuStreamWaitEvent_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitEvent_ptsz);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3092,6 +3332,7 @@ KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint
 {
     KREX_BIND(cuStreamWaitValue32);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3101,6 +3342,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, c
 {
     KREX_BIND(cuStreamWaitValue32_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3110,6 +3352,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuu
 {
     KREX_BIND(cuStreamWaitValue32_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3119,6 +3362,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr
 {
     KREX_BIND(cuStreamWaitValue32_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3128,6 +3372,7 @@ KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint
 {
     KREX_BIND(cuStreamWaitValue64);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3137,6 +3382,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, c
 {
     KREX_BIND(cuStreamWaitValue64_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3146,6 +3392,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuu
 {
     KREX_BIND(cuStreamWaitValue64_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3155,6 +3402,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr
 {
     KREX_BIND(cuStreamWaitValue64_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3164,6 +3412,7 @@ KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuin
 {
     KREX_BIND(cuStreamWriteValue32);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3173,6 +3422,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, 
 {
     KREX_BIND(cuStreamWriteValue32_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3182,6 +3432,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
 {
     KREX_BIND(cuStreamWriteValue32_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3191,6 +3442,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr add
 {
     KREX_BIND(cuStreamWriteValue32_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3200,6 +3452,7 @@ KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuin
 {
     KREX_BIND(cuStreamWriteValue64);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3209,6 +3462,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, 
 {
     KREX_BIND(cuStreamWriteValue64_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3218,6 +3472,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cu
 {
     KREX_BIND(cuStreamWriteValue64_v2);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3227,6 +3482,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr add
 {
     KREX_BIND(cuStreamWriteValue64_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
     return krex_r;
@@ -3236,6 +3492,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extS
 {
     KREX_BIND(cuWaitExternalSemaphoresAsync);
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuWaitExternalSemaphoresAsync);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;
@@ -3245,6 +3502,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore*
 {
     KREX_BIND(cuWaitExternalSemaphoresAsync_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
+    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuWaitExternalSemaphoresAsync_ptsz);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
     return krex_r;

@@ -7,8 +7,9 @@
  * cuMemAllocPitch*, cuMemAllocManaged, cuMemAlloc[FromPool]Async*,
  * cuMemCreate with a device location) is recorded by address (or handle)
  * with its size; frees look the size up.  The process's total is published
- * in its gate slot as `mem_mib`, which krexd reads where NVML gives no
- * per-process figure and which sibling shims read to tell their own
+ * in its slot as `mem_mib`, which krexd reads where NVML gives no
+ * per-process figure and summarizes per tenant in the gate (krexd alone
+ * writes the gate), where sibling shims read it to tell their own
  * out-of-memory errors from their co-tenants'.  Memory freed implicitly
  * (a context destroyed with allocations alive, a pool keeping freed
  * blocks) is not seen: the figure is the program's live allocations.
@@ -30,7 +31,9 @@
  *
  * A wait sets the slot's KREX_OOM_WAITING bit (krexd admits nothing to
  * the GPU meanwhile), then retries the allocation after every free on the
- * GPU (futex on the gate's mem_seq) and at least every 20 ms (a co-tenant
+ * GPU (a free bumps the tenant's own mem_seq; krexd's audit, every few ms,
+ * relays it to the gate's mem_seq, the futex waited on) and at least every
+ * 20 ms (a co-tenant
  * that exits frees its memory without a call), for at most oom_wait_s
  * (env KREX_OOM_WAIT_S, set by krexd).  The candidate never sees an error
  * its co-tenants caused unless that time runs out; then the error is
@@ -231,16 +234,12 @@ static uint64_t note_take(struct table *t, uint64_t key)
     return bytes;
 }
 
-static void futex_wake_all(_Atomic uint32_t *addr)
+static void futex_wait_ns(const _Atomic uint32_t *addr, uint32_t expected, uint64_t ns)
 {
-    /* Shared (non-PRIVATE) futex: the gate is a MAP_SHARED file mapping. */
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-static void futex_wait_ns(_Atomic uint32_t *addr, uint32_t expected, uint64_t ns)
-{
+    /* Shared (non-PRIVATE) futex on the gate's read-only MAP_SHARED
+     * mapping (a wait only reads the word). */
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0);
+    syscall(SYS_futex, (const uint32_t *)addr, FUTEX_WAIT, expected, &ts, NULL, 0);
 }
 
 static void note_gone(struct table *t, CUresult r, uint64_t key, uint64_t bytes)
@@ -261,15 +260,10 @@ static void note_gone(struct table *t, CUresult r, uint64_t key, uint64_t bytes)
         publish_locked();
         pthread_mutex_unlock(&mu);
     }
-    /* Wake allocations waiting for memory.  seq_cst increment, then a
-     * seq_cst read of the waiter count; a waiter increments the count and
-     * then reads mem_seq (seq_cst both, krex_oom_retry): either it reads
-     * the new mem_seq and retries at once, or we see it counted and wake
-     * it. */
-    struct krex_gate *g = krex_gate_p;
-    atomic_fetch_add_explicit(&g->mem_seq, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&g->mem_waiters, memory_order_seq_cst) != 0)
-        futex_wake_all(&g->mem_seq);
+    /* Tell krexd, which relays it to every waiting co-tenant (the gate's
+     * mem_seq).  Relaxed: it only triggers a wake-up; the waiters re-read
+     * the summary and retry the allocation. */
+    atomic_fetch_add_explicit(&krex_tmem_p->mem_seq, 1, memory_order_relaxed);
 }
 
 void krex_mem_alloced(CUresult r, CUdeviceptr ptr, uint64_t bytes)
@@ -330,40 +324,37 @@ static int alive(int32_t pid)
 
 static void scan_gate(struct scan *sc, struct krex_slot *mine)
 {
-    struct krex_gate *g = krex_gate_p;
+    const struct krex_gate *g = krex_gate_p;
     memset(sc, 0, sizeof *sc);
     pthread_mutex_lock(&mu);
     sc->own_bytes = proc_bytes;
     pthread_mutex_unlock(&mu);
-    uint32_t n = g->nslots < KREX_GATE_MAX_SLOTS ? g->nslots : KREX_GATE_MAX_SLOTS;
-    for (uint32_t i = 0; i < n; i++) {
-        struct krex_slot *s = &g->slots[i];
-        /* Acquire: the owner's tenant was published by its seq_cst ACTIVE
-         * CAS (the pid is in the word).  The memory fields are hints
-         * (relaxed).  An EXITING process still holds its memory. */
+    /* This tenant's other processes: its own slot memory. */
+    for (uint32_t i = 0; i < KREX_TENANT_SLOTS; i++) {
+        struct krex_slot *s = &krex_tmem_p->slots[i];
+        /* Acquire: the owner's fields were published by its seq_cst
+         * ACTIVE CAS.  The memory fields are hints (relaxed).  An EXITING
+         * process still holds its memory. */
         uint64_t o = s == mine ? 0 : atomic_load_explicit(&s->owner, memory_order_acquire);
         uint32_t st = krex_owner_state(o);
-        if (st != KREX_SLOT_ACTIVE && st != KREX_SLOT_EXITING)
+        if ((st != KREX_SLOT_ACTIVE && st != KREX_SLOT_EXITING) || !alive(krex_owner_pid(o)))
             continue;
-        uint32_t tenant = atomic_load_explicit(&s->tenant, memory_order_relaxed);
-        uint64_t mib = atomic_load_explicit(&s->mem_mib, memory_order_relaxed);
-        uint32_t oom = atomic_load_explicit(&s->oom, memory_order_relaxed);
-        if (!alive(krex_owner_pid(o)))
+        sc->own_bytes += (uint64_t)atomic_load_explicit(&s->mem_mib, memory_order_relaxed) * MIB;
+    }
+    /* Other tenants: krexd's summary in the gate (relaxed: hints krexd
+     * rewrites every few ms; the bound is the constant, not the header). */
+    for (uint32_t i = 0; i < KREX_GATE_MAX_TENANTS; i++) {
+        const struct krex_gate_tenant *row = &g->tenants[i];
+        uint32_t tenant = atomic_load_explicit(&row->tenant, memory_order_relaxed);
+        if (tenant == 0 || tenant == krex_tenant)
             continue;
-        if (tenant == krex_tenant) {
-            sc->own_bytes += mib * MIB;
-            continue;
-        }
-        sc->others++;
-        sc->other_mib += mib;
-        if (mib) {
-            sc->holding++;
-            if (oom & KREX_OOM_WAITING) {
-                sc->holding_waiting++;
-                if (tenant > sc->max_waiting_tenant)
-                    sc->max_waiting_tenant = tenant;
-            }
-        }
+        uint32_t waiting = atomic_load_explicit(&row->holding_waiting, memory_order_relaxed);
+        sc->others += atomic_load_explicit(&row->procs, memory_order_relaxed);
+        sc->other_mib += atomic_load_explicit(&row->mem_mib, memory_order_relaxed);
+        sc->holding += atomic_load_explicit(&row->holding, memory_order_relaxed);
+        sc->holding_waiting += waiting;
+        if (waiting && tenant > sc->max_waiting_tenant)
+            sc->max_waiting_tenant = tenant;
     }
 }
 
@@ -376,6 +367,21 @@ static uint64_t device_total(void)
     return (uint64_t)total;
 }
 
+/* Wait until krexd has audited the gate twice since now (at most 50 ms):
+ * the summary read next was made after this call began. */
+static void fresh_summary(const struct krex_gate *g)
+{
+    uint32_t start = atomic_load_explicit(&g->audit_seq, memory_order_seq_cst);
+    uint64_t deadline = krex_now_ns() + 50000000ull;
+    for (;;) {
+        uint32_t cur = atomic_load_explicit(&g->audit_seq, memory_order_seq_cst);
+        uint64_t now = krex_now_ns();
+        if ((uint32_t)(cur - start) >= 2 || now >= deadline)
+            return;
+        futex_wait_ns(&g->audit_seq, cur, deadline - now);
+    }
+}
+
 /* KREX_OOM_NONE: co-tenants' memory, wait for it; else why to return now. */
 static enum krex_oom_reason judge(const struct scan *sc, uint64_t bytes, int first)
 {
@@ -384,8 +390,7 @@ static enum krex_oom_reason judge(const struct scan *sc, uint64_t bytes, int fir
         return KREX_OOM_TOO_LARGE;
     if (sc->others == 0)
         return KREX_OOM_ALONE;
-    /* seq_cst like every read of the gate word. */
-    uint64_t w = atomic_load_explicit(&krex_gate_p->word, memory_order_seq_cst);
+    uint64_t w = krex_gate_load_word(krex_gate_p);
     if (w != 0 && krex_gate_holder(w) == krex_tenant)
         return KREX_OOM_IN_REGION;
     if (krex_depth)
@@ -464,7 +469,6 @@ static void stop_waiting(struct krex_oom *o, int ev, enum krex_oom_reason why)
     if (o->waiting) {
         o->waiting = 0;
         atomic_fetch_sub_explicit(&nwaiting, 1, memory_order_seq_cst);
-        atomic_fetch_sub_explicit(&krex_gate_p->mem_waiters, 1, memory_order_seq_cst);
     }
     oom_record(ev, why);
 }
@@ -486,7 +490,7 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
         return 0; /* ungated or not registered: nothing to judge by */
     int saved = errno;
     pthread_once(&cfg_once, read_config);
-    struct krex_gate *g = krex_gate_p;
+    const struct krex_gate *g = krex_gate_p;
     unsigned long long mib = (unsigned long long)((bytes + MIB - 1) / MIB);
     char what[48]; /* "for 300 MiB", or a call that needs memory of unknown size */
     if (bytes)
@@ -496,6 +500,13 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
     struct scan sc;
     scan_gate(&sc, mine);
     enum krex_oom_reason why = judge(&sc, bytes, !o->waiting);
+    if (why == KREX_OOM_ALONE && !o->waiting) {
+        /* krexd's summary may predate a co-tenant's first allocation: judge
+         * again on a summary made after this failure. */
+        fresh_summary(g);
+        scan_gate(&sc, mine);
+        why = judge(&sc, bytes, 1);
+    }
     uint64_t now = krex_now_ns();
     if (why == KREX_OOM_NONE && o->waiting && now >= o->deadline_ns) {
         why = KREX_OOM_TIMEOUT;
@@ -518,8 +529,6 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
         o->start_ns = now;
         o->deadline_ns = now + oom_wait_ns;
         o->sleep_ns = FIRST_SLEEP_NS;
-        /* Count, then read mem_seq (seq_cst both): see note_gone(). */
-        atomic_fetch_add_explicit(&g->mem_waiters, 1, memory_order_seq_cst);
         atomic_fetch_add_explicit(&nwaiting, 1, memory_order_seq_cst);
         oom_record(EV_NONE, KREX_OOM_NONE);
         krex_log(KREX_LOG_INFO, "out of memory %s while %u co-tenant process(es) hold "

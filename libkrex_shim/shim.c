@@ -4,25 +4,41 @@
  * protocol, fork handling, memory accounting and logging.
  *
  * Environment (docs/design/interfaces.md): KREX_GATE (gate file) and
- * KREX_TENANT (tenant id) turn gating on; without them, or when the gate
- * cannot be mapped, every hook is a pure pass-through.  KREX_SHIM_LOG =
- * debug|info|warn|error sets the stderr log level (default warn).
+ * KREX_TENANT (tenant id) turn gating on; KREX_SLOTS_FD (an inherited fd)
+ * or KREX_SLOTS (a path, /proc/<launcher>/fd/<n>) name the tenant's slot
+ * memory.  Without KREX_GATE every hook is a pure pass-through (not under
+ * krex).  Under krex, a process that cannot be
+ * drained — gate or slot memory unusable, no free slot, no drainer — fails
+ * closed: every gated call returns CUDA_ERROR_NOT_PERMITTED with one error
+ * line saying why (krex_refused), never a silent pass-through.
+ * KREX_SHIM_LOG = debug|info|warn|error sets the stderr log level
+ * (default warn).
  */
 #include "shim.h"
+#include "testhook.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 int krex_log_level = KREX_LOG_WARN;
 _Atomic int krex_mode = KREX_MODE_UNINIT;
-struct krex_gate *krex_gate_p;
+const struct krex_gate *krex_gate_p;
+struct krex_tenant_mem *krex_tmem_p;
 uint32_t krex_tenant;
+/* This image's identity for krexd (krex_slot.image, .pidns), set at init. */
+static uint64_t my_image, my_pidns;
+/* Why this process refuses GPU work (mode REFUSE), for krex_refused(). */
+static char refuse_why[256];
 _Atomic(struct krex_slot *) krex_slot_p;
 _Atomic uint64_t krex_launches;
 __thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
@@ -110,6 +126,135 @@ static int parse_level(const char *s)
     return KREX_LOG_WARN;
 }
 
+/* Fail closed: every later gated call returns CUDA_ERROR_NOT_PERMITTED,
+ * and the first says why.  Called before the mode is published (init) or
+ * under reg_mu (registration). */
+static int refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int refuse(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(refuse_why, sizeof refuse_why, fmt, ap);
+    va_end(ap);
+    return KREX_MODE_REFUSE;
+}
+
+CUresult krex_refused(int idx)
+{
+    static _Atomic int said;
+    /* Relaxed: only decides who prints the one line. */
+    if (!atomic_exchange_explicit(&said, 1, memory_order_relaxed))
+        krex_log(KREX_LOG_ERROR,
+                 "GPU work refused (%s failed): %s; krex cannot drain this process, so it may "
+                 "not use the GPU beside other tenants",
+                 krex_ep_desc[idx].name, refuse_why);
+    return CUDA_ERROR_NOT_PERMITTED;
+}
+
+/* The executable mapping that holds this function, as krex_slot.image
+ * (start | pages): krexd finds it in /proc/<pid>/map_files while this
+ * image lives; a program exec'd without the shim does not have it. */
+static uint64_t image_token(void)
+{
+    uintptr_t here = (uintptr_t)&image_token;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return 0;
+    char line[512];
+    uint64_t token = 0;
+    while (fgets(line, sizeof line, f)) {
+        uintptr_t lo, hi;
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2 && lo <= here && here < hi) {
+            uint64_t pages = (uint64_t)(hi - lo) >> 12;
+            if (pages <= KREX_IMAGE_PAGE_MASK && !(lo & KREX_IMAGE_PAGE_MASK))
+                token = (uint64_t)lo | pages;
+            break;
+        }
+    }
+    fclose(f);
+    return token;
+}
+
+/* The tenant's slot memory: the inherited fd KREX_SLOTS_FD if it is still
+ * the right memfd, else the path KREX_SLOTS (the launcher's fd through
+ * /proc, for processes whose parent closed the inherited one). */
+static struct krex_tenant_mem *map_slots(uint32_t tenant, int *err)
+{
+    const char *fd_s = getenv("KREX_SLOTS_FD");
+    const char *path = getenv("KREX_SLOTS");
+    *err = ENOENT;
+    if (fd_s && *fd_s) {
+        char *end = NULL;
+        long fd = strtol(fd_s, &end, 10);
+        if (end && !*end && fd >= 0 && fd < INT32_MAX) {
+            struct krex_tenant_mem *m = krex_tenant_mem_map((int)fd, tenant);
+            if (m)
+                return m;
+            *err = errno;
+        }
+    }
+    if (path && *path) {
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0) {
+            *err = errno;
+            return NULL;
+        }
+        struct krex_tenant_mem *m = krex_tenant_mem_map(fd, tenant);
+        *err = errno;
+        close(fd); /* the mapping stays */
+        return m;
+    }
+    return NULL;
+}
+
+static const char *map_error(int err)
+{
+    return err == EPROTO ? "not a krex gate"
+           : err == EPERM ? "not owned by root or writable by others: not krexd's"
+                          : strerror(err);
+}
+
+/* Map the gate (read-only) and the slot memory; the mode to publish. */
+static int attach(const char *path, uint32_t tenant)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const struct krex_gate *g = fd >= 0 ? krex_gate_map(fd) : NULL;
+    int err = errno;
+    if (fd >= 0)
+        close(fd); /* the mapping stays */
+    uint32_t version = 0;
+    if (!g && err == EPROTO && krex_gate_file_version(path, &version) == 0 &&
+        version != KREX_GATE_VERSION)
+        return refuse("cannot map gate %s: gate layout version %u, this libkrex_shim.so "
+                      "expects %u (krexd and the shim come from different builds)",
+                      path, version, KREX_GATE_VERSION);
+    if (!g)
+        return refuse("cannot map gate %s: %s", path, map_error(err));
+    struct krex_tenant_mem *m = map_slots(tenant, &err);
+    if (!m) {
+        krex_gate_unmap(g);
+        return refuse("cannot map the tenant's slot memory (KREX_SLOTS_FD/KREX_SLOTS): %s",
+                      err == EPROTO ? "not this tenant's, or of another layout"
+                      : err == EPERM ? "not a sealed memfd"
+                                     : strerror(err));
+    }
+    struct stat st;
+    my_pidns = stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+    my_image = image_token();
+    /* After an execve this process keeps its pid but lost its drainer:
+     * release what an earlier image of it registered. */
+    int n = krex_gate_forget_pid(g, m, (int32_t)getpid(), my_pidns);
+    if (n > 0)
+        krex_log(KREX_LOG_INFO, "released %d slot(s) of an earlier image of this process", n);
+    krex_gate_p = g;
+    krex_tmem_p = m;
+    krex_tenant = tenant;
+    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
+        return refuse("pthread_atfork failed");
+    krex_log(KREX_LOG_INFO, "gating on: tenant %u, gate %s (GPU %u)", tenant, path, g->gpu);
+    return KREX_MODE_GATING;
+}
+
 static void init_from_env(void)
 {
     int saved = errno;
@@ -117,52 +262,26 @@ static void init_from_env(void)
     const char *path = getenv("KREX_GATE");
     const char *tenant_s = getenv("KREX_TENANT");
     int mode = KREX_MODE_PASS;
-    if (!path || !*path || !tenant_s || !*tenant_s) {
-        krex_log(KREX_LOG_DEBUG, "KREX_GATE or KREX_TENANT unset: pass-through");
+    if (!path || !*path) {
+        /* Not gated by krex (no krexd, or an exclusive lease).  A tenant
+         * process that unset KREX_GATE is seen by krexd's fail-closed check
+         * instead (it has the GPU open without a registration). */
+        krex_log(KREX_LOG_DEBUG, "KREX_GATE unset: pass-through");
         goto out;
     }
     char *end = NULL;
     errno = 0;
-    unsigned long long t = strtoull(tenant_s, &end, 10);
-    if (errno || !end || *end || t == 0 || t > UINT32_MAX) {
-        krex_log(KREX_LOG_WARN, "KREX_TENANT=%s is not a tenant id (1..%u): pass-through",
-                 tenant_s, UINT32_MAX);
-        goto out;
-    }
-    struct krex_gate *g = krex_gate_open(path, 0, 0, 0, 0);
-    if (!g) {
-        int err = errno;
-        uint32_t version = 0;
-        if (err == EPROTO && krex_gate_file_version(path, &version) == 0)
-            krex_log(KREX_LOG_WARN,
-                     "cannot map gate %s: gate layout version %u, this libkrex_shim.so "
-                     "expects %u (krexd and the shim come from different builds): "
-                     "pass-through",
-                     path, version, KREX_GATE_VERSION);
-        else
-            krex_log(KREX_LOG_WARN, "cannot map gate %s: %s: pass-through", path,
-                     err == EPROTO ? "not a krex gate" : strerror(err));
-        goto out;
-    }
-    /* After an execve this process keeps its pid but lost its drainer:
-     * release what an earlier image of it registered. */
-    int n = krex_gate_forget_pid(g, (int32_t)getpid());
-    if (n > 0)
-        krex_log(KREX_LOG_INFO, "released %d slot(s) of an earlier image of this process", n);
-    krex_gate_p = g;
-    krex_tenant = (uint32_t)t;
-    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {
-        krex_log(KREX_LOG_WARN, "pthread_atfork failed: pass-through");
-        krex_gate_unmap(g);
-        krex_gate_p = NULL;
-        goto out;
-    }
-    mode = KREX_MODE_GATING;
-    krex_log(KREX_LOG_INFO, "gating on: tenant %u, gate %s (GPU %u)", krex_tenant, path,
-             g->gpu);
+    unsigned long long t = tenant_s ? strtoull(tenant_s, &end, 10) : 0;
+    if (!tenant_s || errno || !end || *end || t == 0 || t > UINT32_MAX)
+        mode = refuse("KREX_TENANT=%s is not a tenant id (1..%u)", tenant_s ? tenant_s : "",
+                      UINT32_MAX);
+    else
+        mode = attach(path, (uint32_t)t);
+    if (mode == KREX_MODE_REFUSE)
+        krex_log(KREX_LOG_WARN, "%s: GPU work will be refused", refuse_why);
 out:
-    /* Release: krex_gate_p and krex_tenant are visible to every thread
-     * that reads the mode with acquire. */
+    /* Release: krex_gate_p, krex_tmem_p and krex_tenant are visible to
+     * every thread that reads the mode with acquire. */
     atomic_store_explicit(&krex_mode, mode, memory_order_release);
     errno = saved;
 }
@@ -191,37 +310,38 @@ static struct krex_slot *register_process(void)
         krex_gate_enter(krex_gate_p, s, krex_tenant);
         return s;
     }
-    if (atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING) {
+    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
+    if (mode != KREX_MODE_GATING) {
         pthread_mutex_unlock(&reg_mu);
-        return NULL;
+        return mode == KREX_MODE_REFUSE ? KREX_REFUSED : NULL;
     }
-    int idx = krex_gate_register(krex_gate_p, krex_tenant, (int32_t)getpid());
+    int idx = krex_gate_register(krex_gate_p, krex_tmem_p, krex_tenant, (int32_t)getpid(),
+                                 my_image, my_pidns);
     if (idx < 0) {
-        krex_log(KREX_LOG_WARN, "cannot register with the gate: %s: this process runs ungated",
-                 strerror(-idx));
-        atomic_store_explicit(&krex_mode, KREX_MODE_PASS, memory_order_release);
-        pthread_mutex_unlock(&reg_mu);
-        return NULL;
+        refuse("cannot register with the gate: %s",
+               idx == -ENOSPC ? "every slot of this tenant is taken" : strerror(-idx));
+        goto refused;
     }
-    s = &krex_gate_p->slots[idx];
+    s = &krex_tmem_p->slots[idx];
     atomic_store_explicit(&s->captures, krex_captures(), memory_order_relaxed);
     int err = krex_drainer_start(s);
     if (err) {
         /* Without a drainer this process could not answer drains: give the
-         * slot back (it has no GPU work yet) and run ungated, loudly. */
-        krex_log(KREX_LOG_ERROR, "cannot start the drainer thread: %s: this process runs "
-                 "ungated", strerror(err));
-        krex_gate_leave(krex_gate_p, s);
-        krex_gate_forget_pid(krex_gate_p, (int32_t)getpid());
-        atomic_store_explicit(&krex_mode, KREX_MODE_PASS, memory_order_release);
-        pthread_mutex_unlock(&reg_mu);
-        return NULL;
+         * slot back (it has no GPU work yet) and refuse GPU work. */
+        krex_gate_leave(s);
+        krex_gate_forget_pid(krex_gate_p, krex_tmem_p, (int32_t)getpid(), my_pidns);
+        refuse("cannot start the drainer thread: %s", strerror(err));
+        goto refused;
     }
     /* Release: the slot's fields are set before any thread uses it. */
     atomic_store_explicit(&krex_slot_p, s, memory_order_release);
     pthread_mutex_unlock(&reg_mu);
     krex_log(KREX_LOG_DEBUG, "registered in slot %d", idx);
     return s;
+refused:
+    atomic_store_explicit(&krex_mode, KREX_MODE_REFUSE, memory_order_release);
+    pthread_mutex_unlock(&reg_mu);
+    return KREX_REFUSED;
 }
 
 struct krex_slot *krex_enter_slow(void)
@@ -229,12 +349,15 @@ struct krex_slot *krex_enter_slow(void)
     int saved = errno;
     krex_shim_init();
     struct krex_slot *s = NULL;
-    if (atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING) {
+    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
+    if (mode == KREX_MODE_GATING) {
         s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
         if (s)
             krex_gate_enter(krex_gate_p, s, krex_tenant);
         else
             s = register_process();
+    } else if (mode == KREX_MODE_REFUSE) {
+        s = KREX_REFUSED;
     }
     errno = saved;
     return s;
@@ -259,10 +382,19 @@ static int stream_capturing(CUstream stream, int ptsz)
 struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int ptsz)
 {
     int saved = errno;
-    /* Only while this process has a capture open is the query worth it. */
-    if (krex_captures() != 0 && stream_capturing(stream, ptsz)) {
-        errno = saved;
-        return NULL; /* captured: passes the closed gate, uncounted */
+    /* Only while this process has a capture open is the query worth it.
+     * The check and the call are one step for the capture's end: the
+     * capture lock is held (shared) from the check until krex_leave(), and
+     * cuStreamEndCapture takes it exclusively, so a capture cannot end
+     * between them and turn the uncounted call into device work. */
+    if (krex_captures() != 0) {
+        krex_capture_pass_begin();
+        if (stream_capturing(stream, ptsz)) {
+            KREX_TEST_POINT("capture_checked");
+            errno = saved;
+            return KREX_CAPTURED; /* captured: passes the closed gate, uncounted */
+        }
+        krex_capture_pass_end();
     }
     krex_gate_enter(krex_gate_p, s, krex_tenant);
     errno = saved;

@@ -47,12 +47,23 @@ void krex_log_write(int level, const char *func, const char *fmt, ...)
 
 /* ---- process state (shim.c) ---------------------------------------------- */
 
-enum krex_mode { KREX_MODE_UNINIT = 0, KREX_MODE_PASS = 1, KREX_MODE_GATING = 2 };
+/* PASS: not under krex (KREX_GATE and KREX_TENANT unset): every hook is a
+ * pure pass-through.  REFUSE: under krex, but this process cannot be
+ * drained (gate or slot memory unusable, no free slot, no drainer thread):
+ * every gated call fails with CUDA_ERROR_NOT_PERMITTED instead of running
+ * beside a sibling's region unseen (fail closed, docs/design/shim.md). */
+enum krex_mode {
+    KREX_MODE_UNINIT = 0,
+    KREX_MODE_PASS = 1,
+    KREX_MODE_GATING = 2,
+    KREX_MODE_REFUSE = 3,
+};
 
 /* Written once by krex_shim_init() before it publishes krex_mode (release);
  * read after an acquire load of krex_mode. */
 extern _Atomic int krex_mode;
-extern struct krex_gate *krex_gate_p;
+extern const struct krex_gate *krex_gate_p;      /* read-only mapping */
+extern struct krex_tenant_mem *krex_tmem_p;      /* the tenant's slot memory */
 extern uint32_t krex_tenant;
 /* This process's slot; NULL until the first gated call registers (and
  * again in a fork child). */
@@ -62,6 +73,23 @@ extern _Atomic uint64_t krex_launches;
 
 void krex_shim_init(void);
 struct krex_slot *krex_enter_slow(void);
+
+/* What krex_enter() returns when the process refuses GPU work (mode
+ * REFUSE): the hook returns krex_refused() without calling the driver. */
+#define KREX_REFUSED ((struct krex_slot *)(uintptr_t)1)
+CUresult krex_refused(int idx);
+/* What krex_enter_stream() returns for a call into a capturing stream that
+ * passes a closed gate uncounted: the capture lock is held (read) until
+ * krex_leave(), so the capture cannot end between the check and the call
+ * (track.c). */
+#define KREX_CAPTURED ((struct krex_slot *)(uintptr_t)2)
+
+/* The capture lock (track.c): shared by uncounted passes into capturing
+ * streams, exclusive for cuStreamEndCapture (pre-call; its post-call note,
+ * krex_note_capture_end, releases it). */
+void krex_capture_pass_begin(void);
+void krex_capture_pass_end(void);
+void krex_capture_end_begin(void);
 struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int ptsz);
 
 /* ---- real driver functions (interpose.c) --------------------------------- */
@@ -101,8 +129,9 @@ static inline void *krex_real(int idx)
 extern __thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
 
 /* Fast path: one acquire load of the mode, one of the slot, then the
- * gate's increment-then-check.  Returns the slot to leave, or NULL (pure
- * pass-through, or a nested call). */
+ * gate's increment-then-check.  Returns the slot to leave, NULL (pure
+ * pass-through, or a nested call), or KREX_REFUSED (the hook returns
+ * krex_refused() and does not leave). */
 static inline struct krex_slot *krex_enter(void)
 {
     if (KREX_UNLIKELY(krex_depth))
@@ -114,15 +143,15 @@ static inline struct krex_slot *krex_enter(void)
         krex_gate_enter(krex_gate_p, s, krex_tenant);
     else if (mode == KREX_MODE_PASS)
         return NULL;
-    else
-        s = krex_enter_slow();
+    else if ((s = krex_enter_slow()) == KREX_REFUSED)
+        return s;
     krex_depth = s != NULL;
     return s;
 }
 
 /* As krex_enter() for a call into `stream`: when a sibling holds the gate
  * and the stream is capturing, the call passes uncounted (a captured call
- * puts no work on the device). */
+ * puts no work on the device): KREX_CAPTURED. */
 static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
 {
     if (KREX_UNLIKELY(krex_depth))
@@ -135,8 +164,8 @@ static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
             s = krex_enter_blocked(s, stream, ptsz);
     } else if (mode == KREX_MODE_PASS) {
         return NULL;
-    } else {
-        s = krex_enter_slow();
+    } else if ((s = krex_enter_slow()) == KREX_REFUSED) {
+        return s;
     }
     krex_depth = s != NULL;
     return s;
@@ -150,6 +179,13 @@ void krex_leave_exiting(struct krex_slot *s);
 static inline void krex_leave(struct krex_slot *s)
 {
     if (s) {
+        if (KREX_UNLIKELY(s == KREX_CAPTURED)) {
+            /* Uncounted, and no device work: nothing to synchronize even
+             * while exiting. */
+            krex_depth = 0;
+            krex_capture_pass_end();
+            return;
+        }
         /* Relaxed: one plain load on the fast path.  The exit path orders
          * its store against this load with a process-wide barrier
          * (membarrier, drain.c): a call that reads 0 here had its driver
@@ -162,7 +198,7 @@ static inline void krex_leave(struct krex_slot *s)
             return;
         }
         krex_depth = 0;
-        krex_gate_leave(krex_gate_p, s);
+        krex_gate_leave(s);
     }
 }
 

@@ -151,8 +151,9 @@ class FakeGate:
     """:class:`krexd.isolation.RegionGate`: the gate word and its (holder, epoch) checks.
 
     ``drain_pending``: registration indices ``drain`` reports as not drained
-    (it then raises ``GateTimeout``), for the holders in ``drain_fails_for``
-    (None: every holder); ``drain_error`` another error to raise.
+    (it then raises ``GateTimeout`` with those of ``registrations``, or
+    placeholders), for the holders in ``drain_fails_for`` (None: every
+    holder); ``drain_error`` another error to raise.
     """
 
     def __init__(self, events: Events) -> None:
@@ -176,7 +177,12 @@ class FakeGate:
             raise self.drain_error
         fails = self.drain_fails_for is None or holder in self.drain_fails_for
         if self.drain_pending and fails:
-            raise GateTimeout("not drained", list(self.drain_pending), self.registrations)
+            known = {s.index: s for s in self.registrations}
+            pending = [
+                known.get(i) or SlotInfo(i, "active", 0, 0, 0, 0, 0, 0, 0, 0)
+                for i in self.drain_pending
+            ]
+            raise GateTimeout("not drained", pending)
 
     def reopen(self, holder: int, epoch: int) -> None:
         self.events.add("reopen", holder, epoch)

@@ -33,6 +33,7 @@ class ShimBuild:
     """Paths of the built libraries and test programs."""
 
     shim: Path = BUILD / "lib" / "libkrex_shim.so"
+    shim_test: Path = BUILD / "lib" / "libkrex_shim_test.so"  # pause points compiled in
     gate_lib: Path = BUILD / "lib" / "libkrex_gate.so"
     tests: Path = BUILD / "shim-tests"
 
@@ -52,6 +53,8 @@ SCRUB_ENV = (
     "LD_PRELOAD",
     "KREX_GATE",
     "KREX_TENANT",
+    "KREX_SLOTS",
+    "KREX_SLOTS_FD",
     "KREX_TOKEN",
     "KREX_SOCKET",
     "KREX_OOM_WAIT_S",
@@ -143,3 +146,35 @@ class JsonLineReader:
     def empty(self) -> bool:
         """True when no line is waiting to be read."""
         return self._q.empty()
+
+
+def tenant_env(gate: Any, tenant: int) -> dict[str, str]:
+    """The gate variables of tenant ``tenant``'s processes on ``gate`` (a krexd.gate.Gate).
+
+    As ``krex run`` does: the tenant's slot memory (a sealed memfd made by
+    ``krex_cli.slotmem`` from krexd's spec) is created once per gate and
+    tenant, kept open by this process (on the gate object, closed by
+    :func:`forget_gate`) and attached to ``gate``; children reach it as
+    ``/proc/<this pid>/fd/<n>`` (``KREX_SLOTS``), so they need no inherited fd.
+    """
+    from krex_cli import slotmem
+    from krexd.gate import slot_memory_spec
+
+    fds: dict[int, int] = gate.__dict__.setdefault("_test_slot_fds", {})
+    fd = fds.get(tenant)
+    if fd is None:
+        size, header = slot_memory_spec(tenant)
+        fd = slotmem.create(size, header)
+        gate.attach(tenant, fd)
+        fds[tenant] = fd
+    return {
+        "KREX_GATE": gate.path,
+        "KREX_TENANT": str(tenant),
+        "KREX_SLOTS": f"/proc/{os.getpid()}/fd/{fd}",
+    }
+
+
+def forget_gate(gate: Any) -> None:
+    """Close the slot memory fds :func:`tenant_env` made for ``gate``."""
+    for fd in gate.__dict__.pop("_test_slot_fds", {}).values():
+        os.close(fd)

@@ -26,6 +26,7 @@ from krexd import __version__
 from krexd.cgroups import CgroupError
 from krexd.config import SYSTEM_CONFIG, ConfigError, load, with_overrides
 from krexd.errors import ExitCode
+from krexd.gate import GateError
 from krexd.mps import MpsError
 from krexd.notify import Notifier
 from krexd.server import ServerError
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"krexd: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
-    except (ServerError, CgroupError, MpsError) as exc:
+    except (ServerError, CgroupError, MpsError, GateError) as exc:
         print(f"krexd: {exc}", file=sys.stderr)
         return ExitCode.UNAVAILABLE
     return ExitCode.OK

@@ -7,7 +7,8 @@ Request body::
 
 Reply body (once granted)::
 
-    {"tenant": int, "token": str, "gpu": int, "env": {str: str}}
+    {"tenant": int, "token": str, "gpu": int, "env": {str: str},
+     "slots": {"size": int, "header": bytes}?}
 
 ``env`` is what the command's environment must get (docs/design/interfaces.md
 "Environment of a tenant command"): ``KREX_SOCKET``, ``KREX_TENANT``,
@@ -15,6 +16,12 @@ Reply body (once granted)::
 and for shared (non-exclusive) tenants ``KREX_GATE`` and ``LD_PRELOAD`` when
 the gate and the shim exist.  ``LD_PRELOAD`` is to be *prepended* to any
 value the caller already has.
+
+``slots`` (shared tenants on a GPU with a gate): the tenant's slot memory,
+which the launcher creates before it starts the command — a memfd of
+exactly ``size`` bytes beginning with ``header``, space reserved, sealed
+against shrinking, growing and sealing (``krex_cli.slotmem``) — and names
+in ``place`` (docs/design/shim.md "Who writes what").
 
 ``mem_bytes`` is the command's memory need (``krex run --mem SIZE``);
 without it the need is ``[memory] default_need`` (docs/design/memory.md).
@@ -65,9 +72,13 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     launcher = identity.caller()
     identity.check_launcher_claim(launcher, launcher_pid)
     tenant = await ctx.lifecycle.admit(argv, gpu, exclusive, launcher, mem_bytes, label)
-    return {
+    reply = {
         "tenant": tenant.id,
         "token": tenant.token,
         "gpu": tenant.gpu,
         "env": ctx.lifecycle.tenant_env(tenant),
     }
+    slots = ctx.lifecycle.slot_memory(tenant)
+    if slots is not None:
+        reply["slots"] = slots
+    return reply

@@ -42,7 +42,11 @@ class TenantLifecycle(Protocol):
         """Environment of the tenant's command."""
         ...
 
-    def place(self, tenant: Tenant, pid: int) -> None:
+    def slot_memory(self, tenant: Tenant) -> dict[str, Any] | None:
+        """What the launcher needs to create the tenant's slot memory, or None."""
+        ...
+
+    def place(self, tenant: Tenant, pid: int, slots_fd: int | None = None) -> None:
         """Move ``pid`` into the tenant's cgroup(s)."""
         ...
 

@@ -1,6 +1,6 @@
 """``place``: move a launcher's child into the tenant's cgroup(s) before it executes CMD.
 
-Request: tenant + token; body ``{"pid": int}``.
+Request: tenant + token; body ``{"pid": int, "slots_fd": int?}``.
 Reply body: ``{"cgroups": [str, ...]}`` (the directories the pid is now in).
 
 The pid must be a direct child of the tenant's verified launcher, running
@@ -12,8 +12,12 @@ tenant).  ``krex run``
 forks, the child blocks on a pipe, the launcher sends ``place`` and only then
 lets the child ``exec`` CMD, so CMD's first instruction already runs inside
 the tenant cgroup (paper §4.2: freezing catches ``import torch``).
+``slots_fd`` is the launcher's fd of the tenant's slot memory (the memfd
+the ``admit`` reply described): krexd opens it as
+``/proc/<launcher>/fd/<slots_fd>``, checks its seals, size and header, and
+maps it read-only before the command runs (docs/design/shim.md).
 Errors: ``AUTH`` (wrong token or caller; not the launcher's child or uid),
-``BAD_FIELD`` (gone, tenant ended),
+``BAD_FIELD`` (gone, tenant ended, slot memory not acceptable),
 ``SHUTTING_DOWN``, ``INTERNAL`` (cgroupfs write failed).
 Sent by: ``krex run``.
 """
@@ -34,7 +38,8 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the pid's parent, write it into the tenant's cgroup.procs."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
     identity.authorize(tenant, "place")
-    fields.only(req.body, "pid")
+    fields.only(req.body, "pid", "slots_fd")
     pid = fields.integer(req.body, "pid", 1, 1 << 22)
-    ctx.lifecycle.place(tenant, pid)
+    slots_fd = fields.integer(req.body, "slots_fd", 0, 1 << 20, default=None)
+    ctx.lifecycle.place(tenant, pid, slots_fd)
     return {"cgroups": tenant.cgroup.paths}

@@ -1,8 +1,11 @@
 """``release``: the command ended; free its slot and remove its cgroup.
 
 Request: tenant + token; body ``{"exit_code": int?, "signal": int?}``.
-Reply body: ``{"kill_reason": str | null}`` — why krexd killed the command
-(e.g. its critical region exceeded ``max_region_s``), or null.
+Reply body: ``{"kill_reason": str | null, "exit_code": int | null}`` — why
+krexd killed the command (e.g. its critical region exceeded
+``max_region_s``), or null, and the exit code ``krex run`` reports for that
+kill when it has one of its own (76: unprotectable GPU use or tampered gate
+registrations), else null.
 
 Whatever is left of the tenant's process tree is killed (``cgroup.kill``);
 the coordinator's recovery runs first if the tenant held the region.
@@ -31,4 +34,4 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     tenant.exit_code = fields.integer(req.body, "exit_code", 0, 255, default=None)
     tenant.signal = fields.integer(req.body, "signal", 1, 128, default=None)
     await ctx.lifecycle.end(tenant, "released")
-    return {"kill_reason": tenant.kill_reason}
+    return {"kill_reason": tenant.kill_reason, "exit_code": tenant.kill_code}

@@ -165,6 +165,17 @@ class MemoryMonitor:
         finally:
             self.close()
 
+    def gpu_users(self, gpu: int) -> set[int] | None:
+        """Pids with a context on GPU ``gpu`` now, read afresh; None when unknown."""
+        source = self.source
+        if source is None:
+            return None
+        try:
+            return source.users(gpu)
+        except Exception as exc:
+            _log.warning("gpu%d: who has the GPU open: %s", gpu, exc)
+            return None
+
     def close(self) -> None:
         """Release the source (the gates are the daemon's: it unmaps them)."""
         if self.source is not None:

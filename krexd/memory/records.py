@@ -117,7 +117,8 @@ class _Owner:
 class RegistrationLedger:
     """Credits the shim's per-registration OOM counters to tenant records, once each."""
 
-    _owners: dict[int, _Owner] = field(default_factory=dict)
+    # By (tenant, slot index): each tenant's registrations live in its own slot memory.
+    _owners: dict[tuple[int, int], _Owner] = field(default_factory=dict)
 
     def update(self, slots: list[SlotInfo], records: dict[int, TenantMemory]) -> None:
         """Apply a fresh read of a gate's registrations (``Gate.slots()``) to ``records``.
@@ -126,17 +127,18 @@ class RegistrationLedger:
         tracked but credit nothing.
         """
         for s in slots:
-            known = self._owners.get(s.index)
+            key = (s.tenant, s.index)
+            known = self._owners.get(key)
             if (s.state in LIVE_SLOT_STATES or s.state == "dead") and s.tenant:
-                if known is None or (known.tenant, known.pid) != (s.tenant, s.pid):
-                    known = self._owners[s.index] = _Owner(s.tenant, s.pid)
+                if known is None or known.pid != s.pid:
+                    known = self._owners[key] = _Owner(s.tenant, s.pid)
                 self._credit(known, s, records)
             elif s.state == "free" and known is not None:
                 # Freed since the last read: its fields are the owner's final counts.
                 self._credit(known, s, records)
-                del self._owners[s.index]
+                del self._owners[key]
             elif s.state == "claiming":
-                self._owners.pop(s.index, None)  # being reset by a new owner
+                self._owners.pop(key, None)  # being reset by a new owner
 
     @staticmethod
     def _credit(o: _Owner, s: SlotInfo, records: dict[int, TenantMemory]) -> None:

@@ -16,6 +16,12 @@ driver accounts per process).  What each gives:
 * ``NoSource``: the total from the GPU inventory only; usage then comes
   from the shim's own count in the gate slots (``krexd.gate.Gate.slots``).
 
+Each source also says which processes have the GPU open (a context on
+it): ``users(gpu)``, a set of pids in krexd's namespace, or None when it
+cannot tell.  NVML's compute processes; the fake driver's context mask;
+``NoSource`` cannot tell.  krexd's fail-closed check
+(``krexd.registrations``) compares it with the gate registrations.
+
 Processes that died without cleanup are skipped, as the drivers reclaim
 their memory.
 """
@@ -60,6 +66,10 @@ class Source(Protocol):
         """GPU index -> its memory now."""
         ...
 
+    def users(self, gpu: int) -> set[int] | None:
+        """Pids with a context on GPU ``gpu`` now; None when the source cannot tell."""
+        ...
+
     def close(self) -> None:
         """Release what the source holds."""
         ...
@@ -76,6 +86,10 @@ class NoSource:
     def read(self) -> dict[int, DeviceMemory]:
         """GPU index -> total only."""
         return {i: DeviceMemory(t, None, None, self.name) for i, t in self._totals.items()}
+
+    def users(self, gpu: int) -> set[int] | None:
+        """Cannot tell: None."""
+        return None
 
     def close(self) -> None:
         """Nothing to release."""
@@ -119,6 +133,14 @@ class NvmlSource:
             out[index] = DeviceMemory(int(info.total), int(info.used), per_pid or None, self.name)
         return out
 
+    def users(self, gpu: int) -> set[int] | None:
+        """Pids of NVML's compute processes on ``gpu`` (None once closed or unknown GPU)."""
+        with self._mu:
+            h = self._handles.get(gpu) if self._open else None
+            if h is None:
+                return None
+            return {int(p.pid) for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)}
+
     def close(self) -> None:
         """Shut NVML down (after a read in progress)."""
         with self._mu:
@@ -131,14 +153,14 @@ class NvmlSource:
                 _log.debug("nvmlShutdown: %s", exc)
 
 
-# The simulated GPU memory-state file, format "rexfksv1": the table of
+# The simulated GPU memory-state file, format "rexfksv2": the table of
 # docs/design/interfaces.md ("Simulated GPU memory state") is its declaration.
-_FAKE_MAGIC = 0x3176736B66786572
+_FAKE_MAGIC = 0x3276736B66786572
 _FAKE_MAX_GPUS = 16
 _FAKE_PROCS = 1024
 _FAKE_USED_OFF = 64  # after the magic and 56 reserved bytes
 _FAKE_PROCS_OFF = _FAKE_USED_OFF + 8 * _FAKE_MAX_GPUS
-_FAKE_PROC_BYTES = 16 + 8 * _FAKE_MAX_GPUS  # pid, pad, start_time, used[16]
+_FAKE_PROC_BYTES = 16 + 8 * _FAKE_MAX_GPUS  # pid, ctx_mask, start_time, used[16]
 _FAKE_BYTES = _FAKE_PROCS_OFF + _FAKE_PROCS * _FAKE_PROC_BYTES
 
 
@@ -150,13 +172,13 @@ def fake_state_path() -> str:
     timeline = os.environ.get("KREX_FAKE_TIMELINE")
     if timeline:
         return timeline + ".state"
-    return f"/dev/shm/krex-fakecuda-{os.getuid()}"
+    return f"/dev/shm/krex-fakecuda-{os.getuid()}.v2"  # the format version: no clash
 
 
 class FakeStateSource:
     """The simulated GPUs' shared memory accounting, for ``--fake-gpus``.
 
-    Reads the ``rexfksv1`` state file (docs/design/interfaces.md) afresh on
+    Reads the ``rexfksv2`` state file (docs/design/interfaces.md) afresh on
     every :meth:`read`; ``path`` defaults to :func:`fake_state_path`.
     """
 
@@ -203,6 +225,20 @@ class FakeStateSource:
             i: DeviceMemory(self._totals[i], sum(per_gpu[i].values()), per_gpu[i], self.name)
             for i in self._totals
         }
+
+    def users(self, gpu: int) -> set[int] | None:
+        """Live pids whose context mask has ``gpu`` (an empty set before any process ran)."""
+        snap = self._snapshot()
+        if snap is None or struct.unpack_from("<Q", snap, 0)[0] != _FAKE_MAGIC:
+            return set()
+        if not 0 <= gpu < _FAKE_MAX_GPUS:
+            return None
+        out: set[int] = set()
+        for p in range(_FAKE_PROCS):
+            pid, mask = struct.unpack_from("<iI", snap, _FAKE_PROCS_OFF + p * _FAKE_PROC_BYTES)
+            if pid > 0 and mask & (1 << gpu) and pid_alive(pid):
+                out.add(pid)
+        return out
 
     def close(self) -> None:
         """Nothing held between reads."""

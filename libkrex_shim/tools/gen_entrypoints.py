@@ -319,7 +319,7 @@ def render_header(entries: list[Entry], version: int) -> str:
 
 
 def _call_lines(e: Entry, indent: str, declare: bool) -> list[str]:
-    """gate enter -> pre -> real -> post -> gate leave, one statement per line."""
+    """gate enter (or refuse) -> pre -> real -> post -> gate leave, one statement per line."""
     args = ", ".join(p.name for p in e.params)
     lines = []
     if e.gated:
@@ -329,6 +329,9 @@ def _call_lines(e: Entry, indent: str, declare: bool) -> list[str]:
             )
         else:
             lines.append("struct krex_slot *krex_s = krex_enter();")
+        lines.append(
+            f"if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_{e.name});"
+        )
     if e.launch:
         lines.append("krex_count_launch();")
     if e.pre:

@@ -335,7 +335,7 @@ def test_drain_timeout_undoes_the_entry() -> None:
         with pytest.raises(KrexError) as err:
             await r.enter(a)
         assert err.value.code == Code.DRAIN_TIMEOUT
-        assert "registration 4" in err.value.message
+        assert "slot 4" in err.value.message
         assert r.events.names() == ["close", "drain", "pin_thread", "set_cpus", "reopen"]
         assert_idle(r)
         assert r.coord.status()["regions"]["failed"] == 1

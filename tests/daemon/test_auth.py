@@ -49,7 +49,8 @@ def test_tokens_are_checked(krexd_factory: Factory) -> None:
         with open(os.path.join(cgroups[0], "cgroup.procs")) as f:
             assert str(child.pid) in f.read().split()
         assert k.request("release", {"exit_code": 0}, tenant=ta, token=str(a["token"])) == {
-            "kill_reason": None
+            "kill_reason": None,
+            "exit_code": None,
         }
         # Releasing killed what was left in the tenant's cgroup.
         assert child.wait(10) == -9

@@ -56,7 +56,7 @@ def test_the_gate_layout_is_declared_only_in_the_header_and_bound_only_in_gate_p
 def test_the_gate_binding_reads_slots_only_through_the_library() -> None:
     text = (REPO / "krexd" / "gate.py").read_text()
     assert "mmap" not in text and "struct.unpack" not in text
-    assert "krex_gate_slots_info" in text  # the memory fields come decoded from C
+    assert "krex_coord_slots" in text  # the memory fields come decoded from C
 
 
 def test_no_product_module_refers_to_the_test_tree() -> None:

@@ -189,9 +189,16 @@ def test_second_krexd_with_the_same_cgroup_name_leaves_the_first_alone(
 
 
 @pytest.mark.root
-def test_gate_files_get_the_sockets_mode(krexd_factory: Any) -> None:
-    """Whoever may talk to krexd may map the gate, and nobody else."""
+def test_gate_files_are_krexds_alone(krexd_factory: Any) -> None:
+    """The gate is root's, readable by all, writable by krexd alone, whatever the socket's mode.
+
+    Tenants map it read-only (the shim refuses a gate others may write); a
+    second link in a root-only directory lets krexd restore its path.
+    """
     k = krexd_factory(config={"daemon": {"socket_mode": "0640"}})
     gate = k.status()["gpus"][0]["gate"]
     assert gate and os.path.basename(gate) == f"{k.cgroup_name}-gpu0.gate"
-    assert stat.S_IMODE(os.stat(gate).st_mode) == 0o640 == stat.S_IMODE(os.stat(k.socket).st_mode)
+    st = os.stat(gate)
+    assert stat.S_IMODE(st.st_mode) == 0o644 and st.st_uid == 0 and st.st_nlink == 2
+    keep = os.path.join(os.path.dirname(gate), ".krex-keep")
+    assert stat.S_IMODE(os.stat(keep).st_mode) == 0o700

@@ -58,6 +58,7 @@ CUresult fc_ctx_activate(struct CUctx_st *ctx, int device, unsigned int flags, b
     if (ctx->legacy == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     ctx->alive = true;
+    fc_share_ctx(fc.phys[device], +1);
     return CUDA_SUCCESS;
 }
 
@@ -68,6 +69,8 @@ void fc_ctx_teardown(struct CUctx_st *ctx)
         fc_stream_retire(ctx->streams);
     ctx->legacy = NULL;
     fc_mem_release_ctx(ctx);
+    if (ctx->alive)
+        fc_share_ctx(fc.phys[ctx->device], -1);
     ctx->alive = false;
 }
 

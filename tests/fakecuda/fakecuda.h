@@ -279,6 +279,9 @@ CUresult fc_share_open(const char *path);
 bool fc_share_reserve(int gpu, uint64_t bytes);
 void fc_share_release(int gpu, uint64_t bytes);
 uint64_t fc_share_used(int gpu);  /* bytes in use by all processes */
+/* A context of this process on GPU `gpu` (simulated index) was created
+ * (+1) or torn down (-1): the state file's context mask follows. */
+void fc_share_ctx(int gpu, int delta);
 void fc_share_exit(void);
 void fc_share_atfork_child(void);
 

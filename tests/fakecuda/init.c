@@ -18,7 +18,7 @@
  *                         K/M/G/T (binary, also KiB/MiB/GiB/TiB); default 80 GiB
  *   KREX_FAKE_TIMELINE    timeline file (appended; unset: no timeline)
  *   KREX_FAKE_STATE       shared memory-state file; default <timeline>.state,
- *                         or /dev/shm/krex-fakecuda-<uid> without a timeline
+ *                         or /dev/shm/krex-fakecuda-<uid>.v2 without a timeline
  * A bad value makes cuInit fail with CUDA_ERROR_INVALID_VALUE and a message
  * on stderr that names the variable.
  */
@@ -204,7 +204,8 @@ static CUresult configure(void)
             return CUDA_ERROR_INVALID_VALUE;
         }
     } else {
-        snprintf(state, sizeof state, "/dev/shm/krex-fakecuda-%u", (unsigned)getuid());
+        /* The format version in the name: builds of another format never share it. */
+        snprintf(state, sizeof state, "/dev/shm/krex-fakecuda-%u.v2", (unsigned)getuid());
     }
     r = fc_share_open(state);
     if (r != CUDA_SUCCESS)

@@ -7,8 +7,11 @@
  * GPU).  krexd reads it for --fake-gpus: the format is an interface,
  * declared in docs/design/interfaces.md ("Simulated GPU memory state");
  * change that table with this struct (tests/memory/test_sources.py checks
- * krexd's reader against this writer).  A process claims a slot at its first allocation and gives it back
- * at normal exit (fc_share_exit, from the library destructor).  The usage
+ * krexd's reader against this writer).  A process claims a slot at its
+ * first allocation or context and gives it back at normal exit
+ * (fc_share_exit, from the library destructor).  The slot also says on
+ * which GPUs the process has a context (krexd's view of who has the GPU
+ * open, as NVML's compute processes on a real GPU).  The usage
  * of a process that died without that (SIGKILL) is reclaimed when an
  * allocation finds the GPU full, and when cuMemGetInfo reads the count.
  *
@@ -33,8 +36,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The last byte is the layout version; another layout is refused. */
-#define STATE_MAGIC 0x3176736b66786572ull /* "rexfksv1" in memory */
+/* The last byte is the layout version; another layout is refused.
+ * Version 2: a process record's second word is the mask of GPUs on which
+ * the process has a live context (it was reserved in version 1). */
+#define STATE_MAGIC 0x3276736b66786572ull /* "rexfksv2" in memory */
 #define STATE_PROCS 1024
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
@@ -42,7 +47,7 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
 
 struct proc_slot {
     _Atomic int32_t pid;         /* 0 free; > 0 owner; < 0 being reclaimed */
-    uint32_t pad;
+    _Atomic uint32_t ctx_mask;   /* bit g: a live context on GPU g */
     _Atomic uint64_t start_time; /* owner's start time (/proc/<pid>/stat field 22) */
     _Atomic uint64_t used[FC_MAX_GPUS];
 };
@@ -160,6 +165,7 @@ static int reclaim_dead(void)
                 atomic_fetch_sub_explicit(&sh->used[g], u, memory_order_relaxed);
         }
         atomic_store_explicit(&slot->start_time, 0, memory_order_relaxed);
+        atomic_store_explicit(&slot->ctx_mask, 0, memory_order_relaxed);
         /* Release: the zeroed slot is complete before it can be claimed. */
         atomic_store_explicit(&slot->pid, 0, memory_order_release);
         freed++;
@@ -181,6 +187,7 @@ static bool claim_slot(void)
                                                         memory_order_acq_rel,
                                                         memory_order_relaxed)) {
                 atomic_store_explicit(&sh->procs[i].start_time, start, memory_order_relaxed);
+                atomic_store_explicit(&sh->procs[i].ctx_mask, 0, memory_order_relaxed);
                 my_slot = i;
                 return true;
             }
@@ -220,6 +227,23 @@ void fc_share_release(int gpu, uint64_t bytes)
     atomic_fetch_sub_explicit(&sh->used[gpu], bytes, memory_order_relaxed);
 }
 
+/* Live contexts of this process per GPU; the mask bit mirrors "> 0". */
+static unsigned ctx_count[FC_MAX_GPUS];
+
+void fc_share_ctx(int gpu, int delta)
+{
+    if (sh == NULL || gpu < 0 || gpu >= FC_MAX_GPUS || (my_slot < 0 && !claim_slot()))
+        return;
+    unsigned before = ctx_count[gpu];
+    ctx_count[gpu] = delta > 0 ? before + 1 : before ? before - 1 : 0;
+    /* Relaxed: a status bit krexd polls; nothing is published with it. */
+    if (!before && ctx_count[gpu])
+        atomic_fetch_or_explicit(&sh->procs[my_slot].ctx_mask, 1u << gpu, memory_order_relaxed);
+    else if (before && !ctx_count[gpu])
+        atomic_fetch_and_explicit(&sh->procs[my_slot].ctx_mask, ~(1u << gpu),
+                                  memory_order_relaxed);
+}
+
 uint64_t fc_share_used(int gpu)
 {
     reclaim_dead();
@@ -229,6 +253,7 @@ uint64_t fc_share_used(int gpu)
 void fc_share_atfork_child(void)
 {
     my_slot = -1; /* the parent's slot stays the parent's */
+    memset(ctx_count, 0, sizeof ctx_count); /* contexts do not survive fork */
 }
 
 void fc_share_exit(void)
@@ -244,6 +269,7 @@ void fc_share_exit(void)
             atomic_fetch_sub_explicit(&sh->used[g], u, memory_order_relaxed);
     }
     atomic_store_explicit(&slot->start_time, 0, memory_order_relaxed);
+    atomic_store_explicit(&slot->ctx_mask, 0, memory_order_relaxed);
     /* Release: the zeroed slot is complete before it can be claimed. */
     atomic_store_explicit(&slot->pid, 0, memory_order_release);
     my_slot = -1;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from krexd.gate import SlotInfo
-from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env
+from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env, forget_gate, tenant_env
 
 SHIM = BUILD / "lib" / "libkrex_shim.so"
 FAKEALLOC = FAKE_DIR / "bin" / "fakealloc"
@@ -94,8 +95,7 @@ class SharedGpu:
         if tenant is not None:
             env.update(
                 LD_PRELOAD=str(SHIM),
-                KREX_GATE=self.gate.path,
-                KREX_TENANT=str(tenant),
+                **tenant_env(self.gate, tenant),
                 KREX_OOM_WAIT_S=f"{oom_wait_s:g}",
             )
         return env
@@ -139,16 +139,42 @@ class SharedGpu:
         return mine[0]
 
 
+def _audit(gate: Any, stop: threading.Event) -> None:
+    """What krexd's gate watch does for the shims' memory judgement (krexd/gatewatch.py).
+
+    Every 5 ms: ``Gate.audit()`` publishes the per-tenant memory summary and
+    relays frees; every 50 ms, registrations whose process exited are
+    ignored (judged by pid and start time: these tests run no cgroups).
+    """
+    from krexd.registrations import identity
+
+    n = 0
+    while not stop.wait(0.005):
+        n += 1
+        if n % 10 == 0:
+            for s in gate.slots():
+                who = identity(s.pid)
+                if s.state == "active" and (who is None or who.start_ticks != s.start_ticks):
+                    gate.ignore(s)
+        gate.audit()
+
+
 @pytest.fixture
 def shared_gpu(built: None, tmp_path: Path) -> Iterator[SharedGpu]:
-    """A fresh 1 GiB simulated GPU and its gate; every process is killed afterwards."""
+    """A fresh 1 GiB simulated GPU and its gate, audited as krexd does; processes killed after."""
     from krexd.gate import Gate
 
     gate = Gate.create(str(tmp_path / "gpu0.gate"), 0)
     gpu = SharedGpu(tmp_path, gate)
+    stop = threading.Event()
+    auditor = threading.Thread(target=_audit, args=(gate, stop), daemon=True)
+    auditor.start()
     yield gpu
     for p in gpu.procs:
         if p.popen.poll() is None:
             p.popen.kill()
         p.popen.wait()
+    stop.set()
+    auditor.join()
     gate.unmap()
+    forget_gate(gate)

@@ -1,35 +1,38 @@
-"""The gate's memory fields reach krexd through the gate library; records survive slots.
+"""The slots' memory fields reach krexd through the gate library; records survive slots.
 
 A probe program built against ``krex_gate.h`` writes a slot's ``mem_mib``
-and ``oom`` word with the header's own macros into a gate that krexd's
-binding created; :meth:`krexd.gate.Gate.slots` must read them back decoded.
+and ``oom`` word with the header's own macros into a tenant's slot memory
+attached to a gate that krexd's binding created; :meth:`krexd.gate.Gate.slots`
+must read them back decoded, under the tenant krexd attached it for.
 The ledger tests feed slot reads in the order a slot's life gives them
 (owner counts, owner ends, slot reused).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from krexd.gate import ABI_VERSION, Gate, OomRecord, SlotInfo
+from krexd.gate import Gate, OomRecord, SlotInfo
 from krexd.memory.records import RegistrationLedger, TenantMemory
-from tests.support import REPO, ShimBuild
+from tests.support import REPO, ShimBuild, forget_gate, tenant_env
 
-# Writes slot 5 of the gate file argv[1] as an owner would (state ACTIVE).
+# Writes slot 5 of tenant argv[2]'s slot memory argv[1] as an owner would (state ACTIVE).
 PROBE = r"""
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include "krex_gate.h"
 int main(int argc, char **argv)
 {
-    struct krex_gate *g = argc > 1 ? krex_gate_open(argv[1], 0, 0, 0, 0) : NULL;
-    if (!g)
+    int fd = argc > 2 ? open(argv[1], O_RDWR) : -1;
+    struct krex_tenant_mem *m = fd >= 0 ? krex_tenant_mem_map(fd, atoi(argv[2])) : NULL;
+    if (!m)
         return 1;
-    struct krex_slot *s = &g->slots[5];
+    struct krex_slot *s = &m->slots[5];
     atomic_store(&s->tenant, 9);
     atomic_store(&s->mem_mib, 300);
     atomic_store(&s->oom, (7u << KREX_OOM_WAITED_SHIFT) | (3u << KREX_OOM_FAILED_SHIFT) |
@@ -37,7 +40,7 @@ int main(int argc, char **argv)
                               ((unsigned)KREX_OOM_IN_REGION << KREX_OOM_LAST_SHIFT) |
                               KREX_OOM_WAITING);
     atomic_store(&s->owner, krex_owner_next(atomic_load(&s->owner), KREX_SLOT_ACTIVE, 4242));
-    krex_gate_unmap(g);
+    krex_tenant_mem_unmap(m);
     return 0;
 }
 """
@@ -70,31 +73,23 @@ def probe(shim_build: ShimBuild, tmp_path: Path) -> Path:
 
 def test_slots_give_the_memory_fields_decoded(probe: Path, tmp_path: Path) -> None:
     path = str(tmp_path / "gpu0.gate")
-    with Gate.create(path, 0, nslots=8) as gate:
-        subprocess.run([str(probe), path], check=True)
+    with Gate.create(path, 0) as gate:
+        slots_path = tenant_env(gate, 9)["KREX_SLOTS"]
+        subprocess.run([str(probe), slots_path, "9"], check=True)
         slots = gate.slots()
         waiting = gate.waiting_for_memory()
-    assert len(slots) == 8
-    s = slots[5]
-    assert (s.state, s.pid, s.tenant, s.mem_mib) == ("active", 4242, 9, 300)
+        forget_gate(gate)
+    (s,) = slots
+    assert (s.index, s.state, s.pid, s.tenant, s.mem_mib) == (5, "active", 4242, 9, 300)
     assert s.oom == OomRecord(waited=7, failed=3, own=2, last="in_region", waiting=True)
-    assert all(o.mem_mib == 0 and o.oom == OomRecord() for o in slots if o.index != 5)
     assert waiting == [s]
 
 
-def test_a_gate_of_another_layout_version_is_refused_by_name(
-    shim_build: ShimBuild, tmp_path: Path
-) -> None:
-    path = tmp_path / "gpu0.gate"
-    Gate.create(str(path), 0).unmap()
-    with open(path, "r+b") as f:  # the version field: bytes 8..11 of every version
-        f.seek(8)
-        f.write((2).to_bytes(4, "little"))
-    with pytest.raises(Exception, match=f"gate layout version 2, this krexd expects {ABI_VERSION}"):
-        Gate.open(str(path))
-    path.write_bytes(b"\0" * os.path.getsize(path))
-    with pytest.raises(Exception, match="not a krex gate"):
-        Gate.open(str(path))
+def test_a_slot_memory_of_another_tenant_is_refused(probe: Path, tmp_path: Path) -> None:
+    with Gate.create(str(tmp_path / "gpu0.gate"), 0) as gate:
+        slots_path = tenant_env(gate, 9)["KREX_SLOTS"]
+        assert subprocess.run([str(probe), slots_path, "8"]).returncode == 1
+        forget_gate(gate)
 
 
 def slot(
@@ -120,14 +115,14 @@ def test_ledger_credits_each_count_once_and_keeps_it_after_the_slot_is_freed() -
     ledger.update([slot(0, "active", 1, 100, waited=1)], records)  # no double count
     assert (a.oom_waited, a.oom_cotenant) == (1, 0)
     # The process failed for co-tenants, then ended; the slot was freed (fields kept).
-    ledger.update([slot(0, "free", 0, 0, waited=1, failed=1, last="timeout")], records)
+    ledger.update([slot(0, "free", 1, 0, waited=1, failed=1, last="timeout")], records)
     assert (a.oom_waited, a.oom_cotenant, a.last_cotenant_oom, a.outcome) == (
         1,
         1,
         "timeout",
         "cotenant_oom",
     )
-    # The slot is reused by tenant 2's process: counts start over, credited to b only.
+    # Slot 0 of tenant 2's slot memory: its own counts, credited to b only.
     ledger.update([slot(0, "active", 2, 200, own=1, last="too_large")], records)
     assert (a.oom_cotenant, a.oom_own) == (1, 0)
     assert (b.oom_own, b.last_oom, b.last_cotenant_oom, b.outcome) == (

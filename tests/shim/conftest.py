@@ -1,5 +1,8 @@
 """Fixtures: ``gate``, an open gate in the test's temporary directory.
 
+Its ``judge`` (krexd's verdict on registrations still pending in a drain)
+checks pid and start time only: these tests run no cgroups.
+
 ``shim_build`` (tests/conftest.py) builds the shim, the gate library and
 the C programs of ``tests/shim/c`` once and points :mod:`krexd.gate` at
 that library.
@@ -13,12 +16,17 @@ from pathlib import Path
 import pytest
 
 from krexd.gate import Gate
-from tests.support import ShimBuild
+from tests.support import ShimBuild, forget_gate
+
+from .procs import alive_judge
 
 
 @pytest.fixture
 def gate(shim_build: ShimBuild, tmp_path: Path) -> Iterator[Gate]:
     """A fresh gate for GPU 0 in this test's directory."""
     g = Gate.create(str(tmp_path / "gpu0.gate"), 0)
+    # krexd's judge of pending registrations, without cgroups: pid and start time.
+    g.judge = alive_judge
     yield g
     g.unmap()
+    forget_gate(g)

@@ -13,9 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support import REPO, JsonLineReader, ShimBuild
+from tests.support import REPO, JsonLineReader, ShimBuild, tenant_env
 
-__all__ = ["REPO", "CuTenant", "ShimBuild", "Tenant", "cpu_ticks", "wait_for"]
+__all__ = [
+    "REPO",
+    "CuTenant",
+    "ShimBuild",
+    "Tenant",
+    "alive_judge",
+    "cpu_ticks",
+    "slot_of",
+    "wait_for",
+]
 
 STATS_FIELDS = ("started", "finished", "slot", "acks", "ready", "forgotten")
 _STATS = struct.Struct("<" + "Q" * len(STATS_FIELDS))
@@ -43,19 +52,19 @@ class Tenant:
 
     proc: subprocess.Popen[bytes]
     stats_path: Path
+    tenant: int = 0
     _map: mmap.mmap | None = field(default=None, repr=False)
 
     @classmethod
-    def start(
-        cls, build: ShimBuild, gate_path: str, tenant: int, workdir: Path, *args: str
-    ) -> Tenant:
-        """Start gate_tenant for ``tenant``; ``args`` are its options."""
+    def start(cls, build: ShimBuild, gate: Any, tenant: int, workdir: Path, *args: str) -> Tenant:
+        """Start gate_tenant for ``tenant`` on ``gate`` (krexd.gate.Gate); ``args``: options."""
         stats = workdir / f"stats-{tenant}-{time.monotonic_ns()}"
         stats.write_bytes(b"\0" * _STATS.size)
+        slots = tenant_env(gate, tenant)["KREX_SLOTS"]
         proc = subprocess.Popen(
-            [str(build.prog("gate_tenant")), gate_path, str(tenant), str(stats), *args]
+            [str(build.prog("gate_tenant")), gate.path, slots, str(tenant), str(stats), *args]
         )
-        return cls(proc, stats)
+        return cls(proc, stats, tenant)
 
     @property
     def pid(self) -> int:
@@ -81,6 +90,22 @@ class Tenant:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+def slot_of(gate: Any, tenant: int, index: int) -> Any:
+    """Registration ``index`` of ``tenant`` on ``gate`` (krexd.gate.SlotInfo)."""
+    for s in gate.slots():
+        if s.tenant == tenant and s.index == index:
+            return s
+    raise AssertionError(f"no slot {index} of tenant {tenant}: {gate.slots()}")
+
+
+def alive_judge(s: Any) -> bool:
+    """A drain judge for registrants without a shim image: the pid lives, same start time."""
+    from krexd.registrations import identity
+
+    who = identity(s.pid)
+    return who is not None and who.start_ticks == s.start_ticks
 
 
 class CuTenant:

@@ -27,7 +27,7 @@ import pytest
 from krexd.gate import ABI_VERSION, LIVE_SLOT_STATES, Gate
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
-from tests.support import json_lines
+from tests.support import json_lines, tenant_env
 
 from .procs import CuTenant, ShimBuild, wait_for
 
@@ -39,8 +39,7 @@ def shim_env(fc: FakeCuda, shim: ShimBuild, gate: Gate | None, tenant: int = 2) 
     """A tenant's environment (interfaces.md): the shim preloaded, the gate and tenant id."""
     env = fc.env(LD_PRELOAD=str(shim.shim))
     if gate is not None:
-        env["KREX_GATE"] = gate.path
-        env["KREX_TENANT"] = str(tenant)
+        env.update(tenant_env(gate, tenant))
     return env
 
 
@@ -412,7 +411,7 @@ def test_exec_releases_the_slot(shim_build: ShimBuild, fc: FakeCuda, gate: Gate)
         p.wait()
 
 
-def test_pass_through_without_gate(shim_build: ShimBuild, fc: FakeCuda, tmp_path: Path) -> None:
+def test_pass_through_without_gate(shim_build: ShimBuild, fc: FakeCuda) -> None:
     summary = fc.bench(
         "--link",
         "procaddr",
@@ -423,8 +422,13 @@ def test_pass_through_without_gate(shim_build: ShimBuild, fc: FakeCuda, tmp_path
         env=shim_env(fc, shim_build, None),
     )
     assert summary["kernels"] == 20 and summary["error"] is None
-    env = shim_env(fc, shim_build, None)
-    env.update(KREX_GATE=str(tmp_path / "missing.gate"), KREX_TENANT="2")
+    code = "import ctypes; print(ctypes.CDLL(None).krex_shim_active())"
+    active = fc.python(code, env=shim_env(fc, shim_build, None))
+    assert active.stdout.strip() == "0"
+
+
+def refused(fc: FakeCuda, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run fakebench under ``env``; it must get no GPU work done.  (result, the shim's lines)."""
     out = subprocess.run(
         [str(fc.build.fakebench), "--link", "dlsym", "--count", "5"],
         env=env,
@@ -432,12 +436,16 @@ def test_pass_through_without_gate(shim_build: ShimBuild, fc: FakeCuda, tmp_path
         text=True,
         timeout=30,
     )
-    assert out.returncode == 0
-    warnings = [ln for ln in out.stderr.splitlines() if "krex-shim" in ln]
-    assert len(warnings) == 1 and "missing.gate" in warnings[0] and "pass-through" in warnings[0]
-    code = "import ctypes; print(ctypes.CDLL(None).krex_shim_active())"
-    active = fc.python(code, env=shim_env(fc, shim_build, None))
-    assert active.stdout.strip() == "0"
+    assert '"kernels": 5' not in out.stdout, out.stdout
+    return out, "\n".join(ln for ln in out.stderr.splitlines() if "krex-shim" in ln)
+
+
+def test_an_unusable_gate_fails_closed(shim_build: ShimBuild, fc: FakeCuda, tmp_path: Path) -> None:
+    """Under krex (KREX_GATE set), a gate the shim cannot map refuses GPU work: never ungated."""
+    env = shim_env(fc, shim_build, None)
+    env.update(KREX_GATE=str(tmp_path / "missing.gate"), KREX_TENANT="2")
+    _, lines = refused(fc, env)
+    assert "missing.gate" in lines and "GPU work refused" in lines and "pass-through" not in lines
 
 
 def test_a_gate_of_another_layout_version_is_refused_by_name(
@@ -450,19 +458,22 @@ def test_a_gate_of_another_layout_version_is_refused_by_name(
         f.write((2).to_bytes(4, "little"))
     env = shim_env(fc, shim_build, None)
     env.update(KREX_GATE=str(path), KREX_TENANT="2")
-    out = subprocess.run(
-        [str(fc.build.fakebench), "--link", "dlsym", "--count", "5"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
+    _, lines = refused(fc, env)
+    assert "old.gate" in lines and (
+        f"gate layout version 2, this libkrex_shim.so expects {ABI_VERSION}" in lines
     )
-    assert out.returncode == 0  # pass-through, as without a gate
-    (warning,) = [ln for ln in out.stderr.splitlines() if "krex-shim" in ln]
-    assert (
-        "old.gate" in warning
-        and f"gate layout version 2, this libkrex_shim.so expects {ABI_VERSION}" in (warning)
-    )
+
+
+def test_no_slot_memory_fails_closed(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:
+    """A tenant process without its slot memory (or someone else's) refuses GPU work."""
+    env = shim_env(fc, shim_build, None)
+    env.update(KREX_GATE=gate.path, KREX_TENANT="2")
+    _, lines = refused(fc, env)
+    assert "slot memory" in lines and "GPU work refused" in lines
+    env.update(tenant_env(gate, 3))
+    env["KREX_TENANT"] = "2"  # tenant 3's slot memory, claimed as tenant 2
+    _, lines = refused(fc, env)
+    assert "not this tenant's" in lines
 
 
 def test_memory_accounting_and_active(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:
@@ -533,7 +544,7 @@ def test_region_calls_without_a_driver_loaded(shim_build: ShimBuild, gate: Gate)
         "print(json.dumps([b, e, k.value, me.krex_shim_active(), loaded]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    env.update(LD_PRELOAD=str(shim_build.shim), KREX_GATE=gate.path, KREX_TENANT="2")
+    env.update(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, 2))
     gate.close(2, 7)  # the region this command holds
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30

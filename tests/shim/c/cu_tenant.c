@@ -14,6 +14,12 @@
  *                              (ctx: a created context, cuCtxCreate_v4)
  *   stream ID [nonblocking]    create stream number ID (1..15)
  *   launch ID N NS             N kernels of NS ns on stream ID (0 = legacy NULL)
+ *   bglaunch ID N NS           the same from a new thread; its reply comes when done
+ *   streamdestroy ID           cuStreamDestroy_v2 of stream ID
+ *   newctx                     cuCtxCreate_v4 (current on this thread): "ctx" = its number
+ *   usectx I | ctxdestroy I    cuCtxSetCurrent / cuCtxDestroy_v2 of context number I
+ *                              (0: the context of "init ctx")
+ *   meminfo                    cuMemGetInfo_v2: adds "free" and "total" (bytes)
  *   begin ID MODE              cuStreamBeginCapture_v2 (global|thread|relaxed)
  *   end ID                     cuStreamEndCapture + cuGraphInstantiateWithFlags
  *   graph ID                   cuGraphLaunch of the last instantiated graph on ID
@@ -35,6 +41,7 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +49,7 @@
 #include <time.h>
 
 #define MAX_STREAMS 16
+#define MAX_CTXS 64
 
 #define FN(name) static __typeof__(&name) p_##name
 FN(cuInit);
@@ -62,8 +70,14 @@ FN(cuStreamBeginCapture_v2);
 FN(cuStreamEndCapture);
 FN(cuGraphInstantiateWithFlags);
 FN(cuGraphLaunch);
+FN(cuStreamDestroy_v2);
+FN(cuCtxDestroy_v2);
+FN(cuMemGetInfo_v2);
 
 static CUstream streams[MAX_STREAMS];
+static CUcontext ctxs[MAX_CTXS];
+static int nctxs = 1; /* ctxs[0]: the context of "init ctx" */
+static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUfunction kernel;
 static CUmodule module;
 static int tearing_down;
@@ -106,6 +120,9 @@ static int bind_all(void)
     BIND(cuStreamEndCapture);
     BIND(cuGraphInstantiateWithFlags);
     BIND(cuGraphLaunch);
+    BIND(cuStreamDestroy_v2);
+    BIND(cuCtxDestroy_v2);
+    BIND(cuMemGetInfo_v2);
     return 0;
 }
 
@@ -121,8 +138,8 @@ static int cmd_init(const char *how)
     int r = p_cuInit(0);
     if (!r)
         r = p_cuDeviceGet(&dev, 0);
-    if (!r && how && !strcmp(how, "ctx"))
-        r = p_cuCtxCreate_v4(&ctx, NULL, 0, dev);
+    if (!r && how && !strcmp(how, "ctx") && !(r = p_cuCtxCreate_v4(&ctx, NULL, 0, dev)))
+        ctxs[0] = ctx;
     else if (!r && !(r = p_cuDevicePrimaryCtxRetain(&ctx, dev)))
         r = p_cuCtxSetCurrent(ctx);
     if (!r)
@@ -173,6 +190,39 @@ static void teardown_at_exit(void)
     reply("go", r, t0);
 }
 
+struct bg {
+    int id;
+    long n;
+    uint64_t ns;
+};
+
+static void *bg_launch(void *arg)
+{
+    struct bg *b = arg;
+    uint64_t t0 = now_ns();
+    int r = launch(b->id, b->n, b->ns);
+    pthread_mutex_lock(&out_mu);
+    printf("{\"cmd\": \"bglaunch\", \"rc\": %d, \"t0\": %llu, \"t1\": %llu}\n", r,
+           (unsigned long long)t0, (unsigned long long)now_ns());
+    fflush(stdout);
+    pthread_mutex_unlock(&out_mu);
+    free(b);
+    return NULL;
+}
+
+static int cmd_bglaunch(int id, long n, uint64_t ns)
+{
+    struct bg *b = malloc(sizeof *b);
+    pthread_t t;
+    if (!b)
+        return -3;
+    *b = (struct bg){id, n, ns};
+    if (pthread_create(&t, NULL, bg_launch, b) != 0)
+        return -3;
+    pthread_detach(t);
+    return 0;
+}
+
 static CUstreamCaptureMode mode_of(const char *s)
 {
     if (s && !strcmp(s, "thread"))
@@ -197,7 +247,8 @@ int main(void)
         if (sscanf(line, "%31s %199s %31s %31s", cmd, a, b, c) < 1)
             continue;
         uint64_t t0 = now_ns(), sync_ns = 0, launches = 0;
-        int r = 0, extra = 0, flushed = -1;
+        int r = 0, extra = 0, flushed = -1, ctx_no = -1;
+        size_t mfree = 0, mtotal = 0;
         if (!strcmp(cmd, "init")) {
             r = cmd_init(a);
         } else if (!strcmp(cmd, "stream")) {
@@ -208,6 +259,22 @@ int main(void)
                     : CUDA_ERROR_INVALID_VALUE;
         } else if (!strcmp(cmd, "launch")) {
             r = launch(atoi(a), atol(b), strtoull(c, NULL, 10));
+        } else if (!strcmp(cmd, "bglaunch")) {
+            if ((r = cmd_bglaunch(atoi(a), atol(b), strtoull(c, NULL, 10))) == 0)
+                continue; /* the thread replies */
+        } else if (!strcmp(cmd, "streamdestroy")) {
+            r = p_cuStreamDestroy_v2(stream_of(atoi(a)));
+        } else if (!strcmp(cmd, "newctx")) {
+            CUdevice dev;
+            r = nctxs < MAX_CTXS ? p_cuDeviceGet(&dev, 0) : CUDA_ERROR_INVALID_VALUE;
+            if (!r && !(r = p_cuCtxCreate_v4(&ctxs[nctxs], NULL, 0, dev)))
+                ctx_no = nctxs++;
+        } else if (!strcmp(cmd, "usectx")) {
+            r = p_cuCtxSetCurrent(ctxs[atoi(a) % MAX_CTXS]);
+        } else if (!strcmp(cmd, "ctxdestroy")) {
+            r = p_cuCtxDestroy_v2(ctxs[atoi(a) % MAX_CTXS]);
+        } else if (!strcmp(cmd, "meminfo")) {
+            r = p_cuMemGetInfo_v2(&mfree, &mtotal);
         } else if (!strcmp(cmd, "begin")) {
             r = p_cuStreamBeginCapture_v2(stream_of(atoi(a)), mode_of(b));
         } else if (!strcmp(cmd, "end")) {
@@ -245,8 +312,13 @@ int main(void)
             r = -2;
         }
         uint64_t t1 = now_ns();
+        pthread_mutex_lock(&out_mu);
         printf("{\"cmd\": \"%s\", \"rc\": %d, \"t0\": %llu, \"t1\": %llu", cmd, r,
                (unsigned long long)t0, (unsigned long long)t1);
+        if (ctx_no >= 0)
+            printf(", \"ctx\": %d", ctx_no);
+        if (!strcmp(cmd, "meminfo"))
+            printf(", \"free\": %zu, \"total\": %zu", mfree, mtotal);
         if (extra)
             printf(", \"sync_ns\": %llu, \"launches\": %llu", (unsigned long long)sync_ns,
                    (unsigned long long)launches);
@@ -254,6 +326,7 @@ int main(void)
             printf(", \"flushed\": %d", flushed);
         printf("}\n");
         fflush(stdout);
+        pthread_mutex_unlock(&out_mu);
     }
     return 0;
 }

@@ -4,7 +4,9 @@
  * (minus the context synchronization) and makes "calls" from worker
  * threads through krex_gate_enter/leave.
  *
- * usage: gate_tenant GATE TENANT STATS [options]
+ * usage: gate_tenant GATE SLOTS TENANT STATS [options]
+ *   GATE is the gate file (mapped read-only), SLOTS the tenant's slot
+ *   memory (a path such as /proc/<pid>/fd/<n>, as the shim's KREX_SLOTS)
  *   --threads K      submitting threads (default 1)
  *   --call-us U      each call busy-waits a random 0..U µs (default 20)
  *   --gap-us G       pause between a thread's calls, random 0..G µs (default 0)
@@ -31,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,7 +46,8 @@ struct stats {
     _Atomic uint64_t forgotten;
 };
 
-static struct krex_gate *g;
+static const struct krex_gate *g;
+static struct krex_tenant_mem *m;
 static struct krex_slot *slot;
 static uint32_t tenant;
 static struct stats *st;
@@ -74,7 +78,7 @@ static void *worker(void *arg)
         if (call_us)
             spin_us((unsigned)rand_r(&seed) % (call_us + 1));
         atomic_fetch_add(&st->finished, 1);
-        krex_gate_leave(g, slot);
+        krex_gate_leave(slot);
         if (gap_us)
             usleep((unsigned)rand_r(&seed) % (gap_us + 1));
     }
@@ -101,7 +105,7 @@ static void *drainer(void *arg)
         if (w && krex_gate_holder(w) != tenant && atomic_load(&slot->ack_epoch) != epoch &&
             !no_ack) {
             krex_gate_wait_idle(slot);
-            krex_gate_ack(g, slot, epoch);
+            krex_gate_ack(slot, epoch);
             atomic_fetch_add(&st->acks, 1);
         }
         krex_gate_wait_seq(g, seen, -1);
@@ -117,13 +121,13 @@ static void die(const char *what)
 
 int main(int argc, char **argv)
 {
-    if (argc < 4) {
-        fprintf(stderr, "usage: gate_tenant GATE TENANT STATS [options]\n");
+    if (argc < 5) {
+        fprintf(stderr, "usage: gate_tenant GATE SLOTS TENANT STATS [options]\n");
         return 2;
     }
-    tenant = (uint32_t)strtoul(argv[2], NULL, 10);
+    tenant = (uint32_t)strtoul(argv[3], NULL, 10);
     int threads = 1, want_stuck = 0, want_exec = 0;
-    for (int i = 4; i < argc; i++) {
+    for (int i = 5; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--call-us") && i + 1 < argc)
@@ -143,25 +147,36 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    int fd = open(argv[3], O_RDWR | O_CREAT, 0600);
+    int fd = open(argv[4], O_RDWR | O_CREAT, 0600);
     if (fd < 0 || ftruncate(fd, sizeof *st) != 0)
         die("stats file");
     st = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (st == MAP_FAILED)
         die("mmap stats");
-    g = krex_gate_open(argv[1], 0, 0, 0, 0);
+    int gfd = open(argv[1], O_RDONLY | O_CLOEXEC);
+    g = gfd >= 0 ? krex_gate_map(gfd) : NULL;
     if (!g)
-        die("open gate");
+        die("map gate");
+    close(gfd);
+    int sfd = open(argv[2], O_RDWR | O_CLOEXEC);
+    m = sfd >= 0 ? krex_tenant_mem_map(sfd, tenant) : NULL;
+    if (!m)
+        die("map slot memory");
+    close(sfd);
+    struct stat ns;
+    uint64_t pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint64_t)ns.st_ino : 0;
     /* As the shim at start: slots of an earlier image of this process. */
-    int forgotten = krex_gate_forget_pid(g, getpid());
+    int forgotten = krex_gate_forget_pid(g, m, getpid(), pidns);
     atomic_fetch_add(&st->forgotten, (uint64_t)(forgotten > 0 ? forgotten : 0));
 
-    int idx = krex_gate_register(g, tenant, getpid());
+    /* No shim mapping to show krexd: image 0 (tests that need krexd's
+     * verification use the real shim). */
+    int idx = krex_gate_register(g, m, tenant, getpid(), 0, pidns);
     if (idx < 0) {
         errno = -idx;
         die("register");
     }
-    slot = &g->slots[idx];
+    slot = &m->slots[idx];
     atomic_store(&st->slot, (uint64_t)idx);
     if (want_exec) {
         char *args[32];
@@ -176,7 +191,7 @@ int main(int argc, char **argv)
     pthread_t t;
     if (pthread_create(&t, NULL, drainer, NULL) != 0)
         die("drainer");
-    krex_gate_leave(g, slot); /* the registration's admitted call */
+    krex_gate_leave(slot); /* the registration's admitted call */
     pthread_t w[64];
     if (threads > 64)
         threads = 64;

@@ -1,0 +1,120 @@
+"""Keeps every GPU's gate sound between and during regions (docs/design/shim.md "Who writes what").
+
+Every ``period_s`` (10 ms), for each gate:
+
+* ``Gate.audit()``: every attached slot memory is validated (states krexd's
+  protocol cannot have produced: a slot state that does not exist, a
+  registration claiming another tenant, an acknowledgement of an epoch
+  krexd never requested, an impossible in-flight count, a rewritten
+  header); each such tenant is named in one error line and its command is
+  ended (``kill``, exit code 76).  The audit also publishes the per-tenant
+  memory summary the shims read and relays device-memory frees to waiting
+  co-tenants.
+* every ``sweep_every`` ticks: each active registration is verified
+  (``krexd.registrations.Verifier``); those whose process is gone or exec'd
+  are ignored from then on (drains skip them, the summary drops them); the
+  gate file's path is checked and restored if it was removed or replaced
+  (krexd keeps its fd and a second link, so running tenants never notice
+  and new ones find it); a gate word left closed with no region (only
+  krexd writes it: that would be krexd's own fault) is logged and reopened.
+
+Bounded: one audit reads at most 64 x 128 slots; the detection delay is
+one period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from krex_client.errors import ExitCode
+from krexd.gate import LIVE_SLOT_STATES, GateError
+from krexd.gpu import Gpu
+from krexd.registrations import Verifier
+from krexd.tenants import Tenant, TenantRegistry
+
+_log = logging.getLogger("krexd.gatewatch")
+
+#: kill(tenant, reason, exit_code): end a tenant's command for what it did.
+KillTenant = Callable[[Tenant, str, int], None]
+
+
+class GateWatch:
+    """Audits, verifies and restores the gates of ``gpus`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        gpus: Mapping[int, Gpu],
+        tenants: TenantRegistry,
+        verifier: Verifier,
+        kill: KillTenant,
+        period_s: float = 0.01,
+        sweep_every: int = 10,
+    ) -> None:
+        self._gpus = gpus
+        self._tenants = tenants
+        self._verifier = verifier
+        self._kill = kill
+        self._period_s = period_s
+        self._sweep_every = sweep_every
+        self._ticks = 0
+
+    async def run(self) -> None:
+        """Tick until cancelled."""
+        while True:
+            try:
+                self.tick()
+            except Exception:
+                _log.exception("gate watch")
+            await asyncio.sleep(self._period_s)
+
+    def tick(self) -> None:
+        """One audit of every gate (and, every ``sweep_every`` ticks, a sweep)."""
+        self._ticks += 1
+        sweep = self._ticks % self._sweep_every == 0
+        for gpu in self._gpus.values():
+            if gpu.gate is None:
+                continue
+            try:
+                self._audit(gpu)
+                if sweep:
+                    self._sweep(gpu)
+            except GateError as exc:
+                _log.debug("gpu%d: %s", gpu.index, exc)  # unmapped at shutdown
+
+    def _audit(self, gpu: Gpu) -> None:
+        assert gpu.gate is not None
+        for finding in gpu.gate.audit():
+            tenant = self._tenants.get(finding.tenant)
+            if tenant is None or tenant.kill_reason is not None:
+                continue
+            reason = (
+                f"tampered with its gate registrations on GPU {gpu.index}: {finding.describe()}"
+            )
+            _log.error("t%d %s; ending its command", tenant.id, reason)
+            self._kill(tenant, reason, ExitCode.UNPROTECTABLE)
+
+    def _sweep(self, gpu: Gpu) -> None:
+        gate = gpu.gate
+        assert gate is not None
+        for slot in gate.slots():
+            if slot.state in LIVE_SLOT_STATES and not self._verifier.judge(slot):
+                gate.ignore(slot)  # gone, exec'd, or not the tenant's process
+        try:
+            if gate.relink():
+                _log.error(
+                    "gpu%d: gate file %s was removed or replaced; restored", gpu.index, gate.path
+                )
+        except GateError as exc:
+            _log.error("gpu%d: %s", gpu.index, exc)
+        word = gate.word
+        if word is not None and gpu.coordinator.idle():
+            holder, epoch = word
+            _log.error(
+                "gpu%d: gate closed for tenant %d epoch %d with no region; reopening",
+                gpu.index,
+                holder,
+                epoch,
+            )
+            gate.reopen(holder, epoch)

@@ -1,0 +1,209 @@
+"""Gate registrations as krexd verifies them, and the fail-closed check of region entry.
+
+A registration (``krexd.gate.SlotInfo``) is what a tenant process wrote in
+its tenant's slot memory: its pid *in its own pid namespace*, that
+namespace's inode, its start time, and where the shim is mapped in it
+(``image``).  krexd trusts none of it alone.  :meth:`Verifier.resolve`
+finds the process it names among the processes of the tenant's cgroup
+(``cgroup.procs`` lists them in krexd's namespace): same innermost pid
+(``NSpid`` of ``/proc/<pid>/status``), same pid namespace
+(``/proc/<pid>/ns/pid``), same start time (``/proc/<pid>/stat`` field 22),
+and the shim's mapping still there (``/proc/<pid>/map_files/<start>-<end>``,
+which a program exec'd without the shim does not have).  A registration
+that resolves to no process is garbage: drains skip it
+(``krexd.gate.Gate.ignore``).
+
+:class:`RegionGuard` is the fail-closed rule (docs/design/shim.md "Fail
+closed"): once the siblings are drained and frozen, every process of a
+sibling's cgroup that has the GPU open (the memory source's ``users``:
+NVML's compute processes, or the fake driver's contexts) must have a
+verified registration that acknowledged the epoch with nothing in flight.
+Any other process is "unprotectable GPU use": no shim (``env -u
+LD_PRELOAD``), a program exec'd without it, a shim that refused or passed
+through.  The coordinator then ends that sibling's command (exit code 76,
+``ExitCode.UNPROTECTABLE``) with a message naming the process and the
+cause, and grants only once its processes have left the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from krexd.gate import LIVE_SLOT_STATES, SlotInfo
+from krexd.tenants import Tenant
+
+#: krex_gate.h KREX_IMAGE_PAGE_MASK: krex_slot.image = start | pages.
+_IMAGE_PAGE_MASK = 0xFFF
+_PAGE = 4096
+_SHIM_NAME = b"libkrex_shim"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A process as its registration would describe it."""
+
+    pid: int  # in krexd's pid namespace
+    nspid: int  # in its own (innermost) pid namespace
+    pidns: int  # inode of that namespace
+    start_ticks: int  # /proc/<pid>/stat field 22
+
+
+def identity(pid: int) -> Identity | None:
+    """Process ``pid``'s identity, or None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X"):
+            return None
+        start = int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+        nspid = pid
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    nspid = int(line.split()[-1])
+                    break
+        pidns = os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except (OSError, IndexError, ValueError):
+        return None
+    return Identity(pid, nspid, pidns, start)
+
+
+def image_mapped(pid: int, image: int) -> bool:
+    """True when the shim mapping recorded as ``image`` is still mapped in ``pid``."""
+    start, pages = image & ~_IMAGE_PAGE_MASK, image & _IMAGE_PAGE_MASK
+    if not start or not pages:
+        return False
+    try:
+        target = os.readlink(f"/proc/{pid}/map_files/{start:x}-{start + pages * _PAGE:x}")
+    except OSError:
+        return False
+    return "libkrex_shim" in target
+
+
+def shim_loaded(pid: int) -> bool:
+    """True when some libkrex_shim is mapped in ``pid`` (for the message only)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return any(_SHIM_NAME in line for line in f)
+    except OSError:
+        return False
+
+
+def matches(slot: SlotInfo, who: Identity) -> bool:
+    """True when ``slot`` describes process ``who`` (pid, namespace, start time)."""
+    return slot.pid == who.nspid and slot.pidns == who.pidns and slot.start_ticks == who.start_ticks
+
+
+class Verifier:
+    """Resolves registrations to processes of their tenant's cgroup.
+
+    ``cgroup_pids(tenant_id)`` lists the pids of that tenant's cgroup in
+    krexd's namespace, or None for a tenant krexd does not know.
+    """
+
+    def __init__(self, cgroup_pids: Callable[[int], list[int] | None]) -> None:
+        self._cgroup_pids = cgroup_pids
+
+    def resolve(self, slot: SlotInfo) -> int | None:
+        """The pid (krexd's namespace) of the live process ``slot`` names, else None."""
+        try:
+            pids = self._cgroup_pids(slot.tenant)
+        except OSError:
+            return None
+        if not pids:
+            return None
+        # Most registrations are of krexd's own namespace: try the pid itself first.
+        order = ([slot.pid] if slot.pid in pids else []) + [p for p in pids if p != slot.pid]
+        for pid in order:
+            who = identity(pid)
+            if who is not None and matches(slot, who):
+                return pid if image_mapped(pid, slot.image) else None
+        return None
+
+    def judge(self, slot: SlotInfo) -> bool:
+        """True when ``slot``'s owner is verified live (``krexd.gate.Gate.judge``)."""
+        return self.resolve(slot) is not None
+
+
+@dataclass(frozen=True)
+class Unprotected:
+    """A sibling process using the GPU without a drained, verified registration."""
+
+    tenant: Tenant
+    pid: int
+    cause: str
+
+    def describe(self) -> str:
+        """One line naming the process, its command and the cause."""
+        try:
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+        except OSError:
+            cmd = "?"
+        return (
+            f"unprotectable GPU use: pid {self.pid} ({cmd}) of tenant {self.tenant.id} has "
+            f"the GPU open but {self.cause}"
+        )
+
+
+def _cause(pid: int, who: Identity, mine: list[SlotInfo], epoch: int) -> str:
+    """Why process ``pid`` (``who``) has no drained, verified registration."""
+    if not shim_loaded(pid):
+        return "krex's shim is not loaded in it (LD_PRELOAD unset, or a static program)"
+    described = [s for s in mine if matches(s, who)]
+    if not described:
+        return "it never registered with the gate (its shim refused GPU work or was bypassed)"
+    if not any(image_mapped(pid, s.image) for s in described):
+        return "it exec'd another program after it registered"
+    return f"its registration did not drain for epoch {epoch}"
+
+
+class RegionGuard:
+    """The fail-closed check of one GPU's region entry (see the module docstring).
+
+    ``users()`` is the set of pids with the GPU open (None: the source
+    cannot tell, and the check is skipped); ``slots()`` the gate's
+    registrations.
+    """
+
+    def __init__(
+        self,
+        users: Callable[[], set[int] | None],
+        slots: Callable[[], list[SlotInfo]],
+    ) -> None:
+        self._users = users
+        self._slots = slots
+
+    def users(self) -> set[int] | None:
+        """The pids with the GPU open now (None: unknown)."""
+        return self._users()
+
+    def unprotected(self, siblings: list[Tenant], epoch: int) -> list[Unprotected]:
+        """Sibling processes with the GPU open and no drained, verified registration."""
+        users = self._users()
+        if not users:
+            return []
+        slots = self._slots()
+        found: list[Unprotected] = []
+        for t in siblings:
+            try:
+                pids = [p for p in t.cgroup.pids() if p in users]
+            except OSError:
+                continue  # the tenant ended
+            mine = [s for s in slots if s.tenant == t.id and s.state in LIVE_SLOT_STATES]
+            for pid in pids:
+                who = identity(pid)
+                if who is None:
+                    continue  # gone: its contexts are torn down
+                if any(
+                    matches(s, who)
+                    and image_mapped(pid, s.image)
+                    and s.ack_epoch == epoch
+                    and s.inflight == 0
+                    for s in mine
+                ):
+                    continue
+                found.append(Unprotected(t, pid, _cause(pid, who, mine, epoch)))
+        return found

@@ -1,0 +1,371 @@
+/*
+ * track.c — what a drain must synchronize: the contexts and streams this
+ * process uses, and its open stream captures (docs/design/shim.md "The
+ * drainer and capture").  The drainer (drain.c) reads them through
+ * track.h: a snapshot of a list, then each handle claimed for its
+ * synchronization.
+ *
+ * Contexts: created through the API (cuCtxCreate*, cuCtxFromGreenCtx) or
+ * made current (cuCtxSetCurrent, cuCtxPushCurrent*), dropped at
+ * cuCtxDestroy* (with their streams) or when the driver calls the handle
+ * invalid.  Streams: created through the API, dropped at cuStreamDestroy*.
+ * A green context is tracked as the context converted from it.
+ *
+ * Captures: a count of the captures open in the process, and a
+ * read-write lock that makes the "is this stream capturing?" check of an
+ * uncounted launch and the launch itself atomic with respect to the end
+ * of that capture (krex_capture_pass / krex_capture_end_begin).
+ */
+#include "track.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct handles {
+    struct krex_tracked *v;
+    size_t n, cap;
+};
+
+/* Guards both lists and `busy`.  Held only for list operations, never
+ * across a driver call that waits on the device: the command's own
+ * threads take it in cuStreamCreate / cuStreamDestroy / cuCtxDestroy
+ * hooks and at fork, and must not wait behind a drain (a kernel waiting
+ * for host progress made after such a call would deadlock). */
+static pthread_mutex_t track_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t track_cv = PTHREAD_COND_INITIALIZER;
+static struct handles ctxs;    /* created through the API or made current */
+static struct handles streams; /* created through the API; owner = context */
+/* The handle a drain is synchronizing right now (and its context): a
+ * destroy of either waits until the drain moved on, so the driver never
+ * gets a handle freed under it (stream destruction is not gated). */
+static void *busy, *busy_ctx;
+static _Atomic uint32_t captures;
+/* Readers: an uncounted launch into a capturing stream, from the check to
+ * the call's return; writer: cuStreamEndCapture.  Writers are preferred so
+ * that a stream of captured launches cannot starve the end of a capture. */
+static pthread_rwlock_t capture_rw = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+
+/* ---- the lists -------------------------------------------------------------- */
+
+static struct krex_tracked *handles_find(struct handles *h, void *p)
+{
+    for (size_t i = 0; i < h->n; i++)
+        if (h->v[i].h == p)
+            return &h->v[i];
+    return NULL;
+}
+
+static void handles_add(struct handles *h, void *p, void *owner)
+{
+    if (handles_find(h, p))
+        return; /* already tracked (a green context's keeps its owner) */
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? 2 * h->cap : 16;
+        struct krex_tracked *v = realloc(h->v, cap * sizeof *v);
+        if (!v) {
+            krex_log(KREX_LOG_ERROR, "out of memory: handle %p not tracked for drains", p);
+            return;
+        }
+        h->v = v;
+        h->cap = cap;
+    }
+    h->v[h->n++] = (struct krex_tracked){p, owner};
+}
+
+static void handles_remove(struct handles *h, void *p)
+{
+    for (size_t i = 0; i < h->n; i++)
+        if (h->v[i].h == p) {
+            h->v[i] = h->v[--h->n];
+            return;
+        }
+}
+
+/* Remove every entry owned by `owner` (a context's streams). */
+static void handles_remove_owned(struct handles *h, void *owner)
+{
+    for (size_t i = 0; i < h->n;)
+        if (h->v[i].owner == owner)
+            h->v[i] = h->v[--h->n];
+        else
+            i++;
+}
+
+static void handles_clear(struct handles *h)
+{
+    free(h->v);
+    h->v = NULL;
+    h->n = h->cap = 0;
+}
+
+/* Frameworks make the same context current over and over: the last one
+ * recorded is remembered so that the repeat costs one load, no lock.  It
+ * is written under track_mu only, together with the list, so it always
+ * names a tracked context (or NULL). */
+static _Atomic(CUcontext) last_current;
+
+/* Under track_mu: forget context `ctx` and its streams; then wait until a
+ * drain synchronizing it (or one of its streams) has moved on. */
+static void forget_ctx_locked(CUcontext ctx)
+{
+    handles_remove(&ctxs, ctx);
+    handles_remove_owned(&streams, ctx);
+    /* Relaxed: written and read under track_mu (the lock orders it). */
+    if (atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
+        atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
+    while (busy_ctx == (void *)ctx)
+        pthread_cond_wait(&track_cv, &track_mu);
+}
+
+/* The context of `stream` (its owner for the tracking list). */
+static CUcontext stream_ctx(CUstream stream)
+{
+    __typeof__(&cuStreamGetCtx) get = KREX_REAL(cuStreamGetCtx);
+    CUcontext ctx = NULL;
+    if (!get || get(stream, &ctx) != CUDA_SUCCESS)
+        return NULL;
+    return ctx;
+}
+
+void krex_note_stream_created(CUresult r, CUstream *phStream)
+{
+    if (r != CUDA_SUCCESS || !phStream || !*phStream)
+        return;
+    int saved = errno;
+    CUcontext ctx = stream_ctx(*phStream); /* a host query, outside the lock */
+    pthread_mutex_lock(&track_mu);
+    handles_add(&streams, *phStream, ctx);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+void krex_note_stream_destroying(CUstream stream)
+{
+    if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    handles_remove(&streams, stream);
+    while (busy == (void *)stream) /* only while a drain syncs this very stream */
+        pthread_cond_wait(&track_cv, &track_mu);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+void krex_note_ctx_created(CUresult r, CUcontext *pctx)
+{
+    if (r != CUDA_SUCCESS || !pctx || !*pctx)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    handles_add(&ctxs, *pctx, NULL);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+/* A green context's work runs in the context converted from it
+ * (cuCtxFromGreenCtx): track that one, owned by the green context. */
+void krex_note_green_created(CUresult r, CUgreenCtx *phCtx)
+{
+    if (r != CUDA_SUCCESS || !phCtx || !*phCtx)
+        return;
+    int saved = errno;
+    __typeof__(&cuCtxFromGreenCtx) conv = KREX_REAL(cuCtxFromGreenCtx);
+    CUcontext ctx = NULL;
+    if (!conv || conv(&ctx, *phCtx) != CUDA_SUCCESS || !ctx) {
+        krex_log(KREX_LOG_WARN, "green context %p: no context to synchronize it through",
+                 (void *)*phCtx);
+    } else {
+        pthread_mutex_lock(&track_mu);
+        handles_add(&ctxs, ctx, *phCtx);
+        pthread_mutex_unlock(&track_mu);
+    }
+    errno = saved;
+}
+
+void krex_note_green_destroying(CUgreenCtx green)
+{
+    if (!green)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    for (size_t i = 0; i < ctxs.n; i++)
+        if (ctxs.v[i].owner == (void *)green) {
+            forget_ctx_locked((CUcontext)ctxs.v[i].h);
+            break;
+        }
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+/* Is `ctx` still a context (not destroyed)?  Without the query, assume so. */
+static int ctx_alive(CUcontext ctx)
+{
+    __typeof__(&cuCtxGetApiVersion) ver = KREX_REAL(cuCtxGetApiVersion);
+    unsigned int v = 0;
+    return !ver || ver(ctx, &v) == CUDA_SUCCESS;
+}
+
+void krex_note_ctx_current(CUresult r, CUcontext ctx)
+{
+    /* Relaxed: a hint; a stale read only takes the locked path. */
+    if (r != CUDA_SUCCESS || !ctx ||
+        atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    /* Another thread may have destroyed `ctx` after it was made current
+     * here; its removal note takes this lock after the driver destroyed
+     * it, so checking liveness under the lock never re-adds a dead one. */
+    if (handles_find(&ctxs, ctx) || ctx_alive(ctx)) {
+        handles_add(&ctxs, ctx, NULL);
+        atomic_store_explicit(&last_current, ctx, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+void krex_note_ctx_destroying(CUcontext ctx)
+{
+    if (!ctx)
+        return;
+    int saved = errno;
+    pthread_mutex_lock(&track_mu);
+    forget_ctx_locked(ctx);
+    pthread_mutex_unlock(&track_mu);
+    errno = saved;
+}
+
+void krex_note_ctx_destroyed(CUresult r, CUcontext ctx)
+{
+    if (r != CUDA_SUCCESS || !ctx)
+        return;
+    int saved = errno;
+    /* Again after the call: a set-current racing with the destroy may
+     * have re-added it between the pre-call removal and the destroy. */
+    pthread_mutex_lock(&track_mu);
+    forget_ctx_locked(ctx);
+    pthread_mutex_unlock(&track_mu);
+    krex_region_forget_ctx(ctx);
+    errno = saved;
+}
+
+static void mirror_captures(uint32_t n)
+{
+    struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
+    if (s) /* status for krexd only: relaxed */
+        atomic_store_explicit(&s->captures, n, memory_order_relaxed);
+}
+
+/* Capture begin is gated ([gate_also]): the increment happens before the
+ * call's krex_gate_leave (a seq_cst RMW, hence a release), so a drainer
+ * that then reads the counter at zero (seq_cst, hence acquire) reads the
+ * new capture count. */
+void krex_note_capture_begin(CUresult r)
+{
+    if (r == CUDA_SUCCESS)
+        mirror_captures(atomic_fetch_add_explicit(&captures, 1, memory_order_acq_rel) + 1);
+}
+
+/* EndCapture ends the capture when it succeeds and when it reports the
+ * capture invalidated; other errors leave it open.  Called after the call,
+ * with the capture lock its pre-call hook took (krex_capture_end_begin):
+ * released here, after the count changed. */
+void krex_note_capture_end(CUresult r)
+{
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) {
+        pthread_rwlock_unlock(&capture_rw);
+        return;
+    }
+    uint32_t n = atomic_load_explicit(&captures, memory_order_acquire);
+    while (n > 0 && !atomic_compare_exchange_weak_explicit(&captures, &n, n - 1,
+                                                           memory_order_acq_rel,
+                                                           memory_order_acquire))
+        ;
+    mirror_captures(n > 0 ? n - 1 : 0);
+    pthread_rwlock_unlock(&capture_rw);
+}
+
+uint32_t krex_captures(void)
+{
+    return atomic_load_explicit(&captures, memory_order_acquire);
+}
+
+/* ---- claims (track.h) -------------------------------------------------------- */
+
+/* While claimed, a destroy of the handle or of its context waits in its
+ * hook (forget_ctx_locked, krex_note_stream_destroying), so the handle
+ * stays valid for the drain. */
+int krex_track_claim(enum krex_track_list which, void *h, void *ctx)
+{
+    struct handles *list = which == KREX_TRACK_CTXS ? &ctxs : &streams;
+    pthread_mutex_lock(&track_mu);
+    int ok = handles_find(list, h) != NULL;
+    if (ok) {
+        busy = h;
+        busy_ctx = ctx;
+    }
+    pthread_mutex_unlock(&track_mu);
+    return ok;
+}
+
+void krex_track_unclaim(void)
+{
+    pthread_mutex_lock(&track_mu);
+    busy = busy_ctx = NULL;
+    pthread_cond_broadcast(&track_cv);
+    pthread_mutex_unlock(&track_mu);
+}
+
+struct krex_tracked *krex_track_snapshot(enum krex_track_list which, size_t *n, int *oom)
+{
+    struct handles *list = which == KREX_TRACK_CTXS ? &ctxs : &streams;
+    pthread_mutex_lock(&track_mu);
+    *n = list->n;
+    struct krex_tracked *v = NULL;
+    if (*n && !(v = malloc(*n * sizeof *v)))
+        *oom = 1;
+    else if (*n)
+        memcpy(v, list->v, *n * sizeof *v);
+    pthread_mutex_unlock(&track_mu);
+    if (!v)
+        *n = 0;
+    return v;
+}
+
+/* ---- capture passes ---------------------------------------------------------- */
+
+void krex_capture_pass_begin(void) { pthread_rwlock_rdlock(&capture_rw); }
+
+void krex_capture_pass_end(void) { pthread_rwlock_unlock(&capture_rw); }
+
+void krex_capture_end_begin(void)
+{
+    int saved = errno;
+    pthread_rwlock_wrlock(&capture_rw);
+    errno = saved;
+}
+
+/* ---- fork -------------------------------------------------------------------- */
+
+void krex_track_atfork_prepare(void) { pthread_mutex_lock(&track_mu); }
+
+void krex_track_atfork_parent(void) { pthread_mutex_unlock(&track_mu); }
+
+void krex_track_atfork_child(void)
+{
+    /* Contexts do not survive fork: the lists start empty, no capture is
+     * open, nothing is claimed, and no other thread holds the capture
+     * lock in the child. */
+    pthread_cond_init(&track_cv, NULL);
+    busy = busy_ctx = NULL;
+    atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
+    handles_clear(&ctxs);
+    handles_clear(&streams);
+    atomic_store_explicit(&captures, 0, memory_order_relaxed);
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+    capture_rw = fresh; /* a reader of the parent's may have held it at fork */
+    pthread_mutex_unlock(&track_mu);
+}
