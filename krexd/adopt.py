@@ -235,6 +235,7 @@ def _attach_slots(tenant: Tenant, gpu: Gpu) -> bool:
     finally:
         os.close(fd)
     tenant.slots_attached = True
+    _log.info("t%d: slot memory attached to gpu%d's gate again", tenant.id, gpu.index)
     return True
 
 

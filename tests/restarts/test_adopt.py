@@ -50,6 +50,9 @@ def test_sigkill_then_restart_loses_no_command(
     assert not any("did not confirm" in e for e in errs), errs
     wait_for(lambda: k2.status()["tenants"] == [], what="tenants released")
     assert "adopted 3 tenant(s)" in k2.log()
+    # Their slot memories (where their processes register) are attached to
+    # the gate krexd mapped again, through each launcher's fd.
+    assert k2.log().count("slot memory attached to gpu0's gate again") == 3, k2.log()
     # New ids continue the old ones.
     p = subprocess.run(
         [*k2.krex, "run", "--", "sh", "-c", "echo $KREX_TENANT"],
