@@ -289,7 +289,7 @@ KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hArray);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args)
@@ -298,7 +298,7 @@ KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpoint
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args)
@@ -307,7 +307,7 @@ KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
@@ -316,7 +316,7 @@ KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pctx, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev)
@@ -327,7 +327,7 @@ KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev)
@@ -338,7 +338,7 @@ KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
     CUresult krex_r = krex_real_fn(pctx, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams, unsigned int flags, CUdevice dev)
@@ -349,7 +349,7 @@ KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
     CUresult krex_r = krex_real_fn(pctx, paramsArray, numParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags, CUdevice dev)
@@ -360,7 +360,7 @@ KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateP
     CUresult krex_r = krex_real_fn(pctx, ctxCreateParams, flags, dev);
     krex_note_ctx_created(krex_r, pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
@@ -371,7 +371,7 @@ KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -382,7 +382,7 @@ KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
@@ -391,7 +391,7 @@ KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
@@ -401,7 +401,7 @@ KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
     CUresult krex_r = krex_real_fn(pContext, hCtx);
     krex_note_ctx_created(krex_r, pContext);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
@@ -410,7 +410,7 @@ KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
@@ -419,7 +419,7 @@ KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
@@ -429,7 +429,7 @@ KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
@@ -439,7 +439,7 @@ KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
@@ -448,7 +448,7 @@ KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
@@ -457,7 +457,7 @@ KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn();
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
@@ -467,7 +467,7 @@ KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
@@ -476,7 +476,7 @@ KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
@@ -485,7 +485,7 @@ KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(limit, value);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
@@ -494,7 +494,7 @@ KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
@@ -503,7 +503,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
@@ -512,7 +512,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
@@ -522,7 +522,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
@@ -532,7 +532,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
@@ -542,7 +542,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
     krex_check_device(dev);
     CUresult krex_r = krex_real_fn(pctx, dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
@@ -551,7 +551,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
@@ -560,7 +560,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -568,7 +568,7 @@ KREX_HOOK CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUev
     KREX_BIND(cuEventElapsedTime);
     CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
     krex_note_event_elapsed(krex_r, hStart, hEnd);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -576,7 +576,7 @@ KREX_HOOK CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, C
     KREX_BIND(cuEventElapsedTime_v2);
     CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
     krex_note_event_elapsed(krex_r, hStart, hEnd);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -586,7 +586,7 @@ KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -596,7 +596,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsi
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -606,7 +606,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
@@ -616,7 +616,7 @@ KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuFuncLoad(CUfunction function)
@@ -625,7 +625,7 @@ KREX_HOOK CUresult cuFuncLoad(CUfunction function)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(function);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags)
@@ -633,7 +633,7 @@ KREX_HOOK CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVers
     KREX_BIND(cuGetProcAddress);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags);
     krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, NULL, 4);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus)
@@ -641,7 +641,7 @@ KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaV
     KREX_BIND(cuGetProcAddress_v2);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags, symbolStatus);
     krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, symbolStatus, 5);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
@@ -650,7 +650,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgrap
     struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 0);
     CUresult krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
@@ -659,7 +659,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, C
     struct krex_slot *krex_s = krex_enter_stream((instantiateParams ? instantiateParams->hUploadStream : NULL), 1);
     CUresult krex_r = krex_real_fn(phGraphExec, hGraph, instantiateParams);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
@@ -669,7 +669,7 @@ KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
     krex_count_launch();
     CUresult krex_r = krex_real_fn(hGraph, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
@@ -679,7 +679,7 @@ KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
     krex_count_launch();
     CUresult krex_r = krex_real_fn(hGraphExec, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
@@ -688,7 +688,7 @@ KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hGraph, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
@@ -697,7 +697,7 @@ KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hGraphExec, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -706,7 +706,7 @@ KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -715,7 +715,7 @@ KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsRes
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -724,7 +724,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResour
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -733,7 +733,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsR
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
@@ -744,7 +744,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
     CUresult krex_r = krex_real_fn(phCtx, desc, dev, flags);
     krex_note_green_created(krex_r, phCtx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
@@ -754,7 +754,7 @@ KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
     krex_note_green_destroying(hCtx);
     CUresult krex_r = krex_real_fn(hCtx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
@@ -763,7 +763,7 @@ KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx, unsigned int flags, int priority)
@@ -773,7 +773,7 @@ KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
     CUresult krex_r = krex_real_fn(phStream, greenCtx, flags, priority);
     krex_note_stream_created(krex_r, phStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
@@ -782,7 +782,7 @@ KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuInit(unsigned int Flags)
@@ -792,7 +792,7 @@ KREX_HOOK CUresult cuInit(unsigned int Flags)
     CUresult krex_r = krex_real_fn(Flags);
     krex_note_init(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
@@ -801,7 +801,7 @@ KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pFunc, kernel);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunch(CUfunction f)
@@ -811,7 +811,7 @@ KREX_HOOK CUresult cuLaunch(CUfunction f)
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
@@ -821,7 +821,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* launchParamsList, unsigned int numDevices, unsigned int flags)
@@ -831,7 +831,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* laun
     krex_count_launch();
     CUresult krex_r = krex_real_fn(launchParamsList, numDevices, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
@@ -841,7 +841,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gri
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
@@ -851,7 +851,7 @@ KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, grid_width, grid_height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
@@ -861,7 +861,7 @@ KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, grid_width, grid_height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData)
@@ -870,7 +870,7 @@ KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userDat
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData)
@@ -879,7 +879,7 @@ KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* us
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
@@ -889,7 +889,7 @@ KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
@@ -899,7 +899,7 @@ KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, 
     krex_count_launch();
     CUresult krex_r = krex_real_fn(config, f, kernelParams, extra);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
@@ -909,7 +909,7 @@ KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunctio
     krex_count_launch();
     CUresult krex_r = krex_real_fn(config, f, kernelParams, extra);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
@@ -919,7 +919,7 @@ KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsi
     krex_count_launch();
     CUresult krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
@@ -928,7 +928,7 @@ KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrar
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name)
@@ -937,7 +937,7 @@ KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, cons
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pKernel, library, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
@@ -946,7 +946,7 @@ KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibra
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dptr, bytes, library, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
@@ -955,7 +955,7 @@ KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pMod, library);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, const char* symbol)
@@ -964,7 +964,7 @@ KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, c
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(fptr, library, symbol);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
@@ -973,7 +973,7 @@ KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
@@ -982,7 +982,7 @@ KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileNam
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
@@ -991,7 +991,7 @@ KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(library);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1000,7 +1000,7 @@ KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* d
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1009,7 +1009,7 @@ KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1018,7 +1018,7 @@ KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const c
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char* path, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1027,7 +1027,7 @@ KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, cons
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* sizeOut)
@@ -1036,7 +1036,7 @@ KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* si
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, cubinOut, sizeOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, void** optionValues, CUlinkState* stateOut)
@@ -1045,7 +1045,7 @@ KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* options, void** optionValues, CUlinkState* stateOut)
@@ -1054,7 +1054,7 @@ KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* option
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
@@ -1063,7 +1063,7 @@ KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize)
@@ -1076,7 +1076,7 @@ KREX_HOOK CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize)
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream)
@@ -1091,7 +1091,7 @@ KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream)
@@ -1106,7 +1106,7 @@ KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUst
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -1121,7 +1121,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, C
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -1136,7 +1136,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesi
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags)
@@ -1149,7 +1149,7 @@ KREX_HOOK CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigne
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes)
@@ -1162,7 +1162,7 @@ KREX_HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, u
         krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)
@@ -1175,7 +1175,7 @@ KREX_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t 
         krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize)
@@ -1188,7 +1188,7 @@ KREX_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize)
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray, size_t count, unsigned int flags, size_t* errorIndex, CUstream stream)
@@ -1197,7 +1197,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray,
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsArray, size_t count, unsigned int flags, size_t* errorIndex, CUstream stream)
@@ -1206,7 +1206,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsA
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop, unsigned long long flags)
@@ -1219,7 +1219,7 @@ KREX_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size
         krex_mem_created(krex_r, krex_r ? 0 : *handle, krex_mem_device_bytes(size, prop));
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(krex_mem_device_bytes(size, prop))));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1228,7 +1228,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t*
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1237,7 +1237,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream hStream)
@@ -1246,7 +1246,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, siz
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream hStream)
@@ -1255,7 +1255,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
@@ -1266,7 +1266,7 @@ KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -1277,7 +1277,7 @@ KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
@@ -1288,7 +1288,7 @@ KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeHost(void* p)
@@ -1297,7 +1297,7 @@ KREX_HOOK CUresult cuMemFreeHost(void* p)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -1308,7 +1308,7 @@ KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostUnregister(void* p)
@@ -1317,7 +1317,7 @@ KREX_HOOK CUresult cuMemHostUnregister(void* p)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int count, CUstream hStream)
@@ -1326,7 +1326,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned int count, CUstream hStream)
@@ -1335,7 +1335,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
@@ -1344,7 +1344,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
@@ -1353,7 +1353,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUd
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
@@ -1362,7 +1362,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmem
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
@@ -1371,7 +1371,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1380,7 +1380,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1389,7 +1389,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -1398,7 +1398,7 @@ KREX_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     uint64_t krex_mz = krex_mem_take_handle(handle);
     CUresult krex_r = krex_real_fn(handle);
     krex_mem_released(krex_r, handle, krex_mz);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count)
@@ -1407,7 +1407,7 @@ KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(ptr, size, desc, count);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
@@ -1416,7 +1416,7 @@ KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(ptr, size);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
@@ -1425,7 +1425,7 @@ KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
@@ -1434,7 +1434,7 @@ KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStream)
@@ -1443,7 +1443,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream)
@@ -1452,7 +1452,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream hStream)
@@ -1461,7 +1461,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
@@ -1470,7 +1470,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
@@ -1479,7 +1479,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
@@ -1488,7 +1488,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
@@ -1497,7 +1497,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
@@ -1506,7 +1506,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
@@ -1515,7 +1515,7 @@ KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStream)
@@ -1524,7 +1524,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream)
@@ -1533,7 +1533,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream hStream)
@@ -1542,7 +1542,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, size_t* failIdx, unsigned long long flags, CUstream hStream)
@@ -1551,7 +1551,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* o
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, size_t* failIdx, unsigned long long flags, CUstream hStream)
@@ -1560,7 +1560,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, unsigned long long flags, CUstream hStream)
@@ -1569,7 +1569,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, unsigned long long flags, CUstream hStream)
@@ -1578,7 +1578,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BAT
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
@@ -1587,7 +1587,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream hStream)
@@ -1596,7 +1596,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUstream hStream)
@@ -1605,7 +1605,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUs
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
@@ -1614,7 +1614,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
@@ -1623,7 +1623,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
@@ -1632,7 +1632,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
@@ -1641,7 +1641,7 @@ KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
@@ -1650,7 +1650,7 @@ KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -1659,7 +1659,7 @@ KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarra
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -1668,7 +1668,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -1677,7 +1677,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUar
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -1686,7 +1686,7 @@ KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -1695,7 +1695,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -1704,7 +1704,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -1713,7 +1713,7 @@ KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int sr
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount, CUstream hStream)
@@ -1722,7 +1722,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned i
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)
@@ -1731,7 +1731,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)
@@ -1740,7 +1740,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -1749,7 +1749,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOf
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -1758,7 +1758,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t* failIdx, CUstream hStream)
@@ -1767,7 +1767,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t* failIdx, CUstream hStream)
@@ -1776,7 +1776,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, CUstream hStream)
@@ -1785,7 +1785,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, s
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, CUstream hStream)
@@ -1794,7 +1794,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* sr
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -1803,7 +1803,7 @@ KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdevi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)
@@ -1812,7 +1812,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdevicep
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)
@@ -1821,7 +1821,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUde
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -1830,7 +1830,7 @@ KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream)
@@ -1839,7 +1839,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 sr
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -1848,7 +1848,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -1857,7 +1857,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -1866,7 +1866,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -1875,7 +1875,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDe
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -1884,7 +1884,7 @@ KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigne
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream)
@@ -1893,7 +1893,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, un
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -1902,7 +1902,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -1911,7 +1911,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevic
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount)
@@ -1920,7 +1920,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount)
@@ -1929,7 +1929,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, si
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const void* srcHost, unsigned int ByteCount)
@@ -1938,7 +1938,7 @@ KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, const void* srcHost, unsigned int ByteCount, CUstream hStream)
@@ -1947,7 +1947,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, c
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -1956,7 +1956,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, cons
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -1965,7 +1965,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount)
@@ -1974,7 +1974,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const voi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount)
@@ -1983,7 +1983,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, cons
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, unsigned int ByteCount)
@@ -1992,7 +1992,7 @@ KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, u
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHost, unsigned int ByteCount, CUstream hStream)
@@ -2001,7 +2001,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2010,7 +2010,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2019,7 +2019,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount)
@@ -2028,7 +2028,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount)
@@ -2037,7 +2037,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHo
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
@@ -2046,7 +2046,7 @@ KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUd
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
@@ -2055,7 +2055,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
@@ -2064,7 +2064,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstCo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
@@ -2073,7 +2073,7 @@ KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
@@ -2082,7 +2082,7 @@ KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsigned int N)
@@ -2091,7 +2091,7 @@ KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
@@ -2100,7 +2100,7 @@ KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
@@ -2109,7 +2109,7 @@ KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short u
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
@@ -2118,7 +2118,7 @@ KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N)
@@ -2127,7 +2127,7 @@ KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned short us, unsigned int Width, unsigned int Height)
@@ -2136,7 +2136,7 @@ KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
@@ -2145,7 +2145,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, un
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
@@ -2154,7 +2154,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
@@ -2163,7 +2163,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
@@ -2172,7 +2172,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned int ui, unsigned int Width, unsigned int Height)
@@ -2181,7 +2181,7 @@ KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
@@ -2190,7 +2190,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, un
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
@@ -2199,7 +2199,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
@@ -2208,7 +2208,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
@@ -2217,7 +2217,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned char uc, unsigned int Width, unsigned int Height)
@@ -2226,7 +2226,7 @@ KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
@@ -2235,7 +2235,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, uns
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
@@ -2244,7 +2244,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
@@ -2253,7 +2253,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsig
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
@@ -2262,7 +2262,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsigned int N)
@@ -2271,7 +2271,7 @@ KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsign
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
@@ -2280,7 +2280,7 @@ KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
@@ -2289,7 +2289,7 @@ KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
@@ -2298,7 +2298,7 @@ KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
@@ -2307,7 +2307,7 @@ KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N)
@@ -2316,7 +2316,7 @@ KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsign
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
@@ -2325,7 +2325,7 @@ KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
@@ -2334,7 +2334,7 @@ KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -2343,7 +2343,7 @@ KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -2352,7 +2352,7 @@ KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
@@ -2361,7 +2361,7 @@ KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hMipmappedArray);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name)
@@ -2370,7 +2370,7 @@ KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hfunc, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, CUmodule hmod, const char* name)
@@ -2379,7 +2379,7 @@ KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name)
@@ -2388,7 +2388,7 @@ KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodu
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dptr, bytes, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const char* name)
@@ -2397,7 +2397,7 @@ KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pSurfRef, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const char* name)
@@ -2406,7 +2406,7 @@ KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const cha
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pTexRef, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
@@ -2415,7 +2415,7 @@ KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(module, fname);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
@@ -2424,7 +2424,7 @@ KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(module, image);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -2433,7 +2433,7 @@ KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(module, image, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
@@ -2442,7 +2442,7 @@ KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(module, fatCubin);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
@@ -2451,7 +2451,7 @@ KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hmod);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -2460,7 +2460,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* ex
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -2469,7 +2469,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphor
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData, unsigned int flags)
@@ -2478,7 +2478,7 @@ KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callba
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData, unsigned int flags)
@@ -2487,7 +2487,7 @@ KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback c
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned int flags)
@@ -2496,7 +2496,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned int flags)
@@ -2505,7 +2505,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dpt
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2514,7 +2514,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstr
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2523,7 +2523,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, 
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2532,7 +2532,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CU
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2541,7 +2541,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int coun
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
@@ -2551,7 +2551,7 @@ KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
@@ -2561,7 +2561,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
@@ -2571,7 +2571,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
@@ -2581,7 +2581,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
@@ -2591,7 +2591,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
@@ -2601,7 +2601,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptur
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags)
@@ -2609,7 +2609,7 @@ KREX_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags)
     KREX_BIND(cuStreamCreate);
     CUresult krex_r = krex_real_fn(phStream, Flags);
     krex_note_stream_created(krex_r, phStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority)
@@ -2617,7 +2617,7 @@ KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int f
     KREX_BIND(cuStreamCreateWithPriority);
     CUresult krex_r = krex_real_fn(phStream, flags, priority);
     krex_note_stream_created(krex_r, phStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
@@ -2625,7 +2625,7 @@ KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
     KREX_BIND(cuStreamDestroy);
     krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
@@ -2633,7 +2633,7 @@ KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
     KREX_BIND(cuStreamDestroy_v2);
     krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
@@ -2641,7 +2641,7 @@ KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
     KREX_BIND(cuStreamEndCapture);
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
@@ -2649,7 +2649,7 @@ KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
     KREX_BIND(cuStreamEndCapture_ptsz);
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -2658,7 +2658,7 @@ KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -2667,7 +2667,7 @@ KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsi
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2676,7 +2676,7 @@ KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2685,7 +2685,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, c
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2694,7 +2694,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2703,7 +2703,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2712,7 +2712,7 @@ KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2721,7 +2721,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, c
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2730,7 +2730,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2739,7 +2739,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2748,7 +2748,7 @@ KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuin
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2757,7 +2757,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, 
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2766,7 +2766,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -2775,7 +2775,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr add
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2784,7 +2784,7 @@ KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuin
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2793,7 +2793,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, 
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2802,7 +2802,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -2811,7 +2811,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr add
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -2820,7 +2820,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extS
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -2829,7 +2829,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore*
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {
