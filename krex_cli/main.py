@@ -29,6 +29,8 @@ exit codes:
   {ExitCode.UNAVAILABLE:<13} krexd is unreachable, or it is shutting down
   {ExitCode.TEMPFAIL:<13} CMD failed after GPU out-of-memory errors its co-tenants caused
                 (EX_TEMPFAIL: run it again; the failure is not the command's)
+  {ExitCode.FAULT_CASUALTY:<13} CMD failed only because a co-tenant's kernel faulted the GPU under
+                MPS, and its --fault-retries re-runs were used up
   {ExitCode.CANNOT_EXEC:<13} CMD cannot be executed (a directory, permission denied)
   {ExitCode.NOT_FOUND:<13} CMD not found
   {ExitCode.DATAERR:<13} krexd refused the request (no such GPU, bad field)
@@ -105,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
     )
+    run.add_argument(
+        "--fault-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="re-runs after GPU-wide faults under MPS that CMD did not cause (default 2; "
+        "a suspect runs again alone, without MPS)",
+    )
     # -- region options (auto-regions, the region record) --
     run.add_argument(
         "--autoregion",
@@ -153,7 +163,13 @@ def main(argv: list[str] | None = None) -> int:
 
         _region_environ(args)
         return run(
-            cmd, args.socket or default_socket(), args.gpu, args.timeout, args.exclusive, args.mem
+            cmd,
+            args.socket or default_socket(),
+            args.gpu,
+            args.timeout,
+            args.exclusive,
+            args.mem,
+            fault_retries=max(0, args.fault_retries),
         )
     return int(args.func(args))
 

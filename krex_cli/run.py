@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from krex_cli import casualty
 from krex_client.connection import (
     Connection,
     KrexPermissionDenied,
@@ -179,14 +180,21 @@ def run(
     timeout_s: float | None = None,
     exclusive: bool = False,
     mem_bytes: int | None = None,
+    fault_retries: int = casualty.DEFAULT_RETRIES,
 ) -> int:
     """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code.
 
     ``mem_bytes``: the command's GPU memory need (bytes), None for krexd's default.
+    ``fault_retries``: re-runs after GPU-wide faults it did not cause (``krex_cli.casualty``).
     """
     conn = Connection(socket, timeout_s=5.0)
     try:
-        return _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes)
+        return casualty.with_reruns(
+            argv,
+            lambda excl: _run(conn, argv, gpu, timeout_s, excl, mem_bytes),
+            exclusive,
+            fault_retries,
+        )
     except KrexPermissionDenied as exc:
         _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
         return ExitCode.NOPERM
@@ -304,7 +312,12 @@ def _memory_record(tenant: Connection, code: int) -> dict[str, Any]:
 def _outcome(
     argv: list[str], code: int, memory: dict[str, Any], reply: dict[str, Any] | None
 ) -> int:
-    """CMD's exit ``code``, or 75 when it failed after co-tenants' out-of-memory errors."""
+    """CMD's exit ``code``, or 75 when it failed after co-tenants' out-of-memory errors.
+
+    Raises ``casualty.Casualty`` when it failed with a GPU-wide fault under MPS
+    that may not be its own (``krex_cli.casualty``: it is run again).
+    """
+    casualty.judge(argv, code, reply)
     failed_for_cotenants = int(memory.get("oom_cotenant") or 0)
     if code == 0 or not failed_for_cotenants or (reply or {}).get("kill_reason"):
         return code

@@ -36,6 +36,7 @@ from krexd.config import Config
 from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
 from krexd.errors import Code
+from krexd.faults import FaultMonitor
 from krexd.gate import Gate
 from krexd.gpu import Gpu
 from krexd.isolation import AffinityPinner, CgroupControl
@@ -67,6 +68,7 @@ class Daemon:
         self.admission = Admission([])
         self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
         self.memory: MemoryMonitor | None = None
+        self.faults: FaultMonitor | None = None
         self.lifecycle: Lifecycle | None = None
         self.server: Server | None = None
         self._stop = asyncio.Event()
@@ -123,6 +125,9 @@ class Daemon:
         lifecycle = self.lifecycle = Lifecycle(
             cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
         )
+        if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
+            self.faults = FaultMonitor(self.gpus, self.tenants, self.admission, self.mps)
+            self.faults.start(self.runtime.spawn)
         by_index = self.gpus
         return OpContext(
             tenants=self.tenants,
@@ -131,6 +136,7 @@ class Daemon:
             regions=lambda index: by_index[index].coordinator,
             about=self.about,
             status=self.status,
+            faults=self.faults,
         )
 
     def _create_gate(self, gpu: int) -> tuple[Gate | None, str | None]:
@@ -199,6 +205,8 @@ class Daemon:
         self.notifier.stopping()
         _log.info("shutting down: %s", self.summary_line())
         self.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
+        if self.faults is not None:
+            self.faults.close()  # no MPS restart while the daemons are being stopped
         for gpu in self.gpus.values():
             try:
                 await gpu.coordinator.shutdown()
@@ -261,4 +269,5 @@ class Daemon:
             "tenants": [t.summary() for t in self.tenants],
             "queue": self.admission.status(),
             "memory": self.memory.settings() if self.memory else None,
+            "faults": self.faults.status() if self.faults else None,
         }
