@@ -283,7 +283,7 @@ void fc_share_exit(void);
 void fc_share_atfork_child(void);
 
 /* fault.c: fatal faults and the modelled MPS server (KREX_FAKE_MPS) */
-CUresult fc_mps_open(const char *state_path);
+CUresult fc_mps_open(void);
 bool fc_fault_kernel(const char *name);    /* a "krex_fault*" function */
 void fc_fault_raise(int phys);              /* its launch: sticky error from now on */
 CUresult fc_fault_sticky(void);             /* CUDA_SUCCESS or the sticky error */

@@ -14,7 +14,8 @@
  *   $CUDA_MPS_PIPE_DIRECTORY/fakecuda-mps-server   (krexd gives each tenant
  *       its GPU's MPS pipe folder; tests/mps/fake-mps-control removes the
  *       file when it starts a control daemon: a restart heals the server),
- *   else KREX_FAKE_MPS_STATE, else <memory state file>.mps.
+ *   else KREX_FAKE_MPS_STATE; with neither the process is no MPS client
+ *   (as a real one that finds no control daemon) and only its own faults hit it.
  * A process keeps the file it mapped at cuInit, so after a restart the old
  * clients stay broken and new ones are healthy (the real server refuses new
  * clients until the old ones are gone; here they would join the broken one).
@@ -49,7 +50,7 @@ bool fc_fault_kernel(const char *name)
     return strncmp(name, FC_FAULT_PREFIX, sizeof FC_FAULT_PREFIX - 1) == 0;
 }
 
-CUresult fc_mps_open(const char *state_path)
+CUresult fc_mps_open(void)
 {
     const char *mode = getenv("KREX_FAKE_MPS");
     if (mode == NULL || *mode == '\0' || strcmp(mode, "0") == 0)
@@ -67,7 +68,7 @@ CUresult fc_mps_open(const char *state_path)
     else if (explicit_path && *explicit_path)
         snprintf(path, sizeof path, "%s", explicit_path);
     else
-        snprintf(path, sizeof path, "%s.mps", state_path);
+        return CUDA_SUCCESS; /* no MPS server to reach */
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0 || (fchmod(fd, 0666), 0) ||
         ftruncate(fd, (off_t)sizeof *srv) != 0) { /* grows a new file; never shrinks */

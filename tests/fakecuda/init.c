@@ -198,7 +198,7 @@ static CUresult configure(void)
     }
     r = fc_share_open(state);
     if (r == CUDA_SUCCESS)
-        r = fc_mps_open(state);
+        r = fc_mps_open();
     if (r != CUDA_SUCCESS)
         return r;
     return fc.ndev > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
