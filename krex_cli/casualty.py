@@ -57,6 +57,31 @@ class Casualty(Exception):
         self.role = str(fault.get("role"))
 
 
+#: Words of the stderr lines below that ``summary`` reads back (``krex replay``).
+CULPRIT_MARK = "its own kernel faulted GPU"
+RERUN_MARK = "under MPS: "
+ISOLATED_MARK = "running it alone, without MPS"
+
+
+def summary(stderr: str, exit_code: int | None) -> dict[str, Any] | None:
+    """What ``krex run``'s ``stderr`` says about GPU-wide faults; None when nothing.
+
+    ``{"role": "culprit"|"casualty", "reruns": int}``: a culprit was named by
+    krexd or, run again alone as a suspect, failed again (``exit_code``, the
+    final one, neither 0 nor 76); every other command that was run again
+    after a fault is a casualty.
+    """
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("krex: ")]
+    culprit = any(CULPRIT_MARK in ln for ln in lines)
+    reruns = sum(1 for ln in lines if RERUN_MARK in ln and "running it" in ln)
+    isolated = any(ISOLATED_MARK in ln for ln in lines)
+    if not culprit and not reruns and not any(RERUN_MARK in ln for ln in lines):
+        return None
+    if isolated and exit_code not in (0, int(ExitCode.FAULT_CASUALTY)):
+        culprit = True
+    return {"role": "culprit" if culprit else "casualty", "reruns": reruns}
+
+
 def _say(msg: str) -> None:
     print(f"krex: {msg}", file=sys.stderr, flush=True)
 
@@ -78,7 +103,7 @@ def judge(argv: list[str], code: int, reply: dict[str, Any] | None) -> None:
         return
     if fault.get("role") == "culprit":
         _say(
-            f"{argv[0]} failed (exit {code}): its own kernel faulted GPU {fault.get('gpu')} "
+            f"{argv[0]} failed (exit {code}): {CULPRIT_MARK} {fault.get('gpu')} "
             f"({error_name(fault)}; {fault.get('why')})"
         )
         return
@@ -106,7 +131,7 @@ def with_reruns(
             )
             head = (
                 f"{argv[0]} failed (exit {c.code}) with {error_name(c.fault)} on GPU "
-                f"{c.fault.get('gpu')} under MPS: {what} ({c.fault.get('why')})"
+                f"{c.fault.get('gpu')} {RERUN_MARK}{what} ({c.fault.get('why')})"
             )
             if n == retries:
                 _say(
@@ -115,6 +140,6 @@ def with_reruns(
                 )
                 return ExitCode.FAULT_CASUALTY
             isolated = isolated or c.role == "suspect"
-            how = "alone, without MPS" if isolated and not exclusive else "again"
+            how = ISOLATED_MARK[len("running it ") :] if isolated and not exclusive else "again"
             _say(f"{head}; running it {how} (re-run {n + 1} of {retries})")
     return ExitCode.FAULT_CASUALTY  # not reached: the loop returns

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from krex_cli import casualty
 from tests.conftest import Krexd
 from tests.support import FAKE_DIR
 
@@ -78,6 +79,11 @@ def test_mps_casualties_are_rerun_and_the_culprit_named_by_the_server_log_fails(
         assert "a co-tenant's kernel faulted the GPU" in err
         assert "running it again (re-run 1 of 2)" in err
         assert '"error": null' in out  # the re-run's own summary
+    # What krex replay reads back from the same lines.
+    assert casualty.summary(f_err, f_rc) == {"role": "culprit", "reruns": 0}
+    assert [casualty.summary(err, rc) for _o, err, rc in healthy] == [
+        {"role": "casualty", "reruns": 1}
+    ] * 3
     faults = k.status()["faults"]
     assert faults["totals"] == {"incidents": 1, "culprits": 1, "casualties": 3, "suspects": 0}
     assert faults["incidents"] == [], "the incident was not closed"
@@ -98,6 +104,10 @@ def test_uncertain_attribution_reruns_suspects_alone_without_mps(
         assert rc == 0, f"a suspect's re-run failed:\n{err}"
         assert "running it alone, without MPS (re-run 1 of 2)" in err
     assert k.status()["faults"]["totals"]["suspects"] == 4
+    assert casualty.summary(f_err, f_rc) == {"role": "culprit", "reruns": 1}
+    assert {str(casualty.summary(err, rc)) for _o, err, rc in healthy} == {
+        str({"role": "casualty", "reruns": 1})
+    }
 
 
 @pytest.mark.usefixtures("built")
@@ -131,6 +141,7 @@ def test_without_mps_only_the_faulty_command_fails(krexd_factory: Any, tmp_path:
     assert f_rc == 1
     assert '"name": "CUDA_ERROR_ILLEGAL_ADDRESS"' in f_out
     assert "faulted" not in f_err and "running it" not in f_err
+    assert casualty.summary(f_err, f_rc) is None
     for _out, err, rc in healthy:
         assert rc == 0, err
         assert "running it" not in err, "a healthy command was run twice"
