@@ -43,6 +43,9 @@ uint64_t fc_ctx_tail(const struct CUctx_st *ctx)
 
 CUresult fc_ctx_activate(struct CUctx_st *ctx, int device, unsigned int flags, bool primary)
 {
+    CUresult r = fc_mps_join(fc.phys[device]); /* a context makes the process an MPS client */
+    if (r != CUDA_SUCCESS)
+        return r;
     ctx->magic = FC_MAGIC_CTX;
     ctx->primary = primary;
     ctx->device = device;

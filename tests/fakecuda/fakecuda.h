@@ -287,6 +287,7 @@ CUresult fc_mps_open(void);
 bool fc_fault_kernel(const char *name);    /* a "krex_fault*" function */
 void fc_fault_raise(int phys);              /* its launch: sticky error from now on */
 CUresult fc_fault_sticky(void);             /* CUDA_SUCCESS or the sticky error */
+CUresult fc_mps_join(int phys);             /* a context on `phys`: 807 while its server is faulted */
 
 /* memory.c */
 /* Validate [p, p+bytes) lies inside one allocation. */

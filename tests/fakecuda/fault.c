@@ -16,9 +16,11 @@
  *       file when it starts a control daemon: a restart heals the server),
  *   else KREX_FAKE_MPS_STATE; with neither the process is no MPS client
  *   (as a real one that finds no control daemon) and only its own faults hit it.
- * A process keeps the file it mapped at cuInit, so after a restart the old
- * clients stay broken and new ones are healthy (the real server refuses new
- * clients until the old ones are gone; here they would join the broken one).
+ * A process becomes a client with its first context (refused with
+ * CUDA_ERROR_MPS_SERVER_NOT_READY while the server is faulted, as the real
+ * one refuses new clients until the old ones are gone).  It keeps the file
+ * it mapped at cuInit, so after a restart the old clients stay broken and
+ * new ones are healthy.
  * KREX_FAKE_MPS=log also appends the server's log line naming the faulting
  * client to $CUDA_MPS_LOG_DIRECTORY/server.log, in the form krexd parses
  * (docs/design/faults.md lists it as an assumption about the real server).
@@ -44,6 +46,7 @@ struct mps_server {
 
 static struct mps_server *srv;
 static bool srv_log;
+static _Atomic int joined; /* 1 once a context made this process a client */
 
 bool fc_fault_kernel(const char *name)
 {
@@ -94,10 +97,21 @@ CUresult fc_fault_sticky(void)
     int own = atomic_load_explicit(&fc.sticky, memory_order_relaxed);
     if (own)
         return (CUresult)own;
-    if (srv)
+    if (srv && atomic_load_explicit(&joined, memory_order_relaxed))
         for (int i = 0; i < fc.ndev; i++)
             if (atomic_load_explicit(&srv->culprit[fc.phys[i]], memory_order_relaxed) != 0)
                 return CUDA_ERROR_ILLEGAL_ADDRESS;
+    return CUDA_SUCCESS;
+}
+
+CUresult fc_mps_join(int phys)
+{
+    if (srv == NULL)
+        return CUDA_SUCCESS;
+    /* The real server refuses new clients while it recovers from a fault. */
+    if (atomic_load_explicit(&srv->culprit[phys], memory_order_relaxed) != 0)
+        return CUDA_ERROR_MPS_SERVER_NOT_READY;
+    atomic_store_explicit(&joined, 1, memory_order_relaxed); /* a flag; publishes nothing */
     return CUDA_SUCCESS;
 }
 

@@ -62,9 +62,9 @@ def test_under_mps_a_fault_reaches_every_client_until_the_server_restarts(
         assert rc == 1, "a co-tenant of the faulted server went on"
         assert summary["error"]["code"] == ILLEGAL_ADDRESS
         assert summary["launches"] > 0
-    # A client of the broken server fails at once; one of a restarted server runs.
+    # A new client of the broken server is refused; one of a restarted server runs.
     rc, summary = _finish(_start(fc, "--count", "3", **mps))
-    assert rc == 1 and summary["error"]["code"] == ILLEGAL_ADDRESS
+    assert rc == 1 and summary["error"]["name"] == "CUDA_ERROR_MPS_SERVER_NOT_READY"
     server.unlink()
     rc, summary = _finish(_start(fc, "--count", "3", **mps))
     assert rc == 0 and summary["error"] is None
