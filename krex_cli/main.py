@@ -1,8 +1,8 @@
 """``krex``: the user's command.
 
     krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
-             [--retry-tempfail N] [--socket PATH] [--autoregion] [--region-log PATH]
-             -- CMD ARGS...
+             [--retry-tempfail N] [--fault-retries N] [--socket PATH] [--autoregion]
+             [--region-log PATH] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
 ``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
@@ -31,6 +31,8 @@ exit codes:
   {ExitCode.TEMPFAIL:<13} CMD failed after GPU out-of-memory errors its co-tenants caused
                 (EX_TEMPFAIL: run it again; the failure is not the command's;
                 --retry-tempfail N does so up to N times)
+  {ExitCode.FAULT_CASUALTY:<13} CMD failed only because a co-tenant's kernel faulted the GPU under
+                MPS, and its --fault-retries re-runs were used up
   {ExitCode.WRONG_GPU:<13} CMD tried to use another GPU than its own (the shim ended it)
   {ExitCode.CANNOT_EXEC:<13} CMD cannot be executed (a directory, permission denied)
   {ExitCode.NOT_FOUND:<13} CMD not found
@@ -152,6 +154,14 @@ def _add_run_memory(run: argparse.ArgumentParser) -> None:
         help="run CMD again, up to N times, when it exits 75 (failed by co-tenants' GPU "
         "memory), once its memory is free (default: krexd's [memory] retry_tempfail; 0 = never)",
     )
+    run.add_argument(
+        "--fault-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="re-runs after GPU-wide faults under MPS that CMD did not cause (default 2; "
+        "a suspect runs again alone, without MPS)",
+    )
 
 
 def _add_run_regions(run: argparse.ArgumentParser) -> None:
@@ -209,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             args.mem,
             args.label,
             args.retry_tempfail,
+            fault_retries=max(0, args.fault_retries),
         )
     return int(args.func(args))
 

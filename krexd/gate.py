@@ -41,7 +41,7 @@ from typing import Any
 from krexd import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
-ABI_VERSION = 5
+ABI_VERSION = 6
 #: Slots a gate can hold (krex_gate.h KREX_GATE_MAX_SLOTS).
 MAX_SLOTS = 256
 
@@ -92,6 +92,33 @@ class OomRecord:
     waiting: bool = False  # an allocation waits for co-tenants' memory now
 
 
+#: krex_gate.h KREX_FAULT_*: a slot's record of the first fatal CUDA error its process saw.
+_FAULT_CODE_MASK, _FAULT_LAUNCHED, _FAULT_AT_SYNC = 0xFFFF, 0x10000, 0x20000
+
+
+@dataclass(frozen=True)
+class FaultSeen:
+    """The first fatal ("sticky") CUDA error a process saw (libkrex_shim/fault.c).
+
+    ``code`` is the CUresult (700: illegal address); ``launched``: the
+    process had launched kernels before it; ``at_sync``: the shim's own
+    synchronization (a drain, the exit) found it, no call of the program.
+    """
+
+    code: int
+    launched: bool
+    at_sync: bool
+
+    @classmethod
+    def decode(cls, word: int) -> FaultSeen | None:
+        """The record of slot word ``word`` (None when no fatal error was seen)."""
+        if not word & _FAULT_CODE_MASK:
+            return None
+        return cls(
+            word & _FAULT_CODE_MASK, bool(word & _FAULT_LAUNCHED), bool(word & _FAULT_AT_SYNC)
+        )
+
+
 @dataclass(frozen=True)
 class SlotInfo:
     """One slot of the gate: a registered tenant process.
@@ -106,7 +133,8 @@ class SlotInfo:
     has not freed (MiB, rounded up) and ``oom`` its out-of-memory record;
     both stay readable after the process ended, until the slot is reused.
     ``generation`` counts the slot's ownership transitions (mod 2**24,
-    krex_gate.h ``krex_slot.owner``).
+    krex_gate.h ``krex_slot.owner``).  ``fault`` is the first fatal CUDA
+    error the process saw (None: none), kept like the memory record.
     """
 
     index: int
@@ -122,6 +150,7 @@ class SlotInfo:
     mem_mib: int = 0
     oom: OomRecord = OomRecord()
     generation: int = 0
+    fault: FaultSeen | None = None
 
 
 class GateTimeout(GateError):
@@ -168,7 +197,7 @@ class _SlotInfoC(ctypes.Structure):
         ("oom_last", ctypes.c_uint32),
         ("oom_waiting", ctypes.c_uint32),
         ("generation", ctypes.c_uint32),
-        ("reserved_", ctypes.c_uint32),
+        ("fault", ctypes.c_uint32),
     ]
 
     def snapshot(self, index: int) -> SlotInfo:
@@ -196,6 +225,7 @@ class _SlotInfoC(ctypes.Structure):
             generation=self.generation,
             mem_mib=self.mem_mib,
             oom=oom,
+            fault=FaultSeen.decode(self.fault) if self.fault else None,
         )
 
 

@@ -308,7 +308,7 @@ KREX_HOOK CUresult cuArray3DCreate(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPT
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray)
@@ -320,7 +320,7 @@ KREX_HOOK CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCR
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v1* pAllocateArray)
@@ -332,7 +332,7 @@ KREX_HOOK CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray)
@@ -344,7 +344,7 @@ KREX_HOOK CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTO
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
@@ -353,7 +353,7 @@ KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hArray);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args)
@@ -362,7 +362,7 @@ KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpoint
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args)
@@ -371,7 +371,7 @@ KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
@@ -380,7 +380,7 @@ KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pctx, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev)
@@ -396,7 +396,7 @@ KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev)
@@ -412,7 +412,7 @@ KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams, unsigned int flags, CUdevice dev)
@@ -428,7 +428,7 @@ KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags, CUdevice dev)
@@ -444,7 +444,7 @@ KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateP
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
@@ -455,7 +455,7 @@ KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -466,7 +466,7 @@ KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
@@ -475,7 +475,7 @@ KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
@@ -485,7 +485,7 @@ KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
     CUresult krex_r = krex_real_fn(pContext, hCtx);
     krex_note_ctx_created(krex_r, pContext);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
@@ -494,7 +494,7 @@ KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
@@ -503,7 +503,7 @@ KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
@@ -513,7 +513,7 @@ KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
@@ -523,7 +523,7 @@ KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
@@ -532,7 +532,7 @@ KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
@@ -541,7 +541,7 @@ KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn();
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
@@ -551,7 +551,7 @@ KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
@@ -560,7 +560,7 @@ KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
@@ -574,7 +574,7 @@ KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
@@ -583,7 +583,7 @@ KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
@@ -592,7 +592,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
@@ -601,7 +601,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
@@ -611,7 +611,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
@@ -621,7 +621,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
@@ -636,7 +636,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
@@ -645,7 +645,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
@@ -654,7 +654,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags)
@@ -666,7 +666,7 @@ KREX_HOOK CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags)
         krex_r = krex_real_fn(phEvent, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -674,7 +674,7 @@ KREX_HOOK CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUev
     KREX_BIND(cuEventElapsedTime);
     CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
     krex_note_event_elapsed(krex_r, hStart, hEnd);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -682,7 +682,7 @@ KREX_HOOK CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, C
     KREX_BIND(cuEventElapsedTime_v2);
     CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
     krex_note_event_elapsed(krex_r, hStart, hEnd);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -692,7 +692,7 @@ KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -702,7 +702,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsi
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -712,7 +712,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
@@ -722,7 +722,7 @@ KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuFuncLoad(CUfunction function)
@@ -736,7 +736,7 @@ KREX_HOOK CUresult cuFuncLoad(CUfunction function)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags)
@@ -744,7 +744,7 @@ KREX_HOOK CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVers
     KREX_BIND(cuGetProcAddress);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags);
     krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, NULL, 4);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus)
@@ -752,7 +752,7 @@ KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaV
     KREX_BIND(cuGetProcAddress_v2);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags, symbolStatus);
     krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, symbolStatus, 5);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer, size_t bufferSize)
@@ -764,7 +764,7 @@ KREX_HOOK CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, 
         krex_r = krex_real_fn(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags)
@@ -776,7 +776,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph
         krex_r = krex_real_fn(phGraphExec, hGraph, flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
@@ -790,7 +790,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgrap
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
@@ -804,7 +804,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, C
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer, size_t bufferSize)
@@ -816,7 +816,7 @@ KREX_HOOK CUresult cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGrap
         krex_r = krex_real_fn(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
@@ -831,7 +831,7 @@ KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
@@ -846,7 +846,7 @@ KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
@@ -860,7 +860,7 @@ KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
@@ -874,7 +874,7 @@ KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -883,7 +883,7 @@ KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -892,7 +892,7 @@ KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsRes
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -901,7 +901,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResour
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -910,7 +910,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsR
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
@@ -926,7 +926,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
@@ -936,7 +936,7 @@ KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
     krex_note_green_destroying(hCtx);
     CUresult krex_r = krex_real_fn(hCtx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
@@ -945,7 +945,7 @@ KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx, unsigned int flags, int priority)
@@ -960,7 +960,7 @@ KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
@@ -969,7 +969,7 @@ KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuInit(unsigned int Flags)
@@ -979,7 +979,7 @@ KREX_HOOK CUresult cuInit(unsigned int Flags)
     CUresult krex_r = krex_real_fn(Flags);
     krex_note_init(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
@@ -993,7 +993,7 @@ KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunch(CUfunction f)
@@ -1008,7 +1008,7 @@ KREX_HOOK CUresult cuLaunch(CUfunction f)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
@@ -1023,7 +1023,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* launchParamsList, unsigned int numDevices, unsigned int flags)
@@ -1038,7 +1038,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* laun
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
@@ -1053,7 +1053,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gri
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
@@ -1068,7 +1068,7 @@ KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
@@ -1083,7 +1083,7 @@ KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData)
@@ -1092,7 +1092,7 @@ KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userDat
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData)
@@ -1101,7 +1101,7 @@ KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* us
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
@@ -1116,7 +1116,7 @@ KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
@@ -1131,7 +1131,7 @@ KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
@@ -1146,7 +1146,7 @@ KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunctio
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
@@ -1161,7 +1161,7 @@ KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsi
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
@@ -1175,7 +1175,7 @@ KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrar
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name)
@@ -1189,7 +1189,7 @@ KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, cons
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
@@ -1203,7 +1203,7 @@ KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibra
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
@@ -1217,7 +1217,7 @@ KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, const char* symbol)
@@ -1231,7 +1231,7 @@ KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, c
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
@@ -1245,7 +1245,7 @@ KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
@@ -1259,7 +1259,7 @@ KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileNam
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
@@ -1268,7 +1268,7 @@ KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(library);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1277,7 +1277,7 @@ KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* d
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1286,7 +1286,7 @@ KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1295,7 +1295,7 @@ KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const c
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char* path, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1304,7 +1304,7 @@ KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, cons
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* sizeOut)
@@ -1313,7 +1313,7 @@ KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* si
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state, cubinOut, sizeOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, void** optionValues, CUlinkState* stateOut)
@@ -1322,7 +1322,7 @@ KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* options, void** optionValues, CUlinkState* stateOut)
@@ -1331,7 +1331,7 @@ KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* option
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
@@ -1340,7 +1340,7 @@ KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(state);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize)
@@ -1353,7 +1353,7 @@ KREX_HOOK CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize)
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream)
@@ -1368,7 +1368,7 @@ KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream)
@@ -1383,7 +1383,7 @@ KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUst
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -1398,7 +1398,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, C
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -1413,7 +1413,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesi
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocHost(void** pp, unsigned int bytesize)
@@ -1425,7 +1425,7 @@ KREX_HOOK CUresult cuMemAllocHost(void** pp, unsigned int bytesize)
         krex_r = krex_real_fn(pp, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocHost_v2(void** pp, size_t bytesize)
@@ -1437,7 +1437,7 @@ KREX_HOOK CUresult cuMemAllocHost_v2(void** pp, size_t bytesize)
         krex_r = krex_real_fn(pp, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags)
@@ -1450,7 +1450,7 @@ KREX_HOOK CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigne
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes)
@@ -1463,7 +1463,7 @@ KREX_HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, u
         krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)
@@ -1476,7 +1476,7 @@ KREX_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t 
         krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize)
@@ -1489,7 +1489,7 @@ KREX_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize)
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray, size_t count, unsigned int flags, size_t* errorIndex, CUstream stream)
@@ -1498,7 +1498,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray,
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsArray, size_t count, unsigned int flags, size_t* errorIndex, CUstream stream)
@@ -1507,7 +1507,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsA
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop, unsigned long long flags)
@@ -1520,7 +1520,7 @@ KREX_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size
         krex_mem_created(krex_r, krex_r ? 0 : *handle, krex_mem_device_bytes(size, prop));
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(krex_mem_device_bytes(size, prop))));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1529,7 +1529,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t*
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1538,7 +1538,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream hStream)
@@ -1547,7 +1547,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, siz
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream hStream)
@@ -1556,7 +1556,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
@@ -1567,7 +1567,7 @@ KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -1578,7 +1578,7 @@ KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
@@ -1589,7 +1589,7 @@ KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeHost(void* p)
@@ -1598,7 +1598,7 @@ KREX_HOOK CUresult cuMemFreeHost(void* p)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -1609,7 +1609,7 @@ KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags)
@@ -1621,7 +1621,7 @@ KREX_HOOK CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags
         krex_r = krex_real_fn(pp, bytesize, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags)
@@ -1633,7 +1633,7 @@ KREX_HOOK CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flag
         krex_r = krex_real_fn(p, bytesize, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags)
@@ -1645,7 +1645,7 @@ KREX_HOOK CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int F
         krex_r = krex_real_fn(p, bytesize, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostUnregister(void* p)
@@ -1654,7 +1654,7 @@ KREX_HOOK CUresult cuMemHostUnregister(void* p)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
@@ -1666,7 +1666,7 @@ KREX_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
         krex_r = krex_real_fn(ptr, size, offset, handle, flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int count, CUstream hStream)
@@ -1675,7 +1675,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned int count, CUstream hStream)
@@ -1684,7 +1684,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps)
@@ -1696,7 +1696,7 @@ KREX_HOOK CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poo
         krex_r = krex_real_fn(pool, poolProps);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
@@ -1705,7 +1705,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
@@ -1714,7 +1714,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUd
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
@@ -1723,7 +1723,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmem
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
@@ -1732,7 +1732,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1741,7 +1741,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1750,7 +1750,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -1759,7 +1759,7 @@ KREX_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     uint64_t krex_mz = krex_mem_take_handle(handle);
     CUresult krex_r = krex_real_fn(handle);
     krex_mem_released(krex_r, handle, krex_mz);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count)
@@ -1768,7 +1768,7 @@ KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(ptr, size, desc, count);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
@@ -1777,7 +1777,7 @@ KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(ptr, size);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
@@ -1786,7 +1786,7 @@ KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
@@ -1795,7 +1795,7 @@ KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStream)
@@ -1804,7 +1804,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream)
@@ -1813,7 +1813,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream hStream)
@@ -1822,7 +1822,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
@@ -1831,7 +1831,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
@@ -1840,7 +1840,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
@@ -1849,7 +1849,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
@@ -1858,7 +1858,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
@@ -1867,7 +1867,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
@@ -1876,7 +1876,7 @@ KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStream)
@@ -1885,7 +1885,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream)
@@ -1894,7 +1894,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStre
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream hStream)
@@ -1903,7 +1903,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, size_t* failIdx, unsigned long long flags, CUstream hStream)
@@ -1912,7 +1912,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* o
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, size_t* failIdx, unsigned long long flags, CUstream hStream)
@@ -1921,7 +1921,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, unsigned long long flags, CUstream hStream)
@@ -1930,7 +1930,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, unsigned long long flags, CUstream hStream)
@@ -1939,7 +1939,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BAT
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
@@ -1948,7 +1948,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream hStream)
@@ -1957,7 +1957,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUstream hStream)
@@ -1966,7 +1966,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUs
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
@@ -1975,7 +1975,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
@@ -1984,7 +1984,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
@@ -1993,7 +1993,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
@@ -2002,7 +2002,7 @@ KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
@@ -2011,7 +2011,7 @@ KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -2020,7 +2020,7 @@ KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarra
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2029,7 +2029,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2038,7 +2038,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUar
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -2047,7 +2047,7 @@ KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2056,7 +2056,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2065,7 +2065,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -2074,7 +2074,7 @@ KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int sr
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount, CUstream hStream)
@@ -2083,7 +2083,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned i
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)
@@ -2092,7 +2092,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)
@@ -2101,7 +2101,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2110,7 +2110,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOf
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2119,7 +2119,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t* failIdx, CUstream hStream)
@@ -2128,7 +2128,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t* failIdx, CUstream hStream)
@@ -2137,7 +2137,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, CUstream hStream)
@@ -2146,7 +2146,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, s
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, CUstream hStream)
@@ -2155,7 +2155,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* sr
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -2164,7 +2164,7 @@ KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdevi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2173,7 +2173,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdevicep
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2182,7 +2182,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUde
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -2191,7 +2191,7 @@ KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream)
@@ -2200,7 +2200,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 sr
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2209,7 +2209,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2218,7 +2218,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2227,7 +2227,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2236,7 +2236,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDe
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -2245,7 +2245,7 @@ KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigne
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream)
@@ -2254,7 +2254,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, un
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2263,7 +2263,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2272,7 +2272,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevic
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2281,7 +2281,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2290,7 +2290,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, si
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const void* srcHost, unsigned int ByteCount)
@@ -2299,7 +2299,7 @@ KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, const void* srcHost, unsigned int ByteCount, CUstream hStream)
@@ -2308,7 +2308,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, c
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2317,7 +2317,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, cons
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2326,7 +2326,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount)
@@ -2335,7 +2335,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const voi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount)
@@ -2344,7 +2344,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, cons
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, unsigned int ByteCount)
@@ -2353,7 +2353,7 @@ KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, u
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHost, unsigned int ByteCount, CUstream hStream)
@@ -2362,7 +2362,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2371,7 +2371,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2380,7 +2380,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount)
@@ -2389,7 +2389,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount)
@@ -2398,7 +2398,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHo
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
@@ -2407,7 +2407,7 @@ KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUd
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
@@ -2416,7 +2416,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
@@ -2425,7 +2425,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstCo
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
@@ -2434,7 +2434,7 @@ KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
@@ -2443,7 +2443,7 @@ KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsigned int N)
@@ -2452,7 +2452,7 @@ KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
@@ -2461,7 +2461,7 @@ KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
@@ -2470,7 +2470,7 @@ KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short u
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
@@ -2479,7 +2479,7 @@ KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N)
@@ -2488,7 +2488,7 @@ KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned short us, unsigned int Width, unsigned int Height)
@@ -2497,7 +2497,7 @@ KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
@@ -2506,7 +2506,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, un
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
@@ -2515,7 +2515,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
@@ -2524,7 +2524,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
@@ -2533,7 +2533,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned int ui, unsigned int Width, unsigned int Height)
@@ -2542,7 +2542,7 @@ KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
@@ -2551,7 +2551,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, un
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
@@ -2560,7 +2560,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
@@ -2569,7 +2569,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
@@ -2578,7 +2578,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned char uc, unsigned int Width, unsigned int Height)
@@ -2587,7 +2587,7 @@ KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch,
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
@@ -2596,7 +2596,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, uns
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
@@ -2605,7 +2605,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
@@ -2614,7 +2614,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsig
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
@@ -2623,7 +2623,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsigned int N)
@@ -2632,7 +2632,7 @@ KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsign
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
@@ -2641,7 +2641,7 @@ KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
@@ -2650,7 +2650,7 @@ KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
@@ -2659,7 +2659,7 @@ KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
@@ -2668,7 +2668,7 @@ KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N)
@@ -2677,7 +2677,7 @@ KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsign
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
@@ -2686,7 +2686,7 @@ KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
@@ -2695,7 +2695,7 @@ KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -2704,7 +2704,7 @@ KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -2713,7 +2713,7 @@ KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, s
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc, unsigned int numMipmapLevels)
@@ -2725,7 +2725,7 @@ KREX_HOOK CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_
         krex_r = krex_real_fn(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
@@ -2734,7 +2734,7 @@ KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hMipmappedArray);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name)
@@ -2748,7 +2748,7 @@ KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, CUmodule hmod, const char* name)
@@ -2762,7 +2762,7 @@ KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name)
@@ -2776,7 +2776,7 @@ KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodu
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const char* name)
@@ -2785,7 +2785,7 @@ KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const 
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pSurfRef, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const char* name)
@@ -2794,7 +2794,7 @@ KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const cha
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(pTexRef, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
@@ -2808,7 +2808,7 @@ KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
@@ -2822,7 +2822,7 @@ KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -2836,7 +2836,7 @@ KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
@@ -2850,7 +2850,7 @@ KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
@@ -2859,7 +2859,7 @@ KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
     struct krex_slot *krex_s = krex_enter();
     CUresult krex_r = krex_real_fn(hmod);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -2868,7 +2868,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* ex
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -2877,7 +2877,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphor
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData, unsigned int flags)
@@ -2886,7 +2886,7 @@ KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callba
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData, unsigned int flags)
@@ -2895,7 +2895,7 @@ KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback c
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned int flags)
@@ -2904,7 +2904,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, si
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned int flags)
@@ -2913,7 +2913,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dpt
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2922,7 +2922,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstr
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2931,7 +2931,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, 
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2940,7 +2940,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CU
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -2949,7 +2949,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int coun
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
@@ -2959,7 +2959,7 @@ KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
@@ -2969,7 +2969,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
@@ -2979,7 +2979,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
@@ -2989,7 +2989,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
@@ -2999,7 +2999,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
@@ -3009,7 +3009,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptur
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags)
@@ -3022,7 +3022,7 @@ KREX_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags)
         krex_note_stream_created(krex_r, phStream);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority)
@@ -3035,7 +3035,7 @@ KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int f
         krex_note_stream_created(krex_r, phStream);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
@@ -3043,7 +3043,7 @@ KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
     KREX_BIND(cuStreamDestroy);
     krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
@@ -3051,7 +3051,7 @@ KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
     KREX_BIND(cuStreamDestroy_v2);
     krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
@@ -3059,7 +3059,7 @@ KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
     KREX_BIND(cuStreamEndCapture);
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
@@ -3067,7 +3067,7 @@ KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
     KREX_BIND(cuStreamEndCapture_ptsz);
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -3076,7 +3076,7 @@ KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned 
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -3085,7 +3085,7 @@ KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsi
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3094,7 +3094,7 @@ KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3103,7 +3103,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, c
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3112,7 +3112,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3121,7 +3121,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3130,7 +3130,7 @@ KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3139,7 +3139,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, c
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3148,7 +3148,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3157,7 +3157,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3166,7 +3166,7 @@ KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuin
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3175,7 +3175,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, 
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3184,7 +3184,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3193,7 +3193,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr add
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3202,7 +3202,7 @@ KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuin
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3211,7 +3211,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, 
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3220,7 +3220,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cu
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3229,7 +3229,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr add
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -3238,7 +3238,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extS
     struct krex_slot *krex_s = krex_enter_stream(stream, 0);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -3247,7 +3247,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore*
     struct krex_slot *krex_s = krex_enter_stream(stream, 1);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {

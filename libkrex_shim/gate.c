@@ -380,7 +380,7 @@ KREX_GATE_API int krex_gate_slot_info(const struct krex_gate *g, uint32_t i,
     out->state = krex_owner_state(o);
     out->pid = krex_owner_pid(o);
     out->generation = krex_owner_gen(o);
-    out->reserved_ = 0;
+    out->fault = atomic_load_explicit(&s->fault, memory_order_relaxed); /* a status hint */
     out->inflight = atomic_load_explicit(&s->inflight, memory_order_relaxed) &
                     KREX_INFLIGHT_COUNT;
     out->ack_epoch = atomic_load_explicit(&s->ack_epoch, memory_order_relaxed);
@@ -705,6 +705,7 @@ static int claim_slot(struct krex_gate *g, uint32_t tenant, int32_t pid, uint64_
         atomic_store_explicit(&s->last_drain_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&s->mem_mib, 0, memory_order_relaxed);
         atomic_store_explicit(&s->oom, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->fault, 0, memory_order_relaxed);
         atomic_store_explicit(&s->inflight, 1, memory_order_seq_cst);
         KREX_TEST_POINT("claim_filled");
         /* Publish (seq_cst CAS): the registration half of the Dekker

@@ -19,7 +19,7 @@
  *
  *   offset 0    header (one cache line): magic, version, nslots, gpu,
  *               word, seq, ack_seq
- *   offset 64   slots[KREX_GATE_MAX_SLOTS], one cache line each
+ *   offset 64   slots[KREX_GATE_MAX_SLOTS], two cache lines each
  *
  * The gate word packs the holder and the epoch so that closing is one
  * atomic compare-and-swap (step 2: "atomically claims a shared-memory gate,
@@ -39,8 +39,11 @@
  * owner's identity (inflight, ack_epoch and captures move up by 4 bytes),
  * and struct krex_slot_info gains the generation; 5: the EXITING slot
  * state (drained with nothing in flight, no acknowledgement) and
- * krex_gate_mark_exiting() / krex_gate_leave_exiting().  Any change of the
- * file layout, of a slot state's meaning, of struct krex_slot_info or of a function's signature bumps
+ * krex_gate_mark_exiting() / krex_gate_leave_exiting(); 6 adds
+ * krex_slot.fault (the slot grows to two cache lines) and its decoded copy
+ * in struct krex_slot_info (in place of a reserved word).  Any change of
+ * the file layout, of a slot state's meaning, of struct krex_slot_info or
+ * of a function's signature bumps
  * the version: krex_gate_open() refuses a file of another version (EPROTO;
  * krex_gate_file_version() says which), and krexd refuses a library of
  * another version (krex_gate_abi_version()).
@@ -56,7 +59,7 @@ extern "C" {
 #endif
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
-#define KREX_GATE_VERSION 5u
+#define KREX_GATE_VERSION 6u
 #define KREX_GATE_MAX_SLOTS 256u
 
 /* Slot states (the low byte of krex_slot.owner).  Every transition is one
@@ -147,6 +150,18 @@ enum krex_oom_reason {
                                the latest admitted tenant gives up */
 };
 
+/* krex_slot.fault: the first fatal ("sticky") CUDA error this process saw
+ * (libkrex_shim/fault.c, docs/design/faults.md).  Written once, by the
+ * owner, with one relaxed store; krexd reads it to tell a GPU-wide fault
+ * under MPS (every client of the server gets the error) from a command's
+ * own.  0: none seen. */
+#define KREX_FAULT_CODE_MASK 0xffffu  /* the CUresult (700 illegal address, ...) */
+#define KREX_FAULT_LAUNCHED 0x10000u  /* the process had launched kernels before it
+                                         (a process that never launched cannot be
+                                         the culprit) */
+#define KREX_FAULT_AT_SYNC 0x20000u   /* seen by the shim's own synchronization (a
+                                         drain or the exit), not returned to a call */
+
 /* krex_slot.inflight: bits 0-30 count the process's in-flight driver calls;
  * bit 31 is set by the drainer before it parks waiting for zero, so that
  * the submitter's decrement wakes it only when somebody waits (the fast
@@ -173,6 +188,10 @@ struct krex_slot {
                                        through the driver API and has not
                                        freed, MiB rounded up (saturates) */
     _Atomic uint32_t oom;           /* out-of-memory record, KREX_OOM_* */
+    /* Version 6: fatal GPU errors (docs/design/faults.md).  Zeroed at
+     * registration, kept by slot_free() like the memory record. */
+    _Atomic uint32_t fault;         /* KREX_FAULT_*, owner only */
+    uint32_t spare_[15];            /* pads the slot to two cache lines */
 } __attribute__((aligned(64)));
 
 struct krex_gate {
@@ -196,8 +215,8 @@ struct krex_gate {
     struct krex_slot slots[KREX_GATE_MAX_SLOTS];
 } __attribute__((aligned(64)));
 
-_Static_assert(sizeof(struct krex_slot) == 64, "slot is one cache line");
-_Static_assert(sizeof(struct krex_gate) == 64 + 64 * KREX_GATE_MAX_SLOTS,
+_Static_assert(sizeof(struct krex_slot) == 128, "slot is two cache lines");
+_Static_assert(sizeof(struct krex_gate) == 64 + 128 * KREX_GATE_MAX_SLOTS,
                "gate layout is fixed");
 /* The version field sits where every version put it, so that
  * krex_gate_file_version() can name the version of any gate file. */
@@ -232,7 +251,7 @@ struct krex_slot_info {
     uint32_t oom_last;    /* enum krex_oom_reason of the last one returned */
     uint32_t oom_waiting; /* 1 while an allocation waits for co-tenants */
     uint32_t generation; /* of the ownership word (version 4) */
-    uint32_t reserved_;
+    uint32_t fault;      /* krex_slot.fault (version 6): KREX_FAULT_* */
 };
 
 /* Return codes: 0 on success, negative errno values on failure. */

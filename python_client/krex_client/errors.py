@@ -45,6 +45,8 @@ class ExitCode(IntEnum):
     SOFTWARE = 70  # EX_SOFTWARE: internal error in krexd
     CONFIG = 78  # EX_CONFIG: krexd's configuration is invalid
     TEMPFAIL = 75  # EX_TEMPFAIL: CMD failed on GPU memory its co-tenants held; run it again
+    FAULT_CASUALTY = 76  # CMD failed only because a co-tenant's kernel faulted the GPU (MPS)
+    #                      and its re-runs (krex run --fault-retries) were used up
     WRONG_GPU = 83  # CMD tried to create a context on another GPU than its own (the shim ends it)
     TIMEOUT = 124  # krex run --timeout expired (as coreutils timeout)
     CANNOT_EXEC = 126  # CMD found but not executable
