@@ -1,8 +1,8 @@
 """``krex``: the user's command.
 
     krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
-             [--retry-tempfail N] [--socket PATH] [--autoregion] [--region-log PATH]
-             -- CMD ARGS...
+             [--retry-tempfail N] [--fault-retries N] [--socket PATH] [--autoregion]
+             [--region-log PATH] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
 ``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
@@ -31,6 +31,8 @@ exit codes:
   {ExitCode.TEMPFAIL:<13} CMD failed after GPU out-of-memory errors its co-tenants caused
                 (EX_TEMPFAIL: run it again; the failure is not the command's;
                 --retry-tempfail N does so up to N times)
+  {ExitCode.FAULT_CASUALTY:<13} CMD failed only because a co-tenant's kernel faulted the GPU under
+                MPS, and its --fault-retries re-runs were used up
   {ExitCode.UNPROTECTABLE:<13} krexd ended CMD: it used the GPU where krex cannot drain it
                 (no shim, an exec'd program without it) or tampered with its
                 gate registrations (one line names the process and cause)
@@ -155,6 +157,14 @@ def _add_run_memory(run: argparse.ArgumentParser) -> None:
         help="run CMD again, up to N times, when it exits 75 (failed by co-tenants' GPU "
         "memory), once its memory is free (default: krexd's [memory] retry_tempfail; 0 = never)",
     )
+    run.add_argument(
+        "--fault-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="re-runs after GPU-wide faults under MPS that CMD did not cause (default 2; "
+        "a suspect runs again alone, without MPS)",
+    )
 
 
 def _add_run_regions(run: argparse.ArgumentParser) -> None:
@@ -212,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             args.mem,
             args.label,
             args.retry_tempfail,
+            fault_retries=max(0, args.fault_retries),
         )
     return int(args.func(args))
 

@@ -25,7 +25,7 @@ Sequence (DESIGN.md "krex run"):
    returned to it: then one line says so and the exit code is 75
    (EX_TEMPFAIL), so a harness retries instead of blaming the candidate
    (docs/design/memory.md).  When krexd itself ended CMD with an exit code
-   of its own (76: GPU use krex cannot drain, or tampered gate
+   of its own (79: GPU use krex cannot drain, or tampered gate
    registrations), that code, after krexd's reason on one line.
 
 ``--mem SIZE`` declares the command's GPU memory need (admission by memory);
@@ -34,7 +34,10 @@ the label from the command line).  ``--retry-tempfail N`` (default: krexd's
 ``[memory] retry_tempfail``, reported by ``ping``; 0 = never) runs CMD again,
 up to N times, when it exited 75: the new ``admit`` is charged the memory
 the failed run used (learned under its label), so it starts once that much
-is free; each retry is announced on stderr.
+is free; each retry is announced on stderr.  ``--fault-retries N`` (default
+2) runs CMD again when krexd's ``release`` reply says it failed with a
+GPU-wide fault under MPS that was not its own (``krex_cli.casualty``; exit
+76 when the re-runs are used up).
 
 CMD runs as the user who ran ``krex run``: krexd executes nothing; ``krex
 run`` forks and execs CMD itself, and krexd places only a direct child of
@@ -53,11 +56,11 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from krex_cli import slotmem
+from krex_cli import casualty, slotmem
 from krex_cli.reconnect import Reconnecting
 from krex_client.connection import KrexPermissionDenied, KrexUnavailable, RemoteError
 from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
@@ -191,12 +194,18 @@ def run(
     mem_bytes: int | None = None,
     label: str | None = None,
     retry_tempfail: int | None = None,
+    fault_retries: int = casualty.DEFAULT_RETRIES,
 ) -> int:
     """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code.
 
     ``mem_bytes``: the command's GPU memory need (bytes), None for krexd's default.
     ``label``: its name for learned needs (None: krexd derives it from ``argv``).
     ``retry_tempfail``: times to run it again after an exit 75 (None: krexd's default).
+    ``fault_retries``: re-runs after GPU-wide faults it did not cause (``krex_cli.casualty``).
+
+    The layers, outermost first: fault re-runs (``casualty.with_reruns``, which
+    may turn later runs exclusive), exit-75 retries (:func:`_retry_tempfail`),
+    one run (:func:`_run`); all over one reconnecting connection.
     """
     conn = Reconnecting(socket, timeout_s=5.0, on_reconnect=_resent)
     try:
@@ -205,17 +214,13 @@ def run(
         retries = retry_tempfail
         if retries is None:
             retries = int(about.get("retry_tempfail") or 0)
-        attempt = 0
-        while True:
-            code = _run(conn, argv, gpu, timeout_s, exclusive, mem_bytes, label)
-            if code != ExitCode.TEMPFAIL or attempt >= retries:
-                return code
-            attempt += 1
-            _say(
-                f"running {argv[0]} again (retry {attempt} of {retries} after exit "
-                f"{int(ExitCode.TEMPFAIL)}): it starts once krexd finds the GPU memory its "
-                "last run used free"
+
+        def attempt(excl: bool) -> int:
+            return _retry_tempfail(
+                argv, lambda: _run(conn, argv, gpu, timeout_s, excl, mem_bytes, label), retries
             )
+
+        return casualty.with_reruns(argv, attempt, exclusive, fault_retries)
     except KrexPermissionDenied as exc:
         _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
         return ExitCode.NOPERM
@@ -227,6 +232,25 @@ def run(
         return exit_code_for(exc.name)
     finally:
         conn.close()
+
+
+def _retry_tempfail(argv: list[str], attempt: Callable[[], int], retries: int) -> int:
+    """Run ``attempt()`` and run it again, up to ``retries`` times, while it exits 75.
+
+    Each retry is announced on stderr; krexd charges the new ``admit`` the
+    memory the failed run used, so it starts once that much is free.
+    """
+    tries = 0
+    while True:
+        code = attempt()
+        if code != ExitCode.TEMPFAIL or tries >= retries:
+            return code
+        tries += 1
+        _say(
+            f"running {argv[0]} again (retry {tries} of {retries} after exit "
+            f"{int(ExitCode.TEMPFAIL)}): it starts once krexd finds the GPU memory its "
+            "last run used free"
+        )
 
 
 def _run(
@@ -343,10 +367,16 @@ def _memory_record(tenant: Reconnecting, code: int) -> dict[str, Any]:
 def _outcome(
     argv: list[str], code: int, memory: dict[str, Any], reply: dict[str, Any] | None
 ) -> int:
-    """CMD's exit ``code``, or 75 when it failed after co-tenants' out-of-memory errors."""
+    """CMD's exit ``code``, or 75 when it failed after co-tenants' out-of-memory errors.
+
+    krexd's own code for a kill of its own (79: unprotectable) comes first.
+    Raises ``casualty.Casualty`` when it failed with a GPU-wide fault under MPS
+    that may not be its own (``krex_cli.casualty``: it is run again).
+    """
     killed_with = (reply or {}).get("exit_code")
     if code != 0 and killed_with is not None:
         return int(killed_with)  # krexd ended CMD for a reason of its own (said already)
+    casualty.judge(argv, code, reply)
     failed_for_cotenants = int(memory.get("oom_cotenant") or 0)
     if code == 0 or not failed_for_cotenants or (reply or {}).get("kill_reason"):
         return code

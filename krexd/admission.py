@@ -126,6 +126,7 @@ class Admission:
         self._queue: deque[Waiter] = deque()
         self.granted_total = 0
         self.parked_total = 0
+        self.paused: set[int] = set()  # GPUs admitting nothing for now (krexd.faults)
 
     def use_memory(self, policy: MemoryPolicy, max_bypass: int) -> None:
         """Admit by memory from now on: ask ``policy``; bypass bound ``max_bypass``."""
@@ -136,7 +137,7 @@ class Admission:
 
     def _fits(self, g: int, exclusive: bool, blocked: set[int]) -> bool:
         s = self._gpus[g]
-        if g in blocked or s.exclusive:
+        if g in blocked or g in self.paused or s.exclusive:
             return False
         return s.used == 0 if exclusive else s.used < s.total
 
@@ -216,6 +217,17 @@ class Admission:
                     if h.bypassed >= self.max_bypass:
                         blocked.add(g)
         self._queue = kept
+
+    # --- pause (krexd.faults: a GPU-wide fault under MPS) ------------------------------
+
+    def pause(self, gpu: int) -> None:
+        """Admit nothing more to ``gpu`` until :meth:`resume` (parked requests wait)."""
+        self.paused.add(gpu)
+
+    def resume(self, gpu: int) -> None:
+        """Admit to ``gpu`` again; grant parked waiters that fit."""
+        self.paused.discard(gpu)
+        self._dispatch()
 
     def kick(self) -> None:
         """Re-run dispatch (memory freed without a slot being released)."""
@@ -311,4 +323,5 @@ class Admission:
             "granted_total": self.granted_total,
             "parked_total": self.parked_total,
             "max_bypass": self.max_bypass,
+            "paused_gpus": sorted(self.paused),
         }

@@ -19,7 +19,7 @@ paper's numbers (its circled 1-8); the methods below read in that order:
                 4  freeze every sibling tenant's cgroup, wait until the kernel
                    reports it frozen (bounded by freeze_timeout_ms); then fail
                    closed: a sibling process with the GPU open and no drained
-                   registration ends its command (exit 76) and the grant
+                   registration ends its command (exit 79) and the grant
                    waits until it has left the GPU
                 5  give the holder (and its submitting thread) the reserved
                    cores, added to its own ([region] holder_cpus); grant.
@@ -465,7 +465,7 @@ class Coordinator:
         With the siblings frozen nothing new can open the GPU.  Each sibling
         process with a context and no verified registration drained for
         ``epoch`` (``krexd.registrations``) ends its command with exit code
-        76; the grant waits (bounded by drain_timeout_s) until none of them
+        79; the grant waits (bounded by drain_timeout_s) until none of them
         is on the GPU any more, else the entry fails with DRAIN_TIMEOUT.
         """
         if self._guard is None:

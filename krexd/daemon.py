@@ -39,6 +39,7 @@ from krexd.config import Config
 from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
 from krexd.errors import Code
+from krexd.faults import FaultMonitor
 from krexd.gate import GATE_MODE, Gate, GateError
 from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
@@ -74,6 +75,7 @@ class Daemon:
         self.admission = Admission([])
         self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
         self.memory: MemoryMonitor | None = None
+        self.faults: FaultMonitor | None = None
         self.lifecycle: Lifecycle | None = None
         self.server: Server | None = None
         self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
@@ -159,6 +161,10 @@ class Daemon:
                 saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
             )
         self.continuity = restart.Continuity(cfg, cgroups.root, self.tenants, self.gpus)
+        if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
+            # After a restart, fault records in the reopened gates' slots reopen an incident.
+            self.faults = FaultMonitor(self.gpus, self.tenants, self.admission, self.mps)
+            self.faults.start(self.runtime.spawn)
         by_index = self.gpus
         return OpContext(
             tenants=self.tenants,
@@ -167,6 +173,7 @@ class Daemon:
             regions=lambda index: by_index[index].coordinator,
             about=self.about,
             status=self.status,
+            faults=self.faults,
         )
 
     def _learned_needs(self) -> LearnedNeeds:
@@ -298,6 +305,8 @@ class Daemon:
             self.server = None
         if self.continuity is not None:
             self.continuity.leave_for_restart()
+        if self.faults is not None:
+            self.faults.close()  # no MPS restart on the way out; open incidents are dropped
         if self.memory is not None:
             self.memory.close()
 
@@ -316,6 +325,8 @@ class Daemon:
         self.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
         for t in self.tenants:
             t.kill_reason = t.kill_reason or restart.STOPPED_REASON  # release answers it
+        if self.faults is not None:
+            self.faults.close()  # no MPS restart while the daemons are being stopped
         for gpu in self.gpus.values():
             try:
                 await gpu.coordinator.shutdown()
@@ -400,6 +411,7 @@ class Daemon:
                 else None
             ),
             "memory": self.memory.settings() if self.memory else None,
+            "faults": self.faults.status() if self.faults else None,
         }
 
 

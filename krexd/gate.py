@@ -53,7 +53,7 @@ from typing import Any
 from krexd import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
-ABI_VERSION = 7
+ABI_VERSION = 8
 #: Slots of one tenant's slot memory (krex_gate.h KREX_TENANT_SLOTS).
 TENANT_SLOTS = 128
 #: Tenants one gate can attach (krex_gate.h KREX_GATE_MAX_TENANTS).
@@ -124,6 +124,33 @@ class OomRecord:
     waiting: bool = False  # an allocation waits for co-tenants' memory now
 
 
+#: krex_gate.h KREX_FAULT_*: a slot's record of the first fatal CUDA error its process saw.
+_FAULT_CODE_MASK, _FAULT_LAUNCHED, _FAULT_AT_SYNC = 0xFFFF, 0x10000, 0x20000
+
+
+@dataclass(frozen=True)
+class FaultSeen:
+    """The first fatal ("sticky") CUDA error a process saw (libkrex_shim/fault.c).
+
+    ``code`` is the CUresult (700: illegal address); ``launched``: the
+    process had launched kernels before it; ``at_sync``: the shim's own
+    synchronization (a drain, the exit) found it, no call of the program.
+    """
+
+    code: int
+    launched: bool
+    at_sync: bool
+
+    @classmethod
+    def decode(cls, word: int) -> FaultSeen | None:
+        """The record of slot word ``word`` (None when no fatal error was seen)."""
+        if not word & _FAULT_CODE_MASK:
+            return None
+        return cls(
+            word & _FAULT_CODE_MASK, bool(word & _FAULT_LAUNCHED), bool(word & _FAULT_AT_SYNC)
+        )
+
+
 @dataclass(frozen=True)
 class SlotInfo:
     """One registration: a tenant process's slot in its tenant's slot memory.
@@ -145,7 +172,9 @@ class SlotInfo:
     and ``oom`` its out-of-memory record; both stay readable after the
     process ended, until the slot is reused.  ``generation`` counts the
     slot's ownership transitions (mod 2**24) and ``owner`` is the raw
-    ownership word.
+    ownership word.  ``fault`` is the first fatal CUDA error the process
+    saw (None: none), kept like the memory record; the tenant writes it, so
+    it is a claim (only its defined bits are read), not a fact.
     """
 
     index: int
@@ -167,6 +196,7 @@ class SlotInfo:
     pidns: int = 0
     claimed_tenant: int = 0
     ignored: bool = False
+    fault: FaultSeen | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +257,8 @@ class _SlotInfoC(ctypes.Structure):
         ("pidns", ctypes.c_uint64),
         ("claimed_tenant", ctypes.c_uint32),
         ("ignored", ctypes.c_uint32),
+        ("fault", ctypes.c_uint32),
+        ("reserved_", ctypes.c_uint32),
     ]
 
     def snapshot(self) -> SlotInfo:
@@ -261,6 +293,7 @@ class _SlotInfoC(ctypes.Structure):
             pidns=self.pidns,
             claimed_tenant=self.claimed_tenant,
             ignored=bool(self.ignored),
+            fault=FaultSeen.decode(self.fault),
         )
 
 

@@ -7,7 +7,7 @@ Every ``period_s`` (10 ms), for each gate:
   registration claiming another tenant, an acknowledgement of an epoch
   krexd never requested, an impossible in-flight count, a rewritten
   header); each such tenant is named in one error line and its command is
-  ended (``kill``, exit code 76).  The audit also publishes the per-tenant
+  ended (``kill``, exit code 79).  The audit also publishes the per-tenant
   memory summary the shims read and relays device-memory frees to waiting
   co-tenants.
 * every ``sweep_every`` ticks: each active registration is verified

@@ -20,7 +20,7 @@ NVML's compute processes, or the fake driver's contexts) must have a
 verified registration that acknowledged the epoch with nothing in flight.
 Any other process is "unprotectable GPU use": no shim (``env -u
 LD_PRELOAD``), a program exec'd without it, a shim that refused or passed
-through.  The coordinator then ends that sibling's command (exit code 76,
+through.  The coordinator then ends that sibling's command (exit code 79,
 ``ExitCode.UNPROTECTABLE``) with a message naming the process and the
 cause, and grants only once its processes have left the GPU.
 """

@@ -60,6 +60,7 @@ static int benign(CUresult r)
 
 static void note(CUresult *first, CUresult r)
 {
+    krex_fault_note(r, 1); /* a fatal error found by a drain or at exit (fault.c) */
     if (!benign(r) && *first == CUDA_SUCCESS)
         *first = r;
 }

@@ -308,7 +308,7 @@ KREX_HOOK CUresult cuArray3DCreate(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPT
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray)
@@ -320,7 +320,7 @@ KREX_HOOK CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCR
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v1* pAllocateArray)
@@ -332,7 +332,7 @@ KREX_HOOK CUresult cuArrayCreate(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR_v
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray)
@@ -344,7 +344,7 @@ KREX_HOOK CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTO
         krex_r = krex_real_fn(pHandle, pAllocateArray);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
@@ -354,7 +354,7 @@ KREX_HOOK CUresult cuArrayDestroy(CUarray hArray)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuArrayDestroy);
     CUresult krex_r = krex_real_fn(hArray);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args)
@@ -364,7 +364,7 @@ KREX_HOOK CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpoint
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCheckpointProcessCheckpoint);
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args)
@@ -374,7 +374,7 @@ KREX_HOOK CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCheckpointProcessRestore);
     CUresult krex_r = krex_real_fn(pid, args);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
@@ -384,7 +384,7 @@ KREX_HOOK CUresult cuCtxAttach(CUcontext* pctx, unsigned int flags)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxAttach);
     CUresult krex_r = krex_real_fn(pctx, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev)
@@ -401,7 +401,7 @@ KREX_HOOK CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev)
@@ -418,7 +418,7 @@ KREX_HOOK CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams, unsigned int flags, CUdevice dev)
@@ -435,7 +435,7 @@ KREX_HOOK CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsAr
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags, CUdevice dev)
@@ -452,7 +452,7 @@ KREX_HOOK CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateP
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
@@ -464,7 +464,7 @@ KREX_HOOK CUresult cuCtxDestroy(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -476,7 +476,7 @@ KREX_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_destroyed(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
@@ -486,7 +486,7 @@ KREX_HOOK CUresult cuCtxDetach(CUcontext ctx)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxDetach);
     CUresult krex_r = krex_real_fn(ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
@@ -497,7 +497,7 @@ KREX_HOOK CUresult cuCtxFromGreenCtx(CUcontext* pContext, CUgreenCtx hCtx)
     CUresult krex_r = krex_real_fn(pContext, hCtx);
     krex_note_ctx_created(krex_r, pContext);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
@@ -507,7 +507,7 @@ KREX_HOOK CUresult cuCtxPopCurrent(CUcontext* pctx)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPopCurrent);
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
@@ -517,7 +517,7 @@ KREX_HOOK CUresult cuCtxPopCurrent_v2(CUcontext* pctx)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxPopCurrent_v2);
     CUresult krex_r = krex_real_fn(pctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
@@ -528,7 +528,7 @@ KREX_HOOK CUresult cuCtxPushCurrent(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
@@ -539,7 +539,7 @@ KREX_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
@@ -549,7 +549,7 @@ KREX_HOOK CUresult cuCtxRecordEvent(CUcontext hCtx, CUevent hEvent)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxRecordEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
@@ -559,7 +559,7 @@ KREX_HOOK CUresult cuCtxResetPersistingL2Cache(void)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxResetPersistingL2Cache);
     CUresult krex_r = krex_real_fn();
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
@@ -570,7 +570,7 @@ KREX_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
     CUresult krex_r = krex_real_fn(ctx);
     krex_note_ctx_current(krex_r, ctx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
@@ -580,7 +580,7 @@ KREX_HOOK CUresult cuCtxSetFlags(unsigned int flags)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxSetFlags);
     CUresult krex_r = krex_real_fn(flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
@@ -595,7 +595,7 @@ KREX_HOOK CUresult cuCtxSetLimit(CUlimit limit, size_t value)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
@@ -605,7 +605,7 @@ KREX_HOOK CUresult cuCtxWaitEvent(CUcontext hCtx, CUevent hEvent)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuCtxWaitEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
@@ -615,7 +615,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRelease);
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
@@ -625,7 +625,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxRelease_v2);
     CUresult krex_r = krex_real_fn(dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
@@ -636,7 +636,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
@@ -647,7 +647,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     CUresult krex_r = krex_real_fn(dev);
     krex_note_primary_reset(krex_r, dev);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
@@ -663,7 +663,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
@@ -673,7 +673,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxSetFlags);
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
@@ -683,7 +683,7 @@ KREX_HOOK CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flag
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuDevicePrimaryCtxSetFlags_v2);
     CUresult krex_r = krex_real_fn(dev, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags)
@@ -695,7 +695,7 @@ KREX_HOOK CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags)
         krex_r = krex_real_fn(phEvent, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -703,7 +703,7 @@ KREX_HOOK CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUev
     KREX_BIND(cuEventElapsedTime);
     CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
     krex_note_event_elapsed(krex_r, hStart, hEnd);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd)
@@ -711,7 +711,7 @@ KREX_HOOK CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, C
     KREX_BIND(cuEventElapsedTime_v2);
     CUresult krex_r = krex_real_fn(pMilliseconds, hStart, hEnd);
     krex_note_event_elapsed(krex_r, hStart, hEnd);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -722,7 +722,7 @@ KREX_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -733,7 +733,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsi
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
@@ -744,7 +744,7 @@ KREX_HOOK CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
     CUresult krex_r = krex_real_fn(hEvent, hStream, flags);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
@@ -755,7 +755,7 @@ KREX_HOOK CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
     CUresult krex_r = krex_real_fn(hEvent, hStream);
     krex_note_event_record(krex_r, hEvent, hStream ? hStream : CU_STREAM_PER_THREAD);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuFuncLoad(CUfunction function)
@@ -770,7 +770,7 @@ KREX_HOOK CUresult cuFuncLoad(CUfunction function)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags)
@@ -778,7 +778,7 @@ KREX_HOOK CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVers
     KREX_BIND(cuGetProcAddress);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags);
     krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, NULL, 4);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags, CUdriverProcAddressQueryResult* symbolStatus)
@@ -786,7 +786,7 @@ KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaV
     KREX_BIND(cuGetProcAddress_v2);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags, symbolStatus);
     krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, symbolStatus, 5);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer, size_t bufferSize)
@@ -798,7 +798,7 @@ KREX_HOOK CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, 
         krex_r = krex_real_fn(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags)
@@ -810,7 +810,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph
         krex_r = krex_real_fn(phGraphExec, hGraph, flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
@@ -825,7 +825,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgrap
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)
@@ -840,7 +840,7 @@ KREX_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, C
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer, size_t bufferSize)
@@ -852,7 +852,7 @@ KREX_HOOK CUresult cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGrap
         krex_r = krex_real_fn(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
@@ -868,7 +868,7 @@ KREX_HOOK CUresult cuGraphLaunch(CUgraphExec hGraph, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
@@ -884,7 +884,7 @@ KREX_HOOK CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
@@ -899,7 +899,7 @@ KREX_HOOK CUresult cuGraphUpload(CUgraphExec hGraph, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
@@ -914,7 +914,7 @@ KREX_HOOK CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -924,7 +924,7 @@ KREX_HOOK CUresult cuGraphicsMapResources(unsigned int count, CUgraphicsResource
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsMapResources);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -934,7 +934,7 @@ KREX_HOOK CUresult cuGraphicsMapResources_ptsz(unsigned int count, CUgraphicsRes
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsMapResources_ptsz);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -944,7 +944,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources(unsigned int count, CUgraphicsResour
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsUnmapResources);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsResource* resources, CUstream hStream)
@@ -954,7 +954,7 @@ KREX_HOOK CUresult cuGraphicsUnmapResources_ptsz(unsigned int count, CUgraphicsR
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGraphicsUnmapResources_ptsz);
     CUresult krex_r = krex_real_fn(count, resources, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags)
@@ -971,7 +971,7 @@ KREX_HOOK CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, C
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
@@ -982,7 +982,7 @@ KREX_HOOK CUresult cuGreenCtxDestroy(CUgreenCtx hCtx)
     krex_note_green_destroying(hCtx);
     CUresult krex_r = krex_real_fn(hCtx);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
@@ -992,7 +992,7 @@ KREX_HOOK CUresult cuGreenCtxRecordEvent(CUgreenCtx hCtx, CUevent hEvent)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxRecordEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCtx, unsigned int flags, int priority)
@@ -1008,7 +1008,7 @@ KREX_HOOK CUresult cuGreenCtxStreamCreate(CUstream* phStream, CUgreenCtx greenCt
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
@@ -1018,7 +1018,7 @@ KREX_HOOK CUresult cuGreenCtxWaitEvent(CUgreenCtx hCtx, CUevent hEvent)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuGreenCtxWaitEvent);
     CUresult krex_r = krex_real_fn(hCtx, hEvent);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuInit(unsigned int Flags)
@@ -1029,7 +1029,7 @@ KREX_HOOK CUresult cuInit(unsigned int Flags)
     CUresult krex_r = krex_real_fn(Flags);
     krex_note_init(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
@@ -1044,7 +1044,7 @@ KREX_HOOK CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunch(CUfunction f)
@@ -1060,7 +1060,7 @@ KREX_HOOK CUresult cuLaunch(CUfunction f)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
@@ -1076,7 +1076,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* launchParamsList, unsigned int numDevices, unsigned int flags)
@@ -1092,7 +1092,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* laun
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams)
@@ -1108,7 +1108,7 @@ KREX_HOOK CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gri
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
@@ -1124,7 +1124,7 @@ KREX_HOOK CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
@@ -1140,7 +1140,7 @@ KREX_HOOK CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_heig
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData)
@@ -1150,7 +1150,7 @@ KREX_HOOK CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userDat
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchHostFunc);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData)
@@ -1160,7 +1160,7 @@ KREX_HOOK CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* us
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLaunchHostFunc_ptsz);
     CUresult krex_r = krex_real_fn(hStream, fn, userData);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
@@ -1176,7 +1176,7 @@ KREX_HOOK CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
@@ -1192,7 +1192,7 @@ KREX_HOOK CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra)
@@ -1208,7 +1208,7 @@ KREX_HOOK CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunctio
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra)
@@ -1224,7 +1224,7 @@ KREX_HOOK CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsi
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
@@ -1239,7 +1239,7 @@ KREX_HOOK CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrar
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name)
@@ -1254,7 +1254,7 @@ KREX_HOOK CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, cons
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name)
@@ -1269,7 +1269,7 @@ KREX_HOOK CUresult cuLibraryGetManaged(CUdeviceptr* dptr, size_t* bytes, CUlibra
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
@@ -1284,7 +1284,7 @@ KREX_HOOK CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, const char* symbol)
@@ -1299,7 +1299,7 @@ KREX_HOOK CUresult cuLibraryGetUnifiedFunction(void** fptr, CUlibrary library, c
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
@@ -1314,7 +1314,7 @@ KREX_HOOK CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jitOptions, void** jitOptionsValues, unsigned int numJitOptions, CUlibraryOption* libraryOptions, void** libraryOptionValues, unsigned int numLibraryOptions)
@@ -1329,7 +1329,7 @@ KREX_HOOK CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileNam
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
@@ -1339,7 +1339,7 @@ KREX_HOOK CUresult cuLibraryUnload(CUlibrary library)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLibraryUnload);
     CUresult krex_r = krex_real_fn(library);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1349,7 +1349,7 @@ KREX_HOOK CUresult cuLinkAddData(CUlinkState state, CUjitInputType type, void* d
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddData);
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void* data, size_t size, const char* name, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1359,7 +1359,7 @@ KREX_HOOK CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, void
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddData_v2);
     CUresult krex_r = krex_real_fn(state, type, data, size, name, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const char* path, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1369,7 +1369,7 @@ KREX_HOOK CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const c
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddFile);
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, const char* path, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -1379,7 +1379,7 @@ KREX_HOOK CUresult cuLinkAddFile_v2(CUlinkState state, CUjitInputType type, cons
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkAddFile_v2);
     CUresult krex_r = krex_real_fn(state, type, path, numOptions, options, optionValues);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* sizeOut)
@@ -1389,7 +1389,7 @@ KREX_HOOK CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkComplete);
     CUresult krex_r = krex_real_fn(state, cubinOut, sizeOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, void** optionValues, CUlinkState* stateOut)
@@ -1399,7 +1399,7 @@ KREX_HOOK CUresult cuLinkCreate(unsigned int numOptions, CUjit_option* options, 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkCreate);
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* options, void** optionValues, CUlinkState* stateOut)
@@ -1409,7 +1409,7 @@ KREX_HOOK CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* option
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkCreate_v2);
     CUresult krex_r = krex_real_fn(numOptions, options, optionValues, stateOut);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
@@ -1419,7 +1419,7 @@ KREX_HOOK CUresult cuLinkDestroy(CUlinkState state)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuLinkDestroy);
     CUresult krex_r = krex_real_fn(state);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize)
@@ -1432,7 +1432,7 @@ KREX_HOOK CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize)
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream)
@@ -1448,7 +1448,7 @@ KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream)
@@ -1464,7 +1464,7 @@ KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUst
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -1480,7 +1480,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, C
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
@@ -1496,7 +1496,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesi
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocHost(void** pp, unsigned int bytesize)
@@ -1508,7 +1508,7 @@ KREX_HOOK CUresult cuMemAllocHost(void** pp, unsigned int bytesize)
         krex_r = krex_real_fn(pp, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocHost_v2(void** pp, size_t bytesize)
@@ -1520,7 +1520,7 @@ KREX_HOOK CUresult cuMemAllocHost_v2(void** pp, size_t bytesize)
         krex_r = krex_real_fn(pp, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags)
@@ -1533,7 +1533,7 @@ KREX_HOOK CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigne
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes, unsigned int Height, unsigned int ElementSizeBytes)
@@ -1546,7 +1546,7 @@ KREX_HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, u
         krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)
@@ -1559,7 +1559,7 @@ KREX_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t 
         krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize)
@@ -1572,7 +1572,7 @@ KREX_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize)
         krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray, size_t count, unsigned int flags, size_t* errorIndex, CUstream stream)
@@ -1582,7 +1582,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync(CUmemDecompressParams* paramsArray,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemBatchDecompressAsync);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsArray, size_t count, unsigned int flags, size_t* errorIndex, CUstream stream)
@@ -1592,7 +1592,7 @@ KREX_HOOK CUresult cuMemBatchDecompressAsync_ptsz(CUmemDecompressParams* paramsA
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemBatchDecompressAsync_ptsz);
     CUresult krex_r = krex_real_fn(paramsArray, count, flags, errorIndex, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop, unsigned long long flags)
@@ -1605,7 +1605,7 @@ KREX_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size
         krex_mem_created(krex_r, krex_r ? 0 : *handle, krex_mem_device_bytes(size, prop));
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(krex_mem_device_bytes(size, prop))));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1615,7 +1615,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t*
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardAndPrefetchBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1625,7 +1625,7 @@ KREX_HOOK CUresult cuMemDiscardAndPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardAndPrefetchBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream hStream)
@@ -1635,7 +1635,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, siz
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream hStream)
@@ -1645,7 +1645,7 @@ KREX_HOOK CUresult cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemDiscardBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
@@ -1657,7 +1657,7 @@ KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -1669,7 +1669,7 @@ KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
@@ -1681,7 +1681,7 @@ KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
     CUresult krex_r = krex_real_fn(dptr, hStream);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFreeHost(void* p)
@@ -1691,7 +1691,7 @@ KREX_HOOK CUresult cuMemFreeHost(void* p)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeHost);
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -1703,7 +1703,7 @@ KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
     CUresult krex_r = krex_real_fn(dptr);
     krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags)
@@ -1715,7 +1715,7 @@ KREX_HOOK CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags
         krex_r = krex_real_fn(pp, bytesize, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags)
@@ -1727,7 +1727,7 @@ KREX_HOOK CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flag
         krex_r = krex_real_fn(p, bytesize, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags)
@@ -1739,7 +1739,7 @@ KREX_HOOK CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int F
         krex_r = krex_real_fn(p, bytesize, Flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemHostUnregister(void* p)
@@ -1749,7 +1749,7 @@ KREX_HOOK CUresult cuMemHostUnregister(void* p)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemHostUnregister);
     CUresult krex_r = krex_real_fn(p);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)
@@ -1761,7 +1761,7 @@ KREX_HOOK CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
         krex_r = krex_real_fn(ptr, size, offset, handle, flags);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int count, CUstream hStream)
@@ -1771,7 +1771,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync(CUarrayMapInfo* mapInfoList, unsigned int 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemMapArrayAsync);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned int count, CUstream hStream)
@@ -1781,7 +1781,7 @@ KREX_HOOK CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo* mapInfoList, unsigned
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemMapArrayAsync_ptsz);
     CUresult krex_r = krex_real_fn(mapInfoList, count, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps)
@@ -1793,7 +1793,7 @@ KREX_HOOK CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poo
         krex_r = krex_real_fn(pool, poolProps);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
@@ -1803,7 +1803,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync(CUdeviceptr devPtr, size_t count, CUdevice
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUdevice dstDevice, CUstream hStream)
@@ -1813,7 +1813,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr devPtr, size_t count, CUd
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_ptsz);
     CUresult krex_r = krex_real_fn(devPtr, count, dstDevice, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
@@ -1823,7 +1823,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr devPtr, size_t count, CUmem
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_v2);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, CUmemLocation location, unsigned int flags, CUstream hStream)
@@ -1833,7 +1833,7 @@ KREX_HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr devPtr, size_t count, 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(devPtr, count, location, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1843,7 +1843,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchBatchAsync);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* prefetchLocs, size_t* prefetchLocIdxs, size_t numPrefetchLocs, unsigned long long flags, CUstream hStream)
@@ -1853,7 +1853,7 @@ KREX_HOOK CUresult cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* size
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemPrefetchBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dptrs, sizes, count, prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -1862,7 +1862,7 @@ KREX_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     uint64_t krex_mz = krex_mem_take_handle(handle);
     CUresult krex_r = krex_real_fn(handle);
     krex_mem_released(krex_r, handle, krex_mz);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count)
@@ -1872,7 +1872,7 @@ KREX_HOOK CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemSetAccess);
     CUresult krex_r = krex_real_fn(ptr, size, desc, count);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
@@ -1882,7 +1882,7 @@ KREX_HOOK CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemUnmap);
     CUresult krex_r = krex_real_fn(ptr, size);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
@@ -1892,7 +1892,7 @@ KREX_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
@@ -1902,7 +1902,7 @@ KREX_HOOK CUresult cuMemcpy2D(const CUDA_MEMCPY2D_v1* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStream)
@@ -1912,7 +1912,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D_v1* pCopy, CUstream hStre
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream)
@@ -1922,7 +1922,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStre
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync_v2);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream hStream)
@@ -1932,7 +1932,7 @@ KREX_HOOK CUresult cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* pCopy, CUstream 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
@@ -1942,7 +1942,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned(const CUDA_MEMCPY2D_v1* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
@@ -1952,7 +1952,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
@@ -1962,7 +1962,7 @@ KREX_HOOK CUresult cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2DUnaligned_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
@@ -1972,7 +1972,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
@@ -1982,7 +1982,7 @@ KREX_HOOK CUresult cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy2D_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
@@ -1992,7 +1992,7 @@ KREX_HOOK CUresult cuMemcpy3D(const CUDA_MEMCPY3D_v1* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStream)
@@ -2002,7 +2002,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync(const CUDA_MEMCPY3D_v1* pCopy, CUstream hStre
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStream)
@@ -2012,7 +2012,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* pCopy, CUstream hStre
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync_v2);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream hStream)
@@ -2022,7 +2022,7 @@ KREX_HOOK CUresult cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* pCopy, CUstream 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, size_t* failIdx, unsigned long long flags, CUstream hStream)
@@ -2032,7 +2032,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* o
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, size_t* failIdx, unsigned long long flags, CUstream hStream)
@@ -2042,7 +2042,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(numOps, opList, failIdx, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, unsigned long long flags, CUstream hStream)
@@ -2052,7 +2052,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_v2);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BATCH_OP* opList, unsigned long long flags, CUstream hStream)
@@ -2062,7 +2062,7 @@ KREX_HOOK CUresult cuMemcpy3DBatchAsync_v2_ptsz(size_t numOps, CUDA_MEMCPY3D_BAT
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DBatchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(numOps, opList, flags, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
@@ -2072,7 +2072,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeer);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream hStream)
@@ -2082,7 +2082,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* pCopy, CUstream
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeerAsync);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUstream hStream)
@@ -2092,7 +2092,7 @@ KREX_HOOK CUresult cuMemcpy3DPeerAsync_ptsz(const CUDA_MEMCPY3D_PEER* pCopy, CUs
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeerAsync_ptsz);
     CUresult krex_r = krex_real_fn(pCopy, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
@@ -2102,7 +2102,7 @@ KREX_HOOK CUresult cuMemcpy3DPeer_ptds(const CUDA_MEMCPY3D_PEER* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3DPeer_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
@@ -2112,7 +2112,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D_v2);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
@@ -2122,7 +2122,7 @@ KREX_HOOK CUresult cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* pCopy)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy3D_v2_ptds);
     CUresult krex_r = krex_real_fn(pCopy);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
@@ -2132,7 +2132,7 @@ KREX_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAsync);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
@@ -2142,7 +2142,7 @@ KREX_HOOK CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t B
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAsync_ptsz);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -2152,7 +2152,7 @@ KREX_HOOK CUresult cuMemcpyAtoA(CUarray dstArray, unsigned int dstOffset, CUarra
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2162,7 +2162,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray s
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2172,7 +2172,7 @@ KREX_HOOK CUresult cuMemcpyAtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUar
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -2182,7 +2182,7 @@ KREX_HOOK CUresult cuMemcpyAtoD(CUdeviceptr_v1 dstDevice, CUarray srcArray, unsi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2192,7 +2192,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2202,7 +2202,7 @@ KREX_HOOK CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr dstDevice, CUarray srcArray,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount)
@@ -2212,7 +2212,7 @@ KREX_HOOK CUresult cuMemcpyAtoH(void* dstHost, CUarray srcArray, unsigned int sr
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned int srcOffset, unsigned int ByteCount, CUstream hStream)
@@ -2222,7 +2222,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync(void* dstHost, CUarray srcArray, unsigned i
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)
@@ -2232,7 +2232,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2(void* dstHost, CUarray srcArray, size_t 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)
@@ -2242,7 +2242,7 @@ KREX_HOOK CUresult cuMemcpyAtoHAsync_v2_ptsz(void* dstHost, CUarray srcArray, si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoHAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2252,7 +2252,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2(void* dstHost, CUarray srcArray, size_t srcOf
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)
@@ -2262,7 +2262,7 @@ KREX_HOOK CUresult cuMemcpyAtoH_v2_ptds(void* dstHost, CUarray srcArray, size_t 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyAtoH_v2_ptds);
     CUresult krex_r = krex_real_fn(dstHost, srcArray, srcOffset, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t* failIdx, CUstream hStream)
@@ -2272,7 +2272,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t* failIdx, CUstream hStream)
@@ -2282,7 +2282,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_ptsz);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, CUstream hStream)
@@ -2292,7 +2292,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2(CUdeviceptr* dsts, CUdeviceptr* srcs, s
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_v2);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count, CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, CUstream hStream)
@@ -2302,7 +2302,7 @@ KREX_HOOK CUresult cuMemcpyBatchAsync_v2_ptsz(CUdeviceptr* dsts, CUdeviceptr* sr
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyBatchAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -2312,7 +2312,7 @@ KREX_HOOK CUresult cuMemcpyDtoA(CUarray dstArray, unsigned int dstOffset, CUdevi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2322,7 +2322,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdevicep
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2332,7 +2332,7 @@ KREX_HOOK CUresult cuMemcpyDtoA_v2_ptds(CUarray dstArray, size_t dstOffset, CUde
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -2342,7 +2342,7 @@ KREX_HOOK CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream)
@@ -2352,7 +2352,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 sr
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2362,7 +2362,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDe
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2372,7 +2372,7 @@ KREX_HOOK CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoDAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2382,7 +2382,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2392,7 +2392,7 @@ KREX_HOOK CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDe
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount)
@@ -2402,7 +2402,7 @@ KREX_HOOK CUresult cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice, unsigne
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount, CUstream hStream)
@@ -2412,7 +2412,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice, un
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2422,7 +2422,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
@@ -2432,7 +2432,7 @@ KREX_HOOK CUresult cuMemcpyDtoHAsync_v2_ptsz(void* dstHost, CUdeviceptr srcDevic
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoHAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2442,7 +2442,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH_v2);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount)
@@ -2452,7 +2452,7 @@ KREX_HOOK CUresult cuMemcpyDtoH_v2_ptds(void* dstHost, CUdeviceptr srcDevice, si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyDtoH_v2_ptds);
     CUresult krex_r = krex_real_fn(dstHost, srcDevice, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const void* srcHost, unsigned int ByteCount)
@@ -2462,7 +2462,7 @@ KREX_HOOK CUresult cuMemcpyHtoA(CUarray dstArray, unsigned int dstOffset, const 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, const void* srcHost, unsigned int ByteCount, CUstream hStream)
@@ -2472,7 +2472,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync(CUarray dstArray, unsigned int dstOffset, c
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2482,7 +2482,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, cons
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2492,7 +2492,7 @@ KREX_HOOK CUresult cuMemcpyHtoAAsync_v2_ptsz(CUarray dstArray, size_t dstOffset,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoAAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount)
@@ -2502,7 +2502,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const voi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA_v2);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, const void* srcHost, size_t ByteCount)
@@ -2512,7 +2512,7 @@ KREX_HOOK CUresult cuMemcpyHtoA_v2_ptds(CUarray dstArray, size_t dstOffset, cons
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoA_v2_ptds);
     CUresult krex_r = krex_real_fn(dstArray, dstOffset, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, unsigned int ByteCount)
@@ -2522,7 +2522,7 @@ KREX_HOOK CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost, u
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHost, unsigned int ByteCount, CUstream hStream)
@@ -2532,7 +2532,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice, const void* srcHo
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2542,7 +2542,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHo
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount, CUstream hStream)
@@ -2552,7 +2552,7 @@ KREX_HOOK CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void* 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoDAsync_v2_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount)
@@ -2562,7 +2562,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, s
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD_v2);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount)
@@ -2572,7 +2572,7 @@ KREX_HOOK CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void* srcHo
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyHtoD_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, srcHost, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
@@ -2582,7 +2582,7 @@ KREX_HOOK CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUd
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeer);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
@@ -2592,7 +2592,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeerAsync);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)
@@ -2602,7 +2602,7 @@ KREX_HOOK CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstCo
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeerAsync_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)
@@ -2612,7 +2612,7 @@ KREX_HOOK CUresult cuMemcpyPeer_ptds(CUdeviceptr dstDevice, CUcontext dstContext
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpyPeer_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
@@ -2622,7 +2622,7 @@ KREX_HOOK CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemcpy_ptds);
     CUresult krex_r = krex_real_fn(dst, src, ByteCount);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsigned int N)
@@ -2632,7 +2632,7 @@ KREX_HOOK CUresult cuMemsetD16(CUdeviceptr_v1 dstDevice, unsigned short us, unsi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
@@ -2642,7 +2642,7 @@ KREX_HOOK CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16Async);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)
@@ -2652,7 +2652,7 @@ KREX_HOOK CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short u
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, us, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)
@@ -2662,7 +2662,7 @@ KREX_HOOK CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16_v2);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N)
@@ -2672,7 +2672,7 @@ KREX_HOOK CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD16_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, us, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned short us, unsigned int Width, unsigned int Height)
@@ -2682,7 +2682,7 @@ KREX_HOOK CUresult cuMemsetD2D16(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
@@ -2692,7 +2692,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, un
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)
@@ -2702,7 +2702,7 @@ KREX_HOOK CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
@@ -2712,7 +2712,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)
@@ -2722,7 +2722,7 @@ KREX_HOOK CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D16_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, us, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned int ui, unsigned int Width, unsigned int Height)
@@ -2732,7 +2732,7 @@ KREX_HOOK CUresult cuMemsetD2D32(CUdeviceptr_v1 dstDevice, unsigned int dstPitch
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
@@ -2742,7 +2742,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, un
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)
@@ -2752,7 +2752,7 @@ KREX_HOOK CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitc
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
@@ -2762,7 +2762,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)
@@ -2772,7 +2772,7 @@ KREX_HOOK CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D32_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, ui, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch, unsigned char uc, unsigned int Width, unsigned int Height)
@@ -2782,7 +2782,7 @@ KREX_HOOK CUresult cuMemsetD2D8(CUdeviceptr_v1 dstDevice, unsigned int dstPitch,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
@@ -2792,7 +2792,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, uns
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8Async);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)
@@ -2802,7 +2802,7 @@ KREX_HOOK CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
@@ -2812,7 +2812,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsig
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8_v2);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)
@@ -2822,7 +2822,7 @@ KREX_HOOK CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD2D8_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, dstPitch, uc, Width, Height);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsigned int N)
@@ -2832,7 +2832,7 @@ KREX_HOOK CUresult cuMemsetD32(CUdeviceptr_v1 dstDevice, unsigned int ui, unsign
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
@@ -2842,7 +2842,7 @@ KREX_HOOK CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32Async);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)
@@ -2852,7 +2852,7 @@ KREX_HOOK CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
@@ -2862,7 +2862,7 @@ KREX_HOOK CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32_v2);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
@@ -2872,7 +2872,7 @@ KREX_HOOK CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, s
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD32_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, ui, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N)
@@ -2882,7 +2882,7 @@ KREX_HOOK CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsign
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
@@ -2892,7 +2892,7 @@ KREX_HOOK CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8Async);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
@@ -2902,7 +2902,7 @@ KREX_HOOK CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc,
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8Async_ptsz);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N, hStream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -2912,7 +2912,7 @@ KREX_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8_v2);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -2922,7 +2922,7 @@ KREX_HOOK CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, s
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemsetD8_v2_ptds);
     CUresult krex_r = krex_real_fn(dstDevice, uc, N);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc, unsigned int numMipmapLevels)
@@ -2934,7 +2934,7 @@ KREX_HOOK CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_
         krex_r = krex_real_fn(pHandle, pMipmappedArrayDesc, numMipmapLevels);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
@@ -2944,7 +2944,7 @@ KREX_HOOK CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMipmappedArrayDestroy);
     CUresult krex_r = krex_real_fn(hMipmappedArray);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name)
@@ -2959,7 +2959,7 @@ KREX_HOOK CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const c
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, CUmodule hmod, const char* name)
@@ -2974,7 +2974,7 @@ KREX_HOOK CUresult cuModuleGetGlobal(CUdeviceptr_v1* dptr, unsigned int* bytes, 
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name)
@@ -2989,7 +2989,7 @@ KREX_HOOK CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodu
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const char* name)
@@ -2999,7 +2999,7 @@ KREX_HOOK CUresult cuModuleGetSurfRef(CUsurfref* pSurfRef, CUmodule hmod, const 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetSurfRef);
     CUresult krex_r = krex_real_fn(pSurfRef, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const char* name)
@@ -3009,7 +3009,7 @@ KREX_HOOK CUresult cuModuleGetTexRef(CUtexref* pTexRef, CUmodule hmod, const cha
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleGetTexRef);
     CUresult krex_r = krex_real_fn(pTexRef, hmod, name);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
@@ -3024,7 +3024,7 @@ KREX_HOOK CUresult cuModuleLoad(CUmodule* module, const char* fname)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
@@ -3039,7 +3039,7 @@ KREX_HOOK CUresult cuModuleLoadData(CUmodule* module, const void* image)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions, CUjit_option* options, void** optionValues)
@@ -3054,7 +3054,7 @@ KREX_HOOK CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsig
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
@@ -3069,7 +3069,7 @@ KREX_HOOK CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin)
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
@@ -3079,7 +3079,7 @@ KREX_HOOK CUresult cuModuleUnload(CUmodule hmod)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuModuleUnload);
     CUresult krex_r = krex_real_fn(hmod);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -3089,7 +3089,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync(const CUexternalSemaphore* ex
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuSignalExternalSemaphoresAsync);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -3099,7 +3099,7 @@ KREX_HOOK CUresult cuSignalExternalSemaphoresAsync_ptsz(const CUexternalSemaphor
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuSignalExternalSemaphoresAsync_ptsz);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void* userData, unsigned int flags)
@@ -3109,7 +3109,7 @@ KREX_HOOK CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callba
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAddCallback);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback callback, void* userData, unsigned int flags)
@@ -3119,7 +3119,7 @@ KREX_HOOK CUresult cuStreamAddCallback_ptsz(CUstream hStream, CUstreamCallback c
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAddCallback_ptsz);
     CUresult krex_r = krex_real_fn(hStream, callback, userData, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned int flags)
@@ -3129,7 +3129,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync(CUstream hStream, CUdeviceptr dptr, si
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAttachMemAsync);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dptr, size_t length, unsigned int flags)
@@ -3139,7 +3139,7 @@ KREX_HOOK CUresult cuStreamAttachMemAsync_ptsz(CUstream hStream, CUdeviceptr dpt
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamAttachMemAsync_ptsz);
     CUresult krex_r = krex_real_fn(hStream, dptr, length, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -3149,7 +3149,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp(CUstream stream, unsigned int count, CUstr
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -3159,7 +3159,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_ptsz(CUstream stream, unsigned int count, 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_ptsz);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -3169,7 +3169,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CU
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_v2);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams* paramArray, unsigned int flags)
@@ -3179,7 +3179,7 @@ KREX_HOOK CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int coun
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBatchMemOp_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, count, paramArray, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
@@ -3190,7 +3190,7 @@ KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
@@ -3201,7 +3201,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
@@ -3212,7 +3212,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
@@ -3223,7 +3223,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
@@ -3234,7 +3234,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
@@ -3245,7 +3245,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptur
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags)
@@ -3258,7 +3258,7 @@ KREX_HOOK CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags)
         krex_note_stream_created(krex_r, phStream);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority)
@@ -3271,7 +3271,7 @@ KREX_HOOK CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int f
         krex_note_stream_created(krex_r, phStream);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
@@ -3279,7 +3279,7 @@ KREX_HOOK CUresult cuStreamDestroy(CUstream hStream)
     KREX_BIND(cuStreamDestroy);
     krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
@@ -3287,7 +3287,7 @@ KREX_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
     KREX_BIND(cuStreamDestroy_v2);
     krex_note_stream_destroying(hStream); krex_region_stream_destroying(hStream);
     CUresult krex_r = krex_real_fn(hStream);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
@@ -3296,7 +3296,7 @@ KREX_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)
     krex_capture_end_begin();
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
@@ -3305,7 +3305,7 @@ KREX_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph)
     krex_capture_end_begin();
     CUresult krex_r = krex_real_fn(hStream, phGraph);
     krex_note_capture_end(krex_r);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -3315,7 +3315,7 @@ KREX_HOOK CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitEvent);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
@@ -3325,7 +3325,7 @@ KREX_HOOK CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsi
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitEvent_ptsz);
     CUresult krex_r = krex_real_fn(hStream, hEvent, Flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3335,7 +3335,7 @@ KREX_HOOK CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3345,7 +3345,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, c
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3355,7 +3355,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuu
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3365,7 +3365,7 @@ KREX_HOOK CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue32_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3375,7 +3375,7 @@ KREX_HOOK CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3385,7 +3385,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_ptsz(CUstream stream, CUdeviceptr addr, c
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3395,7 +3395,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, cuu
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3405,7 +3405,7 @@ KREX_HOOK CUresult cuStreamWaitValue64_v2_ptsz(CUstream stream, CUdeviceptr addr
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWaitValue64_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3415,7 +3415,7 @@ KREX_HOOK CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuin
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3425,7 +3425,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3435,7 +3435,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -3445,7 +3445,7 @@ KREX_HOOK CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr add
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue32_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3455,7 +3455,7 @@ KREX_HOOK CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuin
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3465,7 +3465,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_ptsz(CUstream stream, CUdeviceptr addr, 
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3475,7 +3475,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cu
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_v2);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
@@ -3485,7 +3485,7 @@ KREX_HOOK CUresult cuStreamWriteValue64_v2_ptsz(CUstream stream, CUdeviceptr add
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamWriteValue64_v2_ptsz);
     CUresult krex_r = krex_real_fn(stream, addr, value, flags);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -3495,7 +3495,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync(const CUexternalSemaphore* extS
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuWaitExternalSemaphoresAsync);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore* extSemArray, const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS* paramsArray, unsigned int numExtSems, CUstream stream)
@@ -3505,7 +3505,7 @@ KREX_HOOK CUresult cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore*
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuWaitExternalSemaphoresAsync_ptsz);
     CUresult krex_r = krex_real_fn(extSemArray, paramsArray, numExtSems, stream);
     krex_leave(krex_s);
-    return krex_r;
+    return KREX_RESULT(krex_r);
 }
 
 const struct krex_ep_desc krex_ep_desc[KREX_EP_COUNT] = {

@@ -244,6 +244,11 @@ void krex_slot_snapshot(const struct krex_slot *cs, uint32_t tenant, uint32_t in
     out->oom_own = (oom >> KREX_OOM_OWN_SHIFT) & KREX_OOM_OWN_MAX;
     out->oom_last = (oom >> KREX_OOM_LAST_SHIFT) & KREX_OOM_LAST_MAX;
     out->oom_waiting = (oom & KREX_OOM_WAITING) != 0;
+    /* Relaxed: a status hint the owner stores once; krexd's fault monitor
+     * reads it again on its next pass.  Tenant-written, so only the
+     * defined bits are kept (krexd.faults validates the code). */
+    out->fault = atomic_load_explicit(&s->fault, memory_order_relaxed) & KREX_FAULT_KNOWN;
+    out->reserved_ = 0;
 }
 
 /* The checks both sides make on a slot memory fd before mapping it: a
@@ -438,6 +443,7 @@ static int claim_slot(struct krex_tenant_mem *m, const struct claim *c)
         atomic_store_explicit(&s->last_drain_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&s->mem_mib, 0, memory_order_relaxed);
         atomic_store_explicit(&s->oom, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->fault, 0, memory_order_relaxed);
         atomic_store_explicit(&s->inflight, 1, memory_order_seq_cst);
         KREX_TEST_POINT("claim_filled");
         /* Publish (seq_cst CAS): the registration half of the Dekker

@@ -45,6 +45,15 @@ void krex_log_write(int level, const char *func, const char *fmt, ...)
             krex_log_write((level), __func__, __VA_ARGS__);                    \
     } while (0)
 
+/* ---- fatal GPU errors (fault.c) ------------------------------------------ */
+
+/* Record a fatal (sticky) result in this process's gate slot (the first
+ * one only); `at_sync`: found by the shim's own synchronization. */
+void krex_fault_note(CUresult r, int at_sync);
+CUresult krex_fault_result(CUresult r);
+/* Every hook returns through this: one compare on the fast path. */
+#define KREX_RESULT(r) (KREX_LIKELY((r) == CUDA_SUCCESS) ? (r) : krex_fault_result(r))
+
 /* ---- process state (shim.c) ---------------------------------------------- */
 
 /* PASS: not under krex (KREX_GATE and KREX_TENANT unset): every hook is a

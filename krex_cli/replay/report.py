@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter  # noqa: E402
 
-from krex_cli.replay import metrics, regions  # noqa: E402
+from krex_cli.replay import faults, metrics, regions  # noqa: E402
 from krex_cli.replay.runner import META, RESULTS, load_results  # noqa: E402
 from krex_cli.replay.trace import BAND_NAMES  # noqa: E402
 
@@ -136,6 +136,7 @@ def compute(runs: list[Run], ref: Run | None) -> dict[str, Any]:
             "throughput_cmds_per_min": run.throughput(),
             "phases_median_ms": phase_medians(run),
             "regions": regions.summarize(regions.load(run.path)),
+            "gpu_faults": faults.count(run.records),
             "stats": {},
         }
         if ref is not None and run is not ref:
@@ -229,6 +230,7 @@ def markdown(runs: list[Run], data: dict[str, Any]) -> str:
             f"{_fmt(tp / ref_tp if ref_tp else math.nan, '.2f', 'x')} |"
         )
     lines += ["", "![throughput](throughput.png)", ""]
+    lines += faults.markdown({r.label: data["runs"][r.label]["gpu_faults"] for r in runs})
     for stat in metrics.STATS:
         compared = [r for r in runs if stat in data["runs"][r.label]["stats"]]
         if not compared:

@@ -9,7 +9,9 @@ serial/krex/ungated: ``concurrency`` workers per GPU, each command run as
 Each command's record (one JSON line, written as soon as it ends):
 ``seq, pass, index, argv, task, candidate, band, mode, worker, gpu, start,
 end (wall clock s), wall_s, exit_code, result (the command's JSON result
-line or null), stderr_tail (on failure), error (on failure)``.
+line or null), stderr_tail (on failure), error (on failure)``, and
+``gpu_fault`` (``{role, reruns}``, ``krex_cli.casualty.summary``) when
+``krex run`` met a GPU-wide fault under MPS.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import IO, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
+from krex_cli import casualty
 from krex_cli.replay import modes, regions
 from krex_cli.replay.trace import TraceEntry
 
@@ -240,6 +243,9 @@ class Runner:
             if isinstance(phases, dict) and isinstance(t_print, int | float):
                 phases["exit_ms"] = max(0.0, (rec["end"] - t_print) * 1000.0)
         rec["result"] = result
+        fault = casualty.summary(err, proc.returncode)  # krex run's re-runs after GPU-wide faults
+        if fault is not None:
+            rec["gpu_fault"] = fault
         if error is None and proc.returncode != 0:
             error = f"exit code {proc.returncode}"
         if error is None and result is None:

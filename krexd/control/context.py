@@ -81,12 +81,21 @@ class MemoryRecords(Protocol):
         ...
 
 
+class FaultVerdicts(Protocol):
+    """GPU-wide faults under MPS (``krexd.faults.FaultMonitor``)."""
+
+    def verdict(self, tenant: Tenant) -> dict[str, Any] | None:
+        """Whether the tenant's end was a GPU-wide fault's casualty, culprit or suspect."""
+        ...
+
+
 @dataclass(frozen=True)
 class OpContext:
     """Everything an op may use.
 
     ``regions(gpu)`` is the region protocol of GPU ``gpu``; ``about()`` the
-    ``ping`` body (version, pid, uptime_s); ``status()`` the ``status`` body.
+    ``ping`` body (version, pid, uptime_s); ``status()`` the ``status`` body;
+    ``faults`` the GPU-wide fault verdicts (None without MPS).
     """
 
     tenants: TenantAuth
@@ -95,3 +104,4 @@ class OpContext:
     regions: Callable[[int], Regions]
     about: Callable[[], dict[str, Any]]
     status: Callable[[], dict[str, Any]]
+    faults: FaultVerdicts | None = None

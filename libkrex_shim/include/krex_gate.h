@@ -56,7 +56,12 @@
  * summary in the gate; 6 is reserved (a fault word); 7: both of 5's
  * changes together: EXITING slots live in the tenant's slot memory, the
  * exiting process marks its own slot, and krex_coord_wait_drained counts
- * an EXITING slot with nothing in flight as drained.  Any change of a
+ * an EXITING slot with nothing in flight as drained; 8 adds
+ * krex_slot.fault (the first fatal CUDA error the process saw, written by
+ * the owner in its tenant's slot memory, carved from the slot's padding)
+ * and its decoded copy in struct krex_slot_info (the MPS fault work had
+ * numbered this field's first form 6, in a gate file that no longer holds
+ * slots).  Any change of a
  * layout, of a slot state's meaning, of struct krex_slot_info or of a
  * function's signature bumps the version: krex_gate_map() and
  * krex_coord_attach() refuse memory of another version (EPROTO;
@@ -75,7 +80,7 @@ extern "C" {
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
 #define KREX_SLOTS_MAGIC 0x53544f4c5845524BULL /* bytes "KREXLOTS" in memory */
-#define KREX_GATE_VERSION 7u
+#define KREX_GATE_VERSION 8u
 /* Processes of one tenant that can be registered at once (slots in its
  * slot memory), and tenants one gate summarizes. */
 #define KREX_TENANT_SLOTS 128u
@@ -169,6 +174,20 @@ enum krex_oom_reason {
                                the latest admitted tenant gives up */
 };
 
+/* krex_slot.fault: the first fatal ("sticky") CUDA error this process saw
+ * (libkrex_shim/fault.c, docs/design/faults.md).  Written once, by the
+ * owner, with one relaxed store, in the tenant's slot memory; krexd reads
+ * it (untrusted input: bits outside KREX_FAULT_KNOWN are dropped) to tell
+ * a GPU-wide fault under MPS (every client of the server gets the error)
+ * from a command's own.  0: none seen. */
+#define KREX_FAULT_CODE_MASK 0xffffu  /* the CUresult (700 illegal address, ...) */
+#define KREX_FAULT_LAUNCHED 0x10000u  /* the process had launched kernels before it
+                                         (a process that never launched cannot be
+                                         the culprit) */
+#define KREX_FAULT_AT_SYNC 0x20000u   /* seen by the shim's own synchronization (a
+                                         drain or the exit), not returned to a call */
+#define KREX_FAULT_KNOWN (KREX_FAULT_CODE_MASK | KREX_FAULT_LAUNCHED | KREX_FAULT_AT_SYNC)
+
 /* krex_slot.inflight: bits 0-30 count the process's in-flight driver calls;
  * bit 31 is set by the drainer before it parks waiting for zero, so that
  * the submitter's decrement wakes it only when somebody waits (the fast
@@ -204,7 +223,11 @@ struct krex_slot {
                                        image (execve) does not have it */
     _Atomic uint64_t pidns;         /* inode of the owner's pid namespace
                                        (its pid is in that namespace) */
-    uint8_t pad_[48];
+    /* Version 8: fatal GPU errors (docs/design/faults.md).  Zeroed at
+     * registration, kept by a freed slot like the memory record.  krexd
+     * reads it as untrusted input: only the bits below are kept. */
+    _Atomic uint32_t fault;         /* KREX_FAULT_*, owner only */
+    uint8_t pad_[44];               /* pads the slot to two cache lines */
 } __attribute__((aligned(64)));
 
 /* krex_slot.image: page-aligned start of the mapping | its length in pages. */
@@ -305,6 +328,8 @@ struct krex_slot_info {
     uint64_t pidns;       /* krex_slot.pidns */
     uint32_t claimed_tenant; /* krex_slot.tenant as written by the tenant */
     uint32_t ignored;     /* 1: krexd judged this owner gone (krex_coord_ignore) */
+    uint32_t fault;       /* krex_slot.fault (version 8), masked to KREX_FAULT_* bits */
+    uint32_t reserved_;
 };
 
 /* One slot still to drain (krex_coord_wait_drained). */

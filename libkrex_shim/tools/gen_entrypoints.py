@@ -363,7 +363,7 @@ def render_hook(e: Entry) -> str:
             "    } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&\n"
             f"             krex_oom_retry(&krex_o, krex_r, (uint64_t)({e.oom_bytes})));\n"
         )
-    lines.append("    return krex_r;\n}\n\n")
+    lines.append("    return KREX_RESULT(krex_r);\n}\n\n")  # fatal errors: fault.c
     return "".join(lines)
 
 

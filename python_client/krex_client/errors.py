@@ -45,9 +45,9 @@ class ExitCode(IntEnum):
     SOFTWARE = 70  # EX_SOFTWARE: internal error in krexd
     CONFIG = 78  # EX_CONFIG: krexd's configuration is invalid
     TEMPFAIL = 75  # EX_TEMPFAIL: CMD failed on GPU memory its co-tenants held; run it again
-    # 76: also FAULT_CASUALTY on the MPS branch, which merges separately; the
-    # two codes are reconciled when it does.
-    UNPROTECTABLE = 76  # krexd ended CMD: it used the GPU where krex cannot drain it,
+    FAULT_CASUALTY = 76  # CMD failed only because a co-tenant's kernel faulted the GPU (MPS)
+    #                      and its re-runs (krex run --fault-retries) were used up
+    UNPROTECTABLE = 79  # krexd ended CMD: it used the GPU where krex cannot drain it,
     # or tampered with its gate registrations (the message names the process and cause)
     WRONG_GPU = 83  # CMD tried to create a context on another GPU than its own (the shim ends it)
     TIMEOUT = 124  # krex run --timeout expired (as coreutils timeout)

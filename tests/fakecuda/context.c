@@ -43,7 +43,11 @@ uint64_t fc_ctx_tail(const struct CUctx_st *ctx)
 
 CUresult fc_ctx_activate(struct CUctx_st *ctx, int device, unsigned int flags, bool primary)
 {
-    CUresult r = fc_mem_working(fc.phys[device]); /* a context takes device memory */
+    /* A context makes the process an MPS client (refused by a faulted
+     * server before anything reaches the device), then takes device memory. */
+    CUresult r = fc_mps_join(fc.phys[device]);
+    if (r == CUDA_SUCCESS)
+        r = fc_mem_working(fc.phys[device]);
     if (r != CUDA_SUCCESS)
         return r;
     ctx->magic = FC_MAGIC_CTX;

@@ -207,6 +207,7 @@ struct fc_state {
     uint64_t next_capture_id;
     struct CUstream_st *free_streams;
     struct CUevent_st *free_events;
+    _Atomic int sticky;        /* fatal error of this process's own fault (fault.c) */
 };
 
 extern struct fc_state fc;
@@ -284,6 +285,13 @@ uint64_t fc_share_used(int gpu);  /* bytes in use by all processes */
 void fc_share_ctx(int gpu, int delta);
 void fc_share_exit(void);
 void fc_share_atfork_child(void);
+
+/* fault.c: fatal faults and the modelled MPS server (KREX_FAKE_MPS) */
+CUresult fc_mps_open(void);
+bool fc_fault_kernel(const char *name);    /* a "krex_fault*" function */
+void fc_fault_raise(int phys);              /* its launch: sticky error from now on */
+CUresult fc_fault_sticky(void);             /* CUDA_SUCCESS or the sticky error */
+CUresult fc_mps_join(int phys);             /* a context on `phys`: 807 while its server is faulted */
 
 /* memory.c */
 /* Validate [p, p+bytes) lies inside one allocation. */

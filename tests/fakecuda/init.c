@@ -19,6 +19,8 @@
  *   KREX_FAKE_TIMELINE    timeline file (appended; unset: no timeline)
  *   KREX_FAKE_STATE       shared memory-state file; default <timeline>.state,
  *                         or /dev/shm/krex-fakecuda-<uid>.v2 without a timeline
+ *   KREX_FAKE_MPS         1 or log: a modelled MPS server spreads fatal faults
+ *                         (fault.c; KREX_FAKE_MPS_STATE names its file)
  * A bad value makes cuInit fail with CUDA_ERROR_INVALID_VALUE and a message
  * on stderr that names the variable.
  */
@@ -56,8 +58,9 @@ CUresult fc_check_init(void)
 {
     /* Acquire pairs with the release store in cuInit: a thread that sees
      * ready == 1 also sees the configuration cuInit wrote before it. */
-    return atomic_load_explicit(&fc.ready, memory_order_acquire) ? CUDA_SUCCESS
-                                                                 : CUDA_ERROR_NOT_INITIALIZED;
+    if (!atomic_load_explicit(&fc.ready, memory_order_acquire))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return fc_fault_sticky(); /* a fatal fault is sticky (fault.c) */
 }
 
 /* Parse "123", "4G", "512MiB" (binary multiples) into bytes; false on error. */
@@ -208,6 +211,8 @@ static CUresult configure(void)
         snprintf(state, sizeof state, "/dev/shm/krex-fakecuda-%u.v2", (unsigned)getuid());
     }
     r = fc_share_open(state);
+    if (r == CUDA_SUCCESS)
+        r = fc_mps_open();
     if (r != CUDA_SUCCESS)
         return r;
     return fc.ndev > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;

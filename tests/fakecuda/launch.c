@@ -3,7 +3,8 @@
  * first parameter is a uint64_t giving how long it runs, in ns
  * (`*(uint64_t *)kernelParams[0]`, or the first 8 bytes of the
  * CU_LAUNCH_PARAM_BUFFER_POINTER buffer when arguments come through
- * `extra`).  A kernel with neither runs for 0 ns.
+ * `extra`).  A kernel with neither runs for 0 ns.  A function named
+ * "krex_fault..." faults (an illegal address, fault.c).
  */
 #include "fakecuda.h"
 
@@ -53,6 +54,14 @@ static bool valid_function(CUfunction f)
     return tag == FC_MAGIC_FUNC || tag == FC_MAGIC_KERNEL;
 }
 
+static const char *function_name(CUfunction f)
+{
+    uint32_t tag;
+    memcpy(&tag, (const void *)f, sizeof tag);
+    return tag == FC_MAGIC_KERNEL ? ((struct CUkern_st *)(void *)f)->func.name
+                                  : ((struct CUfunc_st *)(void *)f)->name;
+}
+
 static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                        unsigned int bx, unsigned int by, unsigned int bz, CUstream hStream,
                        void **kernelParams, void **extra, bool per_thread)
@@ -80,6 +89,8 @@ static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned 
         r = fc_mem_working(fc.phys[s->ctx->device]);
     if (r == CUDA_SUCCESS)
         r = fc_submit(s, FC_KIND_KERNEL, duration, NULL);
+    if (r == CUDA_SUCCESS && fc_fault_kernel(function_name(f)))
+        fc_fault_raise(fc.phys[ctx->device]); /* fault.c: sticky from the next call */
     fc_unlock();
     return r;
 }

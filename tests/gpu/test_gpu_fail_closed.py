@@ -4,7 +4,7 @@ Issue "Tenant identity" item 8: beside a holder timing GEMMs in critical
 regions, a sibling runs GEMMs with ``env -u LD_PRELOAD`` (no shim), or
 execs into an unshimmed program after its first GPU call.  krexd sees the
 process through NVML's compute processes without a drained registration,
-ends that sibling (exit 76, the process and the cause in krex run's
+ends that sibling (exit 79, the process and the cause in krex run's
 message) before it grants, and the holder's median region time stays
 within 1% of native (the same program without krex, alone on the GPU).
 
@@ -78,6 +78,6 @@ def test_unprotectable_sibling_is_ended_and_the_region_stays_native(
         f"| {100 * (krex_ms / native_ms - 1):+.2f}% | sibling exit {rc} |"
     )
     assert run.returncode == 0, run.stderr.decode()[-3000:]
-    assert rc == 76, err[-2000:]
+    assert rc == 79, err[-2000:]
     assert "unprotectable GPU use" in err and "pid " in err
     assert abs(krex_ms / native_ms - 1) <= 0.01, (native_ms, krex_ms)

@@ -7,7 +7,7 @@ what the issues "Gate v2" (13, "Measured on main") and "Tenant identity"
 (12, item 5) measured, and a holder runs short critical regions.  The
 checks: krexd is alive and answers; no kernel of a tenant that was not
 ended runs inside any region; an attacker krex cannot protect against is
-ended with exit code 76 and a message naming the process and the cause.
+ended with exit code 79 and a message naming the process and the cause.
 
 On the code before gate v5 (checked by running these scenes against it):
 the gate-word and truncate attacks succeed (the gate was group-writable:
@@ -42,7 +42,7 @@ FAKE_DIR = os.path.join(REPO, "build", "fakecuda")
 FAKEGPU = os.path.join(REPO, "tests", "fakecuda", "fakegpu.py")
 HOLDER = os.path.join(HERE, "progs", "timeline_holder.py")
 ATTACKER = os.path.join(HERE, "progs", "attacker.py")
-UNPROTECTABLE = 76
+UNPROTECTABLE = 79
 # Unprivileged, but in group 0: on the code before gate v5 the gate file
 # was writable by the socket's group (the test krexd's is root's group).
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=0", "--clear-groups"]
@@ -137,7 +137,7 @@ def scene(
 
 
 def assert_ended_for(s: Scene, cause: str, names_pid: bool = True) -> None:
-    """The attacker was ended with exit 76, krex run and krexd saying why."""
+    """The attacker was ended with exit 79, krex run and krexd saying why."""
     assert s.attacker_rc == UNPROTECTABLE, (s.attacker_rc, s.attacker_err[-2000:])
     assert cause in s.attacker_err and cause in s.log, s.attacker_err
     if names_pid:

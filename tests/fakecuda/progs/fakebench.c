@@ -12,7 +12,7 @@
  * usage: fakebench [--link direct|dlsym|procaddr] [--count N | --seconds S]
  *                  [--kernel-ns NS] [--streams K] [--nonblocking] [--per-thread]
  *                  [--capture N [--capture-only]] [--sync-every K] [--device D]
- *                  [--cuda-version V]
+ *                  [--cuda-version V] [--fault-after N]
  *
  *   --count N        launches (kernels, or graph launches with --capture); default 10
  *   --seconds S      launch until S seconds have passed instead
@@ -23,6 +23,8 @@
  *   --sync-every K   synchronize every stream after every K launches
  *   --per-thread     per-thread default stream API flavour (_ptsz exports)
  *   --cuda-version V version passed to cuGetProcAddress (procaddr); default 13000
+ *   --fault-after N  after N launches, launch one faulting kernel (the fake
+ *                    driver's "krex_fault" function: an illegal address, sticky)
  * SIGTERM/SIGINT end the loop early; the summary is printed all the same.
  * The summary names, for each function, the symbol and the object file its
  * pointer belongs to (dladdr), so a test sees whether an interposer was hit.
@@ -129,6 +131,7 @@ struct options {
     long sync_every;
     int device;
     int cuda_version;
+    long fault_after;  /* -1: never */
 };
 
 struct summary {
@@ -257,6 +260,9 @@ static void run(const struct options *o, struct summary *sum)
     CHECK("cuCtxSetCurrent", api.CtxSetCurrent(ctx));
     CHECK("cuModuleLoadData", api.ModuleLoadData(&mod, image));
     CHECK("cuModuleGetFunction", api.ModuleGetFunction(&fn, mod, "duration_kernel"));
+    CUfunction fault_fn = NULL;
+    if (o->fault_after >= 0)
+        CHECK("cuModuleGetFunction", api.ModuleGetFunction(&fault_fn, mod, "krex_fault_kernel"));
 
     int nstreams = o->streams > 0 ? o->streams : 1;
     CUstream *streams = calloc((size_t)nstreams, sizeof *streams);
@@ -285,6 +291,9 @@ static void run(const struct options *o, struct summary *sum)
     while (!stop && (deadline ? now_ns() < deadline : n < o->count) &&
            !(o->capture > 0 && o->capture_only)) {
         CUstream s = streams[n % nstreams];
+        if (fault_fn && n == o->fault_after) /* one illegal-address kernel */
+            CHECK("cuLaunchKernel",
+                  api.LaunchKernel(fault_fn, 1, 1, 1, 1, 1, 1, 0, s, params, NULL));
         if (sum->first_launch_ns == 0)
             sum->first_launch_ns = now_ns();
         if (exec) {
@@ -354,7 +363,7 @@ static void usage(void)
             "usage: fakebench [--link direct|dlsym|procaddr] [--count N | --seconds S]\n"
             "                 [--kernel-ns NS] [--streams K] [--nonblocking] [--per-thread]\n"
             "                 [--capture N [--capture-only]] [--sync-every K] [--device D]\n"
-            "                 [--cuda-version V]\n");
+            "                 [--cuda-version V] [--fault-after N]\n");
     exit(2);
 }
 
@@ -372,7 +381,7 @@ static long parse_long(const char *s, const char *opt, long min)
 int main(int argc, char **argv)
 {
     struct options o = {.link = "direct", .count = 10, .kernel_ns = 1000000, .streams = 1,
-                        .cuda_version = 13000};
+                        .cuda_version = 13000, .fault_after = -1};
     static const struct option longopts[] = {
         {"link", required_argument, NULL, 'l'},       {"count", required_argument, NULL, 'n'},
         {"seconds", required_argument, NULL, 't'},    {"kernel-ns", required_argument, NULL, 'k'},
@@ -380,6 +389,7 @@ int main(int argc, char **argv)
         {"per-thread", no_argument, NULL, 'p'},       {"capture", required_argument, NULL, 'c'},
         {"capture-only", no_argument, NULL, 'C'},     {"sync-every", required_argument, NULL, 'y'},
         {"device", required_argument, NULL, 'd'},     {"cuda-version", required_argument, NULL, 'v'},
+        {"fault-after", required_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
     };
     int c;
@@ -405,6 +415,7 @@ int main(int argc, char **argv)
         case 'y': o.sync_every = parse_long(optarg, "--sync-every", 1); break;
         case 'd': o.device = (int)parse_long(optarg, "--device", 0); break;
         case 'v': o.cuda_version = (int)parse_long(optarg, "--cuda-version", 11030); break;
+        case 'F': o.fault_after = parse_long(optarg, "--fault-after", 0); break;
         default: usage();
         }
     }

@@ -1,0 +1,69 @@
+/*
+ * fault.c — fatal ("sticky") CUDA errors seen by this process, published in
+ * its gate slot for krexd (docs/design/faults.md).
+ *
+ * A fatal error (an illegal address, a failed launch, ...) leaves the
+ * context unusable: every later call returns it.  Without MPS only the
+ * context whose kernel faulted is hit.  Under MPS every client of the
+ * server gets it, so krexd needs to know which tenants saw one to tell the
+ * command whose kernel faulted from its co-tenants (casualties).  The shim
+ * cannot see whose kernel it was; it records what it can: the first fatal
+ * code, whether the process had launched kernels before it (a process that
+ * never launched cannot be the culprit), and whether the shim's own
+ * synchronization (a drain, the exit) found it rather than a call of the
+ * program.
+ *
+ * Not on the fast path: only a result other than CUDA_SUCCESS reaches
+ * krex_fault_result() (KREX_RESULT in shim.h).
+ */
+#include "shim.h"
+
+/* The results after which the context (or, under MPS, the server's
+ * clients) cannot go on: cuda.h "This indicates that ... the process must
+ * be terminated and relaunched" and the MPS client errors. */
+static int fatal(CUresult r)
+{
+    switch (r) {
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_MPS_RPC_FAILURE:
+    case CUDA_ERROR_MPS_SERVER_NOT_READY:
+    case CUDA_ERROR_MPS_CLIENT_TERMINATED:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+void krex_fault_note(CUresult r, int at_sync)
+{
+    if (KREX_LIKELY(!fatal(r)))
+        return;
+    struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
+    if (s == NULL)
+        return;
+    /* Only the first one is kept.  Relaxed: the word is a self-contained
+     * record that publishes nothing else, the owner is its only writer
+     * (two threads racing here both store a valid record), and krexd reads
+     * it after the process ended or as a hint that its next read refreshes. */
+    if (atomic_load_explicit(&s->fault, memory_order_relaxed) != 0)
+        return;
+    uint32_t word = ((uint32_t)r & KREX_FAULT_CODE_MASK) | (at_sync ? KREX_FAULT_AT_SYNC : 0u);
+    if (atomic_load_explicit(&krex_launches, memory_order_relaxed) != 0)
+        word |= KREX_FAULT_LAUNCHED;
+    atomic_store_explicit(&s->fault, word, memory_order_relaxed);
+    krex_log(KREX_LOG_INFO, "fatal GPU error %d: recorded for krexd", (int)r);
+}
+
+CUresult krex_fault_result(CUresult r)
+{
+    krex_fault_note(r, 0);
+    return r;
+}

@@ -1,0 +1,148 @@
+"""GPU-wide faults under MPS, over the fake driver's MPS model (KREX_FAKE_MPS).
+
+Real krexd with ``[mps] enabled`` and the stand-in control program, real
+``krex run``, the real shim, fakebench tenants: one of them launches a
+faulting kernel.  Under MPS every co-tenant then fails with the same error
+(the fake server spreads it); krexd must detect it, pause the GPU, tell the
+culprit from its casualties, and ``krex run`` must re-run the casualties so
+that they end with exit 0.  Without MPS only the faulty command fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from krex_cli import casualty
+from tests.conftest import Krexd
+from tests.support import FAKE_DIR
+
+from .test_mps import FAKE
+
+pytestmark = [pytest.mark.root]
+
+MPS = f'[mps]\nenabled = true\ncontrol = "{FAKE}"\n'
+
+
+def _env(k: Krexd, tmp: Any, mps: str | None) -> dict[str, str]:
+    env = dict(k.env)
+    env.update(
+        LD_LIBRARY_PATH=str(FAKE_DIR),
+        KREX_FAKE_STATE=os.path.join(str(tmp), "fake.state"),
+        KREX_FAKE_GPUS="1",
+    )
+    if mps is not None:
+        env["KREX_FAKE_MPS"] = mps
+    return env
+
+
+def _krex_run(k: Krexd, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    bench = str(FAKE_DIR / "bin" / "fakebench")
+    return subprocess.Popen(
+        [*k.krex, "run", "--", bench, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _scenario(k: Krexd, env: dict[str, str], healthy_s: str) -> tuple[Any, list[Any]]:
+    """Three healthy tenants, then one whose kernel faults; (faulty, healthy) results."""
+    healthy = [_krex_run(k, env, "--seconds", healthy_s, "--kernel-ns", "100000") for _ in range(3)]
+    time.sleep(0.8)  # all three admitted and launching
+    faulty = _krex_run(k, env, "--count", "100000", "--fault-after", "5", "--kernel-ns", "100000")
+    results = [p.communicate(timeout=120) + (p.returncode,) for p in [faulty, *healthy]]
+    return results[0], results[1:]
+
+
+def _starts(k: Krexd) -> int:
+    with open(os.path.join(k.workdir, "mps-gpu0", "log", "starts")) as f:
+        return len(f.read().splitlines())
+
+
+@pytest.mark.usefixtures("built")
+def test_mps_casualties_are_rerun_and_the_culprit_named_by_the_server_log_fails(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
+    (f_out, f_err, f_rc), healthy = _scenario(k, _env(k, tmp_path, "log"), "1.5")
+    assert f_rc == 1, f_err
+    assert "its own kernel faulted GPU 0 (CUDA_ERROR_ILLEGAL_ADDRESS" in f_err
+    assert "running it" not in f_err, "the culprit was run again"
+    for out, err, rc in healthy:
+        assert rc == 0, f"a casualty did not end well:\n{err}"
+        assert "a co-tenant's kernel faulted the GPU" in err
+        assert "running it again (re-run 1 of 2)" in err
+        assert '"error": null' in out  # the re-run's own summary
+    # What krex replay reads back from the same lines.
+    assert casualty.summary(f_err, f_rc) == {"role": "culprit", "reruns": 0}
+    assert [casualty.summary(err, rc) for _o, err, rc in healthy] == [
+        {"role": "casualty", "reruns": 1}
+    ] * 3
+    faults = k.status()["faults"]
+    assert faults["totals"] == {"incidents": 1, "culprits": 1, "casualties": 3, "suspects": 0}
+    assert faults["incidents"] == [], "the incident was not closed"
+    assert _starts(k) == 2, "the MPS control daemon was not restarted"
+
+
+@pytest.mark.usefixtures("built")
+def test_uncertain_attribution_reruns_suspects_alone_without_mps(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
+    (f_out, f_err, f_rc), healthy = _scenario(k, _env(k, tmp_path, "1"), "1.0")
+    # The re-run alone faults again: the culprit ends with its own error.
+    assert f_rc == 1, f_err
+    assert "running it alone, without MPS" in f_err
+    assert '"name": "CUDA_ERROR_ILLEGAL_ADDRESS"' in f_out
+    for _out, err, rc in healthy:
+        assert rc == 0, f"a suspect's re-run failed:\n{err}"
+        assert "running it alone, without MPS (re-run 1 of 2)" in err
+    assert k.status()["faults"]["totals"]["suspects"] == 4
+    assert casualty.summary(f_err, f_rc) == {"role": "culprit", "reruns": 1}
+    assert {str(casualty.summary(err, rc)) for _o, err, rc in healthy} == {
+        str({"role": "casualty", "reruns": 1})
+    }
+
+
+@pytest.mark.usefixtures("built")
+def test_the_gpu_admits_nothing_until_every_client_is_gone_and_mps_restarted(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
+    env = _env(k, tmp_path, "log")
+    sleeper = subprocess.Popen([*k.krex, "run", "--", "sleep", "3"], env=env)
+    time.sleep(0.5)
+    faulty = _krex_run(k, env, "--count", "1000", "--fault-after", "2")
+    assert faulty.wait(timeout=60) == 1
+    status = k.status()
+    assert status["queue"]["paused_gpus"] == [0]
+    assert [i["members"] for i in status["faults"]["incidents"]] != []
+    later = _krex_run(k, env, "--count", "3")
+    time.sleep(0.5)
+    assert later.poll() is None, "admitted while the GPU's MPS server was faulted"
+    assert k.status()["queue"]["parked"] == 1
+    assert sleeper.wait(timeout=60) == 0  # a member that saw no error: its own exit code
+    out, err = later.communicate(timeout=60)
+    assert later.returncode == 0, err
+    assert _starts(k) == 2
+    assert k.status()["queue"]["paused_gpus"] == []
+
+
+@pytest.mark.usefixtures("built")
+def test_without_mps_only_the_faulty_command_fails(krexd_factory: Any, tmp_path: Any) -> None:
+    k = krexd_factory(fake_gpus=1, slots=6)
+    (f_out, f_err, f_rc), healthy = _scenario(k, _env(k, tmp_path, None), "1.0")
+    assert f_rc == 1
+    assert '"name": "CUDA_ERROR_ILLEGAL_ADDRESS"' in f_out
+    assert "faulted" not in f_err and "running it" not in f_err
+    assert casualty.summary(f_err, f_rc) is None
+    for _out, err, rc in healthy:
+        assert rc == 0, err
+        assert "running it" not in err, "a healthy command was run twice"
+    assert k.status()["faults"] is None
