@@ -53,7 +53,7 @@ from typing import Any
 from krexd import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
-ABI_VERSION = 8
+ABI_VERSION = 9
 #: Slots of one tenant's slot memory (krex_gate.h KREX_TENANT_SLOTS).
 TENANT_SLOTS = 128
 #: Tenants one gate can attach (krex_gate.h KREX_GATE_MAX_TENANTS).

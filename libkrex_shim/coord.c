@@ -196,7 +196,12 @@ KREX_GATE_API struct krex_coord *krex_coord_open(const char *path, const char *k
     /* At least the epoch the gate holds (closed by the krexd before):
      * acknowledgements of it are honest.  krexd seeds the rest
      * (krex_coord_set_epoch). */
-    atomic_store_explicit(&c->last_epoch, krex_gate_epoch(krex_gate_load_word(g)),
+    uint32_t held = krex_gate_epoch(krex_gate_load_word(g));
+    uint32_t closed = atomic_load_explicit(&g->last_epoch, memory_order_relaxed);
+    /* The later of the two (mod 2^32): the word is 0 once reopened, the
+     * header keeps the last epoch closed (version 9). */
+    atomic_store_explicit(&c->last_epoch,
+                          (uint32_t)(closed - held) - 1u < 0x7fffffffu ? closed : held,
                           memory_order_relaxed);
     pthread_rwlock_init(&c->mu, NULL);
     for (uint32_t i = 0; i < KREX_GATE_MAX_TENANTS; i++)
@@ -382,6 +387,9 @@ KREX_GATE_API int krex_coord_close(struct krex_coord *c, uint32_t holder, uint32
     /* Relaxed: audits compare acknowledgements with it; it is stored
      * before the close, so no honest acknowledgement is ever ahead of it. */
     atomic_store_explicit(&c->last_epoch, epoch, memory_order_relaxed);
+    /* Relaxed: read only by a later krexd opening this file (krex_coord_open),
+     * after this one has stopped; the kernel's page cache orders that. */
+    atomic_store_explicit(&c->g->last_epoch, epoch, memory_order_relaxed);
     /* seq_cst CAS: the "close" half of the Dekker pairing; every later
      * read of owner/ack/inflight by this thread follows it in S. */
     if (!atomic_compare_exchange_strong_explicit(&c->g->word, &expected,

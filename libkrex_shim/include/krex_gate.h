@@ -61,7 +61,9 @@
  * the owner in its tenant's slot memory, carved from the slot's padding)
  * and its decoded copy in struct krex_slot_info (the MPS fault work had
  * numbered this field's first form 6, in a gate file that no longer holds
- * slots).  Any change of a
+ * slots); 9 adds the header's last_epoch (carved from its padding), so
+ * that a krexd adopting the gate continues the epochs after the watchdog
+ * reopened it.  Any change of a
  * layout, of a slot state's meaning, of struct krex_slot_info or of a
  * function's signature bumps the version: krex_gate_map() and
  * krex_coord_attach() refuse memory of another version (EPROTO;
@@ -80,7 +82,7 @@ extern "C" {
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
 #define KREX_SLOTS_MAGIC 0x53544f4c5845524BULL /* bytes "KREXLOTS" in memory */
-#define KREX_GATE_VERSION 8u
+#define KREX_GATE_VERSION 9u
 /* Processes of one tenant that can be registered at once (slots in its
  * slot memory), and tenants one gate summarizes. */
 #define KREX_TENANT_SLOTS 128u
@@ -276,7 +278,13 @@ struct krex_gate {
     _Atomic uint32_t audit_seq; /* futex: bumped after every audit, once the
                                    summary below is fresh (memory.c waits
                                    for one before it calls an OOM its own) */
-    uint8_t pad_[64 - 8 - 4 * 4 - 8 - 4 * 3];
+    _Atomic uint32_t last_epoch; /* version 9: the last epoch krexd closed the
+                                    gate for, kept when the gate reopens, so
+                                    that a krexd adopting the gate (after a
+                                    crash, a hang or the watchdog's reopen)
+                                    never takes an honest acknowledgement of
+                                    it for a forgery, and never repeats it */
+    uint8_t pad_[64 - 8 - 4 * 4 - 8 - 4 * 4];
     struct krex_gate_tenant tenants[KREX_GATE_MAX_TENANTS];
 } __attribute__((aligned(64)));
 

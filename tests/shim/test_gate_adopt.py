@@ -50,10 +50,13 @@ def test_restarted_krexd_drains_through_the_same_gate(
         new = Gate.open(old.path, 0, keep_path(old.path))
         new.judge = alive_judge
         new.__dict__["_test_slot_fds"] = fds
-        assert new.slots() == [] and new.epoch == 0, "nothing attached yet"
+        assert new.slots() == [], "nothing attached yet"
+        # The gate is open (word 0), yet its header keeps the last epoch closed:
+        # without a seed, the new krexd continues from it (layout 9).
+        assert new.epoch == 3
         new.attach(2, fds[2])
-        new.set_epoch(3)
         assert new.audit() == [], "acknowledgements of epochs 1-3 are honest"
+        new.set_epoch(3)
         slot = t.stats()["slot"]
         assert slot_of(new, 2, slot).ack_epoch == 3
         # The tenant parks on the gate it mapped before the restart.
