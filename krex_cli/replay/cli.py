@@ -256,7 +256,8 @@ def main(args: argparse.Namespace) -> int:
         return _err(f"unexpected arguments after the trace: {' '.join(args.dirs)}")
     if args.mode is None:
         return _err("--mode is required (native, serial, krex or ungated)")
-    from krex_cli.replay.runner import Runner, RunOptions
+    from krex_cli.replay.options import RunOptions
+    from krex_cli.replay.runner import Runner
 
     try:
         trace_path = Path(args.target)

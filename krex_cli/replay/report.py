@@ -7,6 +7,8 @@ native run is reported as a *native repeat* (run-to-run variation, paper
 ``throughput.png``, ``phases.png`` and, per statistic S in (median, mean),
 ``ratio_cdf_S.png``, ``ratio_by_band_S.png``, ``flip_rate_S.png``,
 ``kendall_cdf_S.png``.
+
+The plots are drawn in ``charts.py``; the run files' format is in ``results.py``.
 """
 
 from __future__ import annotations
@@ -19,28 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FormatStrFormatter  # noqa: E402
-
-from krex_cli.replay import faults, metrics, regions  # noqa: E402
-from krex_cli.replay.runner import META, RESULTS, load_results  # noqa: E402
-from krex_cli.replay.trace import BAND_NAMES  # noqa: E402
-
-# Phases of a command, in order, as the workloads harness reports them (ms).
-PHASES: tuple[str, ...] = (
-    "admit_ms",
-    "imports_ms",
-    "context_ms",
-    "build_ms",
-    "correctness_ms",
-    "region_wait_ms",
-    "in_region_ms",
-    "exit_ms",
-)
+from krex_cli.replay import faults, metrics, regions
+from krex_cli.replay.charts import plots
+from krex_cli.replay.results import META, PHASES, RESULTS, load_results
+from krex_cli.replay.trace import BAND_NAMES
 
 
 class ReportError(ValueError):
@@ -205,6 +189,28 @@ def _jsonable(x: Any) -> Any:
 
 def markdown(runs: list[Run], data: dict[str, Any]) -> str:
     """The report text (markdown tables; plots referenced by file name)."""
+    lines = _md_throughput(runs, data)
+    lines += faults.markdown({r.label: data["runs"][r.label]["gpu_faults"] for r in runs})
+    for stat in metrics.STATS:
+        compared = [r for r in runs if stat in data["runs"][r.label]["stats"]]
+        if not compared:
+            continue
+        lines += _md_fidelity(compared, data, stat)
+        lines += _md_bands(compared, data, stat)
+        lines += _md_flips(compared, data, stat)
+        lines += [
+            "",
+            f"![ratio CDF](ratio_cdf_{stat}.png) ![by band](ratio_by_band_{stat}.png)",
+            f"![flips](flip_rate_{stat}.png) ![tau-b](kendall_cdf_{stat}.png)",
+            "",
+        ]
+    lines += _md_phases(runs, data)
+    lines += regions.markdown({r.label: data["runs"][r.label]["regions"] for r in runs})
+    return "\n".join(lines)
+
+
+def _md_throughput(runs: list[Run], data: dict[str, Any]) -> list[str]:
+    """Title, reference line and the throughput table."""
     ref = data["reference"]
     lines = ["# krex replay report", ""]
     lines.append(
@@ -230,61 +236,69 @@ def markdown(runs: list[Run], data: dict[str, Any]) -> str:
             f"{_fmt(tp / ref_tp if ref_tp else math.nan, '.2f', 'x')} |"
         )
     lines += ["", "![throughput](throughput.png)", ""]
-    lines += faults.markdown({r.label: data["runs"][r.label]["gpu_faults"] for r in runs})
-    for stat in metrics.STATS:
-        compared = [r for r in runs if stat in data["runs"][r.label]["stats"]]
-        if not compared:
-            continue
-        lines += [
-            f"## Timing fidelity ({stat} per command)",
-            "",
-            "P = p95 timing inflation against the reference; bands by reference time.",
-            "",
-            "| run | n | P | P >10ms | P >1ms | P >0.1ms | median ratio | within 5% "
-            "| median tau-b |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for run in compared:
-            s = data["runs"][run.label]["stats"][stat]
-            f = s["fidelity"]
-            lines.append(
-                f"| {run.label} | {f['n']} | {_fmt(f['P'], '.2f', '%')} | "
-                + " | ".join(_fmt(f["P_gt"][k], ".2f", "%") for k in (">10ms", ">1ms", ">0.1ms"))
-                + f" | {_fmt(f['median_ratio'], '.4f')} | {_fmt(f['within5'] * 100, '.1f', '%')}"
-                f" | {_fmt(s['kendall_median'], '.3f')} |"
-            )
-        lines += [
-            "",
-            "P by kernel-duration band (n):",
-            "",
-            "| run | " + " | ".join(BAND_NAMES) + " |",
-            "|---|" + "---|" * len(BAND_NAMES),
-        ]
-        for run in compared:
-            b = data["runs"][run.label]["stats"][stat]["fidelity"]["bands"]
-            lines.append(
-                f"| {run.label} | "
-                + " | ".join(f"{_fmt(b[n]['P'], '.2f', '%')} ({b[n]['n']})" for n in BAND_NAMES)
-                + " |"
-            )
-        names = [b[0] for b in metrics.GAP_BUCKETS]
-        lines += [
-            "",
-            "Pairwise flip rate by native gap (flips/pairs):",
-            "",
-            "| run | " + " | ".join(names) + " |",
-            "|---|" + "---|" * len(names),
-        ]
-        for run in compared:
-            fl = data["runs"][run.label]["stats"][stat]["flips"]
-            lines.append(f"| {run.label} | " + " | ".join(flip_cell(fl[n]) for n in names) + " |")
-        lines += [
-            "",
-            f"![ratio CDF](ratio_cdf_{stat}.png) ![by band](ratio_by_band_{stat}.png)",
-            f"![flips](flip_rate_{stat}.png) ![tau-b](kendall_cdf_{stat}.png)",
-            "",
-        ]
-    lines += [
+    return lines
+
+
+def _md_fidelity(compared: list[Run], data: dict[str, Any], stat: str) -> list[str]:
+    """The timing-fidelity table of one statistic."""
+    lines = [
+        f"## Timing fidelity ({stat} per command)",
+        "",
+        "P = p95 timing inflation against the reference; bands by reference time.",
+        "",
+        "| run | n | P | P >10ms | P >1ms | P >0.1ms | median ratio | within 5% | median tau-b |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in compared:
+        s = data["runs"][run.label]["stats"][stat]
+        f = s["fidelity"]
+        lines.append(
+            f"| {run.label} | {f['n']} | {_fmt(f['P'], '.2f', '%')} | "
+            + " | ".join(_fmt(f["P_gt"][k], ".2f", "%") for k in (">10ms", ">1ms", ">0.1ms"))
+            + f" | {_fmt(f['median_ratio'], '.4f')} | {_fmt(f['within5'] * 100, '.1f', '%')}"
+            f" | {_fmt(s['kendall_median'], '.3f')} |"
+        )
+    return lines
+
+
+def _md_bands(compared: list[Run], data: dict[str, Any], stat: str) -> list[str]:
+    """P by kernel-duration band, one statistic."""
+    lines = [
+        "",
+        "P by kernel-duration band (n):",
+        "",
+        "| run | " + " | ".join(BAND_NAMES) + " |",
+        "|---|" + "---|" * len(BAND_NAMES),
+    ]
+    for run in compared:
+        b = data["runs"][run.label]["stats"][stat]["fidelity"]["bands"]
+        lines.append(
+            f"| {run.label} | "
+            + " | ".join(f"{_fmt(b[n]['P'], '.2f', '%')} ({b[n]['n']})" for n in BAND_NAMES)
+            + " |"
+        )
+    return lines
+
+
+def _md_flips(compared: list[Run], data: dict[str, Any], stat: str) -> list[str]:
+    """Pairwise flip rate by native gap, one statistic."""
+    names = [b[0] for b in metrics.GAP_BUCKETS]
+    lines = [
+        "",
+        "Pairwise flip rate by native gap (flips/pairs):",
+        "",
+        "| run | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for run in compared:
+        fl = data["runs"][run.label]["stats"][stat]["flips"]
+        lines.append(f"| {run.label} | " + " | ".join(flip_cell(fl[n]) for n in names) + " |")
+    return lines
+
+
+def _md_phases(runs: list[Run], data: dict[str, Any]) -> list[str]:
+    """Median ms per phase and run."""
+    lines = [
         "## Where the time goes (median ms per command)",
         "",
         "| run | " + " | ".join(p.removesuffix("_ms") for p in PHASES) + " |",
@@ -294,107 +308,7 @@ def markdown(runs: list[Run], data: dict[str, Any]) -> str:
         ph = data["runs"][run.label]["phases_median_ms"]
         lines.append(f"| {run.label} | " + " | ".join(_fmt(ph[p], ".0f") for p in PHASES) + " |")
     lines += ["", "![phases](phases.png)", ""]
-    lines += regions.markdown({r.label: data["runs"][r.label]["regions"] for r in runs})
-    return "\n".join(lines)
-
-
-def _save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plots(runs: list[Run], data: dict[str, Any], out: Path) -> list[Path]:
-    """Write the PNG plots into ``out``; returns their paths."""
-    written: list[Path] = []
-    labels = [r.label for r in runs]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(runs)), 3.5))
-    ax.bar(labels, np.nan_to_num([data["runs"][lb]["throughput_cmds_per_min"] for lb in labels]))
-    ax.set_ylabel("completed commands / min")
-    ax.set_title("Throughput")
-    ax.tick_params(axis="x", rotation=30)
-    _save(fig, out / "throughput.png")
-    written.append(out / "throughput.png")
-
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(runs)), 3.8))
-    bottom = np.zeros(len(runs))
-    for p in PHASES:
-        vals = np.array([data["runs"][lb]["phases_median_ms"][p] for lb in labels], dtype=float)
-        vals = np.nan_to_num(vals)
-        ax.bar(labels, vals, bottom=bottom, label=p.removesuffix("_ms"))
-        bottom += vals
-    ax.set_ylabel("median ms per command")
-    ax.set_title("Where the time goes")
-    ax.legend(fontsize=7, ncols=2)
-    ax.tick_params(axis="x", rotation=30)
-    _save(fig, out / "phases.png")
-    written.append(out / "phases.png")
-
-    for stat in metrics.STATS:
-        compared = [lb for lb in labels if stat in data["runs"][lb]["stats"]]
-        if not compared:
-            continue
-        st = {lb: data["runs"][lb]["stats"][stat] for lb in compared}
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for lb in compared:
-            v = np.sort(np.asarray(st[lb]["ratios"], dtype=float))
-            if v.size:
-                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=lb)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
-        ax.xaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
-        ax.axvline(1.0, color="grey", lw=0.8)
-        ax.set_xlabel(f"timing ratio ({stat}) vs reference")
-        ax.set_ylabel("CDF")
-        ax.legend(fontsize=7)
-        _save(fig, out / f"ratio_cdf_{stat}.png")
-        written.append(out / f"ratio_cdf_{stat}.png")
-
-        fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        width = 0.8 / len(compared)
-        for j, lb in enumerate(compared):
-            bands = st[lb]["fidelity"]["bands"]
-            ax.bar(
-                np.arange(len(BAND_NAMES)) + j * width,
-                [np.nan_to_num(bands[n]["P"]) for n in BAND_NAMES],
-                width,
-                label=lb,
-            )
-        ax.set_xticks(np.arange(len(BAND_NAMES)) + 0.4 - width / 2, BAND_NAMES)
-        ax.set_xlabel("reference kernel time")
-        ax.set_ylabel(f"P, p95 inflation (%, {stat})")
-        ax.legend(fontsize=7)
-        _save(fig, out / f"ratio_by_band_{stat}.png")
-        written.append(out / f"ratio_by_band_{stat}.png")
-
-        names = [b[0] for b in metrics.GAP_BUCKETS]
-        fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        for j, lb in enumerate(compared):
-            ax.bar(
-                np.arange(len(names)) + j * width,
-                [np.nan_to_num(st[lb]["flips"][n]["rate"]) * 100 for n in names],
-                width,
-                label=lb,
-            )
-        ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names)
-        ax.set_xlabel("native gap")
-        ax.set_ylabel(f"pairs flipped (%, {stat})")
-        ax.legend(fontsize=7)
-        _save(fig, out / f"flip_rate_{stat}.png")
-        written.append(out / f"flip_rate_{stat}.png")
-
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for lb in compared:
-            v = np.sort(np.asarray(list(st[lb]["kendall_tau_b"].values()), dtype=float))
-            if v.size:
-                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=lb)
-        ax.set_xlabel(f"Kendall tau-b per task ({stat})")
-        ax.set_ylabel("CDF")
-        ax.set_xlim(-1.05, 1.05)
-        ax.legend(fontsize=7)
-        _save(fig, out / f"kendall_cdf_{stat}.png")
-        written.append(out / f"kendall_cdf_{stat}.png")
-    return written
+    return lines
 
 
 def generate(dirs: Sequence[Path], out: Path) -> Path:

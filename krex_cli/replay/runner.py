@@ -12,12 +12,14 @@ end (wall clock s), wall_s, exit_code, result (the command's JSON result
 line or null), stderr_tail (on failure), error (on failure)``, and
 ``gpu_fault`` (``{role, reruns}``, ``krex_cli.casualty.summary``) when
 ``krex run`` met a GPU-wide fault under MPS.
+
+The options and each command's argv/env are in ``options.py``; the run's
+files and how a record is completed are in ``results.py``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import signal
@@ -26,81 +28,19 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-from krex_cli import casualty
 from krex_cli.replay import modes, regions
+from krex_cli.replay.options import RunOptions, command
+from krex_cli.replay.results import RESULTS, record_outcome, write_meta
 from krex_cli.replay.trace import TraceEntry
-
-STDERR_TAIL_CHARS = 4000
-RESULTS = "results.jsonl"
-META = "meta.json"
-
 
 EX_TEMPFAIL = 75
 """``krex run``'s exit code when co-tenants' GPU memory failed the command."""
 TEMPFAIL_RETRIES = 2
-
-
-@dataclass
-class RunOptions:
-    """What one replay runs.
-
-    trace: the commands; trace_path: where they came from; mode: how to run;
-    out: output directory; gpus: GPU indices to use; pin_gpus: pass
-    ``--gpu`` to ``krex run`` (when the GPUs were named explicitly);
-    duration_s: loop the trace until this many seconds are spent (None: no
-    loop); repeat: passes over the trace (None: 1, or unbounded with
-    duration_s; with duration_s an upper bound);
-    python: interpreter substituted for argv[0] "python"/"python3"; cwd:
-    commands' working directory; timeout_s: per-command limit (s);
-    socket: a running krexd to use instead of starting one; fake_gpus: pass
-    ``--fake-gpus N`` to the started krexd; base_config: krexd config the
-    mode overrides; progress: show a progress bar.
-    """
-
-    trace: Sequence[TraceEntry]
-    trace_path: Path
-    mode: modes.Mode
-    out: Path
-    gpus: Sequence[int]
-    pin_gpus: bool = False
-    duration_s: float | None = None
-    repeat: int | None = None
-    python: str = sys.executable
-    cwd: Path = field(default_factory=Path.cwd)
-    timeout_s: float = 600.0
-    socket: str | None = None
-    fake_gpus: int | None = None
-    base_config: Path | None = None
-    progress: bool = True
-
-
-def parse_result(stdout: str) -> dict[str, Any] | None:
-    """The command's result: the last stdout line that is a JSON object with "median_ms"."""
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and "median_ms" in obj:
-            return obj
-    return None
-
-
-def resolve_argv(argv: Sequence[str], python: str) -> list[str]:
-    """argv with a leading "python"/"python3" replaced by ``python``."""
-    out = list(argv)
-    if out[0] in ("python", "python3"):
-        out[0] = python
-    return out
 
 
 class _Schedule:
@@ -139,25 +79,9 @@ class Runner:
         self._bar: Any = None
         self._failed = 0
         self._logs: dict[tuple[int, int], int] = {}  # region logs per (pass, index)
+        self._krexd_died: str | None = None
 
     # --- one command ---------------------------------------------------------------------
-    def _command(
-        self, entry: TraceEntry, gpu: int, socket: str | None
-    ) -> tuple[list[str], dict[str, str]]:
-        argv = resolve_argv(entry.argv, self.opts.python)
-        base = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
-        env = modes.command_env(base, modes.package_pythonpath())
-        if not self.opts.mode.uses_krexd:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-            return argv, env
-        assert socket is not None
-        env["KREX_SOCKET"] = socket
-        pin = ["--gpu", str(gpu)] if self.opts.pin_gpus else []
-        mem = entry.extra.get("mem")  # the command's declared GPU memory need, e.g. "8G"
-        if isinstance(mem, str) and mem:
-            pin += ["--mem", mem]
-        return modes.krex_command() + ["run", *pin, "--", *argv], env
-
     def _run_one(
         self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
     ) -> dict[str, Any]:
@@ -180,7 +104,34 @@ class Runner:
     def _attempt(
         self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
     ) -> dict[str, Any]:
-        argv, env = self._command(entry, gpu, socket)
+        """Run one command once: start it, wait for it, record its outcome."""
+        argv, env = command(self.opts, entry, gpu, socket)
+        rec = self._new_record(worker, gpu, p, i, entry, env)
+        rec["start"] = time.time()
+        t0 = time.monotonic()
+        try:
+            proc = self._spawn(argv, env)
+        except OSError as exc:
+            rec.update(
+                end=time.time(),
+                wall_s=time.monotonic() - t0,
+                exit_code=None,
+                result=None,
+                stderr_tail="",
+                error=f"cannot start: {exc}",
+            )
+            return rec
+        out, err, error = self._wait(proc)
+        rec["end"] = time.time()
+        rec["wall_s"] = time.monotonic() - t0
+        rec["exit_code"] = proc.returncode
+        record_outcome(rec, out, err, proc.returncode, error)
+        return rec
+
+    def _new_record(
+        self, worker: int, gpu: int, p: int, i: int, entry: TraceEntry, env: dict[str, str]
+    ) -> dict[str, Any]:
+        """The record's fields known before the start; under krexd, a fresh region log in env."""
         log = self._region_log(p, i) if self.opts.mode.uses_krexd else None
         if log is not None:
             env["KREX_REGION_LOG"] = os.path.abspath(self.opts.out / log)
@@ -198,30 +149,24 @@ class Runner:
         }
         if log is not None:
             rec["region_log"] = log
-        rec["start"] = time.time()
-        t0 = time.monotonic()
+        return rec
+
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        """Start a command in its own session (raises OSError when it cannot start)."""
+        return subprocess.Popen(
+            argv,
+            cwd=self.opts.cwd,
+            env=env,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def _wait(self, proc: subprocess.Popen[str]) -> tuple[str, str, str | None]:
+        """(stdout, stderr, error): wait for a command, killing its group at the timeout."""
         error: str | None = None
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=self.opts.cwd,
-                env=env,
-                text=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            rec.update(
-                end=time.time(),
-                wall_s=time.monotonic() - t0,
-                exit_code=None,
-                result=None,
-                stderr_tail="",
-                error=f"cannot start: {exc}",
-            )
-            return rec
         with self._lock:
             self._children.add(proc)
         try:
@@ -233,27 +178,7 @@ class Runner:
         finally:
             with self._lock:
                 self._children.discard(proc)
-        rec["end"] = time.time()
-        rec["wall_s"] = time.monotonic() - t0
-        rec["exit_code"] = proc.returncode
-        result = parse_result(out)
-        if result is not None:
-            phases = result.get("phases")
-            t_print = result.get("t_print")
-            if isinstance(phases, dict) and isinstance(t_print, int | float):
-                phases["exit_ms"] = max(0.0, (rec["end"] - t_print) * 1000.0)
-        rec["result"] = result
-        fault = casualty.summary(err, proc.returncode)  # krex run's re-runs after GPU-wide faults
-        if fault is not None:
-            rec["gpu_fault"] = fault
-        if error is None and proc.returncode != 0:
-            error = f"exit code {proc.returncode}"
-        if error is None and result is None:
-            error = "no JSON result line on stdout"
-        if error is not None:
-            rec["error"] = error
-            rec["stderr_tail"] = err[-STDERR_TAIL_CHARS:]
-        return rec
+        return out, err, error
 
     def _region_log(self, p: int, i: int) -> str:
         """A fresh region log (relative to the run) for one attempt of line ``i`` in pass ``p``."""
@@ -303,10 +228,7 @@ class Runner:
         return meta
 
     def _write_meta(self, meta: Mapping[str, Any]) -> None:
-        path = self.opts.out / META
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_meta(self.opts.out, meta)
 
     def run(self) -> Path:
         """Run the replay; returns the path of results.jsonl.
@@ -315,11 +237,43 @@ class Runner:
             modes.ModeError: krexd could not be started or reached.
             KeyboardInterrupt: after stopping commands and krexd, meta marked interrupted.
         """
+        results_path = self._results_path()
+        krexd, socket = self._start_krexd()
+        workers, sched, total = self._plan()
+        started = time.time()
+        self._write_meta(
+            self._meta(started=started, ended=None, workers=len(workers), socket=socket)
+        )
+        interrupted = False
+        self._krexd_died = None
+        self._open_outputs(results_path, total)
+        threads = self._threads(workers, socket, sched)
+        try:
+            self._join_watching(threads, krexd, sched)
+        except KeyboardInterrupt:
+            interrupted = True
+            self._stop(threads, sched)
+            raise
+        finally:
+            self._finish(krexd, started, len(workers), socket, interrupted)
+        if self._krexd_died is not None:
+            raise modes.ModeError(
+                f"{self._krexd_died}; log tail:\n{krexd.log_tail() if krexd is not None else ''}"
+            )
+        return results_path
+
+    def _results_path(self) -> Path:
+        """results.jsonl in the (created) output directory; ModeError when it holds records."""
         o = self.opts
         o.out.mkdir(parents=True, exist_ok=True)
         results_path = o.out / RESULTS
         if results_path.exists() and results_path.stat().st_size > 0:
             raise modes.ModeError(f"{results_path} exists; choose an empty --out directory")
+        return results_path
+
+    def _start_krexd(self) -> tuple[modes.Krexd | None, str | None]:
+        """(krexd started here or None, socket): start one, or check the given socket."""
+        o = self.opts
         krexd: modes.Krexd | None = None
         socket = o.socket
         if o.mode.uses_krexd and socket is None:
@@ -329,6 +283,11 @@ class Runner:
             socket = krexd.socket
         elif socket is not None:
             modes.ping(socket, 2.0)
+        return krexd, socket
+
+    def _plan(self) -> tuple[list[tuple[int, int]], _Schedule, int | None]:
+        """(workers as (worker, gpu), the schedule, commands expected or None when looping)."""
+        o = self.opts
         per_gpu = o.mode.concurrency if o.mode.uses_krexd else 1
         workers = [(w, o.gpus[w % len(o.gpus)]) for w in range(per_gpu * len(o.gpus))]
         deadline = time.monotonic() + o.duration_s if o.duration_s is not None else None
@@ -338,21 +297,24 @@ class Runner:
             repeat = 1 if o.duration_s is None else 1 << 30
         sched = _Schedule(o.trace, repeat, deadline)
         total = None if o.duration_s is not None else len(o.trace) * repeat
-        started = time.time()
-        self._write_meta(
-            self._meta(started=started, ended=None, workers=len(workers), socket=socket)
-        )
-        interrupted = False
-        krexd_died: str | None = None
+        return workers, sched, total
+
+    def _open_outputs(self, results_path: Path, total: int | None) -> None:
+        """Open results.jsonl for writing and the progress bar."""
         self._results = open(results_path, "w", encoding="utf-8")
         self._bar = tqdm(
             total=total,
             unit="cmd",
-            desc=f"replay {o.mode.name}",
-            disable=not o.progress,
+            desc=f"replay {self.opts.mode.name}",
+            disable=not self.opts.progress,
             file=sys.stderr,
         )
-        threads = [
+
+    def _threads(
+        self, workers: list[tuple[int, int]], socket: str | None, sched: _Schedule
+    ) -> list[threading.Thread]:
+        """One (not yet started) thread per worker."""
+        return [
             threading.Thread(
                 target=self._worker,
                 args=(w, g, socket, sched),
@@ -361,47 +323,56 @@ class Runner:
             )
             for w, g in workers
         ]
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)
-                    if krexd is not None and krexd.proc.poll() is not None and not krexd_died:
-                        krexd_died = f"krexd exited with code {krexd.proc.returncode} mid-run"
-                        sched.stopped.set()
-        except KeyboardInterrupt:
-            interrupted = True
-            sched.stopped.set()
-            with self._lock:
-                children = list(self._children)
-            for child in children:
-                _kill_group(child, signal.SIGTERM)
-            for t in threads:
-                t.join(30.0)
-            raise
-        finally:
-            self._bar.close()
-            self._results.close()
-            krexd_rc = krexd.stop() if krexd is not None else None
-            self._write_meta(
-                self._meta(
-                    started=started,
-                    ended=time.time(),
-                    workers=len(workers),
-                    socket=socket,
-                    commands_run=self._seq,
-                    commands_failed=self._failed,
-                    interrupted=interrupted,
-                    krexd_exit_code=krexd_rc,
-                    krexd_died=krexd_died,
-                )
+
+    def _join_watching(
+        self, threads: list[threading.Thread], krexd: modes.Krexd | None, sched: _Schedule
+    ) -> None:
+        """Start the workers and wait for them; stop the schedule if our krexd exits."""
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+                if krexd is not None and krexd.proc.poll() is not None and not self._krexd_died:
+                    self._krexd_died = f"krexd exited with code {krexd.proc.returncode} mid-run"
+                    sched.stopped.set()
+
+    def _stop(self, threads: list[threading.Thread], sched: _Schedule) -> None:
+        """On interrupt: no new commands, SIGTERM to running ones, wait for the workers."""
+        sched.stopped.set()
+        with self._lock:
+            children = list(self._children)
+        for child in children:
+            _kill_group(child, signal.SIGTERM)
+        for t in threads:
+            t.join(30.0)
+
+    def _finish(
+        self,
+        krexd: modes.Krexd | None,
+        started: float,
+        workers: int,
+        socket: str | None,
+        interrupted: bool,
+    ) -> None:
+        """Close the bar and results.jsonl, stop our krexd, write the final meta.json."""
+        assert self._results is not None
+        self._bar.close()
+        self._results.close()
+        krexd_rc = krexd.stop() if krexd is not None else None
+        self._write_meta(
+            self._meta(
+                started=started,
+                ended=time.time(),
+                workers=workers,
+                socket=socket,
+                commands_run=self._seq,
+                commands_failed=self._failed,
+                interrupted=interrupted,
+                krexd_exit_code=krexd_rc,
+                krexd_died=self._krexd_died,
             )
-        if krexd_died is not None:
-            raise modes.ModeError(
-                f"{krexd_died}; log tail:\n{krexd.log_tail() if krexd is not None else ''}"
-            )
-        return results_path
+        )
 
 
 def _kill_group(proc: subprocess.Popen[str], sig: int) -> None:
@@ -410,22 +381,3 @@ def _kill_group(proc: subprocess.Popen[str], sig: int) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
-
-
-def load_results(path: Path) -> list[dict[str, Any]]:
-    """Records of a results.jsonl (a truncated last line, from a killed replay, is skipped)."""
-    out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                out.append(obj)
-    return out
-
-
-def finite_or_none(x: float) -> float | None:
-    """JSON-friendly float: NaN/inf become None."""
-    return x if math.isfinite(x) else None

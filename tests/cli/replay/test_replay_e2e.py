@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from krex_cli.replay import report, trace
-from krex_cli.replay.runner import load_results
+from krex_cli.replay.results import load_results
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

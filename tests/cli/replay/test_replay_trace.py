@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from krex_cli.replay import modes, trace
-from krex_cli.replay.runner import parse_result, resolve_argv
+from krex_cli.replay.options import resolve_argv
+from krex_cli.replay.results import parse_result
 
 GOOD = {
     "argv": ["python", "w/gemm.py", "--task", "t"],
