@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -14,7 +14,6 @@ from collections.abc import Callable
 import pytest
 
 from krex_cli.krexctl import render
-from krexd.gate import Gate, GateStale
 from tests.conftest import KREXCTL, Krexd
 
 Factory = Callable[..., Krexd]
@@ -49,30 +48,29 @@ def test_status_table_and_json(krexd_factory: Factory) -> None:
         assert st["tenants"][0]["command"] == ["sleep", "30"] and st["tenants"][0]["gpu"] == 1
         assert st["queue"]["parked"] == 1
         assert {"version", "uptime_s", "cgroups", "gpus", "tenants", "queue"} <= set(st)
-        # The gate word as krexd reads it: open, then closed by someone (here: the test).
+        # The gate word as krexd reads it: open, then closed by a real region on GPU 0.
         assert st["gpus"][0]["gate_word"] is None and _gate_column(out) == ["open", "open"]
-        # krexd's gate watch reopens a gate closed without a region within
-        # 100 ms (krexd.gatewatch): retried until both reads fall inside.
-        seen: list[object] = []
-        with Gate.open(st["gpus"][0]["gate"], 0) as gate:
-            for epoch in range(5, 25):
-                gate.close(77, epoch)
-                try:
-                    word = k.status()["gpus"][0]["gate_word"]
-                    table = krexctl("status", "--socket", k.socket).stdout
-                finally:
-                    with contextlib.suppress(GateStale):
-                        gate.reopen(77, epoch)
-                seen.append((word, _gate_column(table)))
-                if word == {"holder": 77, "epoch": epoch} and _gate_column(table)[0] != "open":
-                    assert _gate_column(table) == [f"t77 e{epoch}", "open"]
-                    break
-            else:
-                raise AssertionError(f"the closed gate was never shown: {seen}")
+        holder = subprocess.Popen(
+            [*k.krex, "run", "--gpu", "0", "--", sys.executable, "-c", HOLD_REGION], env=k.env
+        )
+        try:
+            while (word := k.status()["gpus"][0]["gate_word"]) is None:
+                assert time.monotonic() < deadline + 20 and holder.poll() is None
+                time.sleep(0.05)
+            table = krexctl("status", "--socket", k.socket).stdout
+            assert _gate_column(table) == [f"t{word['holder']} e{word['epoch']}", "open"]
+        finally:
+            holder.wait(30)
     finally:
         run.terminate()
         run.wait(20)
         parked.wait(20)
+
+
+#: Holds a critical region for 4 s (the gate closed by krexd itself, for status to show).
+HOLD_REGION = (
+    "import time\nfrom krex_client import region\nwith region.critical():\n    time.sleep(4)\n"
+)
 
 
 def _gate_column(table: str) -> list[str]:
