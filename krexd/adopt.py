@@ -34,7 +34,6 @@ saves, :func:`load` decides whether to adopt, :func:`adopt` does it:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -307,6 +306,14 @@ async def _remove_when_empty(cg: TenantCgroup) -> None:
         _log.error("%s", exc)
 
 
+def _fields(record: Any) -> dict[str, Any]:
+    """A flat dataclass's fields as a dict (``dataclasses.asdict`` without its deep copy).
+
+    Every region entry and exit saves the state before its reply: this runs then.
+    """
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
 class StateKeeper:
     """Saves what adoption needs whenever it changed (after each op, and every second).
 
@@ -325,7 +332,8 @@ class StateKeeper:
         self._registry = registry
         self._gpus = gpus
         self._starts: dict[int, int] = {}  # launcher start time read here, by tenant id
-        self._last = b""
+        self._last: dict[str, Any] | None = None
+        self._file = saved_state.StateFile(path)
         self.enabled = True
         self.writes = 0
 
@@ -362,7 +370,7 @@ class StateKeeper:
                         "kind": t.cgroup.cpuset_kind,
                         "cores": list(t.cgroup.cores),
                     },
-                    "memory": dataclasses.asdict(t.memory),
+                    "memory": _fields(t.memory),
                 }
             )
         for tid in set(self._starts) - live:
@@ -383,18 +391,18 @@ class StateKeeper:
         if not self.enabled:
             return
         doc = self.snapshot()
-        data = json.dumps(doc, sort_keys=True, default=str).encode()
-        if data == self._last:
+        if doc == self._last:  # plain values only: a deep comparison, no encoding
             return
         try:
-            saved_state.write(self.path, {**doc, "saved_at": time.time()})
+            self._file.write({**doc, "saved_at": time.time()})
         except (OSError, TypeError, ValueError) as exc:
             _log.error("cannot save state to %s: %s", self.path, exc)
             return
-        self._last = data
+        self._last = doc
         self.writes += 1
 
     def remove(self) -> None:
         """Delete the state (a full stop: nothing is left to adopt) and stop saving."""
         self.enabled = False
+        self._file.close()
         saved_state.remove(self.path)

@@ -1,13 +1,25 @@
 """krexd's saved state: what a restarted krexd needs to adopt the tenants of the one before.
 
-One file per cgroup tree, ``<state_dir>/<cgroup name>.state`` (JSON), written
-atomically (write a temporary file beside it, ``fsync``, ``rename`` over the
-old one, ``fsync`` the directory), so a krexd killed at any instruction leaves
-either the previous state or the new one, never a mix.  Layout::
+Two files per cgroup tree, ``<state_dir>/<cgroup name>.state`` and
+``<...>.state.alt``: each write goes, in place, to the slot that does not
+hold the newest state, as one JSON document, a newline and a trailer line
+``krexd-state-end <crc32> <length>``; :func:`load` takes the newest slot
+whose trailer checks (``seq``, CLOCK_MONOTONIC ns, increases across krexd
+restarts of one boot).  A krexd killed at any instruction, or a write that
+fails on a full disk, leaves a torn slot that is skipped and the other one
+holding the previous state: never a mix.  The state is written before the
+reply of every state-changing request, region entries and exits included;
+in-place writes cost microseconds where a write-``fsync``-``rename`` cost
+0.2-2 ms on ext4.  It is not ``fsync``-ed: it serves only a krexd restarted
+on the same boot (a killed process loses nothing the kernel's page cache
+holds; a reboot ends every tenant it could name).  A plain JSON file (the
+single-file format of earlier krexd versions) is read as the oldest slot, so
+an upgrade adopts what the previous version saved.  Layout::
 
     {"format": "krexd-state", "version": 1,
      "cgroup_root": str,            # the tree it describes (a foreign state is refused)
      "pid": int, "saved_at": float, # the krexd that wrote it; wall-clock s
+     "seq": int,                    # CLOCK_MONOTONIC ns at the write (newest slot wins)
      "next_tenant_id": int,
      "gpus": {"<index>": {"epoch": int, "gate": str|null,
                           "region": {"tenant", "epoch", "pid", "tid", "siblings": [int],
@@ -42,11 +54,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import zlib
 from typing import Any
 
 FORMAT = "krexd-state"
 VERSION = 1
 MAX_BYTES = 16 << 20  # a state larger than this is not one krexd wrote
+ALT_SUFFIX = ".alt"  # the second slot: <path>.alt
+_TRAILER = b"krexd-state-end"
 
 
 class StateRefused(Exception):
@@ -58,53 +74,122 @@ def path_for(state_dir: str, cgroup_name: str) -> str:
     return os.path.join(state_dir, f"{cgroup_name}.state")
 
 
-def write(path: str, doc: dict[str, Any]) -> None:
-    """Write ``doc`` (format and version added) atomically to ``path``, mode 0600.
+class StateFile:
+    """The writer of one tree's saved state: two slots, written in place by turns.
 
-    Raises OSError when the directory is not writable or the disk is full;
-    the previous file is then left as it was.
+    ``path`` is :func:`path_for`'s; the slots are ``path`` and ``path + ".alt"``
+    (created mode 0600 at the first write, kept open).  Not thread-safe: krexd
+    writes from its event loop only.
     """
-    doc = {"format": FORMAT, "version": VERSION, **doc}
-    data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-    directory = os.path.dirname(path) or "."
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fds: list[int | None] = [None, None]
+        self._next = 0  # the slot the next write goes to
+        self._seq = 0
+
+    def write(self, doc: dict[str, Any]) -> None:
+        """Write ``doc`` (format, version and ``seq`` added) to the older slot.
+
+        Raises OSError when the directory is not writable or the disk is full;
+        the other slot then still holds the newest complete state.
+        """
+        self._seq = max(time.monotonic_ns(), self._seq + 1)
+        data = encode({"format": FORMAT, "version": VERSION, **doc, "seq": self._seq})
+        slot = self._next
+        fd = self._fds[slot]
+        if fd is None:
+            name = self.path + (ALT_SUFFIX if slot else "")
+            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = self._fds[slot] = os.open(name, flags, 0o600)
+        view, offset = memoryview(data), 0
+        while offset < len(data):
+            offset += os.pwrite(fd, view[offset:], offset)
+        os.ftruncate(fd, len(data))
+        self._next = 1 - slot  # only a complete write moves on: a torn slot is rewritten
+
+    def close(self) -> None:
+        """Close the slots' descriptors (the files stay)."""
+        for i, fd in enumerate(self._fds):
+            if fd is not None:
+                os.close(fd)
+                self._fds[i] = None
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    """One slot's bytes: ``doc`` as JSON, a newline, the trailer line (length and CRC-32)."""
+    body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    return body + b"\n" + _TRAILER + b" %08x %d\n" % (zlib.crc32(body), len(body))
+
+
+def _decode(name: str, raw: bytes) -> dict[str, Any] | None:
+    """A slot's document, or None when it is torn (trailer missing or wrong, or not JSON).
+
+    A plain JSON document with no trailer (earlier krexd versions) is read
+    with ``seq`` 0.  Raises StateRefused for a slot larger than MAX_BYTES.
+    """
+    if len(raw) > MAX_BYTES:
+        raise StateRefused(f"{name}: corrupt: larger than {MAX_BYTES} bytes")
+    body, _, trailer = raw.rstrip(b"\n").rpartition(b"\n")
+    fields = trailer.split()
+    legacy = not fields or fields[0] != _TRAILER
+    if legacy:
+        body = raw
+    elif (
+        len(fields) != 3
+        or fields[1] != b"%08x" % zlib.crc32(body)
+        or fields[2] != b"%d" % len(body)
+    ):
+        return None
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(doc, dict) and legacy:
+        doc["seq"] = 0
+    return doc if isinstance(doc, dict) else None
+
+
+def newest(path: str) -> tuple[str, dict[str, Any]] | None:
+    """The newest intact slot's name and document; None when neither slot exists.
+
+    Raises StateRefused when slots exist but none is intact (not JSON, torn),
+    or one cannot be read.
+    """
+    found: list[tuple[int, str, dict[str, Any]]] = []
+    seen = []
+    for name in (path, path + ALT_SUFFIX):
+        try:
+            with open(name, "rb") as f:
+                raw = f.read(MAX_BYTES + 1)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StateRefused(f"{name}: cannot read: {exc.strerror}") from None
+        seen.append(name)
+        doc = _decode(name, raw)
+        if doc is not None:
+            seq = doc.get("seq")
+            found.append((seq if isinstance(seq, int) else -1, name, doc))
+    if not seen:
+        return None
+    if not found:
+        raise StateRefused(f"{' and '.join(seen)}: corrupt: not JSON, or torn")
+    _, name, doc = max(found, key=lambda x: x[0])
+    return name, doc
 
 
 def load(path: str, cgroup_root: str) -> dict[str, Any] | None:
-    """The state saved at ``path`` for the tree ``cgroup_root``; None when there is none.
+    """The newest intact state saved at ``path`` (either slot) for ``cgroup_root``; None if none.
 
     Raises:
         StateRefused: corrupt (unreadable, not JSON, wrong shape), foreign
             (another tree or format) or newer (``version`` > :data:`VERSION`).
     """
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+    found = newest(path)
+    if found is None:
         return None
-    except OSError as exc:
-        raise StateRefused(f"{path}: cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_BYTES:
-        raise StateRefused(f"{path}: corrupt: larger than {MAX_BYTES} bytes")
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StateRefused(f"{path}: corrupt: not JSON ({exc})") from None
+    path, doc = found
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise StateRefused(f"{path}: foreign: not a krexd state file")
     version = doc.get("version")
@@ -150,11 +235,12 @@ def _check_shape(path: str, doc: dict[str, Any]) -> None:
 
 
 def remove(path: str) -> None:
-    """Delete the state file (after a full stop: nothing is left to adopt)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    """Delete both slots of the state (after a full stop: nothing is left to adopt)."""
+    for name in (path, path + ALT_SUFFIX):
+        try:
+            os.unlink(name)
+        except FileNotFoundError:
+            pass
 
 
 def process_start(pid: int) -> int | None:

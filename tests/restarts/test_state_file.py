@@ -1,0 +1,118 @@
+"""krexd's saved state on disk: two slots written in place, the newest intact one wins.
+
+Root-free: plain files in a temporary directory.  A torn slot (a krexd killed
+mid-write, a full disk) must leave the previous state readable; a file of the
+earlier single-file format must still be adopted after an upgrade.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from krexd import state
+
+ROOT = "/sys/fs/cgroup/krex-test"
+
+
+def _doc(n: int) -> dict[str, object]:
+    # "a" sorts first: documents of different n differ from their first bytes on.
+    return {"a": str(n) * 64, "cgroup_root": ROOT, "next_tenant_id": n, "gpus": {}, "tenants": []}
+
+
+def test_writes_alternate_and_the_newest_is_loaded(tmp_path: Path) -> None:
+    path = str(tmp_path / "k.state")
+    f = state.StateFile(path)
+    for n in (1, 2, 3):
+        f.write(_doc(n))
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 3
+    # Both slots exist and hold complete states: 3 in the main file, 2 in the other.
+    assert os.path.exists(path) and os.path.exists(path + state.ALT_SUFFIX)
+    found = state.newest(path)
+    assert found is not None and found[0] == path
+
+
+def test_a_torn_newest_slot_falls_back_to_the_previous_state(tmp_path: Path) -> None:
+    path = str(tmp_path / "k.state")
+    f = state.StateFile(path)
+    f.write(_doc(1))
+    f.write(_doc(2))  # in the .alt slot
+    alt = path + state.ALT_SUFFIX
+    data = Path(alt).read_bytes()
+    # A krexd killed in the middle of its next write to the same slot: a prefix of
+    # a newer document over the old bytes.
+    newer = state.encode({"format": state.FORMAT, "version": 1, **_doc(9), "seq": 1 << 62})
+    assert newer[: len(newer) // 2] != data[: len(newer) // 2]  # the torn part differs
+    Path(alt).write_bytes(newer[: len(newer) // 2] + data[len(newer) // 2 :])
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 1
+
+
+def test_a_full_disk_keeps_the_previous_state_and_the_next_write_retries(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "k.state")
+    state.StateFile(path).write(_doc(1))
+    big = _doc(2) | {"pad": "x" * 20000}
+    # A child whose file size limit stops the write halfway (EFBIG, as ENOSPC would).
+    prog = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        sys.path[:0] = {sys.path!r}
+        from krexd import state
+        f = state.StateFile({path!r})
+        f._next = 1  # the slot not holding state 1, as the writer that wrote it would
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, hard))
+        try:
+            f.write({big!r})
+        except OSError as exc:
+            print("failed", exc.errno)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+        f.write({_doc(3)!r})  # the same (torn) slot again, now complete
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("failed"), run.stdout
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 3
+
+
+def test_the_single_file_format_of_earlier_versions_is_adopted(tmp_path: Path) -> None:
+    path = str(tmp_path / "k.state")
+    Path(path).write_text(json.dumps({"format": state.FORMAT, "version": 1, **_doc(5)}))
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 5
+    # The first write of the new version goes to a slot and wins over the old file.
+    f = state.StateFile(path)
+    f.write(_doc(6))
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 6
+
+
+def test_no_intact_slot_is_refused_as_corrupt(tmp_path: Path) -> None:
+    path = str(tmp_path / "k.state")
+    Path(path).write_bytes(b"{not json")
+    Path(path + state.ALT_SUFFIX).write_bytes(b"")
+    with pytest.raises(state.StateRefused, match="corrupt"):
+        state.load(path, ROOT)
+
+
+def test_remove_deletes_both_slots(tmp_path: Path) -> None:
+    path = str(tmp_path / "k.state")
+    f = state.StateFile(path)
+    f.write(_doc(1))
+    f.write(_doc(2))
+    f.close()
+    state.remove(path)
+    assert state.load(path, ROOT) is None
+    assert not os.listdir(tmp_path)
