@@ -148,13 +148,21 @@ void krex_note_event_record(CUresult r, CUevent ev, CUstream stream)
 {
     if (r != CUDA_SUCCESS)
         return;
+    /* Counts and the ring index: relaxed loads and stores, not locked
+     * read-modify-writes, on this per-call path (a locked add cost about
+     * 8 ns of every cuEventRecord).  Threads recording at the same instant
+     * may lose a count or share a ring entry: the warnings they feed need
+     * "some", not "how many". */
     if (KREX_LIKELY(!atomic_load_explicit(&region_open, memory_order_relaxed))) {
-        atomic_fetch_add_explicit(&events_recorded_outside, 1, memory_order_relaxed);
+        atomic_store_explicit(&events_recorded_outside,
+                              atomic_load_explicit(&events_recorded_outside, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
         return;
     }
     atomic_store_explicit(&timed_stream, stream, memory_order_relaxed);
     atomic_store_explicit(&timed_stream_known, 1, memory_order_relaxed);
-    uint32_t i = atomic_fetch_add_explicit(&recent_next, 1, memory_order_relaxed);
+    uint32_t i = atomic_load_explicit(&recent_next, memory_order_relaxed);
+    atomic_store_explicit(&recent_next, i + 1, memory_order_relaxed);
     atomic_store_explicit(&recent_events[i % RECENT_EVENTS], ev, memory_order_relaxed);
 }
 

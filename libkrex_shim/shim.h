@@ -213,8 +213,13 @@ static inline void krex_leave(struct krex_slot *s)
 
 static inline void krex_count_launch(void)
 {
-    /* Statistics: relaxed. */
-    atomic_fetch_add_explicit(&krex_launches, 1, memory_order_relaxed);
+    /* Statistics: a relaxed load and store, not a locked read-modify-write
+     * (about 8 ns on every launch).  Threads launching at the same instant
+     * may lose a count; the count never returns to 0 once a launch was
+     * counted, which is all fault.c asks of it. */
+    atomic_store_explicit(&krex_launches,
+                          atomic_load_explicit(&krex_launches, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
 }
 
 static inline CUstream krex_cfg_stream(const CUlaunchConfig *config)
