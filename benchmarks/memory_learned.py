@@ -113,7 +113,10 @@ def _replay(trace: Path, conc: int, config: Path, out: Path) -> None:
     cmd = [sys.executable, "-m", "krex_cli", "replay", str(trace), "--mode", "krex"]
     cmd += ["--concurrency", str(conc), "--config", str(config), "--repeat", "1"]
     cmd += ["--no-progress", "--no-report", "--out", str(out)]
-    env = dict(os.environ, PYTHONPATH=f"{REPO}:{REPO / 'python_client'}")
+    path = os.pathsep.join(
+        x for x in (str(REPO), str(REPO / "python_client"), os.environ.get("PYTHONPATH")) if x
+    )
+    env = dict(os.environ, PYTHONPATH=path)
     with open(f"{out}.log", "w") as log:
         subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
 

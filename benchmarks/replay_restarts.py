@@ -101,7 +101,10 @@ def main() -> int:
     log = out / "krexd.log"
     krexd = start_krexd(config, log)
     wait_ready(socket)
-    env = dict(os.environ, PYTHONPATH=f"{REPO}:{REPO / 'python_client'}", KREX_SOCKET=socket)
+    path = os.pathsep.join(
+        x for x in (str(REPO), str(REPO / "python_client"), os.environ.get("PYTHONPATH")) if x
+    )
+    env = dict(os.environ, PYTHONPATH=path, KREX_SOCKET=socket)
     replay = subprocess.Popen(
         [sys.executable, "-m", "krex_cli", "replay", args.trace, "--mode", "krex",
          "--concurrency", str(args.concurrency), "--duration", str(args.duration),
