@@ -54,7 +54,7 @@ from krexd.quotas import UidCaps
 from krexd.registrations import RegionGuard, Verifier
 from krexd.runtime import RESTARTING, SERVING, STOPPING, Runtime
 from krexd.server import Server, check_free
-from krexd.slices import compute_slices
+from krexd.slices import CpuSlice, compute_slices
 from krexd.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")
@@ -90,17 +90,60 @@ class Daemon:
 
     def setup(self) -> OpContext:
         """Steps 1-3 of the start order; returns what the ops get (raises on invalid setup)."""
+        infos, slices = self._discover()
+        cgroups, saved = self._open_cgroups(infos, slices)
+        region_memory = self._build_gpus(infos, slices, saved)
+        memory, lifecycle = self._build_tenant_parts(cgroups, region_memory)
+        if saved is not None:
+            adopt.adopt(
+                saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
+            )
+        self._start_continuity(cgroups)
+        by_index = self.gpus
+        return OpContext(
+            tenants=self.tenants,
+            lifecycle=lifecycle,
+            memory=memory,
+            regions=lambda index: by_index[index].coordinator,
+            about=self.about,
+            status=self.status,
+            faults=self.faults,
+        )
+
+    def _discover(self) -> tuple[list[gpus.GpuInfo], dict[int, CpuSlice]]:
+        """Step 1: the GPU inventory and the CPU slices (invalid ones refused)."""
         cfg = self.config
         infos = gpus.discover(cfg.daemon.fake_gpus)
         _log.info("GPUs: %s", ", ".join(g.name for g in infos) or "none")
         slices = compute_slices(infos, cfg.cpu)
         for s in slices.values():
             _log.info("gpu%d slice %s", s.gpu, s.as_dict())
+        return infos, slices
+
+    def _open_cgroups(
+        self, infos: list[gpus.GpuInfo], slices: dict[int, CpuSlice]
+    ) -> tuple[CgroupBackend, adopt.Saved | None]:
+        """Step 2: the cgroup tree, and what a krexd before a restart left to adopt."""
+        cfg = self.config
         cgroups = self.cgroups = CgroupBackend.open(cfg.cgroup)
         # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
         saved = adopt.load(cfg, cgroups, [i.index for i in infos])
         cgroups.prepare(slices, adopt=saved is not None)
         _log.info("cgroups: %s", cgroups.describe())
+        return cgroups, saved
+
+    def _build_gpus(
+        self,
+        infos: list[gpus.GpuInfo],
+        slices: dict[int, CpuSlice],
+        saved: adopt.Saved | None,
+    ) -> RegionMemoryCheck:
+        """Step 3, per GPU: its gate, region coordinator, admission slots and MPS daemon.
+
+        Returns the coordinators' memory check; its monitor is attached once
+        the memory monitor exists (:meth:`_build_tenant_parts`).
+        """
+        cfg = self.config
         if paths.gate_library() is None:
             # Without a gate, submissions are not gated: draining is skipped, CPU
             # freezing and pinning still apply.
@@ -137,6 +180,13 @@ class Daemon:
             # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
             for gpu in self.gpus.values():
                 gpu.mps = self.mps.start(gpu.index, gpu.info.uuid)
+        return region_memory
+
+    def _build_tenant_parts(
+        self, cgroups: CgroupBackend, region_memory: RegionMemoryCheck
+    ) -> tuple[MemoryMonitor, Lifecycle]:
+        """Step 3, over the GPUs: admission, the memory monitor (started), the lifecycle."""
+        cfg = self.config
         self.admission = Admission(
             [g.slots for g in self.gpus.values()],
             cfg.admission.max_parked,
@@ -156,25 +206,16 @@ class Daemon:
         lifecycle = self.lifecycle = Lifecycle(
             cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
         )
-        if saved is not None:
-            adopt.adopt(
-                saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
-            )
+        return memory, lifecycle
+
+    def _start_continuity(self, cgroups: CgroupBackend) -> None:
+        """Restart continuity (state, heartbeat, watchdog); under MPS, the fault monitor."""
+        cfg = self.config
         self.continuity = restart.Continuity(cfg, cgroups.root, self.tenants, self.gpus)
         if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
             # After a restart, fault records in the reopened gates' slots reopen an incident.
             self.faults = FaultMonitor(self.gpus, self.tenants, self.admission, self.mps)
             self.faults.start(self.runtime.spawn)
-        by_index = self.gpus
-        return OpContext(
-            tenants=self.tenants,
-            lifecycle=lifecycle,
-            memory=memory,
-            regions=lambda index: by_index[index].coordinator,
-            about=self.about,
-            status=self.status,
-            faults=self.faults,
-        )
 
     def _learned_needs(self) -> LearnedNeeds:
         """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``."""

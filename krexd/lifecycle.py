@@ -111,10 +111,48 @@ class Lifecycle:
         (``MemoryMonitor.need_for``).
         """
         launcher_pid, uid = launcher.pid, launcher.uid
-        admission = self._admission
         self._runtime.check_serving()
         record = self._memory.need_for(mem_bytes, gpu, argv, label, uid=uid)
         need = record.need_bytes
+        granted = await self._park(gpu, exclusive, launcher_pid, argv, need, uid)
+        try:
+            self._runtime.check_serving()
+            tid = self._tenants.new_id()
+            cgroup = self._cgroups.create_tenant(granted, tid)
+        except BaseException:
+            self._admission.release(granted, exclusive, need, uid=uid)
+            raise
+        tenant = Tenant(
+            id=tid,
+            token=self._tenants.new_token(),
+            gpu=granted,
+            argv=argv,
+            launcher_pid=launcher_pid,
+            cgroup=cgroup,
+            exclusive=exclusive,
+            memory=record,
+            uid=uid,
+            gid=launcher.gid,
+            launcher_start=launcher.start_time,
+        )
+        await self._register(tenant)
+        return tenant
+
+    async def _park(
+        self,
+        gpu: int | None,
+        exclusive: bool,
+        launcher_pid: int,
+        argv: list[str],
+        need: int,
+        uid: int,
+    ) -> int:
+        """Wait in admission for a slot; the GPU granted.
+
+        A launcher that exits while parked withdraws its request; a
+        cancelled ``admit`` gives back a slot granted meanwhile.
+        """
+        admission = self._admission
         waiter = admission.park(gpu, exclusive, launcher_pid, argv, need, uid=uid)
         watch = PidWatch(
             launcher_pid,
@@ -131,36 +169,20 @@ class Lifecycle:
             raise
         finally:
             watch.cancel()
-        try:
-            self._runtime.check_serving()
-            tid = self._tenants.new_id()
-            cgroup = self._cgroups.create_tenant(granted, tid)
-        except BaseException:
-            admission.release(granted, exclusive, need, uid=uid)
-            raise
-        tenant = Tenant(
-            id=tid,
-            token=self._tenants.new_token(),
-            gpu=granted,
-            argv=argv,
-            launcher_pid=launcher_pid,
-            cgroup=cgroup,
-            exclusive=exclusive,
-            memory=record,
-            uid=uid,
-            gid=launcher.gid,
-            launcher_start=launcher.start_time,
-        )
+        return granted
+
+    async def _register(self, tenant: Tenant) -> None:
+        """Record a new tenant: watch its launcher, arm its place timeout, tell the coordinator."""
+        tid, granted = tenant.id, tenant.gpu
         self._tenants.add(tenant)
         self._watches[tid] = PidWatch(
-            launcher_pid, lambda: self._launcher_gone(tenant), self.poll_s
+            tenant.launcher_pid, lambda: self._launcher_gone(tenant), self.poll_s
         )
         self._arm_place_timeout(tenant)
         # A command admitted during a region starts frozen (it is a sibling).
         await self._gpus[granted].coordinator.tenant_added(tenant)
-        _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(argv)[:200])
+        _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(tenant.argv)[:200])
         testhooks.pause("admitted")
-        return tenant
 
     def adopt(self, tenant: Tenant) -> None:
         """Take over a tenant of the krexd before a restart (krexd/adopt.py): register it

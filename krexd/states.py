@@ -21,7 +21,7 @@ Region edges (per GPU, coordinator)::
       steps:  2           3           4       5, 6        7           8
     CLOSING/DRAINING/FREEZING/HELD -> RECOVERING -> IDLE   (failure or holder death)
 
-Steps are the paper's §4.2 numbers (krexd/coordinator.py).
+Steps are the paper's §4.2 numbers (krexd/coordinator/).
 """
 
 from __future__ import annotations

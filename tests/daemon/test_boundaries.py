@@ -1,9 +1,10 @@
 """What the product's source may not contain: a second gate layout, or the test tree.
 
 * The gate's layout is declared once, in ``libkrex_shim/include/krex_gate.h``;
-  Python reaches it only through ``krexd/gate.py`` (ctypes on
-  ``libkrex_gate.so``).  No other module maps a file, declares a C structure,
-  names gate offsets or bit shifts, or carries the gate's magic.
+  Python reaches it only through the ``krexd/gate/`` package (ctypes on
+  ``libkrex_gate.so``; its structures declared in ``krexd/gate/binding.py``).
+  No other module maps a file, declares a C structure, names gate offsets or
+  bit shifts, or carries the gate's magic.
 * No product module imports, runs or describes a file of ``tests/``.
 
 These read the source text: they fail the moment such a line is added.
@@ -17,7 +18,10 @@ from tests.support import REPO
 
 PRODUCT = [REPO / "krexd", REPO / "krex_cli", REPO / "python_client"]
 
-#: Modules that may map a file, and why.  krexd/gate.py maps nothing itself (the C library does).
+#: The one module that declares the gate's C structures (ctypes on libkrex_gate.so).
+GATE_BINDING = "krexd/gate/binding.py"
+
+#: Modules that may map a file, and why.  krexd/gate/ maps nothing itself (the C library does).
 MMAP_ALLOWED = {
     "krexd/memory/sources.py": "the simulated GPU memory-state file (docs/design/interfaces.md)",
 }
@@ -40,10 +44,10 @@ def product_sources() -> list[tuple[str, str]]:
     ]
 
 
-def test_the_gate_layout_is_declared_only_in_the_header_and_bound_only_in_gate_py() -> None:
+def test_the_gate_layout_is_declared_only_in_the_header_and_bound_only_in_the_binding() -> None:
     found = []
     for rel, text in product_sources():
-        if rel == "krexd/gate.py":
+        if rel == GATE_BINDING:
             continue
         for n, line in enumerate(text.splitlines(), 1):
             if any(p.search(line) for p in GATE_LAYOUT):
@@ -54,9 +58,11 @@ def test_the_gate_layout_is_declared_only_in_the_header_and_bound_only_in_gate_p
 
 
 def test_the_gate_binding_reads_slots_only_through_the_library() -> None:
-    text = (REPO / "krexd" / "gate.py").read_text()
-    assert "mmap" not in text and "struct.unpack" not in text
-    assert "krex_coord_slots" in text  # the memory fields come decoded from C
+    for path in sorted((REPO / "krexd" / "gate").glob("*.py")):
+        text = path.read_text()
+        assert "mmap" not in text and "struct.unpack" not in text, path.name
+    # the memory fields come decoded from C
+    assert "krex_coord_slots" in (REPO / GATE_BINDING).read_text()
 
 
 def test_no_product_module_refers_to_the_test_tree() -> None:

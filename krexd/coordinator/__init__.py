@@ -1,0 +1,79 @@
+"""Per-GPU region coordinator: the region lock, region entry and exit, recovery.
+
+One ``Coordinator`` per GPU implements krexd's half of region-granular
+exclusivity (paper §4.2; DESIGN.md "Region entry and exit";
+docs/design/architecture.md maps every step to its file).  Steps carry the
+paper's numbers (its circled 1-8); the methods below read in that order:
+
+    enter()     0  the request is recorded (RegionRequest) from its arrival to
+                   its region's end: a second one is NESTED_REGION, a cancel
+                   acts on it at any stage
+                1  region lock, FIFO (no starvation: the paper has no fairness);
+                   then, lock held, the holder's expected memory must fit in
+                   what its siblings leave free (they keep their memory while
+                   frozen): wait, bounded, for them to free some, or fail at
+                   once when it can never fit (RegionMemory; docs/design/memory.md)
+                2  close the gate: holder id + new epoch, one atomic word
+                3  drain: every sibling's drainer acknowledges the epoch with
+                   a zero in-flight counter (libkrex_shim does the work)
+                4  freeze every sibling tenant's cgroup, wait until the kernel
+                   reports it frozen (bounded by freeze_timeout_ms); then fail
+                   closed: a sibling process with the GPU open and no drained
+                   registration ends its command (exit 79) and the grant
+                   waits until it has left the GPU
+                5  give the holder (and its submitting thread) the reserved
+                   cores, added to its own ([region] holder_cpus); grant.
+                   The holder flushes L2 itself, through the shim.
+    (client)    6  the holder runs its timed code
+    exit()      7  the holder's own GPU work is done (its shim synchronized
+                   before region_exit); its cores go back to the off-region
+                   share and the siblings are thawed, *then*
+                8  the gate is reopened, *then* the lock released
+    recovery    the same end path, bound to the Region object (holder and
+                epoch), when the holder's process dies, its tenant ends, or
+                the region outlives max_region_s
+
+Why exit thaws before it reopens and releases (paper §4.2): if the lock were
+released first, the next holder could freeze the same siblings and the
+previous holder's late thaw would undo that freeze in the middle of the next
+measurement.  Normal exit and recovery are serialized by one asyncio lock and
+bound to the Region they end, so a late recovery is a no-op for a newer
+region, and the gate's reopen is itself bound to (holder, epoch).
+
+Every failed entry undoes what it did (cores, thaw, gate) before it reports
+the error: no tenant is ever left frozen.
+
+The coordinator acts only through injected interfaces (``krexd.isolation``):
+``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),
+``Pinner`` (cpuset and thread affinity), ``RegionGate`` (the gate, absent
+when ``libkrex_gate.so`` is not built), ``RegionMemory`` (the memory
+check before step 2, absent: no check) and ``GpuUseCheck`` (who has the GPU
+open; absent where no source can tell), and ends a tenant's command through
+the ``end_command`` callback it is given (the daemon's lifecycle).  The daemon injects the cgroup
+implementations; any other implementation of these interfaces (in-memory
+fakes, say) drives the same protocol without root.
+
+The package splits the protocol along its steps; one class, ``Coordinator``,
+combines them, each module a mixin over the shared state (``base``):
+
+    records.py      Region, RegionRequest and its stages; tenant state edges
+    base.py         the shared state: lock, region, requests, epoch, region state
+    entry.py        enter(): step 0, the lock (1), _establish (2-5), undo on failure
+    memory_wait.py  before step 2: the holder's memory must fit beside its siblings
+    gate_steps.py   drain (3) and reopen (8) on the gate
+    freezing.py     freeze (4) and thaw (7) of the siblings' cgroups
+    fail_closed.py  after step 4: unprotected GPU users end (exit 79) before the grant
+    cores.py        the holder's reserved cores (5) and their return (7)
+    ending.py       exit() (7-8) and recovery: the one end path, bound to its Region
+    adoption.py     restart: saved state, resumed epochs, an adopted region
+    coordinator.py  Coordinator: tenants added and gone, cancel, shutdown, status
+
+Counters and latency percentiles live in ``krexd.region_stats``.
+"""
+
+from __future__ import annotations
+
+from krexd.coordinator.coordinator import Coordinator
+from krexd.coordinator.records import ENTERING, HELD, QUEUED, Region, RegionRequest
+
+__all__ = ["ENTERING", "HELD", "QUEUED", "Coordinator", "Region", "RegionRequest"]

@@ -1,0 +1,94 @@
+"""The state one GPU's region protocol shares, and the small helpers every step uses.
+
+``CoordinatorBase`` holds it: the region lock, the region held or being
+established, the recorded requests, the epoch and the region state.  Each
+step of the protocol is a mixin over it (``krexd.coordinator``'s modules);
+``krexd.coordinator.Coordinator`` combines them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from krexd import states
+from krexd.config import RegionConfig
+from krexd.coordinator.records import Region, RegionRequest
+from krexd.fifo import FifoLock
+from krexd.isolation import GpuUseCheck, Pinner, RegionGate, RegionMemory, TenantControl
+from krexd.region_stats import RegionStats
+from krexd.slices import CpuSlice
+from krexd.tenants import Tenant, TenantRegistry
+
+
+class CoordinatorBase:
+    """What every step of one GPU's region protocol reads and writes.
+
+    Built through ``Coordinator`` (its docstring lists the arguments).
+    """
+
+    def __init__(
+        self,
+        gpu: int,
+        gate: RegionGate | None,
+        cpu_slice: CpuSlice,
+        tenants: TenantRegistry,
+        region: RegionConfig,
+        control: TenantControl,
+        pinner: Pinner,
+        memory: RegionMemory | None = None,
+        guard: GpuUseCheck | None = None,
+        end_command: Callable[[Tenant, str, int], None] | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self._memory = memory
+        self._mem_waiting: int | None = None  # tenant whose entry waits for memory
+        self.memory_waits = 0  # entries that waited for siblings' memory
+        self._guard = guard
+        self._end_command = end_command
+        self._gate = gate
+        self._ctl = control
+        self._pinner = pinner
+        self._slice = cpu_slice
+        self._tenants = tenants
+        self._cfg = region
+        self._lock: FifoLock[int] = FifoLock()
+        self._end_lock = asyncio.Lock()
+        self._region: Region | None = None
+        self._ungated: set[int] = set()  # tenants inside a region when enforce = false
+        self._epoch = 0
+        self._last_drain_ms = 0.0
+        self._last_freeze_ms = 0.0
+        self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")
+        self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
+        self.stats = RegionStats()
+        # Tenants frozen by the region being established or held (None: no region),
+        # and the tenant establishing one: late arrivals are frozen into this list.
+        self._frozen: list[Tenant] | None = None
+        self._entering: int | None = None
+        self._requests: dict[int, RegionRequest] = {}  # by tenant id, arrival to region end
+        self._tasks: set[asyncio.Task[Any]] = set()  # recovery tasks in flight
+        # Epoch of each tenant's last region ended by exit (saved: a region_exit
+        # re-sent after a restart is answered again), and regions a restart ended.
+        self._exited: dict[int, int] = {}
+        self._resumed: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"Coordinator(gpu{self.gpu}, {self.state})"
+
+    def _region_state(self, new: str) -> None:
+        states.change_state(self, new, states.REGION_EDGES)
+
+    def _next_epoch(self) -> int:
+        # Epochs are 32-bit and never 0 (krex_gate.h).
+        self._epoch = self._epoch % 0xFFFF_FFFF + 1
+        return self._epoch
+
+    def _siblings(self, holder: Tenant) -> list[Tenant]:
+        """This GPU's tenants other than the holder, registered with the shim or not."""
+        return [t for t in self._tenants.on_gpu(self.gpu) if t.id != holder.id and not t.exclusive]
+
+    def idle(self) -> bool:
+        """True when no region is held or being established (the gate should be open)."""
+        return self.state == states.IDLE and self._region is None and self._entering is None

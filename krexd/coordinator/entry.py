@@ -1,0 +1,185 @@
+"""Region entry: the request recorded (step 0), then steps 1-5, undone on failure.
+
+The steps read in the paper's order in ``_enter_recorded`` (1: the region
+lock) and ``_establish`` (2: close, 3: drain, 4: freeze and fail closed,
+5: the holder's cores); every failed entry undoes what it did (cores, thaw,
+gate) before it reports the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from krexd import states, testhooks
+from krexd.coordinator.ending import Ending
+from krexd.coordinator.fail_closed import FailClosed
+from krexd.coordinator.memory_wait import MemoryWait
+from krexd.coordinator.records import ENTERING, HELD, Region, RegionRequest, tenant_state
+from krexd.errors import Code, KrexError
+from krexd.tenants import Tenant
+
+
+class Entry(Ending, MemoryWait, FailClosed):
+    """``region_enter``: steps 0-5."""
+
+    async def enter(self, tenant: Tenant, pid: int, tid: int) -> dict[str, Any]:
+        """Run region entry for ``tenant`` and return the grant (region_enter reply body).
+
+        Args:
+            tenant: the authenticated requesting tenant (must be on this GPU).
+            pid: the requesting process; must be in the tenant's cgroup.
+            tid: the submitting thread (Linux thread id) to pin to the
+                reserved cores.
+
+        Returns:
+            ``{epoch, gpu, reserved_cores, l2_flush, wait_ms, entry_ms,
+            drain_ms, freeze_ms}``; times in ms: ``wait_ms`` in the FIFO
+            (step 1), ``entry_ms`` from the request to the grant (steps
+            1-5), ``drain_ms`` step 3, ``freeze_ms`` step 4.
+
+        Raises:
+            KrexError: NESTED_REGION (tenant already holds or waits),
+                BAD_FIELD (pid/tid not the tenant's), DRAIN_TIMEOUT,
+                FREEZE_TIMEOUT, CANCELLED (tenant ended while waiting),
+                REGION_NO_MEMORY (its expected memory can never fit beside
+                its siblings), SHUTTING_DOWN.
+        """
+        requested_at = time.monotonic()
+        self._check_caller(tenant, pid, tid)
+        if not self._cfg.enforce or tenant.exclusive:
+            # An --exclusive tenant has the whole GPU already: its region is a no-op,
+            # so the same script runs with and without --exclusive.
+            return self._enter_ungated(tenant)
+        region = self._region
+        if region is not None and region.adopted and region.tenant.id == tenant.id:
+            region.adopted = False  # a region_enter re-sent after a restart: grant it again
+            return self._grant_reply(region.epoch, list(self._slice.reserved), 0.0, 0.0)
+        if tenant.id in self._requests:
+            raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
+        request = self._requests[tenant.id] = RegionRequest(tenant.id)
+        try:
+            return await self._enter_recorded(request, tenant, pid, tid, requested_at)
+        finally:
+            if request.stage != HELD and self._requests.get(tenant.id) is request:
+                del self._requests[tenant.id]
+
+    async def _enter_recorded(
+        self, request: RegionRequest, tenant: Tenant, pid: int, tid: int, requested_at: float
+    ) -> dict[str, Any]:
+        """Steps 1-5 for a recorded request; a cancel at any step is honoured."""
+        # Step 1: the region lock, one holder at a time, FIFO.
+        try:
+            await self._lock.acquire(tenant.id)
+        except asyncio.CancelledError:
+            raise KrexError(
+                Code.CANCELLED, f"tenant {tenant.id} ended while waiting for the region"
+            ) from None
+        if request.cancelled:  # cancelled after the hand-over, before this task resumed
+            self._lock.release(tenant.id)
+            raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
+        locked_at = time.monotonic()
+        request.stage = ENTERING
+        try:
+            await self._wait_for_memory(tenant, request)
+            region = await self._establish(tenant, pid, tid, requested_at)
+        except BaseException:
+            self.stats.failed += 1
+            self._lock.release(tenant.id)
+            raise
+        request.stage = HELD
+        testhooks.pause("granted")
+        if request.cancelled:
+            await self._end(region, "cancelled by its holder")
+            raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
+        wait_ms = (locked_at - requested_at) * 1e3
+        establish_ms = (region.granted_at - locked_at) * 1e3
+        self.stats.grant(wait_ms, establish_ms)
+        return self._grant_reply(region.epoch, list(self._slice.reserved), wait_ms, establish_ms)
+
+    def _grant_reply(
+        self, epoch: int, reserved: list[int], wait_ms: float, establish_ms: float
+    ) -> dict[str, Any]:
+        """The region_enter reply body (ms); ``entry_ms`` = wait + steps 2-5."""
+        return {
+            "epoch": epoch,
+            "gpu": self.gpu,
+            "reserved_cores": reserved,
+            "l2_flush": self._cfg.l2_flush,
+            "wait_ms": wait_ms,
+            "entry_ms": wait_ms + establish_ms,
+            "drain_ms": self._last_drain_ms if epoch else 0.0,
+            "freeze_ms": self._last_freeze_ms if epoch else 0.0,
+        }
+
+    async def _establish(self, tenant: Tenant, pid: int, tid: int, requested_at: float) -> Region:
+        """Steps 2-5 for a tenant that owns the region lock; undo on failure."""
+        epoch = self._next_epoch()
+        frozen: list[Tenant] = []
+        self._frozen, self._entering = frozen, tenant.id
+        gate_closed = False
+        try:
+            # Step 2: close the gate for (holder, epoch).
+            self._region_state(states.CLOSING)  # IDLE -> CLOSING
+            if self._gate is not None:
+                self._gate.close(tenant.id, epoch)
+                gate_closed = True
+            testhooks.pause("closed")
+            # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
+            self._region_state(states.DRAINING)  # CLOSING -> DRAINING
+            t = time.monotonic()
+            await self._drain(tenant, epoch)
+            self._last_drain_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("drained")
+            # Step 4: freeze sibling process trees once their GPU work has drained.
+            self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
+            t = time.monotonic()
+            await self._freeze(self._siblings(tenant), frozen)
+            await self._fail_closed(tenant, epoch)
+            self._last_freeze_ms = (time.monotonic() - t) * 1e3
+            testhooks.pause("frozen")
+            # Step 5: the holder's submitting thread gets the reserved cores.
+            self._pin_holder(tenant, tid)
+        except BaseException:
+            # Any failure: undo in exit order (cores, thaw, reopen) -> IDLE.
+            self._region_state(states.RECOVERING)  # CLOSING/DRAINING/FREEZING -> RECOVERING
+            self._unpin_holder(tenant, tid)
+            self._frozen, self._entering = None, None  # no late arrival joins a failed entry
+            await self._thaw(frozen)
+            if gate_closed:
+                self._reopen_gate(tenant.id, epoch)
+            self._region_state(states.IDLE)  # RECOVERING -> IDLE
+            raise
+        self._entering = None
+        self._region_state(states.HELD)  # FREEZING -> HELD
+        tenant_state(tenant, states.RUNNING, states.HOLDING)  # RUNNING -> HOLDING
+        region = Region(
+            tenant=tenant,
+            epoch=epoch,
+            pid=pid,
+            tid=tid,
+            requested_at=requested_at,
+            granted_at=time.monotonic(),
+            siblings=frozen,
+        )
+        self._region = region
+        self._watch(region)
+        return region
+
+    def _check_caller(self, tenant: Tenant, pid: int, tid: int) -> None:
+        """A tenant acts only on itself: pid must be in its cgroup, tid a thread of pid."""
+        if tenant.gpu != self.gpu:
+            raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is not on GPU {self.gpu}")
+        if not self._ctl.owns_process(tenant, pid):
+            raise KrexError(Code.BAD_FIELD, f"pid {pid} is not a process of tenant {tenant.id}")
+        if not self._ctl.thread_exists(pid, tid):
+            raise KrexError(Code.BAD_FIELD, f"tid {tid} is not a thread of pid {pid}")
+
+    def _enter_ungated(self, tenant: Tenant) -> dict[str, Any]:
+        """``[region] enforce = false``: record the region, enforce nothing."""
+        if tenant.id in self._ungated:
+            raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
+        self._ungated.add(tenant.id)
+        self.stats.granted += 1
+        return self._grant_reply(0, [], 0.0, 0.0)

@@ -1,0 +1,98 @@
+"""Step 4 and its undo (step 7): freeze the siblings' cgroups, thaw them.
+
+Freezing waits until the kernel reports every sibling frozen (bounded by
+``freeze_timeout_ms``); thawing never raises, so the gate is reopened all
+the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from krexd import states
+from krexd.coordinator.base import CoordinatorBase
+from krexd.coordinator.records import tenant_state
+from krexd.errors import Code, KrexError
+from krexd.isolation import gone
+from krexd.tenants import Tenant
+
+#: One logger for the package: its lines read as they did from one module.
+log = logging.getLogger("krexd.coordinator")
+
+
+class Freezing(CoordinatorBase):
+    """Freeze and thaw of sibling tenants through ``TenantControl``."""
+
+    async def _freeze(self, siblings: list[Tenant], frozen: list[Tenant]) -> None:
+        """Step 4: freeze each sibling's cgroup and wait until all report frozen.
+
+        ``frozen`` collects every tenant whose cgroup was asked to freeze, so
+        the caller can thaw exactly those on failure.  A sibling whose cgroup
+        disappears meanwhile (it ended) is skipped.
+        """
+        for sib in siblings:
+            if any(sib is f for f in frozen):
+                continue  # admitted during this entry and frozen then (tenant_added)
+            try:
+                self._ctl.freeze(sib)
+            except OSError as exc:
+                if gone(exc):
+                    continue
+                raise
+            tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
+            frozen.append(sib)
+        timeout_s = self._cfg.freeze_timeout_s
+        # ``frozen`` may grow while we wait (tenant_added): wait for this snapshot.
+        waiting = list(frozen)
+        results = await asyncio.gather(*(self._wait_frozen(sib, timeout_s) for sib in waiting))
+        stuck = [sib for sib, ok in zip(waiting, results, strict=True) if not ok]
+        for sib, ok in zip(waiting, results, strict=True):
+            if ok:
+                tenant_state(sib, states.FREEZING, states.FROZEN)  # FREEZING -> FROZEN
+        if stuck:
+            # A task inside an uninterruptible call delays freezing; like container
+            # runtimes, give up after the timeout, thaw back and fail the entry.
+            names = ", ".join(f"tenant {s.id}" for s in stuck)
+            raise KrexError(
+                Code.FREEZE_TIMEOUT,
+                f"siblings on GPU {self.gpu} not frozen after "
+                f"{self._cfg.freeze_timeout_s:g} s: {names}",
+            )
+
+    async def _wait_frozen(self, sib: Tenant, timeout_s: float) -> bool:
+        try:
+            return await self._ctl.wait_frozen(sib, timeout_s)
+        except OSError as exc:
+            if gone(exc):
+                return True  # the sibling ended: nothing left to run
+            raise
+
+    async def _thaw(self, tenants: list[Tenant]) -> None:
+        """Thaw each tenant's cgroup and wait until none reports frozen.
+
+        Never raises: a sibling that cannot be thawed is logged and skipped,
+        so that the others are thawed and the gate reopened all the same.
+        """
+        thawed: list[Tenant] = []
+        for t in tenants:
+            try:
+                self._ctl.thaw(t)
+            except OSError as exc:
+                if not gone(exc):
+                    log.error("GPU %d: cannot thaw tenant %d: %s", self.gpu, t.id, exc)
+                continue
+            thawed.append(t)
+            # FROZEN/FREEZING -> THAWING -> RUNNING
+            if tenant_state(t, (states.FROZEN, states.FREEZING), states.THAWING):
+                tenant_state(t, states.THAWING, states.RUNNING)
+        deadline = time.monotonic() + max(1.0, self._cfg.freeze_timeout_s)
+        for t in thawed:
+            while time.monotonic() < deadline:
+                try:
+                    if not self._ctl.is_frozen(t):
+                        break
+                except OSError:
+                    break  # gone
+                await asyncio.sleep(0.0005)

@@ -1,0 +1,50 @@
+"""Steps 3 and 8 on the gate: drain the siblings, reopen bound to (holder, epoch).
+
+Step 2 (close) is one call inside the entry (``krexd.coordinator.entry``).
+Without ``libkrex_gate.so`` there is no gate: both steps are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from krexd.coordinator.base import CoordinatorBase
+from krexd.errors import Code, KrexError
+from krexd.gate import GateError, GateTimeout
+from krexd.tenants import Tenant
+
+#: One logger for the package: its lines read as they did from one module.
+log = logging.getLogger("krexd.coordinator")
+
+
+class GateSteps(CoordinatorBase):
+    """Drain (step 3) and reopen (step 8) through the ``RegionGate``."""
+
+    async def _drain(self, holder: Tenant, epoch: int) -> None:
+        """Step 3: wait for every sibling registration to acknowledge ``epoch`` (bounded)."""
+        if self._gate is None:
+            return
+        timeout_s = self._cfg.drain_timeout_s
+        try:
+            # wait_drained blocks in C with the GIL released: run it off the loop.
+            await asyncio.to_thread(self._gate.drain, holder.id, epoch, timeout_s)
+        except GateTimeout as exc:
+            raise KrexError(
+                Code.DRAIN_TIMEOUT,
+                f"drain of GPU {self.gpu} timed out after {self._cfg.drain_timeout_s:g} s; "
+                f"not drained: {exc.describe()}",
+            ) from None
+        except GateError as exc:
+            raise KrexError(Code.INTERNAL, f"gate of GPU {self.gpu}: {exc}") from None
+
+    def _reopen_gate(self, holder: int, epoch: int) -> None:
+        if self._gate is None:
+            return
+        try:
+            self._gate.reopen(holder, epoch)
+        except GateError as exc:
+            # Bound to (holder, epoch): a stale reopen must not open a newer region.
+            log.error(
+                "GPU %d: reopen for tenant %d epoch %d refused: %s", self.gpu, holder, epoch, exc
+            )

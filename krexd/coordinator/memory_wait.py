@@ -1,0 +1,75 @@
+"""Before step 2: the holder's expected memory must fit in what its siblings leave free.
+
+The lock is held (FIFO kept) while the entry waits, bounded, for the
+siblings (still running) to free memory; it fails at once when the need can
+never fit (``RegionMemory``, docs/design/memory.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from krexd.coordinator.base import CoordinatorBase
+from krexd.coordinator.records import RegionRequest
+from krexd.errors import Code, KrexError
+from krexd.tenants import Tenant
+
+#: One logger for the package: its lines read as they did from one module.
+log = logging.getLogger("krexd.coordinator")
+
+
+class MemoryWait(CoordinatorBase):
+    """The memory check and wait of region entry (``RegionMemory``)."""
+
+    async def _wait_for_memory(self, holder: Tenant, request: RegionRequest) -> None:
+        """Before step 2, with the lock held (FIFO kept): the holder's expected memory
+        must fit in what its siblings leave free, or the region would begin into an
+        out-of-memory error its frozen siblings cause.
+
+        Waits up to ``RegionMemory.wait_s`` for the siblings (still running) to free
+        memory, then proceeds: the expectation is an estimate, and an error inside
+        the region is attributed to the co-tenants anyway (exit 75).  Raises
+        ``KrexError(REGION_NO_MEMORY)`` at once when the need exceeds what the card
+        can ever give it, ``KrexError(CANCELLED)`` when the tenant gives up or ends.
+        """
+        if self._memory is None:
+            return
+        fit = self._memory.check(holder, self._siblings(holder))
+        if fit is None or fit.fits:
+            return
+        deadline = time.monotonic() + self._memory.wait_s
+        self._mem_waiting = holder.id
+        self.memory_waits += 1
+        try:
+            while fit is not None and not fit.fits:
+                if fit.never:
+                    raise KrexError(
+                        Code.REGION_NO_MEMORY,
+                        f"GPU {self.gpu}: tenant {holder.id} expects {_gib(fit.need)} in its "
+                        f"region, more than the {_gib(fit.total - fit.other)} the card can give "
+                        f"it ({_gib(fit.total)} total, {_gib(fit.other)} held by processes krex "
+                        "does not run)",
+                    )
+                if request.cancelled:
+                    raise KrexError(Code.CANCELLED, f"tenant {holder.id} cancelled its region")
+                if time.monotonic() >= deadline:
+                    log.warning(
+                        "GPU %d: tenant %d enters its region expecting %s while its siblings "
+                        "leave %s free (waited %g s)",
+                        self.gpu,
+                        holder.id,
+                        _gib(fit.need),
+                        _gib(fit.free),
+                        self._memory.wait_s,
+                    )
+                    return
+                await asyncio.sleep(0.02)
+                fit = self._memory.check(holder, self._siblings(holder))
+        finally:
+            self._mem_waiting = None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB"

@@ -1,0 +1,69 @@
+"""The records of the region protocol: a granted ``Region``, a ``RegionRequest``.
+
+A request is recorded from its arrival to its region's end (its stage:
+``QUEUED``, ``ENTERING``, ``HELD``); a ``Region`` is bound to one holder and
+epoch, so that recovery ends that region and never a newer one.
+``tenant_state`` moves a tenant along the lifecycle edges the protocol
+drives (``krexd.states``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from krexd import states
+from krexd.isolation import Watch
+from krexd.tenants import Tenant
+
+
+@dataclass(eq=False)
+class Region:
+    """One granted critical region (identity matters: recovery is bound to it)."""
+
+    tenant: Tenant
+    epoch: int
+    pid: int
+    tid: int
+    requested_at: float  # monotonic s, when region_enter arrived
+    granted_at: float  # monotonic s
+    siblings: list[Tenant] = field(default_factory=list)  # frozen by this region
+    ended: bool = False
+    end_reason: str = ""
+    holder_watch: Watch | None = None  # fires when the holder's process exits
+    timer: asyncio.TimerHandle | None = None
+    adopted: bool = False  # from a crashed krexd's state, its grant maybe never delivered
+
+
+# Stages of a region request (``RegionRequest.stage``).
+QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
+ENTERING = "entering"  # steps 2-5 in progress
+HELD = "held"  # granted: a Region exists
+
+
+@dataclass(eq=False)
+class RegionRequest:
+    """One tenant's region request, recorded from its arrival until its region ends.
+
+    ``region_cancel`` and recovery act on this record, so a request is never
+    found nowhere (the window between the lock's hand-over and the waiter's
+    resumption) nor twice (a second ``region_enter`` is refused while one is
+    recorded).
+    """
+
+    tenant: int
+    stage: str = QUEUED
+    cancelled: bool = False
+
+
+def tenant_state(tenant: Tenant, old: str | tuple[str, ...], new: str) -> bool:
+    """Move ``tenant`` from ``old`` to ``new`` if it is in ``old``; True when it moved.
+
+    Tenants not yet running their command (ADMITTED) or already EXITED keep
+    their lifecycle state: the coordinator freezes their cgroup all the same.
+    """
+    olds = (old,) if isinstance(old, str) else old
+    if tenant.state not in olds:
+        return False
+    states.change_state(tenant, new)
+    return True

@@ -1,0 +1,153 @@
+"""``Gate``: one GPU's gate as krexd holds it: the gate word, steps 2, 3 and 8."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import time
+
+from krexd.gate.binding import PendingC, check_id
+from krexd.gate.errors import GateBusy, GateError, GateStale, GateTimeout
+from krexd.gate.slotmem import GateSlotMemory
+from krexd.gate.slots import SlotInfo
+
+# The first slice of a drain before pending owners are judged (s), then the
+# period of judgements while a drain waits.
+_FIRST_JUDGE_S = 0.001
+_JUDGE_PERIOD_S = 0.005
+
+
+class Gate(GateSlotMemory):
+    """One GPU's gate as krexd holds it.  Build with :meth:`create`.
+
+    ``judge`` (optional) verifies the owners of registrations still pending
+    in a drain; those it rejects are skipped from then on (:meth:`ignore`).
+    """
+
+    # -- the region protocol ---------------------------------------------
+
+    def close(self, holder: int, epoch: int) -> None:
+        """Step 2: close the gate for tenant ``holder`` with a new ``epoch`` (both > 0).
+
+        Raises GateBusy when the gate is not open.
+        """
+        check_id("holder", holder)
+        check_id("epoch", epoch)
+        with self._mapped() as h:
+            rc = self._lib.krex_coord_close(h, holder, epoch)
+        if rc == -errno.EBUSY:
+            raise GateBusy(f"gate {self.path} is not open (held: {self.word})", errno.EBUSY)
+        if rc != 0:
+            raise GateError(f"close of gate {self.path}: {os.strerror(-rc)}", -rc)
+
+    def drain(self, holder: int, epoch: int, timeout_s: float) -> None:
+        """Step 3: block until every sibling registration acknowledged ``epoch``, idle.
+
+        Siblings are the active and exiting slots of attached tenants other
+        than ``holder`` (an exiting one needs no acknowledgement, only nothing
+        in flight); owners that :attr:`judge` rejects (gone, exec'd, not the
+        tenant's) are skipped.  Raises GateTimeout (with ``pending``) after
+        ``timeout_s`` seconds, GateStale if the gate no longer holds
+        (holder, epoch).  Blocks without the GIL: call it from a worker
+        thread.
+        """
+        check_id("holder", holder)
+        check_id("epoch", epoch)
+        if timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, not {timeout_s}")
+        deadline = time.monotonic() + timeout_s
+        slice_s = _FIRST_JUDGE_S
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            last = left <= slice_s
+            pending = self._wait(holder, epoch, left if last else slice_s)
+            if pending is None:
+                return
+            slots = self._pending_slots(pending)
+            if self.judge is not None:
+                alive = []
+                for s in slots:
+                    if self.judge(s):
+                        alive.append(s)
+                    else:
+                        self.ignore(s)
+                slots = alive
+            if last and slots:
+                raise GateTimeout(
+                    f"gate {self.path}: {len(slots)} registration(s) not drained for "
+                    f"epoch {epoch} after {timeout_s:g} s",
+                    slots,
+                )
+            slice_s = _JUDGE_PERIOD_S
+
+    def _wait(self, holder: int, epoch: int, timeout_s: float) -> list[tuple[int, int, int]] | None:
+        """One C wait; None when drained, else the pending (tenant, index, owner)."""
+        cap = self._capacity()
+        pending = (PendingC * cap)()
+        npending = ctypes.c_uint32(0)
+        timeout_ns = min(int(timeout_s * 1e9), 2**62)
+        with self._mapped() as h:
+            rc = self._lib.krex_coord_wait_drained(
+                h, holder, epoch, timeout_ns, pending, cap, ctypes.byref(npending)
+            )
+        if rc == 0:
+            return None
+        if rc == -errno.ETIMEDOUT:
+            return [(p.tenant, p.index, p.owner) for p in pending[: npending.value]]
+        if rc == -errno.ESTALE:
+            raise GateStale(
+                f"gate {self.path} no longer holds tenant {holder} epoch {epoch}", errno.ESTALE
+            )
+        raise GateError(f"drain on gate {self.path}: {os.strerror(-rc)}", -rc)
+
+    def _pending_slots(self, pending: list[tuple[int, int, int]]) -> list[SlotInfo]:
+        """The snapshots of the pending registrations still owned as they were pending."""
+        want = set(pending)
+        return [s for s in self.slots() if (s.tenant, s.index, s.owner) in want]
+
+    def wait_drained(self, holder: int, epoch: int, timeout_s: float) -> list[SlotInfo]:
+        """:meth:`drain`, then the sibling registrations that acknowledged ``epoch``."""
+        self.drain(holder, epoch, timeout_s)
+        return [
+            s
+            for s in self.slots()
+            if s.state == "active" and s.tenant != holder and s.ack_epoch == epoch
+        ]
+
+    def reopen(self, holder: int, epoch: int) -> None:
+        """Step 8: reopen the gate if it still holds (holder, epoch).
+
+        Raises GateStale otherwise (a late recovery of an older region).
+        """
+        check_id("holder", holder)
+        check_id("epoch", epoch)
+        with self._mapped() as h:
+            rc = self._lib.krex_coord_reopen(h, holder, epoch)
+        if rc == -errno.ESTALE:
+            raise GateStale(
+                f"gate {self.path} does not hold tenant {holder} epoch {epoch} (held: {self.word})",
+                errno.ESTALE,
+            )
+        if rc != 0:
+            raise GateError(f"reopen of gate {self.path}: {os.strerror(-rc)}", -rc)
+
+    # -- the gate word and epoch ---------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The last epoch krexd requested on this gate (acknowledgements after it are forged)."""
+        with self._mapped() as h:
+            return int(self._lib.krex_coord_epoch(h))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Seed :attr:`epoch` (after a restart: the epochs krexd continues from)."""
+        with self._mapped() as h:
+            self._lib.krex_coord_set_epoch(h, epoch & 0xFFFF_FFFF)
+
+    @property
+    def word(self) -> tuple[int, int] | None:
+        """``(holder, epoch)`` while the gate is closed, None while it is open."""
+        with self._mapped() as h:
+            w = int(self._lib.krex_coord_word(h))
+        return None if w == 0 else (w & 0xFFFF_FFFF, w >> 32)

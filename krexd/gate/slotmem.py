@@ -1,0 +1,93 @@
+"""The tenants' slot memories on a gate: attach, detach, ignore, snapshots, audit."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from krexd.gate.binding import TENANT_SLOTS, FindingC, SlotInfoC, check_id
+from krexd.gate.errors import GateError
+from krexd.gate.mapping import GateMapping
+from krexd.gate.slots import Finding, SlotInfo
+
+
+class GateSlotMemory(GateMapping):
+    """Each attached tenant's slot memory (read-only) and what krexd reads of it."""
+
+    def attach(self, tenant: int, fd: int) -> None:
+        """Map tenant ``tenant``'s slot memory (read-only) from ``fd``, after checking it.
+
+        ``fd`` is krexd's own open file of the launcher's memfd (the caller
+        keeps and closes it).  Raises GateError: EPERM (not a memfd sealed
+        against shrinking, growing and sealing), EPROTO (wrong size,
+        layout or tenant), EEXIST, ENOSPC (``MAX_TENANTS`` attached).
+        """
+        check_id("tenant", tenant)
+        with self._mapped() as h:
+            rc = int(self._lib.krex_coord_attach(h, tenant, fd))
+        if rc == 0:
+            with self._mu:
+                self._attached.add(tenant)
+            return
+        if rc != 0:
+            why = {
+                errno.EPERM: "not a memfd sealed against shrinking, growing and sealing",
+                errno.EPROTO: "wrong size, layout or tenant",
+            }.get(-rc, os.strerror(-rc))
+            raise GateError(f"slot memory of tenant {tenant}: {why}", -rc)
+
+    def detach(self, tenant: int) -> None:
+        """Forget tenant ``tenant``'s slot memory (no error if it was not attached)."""
+        with self._mapped() as h:
+            self._lib.krex_coord_detach(h, tenant)
+        with self._mu:
+            self._attached.discard(tenant)
+
+    def _capacity(self) -> int:
+        """Slots of the attached tenants: the size of a snapshot or pending list."""
+        with self._mu:
+            return max(1, len(self._attached)) * TENANT_SLOTS
+
+    def ignore(self, slot: SlotInfo) -> None:
+        """Skip ``slot`` in drains and summaries while its owner stays ``slot.owner``."""
+        with self._mapped() as h:
+            self._lib.krex_coord_ignore(h, slot.tenant, slot.index, slot.owner)
+
+    def audit(self) -> list[Finding]:
+        """Validate every attached slot memory; publish the memory summary; relay frees.
+
+        Returns the states krexd's protocol cannot have produced (the
+        caller ends those tenants).  Cheap (no system call unless a tenant
+        freed memory): krexd runs it every few ms.
+        """
+        out = (FindingC * 64)()
+        with self._mapped() as h:
+            n = int(self._lib.krex_coord_audit(h, out, len(out)))
+        if n < 0:
+            raise GateError(f"audit of gate {self.path}: {os.strerror(-n)}", -n)
+        return [Finding(f.tenant, f.kind, f.index, f.value) for f in out[:n]]
+
+    def slots(self) -> list[SlotInfo]:
+        """A snapshot of every used slot of every attached tenant.
+
+        Fields are read without a lock (relaxed loads): counts may be
+        mutually stale by a few calls.  Raises GateError once unmapped.
+        """
+        return [info.snapshot() for info in self._read_slots()]
+
+    def waiting_for_memory(self) -> list[SlotInfo]:
+        """The slots whose allocation waits for co-tenants' memory now (``oom.waiting``).
+
+        What admission asks before every decision: only those slots are
+        converted.  Raises GateError once unmapped.
+        """
+        return [info.snapshot() for info in self._read_slots() if info.oom_waiting]
+
+    def _read_slots(self) -> list[SlotInfoC]:
+        cap = self._capacity()
+        infos = (SlotInfoC * cap)()
+        with self._mapped() as h:
+            n = int(self._lib.krex_coord_slots(h, infos, cap))
+        if n < 0:
+            raise GateError(f"slots of gate {self.path}: {os.strerror(-n)}", -n)
+        return list(infos[:n])
