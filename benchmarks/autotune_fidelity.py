@@ -3,8 +3,9 @@
 Paper §4.1: an autotuner profiles internally, without marking anything.
 This benchmark starts a private krexd, finds the configuration that
 ``workloads/autotune_matmul.py`` picks when it tunes alone (``--serial``
-runs, one at a time), then runs trials of ``--commands`` copies at once
-through ``krex run``:
+runs, one at a time; the serial winner is the configuration most of them
+picked), then runs trials of ``--commands`` copies at once through
+``krex run``:
 
 * **auto-regions**: ``KREX_AUTOREGION=1`` — every ``do_bench`` the
   autotuner makes runs in a critical region (krex_client.implicit);
@@ -12,9 +13,15 @@ through ``krex run``:
   their measurements share the GPU with the siblings'.
 
 It prints, per mode, how many trials had every command pick the serial
-winner and how many picks matched in all, plus the regions krexd granted.
+winner and how many picks matched in all, plus the regions krexd granted;
+each command's gap between its two fastest configurations; and, from the
+region records (docs/design/region-log.md, one log per mode), the SM clock
+at entry and when each timed region's code began (after the clock
+warm-up), what the warm-up did, and per command the spread of the clocks
+its configurations were timed at.
 
-    python3 benchmarks/autotune_fidelity.py --fake-gpus 0 --trials 10 --unprotected-trials 5
+    python3 benchmarks/autotune_fidelity.py --trials 10 --unprotected-trials 5 \\
+        [--configs wide] [--warm-ms 100] [--warm-kind memset] --json OUT.json
 
 Needs a GPU with PyTorch and Triton, and root (krexd manages cgroups).
 ``KREX_AUTOREGION`` reaches scripts that never import krex_client through
@@ -43,6 +50,9 @@ from region_latency import KREX, _clean_env, _start_krexd, _stop  # noqa: E402
 from krex_client.connection import Connection  # noqa: E402
 
 WORKLOAD = str(REPO / "workloads" / "autotune_matmul.py")
+_MODES = ("auto-regions", "unprotected")
+CONFIG_SETS = ("default", "wide")
+"""``workloads/autotune_matmul.py``'s configuration sets (its second argument)."""
 
 
 def _granted(socket: str) -> int:
@@ -57,23 +67,32 @@ def _granted(socket: str) -> int:
     )
 
 
-def _round(
-    socket: str, n: int, autoregion: bool, size: int, margins: list[float], log: str = ""
-) -> list[str]:
-    """Run ``n`` tuning commands at once; the configuration each picked ('' on failure).
+def gap_pct(ranked: list[list[Any]]) -> float | None:
+    """Gap between the two fastest configurations, percent of the fastest
+    (``ranked``: ``[[ms, config], ...]`` fastest first); None with fewer than two."""
+    if len(ranked) < 2 or not ranked[0][0] > 0:
+        return None
+    return 100.0 * (float(ranked[1][0]) - float(ranked[0][0])) / float(ranked[0][0])
 
-    Appends to ``margins`` each command's gap between its two fastest
-    configurations (percent of the fastest).  With ``log``, every region's
-    record (docs/design/region-log.md) is appended there.
-    """
+
+def _round(
+    socket: str, n: int, autoregion: bool, args: argparse.Namespace, log: str = ""
+) -> list[dict[str, Any]]:
+    """Run ``n`` tuning commands at once; per command ``{pick, pid, gap_pct, ranked}``
+    (``pick`` '' on failure).  With ``log``, every region's record is appended there."""
     env = dict(_clean_env(), KREX_SOCKET=socket)
     if autoregion:
         env["KREX_AUTOREGION"] = "1"
     if log:
         env["KREX_REGION_LOG"] = log
+    if args.warm_ms is not None:
+        env["KREX_REGION_WARM_MS"] = str(args.warm_ms)
+    if args.warm_kind:
+        env["KREX_REGION_WARM_KIND"] = args.warm_kind
+    argv = [sys.executable, WORKLOAD, str(args.size), args.configs]
     procs = [
         subprocess.Popen(
-            [*KREX, "run", "--", sys.executable, WORKLOAD, str(size)],
+            [*KREX, "run", "--", *argv],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -81,37 +100,82 @@ def _round(
         )
         for _ in range(n)
     ]
-    picks = []
+    out_list = []
     for p in procs:
         out, err = p.communicate(timeout=600)
         lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        out_obj = json.loads(lines[-1]) if lines else {}
-        pick = out_obj.get("config", "")
-        ranked = out_obj.get("ranked") or []
-        if len(ranked) >= 2 and ranked[0][0] > 0:
-            margins.append(100.0 * (ranked[1][0] - ranked[0][0]) / ranked[0][0])
-        if not pick:
+        obj = json.loads(lines[-1]) if lines else {}
+        ranked = obj.get("ranked") or []
+        cmd = {"pick": obj.get("config", ""), "pid": obj.get("pid"), "ranked": ranked}
+        cmd["gap_pct"] = gap_pct(ranked)
+        if not cmd["pick"]:
             sys.stderr.write(f"a command failed (exit {p.returncode}): {err[-400:]}\n")
-        picks.append(pick)
-    return picks
+        out_list.append(cmd)
+    return out_list
 
 
-def _summarize_regions(path: str) -> None:
-    """Print what the region records say: count, warnings, SM clock at entry."""
-    if not os.path.exists(path):
-        print("no region records")
-        return
-    recs = [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.startswith("{")]
-    warnings = collections.Counter(w.get("kind") for r in recs for w in r.get("warnings") or [])
-    clocks = sorted(
-        c for r in recs if isinstance(c := (r.get("entry") or {}).get("sm_clock_mhz"), int | float)
+def _spread(values: list[float]) -> dict[str, float] | None:
+    """``{min, median, max, n}`` of ``values``; None when empty."""
+    if not values:
+        return None
+    v = sorted(values)
+    return {"min": v[0], "median": v[len(v) // 2], "max": v[-1], "n": len(v)}
+
+
+def _start_clock(rec: dict[str, Any]) -> Any:
+    """The SM clock when the region's code began: after the warm-up (``warmed``)."""
+    return (rec.get("warmed") or {}).get(
+        "sm_clock_mhz", (rec.get("entry") or {}).get("sm_clock_mhz")
     )
-    print(f"region records: {len(recs)}; warnings: {dict(warnings) or 'none'}")
-    if clocks:
-        print(
-            f"SM clock at entry (MHz): min {clocks[0]}, median {clocks[len(clocks) // 2]}, "
-            f"max {clocks[-1]}"
-        )
+
+
+def region_summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What one mode's region records say (docs/design/region-log.md).
+
+    Keys: ``regions``; ``warnings`` (count per kind); ``entry_mhz`` and
+    ``start_mhz`` (the SM clock at entry, and when the region's code began:
+    :func:`_spread`); ``start_below_pct`` (regions whose code began below 80%
+    and 90% of the maximum); ``warmup`` (``kind`` and ``stop`` counts, ``ms``
+    spread); ``per_command_start_spread_mhz`` (per holder process, the
+    highest start clock minus the lowest: how far apart the clocks its
+    configurations were timed at lie).
+    """
+    num = (int, float)
+    entry = [c for r in recs if isinstance(c := (r.get("entry") or {}).get("sm_clock_mhz"), num)]
+    start = [c for r in recs if isinstance(c := _start_clock(r), num)]
+    tops = [
+        t for r in recs if isinstance(t := (r.get("device") or {}).get("sm_clock_max_mhz"), num)
+    ]
+    top = max(tops) if tops else None
+    by_pid: dict[Any, list[float]] = collections.defaultdict(list)
+    for r in recs:
+        if isinstance(c := _start_clock(r), num):
+            by_pid[r.get("pid")].append(c)
+    warm = [r.get("warmup") or {} for r in recs]
+    return {
+        "regions": len(recs),
+        "warnings": dict(
+            collections.Counter(w.get("kind") for r in recs for w in r.get("warnings") or [])
+        ),
+        "sm_clock_max_mhz": top,
+        "entry_mhz": _spread(entry),
+        "start_mhz": _spread(start),
+        "start_below_pct": {
+            str(pct): sum(c < pct / 100 * top for c in start) if top else None for pct in (80, 90)
+        },
+        "warmup": {
+            "kind": dict(collections.Counter(w.get("kind", "?") for w in warm)),
+            "stop": dict(collections.Counter(w.get("stop", "?") for w in warm)),
+            "ms": _spread([float(w["ms"]) for w in warm if w.get("ms")]),
+        },
+        "per_command_start_spread_mhz": _spread([max(c) - min(c) for c in by_pid.values()]),
+    }
+
+
+def _read_records(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.startswith("{")]
 
 
 def _interleave(protected: int, unprotected: int) -> list[str]:
@@ -127,51 +191,62 @@ def _interleave(protected: int, unprotected: int) -> list[str]:
     return plan
 
 
-def main() -> int:
-    """Serial reference, then alternating trials of both modes; prints a table."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--commands", type=int, default=8)
     ap.add_argument("--trials", type=int, default=10, help="trials with auto-regions")
     ap.add_argument("--unprotected-trials", type=int, default=5)
     ap.add_argument("--serial", type=int, default=3, help="tuning runs alone, for the reference")
     ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument(
+        "--configs", choices=CONFIG_SETS, default="default", help="the workload's config set"
+    )
+    ap.add_argument("--warm-ms", type=float, default=None, help="KREX_REGION_WARM_MS for all")
+    ap.add_argument("--warm-kind", choices=("auto", "memset"), default="")
     ap.add_argument("--fake-gpus", type=int, default=0)
     ap.add_argument("--json", default="")
-    args = ap.parse_args()
-    workdir = tempfile.mkdtemp(prefix="krex-autotune-")
-    krexd, socket = _start_krexd(workdir, args.commands, args.fake_gpus)
-    result: dict[str, Any] = {"commands": args.commands, "size": args.size}
-    try:
-        margins: dict[str, list[float]] = {"serial": [], "auto-regions": [], "unprotected": []}
-        serial = [
-            _round(socket, 1, True, args.size, margins["serial"])[0] for _ in range(args.serial)
-        ]
-        winner, _ = collections.Counter(serial).most_common(1)[0]
-        result.update(serial=serial, winner=winner)
-        modes = {"auto-regions": [], "unprotected": []}
-        regions = {"auto-regions": 0, "unprotected": 0}
-        plan = _interleave(args.trials, args.unprotected_trials)
-        for mode in plan:
-            before = _granted(socket)
-            t = time.monotonic()
-            log = os.path.join(workdir, "regions.jsonl")
-            picks = _round(
-                socket, args.commands, mode == "auto-regions", args.size, margins[mode], log
-            )
-            regions[mode] += _granted(socket) - before
-            modes[mode].append(picks)
-            hits = sum(p == winner for p in picks)
-            print(
-                f"{mode:13s} {hits}/{len(picks)} picked the serial winner "
-                f"({time.monotonic() - t:.0f} s)",
-                flush=True,
-            )
-        result["trials"] = modes
-        result["regions"] = regions
-        result["margins_pct"] = margins
-    finally:
-        _stop(krexd)
-    print(f"\nserial winner: {winner}  (serial runs: {collections.Counter(serial)})")
+    return ap.parse_args()
+
+
+def _run(args: argparse.Namespace, workdir: str, socket: str) -> dict[str, Any]:
+    """Serial reference, then the interleaved trials; the raw results."""
+    logs = {m: os.path.join(workdir, f"regions-{m}.jsonl") for m in ("serial", *_MODES)}
+    per_command: dict[str, list[list[dict[str, Any]]]] = {"serial": []}
+    for _ in range(args.serial):
+        per_command["serial"].append(_round(socket, 1, True, args, logs["serial"]))
+    serial = [t[0]["pick"] for t in per_command["serial"]]
+    winner, _ = collections.Counter(serial).most_common(1)[0]
+    regions = dict.fromkeys(_MODES, 0)
+    for mode in _MODES:
+        per_command[mode] = []
+    for mode in _interleave(args.trials, args.unprotected_trials):
+        before, t = _granted(socket), time.monotonic()
+        cmds = _round(socket, args.commands, mode == "auto-regions", args, logs[mode])
+        regions[mode] += _granted(socket) - before
+        per_command[mode].append(cmds)
+        hits = sum(c["pick"] == winner for c in cmds)
+        print(
+            f"{mode:13s} {hits}/{len(cmds)} picked the serial winner "
+            f"({time.monotonic() - t:.0f} s)",
+            flush=True,
+        )
+    return {
+        "serial": serial,
+        "winner": winner,
+        "trials": {m: [[c["pick"] for c in t] for t in per_command[m]] for m in _MODES},
+        "regions": regions,
+        "margins_pct": {
+            m: [c["gap_pct"] for t in trials for c in t if c["gap_pct"] is not None]
+            for m, trials in per_command.items()
+        },
+        "per_command": per_command,
+        "region_summary": {m: region_summary(_read_records(p)) for m, p in logs.items()},
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    winner = result["winner"]
+    print(f"\nserial winner: {winner}  (serial runs: {collections.Counter(result['serial'])})")
     header = ("mode", "trials", "all picked it", "picks matching", "regions")
     print("{:13s} {:>6s} {:>13s} {:>15s} {:>8s}".format(*header))
     for mode, trials in result["trials"].items():
@@ -182,14 +257,62 @@ def main() -> int:
             f"{mode:13s} {len(trials):6d} {all_ok:>10d}/{len(trials):<2d} "
             f"{picks:>10d}/{total:<4d} {result['regions'][mode]:8d}"
         )
-    for mode, m in result.get("margins_pct", {}).items():
-        if m:
-            m = sorted(m)
-            print(
-                f"{mode:13s} gap between the two fastest configurations: median "
-                f"{m[len(m) // 2]:.2f}%, min {m[0]:.2f}%, max {m[-1]:.2f}%"
-            )
-    _summarize_regions(os.path.join(workdir, "regions.jsonl"))
+    print("\ngap between each command's two fastest configurations (% of the fastest):")
+    for mode, trials in result["per_command"].items():
+        gaps = [
+            f"{c['gap_pct']:.2f}{'' if c['pick'] == winner else '*'}"
+            for t in trials
+            for c in t
+            if c["gap_pct"] is not None
+        ]
+        s = _spread([c["gap_pct"] for t in trials for c in t if c["gap_pct"] is not None])
+        if s:
+            print(f"  {mode:13s} median {s['median']:.2f}, min {s['min']:.2f}, max {s['max']:.2f}")
+            print(f"  {'':13s} per command (* missed the winner): {' '.join(gaps)}")
+    print("\nregion records (SM clock in MHz; start: when the region's code began):")
+    for mode, s in result["region_summary"].items():
+        _print_regions(mode, s)
+
+
+def _print_regions(mode: str, s: dict[str, Any]) -> None:
+    if not s["regions"]:
+        print(f"  {mode:13s} no regions")
+        return
+
+    def fmt(sp: dict[str, float] | None, unit: str = "") -> str:
+        return "n/a" if not sp else f"{sp['min']:g}/{sp['median']:g}/{sp['max']:g}{unit}"
+
+    below = s["start_below_pct"]
+    print(
+        f"  {mode:13s} {s['regions']} regions (max {s['sm_clock_max_mhz']}); "
+        f"entry min/median/max {fmt(s['entry_mhz'])}; start {fmt(s['start_mhz'])}; "
+        f"start below 80%: {below['80']}, below 90%: {below['90']}"
+    )
+    w = s["warmup"]
+    print(
+        f"  {'':13s} warm-up kinds {w['kind']}, stops {w['stop']}, ms {fmt(w['ms'])}; "
+        f"per-command start-clock spread {fmt(s['per_command_start_spread_mhz'])}; "
+        f"warnings {s['warnings'] or 'none'}"
+    )
+
+
+def main() -> int:
+    """Serial reference, then alternating trials of both modes; prints a table."""
+    args = _args()
+    workdir = tempfile.mkdtemp(prefix="krex-autotune-")
+    krexd, socket = _start_krexd(workdir, args.commands, args.fake_gpus)
+    result: dict[str, Any] = {
+        "commands": args.commands,
+        "size": args.size,
+        "configs": args.configs,
+        "warm_ms": args.warm_ms,
+        "warm_kind": args.warm_kind or "auto",
+    }
+    try:
+        result.update(_run(args, workdir, socket))
+    finally:
+        _stop(krexd)
+    _print(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

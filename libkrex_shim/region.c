@@ -17,6 +17,9 @@
  *       synchronizes every context of this process (work left on a private
  *       side stream must not run alongside the siblings once they thaw) and
  *       returns how long that took and the launches made in the region.
+ *   krex_shim_region_launches()
+ *       the launches made since the last krex_shim_region_begin() so far
+ *       (the client subtracts its clock warm-up's from the region's).
  *       When an event was recorded in the region, the stream of the last
  *       one (the timed stream) is synchronized first, then the contexts:
  *   krex_shim_region_other_streams_ns()
@@ -289,6 +292,13 @@ out:
         krex_log(KREX_LOG_WARN, "region %u: L2 flush failed: %d", epoch, (int)r);
     errno = saved;
     return (int)r;
+}
+
+KREX_EXPORT uint64_t krex_shim_region_launches(void)
+{
+    /* Relaxed: a statistic, read by the client's thread between its
+     * region_begin and region_end; it orders nothing else. */
+    return atomic_load_explicit(&krex_launches, memory_order_relaxed);
 }
 
 KREX_EXPORT int krex_shim_region_l2_flushed(void)

@@ -6,9 +6,9 @@ process appends one object to PATH: the region's epoch and timings (wait,
 drain, freeze, in-region, exit synchronization), the device and its SM and
 memory clocks, temperature and power at entry and at exit (NVML, through
 ``pynvml`` when it is importable; a figure NVML cannot give is null, never
-guessed), whether L2 was flushed, the launches in the region, the device
-time of work left on streams other than the timed one, CUDA events recorded
-and timed outside any region, and warnings.
+guessed), what the clock warm-up did, whether L2 was flushed, the launches
+in the region, the device time of work left on streams other than the
+timed one, CUDA events recorded and timed outside any region, and warnings.
 
 Several processes of one command may share PATH: each record is one
 ``write(2)`` of one line to a file opened with ``O_APPEND``, under an
@@ -147,7 +147,9 @@ class Recorder:
         Args:
             figures: epoch, the timings in ms (wait_ms, drain_ms, freeze_ms,
                 entry_ms, warmup_ms, region_ms, sync_ms, thaw_ms),
-                other_streams_ms (or None), launches, l2_flushed.
+                other_streams_ms (or None), launches, l2_flushed, and
+                ``warmup`` (what the clock warm-up did:
+                docs/design/region-log.md).
             entry, exit_: :meth:`sample` after the grant and before the exit.
             events_outside: the shim's (recorded, timed) counts so far.
             warmed: ``{sm_clock_mhz}`` after the clock warm-up

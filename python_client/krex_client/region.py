@@ -6,8 +6,9 @@ for the enclosed code at run time (§4.2).  Under ``krex run`` (``KREX_SOCKET``,
 krexd for the region and returns once this command is the holder: siblings'
 GPU work drained and gated, their processes frozen, this thread on the
 reserved cores.  The shim then flushes L2 in this process's current context,
-and, when the SM clock is cold, keeps the GPU busy until it warms up
-(:mod:`krex_client.warmup`).
+and, when the SM clock is cold, the client keeps the GPU busy until it warms
+up (:mod:`krex_client.warmup`: matmuls through the process's torch, or the
+shim's memsets).
 Leaving it synchronizes this process's own GPU work (so nothing it queued
 runs alongside resumed siblings) and tells krexd to thaw and reopen.
 
@@ -111,6 +112,14 @@ class _Shim:
         if self.warm is not None:
             self.warm.argtypes = [ctypes.c_uint32]
             self.warm.restype = ctypes.c_int
+        self._launches: Any = getattr(lib, "krex_shim_region_launches", None)
+        if self._launches is not None:
+            self._launches.argtypes = []
+            self._launches.restype = ctypes.c_uint64
+
+    def launches(self) -> int | None:
+        """Launches since the last ``region_begin`` so far; None without the shim."""
+        return None if self._launches is None else int(self._launches())
 
     def region_begin(self, epoch: int, l2_flush: bool) -> bool:
         """Step 5, holder side: flush L2 in the current context (paper §4.2).
@@ -196,7 +205,8 @@ class Region:
         holder's own GPU work at exit), launches, l2_flushed (1 when the
         shim flushed L2 at entry, 0 when it did not, whatever the grant
         asked), warmup_ms (the clock warm-up after the grant, inside the
-        region: :mod:`krex_client.warmup`).  All zero outside krex.
+        region: :mod:`krex_client.warmup`).  ``launches`` leaves out the
+        warm-up's own.  All zero outside krex.
         """
         return dict(self._stats)
 
@@ -259,11 +269,13 @@ class Region:
         granted = time.monotonic()
         entry = recorder.sample() if recorder is not None else {}
         warm = warmup.Result(0.0, entry.get("sm_clock_mhz"))
+        warm_launches = 0
         try:
-            warm = self._warm_up(policy, entry)
+            warm, warm_launches = self._warm_up(policy, entry)
             yield
         finally:
             sync_ms, launches = self._shim.region_end()
+            launches = max(0, launches - warm_launches)  # the region's code's own
             exit_ = recorder.sample() if recorder is not None else {}
             reply = self._request(
                 conn,
@@ -282,8 +294,7 @@ class Region:
                 "warmup_ms": warm.ms,
             }
             if recorder is not None:
-                warmed = {"sm_clock_mhz": warm.sm_clock_mhz}
-                self._log(recorder, grant, reply, (entry, warmed, exit_))
+                self._log(recorder, grant, reply, (entry, exit_), (warm, warm_launches, policy))
 
     def _nvml_view(self) -> Nvml:
         """This process's NVML view (opened once per process; all nulls without pynvml)."""
@@ -310,36 +321,48 @@ class Region:
             self._recorder, self._recorder_pid = record.Recorder(path, nvml), os.getpid()
         return self._recorder
 
-    def _warm_up(self, policy: warmup.Policy, entry: dict[str, Any]) -> warmup.Result:
-        """The clock warm-up, inside the region (after the grant and the L2 flush)."""
+    def _warm_up(self, policy: warmup.Policy, entry: dict[str, Any]) -> tuple[warmup.Result, int]:
+        """The clock warm-up, inside the region (after the grant and the L2 flush):
+        its result and the kernel launches it made (matmuls; memsets launch none)."""
         assert self._shim is not None
         first = entry.get("sm_clock_mhz")
-        if policy.budget_ms <= 0 or self._shim.warm is None:
-            return warmup.Result(0.0, first)
+        if policy.budget_ms <= 0:
+            return warmup.Result(0.0, first, first_mhz=first), 0
+        from krex_client import warm_matmul
+
+        matmuls = warm_matmul.for_process() if policy.kind != "memset" else None
+        kind, slice_fn = warmup.choose(policy, self._shim.warm, matmuls)
+        if slice_fn is None:  # no shim and no torch: nothing to warm with
+            return warmup.Result(0.0, first, stop="nothing_to_warm", first_mhz=first), 0
         nvml = self._nvml_view()
         clock = nvml.sm_clock if nvml.nv is not None else None
         if clock is not None and not entry:
             first = clock()  # no region log: the entry clock is read here
         top = nvml.sm_clock_max()
-        result = warmup.warm_up(self._shim.warm, policy, clock, top, first)
+        before = self._shim.launches()
+        result = warmup.warm_up(slice_fn, policy, clock, top, first, kind=kind)
+        after = self._shim.launches()
         if result.error is not None:
             warnings.warn(
-                f"krex_client: clock warm-up at region entry failed (CUresult {result.error})",
+                f"krex_client: {kind} clock warm-up at region entry failed ({result.error})",
                 RuntimeWarning,
                 stacklevel=5,
             )
-        return result
+        launched = after - before if before is not None and after is not None else 0
+        return result, max(0, launched)
 
     def _log(
         self,
         recorder: Recorder,
         grant: dict[str, Any],
         reply: dict[str, Any],
-        samples: tuple[dict[str, Any], dict[str, Any], dict[str, Any]],
+        samples: tuple[dict[str, Any], dict[str, Any]],
+        warm: tuple[warmup.Result, int, warmup.Policy],
     ) -> None:
         """Append this region's record (after the exit: nothing here is timed)."""
         assert self._shim is not None
         st = self._stats
+        result, warm_launches, policy = warm
         figures: dict[str, Any] = {
             "epoch": int(grant["epoch"]),
             **{k: st[k] for k in ("wait_ms", "drain_ms", "freeze_ms", "entry_ms")},
@@ -350,9 +373,21 @@ class Region:
             "other_streams_ms": self._shim.other_streams_ms(),
             "launches": int(st["launches"]),
             "l2_flushed": bool(st["l2_flushed"]),
+            "warmup": {
+                "kind": result.kind,
+                "ms": result.ms,
+                "budget_ms": policy.budget_ms,
+                "slices": result.slices,
+                "launches": warm_launches,
+                "stop": result.stop,
+                "error": result.error,
+                "sm_clock_before_mhz": result.first_mhz,
+                "sm_clock_after_mhz": result.sm_clock_mhz,
+            },
         }
         try:
-            entry, warmed, exit_ = samples
+            entry, exit_ = samples
+            warmed = {"sm_clock_mhz": result.sm_clock_mhz}
             outside = self._shim.events_outside()
             recorder.append(recorder.record(figures, entry, exit_, outside, warmed))
         except OSError as exc:

@@ -95,6 +95,8 @@ def test_fixed_warm_up_runs_inside_the_region_only(krexd_factory: Factory, tmp_p
         assert rec["warmup_ms"] == stats["warmup_ms"]
         assert 30.0 <= rec["warmup_ms"] < 30.0 + SLACK_MS, rec
         assert rec["warmed"] == {"sm_clock_mhz": None} and "cold_clock" not in _kinds(rec)
+        assert rec["warmup"]["kind"] == "memset" and rec["warmup"]["stop"] == "budget"
+        assert rec["warmup"]["launches"] == 0 and rec["launches"] == 1
         # The L2 flush, then the warm-up's memsets, all within the budget.
         assert len(memsets) > 10, memsets
         warm_span_ms = (memsets[-1].end_ns - memsets[1].start_ns) / 1e6
@@ -103,6 +105,8 @@ def test_fixed_warm_up_runs_inside_the_region_only(krexd_factory: Factory, tmp_p
         for m in memsets:
             assert timeline.overlapping(recs, m.start_ns, m.end_ns, exclude_pid=out["pid"]) == []
     assert sum(1 for r in recs if r.pid != out["pid"]) > 50, "the sibling must have launched"
+    # The shim counts launches from each region's begin: one kernel in each.
+    assert out["launches"] == [1, 1, 1]
 
 
 def test_warm_up_stops_once_the_clock_is_warm(krexd_factory: Factory, tmp_path: Path) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from krex_client import implicit
+from krex_client import implicit, warm_matmul, warmup
 from krex_client._timing import use_backend
 from krex_client.region import region
+from tests.client.warmfakes import StandInShim
 
 
 class FakeConnection:
@@ -166,3 +167,21 @@ def clean_autoregion() -> Iterator[None]:
     yield
     sys.meta_path[:] = saved
     implicit._enabled = False
+
+
+@pytest.fixture
+def standin(
+    fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> tuple[StandInShim, FakeConnection]:
+    """A tenant under a :class:`FakeConnection` whose shim is a
+    :class:`~tests.client.warmfakes.StandInShim`, with fresh NVML and region-log
+    state, the warm-up's variables unset and no torch in ``sys.modules``."""
+    shim = StandInShim(fake_krex)
+    monkeypatch.setattr(region, "_shim", shim)
+    monkeypatch.setattr(region, "_nvml", None)
+    monkeypatch.setattr(region, "_recorder", None)
+    monkeypatch.setattr(warm_matmul, "_cached", None)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    for var in (warmup.PCT_VAR, warmup.MS_VAR, warmup.KIND_VAR):
+        monkeypatch.delenv(var, raising=False)
+    return shim, fake_krex

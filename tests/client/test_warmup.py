@@ -12,42 +12,15 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from krex_client import warmup
 from krex_client.region import region
 from tests.client.conftest import FakeConnection
-
-
-class Gpu:
-    """A fake clock (s) and SM clock: ``warm(us)`` advances the time by ``us``
-    and, after ``warm_after_us`` of warming, the SM clock reads its maximum."""
-
-    def __init__(self, warm_after_us: int | None = None, cold_mhz: int = 990) -> None:
-        self.t = 100.0
-        self.warmed_us = 0
-        self.slices: list[int] = []
-        self.warm_after_us = warm_after_us
-        self.cold_mhz = cold_mhz
-
-    def now(self) -> float:
-        return self.t
-
-    def warm(self, us: int) -> int:
-        self.slices.append(us)
-        self.t += us / 1e6
-        self.warmed_us += us
-        return us
-
-    def clock(self) -> int:
-        if self.warm_after_us is not None and self.warmed_us >= self.warm_after_us:
-            return 1980
-        return self.cold_mhz
+from tests.client.warmfakes import Gpu, StandInShim, fake_pynvml
 
 
 def test_a_cold_clock_is_warmed_in_slices_within_the_budget() -> None:
@@ -65,7 +38,7 @@ def test_the_warm_up_stops_when_the_clock_is_warm() -> None:
     # Warm at entry (90% of 1980 is 1782): nothing runs.
     gpu = Gpu()
     assert warmup.warm_up(gpu.warm, warmup.Policy(), gpu.clock, 1980, 1800, gpu.now) == (
-        warmup.Result(0.0, 1800)
+        warmup.Result(0.0, 1800, stop="warm_at_entry", first_mhz=1800)
     )
     assert gpu.slices == []
     # A lower threshold: 990 MHz is 50% of the maximum.
@@ -75,7 +48,9 @@ def test_the_warm_up_stops_when_the_clock_is_warm() -> None:
 
 def test_without_nvml_only_an_explicit_budget_warms() -> None:
     gpu = Gpu()
-    assert warmup.warm_up(gpu.warm, warmup.Policy(), now=gpu.now) == warmup.Result(0.0, None)
+    assert warmup.warm_up(gpu.warm, warmup.Policy(), now=gpu.now) == warmup.Result(
+        0.0, None, stop="no_clock"
+    )
     # NVML present but the SM clock unreadable: the same rule.
     assert warmup.warm_up(gpu.warm, warmup.Policy(), lambda: None, 1980, None, gpu.now).ms == 0.0
     assert gpu.slices == []
@@ -95,7 +70,7 @@ def test_a_failed_or_empty_slice_stops_the_warm_up() -> None:
         return -700  # CUDA_ERROR_ILLEGAL_ADDRESS
 
     res = warmup.warm_up(failing, warmup.Policy(), gpu.clock, 1980, 990, gpu.now)
-    assert calls == [2000] and res.error == 700
+    assert calls == [2000] and res.error == "CUresult 700" and res.stop == "failed"
 
     def nothing(us: int) -> int:
         calls.append(us)
@@ -103,13 +78,13 @@ def test_a_failed_or_empty_slice_stops_the_warm_up() -> None:
 
     calls.clear()
     res = warmup.warm_up(nothing, warmup.Policy(), gpu.clock, 1980, 990, gpu.now)
-    assert calls == [2000] and res.error is None
+    assert calls == [2000] and res.error is None and res.stop == "nothing_to_warm"
 
 
 def test_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(warmup.PCT_VAR, raising=False)
     monkeypatch.delenv(warmup.MS_VAR, raising=False)
-    assert warmup.Policy.from_env() == warmup.Policy(90.0, 50.0, explicit=False)
+    assert warmup.Policy.from_env() == warmup.Policy(90.0, 100.0, explicit=False)
     monkeypatch.setenv(warmup.PCT_VAR, "75")
     monkeypatch.setenv(warmup.MS_VAR, "12.5")
     assert warmup.Policy.from_env() == warmup.Policy(75.0, 12.5, explicit=True)
@@ -120,64 +95,12 @@ def test_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(warmup, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert warmup.Policy.from_env() == warmup.Policy(90.0, 50.0, explicit=False)
+        assert warmup.Policy.from_env() == warmup.Policy(90.0, 100.0, explicit=False)
         warmup.Policy.from_env()
     assert sorted(str(w.message).split("=")[0] for w in caught) == [
         f"krex_client: {warmup.MS_VAR}",
         f"krex_client: {warmup.PCT_VAR}",
     ]  # once each
-
-
-class StandInShim:
-    """The shim's holder-side calls; ``warm`` notes whether krexd had granted."""
-
-    def __init__(self, conn: FakeConnection) -> None:
-        self.conn = conn
-        self.warm_calls: list[tuple[int, bool]] = []
-
-    def region_begin(self, epoch: int, l2_flush: bool) -> bool:
-        return True
-
-    def warm(self, us: int) -> int:
-        self.warm_calls.append((us, self.conn.held))
-        return us
-
-    def region_end(self) -> tuple[float, int]:
-        return 0.0, 0
-
-    def other_streams_ms(self) -> float | None:
-        return None
-
-    def events_outside(self) -> tuple[int, int]:
-        return 0, 0
-
-
-def _pynvml(gpu: Gpu) -> types.ModuleType:
-    nv: Any = types.ModuleType("pynvml")
-    nv.NVML_CLOCK_SM, nv.NVML_CLOCK_MEM, nv.NVML_TEMPERATURE_GPU = 1, 2, 0
-    nv.nvmlInit = lambda: None
-    nv.nvmlDeviceGetHandleByIndex = lambda i: i
-    nv.nvmlDeviceGetHandleByUUID = lambda u: u
-    nv.nvmlDeviceGetName = lambda h: b"NVIDIA H200"
-    nv.nvmlDeviceGetUUID = lambda h: "GPU-1234"
-    nv.nvmlDeviceGetMaxClockInfo = lambda h, c: 1980
-    nv.nvmlDeviceGetClockInfo = lambda h, c: gpu.clock() if c == 1 else 2619
-    nv.nvmlDeviceGetTemperature = lambda h, s: 41
-    nv.nvmlDeviceGetPowerUsage = lambda h: 100_000
-    return nv
-
-
-@pytest.fixture
-def standin(
-    fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
-) -> tuple[StandInShim, FakeConnection]:
-    shim = StandInShim(fake_krex)
-    monkeypatch.setattr(region, "_shim", shim)
-    monkeypatch.setattr(region, "_nvml", None)
-    monkeypatch.setattr(region, "_recorder", None)
-    monkeypatch.delenv(warmup.PCT_VAR, raising=False)
-    monkeypatch.delenv(warmup.MS_VAR, raising=False)
-    return shim, fake_krex
 
 
 def test_a_region_warms_a_cold_clock_after_the_grant(
@@ -197,7 +120,7 @@ def test_a_region_warms_a_cold_clock_after_the_grant(
         return real_warm(us)
 
     monkeypatch.setattr(shim, "warm", warm)
-    monkeypatch.setitem(sys.modules, "pynvml", _pynvml(gpu))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpu))
     monkeypatch.setenv("KREX_REGION_LOG", str(tmp_path / "log"))
     with region.critical():
         assert len(shim.warm_calls) == 3  # before the region's code runs
@@ -218,7 +141,7 @@ def test_a_clock_still_cold_after_the_warm_up_warns(
     tmp_path: Path,
 ) -> None:
     shim, _ = standin
-    monkeypatch.setitem(sys.modules, "pynvml", _pynvml(Gpu()))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(Gpu()))
     monkeypatch.setenv("KREX_REGION_LOG", str(tmp_path / "log"))
     monkeypatch.setenv(warmup.MS_VAR, "3")
     with region.critical():
@@ -238,7 +161,7 @@ def test_no_warm_up_without_nvml_or_when_turned_off(
     with region.critical():
         pass
     assert shim.warm_calls == [] and region.stats()["warmup_ms"] == 0.0
-    monkeypatch.setitem(sys.modules, "pynvml", _pynvml(Gpu()))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(Gpu()))
     monkeypatch.setattr(region, "_nvml", None)
     monkeypatch.setenv(warmup.MS_VAR, "0")
     with region.critical():

@@ -5,9 +5,10 @@ Usage: region_warm.py REGIONS
 Calls the shim's ``krex_shim_region_warm`` once outside any region (it must
 refuse), then enters REGIONS regions, each timing a 0.1 ms kernel, and
 records each region's span (CLOCK_MONOTONIC ns, from just before entering
-to just after leaving: the warm-up lies inside).  Prints
-``{"pid", "outside_rc", "spans", "stats"}`` (``stats``: ``region.stats()``
-of each region).
+to just after leaving: the warm-up lies inside), and the shim's launch
+count (``krex_shim_region_launches``) after the kernel.  Prints
+``{"pid", "outside_rc", "spans", "stats", "launches"}`` (``stats``:
+``region.stats()`` of each region).
 """
 
 from __future__ import annotations
@@ -29,16 +30,25 @@ def main() -> None:
     gpu = fakegpu.init()
     warm = ctypes.CDLL(None).krex_shim_region_warm
     warm.argtypes, warm.restype = [ctypes.c_uint32], ctypes.c_int
+    launches = ctypes.CDLL(None).krex_shim_region_launches
+    launches.argtypes, launches.restype = [], ctypes.c_uint64
     outside_rc = warm(5000)
-    spans, stats = [], []
+    spans, stats, counts = [], [], []
     for _ in range(int(sys.argv[1])):
         start = time.monotonic_ns()
         with region.critical():
             gpu.launch(100_000)
             gpu.synchronize()
+            counts.append(launches())
         spans.append([start, time.monotonic_ns()])
         stats.append(region.stats())
-    out = {"pid": os.getpid(), "outside_rc": outside_rc, "spans": spans, "stats": stats}
+    out = {
+        "pid": os.getpid(),
+        "outside_rc": outside_rc,
+        "spans": spans,
+        "stats": stats,
+        "launches": counts,
+    }
     print(json.dumps(out))
 
 

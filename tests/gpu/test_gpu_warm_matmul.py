@@ -1,0 +1,53 @@
+"""On a real NVIDIA GPU: the compute-bound clock warm-up at region entry.
+
+Skipped without a GPU (``@pytest.mark.gpu``).  Real krexd, the shim
+preloaded by ``krex run --region-log``, PyTorch and pynvml in the
+interpreter running the tests.  ``progs/warm_matmul.py`` idles before each
+of two regions; the second warms with matmuls.  Prints the records (``-s``):
+whether the clock reached the threshold within the budget, and how long it
+took, is the measurement docs/bench/autotune-h200.md asks for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.root, pytest.mark.slow]
+
+PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs", "warm_matmul.py")
+
+
+def test_matmul_warm_up_on_real_nvml(krexd_factory: Any) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("pynvml")
+    k = krexd_factory(fake_gpus=0, slots=2)
+    log = os.path.join(k.workdir, "regions.jsonl")
+    run = subprocess.run(
+        [*k.krex, "run", "--region-log", log, "--", sys.executable, PROG],
+        env=dict(k.env, KREX_REGION_WARM_MS="200"),
+        capture_output=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr.decode()[-4000:]
+    off, on = (json.loads(line) for line in open(log))
+    print(json.dumps([off, on], indent=1))
+    assert off["warmup"]["kind"] == "none" and off["warmup"]["stop"] == "off"
+    warm = on["warmup"]
+    assert warm["budget_ms"] == 200.0 and warm["error"] is None
+    # The same code in both regions: the warm-up's launches are not counted as the region's.
+    assert on["launches"] == off["launches"] >= 5
+    top = on["device"]["sm_clock_max_mhz"]
+    if warm["stop"] == "warm_at_entry":
+        pytest.skip(f"the SM clock did not drop while idle ({warm['sm_clock_before_mhz']} MHz)")
+    assert warm["kind"] == "matmul" and warm["launches"] >= warm["slices"] >= 1
+    assert warm["ms"] < 200.0 + 20.0
+    after = warm["sm_clock_after_mhz"]
+    assert warm["stop"] in ("warm", "budget"), warm
+    if warm["stop"] == "warm":
+        assert after >= 0.9 * top, warm
