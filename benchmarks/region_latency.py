@@ -46,7 +46,7 @@ _HOLDER = textwrap.dedent(
         with region.critical():
             pass
         st = region.stats()
-        lat.append([st["entry_ms"], st["drain_ms"], st["freeze_ms"]])
+        lat.append([st["entry_ms"], st["drain_ms"], st["freeze_ms"], st.get("check_ms", 0.0)])
         time.sleep(0.005)
     print(json.dumps(lat))
     """
@@ -199,6 +199,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
     entry = [x[0] for x in lat]
     drain = [x[1] for x in lat]
     freeze = [x[2] for x in lat]
+    check = [x[3] if len(x) > 3 else 0.0 for x in lat]
     return {
         "siblings": n_siblings,
         "sibling": kind,
@@ -208,6 +209,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
         "drain_p50_ms": _pct(drain, 0.5),
         "freeze_p50_ms": _pct(freeze, 0.5),
         "freeze_p99_ms": _pct(freeze, 0.99),
+        "check_p50_ms": _pct(check, 0.5),
     }
 
 
@@ -230,13 +232,13 @@ def main() -> None:
         sys.exit(f"region_latency: the holder failed ({exc}):\n{exc.stderr.decode()[-2000:]}")
     print(
         f"{'siblings':>8} {'kind':>6} {'n':>5} {'entry p50':>10} {'entry p99':>10} "
-        f"{'drain p50':>10} {'freeze p50':>10} {'freeze p99':>10}  (ms)"
+        f"{'drain p50':>10} {'freeze p50':>10} {'freeze p99':>10} {'check p50':>10}  (ms)"
     )
     for r in rows:
         print(
             f"{r['siblings']:>8} {r['sibling']:>6} {r['regions']:>5} {r['entry_p50_ms']:>10.3f} "
             f"{r['entry_p99_ms']:>10.3f} {r['drain_p50_ms']:>10.3f} {r['freeze_p50_ms']:>10.3f} "
-            f"{r['freeze_p99_ms']:>10.3f}"
+            f"{r['freeze_p99_ms']:>10.3f} {r['check_p50_ms']:>10.3f}"
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -51,13 +51,22 @@ class Identity:
 
 
 def identity(pid: int) -> Identity | None:
-    """Process ``pid``'s identity, or None when it is gone or a zombie."""
+    """Process ``pid``'s identity, or None when it is gone or a zombie.
+
+    Reads ``/proc/<pid>/stat`` every time; the namespace half (``NSpid``, the
+    namespace inode) is read once per process, keyed by (pid, start time),
+    since a process never changes pid namespace.  The fail-closed check of
+    every region entry calls this for each sibling process on the GPU.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
         if fields[0] in (b"Z", b"X"):
             return None
         start = int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+        known = _NS_CACHE.get(pid)
+        if known is not None and known[0] == start:
+            return Identity(pid, known[1], known[2], start)
         nspid = pid
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
@@ -67,7 +76,15 @@ def identity(pid: int) -> Identity | None:
         pidns = os.stat(f"/proc/{pid}/ns/pid").st_ino
     except (OSError, IndexError, ValueError):
         return None
+    if len(_NS_CACHE) >= _NS_CACHE_MAX:
+        _NS_CACHE.clear()  # pids of gone processes: simply start over
+    _NS_CACHE[pid] = (start, nspid, pidns)
     return Identity(pid, nspid, pidns, start)
+
+
+#: pid -> (start ticks, NSpid, pid namespace inode), for :func:`identity`.
+_NS_CACHE: dict[int, tuple[int, int, int]] = {}
+_NS_CACHE_MAX = 65536
 
 
 def image_mapped(pid: int, image: int) -> bool:

@@ -4,10 +4,11 @@ Request: tenant + token; body ``{"pid": int, "tid": int}`` — the requesting
 process (must be in the tenant's cgroup) and its submitting thread (a Linux
 thread id of that process, pinned to the reserved cores).
 Reply body: ``{"epoch": int, "gpu": int, "reserved_cores": [int], "l2_flush": bool,
-"wait_ms": float, "entry_ms": float, "drain_ms": float, "freeze_ms": float}``
-— ms: ``wait_ms`` waiting for the region lock, ``entry_ms`` from the request
-to the grant (``wait_ms`` included), ``drain_ms`` and ``freeze_ms`` steps 3
-and 4.
+"wait_ms": float, "entry_ms": float, "drain_ms": float, "freeze_ms": float,
+"check_ms": float}`` — ms: ``wait_ms`` waiting for the region lock,
+``entry_ms`` from the request to the grant (``wait_ms`` included),
+``drain_ms`` and ``freeze_ms`` steps 3 and 4, ``check_ms`` the fail-closed
+check that ends step 4 (part of ``freeze_ms``).
 
 The reply comes once the region is established (paper §4.2 steps 1-5): the
 request is parked server-side in FIFO order while another tenant holds the

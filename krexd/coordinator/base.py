@@ -60,6 +60,7 @@ class CoordinatorBase:
         self._epoch = 0
         self._last_drain_ms = 0.0
         self._last_freeze_ms = 0.0
+        self._last_check_ms = 0.0  # the fail-closed check's share of _last_freeze_ms
         self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")
         self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
         self.stats = RegionStats()

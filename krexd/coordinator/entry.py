@@ -37,7 +37,8 @@ class Entry(Ending, MemoryWait, FailClosed):
             ``{epoch, gpu, reserved_cores, l2_flush, wait_ms, entry_ms,
             drain_ms, freeze_ms}``; times in ms: ``wait_ms`` in the FIFO
             (step 1), ``entry_ms`` from the request to the grant (steps
-            1-5), ``drain_ms`` step 3, ``freeze_ms`` step 4.
+            1-5), ``drain_ms`` step 3, ``freeze_ms`` step 4 (with the
+            fail-closed check after it, ``check_ms``).
 
         Raises:
             KrexError: NESTED_REGION (tenant already holds or waits),
@@ -111,6 +112,7 @@ class Entry(Ending, MemoryWait, FailClosed):
             "entry_ms": wait_ms + establish_ms,
             "drain_ms": self._last_drain_ms if epoch else 0.0,
             "freeze_ms": self._last_freeze_ms if epoch else 0.0,
+            "check_ms": self._last_check_ms if epoch else 0.0,
         }
 
     async def _establish(self, tenant: Tenant, pid: int, tid: int, requested_at: float) -> Region:
@@ -136,7 +138,9 @@ class Entry(Ending, MemoryWait, FailClosed):
             self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
             t = time.monotonic()
             await self._freeze(self._siblings(tenant), frozen)
+            t_check = time.monotonic()
             await self._fail_closed(tenant, epoch)
+            self._last_check_ms = (time.monotonic() - t_check) * 1e3
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("frozen")
             # Step 5: the holder's submitting thread gets the reserved cores.

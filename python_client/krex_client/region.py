@@ -185,6 +185,7 @@ class Region:
             "wait_ms": 0.0,
             "drain_ms": 0.0,
             "freeze_ms": 0.0,
+            "check_ms": 0.0,
             "region_ms": 0.0,
             "sync_ms": 0.0,
             "launches": 0.0,
@@ -201,7 +202,8 @@ class Region:
         """Figures of the last region, in ms (launches: a count).
 
         Keys: entry_ms (request to grant), wait_ms (waiting for the region
-        lock), drain_ms, freeze_ms, region_ms (grant to exit), sync_ms (the
+        lock), drain_ms, freeze_ms (with check_ms, krexd's fail-closed check
+        that ends the freeze step), region_ms (grant to exit), sync_ms (the
         holder's own GPU work at exit), launches, l2_flushed (1 when the
         shim flushed L2 at entry, 0 when it did not, whatever the grant
         asked), warmup_ms (the clock warm-up after the grant, inside the
@@ -287,6 +289,7 @@ class Region:
                 "wait_ms": float(grant.get("wait_ms", 0.0)),
                 "drain_ms": float(grant.get("drain_ms", 0.0)),
                 "freeze_ms": float(grant.get("freeze_ms", 0.0)),
+                "check_ms": float(grant.get("check_ms", 0.0)),
                 "region_ms": float(reply.get("region_ms", 0.0)),
                 "sync_ms": sync_ms,
                 "launches": float(launches),

@@ -17,8 +17,11 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
+
+GAP_S = 0.02  # between regions (s)
 
 
 def _mats() -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,11 +33,19 @@ def holder(out: str, regions: int) -> None:
     from krex_client import region
 
     a, b = _mats()
-    for _ in range(10):  # warm-up, cuBLAS heuristics
-        a @ b
-    torch.cuda.synchronize()
+    # Warm-up, the same with and without krex: cuBLAS heuristics, then 1 s of
+    # GEMMs so that the first regions do not start on an idle clock.
+    t_end = time.monotonic() + 1.0
+    while time.monotonic() < t_end:
+        for _ in range(10):
+            a @ b
+        torch.cuda.synchronize()
     times = []
     for _ in range(regions):
+        # The same duty cycle with and without krex (a region's entry takes a
+        # few ms): back-to-back GEMMs alone would hold the GPU at its power cap,
+        # and a run with gaps would then time faster for that reason alone.
+        time.sleep(GAP_S)
         with region.critical():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
