@@ -1,0 +1,129 @@
+"""The fail-closed check (krexd.registrations.RegionGuard) against real processes.
+
+A sibling frozen between its count's increment and the retraction a closed
+gate causes shows ``inflight`` 1, and one that registered after the close
+shows an old ``ack_epoch``: neither can start work, and neither may be
+ended (on the H200 the old rule ended one command in eight of a PyTorch
+corpus with exit 79).  A process with the GPU open and no registration, or
+a registration whose shim image is gone, still is.
+
+Root-free: the "sibling" is a real ``sleep`` with the real shim preloaded
+(pass-through: no krexd), its registration a SlotInfo built from /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from krexd.gate import SlotInfo
+from krexd.registrations import RegionGuard, identity
+
+pytestmark = pytest.mark.needs_build
+
+SHIM = os.path.join(os.path.dirname(__file__), "..", "..", "build", "lib", "libkrex_shim.so")
+EPOCH = 7
+
+
+@dataclass
+class _Cgroup:
+    procs: list[int]
+
+    def pids(self) -> list[int]:
+        return list(self.procs)
+
+
+@dataclass
+class _Tenant:
+    id: int
+    cgroup: _Cgroup = field(default_factory=lambda: _Cgroup([]))
+
+
+def _shim_image(pid: int) -> int:
+    """The shim's image token in ``pid``: its mapping's start | pages (krex_gate.h, shim.c)."""
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            if "libkrex_shim" in line and " r-xp " in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                return lo | ((hi - lo) >> 12)
+    raise AssertionError("the shim is not mapped")
+
+
+@pytest.fixture
+def sibling() -> Iterator[int]:
+    if not os.path.exists(SHIM):
+        pytest.skip("build/lib/libkrex_shim.so is missing: run make")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    p = subprocess.Popen(["sleep", "60"], env={**env, "LD_PRELOAD": os.path.abspath(SHIM)})
+    try:
+        for _ in range(200):  # until the loader has mapped the shim
+            try:
+                _shim_image(p.pid)
+                break
+            except AssertionError:
+                os.sched_yield()
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _slot(pid: int, **kw: Any) -> SlotInfo:
+    who = identity(pid)
+    assert who is not None
+    base: dict[str, Any] = dict(
+        index=0,
+        state="active",
+        pid=who.nspid,
+        tenant=2,
+        inflight=0,
+        ack_epoch=EPOCH,
+        captures=0,
+        gated_calls=1,
+        blocked_calls=0,
+        last_drain_ns=0,
+        start_ticks=who.start_ticks,
+        image=_shim_image(pid),
+        pidns=who.pidns,
+        claimed_tenant=2,
+    )
+    return SlotInfo(**(base | kw))
+
+
+def _unprotected(pid: int, slots: list[SlotInfo]) -> list[str]:
+    tenant = _Tenant(2, _Cgroup([pid]))
+    guard = RegionGuard(lambda: {pid}, lambda: slots)
+    return [u.describe() for u in guard.unprotected([tenant], EPOCH)]  # type: ignore[list-item]
+
+
+def test_a_drained_registration_is_protected(sibling: int) -> None:
+    assert _unprotected(sibling, [_slot(sibling)]) == []
+
+
+def test_frozen_between_increment_and_retraction_is_not_ended(sibling: int) -> None:
+    assert _unprotected(sibling, [_slot(sibling, inflight=1)]) == []
+
+
+def test_registered_after_the_close_and_frozen_before_its_ack_is_not_ended(sibling: int) -> None:
+    assert _unprotected(sibling, [_slot(sibling, ack_epoch=0)]) == []
+
+
+def test_no_registration_is_ended(sibling: int) -> None:
+    found = _unprotected(sibling, [])
+    assert len(found) == 1 and "never registered" in found[0], found
+
+
+def test_a_registration_of_another_image_is_ended(sibling: int) -> None:
+    image = _shim_image(sibling)
+    found = _unprotected(sibling, [_slot(sibling, image=image + (1 << 20))])
+    assert len(found) == 1 and "exec'd another program" in found[0], found
+
+
+def test_a_registration_naming_another_process_is_ended(sibling: int) -> None:
+    found = _unprotected(sibling, [_slot(sibling, start_ticks=1)])
+    assert len(found) == 1 and "never registered" in found[0], found
