@@ -50,6 +50,7 @@ from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
+from krexd.pools import PoolRegistry
 from krexd.quotas import UidCaps
 from krexd.registrations import RegionGuard, Verifier
 from krexd.runtime import RESTARTING, SERVING, STOPPING, Runtime
@@ -77,6 +78,7 @@ class Daemon:
         self.memory: MemoryMonitor | None = None
         self.faults: FaultMonitor | None = None
         self.lifecycle: Lifecycle | None = None
+        self.pools: PoolRegistry | None = None
         self.server: Server | None = None
         self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
         self.verifier = Verifier(self._cgroup_pids)
@@ -153,8 +155,9 @@ class Daemon:
         )
         memory.start()
         region_memory.monitor = memory
+        self.pools = self._pools(cgroups)
         lifecycle = self.lifecycle = Lifecycle(
-            cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
+            cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory, self.pools
         )
         if saved is not None:
             adopt.adopt(
@@ -174,7 +177,19 @@ class Daemon:
             about=self.about,
             status=self.status,
             faults=self.faults,
+            pools=self.pools,
+            check_serving=self.runtime.check_serving,
         )
+
+    def _pools(self, cgroups: CgroupBackend) -> PoolRegistry:
+        """Warm pools (``[warm]``): their cgroup directory, emptied of pools of an earlier krexd."""
+        cfg = self.config
+        pool_cgroups = cgroups.pools(cfg.warm.memory_max)
+        if cfg.warm.enabled:
+            pool_cgroups.prepare()
+            pool_cgroups.sweep(set())
+        poll_s = cfg.daemon.liveness_interval_ms / 1000
+        return PoolRegistry(cfg.warm, pool_cgroups, self.version, poll_s)
 
     def _learned_needs(self) -> LearnedNeeds:
         """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``."""
@@ -341,6 +356,8 @@ class Daemon:
             )
         # Each krex run sees its command end and sends release: answer it with the reason.
         await self._await_releases(ended, 5.0)
+        if self.pools is not None:
+            self.pools.close()
         if self.server is not None:
             await self.server.cancel_requests()
         self._stop_mps()  # after the tenants: no MPS client is left
@@ -385,6 +402,7 @@ class Daemon:
             "pid": self.pid,
             "uptime_s": self.runtime.uptime_s(),
             "retry_tempfail": self.config.memory.retry_tempfail,
+            "warm": self.config.warm.announce(),
         }
 
     def status(self) -> dict[str, Any]:
@@ -412,6 +430,7 @@ class Daemon:
             ),
             "memory": self.memory.settings() if self.memory else None,
             "faults": self.faults.status() if self.faults else None,
+            "warm": self.pools.status() if self.pools is not None else None,
         }
 
 
