@@ -11,7 +11,6 @@ waits until a pool serves a given interpreter, options and environment.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -153,5 +152,3 @@ def wait_for(cond: Any, timeout_s: float = 20.0, what: str = "condition") -> Non
 def source_as_code(path: Path) -> str:
     """A file's source, for ``python -c``."""
     return path.read_text()
-
-

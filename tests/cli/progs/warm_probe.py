@@ -9,7 +9,6 @@ was started; the tests compare a cold run's line with a warm run's.
 
 CGROUP = open("/proc/self/cgroup").read()  # noqa: SIM115 - first thing, before any import
 
-import __main__  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -19,6 +18,8 @@ import stat  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import warnings  # noqa: E402
+
+import __main__  # noqa: E402
 
 
 def _fds() -> dict[str, str]:
