@@ -80,6 +80,7 @@ class Server:
         self.boot = boot
         self.hello = {"ok": True, "key": self.key, "version": self.version, **hello}
         self.listener: socket.socket | None = None
+        self._bound = 0
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, conn)
         self.accepting = True
@@ -100,6 +101,7 @@ class Server:
             os.umask(old)
         listener.listen(64)
         self.listener = listener
+        self._bound = os.stat(self.path).st_ino  # the file is removed at the end only if ours
         self.sel.register(listener, selectors.EVENT_READ, "accept")
         self.sel.register(0, selectors.EVENT_READ, "keeper")
         signal.signal(signal.SIGTERM, self._on_term)
@@ -139,7 +141,7 @@ class Server:
             return
         self.sel.unregister(self.listener)
         try:
-            if os.stat(self.path).st_ino == os.fstat(self.listener.fileno()).st_ino:
+            if os.stat(self.path).st_ino == self._bound:
                 os.unlink(self.path)
         except OSError:
             pass

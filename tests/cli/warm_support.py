@@ -49,10 +49,15 @@ class Pools:
         return self.xdg / "krex"
 
     def run(
-        self, start: str, argv: list[str], env: dict[str, str] | None = None, **kw: Any
+        self,
+        start: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        options: tuple[str, ...] = (),
+        **kw: Any,
     ) -> subprocess.CompletedProcess[str]:
-        """``krex run START -- ARGV`` (``START``: ``--cold``, or ``--warm`` with ``-v``)."""
-        opts = [start, "-v"] if start == "--warm" else [start]
+        """``krex run START [OPTIONS] -- ARGV`` (START: ``--cold``, or ``--warm`` and ``-v``)."""
+        opts = [start, "-v", *options] if start == "--warm" else [start, *options]
         p: subprocess.CompletedProcess[str] = subprocess.run(
             [*self.k.krex, "run", *opts, "--", *argv],
             env=env or self.env,
