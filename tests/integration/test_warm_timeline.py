@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -129,8 +130,6 @@ def test_a_pool_whose_imports_call_the_driver_refuses_to_serve(
 
 
 def _wait_refused(pools: Pools) -> str:
-    import time
-
     deadline = time.monotonic() + 60
     while True:
         found: list[Any] = list(pools.dir.glob("*.refused"))
