@@ -357,7 +357,7 @@ class Daemon:
         # Each krex run sees its command end and sends release: answer it with the reason.
         await self._await_releases(ended, 5.0)
         if self.pools is not None:
-            self.pools.close()
+            await self.pools.close()
         if self.server is not None:
             await self.server.cancel_requests()
         self._stop_mps()  # after the tenants: no MPS client is left

@@ -29,7 +29,10 @@ after the pool, still in the pool's cgroup (not placed before).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -184,8 +187,17 @@ class PoolRegistry:
             _log.debug("pool %d: cgroup not empty yet; removed by a later sweep", pool.pid)
         _log.info("pool %d of uid %d forgotten: %s", pool.pid, pool.uid, why)
 
-    def close(self) -> None:
-        """At shutdown: forget every pool."""
+    async def close(self, grace_s: float = 2.0) -> None:
+        """At shutdown: ask every zygote to end (SIGTERM: it stops accepting, removes its
+        socket and exits), wait up to ``grace_s`` seconds, then forget what is left."""
+        for pool in list(self._pools.values()):
+            try:
+                os.kill(pool.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while self._pools and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         for pool in list(self._pools.values()):
             self.forget(pool, "krexd is stopping")
 

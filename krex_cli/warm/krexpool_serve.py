@@ -81,6 +81,7 @@ class Server:
         self.hello = {"ok": True, "key": self.key, "version": self.version, **hello}
         self.listener: socket.socket | None = None
         self._bound = 0
+        self._wake: tuple[int, int] | None = None
         self.sel = selectors.DefaultSelector()
         self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, conn)
         self.accepting = True
@@ -104,6 +105,12 @@ class Server:
         self._bound = os.stat(self.path).st_ino  # the file is removed at the end only if ours
         self.sel.register(listener, selectors.EVENT_READ, "accept")
         self.sel.register(0, selectors.EVENT_READ, "keeper")
+        # SIGTERM (krexd stopping, or the user): stop accepting at once, not at the next tick.
+        self._wake = os.pipe()
+        for fd in self._wake:
+            os.set_blocking(fd, False)
+        self.sel.register(self._wake[0], selectors.EVENT_READ, "wake")
+        signal.set_wakeup_fd(self._wake[1])
         signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, _sig: int, _frame: object) -> None:
@@ -125,6 +132,8 @@ class Server:
                     command = self._accept()
                     if command is not None:
                         return command
+                elif what == "wake":
+                    os.read(skey.fd, 4096)
                 elif what == "keeper":
                     if not os.read(0, 4096):
                         log("keeper closed the pool (krexd gone, restarted, or keeper ended)")
@@ -218,6 +227,11 @@ class Server:
         garbage collection from closing a number the command reuses.
         """
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        if self._wake is not None:
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
         for pidfd, (_, other) in self.children.items():
             other.close()
             os.close(pidfd)
