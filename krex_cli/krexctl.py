@@ -7,7 +7,9 @@ outcome, then its current, learned and declared memory), the parked queue
 (waiting for a slot or for memory), each GPU's region holder, its gate word
 (``open``, or ``t<holder> e<epoch>`` while closed) and region counts
 (``completed/granted``, then failed and recovered ones), the cgroup backend
-in use, krexd's version and uptime.  ``--json`` prints the ``status`` op's
+in use, krexd's version and uptime, and the warm pools (``krex run --warm``:
+pid, owner, age, commands served, memory, modules, key, interpreter; a user
+sees only their own).  ``--json`` prints the ``status`` op's
 reply as is (keys documented in krexd/control/status.py); when krexd is not
 running or does not answer it prints
 ``{"state": "not running"|"unknown", "socket": PATH, "error": TEXT}``
@@ -158,7 +160,39 @@ def render(st: dict[str, Any]) -> str:
     parked = (st.get("queue") or {}).get("queue", [])
     if parked:
         lines += ["", _parked_table(parked)]
+    if isinstance(st.get("warm"), dict):
+        lines += ["", _pools_section(st["warm"])]
     return "\n".join(lines)
+
+
+def _pools_section(warm: dict[str, Any]) -> str:
+    """``[warm]``'s limits, then one row per warm pool this user may see (root: all)."""
+    cg = warm.get("cgroups") or {}
+    memory = _size_or_dash(warm.get("memory_max") or None)
+    head = (
+        f"warm pools {'on' if warm.get('enabled') else 'off'}: at most "
+        f"{warm.get('max_pools_per_uid')} per user, memory {memory} "
+        f"({cg.get('memory', '-')}), idle {warm.get('idle_s', 0):g} s, "
+        f"modules {', '.join(warm.get('modules') or []) or '-'}"
+    )
+    pools = warm.get("pools") or []
+    if not pools:
+        return head + "\nno warm pools"
+    rows = [["POOL", "UID", "AGE", "COMMANDS", "MEMORY", "MODULES", "KEY", "INTERPRETER"]]
+    for p in pools:
+        rows.append(
+            [
+                str(p.get("pid")),
+                str(p.get("uid")),
+                _duration(p.get("age_s") or 0),
+                str(p.get("commands", 0)),
+                _size_or_dash(p.get("memory_bytes")),
+                ",".join(p.get("modules") or []) or "-",
+                str(p.get("key", ""))[:12],
+                str(p.get("interpreter", "")),
+            ]
+        )
+    return head + "\n" + _table(rows)
 
 
 def _header_lines(st: dict[str, Any]) -> list[str]:

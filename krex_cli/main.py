@@ -2,7 +2,7 @@
 
     krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
              [--retry-tempfail N] [--fault-retries N] [--socket PATH] [--autoregion]
-             [--region-log PATH] -- CMD ARGS...
+             [--region-log PATH] [--warm | --cold] [-v] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
 
 ``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
     )
     _add_run_regions(run)
+    _add_run_start(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     replay_cli.add_parser(sub)
     return p
@@ -185,6 +186,29 @@ def _add_run_regions(run: argparse.ArgumentParser) -> None:
     # -- end of region options --
 
 
+def _add_run_start(run: argparse.ArgumentParser) -> None:
+    """``krex run``'s start options: warm or cold, and what it says about it."""
+    start = run.add_mutually_exclusive_group()
+    start.add_argument(
+        "--warm",
+        action="store_true",
+        help="start a Python CMD (python SCRIPT, -m MODULE, -c CODE) from a warm pool that "
+        "imported krexd's [warm] modules already; anything a pool cannot serve starts "
+        "cold (docs/design/warm.md)",
+    )
+    start.add_argument(
+        "--cold",
+        action="store_true",
+        help="start CMD in a fresh process (the default)",
+    )
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say on stderr how CMD is started (why not warm); also KREX_LOG=debug",
+    )
+
+
 def _region_environ(args: argparse.Namespace) -> None:
     """``--autoregion`` and ``--region-log``: variables CMD inherits (krex run's environment)."""
     if args.autoregion:
@@ -211,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         if not cmd:
             sub.error("needs a command: krex run [options] -- CMD ARGS...")
         from krex_cli.run import run
+        from krex_cli.warm import launch
 
         _region_environ(args)
+        launch.verbose = bool(args.verbose)
         return run(
             cmd,
             args.socket or default_socket(),
@@ -223,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             args.label,
             args.retry_tempfail,
             fault_retries=max(0, args.fault_retries),
+            warm=bool(args.warm) and not args.cold,
         )
     return int(args.func(args))
 

@@ -62,6 +62,8 @@ from typing import Any
 
 from krex_cli import casualty, slotmem
 from krex_cli.reconnect import Reconnecting
+from krex_cli.warm import launch, plan
+from krex_cli.warm.client import UNKNOWN_STATUS
 from krex_client.connection import KrexPermissionDenied, KrexUnavailable, RemoteError
 from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
 
@@ -195,6 +197,7 @@ def run(
     label: str | None = None,
     retry_tempfail: int | None = None,
     fault_retries: int = casualty.DEFAULT_RETRIES,
+    warm: bool = False,
 ) -> int:
     """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code.
 
@@ -202,6 +205,7 @@ def run(
     ``label``: its name for learned needs (None: krexd derives it from ``argv``).
     ``retry_tempfail``: times to run it again after an exit 75 (None: krexd's default).
     ``fault_retries``: re-runs after GPU-wide faults it did not cause (``krex_cli.casualty``).
+    ``warm``: start it from a warm pool when one can (``krex_cli.warm``), else cold.
 
     The layers, outermost first: fault re-runs (``casualty.with_reruns``, which
     may turn later runs exclusive), exit-75 retries (:func:`_retry_tempfail`),
@@ -214,10 +218,13 @@ def run(
         retries = retry_tempfail
         if retries is None:
             retries = int(about.get("retry_tempfail") or 0)
+        pools = plan.Settings.from_ping(about) if warm else None
 
         def attempt(excl: bool) -> int:
             return _retry_tempfail(
-                argv, lambda: _run(conn, argv, gpu, timeout_s, excl, mem_bytes, label), retries
+                argv,
+                lambda: _run(conn, argv, gpu, timeout_s, excl, mem_bytes, label, pools),
+                retries,
             )
 
         return casualty.with_reruns(argv, attempt, exclusive, fault_retries)
@@ -261,6 +268,7 @@ def _run(
     exclusive: bool,
     mem_bytes: int | None = None,
     label: str | None = None,
+    warm: plan.Settings | None = None,
 ) -> int:
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
     if gpu is not None:
@@ -279,7 +287,7 @@ def _run(
     granted.setdefault("env", {})["KREX_ADMIT_MS"] = f"{(time.monotonic() - asked) * 1e3:.3f}"
     tenant = Reconnecting(conn.socket, int(granted["tenant"]), str(granted["token"]), 10.0, _resent)
     try:
-        return _launch(tenant, argv, granted, timeout_s)
+        return _launch(tenant, argv, granted, timeout_s, warm)
     finally:
         tenant.close()
 
@@ -293,8 +301,13 @@ def _resent(op: str) -> None:
 
 
 def _launch(
-    tenant: Reconnecting, argv: list[str], granted: dict[str, Any], timeout_s: float | None
+    tenant: Reconnecting,
+    argv: list[str],
+    granted: dict[str, Any],
+    timeout_s: float | None,
+    warm: plan.Settings | None = None,
 ) -> int:
+    """Start CMD (warm when ``warm`` is given and a pool can, else cold), wait, release."""
     env = tenant_environ(dict(os.environ), {str(k): str(v) for k, v in granted["env"].items()})
     path, err, why = _resolve(argv[0], env)
     if path is None:
@@ -312,6 +325,23 @@ def _launch(
             return ExitCode.SOFTWARE
         env.update(slotmem.environ(slots_fd))
         place["slots_fd"] = slots_fd
+    if warm is not None:
+        ended = launch.attempt(tenant, argv, path, env, granted, place, timeout_s, warm)
+        if ended is not None:
+            return _ended(tenant, argv, ended.status, ended.timed_out, timeout_s)
+    status = _run_cold(tenant, path, argv, env, place, timeout_s)
+    return _ended(tenant, argv, status or 0, status is None, timeout_s)
+
+
+def _run_cold(
+    tenant: Reconnecting,
+    path: str,
+    argv: list[str],
+    env: dict[str, str],
+    place: dict[str, Any],
+    timeout_s: float | None,
+) -> int | None:
+    """Fork, place, exec, wait (steps 3-6): CMD's wait status, None when ``--timeout`` killed it."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -341,10 +371,24 @@ def _launch(
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
-    if status is None:
+    return status
+
+
+def _ended(
+    tenant: Reconnecting, argv: list[str], status: int, timed_out: bool, timeout_s: float | None
+) -> int:
+    """Release the tenant with how CMD ended (wait ``status``); ``krex run``'s exit code."""
+    if timed_out:
         _release(tenant, {"signal": int(signal.SIGKILL)})
         _say(f"timeout: {argv[0]} ran longer than {timeout_s:g} s; killed its process tree")
         return ExitCode.TIMEOUT
+    if status == UNKNOWN_STATUS:
+        _say(
+            f"the warm pool that started {argv[0]} died while it ran: its exit status is "
+            f"unknown (exit {int(ExitCode.SOFTWARE)})"
+        )
+        _release(tenant, {"exit_code": ExitCode.SOFTWARE})
+        return ExitCode.SOFTWARE
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         memory = _memory_record(tenant, 128 + signum)

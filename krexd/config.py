@@ -29,6 +29,7 @@ from krexd.config_values import format_cores as format_cores  # re-exported
 from krexd.config_values import integer as _int
 from krexd.config_values import octal_mode as _mode
 from krexd.config_values import parse_cores as parse_cores  # re-exported
+from krexd.config_values import pattern_list as _pattern_list
 from krexd.config_values import size as _size
 from krexd.config_values import slices_table as _slices
 from krexd.config_values import socket_path as _socket_path
@@ -146,6 +147,58 @@ class MemoryConfig:
     retry_tempfail: int = 0  # default of `krex run --retry-tempfail N`
 
 
+#: ``[warm] key_prefixes`` / ``key_names`` defaults: the environment a framework's import reads.
+WARM_KEY_PREFIXES = (
+    "PYTHON",
+    "TORCH",
+    "PYTORCH",
+    "TRITON",
+    "CUDA",
+    "NCCL",
+    "LD_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "OPENBLAS_",
+    "MALLOC_",
+    "LC_",
+)
+WARM_KEY_NAMES = ("VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES")
+
+
+@dataclass(frozen=True)
+class WarmConfig:
+    """``[warm]``: warm pools for ``krex run --warm`` (docs/design/warm.md).
+
+    ``modules``: what a pool imports before it serves (missing ones are
+    skipped); ``max_pools_per_uid``: pools one user may have at once;
+    ``memory_max``: memory limit of a pool's cgroup (bytes; 0 = none);
+    ``idle_s``: a pool exits after this long without a command;
+    ``key_prefixes`` / ``key_names``: the environment variables a pool is
+    keyed by (a command whose values differ gets another pool).
+    """
+
+    enabled: bool = True
+    modules: tuple[str, ...] = ("torch", "triton")
+    max_pools_per_uid: int = 2
+    memory_max: int = 16 << 30
+    idle_s: float = 600.0
+    key_prefixes: tuple[str, ...] = WARM_KEY_PREFIXES
+    key_names: tuple[str, ...] = WARM_KEY_NAMES
+
+    def announce(self) -> dict[str, Any]:
+        """What ``ping`` tells ``krex run`` (the settings a pool key and a keeper use)."""
+        return {
+            "enabled": self.enabled,
+            "modules": list(self.modules),
+            "idle_s": self.idle_s,
+            "key_prefixes": list(self.key_prefixes),
+            "key_names": list(self.key_names),
+            "max_pools_per_uid": self.max_pools_per_uid,
+            "memory_max": self.memory_max,
+        }
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` is the file it came from ("" for defaults)."""
@@ -158,6 +211,7 @@ class Config:
     shim: ShimConfig = field(default_factory=ShimConfig)
     mps: MpsConfig = field(default_factory=MpsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    warm: WarmConfig = field(default_factory=WarmConfig)
     source: str = ""
 
 
@@ -228,6 +282,20 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "learned_per_uid": _int(1, 1_000_000),
             "region_wait_s": _float_range(0.0, 86400.0),
             "retry_tempfail": _int(0, 100),
+        },
+    ),
+    "warm": (
+        WarmConfig,
+        {
+            "enabled": _bool,
+            "modules": _pattern_list(
+                r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", "module"
+            ),
+            "max_pools_per_uid": _int(1, 1024),
+            "memory_max": _size,
+            "idle_s": _float_range(1.0, 7 * 86400.0),
+            "key_prefixes": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name prefix"),
+            "key_names": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name"),
         },
     ),
 }

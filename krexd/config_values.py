@@ -131,6 +131,23 @@ def cgroup_name(v: Any) -> str:
     return s
 
 
+def pattern_list(pattern: str, what: str, max_items: int = 256) -> Callable[[Any], tuple[str, ...]]:
+    """Checker of a list of strings, each matching ``pattern`` (``what`` names one in errors)."""
+    regex = re.compile(pattern)
+
+    def check(v: Any) -> tuple[str, ...]:
+        if not isinstance(v, list):
+            raise ValueError(f"must be a list of {what}s, got {type(v).__name__}")
+        if len(v) > max_items:
+            raise ValueError(f"has more than {max_items} items")
+        for item in v:
+            if not isinstance(item, str) or not regex.fullmatch(item):
+                raise ValueError(f"{item!r} is not a {what} (must match {pattern})")
+        return tuple(v)
+
+    return check
+
+
 def parse_cores(v: Any) -> tuple[int, ...]:
     """Parse a core list: ``"0-3,8"`` or ``[0, 1, 2]`` -> sorted unique core ids."""
     cores: set[int] = set()

@@ -50,6 +50,7 @@ from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
+from krexd.pools import PoolRegistry
 from krexd.quotas import UidCaps
 from krexd.registrations import RegionGuard, Verifier
 from krexd.runtime import RESTARTING, SERVING, STOPPING, Runtime
@@ -77,6 +78,7 @@ class Daemon:
         self.memory: MemoryMonitor | None = None
         self.faults: FaultMonitor | None = None
         self.lifecycle: Lifecycle | None = None
+        self.pools: PoolRegistry | None = None
         self.server: Server | None = None
         self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
         self.verifier = Verifier(self._cgroup_pids)
@@ -108,6 +110,8 @@ class Daemon:
             about=self.about,
             status=self.status,
             faults=self.faults,
+            pools=self.pools,
+            check_serving=self.runtime.check_serving,
         )
 
     def _discover(self) -> tuple[list[gpus.GpuInfo], dict[int, CpuSlice]]:
@@ -203,8 +207,9 @@ class Daemon:
         )
         memory.start()
         region_memory.monitor = memory
+        self.pools = self._pools(cgroups)
         lifecycle = self.lifecycle = Lifecycle(
-            cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory
+            cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory, self.pools
         )
         return memory, lifecycle
 
@@ -216,6 +221,16 @@ class Daemon:
             # After a restart, fault records in the reopened gates' slots reopen an incident.
             self.faults = FaultMonitor(self.gpus, self.tenants, self.admission, self.mps)
             self.faults.start(self.runtime.spawn)
+
+    def _pools(self, cgroups: CgroupBackend) -> PoolRegistry:
+        """Warm pools (``[warm]``): their cgroup directory, emptied of pools of an earlier krexd."""
+        cfg = self.config
+        pool_cgroups = cgroups.pools(cfg.warm.memory_max)
+        if cfg.warm.enabled:
+            pool_cgroups.prepare()
+            pool_cgroups.sweep(set())
+        poll_s = cfg.daemon.liveness_interval_ms / 1000
+        return PoolRegistry(cfg.warm, pool_cgroups, self.version, poll_s)
 
     def _learned_needs(self) -> LearnedNeeds:
         """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``."""
@@ -382,6 +397,8 @@ class Daemon:
             )
         # Each krex run sees its command end and sends release: answer it with the reason.
         await self._await_releases(ended, 5.0)
+        if self.pools is not None:
+            await self.pools.close()
         if self.server is not None:
             await self.server.cancel_requests()
         self._stop_mps()  # after the tenants: no MPS client is left
@@ -426,6 +443,7 @@ class Daemon:
             "pid": self.pid,
             "uptime_s": self.runtime.uptime_s(),
             "retry_tempfail": self.config.memory.retry_tempfail,
+            "warm": self.config.warm.announce(),
         }
 
     def status(self) -> dict[str, Any]:
@@ -453,6 +471,7 @@ class Daemon:
             ),
             "memory": self.memory.settings() if self.memory else None,
             "faults": self.faults.status() if self.faults else None,
+            "warm": self.pools.status() if self.pools is not None else None,
         }
 
 

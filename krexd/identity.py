@@ -21,7 +21,12 @@ Rules (each refusal is logged with the caller's pid and uid and answered
 
 * ``admit``: the caller is the launcher (:func:`check_launcher_claim`).
 * ``place``: only a direct child of the launcher, with the launcher's uid,
-  started after it (:func:`check_placeable`) — never the launcher itself.
+  started after it (:func:`check_placeable`) — never the launcher itself;
+  or a direct child of a warm pool registered for the launcher's uid, with
+  that uid, started after the pool and still in the pool's cgroup
+  (``krexd.pools``; ``krex run --warm``).
+* ``pool_register``: the zygote is a direct child of the caller (the
+  pool's keeper), with its uid, started after it (:func:`check_child_of`).
 * acting on a tenant (``place``, ``region_enter``, ``region_exit``,
   ``region_cancel``, ``release``, ``memory``): the caller is in the tenant's
   own cgroup, or is its launcher (same pid and start time), and runs as the
@@ -38,13 +43,24 @@ import contextvars
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from krexd.errors import Code, KrexError
 from krexd.procfs import proc_stat, proc_uids
 
 if TYPE_CHECKING:
     from krexd.tenants import Tenant
+
+PoolT = TypeVar("PoolT", covariant=True)
+
+
+class PoolChildren(Protocol[PoolT]):
+    """Which processes are unplaced children of a user's warm pool (``krexd.pools``)."""
+
+    def child_of_pool(self, uid: int, pid: int, ppid: int, start: int) -> PoolT | None:
+        """The pool of ``uid`` whose child ``pid`` is (parent ``ppid``, started at ``start``)."""
+        ...
+
 
 _log = logging.getLogger("krexd.identity")
 
@@ -195,8 +211,11 @@ def authorize(tenant: Tenant, op: str) -> None:
     authorize_tenant_op(tenant, caller(), op)
 
 
-def check_placeable(tenant: Tenant, pid: int) -> None:
-    """``place``: ``pid`` must be a direct child of the launcher, with its uid, started after it.
+def check_placeable(
+    tenant: Tenant, pid: int, pools: PoolChildren[PoolT] | None = None
+) -> PoolT | None:
+    """``place``: ``pid`` must be a direct child of the launcher, with its uid, started after it;
+    or an unplaced child of a warm pool of the launcher's uid (then that pool is returned).
 
     Raises ``KrexError(BAD_FIELD)`` for a process that is gone, and
     ``KrexError(AUTH)`` for anything else (the launcher itself included).
@@ -210,11 +229,37 @@ def check_placeable(tenant: Tenant, pid: int) -> None:
     owner = Caller(tenant.launcher_pid, tenant.uid, tenant.gid, tenant.launcher_start)
     if pid == tenant.launcher_pid:
         raise refuse(owner, f"place: pid {pid} is the launcher itself, not its child")
+    pool = None
     if ppid != tenant.launcher_pid or start < tenant.launcher_start:
-        raise refuse(owner, f"place: pid {pid} is not a child of launcher {tenant.launcher_pid}")
+        pool = pools.child_of_pool(tenant.uid, pid, ppid, start) if pools is not None else None
+        if pool is None:
+            raise refuse(
+                owner,
+                f"place: pid {pid} is not a child of launcher {tenant.launcher_pid} "
+                "nor an unplaced child of a warm pool of its uid",
+            )
     uids = proc_uids(pid)
     if uids is None or any(u != tenant.uid for u in uids):
         raise refuse(owner, f"place: pid {pid} does not run as the launcher's uid {tenant.uid}")
+    return pool
+
+
+def check_child_of(parent: Caller, pid: int, op: str) -> int:
+    """``pid`` must be a direct child of ``parent``, started after it, with its uid (every uid).
+
+    Returns the child's start time; ``KrexError(BAD_FIELD)`` when it is
+    gone, ``KrexError(AUTH)`` otherwise.
+    """
+    stat = proc_stat(pid)
+    if stat is None:
+        raise KrexError(Code.BAD_FIELD, f"pid {pid} does not exist")
+    ppid, start = stat
+    if ppid != parent.pid or start < parent.start_time:
+        raise refuse(parent, f"{op}: pid {pid} is not a child of the caller")
+    uids = proc_uids(pid)
+    if uids is None or any(u != parent.uid for u in uids):
+        raise refuse(parent, f"{op}: pid {pid} does not run as the caller's uid {parent.uid}")
+    return start
 
 
 def pid_start_time(pid: int) -> int:

@@ -37,6 +37,7 @@ from krexd.errors import Code, KrexError
 from krexd.gate import GateError, slot_memory_spec
 from krexd.gpu import Gpu
 from krexd.memory.monitor import MemoryMonitor
+from krexd.pools import PoolRegistry
 from krexd.runtime import STOPPING, Runtime
 from krexd.states import change_state
 from krexd.tenants import PidWatch, Tenant, TenantRegistry
@@ -67,6 +68,7 @@ class Lifecycle:
         admission: slots and parking (park, cancel, release).
         cgroups: creates tenant cgroups.
         memory: memory needs and final memory records.
+        pools: the registered warm pools (``place`` accepts their children), or None.
     """
 
     def __init__(
@@ -78,8 +80,10 @@ class Lifecycle:
         admission: Admission,
         cgroups: TenantCgroups,
         memory: MemoryMonitor,
+        pools: PoolRegistry | None = None,
     ) -> None:
         self._config = config
+        self.pools = pools
         self._runtime = runtime
         self._gpus = gpus
         self._tenants = tenants
@@ -236,7 +240,8 @@ class Lifecycle:
         """Move ``pid`` into the tenant's cgroup(s).
 
         ``pid`` must be a direct child of the tenant's verified launcher, with
-        its uid (``krexd.identity.check_placeable``): ``KrexError(AUTH)``
+        its uid, or an unplaced child of a warm pool of that uid
+        (``krexd.identity.check_placeable``): ``KrexError(AUTH)``
         otherwise, ``KrexError(BAD_FIELD)`` when it is gone or the tenant ended.
         ``slots_fd``: the launcher's fd of the tenant's slot memory, attached
         to the GPU's gate here (once), before the command runs
@@ -245,13 +250,15 @@ class Lifecycle:
         self._runtime.check_serving()
         if tenant.state not in (states.ADMITTED, states.RUNNING):
             raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is {tenant.state}; cannot place")
-        identity.check_placeable(tenant, pid)
+        pool = identity.check_placeable(tenant, pid, self.pools)
         if slots_fd is not None:
             self._attach_slots(tenant, slots_fd)
         try:
             tenant.cgroup.add_pid(pid)
         except CgroupError as exc:
             raise KrexError(Code.INTERNAL, f"cannot place pid {pid}: {exc}") from None
+        if pool is not None and self.pools is not None:
+            self.pools.placed(pool, pid)
         tenant.pids.add(pid)
         self._disarm_place_timeout(tenant)
         if tenant.state == states.ADMITTED:

@@ -13,6 +13,13 @@
  * line saying why (krex_refused), never a silent pass-through.
  * KREX_SHIM_LOG = debug|info|warn|error sets the stderr log level
  * (default warn).
+ *
+ * KREX_SHIM_DEFER=1 (set only in a warm pool's zygote, docs/design/warm.md)
+ * makes the constructor skip initialisation: the first driver call of the
+ * process, made by a command forked from the zygote, initialises from the
+ * environment the command has by then (its own KREX_GATE, KREX_TENANT and
+ * slot memory).  krex_shim_mode() lets the zygote check that nothing
+ * initialised the shim before it forks.
  */
 #include "shim.h"
 #include "testhook.h"
@@ -293,7 +300,15 @@ void krex_shim_init(void)
     pthread_once(&init_once, init_from_env);
 }
 
-__attribute__((constructor)) static void krex_shim_ctor(void) { krex_shim_init(); }
+/* Initialise now unless KREX_SHIM_DEFER=1 (a warm pool's zygote): then the
+ * first gated call, in a forked command, does it (krex_enter_slow). */
+__attribute__((constructor)) static void krex_shim_ctor(void)
+{
+    const char *defer = getenv("KREX_SHIM_DEFER");
+    if (defer && !strcmp(defer, "1"))
+        return;
+    krex_shim_init();
+}
 
 /* ---- registration and the slow paths ------------------------------------ */
 
@@ -425,6 +440,15 @@ KREX_EXPORT int krex_shim_active(void)
 {
     krex_shim_init();
     return atomic_load_explicit(&krex_mode, memory_order_acquire) == KREX_MODE_GATING;
+}
+
+/* The process's mode (enum krex_mode: 0 not initialised yet, 1 pass-through,
+ * 2 gating, 3 refusing), read without initialising: a warm pool's zygote
+ * serves only while it is 0 (docs/design/warm.md). */
+KREX_EXPORT int krex_shim_mode(void)
+{
+    /* Acquire: pairs with the release store that publishes the mode. */
+    return atomic_load_explicit(&krex_mode, memory_order_acquire);
 }
 
 /* Device memory seen allocated through the driver API (bytes, calls) and

@@ -41,7 +41,7 @@ import signal
 import tempfile
 import time
 
-from krexd.cgroups import detect, fs
+from krexd.cgroups import detect, fs, pool
 from krexd.cgroups.fs import CgroupError
 from krexd.cgroups.tenant import CPUSET_AFFINITY, CPUSET_V1, CPUSET_V2, TenantCgroup
 from krexd.config import CgroupConfig, ConfigError, format_cores
@@ -85,6 +85,9 @@ class CgroupBackend:
         self.pids_max = 0
         self.pids_kind = PIDS_NONE
         self.pids_root: str | None = None
+        # Hybrid hosts: (krexd's own v1 memory cgroup, <it>/<name>), where warm pools'
+        # memory limits go when the v2 tree has no memory controller (krexd/cgroups/pool.py).
+        self.memory_v1: tuple[str, str] | None = None
 
     # --- detection ----------------------------------------------------------------
 
@@ -100,6 +103,7 @@ class CgroupBackend:
         backend.pids_max = cfg.pids_max
         if mounts.v1_pids is not None:  # known before prepare() so a stale tree is cleaned
             backend.pids_root = os.path.join(mounts.v1_pids, cfg.name)
+        backend.memory_v1 = pool.v1_memory_root(mounts, cfg.name)
         return backend
 
     @classmethod
@@ -311,6 +315,8 @@ class CgroupBackend:
             trees.append(self.cpuset_root)
         if self.pids_root and self.pids_root != self.root:
             trees.append(self.pids_root)
+        if self.memory_v1 is not None:
+            trees.append(self.memory_v1[1])
         return trees
 
     def _kill_tree(self) -> int:
@@ -404,6 +410,10 @@ class CgroupBackend:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+
+    def pools(self, memory_max: int) -> pool.PoolCgroups:
+        """Warm pools' cgroups under this tree, each limited to ``memory_max`` bytes (0: none)."""
+        return pool.PoolCgroups(self.base, self.root, memory_max, self.memory_v1)
 
     def describe(self) -> dict[str, object]:
         """What ``krexctl status`` shows about cgroups."""

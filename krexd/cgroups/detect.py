@@ -15,18 +15,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Mounts:
-    """Mount points: ``v2`` (cgroup2), ``v1_cpuset`` and ``v1_pids`` (v1), ``None`` when absent."""
+    """Mount points: ``v2`` (cgroup2), ``v1_cpuset``, ``v1_pids`` and ``v1_memory`` (v1),
+    ``None`` when absent."""
 
     v2: str | None
     v1_cpuset: str | None
     v1_pids: str | None = None
+    v1_memory: str | None = None
 
 
 def find_mounts(mountinfo: str = "/proc/self/mountinfo") -> Mounts:
-    """Parse ``mountinfo`` (see proc(5)) for the cgroup2 and v1 cpuset and pids mounts."""
+    """Parse ``mountinfo`` (see proc(5)) for the cgroup2 and v1 cpuset, pids and memory mounts."""
     v2: str | None = None
     cpuset: str | None = None
     pids: str | None = None
+    memory: str | None = None
     with open(mountinfo) as f:
         for line in f:
             left, _, right = line.partition(" - ")
@@ -42,7 +45,9 @@ def find_mounts(mountinfo: str = "/proc/self/mountinfo") -> Mounts:
                 cpuset = mount_point
             elif fstype == "cgroup" and "pids" in options and pids is None:
                 pids = mount_point
-    return Mounts(v2, cpuset, pids)
+            elif fstype == "cgroup" and "memory" in options and memory is None:
+                memory = mount_point
+    return Mounts(v2, cpuset, pids, memory)
 
 
 def own_v2_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str:
@@ -51,6 +56,16 @@ def own_v2_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str:
         for line in f:
             if line.startswith("0::"):
                 return line[3:].strip()
+    return "/"
+
+
+def own_v1_cgroup(controller: str, proc_cgroup: str = "/proc/self/cgroup") -> str:
+    """This process's cgroup in the v1 hierarchy of ``controller``, e.g. ``/user.slice``."""
+    with open(proc_cgroup) as f:
+        for line in f:
+            parts = line.rstrip("\n").split(":", 2)
+            if len(parts) == 3 and controller in parts[1].split(","):
+                return parts[2] or "/"
     return "/"
 
 

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from krexd.config import WarmConfig
 from krexd.identity import Caller
+from krexd.pools import Pool
 from krexd.tenants import Tenant
 
 
@@ -81,6 +83,19 @@ class MemoryRecords(Protocol):
         ...
 
 
+class Pools(Protocol):
+    """Warm pools (``krexd.pools.PoolRegistry``)."""
+
+    @property
+    def config(self) -> WarmConfig:
+        """``[warm]``."""
+        ...
+
+    def register(self, keeper: Caller, body: dict[str, Any]) -> Pool:
+        """Register the zygote ``body["pid"]`` of ``keeper``; the pool."""
+        ...
+
+
 class FaultVerdicts(Protocol):
     """GPU-wide faults under MPS (``krexd.faults.FaultMonitor``)."""
 
@@ -95,7 +110,8 @@ class OpContext:
 
     ``regions(gpu)`` is the region protocol of GPU ``gpu``; ``about()`` the
     ``ping`` body (version, pid, uptime_s); ``status()`` the ``status`` body;
-    ``faults`` the GPU-wide fault verdicts (None without MPS).
+    ``faults`` the GPU-wide fault verdicts (None without MPS); ``pools`` the
+    warm pools; ``check_serving()`` raises ``SHUTTING_DOWN`` once krexd stops.
     """
 
     tenants: TenantAuth
@@ -105,3 +121,5 @@ class OpContext:
     about: Callable[[], dict[str, Any]]
     status: Callable[[], dict[str, Any]]
     faults: FaultVerdicts | None = None
+    pools: Pools | None = None
+    check_serving: Callable[[], None] = lambda: None

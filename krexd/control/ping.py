@@ -2,10 +2,14 @@
 
 Request body: ``{}``.
 Reply body: ``{"version": "0.1.0", "pid": <int>, "uptime_s": <float>,
-"retry_tempfail": <int>}`` (``retry_tempfail``: ``[memory] retry_tempfail``,
-the default of ``krex run --retry-tempfail``).
+"retry_tempfail": <int>, "warm": {...}}`` (``retry_tempfail``: ``[memory]
+retry_tempfail``, the default of ``krex run --retry-tempfail``; ``warm``:
+the ``[warm]`` settings ``krex run --warm`` keys and starts pools with:
+``enabled``, ``modules``, ``idle_s``, ``key_prefixes``, ``key_names``,
+``max_pools_per_uid``, ``memory_max``).
 Errors: ``BAD_FIELD`` (unexpected body fields).
-Sent by: ``krex run`` (before admission), ``krexctl status``, tests.
+Sent by: ``krex run`` (before admission), ``krexctl status``, a warm pool's
+keeper (to notice a krexd restart), tests.
 """
 
 from __future__ import annotations

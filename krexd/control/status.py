@@ -34,7 +34,13 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "memory": {"admission": bool, "default_need_bytes", "headroom_bytes", "max_bypass",
                 "oom_wait_s", "refresh_ms", "source", "learn",
                 "learned": {"labels", "max_labels", "max_per_uid", "path"}, "region_wait_s",
-                "retry_tempfail"}}
+                "retry_tempfail"},
+     "warm": {"enabled", "modules", "idle_s", "key_prefixes", "key_names",
+              "max_pools_per_uid", "memory_max", "refused": int,
+              "cgroups": {"dir": str, "memory": "v2|v1|none", "memory_root": str|null,
+                          "memory_max": int|null},
+              "pools": [{"pid", "uid", "keeper_pid", "key", "version", "interpreter",
+                         "modules", "age_s", "commands", "memory_bytes", "cgroup"}]}}
 
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
 latency percentiles (ms) ``entry_ms`` (request to grant, as in the
@@ -55,7 +61,8 @@ of a tenant row and of a parked request (``queue.queue``) and the holder's
 tenant exists: its row is ``{"id", "gpu", "state", "age_s", "exclusive",
 "redacted": true}``, a parked request ``{"gpu", "exclusive", "waiting_s",
 "waiting_for", "redacted": true}``, and the holder without ``pid``.  Command
-lines carry secrets; pids let a user aim at another's processes.
+lines carry secrets; pids let a user aim at another's processes.  Warm
+pools (``warm.pools``) are shown to root and to their own uid only.
 Errors: ``BAD_FIELD``.
 """
 
@@ -104,6 +111,9 @@ def need_to_know(body: dict[str, Any], who: identity.Caller | None) -> dict[str,
     queue["queue"] = [w if mine(w) else public(w, PARKED_PUBLIC) for w in rows]
     out["queue"] = queue
     out["gpus"] = [_hide_holder_pid(g, hidden) for g in body.get("gpus") or []]
+    warm = body.get("warm")
+    if isinstance(warm, dict):
+        out["warm"] = {**warm, "pools": [p for p in warm.get("pools") or [] if mine(p)]}
     return out
 
 

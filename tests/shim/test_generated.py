@@ -153,6 +153,7 @@ def test_shim_exports_the_hooks(shim_build: ShimBuild) -> None:
         "krex_shim_region_warm",
         "krex_shim_region_launches",
         "krex_shim_active",
+        "krex_shim_mode",
     } <= exported
     assert not {n for n in exported if n.startswith("krex_gate_")}, "gate code leaks out"
 

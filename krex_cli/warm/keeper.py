@@ -1,0 +1,170 @@
+"""A warm pool's keeper: starts the zygote, registers it with krexd, watches both.
+
+    python -m krex_cli.warm.keeper START_FILE
+
+Started by ``krex run --warm`` (its own session, detached) when no pool
+serves the command's key; it runs as the user, under krex's interpreter
+(it speaks krexd's protocol; the zygote, under the command's interpreter,
+cannot).  ``START_FILE`` (JSON, removed once read): ``krexd_socket``,
+``directory``, ``key``, ``version``, ``path`` (the interpreter), ``argv0``,
+``flags``, ``env`` (the zygote's), ``modules``, ``idle_s``.
+
+1. Take the key's lock (``<key>.lock``); another keeper holding it means a
+   pool is starting or serving: exit.
+2. Start the zygote (``krexpool_zygote.py`` by file path, the command's
+   interpreter and options, the pool's environment), its stdin and stdout
+   pipes to us, its stderr to the pool's log.
+3. ``pool_register`` it with krexd: krexd checks that it is our child and
+   our uid, counts it against ``[warm] max_pools_per_uid``, moves it into a
+   pool cgroup with ``[warm] memory_max`` (docs/design/warm.md).  Refused:
+   close its stdin (it exits) and exit.
+4. Send it its settings; it imports the modules and says ``ready`` or
+   ``refused`` (then ``<key>.refused`` keeps the reason, so ``krex run`` does
+   not start the same failing pool for every command).
+5. Every ``KEEPALIVE_S`` ping krexd: when it is gone or another krexd
+   answers (a restart forgot the registration), close the zygote's stdin:
+   it stops accepting, lets its commands finish and exits.  When the
+   zygote exits, so does the keeper; krexd forgets the pool when either
+   process ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from typing import Any
+
+from krex_client.connection import Connection, KrexUnavailable, RemoteError
+
+KEEPALIVE_S = 2.0
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "krexpool_zygote.py")
+
+
+def log(msg: str) -> None:
+    """One line in the pool's log (our stderr)."""
+    print(f"{time.strftime('%H:%M:%S')} keeper {os.getpid()}: {msg}", file=sys.stderr, flush=True)
+
+
+def _lock(path: str) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _start_zygote(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(cfg["argv0"]), *cfg["flags"], ZYGOTE],
+        executable=str(cfg["path"]),
+        env={str(k): str(v) for k, v in cfg["env"].items()},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr.fileno(),
+        cwd="/",
+        close_fds=True,
+    )
+
+
+def _register(conn: Connection, zygote: subprocess.Popen[bytes], cfg: dict[str, Any]) -> int:
+    """Register the zygote; krexd's pid (raises KrexUnavailable / RemoteError)."""
+    about = conn.request("ping")
+    reply = conn.request(
+        "pool_register",
+        {
+            "pid": zygote.pid,
+            "key": cfg["key"],
+            "version": cfg["version"],
+            "interpreter": cfg["path"],
+            "modules": list(cfg["modules"]),
+        },
+    )
+    log(f"zygote {zygote.pid} registered with krexd {about['pid']}: cgroup {reply.get('cgroup')}")
+    return int(about["pid"])
+
+
+def _first_word(zygote: subprocess.Popen[bytes], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Send the settings; the zygote's ``ready`` or ``refused`` line ({} when it died)."""
+    assert zygote.stdin is not None and zygote.stdout is not None
+    settings = {
+        "socket": os.path.join(cfg["directory"], cfg["key"] + ".sock"),
+        "key": cfg["key"],
+        "version": cfg["version"],
+        "idle_s": cfg["idle_s"],
+        "modules": cfg["modules"],
+    }
+    zygote.stdin.write((json.dumps(settings) + "\n").encode())
+    zygote.stdin.flush()
+    line = zygote.stdout.readline()
+    return dict(json.loads(line)) if line.strip() else {}
+
+
+def _watch(zygote: subprocess.Popen[bytes], conn: Connection, krexd_pid: int) -> None:
+    """Until the zygote exits: ping krexd; close the zygote's stdin once krexd is lost."""
+    assert zygote.stdin is not None and zygote.stdout is not None
+    out = zygote.stdout.fileno()
+    lost = False
+    while True:
+        ready, _, _ = select.select([out], [], [], KEEPALIVE_S)
+        if ready and not os.read(out, 4096):
+            break  # the zygote exited
+        if lost:
+            continue
+        try:
+            pid = int(conn.request("ping", timeout_s=KEEPALIVE_S)["pid"])
+        except (KrexUnavailable, RemoteError) as exc:
+            why = f"krexd is gone ({exc})"
+        else:
+            if pid == krexd_pid:
+                continue
+            why = f"krexd restarted (pid {pid}, registered with {krexd_pid})"
+        log(f"{why}: the pool stops accepting")
+        zygote.stdin.close()
+        lost = True
+
+
+def main(argv: list[str]) -> int:
+    """See the module docstring; always 0 (the pool is a cache: krex run never depends on it)."""
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    os.unlink(argv[0])
+    lock = _lock(os.path.join(cfg["directory"], cfg["key"] + ".lock"))
+    if lock is None:
+        return 0
+    zygote = _start_zygote(cfg)
+    assert zygote.stdin is not None
+    conn = Connection(str(cfg["krexd_socket"]), timeout_s=10.0)
+    try:
+        try:
+            krexd_pid = _register(conn, zygote, cfg)
+        except (KrexUnavailable, RemoteError) as exc:
+            log(f"krexd did not register the pool: {exc}")
+            zygote.stdin.close()
+            return 0
+        word = _first_word(zygote, cfg)
+        if not word.get("ready"):
+            why = str(word.get("refused") or "the zygote ended before it was ready")
+            log(f"the pool refused to serve: {why}")
+            with open(os.path.join(cfg["directory"], cfg["key"] + ".refused"), "w") as f:
+                f.write(why + "\n")
+            zygote.stdin.close()
+            return 0
+        log(f"pool {zygote.pid} ready: imported {', '.join(word.get('modules') or []) or '-'}")
+        _watch(zygote, conn, krexd_pid)
+        return 0
+    finally:
+        zygote.wait()
+        log(f"zygote {zygote.pid} ended ({zygote.returncode})")
+        conn.close()
+        os.close(lock)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""A warm pool's zygote: import the configured modules once, then fork one process per command.
+
+Run by file path under the command's own interpreter and flags (it may not
+have krex installed, so this file and its ``krexpool_*`` siblings use the
+standard library only), by the pool's keeper (``krex_cli.warm.keeper``),
+with the command's environment plus ``KREX_SHIM_DEFER=1`` and stdin/stdout
+pipes to the keeper, stderr to the pool's log.  docs/design/warm.md.
+
+1. Record the interpreter as it started (``krexpool_child.Boot``).
+2. Read the pool's settings, one JSON line on stdin: ``socket``, ``key``,
+   ``version``, ``idle_s``, ``modules`` (the keeper sends it once krexd has
+   registered the zygote and moved it into its pool cgroup).
+3. Import the modules.  A module that does not exist is skipped; one that
+   fails otherwise, a thread left running, an initialised shim
+   (``krex_shim_mode() != 0``) or a loaded CUDA driver make the pool refuse
+   to serve: a fork would not be a clean start.
+4. Say ``{"ready": ...}`` or ``{"refused": why}`` on stdout, one JSON line.
+5. Serve (``krexpool_serve.Server``).  In a forked child the server returns
+   the command, which runs here, at the script's top level, so that it ends
+   through the interpreter's normal exit path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from krex_cli.warm.krexpool_child import Command
+
+
+def _say(message: dict[str, Any]) -> None:
+    """One JSON line to the keeper (our stdout)."""
+    os.write(1, (json.dumps(message) + "\n").encode())
+
+
+def _read_settings() -> dict[str, Any] | None:
+    """The settings line the keeper writes on our stdin (None at end of file)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return None
+        data += chunk
+    settings = json.loads(data.decode())
+    return settings if isinstance(settings, dict) else None
+
+
+def _import_modules(names: list[str]) -> tuple[list[str], list[str], str | None]:
+    """(imported, skipped, failure): modules that do not exist are skipped, anything else fails."""
+    import importlib
+
+    imported: list[str] = []
+    skipped: list[str] = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name.split(".")[0] and exc.name != name:
+                return imported, skipped, f"importing {name} failed: {exc!r}"
+            skipped.append(name)
+            continue
+        except BaseException as exc:  # noqa: BLE001 - any failure leaves a half-imported state
+            return imported, skipped, f"importing {name} failed: {exc!r}"
+        imported.append(name)
+    return imported, skipped, None
+
+
+def _unclean() -> str | None:
+    """Why a fork of this process would not be a clean start (None when it would be)."""
+    with open("/proc/self/status") as f:
+        threads = [ln.split()[1] for ln in f if ln.startswith("Threads:")]
+    if threads and threads[0] != "1":
+        return f"the imports left {int(threads[0]) - 1} thread(s) running (a fork copies one)"
+    if os.environ.get("LD_PRELOAD"):
+        import ctypes
+
+        mode = getattr(ctypes.CDLL(None), "krex_shim_mode", None)
+        if mode is not None and mode() != 0:
+            return "the imports called the CUDA driver (libkrex_shim is initialised)"
+    with open("/proc/self/maps") as f:
+        if any("/libcuda.so" in line for line in f):
+            return "the imports loaded the CUDA driver (libcuda.so)"
+    return None
+
+
+def _main() -> Command | None:
+    """Boot, import, check, serve; the command to run when this is a forked child."""
+    original_path = list(sys.path)
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path.insert(0, here)
+    if TYPE_CHECKING:
+        from krex_cli.warm import krexpool_child, krexpool_serve
+    else:
+        import krexpool_child
+        import krexpool_serve
+
+    boot = krexpool_child.Boot(os.path.abspath(__file__), original_path)
+    sys.path[:] = boot.base_path
+    if sys.version_info < (3, 9):  # noqa: UP036 - the command's interpreter may be older
+        _say({"refused": f"Python {sys.version_info[0]}.{sys.version_info[1]} (3.9 or later)"})
+        return None
+    settings = _read_settings()
+    if settings is None:
+        return None
+    imported, skipped, failure = _import_modules(list(settings.get("modules") or []))
+    why = failure or _unclean()
+    if why is not None:
+        krexpool_serve.log(f"refusing to serve: {why}")
+        _say({"refused": why})
+        return None
+    server = krexpool_serve.Server(settings, boot, {"modules": imported, "skipped": skipped})
+    server.bind()
+    krexpool_serve.log(f"serving {settings['socket']}: imported {', '.join(imported) or '-'}")
+    _say({"ready": True, "pid": os.getpid(), "modules": imported, "skipped": skipped})
+    return server.run()
+
+
+if __name__ == "__main__":
+    _command = _main()
+    if _command is None:
+        raise SystemExit(0)
+    _command.run()

@@ -1,0 +1,195 @@
+"""Warm pools' cgroups: ``<root>/<name>/pools/u<uid>-p<pid>``, with a memory limit.
+
+A registered pool's zygote is moved here (krexd/pools.py); the processes it
+forks are born here and leave at ``place`` for their tenant cgroup.  The
+directory's memory limit (``[warm] memory_max``) bounds the zygote and its
+unplaced children (docs/design/warm.md):
+
+* ``v2``: ``memory.max`` in the pool's v2 directory, when the cgroup2 root
+  offers the ``memory`` controller (enabled top-down like ``pids``);
+* ``v1``: hybrid hosts: a parallel directory in the v1 ``memory``
+  hierarchy, under krexd's own memory cgroup
+  (``<mount><krexd's>/<name>/pools/<leaf>``, ``memory.limit_in_bytes``).
+  A placed process is moved back to krexd's own memory cgroup, so that
+  the command is not held to the pool's limit;
+* ``none``: no memory controller (or ``memory_max = 0``): no limit, a
+  warning at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from krexd.cgroups import detect, fs
+from krexd.cgroups.fs import CgroupError
+
+_log = logging.getLogger("krexd.cgroups")
+
+MEMORY_V2 = "v2"
+MEMORY_V1 = "v1"
+MEMORY_NONE = "none"
+POOLS_DIR = "pools"
+
+
+def v1_memory_root(mounts: detect.Mounts, name: str) -> tuple[str, str] | None:
+    """(krexd's own v1 memory cgroup, ``<it>/<name>``) on a host with a v1 memory hierarchy."""
+    if mounts.v1_memory is None:
+        return None
+    home = os.path.join(mounts.v1_memory, detect.own_v1_cgroup("memory").lstrip("/"))
+    return home, os.path.join(home, name)
+
+
+class PoolCgroup:
+    """One pool's directories: ``path`` (v2) and ``memory_dir`` (v1 memory, or None)."""
+
+    def __init__(self, path: str, memory_dir: str | None, memory_home: str | None) -> None:
+        self.path = path
+        self.memory_dir = memory_dir
+        self._home = memory_home
+
+    def add_pid(self, pid: int) -> None:
+        """Move ``pid`` into the pool (raises CgroupError)."""
+        fs.write(os.path.join(self.path, "cgroup.procs"), str(pid))
+        if self.memory_dir is not None:
+            fs.write(os.path.join(self.memory_dir, "cgroup.procs"), str(pid))
+
+    def contains(self, pid: int) -> bool:
+        """True while ``pid`` is in the pool's v2 directory (born there, not placed yet)."""
+        try:
+            return pid in fs.read_pids(os.path.join(self.path, "cgroup.procs"))
+        except CgroupError:
+            return False
+
+    def released(self, pid: int) -> None:
+        """``pid`` was placed in a tenant cgroup: take it out of the pool's v1 memory cgroup."""
+        if self.memory_dir is not None and self._home is not None:
+            try:
+                fs.write(os.path.join(self._home, "cgroup.procs"), str(pid))
+            except CgroupError as exc:
+                _log.warning("pid %d stays in its pool's memory cgroup: %s", pid, exc)
+
+    def memory_bytes(self) -> int | None:
+        """Memory charged to the pool now (bytes), None when no controller says."""
+        for d, name in ((self.path, "memory.current"), (self.memory_dir, "memory.usage_in_bytes")):
+            if d is None:
+                continue
+            try:
+                return int(fs.read(os.path.join(d, name)).strip())
+            except (CgroupError, ValueError):
+                continue
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL every process in the pool (its zygote and unplaced children)."""
+        kill_file = os.path.join(self.path, "cgroup.kill")
+        if os.path.exists(kill_file):
+            try:
+                fs.write(kill_file, "1")
+                return
+            except CgroupError:
+                pass
+        for pid in fs.read_pids(os.path.join(self.path, "cgroup.procs")):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def remove(self) -> bool:
+        """Remove the directories once empty; False while a process is left."""
+        try:
+            for d in (self.memory_dir, self.path):
+                if d is not None:
+                    fs.rmdir(d)
+        except CgroupError:
+            return False
+        return True
+
+
+class PoolCgroups:
+    """Makes pool cgroups under a krexd's tree ``root`` (v2) with ``memory_max`` bytes each.
+
+    ``base``: the v2 directory above ``root``; ``memory``: (krexd's own v1
+    memory cgroup, the v1 root of the tree) from :func:`v1_memory_root`.
+    """
+
+    def __init__(
+        self, base: str, root: str, memory_max: int, memory: tuple[str, str] | None
+    ) -> None:
+        self.memory_max = memory_max
+        self.dir = os.path.join(root, POOLS_DIR)
+        self._chain = [base, root, self.dir]
+        self._v1 = memory
+        self.kind = MEMORY_NONE
+
+    def prepare(self) -> None:
+        """Build ``pools`` and choose where the memory limit goes (module docstring)."""
+        fs.mkdir(self.dir)
+        if self.memory_max == 0:
+            return
+        if "memory" in fs.read(os.path.join(self._chain[0], "cgroup.controllers")).split():
+            try:
+                for d in self._chain:
+                    path = os.path.join(d, "cgroup.subtree_control")
+                    if "memory" not in fs.read(path).split():
+                        fs.write(path, "+memory")
+                self.kind = MEMORY_V2
+                return
+            except CgroupError as exc:
+                _log.warning("cannot enable the v2 memory controller: %s", exc)
+        if self._v1 is not None:
+            try:
+                fs.mkdir(self._v1[1])
+                fs.mkdir(os.path.join(self._v1[1], POOLS_DIR))
+                self.kind = MEMORY_V1
+                return
+            except CgroupError as exc:
+                _log.warning("cannot use the v1 memory hierarchy: %s", exc)
+        _log.warning("no memory controller: [warm] memory_max is not applied to pools")
+
+    def create(self, uid: int, pid: int) -> PoolCgroup:
+        """Create ``pools/u<uid>-p<pid>`` with the memory limit (raises CgroupError)."""
+        leaf = f"u{uid}-p{pid}"
+        path = os.path.join(self.dir, leaf)
+        fs.mkdir(path)
+        memory_dir = None
+        try:
+            if self.kind == MEMORY_V2:
+                fs.write(os.path.join(path, "memory.max"), str(self.memory_max))
+            elif self.kind == MEMORY_V1:
+                assert self._v1 is not None
+                memory_dir = os.path.join(self._v1[1], POOLS_DIR, leaf)
+                fs.mkdir(memory_dir)
+                fs.write(os.path.join(memory_dir, "memory.limit_in_bytes"), str(self.memory_max))
+        except CgroupError:
+            PoolCgroup(path, memory_dir, None).remove()
+            raise
+        home = self._v1[0] if self._v1 is not None else None
+        return PoolCgroup(path, memory_dir, home)
+
+    def sweep(self, keep: set[str]) -> None:
+        """Remove empty pool directories other than ``keep`` (pools of a krexd before a restart)."""
+        try:
+            leaves = os.listdir(self.dir)
+        except OSError:
+            return
+        for leaf in leaves:
+            path = os.path.join(self.dir, leaf)
+            if path in keep or not leaf.startswith("u") or not os.path.isdir(path):
+                continue
+            memory_dir = None
+            if self._v1 is not None:
+                memory_dir = os.path.join(self._v1[1], POOLS_DIR, leaf)
+                if not os.path.isdir(memory_dir):
+                    memory_dir = None
+            PoolCgroup(path, memory_dir, None).remove()
+
+    def describe(self) -> dict[str, object]:
+        """For ``krexctl status``: where pools live and which memory controller limits them."""
+        return {
+            "dir": self.dir,
+            "memory": self.kind,
+            "memory_root": self._v1[1] if self.kind == MEMORY_V1 and self._v1 else None,
+            "memory_max": self.memory_max or None,
+        }

@@ -1,0 +1,224 @@
+"""Warm pools and other users: nobody uses, hijacks or has krexd place another user's pool.
+
+docs/design/security.md "Warm pools".  Real krexd, real pools (as root),
+attackers as unprivileged uids without an account (``tests.daemon.asuser``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from krex_cli.warm import client, pooldir
+from krex_client.connection import RemoteError
+from tests.cli.warm_support import PY, Pools, warm_config
+from tests.conftest import Krexd
+from tests.daemon.test_identity import OPEN, USER_A, USER_B, as_user, finish
+
+pytestmark = pytest.mark.root
+Factory = Callable[..., Krexd]
+
+
+def _config(**warm: object) -> dict[str, dict[str, object]]:
+    return {**OPEN, **warm_config(**warm)}
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A directory other uids may enter (pytest's tmp_path is under root's 0700 directory)."""
+    path = Path(tempfile.mkdtemp(prefix="krex-warm-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_CONNECT = """
+import socket
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(5)
+out = {}
+try:
+    s.connect(PATH)
+    s.sendall(b"\\x00\\x00\\x00\\x0f" + b'{"op":"hello"}')
+    out["reply"] = s.recv(100).decode(errors="replace")
+except OSError as exc:
+    out["error"] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_another_uid_can_neither_reach_nor_use_a_pool(
+    krexd_factory: Factory, open_tmp: Path
+) -> None:
+    pools = Pools(krexd_factory(config=_config()), open_tmp)
+    pools.ready()
+    sock = str(next(pools.dir.glob("*.sock")))
+    code = f"PATH = {sock!r}\n" + _CONNECT
+    rc, out, err = finish(as_user(pools.k, USER_B, "py", code))
+    assert rc == 0, err
+    assert json.loads(out) == {"error": "PermissionError"}  # the directory is 0700, root's
+    # Opened up by mistake: the pool itself still serves only its own uid.
+    os.chmod(pools.xdg, 0o755)
+    os.chmod(pools.dir, 0o755)
+    os.chmod(sock, 0o666)
+    try:
+        rc, out, err = finish(as_user(pools.k, USER_B, "py", code))
+        assert rc == 0, err
+        got = json.loads(out)  # closed without an answer (a reset: our hello was unread)
+        assert got in ({"reply": ""}, {"error": "ConnectionResetError"}), got
+        assert f"refused a connection of uid {USER_B[0]}" in pools.logs()
+        # And krex run no longer trusts a directory others may enter: it starts cold.
+        p = pools.warm([PY, "-c", "print(1)"], served=False)
+        assert p.stdout == "1\n" and any("mode 755" in ln for ln in p.debug)  # type: ignore[attr-defined]
+    finally:
+        os.chmod(pools.dir, 0o700)
+
+
+_LISTEN = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(PATH)
+s.listen(1)
+print(json.dumps({"listening": True}), flush=True)
+s.settimeout(20)
+try:
+    c, _ = s.accept()
+    print(json.dumps({"got": c.recv(100).decode(errors="replace")}), flush=True)
+except OSError:
+    pass
+"""
+
+
+def test_krex_run_never_talks_to_a_socket_of_another_uid(
+    krexd_factory: Factory, open_tmp: Path
+) -> None:
+    k = krexd_factory(config=_config())
+    shared = open_tmp / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    path = str(shared / "fake.sock")
+    p = as_user(k, USER_B, "py", f"PATH = {path!r}\n" + _LISTEN)
+    assert p.stdout is not None
+    assert json.loads(p.stdout.readline()) == {"listening": True}
+    with pytest.raises(client.PoolUnavailable, match=f"runs as uid {USER_B[0]}"):
+        client.PoolSession(path)
+    _, out, _ = finish(p)
+    assert json.loads(out) == {"got": ""}  # krex run connected, looked, sent nothing
+
+
+def test_a_pool_directory_of_another_uid_is_refused(krexd_factory: Factory, tmp_path: Path) -> None:
+    k = krexd_factory(config=_config())
+    xdg = tmp_path / "xdg"
+    (xdg / "krex").mkdir(parents=True)
+    os.chown(xdg / "krex", *USER_B)  # created first by another user, to catch the requests
+    os.chmod(xdg / "krex", 0o700)
+    with pytest.raises(pooldir.PoolDirError, match=f"belongs to uid {USER_B[0]}"):
+        pooldir.directory({"XDG_RUNTIME_DIR": str(xdg)})
+    link = tmp_path / "xdg2"
+    link.mkdir()
+    (link / "krex").symlink_to(xdg / "krex")
+    with pytest.raises(pooldir.PoolDirError, match="not a directory"):
+        pooldir.directory({"XDG_RUNTIME_DIR": str(link)})
+    env = dict(k.env, XDG_RUNTIME_DIR=str(xdg))
+    pools = Pools(k, tmp_path)
+    p = pools.run("--warm", [PY, "-c", "print(2)"], env=env)
+    assert p.returncode == 0 and p.stdout == "2\n"
+    assert f"belongs to uid {USER_B[0]}" in p.stderr
+    assert not list((xdg / "krex").iterdir())  # nothing was started there
+
+
+_PLACE_FOREIGN = """
+def name(op, body, conn):
+    try:
+        conn.request(op, body)
+        return "ok"
+    except RemoteError as exc:
+        return exc.name
+out = {}
+with Connection(timeout_s=5) as c:
+    g = c.request("admit", {"argv": ["x"], "launcher_pid": os.getpid()}, timeout_s=10)
+    out["register_foreign"] = name("pool_register", dict(BODY, pid=ZYGOTE), c)
+with Connection(None, g["tenant"], g["token"], timeout_s=5) as t:
+    out["place_pool_child"] = name("place", {"pid": CHILD}, t)
+    out["place_zygote"] = name("place", {"pid": ZYGOTE}, t)
+    t.request("release", {"exit_code": 0})
+print(json.dumps(out))
+"""
+
+
+def test_krexd_places_no_pool_child_for_another_uid(krexd_factory: Factory, tmp_path: Path) -> None:
+    pools = Pools(krexd_factory(config=_config()), tmp_path)
+    pools.ready()
+    row = pools.pools()[0]
+    session = client.PoolSession(str(next(pools.dir.glob("*.sock"))))
+    fields = {"mode": "code", "target": "pass", "args": [], "argv": [PY, "-c", "pass"]}
+    child = session.start(fields, {})  # forked by root's pool, waiting for "go"
+    try:
+        body = {"key": row["key"], "version": row["version"], "interpreter": PY, "modules": []}
+        code = f"ZYGOTE = {row['pid']}\nCHILD = {child}\nBODY = {body!r}\n" + _PLACE_FOREIGN
+        rc, out, err = finish(as_user(pools.k, USER_B, "py", code))
+        assert rc == 0, err
+        assert json.loads(out) == {
+            "register_foreign": "AUTH",
+            "place_pool_child": "AUTH",
+            "place_zygote": "AUTH",
+        }
+        assert f"refused pid {pools.k.pid}" not in pools.k.log()
+        assert f"uid {USER_B[0]}" in pools.k.log()
+        assert pools.pools()[0]["commands"] == row["commands"]  # nothing placed
+    finally:
+        session.abort()
+        session.close()
+
+
+_REGISTER_OWN = """
+import subprocess
+def name(op, body, conn):
+    try:
+        conn.request(op, body)
+        return "ok"
+    except RemoteError as exc:
+        return exc.name
+kids = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+out = {}
+with Connection(timeout_s=5) as c:
+    for i, kid in enumerate(kids):
+        out[str(i)] = name("pool_register", dict(BODY, pid=kid.pid), c)
+    out["status_pools"] = [p["uid"] for p in c.request("status")["warm"]["pools"]]
+print(json.dumps(out), flush=True)
+for kid in kids:
+    kid.kill()
+"""
+
+
+def test_registration_is_counted_per_uid_and_shown_to_its_owner_only(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    pools = Pools(krexd_factory(config=_config(max_pools_per_uid=1)), tmp_path)
+    pools.ready()  # root's pool
+    version = pools.pools()[0]["version"]
+    body = {"key": "k" * 24, "version": version, "interpreter": "/bin/sleep", "modules": []}
+    rc, out, err = finish(as_user(pools.k, USER_B, "py", f"BODY = {body!r}\n" + _REGISTER_OWN))
+    assert rc == 0, err
+    got = json.loads(out)
+    # One pool for uid B (its own child), the second refused; root's pool is not B's to see.
+    assert got == {"0": "ok", "1": "CANCELLED", "status_pools": [USER_B[0]]}
+    code = "print(json.dumps([p['uid'] for p in Connection().request('status')['warm']['pools']]))"
+    rc, out, err = finish(as_user(pools.k, USER_A, "py", code))
+    assert rc == 0 and json.loads(out) == [], err
+    # B's pool ended with its process: krexd forgot it; root sees its own.
+    assert [p["uid"] for p in pools.pools()] == [0]
+
+
+def test_a_pool_of_another_krex_version_is_refused(krexd_factory: Factory) -> None:
+    k = krexd_factory(config=_config())
+    body = {"key": "k", "version": "0.0.0-old", "interpreter": "/bin/sleep", "modules": []}
+    with pytest.raises(RemoteError) as info:
+        k.request("pool_register", {**body, "pid": os.getpid()})
+    assert info.value.name == "BAD_FIELD" and "0.0.0-old" in info.value.message

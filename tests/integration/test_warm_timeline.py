@@ -1,0 +1,139 @@
+"""Warm commands are gated exactly as cold ones: the fake driver's timeline as the witness.
+
+The pool's zygote loads the shim with ``KREX_SHIM_DEFER=1`` and imports
+``fakegpu`` (no driver call); each command forked from it initialises the
+shim from its own tenant variables at its first driver call.  Siblings and
+the holder all start warm; no sibling kernel may run inside any region
+(tests/integration/test_timeline.py does the same cold, and shows that the
+check finds overlaps when regions are not enforced).  A pool whose imports
+call the driver refuses to serve, and its commands start cold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.warm_support import SERVED, Pools, warm_config
+from tests.conftest import Krexd
+from tests.fakecuda import timeline
+from tests.support import FAKE_DIR, REPO
+
+pytestmark = [pytest.mark.root]
+Factory = Callable[..., Krexd]
+FAKECUDA = REPO / "tests" / "fakecuda"
+PROGS = Path(__file__).resolve().parent / "progs"
+HOLDER = PROGS / "timeline_holder.py"
+
+
+def _env(pools: Pools, workdir: str) -> dict[str, str]:
+    return dict(
+        pools.env,
+        LD_LIBRARY_PATH=str(FAKE_DIR),
+        KREX_FAKE_TIMELINE=os.path.join(workdir, "timeline"),
+        KREX_FAKE_STATE=os.path.join(workdir, "fakestate"),
+        PYTHONPATH=os.pathsep.join([pools.env["PYTHONPATH"], str(FAKECUDA), str(PROGS)]),
+    )
+
+
+def test_warm_siblings_never_run_inside_a_warm_holders_region(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory(slots=6, config=warm_config(modules=["fakegpu", "json"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    pools.ready(env=env)
+    sibling = [
+        sys.executable,
+        str(FAKECUDA / "fakegpu.py"),
+        "--seconds",
+        "300",
+        "--sync-every",
+        "4",
+    ]
+    sibs = [
+        subprocess.Popen(
+            [
+                *k.krex,
+                "run",
+                "--warm",
+                "-v",
+                "--",
+                *sibling,
+                "--kernel-ns",
+                str(50_000 + 25_000 * i),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    try:
+        run = pools.warm([sys.executable, str(HOLDER), "150", "7"], env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+    finally:
+        for s in sibs:
+            s.terminate()
+        errs = [s.communicate(timeout=30)[1] for s in sibs]
+    assert all(SERVED in e for e in errs), errs  # every sibling started warm
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    holder, regions = out["pid"], out["regions"]
+    records = timeline.read(os.path.join(k.workdir, "timeline"))
+    assert len(regions) == 150
+    siblings = {r.pid for r in records if r.pid != holder}
+    assert len(siblings) == 4, "all four warm siblings must have launched"
+    assert sum(1 for r in records if r.pid != holder) > 200
+    overlaps = sum(len(timeline.overlapping(records, s, e, exclude_pid=holder)) for s, e in regions)
+    assert overlaps == 0
+
+
+_ACTIVE = "import ctypes; print(ctypes.CDLL(None).krex_shim_active())"
+
+
+def test_a_warm_command_initialises_the_shim_from_its_own_tenant(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory(config=warm_config(modules=["fakegpu"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    pools.ready(env=env)
+    prog = "import fakegpu; fakegpu.init().launch(1000); " + _ACTIVE
+    warm = pools.warm([sys.executable, "-c", prog], env=env)
+    cold = pools.cold([sys.executable, "-c", prog], env=env)
+    assert warm.stdout == cold.stdout == "1\n", (warm.stderr, cold.stderr)
+
+
+def test_a_pool_whose_imports_call_the_driver_refuses_to_serve(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory(config=warm_config(modules=["json", "gpu_at_import"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    first = pools.warm([sys.executable, "-c", _ACTIVE], served=False, env=env)
+    assert first.stdout == "1\n"
+    refused = _wait_refused(pools)
+    assert "CUDA driver" in refused
+    again = pools.warm([sys.executable, "-c", _ACTIVE], served=False, env=env)
+    assert again.stdout == "1\n"  # cold, gated
+    assert any("refused to serve" in ln for ln in again.debug)  # type: ignore[attr-defined]
+    assert pools.pools() == []
+
+
+def _wait_refused(pools: Pools) -> str:
+    deadline = time.monotonic() + 60
+    while True:
+        found: list[Any] = list(pools.dir.glob("*.refused"))
+        if found:
+            return str(found[0].read_text())
+        assert time.monotonic() < deadline, pools.logs()
+        time.sleep(0.1)
