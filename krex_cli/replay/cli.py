@@ -147,6 +147,11 @@ def _add_command_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="per-command time limit (default 600 s)",
     )
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="start commands with `krex run --warm` (krex modes; docs/design/warm.md)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="skip the report after a run")
 
@@ -291,6 +296,7 @@ def main(args: argparse.Namespace) -> int:
             fake_gpus=args.fake_gpus,
             base_config=base,
             progress=not args.no_progress,
+            warm=args.warm,
         )
         results = Runner(opts).run()
     except (TraceError, modes.ModeError) as exc:

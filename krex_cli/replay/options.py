@@ -30,7 +30,8 @@ class RunOptions:
     commands' working directory; timeout_s: per-command limit (s);
     socket: a running krexd to use instead of starting one; fake_gpus: pass
     ``--fake-gpus N`` to the started krexd; base_config: krexd config the
-    mode overrides; progress: show a progress bar.
+    mode overrides; progress: show a progress bar; warm: start each command
+    with ``krex run --warm`` (modes that use krexd; docs/design/warm.md).
     """
 
     trace: Sequence[TraceEntry]
@@ -48,6 +49,7 @@ class RunOptions:
     fake_gpus: int | None = None
     base_config: Path | None = None
     progress: bool = True
+    warm: bool = False
 
 
 def resolve_argv(argv: Sequence[str], python: str) -> list[str]:
@@ -64,7 +66,7 @@ def command(
     """(argv, env) of one trace command on GPU ``gpu``.
 
     native: the command itself with ``CUDA_VISIBLE_DEVICES=gpu``; in a mode that
-    uses krexd (``socket`` required): ``krex run [--gpu G] [--mem M] -- ARGV`` with
+    uses krexd (``socket`` required): ``krex run [--gpu G] [--mem M] [--warm] -- ARGV`` with
     ``KREX_SOCKET``.  The caller's ``KREX_*`` variables are dropped.
     """
     argv = resolve_argv(entry.argv, opts.python)
@@ -79,4 +81,6 @@ def command(
     mem = entry.extra.get("mem")  # the command's declared GPU memory need, e.g. "8G"
     if isinstance(mem, str) and mem:
         pin += ["--mem", mem]
+    if opts.warm:
+        pin.append("--warm")
     return modes.krex_command() + ["run", *pin, "--", *argv], env
