@@ -2,8 +2,9 @@
 
     krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
              [--retry-tempfail N] [--fault-retries N] [--socket PATH] [--autoregion]
-             [--region-log PATH] -- CMD ARGS...
+             [--region-log PATH] [--grant-log PATH] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
+    krex ray-resources [--socket PATH] [--host NAME] [--exec -- ray start ...]
 
 ``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
 other exit codes.
@@ -16,6 +17,7 @@ import os
 import sys
 
 from krex_cli import __version__, help_text
+from krex_cli import ray_resources as ray_resources_cli
 from krex_cli.replay import cli as replay_cli
 from krex_client.connection import default_socket
 from krex_client.errors import ExitCode
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_regions(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     replay_cli.add_parser(sub)
+    ray_resources_cli.add_parser(sub)
     return p
 
 
@@ -182,6 +185,12 @@ def _add_run_regions(run: argparse.ArgumentParser) -> None:
         help="append one JSON line per critical region of CMD to PATH "
         "(sets KREX_REGION_LOG; docs/design/region-log.md)",
     )
+    run.add_argument(
+        "--grant-log",
+        metavar="PATH",
+        help="append one JSON line per admission (time, tenant, GPU, wait) to PATH "
+        "(krex_cli/grantlog.py)",
+    )
     # -- end of region options --
 
 
@@ -223,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             args.label,
             args.retry_tempfail,
             fault_retries=max(0, args.fault_retries),
+            grant_log=os.path.abspath(args.grant_log) if args.grant_log else None,
         )
     return int(args.func(args))
 
