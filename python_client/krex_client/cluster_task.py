@@ -17,7 +17,7 @@ How the command ends when the task does, whatever ends it:
 
 and when ``krex run`` dies first, krexd ends its tenant itself: it watches
 every launcher, and kills the tenant's cgroup when the launcher is gone.
-Ray is imported only to name the node and the attempt.
+Ray is not imported here: the worker's own ``ray`` names the node and the attempt.
 """
 
 from __future__ import annotations
@@ -121,16 +121,18 @@ def _json_lines(path: str, limit: int) -> list[dict[str, Any]]:
 
 
 def _where() -> tuple[str | None, int]:
-    """(this Ray node's id, this task's attempt: 1 for the first run); (None, 1) outside Ray."""
-    try:
-        import ray
-    except ImportError:
-        return None, 1
+    """(this Ray node's id, this task's attempt: 1 for the first run); (None, 1) outside Ray.
+
+    A Ray worker has imported ``ray`` already; nothing is imported here.
+    """
+    ray: Any = sys.modules.get("ray")
     node: str | None = None
     attempt = 1
-    with contextlib.suppress(Exception):  # not in a Ray worker, or an older Ray
+    if ray is None:
+        return node, attempt
+    with contextlib.suppress(Exception):  # not in a Ray worker
         node = str(ray.get_runtime_context().get_node_id())
-    with contextlib.suppress(Exception):  # no public API for the attempt number yet
+    with contextlib.suppress(Exception):  # no public API for the attempt number (Ray 2.60)
         core = ray._private.worker.global_worker.core_worker
         attempt = int(core.get_current_task_attempt_number()) + 1
     return node, attempt
