@@ -30,7 +30,9 @@ class RunOptions:
     commands' working directory; timeout_s: per-command limit (s);
     socket: a running krexd to use instead of starting one; fake_gpus: pass
     ``--fake-gpus N`` to the started krexd; base_config: krexd config the
-    mode overrides; progress: show a progress bar.
+    mode overrides; progress: show a progress bar; ray_address: run the
+    commands over this Ray cluster's krex hosts instead (``ray_runner.py``;
+    no krexd is started, ``gpus`` is empty).
     """
 
     trace: Sequence[TraceEntry]
@@ -48,6 +50,7 @@ class RunOptions:
     fake_gpus: int | None = None
     base_config: Path | None = None
     progress: bool = True
+    ray_address: str | None = None
 
 
 def resolve_argv(argv: Sequence[str], python: str) -> list[str]:

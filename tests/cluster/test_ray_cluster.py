@@ -153,6 +153,63 @@ def test_cancel_ends_the_krex_tenant(krex_cluster: KrexCluster, tmp_path: Path, 
     wait_for(lambda: tenants_of(running[0]) == [], 15.0, "krexd's release of the tenant")
 
 
+def replay(*args: str) -> subprocess.CompletedProcess[str]:
+    """``krex replay ARGS`` (simulated kernels are sleeps, as on the hosts)."""
+    env = dict(os.environ, SIMULATED_SLEEP="1")
+    return subprocess.run(
+        [sys.executable, "-m", "krex_cli", "replay", *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=REPO,
+    )
+
+
+def test_replay_over_ray_reports_hosts_and_fidelity(
+    krex_cluster: KrexCluster, tmp_path: Path
+) -> None:
+    from krex_cli.replay import trace
+    from krex_cli.replay.results import load_results
+
+    entries = [
+        trace.TraceEntry(
+            ("python", str(SIMULATED), "--task", task, "--candidate", cand, "--kernel-us", us)
+            + ("--reps", "10", "--setup-ms", "300"),
+            task,
+            cand,
+            None,
+        )
+        for task, cand, us in [("t1", "a", "1500"), ("t1", "b", "2500"), ("t2", "x", "4000")]
+        for _ in range(2)
+    ]
+    tr = tmp_path / "trace.jsonl"
+    trace.dump(entries, tr)
+    runs = tmp_path / "runs"
+    p = replay(str(tr), "--mode", "native", "--fake-gpus", "1", "--out", str(runs / "native"))
+    assert p.returncode == 0, p.stderr
+    p = replay(str(tr), "--mode", "krex", "--ray", krex_cluster.address, "--out", str(runs / "ray"))
+    assert p.returncode == 0, p.stderr
+    recs = load_results(runs / "ray" / "results.jsonl")
+    assert len(recs) == len(entries) and all(r["exit_code"] == 0 for r in recs), recs
+    assert {r["host"] for r in recs} == {"a", "b"} and all(r["gpu"] in (0, 1) for r in recs)
+    assert all(r["attempt"] == 1 and r["queued_s"] >= 0 for r in recs)
+    meta = json.loads((runs / "ray" / "meta.json").read_text())
+    assert meta["ray"] == krex_cluster.address and meta["workers"] == 4
+    assert meta["hosts"] == {"a": 2.0, "b": 2.0}
+    # Per host and whole cluster on the console and in the report; fidelity against native.
+    said = [ln for ln in p.stdout.splitlines() if ln.startswith("throughput ")]
+    assert [ln.split()[1] for ln in said] == ["a:", "b:", "cluster:"], p.stdout
+    data = json.loads((runs / "ray" / "report" / "metrics.json").read_text())
+    run = data["runs"]["ray"]
+    assert data["reference"] == "native" and run["completed"] == len(entries)
+    assert set(run["hosts"]["hosts"]) == {"a", "b"} and run["hosts"]["cluster"]["cmds_per_min"] > 0
+    f = run["stats"]["median"]["fidelity"]
+    assert f["n"] == len(entries) and 0.8 < f["median_ratio"] < 1.5
+    assert run["regions"]["regions"] == len(entries)  # the records came back from the hosts
+    assert "## Hosts" in (runs / "ray" / "report" / "report.md").read_text()
+
+
 def test_a_command_whose_host_goes_away_runs_again_elsewhere(
     krex_cluster: KrexCluster, tmp_path: Path
 ) -> None:
