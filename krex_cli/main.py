@@ -2,7 +2,7 @@
 
     krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
              [--retry-tempfail N] [--fault-retries N] [--socket PATH] [--autoregion]
-             [--region-log PATH] [--grant-log PATH] -- CMD ARGS...
+             [--region-log PATH] [--grant-log PATH] [--die-with PID] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
     krex ray-resources [--socket PATH] [--host NAME] [--exec -- ray start ...]
 
@@ -68,6 +68,16 @@ def _gpu_index(text: str) -> int:
     return value
 
 
+def _pid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a process id, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
 def _size(text: str) -> int:
     try:
         return parse_size(text)
@@ -115,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="krexd's socket (default: $KREX_SOCKET or /run/krex/krexd.sock)",
     )
     _add_run_regions(run)
+    _add_run_launcher(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     replay_cli.add_parser(sub)
     ray_resources_cli.add_parser(sub)
@@ -185,13 +196,24 @@ def _add_run_regions(run: argparse.ArgumentParser) -> None:
         help="append one JSON line per critical region of CMD to PATH "
         "(sets KREX_REGION_LOG; docs/design/region-log.md)",
     )
+    # -- end of region options --
+
+
+def _add_run_launcher(run: argparse.ArgumentParser) -> None:
+    """Options for programs that start ``krex run`` (a cluster's task): grants, parent death."""
     run.add_argument(
         "--grant-log",
         metavar="PATH",
         help="append one JSON line per admission (time, tenant, GPU, wait) to PATH "
         "(krex_cli/grantlog.py)",
     )
-    # -- end of region options --
+    run.add_argument(
+        "--die-with",
+        type=_pid,
+        metavar="PID",
+        help="get SIGKILL when the parent process PID ends (krexd then ends the command); "
+        "exit 70 at once when PID is no longer the parent (krex_cli/parentdeath.py)",
+    )
 
 
 def _region_environ(args: argparse.Namespace) -> None:
@@ -221,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             sub.error("needs a command: krex run [options] -- CMD ARGS...")
         from krex_cli.run import run
 
+        if args.die_with is not None and not _die_with(args.die_with):
+            return ExitCode.SOFTWARE
         _region_environ(args)
         return run(
             cmd,
@@ -235,6 +259,20 @@ def main(argv: list[str] | None = None) -> int:
             grant_log=os.path.abspath(args.grant_log) if args.grant_log else None,
         )
     return int(args.func(args))
+
+
+def _die_with(parent: int) -> bool:
+    """``--die-with PID``: arm the parent-death signal; False (said why) when it cannot hold."""
+    from krex_cli import parentdeath
+
+    try:
+        if parentdeath.arm(parent):
+            return True
+        why = f"process {parent} is not krex run's parent (any more)"
+    except OSError as exc:
+        why = str(exc)
+    print(f"krex: --die-with {parent}: {why}", file=sys.stderr)
+    return False
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -13,7 +13,8 @@ How the command ends when the task does, whatever ends it:
   SIGTERM (forwarded to the command's process group: the command ends and
   ``krex run`` releases its tenant), then SIGKILL after ``cancel_grace_s``;
 * the worker dies (``ray.cancel(force=True)``, its raylet or host lost):
-  ``krex run`` was started with the parent-death signal SIGKILL;
+  ``krex run --die-with <worker pid>`` gets SIGKILL from the kernel
+  (``krex_cli/parentdeath.py``);
 
 and when ``krex run`` dies first, krexd ends its tenant itself: it watches
 every launcher, and kills the tenant's cgroup when the launcher is gone.
@@ -23,7 +24,6 @@ Ray is not imported here: the worker's own ``ray`` names the node and the attemp
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shlex
@@ -38,8 +38,6 @@ from typing import IO, Any
 
 from krex_client.cluster import OUTPUT_TAIL, Command, Result, Timings, host_name
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal this process gets when its parent thread exits."""
 MAX_REGIONS = 100_000
 """Region records a result carries at most (the first ones)."""
 POLL_S = 0.1
@@ -55,19 +53,6 @@ def krex_argv(krex: Sequence[str] | None = None) -> list[str]:
         return shlex.split(os.environ["KREX_CLI"])
     found = shutil.which("krex")
     return [found] if found else [sys.executable, "-m", "krex_cli"]
-
-
-def _die_with_parent(parent: int) -> Any:
-    """A ``preexec_fn``: SIGKILL this child when the thread that forked it ends."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl  # looked up before the fork: nothing but the call runs in the child
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the prctl
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -157,7 +142,9 @@ def execute(
     with tempfile.TemporaryDirectory(prefix="krex-task-") as work:
         grants_path = os.path.join(work, "grants.jsonl")
         regions_path = os.path.join(work, "regions.jsonl")
-        logs = ["--grant-log", grants_path]
+        # --die-with: krex run arms its parent-death signal itself (no preexec_fn in
+        # this multithreaded worker, and the spawn may use vfork).
+        logs = ["--grant-log", grants_path, "--die-with", str(os.getpid())]
         if command.region_log:
             logs += ["--region-log", regions_path]
         argv = [*krex_argv(krex), "run", *command.krex_run_options(), *logs, "--", *command.argv]
@@ -173,7 +160,6 @@ def execute(
                 stdout=out,
                 stderr=err,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(os.getpid()),
             )
             code = _wait(proc, cancel_grace_s)
             ended = time.time()

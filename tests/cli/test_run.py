@@ -314,3 +314,33 @@ def test_grant_log_records_each_admission(krexd_factory: Factory, tmp_path: Path
     # A log that cannot be written is a warning; the command still runs.
     p = krex_run(k, "--grant-log", str(tmp_path / "no" / "dir"), "--", "true")
     assert p.returncode == 0 and "cannot write the grant log" in p.stderr
+
+
+def test_die_with_ends_the_command_when_its_parent_dies(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory()
+    pidfile = tmp_path / "pid"
+    # A parent that starts krex run --die-with <itself>, then waits (as a Ray worker would).
+    parent = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            "import os, subprocess, sys; "
+            "subprocess.run(sys.argv[1:] + ['--die-with', str(os.getpid()), '--', "
+            f"'sh', '-c', 'echo $$ > {pidfile}; exec sleep 60'])",
+            *k.krex,
+            "run",
+        ],
+        env=k.env,
+    )
+    wait_for(lambda: pidfile.is_file() and pidfile.read_text().strip() != "")
+    cmd = int(pidfile.read_text())
+    wait_for(lambda: len(k.status()["tenants"]) == 1)
+    parent.kill()  # SIGKILL: no chance to clean up; the kernel signals krex run
+    parent.wait()
+    wait_for(lambda: gone(cmd))  # krexd killed the tenant once its launcher died
+    wait_for(lambda: k.status()["tenants"] == [])
+    # A PID that is not krex run's parent: it refuses to run at all.
+    p = krex_run(k, "--die-with", "1", "--", "true")
+    assert p.returncode == 70 and "not krex run's parent" in p.stderr

@@ -1,6 +1,7 @@
 """A stand-in for ``krex`` in the cluster task's tests: ``run [options] -- CMD``.
 
-Writes its own pid to ``$FAKE_KREX_PIDFILE`` (when set), one grant line to
+Arms ``--die-with PID`` as krex run does (``krex_cli.parentdeath``), writes its
+own pid to ``$FAKE_KREX_PIDFILE`` (when set), one grant line to
 ``--grant-log`` (tenant 7, GPU 1) and one region record to ``--region-log``,
 then runs CMD (which dies with it: krexd would kill it) and exits with its
 code.  ``FAKE_KREX_DEAF=1``: ignores SIGTERM (as a ``krex run`` whose command
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from krex_cli import parentdeath
+
 
 def main() -> int:
     args = sys.argv[1:]
@@ -24,6 +27,8 @@ def main() -> int:
     cut = args.index("--")
     opts, cmd = args[1:cut], args[cut + 1 :]
     logs = {opts[i]: opts[i + 1] for i in range(len(opts) - 1) if opts[i].endswith("-log")}
+    if "--die-with" in opts and not parentdeath.arm(int(opts[opts.index("--die-with") + 1])):
+        return 70
     if os.environ.get("FAKE_KREX_DEAF") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.environ.get("FAKE_KREX_PIDFILE"):
