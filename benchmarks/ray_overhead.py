@@ -14,10 +14,12 @@ time:
   ``krex run -- true`` there, and the result back.
 
 The per-command overhead is the Ray time minus the direct time; the report
-gives p50/p90/p99 (ms) of both, of their difference and of the Ray part
-that is queueing and dispatch (``Timings.queued_s``: submission to the
-task's start).  Warm-up iterations (default 5 each) are not counted: the
-first Ray task also starts a worker process.  Ray's files go to a temporary
+gives p50/p90/p99 (ms) of both, of their difference, of the Ray part that
+is queueing and dispatch (``Timings.queued_s``: submission to the task's
+start) and of the task itself (its start to ``krex run``'s exit on the host:
+the same ``krex run -- true`` plus the task's own work around it).  Warm-up
+iterations (default 5 each) are not counted: the first Ray task also starts
+a worker process.  Ray's files go to a temporary
 directory (``RAY_TMPDIR``), removed afterwards with krexd's.
 """
 
@@ -93,14 +95,16 @@ def direct_ms() -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def ray_ms() -> tuple[float, float]:
-    """One command through Ray: (submission to result, submission to the task's start) in ms."""
+def ray_ms() -> tuple[float, float, float]:
+    """One command through Ray, in ms: (submission to result, submission to the task's start,
+    the task's start to ``krex run``'s exit on the host)."""
     t0 = time.perf_counter()
     res = cluster.run(cluster.Command(["true"], region_log=False))
     took = (time.perf_counter() - t0) * 1e3
     if not res.ok:
         raise SystemExit(f"through Ray: exit {res.exit_code}: {res.stderr[-500:]}")
-    return took, res.timings.queued_s * 1e3
+    t = res.timings
+    return took, t.queued_s * 1e3, (t.ended - t.started) * 1e3
 
 
 def percentiles(xs: list[float]) -> dict[str, float]:
@@ -123,18 +127,20 @@ def measure(iterations: int, warmup: int) -> dict[str, Any]:
     for _ in range(warmup):
         direct_ms()
         ray_ms()
-    direct, through, queued = [], [], []
+    direct, through, queued, task = [], [], [], []
     for _ in range(iterations):
         direct.append(direct_ms())
-        took, q = ray_ms()
+        took, q, ran = ray_ms()
         through.append(took)
         queued.append(q)
+        task.append(ran)
     return {
         "iterations": iterations,
         "direct_ms": percentiles(direct),
         "ray_ms": percentiles(through),
         "overhead_ms": percentiles([r - d for r, d in zip(through, direct, strict=True)]),
         "ray_queued_ms": percentiles(queued),
+        "ray_task_ms": percentiles(task),
         "cpus": os.cpu_count(),
     }
 
@@ -163,7 +169,7 @@ def main() -> int:
         proc.wait(30)
         shutil.rmtree(workdir, ignore_errors=True)
     result["ray_version"] = ray.__version__
-    for key in ("direct_ms", "ray_ms", "overhead_ms", "ray_queued_ms"):
+    for key in ("direct_ms", "ray_ms", "overhead_ms", "ray_queued_ms", "ray_task_ms"):
         f = result[key]
         print(f"{key:14} p50 {f['p50']:8.2f}  p90 {f['p90']:8.2f}  p99 {f['p99']:8.2f}  ms")
     if args.json:

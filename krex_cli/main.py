@@ -212,7 +212,7 @@ def _add_run_launcher(run: argparse.ArgumentParser) -> None:
         type=_pid,
         metavar="PID",
         help="get SIGKILL when the parent process PID ends (krexd then ends the command); "
-        "exit 70 at once when PID is no longer the parent (krex_cli/parentdeath.py)",
+        "exit 2 at once when PID is not (or no longer) the parent (krex_cli/parentdeath.py)",
     )
 
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         from krex_cli.run import run
 
         if args.die_with is not None and not _die_with(args.die_with):
-            return ExitCode.SOFTWARE
+            return ExitCode.USAGE
         _region_environ(args)
         return run(
             cmd,

@@ -113,7 +113,8 @@ def _where() -> tuple[str | None, int]:
     ray: Any = sys.modules.get("ray")
     node: str | None = None
     attempt = 1
-    if ray is None:
+    # Not connected: asking would start a local Ray (its auto-init).
+    if ray is None or not ray.is_initialized():
         return node, attempt
     with contextlib.suppress(Exception):  # not in a Ray worker
         node = str(ray.get_runtime_context().get_node_id())

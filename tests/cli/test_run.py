@@ -343,4 +343,4 @@ def test_die_with_ends_the_command_when_its_parent_dies(
     wait_for(lambda: k.status()["tenants"] == [])
     # A PID that is not krex run's parent: it refuses to run at all.
     p = krex_run(k, "--die-with", "1", "--", "true")
-    assert p.returncode == 70 and "not krex run's parent" in p.stderr
+    assert p.returncode == 2 and "not krex run's parent" in p.stderr

@@ -117,6 +117,7 @@ def start_task(
     """A process running execute() on ``sleep 60``; (it, the stand-in krex run's pid)."""
     pidfile = tmp_path / "krex.pid"
     env = dict(os.environ, FAKE_KREX_PIDFILE=str(pidfile), FAKE_KREX_DEAF="1" if deaf else "0")
+    env["TMPDIR"] = str(tmp_path)  # a killed task leaves its work directory behind
     task = subprocess.Popen(
         [sys.executable, "-c", RUNNER, str(grace_s), *FAKE_KREX],
         env=env,

@@ -100,6 +100,8 @@ class KrexCluster:
             "KREX_HOST": name,
             "KREX_CLI": f"{sys.executable} -m krex_cli",
             "SIMULATED_SLEEP": "1",
+            # Work directories of killed tasks stay in the cluster's directory, removed after.
+            "TMPDIR": self.tmp,
             # Ray's own clean-up of a dead worker's children off: what ends the command
             # when its worker dies must be krex's (krex run's parent-death signal).
             "RAY_kill_child_processes_on_worker_exit": "0",

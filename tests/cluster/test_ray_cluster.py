@@ -92,6 +92,7 @@ def test_commands_spread_over_hosts_and_never_exceed_a_hosts_slots(
     krex_cluster: KrexCluster,
 ) -> None:
     before = {n: h.krexd.status()["queue"]["parked_total"] for n, h in krex_cluster.hosts.items()}
+    node_ids = {n: h.node.node_id for n, h in krex_cluster.hosts.items()}
     refs = [
         cluster.submit(cluster.Command([sys.executable, "-c", SPAN, "0.6"], region_log=False))
         for _ in range(10)
@@ -104,6 +105,7 @@ def test_commands_spread_over_hosts_and_never_exceed_a_hosts_slots(
         # The command ran on the host the result names, on the GPU krexd granted.
         assert host == res.host and int(gpu) == res.gpu and res.gpu in (0, 1)
         assert res.attempt == 1 and res.admissions == 1 and res.tenant is not None
+        assert res.node_id in node_ids[res.host]
         assert res.timings.queued_s >= 0 and res.timings.ran_s is not None
         spans.setdefault(res.host, []).append((float(t0), float(t1)))
     assert set(spans) == {"a", "b"}, spans

@@ -28,7 +28,7 @@ def main() -> int:
     opts, cmd = args[1:cut], args[cut + 1 :]
     logs = {opts[i]: opts[i + 1] for i in range(len(opts) - 1) if opts[i].endswith("-log")}
     if "--die-with" in opts and not parentdeath.arm(int(opts[opts.index("--die-with") + 1])):
-        return 70
+        return 2
     if os.environ.get("FAKE_KREX_DEAF") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if os.environ.get("FAKE_KREX_PIDFILE"):
