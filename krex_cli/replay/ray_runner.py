@@ -45,8 +45,11 @@ class RayRunner(Runner):
         self._in_flight: set[Any] = set()
 
     def _start_krexd(self) -> tuple[modes.Krexd | None, str | None]:
-        """Connect to the cluster (no krexd here); ModeError when it has no krex host."""
-        import ray
+        """Connect to the cluster (no krexd here); ModeError without Ray or a krex host."""
+        try:
+            import ray
+        except ImportError:
+            raise modes.ModeError("--ray needs Ray: pip install 'krex[ray]'") from None
 
         ray.init(address=self.opts.ray_address, logging_level="WARNING", log_to_driver=False)
         self._capacity = cluster.capacity()
@@ -75,6 +78,7 @@ class RayRunner(Runner):
         """Run one command once on the cluster and record its outcome."""
         o = self.opts
         rec = self._new_record(worker, gpu, p, i, entry, {})
+        rec["gpu"] = None  # the host's krexd chooses: known from the result
         mem = entry.extra.get("mem")
         command = cluster.Command(
             resolve_argv(entry.argv, o.python),

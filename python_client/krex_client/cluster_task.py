@@ -124,6 +124,39 @@ def _where() -> tuple[str | None, int]:
     return node, attempt
 
 
+GRANTS = "grants.jsonl"
+REGIONS = "regions.jsonl"
+
+
+def _argv(command: Command, work: str, krex: Sequence[str] | None) -> list[str]:
+    """``krex run`` for ``command``, its logs in the directory ``work``."""
+    # --die-with: krex run arms its parent-death signal itself (no preexec_fn in
+    # this multithreaded worker, and the spawn may use vfork).
+    logs = ["--grant-log", os.path.join(work, GRANTS), "--die-with", str(os.getpid())]
+    if command.region_log:
+        logs += ["--region-log", os.path.join(work, REGIONS)]
+    return [*krex_argv(krex), "run", *command.krex_run_options(), *logs, "--", *command.argv]
+
+
+def _run(
+    argv: list[str], command: Command, work: str, grace_s: float
+) -> tuple[int, float, tuple[str, int], tuple[str, int]]:
+    """Run ``argv``; (exit code, end time, (stdout tail, size), (stderr tail, size))."""
+    with tempfile.TemporaryFile(dir=work) as out, tempfile.TemporaryFile(dir=work) as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=command.cwd,
+            env={**os.environ, **command.env},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+        code = _wait(proc, grace_s)
+        ended = time.time()
+        return (code if code >= 0 else 128 - code), ended, _tail(out), _tail(err)
+
+
 def execute(
     command: Command,
     submitted: float,
@@ -139,42 +172,17 @@ def execute(
     """
     started = time.time()
     node, attempt = _where()
-    env = {**os.environ, **command.env}
     with tempfile.TemporaryDirectory(prefix="krex-task-") as work:
-        grants_path = os.path.join(work, "grants.jsonl")
-        regions_path = os.path.join(work, "regions.jsonl")
-        # --die-with: krex run arms its parent-death signal itself (no preexec_fn in
-        # this multithreaded worker, and the spawn may use vfork).
-        logs = ["--grant-log", grants_path, "--die-with", str(os.getpid())]
-        if command.region_log:
-            logs += ["--region-log", regions_path]
-        argv = [*krex_argv(krex), "run", *command.krex_run_options(), *logs, "--", *command.argv]
-        with (
-            tempfile.TemporaryFile(dir=work) as out,
-            tempfile.TemporaryFile(dir=work) as err,
-        ):
-            proc = subprocess.Popen(
-                argv,
-                cwd=command.cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-            )
-            code = _wait(proc, cancel_grace_s)
-            ended = time.time()
-            stdout, stdout_bytes = _tail(out)
-            stderr, stderr_bytes = _tail(err)
-        grants = _json_lines(grants_path, 1000)
-        regions = _json_lines(regions_path, MAX_REGIONS) if command.region_log else []
+        code, ended, out, err = _run(_argv(command, work, krex), command, work, cancel_grace_s)
+        grants = _json_lines(os.path.join(work, GRANTS), 1000)
+        regions = _json_lines(os.path.join(work, REGIONS), MAX_REGIONS)
     last = grants[-1] if grants else {}
     return Result(
-        exit_code=code if code >= 0 else 128 - code,
-        stdout=stdout,
-        stderr=stderr,
-        stdout_bytes=stdout_bytes,
-        stderr_bytes=stderr_bytes,
+        exit_code=code,
+        stdout=out[0],
+        stderr=err[0],
+        stdout_bytes=out[1],
+        stderr_bytes=err[1],
         regions=regions,
         host=host_name(),
         node_id=node,

@@ -138,14 +138,16 @@ def krex_cluster() -> Iterator[KrexCluster]:
     tmp = tempfile.mkdtemp(prefix="kr")  # short: Ray's socket paths must fit in 107 bytes
     old = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = tmp
-    c = KrexCluster(tmp)
+    c: KrexCluster | None = None
     try:
+        c = KrexCluster(tmp)
         for name in ("a", "b"):
             c.add_host(name)
         ray.init(address=c.address, logging_level="warning", log_to_driver=False)
         yield c
     finally:
-        c.shutdown()
+        if c is not None:
+            c.shutdown()
         if old is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:
