@@ -2,8 +2,10 @@
 
     krex run [--gpu N] [--timeout S] [--exclusive] [--mem SIZE] [--label L]
              [--retry-tempfail N] [--fault-retries N] [--socket PATH] [--autoregion]
-             [--region-log PATH] [--warm | --cold] [-v] -- CMD ARGS...
+             [--region-log PATH] [--grant-log PATH] [--die-with PID]
+             [--warm | --cold] [-v] -- CMD ARGS...
     krex replay TRACE --mode native|serial|krex|ungated ...   (see krex replay -h)
+    krex ray-resources [--socket PATH] [--host NAME] [--exec -- ray start ...]
 
 ``krex run`` exits with CMD's own exit code; ``krex run --help`` lists its
 other exit codes.
@@ -16,6 +18,7 @@ import os
 import sys
 
 from krex_cli import __version__, help_text
+from krex_cli import ray_resources as ray_resources_cli
 from krex_cli.replay import cli as replay_cli
 from krex_client.connection import default_socket
 from krex_client.errors import ExitCode
@@ -63,6 +66,16 @@ def _gpu_index(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a GPU index, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def _pid(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a process id, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
     return value
 
 
@@ -114,8 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_regions(run)
     _add_run_start(run)
+    _add_run_launcher(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     replay_cli.add_parser(sub)
+    ray_resources_cli.add_parser(sub)
     return p
 
 
@@ -209,6 +224,23 @@ def _add_run_start(run: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run_launcher(run: argparse.ArgumentParser) -> None:
+    """Options for programs that start ``krex run`` (a cluster's task): grants, parent death."""
+    run.add_argument(
+        "--grant-log",
+        metavar="PATH",
+        help="append one JSON line per admission (time, tenant, GPU, wait) to PATH "
+        "(krex_cli/grantlog.py)",
+    )
+    run.add_argument(
+        "--die-with",
+        type=_pid,
+        metavar="PID",
+        help="get SIGKILL when the parent process PID ends (krexd then ends the command); "
+        "exit 2 at once when PID is not (or no longer) the parent (krex_cli/parentdeath.py)",
+    )
+
+
 def _region_environ(args: argparse.Namespace) -> None:
     """``--autoregion`` and ``--region-log``: variables CMD inherits (krex run's environment)."""
     if args.autoregion:
@@ -237,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         from krex_cli.run import run
         from krex_cli.warm import launch
 
+        if args.die_with is not None and not _die_with(args.die_with):
+            return ExitCode.USAGE
         _region_environ(args)
         launch.verbose = bool(args.verbose)
         return run(
@@ -250,8 +284,23 @@ def main(argv: list[str] | None = None) -> int:
             args.retry_tempfail,
             fault_retries=max(0, args.fault_retries),
             warm=bool(args.warm) and not args.cold,
+            grant_log=os.path.abspath(args.grant_log) if args.grant_log else None,
         )
     return int(args.func(args))
+
+
+def _die_with(parent: int) -> bool:
+    """``--die-with PID``: arm the parent-death signal; False (said why) when it cannot hold."""
+    from krex_cli import parentdeath
+
+    try:
+        if parentdeath.arm(parent):
+            return True
+        why = f"process {parent} is not krex run's parent (any more)"
+    except OSError as exc:
+        why = str(exc)
+    print(f"krex: --die-with {parent}: {why}", file=sys.stderr)
+    return False
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

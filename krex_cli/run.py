@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from krex_cli import casualty, slotmem
+from krex_cli import casualty, grantlog, slotmem
 from krex_cli.reconnect import Reconnecting
 from krex_cli.warm import launch, plan
 from krex_cli.warm.client import UNKNOWN_STATUS
@@ -198,6 +198,7 @@ def run(
     retry_tempfail: int | None = None,
     fault_retries: int = casualty.DEFAULT_RETRIES,
     warm: bool = False,
+    grant_log: str | None = None,
 ) -> int:
     """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code.
 
@@ -206,6 +207,7 @@ def run(
     ``retry_tempfail``: times to run it again after an exit 75 (None: krexd's default).
     ``fault_retries``: re-runs after GPU-wide faults it did not cause (``krex_cli.casualty``).
     ``warm``: start it from a warm pool when one can (``krex_cli.warm``), else cold.
+    ``grant_log``: a file to append each admission to (``krex_cli.grantlog``), or None.
 
     The layers, outermost first: fault re-runs (``casualty.with_reruns``, which
     may turn later runs exclusive), exit-75 retries (:func:`_retry_tempfail`),
@@ -223,7 +225,7 @@ def run(
         def attempt(excl: bool) -> int:
             return _retry_tempfail(
                 argv,
-                lambda: _run(conn, argv, gpu, timeout_s, excl, mem_bytes, label, pools),
+                lambda: _run(conn, argv, gpu, timeout_s, excl, mem_bytes, label, pools, grant_log),
                 retries,
             )
 
@@ -269,6 +271,7 @@ def _run(
     mem_bytes: int | None = None,
     label: str | None = None,
     warm: plan.Settings | None = None,
+    grant_log: str | None = None,
 ) -> int:
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
     if gpu is not None:
@@ -284,7 +287,10 @@ def _run(
         _say("interrupted while waiting for a slot")
         return 128 + signal.SIGINT
     # How long the command waited for its slot (ms), for its own record.
-    granted.setdefault("env", {})["KREX_ADMIT_MS"] = f"{(time.monotonic() - asked) * 1e3:.3f}"
+    admit_ms = (time.monotonic() - asked) * 1e3
+    granted.setdefault("env", {})["KREX_ADMIT_MS"] = f"{admit_ms:.3f}"
+    if grant_log is not None:
+        grantlog.append(grant_log, granted, admit_ms)
     tenant = Reconnecting(conn.socket, int(granted["tenant"]), str(granted["token"]), 10.0, _resent)
     try:
         return _launch(tenant, argv, granted, timeout_s, warm)

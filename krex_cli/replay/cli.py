@@ -4,12 +4,17 @@
                 [--duration S] [--repeat K] [--gpus 0,1,...] [--fake-gpus N]
                 [--socket PATH] [--config PATH] [--python PATH] [--cwd DIR]
                 [--timeout S] [--no-progress] [--no-report]
+    krex replay TRACE --mode krex --ray ADDRESS --out DIR [--duration S] [--repeat K] ...
     krex replay report DIR... --out REPORT_DIR
 
 A run writes DIR/results.jsonl and DIR/meta.json, then (unless
 --no-report) a report in DIR/report comparing it with every other run
 directory under DIR's parent.  --concurrency defaults to 1, or with
 --socket (krex and ungated modes) to the running krexd's slots per GPU.
+--ray ADDRESS spreads the commands over the krex hosts of a Ray cluster
+(each host's krexd and its configuration enforce; the report adds each
+host's and the cluster's cmds/min); --python and --cwd must then name the
+same paths on every host.
 Exit codes: 0 done (even when some commands
 failed: see the results), 1 the replay could not run (bad trace or
 arguments, krexd failed), 130 interrupted.
@@ -22,11 +27,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from krex_cli import help_text
 from krex_cli.replay import modes
+from krex_cli.replay.options import RunOptions
 from krex_cli.replay.trace import TraceError, load
+
+if TYPE_CHECKING:
+    from krex_cli.replay.runner import Runner
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -124,6 +133,13 @@ def _add_placement_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="base krexd config (default: the shipped etc/krex.toml)",
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run the commands over this Ray cluster's krex hosts (mode krex; each host's "
+        "krexd decides slots and regions)",
     )
 
 
@@ -253,6 +269,26 @@ def _gpus(args: argparse.Namespace) -> list[int] | int:
     return gpus or _err("no GPU found (nvidia-smi -L); pass --gpus or --fake-gpus")
 
 
+def _ray_conflict(args: argparse.Namespace) -> str | None:
+    """Why ``--ray`` cannot go with the other arguments, or None."""
+    if args.mode != "krex":
+        return "--ray runs mode krex only (each host's krexd configuration decides the rest)"
+    given = [
+        flag
+        for flag, value in (
+            ("--socket", args.socket),
+            ("--fake-gpus", args.fake_gpus),
+            ("--gpus", args.gpus),
+            ("--concurrency", args.concurrency),
+            ("--config", args.config),
+        )
+        if value is not None
+    ]
+    if given:
+        return f"{', '.join(given)}: not with --ray (the hosts' krexds decide GPUs and slots)"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``krex replay`` with parsed ``args``; returns the exit code."""
     if args.target == "report":
@@ -261,50 +297,21 @@ def main(args: argparse.Namespace) -> int:
         return _err(f"unexpected arguments after the trace: {' '.join(args.dirs)}")
     if args.mode is None:
         return _err("--mode is required (native, serial, krex or ungated)")
-    from krex_cli.replay.options import RunOptions
-    from krex_cli.replay.runner import Runner
-
+    if args.ray is not None and (why := _ray_conflict(args)) is not None:
+        return _err(why)
     try:
-        trace_path = Path(args.target)
-        entries = load(trace_path)
-        modes.make_mode(args.mode, args.concurrency or 1)  # a bad combination fails first
-        gpus = _gpus(args)
-        if isinstance(gpus, int):
-            return gpus
-        concurrency = args.concurrency
-        if concurrency is None and args.socket is not None and args.mode in ("krex", "ungated"):
-            concurrency = daemon_slots(args.socket, gpus)
-        mode = modes.make_mode(args.mode, concurrency or 1)
-        if args.socket is not None and not mode.uses_krexd:
-            return _err("--socket applies to the krexd-backed modes only")
-        base = args.config if args.config is not None else modes.default_base_config()
-        if args.config is not None and not args.config.is_file():
-            return _err(f"--config {args.config}: no such file")
-        opts = RunOptions(
-            trace=entries,
-            trace_path=trace_path.resolve(),
-            mode=mode,
-            out=args.out.resolve(),
-            gpus=gpus,
-            pin_gpus=args.gpus is not None,
-            duration_s=args.duration,
-            repeat=args.repeat,
-            python=args.python,
-            cwd=args.cwd.resolve(),
-            timeout_s=args.timeout,
-            socket=args.socket,
-            fake_gpus=args.fake_gpus,
-            base_config=base,
-            progress=not args.no_progress,
-            warm=args.warm,
-        )
-        results = Runner(opts).run()
+        opts = _options(args)
+        if isinstance(opts, int):
+            return opts
+        results = _runner(opts).run()
     except (TraceError, modes.ModeError) as exc:
         return _err(str(exc))
     except KeyboardInterrupt:
         print("krex replay: interrupted; partial results kept", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"results: {results}")
+    if opts.ray_address is not None:
+        _print_hosts(opts.out)
     if not args.no_report:
         from krex_cli.replay.report import find_runs, generate
 
@@ -314,3 +321,67 @@ def main(args: argparse.Namespace) -> int:
             dirs.append(out)
         print(f"report: {generate(dirs, out / 'report')}")
     return EXIT_OK
+
+
+def _options(args: argparse.Namespace) -> RunOptions | int:
+    """The run's ``RunOptions``, or an exit code after saying why there are none.
+
+    Raises TraceError (a bad trace) and ModeError (a bad mode or concurrency).
+    """
+    trace_path = Path(args.target)
+    entries = load(trace_path)
+    modes.make_mode(args.mode, args.concurrency or 1)  # a bad combination fails first
+    gpus = [] if args.ray is not None else _gpus(args)
+    if isinstance(gpus, int):
+        return gpus
+    concurrency = args.concurrency
+    if concurrency is None and args.socket is not None and args.mode in ("krex", "ungated"):
+        concurrency = daemon_slots(args.socket, gpus)
+    mode = modes.make_mode(args.mode, concurrency or 1)
+    if args.socket is not None and not mode.uses_krexd:
+        return _err("--socket applies to the krexd-backed modes only")
+    base = args.config if args.config is not None else modes.default_base_config()
+    if args.config is not None and not args.config.is_file():
+        return _err(f"--config {args.config}: no such file")
+    return RunOptions(
+        trace=entries,
+        trace_path=trace_path.resolve(),
+        mode=mode,
+        out=args.out.resolve(),
+        gpus=gpus,
+        pin_gpus=args.gpus is not None,
+        duration_s=args.duration,
+        repeat=args.repeat,
+        python=args.python,
+        cwd=args.cwd.resolve(),
+        timeout_s=args.timeout,
+        socket=args.socket,
+        fake_gpus=args.fake_gpus,
+        base_config=base,
+        progress=not args.no_progress,
+        warm=args.warm,
+        ray_address=args.ray,
+    )
+
+
+def _runner(opts: RunOptions) -> Runner:
+    """The runner of ``opts``: over a Ray cluster (``--ray``) or on this host."""
+    if opts.ray_address is not None:
+        from krex_cli.replay.ray_runner import RayRunner
+
+        return RayRunner(opts)
+    from krex_cli.replay.runner import Runner
+
+    return Runner(opts)
+
+
+def _print_hosts(out: Path) -> None:
+    """Each host's and the cluster's cmds/min of the run in ``out`` (``--ray``)."""
+    import json
+
+    from krex_cli.replay import hosts
+    from krex_cli.replay.results import META, RESULTS, load_results
+
+    meta = json.loads((out / META).read_text(encoding="utf-8"))
+    for line in hosts.lines(hosts.summarize(load_results(out / RESULTS), meta)):
+        print(f"throughput {line}")

@@ -31,7 +31,9 @@ class RunOptions:
     socket: a running krexd to use instead of starting one; fake_gpus: pass
     ``--fake-gpus N`` to the started krexd; base_config: krexd config the
     mode overrides; progress: show a progress bar; warm: start each command
-    with ``krex run --warm`` (modes that use krexd; docs/design/warm.md).
+    with ``krex run --warm`` (modes that use krexd; docs/design/warm.md); ray_address: run the
+    commands over this Ray cluster's krex hosts instead (``ray_runner.py``;
+    no krexd is started, ``gpus`` is empty).
     """
 
     trace: Sequence[TraceEntry]
@@ -50,6 +52,7 @@ class RunOptions:
     base_config: Path | None = None
     progress: bool = True
     warm: bool = False
+    ray_address: str | None = None
 
 
 def resolve_argv(argv: Sequence[str], python: str) -> list[str]:

@@ -3,10 +3,11 @@
 Input: run directories (each with meta.json and results.jsonl from the
 runner).  The reference is the earliest-started native run; any later
 native run is reported as a *native repeat* (run-to-run variation, paper
-§6.4).  Output directory: ``report.md``, ``metrics.json`` and the plots
-``throughput.png``, ``phases.png`` and, per statistic S in (median, mean),
-``ratio_cdf_S.png``, ``ratio_by_band_S.png``, ``flip_rate_S.png``,
-``kendall_cdf_S.png``.
+§6.4).  A run over a Ray cluster (``krex replay --ray``) also gets each
+host's and the cluster's throughput (``hosts.py``).  Output directory:
+``report.md``, ``metrics.json`` and the plots ``throughput.png``,
+``phases.png`` and, per statistic S in (median, mean), ``ratio_cdf_S.png``,
+``ratio_by_band_S.png``, ``flip_rate_S.png``, ``kendall_cdf_S.png``.
 
 The plots are drawn in ``charts.py``; the run files' format is in ``results.py``.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from krex_cli.replay import faults, metrics, regions
+from krex_cli.replay import faults, hosts, metrics, regions
 from krex_cli.replay.charts import plots
 from krex_cli.replay.results import META, PHASES, RESULTS, load_results
 from krex_cli.replay.trace import BAND_NAMES
@@ -121,6 +122,7 @@ def compute(runs: list[Run], ref: Run | None) -> dict[str, Any]:
             "phases_median_ms": phase_medians(run),
             "regions": regions.summarize(regions.load(run.path)),
             "gpu_faults": faults.count(run.records),
+            "hosts": hosts.summarize(run.records, run.meta),
             "stats": {},
         }
         if ref is not None and run is not ref:
@@ -190,6 +192,7 @@ def _jsonable(x: Any) -> Any:
 def markdown(runs: list[Run], data: dict[str, Any]) -> str:
     """The report text (markdown tables; plots referenced by file name)."""
     lines = _md_throughput(runs, data)
+    lines += hosts.markdown({r.label: data["runs"][r.label]["hosts"] for r in runs})
     lines += faults.markdown({r.label: data["runs"][r.label]["gpu_faults"] for r in runs})
     for stat in metrics.STATS:
         compared = [r for r in runs if stat in data["runs"][r.label]["stats"]]

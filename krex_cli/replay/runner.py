@@ -69,7 +69,7 @@ class Runner:
     def __init__(self, opts: RunOptions) -> None:
         if opts.repeat is not None and opts.repeat < 1:
             raise modes.ModeError(f"--repeat must be >= 1, got {opts.repeat}")
-        if not opts.gpus:
+        if not opts.gpus and opts.ray_address is None:
             raise modes.ModeError("no GPU to run on")
         self.opts = opts
         self._lock = threading.Lock()

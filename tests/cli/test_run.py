@@ -294,3 +294,53 @@ def test_shutdown_answers_parked_and_ends_running_commands(krexd_factory: Factor
     assert parked.returncode == 69 and "SHUTTING_DOWN" in err
     running.communicate(timeout=20)
     assert running.returncode == 137
+
+
+def test_grant_log_records_each_admission(krexd_factory: Factory, tmp_path: Path) -> None:
+    k = krexd_factory(fake_gpus=2, slots=1)
+    log = tmp_path / "grants.jsonl"
+    show = "import os; print(os.environ['KREX_TENANT'], os.environ['KREX_GPU'])"
+    before = time.time()
+    for _ in range(2):
+        p = krex_run(k, "--gpu", "1", "--grant-log", str(log), "--", PY, "-c", show)
+        assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 2  # appended, one line per admission
+    tenant, gpu = p.stdout.split()
+    last = lines[-1]
+    assert (last["tenant"], last["gpu"]) == (int(tenant), int(gpu)) == (last["tenant"], 1)
+    assert before <= lines[0]["time"] <= last["time"] <= time.time()
+    assert all(line["admit_ms"] >= 0.0 for line in lines)
+    # A log that cannot be written is a warning; the command still runs.
+    p = krex_run(k, "--grant-log", str(tmp_path / "no" / "dir"), "--", "true")
+    assert p.returncode == 0 and "cannot write the grant log" in p.stderr
+
+
+def test_die_with_ends_the_command_when_its_parent_dies(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory()
+    pidfile = tmp_path / "pid"
+    # A parent that starts krex run --die-with <itself>, then waits (as a Ray worker would).
+    parent = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            "import os, subprocess, sys; "
+            "subprocess.run(sys.argv[1:] + ['--die-with', str(os.getpid()), '--', "
+            f"'sh', '-c', 'echo $$ > {pidfile}; exec sleep 60'])",
+            *k.krex,
+            "run",
+        ],
+        env=k.env,
+    )
+    wait_for(lambda: pidfile.is_file() and pidfile.read_text().strip() != "")
+    cmd = int(pidfile.read_text())
+    wait_for(lambda: len(k.status()["tenants"]) == 1)
+    parent.kill()  # SIGKILL: no chance to clean up; the kernel signals krex run
+    parent.wait()
+    wait_for(lambda: gone(cmd))  # krexd killed the tenant once its launcher died
+    wait_for(lambda: k.status()["tenants"] == [])
+    # A PID that is not krex run's parent: it refuses to run at all.
+    p = krex_run(k, "--die-with", "1", "--", "true")
+    assert p.returncode == 2 and "not krex run's parent" in p.stderr

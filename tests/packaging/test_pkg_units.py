@@ -104,6 +104,36 @@ def test_unit_contract() -> None:
         assert forbidden not in keys, forbidden
 
 
+def test_ray_worker_unit(systemd_analyze: str, tmp_path: Path) -> None:
+    """krex-ray-worker.service verifies, starts Ray through krex ray-resources, and never
+    stops with krexd (a krexd restart keeps the commands) nor isolates resources."""
+    unit = (UNITS / "krex-ray-worker.service").read_text()
+    keys: dict[str, list[str]] = {}
+    for line in unit.splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            k, v = line.split("=", 1)
+            keys.setdefault(k, []).append(v)
+    (start,) = keys["ExecStart"]
+    assert start.startswith("/usr/bin/krex ray-resources --exec -- ray start --block ")
+    assert not any("resource-isolation" in v for vs in keys.values() for v in vs)
+    assert keys["Environment"] == ["KREX_SOCKET=/run/krex/krexd.sock"]
+    assert keys["SupplementaryGroups"] == ["krex"] and keys["KillMode"] == ["control-group"]
+    assert "krexd.service" in keys["Wants"][0] and "krexd.service" in keys["After"][0]
+    for forbidden in ("Requires", "BindsTo", "PartOf"):
+        assert forbidden not in keys, forbidden
+    (tmp_path / "krex-ray-worker.service").write_text(
+        unit.replace("\nExecStart=/usr/bin/krex ", "\nExecStart=/bin/true ")
+    )
+    res = subprocess.run(
+        [systemd_analyze, "verify", "--man=no", "krex-ray-worker.service"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0 and res.stderr.strip() == "", res.stderr
+
+
 def test_sysusers_creates_group(tmp_path: Path) -> None:
     sysusers = shutil.which("systemd-sysusers", path=SYSTEM_PATH)
     if sysusers is None:

@@ -1,0 +1,201 @@
+"""The Ray task of :mod:`krex_client.cluster`: one ``krex run`` against this host's krexd.
+
+Runs in a Ray worker on the host Ray chose.  :func:`execute` starts ``krex
+run [options] --grant-log G --region-log R -- ARGV`` with the worker's
+environment (``KREX_SOCKET`` there names this host's krexd) plus the
+command's, its output into files, waits for it and returns a
+:class:`krex_client.cluster.Result`.
+
+How the command ends when the task does, whatever ends it:
+
+* ``ray.cancel(ref)`` raises KeyboardInterrupt in the task, the worker's
+  SIGTERM raises SystemExit, SIGINT KeyboardInterrupt: ``krex run`` gets
+  SIGTERM (forwarded to the command's process group: the command ends and
+  ``krex run`` releases its tenant), then SIGKILL after ``cancel_grace_s``;
+* the worker dies (``ray.cancel(force=True)``, its raylet or host lost):
+  ``krex run --die-with <worker pid>`` gets SIGKILL from the kernel
+  (``krex_cli/parentdeath.py``);
+
+and when ``krex run`` dies first, krexd ends its tenant itself: it watches
+every launcher, and kills the tenant's cgroup when the launcher is gone.
+Ray is not imported here: the worker's own ``ray`` names the node and the attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import IO, Any
+
+from krex_client.cluster import OUTPUT_TAIL, Command, Result, Timings, host_name
+
+MAX_REGIONS = 100_000
+"""Region records a result carries at most (the first ones)."""
+POLL_S = 0.1
+"""How often the wait for ``krex run`` lets an interruption (``ray.cancel``) through."""
+
+
+def krex_argv(krex: Sequence[str] | None = None) -> list[str]:
+    """How to call ``krex`` here: ``krex``, else ``$KREX_CLI``, else ``krex`` on PATH, else
+    ``python -m krex_cli``."""
+    if krex:
+        return list(krex)
+    if os.environ.get("KREX_CLI"):
+        return shlex.split(os.environ["KREX_CLI"])
+    found = shutil.which("krex")
+    return [found] if found else [sys.executable, "-m", "krex_cli"]
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM to ``krex run`` (it forwards it to the command), SIGKILL after ``grace_s``."""
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # krexd sees its launcher gone and kills the tenant's cgroup
+            proc.wait()
+
+
+def _wait(proc: subprocess.Popen[bytes], grace_s: float) -> int:
+    """Wait for ``krex run``; on any interruption stop it (:func:`_stop`) and re-raise."""
+    try:
+        while True:
+            # Short waits: ray.cancel's KeyboardInterrupt arrives between them.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return proc.wait(POLL_S)
+    except BaseException:
+        _stop(proc, grace_s)
+        raise
+
+
+def _tail(f: IO[bytes]) -> tuple[str, int]:
+    """(the last :data:`OUTPUT_TAIL` bytes of ``f``, decoded; its size in bytes)."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - OUTPUT_TAIL))
+    return f.read().decode(errors="replace"), size
+
+
+def _json_lines(path: str, limit: int) -> list[dict[str, Any]]:
+    """The JSON objects of the file ``path``, one per line, at most ``limit`` ([] if none)."""
+    out: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if len(out) >= limit:
+                    break
+                with contextlib.suppress(json.JSONDecodeError):
+                    obj = json.loads(line)
+                    if isinstance(obj, dict):
+                        out.append(obj)
+    except OSError:
+        pass
+    return out
+
+
+def _where() -> tuple[str | None, int]:
+    """(this Ray node's id, this task's attempt: 1 for the first run); (None, 1) outside Ray.
+
+    A Ray worker has imported ``ray`` already; nothing is imported here.
+    """
+    ray: Any = sys.modules.get("ray")
+    node: str | None = None
+    attempt = 1
+    # Not connected: asking would start a local Ray (its auto-init).
+    if ray is None or not ray.is_initialized():
+        return node, attempt
+    with contextlib.suppress(Exception):  # not in a Ray worker
+        node = str(ray.get_runtime_context().get_node_id())
+    with contextlib.suppress(Exception):  # no public API for the attempt number (Ray 2.60)
+        core = ray._private.worker.global_worker.core_worker
+        attempt = int(core.get_current_task_attempt_number()) + 1
+    return node, attempt
+
+
+GRANTS = "grants.jsonl"
+REGIONS = "regions.jsonl"
+
+
+def _argv(command: Command, work: str, krex: Sequence[str] | None) -> list[str]:
+    """``krex run`` for ``command``, its logs in the directory ``work``."""
+    # --die-with: krex run arms its parent-death signal itself (no preexec_fn in
+    # this multithreaded worker, and the spawn may use vfork).
+    logs = ["--grant-log", os.path.join(work, GRANTS), "--die-with", str(os.getpid())]
+    if command.region_log:
+        logs += ["--region-log", os.path.join(work, REGIONS)]
+    return [*krex_argv(krex), "run", *command.krex_run_options(), *logs, "--", *command.argv]
+
+
+def _run(
+    argv: list[str], command: Command, work: str, grace_s: float
+) -> tuple[int, float, tuple[str, int], tuple[str, int]]:
+    """Run ``argv``; (exit code, end time, (stdout tail, size), (stderr tail, size))."""
+    with tempfile.TemporaryFile(dir=work) as out, tempfile.TemporaryFile(dir=work) as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=command.cwd,
+            env={**os.environ, **command.env},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+        code = _wait(proc, grace_s)
+        ended = time.time()
+        return (code if code >= 0 else 128 - code), ended, _tail(out), _tail(err)
+
+
+def execute(
+    command: Command,
+    submitted: float,
+    cancel_grace_s: float = 5.0,
+    krex: Sequence[str] | None = None,
+) -> Result:
+    """Run ``command`` through ``krex run`` on this host; its :class:`Result`.
+
+    ``submitted``: the driver's submission time (unix s).  ``cancel_grace_s``:
+    seconds between SIGTERM and SIGKILL to ``krex run`` when the task is
+    interrupted.  ``krex``: how to call ``krex`` (:func:`krex_argv`).
+    Raises whatever interrupted the task, after ``krex run`` is gone.
+    """
+    started = time.time()
+    node, attempt = _where()
+    with tempfile.TemporaryDirectory(prefix="krex-task-") as work:
+        code, ended, out, err = _run(_argv(command, work, krex), command, work, cancel_grace_s)
+        grants = _json_lines(os.path.join(work, GRANTS), 1000)
+        regions = _json_lines(os.path.join(work, REGIONS), MAX_REGIONS)
+    last = grants[-1] if grants else {}
+    return Result(
+        exit_code=code,
+        stdout=out[0],
+        stderr=err[0],
+        stdout_bytes=out[1],
+        stderr_bytes=err[1],
+        regions=regions,
+        host=host_name(),
+        node_id=node,
+        gpu=last.get("gpu"),
+        gpu_uuid=last.get("gpu_uuid"),
+        tenant=last.get("tenant"),
+        attempt=attempt,
+        admissions=len(grants),
+        timings=Timings(
+            submitted=submitted,
+            started=started,
+            admitted=last.get("time"),
+            ended=ended,
+            admit_wait_s=sum(float(g.get("admit_ms") or 0.0) for g in grants) / 1000.0,
+        ),
+    )
