@@ -68,12 +68,37 @@ def _import_modules(names: list[str]) -> tuple[list[str], list[str], str | None]
     return imported, skipped, None
 
 
+def _threads() -> int:
+    """This process's thread count (``Threads:`` of /proc/self/status; 1 when unreadable)."""
+    with open("/proc/self/status") as f:
+        found = [ln.split()[1] for ln in f if ln.startswith("Threads:")]
+    return int(found[0]) if found else 1
+
+
+def _threads_after_a_trial_fork() -> int:
+    """The thread count once a fork has run the libraries' fork handlers.
+
+    Thread pools that are safe to fork stop their threads in a
+    ``pthread_atfork`` handler and start them again on their next use:
+    OpenBLAS does, and ``import torch`` starts its pool through numpy (one
+    thread per core but one: 15 on a 16-core host).  A fork whose child
+    exits at once shows which threads outlive a fork: those are the unsafe
+    ones (another thread's lock copied held).
+    """
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return _threads()
+
+
 def _unclean() -> str | None:
     """Why a fork of this process would not be a clean start (None when it would be)."""
-    with open("/proc/self/status") as f:
-        threads = [ln.split()[1] for ln in f if ln.startswith("Threads:")]
-    if threads and threads[0] != "1":
-        return f"the imports left {int(threads[0]) - 1} thread(s) running (a fork copies one)"
+    if _threads() > 1 and (left := _threads_after_a_trial_fork()) > 1:
+        return (
+            f"the imports left {left - 1} thread(s) running that do not stop at a fork "
+            "(a fork copies one)"
+        )
     if os.environ.get("LD_PRELOAD"):
         import ctypes
 

@@ -137,3 +137,27 @@ def _wait_refused(pools: Pools) -> str:
             return str(found[0].read_text())
         assert time.monotonic() < deadline, pools.logs()
         time.sleep(0.1)
+
+
+def test_a_pool_whose_threads_stop_at_a_fork_serves(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    """OpenBLAS (imported with torch through numpy) starts a thread per core but one."""
+    k = krexd_factory(config=warm_config(modules=["pool_fork_aware"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    pools.ready(env=env)
+    prog = "import threading; print(threading.active_count())"
+    warm = pools.warm([sys.executable, "-c", prog], env=env)
+    assert warm.stdout == "1\n", warm.stderr
+
+
+def test_a_pool_whose_imports_leave_a_thread_running_refuses_to_serve(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory(config=warm_config(modules=["pool_thread_stays"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    pools.warm([sys.executable, "-c", "pass"], served=False, env=env)
+    refused = _wait_refused(pools)
+    assert "1 thread(s) running that do not stop at a fork" in refused, refused
