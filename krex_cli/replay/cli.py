@@ -3,13 +3,15 @@
     krex replay TRACE --mode native|serial|krex|ungated [--concurrency N] --out DIR
                 [--duration S] [--repeat K] [--gpus 0,1,...] [--fake-gpus N]
                 [--socket PATH] [--config PATH] [--python PATH] [--cwd DIR]
-                [--timeout S] [--no-progress] [--no-report]
+                [--timeout S] [--warm off|on|alternate] [--no-progress] [--no-report]
     krex replay report DIR... --out REPORT_DIR
 
 A run writes DIR/results.jsonl and DIR/meta.json, then (unless
 --no-report) a report in DIR/report comparing it with every other run
 directory under DIR's parent.  --concurrency defaults to 1, or with
 --socket (krex and ungated modes) to the running krexd's slots per GPU.
+--warm alternate runs every other command from a warm pool (krex run
+--warm), the others cold, and the report compares their start-up times.
 Exit codes: 0 done (even when some commands
 failed: see the results), 1 the replay could not run (bad trace or
 arguments, krexd failed), 130 interrupted.
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from krex_cli import help_text
-from krex_cli.replay import modes
+from krex_cli.replay import modes, starts
 from krex_cli.replay.trace import TraceError, load
 
 EXIT_OK = 0
@@ -146,6 +148,13 @@ def _add_command_arguments(p: argparse.ArgumentParser) -> None:
         default=600.0,
         metavar="S",
         help="per-command time limit (default 600 s)",
+    )
+    p.add_argument(
+        "--warm",
+        choices=starts.WARM_CHOICES,
+        default="off",
+        help="start commands from warm pools (krex run --warm): off (default), on, or "
+        "alternate warm and cold to compare them in one run (krexd-backed modes)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="skip the report after a run")
@@ -272,6 +281,8 @@ def main(args: argparse.Namespace) -> int:
         mode = modes.make_mode(args.mode, concurrency or 1)
         if args.socket is not None and not mode.uses_krexd:
             return _err("--socket applies to the krexd-backed modes only")
+        if args.warm != "off" and not mode.uses_krexd:
+            return _err("--warm applies to the krexd-backed modes only")
         base = args.config if args.config is not None else modes.default_base_config()
         if args.config is not None and not args.config.is_file():
             return _err(f"--config {args.config}: no such file")
@@ -291,6 +302,7 @@ def main(args: argparse.Namespace) -> int:
             fake_gpus=args.fake_gpus,
             base_config=base,
             progress=not args.no_progress,
+            warm=args.warm,
         )
         results = Runner(opts).run()
     except (TraceError, modes.ModeError) as exc:
