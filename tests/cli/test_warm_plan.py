@@ -101,6 +101,7 @@ def test_the_key_follows_what_imports_can_see_and_only_that() -> None:
     ]:
         assert _key({**base, var: value}) != key, var
     # Not keyed: other variables, and what krexd sets per command.
+    assert _key({**base, "KREX_AUTOREGION": "1"}) != key  # acted on at interpreter start
     for var in ("MY_VAR", "KREX_TENANT", "KREX_TOKEN", "CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE"):
         assert _key({**base, var: "other"}) == key, var
     assert _key(base, [PY, "-u", "-c", "pass"]) != key  # interpreter options
@@ -122,6 +123,7 @@ def test_the_pool_environment() -> None:
         "LD_PRELOAD": "/x/libkrex_shim.so",
         "KREX_TENANT": "3",
         "KREX_SLOTS_FD": "9",
+        "KREX_AUTOREGION": "1",
         "CUDA_VISIBLE_DEVICES": "GPU-1",
         "NCCL_NVLS_ENABLE": "0",
         "MY_VAR": "1",
@@ -132,6 +134,7 @@ def test_the_pool_environment() -> None:
         "PATH": "/usr/bin",
         "LD_PRELOAD": "/x/libkrex_shim.so",
         "MY_VAR": "1",
+        "KREX_AUTOREGION": "1",
         "KREX_SHIM_DEFER": "1",
     }
 

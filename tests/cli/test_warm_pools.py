@@ -182,3 +182,20 @@ def test_timeout_kills_a_warm_command(krexd_factory: Factory, tmp_path: Path) ->
     assert time.monotonic() - t0 < 15
     assert p.returncode == 124 and "timeout" in p.stderr, p.stderr
     assert SERVED in p.stderr
+
+
+def test_auto_regions_act_in_a_pool_that_imported_krex_client(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    pools = Pools(krexd_factory(config=warm_config(modules=["json", "krex_client"])), tmp_path)
+    probe_code = "import krex_client.implicit as i; print(i.enabled())"
+    for extra, want in (((), "False\n"), (("--autoregion",), "True\n")):
+        deadline = time.monotonic() + 60
+        while True:  # the first run of each key starts its pool
+            p = pools.run("--warm", [PY, "-c", probe_code], options=extra)
+            if SERVED in p.stderr:
+                break
+            assert time.monotonic() < deadline, pools.logs()
+            time.sleep(0.2)
+        assert p.stdout == want, (extra, p.stderr)
+        assert pools.run("--cold", [PY, "-c", probe_code], options=extra).stdout == want
