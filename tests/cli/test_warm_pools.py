@@ -199,3 +199,22 @@ def test_auto_regions_act_in_a_pool_that_imported_krex_client(
             time.sleep(0.2)
         assert p.stdout == want, (extra, p.stderr)
         assert pools.run("--cold", [PY, "-c", probe_code], options=extra).stdout == want
+
+
+def test_a_pool_is_held_to_its_memory_limit(krexd_factory: Factory, tmp_path: Path) -> None:
+    k = krexd_factory(config=warm_config(memory_max="256M"))
+    pools = Pools(k, tmp_path)
+    pools.ready()
+    row = pools.pools()[0]
+    cg = k.status()["warm"]["cgroups"]
+    leaf = f"u0-p{row['pid']}"
+    if cg["memory"] == "v2":
+        limit = Path(row["cgroup"], "memory.max").read_text()
+    elif cg["memory"] == "v1":
+        limit = Path(cg["memory_root"], "pools", leaf, "memory.limit_in_bytes").read_text()
+    else:
+        pytest.skip("no memory controller on this host")
+    assert int(limit) == 256 << 20
+    with open(f"/proc/{row['pid']}/cgroup") as f:
+        assert f.read().count(f"/pools/{leaf}") == (1 if cg["memory"] == "v2" else 2)
+    assert row["memory_bytes"] and row["memory_bytes"] > 1 << 20  # the zygote is charged
