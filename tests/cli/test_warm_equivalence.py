@@ -162,7 +162,7 @@ def test_signals_to_krex_run_reach_the_command(
     )
     for start in ("--cold", "--warm"):
         run = subprocess.Popen(
-            [*pools.k.krex, "run", start, "--", PY, "-c", prog],
+            [*pools.k.krex, "run", start, "-v", "--", PY, "-c", prog],
             env=pools.env,
             stderr=subprocess.PIPE,
             text=True,
@@ -172,7 +172,9 @@ def test_signals_to_krex_run_reach_the_command(
             assert time.monotonic() < deadline
             time.sleep(0.02)
         run.send_signal(sig)
-        assert run.wait(20) == code, start
+        _, err = run.communicate(timeout=20)
+        assert run.returncode == code, (start, err)
+        assert (SERVED in err) == (start == "--warm")
         ready.unlink()
 
 
