@@ -115,7 +115,7 @@ def place_fds(conn: socket.socket, fds: list[int], targets: list[int]) -> socket
     conn.close()
     for fd in fds:
         os.close(fd)
-    for fd, target in zip(high, targets, strict=True):
+    for fd, target in zip(high, targets):  # noqa: B905 - the zygote may run on Python 3.9
         os.dup2(fd, target, inheritable=True)
     keep = set(targets) | {conn_fd}
     for name in os.listdir("/proc/self/fd"):
