@@ -1,7 +1,9 @@
 """krex_cli: the user's programs around krexd: ``krex run``, ``krex replay``, ``krexctl``, demo.
 
 * :mod:`krex_cli.main` — the ``krex`` command (``run``, ``replay``, ``ray-resources``);
-* :mod:`krex_cli.run` — ``krex run``: admit a command through krexd and run it as a tenant;
+* :mod:`krex_cli.run` — ``krex run``: admit a command through krexd and run it as a tenant
+  (:mod:`krex_cli.coldstart` forks and execs it; :mod:`krex_cli.warm` starts it from a
+  warm pool with ``--warm``);
 * :mod:`krex_cli.ray_resources` — ``krex ray-resources``: this host's Ray resources, from krexd;
 * :mod:`krex_cli.krexctl` — ``krexctl status``;
 * :mod:`krex_cli.replay` — ``krex replay``: replay a command trace, report fidelity;

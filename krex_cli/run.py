@@ -5,8 +5,11 @@ Sequence (DESIGN.md "krex run"):
 1. ``ping`` krexd (unreachable -> one line naming the socket, exit 69).
 2. ``admit`` (parked server-side until a slot frees; no polling).
 3. Create the tenant's slot memory when the reply asks for it (a sealed
-   memfd, ``krex_cli.slotmem``; the command inherits it), then fork; the
-   child puts itself in its own process group and blocks on a pipe.
+   memfd, ``krex_cli.slotmem``; the command inherits it), then fork
+   (``krex_cli.coldstart``); the child puts itself in its own process group
+   and blocks on a pipe.  With ``--warm`` a warm pool's process is used
+   instead when a pool can serve CMD (``krex_cli.warm.launch``,
+   docs/design/warm.md): placed the same way before it runs CMD's code.
 4. ``place`` the child's pid in the tenant cgroup (and name the slot
    memory, which krexd attaches to the gate); only then the pipe is written
    and the child ``exec``s CMD, so CMD's first instruction already runs in
@@ -41,26 +44,22 @@ GPU-wide fault under MPS that was not its own (``krex_cli.casualty``; exit
 
 CMD runs as the user who ran ``krex run``: krexd executes nothing; ``krex
 run`` forks and execs CMD itself, and krexd places only a direct child of
-the verified launcher with the launcher's uid (docs/design/security.md).  A
+the verified launcher with the launcher's uid, or an unplaced child of the
+launcher's uid's warm pool (docs/design/security.md).  A
 socket this user may not open is reported as "permission denied" with the
 group to join (exit 77, EX_NOPERM).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
-import select
-import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
-from krex_cli import casualty, grantlog, slotmem
+from krex_cli import casualty, coldstart, grantlog, slotmem
 from krex_cli.reconnect import Reconnecting
 from krex_cli.warm import launch, plan
 from krex_cli.warm.client import UNKNOWN_STATUS
@@ -68,7 +67,6 @@ from krex_client.connection import KrexPermissionDenied, KrexUnavailable, Remote
 from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
 
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _say(msg: str) -> None:
@@ -87,104 +85,6 @@ def tenant_environ(base: dict[str, str], granted: dict[str, str]) -> dict[str, s
         else:
             env[key] = value
     return env
-
-
-def _resolve(cmd: str, env: dict[str, str]) -> tuple[str | None, int, str]:
-    """Path of ``cmd`` (PATH lookup as execvp does), or (None, exit code, why) as a shell says.
-
-    127 ``command not found`` (no ``/``, not on PATH) or ``No such file or
-    directory``; 126 ``Is a directory`` or ``Permission denied`` (bash's codes
-    and words).
-    """
-    if "/" not in cmd:
-        found = shutil.which(cmd, path=env.get("PATH", os.defpath))
-        return (found, 0, "") if found else (None, ExitCode.NOT_FOUND, "command not found")
-    if not os.path.exists(cmd):
-        return None, ExitCode.NOT_FOUND, os.strerror(errno.ENOENT)
-    if os.path.isdir(cmd):
-        return None, ExitCode.CANNOT_EXEC, os.strerror(errno.EISDIR)
-    if not os.access(cmd, os.X_OK):
-        return None, ExitCode.CANNOT_EXEC, os.strerror(errno.EACCES)
-    return cmd, 0, ""
-
-
-def _child(read_fd: int, path: str, argv: list[str], env: dict[str, str]) -> None:
-    """In the forked child: wait until placed, then exec CMD (never returns).
-
-    When the exec itself fails (the file changed since :func:`_resolve`, or it
-    is no program: ``Exec format error``), one line on stderr says why and the
-    exit code is 127 for a missing file, 126 otherwise.
-    """
-    try:
-        os.setpgid(0, 0)
-        for sig in (*FORWARDED_SIGNALS, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTOU):
-            signal.signal(sig, signal.SIG_DFL)
-        go = os.read(read_fd, 1)
-        os.close(read_fd)
-        if go != b"1":
-            os._exit(ExitCode.CANNOT_EXEC)
-        os.execve(path, argv, env)
-    except OSError as exc:
-        code = ExitCode.NOT_FOUND if exc.errno == errno.ENOENT else ExitCode.CANNOT_EXEC
-        with contextlib.suppress(OSError):
-            os.write(2, f"krex: {argv[0]}: {exc.strerror}\n".encode(errors="replace"))
-        os._exit(code)
-    except BaseException:
-        pass
-    os._exit(ExitCode.CANNOT_EXEC)
-
-
-@contextlib.contextmanager
-def _terminal_foreground(pgid: int) -> Iterator[None]:
-    """Make ``pgid`` the terminal's foreground group while CMD runs, when we own the terminal."""
-    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else -1
-    ours = False
-    if fd >= 0:
-        try:
-            ours = os.tcgetpgrp(fd) == os.getpgrp()
-        except OSError:
-            ours = False
-    if ours:
-        _tcsetpgrp(fd, pgid)
-    try:
-        yield
-    finally:
-        if ours:
-            _tcsetpgrp(fd, os.getpgrp())
-
-
-def _tcsetpgrp(fd: int, pgid: int) -> None:
-    # A background group calling tcsetpgrp gets SIGTTOU unless it is ignored.
-    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    try:
-        os.tcsetpgrp(fd, pgid)
-    except OSError:
-        pass
-    finally:
-        signal.signal(signal.SIGTTOU, old)
-
-
-def _wait(pid: int, timeout_s: float | None) -> int | None:
-    """Wait for child ``pid``; its wait status, or None when ``timeout_s`` passed first."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    pidfd = os.pidfd_open(pid)
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        while True:
-            left_ms = None if deadline is None else max(0, (deadline - time.monotonic()) * 1000)
-            if poller.poll(None if left_ms is None else int(left_ms) + 1):
-                _, status = os.waitpid(pid, 0)
-                return status
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-    finally:
-        os.close(pidfd)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def run(
@@ -315,7 +215,7 @@ def _launch(
 ) -> int:
     """Start CMD (warm when ``warm`` is given and a pool can, else cold), wait, release."""
     env = tenant_environ(dict(os.environ), {str(k): str(v) for k, v in granted["env"].items()})
-    path, err, why = _resolve(argv[0], env)
+    path, err, why = coldstart.resolve(argv[0], env)
     if path is None:
         _say(f"{argv[0]}: {why}")
         _release(tenant, {"exit_code": err})
@@ -331,53 +231,16 @@ def _launch(
             return ExitCode.SOFTWARE
         env.update(slotmem.environ(slots_fd))
         place["slots_fd"] = slots_fd
-    if warm is not None:
-        ended = launch.attempt(tenant, argv, path, env, granted, place, timeout_s, warm)
-        if ended is not None:
-            return _ended(tenant, argv, ended.status, ended.timed_out, timeout_s)
-    status = _run_cold(tenant, path, argv, env, place, timeout_s)
-    return _ended(tenant, argv, status or 0, status is None, timeout_s)
-
-
-def _run_cold(
-    tenant: Reconnecting,
-    path: str,
-    argv: list[str],
-    env: dict[str, str],
-    place: dict[str, Any],
-    timeout_s: float | None,
-) -> int | None:
-    """Fork, place, exec, wait (steps 3-6): CMD's wait status, None when ``--timeout`` killed it."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(write_fd)
-        _child(read_fd, path, argv, env)
-    os.close(read_fd)
-    with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)  # also done by the child: whichever runs first wins the race
     try:
-        tenant.request("place", {"pid": pid, **place})
+        if warm is not None:
+            ended = launch.attempt(tenant, argv, path, env, granted, place, timeout_s, warm)
+            if ended is not None:
+                return _ended(tenant, argv, ended.status, ended.timed_out, timeout_s)
+        status = coldstart.run_cold(tenant, path, argv, env, place, timeout_s)
     except (KrexUnavailable, RemoteError):
-        os.close(write_fd)
-        _killpg(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        _release(tenant, {"signal": int(signal.SIGKILL)})
+        _release(tenant, {"signal": int(signal.SIGKILL)})  # placing failed: nothing runs
         raise
-    forward = _forwarder(pid)
-    old_handlers = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    try:
-        with _terminal_foreground(pid):
-            os.write(write_fd, b"1")
-            os.close(write_fd)
-            status = _wait(pid, timeout_s)
-            if status is None:
-                _killpg(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-    finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
-    return status
+    return _ended(tenant, argv, status or 0, status is None, timeout_s)
 
 
 def _ended(
@@ -437,13 +300,6 @@ def _outcome(
         "(EX_TEMPFAIL): run it again"
     )
     return ExitCode.TEMPFAIL
-
-
-def _forwarder(pgid: int) -> Any:
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        _killpg(pgid, signum)
-
-    return forward
 
 
 def _release(tenant: Reconnecting, body: dict[str, int]) -> dict[str, Any] | None:

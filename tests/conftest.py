@@ -233,8 +233,15 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
         started.append(k)
         if wait:
             k.wait_ready()
-            cg = k.status()["cgroups"]
-            trees = (cg["root"], cg.get("cpuset_root"), cg.get("pids_root"))
+            st = k.status()
+            cg = st["cgroups"]
+            pools = ((st.get("warm") or {}).get("cgroups")) or {}  # v1 memory of warm pools
+            trees = (
+                cg["root"],
+                cg.get("cpuset_root"),
+                cg.get("pids_root"),
+                pools.get("memory_root"),
+            )
             k.cgroup_dirs = [d for d in trees if d]
         return k
 

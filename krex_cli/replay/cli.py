@@ -3,7 +3,7 @@
     krex replay TRACE --mode native|serial|krex|ungated [--concurrency N] --out DIR
                 [--duration S] [--repeat K] [--gpus 0,1,...] [--fake-gpus N]
                 [--socket PATH] [--config PATH] [--python PATH] [--cwd DIR]
-                [--timeout S] [--no-progress] [--no-report]
+                [--timeout S] [--warm off|on|alternate] [--no-progress] [--no-report]
     krex replay TRACE --mode krex --ray ADDRESS --out DIR [--duration S] [--repeat K] ...
     krex replay report DIR... --out REPORT_DIR
 
@@ -15,6 +15,9 @@ directory under DIR's parent.  --concurrency defaults to 1, or with
 (each host's krexd and its configuration enforce; the report adds each
 host's and the cluster's cmds/min); --python and --cwd must then name the
 same paths on every host.
+
+--warm alternate runs every other command from a warm pool (krex run
+--warm), the others cold, and the report compares their start-up times.
 Exit codes: 0 done (even when some commands
 failed: see the results), 1 the replay could not run (bad trace or
 arguments, krexd failed), 130 interrupted.
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from krex_cli import help_text
-from krex_cli.replay import modes
+from krex_cli.replay import modes, starts
 from krex_cli.replay.options import RunOptions
 from krex_cli.replay.trace import TraceError, load
 
@@ -165,8 +168,10 @@ def _add_command_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--warm",
-        action="store_true",
-        help="start commands with `krex run --warm` (krex modes; docs/design/warm.md)",
+        choices=starts.WARM_CHOICES,
+        default="off",
+        help="start commands from warm pools (krex run --warm): off (default), on, or "
+        "alternate warm and cold to compare them in one run (krexd-backed modes)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="skip the report after a run")
@@ -340,6 +345,8 @@ def _options(args: argparse.Namespace) -> RunOptions | int:
     mode = modes.make_mode(args.mode, concurrency or 1)
     if args.socket is not None and not mode.uses_krexd:
         return _err("--socket applies to the krexd-backed modes only")
+    if args.warm != "off" and not mode.uses_krexd:
+        return _err("--warm applies to the krexd-backed modes only")
     base = args.config if args.config is not None else modes.default_base_config()
     if args.config is not None and not args.config.is_file():
         return _err(f"--config {args.config}: no such file")

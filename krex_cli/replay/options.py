@@ -30,8 +30,8 @@ class RunOptions:
     commands' working directory; timeout_s: per-command limit (s);
     socket: a running krexd to use instead of starting one; fake_gpus: pass
     ``--fake-gpus N`` to the started krexd; base_config: krexd config the
-    mode overrides; progress: show a progress bar; warm: start each command
-    with ``krex run --warm`` (modes that use krexd; docs/design/warm.md); ray_address: run the
+    mode overrides; progress: show a progress bar; warm: ``off``, ``on`` or
+    ``alternate`` (``krex run --warm``; ``krex_cli.replay.starts``); ray_address: run the
     commands over this Ray cluster's krex hosts instead (``ray_runner.py``;
     no krexd is started, ``gpus`` is empty).
     """
@@ -51,7 +51,7 @@ class RunOptions:
     fake_gpus: int | None = None
     base_config: Path | None = None
     progress: bool = True
-    warm: bool = False
+    warm: str = "off"
     ray_address: str | None = None
 
 
@@ -64,13 +64,14 @@ def resolve_argv(argv: Sequence[str], python: str) -> list[str]:
 
 
 def command(
-    opts: RunOptions, entry: TraceEntry, gpu: int, socket: str | None
+    opts: RunOptions, entry: TraceEntry, gpu: int, socket: str | None, warm: bool | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of one trace command on GPU ``gpu``.
 
     native: the command itself with ``CUDA_VISIBLE_DEVICES=gpu``; in a mode that
-    uses krexd (``socket`` required): ``krex run [--gpu G] [--mem M] [--warm] -- ARGV`` with
-    ``KREX_SOCKET``.  The caller's ``KREX_*`` variables are dropped.
+    uses krexd (``socket`` required): ``krex run [--gpu G] [--mem M] -- ARGV`` with
+    ``KREX_SOCKET``, plus ``--warm -v`` (``warm`` True) or ``--cold`` (False).
+    The caller's ``KREX_*`` variables are dropped.
     """
     argv = resolve_argv(entry.argv, opts.python)
     base = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
@@ -84,6 +85,6 @@ def command(
     mem = entry.extra.get("mem")  # the command's declared GPU memory need, e.g. "8G"
     if isinstance(mem, str) and mem:
         pin += ["--mem", mem]
-    if opts.warm:
-        pin.append("--warm")
+    if warm is not None:
+        pin += ["--warm", "-v"] if warm else ["--cold"]
     return modes.krex_command() + ["run", *pin, "--", *argv], env

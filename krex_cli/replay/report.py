@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from krex_cli.replay import faults, hosts, metrics, regions
+from krex_cli.replay import faults, hosts, metrics, regions, starts
 from krex_cli.replay.charts import plots
 from krex_cli.replay.results import META, PHASES, RESULTS, load_results
 from krex_cli.replay.trace import BAND_NAMES
@@ -123,6 +123,7 @@ def compute(runs: list[Run], ref: Run | None) -> dict[str, Any]:
             "regions": regions.summarize(regions.load(run.path)),
             "gpu_faults": faults.count(run.records),
             "hosts": hosts.summarize(run.records, run.meta),
+            "starts": starts.summarize(run.records),
             "stats": {},
         }
         if ref is not None and run is not ref:
@@ -208,6 +209,7 @@ def markdown(runs: list[Run], data: dict[str, Any]) -> str:
             "",
         ]
     lines += _md_phases(runs, data)
+    lines += starts.markdown({r.label: data["runs"][r.label]["starts"] for r in runs})
     lines += regions.markdown({r.label: data["runs"][r.label]["regions"] for r in runs})
     return "\n".join(lines)
 

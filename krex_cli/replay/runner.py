@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-from krex_cli.replay import modes, regions
+from krex_cli.replay import modes, regions, starts
 from krex_cli.replay.options import RunOptions, command
 from krex_cli.replay.results import RESULTS, record_outcome, write_meta
 from krex_cli.replay.trace import TraceEntry
@@ -105,7 +105,10 @@ class Runner:
         self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
     ) -> dict[str, Any]:
         """Run one command once: start it, wait for it, record its outcome."""
-        argv, env = command(self.opts, entry, gpu, socket)
+        warm = None
+        if self.opts.warm != "off" and self.opts.mode.uses_krexd:
+            warm = starts.asks_warm(self.opts.warm, p, i)
+        argv, env = command(self.opts, entry, gpu, socket, warm)
         rec = self._new_record(worker, gpu, p, i, entry, env)
         rec["start"] = time.time()
         t0 = time.monotonic()
@@ -126,6 +129,8 @@ class Runner:
         rec["wall_s"] = time.monotonic() - t0
         rec["exit_code"] = proc.returncode
         record_outcome(rec, out, err, proc.returncode, error)
+        if warm is not None:
+            rec["warm"] = starts.outcome(warm, err)
         return rec
 
     def _new_record(
@@ -223,6 +228,7 @@ class Runner:
             "cwd": str(o.cwd),
             "host": platform.node(),
             "timeout_s": o.timeout_s,
+            "warm": o.warm,
         }
         meta.update(more)
         return meta

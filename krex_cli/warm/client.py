@@ -150,7 +150,10 @@ class PoolSession:
         fds = _inheritable_fds()
         if len(fds) + 1 > wire.MAX_FDS:
             raise PoolUnavailable(f"{len(fds)} inheritable file descriptors")
-        cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:  # O_PATH: a working directory krex run may enter but not read is fine too
+            cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise PoolUnavailable(f"cannot pass the working directory: {exc.strerror}") from None
         try:
             request = {
                 "op": "run",

@@ -100,10 +100,13 @@ def _first_word(zygote: subprocess.Popen[bytes], cfg: dict[str, Any]) -> dict[st
         "idle_s": cfg["idle_s"],
         "modules": cfg["modules"],
     }
-    zygote.stdin.write((json.dumps(settings) + "\n").encode())
-    zygote.stdin.flush()
-    line = zygote.stdout.readline()
-    return dict(json.loads(line)) if line.strip() else {}
+    try:
+        zygote.stdin.write((json.dumps(settings) + "\n").encode())
+        zygote.stdin.flush()
+        line = zygote.stdout.readline()
+        return dict(json.loads(line)) if line.strip() else {}
+    except (OSError, ValueError):
+        return {}  # it died (its log says why)
 
 
 def _watch(zygote: subprocess.Popen[bytes], conn: Connection, krexd_pid: int) -> None:
@@ -130,6 +133,14 @@ def _watch(zygote: subprocess.Popen[bytes], conn: Connection, krexd_pid: int) ->
         lost = True
 
 
+def _refused(cfg: dict[str, Any], why: str) -> None:
+    """Log why this key's pool does not serve and keep it in ``<key>.refused`` (krex run reads
+    it and starts no pool of this key for the idle lifetime)."""
+    log(f"the pool refused to serve: {why}")
+    with open(os.path.join(cfg["directory"], cfg["key"] + ".refused"), "w") as f:
+        f.write(why + "\n")
+
+
 def main(argv: list[str]) -> int:
     """See the module docstring; always 0 (the pool is a cache: krex run never depends on it)."""
     with open(argv[0]) as f:
@@ -138,7 +149,12 @@ def main(argv: list[str]) -> int:
     lock = _lock(os.path.join(cfg["directory"], cfg["key"] + ".lock"))
     if lock is None:
         return 0
-    zygote = _start_zygote(cfg)
+    try:
+        zygote = _start_zygote(cfg)
+    except OSError as exc:
+        _refused(cfg, f"cannot start {cfg['path']}: {exc.strerror}")
+        os.close(lock)
+        return 0
     assert zygote.stdin is not None
     conn = Connection(str(cfg["krexd_socket"]), timeout_s=10.0)
     try:
@@ -150,10 +166,7 @@ def main(argv: list[str]) -> int:
             return 0
         word = _first_word(zygote, cfg)
         if not word.get("ready"):
-            why = str(word.get("refused") or "the zygote ended before it was ready")
-            log(f"the pool refused to serve: {why}")
-            with open(os.path.join(cfg["directory"], cfg["key"] + ".refused"), "w") as f:
-                f.write(why + "\n")
+            _refused(cfg, str(word.get("refused") or "the zygote ended before it was ready"))
             zygote.stdin.close()
             return 0
         log(f"pool {zygote.pid} ready: imported {', '.join(word.get('modules') or []) or '-'}")

@@ -37,10 +37,13 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the zygote imports them from its own directory, by these names
+if TYPE_CHECKING:
     from krex_cli.warm import krexpool_wire as wire
 else:
-    import krexpool_wire as wire
+    try:  # the zygote: run by file path, it imports its siblings by these names
+        import krexpool_wire as wire
+    except ImportError:  # imported as part of krex_cli (tests, tools)
+        from krex_cli.warm import krexpool_wire as wire
 
 #: Signals ``krex run`` resets to SIG_DFL before a cold command's exec (krex_cli/run.py).
 RESET_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGPIPE", "SIGXFSZ", "SIGTTOU")
@@ -112,7 +115,7 @@ def place_fds(conn: socket.socket, fds: list[int], targets: list[int]) -> socket
     conn.close()
     for fd in fds:
         os.close(fd)
-    for fd, target in zip(high, targets, strict=True):
+    for fd, target in zip(high, targets):  # noqa: B905 - the zygote may run on Python 3.9
         os.dup2(fd, target, inheritable=True)
     keep = set(targets) | {conn_fd}
     for name in os.listdir("/proc/self/fd"):

@@ -27,12 +27,16 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the zygote imports them from its own directory, by these names
+if TYPE_CHECKING:
     from krex_cli.warm import krexpool_child as child
     from krex_cli.warm import krexpool_wire as wire
 else:
-    import krexpool_child as child
-    import krexpool_wire as wire
+    try:  # the zygote: run by file path, it imports its siblings by these names
+        import krexpool_child as child
+        import krexpool_wire as wire
+    except ImportError:  # imported as part of krex_cli (tests, tools)
+        from krex_cli.warm import krexpool_child as child
+        from krex_cli.warm import krexpool_wire as wire
 
 #: Longest wait for one message of a request before the connection is dropped (s).
 REQUEST_TIMEOUT_S = 5.0

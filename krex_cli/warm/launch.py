@@ -88,16 +88,21 @@ def attempt(
     ``settings``: krexd's ``[warm]``.  Raises what ``place`` raises when
     krexd is unreachable (as a cold start does).
     """
-    made = plan.make_plan(argv, path, env, list(granted.get("env") or {}), settings, tenant.socket)
-    if isinstance(made, str):
-        debug(f"cold start: {made}")
-        return None
     try:
+        made = plan.make_plan(
+            argv, path, env, list(granted.get("env") or {}), settings, tenant.socket
+        )
+        if isinstance(made, str):
+            debug(f"cold start: {made}")
+            return None
         files = pooldir.PoolFiles(pooldir.directory(), made.key)
+        session = _session(files, made)
     except pooldir.PoolDirError as exc:
         debug(f"cold start: pool directory: {exc}")
         return None
-    session = _session(files, made)
+    except Exception as exc:  # noqa: BLE001 - a pool never makes a command fail
+        debug(f"cold start: {exc!r}")
+        return None
     if session is None:
         return None
     try:
@@ -186,10 +191,11 @@ def _serve(
     fields = {"mode": cmd.mode, "target": cmd.target, "args": list(cmd.args), "argv": cmd.argv}
     try:
         pid = session.start(fields, env)
-    except client.PoolUnavailable as exc:
+        pidfd = os.pidfd_open(pid)
+    except (client.PoolUnavailable, OSError) as exc:
+        session.abort()
         debug(f"cold start: {exc}")
         return None
-    pidfd = os.pidfd_open(pid)
     try:
         try:
             tenant.request("place", {"pid": pid, **place})

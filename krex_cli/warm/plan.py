@@ -14,7 +14,8 @@
   identity) and the environment variables ``[warm] key_prefixes`` /
   ``key_names`` select.  The variables krexd sets per command (``KREX_*``,
   ``CUDA_VISIBLE_DEVICES`` ...) are not in the key and not in the pool's
-  environment: a command gets them only when it starts.
+  environment: a command gets them only when it starts; ``KREX_AUTOREGION``,
+  which an interpreter acts on at start, is in both.
 
 Anything else is a reason (a string) to start cold.
 """
@@ -42,6 +43,9 @@ _UNSUPPORTED_X = frozenset({"importtime", "showrefcount"})
 _UNSUPPORTED_ENV = ("PYTHONINSPECT", "PYTHONPROFILEIMPORTTIME", "PYTHONVERBOSE")
 #: Set only in the zygote's environment (libkrex_shim: skip initialisation at load).
 DEFER_VAR = "KREX_SHIM_DEFER"
+#: krex variables an interpreter acts on at start (krex_client-autoregion.pth, or
+#: krex_client's import): kept in the pool's environment, and in its key.
+STARTUP_VARS = ("KREX_AUTOREGION",)
 
 
 @dataclass(frozen=True)
@@ -210,7 +214,11 @@ def zygote_environ(env: Mapping[str, str], granted: Sequence[str]) -> dict[str, 
     stays (the shim must be loaded in the zygote to be in its children).
     """
     drop = {k for k in granted if k != "LD_PRELOAD"}
-    out = {k: v for k, v in env.items() if k not in drop and not k.startswith("KREX_")}
+    out = {
+        k: v
+        for k, v in env.items()
+        if k not in drop and (not k.startswith("KREX_") or k in STARTUP_VARS)
+    }
     out[DEFER_VAR] = "1"
     return out
 
@@ -238,7 +246,7 @@ def make_plan(
     keyed = {
         k: v
         for k, v in sorted(zenv.items())
-        if k in settings.key_names or k.startswith(settings.key_prefixes)
+        if k in settings.key_names or k in STARTUP_VARS or k.startswith(settings.key_prefixes)
     }
     preload = [p for p in zenv.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     material = {

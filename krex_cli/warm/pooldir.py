@@ -23,6 +23,9 @@ import os
 import stat
 from dataclasses import dataclass
 
+#: Longest Unix socket path (bytes; sockaddr_un's 108 with the terminating NUL).
+MAX_SOCKET_PATH = 107
+
 
 class PoolDirError(Exception):
     """The pool directory cannot be used (the message says why)."""
@@ -96,4 +99,6 @@ def directory(environ: dict[str, str] | None = None) -> str:
         raise PoolDirError(f"{path} belongs to uid {st.st_uid}, not {uid}")
     if st.st_mode & 0o077:
         raise PoolDirError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}, not 0700")
+    if len(os.fsencode(path)) + len("/0123456789abcdef01234567.sock") > MAX_SOCKET_PATH:
+        raise PoolDirError(f"{path} is too long for a Unix socket path in it")
     return path

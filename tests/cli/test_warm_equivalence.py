@@ -162,7 +162,7 @@ def test_signals_to_krex_run_reach_the_command(
     )
     for start in ("--cold", "--warm"):
         run = subprocess.Popen(
-            [*pools.k.krex, "run", start, "--", PY, "-c", prog],
+            [*pools.k.krex, "run", start, "-v", "--", PY, "-c", prog],
             env=pools.env,
             stderr=subprocess.PIPE,
             text=True,
@@ -172,7 +172,9 @@ def test_signals_to_krex_run_reach_the_command(
             assert time.monotonic() < deadline
             time.sleep(0.02)
         run.send_signal(sig)
-        assert run.wait(20) == code, start
+        _, err = run.communicate(timeout=20)
+        assert run.returncode == code, (start, err)
+        assert (SERVED in err) == (start == "--warm")
         ready.unlink()
 
 
@@ -216,3 +218,31 @@ def test_a_terminal_gives_line_buffering_as_cold(pools: Pools) -> None:
     assert diff(cold, warm) == {}
     stdout = warm["stdio"][1]  # type: ignore[index]
     assert stdout["isatty"] is True and stdout["line_buffering"] is True
+
+
+def test_stdin_and_binary_output_are_the_commands_own(pools: Pools) -> None:
+    pools.ready()
+    prog = (
+        "import sys\n"
+        "data = sys.stdin.read()\n"
+        "sys.stdout.write(data.upper())\n"
+        "sys.stdout.buffer.write(b'\\xff\\n')\n"
+        "print('é', file=sys.stderr)\n"
+    )
+    got = []
+    for start in (["--cold"], ["--warm", "-v"]):
+        p = subprocess.run(
+            [*pools.k.krex, "run", *start, "--", PY, "-c", prog],
+            env=pools.env,
+            input=b"line one\nline two\n",
+            capture_output=True,
+            timeout=60,
+        )
+        err = b"".join(
+            ln for ln in p.stderr.splitlines(keepends=True) if not ln.startswith(b"krex: warm: ")
+        )
+        assert (SERVED.encode() in p.stderr) == ("--warm" in start)
+        got.append((p.returncode, p.stdout, err))
+    assert got[0] == got[1]  # the same order of the text and binary layers' output too
+    assert sorted(got[1][1].splitlines()) == [b"LINE ONE", b"LINE TWO", b"\xff"]
+    assert got[1][2] == "é\n".encode()

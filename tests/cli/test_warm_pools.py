@@ -55,7 +55,8 @@ import __main__, json, os, random, sys
 print(json.dumps({
     "json_leak": hasattr(json, "leak"), "global": "leak_global" in vars(__main__),
     "env": "LEAK" in os.environ, "cwd": os.getcwd(), "module": "leaked_module" in sys.modules,
-    "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
+    "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")
+                  if f != os.environ.get("KREX_SLOTS_FD")),  # krex run's number for it varies
     "random": random.random(), "pid": os.getpid(),
 }))
 """
@@ -182,3 +183,39 @@ def test_timeout_kills_a_warm_command(krexd_factory: Factory, tmp_path: Path) ->
     assert time.monotonic() - t0 < 15
     assert p.returncode == 124 and "timeout" in p.stderr, p.stderr
     assert SERVED in p.stderr
+
+
+def test_auto_regions_act_in_a_pool_that_imported_krex_client(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    pools = Pools(krexd_factory(config=warm_config(modules=["json", "krex_client"])), tmp_path)
+    probe_code = "import krex_client.implicit as i; print(i.enabled())"
+    for extra, want in (((), "False\n"), (("--autoregion",), "True\n")):
+        deadline = time.monotonic() + 60
+        while True:  # the first run of each key starts its pool
+            p = pools.run("--warm", [PY, "-c", probe_code], options=extra)
+            if SERVED in p.stderr:
+                break
+            assert time.monotonic() < deadline, pools.logs()
+            time.sleep(0.2)
+        assert p.stdout == want, (extra, p.stderr)
+        assert pools.run("--cold", [PY, "-c", probe_code], options=extra).stdout == want
+
+
+def test_a_pool_is_held_to_its_memory_limit(krexd_factory: Factory, tmp_path: Path) -> None:
+    k = krexd_factory(config=warm_config(memory_max="256M"))
+    pools = Pools(k, tmp_path)
+    pools.ready()
+    row = pools.pools()[0]
+    cg = k.status()["warm"]["cgroups"]
+    leaf = f"u0-p{row['pid']}"
+    if cg["memory"] == "v2":
+        limit = Path(row["cgroup"], "memory.max").read_text()
+    elif cg["memory"] == "v1":
+        limit = Path(cg["memory_root"], "pools", leaf, "memory.limit_in_bytes").read_text()
+    else:
+        pytest.skip("no memory controller on this host")
+    assert int(limit) == 256 << 20
+    with open(f"/proc/{row['pid']}/cgroup") as f:
+        assert f.read().count(f"/pools/{leaf}") == (1 if cg["memory"] == "v2" else 2)
+    assert row["memory_bytes"] and row["memory_bytes"] > 1 << 20  # the zygote is charged

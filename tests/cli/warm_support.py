@@ -88,9 +88,11 @@ class Pools:
         p.debug = debug  # type: ignore[attr-defined]
         return p
 
-    def ready(self, flags: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+    def ready(
+        self, flags: tuple[str, ...] = (), env: dict[str, str] | None = None, timeout_s: float = 60
+    ) -> None:
         """Run ``PY FLAGS -c pass`` warm until a pool serves it (the first run starts it)."""
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout_s
         while True:
             p = self.run("--warm", [PY, *flags, "-c", "pass"], env=env)
             assert p.returncode == 0, p.stderr

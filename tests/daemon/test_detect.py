@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from krexd.cgroups import CgroupBackend
-from krexd.cgroups.detect import Mounts, find_mounts, own_v2_cgroup
+from krexd.cgroups.detect import Mounts, find_mounts, own_v1_cgroup, own_v2_cgroup
 from krexd.config import CgroupConfig, ConfigError
 
 PURE_V2 = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
@@ -18,6 +18,7 @@ HYBRID = (
     "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
     "42 31 0:39 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
 )
+MEMORY_V1 = "43 31 0:40 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
 
 
 def test_find_mounts(tmp_path: Path) -> None:
@@ -28,10 +29,17 @@ def test_find_mounts(tmp_path: Path) -> None:
         "/sys/fs/cgroup/unified", "/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/pids"
     )
 
+    (tmp_path / "c").write_text(HYBRID + MEMORY_V1)
+    assert find_mounts(str(tmp_path / "c")).v1_memory == "/sys/fs/cgroup/memory"
+
 
 def test_own_cgroup(tmp_path: Path) -> None:
     (tmp_path / "cg").write_text("1:name=systemd:/x\n0::/system.slice/krexd.service\n")
     assert own_v2_cgroup(str(tmp_path / "cg")) == "/system.slice/krexd.service"
+    (tmp_path / "v1").write_text("4:memory:/pa/x\n3:cpu,cpuacct:/y\n0::/\n")
+    assert own_v1_cgroup("memory", str(tmp_path / "v1")) == "/pa/x"
+    assert own_v1_cgroup("cpuacct", str(tmp_path / "v1")) == "/y"
+    assert own_v1_cgroup("pids", str(tmp_path / "v1")) == "/"
 
 
 def fake_root(tmp_path: Path, controllers: str) -> str:

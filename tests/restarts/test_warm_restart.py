@@ -9,13 +9,14 @@ A stopped krexd kills its pools with its cgroup tree.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.cli.warm_support import PY, Pools, pid_alive, warm_config
+from tests.cli.warm_support import PY, SERVED, Pools, pid_alive, warm_config
 from tests.conftest import Krexd
 from tests.restarts.conftest import Restarter, wait_for
 
@@ -33,14 +34,14 @@ def test_a_restart_retires_the_pool_without_losing_its_command(
     started = tmp_path / "started"
     prog = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(3); exit(7)"
     running = subprocess.Popen(
-        [*k.krex, "run", "--warm", "--", PY, "-c", prog],
+        [*k.krex, "run", "--warm", "-v", "--", PY, "-c", prog],
         env=pools.env,
         stderr=subprocess.PIPE,
         text=True,
     )
     wait_for(started.exists, what="the warm command's start")
     restarter.prepare_restart(k)
-    restarter.kill(k, __import__("signal").SIGTERM)
+    restarter.kill(k, signal.SIGTERM)
     k2 = restarter.start_again(k)
     pools.k = k2
     assert k2.status()["warm"]["pools"] == []  # the new krexd never registered it
@@ -49,6 +50,7 @@ def test_a_restart_retires_the_pool_without_losing_its_command(
     assert p.stdout == "cold\n"
     _, err = running.communicate(timeout=60)
     assert running.returncode == 7, err  # the old pool still reported its command's end
+    assert SERVED in err
     wait_for(lambda: not pid_alive(old["pid"]), 20, "the old pool's exit")
     assert "krexd restarted" in pools.logs()
     pools.ready()  # a new pool, registered with the new krexd

@@ -349,3 +349,45 @@ def test_krex_replay_retries_co_tenant_memory_failures_and_passes_mem(tmp_path: 
     p = replay(str(tr), "--mode", "native", "--fake-gpus", "1", "--out", str(nat))
     (rec,) = load_results(nat / "results.jsonl")
     assert rec["retries"] == 0 and rec["exit_code"] == 75
+
+
+@pytest.mark.root
+def test_replay_alternates_warm_and_cold_starts(
+    krexd_factory: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k = krexd_factory(slots=2, config={"warm": {"modules": ["json"], "idle_s": 60.0}})
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    tr = tmp_path / "trace.jsonl"
+    entries = write_trace(tr)
+    out = tmp_path / "alt"
+    args = ["--mode", "krex", "--socket", k.socket, "--repeat", "4", "--warm", "alternate"]
+    p = replay(str(tr), *args, "--out", str(out), timeout=240.0)
+    assert p.returncode == 0, p.stderr
+    recs = load_results(out / "results.jsonl")
+    assert len(recs) == 4 * len(entries) and all(r["exit_code"] == 0 for r in recs)
+    asked = [r for r in recs if r["warm"]["asked"]]
+    assert len(asked) == len(recs) // 2  # every other command, by pass and index
+    assert all(r["warm"]["asked"] == ((r["pass"] + r["index"]) % 2 == 1) for r in recs)
+    served = [r for r in asked if r["warm"]["served"]]
+    assert served, [r["warm"] for r in asked]  # the first one started the pool
+    assert all(r["warm"]["why"] for r in asked if not r["warm"]["served"])
+    assert json.loads((out / "meta.json").read_text())["warm"] == "alternate"
+    data = json.loads((out / "report" / "metrics.json").read_text())
+    starts = data["runs"]["alt"]["starts"]
+    assert starts["warm"]["commands"] == len(served)
+    assert starts["cold"]["commands"] == len(recs) - len(served)
+    assert "## Warm and cold starts" in (out / "report" / "report.md").read_text()
+    p = replay(
+        str(tr),
+        "--mode",
+        "native",
+        "--fake-gpus",
+        "1",
+        "--warm",
+        "on",
+        "--out",
+        str(tmp_path / "n"),
+    )
+    assert p.returncode != 0 and "krexd-backed modes only" in p.stderr

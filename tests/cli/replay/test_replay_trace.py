@@ -158,22 +158,3 @@ def test_ping_gets_krexd_s_reply(krexd_factory: Any) -> None:
     body = modes.ping(k.socket, timeout_s=5.0)
     assert body["pid"] == k.pid and "version" in body
 
-
-def test_warm_replays_start_commands_with_krex_run_warm(tmp_path: Path) -> None:
-    from krex_cli.replay.options import RunOptions, command
-
-    entry = trace.TraceEntry(argv=("python", "w.py"), task="t", candidate="c", band=None)
-    for warm in (False, True):
-        opts = RunOptions(
-            trace=[entry],
-            trace_path=tmp_path / "t.jsonl",
-            mode=modes.make_mode("krex", 4),
-            out=tmp_path,
-            gpus=[0],
-            warm=warm,
-        )
-        argv, env = command(opts, entry, 0, "/run/krex/krexd.sock")
-        sep = argv.index("--")
-        assert ("--warm" in argv[:sep]) is warm, argv
-        assert argv[sep + 1 :] == [opts.python, "w.py"]
-        assert env["KREX_SOCKET"] == "/run/krex/krexd.sock"

@@ -1,0 +1,53 @@
+"""The replay's warm/cold start records and their report section (no krexd)."""
+
+from __future__ import annotations
+
+import math
+
+from krex_cli.replay import starts
+
+
+def test_which_commands_ask_for_warm_starts() -> None:
+    assert not starts.asks_warm("off", 0, 1)
+    assert starts.asks_warm("on", 0, 0)
+    assert [starts.asks_warm("alternate", p, i) for p in (0, 1) for i in (0, 1)] == [
+        False,
+        True,
+        True,
+        False,
+    ]
+
+
+def test_outcome_from_krex_run_debug_lines() -> None:
+    served = "x\nkrex: warm: served by pool /p.sock (pid 9)\n"
+    assert starts.outcome(True, served) == {"asked": True, "served": True, "why": None}
+    cold = "krex: warm: cold start: no pool listens on /p.sock\nkrex: warm: starting a pool\n"
+    assert starts.outcome(True, cold)["why"] == "no pool listens on /p.sock"
+    assert starts.outcome(False, served) == {"asked": False, "served": False, "why": None}
+
+
+def test_summary_and_section() -> None:
+    def rec(served: bool, wall: float, imports: float, code: int = 0, why: str = "x") -> dict:
+        w = {"asked": True, "served": served, "why": None if served else why}
+        return {
+            "warm": w,
+            "exit_code": code,
+            "wall_s": wall,
+            "result": {"phases": {"imports_ms": imports}},
+        }
+
+    records = [
+        rec(True, 1.0, 10.0),
+        rec(True, 3.0, 30.0),
+        rec(False, 9.0, 900.0),
+        rec(False, 0.1, 1.0, code=1),
+    ]
+    s = starts.summarize(records)
+    assert s["warm"] == {"commands": 2, "wall_s_median": 2.0, "imports_ms_median": 20.0}
+    assert s["cold"]["commands"] == 1 and s["cold"]["imports_ms_median"] == 900.0
+    assert s["cold_reasons"] == {"x": 2} and s["asked"] == 4
+    md = "\n".join(starts.markdown({"r": s}))
+    assert "## Warm and cold starts" in md and "| r | 2 | 1 |" in md
+    empty = starts.summarize([{"exit_code": 0, "wall_s": 1.0}])
+    assert empty["asked"] == 0 and math.isnan(empty["warm"]["wall_s_median"])
+    assert starts.markdown({"r": empty}) == []
