@@ -121,6 +121,7 @@ def test_krex_run_layers_fault_reruns_over_tempfail_retries(
         exclusive: bool,
         mem_bytes: Any = None,
         label: str | None = None,
+        warm: Any = None,
         grant_log: str | None = None,
     ) -> int:
         assert isinstance(conn, _Conn) and not conn.closed  # one connection for every run

@@ -157,4 +157,3 @@ def test_ping_gets_krexd_s_reply(krexd_factory: Any) -> None:
     k = krexd_factory()
     body = modes.ping(k.socket, timeout_s=5.0)
     assert body["pid"] == k.pid and "version" in body
-
