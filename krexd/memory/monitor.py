@@ -191,6 +191,19 @@ class MemoryMonitor:
         except GateError:
             return None  # unmapped: the daemon is stopping
 
+    def shim_counts(self, gpu: int) -> dict[int, int]:
+        """Tenant id -> bytes its live processes hold on ``gpu`` by the shim's count, now.
+
+        One read of the gate's registrations (no device read, no record
+        update): what a region entry asks before it freezes (``region_fit``).
+        Empty without a gate.
+        """
+        counts: dict[int, int] = {}
+        for s in self._registrations(gpu) or ():
+            if s.mem_mib and s.state in LIVE_SLOT_STATES and s.tenant and pid_alive(s.pid):
+                counts[s.tenant] = counts.get(s.tenant, 0) + (s.mem_mib << 20)
+        return counts
+
     # --- refresh ------------------------------------------------------------------
 
     def _apply(self, dev: dict[int, DeviceMemory]) -> None:
