@@ -40,7 +40,10 @@ def _env(pools: Pools, workdir: str) -> dict[str, str]:
         LD_LIBRARY_PATH=str(FAKE_DIR),
         KREX_FAKE_TIMELINE=os.path.join(workdir, "timeline"),
         KREX_FAKE_STATE=os.path.join(workdir, "fakestate"),
-        PYTHONPATH=os.pathsep.join([pools.env["PYTHONPATH"], str(FAKECUDA), str(PROGS)]),
+        # The caller's PYTHONPATH, if any (CI runs the installed package without one).
+        PYTHONPATH=os.pathsep.join(
+            p for p in (pools.env.get("PYTHONPATH"), str(FAKECUDA), str(PROGS)) if p
+        ),
     )
 
 
