@@ -221,15 +221,8 @@ class Region:
                 "warmup_ms": warm.ms,
             }
             if recorder is not None:
-                region_steps.log(
-                    recorder,
-                    self._shim,
-                    self._stats,
-                    grant,
-                    reply,
-                    (entry, exit_),
-                    (warm, warm_launches, policy),
-                )
+                samples, warmed = (entry, exit_), (warm, warm_launches, policy)
+                region_steps.log(recorder, self._shim, self._stats, grant, reply, samples, warmed)
 
     def _nvml_view(self) -> Nvml:
         """This process's NVML view (opened once per process; all nulls without pynvml)."""
