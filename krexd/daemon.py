@@ -32,7 +32,7 @@ import os
 import signal
 from typing import Any
 
-from krexd import __version__, adopt, gpus, paths, restart
+from krexd import __version__, adopt, gpus, paths, restart, state_files, status_report
 from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
 from krexd.config import Config
@@ -40,12 +40,10 @@ from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
 from krexd.errors import Code
 from krexd.faults import FaultMonitor
-from krexd.gate import GATE_MODE, Gate, GateError
 from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
 from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
-from krexd.memory.learned import LearnedNeeds
 from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
@@ -159,7 +157,7 @@ class Daemon:
         for info in infos:
             reopened = saved.gates.get(info.index) if saved is not None else None
             gate, gate_path = (
-                (reopened, reopened.path) if reopened else self._create_gate(info.index)
+                (reopened, reopened.path) if reopened else state_files.create_gate(cfg, info.index)
             )
             guard = None
             if gate is not None:
@@ -203,7 +201,7 @@ class Daemon:
             self.tenants,
             self.admission,
             self.runtime,
-            self._learned_needs(),
+            state_files.learned_needs(cfg),
         )
         memory.start()
         region_memory.monitor = memory
@@ -232,52 +230,6 @@ class Daemon:
         poll_s = cfg.daemon.liveness_interval_ms / 1000
         return PoolRegistry(cfg.warm, pool_cgroups, self.version, poll_s)
 
-    def _learned_needs(self) -> LearnedNeeds:
-        """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``."""
-        cfg = self.config
-        try:
-            os.makedirs(cfg.daemon.gate_dir, mode=0o755, exist_ok=True)
-            path: str | None = os.path.join(
-                cfg.daemon.gate_dir, f"{cfg.cgroup.name}-learned-memory.json"
-            )
-        except OSError as exc:
-            _log.error("learned memory needs kept in memory only: %s", exc)
-            path = None
-        return LearnedNeeds(path, cfg.memory.learned_max, cfg.memory.learned_per_uid)
-
-    def _create_gate(self, gpu: int) -> tuple[Gate | None, str | None]:
-        """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``.
-
-        Raises GateError with one line naming the directory when the gate
-        cannot be made there (a full file system: its space is reserved now).
-        """
-        if paths.gate_library() is None:
-            return None, None
-        cfg = self.config.daemon
-        keep_dir = os.path.join(cfg.gate_dir, ".krex-keep")
-        try:
-            os.makedirs(cfg.gate_dir, mode=0o755, exist_ok=True)
-            os.makedirs(keep_dir, mode=0o700, exist_ok=True)
-            os.chmod(keep_dir, 0o700)
-        except OSError as exc:
-            raise GateError(
-                f"cannot create gate directory {cfg.gate_dir}: {exc.strerror}"
-            ) from None
-        # Named after the cgroup tree too: krexds sharing a state directory
-        # (different [cgroup] names, which the tree lock enforces) never share a gate.
-        name = f"{self.config.cgroup.name}-gpu{gpu}.gate"
-        path = os.path.join(cfg.gate_dir, name)
-        try:
-            # Root's, 0644: every tenant maps it read-only, krexd alone writes it.
-            gate = Gate.create(path, gpu, mode=GATE_MODE, keep=os.path.join(keep_dir, name))
-        except GateError as exc:
-            raise GateError(
-                f"cannot create the gate of GPU {gpu} in {cfg.gate_dir}: "
-                f"{os.strerror(exc.errno) if exc.errno else exc}",
-                exc.errno,
-            ) from None
-        return gate, path
-
     def _cgroup_pids(self, tenant_id: int) -> list[int] | None:
         """The pids of tenant ``tenant_id``'s cgroup (None for an unknown tenant)."""
         tenant = self.tenants.get(tenant_id)
@@ -296,21 +248,12 @@ class Daemon:
             self.lifecycle.kill_command(tenant, reason, exit_code)
 
     def summary_line(self) -> str:
-        """One line for STATUS= and the log."""
-        used = sum(g.slots.used for g in self.gpus.values())
-        total = sum(g.slots.total for g in self.gpus.values())
-        line = (
-            f"{len(self.gpus)} GPU(s), {len(self.tenants)} tenant(s), slots {used}/{total}, "
-            f"{len(self.admission.parked)} parked"
-        )
-        problems = self.problems()
-        if problems:
-            line += "; unhealthy: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
-        return line
+        """One line for STATUS= and the log (krexd/status_report.py)."""
+        return status_report.summary_line(self)
 
     def problems(self) -> dict[str, str]:
         """What is wrong now, by part (empty: healthy); shown by status and STATUS=."""
-        return dict(self.cgroups.problems) if self.cgroups is not None else {}
+        return status_report.problems(self)
 
     async def run(self) -> None:
         """Start, serve until asked to stop, shut down cleanly."""
@@ -437,42 +380,12 @@ class Daemon:
     # --- status -------------------------------------------------------------------
 
     def about(self) -> dict[str, Any]:
-        """The ``ping`` op's reply body: version, pid, uptime (s), ``krex run``'s retry default."""
-        return {
-            "version": self.version,
-            "pid": self.pid,
-            "uptime_s": self.runtime.uptime_s(),
-            "retry_tempfail": self.config.memory.retry_tempfail,
-            "warm": self.config.warm.announce(),
-        }
+        """The ``ping`` op's reply body (krexd/status_report.py)."""
+        return status_report.about(self)
 
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""
-        gpus_out = []
-        for gpu in self.gpus.values():
-            row = gpu.status([t.id for t in self.tenants.on_gpu(gpu.index)])
-            row["memory"] = self.memory.gpu_status(gpu.index) if self.memory else None
-            gpus_out.append(row)
-        return {
-            **self.about(),
-            "state": self.runtime.state,
-            "healthy": not self.problems(),
-            "problems": self.problems(),
-            "socket": self.config.daemon.socket,
-            "config": self.config.source,
-            "cgroups": self.cgroups.describe() if self.cgroups is not None else None,
-            "gpus": gpus_out,
-            "tenants": [t.summary() for t in self.tenants],
-            "queue": self.admission.status(),
-            "connections": (
-                self.server.guard.status()
-                if self.server is not None and self.server.guard is not None
-                else None
-            ),
-            "memory": self.memory.settings() if self.memory else None,
-            "faults": self.faults.status() if self.faults else None,
-            "warm": self.pools.status() if self.pools is not None else None,
-        }
+        return status_report.status(self)
 
 
 def _alive(pid: int) -> bool:

@@ -29,12 +29,12 @@ import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from krexd import identity, paths, states, testhooks
+from krexd import command_env, identity, states, testhooks
 from krexd.admission import Admission
 from krexd.cgroups import CgroupError, TenantCgroup
 from krexd.config import Config
 from krexd.errors import Code, KrexError
-from krexd.gate import GateError, slot_memory_spec
+from krexd.gate import GateError
 from krexd.gpu import Gpu
 from krexd.memory.monitor import MemoryMonitor
 from krexd.pools import PoolRegistry
@@ -231,10 +231,7 @@ class Lifecycle:
 
     def slot_memory(self, tenant: Tenant) -> dict[str, Any] | None:
         """``{"size", "header"}`` of the tenant's slot memory, or None (no gate, exclusive)."""
-        if tenant.exclusive or self._gpus[tenant.gpu].gate is None:
-            return None
-        size, header = slot_memory_spec(tenant.id)
-        return {"size": size, "header": header}
+        return command_env.slot_memory(self._gpus[tenant.gpu], tenant)
 
     def place(self, tenant: Tenant, pid: int, slots_fd: int | None = None) -> None:
         """Move ``pid`` into the tenant's cgroup(s).
@@ -370,47 +367,5 @@ class Lifecycle:
             )
 
     def tenant_env(self, tenant: Tenant) -> dict[str, str]:
-        """Environment for the tenant's command (docs/design/interfaces.md)."""
-        cfg = self._config
-        gpu = self._gpus[tenant.gpu]
-        env = {
-            "KREX_SOCKET": cfg.daemon.socket,
-            "KREX_TENANT": str(tenant.id),
-            "KREX_TOKEN": tenant.token,
-            "KREX_GPU": str(tenant.gpu),
-            **gpu_binding(gpu),
-            "NCCL_NVLS_ENABLE": "0",
-            # Bound of the shim's wait for co-tenants' memory (libkrex_shim/memory.c).
-            "KREX_OOM_WAIT_S": f"{cfg.memory.oom_wait_s:g}",
-        }
-        if not tenant.exclusive:  # a whole-device lease runs natively, unshimmed
-            if gpu.gate is not None and gpu.gate_path is not None:
-                try:
-                    if gpu.gate.relink():  # removed or replaced: new tenants still find it
-                        _log.error("gpu%d: gate file %s restored", gpu.index, gpu.gate_path)
-                except Exception as exc:
-                    _log.error("gpu%d: %s", gpu.index, exc)
-                env["KREX_GATE"] = gpu.gate_path
-            shim = paths.shim_library(cfg.shim.path or None)
-            if shim is not None:
-                env["LD_PRELOAD"] = shim
-            if gpu.mps is not None:
-                env.update(gpu.mps.tenant_env())
-        return env
-
-
-def gpu_binding(gpu: Gpu) -> dict[str, str]:
-    """The variables that bind a command to ``gpu`` by identity (docs/design/security.md).
-
-    ``CUDA_VISIBLE_DEVICES`` names the GPU by UUID, so no index order (CUDA's
-    default fastest-first, or a script's own numbering) can pick another
-    device; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA's numbering NVML's.
-    ``KREX_GPU_UUID`` is what the shim compares every new context's device
-    with (libkrex_shim/bind.c).  Without a UUID (inventory could not read it)
-    the index is used, as before.
-    """
-    uuid = gpu.info.uuid
-    env = {"CUDA_VISIBLE_DEVICES": uuid or str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if uuid:
-        env["KREX_GPU_UUID"] = uuid
-    return env
+        """Environment for the tenant's command (krexd/command_env.py)."""
+        return command_env.tenant_env(self._config, self._gpus[tenant.gpu], tenant)

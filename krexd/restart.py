@@ -15,7 +15,7 @@ each ``systemctl`` action does):
   every command ended, and each ``krex run`` is told so in one line.
 
 :class:`Continuity` owns the parts that outlive a krexd: the state file
-(``krexd.adopt.StateKeeper``), the heartbeat and the watchdog process
+(``krexd.state_keeper.StateKeeper``), the heartbeat and the watchdog process
 (``krexd.watchdog``).
 """
 
@@ -30,9 +30,9 @@ from collections.abc import Mapping
 
 from krexd import state as saved_state
 from krexd import watchdog
-from krexd.adopt import StateKeeper
 from krexd.config import Config
 from krexd.gpu import Gpu
+from krexd.state_keeper import StateKeeper
 from krexd.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd.restart")

@@ -89,7 +89,7 @@ class Server:
         self.max_connections = cfg.max_connections
         self.guard: ConnectionGuard | None = None  # connection cap (krexd/connections.py)
         # Called after each op, before its reply: the state a restart adopts is saved
-        # before the client can act on the reply (krexd/adopt.py StateKeeper.save).
+        # before the client can act on the reply (krexd/state_keeper.py StateKeeper.save).
         self.after_op: Callable[[], None] | None = None
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None

@@ -34,22 +34,19 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import logging
 import os
 import signal
-import tempfile
 import time
 
-from krexd.cgroups import detect, fs, pool
+from krexd.cgroups import choose, detect, fs, pool, treelock
 from krexd.cgroups.fs import CgroupError
 from krexd.cgroups.tenant import CPUSET_AFFINITY, CPUSET_V1, CPUSET_V2, TenantCgroup
-from krexd.config import CgroupConfig, ConfigError, format_cores
+from krexd.config import CgroupConfig, format_cores
 from krexd.slices import CpuSlice
 
 _log = logging.getLogger("krexd.cgroups")
 
-SUPERVISOR_LEAF = "supervisor"
 PIDS_V2 = "v2"  # pids.max in the tenant's v2 directory
 PIDS_V1 = "v1"  # pids.max in a parallel v1 pids tree (hybrid hosts)
 PIDS_NONE = "none"  # no pids controller, or [cgroup] pids_max = 0
@@ -99,51 +96,13 @@ class CgroupBackend:
         ``supervisor`` leaf first (no processes in inner nodes).
         """
         mounts = mounts or detect.find_mounts()
-        backend = cls._choose(cfg, mounts)
+        c = choose.choose(cfg, mounts)
+        backend = cls(c.kind, c.base, cfg.name, c.cpuset_kind, c.cpuset_base, c.systemd)
         backend.pids_max = cfg.pids_max
         if mounts.v1_pids is not None:  # known before prepare() so a stale tree is cleaned
             backend.pids_root = os.path.join(mounts.v1_pids, cfg.name)
         backend.memory_v1 = pool.v1_memory_root(mounts, cfg.name)
         return backend
-
-    @classmethod
-    def _choose(cls, cfg: CgroupConfig, mounts: detect.Mounts) -> CgroupBackend:
-        if mounts.v2 is None:
-            raise ConfigError("[cgroup] no cgroup2 mount found; krexd needs cgroup v2 (freezer)")
-        systemd = detect.under_systemd() and not cfg.root
-        if cfg.root:
-            base = cfg.root
-        elif systemd:
-            own = os.path.join(mounts.v2, detect.own_v2_cgroup().lstrip("/"))
-            leaf = os.path.join(own, SUPERVISOR_LEAF)
-            fs.mkdir(leaf)
-            fs.write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
-            base = own
-        else:
-            base = mounts.v2
-        if not os.path.isfile(os.path.join(base, "cgroup.procs")):
-            raise ConfigError(f"[cgroup] root {base} is not a cgroup2 directory")
-        controllers = fs.read(os.path.join(base, "cgroup.controllers")).split()
-        want = cfg.backend
-        if want == "hybrid" or (want == "auto" and "cpuset" not in controllers):
-            cpuset_base = cfg.cpuset_root or mounts.v1_cpuset
-            # A v1 cpuset tree mounted read-only (systemd-nspawn on a hybrid host
-            # does that) cannot hold slices: in auto mode use affinity instead.
-            read_only = (
-                cpuset_base is not None
-                and os.path.isdir(cpuset_base)
-                and not os.access(cpuset_base, os.W_OK)
-            )
-            if cpuset_base is not None and (want == "hybrid" or not read_only):
-                return cls("hybrid", base, cfg.name, CPUSET_V1, cpuset_base, systemd)
-            if want == "hybrid":
-                raise ConfigError("[cgroup] backend = hybrid but no v1 cpuset hierarchy found")
-            _log.warning("no cpuset controller: CPU slices use sched_setaffinity")
-            return cls("v2", base, cfg.name, CPUSET_AFFINITY, None, systemd)
-        if "cpuset" not in controllers:
-            _log.warning("cpuset not available in %s: CPU slices use sched_setaffinity", base)
-            return cls("v2", base, cfg.name, CPUSET_AFFINITY, None, systemd)
-        return cls("v2", base, cfg.name, CPUSET_V2, base, systemd)
 
     # --- building the tree --------------------------------------------------------
 
@@ -156,22 +115,7 @@ class CgroupBackend:
         process exits (a crashed krexd leaves no lock behind, so its tree is
         cleaned as stale).
         """
-        lock_dir = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
-        path = os.path.join(lock_dir, "krex-cgroup" + self.root.replace("/", "_") + ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise CgroupError(
-                errno.EBUSY,
-                f"cgroup tree {self.root} is in use by another krexd (pid {holder}); "
-                "give this one another [cgroup] name",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd = treelock.claim(self.root)
 
     def prepare(self, slices: dict[int, CpuSlice], adopt: bool = False) -> int:
         """Claim the tree (:meth:`lock`), clean a stale one, then build ``<name>/gpu<N>``.

@@ -5,6 +5,7 @@
   shim's per-process memory fields come through :meth:`krexd.gate.Gate.slots`);
 * :mod:`krexd.memory.view` — one GPU's memory state (lives on ``krexd.gpu.Gpu``);
 * :mod:`krexd.memory.monitor` — the refresh loop and the admission policy;
+* :mod:`krexd.memory.accounting` — one GPU's view from a device read and the registrations;
 * :mod:`krexd.memory.learned` — learned needs per command label (state directory);
 * :mod:`krexd.memory.region_fit` — the region entry's memory check (``RegionMemory``).
 

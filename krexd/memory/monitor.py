@@ -38,6 +38,7 @@ from krexd.config import MemoryConfig
 from krexd.errors import Code, KrexError
 from krexd.gate import LIVE_SLOT_STATES, Gate, GateError, SlotInfo
 from krexd.gpus import GpuInfo
+from krexd.memory import accounting
 from krexd.memory.learned import LearnedNeeds, label_for
 from krexd.memory.records import TenantMemory
 from krexd.memory.sources import DeviceMemory, Source, open_source
@@ -227,60 +228,9 @@ class MemoryMonitor:
 
     def _apply_gpu(self, index: int) -> None:
         g = self._gpus[index]
-        dm = self._device[index]
         tenants = self._tenants.on_gpu(index)
-        records = {t.id: t.memory for t in tenants}
-        shim_used: dict[int, int] = {}
-        waiting: set[int] = set()
         slots = self._registrations(index)
-        if slots is not None:
-            g.memory.ledger.update(slots, records)
-            for s in slots:
-                if s.state in LIVE_SLOT_STATES and s.tenant and pid_alive(s.pid):
-                    shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
-                    if s.oom.waiting:
-                        waiting.add(s.tenant)
-        tenants_used = over = 0
-        for t in tenants:
-            used, src = self._tenant_used(t, dm, shim_used)
-            rec = t.memory
-            rec.waiting = t.id in waiting
-            rec.waits_seen += rec.waiting
-            if rec.observe(used, src, shim_used.get(t.id, 0)):
-                _log.warning(
-                    "t%d uses %s, more than the %s it %s (allowed; noted in its record)",
-                    t.id,
-                    format_size(used),
-                    format_size(rec.need_bytes),
-                    "declared" if rec.need_source == "declared" else "was assumed to need",
-                )
-            tenants_used += used
-            over += max(0, used - rec.need_bytes)
-        other = max(0, dm.used - tenants_used) if dm.used is not None else 0
-        g.memory.view = GpuView(
-            total=dm.total,
-            used=dm.used if dm.used is not None else tenants_used,
-            other=other,
-            tenants_used=tenants_used,
-            excess=other + over,
-            source=dm.source,
-            waiting=waiting,
-        )
-
-    @staticmethod
-    def _tenant_used(t: Tenant, dm: DeviceMemory, shim_used: dict[int, int]) -> tuple[int, str]:
-        """The tenant's usage: the source's per-process figures for its pids, or the
-        shim's count when that is larger (the source is sampled, the count is live)."""
-        shim = shim_used.get(t.id, 0)
-        if dm.per_pid:
-            try:
-                pids = t.cgroup.pids()
-            except Exception:
-                pids = sorted(t.pids)
-            matched = [dm.per_pid[p] for p in pids if p in dm.per_pid]
-            if matched and sum(matched) >= shim:
-                return sum(matched), dm.source
-        return shim, "shim"
+        accounting.apply(g.memory, self._device[index], tenants, slots)
 
     def refresh_tenant(self, tenant: Tenant) -> None:
         """Credit what the tenant's processes (ended ones too) counted so far."""

@@ -23,7 +23,6 @@ the outer region instead of asking krexd again.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 import threading
@@ -33,7 +32,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from krex_client import warmup
+from krex_client import region_steps, warmup
+from krex_client.shim_binding import Shim
 
 if TYPE_CHECKING:
     from krex_client.connection import Connection
@@ -83,82 +83,6 @@ class RegionError(RuntimeError):
     """krexd refused or aborted a critical region (the message says why)."""
 
 
-class _Shim:
-    """The holder-side entry points of libkrex_shim.so, when it is preloaded."""
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL(None)
-        self.begin: Any = getattr(lib, "krex_shim_region_begin", None)
-        self.end: Any = getattr(lib, "krex_shim_region_end", None)
-        self.flushed: Any = getattr(lib, "krex_shim_region_l2_flushed", None)
-        if self.flushed is not None:
-            self.flushed.argtypes = []
-            self.flushed.restype = ctypes.c_int
-        if self.begin is not None:
-            self.begin.argtypes = [ctypes.c_uint32, ctypes.c_int]
-            self.begin.restype = ctypes.c_int
-        if self.end is not None:
-            self.end.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
-            self.end.restype = ctypes.c_int
-        self.other: Any = getattr(lib, "krex_shim_region_other_streams_ns", None)
-        if self.other is not None:
-            self.other.argtypes = []
-            self.other.restype = ctypes.c_uint64
-        self.outside: Any = getattr(lib, "krex_shim_region_events_outside", None)
-        if self.outside is not None:
-            self.outside.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
-            self.outside.restype = ctypes.c_int
-        self.warm: Any = getattr(lib, "krex_shim_region_warm", None)
-        if self.warm is not None:
-            self.warm.argtypes = [ctypes.c_uint32]
-            self.warm.restype = ctypes.c_int
-        self._launches: Any = getattr(lib, "krex_shim_region_launches", None)
-        if self._launches is not None:
-            self._launches.argtypes = []
-            self._launches.restype = ctypes.c_uint64
-
-    def launches(self) -> int | None:
-        """Launches since the last ``region_begin`` so far; None without the shim."""
-        return None if self._launches is None else int(self._launches())
-
-    def region_begin(self, epoch: int, l2_flush: bool) -> bool:
-        """Step 5, holder side: flush L2 in the current context (paper §4.2).
-
-        Returns whether L2 was actually flushed (the shim may have had no
-        context, an open capture or no memory for the buffer); raises
-        RegionError when the flush failed.
-        """
-        if self.begin is None:
-            return False
-        rc = self.begin(epoch, 1 if l2_flush else 0)
-        if rc != 0:
-            raise RegionError(f"L2 flush at region entry failed (CUresult {rc})")
-        return self.flushed is not None and bool(self.flushed())
-
-    def region_end(self) -> tuple[float, int]:
-        """Step 7, holder side: synchronize own contexts; (sync ms, launches in region)."""
-        if self.end is None:
-            return 0.0, 0
-        sync_ns = ctypes.c_uint64(0)
-        launches = ctypes.c_uint64(0)
-        self.end(ctypes.byref(sync_ns), ctypes.byref(launches))
-        return sync_ns.value / 1e6, int(launches.value)
-
-    def other_streams_ms(self) -> float | None:
-        """Device time (ms) of work left on streams other than the timed one at the
-        last ``region_end``; None when unknown (no event recorded in the region)."""
-        ns = int(self.other()) if self.other is not None else 2**64 - 1
-        return None if ns == 2**64 - 1 else ns / 1e6
-
-    def events_outside(self) -> tuple[int, int]:
-        """CUDA events (recorded, timed) outside any region in this process so far."""
-        if self.outside is None:
-            return 0, 0
-        rec, timed = ctypes.c_uint64(0), ctypes.c_uint64(0)
-        self.outside(ctypes.byref(rec), ctypes.byref(timed))
-        return int(rec.value), int(timed.value)
-
-
 class Region:
     """Critical regions of this process (one at a time)."""
 
@@ -169,7 +93,7 @@ class Region:
         self._hold = threading.Lock()  # held by the thread whose region is active
         self._warned = False
         self._stats: dict[str, float] = self._zero_stats()
-        self._shim: _Shim | None = None
+        self._shim: Shim | None = None
         self._conn: ControlConnection | None = None
         self._conn_pid = 0
         self._recorder: Recorder | None = None  # the region log's (KREX_REGION_LOG)
@@ -258,7 +182,7 @@ class Region:
             self._cancel(conn)
             raise
         if self._shim is None:
-            self._shim = _Shim()
+            self._shim = Shim()
         try:
             flushed = self._shim.region_begin(
                 int(grant["epoch"]), bool(grant.get("l2_flush", True))
@@ -273,7 +197,7 @@ class Region:
         warm = warmup.Result(0.0, entry.get("sm_clock_mhz"))
         warm_launches = 0
         try:
-            warm, warm_launches = self._warm_up(policy, entry)
+            warm, warm_launches = region_steps.warm_up(self._shim, self._nvml_view, policy, entry)
             yield
         finally:
             sync_ms, launches = self._shim.region_end()
@@ -297,7 +221,8 @@ class Region:
                 "warmup_ms": warm.ms,
             }
             if recorder is not None:
-                self._log(recorder, grant, reply, (entry, exit_), (warm, warm_launches, policy))
+                samples, warmed = (entry, exit_), (warm, warm_launches, policy)
+                region_steps.log(recorder, self._shim, self._stats, grant, reply, samples, warmed)
 
     def _nvml_view(self) -> Nvml:
         """This process's NVML view (opened once per process; all nulls without pynvml)."""
@@ -323,78 +248,6 @@ class Region:
             nvml = self._nvml_view()
             self._recorder, self._recorder_pid = record.Recorder(path, nvml), os.getpid()
         return self._recorder
-
-    def _warm_up(self, policy: warmup.Policy, entry: dict[str, Any]) -> tuple[warmup.Result, int]:
-        """The clock warm-up, inside the region (after the grant and the L2 flush):
-        its result and the kernel launches it made (matmuls; memsets launch none)."""
-        assert self._shim is not None
-        first = entry.get("sm_clock_mhz")
-        if policy.budget_ms <= 0:
-            return warmup.Result(0.0, first, first_mhz=first), 0
-        from krex_client import warm_matmul
-
-        matmuls = warm_matmul.for_process() if policy.kind != "memset" else None
-        kind, slice_fn = warmup.choose(policy, self._shim.warm, matmuls)
-        if slice_fn is None:  # no shim and no torch: nothing to warm with
-            return warmup.Result(0.0, first, stop="nothing_to_warm", first_mhz=first), 0
-        nvml = self._nvml_view()
-        clock = nvml.sm_clock if nvml.nv is not None else None
-        if clock is not None and not entry:
-            first = clock()  # no region log: the entry clock is read here
-        top = nvml.sm_clock_max()
-        before = self._shim.launches()
-        result = warmup.warm_up(slice_fn, policy, clock, top, first, kind=kind)
-        after = self._shim.launches()
-        if result.error is not None:
-            warnings.warn(
-                f"krex_client: {kind} clock warm-up at region entry failed ({result.error})",
-                RuntimeWarning,
-                stacklevel=5,
-            )
-        launched = after - before if before is not None and after is not None else 0
-        return result, max(0, launched)
-
-    def _log(
-        self,
-        recorder: Recorder,
-        grant: dict[str, Any],
-        reply: dict[str, Any],
-        samples: tuple[dict[str, Any], dict[str, Any]],
-        warm: tuple[warmup.Result, int, warmup.Policy],
-    ) -> None:
-        """Append this region's record (after the exit: nothing here is timed)."""
-        assert self._shim is not None
-        st = self._stats
-        result, warm_launches, policy = warm
-        figures: dict[str, Any] = {
-            "epoch": int(grant["epoch"]),
-            **{k: st[k] for k in ("wait_ms", "drain_ms", "freeze_ms", "entry_ms")},
-            "warmup_ms": st["warmup_ms"],
-            "region_ms": st["region_ms"],
-            "sync_ms": st["sync_ms"],
-            "thaw_ms": float(reply.get("thaw_ms", 0.0)),
-            "other_streams_ms": self._shim.other_streams_ms(),
-            "launches": int(st["launches"]),
-            "l2_flushed": bool(st["l2_flushed"]),
-            "warmup": {
-                "kind": result.kind,
-                "ms": result.ms,
-                "budget_ms": policy.budget_ms,
-                "slices": result.slices,
-                "launches": warm_launches,
-                "stop": result.stop,
-                "error": result.error,
-                "sm_clock_before_mhz": result.first_mhz,
-                "sm_clock_after_mhz": result.sm_clock_mhz,
-            },
-        }
-        try:
-            entry, exit_ = samples
-            warmed = {"sm_clock_mhz": result.sm_clock_mhz}
-            outside = self._shim.events_outside()
-            recorder.append(recorder.record(figures, entry, exit_, outside, warmed))
-        except OSError as exc:
-            warnings.warn(f"krex_client: region log {recorder.path}: {exc}", stacklevel=4)
 
     @staticmethod
     def _cancel(conn: ControlConnection) -> None:

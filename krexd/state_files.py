@@ -1,0 +1,70 @@
+"""krexd's files in its state directory, made at start: the GPUs' gates, the learned needs.
+
+Both are named after the cgroup tree (``[cgroup] name``): krexds sharing a
+state directory (different names, which the tree lock enforces) never
+share a file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from krexd import paths
+from krexd.config import Config
+from krexd.gate import GATE_MODE, Gate, GateError
+from krexd.memory.learned import LearnedNeeds
+
+_log = logging.getLogger("krexd")
+
+
+def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
+    """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``.
+
+    The gate is ``<state_dir>/<cgroup name>-gpu<N>.gate`` (root's, mode
+    0644), with a second link under ``<state_dir>/.krex-keep/`` (mode 0700).
+    Raises GateError with one line naming the directory when the gate
+    cannot be made there (a full file system: its space is reserved now).
+    """
+    if paths.gate_library() is None:
+        return None, None
+    cfg = config.daemon
+    keep_dir = os.path.join(cfg.gate_dir, ".krex-keep")
+    try:
+        os.makedirs(cfg.gate_dir, mode=0o755, exist_ok=True)
+        os.makedirs(keep_dir, mode=0o700, exist_ok=True)
+        os.chmod(keep_dir, 0o700)
+    except OSError as exc:
+        raise GateError(f"cannot create gate directory {cfg.gate_dir}: {exc.strerror}") from None
+    # Named after the cgroup tree too: krexds sharing a state directory
+    # (different [cgroup] names, which the tree lock enforces) never share a gate.
+    name = f"{config.cgroup.name}-gpu{gpu}.gate"
+    path = os.path.join(cfg.gate_dir, name)
+    try:
+        # Root's, 0644: every tenant maps it read-only, krexd alone writes it.
+        gate = Gate.create(path, gpu, mode=GATE_MODE, keep=os.path.join(keep_dir, name))
+    except GateError as exc:
+        raise GateError(
+            f"cannot create the gate of GPU {gpu} in {cfg.gate_dir}: "
+            f"{os.strerror(exc.errno) if exc.errno else exc}",
+            exc.errno,
+        ) from None
+    return gate, path
+
+
+def learned_needs(config: Config) -> LearnedNeeds:
+    """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``.
+
+    When the state directory cannot be made, the needs are kept in memory
+    only (logged as an error).
+    """
+    cfg = config
+    try:
+        os.makedirs(cfg.daemon.gate_dir, mode=0o755, exist_ok=True)
+        path: str | None = os.path.join(
+            cfg.daemon.gate_dir, f"{cfg.cgroup.name}-learned-memory.json"
+        )
+    except OSError as exc:
+        _log.error("learned memory needs kept in memory only: %s", exc)
+        path = None
+    return LearnedNeeds(path, cfg.memory.learned_max, cfg.memory.learned_per_uid)

@@ -1,0 +1,94 @@
+"""krexd's reports of itself: the ``ping`` and ``status`` bodies, the STATUS= line, problems.
+
+Read from the parts the daemon built (:class:`Reported`, which
+``krexd.daemon.Daemon`` satisfies); nothing here changes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from krexd.admission import Admission
+from krexd.cgroups import CgroupBackend
+from krexd.config import Config
+from krexd.faults import FaultMonitor
+from krexd.gpu import Gpu
+from krexd.memory.monitor import MemoryMonitor
+from krexd.pools import PoolRegistry
+from krexd.runtime import Runtime
+from krexd.server import Server
+from krexd.tenants import TenantRegistry
+
+
+class Reported(Protocol):
+    """The daemon's parts a report reads (None: not built yet, or a failed start)."""
+
+    config: Config
+    version: str
+    pid: int
+    runtime: Runtime
+    gpus: dict[int, Gpu]
+    cgroups: CgroupBackend | None
+    tenants: TenantRegistry
+    admission: Admission
+    memory: MemoryMonitor | None
+    faults: FaultMonitor | None
+    pools: PoolRegistry | None
+    server: Server | None
+
+
+def summary_line(d: Reported) -> str:
+    """One line for STATUS= and the log."""
+    used = sum(g.slots.used for g in d.gpus.values())
+    total = sum(g.slots.total for g in d.gpus.values())
+    line = (
+        f"{len(d.gpus)} GPU(s), {len(d.tenants)} tenant(s), slots {used}/{total}, "
+        f"{len(d.admission.parked)} parked"
+    )
+    found = problems(d)
+    if found:
+        line += "; unhealthy: " + "; ".join(f"{k}: {v}" for k, v in found.items())
+    return line
+
+
+def problems(d: Reported) -> dict[str, str]:
+    """What is wrong now, by part (empty: healthy); shown by status and STATUS=."""
+    return dict(d.cgroups.problems) if d.cgroups is not None else {}
+
+
+def about(d: Reported) -> dict[str, Any]:
+    """The ``ping`` op's reply body: version, pid, uptime (s), ``krex run``'s retry default."""
+    return {
+        "version": d.version,
+        "pid": d.pid,
+        "uptime_s": d.runtime.uptime_s(),
+        "retry_tempfail": d.config.memory.retry_tempfail,
+        "warm": d.config.warm.announce(),
+    }
+
+
+def status(d: Reported) -> dict[str, Any]:
+    """The ``status`` op's reply body (documented in krexd/control/status.py)."""
+    gpus_out = []
+    for gpu in d.gpus.values():
+        row = gpu.status([t.id for t in d.tenants.on_gpu(gpu.index)])
+        row["memory"] = d.memory.gpu_status(gpu.index) if d.memory else None
+        gpus_out.append(row)
+    return {
+        **about(d),
+        "state": d.runtime.state,
+        "healthy": not problems(d),
+        "problems": problems(d),
+        "socket": d.config.daemon.socket,
+        "config": d.config.source,
+        "cgroups": d.cgroups.describe() if d.cgroups is not None else None,
+        "gpus": gpus_out,
+        "tenants": [t.summary() for t in d.tenants],
+        "queue": d.admission.status(),
+        "connections": (
+            d.server.guard.status() if d.server is not None and d.server.guard is not None else None
+        ),
+        "memory": d.memory.settings() if d.memory else None,
+        "faults": d.faults.status() if d.faults else None,
+        "warm": d.pools.status() if d.pools is not None else None,
+    }
