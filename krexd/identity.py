@@ -24,9 +24,11 @@ Rules (each refusal is logged with the caller's pid and uid and answered
   started after it (:func:`check_placeable`) — never the launcher itself;
   or a direct child of a warm pool registered for the launcher's uid, with
   that uid, started after the pool and still in the pool's cgroup
-  (``krexd.pools``; ``krex run --warm``).
+  (``krexd.pools``; ``krex run --warm``), of the pool the launcher names
+  when it names one (``krexd.lifecycle.Lifecycle.place``).
 * ``pool_register``: the zygote is a direct child of the caller (the
-  pool's keeper), with its uid, started after it (:func:`check_child_of`).
+  pool's keeper), with its uid, started after it (:func:`check_child_of`),
+  and not inside krexd's cgroup tree (``krexd.pools``).
 * acting on a tenant (``place``, ``region_enter``, ``region_exit``,
   ``region_cancel``, ``release``, ``memory``): the caller is in the tenant's
   own cgroup, or is its launcher (same pid and start time), and runs as the

@@ -233,7 +233,9 @@ class Lifecycle:
         """``{"size", "header"}`` of the tenant's slot memory, or None (no gate, exclusive)."""
         return command_env.slot_memory(self._gpus[tenant.gpu], tenant)
 
-    def place(self, tenant: Tenant, pid: int, slots_fd: int | None = None) -> None:
+    def place(
+        self, tenant: Tenant, pid: int, slots_fd: int | None = None, pool_pid: int | None = None
+    ) -> None:
         """Move ``pid`` into the tenant's cgroup(s).
 
         ``pid`` must be a direct child of the tenant's verified launcher, with
@@ -242,12 +244,19 @@ class Lifecycle:
         otherwise, ``KrexError(BAD_FIELD)`` when it is gone or the tenant ended.
         ``slots_fd``: the launcher's fd of the tenant's slot memory, attached
         to the GPU's gate here (once), before the command runs
-        (``KrexError(BAD_FIELD)`` when it is not acceptable).
+        (``KrexError(BAD_FIELD)`` when it is not acceptable).  ``pool_pid``:
+        the pool the launcher talked to; ``pid`` must then be a child of that
+        registered pool (``KrexError(AUTH)`` otherwise).
         """
         self._runtime.check_serving()
         if tenant.state not in (states.ADMITTED, states.RUNNING):
             raise KrexError(Code.BAD_FIELD, f"tenant {tenant.id} is {tenant.state}; cannot place")
         pool = identity.check_placeable(tenant, pid, self.pools)
+        if pool_pid is not None and (pool is None or pool.pid != pool_pid):
+            raise identity.refuse(
+                identity.Caller(tenant.launcher_pid, tenant.uid, tenant.gid, tenant.launcher_start),
+                f"place: pid {pid} is not a child of pool {pool_pid}, the one krex run talked to",
+            )
         if slots_fd is not None:
             self._attach_slots(tenant, slots_fd)
         try:

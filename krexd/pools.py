@@ -14,6 +14,10 @@ by the kernel):
   request);
 * the zygote is a direct child of the keeper, started after it, with the
   keeper's uid (every uid; ``krexd.identity.check_child_of``);
+* the zygote is not in krexd's cgroup tree (a tenant's or a pool's
+  cgroup): registered, it would leave its tenant for the pool's cgroup,
+  out of the freezer and the tenant's end (a command registering a pool of
+  its own); a ``krex run --warm`` inside a command therefore starts cold;
 * the uid has fewer than ``[warm] max_pools_per_uid`` pools;
 * the zygote moves into ``<root>/pools/u<uid>-p<pid>`` with
   ``[warm] memory_max`` (``krexd.cgroups.pool``).
@@ -116,7 +120,8 @@ class PoolRegistry:
         ``body``: ``pid``, ``key``, ``version``, ``interpreter``, ``modules``
         (checked by the op).  Raises ``KrexError``: ``CANCELLED`` (warm
         pools disabled, the uid's limit), ``BAD_FIELD`` (another version, the
-        pid is gone), ``AUTH`` (not the keeper's child or uid), ``INTERNAL``
+        pid is gone), ``AUTH`` (not the keeper's child or uid, or in a
+        tenant's or pool's cgroup), ``INTERNAL``
         (cgroupfs).
         """
         pid = int(body["pid"])
@@ -127,6 +132,11 @@ class PoolRegistry:
                 Code.BAD_FIELD, f"pool of krex {body['version']}, krexd is {self.version}"
             )
         start = identity.check_child_of(keeper, pid, "pool_register")
+        inside = self.cgroups.holding(pid)
+        if inside is not None:
+            raise identity.refuse(
+                keeper, f"pool_register: pid {pid} is inside krexd's cgroup tree ({inside})"
+            )
         limit = self.config.max_pools_per_uid
         if len(self.of_uid(keeper.uid)) >= limit:
             raise self._refuse(

@@ -124,6 +124,9 @@ class PoolSession:
         if uid != os.getuid():
             self.sock.close()
             raise PoolUnavailable(f"the process on {path} runs as uid {uid}, not {os.getuid()}")
+        # The process that listens there, as the kernel says: krexd's ``place`` is told it
+        # (``pool``), so that only a child of that process, a registered pool, is placed.
+        self.peer_pid = wire.peer_pid(self.sock)
 
     def _ask(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
         try:

@@ -99,6 +99,9 @@ def _first_word(zygote: subprocess.Popen[bytes], cfg: dict[str, Any]) -> dict[st
         "version": cfg["version"],
         "idle_s": cfg["idle_s"],
         "modules": cfg["modules"],
+        # Registered: the zygote is in its pool cgroup; a child krexd did not move out of it
+        # (not placed) must never run a command (krexpool_child.become).
+        "placed_only": True,
     }
     try:
         zygote.stdin.write((json.dumps(settings) + "\n").encode())

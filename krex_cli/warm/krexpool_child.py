@@ -9,7 +9,9 @@ the pool's zygote; docs/design/warm.md).  Two steps:
   working directory (``fchdir`` to the directory ``krex run`` passed),
   umask, resource limits, nice value and environment; then it tells
   ``krex run`` its pid and waits for ``go`` (sent once krexd has placed it in
-  the tenant cgroup).
+  the tenant cgroup).  A ``go`` while it is still in its pool's cgroup (no
+  ``place``: a command of the same user talking to the pool itself) is
+  refused: the command would run outside every tenant.
 * :meth:`Command.run` (called from the zygote script's top level, so that
   the command ends through the interpreter's own exit path: ``SystemExit``
   codes, the traceback and exit 1 of an uncaught exception, death by SIGINT
@@ -142,12 +144,38 @@ def apply_process(req: dict[str, Any]) -> None:
     os.environ.update({str(k): str(v) for k, v in req["env"].items()})
 
 
-def become(conn: socket.socket, req: dict[str, Any], fds: list[int], boot: Boot) -> Command:
+#: Exit status of a pool child told ``go`` that krexd never placed (EX_SOFTWARE).
+NOT_PLACED_EXIT = 70
+
+
+def own_cgroup() -> str:
+    """This process's cgroup2 path (the ``0::`` line of /proc/self/cgroup); "" when unreadable."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def become(
+    conn: socket.socket,
+    req: dict[str, Any],
+    fds: list[int],
+    boot: Boot,
+    pool_cgroup: str | None = None,
+) -> Command:
     """In the forked child: set up the command's process, report the pid, wait for ``go``.
 
     Never returns into the pool's server on failure: it answers ``{"error"}``
     (``krex run`` then starts the command cold) or just exits when
-    ``krex run`` goes away or sends ``abort``.
+    ``krex run`` goes away or sends ``abort``.  ``pool_cgroup`` (a registered
+    pool's cgroup, :func:`own_cgroup` of the zygote): at ``go`` this process
+    must have left it, i.e. krexd placed it in a tenant; otherwise it says so
+    on the command's stderr and exits :data:`NOT_PLACED_EXIT` without running
+    anything (docs/design/security.md §8).
     """
     try:
         os.setpgid(0, 0)
@@ -167,7 +195,16 @@ def become(conn: socket.socket, req: dict[str, Any], fds: list[int], boot: Boot)
     if go.get("op") != "go":
         os._exit(0)
     conn.close()
+    if pool_cgroup is not None and own_cgroup() in (pool_cgroup, ""):
+        _say_unplaced()
     return Command(req, boot)
+
+
+def _say_unplaced() -> None:
+    try:
+        os.write(2, b"krex: warm: this process was not placed by krexd: it runs nothing\n")
+    finally:
+        os._exit(NOT_PLACED_EXIT)
 
 
 def _refuse(conn: socket.socket, why: str) -> None:

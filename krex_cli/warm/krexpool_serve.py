@@ -71,7 +71,9 @@ def identity() -> dict[str, Any]:
 class Server:
     """Serves ``run`` requests on ``config["socket"]`` (see the module docstring).
 
-    ``config``: ``socket`` (path), ``key``, ``version``, ``idle_s``;
+    ``config``: ``socket`` (path), ``key``, ``version``, ``idle_s``, ``placed_only``
+    (the zygote is registered with krexd: its children run a command only once
+    krexd moved them out of the pool's cgroup, :func:`krexpool_child.become`);
     ``boot``: the interpreter as it started (``krexpool_child.Boot``);
     ``hello``: extra keys of the ``hello`` reply (the modules imported).
     """
@@ -82,6 +84,8 @@ class Server:
         self.version = str(config["version"])
         self.idle_s = float(config["idle_s"])
         self.boot = boot
+        # The pool's own cgroup (krexd moved the zygote there before sending the settings).
+        self.pool_cgroup = child.own_cgroup() if config.get("placed_only") else None
         self.hello = {"ok": True, "key": self.key, "version": self.version, **hello}
         self.listener: socket.socket | None = None
         self._bound = 0
@@ -201,7 +205,7 @@ class Server:
         pid = os.fork()
         if pid == 0:
             self._close_in_child(conn)
-            return child.become(conn, req, fds, self.boot)
+            return child.become(conn, req, fds, self.boot, self.pool_cgroup)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)

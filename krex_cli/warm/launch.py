@@ -16,7 +16,10 @@ or ``KREX_LOG=debug``).  A pool never makes a command fail.
    (``krex_cli.warm.client.mismatch``).
 4. ``run``: the pool forks the command's process C, which sets itself up
    and waits; ``place`` C in the tenant cgroup (krexd accepts a direct
-   child of a pool registered for the launcher's uid); ``go``.
+   child of a pool registered for the launcher's uid, and checks that pool
+   is the process listening on the socket we talked to, ``SO_PEERCRED``:
+   a relay put on the socket path by a command cannot swap the process);
+   ``go``.
 5. Wait: signals to ``krex run`` are forwarded to C's process group (C is
    in the pool's session, so it cannot be the terminal's foreground group);
    ``--timeout`` kills the group; the pool sends C's wait status.  A pool
@@ -198,7 +201,7 @@ def _serve(
         return None
     try:
         try:
-            tenant.request("place", {"pid": pid, **place})
+            tenant.request("place", {"pid": pid, "pool": session.peer_pid, **place})
         except RemoteError as exc:
             session.abort()
             debug(f"cold start: krexd did not place the pool's process: {exc.message}")

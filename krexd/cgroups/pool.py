@@ -168,6 +168,24 @@ class PoolCgroups:
         home = self._v1[0] if self._v1 is not None else None
         return PoolCgroup(path, memory_dir, home)
 
+    def holding(self, pid: int) -> str | None:
+        """The directory of krexd's tree (a tenant's, a pool's) that holds ``pid``, or None.
+
+        Walks the tree's v2 directories (one per tenant, slice and pool: a
+        few hundred reads at most, once per registration).  Reading
+        ``cgroup.procs`` rather than ``/proc/<pid>/cgroup`` needs no mapping
+        from the process's (namespaced) path to the mount.
+        """
+        for top, _dirs, files in os.walk(self._chain[1]):
+            if "cgroup.procs" not in files:
+                continue
+            try:
+                if pid in fs.read_pids(os.path.join(top, "cgroup.procs")):
+                    return top
+            except CgroupError:
+                continue
+        return None
+
     def sweep(self, keep: set[str]) -> None:
         """Remove empty pool directories other than ``keep`` (pools of a krexd before a restart)."""
         try:

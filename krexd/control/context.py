@@ -48,8 +48,10 @@ class TenantLifecycle(Protocol):
         """What the launcher needs to create the tenant's slot memory, or None."""
         ...
 
-    def place(self, tenant: Tenant, pid: int, slots_fd: int | None = None) -> None:
-        """Move ``pid`` into the tenant's cgroup(s)."""
+    def place(
+        self, tenant: Tenant, pid: int, slots_fd: int | None = None, pool_pid: int | None = None
+    ) -> None:
+        """Move ``pid`` into the tenant's cgroup(s) (a child of pool ``pool_pid`` when given)."""
         ...
 
     async def end(self, tenant: Tenant, reason: str) -> None:

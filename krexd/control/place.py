@@ -1,6 +1,6 @@
 """``place``: move a launcher's child into the tenant's cgroup(s) before it executes CMD.
 
-Request: tenant + token; body ``{"pid": int, "slots_fd": int?}``.
+Request: tenant + token; body ``{"pid": int, "slots_fd": int?, "pool": int?}``.
 Reply body: ``{"cgroups": [str, ...]}`` (the directories the pid is now in).
 
 The pid must be a direct child of the tenant's verified launcher, running
@@ -16,6 +16,10 @@ the tenant cgroup (paper §4.2: freezing catches ``import torch``).
 the ``admit`` reply described): krexd opens it as
 ``/proc/<launcher>/fd/<slots_fd>``, checks its seals, size and header, and
 maps it read-only before the command runs (docs/design/shim.md).
+``pool`` (``krex run --warm``): the pid of the warm pool ``krex run`` talked
+to (the kernel's ``SO_PEERCRED`` of its connection); the pid must then be a
+child of that registered pool, never of another process (a relay on the
+pool's socket path cannot have another process placed).
 Errors: ``AUTH`` (wrong token or caller; not the launcher's child or uid),
 ``BAD_FIELD`` (gone, tenant ended, slot memory not acceptable),
 ``SHUTTING_DOWN``, ``INTERNAL`` (cgroupfs write failed).
@@ -38,8 +42,9 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the pid's parent, write it into the tenant's cgroup.procs."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
     identity.authorize(tenant, "place")
-    fields.only(req.body, "pid", "slots_fd")
+    fields.only(req.body, "pid", "slots_fd", "pool")
     pid = fields.integer(req.body, "pid", 1, 1 << 22)
     slots_fd = fields.integer(req.body, "slots_fd", 0, 1 << 20, default=None)
-    ctx.lifecycle.place(tenant, pid, slots_fd)
+    pool = fields.integer(req.body, "pool", 1, 1 << 22, default=None)
+    ctx.lifecycle.place(tenant, pid, slots_fd, pool)
     return {"cgroups": tenant.cgroup.paths}

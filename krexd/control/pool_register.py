@@ -8,7 +8,9 @@ Reply body: ``{"cgroup": str, "memory_max": int|null, "idle_s": float}``.
 
 The caller is the pool's keeper (``krex_cli.warm.keeper``), verified by the
 kernel; ``pid`` is the zygote: a direct child of the caller, started after
-it, with its uid (``krexd.identity.check_child_of``).  krexd moves it into
+it, with its uid (``krexd.identity.check_child_of``), not inside krexd's
+cgroup tree (a tenant's or a pool's cgroup: registering would move a
+command's process out of its tenant).  krexd moves it into
 ``<root>/pools/u<uid>-p<pid>`` (``[warm] memory_max``) and from then on
 ``place`` accepts the zygote's unplaced children for tenants of that uid
 (docs/design/security.md).  The registration lasts until the zygote or the
@@ -19,7 +21,7 @@ status``.
 Errors: ``CANCELLED`` (``[warm] enabled = false``; the uid already has
 ``[warm] max_pools_per_uid`` pools), ``BAD_FIELD`` (another version, a pid
 that is gone, a malformed field), ``AUTH`` (not the caller's child or
-uid), ``INTERNAL`` (cgroupfs), ``SHUTTING_DOWN``.
+uid, inside krexd's cgroup tree), ``INTERNAL`` (cgroupfs), ``SHUTTING_DOWN``.
 Sent by: the pool's keeper, once, when it has started the zygote.
 """
 

@@ -29,6 +29,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,12 @@ from krex_client.cluster import OUTPUT_TAIL, Command, Result, Timings, host_name
 
 MAX_REGIONS = 100_000
 """Region records a result carries at most (the first ones)."""
+MAX_GRANTS = 1000
+"""Grant lines a result counts at most."""
+GRANTS_BYTES = 1 << 20
+"""Bytes of the grant log read at most (a line is about 100)."""
+REGIONS_BYTES = 64 << 20
+"""Bytes of the region log read at most (a record is a few hundred)."""
 POLL_S = 0.1
 """How often the wait for ``krex run`` lets an interruption (``ray.cancel``) through."""
 
@@ -85,23 +92,35 @@ def _tail(f: IO[bytes]) -> tuple[str, int]:
     """(the last :data:`OUTPUT_TAIL` bytes of ``f``, decoded; its size in bytes)."""
     size = f.seek(0, os.SEEK_END)
     f.seek(max(0, size - OUTPUT_TAIL))
-    return f.read().decode(errors="replace"), size
+    return f.read(OUTPUT_TAIL).decode(errors="replace"), size
 
 
-def _json_lines(path: str, limit: int) -> list[dict[str, Any]]:
-    """The JSON objects of the file ``path``, one per line, at most ``limit`` ([] if none)."""
-    out: list[dict[str, Any]] = []
+def _json_lines(path: str, limit: int, max_bytes: int) -> list[dict[str, Any]]:
+    """The JSON objects of the file ``path``, one per line, at most ``limit`` ([] if none).
+
+    The file lies in the task's private directory, but the command (same uid,
+    untrusted code) can read its path from ``krex run``'s command line and
+    replace it.  So only a regular file is read (not a symbolic link: a FIFO
+    would block the task, ``/dev/zero`` would fill the worker's memory
+    outside the tenant's cgroup), and at most ``max_bytes`` of it; a cut last
+    line is skipped as any malformed one.
+    """
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if len(out) >= limit:
-                    break
-                with contextlib.suppress(json.JSONDecodeError):
-                    obj = json.loads(line)
-                    if isinstance(obj, dict):
-                        out.append(obj)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        pass
+        return []
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        data = f.read(max_bytes)
+    out: list[dict[str, Any]] = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        if len(out) >= limit:
+            break
+        with contextlib.suppress(json.JSONDecodeError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                out.append(obj)
     return out
 
 
@@ -174,8 +193,8 @@ def execute(
     node, attempt = _where()
     with tempfile.TemporaryDirectory(prefix="krex-task-") as work:
         code, ended, out, err = _run(_argv(command, work, krex), command, work, cancel_grace_s)
-        grants = _json_lines(os.path.join(work, GRANTS), 1000)
-        regions = _json_lines(os.path.join(work, REGIONS), MAX_REGIONS)
+        grants = _json_lines(os.path.join(work, GRANTS), MAX_GRANTS, GRANTS_BYTES)
+        regions = _json_lines(os.path.join(work, REGIONS), MAX_REGIONS, REGIONS_BYTES)
     last = grants[-1] if grants else {}
     return Result(
         exit_code=code,

@@ -179,3 +179,71 @@ def test_krex_run_dies_with_a_killed_task(tmp_path: Path, started: list[int]) ->
     task.kill()  # as ray.cancel(force=True), or the raylet's end, kills a worker
     task.wait(10)
     wait_gone(krex, 5.0)
+
+
+# The command (untrusted code, the task's uid) finds the task's log files on krex run's command
+# line and replaces them: the grant log by a FIFO, the region log by a link to /dev/zero.
+_SWAP_LOGS = """
+import os
+args = open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")
+grants, regions = (args[args.index(o) + 1] for o in ("--grant-log", "--region-log"))
+os.unlink(grants)
+os.mkfifo(grants)
+os.unlink(regions)
+os.symlink("/dev/zero", regions)
+"""
+_EXECUTE_BOUNDED = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from krex_client import cluster
+from krex_client.cluster_task import execute
+res = execute(cluster.Command([sys.executable, "-c", sys.argv[1]]), time.time(), 1.0, sys.argv[2:])
+print(json.dumps({"code": res.exit_code, "admissions": res.admissions, "regions": res.regions}))
+"""
+
+
+def test_a_command_that_swaps_its_task_logs_cannot_block_or_flood_the_task() -> None:
+    """A FIFO would block the worker's read for ever, /dev/zero fill its memory (outside the
+    tenant's cgroup): only regular files are read, and only so much of them."""
+    p = subprocess.run(
+        [sys.executable, "-c", _EXECUTE_BOUNDED, _SWAP_LOGS, *FAKE_KREX],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == '{"code": 0, "admissions": 0, "regions": []}'
+
+
+_APPEND = """
+import sys
+from krex_cli import grantlog
+grantlog.append(sys.argv[1], {"tenant": 1, "gpu": 0, "env": {}}, 1.0)
+"""
+
+
+def test_the_grant_log_is_written_only_to_a_regular_file(tmp_path: Path) -> None:
+    """``krex run --grant-log``: a FIFO at the path (no reader) would block krex run in open."""
+
+    def append(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", _APPEND, str(path)], capture_output=True, text=True, timeout=10
+        )
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    p = append(fifo)
+    assert p.returncode == 0 and "cannot write the grant log" in p.stderr
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader: the open succeeds
+    try:
+        p = append(fifo)
+        assert "not a regular file" in p.stderr
+        assert os.read(reader, 100) == b""  # nothing went into it
+    finally:
+        os.close(reader)
+    link = tmp_path / "link"
+    link.symlink_to("/dev/null")
+    assert "not a regular file" in append(link).stderr
+    good = tmp_path / "grants"
+    assert append(good).stderr == ""
+    assert '"tenant":1' in good.read_text()

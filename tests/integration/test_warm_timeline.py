@@ -164,3 +164,57 @@ def test_a_pool_whose_imports_leave_a_thread_running_refuses_to_serve(
     pools.warm([sys.executable, "-c", "pass"], served=False, env=env)
     refused = _wait_refused(pools)
     assert "1 thread(s) running that do not stop at a fork" in refused, refused
+
+
+_LONG_REGION = """
+import json, os, time, fakegpu
+from krex_client import region
+gpu = fakegpu.init()
+with region.critical():
+    start = time.monotonic_ns()
+    open(INSIDE, "w").close()
+    time.sleep(1.5)
+    gpu.launch(1000)
+    gpu.synchronize()
+    end = time.monotonic_ns()
+print(json.dumps({"pid": os.getpid(), "start": start, "end": end}))
+"""
+_FIRST_LINE = (
+    "import time; t = time.monotonic_ns(); import fakegpu; g = fakegpu.init(); "
+    "g.launch(1000); g.synchronize(); print(t)"
+)
+
+
+def test_a_pool_forking_during_a_region_starts_its_command_frozen(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    """The pool (outside every tenant) forks, krexd places and ``krex run`` says ``go`` while
+    a holder is inside its region: the command's first line and kernel come after the region."""
+    k = krexd_factory(config=warm_config(modules=["fakegpu", "json"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    pools.ready(env=env)
+    inside = tmp_path / "inside"
+    holder = subprocess.Popen(
+        [*k.krex, "run", "--cold", "--", sys.executable, "-c"]
+        + [f"INSIDE = {str(inside)!r}\n" + _LONG_REGION],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not inside.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()
+            time.sleep(0.02)
+        sibling = pools.warm([sys.executable, "-c", _FIRST_LINE], env=env)
+        out, err = holder.communicate(timeout=30)
+    finally:
+        holder.kill()
+    assert holder.returncode == 0, err
+    region = json.loads(out)
+    assert sibling.returncode == 0, sibling.stderr
+    assert int(sibling.stdout) > region["end"], "the warm command ran inside the region"
+    records = timeline.read(os.path.join(k.workdir, "timeline"))
+    assert timeline.overlapping(records, region["start"], region["end"], region["pid"]) == []
