@@ -48,6 +48,7 @@ from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
+from krexd.pool_freeze import PoolFreeze
 from krexd.pools import PoolRegistry
 from krexd.quotas import UidCaps
 from krexd.registrations import RegionGuard, Verifier
@@ -227,6 +228,10 @@ class Daemon:
         if cfg.warm.enabled:
             pool_cgroups.prepare()
             pool_cgroups.sweep(set())
+            freeze = PoolFreeze(pool_cgroups.dir)  # every region freezes the pools too
+            freeze.reset()
+            for gpu in self.gpus.values():
+                gpu.coordinator.pool_freeze = freeze
         poll_s = cfg.daemon.liveness_interval_ms / 1000
         return PoolRegistry(cfg.warm, pool_cgroups, self.version, poll_s)
 

@@ -17,6 +17,7 @@ from krexd.config import RegionConfig
 from krexd.coordinator.records import Region, RegionRequest
 from krexd.fifo import FifoLock
 from krexd.isolation import GpuUseCheck, Pinner, RegionGate, RegionMemory, TenantControl
+from krexd.pool_freeze import PoolFreeze
 from krexd.region_stats import RegionStats
 from krexd.slices import CpuSlice
 from krexd.tenants import Tenant, TenantRegistry
@@ -61,6 +62,8 @@ class CoordinatorBase:
         self._last_drain_ms = 0.0
         self._last_freeze_ms = 0.0
         self._last_check_ms = 0.0  # the fail-closed check's share of _last_freeze_ms
+        # Warm pools frozen with the siblings (krexd.pool_freeze); set by the daemon.
+        self.pool_freeze: PoolFreeze | None = None
         self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")
         self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
         self.stats = RegionStats()

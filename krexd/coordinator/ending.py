@@ -101,6 +101,7 @@ class Ending(Freezing, HolderCores, GateSteps):
             self._unpin_holder(region.tenant, region.tid)
             t = time.monotonic()
             await self._thaw(region.siblings)
+            self._thaw_pools(region.pools_frozen)
             thaw_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("thawed")
             # Step 8: only after the thaw, reopen the gate, then release the lock.

@@ -120,7 +120,7 @@ class Entry(Ending, MemoryWait, FailClosed):
         epoch = self._next_epoch()
         frozen: list[Tenant] = []
         self._frozen, self._entering = frozen, tenant.id
-        gate_closed = False
+        gate_closed = pools_held = False
         try:
             # Step 2: close the gate for (holder, epoch).
             self._region_state(states.CLOSING)  # IDLE -> CLOSING
@@ -138,6 +138,7 @@ class Entry(Ending, MemoryWait, FailClosed):
             self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
             t = time.monotonic()
             await self._freeze(self._siblings(tenant), frozen)
+            pools_held = await self._freeze_pools()
             t_check = time.monotonic()
             await self._fail_closed(tenant, epoch)
             self._last_check_ms = (time.monotonic() - t_check) * 1e3
@@ -151,6 +152,7 @@ class Entry(Ending, MemoryWait, FailClosed):
             self._unpin_holder(tenant, tid)
             self._frozen, self._entering = None, None  # no late arrival joins a failed entry
             await self._thaw(frozen)
+            self._thaw_pools(pools_held)
             if gate_closed:
                 self._reopen_gate(tenant.id, epoch)
             self._region_state(states.IDLE)  # RECOVERING -> IDLE
@@ -166,6 +168,7 @@ class Entry(Ending, MemoryWait, FailClosed):
             requested_at=requested_at,
             granted_at=time.monotonic(),
             siblings=frozen,
+            pools_frozen=pools_held,
         )
         self._region = region
         self._watch(region)

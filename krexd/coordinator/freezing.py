@@ -61,6 +61,27 @@ class Freezing(CoordinatorBase):
                 f"{self._cfg.freeze_timeout_s:g} s: {names}",
             )
 
+    async def _freeze_pools(self) -> bool:
+        """Step 4, after the siblings: warm pools stand still too (``krexd.pool_freeze``).
+
+        True when this region holds the pools' freeze (release it with
+        :meth:`_thaw_pools`); raises FREEZE_TIMEOUT when they do not freeze.
+        """
+        if self.pool_freeze is None:
+            return False
+        if not await self.pool_freeze.hold(self._cfg.freeze_timeout_s):
+            raise KrexError(
+                Code.FREEZE_TIMEOUT,
+                f"warm pools not frozen after {self._cfg.freeze_timeout_s:g} s "
+                f"({self.pool_freeze.path})",
+            )
+        return True
+
+    def _thaw_pools(self, held: bool) -> None:
+        """Step 7: release this region's hold of the pools' freeze (the last one thaws)."""
+        if held and self.pool_freeze is not None:
+            self.pool_freeze.release()
+
     async def _wait_frozen(self, sib: Tenant, timeout_s: float) -> bool:
         try:
             return await self._ctl.wait_frozen(sib, timeout_s)

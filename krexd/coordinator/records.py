@@ -33,6 +33,7 @@ class Region:
     holder_watch: Watch | None = None  # fires when the holder's process exits
     timer: asyncio.TimerHandle | None = None
     adopted: bool = False  # from a crashed krexd's state, its grant maybe never delivered
+    pools_frozen: bool = False  # this region holds the warm pools' freeze (krexd.pool_freeze)
 
 
 # Stages of a region request (``RegionRequest.stage``).

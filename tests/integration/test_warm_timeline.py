@@ -218,3 +218,44 @@ def test_a_pool_forking_during_a_region_starts_its_command_frozen(
     assert int(sibling.stdout) > region["end"], "the warm command ran inside the region"
     records = timeline.read(os.path.join(k.workdir, "timeline"))
     assert timeline.overlapping(records, region["start"], region["end"], region["pid"]) == []
+
+
+def _frozen(directory: str) -> bool:
+    with open(os.path.join(directory, "cgroup.events")) as f:
+        return "frozen 1" in f.read().split("\n")
+
+
+def test_pools_stand_still_during_a_region(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    """A pool runs code from files commands can write (its imports), outside every tenant:
+    every region freezes the pools with its siblings and thaws them with them."""
+    k = krexd_factory(config=warm_config(modules=["fakegpu", "json"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    pools.ready(env=env)
+    (row,) = pools.pools()
+    pools_dir = os.path.dirname(row["cgroup"])
+    assert not _frozen(pools_dir)
+    inside = tmp_path / "inside"
+    holder = subprocess.Popen(
+        [*k.krex, "run", "--cold", "--", sys.executable, "-c"]
+        + [f"INSIDE = {str(inside)!r}\n" + _LONG_REGION],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not inside.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, holder.communicate()
+            time.sleep(0.02)
+        during = _frozen(pools_dir) and _frozen(row["cgroup"])
+        out, err = holder.communicate(timeout=30)
+    finally:
+        holder.kill()
+    assert holder.returncode == 0, err
+    assert during, "the pools ran during the region"
+    assert not _frozen(pools_dir), "the pools stayed frozen after the region"
+    assert pools.warm([sys.executable, "-c", "print(1)"], env=env).stdout == "1\n"

@@ -1,0 +1,80 @@
+"""Warm pools stand still during every region (docs/design/warm.md "Regions").
+
+A pool's zygote imports modules from files the user's commands can write
+(site-packages, ``PYTHONPATH``, ``.pth`` files), and the processes it forks
+live in its cgroup until ``place``: code that ran there would run outside
+every tenant, so nobody would freeze it for a sibling's region.  Every region
+entry therefore freezes the whole ``pools`` directory of krexd's tree (one
+``cgroup.freeze`` for every pool) after its siblings, waits until the kernel
+reports it frozen, and thaws it with them.  Regions of several GPUs share the
+directory: it is frozen while at least one region holds it (a count).
+
+A warm command asked for during a region waits until the region ends, as a
+cold one admitted then is frozen until it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from krexd.cgroups import fs
+from krexd.cgroups.fs import CgroupError
+
+_log = logging.getLogger("krexd.pools")
+
+
+class PoolFreeze:
+    """Freeze of the ``pools`` directory ``path`` (cgroup v2), shared by every GPU's regions."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.holders = 0
+
+    def reset(self) -> None:
+        """At start: thaw what a killed krexd may have left frozen."""
+        self._write("0")
+
+    async def hold(self, timeout_s: float) -> bool:
+        """Freeze the pools for one region; True once the kernel reports them frozen.
+
+        False after ``timeout_s`` seconds (the hold is then released): the
+        caller fails the entry as for a sibling that does not freeze.
+        """
+        self.holders += 1
+        if self.holders == 1 and not self._write("1"):
+            return True  # no pools directory: nothing can run there
+        deadline = time.monotonic() + timeout_s
+        delay = 50e-6
+        while not self._frozen():
+            if time.monotonic() >= deadline:
+                self.release()
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5e-3)
+        return True
+
+    def release(self) -> None:
+        """End one region's hold; the last one thaws the pools."""
+        if self.holders == 0:
+            return
+        self.holders -= 1
+        if self.holders == 0:
+            self._write("0")
+
+    def _write(self, value: str) -> bool:
+        try:
+            fs.write(os.path.join(self.path, "cgroup.freeze"), value)
+        except (CgroupError, OSError) as exc:
+            if os.path.isdir(self.path):
+                _log.error("cannot write %s/cgroup.freeze = %s: %s", self.path, value, exc)
+            return False
+        return True
+
+    def _frozen(self) -> bool:
+        try:
+            return fs.events(self.path).get("frozen", 0) == 1
+        except (CgroupError, OSError):
+            return True  # gone: nothing left to run
