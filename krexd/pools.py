@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from krexd import identity
+from krexd import identity, testhooks
 from krexd.cgroups.fs import CgroupError
 from krexd.cgroups.pool import PoolCgroup, PoolCgroups
 from krexd.config import WarmConfig
@@ -125,6 +125,7 @@ class PoolRegistry:
         (cgroupfs).
         """
         pid = int(body["pid"])
+        testhooks.pause("pool_register")
         if not self.config.enabled:
             raise self._refuse(keeper, "warm pools are off ([warm] enabled = false)")
         if body["version"] != self.version:

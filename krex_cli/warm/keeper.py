@@ -11,13 +11,16 @@ cannot).  ``START_FILE`` (JSON, removed once read): ``krexd_socket``,
 
 1. Take the key's lock (``<key>.lock``); another keeper holding it means a
    pool is starting or serving: exit.
-2. Start the zygote (``krexpool_zygote.py`` by file path, the command's
-   interpreter and options, the pool's environment), its stdin and stdout
+2. Start the zygote's process, stopped before its interpreter starts
+   (krex's own interpreter, isolated, waits on a pipe), its stdin and stdout
    pipes to us, its stderr to the pool's log.
 3. ``pool_register`` it with krexd: krexd checks that it is our child and
    our uid, counts it against ``[warm] max_pools_per_uid``, moves it into a
-   pool cgroup with ``[warm] memory_max`` (docs/design/warm.md).  Refused:
-   close its stdin (it exits) and exit.
+   pool cgroup with ``[warm] memory_max`` (docs/design/warm.md).  Only then
+   it execs the command's interpreter with ``krexpool_zygote.py`` (by file
+   path, the command's options, the pool's environment), so even the
+   interpreter's start-up runs in the pool.  Refused: it exits unstarted,
+   and so do we.
 4. Send it its settings; it imports the modules and says ``ready`` or
    ``refused`` (then ``<key>.refused`` keeps the reason, so ``krex run`` does
    not start the same failing pool for every command).
@@ -60,17 +63,60 @@ def _lock(path: str) -> int | None:
     return fd
 
 
-def _start_zygote(cfg: dict[str, Any]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [str(cfg["argv0"]), *cfg["flags"], ZYGOTE],
-        executable=str(cfg["path"]),
-        env={str(k): str(v) for k, v in cfg["env"].items()},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=sys.stderr.fileno(),
-        cwd="/",
-        close_fds=True,
-    )
+# The zygote's first program: krex's own interpreter, isolated (-I: no user
+# site-packages, no PYTHON* variables; -S: no site), which waits for one byte
+# on the descriptor argv[1] and only then execs the command's interpreter.
+# The keeper registers it in between, so the interpreter's start-up (.pth
+# files, sitecustomize: files the user's commands can write) already runs in
+# the pool's cgroup (docs/design/security.md §8).
+_EXEC_WHEN_REGISTERED = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "go = os.read(fd, 1)\n"
+    "os.close(fd)\n"
+    "if go != b'1':\n"
+    "    os._exit(70)\n"
+    "os.execve(sys.argv[2], sys.argv[3:], os.environ)\n"
+)
+
+
+def _start_zygote(cfg: dict[str, Any]) -> tuple[subprocess.Popen[bytes], int]:
+    """The zygote's process, stopped before its interpreter starts, and the descriptor
+    whose one byte ``b"1"`` lets it start (closing it ends the process, exit 70)."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        zygote = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _EXEC_WHEN_REGISTERED, str(r), str(cfg["path"])]
+            + [str(cfg["argv0"]), *cfg["flags"], ZYGOTE],
+            env={str(k): str(v) for k, v in cfg["env"].items()},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr.fileno(),
+            cwd="/",
+            close_fds=True,
+            pass_fds=(r,),
+        )
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return zygote, w
+
+
+def _let_start(go: int, start: bool) -> int:
+    """Let the registered zygote's interpreter start (``start``), or end it; returns -1.
+
+    ``go`` -1: already done, nothing to do.
+    """
+    if go < 0:
+        return -1
+    try:
+        if start:
+            os.write(go, b"1")
+    finally:
+        os.close(go)
+    return -1
 
 
 def _register(conn: Connection, zygote: subprocess.Popen[bytes], cfg: dict[str, Any]) -> int:
@@ -153,7 +199,7 @@ def main(argv: list[str]) -> int:
     if lock is None:
         return 0
     try:
-        zygote = _start_zygote(cfg)
+        zygote, go = _start_zygote(cfg)
     except OSError as exc:
         _refused(cfg, f"cannot start {cfg['path']}: {exc.strerror}")
         os.close(lock)
@@ -165,8 +211,10 @@ def main(argv: list[str]) -> int:
             krexd_pid = _register(conn, zygote, cfg)
         except (KrexUnavailable, RemoteError) as exc:
             log(f"krexd did not register the pool: {exc}")
+            go = _let_start(go, False)
             zygote.stdin.close()
             return 0
+        go = _let_start(go, True)
         word = _first_word(zygote, cfg)
         if not word.get("ready"):
             _refused(cfg, str(word.get("refused") or "the zygote ended before it was ready"))
@@ -176,6 +224,7 @@ def main(argv: list[str]) -> int:
         _watch(zygote, conn, krexd_pid)
         return 0
     finally:
+        _let_start(go, False)  # an unexpected error before registration: end it
         zygote.wait()
         log(f"zygote {zygote.pid} ended ({zygote.returncode})")
         conn.close()

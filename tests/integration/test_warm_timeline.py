@@ -259,3 +259,34 @@ def test_pools_stand_still_during_a_region(
     assert during, "the pools ran during the region"
     assert not _frozen(pools_dir), "the pools stayed frozen after the region"
     assert pools.warm([sys.executable, "-c", "print(1)"], env=env).stdout == "1\n"
+
+
+_SITE = """
+import os
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "log"), "a") as f:
+    f.write(f"{os.getpid()} {open('/proc/self/cgroup').read().split(':')[-1].strip()}\\n")
+"""
+
+
+def test_a_pools_interpreter_start_up_runs_in_the_pool(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    """sitecustomize and .pth files are the user's files, which commands can write: the
+    zygote's interpreter starts only once krexd moved its process into the pool's cgroup."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITE)
+    # krexd takes 1 s over the registration: time enough for an interpreter that
+    # started before it to run its start-up outside the pool.
+    k = krexd_factory(
+        config=warm_config(modules=["json"]),
+        env={"KREX_TEST_PAUSE_AT": "pool_register", "KREX_TEST_PAUSE_S": "1.0"},
+    )
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    pools.ready(env=env)
+    (row,) = pools.pools()
+    lines = dict(ln.split(" ", 1) for ln in (site / "log").read_text().splitlines())
+    assert str(row["pid"]) in lines, lines
+    assert row["cgroup"].endswith(lines[str(row["pid"])]), (row["cgroup"], lines)
