@@ -30,6 +30,10 @@ from typing import Any
 import zmq
 
 from krex_client.connection import Connection
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fake_krexd  # noqa: E402
+
 from krex_client.protocol import Request, decode_reply, encode_request
 
 
@@ -65,29 +69,8 @@ class Client:
 
 
 def start_krexd(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
-    socket = os.path.join(workdir, "krexd.sock")
-    cfg = os.path.join(workdir, "krex.toml")
-    with open(cfg, "w") as f:
-        f.write(
-            f'[daemon]\nsocket = "{socket}"\nlog_level = "warning"\n'
-            f"[admission]\nslots_per_gpu = 1\n"
-            f'[cgroup]\nname = "krexbench{os.getpid()}"\n[cpu]\nallow_shared = true\n'
-        )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "krexd", "--foreground", "--config", cfg, "--fake-gpus", "1"]
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if os.path.exists(socket):
-            try:
-                with Connection(socket, timeout_s=0.5) as c:
-                    c.request("ping")
-                return proc, socket
-            except Exception:
-                pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("krexd did not start")
+    """A krexd with one fake GPU and 1 slot(s) on ``workdir/krexd.sock``, ready."""
+    return fake_krexd.start_krexd(workdir, 1, "krexbench")
 
 
 def parked(socket: str) -> int:

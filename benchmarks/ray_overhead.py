@@ -38,36 +38,16 @@ from typing import Any
 
 from krex_cli import ray_resources
 from krex_client import cluster
-from krex_client.connection import Connection
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fake_krexd  # noqa: E402
 
 KREX = [sys.executable, "-m", "krex_cli"]
 
 
 def start_krexd(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A krexd with one fake GPU and 2 slots on ``workdir/krexd.sock``, ready."""
-    socket = os.path.join(workdir, "krexd.sock")
-    cfg = os.path.join(workdir, "krex.toml")
-    with open(cfg, "w") as f:
-        f.write(
-            f'[daemon]\nsocket = "{socket}"\nlog_level = "warning"\n'
-            f"[admission]\nslots_per_gpu = 2\n"
-            f'[cgroup]\nname = "krexraybench{os.getpid()}"\n[cpu]\nallow_shared = true\n'
-        )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "krexd", "--foreground", "--config", cfg, "--fake-gpus", "1"]
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if os.path.exists(socket):
-            try:
-                with Connection(socket, timeout_s=0.5) as c:
-                    c.request("ping")
-                return proc, socket
-            except Exception:
-                pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("krexd did not start")
+    """A krexd with one fake GPU and 2 slot(s) on ``workdir/krexd.sock``, ready."""
+    return fake_krexd.start_krexd(workdir, 2, "krexraybench")
 
 
 def start_ray(socket: str) -> None:
