@@ -101,6 +101,21 @@ def test_region_freezes_and_thaws_sibling(booted: Booted) -> None:
     expect(booted, "region_freezes_and_thaws_sibling")
 
 
+def test_restart_keeps_commands(booted: Booted) -> None:
+    # Issue "Restarts" item 9: `systemctl restart` while a command runs.
+    expect(booted, "restart_keeps_commands")
+
+
+def test_reinstall_keeps_commands(booted: Booted) -> None:
+    # A package reinstall (the upgrade path) while a command runs.
+    expect(booted, "reinstall_keeps_commands")
+
+
+def test_watchdog_restart_keeps_commands(booted: Booted) -> None:
+    # Item 8: a hung event loop is killed by systemd's watchdog; the new krexd adopts.
+    expect(booted, "watchdog_restart_keeps_commands")
+
+
 def test_stop_leaves_no_process(booted: Booted) -> None:
     expect(booted, "stop_leaves_no_process")
 

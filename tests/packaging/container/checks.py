@@ -357,8 +357,10 @@ def reinstall_keeps_commands() -> str:
 def watchdog_restart_keeps_commands() -> str:
     # A hung event loop (SIGSTOP) misses WATCHDOG=1: systemd kills krexd (the
     # test drop-in's WatchdogSec) and restarts it; the new krexd adopts the command.
-    pid = show("MainPID")["MainPID"]
-    return _command_across(["kill", "-STOP", pid], sleep_s=15.0)
+    pid = int(show("MainPID")["MainPID"])
+    # Python's os.kill: a minimal root has no kill(1) (procps).
+    stop = f"import os, signal; os.kill({pid}, signal.SIGSTOP)"
+    return _command_across([sys.executable, "-c", stop], sleep_s=15.0)
 
 
 @check("stop_leaves_no_process")
