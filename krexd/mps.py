@@ -75,6 +75,10 @@ class MpsManager:
     def start(self, gpu: int, uuid: str = "") -> MpsDaemon:
         """Start the control daemon of GPU ``gpu`` (UUID ``uuid`` when known), wait for its pipe.
 
+        A daemon already answering on this GPU's pipe (left by a krexd that
+        exited for a restart, with its clients running) is adopted instead;
+        a pipe nobody reads is removed first.
+
         Raises:
             MpsError: the control program is missing, fails, or its pipe does
                 not appear within 10 s.
@@ -86,12 +90,18 @@ class MpsManager:
         d = MpsDaemon(gpu, os.path.join(base, "pipe"), os.path.join(base, "log"))
         for path in (d.pipe_dir, d.log_dir):
             os.makedirs(path, mode=0o755, exist_ok=True)
+        control_pipe = os.path.join(d.pipe_dir, "control")
+        if os.path.exists(control_pipe):
+            # A krexd restart leaves the daemon serving its running clients: adopt it.
+            if self._answers(exe, d, uuid):
+                _log.info("GPU %d: MPS control daemon of the krexd before adopted", gpu)
+                return d
+            os.unlink(control_pipe)  # stale: nothing reads it
         run = subprocess.run(
             [exe, "-d"], env=d._env(uuid or str(gpu)), capture_output=True, timeout=_START_TIMEOUT_S
         )
         if run.returncode != 0:
             raise MpsError(f"GPU {gpu}: {exe} -d failed: {run.stderr.decode().strip()}")
-        control_pipe = os.path.join(d.pipe_dir, "control")
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not os.path.exists(control_pipe):
             if time.monotonic() > deadline:
@@ -100,6 +110,21 @@ class MpsManager:
             time.sleep(0.02)
         _log.info("GPU %d: MPS control daemon started (pipes in %s)", gpu, d.pipe_dir)
         return d
+
+    @staticmethod
+    def _answers(exe: str, d: MpsDaemon, uuid: str) -> bool:
+        """True when a control daemon answers on ``d``'s pipe (``get_server_list``, 2 s)."""
+        try:
+            run = subprocess.run(
+                [exe],
+                input=b"get_server_list\n",
+                env=d._env(uuid or str(d.gpu)),
+                capture_output=True,
+                timeout=2.0,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return run.returncode == 0
 
     def stop(self, d: MpsDaemon) -> None:
         """Quit the control daemon ``d`` (it stops its server), then kill leftovers."""

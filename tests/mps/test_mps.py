@@ -54,6 +54,34 @@ def test_one_daemon_per_gpu_started_and_stopped(tmp_path: object) -> None:
         assert not os.path.exists(os.path.join(pipe, "control"))
 
 
+def test_a_restarted_krexd_adopts_the_running_daemon(tmp_path: object) -> None:
+    """A krexd that exits for a restart leaves MPS serving its running clients: the next
+    one adopts that daemon instead of failing to start a second (`-d` on a used pipe)."""
+    first = MpsManager(FAKE, str(tmp_path)).start(0)
+    starts = os.path.join(first.log_dir, "starts")
+    again = MpsManager(FAKE, str(tmp_path))  # the restarted krexd's
+    try:
+        d = again.start(0)
+        assert d.pipe_dir == first.pipe_dir
+        assert open(starts).read().count("started") == 1, "a second daemon was started"
+        assert _daemons(d.pipe_dir)
+    finally:
+        again.stop(first)
+
+
+def test_a_stale_control_pipe_is_replaced(tmp_path: object) -> None:
+    """A pipe nobody reads (its daemon died with the host's krexd) does not block the start."""
+    pipe_dir = os.path.join(str(tmp_path), "mps-gpu0", "pipe")
+    os.makedirs(pipe_dir)
+    os.mkfifo(os.path.join(pipe_dir, "control"))
+    mgr = MpsManager(FAKE, str(tmp_path))
+    d = mgr.start(0)
+    try:
+        assert _daemons(d.pipe_dir), "no control daemon after a stale pipe"
+    finally:
+        mgr.stop(d)
+
+
 def test_missing_control_program_is_a_clear_error(tmp_path: object) -> None:
     mgr = MpsManager("no-such-mps-control", str(tmp_path))
     with pytest.raises(MpsError, match="not found"):
