@@ -38,16 +38,13 @@ import os
 import sys
 from typing import Any
 
-from krex_cli import help_text
+from krex_cli import help_text, unreachable
 from krex_client.cluster import GPU, SLOT, host_name, host_resource
 from krex_client.connection import (
     Connection,
-    KrexPermissionDenied,
-    KrexUnavailable,
-    RemoteError,
     default_socket,
 )
-from krex_client.errors import ExitCode, exit_code_for
+from krex_client.errors import ExitCode
 
 ISOLATION_FLAG = "--enable-resource-isolation"
 """Ray's cgroup resource isolation (Ray >= 2.51, off by default): refused with --exec."""
@@ -133,15 +130,8 @@ def main(args: argparse.Namespace) -> int:
     host = host_name(args.host)
     try:
         resources = query(socket, host)
-    except KrexPermissionDenied as exc:
-        _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
-        return ExitCode.NOPERM
-    except KrexUnavailable as exc:
-        _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
-        return ExitCode.UNAVAILABLE
-    except RemoteError as exc:
-        _say(f"krexd refused: {exc}")
-        return exit_code_for(exc.name)
+    except unreachable.KREXD_ERRORS as exc:
+        return unreachable.exit_code(exc, _say)
     except ValueError as exc:
         _say(str(exc))
         return ExitCode.DATAERR

@@ -59,12 +59,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from krex_cli import casualty, coldstart, grantlog, slotmem
+from krex_cli import casualty, coldstart, grantlog, slotmem, unreachable
 from krex_cli.reconnect import Reconnecting
 from krex_cli.warm import launch, plan
 from krex_cli.warm.client import UNKNOWN_STATUS
-from krex_client.connection import KrexPermissionDenied, KrexUnavailable, RemoteError
-from krex_client.errors import COTENANT_TEXT, ExitCode, exit_code_for
+from krex_client.connection import KrexUnavailable, RemoteError
+from krex_client.errors import COTENANT_TEXT, ExitCode
 
 STRIPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
@@ -130,15 +130,8 @@ def run(
             )
 
         return casualty.with_reruns(argv, attempt, exclusive, fault_retries)
-    except KrexPermissionDenied as exc:
-        _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
-        return ExitCode.NOPERM
-    except KrexUnavailable as exc:
-        _say(f"cannot reach krexd at {exc.socket}: {exc.reason}")
-        return ExitCode.UNAVAILABLE
-    except RemoteError as exc:
-        _say(f"krexd refused: {exc.name}: {exc.message}")
-        return exit_code_for(exc.name)
+    except unreachable.KREXD_ERRORS as exc:
+        return unreachable.exit_code(exc, _say)
     finally:
         conn.close()
 
