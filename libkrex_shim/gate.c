@@ -159,7 +159,7 @@ static int slot_retire(const struct krex_gate *g, struct krex_slot *s, uint64_t 
 /* Wake a drainer parked in krex_gate_wait_idle: clear the waiter bit, then
  * wake.  seq_cst so the drainer's re-read (seq_cst) sees the cleared bit
  * or the futex value check fails and it does not sleep. */
-static void wake_idle(struct krex_slot *s)
+void krex_gate_wake_idle(struct krex_slot *s)
 {
     atomic_fetch_and_explicit(&s->inflight, ~KREX_INFLIGHT_WAITER, memory_order_seq_cst);
     krex_futex_wake_all(&s->inflight);
@@ -171,16 +171,11 @@ static void wake_idle(struct krex_slot *s)
  * acknowledged slot polls it again within COORD_POLL_NS: it cannot wait on
  * this word, which it maps read-only and whose waiter bit is the
  * drainer's.) */
-static void retract(struct krex_slot *s)
+void krex_gate_retract(struct krex_slot *s)
 {
     uint32_t prev = atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
     if ((prev & KREX_INFLIGHT_COUNT) == 1 && (prev & KREX_INFLIGHT_WAITER))
-        wake_idle(s);
-}
-
-static inline int admits(uint64_t w, uint32_t tenant)
-{
-    return w == 0 || krex_gate_holder(w) == tenant;
+        krex_gate_wake_idle(s);
 }
 
 /* ---- both sides ---------------------------------------------------------- */
@@ -352,22 +347,7 @@ KREX_GATE_API void krex_tenant_mem_unmap(struct krex_tenant_mem *m)
 KREX_GATE_API int krex_gate_try_enter(const struct krex_gate *g, struct krex_slot *s,
                                       uint32_t tenant)
 {
-    /* Increment, then check: both seq_cst (the submitter half of the
-     * Dekker pairing; on x86 the RMW is a locked instruction and the load
-     * a plain one). */
-    atomic_fetch_add_explicit(&s->inflight, 1, memory_order_seq_cst);
-    uint64_t w = krex_gate_load_word(g);
-    if (__builtin_expect(admits(w, tenant), 1)) {
-        /* Statistics only: a relaxed load and store, not a locked
-         * read-modify-write, so the fast path keeps one locked increment
-         * and one locked decrement; threads racing here may lose a count. */
-        atomic_store_explicit(&s->gated_calls,
-                              atomic_load_explicit(&s->gated_calls, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
-        return 1;
-    }
-    retract(s);
-    return 0;
+    return krex_gate_try_enter_inline(g, s, tenant);
 }
 
 static void __attribute__((noinline)) enter_slow(const struct krex_gate *g,
@@ -381,7 +361,7 @@ static void __attribute__((noinline)) enter_slow(const struct krex_gate *g,
          * `seen` cannot miss it. */
         uint32_t seen = atomic_load_explicit(&g->seq, memory_order_seq_cst);
         uint64_t w = krex_gate_load_word(g);
-        if (admits(w, tenant)) {
+        if (krex_gate_admits(w, tenant)) {
             if (krex_gate_try_enter(g, s, tenant))
                 break;
             continue;
@@ -402,12 +382,7 @@ KREX_GATE_API void krex_gate_enter(const struct krex_gate *g, struct krex_slot *
 
 KREX_GATE_API void krex_gate_leave(struct krex_slot *s)
 {
-    /* seq_cst like every RMW on inflight (one total order with the
-     * drainer's reads); it also releases the driver call's effects to the
-     * drainer that reads zero before synchronizing the contexts. */
-    uint32_t prev = atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
-    if (__builtin_expect(prev == (KREX_INFLIGHT_WAITER | 1u), 0))
-        wake_idle(s);
+    krex_gate_leave_inline(s);
 }
 
 /* ---- tenant side: registration -------------------------------------------- */
@@ -468,7 +443,7 @@ static void register_parked(const struct krex_gate *g, struct krex_slot *s, uint
         /* seq before word, as in enter_slow(). */
         uint32_t seen = atomic_load_explicit(&g->seq, memory_order_seq_cst);
         uint64_t w = krex_gate_load_word(g);
-        if (admits(w, tenant)) {
+        if (krex_gate_admits(w, tenant)) {
             if (krex_gate_try_enter(g, s, tenant))
                 return;
             continue;
@@ -501,7 +476,7 @@ KREX_GATE_API int krex_gate_register(const struct krex_gate *g, struct krex_tena
     }
     struct krex_slot *s = &m->slots[idx];
     /* Check after publishing (seq_cst). */
-    if (admits(krex_gate_load_word(g), tenant))
+    if (krex_gate_admits(krex_gate_load_word(g), tenant))
         atomic_fetch_add_explicit(&s->gated_calls, 1, memory_order_relaxed);
     else
         register_parked(g, s, tenant);
@@ -658,5 +633,5 @@ KREX_GATE_API void krex_gate_leave_exiting(struct krex_slot *s)
      * EXITING slot with calls in flight: coord.c). */
     uint32_t prev = atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
     if ((prev & KREX_INFLIGHT_COUNT) == 1 && (prev & KREX_INFLIGHT_WAITER))
-        wake_idle(s); /* the stopped drainer may still wait for zero */
+        krex_gate_wake_idle(s); /* the stopped drainer may still wait for zero */
 }

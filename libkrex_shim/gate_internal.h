@@ -81,6 +81,54 @@ static inline int krex_owner_registered(uint32_t st)
     return st == KREX_SLOT_ACTIVE || st == KREX_SLOT_EXITING;
 }
 
+/* ---- the per-call protocol's fast path (paper §4.2) ----------------------
+ *
+ * One definition, inlined both into the shim's hooks (shim.h) and into the
+ * exported krex_gate_try_enter()/krex_gate_leave() of gate.c: the hooks'
+ * fast path is then straight-line code with no call besides the driver's
+ * (an out-of-line call per step cost several ns per gated call). */
+
+/* Out of line, rare: undo an increment that met a closed gate; wake a
+ * drainer waiting for zero in krex_gate_wait_idle (gate.c). */
+__attribute__((visibility("hidden"))) void krex_gate_retract(struct krex_slot *s);
+__attribute__((visibility("hidden"))) void krex_gate_wake_idle(struct krex_slot *s);
+
+static inline __attribute__((always_inline)) int krex_gate_admits(uint64_t w, uint32_t tenant)
+{
+    return w == 0 || krex_gate_holder(w) == tenant;
+}
+
+static inline __attribute__((always_inline)) int
+krex_gate_try_enter_inline(const struct krex_gate *g, struct krex_slot *s, uint32_t tenant)
+{
+    /* Increment, then check: both seq_cst (the submitter half of the
+     * Dekker pairing; on x86 the RMW is a locked instruction and the load
+     * a plain one). */
+    atomic_fetch_add_explicit(&s->inflight, 1, memory_order_seq_cst);
+    uint64_t w = atomic_load_explicit(&((struct krex_gate *)g)->word, memory_order_seq_cst);
+    if (__builtin_expect(krex_gate_admits(w, tenant), 1)) {
+        /* Statistics only: a relaxed load and store, not a locked
+         * read-modify-write, so the fast path keeps one locked increment
+         * and one locked decrement; threads racing here may lose a count. */
+        atomic_store_explicit(&s->gated_calls,
+                              atomic_load_explicit(&s->gated_calls, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+        return 1;
+    }
+    krex_gate_retract(s);
+    return 0;
+}
+
+static inline __attribute__((always_inline)) void krex_gate_leave_inline(struct krex_slot *s)
+{
+    /* seq_cst like every RMW on inflight (one total order with the
+     * drainer's reads); it also releases the driver call's effects to the
+     * drainer that reads zero before synchronizing the contexts. */
+    uint32_t prev = atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
+    if (__builtin_expect(prev == (KREX_INFLIGHT_WAITER | 1u), 0))
+        krex_gate_wake_idle(s);
+}
+
 /* Fill `out` from slot `s` (relaxed reads except the owner: a status
  * snapshot, fields may be mutually stale; every word is one aligned load,
  * never torn).  Bounds are the caller's. */

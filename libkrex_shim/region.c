@@ -65,8 +65,9 @@ static _Atomic int l2_flushed;
  * krex_shim_region_end(); a record racing with begin or end may land on
  * either side, as it would without the shim. */
 #define RECENT_EVENTS 64
-static _Atomic int region_open;      /* 1 from region_begin to region_end */
-static _Atomic uint64_t events_recorded_outside, events_timed_outside;
+_Atomic int krex_region_open;        /* 1 from region_begin to region_end (shim.h) */
+_Atomic uint64_t krex_events_recorded_outside; /* shim.h, krex_note_event_record */
+static _Atomic uint64_t events_timed_outside;
 static _Atomic(CUstream) timed_stream; /* stream of the last event recorded in the region */
 static _Atomic int timed_stream_known;
 static _Atomic(CUevent) recent_events[RECENT_EVENTS]; /* recorded in regions */
@@ -147,21 +148,10 @@ out:
 
 /* [observe.post] of cuEventRecord*: in a region, remember the stream (the
  * timed one) and the event; outside, one relaxed increment. */
-void krex_note_event_record(CUresult r, CUevent ev, CUstream stream)
+void krex_note_event_record_in_region(CUevent ev, CUstream stream)
 {
-    if (r != CUDA_SUCCESS)
-        return;
-    /* Counts and the ring index: relaxed loads and stores, not locked
-     * read-modify-writes, on this per-call path (a locked add cost about
-     * 8 ns of every cuEventRecord).  Threads recording at the same instant
-     * may lose a count or share a ring entry: the warnings they feed need
-     * "some", not "how many". */
-    if (KREX_LIKELY(!atomic_load_explicit(&region_open, memory_order_relaxed))) {
-        atomic_store_explicit(&events_recorded_outside,
-                              atomic_load_explicit(&events_recorded_outside, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
-        return;
-    }
+    /* The ring index: relaxed loads and stores (see krex_note_event_record
+     * in shim.h). */
     atomic_store_explicit(&timed_stream, stream, memory_order_relaxed);
     atomic_store_explicit(&timed_stream_known, 1, memory_order_relaxed);
     uint32_t i = atomic_load_explicit(&recent_next, memory_order_relaxed);
@@ -181,7 +171,7 @@ static int recorded_in_region(CUevent ev)
  * both events were recorded in a region (read after it ended). */
 void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end)
 {
-    if (r != CUDA_SUCCESS || atomic_load_explicit(&region_open, memory_order_relaxed))
+    if (r != CUDA_SUCCESS || atomic_load_explicit(&krex_region_open, memory_order_relaxed))
         return;
     if (recorded_in_region(start) && recorded_in_region(end))
         return;
@@ -235,7 +225,7 @@ void krex_region_atfork_child(void)
     nl2 = 0; /* the parent's buffers belong to contexts the child cannot use */
     atomic_store_explicit(&region_epoch, 0, memory_order_relaxed);
     atomic_store_explicit(&l2_flushed, 0, memory_order_relaxed);
-    atomic_store_explicit(&region_open, 0, memory_order_relaxed);
+    atomic_store_explicit(&krex_region_open, 0, memory_order_relaxed);
     atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
     pthread_mutex_unlock(&l2_mu);
 }
@@ -251,7 +241,7 @@ KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
     atomic_store_explicit(&l2_flushed, 0, memory_order_relaxed);
     atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
     atomic_store_explicit(&other_streams_ns, UINT64_MAX, memory_order_relaxed);
-    atomic_store_explicit(&region_open, 1, memory_order_relaxed);
+    atomic_store_explicit(&krex_region_open, 1, memory_order_relaxed);
     if (!l2_flush || !krex_libcuda_if_loaded())
         goto out; /* no driver loaded: no context, nothing to flush */
     if (krex_captures() != 0) {
@@ -330,7 +320,7 @@ KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)
     /* No driver loaded in this process: no work of it can be running. */
     CUresult r = krex_libcuda_if_loaded() ? exit_sync() : CUDA_SUCCESS;
     uint64_t dt = krex_now_ns() - t0;
-    atomic_store_explicit(&region_open, 0, memory_order_relaxed);
+    atomic_store_explicit(&krex_region_open, 0, memory_order_relaxed);
     if (sync_ns)
         *sync_ns = dt;
     if (launches)
@@ -354,7 +344,7 @@ KREX_EXPORT uint64_t krex_shim_region_other_streams_ns(void)
 KREX_EXPORT int krex_shim_region_events_outside(uint64_t *recorded, uint64_t *timed)
 {
     if (recorded)
-        *recorded = atomic_load_explicit(&events_recorded_outside, memory_order_relaxed);
+        *recorded = atomic_load_explicit(&krex_events_recorded_outside, memory_order_relaxed);
     if (timed)
         *timed = atomic_load_explicit(&events_timed_outside, memory_order_relaxed);
     return 0;
@@ -381,7 +371,7 @@ KREX_EXPORT int krex_shim_region_events_outside(uint64_t *recorded, uint64_t *ti
  * when the gate no longer holds its epoch (ended by recovery). */
 static int warm_allowed(void)
 {
-    if (!atomic_load_explicit(&region_open, memory_order_relaxed))
+    if (!atomic_load_explicit(&krex_region_open, memory_order_relaxed))
         return 0;
     uint32_t epoch = atomic_load_explicit(&region_epoch, memory_order_relaxed);
     /* Acquire: krex_gate_p and krex_tenant are published with krex_mode. */

@@ -26,12 +26,17 @@
 #include <stdint.h>
 
 #include "entrypoints.gen.h"
+#include "gate_internal.h"
 #include "krex_gate.h"
 
 #define KREX_HOOK __attribute__((visibility("default")))
 #define KREX_EXPORT __attribute__((visibility("default")))
 #define KREX_LIKELY(x) __builtin_expect(!!(x), 1)
 #define KREX_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* The per-call fast path is inlined into every hook, whatever the
+ * compiler's size heuristics say (hundreds of hooks made GCC out-line it,
+ * adding calls to each gated call). */
+#define KREX_ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* ---- logging (stderr; level from KREX_SHIM_LOG, read once at init) ------ */
 
@@ -141,16 +146,17 @@ extern __thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
  * gate's increment-then-check.  Returns the slot to leave, NULL (pure
  * pass-through, or a nested call), or KREX_REFUSED (the hook returns
  * krex_refused() and does not leave). */
-static inline struct krex_slot *krex_enter(void)
+static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
 {
     if (KREX_UNLIKELY(krex_depth))
         return NULL;
     struct krex_slot *s;
     int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
     if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
-        KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL))
-        krex_gate_enter(krex_gate_p, s, krex_tenant);
-    else if (mode == KREX_MODE_PASS)
+        KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
+        if (KREX_UNLIKELY(!krex_gate_try_enter_inline(krex_gate_p, s, krex_tenant)))
+            krex_gate_enter(krex_gate_p, s, krex_tenant); /* parks until admitted */
+    } else if (mode == KREX_MODE_PASS)
         return NULL;
     else if ((s = krex_enter_slow()) == KREX_REFUSED)
         return s;
@@ -161,7 +167,7 @@ static inline struct krex_slot *krex_enter(void)
 /* As krex_enter() for a call into `stream`: when a sibling holds the gate
  * and the stream is capturing, the call passes uncounted (a captured call
  * puts no work on the device): KREX_CAPTURED. */
-static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
+static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
 {
     if (KREX_UNLIKELY(krex_depth))
         return NULL;
@@ -169,7 +175,7 @@ static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
     int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
     if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
         KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
-        if (KREX_UNLIKELY(!krex_gate_try_enter(krex_gate_p, s, krex_tenant)))
+        if (KREX_UNLIKELY(!krex_gate_try_enter_inline(krex_gate_p, s, krex_tenant)))
             s = krex_enter_blocked(s, stream, ptsz);
     } else if (mode == KREX_MODE_PASS) {
         return NULL;
@@ -185,7 +191,7 @@ static inline struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
 extern _Atomic int krex_exit_sync;
 void krex_leave_exiting(struct krex_slot *s);
 
-static inline void krex_leave(struct krex_slot *s)
+static KREX_ALWAYS_INLINE void krex_leave(struct krex_slot *s)
 {
     if (s) {
         if (KREX_UNLIKELY(s == KREX_CAPTURED)) {
@@ -207,7 +213,7 @@ static inline void krex_leave(struct krex_slot *s)
             return;
         }
         krex_depth = 0;
-        krex_gate_leave(s);
+        krex_gate_leave_inline(s);
     }
 }
 
@@ -266,7 +272,27 @@ void krex_drain_atfork_child(void);
 
 void krex_region_forget_ctx(CUcontext ctx);
 /* Event and stream observations for the region record (classes.toml). */
-void krex_note_event_record(CUresult r, CUevent ev, CUstream stream);
+extern _Atomic int krex_region_open;
+extern _Atomic uint64_t krex_events_recorded_outside;
+void krex_note_event_record_in_region(CUevent ev, CUstream stream);
+static KREX_ALWAYS_INLINE void krex_note_event_record(CUresult r, CUevent ev, CUstream stream)
+{
+    if (r != CUDA_SUCCESS)
+        return;
+    /* Counts and the ring index: relaxed loads and stores, not locked
+     * read-modify-writes, on this per-call path (a locked add cost about
+     * 8 ns of every cuEventRecord; an out-of-line call a few more).
+     * Threads recording at the same instant may lose a count or share a
+     * ring entry: the warnings they feed need "some", not "how many". */
+    if (KREX_LIKELY(!atomic_load_explicit(&krex_region_open, memory_order_relaxed))) {
+        atomic_store_explicit(
+            &krex_events_recorded_outside,
+            atomic_load_explicit(&krex_events_recorded_outside, memory_order_relaxed) + 1,
+            memory_order_relaxed);
+        return;
+    }
+    krex_note_event_record_in_region(ev, stream);
+}
 void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end);
 void krex_region_stream_destroying(CUstream stream);
 void krex_region_atfork_prepare(void);

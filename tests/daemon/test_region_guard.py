@@ -127,3 +127,27 @@ def test_a_registration_of_another_image_is_ended(sibling: int) -> None:
 def test_a_registration_naming_another_process_is_ended(sibling: int) -> None:
     found = _unprotected(sibling, [_slot(sibling, start_ticks=1)])
     assert len(found) == 1 and "never registered" in found[0], found
+
+
+def test_gpu_users_are_asked_only_when_a_sibling_process_is_unverified(sibling: int) -> None:
+    """NVML's process list costs a driver query per entry: not asked when every sibling verifies."""
+    asked: list[int] = []
+
+    def users() -> set[int]:
+        asked.append(1)
+        return {sibling}
+
+    tenant = _Tenant(2, _Cgroup([sibling]))
+    verified = RegionGuard(users, lambda: [_slot(sibling)])
+    assert verified.unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
+    assert asked == []
+    unverified = RegionGuard(users, lambda: [])
+    found = unverified.unprotected([tenant], EPOCH)  # type: ignore[list-item]
+    assert asked == [1] and [u.pid for u in found] == [sibling]
+
+
+def test_an_unverified_process_without_the_gpu_open_is_not_ended(sibling: int) -> None:
+    """A sibling's helper process (a compiler, a shell) with no context is not GPU use."""
+    tenant = _Tenant(2, _Cgroup([sibling]))
+    guard = RegionGuard(lambda: {1}, lambda: [])
+    assert guard.unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
