@@ -12,8 +12,9 @@ pipes to the keeper, stderr to the pool's log.  docs/design/warm.md.
    registered the zygote and moved it into its pool cgroup).
 3. Import the modules.  A module that does not exist is skipped; one that
    fails otherwise, a thread left running, an initialised shim
-   (``krex_shim_mode() != 0``) or a loaded CUDA driver make the pool refuse
-   to serve: a fork would not be a clean start.
+   (``krex_shim_mode() != 0``) or an initialised CUDA driver (a GPU device
+   file open) make the pool refuse to serve: a fork would not be a clean
+   start.
 4. Say ``{"ready": ...}`` or ``{"refused": why}`` on stdout, one JSON line.
 5. Serve (``krexpool_serve.Server``).  In a forked child the server returns
    the command, which runs here, at the script's top level, so that it ends
@@ -93,21 +94,50 @@ def _threads_after_a_trial_fork() -> int:
 
 
 def _unclean() -> str | None:
-    """Why a fork of this process would not be a clean start (None when it would be)."""
+    """Why a fork of this process would not be a clean start (None when it would be).
+
+    A loaded but uninitialised CUDA driver is a clean start (``import torch``
+    maps ``libcuda.so`` on some builds without calling it; CUDA's fork rule
+    is about an initialised driver).  Initialised is judged by the shim (every
+    driver call through it initialises it) and, whatever path reached the
+    driver, by an open GPU device file (``cuInit`` opens ``/dev/nvidiactl``).
+    Without the shim nothing can tell, and a mapped ``libcuda.so`` refuses.
+    """
     if _threads() > 1 and (left := _threads_after_a_trial_fork()) > 1:
         return (
             f"the imports left {left - 1} thread(s) running that do not stop at a fork "
             "(a fork copies one)"
         )
+    mode = None
     if os.environ.get("LD_PRELOAD"):
         import ctypes
 
         mode = getattr(ctypes.CDLL(None), "krex_shim_mode", None)
         if mode is not None and mode() != 0:
             return "the imports called the CUDA driver (libkrex_shim is initialised)"
-    with open("/proc/self/maps") as f:
-        if any("/libcuda.so" in line for line in f):
-            return "the imports loaded the CUDA driver (libcuda.so)"
+    device = _gpu_device_open()
+    if device is not None:
+        return f"the imports initialised the CUDA driver ({device} is open)"
+    if mode is None:
+        with open("/proc/self/maps") as f:
+            if any("/libcuda.so" in line for line in f):
+                return "the imports loaded the CUDA driver (libcuda.so) and no shim can tell"
+    return None
+
+
+#: Device files a GPU driver opens when it initialises (NVIDIA; AMD's KFD and DRM).
+GPU_DEVICE_PREFIXES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/")
+
+
+def _gpu_device_open(prefixes: tuple[str, ...] = GPU_DEVICE_PREFIXES) -> str | None:
+    """The first file open in this process whose path starts with one of ``prefixes``."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, closed meanwhile
+        if target.startswith(prefixes):
+            return target
     return None
 
 

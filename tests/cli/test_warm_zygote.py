@@ -175,3 +175,16 @@ def _inheritable(fd: int) -> bool:
         return os.get_inheritable(fd)
     except OSError:
         return False
+
+
+def test_an_open_gpu_device_file_is_found(tmp_path: Path) -> None:
+    """The zygote's "driver initialised" signal: a device file (here a stand-in) open in it."""
+    from krex_cli.warm import krexpool_zygote
+
+    device = tmp_path / "nvidiactl"
+    device.write_bytes(b"")
+    prefixes = (str(tmp_path / "nvidia"),)
+    assert krexpool_zygote._gpu_device_open(prefixes) is None
+    with open(device, "rb"):
+        assert krexpool_zygote._gpu_device_open(prefixes) == str(device)
+    assert krexpool_zygote._gpu_device_open(prefixes) is None

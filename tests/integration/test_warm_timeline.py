@@ -132,6 +132,19 @@ def test_a_pool_whose_imports_call_the_driver_refuses_to_serve(
     assert pools.pools() == []
 
 
+def test_a_pool_whose_imports_only_load_the_driver_serves(
+    built: None, krexd_factory: Factory, tmp_path: Path
+) -> None:
+    """``import torch`` maps libcuda.so on some builds without calling it: no reason to refuse."""
+    k = krexd_factory(config=warm_config(modules=["driver_loaded_at_import", "fakegpu"]))
+    pools = Pools(k, tmp_path)
+    env = _env(pools, k.workdir)
+    pools.ready(env=env)
+    prog = "import fakegpu; fakegpu.init().launch(1000); " + _ACTIVE
+    warm = pools.warm([sys.executable, "-c", prog], env=env)
+    assert warm.stdout == "1\n", warm.stderr  # served warm, and its shim gates
+
+
 def _wait_refused(pools: Pools) -> str:
     deadline = time.monotonic() + 60
     while True:
