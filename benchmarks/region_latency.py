@@ -187,6 +187,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
             check=True,
         )
         lat = json.loads(out.stdout.decode().strip().splitlines()[-1])
+        steps = _krexd_steps(socket)
     finally:
         for p in siblings:
             if p.poll() is None:
@@ -210,7 +211,22 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
         "freeze_p50_ms": _pct(freeze, 0.5),
         "freeze_p99_ms": _pct(freeze, 0.99),
         "check_p50_ms": _pct(check, 0.5),
+        "krexd_steps_p50_ms": steps,
     }
+
+
+def _krexd_steps(socket: str) -> dict[str, float]:
+    """krexd's own p50 (ms) of each establishment step and of the state save (status)."""
+    sys.path.insert(0, os.path.join(REPO, "python_client"))
+    from krex_client.connection import Connection
+
+    st = Connection(socket, timeout_s=10).request("status")
+    region = st["gpus"][0].get("region") or {}
+    out = {k: float(v["p50"]) for k, v in (region.get("steps_ms") or {}).items()}
+    save = (st.get("server") or {}).get("state_save_ms")
+    if save:
+        out["save"] = float(save["p50"])
+    return out
 
 
 def main() -> None:
@@ -240,6 +256,12 @@ def main() -> None:
             f"{r['entry_p99_ms']:>10.3f} {r['drain_p50_ms']:>10.3f} {r['freeze_p50_ms']:>10.3f} "
             f"{r['freeze_p99_ms']:>10.3f} {r['check_p50_ms']:>10.3f}"
         )
+    names = list(rows[0]["krexd_steps_p50_ms"]) if rows else []
+    print("krexd's p50 of each step (ms; 'save': the state save before the grant's reply):")
+    print(f"{'siblings':>8} " + " ".join(f"{n:>7}" for n in names))
+    for r in rows:
+        steps = r["krexd_steps_p50_ms"]
+        print(f"{r['siblings']:>8} " + " ".join(f"{steps.get(n, 0.0):>7.3f}" for n in names))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -16,6 +16,13 @@ WINDOW = 10_000
 """How many recent regions the latency percentiles cover."""
 
 
+STEPS = ("memory", "close", "drain", "freeze", "pools", "check", "pin")
+"""The timed steps of a region's establishment, in order (``krexd.coordinator.entry``):
+the memory fit (before step 2), step 2 close, 3 drain, 4 freeze of the
+siblings, 4 the rest of the warm pools' freeze (run at the same time as the
+siblings'), the fail-closed check ending step 4, 5 the holder's cores."""
+
+
 def percentiles(samples: Iterable[float]) -> dict[str, float | int]:
     """``{n, p50, p99, max}`` of ``samples`` (nearest rank; zeros when empty)."""
     ordered = sorted(samples)
@@ -39,6 +46,10 @@ class RegionStats:
     recovered: int = 0
     wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     establish_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    # Each step of establish_ms by name (STEPS), for "where does entry go".
+    step_ms: dict[str, deque[float]] = field(
+        default_factory=lambda: {name: deque(maxlen=WINDOW) for name in STEPS}
+    )
 
     def grant(self, wait_ms: float, establish_ms: float) -> None:
         """A region was granted after ``wait_ms`` in the FIFO (step 1) and
@@ -46,6 +57,13 @@ class RegionStats:
         self.granted += 1
         self.wait_ms.append(wait_ms)
         self.establish_ms.append(establish_ms)
+
+    def steps(self, marks: list[tuple[str, float]]) -> None:
+        """Record one granted entry's steps: ``marks`` = (step name, monotonic s at its end),
+        in order, the first being the start (its name is ignored)."""
+        for (_, start), (name, end) in zip(marks, marks[1:], strict=False):
+            if name in self.step_ms:
+                self.step_ms[name].append((end - start) * 1e3)
 
     def as_dict(self) -> dict[str, Any]:
         """The ``regions`` counts and the ``entry_ms``, ``wait_ms`` and ``establish_ms``
@@ -64,4 +82,5 @@ class RegionStats:
             "entry_ms": percentiles(map(sum, zip(self.wait_ms, self.establish_ms, strict=True))),
             "wait_ms": percentiles(self.wait_ms),
             "establish_ms": percentiles(self.establish_ms),
+            "steps_ms": {name: percentiles(v) for name, v in self.step_ms.items()},
         }

@@ -28,6 +28,8 @@ import errno
 import grp
 import logging
 import os
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,7 @@ from krexd.config import DaemonConfig
 from krexd.connections import ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
+from krexd.region_stats import percentiles
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext
@@ -97,6 +100,7 @@ class Server:
         self._peers = identity.PeerTable()
         self.requests = 0
         self.errors = 0
+        self.after_op_ms: deque[float] = deque(maxlen=10_000)  # each after_op call (ms)
 
     def bind(self) -> None:
         """Create the socket file with the configured mode and group; raise ServerError."""
@@ -180,7 +184,9 @@ class Server:
                 raise KrexError(Code.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
             body: dict[str, Any] = await handler(self.ctx, req)
             if self.after_op is not None and req.op not in _READ_ONLY_OPS:
+                t = time.monotonic()
                 self.after_op()
+                self.after_op_ms.append((time.monotonic() - t) * 1e3)
             frame = encode_ok(req.id, body)
         except KrexError as exc:
             self.errors += 1
@@ -204,6 +210,14 @@ class Server:
         except zmq.ZMQError as exc:
             if exc.errno != errno.EHOSTUNREACH:
                 _log.warning("reply dropped: %s", exc)
+
+    def status(self) -> dict[str, Any]:
+        """Requests and errors since start; the state save before each changing op's reply (ms)."""
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "state_save_ms": percentiles(self.after_op_ms),
+        }
 
     async def cancel_requests(self) -> None:
         """Cancel requests in progress (parked admits answer SHUTTING_DOWN)."""

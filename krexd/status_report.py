@@ -91,4 +91,5 @@ def status(d: Reported) -> dict[str, Any]:
         "memory": d.memory.settings() if d.memory else None,
         "faults": d.faults.status() if d.faults else None,
         "warm": d.pools.status() if d.pools is not None else None,
+        "server": d.server.status() if d.server is not None else None,
     }

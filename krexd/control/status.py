@@ -40,12 +40,17 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
               "cgroups": {"dir": str, "memory": "v2|v1|none", "memory_root": str|null,
                           "memory_max": int|null},
               "pools": [{"pid", "uid", "keeper_pid", "key", "version", "interpreter",
-                         "modules", "age_s", "commands", "memory_bytes", "cgroup"}]}}
+                         "modules", "age_s", "commands", "memory_bytes", "cgroup"}]},
+     "server": {"requests": int, "errors": int,
+                "state_save_ms": {"n", "p50", "p99", "max"}}|null}
 
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
 latency percentiles (ms) ``entry_ms`` (request to grant, as in the
-``region_enter`` reply), ``wait_ms`` (for the region lock) and
-``establish_ms`` (steps 2-5).  ``memory`` per GPU
+``region_enter`` reply), ``wait_ms`` (for the region lock),
+``establish_ms`` (steps 2-5) and ``steps_ms``, the same for each step of
+``establish_ms`` by name (``krexd.region_stats.STEPS``).  ``server``'s
+``state_save_ms`` is the state save made after each state-changing op,
+before its reply (a region entry's reply waits for it too).  ``memory`` per GPU
 is ``krexd.memory.MemoryMonitor.gpu_status``, read from the gate at the
 moment of the request (``waiting``: tenants whose
 allocation waits for co-tenants' memory; ``blocked``: admission to the GPU

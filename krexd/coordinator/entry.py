@@ -82,9 +82,11 @@ class Entry(Ending, MemoryWait, FailClosed):
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         locked_at = time.monotonic()
         request.stage = ENTERING
+        marks = [("locked", locked_at)]
         try:
             await self._wait_for_memory(tenant, request)
-            region = await self._establish(tenant, pid, tid, requested_at)
+            marks.append(("memory", time.monotonic()))
+            region = await self._establish(tenant, pid, tid, requested_at, marks)
         except BaseException:
             self.stats.failed += 1
             self._lock.release(tenant.id)
@@ -97,6 +99,7 @@ class Entry(Ending, MemoryWait, FailClosed):
         wait_ms = (locked_at - requested_at) * 1e3
         establish_ms = (region.granted_at - locked_at) * 1e3
         self.stats.grant(wait_ms, establish_ms)
+        self.stats.steps(marks)
         return self._grant_reply(region.epoch, list(self._slice.reserved), wait_ms, establish_ms)
 
     def _grant_reply(
@@ -115,8 +118,18 @@ class Entry(Ending, MemoryWait, FailClosed):
             "check_ms": self._last_check_ms if epoch else 0.0,
         }
 
-    async def _establish(self, tenant: Tenant, pid: int, tid: int, requested_at: float) -> Region:
-        """Steps 2-5 for a tenant that owns the region lock; undo on failure."""
+    async def _establish(
+        self,
+        tenant: Tenant,
+        pid: int,
+        tid: int,
+        requested_at: float,
+        marks: list[tuple[str, float]],
+    ) -> Region:
+        """Steps 2-5 for a tenant that owns the region lock; undo on failure.
+
+        Appends (step, monotonic s at its end) to ``marks`` (``RegionStats.steps``).
+        """
         epoch = self._next_epoch()
         frozen: list[Tenant] = []
         self._frozen, self._entering = frozen, tenant.id
@@ -128,24 +141,37 @@ class Entry(Ending, MemoryWait, FailClosed):
                 self._gate.close(tenant.id, epoch)
                 gate_closed = True
             testhooks.pause("closed")
+            marks.append(("close", time.monotonic()))
             # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
             self._region_state(states.DRAINING)  # CLOSING -> DRAINING
             t = time.monotonic()
             await self._drain(tenant, epoch)
             self._last_drain_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("drained")
-            # Step 4: freeze sibling process trees once their GPU work has drained.
+            marks.append(("drain", time.monotonic()))
+            # Step 4: freeze sibling process trees once their GPU work has drained,
+            # and the warm pools with them (both cgroup freezes run at once).
             self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
             t = time.monotonic()
-            await self._freeze(self._siblings(tenant), frozen)
-            pools_held = await self._freeze_pools()
+            pools, siblings = await asyncio.gather(
+                self._freeze_pools(),
+                self._freeze_marked(self._siblings(tenant), frozen, marks),
+                return_exceptions=True,
+            )
+            pools_held = pools is True
+            for failed in (siblings, pools):
+                if isinstance(failed, BaseException):
+                    raise failed
             t_check = time.monotonic()
+            marks.append(("pools", t_check))
             await self._fail_closed(tenant, epoch)
             self._last_check_ms = (time.monotonic() - t_check) * 1e3
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("frozen")
+            marks.append(("check", time.monotonic()))
             # Step 5: the holder's submitting thread gets the reserved cores.
             self._pin_holder(tenant, tid)
+            marks.append(("pin", time.monotonic()))
         except BaseException:
             # Any failure: undo in exit order (cores, thaw, reopen) -> IDLE.
             self._region_state(states.RECOVERING)  # CLOSING/DRAINING/FREEZING -> RECOVERING
@@ -173,6 +199,13 @@ class Entry(Ending, MemoryWait, FailClosed):
         self._region = region
         self._watch(region)
         return region
+
+    async def _freeze_marked(
+        self, siblings: list[Tenant], frozen: list[Tenant], marks: list[tuple[str, float]]
+    ) -> None:
+        """:meth:`_freeze`, then the "freeze" mark (the pools' may end later: "pools")."""
+        await self._freeze(siblings, frozen)
+        marks.append(("freeze", time.monotonic()))
 
     def _check_caller(self, tenant: Tenant, pid: int, tid: int) -> None:
         """A tenant acts only on itself: pid must be in its cgroup, tid a thread of pid."""

@@ -132,6 +132,27 @@ def test_grant_reports_entry_as_request_to_grant() -> None:
     run(scenario())
 
 
+def test_status_times_each_step_of_the_entry() -> None:
+    """``steps_ms`` says where entry time went: a freeze held 30 ms shows as the freeze step."""
+    r = rig(2)
+
+    async def scenario() -> None:
+        r.control.hold_freeze = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.03, r.control.hold_freeze.set)
+        grant = await r.enter(r.tenants[0])
+        await r.exit(r.tenants[0], grant)
+        st = r.coord.status()
+        steps = st["steps_ms"]
+        assert list(steps) == ["memory", "close", "drain", "freeze", "pools", "check", "pin"]
+        assert all(v["n"] == 1 for v in steps.values())
+        assert steps["freeze"]["p50"] >= 25.0
+        assert all(v["p50"] < 25.0 for k, v in steps.items() if k != "freeze")
+        assert sum(v["p50"] for v in steps.values()) <= st["establish_ms"]["max"] + 1e-6
+
+    run(scenario())
+
+
 def test_fifo_among_waiters() -> None:
     r = rig(5)
     a, *waiters = r.tenants

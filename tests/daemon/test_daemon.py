@@ -39,6 +39,8 @@ def test_ping_and_status(krexd_factory: Factory) -> None:
     assert st["state"] == "running" and st["tenants"] == [] and st["queue"]["parked"] == 0
     for g in st["gpus"]:
         assert os.path.isdir(os.path.join(st["cgroups"]["root"], f"gpu{g['index']}"))
+    # ping and status change nothing: no state save was made for them.
+    assert st["server"]["requests"] >= 2 and st["server"]["state_save_ms"]["n"] == 0
 
 
 def test_socket_mode_is_exact_under_any_umask(krexd_factory: Factory) -> None:
