@@ -2,7 +2,7 @@
 
 Skipped without a GPU (``@pytest.mark.gpu``).  Real krexd on the real GPU,
 ``[warm] modules`` at their default (torch, triton).  The pool must come up
-(its imports leave no thread running, call no CUDA, load no libcuda), serve,
+(its imports leave no thread running, initialise no CUDA driver), serve,
 and its command must compute what a cold one computes, gated by the shim;
 the import time a warm command saves is printed (``-s``).
 """
