@@ -120,7 +120,7 @@ class Bench:
         if mode == "native":
             return probe
         socket = self.args.mps_socket if mode == "krex-mps" else self.args.socket
-        warm = ["--warm"] if mode == "warm" else []
+        warm = ["--warm"] if mode == "warm" else ["--cold"]
         return [*self.krex, "run", "--socket", socket, *warm, "--", *probe]
 
     def unavailable(self, mode: str) -> str | None:

@@ -172,7 +172,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
         for _ in range(n_siblings):
             siblings.append(
                 subprocess.Popen(
-                    [*KREX, "run", "--", *_sibling_argv(kind)],
+                    [*KREX, "run", "--cold", "--", *_sibling_argv(kind)],
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -180,7 +180,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
             )
         time.sleep(15.0 if kind in ("torch", "light") else 2.0)  # let siblings get busy
         out = subprocess.run(
-            [*KREX, "run", "--", sys.executable, "-c", _HOLDER, str(regions)],
+            [*KREX, "run", "--cold", "--", sys.executable, "-c", _HOLDER, str(regions)],
             env=env,
             capture_output=True,
             timeout=600,

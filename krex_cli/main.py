@@ -209,12 +209,13 @@ def _add_run_start(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start a Python CMD (python SCRIPT, -m MODULE, -c CODE) from a warm pool that "
         "imported krexd's [warm] modules already; anything a pool cannot serve starts "
-        "cold (docs/design/warm.md)",
+        'cold (docs/design/warm.md). The default when krexd\'s [warm] start = "warm" '
+        "(as shipped)",
     )
     start.add_argument(
         "--cold",
         action="store_true",
-        help="start CMD in a fresh process (the default)",
+        help='start CMD in a fresh process (the default when krexd\'s [warm] start = "cold")',
     )
     run.add_argument(
         "-v",
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             args.label,
             args.retry_tempfail,
             fault_retries=max(0, args.fault_retries),
-            warm=bool(args.warm) and not args.cold,
+            warm=True if args.warm else False if args.cold else None,
             grant_log=os.path.abspath(args.grant_log) if args.grant_log else None,
         )
     return int(args.func(args))

@@ -97,7 +97,7 @@ def run(
     label: str | None = None,
     retry_tempfail: int | None = None,
     fault_retries: int = casualty.DEFAULT_RETRIES,
-    warm: bool = False,
+    warm: bool | None = None,
     grant_log: str | None = None,
 ) -> int:
     """Run ``argv`` as a krex tenant through krexd at ``socket``; returns the exit code.
@@ -106,7 +106,8 @@ def run(
     ``label``: its name for learned needs (None: krexd derives it from ``argv``).
     ``retry_tempfail``: times to run it again after an exit 75 (None: krexd's default).
     ``fault_retries``: re-runs after GPU-wide faults it did not cause (``krex_cli.casualty``).
-    ``warm``: start it from a warm pool when one can (``krex_cli.warm``), else cold.
+    ``warm``: start it from a warm pool when one can (``krex_cli.warm``), else cold;
+    None: as krexd's ``[warm] start`` says (warm as shipped).
     ``grant_log``: a file to append each admission to (``krex_cli.grantlog``), or None.
 
     The layers, outermost first: fault re-runs (``casualty.with_reruns``, which
@@ -120,7 +121,10 @@ def run(
         retries = retry_tempfail
         if retries is None:
             retries = int(about.get("retry_tempfail") or 0)
-        pools = plan.Settings.from_ping(about) if warm else None
+        settings = plan.Settings.from_ping(about)
+        if warm is None:
+            warm = settings.start == "warm"
+        pools = settings if warm else None
 
         def attempt(excl: bool) -> int:
             return _retry_tempfail(

@@ -171,12 +171,16 @@ def render_toml(tables: dict[str, dict[str, Any]]) -> str:
 def make_config(
     socket: str, name: str, slots: int, overrides: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """A test config: private socket and cgroup name, shared slices allowed (2-core CI)."""
+    """A test config: private socket and cgroup name, shared slices allowed (2-core CI),
+    commands started cold unless ``--warm`` or ``[warm] start = "warm"``."""
     tables: dict[str, dict[str, Any]] = {
         "daemon": {"socket": socket, "log_level": "debug"},
         "admission": {"slots_per_gpu": slots},
         "cgroup": {"name": name},
         "cpu": {"allow_shared": True},
+        # Cold unless a test asks for warm starts: a pool outlives its command (until
+        # krexd is gone), and most tests are about something else.
+        "warm": {"start": "cold"},
     }
     for table, keys in (overrides or {}).items():
         tables.setdefault(table, {}).update(keys)

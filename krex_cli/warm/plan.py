@@ -57,6 +57,7 @@ class Settings:
     idle_s: float = 600.0
     key_prefixes: tuple[str, ...] = ()
     key_names: tuple[str, ...] = ()
+    start: str = "cold"  # without --warm/--cold ("cold" from a krexd that does not say)
 
     @classmethod
     def from_ping(cls, about: Mapping[str, Any]) -> Settings:
@@ -66,6 +67,7 @@ class Settings:
             return cls()
         return cls(
             enabled=bool(warm.get("enabled")),
+            start="warm" if warm.get("start") == "warm" else "cold",
             modules=tuple(str(m) for m in warm.get("modules") or ()),
             idle_s=float(warm.get("idle_s") or 600.0),
             key_prefixes=tuple(str(p) for p in warm.get("key_prefixes") or ()),

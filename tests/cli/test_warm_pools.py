@@ -219,3 +219,28 @@ def test_a_pool_is_held_to_its_memory_limit(krexd_factory: Factory, tmp_path: Pa
     with open(f"/proc/{row['pid']}/cgroup") as f:
         assert f.read().count(f"/pools/{leaf}") == (1 if cg["memory"] == "v2" else 2)
     assert row["memory_bytes"] and row["memory_bytes"] > 1 << 20  # the zygote is charged
+
+
+def test_krex_run_starts_warm_by_default_and_cold_on_request(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    """``[warm] start = "warm"`` (the shipped default): no flag means warm, ``--cold`` cold."""
+    k = krexd_factory(config=warm_config(start="warm"))
+    pools = Pools(k, tmp_path)
+    pools.ready()
+    plain = pools.run("-v", [PY, "-c", "print(1)"])
+    assert plain.returncode == 0 and plain.stdout == "1\n", plain.stderr
+    assert SERVED in plain.stderr
+    cold = pools.run("--cold", [PY, "-c", "print(1)"], options=("-v",))
+    assert cold.returncode == 0 and cold.stdout == "1\n", cold.stderr
+    assert SERVED not in cold.stderr and "krex: warm:" not in cold.stderr
+
+
+def test_a_krexd_that_starts_cold_by_default_is_obeyed(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    k = krexd_factory(config=warm_config(start="cold"))
+    pools = Pools(k, tmp_path)
+    pools.ready()  # a pool exists: only the default keeps this command cold
+    plain = pools.run("-v", [PY, "-c", "print(1)"])
+    assert plain.returncode == 0 and SERVED not in plain.stderr, plain.stderr
