@@ -45,7 +45,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    """``[daemon]``: socket path, its permissions, where gate files go, fake GPUs."""
+    """``[daemon]``: socket path, its permissions, where gate files go, fake GPUs, priority."""
 
     socket: str = DEFAULT_SOCKET
     state_dir: str = ""  # "" -> the socket's directory
@@ -57,6 +57,9 @@ class DaemonConfig:
     max_connections: int = 1024  # open control connections; more are disconnected
     freeze_bound_s: float = 20.0  # longest freeze without a live krexd (krexd/watchdog.py)
     adopt: bool = True  # a restarted krexd adopts the tenants of the one before
+    # krexd's nice value: region entry runs while up to a GPU's worth of siblings
+    # compete for the CPU (krexd/cli/krexd.py, _set_priority).
+    nice: int = -5
 
     @property
     def gate_dir(self) -> str:
@@ -234,6 +237,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "max_connections": _int(8, 1_000_000),
             "freeze_bound_s": _float_range(1.0, 3600.0),
             "adopt": _bool,
+            "nice": _int(-20, 19),
         },
     ),
     "admission": (

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from krexd.gate import SlotInfo
-from krexd.registrations import Unprotected
+from krexd.registrations import Suspect, Unprotected
 from krexd.tenants import PidWatch, Tenant
 
 
@@ -179,8 +179,12 @@ class GpuUseCheck(Protocol):
         """Pids (krexd's namespace) with a context on the GPU now; None when unknown."""
         ...
 
-    def unprotected(self, siblings: list[Tenant], epoch: int) -> list[Unprotected]:
-        """Sibling processes with the GPU open and no verified registration drained for it."""
+    def unverified(self, siblings: list[Tenant]) -> list[Suspect]:
+        """Sibling processes without a verified registration (no driver call: cheap)."""
+        ...
+
+    def unprotected_among(self, suspects: list[Suspect], epoch: int) -> list[Unprotected]:
+        """Those of ``suspects`` that have the GPU open (may ask the driver)."""
         ...
 
 

@@ -189,6 +189,10 @@ def _cause(pid: int, who: Identity, mine: list[SlotInfo], epoch: int) -> str:
     return "it exec'd another program after it registered"
 
 
+#: A sibling process without a verified registration: (tenant, pid, identity, its slots).
+Suspect = tuple[Tenant, int, Identity, list[SlotInfo]]
+
+
 class RegionGuard:
     """The fail-closed check of one GPU's region entry (see the module docstring).
 
@@ -215,7 +219,14 @@ class RegionGuard:
 
     def unprotected(self, siblings: list[Tenant], epoch: int) -> list[Unprotected]:
         """Sibling processes with the GPU open and no verified registration."""
-        suspects = self._unverified(siblings)
+        return self.unprotected_among(self.unverified(siblings), epoch)
+
+    def unprotected_among(self, suspects: list[Suspect], epoch: int) -> list[Unprotected]:
+        """Those of ``suspects`` (:meth:`unverified`) that have the GPU open.
+
+        Asks ``users()`` (a driver query on a real GPU) only when there is a
+        suspect; none when it cannot tell (None).
+        """
         if not suspects:
             return []
         users = self._users()
@@ -227,18 +238,23 @@ class RegionGuard:
             if pid in users
         ]
 
-    def _unverified(
-        self, siblings: list[Tenant]
-    ) -> list[tuple[Tenant, int, Identity, list[SlotInfo]]]:
-        """Each live sibling process without a verified registration, with its tenant's slots."""
-        slots = self._slots()
-        out: list[tuple[Tenant, int, Identity, list[SlotInfo]]] = []
+    def unverified(self, siblings: list[Tenant]) -> list[Suspect]:
+        """Each live sibling process without a verified registration, with its tenant's slots.
+
+        Reads /proc and the slot memories only (no driver call): cheap
+        enough to run on krexd's event loop.
+        """
+        by_tenant: dict[int, list[SlotInfo]] = {}
+        for s in self._slots():
+            if s.state in LIVE_SLOT_STATES:
+                by_tenant.setdefault(s.tenant, []).append(s)
+        out: list[Suspect] = []
         for t in siblings:
             try:
                 pids = t.cgroup.pids()
             except OSError:
                 continue  # the tenant ended
-            mine = [s for s in slots if s.tenant == t.id and s.state in LIVE_SLOT_STATES]
+            mine = by_tenant.get(t.id, [])
             for pid in pids:
                 who = identity(pid)
                 if who is None:

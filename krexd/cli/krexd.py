@@ -63,6 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _set_priority(nice: int) -> None:
+    """Run krexd at nice value ``nice`` (``[daemon] nice``), before it starts any thread.
+
+    A region's entry is krexd's work (close, drain, freeze, checks, state
+    save) while the GPU's other commands still run: at the default nice
+    they share every tenant core with krexd, and its entry time grew with
+    their number on the H200 (docs/bench/gate-v2-h200.md).  Linux keeps nice
+    per thread and a new thread inherits its creator's, so this is set
+    before the first one.  A value the process may not take is logged, not
+    fatal.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError as exc:
+        logging.getLogger("krexd").warning("cannot set nice %d: %s", nice, exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``krexd`` command; returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -90,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.OK
     from krexd.daemon import Daemon
 
+    _set_priority(cfg.daemon.nice)
     try:
         asyncio.run(Daemon(cfg, notifier).run())
     except ConfigError as exc:

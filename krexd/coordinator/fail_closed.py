@@ -36,7 +36,12 @@ class FailClosed(CoordinatorBase):
         if self._guard is None:
             return
         guard = self._guard
-        found = await asyncio.to_thread(guard.unprotected, self._siblings(holder), epoch)
+        # The /proc reads on the loop (a thread hop cost more than they do with
+        # every sibling verified); the driver's process list, if asked, in a thread.
+        suspects = guard.unverified(self._siblings(holder))
+        if not suspects:
+            return
+        found = await asyncio.to_thread(guard.unprotected_among, suspects, epoch)
         if not found:
             return
         ended: dict[int, list[str]] = {}
