@@ -11,10 +11,11 @@ Signals, in order of reliability (docs/design/faults.md):
    in its gate slot (``libkrex_shim/fault.c``; ``krexd.gate.FaultSeen``).
    On an MPS GPU any such record means the server faulted: every client of
    it is hit.
-2. The MPS server's log (``<log dir>/server.log``): lines that say a client
-   met a fatal error (:data:`FATAL_LINE`; an assumption about the real
-   server's wording, written down in the design page).  When they name
-   exactly one client pid, that client is the culprit.
+2. The MPS server's log (``<log dir>/server.log``): a line that says a
+   client met a fatal GPU error (:data:`FATAL_LINE`, the real server's
+   wording).  Detection only: the client it names is not the culprit (on
+   the H200 it named a GEMM while another client wrote to address 0x10;
+   docs/bench/mps-faults-h200.md), as NVIDIA documents.
 
 An :class:`Incident` opens at the first signal: its members are the tenants
 of the GPU at that moment, the GPU admits nothing more (``Admission.pause``)
@@ -25,10 +26,10 @@ state and clients gone), then admission resumes.
 Attribution (:meth:`FaultMonitor.verdict`, asked by ``release``): a member
 that failed after seeing a fatal error is
 
-* ``culprit`` when the server log names one of its processes, or when it
-  was the server's only client: it keeps its own exit code;
-* ``casualty`` when the log names another tenant, or when its processes
-  never launched a kernel before the error: ``krex run`` runs it again;
+* ``culprit`` when it was the server's only client: it keeps its own exit
+  code;
+* ``casualty`` when its processes never launched a kernel before the
+  error: ``krex run`` runs it again;
 * ``suspect`` otherwise: ``krex run`` runs it again alone, without MPS
   (an exclusive lease); the one that faults again is the culprit, and every
   re-run's exit code is the command's.
@@ -52,10 +53,11 @@ from krexd.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd.faults")
 
-#: A server-log line saying a client met a fatal GPU error; group 1 is the
-#: client's pid when the line names one.  Assumed wording (docs/design/faults.md):
-#: ``[2025-01-01 12:00:00.000 Server 123] Client 456 encountered a fatal GPU error``.
-FATAL_LINE = re.compile(r"(?:Client\s+(\d+)\b.*)?\bfatal\b", re.IGNORECASE)
+#: A server-log line saying a client met a fatal GPU error, as the H200's server
+#: (driver 580) writes it: ``[2026-12-01 18:31:21.298 Server   817] Client {PID: 721,
+#: Context: 1} encountered a fatal GPU error.`` followed by ``Server is handling a
+#: fatal GPU error.``  The pid it names is *not* used: it was a healthy client's.
+FATAL_LINE = re.compile(r"\bfatal GPU error\b", re.IGNORECASE)
 
 POLL_S = 0.2
 
@@ -92,8 +94,6 @@ class Incident:
     source: str  # "shim" | "mps-log": what detected it
     members: set[int]  # tenants on the GPU when it opened
     opened_at: float = field(default_factory=time.monotonic)
-    culprit_pid: int | None = None  # from the server log, when it named one client
-    culprits: set[int] = field(default_factory=set)  # tenant ids
     verdicts: dict[int, str] = field(default_factory=dict)  # tenant id -> role
 
     def as_dict(self) -> dict[str, Any]:
@@ -103,7 +103,6 @@ class Incident:
             "source": self.source,
             "members": sorted(self.members),
             "age_s": round(time.monotonic() - self.opened_at, 3),
-            "culprit_pid": self.culprit_pid,
             "verdicts": {str(k): v for k, v in sorted(self.verdicts.items())},
         }
 
@@ -154,7 +153,7 @@ class FaultMonitor:
         if g is None or g.mps is None:
             return None
         pids = self._shim_records(g)
-        log_pids, log_fatal = self._read_log(g)
+        log_fatal = self._read_log(g)
         inc = self.incidents.get(gpu)
         if inc is None and (pids or log_fatal):
             members = {t.id for t in self._tenants.on_gpu(gpu)} | pids
@@ -169,8 +168,6 @@ class FaultMonitor:
                 inc.source,
                 sorted(members),
             )
-        if inc is not None and log_pids:
-            self._attribute_from_log(g, inc, log_pids)
         return inc
 
     def _shim_records(self, g: Gpu) -> set[int]:
@@ -195,10 +192,10 @@ class FaultMonitor:
                 self.seen[s.tenant] = s.fault
         return hit
 
-    def _read_log(self, g: Gpu) -> tuple[set[int], bool]:
-        """New server-log lines of ``g``: (client pids named in fatal lines, any fatal line)."""
+    def _read_log(self, g: Gpu) -> bool:
+        """True when ``g``'s server log has a new fatal-error line (detection only)."""
         if g.mps is None:
-            return set(), False
+            return False
         path = os.path.join(g.mps.log_dir, "server.log")
         try:
             with open(path, "rb") as f:
@@ -206,26 +203,8 @@ class FaultMonitor:
                 data = f.read(1 << 20)
                 self._log_pos[g.index] = f.tell()
         except OSError:
-            return set(), False
-        pids: set[int] = set()
-        fatal = False
-        for line in data.decode(errors="replace").splitlines():
-            m = FATAL_LINE.search(line)
-            if m:
-                fatal = True
-                if m.group(1):
-                    pids.add(int(m.group(1)))
-        return pids, fatal
-
-    def _attribute_from_log(self, g: Gpu, inc: Incident, pids: set[int]) -> None:
-        if inc.culprit_pid is not None or len(pids) != 1:
-            return  # several clients named: the log does not say whose kernel it was
-        pid = next(iter(pids))
-        inc.culprit_pid = pid
-        owners = {s.tenant for s in _slots(g) if s.pid == pid and s.tenant}
-        owners |= {t.id for t in self._tenants.on_gpu(g.index) if pid in t.pids}
-        inc.culprits = owners & inc.members
-        _log.error("gpu%d: the MPS server names pid %d (tenants %s)", g.index, pid, owners)
+            return False
+        return any(FATAL_LINE.search(ln) for ln in data.decode(errors="replace").splitlines())
 
     # --- attribution ------------------------------------------------------------------
 
@@ -243,10 +222,7 @@ class FaultMonitor:
         seen = self.seen.get(tenant.id)
         if not failed or seen is None:
             return None
-        if inc.culprits:
-            role = "culprit" if tenant.id in inc.culprits else "casualty"
-            why = f"the MPS server named pid {inc.culprit_pid}"
-        elif not seen.launched:
+        if not seen.launched:
             role, why = "casualty", "its processes had launched no kernel before the error"
         elif len(inc.members) == 1:
             role, why = "culprit", "it was the MPS server's only client"

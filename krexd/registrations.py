@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from krexd.gate import LIVE_SLOT_STATES, SlotInfo
+from krexd.procfs import read_file
 from krexd.tenants import Tenant
 
 #: krex_gate.h KREX_IMAGE_PAGE_MASK: krex_slot.image = start | pages.
@@ -70,8 +71,7 @@ def identity(pid: int) -> Identity | None:
     every region entry calls this for each sibling process on the GPU.
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        fields = read_file(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
         if fields[0] in (b"Z", b"X"):
             return None
         start = int(fields[19])  # field 22 of stat(5); fields[0] is field 3

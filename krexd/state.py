@@ -85,6 +85,7 @@ class StateFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._fds: list[int | None] = [None, None]
+        self._lengths: list[int | None] = [None, None]  # bytes each slot holds (None: unknown)
         self._next = 0  # the slot the next write goes to
         self._seq = 0
 
@@ -105,7 +106,10 @@ class StateFile:
         view, offset = memoryview(data), 0
         while offset < len(data):
             offset += os.pwrite(fd, view[offset:], offset)
-        os.ftruncate(fd, len(data))
+        known = self._lengths[slot]
+        if known is None or known > len(data):  # cut what an older, longer state left
+            os.ftruncate(fd, len(data))
+        self._lengths[slot] = len(data)
         self._next = 1 - slot  # only a complete write moves on: a torn slot is rewritten
 
     def close(self) -> None:
@@ -114,11 +118,12 @@ class StateFile:
             if fd is not None:
                 os.close(fd)
                 self._fds[i] = None
+                self._lengths[i] = None
 
 
 def encode(doc: dict[str, Any]) -> bytes:
     """One slot's bytes: ``doc`` as JSON, a newline, the trailer line (length and CRC-32)."""
-    body = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    body = json.dumps(doc, separators=(",", ":")).encode()
     return body + b"\n" + _TRAILER + b" %08x %d\n" % (zlib.crc32(body), len(body))
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
+from krexd.procfs import read_file
+
 
 class CgroupError(OSError):
     """A cgroupfs operation failed; the message names the file and the errno."""
@@ -27,8 +29,7 @@ def write(path: str, value: str) -> None:
 def read(path: str) -> str:
     """Contents of the control file ``path``."""
     try:
-        with open(path) as f:
-            return f.read()
+        return read_file(path).decode()
     except OSError as exc:
         raise CgroupError(exc.errno, f"cannot read {path}: {exc.strerror}") from None
 

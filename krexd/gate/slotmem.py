@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from typing import Any
 
 from krexd.gate.binding import TENANT_SLOTS, FindingC, SlotInfoC, check_id
 from krexd.gate.errors import GateError
@@ -84,10 +86,28 @@ class GateSlotMemory(GateMapping):
         return [info.snapshot() for info in self._read_slots() if info.oom_waiting]
 
     def _read_slots(self) -> list[SlotInfoC]:
+        """The used slots, as views into this thread's reusable buffer.
+
+        Valid until this thread's next call: every caller converts them at
+        once.  The buffer (attached tenants x ``TENANT_SLOTS`` entries, a few
+        hundred KiB) is kept between calls: region entry reads the slots
+        twice, and a fresh zeroed buffer each time cost page faults.
+        """
         cap = self._capacity()
-        infos = (SlotInfoC * cap)()
+        infos = _buffer(cap)
         with self._mapped() as h:
             n = int(self._lib.krex_coord_slots(h, infos, cap))
         if n < 0:
             raise GateError(f"slots of gate {self.path}: {os.strerror(-n)}", -n)
         return list(infos[:n])
+
+
+_BUFFERS = threading.local()
+
+
+def _buffer(cap: int) -> Any:
+    """This thread's ``SlotInfoC`` array of at least ``cap`` entries (grown, never shrunk)."""
+    buf = getattr(_BUFFERS, "infos", None)
+    if buf is None or len(buf) < cap:
+        buf = _BUFFERS.infos = (SlotInfoC * cap)()
+    return buf

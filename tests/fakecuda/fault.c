@@ -125,7 +125,10 @@ static void log_fault(int pid)
     time_t now = time(NULL);
     struct tm tm;
     strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S.000", localtime_r(&now, &tm));
-    int n = snprintf(line, sizeof line, "[%s Server 1] Client %d encountered a fatal GPU error\n",
+    /* The real server's wording (driver 580, H200): it names *a* client, not
+     * necessarily the one whose kernel faulted, so krexd only detects from it. */
+    int n = snprintf(line, sizeof line,
+                     "[%s Server 1] Client {PID: %d, Context: 1} encountered a fatal GPU error.\n",
                      stamp, pid);
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (fd >= 0) {

@@ -66,28 +66,29 @@ def _starts(k: Krexd) -> int:
 
 
 @pytest.mark.usefixtures("built")
-def test_mps_casualties_are_rerun_and_the_culprit_named_by_the_server_log_fails(
+def test_the_server_log_detects_a_fault_but_its_named_client_is_not_blamed(
     krexd_factory: Any, tmp_path: Any
 ) -> None:
+    """The real server names *a* client in its fatal line, not the culprit (seen on the H200).
+
+    The fake server's line names the culprit itself here; krexd must still not
+    take it for attribution: every member that launched kernels is a suspect,
+    re-run alone, and only the faulty command fails again.
+    """
     k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
     (f_out, f_err, f_rc), healthy = _scenario(k, _env(k, tmp_path, "log"), "1.5")
     assert f_rc == 1, f_err
-    assert "its own kernel faulted GPU 0 (CUDA_ERROR_ILLEGAL_ADDRESS" in f_err
-    assert "running it" not in f_err, "the culprit was run again"
+    assert "running it alone, without MPS" in f_err
     for out, err, rc in healthy:
-        assert rc == 0, f"a casualty did not end well:\n{err}"
-        assert "a co-tenant's kernel faulted the GPU" in err
-        assert "running it again (re-run 1 of 2)" in err
+        assert rc == 0, f"a suspect's re-run failed:\n{err}"
         assert '"error": null' in out  # the re-run's own summary
-    # What krex replay reads back from the same lines.
-    assert casualty.summary(f_err, f_rc) == {"role": "culprit", "reruns": 0}
-    assert [casualty.summary(err, rc) for _o, err, rc in healthy] == [
-        {"role": "casualty", "reruns": 1}
-    ] * 3
+    assert casualty.summary(f_err, f_rc) == {"role": "culprit", "reruns": 1}
     faults = k.status()["faults"]
-    assert faults["totals"] == {"incidents": 1, "culprits": 1, "casualties": 3, "suspects": 0}
+    assert faults["totals"]["incidents"] == 1 and faults["totals"]["culprits"] == 0
     assert faults["incidents"] == [], "the incident was not closed"
     assert _starts(k) == 2, "the MPS control daemon was not restarted"
+    with open(os.path.join(k.workdir, "mps-gpu0", "log", "server.log")) as f:
+        assert "encountered a fatal GPU error." in f.read()  # detected from this line too
 
 
 @pytest.mark.usefixtures("built")
@@ -119,15 +120,17 @@ def test_the_gpu_admits_nothing_until_every_client_is_gone_and_mps_restarted(
     sleeper = subprocess.Popen([*k.krex, "run", "--", "sleep", "3"], env=env)
     time.sleep(0.5)
     faulty = _krex_run(k, env, "--count", "1000", "--fault-after", "2")
-    assert faulty.wait(timeout=60) == 1
-    status = k.status()
-    assert status["queue"]["paused_gpus"] == [0]
-    assert [i["members"] for i in status["faults"]["incidents"]] != []
+    deadline = time.monotonic() + 60
+    while not k.status()["faults"]["incidents"]:  # the fault, seen while the sleeper lives
+        assert time.monotonic() < deadline, "no incident opened"
+        time.sleep(0.05)
+    assert k.status()["queue"]["paused_gpus"] == [0]
     later = _krex_run(k, env, "--count", "3")
     time.sleep(0.5)
     assert later.poll() is None, "admitted while the GPU's MPS server was faulted"
-    assert k.status()["queue"]["parked"] == 1
+    assert k.status()["queue"]["parked"] >= 1
     assert sleeper.wait(timeout=60) == 0  # a member that saw no error: its own exit code
+    assert faulty.wait(timeout=60) == 1  # a suspect re-run alone: it faults again
     out, err = later.communicate(timeout=60)
     assert later.returncode == 0, err
     assert _starts(k) == 2

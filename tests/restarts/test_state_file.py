@@ -22,7 +22,7 @@ ROOT = "/sys/fs/cgroup/krex-test"
 
 
 def _doc(n: int) -> dict[str, object]:
-    # "a" sorts first: documents of different n differ from their first bytes on.
+    # "a" comes first: documents of different n differ from their first doc bytes on.
     return {"a": str(n) * 64, "cgroup_root": ROOT, "next_tenant_id": n, "gpus": {}, "tenants": []}
 
 
@@ -37,6 +37,24 @@ def test_writes_alternate_and_the_newest_is_loaded(tmp_path: Path) -> None:
     assert os.path.exists(path) and os.path.exists(path + state.ALT_SUFFIX)
     found = state.newest(path)
     assert found is not None and found[0] == path
+
+
+def test_a_shorter_state_over_a_longer_one_leaves_no_tail(tmp_path: Path) -> None:
+    """A slot is cut only when the new state is shorter: what is left must never be read."""
+    path = str(tmp_path / "k.state")
+    f = state.StateFile(path)
+    long = {**_doc(1), "tenants": [{"id": i, "argv": ["x" * 200]} for i in range(20)]}
+    f.write(long)  # main slot
+    f.write(long)  # alt slot
+    f.write(_doc(3))  # main slot again, much shorter
+    assert os.path.getsize(path) < len(json.dumps(long))
+    f.write(_doc(4))  # alt slot
+    f.close()
+    g = state.StateFile(path)  # a restarted krexd: slot lengths unknown again
+    g.write(long)
+    g.write(_doc(6))
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 6 and loaded["tenants"] == []
 
 
 def test_a_torn_newest_slot_falls_back_to_the_previous_state(tmp_path: Path) -> None:
