@@ -103,7 +103,9 @@ def _config(out: Path, memory: dict[str, Any]) -> Path:
     state = out / "state"
     state.mkdir(parents=True, exist_ok=True)
     cfg.setdefault("daemon", {})["state_dir"] = str(state)
-    cfg.setdefault("memory", {}).update(memory)
+    # Each replay's krexd has a cgroup name of its own: one learned-needs file for the
+    # mode's warm-up and measured passes, as one long-running krexd would keep.
+    cfg.setdefault("memory", {}).update(memory, learned_file=str(state / "learned-memory.json"))
     path = out / "krex.toml"
     path.write_text(dumps_toml(cfg))
     return path

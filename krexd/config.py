@@ -146,6 +146,9 @@ class MemoryConfig:
     learn: bool = True  # charge commands what earlier runs of their label used
     learned_max: int = 4096  # labels whose needs are kept (least recently used dropped)
     learned_per_uid: int = 256  # labels kept per uid (its least recently used dropped)
+    # The learned needs' file ("": <state_dir>/<cgroup name>-learned-memory.json); krexd
+    # instances that should learn from each other (successive replays) name one file.
+    learned_file: str = ""
     region_wait_s: float = 10.0  # bound of a region entry's wait for siblings' memory
     retry_tempfail: int = 0  # default of `krex run --retry-tempfail N`
 
@@ -289,6 +292,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "learn": _bool,
             "learned_max": _int(1, 1_000_000),
             "learned_per_uid": _int(1, 1_000_000),
+            "learned_file": _abs_path_or_empty,
             "region_wait_s": _float_range(0.0, 86400.0),
             "retry_tempfail": _int(0, 100),
         },

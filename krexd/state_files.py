@@ -53,17 +53,17 @@ def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
 
 
 def learned_needs(config: Config) -> LearnedNeeds:
-    """Learned memory needs, kept in ``<state_dir>/<cgroup name>-learned-memory.json``.
+    """Learned memory needs, kept in ``[memory] learned_file``, by default
+    ``<state_dir>/<cgroup name>-learned-memory.json``.
 
-    When the state directory cannot be made, the needs are kept in memory
+    When the file's directory cannot be made, the needs are kept in memory
     only (logged as an error).
     """
     cfg = config
+    default = os.path.join(cfg.daemon.gate_dir, f"{cfg.cgroup.name}-learned-memory.json")
+    path: str | None = cfg.memory.learned_file or default
     try:
-        os.makedirs(cfg.daemon.gate_dir, mode=0o755, exist_ok=True)
-        path: str | None = os.path.join(
-            cfg.daemon.gate_dir, f"{cfg.cgroup.name}-learned-memory.json"
-        )
+        os.makedirs(os.path.dirname(path or default), mode=0o755, exist_ok=True)
     except OSError as exc:
         _log.error("learned memory needs kept in memory only: %s", exc)
         path = None

@@ -146,3 +146,39 @@ def test_retry_tempfail_runs_the_command_again(lstack: Callable[..., LabelledSta
     assert "retry 1 of 3 after exit 75" in err and "caused by co-tenants" in err
     assert hog.finish(30)[0] == 0
     assert s.k.status()["memory"]["retry_tempfail"] == 0  # the flag overrode the default
+
+
+def test_krexds_naming_one_learned_file_learn_from_each_other(
+    krexd_factory: Callable[..., Krexd], built: None, tmp_path: Path
+) -> None:
+    """``[memory] learned_file``: a krexd of another cgroup name (a second replay) starts
+    with the needs the first one learned; without it, it would start from nothing."""
+    learned = tmp_path / "learned" / "needs.json"
+    fake = tmp_path / "fakestate"
+
+    def start(name: str) -> LabelledStack:
+        k = krexd_factory(
+            name=name,
+            config={
+                "memory": {
+                    "refresh_ms": 20,
+                    "headroom": "0",
+                    "default_need": "100M",
+                    "learned_file": str(learned),
+                },
+            },
+            env={"KREX_FAKE_STATE": str(fake), "KREX_FAKE_MEM_BYTES": "1G"},
+        )
+        return LabelledStack(k, fake)
+
+    suffix = tmp_path.name[-6:].replace("-", "")
+    first = start(f"krexlfa{suffix}")
+    assert first.run_as("big", "alloc=600M", "hold=0.3", "free").finish(30)[0] == 0
+    first.k.stop()
+    assert learned.exists()
+    second = start(f"krexlfb{suffix}")
+    p = second.run_as("big", "wait")
+    assert p.next(20)["op"] == "start"
+    assert (_tenant(second)["need_source"], _tenant(second)["need_bytes"]) == ("learned", 600 * M)
+    p.go()
+    assert p.finish()[0] == 0
