@@ -5,9 +5,11 @@ GPU-wide fault of the MPS server (``gpu_fault``, ``krexd.faults``):
 
 * ``culprit``: CMD's own kernel faulted; its exit code stands (one line says so);
 * ``casualty``: a co-tenant's kernel faulted; CMD runs again, as it was asked;
-* ``suspect``: krexd cannot tell whose kernel it was; CMD runs again alone on
-  a GPU without MPS (an exclusive lease): if it was the culprit it faults
-  again, with its own error, and hurts nobody.
+* ``suspect``: krexd cannot tell whose kernel it was; CMD runs again as a
+  shared tenant that is not a client of the MPS server (admitted with
+  ``mps: false``): if it was the culprit it faults again, with its own error,
+  and hurts nobody (a fault outside MPS stays in its own context), and it
+  runs beside the others instead of waiting for the whole GPU.
 
 Each re-run is announced by one line on stderr; the final exit code is the
 last run's.  After ``retries`` re-runs that still end as casualties,
@@ -60,7 +62,7 @@ class Casualty(Exception):
 #: Words of the stderr lines below that ``summary`` reads back (``krex replay``).
 CULPRIT_MARK = "its own kernel faulted GPU"
 RERUN_MARK = "under MPS: "
-ISOLATED_MARK = "running it alone, without MPS"
+ISOLATED_MARK = "running it without MPS"
 
 
 def summary(stderr: str, exit_code: int | None) -> dict[str, Any] | None:
@@ -111,18 +113,17 @@ def judge(argv: list[str], code: int, reply: dict[str, Any] | None) -> None:
         raise Casualty(code, fault)
 
 
-def with_reruns(
-    argv: list[str], attempt: Callable[[bool], int], exclusive: bool, retries: int
-) -> int:
-    """Run ``attempt(exclusive)`` and run it again after each :class:`Casualty`, ``retries`` times.
+def with_reruns(argv: list[str], attempt: Callable[[bool], int], retries: int) -> int:
+    """Run ``attempt(without_mps)``; after each :class:`Casualty` run it again, ``retries`` times.
 
-    A suspect's re-runs are exclusive (alone, without MPS).  Returns the
-    last run's exit code, or 76 when the last one was still a casualty.
+    The first run is as asked (``without_mps`` False); a suspect's re-runs
+    are without MPS (shared, not a client of the server).  Returns the last
+    run's exit code, or 76 when the last one was still a casualty.
     """
-    isolated = exclusive
+    without_mps = False
     for n in range(retries + 1):
         try:
-            return attempt(isolated)
+            return attempt(without_mps)
         except Casualty as c:
             what = (
                 "a co-tenant's kernel faulted the GPU"
@@ -139,7 +140,7 @@ def with_reruns(
                     f"{int(ExitCode.FAULT_CASUALTY)} (a co-tenant's fault, not the command's)"
                 )
                 return ExitCode.FAULT_CASUALTY
-            isolated = isolated or c.role == "suspect"
-            how = ISOLATED_MARK[len("running it ") :] if isolated and not exclusive else "again"
-            _say(f"{head}; running it {how} (re-run {n + 1} of {retries})")
+            without_mps = without_mps or c.role == "suspect"
+            how = ISOLATED_MARK if without_mps else "running it again"
+            _say(f"{head}; {how} (re-run {n + 1} of {retries})")
     return ExitCode.FAULT_CASUALTY  # not reached: the loop returns

@@ -179,7 +179,7 @@ def _add_run_memory(run: argparse.ArgumentParser) -> None:
         default=2,
         metavar="N",
         help="re-runs after GPU-wide faults under MPS that CMD did not cause (default 2; "
-        "a suspect runs again alone, without MPS)",
+        "a suspect runs again without MPS, beside the others)",
     )
 
 

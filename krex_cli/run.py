@@ -126,14 +126,25 @@ def run(
             warm = settings.start == "warm"
         pools = settings if warm else None
 
-        def attempt(excl: bool) -> int:
+        def attempt(without_mps: bool) -> int:
             return _retry_tempfail(
                 argv,
-                lambda: _run(conn, argv, gpu, timeout_s, excl, mem_bytes, label, pools, grant_log),
+                lambda: _run(
+                    conn,
+                    argv,
+                    gpu,
+                    timeout_s,
+                    exclusive,
+                    mem_bytes,
+                    label,
+                    pools,
+                    grant_log,
+                    without_mps,
+                ),
                 retries,
             )
 
-        return casualty.with_reruns(argv, attempt, exclusive, fault_retries)
+        return casualty.with_reruns(argv, attempt, fault_retries)
     except unreachable.KREXD_ERRORS as exc:
         return unreachable.exit_code(exc, _say)
     finally:
@@ -169,8 +180,11 @@ def _run(
     label: str | None = None,
     warm: plan.Settings | None = None,
     grant_log: str | None = None,
+    without_mps: bool = False,
 ) -> int:
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
+    if without_mps and not exclusive:
+        body["mps"] = False  # a fault suspect's re-run (krex_cli.casualty)
     if gpu is not None:
         body["gpu"] = gpu
     if mem_bytes is not None:

@@ -136,6 +136,7 @@ def _tenant(t: dict[str, Any]) -> Tenant:
         launcher_pid=t["launcher_pid"],
         cgroup=TenantCgroup(cg["freezer"], cg.get("cpuset"), cg["kind"], cg["cores"]),
         exclusive=bool(t["exclusive"]),
+        without_mps=bool(t.get("without_mps", False)),
         # The verified launcher (krexd.identity): place and the tenant ops check it.
         uid=t["uid"],
         gid=t["gid"],

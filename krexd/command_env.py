@@ -55,7 +55,7 @@ def tenant_env(cfg: Config, gpu: Gpu, tenant: Tenant) -> dict[str, str]:
         shim = paths.shim_library(cfg.shim.path or None)
         if shim is not None:
             env["LD_PRELOAD"] = shim
-        if gpu.mps is not None:
+        if gpu.mps is not None and not tenant.without_mps:
             env.update(gpu.mps.tenant_env())
     return env
 

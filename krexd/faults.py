@@ -30,9 +30,10 @@ that failed after seeing a fatal error is
   code;
 * ``casualty`` when its processes never launched a kernel before the
   error: ``krex run`` runs it again;
-* ``suspect`` otherwise: ``krex run`` runs it again alone, without MPS
-  (an exclusive lease); the one that faults again is the culprit, and every
-  re-run's exit code is the command's.
+* ``suspect`` otherwise: ``krex run`` runs it again without MPS (a shared
+  tenant that is not the server's client: its own fault stays in its own
+  context); the one that faults again is the culprit, and every re-run's
+  exit code is the command's.
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ class FaultMonitor:
         log_fatal = self._read_log(g)
         inc = self.incidents.get(gpu)
         if inc is None and (pids or log_fatal):
-            members = {t.id for t in self._tenants.on_gpu(gpu)} | pids
+            # Tenants run without MPS (suspects' re-runs) are not the server's clients.
+            clients = {t.id for t in self._tenants.on_gpu(gpu) if not t.without_mps}
+            members = clients | pids
             inc = Incident(gpu, "shim" if pids else "mps-log", members)
             self.incidents[gpu] = inc
             self.totals["incidents"] += 1
@@ -183,8 +186,8 @@ class FaultMonitor:
             if s.fault is None or s.tenant == 0:
                 continue
             t = self._tenants.get(s.tenant)
-            if t is None or t.gpu != g.index:
-                continue  # an ended tenant's record, or another GPU's
+            if t is None or t.gpu != g.index or t.without_mps:
+                continue  # an ended tenant's record, another GPU's, or its own fault only
             hit.add(s.tenant)
             prev = self.seen.get(s.tenant)
             # Keep the strongest evidence: a process that had launched kernels.

@@ -104,6 +104,7 @@ class Lifecycle:
         launcher: identity.Caller,
         mem_bytes: int | None = None,
         label: str | None = None,
+        without_mps: bool = False,
     ) -> Tenant:
         """Park until admission grants a GPU, then create the tenant and its cgroup.
 
@@ -112,7 +113,9 @@ class Lifecycle:
         declared with ``krex run --mem`` (bytes; None: none declared);
         ``label`` names the command for learned needs (None: derived from
         ``argv``).  The need charged is max(declared, learned, default)
-        (``MemoryMonitor.need_for``).
+        (``MemoryMonitor.need_for``).  ``without_mps``: a shared tenant that is
+        not a client of its GPU's MPS server (``krex run``'s re-run of a fault
+        suspect, docs/design/faults.md).
         """
         launcher_pid, uid = launcher.pid, launcher.uid
         self._runtime.check_serving()
@@ -134,6 +137,7 @@ class Lifecycle:
             launcher_pid=launcher_pid,
             cgroup=cgroup,
             exclusive=exclusive,
+            without_mps=without_mps and not exclusive,
             memory=record,
             uid=uid,
             gid=launcher.gid,

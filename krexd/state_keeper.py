@@ -76,6 +76,7 @@ class StateKeeper:
                     "uid": t.uid,
                     "gid": t.gid,
                     "exclusive": t.exclusive,
+                    "without_mps": t.without_mps,
                     "pids": sorted(t.pids),
                     "state": t.state,
                     "kill_reason": t.kill_reason,

@@ -42,6 +42,9 @@ class Tenant:
     launcher_pid: int
     cgroup: TenantCgroup
     exclusive: bool = False
+    # Shared, but not a client of its GPU's MPS server (no MPS variables): a suspect of a
+    # GPU-wide fault run again, whose own fault then hits nobody else (krexd/faults.py).
+    without_mps: bool = False
     # The verified launcher (krexd.identity): its uid and gid, and its start time
     # (field 22 of /proc/<pid>/stat), which binds launcher_pid against pid reuse.
     uid: int = 0
@@ -75,6 +78,7 @@ class Tenant:
             "state": self.state,
             "age_s": round(time.monotonic() - self.admitted_at, 3),
             "exclusive": self.exclusive,
+            "without_mps": self.without_mps,
             "cgroup": self.cgroup.path,
             "kill_reason": self.kill_reason,
             "memory": self.memory.as_dict(),

@@ -3,7 +3,7 @@
 Request body::
 
     {"argv": [str, ...], "gpu": int?, "exclusive": bool?, "launcher_pid": int?,
-     "mem_bytes": int?, "label": str?}
+     "mem_bytes": int?, "label": str?, "mps": bool?}
 
 Reply body (once granted)::
 
@@ -22,6 +22,11 @@ which the launcher creates before it starts the command — a memfd of
 exactly ``size`` bytes beginning with ``header``, space reserved, sealed
 against shrinking, growing and sealing (``krex_cli.slotmem``) — and names
 in ``place`` (docs/design/shim.md "Who writes what").
+
+``mps`` (default true): false makes a shared tenant that is not a client of
+its GPU's MPS server (no ``CUDA_MPS_*`` in ``env``): ``krex run``'s re-run of
+a GPU-wide fault's suspect, whose own fault then hits nobody else
+(docs/design/faults.md).
 
 ``mem_bytes`` is the command's memory need (``krex run --mem SIZE``);
 without it the need is ``[memory] default_need`` (docs/design/memory.md).
@@ -62,16 +67,21 @@ if TYPE_CHECKING:
 
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Park until a slot is granted, then create the tenant and its cgroup."""
-    fields.only(req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes", "label")
+    fields.only(
+        req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes", "label", "mps"
+    )
     argv = fields.str_list(req.body, "argv")
     gpu = fields.integer(req.body, "gpu", 0, 1 << 16, default=None)
     exclusive = fields.boolean(req.body, "exclusive")
     launcher_pid = fields.integer(req.body, "launcher_pid", 1, 1 << 22, default=None)
     mem_bytes = fields.integer(req.body, "mem_bytes", 0, (1 << 60) - 1, default=None)
     label = fields.string(req.body, "label", 512, default=None)
+    mps = fields.boolean(req.body, "mps", default=True)
     launcher = identity.caller()
     identity.check_launcher_claim(launcher, launcher_pid)
-    tenant = await ctx.lifecycle.admit(argv, gpu, exclusive, launcher, mem_bytes, label)
+    tenant = await ctx.lifecycle.admit(
+        argv, gpu, exclusive, launcher, mem_bytes, label, without_mps=not mps
+    )
     reply = {
         "tenant": tenant.id,
         "token": tenant.token,

@@ -23,7 +23,7 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                           "headroom_bytes", "available_bytes": int|null,
                           "waiting": [int], "blocked": bool}|null}],
      "tenants": [{"id", "gpu", "uid", "pid", "launcher_pid", "command", "state", "age_s",
-                  "exclusive", "cgroup", "kill_reason",
+                  "exclusive", "without_mps", "cgroup", "kill_reason",
                   "memory": {"need_bytes", "need_source", "used_bytes", "peak_bytes",
                              "used_source", "label", "declared_bytes", "learned_bytes",
                              "shim_peak_bytes", "exceeded", "oom_waited", "oom_cotenant",

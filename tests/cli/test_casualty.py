@@ -37,8 +37,8 @@ def test_judge_raises_only_for_failed_casualties_and_suspects(
 def _attempts(*outcomes: str | int) -> tuple[list[bool], Any]:
     calls: list[bool] = []
 
-    def attempt(exclusive: bool) -> int:
-        calls.append(exclusive)
+    def attempt(without_mps: bool) -> int:
+        calls.append(without_mps)
         o = outcomes[len(calls) - 1]
         if isinstance(o, str):
             raise casualty.Casualty(1, _reply(o)["gpu_fault"])
@@ -51,31 +51,31 @@ def test_a_casualty_runs_again_as_asked_and_ends_with_the_reruns_code(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     calls, attempt = _attempts("casualty", 0)
-    assert casualty.with_reruns(["cmd"], attempt, False, 2) == 0
+    assert casualty.with_reruns(["cmd"], attempt, 2) == 0
     assert calls == [False, False]
     err = capsys.readouterr().err
     assert "running it again (re-run 1 of 2)" in err
     assert casualty.summary(err, 0) == {"role": "casualty", "reruns": 1}
 
 
-def test_a_suspect_runs_again_alone_and_its_own_failure_stands(
+def test_a_suspect_runs_again_without_mps_and_its_own_failure_stands(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     calls, attempt = _attempts("suspect", 3)
-    assert casualty.with_reruns(["cmd"], attempt, False, 2) == 3
+    assert casualty.with_reruns(["cmd"], attempt, 2) == 3
     assert calls == [False, True]
     err = capsys.readouterr().err
-    assert "running it alone, without MPS" in err
+    assert "running it without MPS" in err
     assert casualty.summary(err, 3) == {"role": "culprit", "reruns": 1}
 
 
 def test_used_up_reruns_exit_76(capsys: pytest.CaptureFixture[str]) -> None:
     calls, attempt = _attempts("casualty", "casualty", "casualty")
-    assert casualty.with_reruns(["cmd"], attempt, False, 2) == ExitCode.FAULT_CASUALTY == 76
+    assert casualty.with_reruns(["cmd"], attempt, 2) == ExitCode.FAULT_CASUALTY == 76
     assert len(calls) == 3
     assert "2 re-run(s) used up: exit 76" in capsys.readouterr().err
     calls, attempt = _attempts("casualty")
-    assert casualty.with_reruns(["cmd"], attempt, False, 0) == 76
+    assert casualty.with_reruns(["cmd"], attempt, 0) == 76
     assert calls == [False]
 
 
@@ -109,7 +109,7 @@ def test_krex_run_layers_fault_reruns_over_tempfail_retries(
 ) -> None:
     from krex_cli import run as run_mod
 
-    # One run each: a suspect of a fault, then (alone) 75 twice, then 0.
+    # One run each: a suspect of a fault, then (without MPS) 75 twice, then 0.
     outcomes: list[str | int] = ["suspect", 75, 75, 0]
     calls: list[tuple[bool, str | None]] = []
 
@@ -123,9 +123,11 @@ def test_krex_run_layers_fault_reruns_over_tempfail_retries(
         label: str | None = None,
         warm: Any = None,
         grant_log: str | None = None,
+        without_mps: bool = False,
     ) -> int:
         assert isinstance(conn, _Conn) and not conn.closed  # one connection for every run
-        calls.append((exclusive, label))
+        assert not exclusive  # a suspect's re-run is shared, not a whole-device lease
+        calls.append((without_mps, label))
         o = outcomes[len(calls) - 1]
         if isinstance(o, str):
             raise casualty.Casualty(1, _reply(o)["gpu_fault"])
@@ -134,11 +136,11 @@ def test_krex_run_layers_fault_reruns_over_tempfail_retries(
     monkeypatch.setattr(run_mod, "Reconnecting", _Conn)
     monkeypatch.setattr(run_mod, "_run", one_run)
     # --retry-tempfail 1 (krexd's default here): once the suspect runs again
-    # alone, its exit-75 retry runs alone too, and the second 75 stands.
+    # without MPS, its exit-75 retry does too, and the second 75 stands.
     assert run_mod.run(["cmd"], "sock", label="L", fault_retries=2) == 75
     assert calls == [(False, "L"), (True, "L"), (True, "L")]
     err = capsys.readouterr().err
-    assert "running it alone, without MPS (re-run 1 of 2)" in err
+    assert "running it without MPS (re-run 1 of 2)" in err
     assert "retry 1 of 1 after exit 75" in err
     calls.clear()
     outcomes[:] = ["casualty", 75, 0]

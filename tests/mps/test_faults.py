@@ -78,7 +78,7 @@ def test_the_server_log_detects_a_fault_but_its_named_client_is_not_blamed(
     k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
     (f_out, f_err, f_rc), healthy = _scenario(k, _env(k, tmp_path, "log"), "1.5")
     assert f_rc == 1, f_err
-    assert "running it alone, without MPS" in f_err
+    assert "running it without MPS" in f_err
     for out, err, rc in healthy:
         assert rc == 0, f"a suspect's re-run failed:\n{err}"
         assert '"error": null' in out  # the re-run's own summary
@@ -92,18 +92,18 @@ def test_the_server_log_detects_a_fault_but_its_named_client_is_not_blamed(
 
 
 @pytest.mark.usefixtures("built")
-def test_uncertain_attribution_reruns_suspects_alone_without_mps(
+def test_uncertain_attribution_reruns_suspects_without_mps(
     krexd_factory: Any, tmp_path: Any
 ) -> None:
     k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
     (f_out, f_err, f_rc), healthy = _scenario(k, _env(k, tmp_path, "1"), "1.0")
     # The re-run alone faults again: the culprit ends with its own error.
     assert f_rc == 1, f_err
-    assert "running it alone, without MPS" in f_err
+    assert "running it without MPS" in f_err
     assert '"name": "CUDA_ERROR_ILLEGAL_ADDRESS"' in f_out
     for _out, err, rc in healthy:
         assert rc == 0, f"a suspect's re-run failed:\n{err}"
-        assert "running it alone, without MPS (re-run 1 of 2)" in err
+        assert "running it without MPS (re-run 1 of 2)" in err
     assert k.status()["faults"]["totals"]["suspects"] == 4
     assert casualty.summary(f_err, f_rc) == {"role": "culprit", "reruns": 1}
     assert {str(casualty.summary(err, rc)) for _o, err, rc in healthy} == {
@@ -149,3 +149,34 @@ def test_without_mps_only_the_faulty_command_fails(krexd_factory: Any, tmp_path:
         assert rc == 0, err
         assert "running it" not in err, "a healthy command was run twice"
     assert k.status()["faults"] is None
+
+
+@pytest.mark.usefixtures("built")
+def test_suspects_rerun_beside_other_commands_and_outside_the_incident(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    """A suspect's re-run is a shared tenant without MPS: it does not wait for the GPU to
+    empty (an exclusive lease would wait for the long command admitted before it), and a
+    fault of its own would not be the MPS server's (it is no incident member)."""
+    k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
+    env = _env(k, tmp_path, "1")
+    healthy = [_krex_run(k, env, "--seconds", "1.0", "--kernel-ns", "100000") for _ in range(3)]
+    time.sleep(0.8)
+    faulty = _krex_run(k, env, "--count", "100000", "--fault-after", "5", "--kernel-ns", "100000")
+    deadline = time.monotonic() + 60
+    while not k.status()["faults"]["incidents"]:
+        assert time.monotonic() < deadline, "no incident opened"
+        time.sleep(0.02)
+    # Parked while the GPU is paused, so admitted before any re-run asks for a slot.
+    long = subprocess.Popen([*k.krex, "run", "--", "sleep", "15"], env=env)
+    results = [p.communicate(timeout=60) + (p.returncode,) for p in [faulty, *healthy]]
+    assert long.poll() is None, "the re-runs waited for the long command to end"
+    f_out, f_err, f_rc = results[0]
+    assert f_rc == 1 and "running it without MPS" in f_err, f_err
+    for _out, err, rc in results[1:]:
+        assert rc == 0, err
+    faults = k.status()["faults"]
+    assert faults["totals"]["incidents"] == 1, "the re-run's own fault opened an incident"
+    assert faults["totals"]["suspects"] == 4
+    long.terminate()
+    long.wait(timeout=30)
