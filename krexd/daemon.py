@@ -207,6 +207,7 @@ class Daemon:
         memory.start()
         region_memory.monitor = memory
         self.pools = self._pools(cgroups)
+        memory.on_gpu_users = self.pools.check_gpu_users  # a pool on the GPU is ended
         lifecycle = self.lifecycle = Lifecycle(
             cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory, self.pools
         )

@@ -212,6 +212,27 @@ class PoolRegistry:
         for pool in list(self._pools.values()):
             self.forget(pool, "krexd is stopping")
 
+    def check_gpu_users(self, users: set[int]) -> None:
+        """End every pool with a process among ``users`` (pids with GPU memory, per the
+        memory monitor's device read, every ``[memory] refresh_ms``).
+
+        A pool never initialises CUDA (its zygote refuses to serve if its imports did,
+        ``krexpool_zygote``), and its unplaced children run no command code yet: a
+        pool process on the GPU is code that got past those checks (a renamed driver
+        library, device files closed but still mapped) and would run GPU work outside
+        every tenant's gate.  Such a pool is forgotten (its cgroup killed).
+        """
+        for pool in list(self._pools.values()):
+            on_gpu = sorted(users & set(pool.cgroup.pids()))
+            if on_gpu:
+                _log.error(
+                    "pool %d of uid %d: process(es) %s have the GPU open; ending the pool",
+                    pool.pid,
+                    pool.uid,
+                    on_gpu,
+                )
+                self.forget(pool, f"process(es) {on_gpu} had the GPU open")
+
     def child_of_pool(self, uid: int, pid: int, ppid: int, start: int) -> Pool | None:
         """The pool of ``uid`` whose child ``pid`` is (parent ``ppid``, start time ``start``),
         unplaced; None when it is not such a process."""

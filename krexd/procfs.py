@@ -2,8 +2,8 @@
 
 One place for the checks several parts make (identity's rules, the tenants'
 liveness poll, the memory monitor's registrations): a zombie (``Z``) or dead
-(``X``) process counts as gone everywhere, since it can neither run nor be
-placed nor send requests.  Field numbers are proc(5)'s.
+(``X``) process with no thread left counts as gone everywhere, since it can
+neither run nor be placed nor send requests (:func:`gone`).  Field numbers are proc(5)'s.
 """
 
 from __future__ import annotations
@@ -29,10 +29,27 @@ def read_file(path: str) -> bytes:
         os.close(fd)
 
 
+def gone(state: bytes, pid: int) -> bool:
+    """True when a process whose ``stat`` state (field 3) is ``state`` can run no more.
+
+    Z or X of the thread-group leader alone is not enough: a leader that
+    called ``exit`` (not ``exit_group``) shows Z while its other threads
+    still run, with the whole address space and open files; only when
+    ``/proc/<pid>/task`` lists no thread but the leader is the process gone.
+    """
+    if state not in (b"Z", b"X"):
+        return False
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except OSError:
+        return True
+
+
 def proc_stat(pid: int) -> tuple[int, int] | None:
     """``(ppid, start_time)`` of process ``pid`` from ``/proc/<pid>/stat``; None when gone.
 
-    ``start_time`` is field 22 (clock ticks since boot).  A zombie counts as gone.
+    ``start_time`` is field 22 (clock ticks since boot).  A zombie counts as gone
+    (:func:`gone`: unless other threads of it still run).
     """
     if pid <= 0:
         return None
@@ -42,7 +59,7 @@ def proc_stat(pid: int) -> tuple[int, int] | None:
     except (OSError, IndexError):
         return None
     try:
-        if fields[0] in (b"Z", b"X"):
+        if gone(fields[0], pid):
             return None
         # fields[0] is field 3 (state): ppid is field 4, starttime field 22.
         return int(fields[1]), int(fields[19])

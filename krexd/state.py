@@ -103,6 +103,9 @@ class StateFile:
             name = self.path + (ALT_SUFFIX if slot else "")
             flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
             fd = self._fds[slot] = os.open(name, flags, 0o600)
+        # Unknown until this write completes: a write that fails part-way (a full disk)
+        # may have grown the file past what the slot held, and the next one must cut it.
+        self._lengths[slot] = None
         view, offset = memoryview(data), 0
         while offset < len(data):
             offset += os.pwrite(fd, view[offset:], offset)

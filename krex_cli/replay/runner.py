@@ -105,9 +105,9 @@ class Runner:
         self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
     ) -> dict[str, Any]:
         """Run one command once: start it, wait for it, record its outcome."""
-        warm = None
-        if self.opts.warm != "off" and self.opts.mode.uses_krexd:
-            warm = starts.asks_warm(self.opts.warm, p, i)
+        # Under krexd every command says --warm or --cold: krexd's own default
+        # ([warm] start, "warm" as shipped) must not decide for "--warm off".
+        warm = starts.asks_warm(self.opts.warm, p, i) if self.opts.mode.uses_krexd else None
         argv, env = command(self.opts, entry, gpu, socket, warm)
         rec = self._new_record(worker, gpu, p, i, entry, env)
         rec["start"] = time.time()
@@ -129,7 +129,7 @@ class Runner:
         rec["wall_s"] = time.monotonic() - t0
         rec["exit_code"] = proc.returncode
         record_outcome(rec, out, err, proc.returncode, error)
-        if warm is not None:
+        if warm is not None and self.opts.warm != "off":
             rec["warm"] = starts.outcome(warm, err)
         return rec
 

@@ -130,7 +130,8 @@ GPU_DEVICE_PREFIXES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/")
 
 
 def _gpu_device_open(prefixes: tuple[str, ...] = GPU_DEVICE_PREFIXES) -> str | None:
-    """The first file open in this process whose path starts with one of ``prefixes``."""
+    """The first file open or mapped in this process whose path starts with one of
+    ``prefixes`` (a driver keeps its device files mapped even after closing them)."""
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
@@ -138,6 +139,11 @@ def _gpu_device_open(prefixes: tuple[str, ...] = GPU_DEVICE_PREFIXES) -> str | N
             continue  # the listing's own descriptor, closed meanwhile
         if target.startswith(prefixes):
             return target
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)  # the sixth, when present, is the mapped path
+            if len(fields) == 6 and fields[5].strip().startswith(prefixes):
+                return fields[5].strip()
     return None
 
 

@@ -55,6 +55,13 @@ class PoolCgroup:
         if self.memory_dir is not None:
             fs.write(os.path.join(self.memory_dir, "cgroup.procs"), str(pid))
 
+    def pids(self) -> list[int]:
+        """The processes in the pool's v2 directory (empty once it is gone)."""
+        try:
+            return fs.read_pids(os.path.join(self.path, "cgroup.procs"))
+        except CgroupError:
+            return []
+
     def contains(self, pid: int) -> bool:
         """True while ``pid`` is in the pool's v2 directory (born there, not placed yet)."""
         try:

@@ -67,9 +67,7 @@ if TYPE_CHECKING:
 
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Park until a slot is granted, then create the tenant and its cgroup."""
-    fields.only(
-        req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes", "label", "mps"
-    )
+    fields.only(req.body, "argv", "gpu", "exclusive", "launcher_pid", "mem_bytes", "label", "mps")
     argv = fields.str_list(req.body, "argv")
     gpu = fields.integer(req.body, "gpu", 0, 1 << 16, default=None)
     exclusive = fields.boolean(req.body, "exclusive")

@@ -36,6 +36,7 @@ class TenantLifecycle(Protocol):
         launcher: Caller,
         mem_bytes: int | None = None,
         label: str | None = None,
+        without_mps: bool = False,
     ) -> Tenant:
         """Park until a slot is granted, then create the tenant launched by ``launcher``."""
         ...

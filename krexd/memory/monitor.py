@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from krex_client.sizes import format_size
@@ -116,6 +116,9 @@ class MemoryMonitor:
         self.source: Source | None = None
         self._task: asyncio.Task[None] | None = None
         self._started = False
+        # Told the pids each device read saw with GPU memory (the warm pools' watch:
+        # krexd.pools.PoolRegistry.check_gpu_users); set by the daemon.
+        self.on_gpu_users: Callable[[set[int]], None] | None = None
 
     # --- life cycle -------------------------------------------------------------
 
@@ -208,7 +211,12 @@ class MemoryMonitor:
     # --- refresh ------------------------------------------------------------------
 
     def _apply(self, dev: dict[int, DeviceMemory]) -> None:
-        """A fresh read of every GPU's source: remember it, recompute each view."""
+        """A fresh read of every GPU's source: remember it, recompute each view; tell
+        :attr:`on_gpu_users` (the warm pools' watch) which processes it saw."""
+        if self.on_gpu_users is not None:
+            seen = {pid for d in dev.values() for pid in (d.per_pid or {})}
+            if seen:
+                self.on_gpu_users(seen)
         for index, g in self._gpus.items():
             self._device[index] = dev.get(index) or DeviceMemory(
                 g.info.total_mem_bytes, None, None, "shim"

@@ -188,3 +188,21 @@ def test_an_open_gpu_device_file_is_found(tmp_path: Path) -> None:
     with open(device, "rb"):
         assert krexpool_zygote._gpu_device_open(prefixes) == str(device)
     assert krexpool_zygote._gpu_device_open(prefixes) is None
+
+
+def test_a_mapped_gpu_device_file_is_found_after_its_descriptor_closed(tmp_path: Path) -> None:
+    """A driver maps its device files: closing the descriptor does not hide it."""
+    import mmap
+
+    from krex_cli.warm import krexpool_zygote
+
+    device = tmp_path / "nvidia0"
+    device.write_bytes(b"\0" * 4096)
+    prefixes = (str(tmp_path / "nvidia"),)
+    with open(device, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 4096)
+    try:
+        assert krexpool_zygote._gpu_device_open(prefixes) == str(device)
+    finally:
+        m.close()
+    assert krexpool_zygote._gpu_device_open(prefixes) is None

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,3 +153,36 @@ def test_an_unverified_process_without_the_gpu_open_is_not_ended(sibling: int) -
     tenant = _Tenant(2, _Cgroup([sibling]))
     guard = RegionGuard(lambda: {1}, lambda: [])
     assert guard.unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
+
+
+_LEADER_EXITS = (
+    "import ctypes, threading, time\n"
+    "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+    "time.sleep(0.2)\n"
+    "ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86-64): this thread only\n"
+)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit's number is x86-64's")
+def test_a_process_whose_main_thread_exited_is_still_checked() -> None:
+    """Its leader shows Z while another thread runs with the address space and descriptors:
+    not "gone", so a process with the GPU open this way is still ended."""
+    from krexd.procfs import pid_alive
+
+    p = subprocess.Popen([sys.executable, "-c", _LEADER_EXITS])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with open(f"/proc/{p.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            assert time.monotonic() < deadline, "the main thread did not exit"
+            time.sleep(0.02)
+        assert identity(p.pid) is not None and pid_alive(p.pid)
+        tenant = _Tenant(2, _Cgroup([p.pid]))
+        guard = RegionGuard(lambda: {p.pid}, lambda: [])
+        assert [u.pid for u in guard.unprotected([tenant], EPOCH)] == [p.pid]  # type: ignore[list-item]
+    finally:
+        p.kill()
+        p.wait()
+    assert identity(p.pid) is None

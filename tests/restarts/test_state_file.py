@@ -105,6 +105,37 @@ def test_a_full_disk_keeps_the_previous_state_and_the_next_write_retries(
     assert loaded is not None and loaded["next_tenant_id"] == 3
 
 
+def test_a_failed_write_over_a_known_slot_is_cut_by_the_next(tmp_path: Path) -> None:
+    """A write that fails part-way may grow a slot past the length last written there: the
+    next write to it must cut the tail, however long it is (else the newest state is torn)."""
+    path = str(tmp_path / "k.state")
+    big = _doc(3) | {"pad": "x" * 20000}
+    prog = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        sys.path[:0] = {sys.path!r}
+        from krexd import state
+        f = state.StateFile({path!r})
+        f.write({_doc(1)!r})  # main slot: its length is known from now on
+        f.write({_doc(2)!r})  # alt slot
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, hard))
+        try:
+            f.write({big!r})  # main slot, stopped at 8 KiB
+        except OSError as exc:
+            print("failed", exc.errno)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+        f.write({_doc(4)!r})  # main slot again: as long as state 1, far shorter than 8 KiB
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("failed"), run.stdout
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 4
+
+
 def test_the_single_file_format_of_earlier_versions_is_adopted(tmp_path: Path) -> None:
     path = str(tmp_path / "k.state")
     Path(path).write_text(json.dumps({"format": state.FORMAT, "version": 1, **_doc(5)}))

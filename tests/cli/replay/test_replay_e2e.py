@@ -391,3 +391,40 @@ def test_replay_alternates_warm_and_cold_starts(
         str(tmp_path / "n"),
     )
     assert p.returncode != 0 and "krexd-backed modes only" in p.stderr
+
+
+_PARENT = (
+    "import json, os; "
+    "print(json.dumps({'median_ms': 1.0, 'parent': open(f'/proc/{os.getppid()}/cmdline', "
+    "'rb').read().decode(errors='replace')}))"
+)
+
+
+@pytest.mark.root
+def test_replay_warm_off_starts_cold_whatever_krexd_s_default(
+    krexd_factory: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--warm off`` passes ``--cold``: under a krexd whose [warm] start is "warm" (as
+    shipped) the replay's commands neither use nor start a warm pool."""
+    from tests.cli.warm_support import Pools, warm_config
+
+    k = krexd_factory(slots=2, config=warm_config(start="warm"))
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    pools = Pools(k, tmp_path)
+    pools.env["XDG_RUNTIME_DIR"] = str(xdg)
+    pools.ready()  # krex run without a flag would start warm here
+    logs = sorted(pools.dir.glob("*.log"))
+    tr = tmp_path / "trace.jsonl"
+    entry = trace.TraceEntry((sys.executable, "-c", _PARENT), "t", "c", "<0.1ms")
+    trace.dump([entry, entry], tr)
+    out = tmp_path / "off"
+    p = replay(str(tr), "--mode", "krex", "--socket", k.socket, "--warm", "off", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    recs = load_results(out / "results.jsonl")
+    assert len(recs) == 2 and all(r["exit_code"] == 0 for r in recs), recs
+    parents = [r["result"]["parent"] for r in recs]
+    assert not any("krexpool" in x for x in parents), parents  # not forked from a pool
+    # A warm start of the replay's own pool key would have started a pool for it.
+    assert sorted(pools.dir.glob("*.log")) == logs
