@@ -74,11 +74,17 @@ def _say(msg: str) -> None:
 
 
 def tenant_environ(base: dict[str, str], granted: dict[str, str]) -> dict[str, str]:
-    """CMD's environment: ``base`` minus systemd's notify variables, plus krexd's ``granted``.
+    """CMD's environment: ``base`` minus systemd's notify variables (and any MPS pipe
+    krexd did not grant), plus krexd's ``granted``.
 
     ``LD_PRELOAD`` from krexd is prepended to any value ``base`` already has.
     """
     env = {k: v for k, v in base.items() if k not in STRIPPED_ENV}
+    if "CUDA_MPS_PIPE_DIRECTORY" not in granted:
+        # MPS is krexd's to give: an inherited pipe would join another server, or make a
+        # fault suspect's re-run without MPS (krex_cli.casualty) join this one.
+        env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
+        env.pop("CUDA_MPS_LOG_DIRECTORY", None)
     for key, value in granted.items():
         if key == "LD_PRELOAD" and env.get("LD_PRELOAD"):
             env[key] = f"{value}:{env['LD_PRELOAD']}"

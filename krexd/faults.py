@@ -94,6 +94,9 @@ class Incident:
     gpu: int
     source: str  # "shim" | "mps-log": what detected it
     members: set[int]  # tenants on the GPU when it opened
+    # Tenants admitted without MPS on the GPU then: not members, but they could have
+    # joined the server themselves (its pipe is readable), so no "only client" verdict.
+    outsiders: set[int] = field(default_factory=set)
     opened_at: float = field(default_factory=time.monotonic)
     verdicts: dict[int, str] = field(default_factory=dict)  # tenant id -> role
 
@@ -158,9 +161,11 @@ class FaultMonitor:
         inc = self.incidents.get(gpu)
         if inc is None and (pids or log_fatal):
             # Tenants run without MPS (suspects' re-runs) are not the server's clients.
-            clients = {t.id for t in self._tenants.on_gpu(gpu) if not t.without_mps}
+            on_gpu = self._tenants.on_gpu(gpu)
+            clients = {t.id for t in on_gpu if not t.without_mps}
             members = clients | pids
-            inc = Incident(gpu, "shim" if pids else "mps-log", members)
+            outsiders = {t.id for t in on_gpu if t.without_mps}
+            inc = Incident(gpu, "shim" if pids else "mps-log", members, outsiders=outsiders)
             self.incidents[gpu] = inc
             self.totals["incidents"] += 1
             self._admission.pause(gpu)
@@ -227,7 +232,7 @@ class FaultMonitor:
             return None
         if not seen.launched:
             role, why = "casualty", "its processes had launched no kernel before the error"
-        elif len(inc.members) == 1:
+        elif len(inc.members) == 1 and not inc.outsiders:
             role, why = "culprit", "it was the MPS server's only client"
         else:
             role, why = "suspect", "the fault record does not say whose kernel faulted"

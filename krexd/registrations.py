@@ -99,24 +99,53 @@ _NS_CACHE_MAX = 65536
 
 
 def image_mapped(pid: int, image: int) -> bool:
-    """True when the shim mapping recorded as ``image`` is still mapped in ``pid``."""
+    """True when the shim mapping recorded as ``image`` is still mapped in ``pid``.
+
+    Read from ``/proc/<pid>/map_files``; for a process whose leader thread
+    exited (a zombie leader, other threads running), whose leader's views
+    are empty, from a live thread's ``maps`` instead (:func:`_thread_maps`).
+    """
     start, pages = image & ~_IMAGE_PAGE_MASK, image & _IMAGE_PAGE_MASK
     if not start or not pages:
         return False
+    span = f"{start:x}-{start + pages * _PAGE:x}"
     try:
-        target = os.readlink(f"/proc/{pid}/map_files/{start:x}-{start + pages * _PAGE:x}")
+        return "libkrex_shim" in os.readlink(f"/proc/{pid}/map_files/{span}")
     except OSError:
-        return False
-    return "libkrex_shim" in target
+        pass
+    prefix = span.encode() + b" "
+    return any(ln.startswith(prefix) and _SHIM_NAME in ln for ln in _thread_maps(pid))
 
 
 def shim_loaded(pid: int) -> bool:
     """True when some libkrex_shim is mapped in ``pid`` (for the message only)."""
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
-            return any(_SHIM_NAME in line for line in f)
+            if any(_SHIM_NAME in line for line in f):
+                return True
     except OSError:
         return False
+    return any(_SHIM_NAME in ln for ln in _thread_maps(pid))
+
+
+def _thread_maps(pid: int) -> list[bytes]:
+    """The ``maps`` lines of a live thread of ``pid`` other than the leader (empty if none).
+
+    A leader that called ``exit`` shows empty ``maps`` and ``map_files``; its
+    threads still share the whole address space.
+    """
+    try:
+        tids = [t for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    except OSError:
+        return []
+    for tid in tids:
+        try:
+            lines = read_file(f"/proc/{pid}/task/{tid}/maps").splitlines()
+        except OSError:
+            continue  # that thread ended meanwhile
+        if lines:
+            return lines
+    return []
 
 
 def matches(slot: SlotInfo, who: Identity) -> bool:

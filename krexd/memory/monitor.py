@@ -214,9 +214,12 @@ class MemoryMonitor:
         """A fresh read of every GPU's source: remember it, recompute each view; tell
         :attr:`on_gpu_users` (the warm pools' watch) which processes it saw."""
         if self.on_gpu_users is not None:
-            seen = {pid for d in dev.values() for pid in (d.per_pid or {})}
-            if seen:
-                self.on_gpu_users(seen)
+            seen = {pid for d in dev.values() for pid in (*d.listed, *(d.per_pid or {}))}
+            try:
+                if seen:
+                    self.on_gpu_users(seen)
+            except Exception:  # the watch must not cost the refresh
+                _log.exception("warm pools' GPU watch failed")
         for index, g in self._gpus.items():
             self._device[index] = dev.get(index) or DeviceMemory(
                 g.info.total_mem_bytes, None, None, "shim"

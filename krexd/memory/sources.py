@@ -48,13 +48,16 @@ class DeviceMemory:
     """One GPU as a source sees it (bytes).
 
     ``used`` is None when the source cannot see the whole device, ``per_pid``
-    None when it has no per-process figures.
+    None when it has no per-process figures; ``listed`` the processes it
+    lists on the device even without a figure (NVML under MPS), empty when
+    it lists none.
     """
 
     total: int
     used: int | None
     per_pid: dict[int, int] | None
     source: str  # "nvml" | "fake" | "shim"
+    listed: frozenset[int] = frozenset()
 
 
 class Source(Protocol):
@@ -126,11 +129,15 @@ class NvmlSource:
         for index, h in self._handles.items():
             info = self._nv.nvmlDeviceGetMemoryInfo(h)
             per_pid: dict[int, int] = {}
+            listed: set[int] = set()
             for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h):
+                listed.add(int(p.pid))
                 used = getattr(p, "usedGpuMemory", None)
                 if used is not None:
                     per_pid[int(p.pid)] = per_pid.get(int(p.pid), 0) + int(used)
-            out[index] = DeviceMemory(int(info.total), int(info.used), per_pid or None, self.name)
+            out[index] = DeviceMemory(
+                int(info.total), int(info.used), per_pid or None, self.name, frozenset(listed)
+            )
         return out
 
     def users(self, gpu: int) -> set[int] | None:

@@ -186,3 +186,37 @@ def test_a_process_whose_main_thread_exited_is_still_checked() -> None:
         p.kill()
         p.wait()
     assert identity(p.pid) is None
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit's number is x86-64's")
+def test_a_registered_process_whose_main_thread_exited_is_not_ended() -> None:
+    """Its leader's maps and map_files are empty; a live thread's maps still show the shim."""
+    if not os.path.exists(SHIM):
+        pytest.skip("build/lib/libkrex_shim.so is missing: run make")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    slow = _LEADER_EXITS.replace("time.sleep(0.2)", "time.sleep(1.0)")
+    p = subprocess.Popen(
+        [sys.executable, "-c", slow], env={**env, "LD_PRELOAD": os.path.abspath(SHIM)}
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the registration, as the shim writes it, while the leader lives
+            try:
+                slot = _slot(p.pid)
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, "the shim was not mapped"
+                time.sleep(0.02)
+        while True:
+            with open(f"/proc/{p.pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            assert time.monotonic() < deadline, "the main thread did not exit"
+            time.sleep(0.02)
+        tenant = _Tenant(2, _Cgroup([p.pid]))
+        assert RegionGuard(lambda: {p.pid}, lambda: [slot]).unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
+        found = RegionGuard(lambda: {p.pid}, lambda: []).unprotected([tenant], EPOCH)  # type: ignore[list-item]
+        assert [u.pid for u in found] == [p.pid] and "never registered" in found[0].cause
+    finally:
+        p.kill()
+        p.wait()

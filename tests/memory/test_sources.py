@@ -52,6 +52,7 @@ def test_nvml_without_per_process_figures(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(sys.modules, "pynvml", nvml(procs))
     view = sources.NvmlSource([GPU]).read()[0]
     assert view.per_pid is None and view.used == 30 << 30
+    assert view.listed == {10}  # listed all the same: who has the GPU open is known
 
 
 def test_without_nvml_the_inventory_total_and_the_shim_counts(
