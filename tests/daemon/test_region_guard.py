@@ -163,6 +163,16 @@ _LEADER_EXITS = (
 )
 
 
+def _wait_leader_exited(pid: int, deadline: float) -> None:
+    """Until ``pid``'s leader thread shows Z (its other thread runs on)."""
+    while True:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return
+        assert time.monotonic() < deadline, "the main thread did not exit"
+        time.sleep(0.02)
+
+
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit's number is x86-64's")
 def test_a_process_whose_main_thread_exited_is_still_checked() -> None:
     """Its leader shows Z while another thread runs with the address space and descriptors:
@@ -171,13 +181,7 @@ def test_a_process_whose_main_thread_exited_is_still_checked() -> None:
 
     p = subprocess.Popen([sys.executable, "-c", _LEADER_EXITS])
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            with open(f"/proc/{p.pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    break
-            assert time.monotonic() < deadline, "the main thread did not exit"
-            time.sleep(0.02)
+        _wait_leader_exited(p.pid, time.monotonic() + 10)
         assert identity(p.pid) is not None and pid_alive(p.pid)
         tenant = _Tenant(2, _Cgroup([p.pid]))
         guard = RegionGuard(lambda: {p.pid}, lambda: [])
@@ -207,12 +211,7 @@ def test_a_registered_process_whose_main_thread_exited_is_not_ended() -> None:
             except AssertionError:
                 assert time.monotonic() < deadline, "the shim was not mapped"
                 time.sleep(0.02)
-        while True:
-            with open(f"/proc/{p.pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    break
-            assert time.monotonic() < deadline, "the main thread did not exit"
-            time.sleep(0.02)
+        _wait_leader_exited(p.pid, deadline)
         tenant = _Tenant(2, _Cgroup([p.pid]))
         assert RegionGuard(lambda: {p.pid}, lambda: [slot]).unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
         found = RegionGuard(lambda: {p.pid}, lambda: []).unprotected([tenant], EPOCH)  # type: ignore[list-item]
