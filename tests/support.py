@@ -68,6 +68,15 @@ _made: set[str] = set()
 _make_lock = threading.Lock()
 
 
+def gone(pid: int) -> bool:
+    """True when process ``pid`` no longer runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def make(target: str) -> None:
     """``make -s TARGET`` at the top of the tree, once per session (CalledProcessError on failure).
 

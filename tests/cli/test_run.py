@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import KREX, Krexd
+from tests.support import gone
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]
@@ -41,14 +42,6 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
 
 def parked_is(k: Krexd, n: int) -> Callable[[], bool]:
     return lambda: bool(k.status()["queue"]["parked"] == n)
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def test_exit_code_is_relayed(krexd_factory: Factory) -> None:

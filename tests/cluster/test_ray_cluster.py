@@ -24,6 +24,7 @@ import pytest
 
 from krex_client import cluster
 from tests.cluster.conftest import KrexCluster
+from tests.support import gone
 
 ray = pytest.importorskip("ray")
 
@@ -37,15 +38,6 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "con
     while not cond():
         assert time.monotonic() < deadline, f"{what} not met within {timeout_s} s"
         time.sleep(0.05)
-
-
-def gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def test_each_ray_node_advertises_its_own_krexds_capacity(krex_cluster: KrexCluster) -> None:

@@ -10,31 +10,17 @@ idle context, the floor below which record.OTHER_STREAMS_WARN_MS must stay.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.root, pytest.mark.slow]
+from tests.gpu.region_logged import run_logged
 
-PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs", "region_log.py")
+pytestmark = [pytest.mark.gpu, pytest.mark.root, pytest.mark.slow]
 
 
 def test_region_record_on_real_nvml(krexd_factory: Any) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("pynvml")
-    k = krexd_factory(fake_gpus=0, slots=2)
-    log = os.path.join(k.workdir, "regions.jsonl")
-    run = subprocess.run(
-        [*k.krex, "run", "--region-log", log, "--", sys.executable, PROG],
-        env=k.env,
-        capture_output=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr.decode()[-4000:]
-    recs = [json.loads(line) for line in open(log)]
+    recs = run_logged(krexd_factory, "region_log.py")
     print(json.dumps(recs, indent=1))
     assert len(recs) == 2
     left, clean = recs

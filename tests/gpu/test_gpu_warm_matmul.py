@@ -11,31 +11,17 @@ took, is the measurement docs/bench/autotune-h200.md asks for.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.root, pytest.mark.slow]
+from tests.gpu.region_logged import run_logged
 
-PROG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs", "warm_matmul.py")
+pytestmark = [pytest.mark.gpu, pytest.mark.root, pytest.mark.slow]
 
 
 def test_matmul_warm_up_on_real_nvml(krexd_factory: Any) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("pynvml")
-    k = krexd_factory(fake_gpus=0, slots=2)
-    log = os.path.join(k.workdir, "regions.jsonl")
-    run = subprocess.run(
-        [*k.krex, "run", "--region-log", log, "--", sys.executable, PROG],
-        env=dict(k.env, KREX_REGION_WARM_MS="200"),
-        capture_output=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr.decode()[-4000:]
-    off, on = (json.loads(line) for line in open(log))
+    off, on = run_logged(krexd_factory, "warm_matmul.py", KREX_REGION_WARM_MS="200")
     print(json.dumps([off, on], indent=1))
     assert off["warmup"]["kind"] == "none" and off["warmup"]["stop"] == "off"
     warm = on["warmup"]
