@@ -7,7 +7,10 @@ hold the newest state, as one JSON document, a newline and a trailer line
 whose trailer checks (``seq``, CLOCK_MONOTONIC ns, increases across krexd
 restarts of one boot).  A krexd killed at any instruction, or a write that
 fails on a full disk, leaves a torn slot that is skipped and the other one
-holding the previous state: never a mix.  The state is written before the
+holding the previous state: never a mix.  A slot written shorter than it was
+is padded with newlines to its length in the same write (the reader strips
+them before the trailer) rather than cut by an ``ftruncate``, unless the gap
+exceeds :data:`PAD_MAX` or the document's own length.  The state is written before the
 reply of every state-changing request, region entries and exits included;
 in-place writes cost microseconds where a write-``fsync``-``rename`` cost
 0.2-2 ms on ext4.  It is not ``fsync``-ed: it serves only a krexd restarted
@@ -26,10 +29,18 @@ an upgrade adopts what the previous version saved.  Layout::
                                      "thread_cpus": [int] | null} | null,
                           "exited": {"<tenant>": epoch}}},
      "tenants": [{"id", "token", "gpu", "argv", "launcher_pid", "launcher_start",
-                  "uid", "gid", "exclusive", "pids": [int], "state", "kill_reason",
-                  "slots_fd": int | null,
+                  "uid", "gid", "exclusive", "without_mps",
                   "cgroup": {"freezer", "cpuset", "kind", "cores": [int]},
+                  "pids": [int], "state", "kill_reason", "slots_fd": int | null,
                   "memory": {TenantMemory fields}}]}
+
+A tenant's ``state`` is its resting state: ``freezing``, ``frozen`` and
+``thawing`` (a sibling of a region, for the region's length) are saved as
+``running``.  Adoption restores only ``admitted`` and ``holding`` and takes
+every other state for ``running``; which tenants a region keeps frozen, it
+reads from the region's ``siblings``.  So a region entry or exit changes the
+holder's record and its GPU's, never its siblings' (their records are
+encoded again only when they change: krexd/state_fragments.py).
 
 ``launcher_start`` is the launcher's start time (``/proc/<pid>/stat`` field
 22, clock ticks since boot): with the pid it names the process, so a pid
@@ -63,6 +74,8 @@ VERSION = 1
 MAX_BYTES = 16 << 20  # a state larger than this is not one krexd wrote
 ALT_SUFFIX = ".alt"  # the second slot: <path>.alt
 _TRAILER = b"krexd-state-end"
+_HEAD = b'{"format":"%s","version":%d,' % (FORMAT.encode(), VERSION)
+PAD_MAX = 4096  # a slot written shorter is padded with newlines up to this many bytes
 
 
 class StateRefused(Exception):
@@ -96,21 +109,48 @@ class StateFile:
         the other slot then still holds the newest complete state.
         """
         self._seq = max(time.monotonic_ns(), self._seq + 1)
-        data = encode({"format": FORMAT, "version": VERSION, **doc, "seq": self._seq})
+        self._put(encode({"format": FORMAT, "version": VERSION, **doc, "seq": self._seq}))
+
+    def write_members(self, members: bytes) -> None:
+        """Write a document given as its members' JSON text to the older slot.
+
+        ``members``: ``"key":value`` pairs joined by commas, without braces
+        and without ``format``, ``version`` and ``seq`` (added here); what
+        ``json.dumps(doc, separators=(",", ":"))[1:-1]`` gives for a non-empty
+        ``doc``.  Lets the caller assemble the text from pieces it encoded
+        earlier (krexd/state_fragments.py).  Raises OSError as :meth:`write`.
+        """
+        self._seq = max(time.monotonic_ns(), self._seq + 1)
+        self._put(frame(_HEAD + members + b',"seq":%d}' % self._seq))
+
+    def _put(self, data: bytes) -> None:
+        """Write one slot's bytes (:func:`frame`'s) to the older slot, in place."""
         slot = self._next
         fd = self._fds[slot]
         if fd is None:
             name = self.path + (ALT_SUFFIX if slot else "")
             flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
             fd = self._fds[slot] = os.open(name, flags, 0o600)
+        known = self._lengths[slot]
+        # Shorter than what the slot holds: newlines up to its length, in the same
+        # write, cover the older state's tail without an ftruncate (the reader strips
+        # them before it reads the trailer).  A large gap is cut instead, so that a slot
+        # stays within PAD_MAX (and twice the document) of its state.
+        gap = known - len(data) if known is not None else 0
+        cut = known is None or gap > min(PAD_MAX, len(data))
+        if gap > 0 and not cut:
+            data += b"\n" * gap
         # Unknown until this write completes: a write that fails part-way (a full disk)
         # may have grown the file past what the slot held, and the next one must cut it.
+        # A krexd killed part-way leaves text of the older state after the new bytes
+        # (padding or not): the last line is then that state's trailer or a piece of its
+        # text, whose CRC-32 and length do not match what precedes it, and the slot reads
+        # as torn (tests/restarts/test_state_file.py cuts a padded write at every byte).
         self._lengths[slot] = None
         view, offset = memoryview(data), 0
         while offset < len(data):
             offset += os.pwrite(fd, view[offset:], offset)
-        known = self._lengths[slot]
-        if known is None or known > len(data):  # cut what an older, longer state left
+        if cut:  # cut what an older, longer state (or a failed write) left
             os.ftruncate(fd, len(data))
         self._lengths[slot] = len(data)
         self._next = 1 - slot  # only a complete write moves on: a torn slot is rewritten
@@ -126,7 +166,11 @@ class StateFile:
 
 def encode(doc: dict[str, Any]) -> bytes:
     """One slot's bytes: ``doc`` as JSON, a newline, the trailer line (length and CRC-32)."""
-    body = json.dumps(doc, separators=(",", ":")).encode()
+    return frame(json.dumps(doc, separators=(",", ":")).encode())
+
+
+def frame(body: bytes) -> bytes:
+    """One slot's bytes for the JSON document ``body``: it, a newline, the trailer line."""
     return body + b"\n" + _TRAILER + b" %08x %d\n" % (zlib.crc32(body), len(body))
 
 

@@ -106,3 +106,25 @@ def test_refused_state_falls_back_to_cleanup(krexd_factory: Factory, restarter: 
     assert k2.status()["tenants"] == []
     assert runs[0].wait(30) == 137  # killed by the cleanup
     k2.stop()
+
+
+def test_a_restart_adopts_from_a_padded_slot(krexd_factory: Factory, restarter: Restarter) -> None:
+    """A state shorter than its slot held is padded with newlines (no ftruncate): it is
+    adopted all the same."""
+    k = krexd_factory(slots=4)
+    runs = start_runs(k, [3, 5], 4.0)
+    wait_for(lambda: running(k, 2), what="two running tenants")  # tenants 1 and 2
+    runs += start_runs(k, [0], 0.3)
+    assert runs[2].wait(30) == 0
+    wait_for(lambda: len(k.status()["tenants"]) == 2, what="the short command released")
+    path = os.path.join(k.workdir, f"{k.cgroup_name}.state")
+    found = saved_state.newest(path)
+    assert found is not None and sorted(t["id"] for t in found[1]["tenants"]) == [1, 2]
+    with open(found[0], "rb") as f:
+        assert f.read().endswith(b"\n\n")  # padded over the state with three tenants
+    restarter.kill(k)
+    k2 = restarter.start_again(k)
+    assert sorted(t["id"] for t in k2.status()["tenants"]) == [1, 2]
+    assert [p.wait(60) for p in runs[:2]] == [3, 5]
+    assert "adopted 2 tenant(s)" in k2.log()
+    k2.stop()

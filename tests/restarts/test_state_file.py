@@ -165,3 +165,91 @@ def test_remove_deletes_both_slots(tmp_path: Path) -> None:
     state.remove(path)
     assert state.load(path, ROOT) is None
     assert not os.listdir(tmp_path)
+
+
+def _tenants(n: int, width: int = 200) -> list[dict[str, object]]:
+    return [{"id": i, "argv": ["x" * width]} for i in range(n)]
+
+
+def test_a_slot_written_shorter_is_padded_not_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shorter by up to PAD_MAX: newlines fill the slot in the same write, no ftruncate."""
+    path = str(tmp_path / "k.state")
+    f = state.StateFile(path)
+    f.write({**_doc(1), "tenants": _tenants(10)})
+    f.write({**_doc(1), "tenants": _tenants(10)})
+    size = os.path.getsize(path)
+    cuts: list[int] = []
+    truncate = os.ftruncate
+
+    def counting(fd: int, n: int) -> None:
+        cuts.append(n)
+        truncate(fd, n)
+
+    monkeypatch.setattr(os, "ftruncate", counting)
+    for n in (2, 3, 4, 5):  # each shorter than the one before in its slot
+        f.write({**_doc(n), "tenants": _tenants(9, 200 - 10 * n)})
+        f.write({**_doc(n), "tenants": _tenants(9, 200 - 10 * n)})  # the other slot
+    assert cuts == []
+    assert os.path.getsize(path) == size
+    raw = Path(path).read_bytes()
+    assert raw.endswith(b"\n\n") and len(raw.rstrip(b"\n")) < size - 1
+    found = state.newest(path)  # its tenants are no real records: no shape check
+    assert found is not None and found[1]["next_tenant_id"] == 5
+    assert found[1]["tenants"] == _tenants(9, 150)
+    # A restarted krexd reads the padded slots, and its first writes cut them (their
+    # lengths are unknown to it).
+    f.close()
+    g = state.StateFile(path)
+    g.write(_doc(6))
+    assert cuts and os.path.getsize(path) == len(Path(path).read_bytes().rstrip(b"\n")) + 1
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 6
+
+
+def test_a_much_shorter_state_is_cut(tmp_path: Path) -> None:
+    """Padding stops at PAD_MAX bytes and at the document's own length: then the slot is cut."""
+    path = str(tmp_path / "k.state")
+
+    def cut() -> bool:  # the slot ends with its trailer's newline, no padding
+        raw = Path(path).read_bytes()
+        return raw.endswith(b"\n") and not raw.endswith(b"\n\n")
+
+    f = state.StateFile(path)
+    f.write({**_doc(1), "tenants": _tenants(100)})
+    f.write({**_doc(1), "tenants": _tenants(100)})
+    f.write({**_doc(2), "tenants": _tenants(60)})  # shorter by more than PAD_MAX
+    assert cut()
+    f.write({**_doc(3), "tenants": _tenants(10)})  # alt
+    f.write({**_doc(4), "tenants": _tenants(10)})  # shorter by more than PAD_MAX
+    f.write(_doc(5))  # alt: by less than PAD_MAX, but by more than its own length
+    assert cut()
+    f.write(_doc(6))
+    assert cut()
+    loaded = state.load(path, ROOT)
+    assert loaded is not None and loaded["next_tenant_id"] == 6
+
+
+def test_a_torn_write_over_a_padded_slot_is_never_read_as_a_state(tmp_path: Path) -> None:
+    """Killed at any byte of a padded write: the slot reads as the new state or as torn."""
+    path = str(tmp_path / "k.state")
+    f = state.StateFile(path)
+    f.write({**_doc(1), "tenants": _tenants(10)})
+    f.write({**_doc(2), "tenants": _tenants(10)})  # alt
+    f.write({**_doc(3), "tenants": _tenants(10, 190)})  # main, padded
+    f.write({**_doc(4), "tenants": _tenants(10, 190)})  # alt, padded: the previous state
+    old = Path(path).read_bytes()
+    doc = {**_doc(5), "tenants": _tenants(10, 185)}
+    new = state.encode({"format": state.FORMAT, "version": 1, **doc, "seq": 1 << 62})
+    assert len(old.rstrip(b"\n")) + 1 > len(new) and old.endswith(b"\n\n")
+    padded = new + b"\n" * (len(old) - len(new))
+    for k in range(len(padded) + 1):
+        torn = padded[:k] + old[k:]
+        Path(path).write_bytes(torn)
+        found = state.newest(path)
+        assert found is not None, k
+        # The new state once it and the newlines over the older state's text are written.
+        complete = k >= len(new) and not torn[len(new) :].strip(b"\n")
+        assert found[1]["next_tenant_id"] == (5 if complete else 4), k
+    assert complete and k > len(new)
