@@ -52,6 +52,10 @@ from krexd.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd.adopt")
 
+# Every other saved state is taken for RUNNING; the siblings a region keeps frozen are
+# named by its saved region.  The saved state is a resting one (freezing, frozen and
+# thawing are saved as running: krexd/state_fragments.py resting_state), which
+# loses nothing only while this holds.
 _RESTORED_STATES = {states.ADMITTED: states.ADMITTED, states.HOLDING: states.HOLDING}
 
 
