@@ -20,10 +20,21 @@
 
 /* The results after which the context (or, under MPS, the server's
  * clients) cannot go on: cuda.h "This indicates that ... the process must
- * be terminated and relaunched" and the MPS client errors. */
+ * be terminated and relaunched" and the MPS client errors, among them the
+ * server refusing a new client while it handles a fault.  On the H200
+ * (driver 580) that refusal reached a command as
+ * CUDA_ERROR_DEVICE_UNAVAILABLE at its first context, not as
+ * CUDA_ERROR_MPS_SERVER_NOT_READY (docs/bench/mps-faults-h200.md, round
+ * 3): without it in this list the command failed with no record and
+ * krexd could not tell it was a casualty.  Without MPS krexd reads no
+ * record, so a device unavailable for another reason changes nothing. */
 static int fatal(CUresult r)
 {
     switch (r) {
+    case CUDA_ERROR_DEVICE_UNAVAILABLE:
+    case CUDA_ERROR_MPS_CONNECTION_FAILED:
+    case CUDA_ERROR_MPS_MAX_CLIENTS_REACHED:
+    case CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED:
     case CUDA_ERROR_ECC_UNCORRECTABLE:
     case CUDA_ERROR_ILLEGAL_ADDRESS:
     case CUDA_ERROR_LAUNCH_TIMEOUT:

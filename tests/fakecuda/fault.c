@@ -17,8 +17,8 @@
  *   else KREX_FAKE_MPS_STATE; with neither the process is no MPS client
  *   (as a real one that finds no control daemon) and only its own faults hit it.
  * A process becomes a client with its first context (refused with
- * CUDA_ERROR_MPS_SERVER_NOT_READY while the server is faulted, as the real
- * one refuses new clients until the old ones are gone).  It keeps the file
+ * CUDA_ERROR_DEVICE_UNAVAILABLE while the server is faulted, as the real
+ * one on the H200 refuses new clients until the old ones are gone).  It keeps the file
  * it mapped at cuInit, so after a restart the old clients stay broken and
  * new ones are healthy.
  * KREX_FAKE_MPS=log also appends the server's log line naming the faulting
@@ -108,9 +108,10 @@ CUresult fc_mps_join(int phys)
 {
     if (srv == NULL)
         return CUDA_SUCCESS;
-    /* The real server refuses new clients while it recovers from a fault. */
+    /* The real server refuses new clients while it recovers from a fault:
+     * on the H200 (driver 580) with CUDA_ERROR_DEVICE_UNAVAILABLE. */
     if (atomic_load_explicit(&srv->culprit[phys], memory_order_relaxed) != 0)
-        return CUDA_ERROR_MPS_SERVER_NOT_READY;
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
     atomic_store_explicit(&joined, 1, memory_order_relaxed); /* a flag; publishes nothing */
     return CUDA_SUCCESS;
 }

@@ -64,7 +64,7 @@ def test_under_mps_a_fault_reaches_every_client_until_the_server_restarts(
         assert summary["launches"] > 0
     # A new client of the broken server is refused; one of a restarted server runs.
     rc, summary = _finish(_start(fc, "--count", "3", **mps))
-    assert rc == 1 and summary["error"]["name"] == "CUDA_ERROR_MPS_SERVER_NOT_READY"
+    assert rc == 1 and summary["error"]["name"] == "CUDA_ERROR_DEVICE_UNAVAILABLE"
     server.unlink()
     rc, summary = _finish(_start(fc, "--count", "3", **mps))
     assert rc == 0 and summary["error"] is None

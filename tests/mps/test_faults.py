@@ -180,3 +180,29 @@ def test_suspects_rerun_beside_other_commands_and_outside_the_incident(
     assert faults["totals"]["suspects"] == 4
     long.terminate()
     long.wait(timeout=30)
+
+
+@pytest.mark.usefixtures("built")
+def test_a_member_refused_at_its_first_context_is_a_casualty_and_runs_again(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    """Seen on the H200: a command admitted just before a fault made its first context
+    while the server handled it, was refused (CUDA_ERROR_DEVICE_UNAVAILABLE), and ended 1
+    with no verdict.  It launched nothing: a casualty, run again once the server is back."""
+    k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
+    env = _env(k, tmp_path, "1")
+    bench = str(FAKE_DIR / "bin" / "fakebench")
+    late = subprocess.Popen(
+        [*k.krex, "run", "--", "sh", "-c", f"sleep 1.5; exec {bench} --count 3"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)  # admitted: a member of the incident to come
+    faulty = _krex_run(k, env, "--count", "1000", "--fault-after", "2")
+    out, err = late.communicate(timeout=90)
+    assert late.returncode == 0, err
+    assert casualty.summary(err, late.returncode) == {"role": "casualty", "reruns": 1}, err
+    assert faulty.wait(timeout=60) == 1
+    assert k.status()["faults"]["totals"]["casualties"] == 1

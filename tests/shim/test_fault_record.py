@@ -4,7 +4,7 @@ Real shim over the fake driver: fakebench launches a faulting kernel
 (``--fault-after``); the next call returns CUDA_ERROR_ILLEGAL_ADDRESS, and
 the shim writes it, with "had launched kernels", in the process's slot of
 its tenant's slot memory.  Under the fake MPS server a new client of the
-faulted server (refused with CUDA_ERROR_MPS_SERVER_NOT_READY at its first
+faulted server (refused with CUDA_ERROR_DEVICE_UNAVAILABLE at its first
 context) records it without that flag.  krexd reads the word as a tenant's
 claim: bits outside the record's fields are dropped.
 """
@@ -54,7 +54,7 @@ def test_a_client_of_a_faulted_mps_server_records_it_without_launches(
     faults = _faults(gate)
     assert faults[3] == FaultSeen(code=700, launched=True, at_sync=False)
     seen = faults[4]
-    assert seen is not None and seen.code == 807 and not seen.launched  # refused by the server
+    assert seen is not None and seen.code == 46 and not seen.launched  # refused: CUDA_ERROR_DEVICE_UNAVAILABLE
 
 
 def test_a_forged_record_is_read_only_within_its_fields(
