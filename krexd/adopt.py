@@ -298,6 +298,7 @@ def _kill_orphans(cgroups: CgroupBackend, known: set[int], runtime: Runtime) -> 
             cg.kill()
         except CgroupError as exc:
             _log.error("t%d: %s", tid, exc)
+            cg.close()
             continue
         runtime.spawn(_remove_when_empty(cg))
 

@@ -32,7 +32,7 @@ import os
 import signal
 from typing import Any
 
-from krexd import __version__, adopt, gpus, paths, restart, state_files, status_report
+from krexd import __version__, adopt, gpus, paths, procfs, restart, state_files, status_report
 from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
 from krexd.config import Config
@@ -314,6 +314,16 @@ class Daemon:
             self.faults.close()  # no MPS restart on the way out; open incidents are dropped
         if self.memory is not None:
             self.memory.close()
+        self._close_held_files()
+
+    def _close_held_files(self) -> None:
+        """Close the tenants' and the pools' held cgroup files and /proc stat descriptors."""
+        for t in self.tenants:
+            t.cgroup.close()
+        for gpu in self.gpus.values():
+            if gpu.coordinator.pool_freeze is not None:
+                gpu.coordinator.pool_freeze.close()
+        procfs.STAT_FILES.clear()
 
     async def _status_loop(self) -> None:
         while True:
@@ -372,6 +382,7 @@ class Daemon:
     async def _cleanup_after_failure(self) -> None:
         """Remove cgroups and gate files (also after a failed start)."""
         self._stop_mps()
+        self._close_held_files()
         if self.cgroups is not None:
             await self.cgroups.teardown()
         for gpu in self.gpus.values():

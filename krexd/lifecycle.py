@@ -350,6 +350,7 @@ class Lifecycle:
             except CgroupError as exc:
                 _log.error("t%d: cgroup cleanup: %s", tenant.id, exc)
         finally:
+            tenant.cgroup.close()  # its held control files (remove() closed them, unless it failed)
             try:
                 self._memory.tenant_ended(tenant)  # its processes are gone: final record
             except Exception:

@@ -11,6 +11,9 @@ directory: it is frozen while at least one region holds it (a count).
 
 A warm command asked for during a region waits until the region ends, as a
 cold one admitted then is frozen until it ends.
+
+Its ``cgroup.freeze`` and ``cgroup.events`` stay open between regions
+(``krexd.heldfiles``), as the tenants' do.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 
 from krexd.cgroups import fs
 from krexd.cgroups.fs import CgroupError
+from krexd.heldfiles import HeldFile
 
 _log = logging.getLogger("krexd.pools")
 
@@ -32,6 +36,8 @@ class PoolFreeze:
     def __init__(self, path: str) -> None:
         self.path = path
         self.holders = 0
+        self._freeze = HeldFile(os.path.join(path, "cgroup.freeze"), write=True)
+        self._events = HeldFile(os.path.join(path, "cgroup.events"), one_record=True)
 
     def reset(self) -> None:
         """At start: thaw what a killed krexd may have left frozen."""
@@ -64,9 +70,14 @@ class PoolFreeze:
         if self.holders == 0:
             self._write("0")
 
+    def close(self) -> None:
+        """Close the held control files (at krexd's stop; a later use opens them again)."""
+        self._freeze.close()
+        self._events.close()
+
     def _write(self, value: str) -> bool:
         try:
-            fs.write(os.path.join(self.path, "cgroup.freeze"), value)
+            fs.write(self._freeze, value)
         except (CgroupError, OSError) as exc:
             if os.path.isdir(self.path):
                 _log.error("cannot write %s/cgroup.freeze = %s: %s", self.path, value, exc)
@@ -75,6 +86,6 @@ class PoolFreeze:
 
     def _frozen(self) -> bool:
         try:
-            return fs.events(self.path).get("frozen", 0) == 1
+            return fs.events(self._events).get("frozen", 0) == 1
         except (CgroupError, OSError):
             return True  # gone: nothing left to run

@@ -4,29 +4,105 @@ One place for the checks several parts make (identity's rules, the tenants'
 liveness poll, the memory monitor's registrations): a zombie (``Z``) or dead
 (``X``) process with no thread left counts as gone everywhere, since it can
 neither run nor be placed nor send requests (:func:`gone`).  Field numbers are proc(5)'s.
+
+``/proc/<pid>/stat`` is read for every sibling process at every region
+entry, so its descriptors stay open (:data:`STAT_FILES`, a bounded cache by
+pid; ``krexd.heldfiles``): a read is one ``pread``.  That is safe because a
+descriptor opened on ``/proc/<pid>/stat`` refers to that process (its
+``struct pid``), not to the number: while the process lives, or is a zombie
+not yet reaped, reads show its current state; once it is reaped they fail
+with ESRCH, even if the pid number has been given to a new process.  A read
+that fails drops the descriptor and opens the file once more: that open
+finds no process (gone: None), or the process that now has the number,
+whose start time differs (callers compare it: :func:`proc_stat`'s start
+time, ``krexd.registrations.identity``).  A held descriptor does not keep
+the number from being reused, nor the process from being reaped.
 """
 
 from __future__ import annotations
 
 import os
+import resource
+import threading
+from collections import OrderedDict
+
+from krexd.heldfiles import HeldFile, read_fd
 
 
 def read_file(path: str) -> bytes:
     """The whole of a small kernel file (procfs, cgroupfs): open, read, close.
 
-    Four system calls (the last read sees the end) where a Python file
-    object makes more (fstat, ioctl, buffer set-up, reads): region entry reads one or two
-    such files per sibling process, and on the H200's host each call costs
-    microseconds.  Raises OSError.
+    Three system calls (``krexd.heldfiles.read_fd``) where a Python file
+    object makes more (fstat, ioctl, buffer set-up, reads).  Files read at
+    every region entry are held open instead (:data:`STAT_FILES`,
+    ``krexd.cgroups.tenant``).  Raises OSError.
     """
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):  # a kernel file may return less than it has
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_fd(fd)
     finally:
         os.close(fd)
+
+
+class StatFiles:
+    """Open ``/proc/<pid>/stat`` descriptors by pid, at most ``limit`` (least recently read closed).
+
+    Thread-safe (the drain's judgements read from a worker thread): one lock
+    covers a read and any eviction, so no descriptor is closed while read.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._files: OrderedDict[int, HeldFile] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._files
+
+    def read(self, pid: int) -> bytes:
+        """``/proc/<pid>/stat`` now; OSError (ESRCH, ENOENT) when there is no such process.
+
+        A failed read leaves no descriptor of ``pid`` held (see the module docstring).
+        """
+        with self._lock:
+            f = self._files.pop(pid, None) or HeldFile(f"/proc/{pid}/stat", one_record=True)
+            data = f.read()  # on OSError f holds nothing and is dropped
+            self._files[pid] = f  # the most recently read last
+            while len(self._files) > self.limit:
+                self._files.popitem(last=False)[1].close()
+            return data
+
+    def clear(self) -> None:
+        """Close every descriptor."""
+        with self._lock:
+            while self._files:
+                self._files.popitem()[1].close()
+
+
+def stat_limit(soft_nofile: int) -> int:
+    """How many stat descriptors to hold under a soft ``RLIMIT_NOFILE`` of ``soft_nofile``.
+
+    512, or a quarter of the limit when that is less (at least 16).  krexd
+    leaves its limit as it finds it: the shipped unit sets ``LimitNOFILE=65536``,
+    but started from a shell or another unit its soft limit is often 1024,
+    shared with the tenants' held cgroup files, slot memories, pidfds and
+    connections.
+    """
+    if soft_nofile == resource.RLIM_INFINITY or soft_nofile < 0:
+        return 512
+    return max(16, min(512, soft_nofile // 4))
+
+
+#: krexd's held ``/proc/<pid>/stat`` descriptors (:func:`proc_stat`, ``registrations.identity``).
+STAT_FILES = StatFiles(stat_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+
+
+def read_stat(pid: int) -> bytes:
+    """``/proc/<pid>/stat`` through :data:`STAT_FILES`; raises OSError when there is no process."""
+    return STAT_FILES.read(pid)
 
 
 def gone(state: bytes, pid: int) -> bool:
@@ -55,7 +131,7 @@ def proc_stat(pid: int) -> tuple[int, int] | None:
         return None
     try:
         # Bytes: the command name (field 2) is whatever the process set, not always UTF-8.
-        fields = read_file(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
+        fields = read_stat(pid).rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
     try:

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from krexd.gate import LIVE_SLOT_STATES, SlotInfo
-from krexd.procfs import gone, read_file
+from krexd.procfs import gone, read_file, read_stat
 from krexd.tenants import Tenant
 
 #: krex_gate.h KREX_IMAGE_PAGE_MASK: krex_slot.image = start | pages.
@@ -65,13 +65,14 @@ class Identity:
 def identity(pid: int) -> Identity | None:
     """Process ``pid``'s identity, or None when it is gone or a zombie with no live thread.
 
-    Reads ``/proc/<pid>/stat`` every time; the namespace half (``NSpid``, the
+    Reads ``/proc/<pid>/stat`` every time (through the held descriptors of
+    ``krexd.procfs.STAT_FILES``: one ``pread``); the namespace half (``NSpid``, the
     namespace inode) is read once per process, keyed by (pid, start time),
     since a process never changes pid namespace.  The fail-closed check of
     every region entry calls this for each sibling process on the GPU.
     """
     try:
-        fields = read_file(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
+        fields = read_stat(pid).rsplit(b")", 1)[1].split()
         if gone(fields[0], pid):
             return None  # a zombie with no thread left (a zombie leader's threads still count)
         start = int(fields[19])  # field 22 of stat(5); fields[0] is field 3

@@ -1,43 +1,56 @@
-"""Small cgroupfs helpers: read/write one control file, raising CgroupError with its path."""
+"""Small cgroupfs helpers: read/write one control file, raising CgroupError with its path.
+
+A control file is named by its path (opened and closed each time) or is a
+``krexd.heldfiles.HeldFile`` kept open between uses (the files region entry
+uses for every sibling: ``krexd.cgroups.tenant``); either way a failure
+raises the same CgroupError, with the same message.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 
+from krexd.heldfiles import HeldFile, OpenError
 from krexd.procfs import read_file
+
+#: A control file: its path, or the file held open.
+Target = str | HeldFile
 
 
 class CgroupError(OSError):
     """A cgroupfs operation failed; the message names the file and the errno."""
 
 
-def write(path: str, value: str) -> None:
-    """Write ``value`` to the control file ``path`` (one ``write(2)``, as the kernel wants)."""
+def write(target: Target, value: str) -> None:
+    """Write ``value`` to the control file ``target`` (one ``write(2)``, as the kernel wants)."""
+    f = HeldFile(target, write=True) if isinstance(target, str) else target
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        f.write(value.encode())
+    except OpenError as exc:
+        raise CgroupError(exc.errno, f"cannot open {f.path}: {exc.strerror}") from None
     except OSError as exc:
-        raise CgroupError(exc.errno, f"cannot open {path}: {exc.strerror}") from None
-    try:
-        os.write(fd, value.encode())
-    except OSError as exc:
-        raise CgroupError(exc.errno, f"writing {value!r} to {path}: {exc.strerror}") from None
+        raise CgroupError(exc.errno, f"writing {value!r} to {f.path}: {exc.strerror}") from None
     finally:
-        os.close(fd)
+        if f is not target:
+            f.close()  # a path: opened for this write only
 
 
-def read(path: str) -> str:
-    """Contents of the control file ``path``."""
+def read(target: Target) -> str:
+    """Contents of the control file ``target``."""
     try:
-        return read_file(path).decode()
+        if isinstance(target, HeldFile):
+            return target.read().decode()
+        return read_file(target).decode()
     except OSError as exc:
+        path = target.path if isinstance(target, HeldFile) else target
         raise CgroupError(exc.errno, f"cannot read {path}: {exc.strerror}") from None
 
 
-def read_pids(path: str) -> list[int]:
+def read_pids(target: Target) -> list[int]:
     """Pids listed in a ``cgroup.procs``/``tasks`` file (empty when the cgroup is gone)."""
     try:
-        text = read(path)
+        text = read(target)
     except CgroupError as exc:
         if exc.errno == errno.ENOENT:
             return []
@@ -45,10 +58,14 @@ def read_pids(path: str) -> list[int]:
     return [int(x) for x in text.split()]
 
 
-def events(directory: str) -> dict[str, int]:
-    """``cgroup.events`` of a v2 cgroup as a dict (``populated``, ``frozen``)."""
+def events(source: Target) -> dict[str, int]:
+    """``cgroup.events`` of a v2 cgroup as a dict (``populated``, ``frozen``).
+
+    ``source``: the cgroup's directory, or its ``cgroup.events`` held open.
+    """
+    f = os.path.join(source, "cgroup.events") if isinstance(source, str) else source
     out: dict[str, int] = {}
-    for line in read(os.path.join(directory, "cgroup.events")).splitlines():
+    for line in read(f).splitlines():
         key, _, value = line.partition(" ")
         if value.strip().isdigit():
             out[key] = int(value)

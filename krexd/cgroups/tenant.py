@@ -5,6 +5,12 @@ the kernel reports completion as ``frozen 1`` in ``cgroup.events``.  Tasks in
 uninterruptible sleep freeze only when they return to user space, so waiting
 has a timeout and the caller rolls back with :meth:`TenantCgroup.thaw`
 (as runc does).  Frozen tasks still die from SIGKILL.
+
+Region entry and exit use ``cgroup.procs``, ``cgroup.events``,
+``cgroup.freeze`` (and the holder's ``cpuset.cpus``) of every sibling, so
+these stay open between uses (``krexd.heldfiles``: one ``pread`` or
+``pwrite`` a use, a stale descriptor opened again once) until
+:meth:`TenantCgroup.close` or :meth:`TenantCgroup.remove`.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Sequence
 
 from krexd.cgroups import fs
 from krexd.config import format_cores
+from krexd.heldfiles import HeldFile
 
 CPUSET_V2 = "v2"  # cpuset.cpus in the v2 directory
 CPUSET_V1 = "v1"  # cpuset.cpus in a separate v1 cpuset directory (hybrid host)
@@ -31,6 +38,9 @@ class TenantCgroup:
     pure v2, a v1 directory on hybrid hosts, ``None`` for the affinity fallback);
     ``cores``: the tenant's off-region cores; ``pids_dir``: a v1 ``pids``
     directory on hybrid hosts (``pids.max`` is in ``freezer_dir`` on pure v2).
+
+    Holds descriptors of its control files once used: whoever drops a
+    TenantCgroup calls :meth:`close` (or :meth:`remove`) first.
     """
 
     def __init__(
@@ -46,6 +56,12 @@ class TenantCgroup:
         self.pids_dir = pids_dir
         self.cpuset_kind = cpuset_kind
         self.cores: tuple[int, ...] = tuple(cores)
+        self._procs = HeldFile(os.path.join(freezer_dir, "cgroup.procs"))
+        self._events = HeldFile(os.path.join(freezer_dir, "cgroup.events"), one_record=True)
+        self._freeze = HeldFile(os.path.join(freezer_dir, "cgroup.freeze"), write=True)
+        self._cpus = (
+            HeldFile(os.path.join(cpuset_dir, "cpuset.cpus"), write=True) if cpuset_dir else None
+        )
 
     def __repr__(self) -> str:
         return f"TenantCgroup({self.freezer_dir!r})"
@@ -76,12 +92,12 @@ class TenantCgroup:
 
     def pids(self) -> list[int]:
         """Processes now in the tenant's (v2) cgroup."""
-        return fs.read_pids(os.path.join(self.freezer_dir, "cgroup.procs"))
+        return fs.read_pids(self._procs)
 
     def populated(self) -> bool:
         """True while any process is in the cgroup (``cgroup.events`` ``populated``)."""
         try:
-            return fs.events(self.freezer_dir).get("populated", 0) == 1
+            return fs.events(self._events).get("populated", 0) == 1
         except fs.CgroupError:
             return False
 
@@ -89,15 +105,15 @@ class TenantCgroup:
 
     def freeze(self) -> None:
         """Ask the kernel to freeze the whole tree (asynchronous; see wait_frozen)."""
-        fs.write(os.path.join(self.freezer_dir, "cgroup.freeze"), "1")
+        fs.write(self._freeze, "1")
 
     def thaw(self) -> None:
         """Thaw the whole tree (takes effect at once)."""
-        fs.write(os.path.join(self.freezer_dir, "cgroup.freeze"), "0")
+        fs.write(self._freeze, "0")
 
     def is_frozen(self) -> bool:
         """True when the kernel reports every task frozen (``frozen 1``)."""
-        return fs.events(self.freezer_dir).get("frozen", 0) == 1
+        return fs.events(self._events).get("frozen", 0) == 1
 
     async def wait_frozen(self, timeout_s: float) -> bool:
         """Wait until :meth:`is_frozen` (True) or ``timeout_s`` seconds pass (False).
@@ -122,11 +138,11 @@ class TenantCgroup:
         cores = tuple(sorted(set(cores)))
         if not cores:
             raise ValueError("set_cpus needs at least one core")
-        if self.cpuset_kind == CPUSET_AFFINITY or self.cpuset_dir is None:
+        if self.cpuset_kind == CPUSET_AFFINITY or self._cpus is None:
             for pid in self.pids():
                 _set_affinity_all_threads(pid, cores)
         else:
-            fs.write(os.path.join(self.cpuset_dir, "cpuset.cpus"), format_cores(cores))
+            fs.write(self._cpus, format_cores(cores))
 
     # --- end of life --------------------------------------------------------------------
 
@@ -161,8 +177,18 @@ class TenantCgroup:
             delay = min(delay * 2, 20e-3)
         return True
 
+    def close(self) -> None:
+        """Close the held control files (a later use opens them again)."""
+        for f in (self._procs, self._events, self._freeze, self._cpus):
+            if f is not None:
+                f.close()
+
     def remove(self) -> None:
-        """Remove the tenant's directories (they must be empty: kill() and wait_empty() first)."""
+        """Remove the tenant's directories (they must be empty: kill() and wait_empty() first).
+
+        Closes the held control files first.
+        """
+        self.close()
         for d in reversed(self.paths):
             fs.rmdir(d)
 
