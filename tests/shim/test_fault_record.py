@@ -54,7 +54,8 @@ def test_a_client_of_a_faulted_mps_server_records_it_without_launches(
     faults = _faults(gate)
     assert faults[3] == FaultSeen(code=700, launched=True, at_sync=False)
     seen = faults[4]
-    assert seen is not None and seen.code == 46 and not seen.launched  # refused: CUDA_ERROR_DEVICE_UNAVAILABLE
+    # Refused by the faulted server: CUDA_ERROR_DEVICE_UNAVAILABLE.
+    assert seen is not None and seen.code == 46 and not seen.launched
 
 
 def test_a_forged_record_is_read_only_within_its_fields(
