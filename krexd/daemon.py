@@ -163,7 +163,7 @@ class Daemon:
             guard = None
             if gate is not None:
                 gate.judge = verifier.judge
-                guard = RegionGuard(self._users_of(info.index), gate.slots)
+                guard = RegionGuard(self._users_of(info.index), gate.live_registrations)
             coordinator = Coordinator(
                 info.index,
                 gate,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import threading
 from collections import OrderedDict
 
@@ -143,9 +144,91 @@ def proc_stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
+class Handles:
+    """pidfds of processes krexd has seen, by pid, with their start times: at most ``limit``.
+
+    A pidfd names one process, never a later one given the same number, and
+    polls readable once its whole thread group has exited (a zombie leader
+    whose other threads still run is not readable: :func:`gone`'s rule).
+    So once a process's start time was read with a pidfd of it open, later
+    questions "is it alive, and which start time" are answered by one poll
+    of that pidfd, without generating ``/proc/<pid>/stat`` (several µs of
+    kernel work per read, for every sibling process at every region entry).
+    Thread-safe; the least recently asked pidfd is closed first.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._fds: OrderedDict[int, tuple[int, int]] = OrderedDict()  # pid -> (pidfd, start)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def start_of(self, pid: int) -> int | None:
+        """Start time (field 22) of live process ``pid``, or None when it is gone."""
+        if pid <= 0:
+            return None
+        with self._lock:
+            held = self._fds.pop(pid, None)
+            if held is not None:
+                if not _exited(held[0]):
+                    self._fds[pid] = held
+                    return held[1]
+                os.close(held[0])
+        return self._open(pid)
+
+    def _open(self, pid: int) -> int | None:
+        first = proc_stat(pid)
+        if first is None:
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return first[1]  # gone meanwhile, or no pidfds here: answered, not held
+        # The pidfd names whoever has the number now: the same process if its
+        # start time is unchanged and it is still alive.
+        again = proc_stat(pid)
+        if again is None or again[1] != first[1] or _exited(fd):
+            os.close(fd)
+            return again[1] if again is not None else None
+        with self._lock:
+            old = self._fds.pop(pid, None)
+            if old is not None:
+                os.close(old[0])
+            self._fds[pid] = (fd, first[1])
+            while len(self._fds) > self.limit:
+                os.close(self._fds.popitem(last=False)[1][0])
+        return first[1]
+
+    def clear(self) -> None:
+        """Close every pidfd."""
+        with self._lock:
+            while self._fds:
+                os.close(self._fds.popitem()[1][0])
+
+
+def _exited(pidfd: int) -> bool:
+    """True when the process of ``pidfd`` has exited (its pidfd polls readable)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+#: pidfds of the processes krexd asked about (:func:`pid_alive`, ``registrations.identity``);
+#: half the stat descriptors' budget.
+HANDLES = Handles(max(8, STAT_FILES.limit // 2))
+
+
 def pid_alive(pid: int) -> bool:
-    """True when process ``pid`` exists and is not a zombie."""
-    return proc_stat(pid) is not None
+    """True when process ``pid`` exists and is not a zombie with no thread left.
+
+    Through :data:`HANDLES`: a poll of a held pidfd once the process was seen.
+    """
+    return HANDLES.start_of(pid) is not None
+
+
+def start_time(pid: int) -> int | None:
+    """Start time (``stat`` field 22) of live process ``pid``; None when it is gone."""
+    return HANDLES.start_of(pid)
 
 
 def proc_uids(pid: int) -> tuple[int, ...] | None:

@@ -42,8 +42,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from krexd.gate import LIVE_SLOT_STATES, SlotInfo
-from krexd.procfs import gone, read_file, read_stat
+from krexd.gate import LIVE_SLOT_STATES, Registration, SlotInfo
+from krexd.procfs import read_file, start_time
 from krexd.tenants import Tenant
 
 #: krex_gate.h KREX_IMAGE_PAGE_MASK: krex_slot.image = start | pages.
@@ -65,17 +65,18 @@ class Identity:
 def identity(pid: int) -> Identity | None:
     """Process ``pid``'s identity, or None when it is gone or a zombie with no live thread.
 
-    Reads ``/proc/<pid>/stat`` every time (through the held descriptors of
-    ``krexd.procfs.STAT_FILES``: one ``pread``); the namespace half (``NSpid``, the
-    namespace inode) is read once per process, keyed by (pid, start time),
-    since a process never changes pid namespace.  The fail-closed check of
-    every region entry calls this for each sibling process on the GPU.
+    Liveness and start time come from ``krexd.procfs.start_time``: a poll of
+    a pidfd held since the process was first seen (its ``stat`` is read only
+    then), and a zombie with no thread left is gone.  The namespace half
+    (``NSpid``, the namespace inode) is read once per process, keyed by
+    (pid, start time), since a process never changes pid namespace.  The
+    fail-closed check of every region entry calls this for each sibling
+    process on the GPU.
     """
+    start = start_time(pid)
+    if start is None:
+        return None
     try:
-        fields = read_stat(pid).rsplit(b")", 1)[1].split()
-        if gone(fields[0], pid):
-            return None  # a zombie with no thread left (a zombie leader's threads still count)
-        start = int(fields[19])  # field 22 of stat(5); fields[0] is field 3
         known = _NS_CACHE.get(pid)
         if known is not None and known[0] == start:
             return Identity(pid, known[1], known[2], start)
@@ -149,7 +150,7 @@ def _thread_maps(pid: int) -> list[bytes]:
     return []
 
 
-def matches(slot: SlotInfo, who: Identity) -> bool:
+def matches(slot: SlotInfo | Registration, who: Identity) -> bool:
     """True when ``slot`` describes process ``who`` (pid, namespace, start time)."""
     return slot.pid == who.nspid and slot.pidns == who.pidns and slot.start_ticks == who.start_ticks
 
@@ -206,7 +207,7 @@ class Unprotected:
         )
 
 
-def _cause(pid: int, who: Identity, mine: list[SlotInfo], epoch: int) -> str:
+def _cause(pid: int, who: Identity, mine: list[Registration], epoch: int) -> str:
     """Why process ``pid`` (``who``) has no verified registration (``epoch``: the region's)."""
     if not shim_loaded(pid):
         return "krex's shim is not loaded in it (LD_PRELOAD unset, or a static program)"
@@ -220,25 +221,25 @@ def _cause(pid: int, who: Identity, mine: list[SlotInfo], epoch: int) -> str:
 
 
 #: A sibling process without a verified registration: (tenant, pid, identity, its slots).
-Suspect = tuple[Tenant, int, Identity, list[SlotInfo]]
+Suspect = tuple[Tenant, int, Identity, list[Registration]]
 
 
 class RegionGuard:
     """The fail-closed check of one GPU's region entry (see the module docstring).
 
     ``users()`` is the set of pids with the GPU open (None: the source
-    cannot tell, and the check is skipped); ``slots()`` the gate's
-    registrations.  The check verifies every sibling process first and asks
-    ``users()`` (NVML's process list on a real GPU: a driver query of about
-    0.3-1 ms) only when some process is not a verified registrant: the
-    answer is "nothing unprotected" whenever every sibling process is one,
-    whoever has the GPU open.
+    cannot tell, and the check is skipped); ``slots()`` the gate's live
+    registrations (``Gate.live_registrations``).  The check verifies every
+    sibling process first and asks ``users()`` (NVML's process list on a
+    real GPU: a driver query of about 0.3-1 ms) only when some process is
+    not a verified registrant: the answer is "nothing unprotected" whenever
+    every sibling process is one, whoever has the GPU open.
     """
 
     def __init__(
         self,
         users: Callable[[], set[int] | None],
-        slots: Callable[[], list[SlotInfo]],
+        slots: Callable[[], list[Registration]],
     ) -> None:
         self._users = users
         self._slots = slots
@@ -274,7 +275,7 @@ class RegionGuard:
         Reads /proc and the slot memories only (no driver call): cheap
         enough to run on krexd's event loop.
         """
-        by_tenant: dict[int, list[SlotInfo]] = {}
+        by_tenant: dict[int, list[Registration]] = {}
         for s in self._slots():
             if s.state in LIVE_SLOT_STATES:
                 by_tenant.setdefault(s.tenant, []).append(s)

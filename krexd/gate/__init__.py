@@ -67,6 +67,7 @@ from krexd.gate.slots import (
     Finding,
     Judge,
     OomRecord,
+    Registration,
     SlotInfo,
 )
 
@@ -90,6 +91,7 @@ __all__ = [
     "GateTimeout",
     "Judge",
     "OomRecord",
+    "Registration",
     "SlotInfo",
     "keep_path",
     "slot_memory_spec",

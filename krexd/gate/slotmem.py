@@ -10,7 +10,7 @@ from typing import Any
 from krexd.gate.binding import TENANT_SLOTS, FindingC, SlotInfoC, check_id
 from krexd.gate.errors import GateError
 from krexd.gate.mapping import GateMapping
-from krexd.gate.slots import Finding, SlotInfo
+from krexd.gate.slots import LIVE_SLOT_STATES, SLOT_STATES, Finding, Registration, SlotInfo
 
 
 class GateSlotMemory(GateMapping):
@@ -77,6 +77,21 @@ class GateSlotMemory(GateMapping):
         """
         return [info.snapshot() for info in self._read_slots()]
 
+    def live_registrations(self) -> list[Registration]:
+        """The live (active or exiting), not ignored, registrations of every attached tenant.
+
+        What region entry reads twice (memory fit, fail-closed check): only
+        the fields those ask for, read straight from the C snapshot.
+        Raises GateError once unmapped.
+        """
+        return [
+            Registration(
+                SLOT_STATES[c.state], c.pid, c.tenant, c.mem_mib, c.start_ticks, c.image, c.pidns
+            )
+            for c in self._read_slots()
+            if c.state in _LIVE_CODES and not c.ignored
+        ]
+
     def waiting_for_memory(self) -> list[SlotInfo]:
         """The slots whose allocation waits for co-tenants' memory now (``oom.waiting``).
 
@@ -101,6 +116,9 @@ class GateSlotMemory(GateMapping):
             raise GateError(f"slots of gate {self.path}: {os.strerror(-n)}", -n)
         return list(infos[:n])
 
+
+#: The C state codes of :data:`LIVE_SLOT_STATES`.
+_LIVE_CODES = frozenset(code for code, name in SLOT_STATES.items() if name in LIVE_SLOT_STATES)
 
 _BUFFERS = threading.local()
 

@@ -203,8 +203,15 @@ class MemoryMonitor:
         Empty without a gate.
         """
         counts: dict[int, int] = {}
-        for s in self._registrations(gpu) or ():
-            if s.mem_mib and s.state in LIVE_SLOT_STATES and s.tenant and pid_alive(s.pid):
+        g = self._gpus.get(gpu)
+        if g is None or g.gate is None:
+            return counts
+        try:
+            live = g.gate.live_registrations()  # live states only, not ignored
+        except GateError:
+            return counts  # unmapped: the daemon is stopping
+        for s in live:
+            if s.mem_mib and s.tenant and pid_alive(s.pid):
                 counts[s.tenant] = counts.get(s.tenant, 0) + (s.mem_mib << 20)
         return counts
 

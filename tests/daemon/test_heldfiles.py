@@ -300,3 +300,60 @@ def test_a_stale_descriptor_is_replaced_without_an_error(
     cg.thaw()
     empty(cg, p)
     cg.remove()
+
+
+# --- pidfds: liveness without reading stat ---------------------------------------------
+
+
+def pidfds() -> int:
+    """How many pidfds this process holds (``/proc/self/fd`` links)."""
+    return len([t for t in held_under("anon_inode:") if "pidfd" in t])
+
+
+def test_a_known_process_is_judged_alive_without_reading_its_stat(
+    sleeper: Callable[[], subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Region entry asks every sibling process's identity twice: after the first answer a
+    poll of its pidfd says it lives (its stat costs microseconds of kernel work each read)."""
+    p = sleeper()
+    first = identity(p.pid)
+    assert first is not None and first.start_ticks == start_ticks(p.pid)
+    reads: list[int] = []
+    real = STAT_FILES.read
+    monkeypatch.setattr(STAT_FILES, "read", lambda pid: reads.append(pid) or real(pid))
+    for _ in range(10):
+        assert identity(p.pid) == first
+        assert procfs.pid_alive(p.pid)
+    assert reads == []
+    p.kill()
+    p.wait()
+    assert identity(p.pid) is None and not procfs.pid_alive(p.pid)
+
+
+def test_a_gone_process_loses_its_pidfd_and_the_bound_holds(
+    sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    handles = procfs.Handles(limit=2)
+    before = pidfds()
+    procs = [sleeper() for _ in range(3)]
+    for p in procs:
+        assert handles.start_of(p.pid) == start_ticks(p.pid)
+    assert len(handles) == 2 and pidfds() == before + 2  # the first one was closed
+    procs[2].kill()
+    procs[2].wait()
+    assert handles.start_of(procs[2].pid) is None
+    assert len(handles) == 1 and pidfds() == before + 1
+    handles.clear()
+    assert pidfds() == before
+
+
+def test_a_zombie_is_gone_through_its_held_pidfd(
+    sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    p = sleeper()
+    handles = procfs.Handles(limit=4)
+    assert handles.start_of(p.pid) is not None
+    p.kill()
+    os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie
+    assert handles.start_of(p.pid) is None
+    p.wait()
