@@ -18,11 +18,12 @@ For each concurrency, two modes, each with a fresh krexd state directory:
   shim still waits up to ``oom_wait_s`` for co-tenants' memory);
 * ``learned``: admission by memory with learned needs (the default config).
 
-Each mode replays the trace twice through ``krex replay --mode krex``: a
-warm-up pass (compile caches; in ``learned`` every label runs once and is
-learned) and the measured pass, in the same state directory.  The replay
-retries a command that exits 75 (at most twice, ``retries`` in its record);
-every such exit is a command failed by co-tenants.  Printed per mode:
+Each mode replays the trace twice through ``krex replay --mode krex --warm
+off`` (cold starts): a warm-up pass (compile caches; in ``learned`` every
+label runs once and is learned) and the measured pass, in the same state
+directory.  The replay retries a command that exits 75 (at most twice,
+``retries`` in its record); every such exit is a command failed by
+co-tenants.  Printed per mode:
 commands, ok, failed by co-tenants (exits 75, retried or final), other
 failures, makespan (s) and throughput (ok commands per minute).  Also
 written to ``DIR/summary.json``.  Needs root (krexd makes cgroups).
@@ -115,6 +116,7 @@ def _replay(trace: Path, conc: int, config: Path, out: Path) -> None:
     cmd = [sys.executable, "-m", "krex_cli", "replay", str(trace), "--mode", "krex"]
     cmd += ["--concurrency", str(conc), "--config", str(config), "--repeat", "1"]
     cmd += ["--no-progress", "--no-report", "--out", str(out)]
+    cmd += ["--warm", "off"]  # cold starts, as docs/bench/memory-learned-h200.md measured
     path = os.pathsep.join(
         x for x in (str(REPO), str(REPO / "python_client"), os.environ.get("PYTHONPATH")) if x
     )

@@ -12,7 +12,7 @@ Run as root on a GPU host, from the repository root (MPS on needs
    0 (after one re-run each), krexd's status counts one incident.
 2. Replay (``--replay-seconds`` > 0, default 300): ``workloads/trace-h200.jsonl``
    with one faulty entry (``fault_tenant.py fault 2``) every ``--every``
-   (25) entries, ``krex replay --mode krex`` with MPS on and off, then the
+   (25) entries, ``krex replay --mode krex --warm off`` (cold starts) with MPS on and off, then the
    report: 0 casualties lost, throughput on against off.
 
 Prints one table per part; keeps each krexd's log and the MPS server logs
@@ -137,6 +137,7 @@ def _replay(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         subprocess.run(
             [*KREX, "replay", str(trace), "--mode", "krex", "--concurrency", str(args.slots)]
             + ["--config", str(cfg), "--duration", str(args.replay_seconds)]
+            + ["--warm", "off"]  # cold starts, as measured before krex run started warm
             + ["--no-progress", "--no-report", "--out", str(d)],
             check=False,
             cwd=REPO,

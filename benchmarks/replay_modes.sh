@@ -13,7 +13,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 krex() { python3 -m krex_cli "$@"; }
 mkdir -p "$out"
 krex replay "$trace" --mode ungated --concurrency "$conc" --repeat 1 --no-progress \
-    --no-report --out "$out/warmup" >"$out/warmup.log" 2>&1
+    --warm off --no-report --out "$out/warmup" >"$out/warmup.log" 2>&1
 rm -rf "$out/warmup"  # not a measurement
 n=0
 for spec in "$@"; do
@@ -31,7 +31,9 @@ for spec in "$@"; do
             args=(--mode krex --concurrency "$conc" --config "$out/mps.toml") ;;
         *) echo "unknown mode $mode" >&2; exit 2 ;;
     esac
-    krex replay "$trace" "${args[@]}" --duration "$dur" --no-progress --no-report \
+    # --warm off: every mode starts its commands cold (as native does), so the modes
+    # differ in sharing and gating only (krex replay's default follows krexd's [warm] start).
+    krex replay "$trace" "${args[@]}" --warm off --duration "$dur" --no-progress --no-report \
         --out "$out/$n-$mode" >"$out/$n-$mode.log" 2>&1
     echo "$mode: rc=$? $(wc -l <"$out/$n-$mode/results.jsonl") commands"
 done

@@ -7,9 +7,10 @@ Usage (root, on a GPU host, from the source checkout after ``make``)::
 
 Starts its own krexd (config ``OUT/krexd.toml``: the shipped one with a
 private socket, state directory and cgroup name), runs ``krex replay TRACE
---mode krex --socket ...`` against it, SIGKILLs krexd at each ``--kills``
-second (from the replay's start) and starts it again 2 s later (systemd's
-``RestartSec``), then prints a short table:
+--mode krex --socket ... --warm off`` (cold starts, as the reference's)
+against it, SIGKILLs krexd at each ``--kills`` second (from the replay's
+start) and starts it again 2 s later (systemd's ``RestartSec``), then
+prints a short table:
 
 * commands run, completed with exit 0, failed (any other code) — with a
   restart losing nothing, ``failed`` is the same as in a run without kills;
@@ -109,7 +110,8 @@ def main() -> int:
     replay = subprocess.Popen(
         [sys.executable, "-m", "krex_cli", "replay", args.trace, "--mode", "krex",
          "--concurrency", str(args.concurrency), "--duration", str(args.duration),
-         "--socket", socket, "--no-progress", "--no-report", "--out", str(out / "run")],
+         "--socket", socket, "--no-progress", "--no-report", "--out", str(out / "run"),
+         "--warm", "off"],  # cold starts, as the reference run's
         cwd=REPO, env=env, stdout=open(out / "replay.log", "wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     t0 = time.monotonic()

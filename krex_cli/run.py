@@ -130,6 +130,8 @@ def run(
         settings = plan.Settings.from_ping(about)
         if warm is None:
             warm = settings.start == "warm"
+            if not warm:  # -v says how every start krexd decided went (a --cold one is asked)
+                launch.debug(f'cold start: krexd\'s [warm] start is "{settings.start}"')
         pools = settings if warm else None
 
         def attempt(without_mps: bool) -> int:

@@ -3,7 +3,8 @@
     krex replay TRACE --mode native|serial|krex|ungated [--concurrency N] --out DIR
                 [--duration S] [--repeat K] [--gpus 0,1,...] [--fake-gpus N]
                 [--socket PATH] [--config PATH] [--python PATH] [--cwd DIR]
-                [--timeout S] [--warm off|on|alternate] [--no-progress] [--no-report]
+                [--timeout S] [--warm auto|off|on|alternate] [--no-progress]
+                [--no-report]
     krex replay TRACE --mode krex --ray ADDRESS --out DIR [--duration S] [--repeat K] ...
     krex replay report DIR... --out REPORT_DIR
 
@@ -16,8 +17,12 @@ directory under DIR's parent.  --concurrency defaults to 1, or with
 host's and the cluster's cmds/min); --python and --cwd must then name the
 same paths on every host.
 
---warm alternate runs every other command from a warm pool (krex run
---warm), the others cold, and the report compares their start-up times.
+Under krexd (also each host's, with --ray), commands start as a plain
+krex run starts them: from a warm pool or cold as that krexd's [warm]
+start says (warm as shipped; --warm auto, the default).  --warm off starts
+every command cold (krex run --cold), on asks for warm (krex run --warm),
+alternate runs every other command warm and the others cold; the report
+compares their start-up times.
 Exit codes: 0 done (even when some commands
 failed: see the results), 1 the replay could not run (bad trace or
 arguments, krexd failed), 130 interrupted.
@@ -169,9 +174,10 @@ def _add_command_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warm",
         choices=starts.WARM_CHOICES,
-        default="off",
-        help="start commands from warm pools (krex run --warm): off (default), on, or "
-        "alternate warm and cold to compare them in one run (krexd-backed modes)",
+        default=starts.DEFAULT,
+        help="how krexd-backed modes start commands: auto (default: as krexd's [warm] "
+        "start says, as a plain krex run does; warm as shipped), off (krex run --cold), "
+        "on (krex run --warm), or alternate warm and cold to compare them in one run",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-report", action="store_true", help="skip the report after a run")
@@ -345,8 +351,8 @@ def _options(args: argparse.Namespace) -> RunOptions | int:
     mode = modes.make_mode(args.mode, concurrency or 1)
     if args.socket is not None and not mode.uses_krexd:
         return _err("--socket applies to the krexd-backed modes only")
-    if args.warm != "off" and not mode.uses_krexd:
-        return _err("--warm applies to the krexd-backed modes only")
+    if args.warm in ("on", "alternate") and not mode.uses_krexd:
+        return _err(f"--warm {args.warm} applies to the krexd-backed modes only")
     base = args.config if args.config is not None else modes.default_base_config()
     if args.config is not None and not args.config.is_file():
         return _err(f"--config {args.config}: no such file")

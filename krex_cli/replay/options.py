@@ -30,8 +30,9 @@ class RunOptions:
     commands' working directory; timeout_s: per-command limit (s);
     socket: a running krexd to use instead of starting one; fake_gpus: pass
     ``--fake-gpus N`` to the started krexd; base_config: krexd config the
-    mode overrides; progress: show a progress bar; warm: ``off``, ``on`` or
-    ``alternate`` (``krex run --warm``; ``krex_cli.replay.starts``); ray_address: run the
+    mode overrides; progress: show a progress bar; warm: ``auto`` (no start
+    flag: krexd's ``[warm] start`` decides), ``off`` (``krex run --cold``), ``on``
+    (``--warm``) or ``alternate`` (``krex_cli.replay.starts``); ray_address: run the
     commands over this Ray cluster's krex hosts instead (``ray_runner.py``;
     no krexd is started, ``gpus`` is empty).
     """
@@ -51,7 +52,7 @@ class RunOptions:
     fake_gpus: int | None = None
     base_config: Path | None = None
     progress: bool = True
-    warm: str = "off"
+    warm: str = "auto"
     ray_address: str | None = None
 
 
@@ -64,14 +65,19 @@ def resolve_argv(argv: Sequence[str], python: str) -> list[str]:
 
 
 def command(
-    opts: RunOptions, entry: TraceEntry, gpu: int, socket: str | None, warm: bool | None = None
+    opts: RunOptions,
+    entry: TraceEntry,
+    gpu: int,
+    socket: str | None,
+    start: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of one trace command on GPU ``gpu``.
 
     native: the command itself with ``CUDA_VISIBLE_DEVICES=gpu``; in a mode that
-    uses krexd (``socket`` required): ``krex run [--gpu G] [--mem M] -- ARGV`` with
-    ``KREX_SOCKET``, plus ``--warm -v`` (``warm`` True) or ``--cold`` (False).
-    The caller's ``KREX_*`` variables are dropped.
+    uses krexd (``socket`` required): ``krex run [--gpu G] [--mem M] [START] --
+    ARGV`` with ``KREX_SOCKET``; ``start``: the start options
+    (``krex_cli.replay.starts.run_flags``).  The caller's ``KREX_*`` variables
+    are dropped.
     """
     argv = resolve_argv(entry.argv, opts.python)
     base = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
@@ -85,6 +91,5 @@ def command(
     mem = entry.extra.get("mem")  # the command's declared GPU memory need, e.g. "8G"
     if isinstance(mem, str) and mem:
         pin += ["--mem", mem]
-    if warm is not None:
-        pin += ["--warm", "-v"] if warm else ["--cold"]
+    pin += start
     return modes.krex_command() + ["run", *pin, "--", *argv], env

@@ -3,7 +3,9 @@
 The runner of ``runner.py`` with Ray in place of a local krexd: no krexd is
 started; each command is a :mod:`krex_client.cluster` task that runs ``krex
 run`` against the krexd of the host Ray chose (that krexd's configuration
-decides slots and regions).  As many workers as the cluster has
+decides slots, regions and, under ``--warm auto``, warm or cold starts;
+``--warm off``/``on``/``alternate`` pass ``krex run --cold``/``--warm`` as a
+local replay does).  As many workers as the cluster has
 ``krex_slot``, each with one command in flight, so Ray always has a command
 for a slot that frees and krexd never has to park one.
 
@@ -14,6 +16,8 @@ the command: more than 1 after a lost worker or host) and ``queued_s``,
 is the GPU krexd granted on that host.  The region records come back with
 the result and are written to the run's ``regions/`` as a local replay's.
 meta.json adds ``ray`` (the address) and ``hosts`` (``krex_slot`` per host).
+A record has no ``warm`` field: the task's ``krex run`` does not say how it
+started the command (no ``-v``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from krex_cli.replay import modes
+from krex_cli.replay import modes, starts
 from krex_cli.replay.options import RunOptions, resolve_argv
 from krex_cli.replay.results import record_outcome
 from krex_cli.replay.runner import Runner, _Schedule
@@ -34,6 +38,8 @@ MAX_RETRIES = 2
 """Runs of a command after a lost worker or host (Ray's task retries)."""
 RESULT_SLACK_S = 300.0
 """Beyond ``--timeout``, how long a result may take (queueing, retries) before it is given up."""
+_START: dict[bool | None, str | None] = {None: None, True: "warm", False: "cold"}
+"""A command's ``cluster.Command.start`` by ``starts.asks_warm``'s answer."""
 
 
 class RayRunner(Runner):
@@ -85,6 +91,7 @@ class RayRunner(Runner):
             cwd=str(o.cwd),
             mem=mem if isinstance(mem, str) and mem else None,
             timeout_s=o.timeout_s,
+            start=_START[starts.asks_warm(o.warm, p, i)],
         )
         rec["start"] = time.time()
         t0 = time.monotonic()

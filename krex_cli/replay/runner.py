@@ -105,10 +105,12 @@ class Runner:
         self, worker: int, gpu: int, socket: str | None, p: int, i: int, entry: TraceEntry
     ) -> dict[str, Any]:
         """Run one command once: start it, wait for it, record its outcome."""
-        # Under krexd every command says --warm or --cold: krexd's own default
-        # ([warm] start, "warm" as shipped) must not decide for "--warm off".
-        warm = starts.asks_warm(self.opts.warm, p, i) if self.opts.mode.uses_krexd else None
-        argv, env = command(self.opts, entry, gpu, socket, warm)
+        # --warm off and alternate's cold half pass --cold: krexd's own default ([warm]
+        # start, "warm" as shipped) must not decide for them; auto passes no flag.
+        krexd = self.opts.mode.uses_krexd
+        asked = starts.asks_warm(self.opts.warm, p, i)
+        flags = starts.run_flags(asked) if krexd else []
+        argv, env = command(self.opts, entry, gpu, socket, flags)
         rec = self._new_record(worker, gpu, p, i, entry, env)
         rec["start"] = time.time()
         t0 = time.monotonic()
@@ -129,8 +131,8 @@ class Runner:
         rec["wall_s"] = time.monotonic() - t0
         rec["exit_code"] = proc.returncode
         record_outcome(rec, out, err, proc.returncode, error)
-        if warm is not None and self.opts.warm != "off":
-            rec["warm"] = starts.outcome(warm, err)
+        if krexd and self.opts.warm != "off":
+            rec["warm"] = starts.outcome(asked, err)
         return rec
 
     def _new_record(

@@ -1,17 +1,21 @@
-"""Warm and cold starts in a replay (``krex replay --warm on|alternate``).
+"""Warm and cold starts in a replay (``krex replay --warm auto|off|on|alternate``).
 
-With ``--warm on`` every command runs as ``krex run --warm -v``; with
-``--warm alternate`` commands alternate between ``--warm -v`` and
-``--cold`` (by the parity of pass + index, so a repeated trace runs each
-command both ways), so one run compares the two.  The runner records each
-command's start as ``warm``: ``{"asked": bool, "served": bool, "why": str|null}``
-from ``krex run -v``'s debug lines (docs/design/warm.md): ``served`` when a
-pool started it, else ``why`` it started cold.
+With ``--warm auto`` (the default) every command runs as ``krex run -v``:
+no start flag, so krexd's ``[warm] start`` decides as it does for any
+``krex run`` (warm as shipped, docs/design/warm.md); ``--warm off`` passes
+``--cold``, ``--warm on`` ``--warm -v``; ``--warm alternate`` alternates
+between ``--warm -v`` and ``--cold`` (by the parity of pass + index, so a
+repeated trace runs each command both ways), so one run compares the two.
+Except under ``off``, the runner records each command's start as ``warm``:
+``{"asked": bool|"krexd", "served": bool, "why": str|null}`` from ``krex run
+-v``'s debug lines: ``asked`` is ``"krexd"`` when no flag was passed;
+``served`` when a pool started it, else ``why`` it started cold (for
+commands that asked for warm or left it to krexd).
 
 :func:`summarize` and :func:`markdown` give the report's section: per run,
 commands started warm and cold, their median wall time and median import
-phase (``imports_ms`` of the command's result line), and why asked-for warm
-starts were cold.
+phase (``imports_ms`` of the command's result line), and why commands that
+were to start warm started cold.
 """
 
 from __future__ import annotations
@@ -22,26 +26,50 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-WARM_CHOICES = ("off", "on", "alternate")
+WARM_CHOICES = ("auto", "off", "on", "alternate")
+DEFAULT = "auto"
+KREXD = "krexd"
+"""``asked`` of a command that passed no start flag: krexd's ``[warm] start`` decided."""
 SERVED = "krex: warm: served by pool"
 COLD = "krex: warm: cold start: "
 
 
-def asks_warm(choice: str, pass_: int, index: int) -> bool:
-    """Whether the command at (``pass_``, ``index``) asks for a warm start under ``choice``."""
+def asks_warm(choice: str, pass_: int, index: int) -> bool | None:
+    """Whether the command at (``pass_``, ``index``) asks for a warm start under ``choice``.
+
+    None under ``auto``: it asks for nothing, krexd's ``[warm] start`` decides.
+    """
+    if choice == "auto":
+        return None
     if choice == "on":
         return True
     return choice == "alternate" and (pass_ + index) % 2 == 1
 
 
-def outcome(asked: bool, stderr: str) -> dict[str, Any]:
-    """The record's ``warm`` field from what ``krex run -v`` wrote on stderr."""
-    served = asked and any(line.startswith(SERVED) for line in stderr.splitlines())
+def run_flags(asked: bool | None) -> list[str]:
+    """``krex run``'s start options for :func:`asks_warm`'s answer ``asked``.
+
+    True: ``--warm -v``; False: ``--cold``; None: ``-v`` alone (krexd decides,
+    ``krex run -v`` says how it started).
+    """
+    if asked is None:
+        return ["-v"]
+    return ["--warm", "-v"] if asked else ["--cold"]
+
+
+def outcome(asked: bool | None, stderr: str) -> dict[str, Any]:
+    """The record's ``warm`` field from what ``krex run -v`` wrote on stderr.
+
+    ``asked``: :func:`asks_warm`'s answer (None is recorded as :data:`KREXD`).
+    """
+    lines = stderr.splitlines()
+    tried = asked is not False  # asked for warm, or krexd's default may be warm
+    served = tried and any(line.startswith(SERVED) for line in lines)
     why = None
-    if asked and not served:
-        reasons = [ln[len(COLD) :] for ln in stderr.splitlines() if ln.startswith(COLD)]
+    if tried and not served:
+        reasons = [ln[len(COLD) :] for ln in lines if ln.startswith(COLD)]
         why = reasons[0] if reasons else "no debug line"
-    return {"asked": asked, "served": served, "why": why}
+    return {"asked": KREXD if asked is None else asked, "served": served, "why": why}
 
 
 def _median(values: list[float]) -> float:
@@ -49,18 +77,24 @@ def _median(values: list[float]) -> float:
 
 
 def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counts and medians of warm and cold starts (completed commands), reasons of cold ones."""
+    """Counts and medians of warm and cold starts (completed commands), reasons of cold ones.
+
+    ``started``: records with a ``warm`` field; ``asked``: those that asked for
+    warm (``--warm``), ``krexd``: those that left it to krexd (``auto``).
+    """
     groups: dict[str, dict[str, list[float]]] = {
         k: {"wall_s": [], "imports_ms": []} for k in ("warm", "cold")
     }
     reasons: Counter[str] = Counter()
-    asked = 0
+    counts = {"started": 0, "asked": 0, KREXD: 0}
     for r in records:
         w = r.get("warm")
         if not isinstance(w, Mapping):
             continue
-        asked += bool(w.get("asked"))
-        if w.get("asked") and not w.get("served"):
+        counts["started"] += 1
+        counts["asked"] += w.get("asked") is True
+        counts[KREXD] += w.get("asked") == KREXD
+        if w.get("why") is not None and not w.get("served"):
             reasons[str(w.get("why"))] += 1
         if r.get("exit_code") != 0 or not isinstance(r.get("wall_s"), int | float):
             continue
@@ -69,7 +103,7 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         phases = (r.get("result") or {}).get("phases") or {}
         if isinstance(phases.get("imports_ms"), int | float):
             g["imports_ms"].append(float(phases["imports_ms"]))
-    out: dict[str, Any] = {"asked": asked, "cold_reasons": dict(reasons)}
+    out: dict[str, Any] = {**counts, "cold_reasons": dict(reasons)}
     for name, g in groups.items():
         out[name] = {
             "commands": len(g["wall_s"]),
@@ -80,14 +114,19 @@ def summarize(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The report's section (no lines when no run asked for warm starts); ``rows`` by run label."""
-    if not any(row.get("asked") for row in rows.values()):
+    """The report's section (no lines when no run recorded its starts); ``rows`` by run label.
+
+    Runs under ``--warm off`` record nothing (all cold, by request).
+    """
+    if not any(row.get("started") for row in rows.values()):
         return []
     lines = [
         "## Warm and cold starts",
         "",
-        "Commands started from a warm pool (`krex run --warm`) and cold; medians over "
-        "completed commands. Asked-for warm starts that ran cold, by reason, below.",
+        "Commands started from a warm pool and cold: asked with `krex run --warm`/`--cold` "
+        "(`krex replay --warm on|alternate`) or left to krexd's `[warm] start` "
+        "(`--warm auto`, the default); medians over completed commands. Why commands that "
+        "were to start warm (asked, or left to krexd) started cold, by reason, below.",
         "",
         "| run | warm | cold | wall s warm | wall s cold | imports ms warm | imports ms cold |",
         "|---|---|---|---|---|---|---|",
@@ -103,6 +142,6 @@ def markdown(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
         (label, why, n) for label, row in rows.items() for why, n in row["cold_reasons"].items()
     ]
     if reasons:
-        lines += ["", "| run | cold although asked warm | commands |", "|---|---|---|"]
+        lines += ["", "| run | why cold | commands |", "|---|---|---|"]
         lines += [f"| {label} | {why} | {n} |" for label, why, n in reasons]
     return [*lines, ""]

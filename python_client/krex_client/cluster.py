@@ -55,6 +55,8 @@ OUTPUT_TAIL = 64 * 1024
 """Bytes of stdout and of stderr a result keeps: the last ones."""
 RESERVED_ENV = ("KREX_SOCKET", "KREX_HOST")
 """Variables a command may not set: they name the host's own krexd and name."""
+STARTS = (None, "warm", "cold")
+"""A command's ``start`` values: krexd's default, ``krex run --warm``, ``--cold``."""
 
 
 def host_name(name: str | None = None) -> str:
@@ -83,7 +85,10 @@ class Command:
     process tree is killed and the exit code is 124 (``--timeout``);
     region_log: collect its region records (``--region-log``); gpu: a GPU
     index on the host (``--gpu``); host: run only on this host (by name);
-    prefer_host: run on this host while it is up, elsewhere when it is gone.
+    prefer_host: run on this host while it is up, elsewhere when it is gone;
+    start: ``"warm"`` (``krex run --warm``: from a warm pool when one can
+    serve it), ``"cold"`` (``--cold``: a fresh process) or None (no flag: as
+    the host krexd's ``[warm] start`` says, warm as shipped).
     """
 
     argv: Sequence[str]
@@ -96,6 +101,7 @@ class Command:
     gpu: int | None = None
     host: str | None = None
     prefer_host: str | None = None
+    start: str | None = None
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) for a in self.argv):
@@ -105,6 +111,8 @@ class Command:
             raise ValueError(f"env may not set {', '.join(bad)}: the host's krexd decides them")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.start not in STARTS:
+            raise ValueError(f"start must be 'warm', 'cold' or None, got {self.start!r}")
 
     def krex_run_options(self) -> list[str]:
         """``krex run``'s options for this command (not the log files, not ``--``)."""
@@ -117,6 +125,8 @@ class Command:
             opts += ["--label", self.label]
         if self.timeout_s is not None:
             opts += ["--timeout", repr(float(self.timeout_s))]
+        if self.start is not None:
+            opts.append(f"--{self.start}")
         return opts
 
 

@@ -244,3 +244,5 @@ def test_a_krexd_that_starts_cold_by_default_is_obeyed(
     pools.ready()  # a pool exists: only the default keeps this command cold
     plain = pools.run("-v", [PY, "-c", "print(1)"])
     assert plain.returncode == 0 and SERVED not in plain.stderr, plain.stderr
+    # -v says so, as for a warm start krexd decided (krex replay records it).
+    assert 'krex: warm: cold start: krexd\'s [warm] start is "cold"\n' in plain.stderr

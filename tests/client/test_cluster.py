@@ -38,6 +38,10 @@ def test_command_checks_and_krex_run_options() -> None:
         "30.0",
     ]
     assert cluster.Command(["b"]).krex_run_options() == []
+    with pytest.raises(ValueError, match="start"):
+        cluster.Command(["b"], start="hot")
+    assert cluster.Command(["b"], start="warm").krex_run_options() == ["--warm"]
+    assert cluster.Command(["b"], gpu=0, start="cold").krex_run_options()[-1] == "--cold"
 
 
 def test_host_names_make_valid_resource_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,6 +76,13 @@ def test_execute_runs_krex_run_and_reads_back_what_it_recorded(tmp_path: Path) -
     t = res.timings
     assert submitted <= t.started <= t.ended and t.admit_wait_s == pytest.approx(0.0125)
     assert t.admitted is not None and t.ran_s is not None and t.ran_s >= 0
+
+
+def test_execute_passes_the_start_preference_to_krex_run() -> None:
+    for start, flags in ((None, []), ("cold", ["--cold"]), ("warm", ["--warm"])):
+        res = execute(cluster.Command(["true"], start=start), time.time(), 1.0, FAKE_KREX)
+        (region,) = res.regions
+        assert [o for o in region["opts"] if o in ("--warm", "--cold")] == flags, start
 
 
 def test_execute_without_region_log(tmp_path: Path) -> None:

@@ -428,3 +428,61 @@ def test_replay_warm_off_starts_cold_whatever_krexd_s_default(
     assert not any("krexpool" in x for x in parents), parents  # not forked from a pool
     # A warm start of the replay's own pool key would have started a pool for it.
     assert sorted(pools.dir.glob("*.log")) == logs
+
+
+@pytest.mark.root
+def test_replay_by_default_starts_as_krexd_says(
+    krexd_factory: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``--warm``: the replay measures krex as ``krex run`` users get it.  Under a krexd
+    whose [warm] start is "warm" (as shipped) its commands start from a warm pool (the
+    first starts the pool), and the records and the report say so."""
+    from tests.cli.warm_support import warm_config
+
+    k = krexd_factory(slots=2, config=warm_config(start="warm"))
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    tr = tmp_path / "trace.jsonl"
+    entry = trace.TraceEntry((sys.executable, "-c", _PARENT), "t", "c", "<0.1ms")
+    trace.dump([entry, entry], tr)
+    out = tmp_path / "auto"
+    p = replay(str(tr), "--mode", "krex", "--socket", k.socket, "--repeat", "4", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    recs = load_results(out / "results.jsonl")
+    assert len(recs) == 8 and all(r["exit_code"] == 0 for r in recs), recs
+    assert all(r["warm"]["asked"] == "krexd" for r in recs), [r["warm"] for r in recs]
+    served = [r for r in recs if r["warm"]["served"]]
+    assert served, [r["warm"] for r in recs]  # the first command started the pool
+    for r in recs:  # forked from a pool exactly when the record says so
+        assert ("krexpool" in r["result"]["parent"]) == r["warm"]["served"], r
+        assert r["warm"]["served"] or r["warm"]["why"], r["warm"]
+    assert json.loads((out / "meta.json").read_text())["warm"] == "auto"
+    data = json.loads((out / "report" / "metrics.json").read_text())
+    assert data["runs"]["auto"]["starts"]["warm"]["commands"] == len(served)
+    assert "## Warm and cold starts" in (out / "report" / "report.md").read_text()
+
+
+@pytest.mark.root
+def test_replay_by_default_starts_cold_under_a_cold_krexd(
+    krexd_factory: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``--warm`` under a krexd whose [warm] start is "cold": cold, and the records say
+    krexd decided it."""
+    from tests.cli.warm_support import warm_config
+
+    k = krexd_factory(slots=2, config=warm_config(start="cold"))
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    tr = tmp_path / "trace.jsonl"
+    entry = trace.TraceEntry((sys.executable, "-c", _PARENT), "t", "c", "<0.1ms")
+    trace.dump([entry, entry], tr)
+    out = tmp_path / "auto"
+    p = replay(str(tr), "--mode", "krex", "--socket", k.socket, "--out", str(out), "--no-report")
+    assert p.returncode == 0, p.stderr
+    recs = load_results(out / "results.jsonl")
+    assert len(recs) == 2 and all(r["exit_code"] == 0 for r in recs), recs
+    assert not any("krexpool" in r["result"]["parent"] for r in recs)
+    want = {"asked": "krexd", "served": False, "why": 'krexd\'s [warm] start is "cold"'}
+    assert all(r["warm"] == want for r in recs), [r["warm"] for r in recs]

@@ -8,7 +8,8 @@ from krex_cli.replay import starts
 
 
 def test_which_commands_ask_for_warm_starts() -> None:
-    assert not starts.asks_warm("off", 0, 1)
+    assert starts.asks_warm("auto", 0, 1) is None  # krexd's [warm] start decides
+    assert starts.asks_warm("off", 0, 1) is False
     assert starts.asks_warm("on", 0, 0)
     assert [starts.asks_warm("alternate", p, i) for p in (0, 1) for i in (0, 1)] == [
         False,
@@ -24,6 +25,17 @@ def test_outcome_from_krex_run_debug_lines() -> None:
     cold = "krex: warm: cold start: no pool listens on /p.sock\nkrex: warm: starting a pool\n"
     assert starts.outcome(True, cold)["why"] == "no pool listens on /p.sock"
     assert starts.outcome(False, served) == {"asked": False, "served": False, "why": None}
+    # No flag: krexd decided, and krex run -v says how it went either way.
+    assert starts.outcome(None, served) == {"asked": "krexd", "served": True, "why": None}
+    krexd_cold = 'krex: warm: cold start: krexd\'s [warm] start is "cold"\n'
+    assert starts.outcome(None, krexd_cold)["why"] == 'krexd\'s [warm] start is "cold"'
+    assert starts.outcome(None, "")["why"] == "no debug line"
+
+
+def test_run_flags() -> None:
+    assert starts.run_flags(None) == ["-v"]
+    assert starts.run_flags(True) == ["--warm", "-v"]
+    assert starts.run_flags(False) == ["--cold"]
 
 
 def test_summary_and_section() -> None:
@@ -45,9 +57,25 @@ def test_summary_and_section() -> None:
     s = starts.summarize(records)
     assert s["warm"] == {"commands": 2, "wall_s_median": 2.0, "imports_ms_median": 20.0}
     assert s["cold"]["commands"] == 1 and s["cold"]["imports_ms_median"] == 900.0
-    assert s["cold_reasons"] == {"x": 2} and s["asked"] == 4
+    assert s["cold_reasons"] == {"x": 2} and s["asked"] == 4 and s["started"] == 4
     md = "\n".join(starts.markdown({"r": s}))
     assert "## Warm and cold starts" in md and "| r | 2 | 1 |" in md
+    assert "| r | x | 2 |" in md
     empty = starts.summarize([{"exit_code": 0, "wall_s": 1.0}])
-    assert empty["asked"] == 0 and math.isnan(empty["warm"]["wall_s_median"])
+    assert empty["started"] == 0 and math.isnan(empty["warm"]["wall_s_median"])
     assert starts.markdown({"r": empty}) == []
+
+
+def test_section_of_starts_krexd_decided() -> None:
+    """``--warm auto``: nothing asked, yet the section shows how krexd's default went."""
+    err = {True: "krex: warm: served by pool /p (pid 1)\n", False: "krex: warm: cold start: y\n"}
+    records = [
+        {"warm": starts.outcome(None, err[served]), "exit_code": 0, "wall_s": 1.0}
+        for served in (True, True, False)
+    ]
+    s = starts.summarize(records)
+    assert (s["asked"], s["krexd"], s["started"]) == (0, 3, 3)
+    assert s["warm"]["commands"] == 2 and s["cold"]["commands"] == 1
+    assert s["cold_reasons"] == {"y": 1}
+    md = "\n".join(starts.markdown({"auto": s}))
+    assert "| auto | 2 | 1 |" in md and "| auto | y | 1 |" in md
