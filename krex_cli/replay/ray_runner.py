@@ -75,7 +75,9 @@ class RayRunner(Runner):
 
     def _meta(self, **more: Any) -> dict[str, Any]:
         meta = super()._meta(**more)
-        meta.update(ray=self.opts.ray_address, hosts=self._capacity, gpus=[])
+        # Concurrency is the cluster's, not --concurrency's: one command per krex_slot.
+        slots = int(sum(self._capacity.values()))
+        meta.update(ray=self.opts.ray_address, hosts=self._capacity, gpus=[], concurrency=slots)
         return meta
 
     def _attempt(
@@ -85,6 +87,7 @@ class RayRunner(Runner):
         o = self.opts
         rec = self._new_record(worker, gpu, p, i, entry, {})
         rec["gpu"] = None  # the host's krexd chooses: known from the result
+        rec["concurrency"] = int(sum(self._capacity.values()))  # the cluster's krex_slot
         mem = entry.extra.get("mem")
         command = cluster.Command(
             resolve_argv(entry.argv, o.python),

@@ -191,6 +191,8 @@ def test_replay_over_ray_reports_hosts_and_fidelity(
     meta = json.loads((runs / "ray" / "meta.json").read_text())
     assert meta["ray"] == krex_cluster.address and meta["workers"] == 4
     assert meta["hosts"] == {"a": 2.0, "b": 2.0}
+    # The report's concurrency is the cluster's slots (it read 1, --concurrency's default).
+    assert meta["concurrency"] == 4 and {r["concurrency"] for r in recs} == {4}
     # Per host and whole cluster on the console and in the report; fidelity against native.
     said = [ln for ln in p.stdout.splitlines() if ln.startswith("throughput ")]
     assert [ln.split()[1] for ln in said] == ["a:", "b:", "cluster:"], p.stdout
