@@ -145,7 +145,7 @@ class StateFile:
         # A krexd killed part-way leaves text of the older state after the new bytes
         # (padding or not): the last line is then that state's trailer or a piece of its
         # text, whose CRC-32 and length do not match what precedes it, and the slot reads
-        # as torn (tests/restarts/test_state_file.py cuts a padded write at every byte).
+        # as torn (a padded write cut at every byte is tested to read so).
         self._lengths[slot] = None
         view, offset = memoryview(data), 0
         while offset < len(data):

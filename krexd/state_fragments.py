@@ -74,7 +74,7 @@ def dynamic_record(t: Tenant) -> dict[str, Any]:
         "kill_reason": t.kill_reason,
         "slots_fd": t.slots_fd if t.slots_attached else None,
         # A plain dataclass of scalars (no __slots__): its __dict__ holds exactly its
-        # fields, in order (tests/restarts/test_state_fragments.py checks it).
+        # fields, in order (a test checks it).
         "memory": dict(vars(t.memory)),
     }
 
