@@ -324,6 +324,7 @@ class Daemon:
             if gpu.coordinator.pool_freeze is not None:
                 gpu.coordinator.pool_freeze.close()
         procfs.STAT_FILES.clear()
+        procfs.HANDLES.clear()
 
     async def _status_loop(self) -> None:
         while True:

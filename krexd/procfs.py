@@ -186,12 +186,16 @@ class Handles:
             fd = os.pidfd_open(pid)
         except OSError:
             return first[1]  # gone meanwhile, or no pidfds here: answered, not held
-        # The pidfd names whoever has the number now: the same process if its
-        # start time is unchanged and it is still alive.
-        again = proc_stat(pid)
-        if again is None or again[1] != first[1] or _exited(fd):
+        try:
+            # The pidfd names whoever has the number now: the same process if its
+            # start time is unchanged and it is still alive.
+            again = proc_stat(pid)
+            if again is None or again[1] != first[1] or _exited(fd):
+                os.close(fd)
+                return again[1] if again is not None else None
+        except BaseException:
             os.close(fd)
-            return again[1] if again is not None else None
+            raise
         with self._lock:
             old = self._fds.pop(pid, None)
             if old is not None:
@@ -209,8 +213,14 @@ class Handles:
 
 
 def _exited(pidfd: int) -> bool:
-    """True when the process of ``pidfd`` has exited (its pidfd polls readable)."""
-    return bool(select.select([pidfd], [], [], 0)[0])
+    """True when the process of ``pidfd`` has exited (its pidfd polls readable).
+
+    ``poll``, not ``select``: a long-running krexd holds descriptors numbered
+    above ``FD_SETSIZE`` (1024), which ``select`` refuses.
+    """
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 #: pidfds of the processes krexd asked about (:func:`pid_alive`, ``registrations.identity``);

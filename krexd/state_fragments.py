@@ -135,15 +135,18 @@ class TenantFragments:
         )
         memory = vars(t.memory)
         if dynamic != frag.dynamic_key or memory != frag.memory:
-            frag.dynamic_key, frag.memory = dynamic, dict(memory)
+            copy = dict(memory)
             record = {
                 "pids": pids,
                 "state": dynamic[1],
                 "kill_reason": dynamic[2],
                 "slots_fd": dynamic[3],
-                "memory": frag.memory,
+                "memory": copy,
             }
-            frag.data = frag.head + json.dumps(record, separators=_SEPARATORS).encode()[1:]
+            data = frag.head + json.dumps(record, separators=_SEPARATORS).encode()[1:]
+            # Remembered only once encoded: a record that failed to encode is tried
+            # again next time, never answered with the bytes of an older one.
+            frag.data, frag.dynamic_key, frag.memory = data, dynamic, copy
             self.encoded += 1
         return frag.data
 

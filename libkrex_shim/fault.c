@@ -27,14 +27,15 @@
  * CUDA_ERROR_MPS_SERVER_NOT_READY (docs/bench/mps-faults-h200.md, round
  * 3): without it in this list the command failed with no record and
  * krexd could not tell it was a casualty.  Without MPS krexd reads no
- * record, so a device unavailable for another reason changes nothing. */
+ * record, so a device unavailable for another reason changes nothing.
+ * The server's client limits (MPS_MAX_CLIENTS/CONNECTIONS_REACHED) are not
+ * listed: the server is healthy then, and an incident would drain the GPU
+ * and restart it for nothing; the command fails with its own error. */
 static int fatal(CUresult r)
 {
     switch (r) {
     case CUDA_ERROR_DEVICE_UNAVAILABLE:
     case CUDA_ERROR_MPS_CONNECTION_FAILED:
-    case CUDA_ERROR_MPS_MAX_CLIENTS_REACHED:
-    case CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED:
     case CUDA_ERROR_ECC_UNCORRECTABLE:
     case CUDA_ERROR_ILLEGAL_ADDRESS:
     case CUDA_ERROR_LAUNCH_TIMEOUT:

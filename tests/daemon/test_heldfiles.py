@@ -357,3 +357,31 @@ def test_a_zombie_is_gone_through_its_held_pidfd(
     os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie
     assert handles.start_of(p.pid) is None
     p.wait()
+
+
+def test_pidfds_numbered_above_1024_are_polled(
+    sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    """A long-running krexd holds more than FD_SETSIZE descriptors: select() refused them
+    (ValueError from every liveness question) and each refusal leaked the new pidfd."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard descriptor limit ({hard}) is below 1200")
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (max(soft, 1200) if soft != resource.RLIM_INFINITY else soft, hard)
+    )
+    filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        p = sleeper()
+        handles = procfs.Handles(limit=4)
+        before = pidfds()
+        for _ in range(3):
+            assert handles.start_of(p.pid) == start_ticks(p.pid)
+        assert pidfds() == before + 1
+        p.kill()
+        p.wait()
+        assert handles.start_of(p.pid) is None and pidfds() == before
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -247,3 +247,23 @@ def test_the_memory_record_is_a_plain_dataclass_of_scalars() -> None:
     assert "__slots__" not in vars(TenantMemory)
     assert list(vars(rec)) == [f.name for f in dataclasses.fields(TenantMemory)]
     assert all(isinstance(v, (int, str, bool, type(None))) for v in vars(rec).values())
+
+
+def test_a_record_that_fails_to_encode_is_never_saved_as_its_older_bytes(tmp_path: Path) -> None:
+    """A change whose encoding fails must not leave the record marked as encoded: a later
+    save (another tenant changed) would write the older record as if it were current."""
+    registry, _gpus, keeper = _setup(tmp_path, 2)
+    keeper.save()
+    first, other = list(registry)
+    first.kill_reason = b"not text"  # type: ignore[assignment]  # what JSON cannot encode
+    keeper.save()  # logs the error, writes nothing
+    other.memory.waits_seen += 1
+    keeper.save()  # still cannot encode the first record: writes nothing
+    assert keeper.writes == 1
+    first.kill_reason = "ended by its holder"
+    keeper.save()
+    assert keeper.writes == 2
+    saved = saved_state.load(keeper.path, ROOT)
+    assert saved is not None
+    reasons = {r["id"]: r["kill_reason"] for r in saved["tenants"]}
+    assert reasons[first.id] == "ended by its holder"
