@@ -115,28 +115,16 @@ class MpsManager:
     def _answers(exe: str, d: MpsDaemon, uuid: str) -> bool:
         """True when a control daemon answers on ``d``'s pipe (``get_server_list``, 2 s)."""
         try:
-            run = subprocess.run(
-                [exe],
-                input=b"get_server_list\n",
-                env=d._env(uuid or str(d.gpu)),
-                capture_output=True,
-                timeout=2.0,
-            )
+            rc = _send(exe, b"get_server_list\n", d._env(uuid or str(d.gpu)), 2.0)
         except (OSError, subprocess.TimeoutExpired):
             return False
-        return run.returncode == 0
+        return rc == 0
 
     def stop(self, d: MpsDaemon) -> None:
         """Quit the control daemon ``d`` (it stops its server), then kill leftovers."""
         exe = shutil.which(self.control) or self.control
         try:
-            subprocess.run(
-                [exe],
-                input=b"quit\n",
-                env=d._env(str(d.gpu)),
-                capture_output=True,
-                timeout=_STOP_TIMEOUT_S,
-            )
+            _send(exe, b"quit\n", d._env(str(d.gpu)), _STOP_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             _log.error("GPU %d: MPS quit failed: %s", d.gpu, exc)
         self._kill_leftovers(d)
@@ -163,3 +151,35 @@ class MpsManager:
                 os.kill(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _send(exe: str, command: bytes, env: dict[str, str], timeout_s: float) -> int:
+    """Run the control program with ``command`` on stdin; its exit code.
+
+    In a session of its own, and on timeout the whole session is killed: a
+    client stuck opening a pipe nobody reads may be a child of the program
+    (the stand-in's shell), which killing the program alone would leave
+    blocked, holding the pipe folder, until krexd stops.
+
+    Raises:
+        OSError: the program cannot start.
+        subprocess.TimeoutExpired: no answer within ``timeout_s`` seconds.
+    """
+    p = subprocess.Popen(
+        [exe],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        p.communicate(command, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        raise
+    return p.returncode

@@ -75,11 +75,16 @@ def test_a_stale_control_pipe_is_replaced(tmp_path: object) -> None:
     os.makedirs(pipe_dir)
     os.mkfifo(os.path.join(pipe_dir, "control"))
     mgr = MpsManager(FAKE, str(tmp_path))
-    d = mgr.start(0)
+    fresh = MpsManager(FAKE, os.path.join(str(tmp_path), "fresh"))
+    d, ref = mgr.start(0), fresh.start(0)
     try:
         assert _daemons(d.pipe_dir), "no control daemon after a stale pipe"
+        # The client that asked the stale pipe is gone with its children, not left
+        # blocked opening it (holding the pipe folder until krexd stops).
+        assert len(_daemons(d.pipe_dir)) == len(_daemons(ref.pipe_dir))
     finally:
         mgr.stop(d)
+        fresh.stop(ref)
 
 
 def test_missing_control_program_is_a_clear_error(tmp_path: object) -> None:
