@@ -269,16 +269,7 @@ def test_a_cgroup_removed_and_made_again_is_read_afresh(
     assert held_under(cg.path + "/") == []
     # Made again at the same path: read as the new cgroup.
     os.mkdir(cg.path)
-    q = sleeper()
-    fs.write(os.path.join(cg.path, "cgroup.procs"), str(q.pid))
-    assert cg.pids() == [q.pid]
-    cg.freeze()
-    assert asyncio.run(cg.wait_frozen(5.0))
-    assert fs.events(cg.path)["frozen"] == 1
-    cg.thaw()
-    assert fs.events(cg.path)["frozen"] == 0
-    empty(cg, q)
-    cg.remove()
+    join_freeze_thaw(cg, sleeper())
     assert held_under(cg.path + "/") == []
 
 
@@ -292,12 +283,18 @@ def test_a_stale_descriptor_is_replaced_without_an_error(
     assert cg.pids() == [] and not cg.is_frozen()  # the files are held now
     os.rmdir(cg.path)
     os.mkdir(cg.path)
-    p = sleeper()
+    join_freeze_thaw(cg, sleeper())
+
+
+def join_freeze_thaw(cg: TenantCgroup, p: subprocess.Popen[bytes]) -> None:
+    """``p`` joins ``cg`` (made afresh at its path), which freezes, thaws and is removed."""
     fs.write(os.path.join(cg.path, "cgroup.procs"), str(p.pid))
     assert cg.pids() == [p.pid]
     cg.freeze()
     assert asyncio.run(cg.wait_frozen(5.0))
+    assert fs.events(cg.path)["frozen"] == 1
     cg.thaw()
+    assert fs.events(cg.path)["frozen"] == 0
     empty(cg, p)
     cg.remove()
 

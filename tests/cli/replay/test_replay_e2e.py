@@ -430,16 +430,18 @@ def test_replay_warm_off_starts_cold_whatever_krexd_s_default(
     assert sorted(pools.dir.glob("*.log")) == logs
 
 
-@pytest.mark.root
-def test_replay_by_default_starts_as_krexd_says(
-    krexd_factory: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No ``--warm``: the replay measures krex as ``krex run`` users get it.  Under a krexd
-    whose [warm] start is "warm" (as shipped) its commands start from a warm pool (the
-    first starts the pool), and the records and the report say so."""
+def _replay_by_default(
+    krexd_factory: Callable[..., Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    start: str,
+    *args: str,
+) -> Path:
+    """Two commands replayed with no ``--warm`` against a krexd whose [warm] start is
+    ``start``; the run's folder (the replay must have succeeded)."""
     from tests.cli.warm_support import warm_config
 
-    k = krexd_factory(slots=2, config=warm_config(start="warm"))
+    k = krexd_factory(slots=2, config=warm_config(start=start))
     xdg = tmp_path / "xdg"
     xdg.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
@@ -447,8 +449,19 @@ def test_replay_by_default_starts_as_krexd_says(
     entry = trace.TraceEntry((sys.executable, "-c", _PARENT), "t", "c", "<0.1ms")
     trace.dump([entry, entry], tr)
     out = tmp_path / "auto"
-    p = replay(str(tr), "--mode", "krex", "--socket", k.socket, "--repeat", "4", "--out", str(out))
+    p = replay(str(tr), "--mode", "krex", "--socket", k.socket, "--out", str(out), *args)
     assert p.returncode == 0, p.stderr
+    return out
+
+
+@pytest.mark.root
+def test_replay_by_default_starts_as_krexd_says(
+    krexd_factory: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``--warm``: the replay measures krex as ``krex run`` users get it.  Under a krexd
+    whose [warm] start is "warm" (as shipped) its commands start from a warm pool (the
+    first starts the pool), and the records and the report say so."""
+    out = _replay_by_default(krexd_factory, tmp_path, monkeypatch, "warm", "--repeat", "4")
     recs = load_results(out / "results.jsonl")
     assert len(recs) == 8 and all(r["exit_code"] == 0 for r in recs), recs
     assert all(r["warm"]["asked"] == "krexd" for r in recs), [r["warm"] for r in recs]
@@ -469,18 +482,7 @@ def test_replay_by_default_starts_cold_under_a_cold_krexd(
 ) -> None:
     """No ``--warm`` under a krexd whose [warm] start is "cold": cold, and the records say
     krexd decided it."""
-    from tests.cli.warm_support import warm_config
-
-    k = krexd_factory(slots=2, config=warm_config(start="cold"))
-    xdg = tmp_path / "xdg"
-    xdg.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
-    tr = tmp_path / "trace.jsonl"
-    entry = trace.TraceEntry((sys.executable, "-c", _PARENT), "t", "c", "<0.1ms")
-    trace.dump([entry, entry], tr)
-    out = tmp_path / "auto"
-    p = replay(str(tr), "--mode", "krex", "--socket", k.socket, "--out", str(out), "--no-report")
-    assert p.returncode == 0, p.stderr
+    out = _replay_by_default(krexd_factory, tmp_path, monkeypatch, "cold", "--no-report")
     recs = load_results(out / "results.jsonl")
     assert len(recs) == 2 and all(r["exit_code"] == 0 for r in recs), recs
     assert not any("krexpool" in r["result"]["parent"] for r in recs)
