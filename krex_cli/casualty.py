@@ -30,6 +30,7 @@ DEFAULT_RETRIES = 2
 
 #: CUresult names of the fatal errors krexd reports (cuda.h).
 _ERRORS = {
+    46: "CUDA_ERROR_DEVICE_UNAVAILABLE",
     700: "CUDA_ERROR_ILLEGAL_ADDRESS",
     702: "CUDA_ERROR_LAUNCH_TIMEOUT",
     714: "CUDA_ERROR_HARDWARE_STACK_ERROR",
@@ -39,6 +40,7 @@ _ERRORS = {
     718: "CUDA_ERROR_INVALID_PC",
     719: "CUDA_ERROR_LAUNCH_FAILED",
     214: "CUDA_ERROR_ECC_UNCORRECTABLE",
+    805: "CUDA_ERROR_MPS_CONNECTION_FAILED",
     806: "CUDA_ERROR_MPS_RPC_FAILURE",
     807: "CUDA_ERROR_MPS_SERVER_NOT_READY",
     810: "CUDA_ERROR_MPS_CLIENT_TERMINATED",
@@ -89,8 +91,11 @@ def _say(msg: str) -> None:
 
 
 def error_name(fault: dict[str, Any]) -> str:
-    """The fatal error of ``fault`` by name (``CUDA_ERROR_ILLEGAL_ADDRESS``)."""
-    code = int(fault.get("error") or 0)
+    """The fatal error of ``fault`` by name (``CUDA_ERROR_ILLEGAL_ADDRESS``), or
+    ``an unrecorded error`` when krexd has no record of one (``error`` null)."""
+    if fault.get("error") is None:
+        return "an unrecorded error"
+    code = int(fault["error"])
     return _ERRORS.get(code, f"CUDA error {code}")
 
 

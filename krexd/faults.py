@@ -220,26 +220,40 @@ class FaultMonitor:
         """What the ``release`` reply says about ``tenant``'s end (None: no GPU-wide fault).
 
         Call before the tenant is ended (its gate records are read).  A
-        tenant that exited 0, or failed without seeing a fatal error, gets
-        None: its exit code is its own, as without MPS.
+        tenant that exited 0 gets None: its exit code is its own, as without
+        MPS.  A member that failed with no fault record is a ``suspect``
+        (``error`` None): run again without MPS, its own failure fails again.
         """
         inc = self.check(tenant.gpu)
         if inc is None or tenant.id not in inc.members:
             return None
         failed = bool(tenant.signal) or bool(tenant.exit_code)
-        seen = self.seen.get(tenant.id)
-        if not failed or seen is None:
+        if not failed:
             return None
+        seen = self.seen.get(tenant.id)
+        if seen is None:
+            # Failed while its server handled the fault, with no record: the error it met
+            # may be one the shim does not record (on the H200 the faulted server refused
+            # a new client with 46, unrecorded then), or its own.  Uncertain: a suspect,
+            # run again without MPS, where its own failure fails again and stands.
+            role, why = "suspect", "it failed during the fault with no fault record"
+            return self._judged(tenant, inc, role, why, None)
         if not seen.launched:
             role, why = "casualty", "its processes had launched no kernel before the error"
         elif len(inc.members) == 1 and not inc.outsiders:
             role, why = "culprit", "it was the MPS server's only client"
         else:
             role, why = "suspect", "the fault record does not say whose kernel faulted"
+        return self._judged(tenant, inc, role, why, seen.code)
+
+    def _judged(
+        self, tenant: Tenant, inc: Incident, role: str, why: str, code: int | None
+    ) -> dict[str, Any]:
+        """Record ``tenant``'s verdict in ``inc`` and the totals; the ``release`` reply's part."""
         inc.verdicts[tenant.id] = role
         self.totals[{"culprit": "culprits", "casualty": "casualties"}.get(role, "suspects")] += 1
         _log.warning("t%d: GPU-wide fault on gpu%d: %s (%s)", tenant.id, tenant.gpu, role, why)
-        return {"role": role, "gpu": tenant.gpu, "error": seen.code, "why": why}
+        return {"role": role, "gpu": tenant.gpu, "error": code, "why": why}
 
     # --- recovery ---------------------------------------------------------------------
 

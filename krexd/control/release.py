@@ -7,9 +7,10 @@ region exceeded ``max_region_s``), or null; the exit code ``krex run``
 reports for that kill when it has one of its own (79: unprotectable GPU use
 or tampered gate registrations), else null; and, only under MPS when the
 command failed after a GPU-wide fault, ``gpu_fault``: ``{"role":
-"culprit|casualty|suspect", "gpu": int, "error": int (CUresult), "why":
-str}`` (``krexd.faults``): ``krex run`` runs a casualty again, and a
-suspect again without MPS (``admit`` with ``mps: false``).
+"culprit|casualty|suspect", "gpu": int, "error": int (CUresult) or null
+(a suspect with no fault record), "why": str}`` (``krexd.faults``):
+``krex run`` runs a casualty again, and a suspect again without MPS
+(``admit`` with ``mps: false``).
 
 Whatever is left of the tenant's process tree is killed (``cgroup.kill``);
 the coordinator's recovery runs first if the tenant held the region.

@@ -96,3 +96,15 @@ def test_a_fault_of_a_tenant_without_mps_alone_opens_no_incident() -> None:
     outsider = _Tenant(2, without_mps=True)
     m = _monitor(_Gate([_Slot(2, FAULT)]), outsider)
     assert m.check(0) is None and m.verdict(outsider) is None  # type: ignore[arg-type]
+
+
+def test_a_member_that_failed_with_no_record_is_a_suspect() -> None:
+    """Seen on the H200: a member refused by the faulted server with an error the shim did
+    not record ended 1 with no verdict.  Whatever the error, failing during the incident
+    with no record makes it uncertain: a suspect, run again without MPS."""
+    faulty, unrecorded, fine = _Tenant(1), _Tenant(2), _Tenant(3, exit_code=0)
+    m = _monitor(_Gate([_Slot(1, FAULT), _Slot(2, None), _Slot(3, None)]), faulty, unrecorded, fine)
+    verdict = m.verdict(unrecorded)  # type: ignore[arg-type]
+    assert verdict is not None and verdict["role"] == "suspect" and verdict["error"] is None
+    assert m.verdict(fine) is None  # exited 0: its own exit code
+    assert m.totals["suspects"] == 1

@@ -206,3 +206,28 @@ def test_a_member_refused_at_its_first_context_is_a_casualty_and_runs_again(
     assert casualty.summary(err, late.returncode) == {"role": "casualty", "reruns": 1}, err
     assert faulty.wait(timeout=60) == 1
     assert k.status()["faults"]["totals"]["casualties"] == 1
+
+
+@pytest.mark.usefixtures("built")
+def test_a_member_that_fails_with_no_record_runs_again_without_mps_and_keeps_its_code(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    """A member that fails during the incident leaves no record when its error is one the
+    shim does not know (or its own): uncertain, so it runs once more without MPS, and a
+    failure of its own then stands."""
+    k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
+    env = _env(k, tmp_path, "1")
+    own = subprocess.Popen(
+        [*k.krex, "run", "--", "sh", "-c", "sleep 1.5; exit 3"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)  # admitted: a member of the incident to come
+    faulty = _krex_run(k, env, "--count", "1000", "--fault-after", "2")
+    _out, err = own.communicate(timeout=90)
+    assert own.returncode == 3, err
+    assert "an unrecorded error" in err and "running it without MPS (re-run 1 of 2)" in err, err
+    assert err.count("running it") == 1, err
+    assert faulty.wait(timeout=60) == 1
