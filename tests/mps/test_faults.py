@@ -60,6 +60,22 @@ def _scenario(k: Krexd, env: dict[str, str], healthy_s: str) -> tuple[Any, list[
     return results[0], results[1:]
 
 
+def _member_then_fault(
+    k: Krexd, env: dict[str, str], then: str
+) -> tuple[subprocess.Popen[str], subprocess.Popen[str]]:
+    """A command admitted now that runs the shell line ``then`` 1.5 s later, and a faulty
+    one started once the first is a member of the incident to come: (member, faulty)."""
+    member = subprocess.Popen(
+        [*k.krex, "run", "--", "sh", "-c", f"sleep 1.5; {then}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)  # admitted: a member of the incident to come
+    return member, _krex_run(k, env, "--count", "1000", "--fault-after", "2")
+
+
 def _starts(k: Krexd) -> int:
     with open(os.path.join(k.workdir, "mps-gpu0", "log", "starts")) as f:
         return len(f.read().splitlines())
@@ -190,17 +206,8 @@ def test_a_member_refused_at_its_first_context_is_a_casualty_and_runs_again(
     while the server handled it, was refused (CUDA_ERROR_DEVICE_UNAVAILABLE), and ended 1
     with no verdict.  It launched nothing: a casualty, run again once the server is back."""
     k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
-    env = _env(k, tmp_path, "1")
     bench = str(FAKE_DIR / "bin" / "fakebench")
-    late = subprocess.Popen(
-        [*k.krex, "run", "--", "sh", "-c", f"sleep 1.5; exec {bench} --count 3"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(0.5)  # admitted: a member of the incident to come
-    faulty = _krex_run(k, env, "--count", "1000", "--fault-after", "2")
+    late, faulty = _member_then_fault(k, _env(k, tmp_path, "1"), f"exec {bench} --count 3")
     out, err = late.communicate(timeout=90)
     assert late.returncode == 0, err
     assert casualty.summary(err, late.returncode) == {"role": "casualty", "reruns": 1}, err
@@ -216,16 +223,7 @@ def test_a_member_that_fails_with_no_record_runs_again_without_mps_and_keeps_its
     shim does not know (or its own): uncertain, so it runs once more without MPS, and a
     failure of its own then stands."""
     k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
-    env = _env(k, tmp_path, "1")
-    own = subprocess.Popen(
-        [*k.krex, "run", "--", "sh", "-c", "sleep 1.5; exit 3"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(0.5)  # admitted: a member of the incident to come
-    faulty = _krex_run(k, env, "--count", "1000", "--fault-after", "2")
+    own, faulty = _member_then_fault(k, _env(k, tmp_path, "1"), "exit 3")
     _out, err = own.communicate(timeout=90)
     assert own.returncode == 3, err
     assert "an unrecorded error" in err and "running it without MPS (re-run 1 of 2)" in err, err

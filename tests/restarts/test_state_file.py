@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,13 +74,10 @@ def test_a_torn_newest_slot_falls_back_to_the_previous_state(tmp_path: Path) -> 
     assert loaded is not None and loaded["next_tenant_id"] == 1
 
 
-def test_a_full_disk_keeps_the_previous_state_and_the_next_write_retries(
-    tmp_path: Path,
-) -> None:
-    path = str(tmp_path / "k.state")
-    state.StateFile(path).write(_doc(1))
-    big = _doc(2) | {"pad": "x" * 20000}
-    # A child whose file size limit stops the write halfway (EFBIG, as ENOSPC would).
+def _write_in_child(path: str, before: str, stopped: dict[str, Any], after: str) -> None:
+    """In a child: ``before`` (statements with ``f``, the StateFile of ``path``), a write of
+    ``stopped`` cut at 8 KiB by the file size limit (EFBIG, as ENOSPC would), then
+    ``after`` with the limit lifted.  The cut write must have failed."""
     prog = textwrap.dedent(
         f"""
         import resource, signal, sys
@@ -87,20 +85,40 @@ def test_a_full_disk_keeps_the_previous_state_and_the_next_write_retries(
         sys.path[:0] = {sys.path!r}
         from krexd import state
         f = state.StateFile({path!r})
-        f._next = 1  # the slot not holding state 1, as the writer that wrote it would
+        """
+    )
+    prog += (
+        textwrap.dedent(before)
+        + textwrap.dedent(
+            f"""
         hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
         resource.setrlimit(resource.RLIMIT_FSIZE, (8192, hard))
         try:
-            f.write({big!r})
+            f.write({stopped!r})
         except OSError as exc:
             print("failed", exc.errno)
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
-        f.write({_doc(3)!r})  # the same (torn) slot again, now complete
         """
+        )
+        + textwrap.dedent(after)
     )
     run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("failed"), run.stdout
+
+
+def test_a_full_disk_keeps_the_previous_state_and_the_next_write_retries(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "k.state")
+    state.StateFile(path).write(_doc(1))
+    big = _doc(2) | {"pad": "x" * 20000}
+    _write_in_child(
+        path,
+        "f._next = 1  # the slot not holding state 1, as the writer that wrote it would\n",
+        big,
+        f"f.write({_doc(3)!r})  # the same (torn) slot again, now complete\n",
+    )
     loaded = state.load(path, ROOT)
     assert loaded is not None and loaded["next_tenant_id"] == 3
 
@@ -110,28 +128,13 @@ def test_a_failed_write_over_a_known_slot_is_cut_by_the_next(tmp_path: Path) -> 
     next write to it must cut the tail, however long it is (else the newest state is torn)."""
     path = str(tmp_path / "k.state")
     big = _doc(3) | {"pad": "x" * 20000}
-    prog = textwrap.dedent(
-        f"""
-        import resource, signal, sys
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        sys.path[:0] = {sys.path!r}
-        from krexd import state
-        f = state.StateFile({path!r})
-        f.write({_doc(1)!r})  # main slot: its length is known from now on
-        f.write({_doc(2)!r})  # alt slot
-        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
-        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, hard))
-        try:
-            f.write({big!r})  # main slot, stopped at 8 KiB
-        except OSError as exc:
-            print("failed", exc.errno)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
-        f.write({_doc(4)!r})  # main slot again: as long as state 1, far shorter than 8 KiB
-        """
+    _write_in_child(
+        path,
+        f"f.write({_doc(1)!r})  # main slot: its length is known from now on\n"
+        f"f.write({_doc(2)!r})  # alt slot\n",
+        big,  # main slot, stopped at 8 KiB
+        f"f.write({_doc(4)!r})  # main slot again: as long as state 1, far shorter than 8 KiB\n",
     )
-    run = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("failed"), run.stdout
     loaded = state.load(path, ROOT)
     assert loaded is not None and loaded["next_tenant_id"] == 4
 
