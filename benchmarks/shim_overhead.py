@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             slots = slotmem.create(*slot_memory_spec(1))
             gate.attach(1, slots)
             env.update(KREX_GATE=gate.path, KREX_TENANT="1", **slotmem.environ(slots))
+            if args.thread_marks == "off":
+                env["KREX_SHIM_THREAD_MARKS"] = "0"  # every call on the slot's shared count
         out = subprocess.run(
             cmd,
             env=env,
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"shim_overhead failed (rc {out.returncode}):\n{out.stderr}")
     doc: dict[str, Any] = json.loads(out.stdout)
     doc["driver"] = "fake" if fake else (driver_dir or "system")
+    doc["thread_marks"] = args.thread_marks
     doc["command"] = " ".join(["python", "benchmarks/shim_overhead.py", *sys.argv[1:]])
     return doc
 
@@ -102,13 +105,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no gate in the environment: the shim only forwards",
     )
+    ap.add_argument(
+        "--thread-marks",
+        choices=("on", "off"),
+        default="on",
+        help="off: every call counts in the slot's shared count (KREX_SHIM_THREAD_MARKS=0)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
     if args.calls < 1 or not 1 <= args.rounds <= 1001:
         ap.error("--calls must be >= 1 and --rounds in 1..1001")
     doc = run(args)
     mode = "gating (open gate)" if doc["gating"] == 1 else "pass-through"
-    print(f"driver: {doc['driver']}; {mode}; {doc['calls']} calls x {doc['rounds']} rounds")
+    print(
+        f"driver: {doc['driver']}; {mode}, thread marks {doc['thread_marks']}; "
+        f"{doc['calls']} calls x {doc['rounds']} rounds"
+    )
     print(f"{'function':<18}{'real ns':>10}{'hooked ns':>12}{'added ns':>10}{'min added':>11}")
     ok = True
     for f in doc["functions"]:

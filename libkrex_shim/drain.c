@@ -36,6 +36,8 @@
 #include "testhook.h"
 
 #define MAX_DEVICES 64
+/* How long the exit path waits for calls counted in the threads' marks. */
+#define MARKS_AT_EXIT_NS 1000000000LL
 
 /* Serializes the synchronizations themselves (the drainer and a holder's
  * region exit); never taken by a driver call's hook. */
@@ -311,7 +313,19 @@ static void *drainer_main(void *arg)
         if (epoch) {
             uint64_t t0 = krex_now_ns();
             /* 1. Every admitted call has returned; later ones see the
-             *    closed word and park. */
+             *    closed word and park: first the calls counted in the
+             *    threads' marks (membarrier, then each mark: marks.h),
+             *    then those in the slot's shared count. */
+            int mr = krex_marks_quiesce(-1);
+            if (mr != 0) {
+                /* No barrier could be issued: a marked call may be in
+                 * flight unseen.  No acknowledgement (the entry fails with
+                 * a drain timeout naming this process). */
+                krex_log(KREX_LOG_ERROR, "drain for epoch %u: membarrier failed (%s); "
+                         "not acknowledging", epoch, strerror(-mr));
+                krex_gate_wait_seq(g, seen, -1);
+                continue;
+            }
             krex_gate_wait_idle(s);
             /* Announce the drain, then look for the exit (both seq_cst; the
              * exit path stores `exiting` then reads `drain_busy`): either
@@ -391,8 +405,9 @@ _Atomic int krex_exit_sync;
 void krex_leave_exiting(struct krex_slot *s)
 {
     int saved = errno;
-    /* Still counted, and still nested (krex_depth): the synchronization
-     * goes to the real functions, never through a hook. */
+    /* Still counted (in this thread's mark or the slot's count), and still
+     * nested (krex_depth): the synchronization goes to the real
+     * functions, never through a hook. */
     CUresult r = krex_sync_all(1);
     krex_depth = 0;
     if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND) {
@@ -404,7 +419,10 @@ void krex_leave_exiting(struct krex_slot *s)
         errno = saved;
         return;
     }
-    krex_gate_leave_exiting(s);
+    if ((uintptr_t)s & KREX_MARKED)
+        krex_mark_clear(krex_mark_self); /* the exit path waits for it (drain_at_exit) */
+    else
+        krex_gate_leave_exiting(s);
     errno = saved;
 }
 
@@ -441,6 +459,17 @@ static void drain_at_exit(void)
         return;
     const struct krex_gate *g = krex_gate_p;
     int barrier = exiting_discipline_on();
+    /* Calls counted in the threads' marks from before the discipline: each
+     * synchronizes before it clears its mark (its leave reads
+     * krex_exit_sync = 1); later calls count in the slot.  Only once they
+     * are done may the slot turn EXITING, whose calls krexd sees in the
+     * shared count.  A call that does not return within a second keeps the
+     * slot ACTIVE and unacknowledged: pending until this process is gone. */
+    if (barrier == 0 && krex_marks_quiesce(MARKS_AT_EXIT_NS) != 0) {
+        krex_log(KREX_LOG_WARN, "a gated call still in flight at exit: this process "
+                 "stays undrained until it is gone");
+        return;
+    }
     if (barrier == 0) {
         CUresult r = krex_sync_all(0);
         if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND)
@@ -448,6 +477,13 @@ static void drain_at_exit(void)
                      "stays undrained until it is gone", (int)r);
         else if (krex_gate_mark_exiting(g, s, (int32_t)getpid()) != 0)
             krex_log(KREX_LOG_WARN, "slot no longer ours at exit");
+        return;
+    }
+    if (atomic_load_explicit(&krex_marks_on, memory_order_relaxed)) {
+        /* Marks were on, the barrier now fails: a marked call may be in
+         * flight unseen, so nothing is acknowledged. */
+        krex_log(KREX_LOG_WARN, "membarrier: %s: this process stays undrained until it "
+                 "is gone", strerror(-barrier));
         return;
     }
     krex_log(KREX_LOG_INFO, "membarrier: %s: closures after exit stay undrained until this "

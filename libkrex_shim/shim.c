@@ -115,6 +115,7 @@ static void atfork_child(void)
     atomic_store_explicit(&krex_slot_p, NULL, memory_order_release);
     krex_region_atfork_child();
     krex_drain_atfork_child();
+    krex_marks_atfork_child();
     pthread_mutex_unlock(&reg_mu);
 }
 
@@ -258,6 +259,7 @@ static int attach(const char *path, uint32_t tenant)
     krex_tenant = tenant;
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
         return refuse("pthread_atfork failed");
+    krex_marks_init(); /* before the mode is published: marks.h */
     krex_log(KREX_LOG_INFO, "gating on: tenant %u, gate %s (GPU %u)", tenant, path, g->gpu);
     return KREX_MODE_GATING;
 }

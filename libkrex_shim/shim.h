@@ -28,6 +28,8 @@
 #include "entrypoints.gen.h"
 #include "gate_internal.h"
 #include "krex_gate.h"
+#include "marks.h"
+#include "testhook.h"
 
 #define KREX_HOOK __attribute__((visibility("default")))
 #define KREX_EXPORT __attribute__((visibility("default")))
@@ -142,10 +144,57 @@ static inline void *krex_real(int idx)
  * is covered by the outer call's count and must not park with it held. */
 extern __thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
 
-/* Fast path: one acquire load of the mode, one of the slot, then the
- * gate's increment-then-check.  Returns the slot to leave, NULL (pure
- * pass-through, or a nested call), or KREX_REFUSED (the hook returns
- * krex_refused() and does not leave). */
+/* Non-zero once this process has begun exiting (drain.c, "exit"): every
+ * gated call then synchronizes the process's work before it leaves. */
+extern _Atomic int krex_exit_sync;
+void krex_leave_exiting(struct krex_slot *s);
+
+/* krex_enter() returns a slot tagged with this bit for a call counted in
+ * its thread's mark (marks.h) rather than in the slot's shared count.
+ * Slots are 64-byte aligned, and KREX_REFUSED/KREX_CAPTURED are small
+ * values, never a tagged slot. */
+#define KREX_MARKED ((uintptr_t)1)
+#define KREX_UNTAG(s) ((struct krex_slot *)((uintptr_t)(s) & ~KREX_MARKED))
+
+/* The fast path on this thread's mark (marks.h): set it, read the word
+ * (no fence: the drainer's membarrier pairs with the compiler barrier),
+ * admitted when open or ours and the process is not exiting.  Returns
+ * the tagged slot, or NULL (mark clear again) for the shared count's path. */
+static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_marked(struct krex_slot *s)
+{
+    struct krex_mark *m = krex_mark_self;
+    if (KREX_UNLIKELY(!m)) {
+        if (!atomic_load_explicit(&krex_marks_on, memory_order_relaxed) || !(m = krex_mark_new()))
+            return NULL;
+    }
+    /* Relaxed store, compiler barrier, relaxed load: ordered for the
+     * drainer by its membarrier (marks.h). */
+    atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
+    KREX_TEST_POINT("mark_set");
+    atomic_signal_fence(memory_order_seq_cst);
+    uint64_t w = atomic_load_explicit(&((struct krex_gate *)krex_gate_p)->word,
+                                      memory_order_relaxed);
+    /* The exit path sets krex_exit_sync, then membarrier, then waits for
+     * the marks: a call that reads 0 here is waited for, one that reads 1
+     * counts in the shared count, which an EXITING slot is judged by. */
+    if (KREX_LIKELY(krex_gate_admits(w, krex_tenant)) &&
+        KREX_LIKELY(!atomic_load_explicit(&krex_exit_sync, memory_order_relaxed))) {
+        /* Statistics only (see krex_gate_try_enter_inline). */
+        atomic_store_explicit(&s->gated_calls,
+                              atomic_load_explicit(&s->gated_calls, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+        KREX_TEST_POINT("mark_admitted");
+        return (struct krex_slot *)((uintptr_t)s | KREX_MARKED);
+    }
+    krex_mark_clear(m);
+    return NULL;
+}
+
+/* Fast path: one acquire load of the mode, one of the slot, then this
+ * thread's mark (or, without one, the gate's increment-then-check on the
+ * slot's shared count).  Returns the slot to leave (tagged KREX_MARKED
+ * when counted in the mark), NULL (pure pass-through, or a nested call),
+ * or KREX_REFUSED (the hook returns krex_refused() and does not leave). */
 static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
 {
     if (KREX_UNLIKELY(krex_depth))
@@ -154,6 +203,11 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
     int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
     if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
         KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
+        struct krex_slot *marked = krex_enter_marked(s);
+        if (KREX_LIKELY(marked != NULL)) {
+            krex_depth = 1;
+            return marked;
+        }
         if (KREX_UNLIKELY(!krex_gate_try_enter_inline(krex_gate_p, s, krex_tenant)))
             krex_gate_enter(krex_gate_p, s, krex_tenant); /* parks until admitted */
     } else if (mode == KREX_MODE_PASS)
@@ -175,6 +229,11 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, i
     int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
     if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
         KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
+        struct krex_slot *marked = krex_enter_marked(s);
+        if (KREX_LIKELY(marked != NULL)) {
+            krex_depth = 1;
+            return marked;
+        }
         if (KREX_UNLIKELY(!krex_gate_try_enter_inline(krex_gate_p, s, krex_tenant)))
             s = krex_enter_blocked(s, stream, ptsz);
     } else if (mode == KREX_MODE_PASS) {
@@ -185,11 +244,6 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, i
     krex_depth = s != NULL;
     return s;
 }
-
-/* Non-zero once this process has begun exiting (drain.c, "exit"): every
- * gated call then synchronizes the process's work before it leaves. */
-extern _Atomic int krex_exit_sync;
-void krex_leave_exiting(struct krex_slot *s);
 
 static KREX_ALWAYS_INLINE void krex_leave(struct krex_slot *s)
 {
@@ -213,7 +267,10 @@ static KREX_ALWAYS_INLINE void krex_leave(struct krex_slot *s)
             return;
         }
         krex_depth = 0;
-        krex_gate_leave_inline(s);
+        if (KREX_LIKELY((uintptr_t)s & KREX_MARKED))
+            krex_mark_clear(krex_mark_self);
+        else
+            krex_gate_leave_inline(s);
     }
 }
 

@@ -23,6 +23,7 @@
 
 /* Once per process: a later arrival at the same point runs on. */
 static _Atomic int paused;
+static _Atomic long skipped;
 
 KREX_TEST_API void krex_test_point(const char *name)
 {
@@ -30,6 +31,15 @@ KREX_TEST_API void krex_test_point(const char *name)
     const char *want = getenv("KREX_TEST_PAUSE");
     const char *file = getenv("KREX_TEST_PAUSE_FILE");
     if (!want || !file || strcmp(want, name) != 0)
+        goto out;
+    /* Armed only while this file exists, when set (a point also passed by
+     * the calls that set the test up). */
+    const char *arm = getenv("KREX_TEST_PAUSE_ARM");
+    if (arm && access(arm, F_OK) != 0)
+        goto out;
+    /* The first N armed arrivals pass (KREX_TEST_PAUSE_SKIP=N). */
+    const char *skip = getenv("KREX_TEST_PAUSE_SKIP");
+    if (skip && atomic_fetch_add_explicit(&skipped, 1, memory_order_relaxed) < atol(skip))
         goto out;
     /* Relaxed: a flag for this process's threads only, nothing published. */
     if (atomic_exchange_explicit(&paused, 1, memory_order_relaxed))

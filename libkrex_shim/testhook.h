@@ -12,6 +12,9 @@
  *                                thread waits until the test removes it
  *                                (gives up after 60 s so a broken test
  *                                cannot hang)
+ *   KREX_TEST_PAUSE_ARM=path     optional: the point pauses only while
+ *                                this file exists
+ *   KREX_TEST_PAUSE_SKIP=N       optional: the first N (armed) arrivals pass
  *
  * so a test can run the competing step at exactly that moment
  * (tests/shim/test_gate_races.py).

@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -352,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel-ns", type=int, default=1_000_000, help="kernel duration, ns")
     ap.add_argument("--sync-every", type=int, default=0, help="synchronize every K launches")
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument(
+        "--threads", type=int, default=1, help="launching threads, each on its own stream"
+    )
     args = ap.parse_args(argv)
     stop = False
 
@@ -363,15 +367,30 @@ def main(argv: list[str] | None = None) -> int:
     gpu = init(args.device)
     start = time.monotonic_ns()
     deadline = start + int(args.seconds * 1e9) if args.seconds else None
-    n = 0
-    while not stop and (time.monotonic_ns() < deadline if deadline else n < args.count):
-        gpu.launch(args.kernel_ns)
-        n += 1
-        if args.sync_every and n % args.sync_every == 0:
-            gpu.synchronize()
+    counts = [0] * args.threads
+
+    def loop(i: int) -> None:
+        # ctypes drops the GIL in each driver call: the threads' calls overlap.
+        gpu.make_current()
+        stream = gpu.stream_create() if args.threads > 1 else None
+        n = 0
+        while not stop and (time.monotonic_ns() < deadline if deadline else n < args.count):
+            gpu.launch(args.kernel_ns, stream)
+            n += 1
+            if args.sync_every and n % args.sync_every == 0:
+                gpu.stream_synchronize(stream)
+        counts[i] = n
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(1, args.threads)]
+    for w in workers:
+        w.start()
+    loop(0)
+    for w in workers:
+        w.join()
     gpu.synchronize()
     end = time.monotonic_ns()
-    print(json.dumps({"pid": os.getpid(), "launches": n, "start_ns": start, "end_ns": end}))
+    out = {"pid": os.getpid(), "launches": sum(counts), "start_ns": start, "end_ns": end}
+    print(json.dumps(out))
     return 0
 
 

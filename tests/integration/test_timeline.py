@@ -2,10 +2,11 @@
 
 Real krexd, real cgroups, the real shim LD_PRELOADed by ``krex run``, the
 fake driver's device timeline (tests/fakecuda) as the witness.  Eight
-siblings launch kernels constantly; one holder enters and leaves regions
-at random moments.  With regions enforced, no sibling kernel overlaps a
-region; ungated (``[region] enforce = false``), the same check finds
-overlaps, so it can fail.
+siblings, with one to three launching threads each, launch kernels
+constantly; one holder enters and leaves regions at random moments.
+With regions enforced, no sibling kernel overlaps a region; ungated
+(``[region] enforce = false``), the same check finds overlaps, so it can
+fail.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def _run(krexd_factory: Any, cycles: int, enforce: bool) -> tuple[int, list[list
                 str(50_000 + 25_000 * i),
                 "--sync-every",
                 "4",
+                "--threads",  # 1-3 launching threads: each thread's calls count in its mark
+                str(1 + i % 3),
             ],
             env=env,
             stdout=subprocess.DEVNULL,

@@ -15,6 +15,8 @@
  *   stream ID [nonblocking]    create stream number ID (1..15)
  *   launch ID N NS             N kernels of NS ns on stream ID (0 = legacy NULL)
  *   bglaunch ID N NS           the same from a new thread; its reply comes when done
+ *   bglaunchctx ID N NS        bglaunch from a thread that first makes the context of
+ *                              "init" current (cuCtxSetCurrent, then the launches)
  *   streamdestroy ID           cuStreamDestroy_v2 of stream ID
  *   newctx                     cuCtxCreate_v4 (current on this thread): "ctx" = its number
  *   usectx I | ctxdestroy I    cuCtxSetCurrent / cuCtxDestroy_v2 of context number I
@@ -75,6 +77,7 @@ FN(cuCtxDestroy_v2);
 FN(cuMemGetInfo_v2);
 
 static CUstream streams[MAX_STREAMS];
+static CUcontext init_ctx; /* the context of "init" */
 static CUcontext ctxs[MAX_CTXS];
 static int nctxs = 1; /* ctxs[0]: the context of "init ctx" */
 static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -143,6 +146,8 @@ static int cmd_init(const char *how)
     else if (!r && !(r = p_cuDevicePrimaryCtxRetain(&ctx, dev)))
         r = p_cuCtxSetCurrent(ctx);
     if (!r)
+        init_ctx = ctx;
+    if (!r)
         r = p_cuModuleLoadData(&module, "cu_tenant");
     if (!r)
         r = p_cuModuleGetFunction(&kernel, module, "duration_kernel");
@@ -194,13 +199,16 @@ struct bg {
     int id;
     long n;
     uint64_t ns;
+    int set_ctx;
 };
 
 static void *bg_launch(void *arg)
 {
     struct bg *b = arg;
     uint64_t t0 = now_ns();
-    int r = launch(b->id, b->n, b->ns);
+    int r = b->set_ctx ? p_cuCtxSetCurrent(init_ctx) : 0;
+    if (!r)
+        r = launch(b->id, b->n, b->ns);
     pthread_mutex_lock(&out_mu);
     printf("{\"cmd\": \"bglaunch\", \"rc\": %d, \"t0\": %llu, \"t1\": %llu}\n", r,
            (unsigned long long)t0, (unsigned long long)now_ns());
@@ -210,13 +218,13 @@ static void *bg_launch(void *arg)
     return NULL;
 }
 
-static int cmd_bglaunch(int id, long n, uint64_t ns)
+static int cmd_bglaunch(int id, long n, uint64_t ns, int set_ctx)
 {
     struct bg *b = malloc(sizeof *b);
     pthread_t t;
     if (!b)
         return -3;
-    *b = (struct bg){id, n, ns};
+    *b = (struct bg){id, n, ns, set_ctx};
     if (pthread_create(&t, NULL, bg_launch, b) != 0)
         return -3;
     pthread_detach(t);
@@ -259,8 +267,9 @@ int main(void)
                     : CUDA_ERROR_INVALID_VALUE;
         } else if (!strcmp(cmd, "launch")) {
             r = launch(atoi(a), atol(b), strtoull(c, NULL, 10));
-        } else if (!strcmp(cmd, "bglaunch")) {
-            if ((r = cmd_bglaunch(atoi(a), atol(b), strtoull(c, NULL, 10))) == 0)
+        } else if (!strcmp(cmd, "bglaunch") || !strcmp(cmd, "bglaunchctx")) {
+            if ((r = cmd_bglaunch(atoi(a), atol(b), strtoull(c, NULL, 10),
+                                  !strcmp(cmd, "bglaunchctx"))) == 0)
                 continue; /* the thread replies */
         } else if (!strcmp(cmd, "streamdestroy")) {
             r = p_cuStreamDestroy_v2(stream_of(atoi(a)));

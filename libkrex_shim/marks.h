@@ -1,0 +1,80 @@
+/*
+ * marks.h — per-thread in-flight marks: the per-call fast path without a
+ * locked instruction (marks.c; docs/design/shim.md, "Thread marks").
+ *
+ * The gate's pairing (gate.c) is increment-then-check against
+ * close-then-read.  On the slot's shared count each side needs a full
+ * barrier between its store and its load: two locked read-modify-writes per
+ * gated call, most of the shim's cost per call.  Marks move the whole cost
+ * to the rare side (an asymmetric fence, as in liburcu and folly):
+ *
+ *   submitting thread:  mark = 1 ; compiler barrier ; read word
+ *   drainer:            read word (closed) ; membarrier(2) ; read every mark
+ *
+ * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) runs a full barrier on every
+ * thread of the process that is running (the others pass one when they are
+ * scheduled).  A submitter whose read of the word comes before its thread's
+ * barrier set its mark before it too, so the drainer, reading after
+ * membarrier returned, sees the mark and waits for the call; one whose read
+ * comes after it sees the closed word the drainer saw before (x86-64 and
+ * AArch64 are multi-copy atomic) and parks.  The release store that clears
+ * the mark after the driver call publishes the call's effects to the
+ * drainer's acquire read of 0, before it synchronizes the contexts.
+ *
+ * A call admitted on the marks counts in its thread's mark only; every
+ * other path (registration, a closed gate, the exiting discipline, marks
+ * unavailable) counts in the slot's shared `inflight` as before, so krexd's
+ * half of the protocol (coord.c) is unchanged: a process acknowledges a
+ * closure only after its marks and its shared count are all zero.
+ */
+#ifndef KREX_MARKS_H
+#define KREX_MARKS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* One per thread that made a gated call; never freed: a thread's exit
+ * gives it back for reuse (`used` = 0).  One cache line each, so that two
+ * threads' marks never share a line. */
+struct krex_mark {
+    _Atomic uint32_t busy; /* 1 inside a call admitted on the mark; private futex word */
+    _Atomic uint32_t used; /* 1 while a live thread owns it */
+    struct krex_mark *_Atomic next; /* every mark made, newest first (push only) */
+} __attribute__((aligned(64)));
+
+/* This thread's mark, NULL until its first gated call (or marks are off). */
+extern __thread struct krex_mark *krex_mark_self __attribute__((tls_model("initial-exec")));
+/* Non-zero once membarrier is registered for this process: marks may be used. */
+extern _Atomic int krex_marks_on;
+/* Drains or exits waiting in krex_marks_quiesce(): a clearing thread wakes them. */
+extern _Atomic uint32_t krex_mark_waiters;
+
+/* Turn marks on for this process (membarrier registration) unless
+ * KREX_SHIM_THREAD_MARKS=0; called once at initialization, before gating
+ * is published.  Also in a fork child, whose marks start over. */
+void krex_marks_init(void);
+/* A mark for this thread (reused or new), set in krex_mark_self; NULL when
+ * marks are off or no memory (the call then counts in the shared count). */
+struct krex_mark *krex_mark_new(void);
+/* Wake the waiters of mark `m` (out of line, rare). */
+void krex_mark_wake(struct krex_mark *m);
+/* The drainer's half: membarrier(2), then wait until no mark is busy, at
+ * most `timeout_ns` (< 0: no limit).  0, -ETIMEDOUT, or -errno when no
+ * barrier could be issued (nothing is proven then). */
+int krex_marks_quiesce(int64_t timeout_ns);
+/* In a fork child (its only thread): every other thread's mark is free. */
+void krex_marks_atfork_child(void);
+
+/* Clear this thread's mark after its call: a release store (publishes the
+ * call's driver work to the drainer that reads 0), then the waiters count,
+ * ordered after the store by the drainer's membarrier (see above; the
+ * signal fence only stops the compiler from swapping the two). */
+static inline __attribute__((always_inline)) void krex_mark_clear(struct krex_mark *m)
+{
+    atomic_store_explicit(&m->busy, 0, memory_order_release);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (__builtin_expect(atomic_load_explicit(&krex_mark_waiters, memory_order_relaxed) != 0, 0))
+        krex_mark_wake(m);
+}
+
+#endif /* KREX_MARKS_H */
