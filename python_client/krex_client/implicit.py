@@ -14,20 +14,49 @@ Once on, each of these calls runs as one critical region (paper §4.1, "an
 autotuner profiles internally"):
 
 =================================================  ===============================
-``triton.testing.do_bench``, ``do_bench_cudagraph``  the whole call
+``triton.testing.do_bench``, ``do_bench_cudagraph``  the whole call, after a first
+                                                   call of ``fn`` outside it
 ``triton.runtime.autotuner.Autotuner._bench``       one configuration's benchmark
 ``torch.utils.benchmark.Timer`` ``timeit``,          the whole call
 ``repeat``, ``autorange``, ``blocked_autorange``,
 ``adaptive_autorange``
 =================================================  ===============================
 
-Triton's autotuner times each configuration with ``do_bench`` (looked up on
-``triton.testing`` at call time in 3.0/3.1; taken from
-``driver.active.get_benchmarker()``, which imports ``triton.testing.do_bench``
-when the autotuner is built, in 3.2+); ``_bench`` is wrapped as well so that
-autotuners built before ``autoregion()`` ran, or given their own
-``do_bench``, are covered.  Regions are re-entrant, so a ``do_bench`` inside
-``_bench``, or an explicit ``region.critical()`` around either, is one region.
+Priming outside the region.  Triton's ``do_bench`` and
+``do_bench_cudagraph`` begin with one untimed ``fn()``; for a Triton kernel
+that first call compiles it (or loads it from Triton's cache): CPU-only
+time, once per autotuner configuration, with the GPU idle.  Inside the
+region that would undo the clock warm-up the region just ran
+(:mod:`krex_client.warmup`: the GPU cools while the compiler runs, and the
+timed loop starts cold) and keep the siblings frozen for work that does not
+need the GPU alone.  So, under krex and outside any region of the calling
+thread, the patched ``do_bench`` first calls ``fn()`` and synchronizes the
+device as Triton's own first step does (:func:`_synchronize`), outside the
+region, then enters the region and runs Triton's ``do_bench`` whole (its own
+first call, now compiled, is quick).  That priming call is not timed and
+runs unprotected, alongside the siblings; ``fn`` runs once more than
+without krex.  An exception of it propagates as it would out of Triton's
+first call, with no region entered.  ``do_bench_cudagraph`` is primed the
+same way: an eager call on the current stream, never a capture (Triton
+captures inside the region, after its own eager call).  Inside a region
+(explicit, or another auto-region) nothing is primed: the enclosing region
+covers the whole call, compile included.  Nor while another thread of the
+process holds a region (the first call would run alongside that region's
+timed code; the call waits for the region instead), nor off krex.
+
+Triton's autotuner times each configuration through a ``do_bench``: in
+3.0/3.1 the names ``do_bench``/``do_bench_cudagraph`` of its own module,
+bound from ``triton.testing`` when ``triton.runtime.autotuner`` is imported
+(patched here as well); in 3.2+ the instance's ``do_bench``, set from
+``driver.active.get_benchmarker()`` (``triton.testing.do_bench``) when the
+autotuner is built (3.2, 3.3) or at its first use (a cached property, 3.4+).
+When that benchmarker is a patched one, ``_bench`` runs without a region of
+its own, so the compile happens outside and the timed part inside; when it
+is not (a ``do_bench`` of the script's own, Triton's deprecated
+``warmup``/``rep``/``use_cuda_graph`` lambdas, a benchmarker taken before
+``autoregion()`` ran) the whole ``_bench``, compile included, is one region.
+Regions are re-entrant, so an explicit ``region.critical()`` around any of
+these is one region.
 
 Nothing is imported here: a module is patched right after it is first
 imported (a post-import hook on ``sys.meta_path``), or at once when it is
@@ -77,28 +106,158 @@ def _in_region(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _patch_attrs(owner: Any, names: Sequence[str]) -> None:
-    """Wrap each existing callable ``owner.<name>``; missing names are skipped."""
+def _primed_in_region(bench: Callable[..., Any]) -> Callable[..., Any]:
+    """``bench`` (a ``do_bench(fn, ...)``) wrapped to call ``fn`` once outside its region.
+
+    Under krex, while no region of the process is open: ``fn()`` and a
+    device synchronization (:func:`_synchronize`), unprotected, then the whole
+    ``bench`` call inside ``region.critical()``.  Inside a region, while
+    another thread holds one (the first call would run alongside its timed
+    code; instead this waits for the region, as before), or off krex, just the
+    region (see the module docstring).  An exception of the first
+    ``fn()`` or of the synchronization propagates with no region entered, as it
+    would out of Triton's own first call.  Unchanged if already wrapped.
+    """
+    if getattr(bench, MARK, False):
+        return bench
+    try:
+        signature: inspect.Signature | None = inspect.signature(bench)
+    except (TypeError, ValueError):
+        signature = None
+
+    @functools.wraps(bench)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from krex_client.region import region
+
+        if region.under_krex() and not region.inside() and not region.busy():
+            timed = _timed_callable(signature, args, kwargs)
+            if timed is not None:
+                timed()
+                _synchronize()
+        with region.critical():
+            return bench(*args, **kwargs)
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def _timed_callable(
+    signature: inspect.Signature | None, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Callable[[], Any] | None:
+    """The function a ``do_bench(fn, ...)`` call times: its first parameter's value.
+
+    None when the arguments do not bind (the original raises its own error) or
+    the value is not callable.
+    """
+    if signature is None:
+        first = args[0] if args else kwargs.get("fn")
+    else:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        name = next(iter(signature.parameters), None)
+        first = bound.arguments.get(name) if name is not None else None
+    return first if callable(first) else None
+
+
+def _synchronize() -> None:
+    """Wait for the device work queued so far, as ``do_bench`` does after its first call.
+
+    Through Triton's active driver's device interface, as Triton 3.1+ does
+    (``torch.cuda`` for CUDA); where the driver has none (Triton 3.0 asked
+    torch's device interface), ``torch.cuda.synchronize()`` when torch has
+    initialized CUDA; nothing when neither is loaded.  Imports nothing: both
+    are in ``sys.modules`` whenever a Triton benchmark runs.
+    """
+    runtime = sys.modules.get("triton.runtime")
+    active = getattr(getattr(runtime, "driver", None), "active", None)
+    device_interface = getattr(active, "get_device_interface", None)
+    if callable(device_interface):
+        device_interface().synchronize()
+        return
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        cuda.synchronize()
+
+
+def _bench_in_region(bench: Callable[..., Any]) -> Callable[..., Any]:
+    """``Autotuner._bench`` wrapped: in one region unless it times through a primed do_bench.
+
+    When the autotuner's benchmarker is a :func:`_primed_in_region` wrapper
+    (:func:`_times_through_primed`), ``_bench`` runs as is: its ``do_bench``
+    compiles the configuration outside the region and times it inside one.
+    Otherwise (a benchmarker of the script's own, Triton's deprecated
+    ``warmup``/``rep`` lambdas, an autotuner built before ``autoregion()``)
+    the whole ``_bench`` is one region, compile included.  Unchanged if
+    already wrapped.
+    """
+    if getattr(bench, MARK, False):
+        return bench
+
+    @functools.wraps(bench)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _times_through_primed(self, bench):
+            return bench(self, *args, **kwargs)
+        from krex_client.region import region
+
+        with region.critical():
+            return bench(self, *args, **kwargs)
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def _times_through_primed(tuner: Any, bench: Callable[..., Any]) -> bool:
+    """True when ``tuner``'s ``bench`` (the unwrapped ``_bench``) calls a patched do_bench.
+
+    Triton 3.2+: the instance's ``do_bench`` (an attribute set in ``__init__``;
+    a cached property in 3.4+, which this reads as ``_bench`` would).
+    Triton 3.0/3.1: none; ``_bench`` calls its module's ``do_bench`` (or
+    ``do_bench_cudagraph`` with ``use_cuda_graph``), names bound from
+    ``triton.testing`` when the module was imported.
+    """
+    try:
+        timer = getattr(tuner, "do_bench", None)
+    except Exception:  # noqa: BLE001 - the benchmarker cannot be built: _bench fails alike
+        return False
+    if timer is None:
+        name = "do_bench_cudagraph" if getattr(tuner, "use_cuda_graph", False) else "do_bench"
+        timer = getattr(bench, "__globals__", {}).get(name)
+    return bool(getattr(timer, MARK, False))
+
+
+def _patch_attrs(
+    owner: Any,
+    names: Sequence[str],
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = _in_region,
+) -> None:
+    """Replace each callable ``owner.<name>`` by ``wrap(it)``; missing names are skipped."""
     for name in names:
         if isinstance(owner, type):
             # Plain functions defined on the class itself (not static/class methods).
             fn = owner.__dict__.get(name)
             if inspect.isfunction(fn):
-                setattr(owner, name, _in_region(fn))
+                setattr(owner, name, wrap(fn))
         else:
             fn = getattr(owner, name, None)
             if callable(fn):
-                setattr(owner, name, _in_region(fn))
+                setattr(owner, name, wrap(fn))
+
+
+_BENCHMARKERS = ("do_bench", "do_bench_cudagraph")
 
 
 def _patch_triton_testing(mod: ModuleType) -> None:
-    _patch_attrs(mod, ("do_bench", "do_bench_cudagraph"))
+    _patch_attrs(mod, _BENCHMARKERS, _primed_in_region)
 
 
 def _patch_autotuner(mod: ModuleType) -> None:
+    # Triton 3.0/3.1 bind do_bench and do_bench_cudagraph in this module at import.
+    _patch_attrs(mod, _BENCHMARKERS, _primed_in_region)
     autotuner = getattr(mod, "Autotuner", None)
     if isinstance(autotuner, type):
-        _patch_attrs(autotuner, ("_bench",))
+        _patch_attrs(autotuner, ("_bench",), _bench_in_region)
 
 
 def _patch_timer_module(mod: ModuleType) -> None:

@@ -122,6 +122,18 @@ class Region:
         """True when this process runs under ``krex run``."""
         return all(os.environ.get(k) for k in ("KREX_SOCKET", "KREX_TENANT", "KREX_TOKEN"))
 
+    def inside(self) -> bool:
+        """True while the calling thread runs inside ``critical()`` (explicit or auto).
+
+        Counts the thread's open ``critical()`` calls whether or not this
+        process runs under krex (off krex a region is a no-op, but still open).
+        """
+        return getattr(self._local, "depth", 0) > 0
+
+    def busy(self) -> bool:
+        """True while some thread of this process holds a region under krex."""
+        return self._hold.locked()
+
     def stats(self) -> dict[str, float]:
         """Figures of the last region, in ms (launches: a count).
 

@@ -2,7 +2,10 @@
 
 Stub modules named ``triton.testing``, ``triton.runtime.autotuner`` and
 ``torch.utils.benchmark`` stand in for the real packages (which these
-machines may lack); ``fake_krex`` counts the regions entered.  The lazy path
+machines may lack); ``fake_krex`` counts the regions entered, and
+``_event_log`` interleaves its requests with the timed function's calls to
+show which calls ran outside a region (the priming call before each
+``do_bench``'s region).  The lazy path
 (patching at first import) runs in a fresh interpreter over stub packages on
 disk; the real packages are checked where installed.
 """
@@ -15,6 +18,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,7 @@ def _install_stubs(monkeypatch: pytest.MonkeyPatch, conn: FakeConnection) -> dic
 
     def do_bench_cudagraph(fn, rep=20, grad_to_none=None, quantiles=None, return_mode="mean"):  # type: ignore[no-untyped-def]
         seen.append(("do_bench_cudagraph", conn.held))
+        fn()
         return 1.0
 
     testing_mod.do_bench = do_bench  # type: ignore[attr-defined]
@@ -143,6 +149,222 @@ def test_patch_keeps_signature_and_is_idempotent(
     timeit = stubs["Timer"].__dict__["timeit"]
     assert timeit.__wrapped__.__name__ == "timeit"
     assert sum(isinstance(f, implicit._PostImportFinder) for f in sys.meta_path) == 1
+
+
+def _event_log(monkeypatch: pytest.MonkeyPatch, conn: FakeConnection) -> list[str]:
+    """One ordered list of the region requests and device synchronizations (``sync``)."""
+    events: list[str] = []
+    request = conn.request
+
+    def logged(
+        op: str, body: Any = None, timeout_s: float | None = None, *, forever: bool = False
+    ) -> dict[str, Any]:
+        events.append(op)
+        return request(op, body, timeout_s, forever=forever)
+
+    monkeypatch.setattr(conn, "request", logged)
+    monkeypatch.setattr(implicit, "_synchronize", lambda: events.append("sync"), raising=False)
+    return events
+
+
+def _marker(events: list[str], conn: FakeConnection) -> Any:
+    """``mark(name)`` appends ``name:in`` or ``name:out`` (whether a region is held)."""
+    return lambda name: events.append(f"{name}:{'in' if conn.held else 'out'}")
+
+
+PRIMED = ["fn:out", "sync", "region_enter", "fn:in", "region_exit"]
+"""A primed do_bench: the first call and a synchronization outside, the stub's call inside."""
+
+
+def test_do_bench_primes_outside_its_region(
+    monkeypatch: pytest.MonkeyPatch, fake_krex: FakeConnection
+) -> None:
+    stubs = _install_stubs(monkeypatch, fake_krex)
+    events = _event_log(monkeypatch, fake_krex)
+    mark = _marker(events, fake_krex)
+    implicit.autoregion()
+    testing_mod = stubs["testing"]
+    assert testing_mod.do_bench(lambda: mark("fn"), 10, rep=50) == 1.0
+    assert events == PRIMED
+    events.clear()
+    testing_mod.do_bench_cudagraph(fn=lambda: mark("fn"))
+    assert events == PRIMED
+    # Off krex the region is a no-op: nothing is primed, fn runs as often as without krex.
+    events.clear()
+    monkeypatch.delenv("KREX_SOCKET")
+    with pytest.warns(RuntimeWarning, match="not running under"):
+        testing_mod.do_bench(lambda: mark("fn"))
+    assert events == ["fn:out"]
+
+
+def test_priming_call_that_raises_propagates_with_no_region(
+    monkeypatch: pytest.MonkeyPatch, fake_krex: FakeConnection
+) -> None:
+    stubs = _install_stubs(monkeypatch, fake_krex)
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    failure = RuntimeError("out of resources")
+
+    def fn() -> None:
+        events.append("fn")
+        raise failure
+
+    with pytest.raises(RuntimeError) as caught:
+        stubs["testing"].do_bench(fn, quantiles=(0.5,))
+    assert caught.value is failure
+    assert events == ["fn"]  # no synchronization, no region
+    assert stubs["seen"] == []  # Triton's do_bench never ran
+    # Arguments that do not bind are left to the original, in its region: no first call.
+    with pytest.raises(TypeError):
+        stubs["testing"].do_bench(fn, 1, 2, 3, 4, 5, 6)
+    assert events == ["fn", "region_enter", "region_exit"]
+
+
+AUTOTUNER_MODULE = textwrap.dedent(
+    """
+    import functools
+    # Triton 3.0/3.1: the autotuner module binds these names when it is imported.
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    class Autotuner:
+        def __init__(self, kernel, mark, style):
+            self.kernel, self.mark = kernel, mark
+            self.use_cuda_graph = style == "3.0-cudagraph"
+            if style == "3.2":  # the benchmarker taken when the autotuner is built
+                from triton.testing import do_bench as benchmarker
+                self.do_bench = benchmarker
+            elif style == "own":  # a do_bench of the script's own
+                self.do_bench = lambda fn, quantiles: fn()
+
+        def _bench(self, *args, config, **meta):
+            self.mark("_bench")
+            timer = getattr(self, "do_bench", None)
+            if timer is not None:
+                return timer(self.kernel, quantiles=(0.5, 0.2, 0.8))
+            if self.use_cuda_graph:
+                return do_bench_cudagraph(self.kernel)
+            return do_bench(self.kernel, quantiles=(0.5, 0.2, 0.8))
+
+    class LazyAutotuner(Autotuner):
+        # Triton 3.4+: a cached property, read at the first _bench.
+        @functools.cached_property
+        def do_bench(self):
+            from triton.testing import do_bench as benchmarker
+            return benchmarker
+    """
+)
+
+
+def _install_autotuner(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """A ``triton.runtime.autotuner`` stand-in (:data:`AUTOTUNER_MODULE`) over the stubs."""
+    mod = types.ModuleType("triton.runtime.autotuner")
+    exec(AUTOTUNER_MODULE, mod.__dict__)  # noqa: S102 - the test's own source
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    return mod
+
+
+def test_autotuner_timing_through_a_primed_do_bench_has_no_outer_region(
+    monkeypatch: pytest.MonkeyPatch, fake_krex: FakeConnection
+) -> None:
+    _install_stubs(monkeypatch, fake_krex)
+    mod = _install_autotuner(monkeypatch)
+    events = _event_log(monkeypatch, fake_krex)
+    mark = _marker(events, fake_krex)
+    kernel = lambda: mark("fn")  # noqa: E731
+    early = mod.Autotuner(kernel, mark, "3.2")  # holds the unpatched do_bench
+    lazy = mod.LazyAutotuner(kernel, mark, "lazy")  # reads it at its first _bench
+    implicit.autoregion()  # triton.testing and the autotuner module already loaded
+    primed = ["_bench:out", *PRIMED]
+    whole = ["region_enter", "_bench:in", "fn:in", "region_exit"]
+    cases = [
+        (mod.Autotuner(kernel, mark, "3.2"), primed),
+        (lazy, primed),
+        (mod.Autotuner(kernel, mark, "3.0"), primed),
+        (mod.Autotuner(kernel, mark, "3.0-cudagraph"), primed),
+        (early, whole),
+        (mod.Autotuner(kernel, mark, "own"), whole),
+    ]
+    for tuner, expected in cases:
+        events.clear()
+        tuner._bench(1, config="BLOCK=64")
+        assert events == expected, (tuner.__dict__, events)
+
+
+def test_no_priming_inside_an_explicit_region(
+    monkeypatch: pytest.MonkeyPatch, fake_krex: FakeConnection
+) -> None:
+    stubs = _install_stubs(monkeypatch, fake_krex)
+    mod = _install_autotuner(monkeypatch)
+    events = _event_log(monkeypatch, fake_krex)
+    mark = _marker(events, fake_krex)
+    implicit.autoregion()
+    testing_mod, kernel = stubs["testing"], lambda: mark("fn")
+    testing_mod.do_bench(kernel)
+    assert events == PRIMED
+    events.clear()
+    assert not region.inside()
+    with region.critical():
+        assert region.inside()
+        testing_mod.do_bench(kernel)
+        testing_mod.do_bench_cudagraph(kernel)
+        mod.Autotuner(kernel, mark, "3.2")._bench(config="c")
+        mod.Autotuner(kernel, mark, "3.0")._bench(config="c")
+    assert events == ["region_enter", "fn:in", "fn:in", "_bench:in", "fn:in"] + [
+        "_bench:in",
+        "fn:in",
+        "region_exit",
+    ]
+    # Another thread's region: no first call alongside its timed code; wait for it.
+    events.clear()
+    entered, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with region.critical():
+            entered.set()
+            release.wait(10)
+
+    other = threading.Thread(target=holder)
+    other.start()
+    assert entered.wait(10)
+    bench = threading.Thread(target=testing_mod.do_bench, args=(kernel,))
+    bench.start()
+    time.sleep(0.2)  # time enough for a first call, had it been made
+    release.set()
+    other.join(10)
+    bench.join(10)
+    assert events == ["region_enter", "region_exit", "region_enter", "fn:in", "region_exit"]
+
+
+def test_synchronize_waits_through_triton_else_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+
+    class DeviceInterface:
+        @staticmethod
+        def synchronize() -> None:
+            synced.append("triton")
+
+    runtime = types.ModuleType("triton.runtime")
+    runtime.driver = types.SimpleNamespace(  # type: ignore[attr-defined]
+        active=types.SimpleNamespace(get_device_interface=lambda: DeviceInterface)
+    )
+    cuda = types.SimpleNamespace(
+        is_initialized=lambda: True, synchronize=lambda: synced.append("torch")
+    )
+    torch = types.ModuleType("torch")
+    torch.cuda = cuda  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "triton.runtime", runtime)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    implicit._synchronize()
+    assert synced == ["triton"]
+    monkeypatch.setitem(sys.modules, "triton.runtime", types.ModuleType("triton.runtime"))
+    implicit._synchronize()  # Triton 3.0: no device interface on the driver
+    assert synced == ["triton", "torch"]
+    cuda.is_initialized = lambda: False  # never initializes CUDA itself
+    implicit._synchronize()
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.delitem(sys.modules, "triton.runtime")
+    implicit._synchronize()
+    assert synced == ["triton", "torch"]
 
 
 def test_env_variable_values() -> None:
