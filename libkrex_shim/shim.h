@@ -210,6 +210,7 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
         }
         if (KREX_UNLIKELY(!krex_gate_try_enter_inline(krex_gate_p, s, krex_tenant)))
             krex_gate_enter(krex_gate_p, s, krex_tenant); /* parks until admitted */
+        KREX_TEST_POINT("count_admitted");
     } else if (mode == KREX_MODE_PASS)
         return NULL;
     else if ((s = krex_enter_slow()) == KREX_REFUSED)
@@ -236,6 +237,7 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, i
         }
         if (KREX_UNLIKELY(!krex_gate_try_enter_inline(krex_gate_p, s, krex_tenant)))
             s = krex_enter_blocked(s, stream, ptsz);
+        KREX_TEST_POINT("count_admitted");
     } else if (mode == KREX_MODE_PASS) {
         return NULL;
     } else if ((s = krex_enter_slow()) == KREX_REFUSED) {

@@ -44,6 +44,8 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,6 +197,18 @@ static void teardown_at_exit(void)
     reply("go", r, t0);
 }
 
+/* SIGUSR1: a gated call from a signal handler (cuInit), answered
+ * with write(2) ("sig"). */
+static void on_usr1(int sig)
+{
+    (void)sig;
+    int r = p_cuInit(0);
+    char buf[64];
+    int n = snprintf(buf, sizeof buf, "{\"cmd\": \"sig\", \"rc\": %d}\n", r);
+    if (write(1, buf, (size_t)n) < 0) {
+    }
+}
+
 struct bg {
     int id;
     long n;
@@ -315,6 +329,11 @@ int main(void)
         } else if (!strcmp(cmd, "teardown")) {
             tearing_down = 1;
             exit(0);
+        } else if (!strcmp(cmd, "sighandler")) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_usr1;
+            r = sigaction(SIGUSR1, &sa, NULL);
         } else if (!strcmp(cmd, "quit")) {
             break;
         } else {
