@@ -402,6 +402,40 @@ static void stop_drains(void)
  * membarrier the slot is never marked EXITING: pending until gone. */
 _Atomic int krex_exit_sync;
 
+/* Set when the exit path gave up waiting for the threads' marks: the
+ * leave that finds every mark clear then takes the exit step itself. */
+static _Atomic int exit_unfinished;
+
+/* The exit step once nothing counts in a mark: synchronize, then the slot
+ * turns EXITING (krexd then judges it by the shared count alone).
+ * `app_thread` as for krex_sync_all. */
+static void exit_step(int app_thread)
+{
+    struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
+    if (!s)
+        return;
+    CUresult r = krex_sync_all(app_thread);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND)
+        krex_log(KREX_LOG_ERROR, "synchronization at exit failed (%d): this process "
+                 "stays undrained until it is gone", (int)r);
+    else if (krex_gate_mark_exiting(krex_gate_p, s, (int32_t)getpid()) != 0)
+        krex_log(KREX_LOG_WARN, "slot no longer ours at exit");
+}
+
+/* After the exit path's wait for the marks ran out: the exit step, once,
+ * by whoever finds every mark clear (the exit path right after setting
+ * exit_unfinished, or the leave of the last marked call).  The flag's
+ * store and each clear are both followed by the other side's check
+ * (seq_cst flag accesses; krex_marks_quiesce's membarrier orders the
+ * marks), so one of them sees the other. */
+static void exit_step_if_quiet(int app_thread)
+{
+    if (krex_marks_quiesce(0) != 0)
+        return; /* a mark is still counted: its leave comes here again */
+    if (atomic_exchange_explicit(&exit_unfinished, 0, memory_order_seq_cst))
+        exit_step(app_thread);
+}
+
 void krex_leave_exiting(struct krex_slot *s)
 {
     int saved = errno;
@@ -419,10 +453,17 @@ void krex_leave_exiting(struct krex_slot *s)
         errno = saved;
         return;
     }
-    if ((uintptr_t)s & KREX_MARKED)
-        krex_mark_clear(krex_mark_self); /* the exit path waits for it (drain_at_exit) */
-    else
+    if ((uintptr_t)s & KREX_MARKED) {
+        struct krex_mark *m = krex_mark_self;
+        if (m)
+            krex_mark_clear(m); /* the exit path waits for it (drain_at_exit) */
+        /* seq_cst load after the clear: pairs with the exit path's store of
+         * the flag before its own check of the marks (exit_step_if_quiet). */
+        if (atomic_load_explicit(&exit_unfinished, memory_order_seq_cst))
+            exit_step_if_quiet(1);
+    } else {
         krex_gate_leave_exiting(s);
+    }
     errno = saved;
 }
 
@@ -457,26 +498,27 @@ static void drain_at_exit(void)
     struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
     if (!s || atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
         return;
-    const struct krex_gate *g = krex_gate_p;
     int barrier = exiting_discipline_on();
     /* Calls counted in the threads' marks from before the discipline: each
-     * synchronizes before it clears its mark (its leave reads
+     * synchronizes before it uncounts itself (its leave reads
      * krex_exit_sync = 1); later calls count in the slot.  Only once they
      * are done may the slot turn EXITING, whose calls krexd sees in the
-     * shared count.  A call that does not return within a second keeps the
-     * slot ACTIVE and unacknowledged: pending until this process is gone. */
-    if (barrier == 0 && krex_marks_quiesce(MARKS_AT_EXIT_NS) != 0) {
-        krex_log(KREX_LOG_WARN, "a gated call still in flight at exit: this process "
-                 "stays undrained until it is gone");
-        return;
-    }
+     * shared count.  A call that has not returned within a second leaves
+     * the step to the leave that clears the last mark (exit_step_if_quiet):
+     * until then the slot stays ACTIVE and unacknowledged (pending). */
     if (barrier == 0) {
-        CUresult r = krex_sync_all(0);
-        if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND)
-            krex_log(KREX_LOG_ERROR, "synchronization at exit failed (%d): this process "
-                     "stays undrained until it is gone", (int)r);
-        else if (krex_gate_mark_exiting(g, s, (int32_t)getpid()) != 0)
-            krex_log(KREX_LOG_WARN, "slot no longer ours at exit");
+        int mr = krex_marks_quiesce(MARKS_AT_EXIT_NS);
+        if (mr == 0) {
+            exit_step(0);
+        } else if (mr == -ETIMEDOUT) {
+            krex_log(KREX_LOG_INFO, "a gated call still in flight at exit: this process "
+                     "stays undrained until it returns");
+            atomic_store_explicit(&exit_unfinished, 1, memory_order_seq_cst);
+            exit_step_if_quiet(0);
+        } else {
+            krex_log(KREX_LOG_WARN, "membarrier: %s: this process stays undrained until it "
+                     "is gone", strerror(-mr));
+        }
         return;
     }
     if (atomic_load_explicit(&krex_marks_on, memory_order_relaxed)) {
@@ -535,6 +577,7 @@ void krex_drain_atfork_child(void)
      * synchronize.  Relaxed: the child's only thread. */
     atomic_store_explicit(&exiting, 0, memory_order_relaxed);
     atomic_store_explicit(&krex_exit_sync, 0, memory_order_relaxed);
+    atomic_store_explicit(&exit_unfinished, 0, memory_order_relaxed);
     pthread_mutex_init(&sync_mu, NULL);
     krex_track_atfork_child();
 }

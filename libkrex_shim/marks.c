@@ -117,7 +117,8 @@ static int wait_clear(struct krex_mark *m, int64_t deadline)
             return 0;
         krex_cpu_relax();
     }
-    while (atomic_load_explicit(&m->busy, memory_order_acquire)) {
+    uint32_t busy;
+    while ((busy = atomic_load_explicit(&m->busy, memory_order_acquire)) != 0) {
         struct timespec ts, *tsp = NULL;
         if (deadline != INT64_MAX) {
             int64_t left = deadline - krex_gate_now_ns();
@@ -127,10 +128,10 @@ static int wait_clear(struct krex_mark *m, int64_t deadline)
             ts.tv_nsec = (long)(left % 1000000000LL);
             tsp = &ts;
         }
-        /* Sleeps only while the mark still reads 1: a clear after our
-         * read fails the value check or wakes us (the clearing thread reads
-         * the waiters count after its store; see marks.h). */
-        syscall(SYS_futex, (uint32_t *)&m->busy, FUTEX_WAIT_PRIVATE, 1u, tsp, NULL, 0);
+        /* Sleeps only while the mark still reads `busy`: a change after
+         * our read fails the value check or wakes us (a clearing thread
+         * reads the waiters count after its store; see marks.h). */
+        syscall(SYS_futex, (uint32_t *)&m->busy, FUTEX_WAIT_PRIVATE, busy, tsp, NULL, 0);
     }
     return 0;
 }

@@ -37,7 +37,12 @@
  * gives it back for reuse (`used` = 0).  One cache line each, so that two
  * threads' marks never share a line. */
 struct krex_mark {
-    _Atomic uint32_t busy; /* 1 inside a call admitted on the mark; private futex word */
+    /* Calls of this thread admitted on the mark and not yet returned: 1, or
+     * more when a signal handler's gated call interrupted one (a count, not
+     * a flag, so that the inner call's leave does not clear the outer's).
+     * Written only by its thread (plain load, add, store: a handler runs to
+     * its end before the interrupted code resumes); private futex word. */
+    _Atomic uint32_t busy;
     _Atomic uint32_t used; /* 1 while a live thread owns it */
     struct krex_mark *_Atomic next; /* every mark made, newest first (push only) */
 } __attribute__((aligned(64)));
@@ -65,13 +70,23 @@ int krex_marks_quiesce(int64_t timeout_ns);
 /* In a fork child (its only thread): every other thread's mark is free. */
 void krex_marks_atfork_child(void);
 
-/* Clear this thread's mark after its call: a release store (publishes the
- * call's driver work to the drainer that reads 0), then the waiters count,
+/* Count a call in this thread's mark: a plain load and store (relaxed),
+ * ordered before the caller's read of the gate word by the drainer's
+ * membarrier (see above). */
+static inline __attribute__((always_inline)) void krex_mark_set(struct krex_mark *m)
+{
+    atomic_store_explicit(&m->busy, atomic_load_explicit(&m->busy, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+/* Uncount a call after it returned: a release store (publishes the call's
+ * driver work to the drainer that reads 0), then the waiters count,
  * ordered after the store by the drainer's membarrier (see above; the
  * signal fence only stops the compiler from swapping the two). */
 static inline __attribute__((always_inline)) void krex_mark_clear(struct krex_mark *m)
 {
-    atomic_store_explicit(&m->busy, 0, memory_order_release);
+    atomic_store_explicit(&m->busy, atomic_load_explicit(&m->busy, memory_order_relaxed) - 1,
+                          memory_order_release);
     atomic_signal_fence(memory_order_seq_cst);
     if (__builtin_expect(atomic_load_explicit(&krex_mark_waiters, memory_order_relaxed) != 0, 0))
         krex_mark_wake(m);

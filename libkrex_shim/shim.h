@@ -167,9 +167,9 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_marked(struct krex_slot *
         if (!atomic_load_explicit(&krex_marks_on, memory_order_relaxed) || !(m = krex_mark_new()))
             return NULL;
     }
-    /* Relaxed store, compiler barrier, relaxed load: ordered for the
+    /* Plain count, compiler barrier, relaxed load: ordered for the
      * drainer by its membarrier (marks.h). */
-    atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
+    krex_mark_set(m);
     KREX_TEST_POINT("mark_set");
     atomic_signal_fence(memory_order_seq_cst);
     uint64_t w = atomic_load_explicit(&((struct krex_gate *)krex_gate_p)->word,
@@ -269,9 +269,11 @@ static KREX_ALWAYS_INLINE void krex_leave(struct krex_slot *s)
             return;
         }
         krex_depth = 0;
-        if (KREX_LIKELY((uintptr_t)s & KREX_MARKED))
-            krex_mark_clear(krex_mark_self);
-        else
+        if (KREX_LIKELY((uintptr_t)s & KREX_MARKED)) {
+            struct krex_mark *m = krex_mark_self;
+            if (KREX_LIKELY(m != NULL)) /* NULL only in a fork child whose marks went off */
+                krex_mark_clear(m);
+        } else
             krex_gate_leave_inline(s);
     }
 }

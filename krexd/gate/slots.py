@@ -112,10 +112,13 @@ class SlotInfo:
     ``pid`` is in the owner's pid namespace (``pidns``, an inode number),
     ``start_ticks`` its start time and ``image`` the shim's mapping in it
     (krex_gate.h ``krex_slot.image``), which krexd verifies
-    (``krexd.registrations``).  ``inflight`` counts driver calls between
-    entry and return; ``ack_epoch`` is the last epoch the process drained
-    for; ``captures`` its open stream captures; ``gated_calls`` /
-    ``blocked_calls`` are counts since it registered; ``last_drain_ns`` is
+    (``krexd.registrations``).  ``inflight`` counts the driver calls between
+    entry and return that the shim counts in the slot (calls admitted on a
+    thread's mark are counted there instead, in the process's own memory:
+    docs/design/shim.md "Thread marks"; its drainer waits for both);
+    ``ack_epoch`` is the last epoch the process drained for; ``captures``
+    its open stream captures; ``gated_calls`` / ``blocked_calls`` are counts
+    since it registered; ``last_drain_ns`` is
     the duration of its last drain (ns).  ``mem_mib`` is the device memory
     it allocated through the driver API and has not freed (MiB, rounded up)
     and ``oom`` its out-of-memory record; both stay readable after the

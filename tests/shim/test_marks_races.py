@@ -1,15 +1,32 @@
-"""Review reproductions for the thread marks (libkrex_shim/marks.h)."""
+"""Thread marks (``libkrex_shim/marks.h``) against signal handlers, slow exits and seccomp.
+
+Each test runs with marks on and, as the control, off
+(``KREX_SHIM_THREAD_MARKS=0``: every call on the slot's shared count, paused
+at ``count_admitted`` instead of ``mark_admitted``):
+
+* a gated call in a signal handler, interrupting a call admitted on the
+  same thread's mark, must not uncount the interrupted call (the mark is a
+  count);
+* a call still in flight when the exit path's wait for the marks runs out
+  (1 s) takes the exit step itself when it returns: the slot turns EXITING
+  and later closures drain;
+* a process that denies itself membarrier(2) after start (a seccomp
+  filter) is not acknowledged: with marks on it fails closed (its drains
+  time out naming it), with them off it drains.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from krexd.gate import Gate
+from krexd.gate import Gate, GateTimeout
 from tests.fakecuda.harness import FakeCuda
 from tests.support import ShimBuild
 
@@ -64,7 +81,7 @@ def test_a_gated_call_in_a_signal_handler_clears_the_outer_calls_mark(
 
 
 @pytest.mark.parametrize("marks", ["1", "0"])
-def test_a_call_in_flight_over_a_second_at_exit_leaves_the_process_undrainable(
+def test_a_call_in_flight_over_a_second_at_exit_turns_the_slot_exiting_when_it_returns(
     shim_build: ShimBuild, fc: FakeCuda, gate: Gate, tmp_path: Path, marks: str
 ) -> None:
     """A thread's call is in flight for 1.5 s when the process begins exiting; the
@@ -118,12 +135,9 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("marks", ["1", "0"])
-def test_membarrier_blocked_after_init_makes_every_sibling_drain_time_out(
+def test_a_process_that_denies_itself_membarrier_is_not_acknowledged(
     shim_build: ShimBuild, fc: FakeCuda, gate: Gate, tmp_path: Path, marks: str
 ) -> None:
-    import subprocess
-    import sys
-
     env = Armed(shim_build, fc, gate, tmp_path, skip=0).env
     env.pop("KREX_TEST_PAUSE")
     env["KREX_SHIM_THREAD_MARKS"] = marks
@@ -132,7 +146,13 @@ def test_membarrier_blocked_after_init_makes_every_sibling_drain_time_out(
         assert p.stdout is not None and p.stdout.readline() == b"ready\n"
         gate.close(HOLDER, 7)
         try:
-            gate.drain(HOLDER, 7, 1.5)  # nothing in flight, no GPU work queued
+            if marks == "1":
+                # No barrier: a marked call could be in flight unseen.  Fail closed.
+                with pytest.raises(GateTimeout) as exc:
+                    gate.drain(HOLDER, 7, 1.5)
+                assert p.pid in {s.pid for s in exc.value.pending}
+            else:
+                gate.drain(HOLDER, 7, 1.5)  # nothing in flight, no GPU work queued
         finally:
             gate.reopen(HOLDER, 7)
     finally:
