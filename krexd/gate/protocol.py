@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
-from krexd.gate.binding import PendingC, check_id
+from krexd.gate.binding import MAX_SLOTS, PendingC, check_id
 from krexd.gate.errors import GateBusy, GateError, GateStale, GateTimeout
 from krexd.gate.slotmem import GateSlotMemory
 from krexd.gate.slots import SlotInfo
@@ -75,10 +75,13 @@ class Gate(GateSlotMemory):
         judge_at = start + _FIRST_JUDGE_S
         skip: list[int] = []
         seen = ctypes.c_uint64(0)  # the fingerprint of the pending set last seen
+        # Room for every slot there can be: a truncated list would hide a pending tenant.
+        buf = (PendingC * MAX_SLOTS)()
         while True:
             now = time.monotonic()
             last = deadline <= judge_at
-            timed = self._wait(holder, epoch, max(0.0, min(deadline, judge_at) - now), skip, seen)
+            left = max(0.0, min(deadline, judge_at) - now)
+            timed = self._wait(holder, epoch, left, skip, seen, buf)
             if timed is None:
                 return
             expired, pending = timed
@@ -108,16 +111,20 @@ class Gate(GateSlotMemory):
         return alive
 
     def _wait(
-        self, holder: int, epoch: int, timeout_s: float, skip: list[int], seen: ctypes.c_uint64
+        self,
+        holder: int,
+        epoch: int,
+        timeout_s: float,
+        skip: list[int],
+        seen: ctypes.c_uint64,
+        pending: ctypes.Array[PendingC],
     ) -> tuple[bool, list[tuple[int, int, int]]] | None:
-        """One C wait (``krex_coord_wait_change``); None when drained.
+        """One C wait (``krex_coord_wait_change``) into ``pending``; None when drained.
 
         Else (timed out, the pending (tenant, index, owner)): it returns
         early, not timed out, when the pending set differs from ``seen``'s
         fingerprint (updated).  The tenants in ``skip`` are not waited for.
         """
-        cap = self._capacity()
-        pending = (PendingC * cap)()
         npending = ctypes.c_uint32(0)
         skipped = (ctypes.c_uint32 * max(1, len(skip)))(*skip)
         timeout_ns = min(int(timeout_s * 1e9), 2**62)
@@ -131,7 +138,7 @@ class Gate(GateSlotMemory):
                 timeout_ns,
                 ctypes.byref(seen),
                 pending,
-                cap,
+                len(pending),
                 ctypes.byref(npending),
             )
         if rc == 0:
