@@ -17,7 +17,7 @@ import pytest
 
 from krexd.gate import Gate, GateTimeout
 
-from .procs import ShimBuild, Tenant
+from .procs import ShimBuild, Tenant, slot_of, wait_for
 
 HOLDER = 1
 
@@ -55,15 +55,18 @@ class Reports:
 def test_a_drained_tenant_is_reported_while_another_is_pending(
     gate: Gate, spawn: Callable[..., Tenant]
 ) -> None:
-    stuck = spawn(2, "--stuck")  # a call that never returns: tenant 2 never drains
+    stuck = spawn(2, "--stuck", "--calls", "1")  # a call that never returns: tenant 2 ...
+    mate = spawn(2)  # ... never drains, though its other process does
     quick = [spawn(3), spawn(3)]
-    for t in (stuck, *quick):
+    for t in (stuck, mate, *quick):
         t.wait_ready()
+    wait_for(lambda: slot_of(gate, 2, stuck.stats()["slot"]).inflight == 1, what="stuck call")
     gate.close(HOLDER, 1)
     reports = Reports()
     with pytest.raises(GateTimeout) as exc:
         gate.drain(HOLDER, 1, 0.5, reports)
     assert {s.tenant for s in exc.value.pending} == {2}
+    assert [s.ack_epoch for s in gate.slots() if s.pid == mate.pid] == [1]
     assert reports.seen, "settled never called"
     assert all(2 in p for _, p in reports.seen), reports.seen
     # Tenant 3 drained long before the timeout, and the drain said so at once.
@@ -84,7 +87,8 @@ def test_the_tenants_taken_are_not_waited_for(gate: Gate, spawn: Callable[..., T
     gate.drain(HOLDER, 4, 5.0, reports)  # tenant 2 taken: only tenant 3 is waited for
     assert time.monotonic() - t0 < 1.0
     assert reports.seen[0][1] >= {2}
-    assert other.stats()["acks"] == 1 and never.stats()["acks"] == 0
+    acks = {s.tenant: s.ack_epoch for s in gate.slots()}
+    assert acks == {2: 0, 3: 4}
     gate.reopen(HOLDER, 4)
 
 
