@@ -407,8 +407,8 @@ KREX_GATE_API int krex_coord_close(struct krex_coord *c, uint32_t holder, uint32
  * pending slot that waits for its acknowledgement, with the value read:
  * the first KREX_FUTEX_WAITV_MAX of them), whether to poll instead (some
  * pending slot acknowledged, or is EXITING, but shows a call in flight:
- * nothing wakes us when its count drops), and a fingerprint of the
- * pending set. */
+ * nothing wakes us when its count drops), and a fingerprint of the set of
+ * tenants with pending slots. */
 struct park {
     struct krex_futex_waitv w[KREX_FUTEX_WAITV_MAX];
     uint32_t n;
@@ -416,12 +416,11 @@ struct park {
     uint64_t print;
 };
 
-/* The fingerprint of one pending slot (splitmix64's finalizer over its
- * tenant, index and ownership word); a set's is the sum, so the order of
- * the scan does not matter. */
-static uint64_t pending_print(uint32_t tenant, uint32_t index, uint64_t owner)
+/* The fingerprint of a tenant (splitmix64 over its id); a set's is the
+ * sum, so the order of the scan does not matter. */
+static uint64_t tenant_print(uint32_t tenant)
 {
-    uint64_t x = ((uint64_t)tenant << 32 | index) ^ (owner * 0x9e3779b97f4a7c15ull);
+    uint64_t x = tenant * 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
@@ -451,6 +450,7 @@ static uint32_t scan_pending(struct krex_coord *c, uint32_t holder, uint32_t epo
             continue; /* the holder's own processes are not drained */
         if (skipped(a->tenant, skip, nskip))
             continue; /* drained before, and frozen since (krex_coord_wait_change) */
+        uint32_t before = n;
         for (uint32_t i = 0; i < KREX_TENANT_SLOTS; i++) {
             struct krex_slot *s = &a->m->slots[i];
             /* seq_cst: read after our close in S (Dekker with the
@@ -479,11 +479,12 @@ static uint32_t scan_pending(struct krex_coord *c, uint32_t holder, uint32_t epo
                 park->w[park->n++] = (struct krex_futex_waitv){
                     .val = ack, .uaddr = (uint64_t)(uintptr_t)&s->ack_epoch,
                     .flags = KREX_FUTEX2_SIZE_U32};
-            park->print += pending_print(a->tenant, i, o);
             if (out && n < max)
                 out[n] = (struct krex_pending){.tenant = a->tenant, .index = i, .owner = o};
             n++;
         }
+        if (n != before)
+            park->print += tenant_print(a->tenant);
     }
     park->print |= 1; /* never 0, the "nothing known yet" of krex_coord_wait_change */
     return n;

@@ -61,8 +61,8 @@ class Gate(GateSlotMemory):
 
         ``settled(pending)``, if given, is called in this thread when the
         first scan finds a registration pending and after each change of
-        the pending set, with the tenants (ids) that still have pending
-        registrations: every other tenant has drained.  It returns the
+        the set of tenants (ids) that still have pending registrations,
+        with that set: every other tenant has drained.  It returns the
         tenants it took (krexd froze them): their registrations are not
         waited for from then on.  What it raises ends the drain.
         """
@@ -74,7 +74,7 @@ class Gate(GateSlotMemory):
         deadline = start + timeout_s
         judge_at = start + _FIRST_JUDGE_S
         skip: list[int] = []
-        seen = ctypes.c_uint64(0)  # the fingerprint of the pending set last seen
+        seen = ctypes.c_uint64(0)  # the fingerprint of the pending tenants last seen
         # Room for every slot there can be: a truncated list would hide a pending tenant.
         buf = (PendingC * MAX_SLOTS)()
         while True:
@@ -88,7 +88,7 @@ class Gate(GateSlotMemory):
             if settled is not None:
                 skip.extend(settled({p[0] for p in pending}))
             if not expired:
-                continue  # the pending set changed: wait again for the rest
+                continue  # a tenant drained (or came): wait again for the rest
             slots = self._judged(self._pending_slots(pending))
             if last and slots:
                 raise GateTimeout(
@@ -122,8 +122,9 @@ class Gate(GateSlotMemory):
         """One C wait (``krex_coord_wait_change``) into ``pending``; None when drained.
 
         Else (timed out, the pending (tenant, index, owner)): it returns
-        early, not timed out, when the pending set differs from ``seen``'s
-        fingerprint (updated).  The tenants in ``skip`` are not waited for.
+        early, not timed out, when the set of pending tenants differs from
+        ``seen``'s fingerprint (updated).  The tenants in ``skip`` are not
+        waited for.
         """
         npending = ctypes.c_uint32(0)
         skipped = (ctypes.c_uint32 * max(1, len(skip)))(*skip)

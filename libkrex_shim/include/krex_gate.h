@@ -448,12 +448,12 @@ int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder, uint32_t epoc
 /* Step 3 tenant by tenant (krexd freezes each sibling tenant as soon as
  * it has drained): krex_coord_wait_drained that does not look at the
  * tenants in skip[0..nskip) (drained before, and frozen since) and also
- * returns 1 as soon as the set of pending slots differs from the one
- * whose fingerprint is *seen (0: none known, so the first scan that finds
- * a pending slot returns), with the pending slots in
- * pending[0..*npending) and their fingerprint in *seen.  A fingerprint
- * can collide (a change then shows at the timeout).  0 when drained,
- * -ETIMEDOUT (pending and *seen written), -ESTALE, -EINVAL. */
+ * returns 1 as soon as the set of tenants with pending slots differs from
+ * the one whose fingerprint is *seen (0: none known, so the first scan
+ * that finds a pending slot returns), with the pending slots in
+ * pending[0..*npending) and that set's fingerprint in *seen.  A
+ * fingerprint can collide (a change then shows at the timeout).  0 when
+ * drained, -ETIMEDOUT (pending and *seen written), -ESTALE, -EINVAL. */
 int krex_coord_wait_change(struct krex_coord *c, uint32_t holder, uint32_t epoch,
                            const uint32_t *skip, uint32_t nskip, int64_t timeout_ns,
                            uint64_t *seen, struct krex_pending *pending, uint32_t max,
