@@ -554,7 +554,10 @@ static int wait_pending(struct krex_coord *c, uint32_t holder, uint32_t epoch,
             rc = last ? -ETIMEDOUT : 1;
             break;
         }
-        if (t - start < COORD_SPIN_NS) {
+        /* Spin only in a whole drain: one that reports changes is called
+         * again after each, and would spin each time, taking a core from
+         * the drainers it waits for. */
+        if (!seen && t - start < COORD_SPIN_NS) {
             krex_cpu_relax();
             continue;
         }

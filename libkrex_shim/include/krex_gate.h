@@ -452,8 +452,9 @@ int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder, uint32_t epoc
  * the one whose fingerprint is *seen (0: none known, so the first scan
  * that finds a pending slot returns), with the pending slots in
  * pending[0..*npending) and that set's fingerprint in *seen.  A
- * fingerprint can collide (a change then shows at the timeout).  0 when
- * drained, -ETIMEDOUT (pending and *seen written), -ESTALE, -EINVAL. */
+ * fingerprint can collide (a change then shows at the timeout).  It
+ * parks without spinning first.  0 when drained, -ETIMEDOUT (pending and
+ * *seen written), -ESTALE, -EINVAL. */
 int krex_coord_wait_change(struct krex_coord *c, uint32_t holder, uint32_t epoch,
                            const uint32_t *skip, uint32_t nskip, int64_t timeout_ns,
                            uint64_t *seen, struct krex_pending *pending, uint32_t max,
