@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -114,8 +114,19 @@ class RegionGate(Protocol):
         """Step 2: close the gate for (holder, epoch)."""
         ...
 
-    def drain(self, holder: int, epoch: int, timeout_s: float) -> None:
-        """Step 3: block until every sibling registration acknowledged ``epoch``."""
+    def drain(
+        self,
+        holder: int,
+        epoch: int,
+        timeout_s: float,
+        settled: Callable[[set[int]], Iterable[int]] | None = None,
+    ) -> None:
+        """Step 3: block until every sibling registration acknowledged ``epoch``.
+
+        ``settled(pending)``: called in the drain's thread at its first scan
+        and after each change, with the tenants that still have pending
+        registrations; the tenants it returns are not waited for from then on.
+        """
         ...
 
     def reopen(self, holder: int, epoch: int) -> None:

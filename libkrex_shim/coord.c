@@ -403,24 +403,54 @@ KREX_GATE_API int krex_coord_close(struct krex_coord *c, uint32_t holder, uint32
     return 0;
 }
 
-/* Where a drain waits next: the first pending slot's ack_epoch (with the
- * value read), or a short poll when it acknowledged but shows a call in
- * flight. */
+/* What a scan tells the wait: where to park (the ack_epoch word of each
+ * pending slot that waits for its acknowledgement, with the value read:
+ * the first KREX_FUTEX_WAITV_MAX of them), whether to poll instead (some
+ * pending slot acknowledged, or is EXITING, but shows a call in flight:
+ * nothing wakes us when its count drops), and a fingerprint of the set of
+ * tenants with pending slots. */
 struct park {
-    const _Atomic uint32_t *addr;
-    uint32_t seen;
+    struct krex_futex_waitv w[KREX_FUTEX_WAITV_MAX];
+    uint32_t n;
+    int poll;
+    uint64_t print;
 };
 
-/* Slots still to drain for (holder, epoch), under the read lock. */
+/* The fingerprint of a tenant (splitmix64 over its id); a set's is the
+ * sum, so the order of the scan does not matter. */
+static uint64_t tenant_print(uint32_t tenant)
+{
+    uint64_t x = tenant * 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int skipped(uint32_t tenant, const uint32_t *skip, uint32_t nskip)
+{
+    for (uint32_t k = 0; k < nskip; k++)
+        if (skip[k] == tenant)
+            return 1;
+    return 0;
+}
+
+/* Slots still to drain for (holder, epoch), under the read lock; the
+ * tenants in skip[0..nskip) are not looked at. */
 static uint32_t scan_pending(struct krex_coord *c, uint32_t holder, uint32_t epoch,
-                             struct krex_pending *out, uint32_t max, struct park *park)
+                             const uint32_t *skip, uint32_t nskip, struct krex_pending *out,
+                             uint32_t max, struct park *park)
 {
     uint32_t n = 0;
-    park->addr = NULL;
+    park->n = 0;
+    park->poll = 0;
+    park->print = 0;
     for (uint32_t t = 0; t < KREX_GATE_MAX_TENANTS; t++) {
         struct attached *a = &c->t[t];
         if (a->tenant == 0 || a->tenant == holder)
             continue; /* the holder's own processes are not drained */
+        if (skipped(a->tenant, skip, nskip))
+            continue; /* drained before, and frozen since (krex_coord_wait_change) */
+        uint32_t before = n;
         for (uint32_t i = 0; i < KREX_TENANT_SLOTS; i++) {
             struct krex_slot *s = &a->m->slots[i];
             /* seq_cst: read after our close in S (Dekker with the
@@ -443,23 +473,55 @@ static uint32_t scan_pending(struct krex_coord *c, uint32_t holder, uint32_t epo
             uint32_t inflight = atomic_load_explicit(&s->inflight, memory_order_seq_cst);
             if ((exiting || ack == epoch) && (inflight & KREX_INFLIGHT_COUNT) == 0)
                 continue;
-            if (!park->addr) {
-                park->addr = exiting || ack == epoch ? NULL : &s->ack_epoch;
-                park->seen = ack;
-            }
+            if (exiting || ack == epoch)
+                park->poll = 1;
+            else if (park->n < KREX_FUTEX_WAITV_MAX)
+                park->w[park->n++] = (struct krex_futex_waitv){
+                    .val = ack, .uaddr = (uint64_t)(uintptr_t)&s->ack_epoch,
+                    .flags = KREX_FUTEX2_SIZE_U32};
             if (out && n < max)
                 out[n] = (struct krex_pending){.tenant = a->tenant, .index = i, .owner = o};
             n++;
         }
+        if (n != before)
+            park->print += tenant_print(a->tenant);
     }
+    park->print |= 1; /* never 0, the "nothing known yet" of krex_coord_wait_change */
     return n;
 }
 
-KREX_GATE_API int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder, uint32_t epoch,
-                                          int64_t timeout_ns, struct krex_pending *pending,
-                                          uint32_t max, uint32_t *npending)
+/* Set once futex_waitv is found missing (a kernel before 5.16); relaxed:
+ * a drain that misses it tries the call once more. */
+static _Atomic int no_waitv;
+
+/* Sleep until an acknowledgement the scan waits for may have come, or
+ * `until` (CLOCK_MONOTONIC ns, absolute).  The ack stores ack_epoch before
+ * it wakes that word: a wait on the values the scan read cannot miss it.
+ * Slots beyond the first KREX_FUTEX_WAITV_MAX are seen at `until`. */
+static void park_until(const struct park *p, int64_t now, int64_t until)
 {
-    if (!c || holder == 0 || epoch == 0)
+    if (p->n && !atomic_load_explicit(&no_waitv, memory_order_relaxed)) {
+        if (krex_futex_waitv(p->w, p->n, until) != -ENOSYS)
+            return;
+        atomic_store_explicit(&no_waitv, 1, memory_order_relaxed);
+    }
+    if (p->n) {
+        /* Without futex_waitv: the first pending slot only (the others are
+         * seen when it acknowledges, or at `until`). */
+        krex_futex_wait((const _Atomic uint32_t *)(uintptr_t)p->w[0].uaddr,
+                        (uint32_t)p->w[0].val, until - now);
+    } else {
+        struct timespec ts = {0, (long)(until - now)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The drain's loop (krex_coord_wait_drained, krex_coord_wait_change). */
+static int wait_pending(struct krex_coord *c, uint32_t holder, uint32_t epoch,
+                        const uint32_t *skip, uint32_t nskip, int64_t timeout_ns, uint64_t *seen,
+                        struct krex_pending *pending, uint32_t max, uint32_t *npending)
+{
+    if (!c || holder == 0 || epoch == 0 || (nskip && !skip))
         return -EINVAL;
     int saved = errno;
     const uint64_t w = krex_gate_word(holder, epoch);
@@ -478,34 +540,49 @@ KREX_GATE_API int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder,
         int64_t t = krex_gate_now_ns();
         int last = t >= deadline;
         pthread_rwlock_rdlock(&c->mu);
-        uint32_t n = scan_pending(c, holder, epoch, last ? pending : NULL, max, &park);
+        uint32_t n = scan_pending(c, holder, epoch, skip, nskip, last || seen ? pending : NULL,
+                                  max, &park);
         pthread_rwlock_unlock(&c->mu);
         if (n == 0)
             break;
-        if (last) {
+        int changed = seen && park.print != *seen;
+        if (last || changed) {
             if (npending)
                 *npending = n < max ? n : max;
-            rc = -ETIMEDOUT;
+            if (seen)
+                *seen = park.print;
+            rc = last ? -ETIMEDOUT : 1;
             break;
         }
-        if (t - start < COORD_SPIN_NS) {
+        /* Spin only in a whole drain: one that reports changes is called
+         * again after each, and would spin each time, taking a core from
+         * the drainers it waits for. */
+        if (!seen && t - start < COORD_SPIN_NS) {
             krex_cpu_relax();
             continue;
         }
-        int64_t slice = deadline - t;
-        if (slice > COORD_SLICE_NS)
-            slice = COORD_SLICE_NS;
-        if (park.addr) {
-            /* The ack stores ack_epoch before it wakes this word: a wait on
-             * the value the scan read cannot miss it. */
-            krex_futex_wait(park.addr, park.seen, slice);
-        } else {
-            struct timespec ts = {0, slice < COORD_POLL_NS ? (long)slice : COORD_POLL_NS};
-            nanosleep(&ts, NULL);
-        }
+        int64_t until = t + (park.poll ? COORD_POLL_NS : COORD_SLICE_NS);
+        park_until(&park, t, until < deadline ? until : deadline);
     }
     errno = saved;
     return rc;
+}
+
+KREX_GATE_API int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder, uint32_t epoch,
+                                          int64_t timeout_ns, struct krex_pending *pending,
+                                          uint32_t max, uint32_t *npending)
+{
+    return wait_pending(c, holder, epoch, NULL, 0, timeout_ns, NULL, pending, max, npending);
+}
+
+KREX_GATE_API int krex_coord_wait_change(struct krex_coord *c, uint32_t holder, uint32_t epoch,
+                                         const uint32_t *skip, uint32_t nskip, int64_t timeout_ns,
+                                         uint64_t *seen, struct krex_pending *pending,
+                                         uint32_t max, uint32_t *npending)
+{
+    if (!seen)
+        return -EINVAL;
+    return wait_pending(c, holder, epoch, skip, nskip, timeout_ns, seen, pending, max, npending);
 }
 
 KREX_GATE_API int krex_coord_reopen(struct krex_coord *c, uint32_t holder, uint32_t epoch)

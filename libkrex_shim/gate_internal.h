@@ -66,6 +66,34 @@ static inline void krex_futex_wake_all(_Atomic uint32_t *addr)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* futex_waitv (Linux 5.16): wait on several 32-bit words at once.  The
+ * layout and number are the kernel's, spelled out here so that older
+ * headers build too (the number is the same on every architecture). */
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449
+#endif
+#define KREX_FUTEX2_SIZE_U32 0x02u /* shared (no FUTEX2_PRIVATE), like every futex here */
+#define KREX_FUTEX_WAITV_MAX 128u
+
+struct krex_futex_waitv {
+    uint64_t val;
+    uint64_t uaddr;
+    uint32_t flags;
+    uint32_t reserved_;
+};
+
+/* Wait until one of the `n` words no longer holds its value, or it is
+ * woken, or CLOCK_MONOTONIC reaches `deadline_ns` (absolute).  Only reads
+ * the words (read-only mappings are fine).  0 when woken, else -errno:
+ * -EAGAIN (a value differed), -ETIMEDOUT, -EINTR, -ENOSYS (older kernel). */
+static inline int krex_futex_waitv(const struct krex_futex_waitv *w, uint32_t n,
+                                   int64_t deadline_ns)
+{
+    struct timespec ts = {(time_t)(deadline_ns / 1000000000LL), (long)(deadline_ns % 1000000000LL)};
+    long r = syscall(SYS_futex_waitv, w, n, 0, &ts, CLOCK_MONOTONIC);
+    return r >= 0 ? 0 : -errno;
+}
+
 /* The ownership word (seq_cst: it is the slot's half of the pairing of
  * registration with closure, and every transition reads it fresh). */
 static inline uint64_t krex_owner_load(const struct krex_slot *s)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,8 +152,10 @@ class FakeGate:
 
     ``drain_pending``: registration indices ``drain`` reports as not drained
     (it then raises ``GateTimeout`` with those of ``registrations``, or
-    placeholders), for the holders in ``drain_fails_for`` (None: every
-    holder); ``drain_error`` another error to raise.
+    placeholders of tenant 0), for the holders in ``drain_fails_for`` (None:
+    every holder); ``drain_error`` another error to raise.  ``drain_steps``:
+    the sets of tenants still pending that the drain reports to its
+    ``settled`` callback first, in order (each logged as ``drain_step``).
     """
 
     def __init__(self, events: Events) -> None:
@@ -162,6 +164,7 @@ class FakeGate:
         self.drain_pending: list[int] = []
         self.drain_fails_for: set[int] | None = None
         self.drain_error: GateError | None = None
+        self.drain_steps: list[set[int]] = []
         self.registrations: list[SlotInfo] = []
 
     def close(self, holder: int, epoch: int) -> None:
@@ -170,11 +173,21 @@ class FakeGate:
             raise GateError(f"gate held by {self.word}")
         self.word = (holder, epoch)
 
-    def drain(self, holder: int, epoch: int, timeout_s: float) -> None:
+    def drain(
+        self,
+        holder: int,
+        epoch: int,
+        timeout_s: float,
+        settled: Callable[[set[int]], Iterable[int]] | None = None,
+    ) -> None:
         # Called from a worker thread (asyncio.to_thread), like the real one.
         self.events.add("drain", holder, epoch)
         if self.drain_error is not None:
             raise self.drain_error
+        for step in self.drain_steps:
+            if settled is not None:
+                settled(set(step))
+            self.events.add("drain_step", tuple(sorted(step)))
         fails = self.drain_fails_for is None or holder in self.drain_fails_for
         if self.drain_pending and fails:
             known = {s.index: s for s in self.registrations}
@@ -182,6 +195,8 @@ class FakeGate:
                 known.get(i) or SlotInfo(i, "active", 0, 0, 0, 0, 0, 0, 0, 0)
                 for i in self.drain_pending
             ]
+            if settled is not None:
+                settled({s.tenant for s in pending})
             raise GateTimeout("not drained", pending)
 
     def reopen(self, holder: int, epoch: int) -> None:

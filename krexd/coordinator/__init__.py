@@ -17,7 +17,9 @@ paper's numbers (its circled 1-8); the methods below read in that order:
                 3  drain: every sibling's drainer acknowledges the epoch with
                    a zero in-flight counter (libkrex_shim does the work)
                 4  freeze every sibling tenant's cgroup, wait until the kernel
-                   reports it frozen (bounded by freeze_timeout_ms); then fail
+                   reports it frozen (bounded by freeze_timeout_ms); a tenant
+                   is frozen as soon as it has drained, while the others
+                   still drain (3 and 4 overlap: DrainFreeze); then fail
                    closed: a sibling process with the GPU open and no drained
                    registration ends its command (exit 79) and the grant
                    waits until it has left the GPU
@@ -62,6 +64,7 @@ combines them, each module a mixin over the shared state (``base``):
     memory_wait.py  before step 2: the holder's memory must fit beside its siblings
     gate_steps.py   drain (3) and reopen (8) on the gate
     freezing.py     freeze (4) and thaw (7) of the siblings' cgroups
+    drain_freeze.py DrainFreeze: each sibling frozen from the drain's thread once drained
     fail_closed.py  after step 4: unprotected GPU users end (exit 79) before the grant
     cores.py        the holder's reserved cores (5) and their return (7)
     ending.py       exit() (7-8) and recovery: the one end path, bound to its Region

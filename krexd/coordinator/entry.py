@@ -2,8 +2,10 @@
 
 The steps read in the paper's order in ``_enter_recorded`` (1: the region
 lock) and ``_establish`` (2: close, 3: drain, 4: freeze and fail closed,
-5: the holder's cores); every failed entry undoes what it did (cores, thaw,
-gate) before it reports the error.
+5: the holder's cores); steps 3 and 4 overlap: a sibling tenant is frozen
+as soon as it has drained (``krexd.coordinator.drain_freeze``).  Every
+failed entry undoes what it did (cores, thaw, gate) before it reports the
+error.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from typing import Any
 
 from krexd import states, testhooks
+from krexd.coordinator.drain_freeze import DrainFreeze
 from krexd.coordinator.ending import Ending
 from krexd.coordinator.fail_closed import FailClosed
 from krexd.coordinator.memory_wait import MemoryWait
@@ -143,19 +146,27 @@ class Entry(Ending, MemoryWait, FailClosed):
             testhooks.pause("closed")
             marks.append(("close", time.monotonic()))
             # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
+            # Step 4 begins during DRAINING: each sibling tenant is frozen as soon as all
+            # its registrations have drained, while the others still drain (DrainFreeze).
             self._region_state(states.DRAINING)  # CLOSING -> DRAINING
+            early = DrainFreeze(
+                self._ctl, self._siblings(tenant), frozen, asyncio.get_running_loop()
+            )
             t = time.monotonic()
-            await self._drain(tenant, epoch)
+            try:
+                await self._drain(tenant, epoch, early.settled)
+            finally:
+                rest = early.stop()  # no freeze from the drain's thread after this
             self._last_drain_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("drained")
             marks.append(("drain", time.monotonic()))
-            # Step 4: freeze sibling process trees once their GPU work has drained,
-            # and the warm pools with them (both cgroup freezes run at once).
+            # Step 4: freeze the sibling process trees not frozen during the drain,
+            # and the warm pools (both cgroup freezes run at once); wait for all.
             self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
             t = time.monotonic()
             pools, siblings = await asyncio.gather(
                 self._freeze_pools(),
-                self._freeze_marked(self._siblings(tenant), frozen, marks),
+                self._freeze_marked(rest, frozen, marks),
                 return_exceptions=True,
             )
             pools_held = pools is True

@@ -1,5 +1,8 @@
 """Step 4 and its undo (step 7): freeze the siblings' cgroups, thaw them.
 
+Siblings that drained early were frozen during the drain already
+(``krexd.coordinator.drain_freeze``); step 4 freezes the rest.
+
 Freezing waits until the kernel reports every sibling frozen (bounded by
 ``freeze_timeout_ms``); thawing never raises, so the gate is reopened all
 the same.
@@ -29,8 +32,10 @@ class Freezing(CoordinatorBase):
         """Step 4: freeze each sibling's cgroup and wait until all report frozen.
 
         ``frozen`` collects every tenant whose cgroup was asked to freeze, so
-        the caller can thaw exactly those on failure.  A sibling whose cgroup
-        disappears meanwhile (it ended) is skipped.
+        the caller can thaw exactly those on failure; it may hold some
+        already (frozen during the drain, ``DrainFreeze``, or admitted
+        during the entry): those are not asked again, but waited for too.
+        A sibling whose cgroup disappears meanwhile (it ended) is skipped.
         """
         for sib in siblings:
             if any(sib is f for f in frozen):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterable
 
 from krexd.coordinator.base import CoordinatorBase
 from krexd.errors import Code, KrexError
@@ -21,14 +22,24 @@ log = logging.getLogger("krexd.coordinator")
 class GateSteps(CoordinatorBase):
     """Drain (step 3) and reopen (step 8) through the ``RegionGate``."""
 
-    async def _drain(self, holder: Tenant, epoch: int) -> None:
-        """Step 3: wait for every sibling registration to acknowledge ``epoch`` (bounded)."""
+    async def _drain(
+        self,
+        holder: Tenant,
+        epoch: int,
+        settled: Callable[[set[int]], Iterable[int]] | None = None,
+    ) -> None:
+        """Step 3: wait for every sibling registration to acknowledge ``epoch`` (bounded).
+
+        ``settled``: called from the drain's thread with the tenants still
+        pending, after each change (``RegionGate.drain``); the tenants it
+        returns are not waited for any more.
+        """
         if self._gate is None:
             return
         timeout_s = self._cfg.drain_timeout_s
         try:
-            # wait_drained blocks in C with the GIL released: run it off the loop.
-            await asyncio.to_thread(self._gate.drain, holder.id, epoch, timeout_s)
+            # The drain blocks in C with the GIL released: run it off the loop.
+            await asyncio.to_thread(self._gate.drain, holder.id, epoch, timeout_s, settled)
         except GateTimeout as exc:
             raise KrexError(
                 Code.DRAIN_TIMEOUT,

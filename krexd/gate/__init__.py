@@ -15,6 +15,8 @@ protocol on it (paper §4.2, DESIGN.md "Region entry and exit"):
   pending are judged by ``judge`` (krexd's own verification of who the
   slot's process is, ``krexd.registrations``) and those judged gone are
   skipped (:meth:`Gate.ignore`, kept in krexd, never written to the slot);
+  its ``settled`` callback hears after each acknowledgement which tenants
+  are still pending, and the tenants it takes (freezes) are not waited for;
 * step 8 ``reopen(holder, epoch)``: only if the gate still holds that
   region, so a late recovery never reopens a newer one.
 

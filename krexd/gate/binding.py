@@ -150,9 +150,20 @@ def library() -> ctypes.CDLL:
             "krex_coord_attach": (cint, [p, u32, cint]),
             "krex_coord_detach": (cint, [p, u32]),
             "krex_coord_close": (cint, [p, u32, u32]),
-            "krex_coord_wait_drained": (
+            "krex_coord_wait_change": (
                 cint,
-                [p, u32, u32, i64, ctypes.POINTER(PendingC), u32, u32p],
+                [
+                    p,
+                    u32,
+                    u32,
+                    u32p,
+                    u32,
+                    i64,
+                    ctypes.POINTER(u64),
+                    ctypes.POINTER(PendingC),
+                    u32,
+                    u32p,
+                ],
             ),
             "krex_coord_ignore": (cint, [p, u32, u32, u64]),
             "krex_coord_reopen": (cint, [p, u32, u32]),

@@ -6,8 +6,9 @@ import ctypes
 import errno
 import os
 import time
+from collections.abc import Callable, Iterable
 
-from krexd.gate.binding import PendingC, check_id
+from krexd.gate.binding import MAX_SLOTS, PendingC, check_id
 from krexd.gate.errors import GateBusy, GateError, GateStale, GateTimeout
 from krexd.gate.slotmem import GateSlotMemory
 from krexd.gate.slots import SlotInfo
@@ -41,7 +42,13 @@ class Gate(GateSlotMemory):
         if rc != 0:
             raise GateError(f"close of gate {self.path}: {os.strerror(-rc)}", -rc)
 
-    def drain(self, holder: int, epoch: int, timeout_s: float) -> None:
+    def drain(
+        self,
+        holder: int,
+        epoch: int,
+        timeout_s: float,
+        settled: Callable[[set[int]], Iterable[int]] | None = None,
+    ) -> None:
         """Step 3: block until every sibling registration acknowledged ``epoch``, idle.
 
         Siblings are the active and exiting slots of attached tenants other
@@ -51,50 +58,95 @@ class Gate(GateSlotMemory):
         ``timeout_s`` seconds, GateStale if the gate no longer holds
         (holder, epoch).  Blocks without the GIL: call it from a worker
         thread.
+
+        ``settled(pending)``, if given, is called in this thread when the
+        first scan finds a registration pending and after each change of
+        the set of tenants (ids) that still have pending registrations,
+        with that set: every other tenant has drained.  It returns the
+        tenants it took (krexd froze them): their registrations are not
+        waited for from then on.  What it raises ends the drain.
         """
         check_id("holder", holder)
         check_id("epoch", epoch)
         if timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0, not {timeout_s}")
-        deadline = time.monotonic() + timeout_s
-        slice_s = _FIRST_JUDGE_S
+        start = time.monotonic()
+        deadline = start + timeout_s
+        judge_at = start + _FIRST_JUDGE_S
+        skip: list[int] = []
+        seen = ctypes.c_uint64(0)  # the fingerprint of the pending tenants last seen
+        # Room for every slot there can be: a truncated list would hide a pending tenant.
+        buf = (PendingC * MAX_SLOTS)()
         while True:
-            left = max(0.0, deadline - time.monotonic())
-            last = left <= slice_s
-            pending = self._wait(holder, epoch, left if last else slice_s)
-            if pending is None:
+            now = time.monotonic()
+            last = deadline <= judge_at
+            left = max(0.0, min(deadline, judge_at) - now)
+            timed = self._wait(holder, epoch, left, skip, seen, buf)
+            if timed is None:
                 return
-            slots = self._pending_slots(pending)
-            if self.judge is not None:
-                alive = []
-                for s in slots:
-                    if self.judge(s):
-                        alive.append(s)
-                    else:
-                        self.ignore(s)
-                slots = alive
+            expired, pending = timed
+            if settled is not None:
+                skip.extend(settled({p[0] for p in pending}))
+            if not expired:
+                continue  # a tenant drained (or came): wait again for the rest
+            slots = self._judged(self._pending_slots(pending))
             if last and slots:
                 raise GateTimeout(
                     f"gate {self.path}: {len(slots)} registration(s) not drained for "
                     f"epoch {epoch} after {timeout_s:g} s",
                     slots,
                 )
-            slice_s = _JUDGE_PERIOD_S
+            judge_at = time.monotonic() + _JUDGE_PERIOD_S
 
-    def _wait(self, holder: int, epoch: int, timeout_s: float) -> list[tuple[int, int, int]] | None:
-        """One C wait; None when drained, else the pending (tenant, index, owner)."""
-        cap = self._capacity()
-        pending = (PendingC * cap)()
+    def _judged(self, slots: list[SlotInfo]) -> list[SlotInfo]:
+        """The pending ``slots`` whose owners :attr:`judge` accepts; the others are ignored."""
+        if self.judge is None:
+            return slots
+        alive = []
+        for s in slots:
+            if self.judge(s):
+                alive.append(s)
+            else:
+                self.ignore(s)
+        return alive
+
+    def _wait(
+        self,
+        holder: int,
+        epoch: int,
+        timeout_s: float,
+        skip: list[int],
+        seen: ctypes.c_uint64,
+        pending: ctypes.Array[PendingC],
+    ) -> tuple[bool, list[tuple[int, int, int]]] | None:
+        """One C wait (``krex_coord_wait_change``) into ``pending``; None when drained.
+
+        Else (timed out, the pending (tenant, index, owner)): it returns
+        early, not timed out, when the set of pending tenants differs from
+        ``seen``'s fingerprint (updated).  The tenants in ``skip`` are not
+        waited for.
+        """
         npending = ctypes.c_uint32(0)
+        skipped = (ctypes.c_uint32 * max(1, len(skip)))(*skip)
         timeout_ns = min(int(timeout_s * 1e9), 2**62)
         with self._mapped() as h:
-            rc = self._lib.krex_coord_wait_drained(
-                h, holder, epoch, timeout_ns, pending, cap, ctypes.byref(npending)
+            rc = self._lib.krex_coord_wait_change(
+                h,
+                holder,
+                epoch,
+                skipped,
+                len(skip),
+                timeout_ns,
+                ctypes.byref(seen),
+                pending,
+                len(pending),
+                ctypes.byref(npending),
             )
         if rc == 0:
             return None
-        if rc == -errno.ETIMEDOUT:
-            return [(p.tenant, p.index, p.owner) for p in pending[: npending.value]]
+        if rc in (1, -errno.ETIMEDOUT):
+            found = [(p.tenant, p.index, p.owner) for p in pending[: npending.value]]
+            return rc != 1, found
         if rc == -errno.ESTALE:
             raise GateStale(
                 f"gate {self.path} no longer holds tenant {holder} epoch {epoch}", errno.ESTALE

@@ -340,7 +340,7 @@ struct krex_slot_info {
     uint32_t reserved_;
 };
 
-/* One slot still to drain (krex_coord_wait_drained). */
+/* One slot still to drain (krex_coord_wait_drained, krex_coord_wait_change). */
 struct krex_pending {
     uint32_t tenant;
     uint32_t index;
@@ -436,13 +436,29 @@ int krex_coord_close(struct krex_coord *c, uint32_t holder, uint32_t epoch);
  * than `holder` has ack_epoch == epoch and inflight == 0, and every
  * EXITING one has inflight == 0 (no acknowledgement), skipping the
  * owners krexd judged gone (krex_coord_ignore).  Spins briefly, then
- * parks on the first pending slot's ack_epoch.  -ETIMEDOUT after
+ * parks on the ack_epoch of every pending slot at once (futex_waitv; on a
+ * kernel without it, on the first one's).  -ETIMEDOUT after
  * timeout_ns, with the pending slots written to pending[0..*npending)
  * (at most `max`; either may be NULL): krexd judges their owners and
  * waits again.  -ESTALE if the gate no longer holds (holder, epoch). */
 int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder, uint32_t epoch,
                             int64_t timeout_ns, struct krex_pending *pending, uint32_t max,
                             uint32_t *npending);
+
+/* Step 3 tenant by tenant (krexd freezes each sibling tenant as soon as
+ * it has drained): krex_coord_wait_drained that does not look at the
+ * tenants in skip[0..nskip) (drained before, and frozen since) and also
+ * returns 1 as soon as the set of tenants with pending slots differs from
+ * the one whose fingerprint is *seen (0: none known, so the first scan
+ * that finds a pending slot returns), with the pending slots in
+ * pending[0..*npending) and that set's fingerprint in *seen.  A
+ * fingerprint can collide (a change then shows at the timeout).  It
+ * parks without spinning first.  0 when drained, -ETIMEDOUT (pending and
+ * *seen written), -ESTALE, -EINVAL. */
+int krex_coord_wait_change(struct krex_coord *c, uint32_t holder, uint32_t epoch,
+                           const uint32_t *skip, uint32_t nskip, int64_t timeout_ns,
+                           uint64_t *seen, struct krex_pending *pending, uint32_t max,
+                           uint32_t *npending);
 
 /* Skip slot `index` of tenant `tenant` in drains and summaries for as long
  * as its ownership word is `owner` (krexd judged that owner gone: its

@@ -21,6 +21,7 @@ from krexd import states
 from krexd.config import RegionConfig
 from krexd.coordinator import Coordinator
 from krexd.errors import Code, KrexError
+from krexd.gate import SlotInfo
 from krexd.slices import CpuSlice
 from krexd.tenants import Tenant, TenantRegistry
 from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
@@ -114,6 +115,60 @@ def test_entry_and_exit_run_the_steps_in_the_papers_order() -> None:
         assert seen["owner_at_reopen"] == holder.id, "lock released before the reopen"
         assert holder.state == s1.state == s2.state == states.RUNNING
         assert_idle(r)  # ... then the lock released
+
+    run(scenario())
+
+
+def test_each_sibling_is_frozen_as_soon_as_it_has_drained() -> None:
+    r = rig(4)
+    holder, s1, s2, s3 = r.tenants
+    # First scan: s2 and s3 pending (s1 drained); then s3 still pending; then drained.
+    r.gate.drain_steps = [{s2.id, s3.id}, {s3.id}]
+
+    async def scenario() -> None:
+        grant = await r.enter(holder)
+        e = grant["epoch"]
+        assert r.events.log == [
+            ("close", holder.id, e),  # 2
+            ("drain", holder.id, e),  # 3, and 4 for each sibling that drained
+            ("freeze", s1.id),
+            ("drain_step", (s2.id, s3.id)),
+            ("freeze", s2.id),
+            ("drain_step", (s3.id,)),
+            ("freeze", s3.id),  # 4: the rest, then wait for all
+            ("wait_frozen", s1.id),
+            ("wait_frozen", s2.id),
+            ("wait_frozen", s3.id),
+            ("set_cpus", holder.id, SLICE.cores),  # 5
+            ("pin_thread", min(holder.pids), SLICE.cores),
+        ]
+        assert s1.state == s2.state == s3.state == states.FROZEN
+        assert r.coord.status()["holder"]["siblings_frozen"] == [s1.id, s2.id, s3.id]
+        await r.exit(holder, grant)
+        assert {e[1] for e in r.events.log if e[0] == "thaw"} == {s1.id, s2.id, s3.id}
+        assert_idle(r)
+
+    run(scenario())
+
+
+def test_drain_error_after_early_freezes_thaws_them() -> None:
+    r = rig(3)
+    a, s1, s2 = r.tenants
+    r.gate.drain_steps = [{s2.id}]
+    r.gate.drain_pending = [7]  # a placeholder of tenant 0: s2 drains at the end
+
+    async def scenario() -> None:
+        with pytest.raises(KrexError) as err:
+            await r.enter(a)
+        assert err.value.code == Code.DRAIN_TIMEOUT
+        assert [e for e in r.events.log if e[0] in ("freeze", "thaw")] == [
+            ("freeze", s1.id),
+            ("freeze", s2.id),
+            ("thaw", s1.id),
+            ("thaw", s2.id),
+        ]
+        assert s1.state == s2.state == states.RUNNING
+        assert_idle(r)
 
     run(scenario())
 
@@ -349,15 +404,21 @@ def test_tenant_gone_ends_its_region() -> None:
 
 def test_drain_timeout_undoes_the_entry() -> None:
     r = rig(3)
-    a, b, _ = r.tenants
+    a, b, c = r.tenants
     r.gate.drain_pending = [4]
+    r.gate.registrations = [SlotInfo(4, "active", min(b.pids), b.id, 1, 0, 0, 0, 0, 0)]
 
     async def scenario() -> None:
         with pytest.raises(KrexError) as err:
             await r.enter(a)
         assert err.value.code == Code.DRAIN_TIMEOUT
         assert "slot 4" in err.value.message
-        assert r.events.names() == ["close", "drain", "pin_thread", "set_cpus", "reopen"]
+        # c drained (nothing pending) and was frozen during the drain; b never was.
+        assert r.events.log[:3] == [("close", a.id, 1), ("drain", a.id, 1), ("freeze", c.id)]
+        assert r.events.names()[3:] == ["pin_thread", "set_cpus", "thaw", "reopen"]
+        assert ("thaw", c.id) in r.events.log
+        assert c.state == b.state == states.RUNNING
+        r.gate.registrations = []
         assert_idle(r)
         assert r.coord.status()["regions"]["failed"] == 1
         # The GPU is usable again: the next region is granted.

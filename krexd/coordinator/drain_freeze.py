@@ -1,0 +1,109 @@
+"""Steps 3 and 4 pipelined: each sibling tenant's freeze is written as soon as it has drained.
+
+The drain (``Gate.drain``, in a worker thread) calls :meth:`DrainFreeze.settled`
+with the tenants that still have registrations pending, at its first scan
+and after each acknowledgement; every sibling tenant not among them has
+drained (all its registrations acknowledged with nothing in flight,
+EXITING with nothing in flight, judged gone, or it has none) and gets its
+``cgroup.freeze`` written right there, in the drain's thread (no hop to the
+event loop), while the drain of the others goes on.  A tenant taken so is
+not waited for by the rest of the drain: every later gated call of it
+reads the closed gate and parks (docs/design/shim.md "Ordering"), and a
+frozen drainer could not acknowledge anyway.  Step 4 then writes only the
+freezes not written yet and waits until every sibling reports frozen.
+
+Threads: ``settled`` runs in the drain's thread; :meth:`DrainFreeze.stop`
+and the tenant-state edges (RUNNING -> FREEZING) run on the event loop.
+A lock orders the two, so after ``stop`` no freeze is written, and every
+freeze written before it is in ``frozen`` (the list the failure path
+thaws) with its tenant marked FREEZING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable
+
+from krexd import states
+from krexd.coordinator.records import tenant_state
+from krexd.isolation import TenantControl, gone
+from krexd.tenants import Tenant
+
+
+class DrainFreeze:
+    """The freezes written during one entry's drain.
+
+    Args:
+        control: writes the freezes (``TenantControl.freeze``: one write
+            to a held ``cgroup.freeze``, safe from any thread).
+        siblings: the entry's siblings when the drain starts (never the
+            holder); a tenant admitted later is frozen by ``tenant_added``.
+        frozen: the entry's list of tenants whose freeze was written; each
+            freeze written here is appended to it at once.
+        loop: the event loop the entry runs on.
+    """
+
+    def __init__(
+        self,
+        control: TenantControl,
+        siblings: list[Tenant],
+        frozen: list[Tenant],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._ctl = control
+        self._waiting = list(siblings)  # not frozen yet
+        self._frozen = frozen
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._unmarked: list[Tenant] = []  # frozen here, not yet marked FREEZING
+
+    def settled(self, pending: set[int]) -> Iterable[int]:
+        """Freeze every sibling with no registration in ``pending`` (tenant ids); its id list.
+
+        Called from the drain's thread (``Gate.drain``).  A sibling whose
+        cgroup is gone (it ended) is dropped; another ``OSError`` is raised,
+        which ends the drain (the entry fails and thaws what was frozen).
+        """
+        taken: list[Tenant] = []
+        try:
+            with self._lock:
+                if self._stopped:
+                    return []
+                for sib in [t for t in self._waiting if t.id not in pending]:
+                    self._waiting.remove(sib)
+                    if any(sib is f for f in self._frozen):
+                        continue  # admitted during this entry and frozen then (tenant_added)
+                    try:
+                        self._ctl.freeze(sib)
+                    except OSError as exc:
+                        if gone(exc):
+                            continue
+                        raise
+                    self._frozen.append(sib)
+                    self._unmarked.append(sib)
+                    taken.append(sib)
+        finally:
+            if taken:
+                self._loop.call_soon_threadsafe(self._mark)
+        return [t.id for t in taken]
+
+    def stop(self) -> list[Tenant]:
+        """No freeze from the drain after this (call on the loop); the siblings not frozen.
+
+        Marks the tenants frozen so far FREEZING, so that a failed entry's
+        thaw finds them in that state.
+        """
+        with self._lock:
+            self._stopped = True
+            rest = list(self._waiting)
+        self._mark()
+        return rest
+
+    def _mark(self) -> None:
+        """RUNNING -> FREEZING for the tenants frozen since the last call (on the loop)."""
+        with self._lock:
+            marked, self._unmarked = self._unmarked, []
+        for sib in marked:
+            tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING

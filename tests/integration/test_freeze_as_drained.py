@@ -1,0 +1,200 @@
+"""Full stack over the fake driver: each sibling is frozen as soon as it has drained.
+
+Real krexd, real cgroups, the real shim LD_PRELOADed by ``krex run``.  One
+sibling ("slow") has a long kernel queued when the holder enters, so its
+drainer acknowledges only once that kernel ended (it synchronizes first);
+the other ("quick") drains at once.  While the entry waits for the slow
+one, the test reads both siblings' ``cgroup.events``: the quick one must be
+frozen already, the slow one not until its kernel (hence its
+acknowledgement) is over.  Before the pipelining, every freeze came after
+the whole drain, so the quick sibling was never seen frozen while the slow
+one drained.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.fakecuda import timeline
+
+pytestmark = [pytest.mark.root]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAKE_DIR = os.path.join(REPO, "build", "fakecuda")
+SHIM = os.path.join(REPO, "build", "lib", "libkrex_shim.so")
+PROGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs")
+SIBLING = os.path.join(PROGS, "launch_on_demand.py")
+HOLDER = os.path.join(PROGS, "entering_holder.py")
+SLOW_NS = 1_500_000_000  # the slow sibling's kernel, queued just before the entry
+
+
+class Lines:
+    """A child's stdout as a queue of lines (read by a thread)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self._q: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._q.put(line.strip())
+
+    def get(self, timeout_s: float = 30.0) -> str:
+        try:
+            return self._q.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"pid {self.proc.pid} said nothing in {timeout_s} s") from None
+
+    def poll(self) -> str | None:
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            return None
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+
+def _v2_mount() -> str:
+    """Where cgroup v2 is mounted (``/sys/fs/cgroup``, or ``.../unified`` on a hybrid host)."""
+    with open("/proc/self/mounts") as f:
+        return next(line.split()[1] for line in f if line.split()[2] == "cgroup2")
+
+
+def _frozen(pid: int) -> bool:
+    """``frozen`` of the cgroup that process ``pid`` is in (cgroup v2 ``cgroup.events``)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        path = next(line[3:].strip() for line in f if line.startswith("0::"))
+    with open(f"{_v2_mount()}{path}/cgroup.events") as f:
+        return any(line.split() == ["frozen", "1"] for line in f)
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    timeline: str
+    quick: Lines
+    slow: Lines
+    holder: Lines
+    quick_pid: int
+    slow_pid: int
+
+
+def _start(k: Any, procs: list[subprocess.Popen[str]]) -> Stack:
+    if not (os.path.exists(SHIM) and os.path.exists(os.path.join(FAKE_DIR, "libcuda.so.1"))):
+        pytest.fail("build the shim and the fake driver first: make")
+    tl = os.path.join(k.workdir, "timeline")
+    env = dict(
+        k.env,
+        LD_LIBRARY_PATH=FAKE_DIR,
+        KREX_FAKE_TIMELINE=tl,
+        KREX_FAKE_STATE=os.path.join(k.workdir, "fakestate"),
+    )
+
+    def start(*argv: str) -> Lines:
+        p = subprocess.Popen(
+            [*k.krex, "run", "--", sys.executable, *argv],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(p)
+        return Lines(p)
+
+    quick, slow, holder = start(SIBLING), start(SIBLING), start(HOLDER)
+    quick_pid = json.loads(quick.get())["pid"]
+    slow_pid = json.loads(slow.get())["pid"]
+    assert holder.get() == "ready"
+    return Stack(env, tl, quick, slow, holder, quick_pid, slow_pid)
+
+
+def _enter_watching(s: Stack) -> tuple[dict[str, Any], list[tuple[int, bool, bool]]]:
+    """Queue the slow kernel, enter; (the holder's reply, [(ns, quick frozen, slow frozen)])."""
+    s.slow.send(str(SLOW_NS))
+    assert s.slow.get() == "launched"
+    s.holder.send("enter")
+    seen: list[tuple[int, bool, bool]] = []
+    deadline = time.monotonic() + 30
+    while (reply := s.holder.poll()) is None:
+        assert time.monotonic() < deadline, "the holder's entry never ended"
+        seen.append((time.monotonic_ns(), _frozen(s.quick_pid), _frozen(s.slow_pid)))
+        time.sleep(0.0005)
+    return json.loads(reply), seen
+
+
+def _slow_kernel_end(s: Stack) -> int:
+    return max(
+        r.end_ns
+        for r in timeline.read(s.timeline)
+        if r.pid == s.slow_pid and r.duration_ns == SLOW_NS
+    )
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        if p.stdin is not None:
+            p.stdin.close()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def test_a_drained_sibling_is_frozen_while_another_still_drains(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=4)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        s = _start(k, procs)
+        reply, seen = _enter_watching(s)
+        assert reply["ok"], reply
+        end = _slow_kernel_end(s)
+        assert reply["granted_ns"] >= end
+        # The quick sibling froze while the slow one was still draining (its kernel ran) ...
+        early = [t for t, quick, slow in seen if quick and not slow and t < end - 200_000_000]
+        assert early, f"quick sibling never seen frozen during the slow one's drain: {seen[:5]}"
+        # ... and the slow one was not frozen before it could acknowledge.
+        slow_frozen = [t for t, _, slow in seen if slow]
+        assert not slow_frozen or min(slow_frozen) >= end
+        assert _frozen(s.quick_pid) is False and _frozen(s.slow_pid) is False  # thawed at exit
+    finally:
+        _stop(procs)
+
+
+def test_a_drain_timeout_after_early_freezes_thaws_every_sibling(krexd_factory: Any) -> None:
+    k = krexd_factory(slots=4, config={"region": {"drain_timeout_s": 0.5}})
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        s = _start(k, procs)
+        reply, seen = _enter_watching(s)  # the slow sibling drains in 1.5 s: too late
+        assert not reply["ok"] and "DRAIN_TIMEOUT" in reply["error"], reply
+        assert any(quick and not slow for _, quick, slow in seen), "nothing was frozen early"
+        # Undone: nobody frozen, the gate open, no region.
+        assert not _frozen(s.quick_pid) and not _frozen(s.slow_pid)
+        gpu = k.status()["gpus"][0]
+        assert gpu["region"]["holder"] is None, gpu
+        assert gpu["region"]["regions"]["failed"] == 1
+        # The quick sibling runs and launches again at once; a later entry is granted.
+        s.quick.send("1000")
+        assert s.quick.get(timeout_s=5) == "launched"
+        time.sleep(max(0.0, (_slow_kernel_end(s) - time.monotonic_ns()) / 1e9))
+        s.holder.send("enter")
+        assert json.loads(s.holder.get())["ok"]
+    finally:
+        _stop(procs)
