@@ -247,8 +247,9 @@ class Lifecycle:
         (``krexd.identity.check_placeable``): ``KrexError(AUTH)``
         otherwise, ``KrexError(BAD_FIELD)`` when it is gone or the tenant ended.
         ``slots_fd``: the launcher's fd of the tenant's slot memory, attached
-        to the GPU's gate here (once), before the command runs
-        (``KrexError(BAD_FIELD)`` when it is not acceptable).  ``pool_pid``:
+        to the GPU's gate here (once, by the place that starts the command),
+        before the command runs (``KrexError(BAD_FIELD)`` when it is not
+        acceptable, or offered once the command runs without one).  ``pool_pid``:
         the pool the launcher talked to; ``pid`` must then be a child of that
         registered pool (``KrexError(AUTH)`` otherwise).
         """
@@ -281,6 +282,15 @@ class Lifecycle:
         gate = self._gpus[tenant.gpu].gate
         if gate is None or tenant.exclusive or tenant.slots_attached:
             return
+        if tenant.state != states.ADMITTED:
+            # Only the place that starts the command attaches: a region entry judges a
+            # running tenant with nothing attached as having no registration to drain,
+            # and may freeze it and stop waiting for it (coordinator/drain_freeze.py).
+            raise KrexError(
+                Code.BAD_FIELD,
+                f"tenant {tenant.id} is running: its slot memory is attached by its "
+                "first place only",
+            )
         try:
             fd = os.open(f"/proc/{tenant.launcher_pid}/fd/{slots_fd}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:

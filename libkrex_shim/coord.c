@@ -501,9 +501,15 @@ static _Atomic int no_waitv;
 static void park_until(const struct park *p, int64_t now, int64_t until)
 {
     if (p->n && !atomic_load_explicit(&no_waitv, memory_order_relaxed)) {
-        if (krex_futex_waitv(p->w, p->n, until) != -ENOSYS)
+        int r = krex_futex_waitv(p->w, p->n, until);
+        if (r == 0 || r == -EAGAIN || r == -ETIMEDOUT || r == -EINTR)
             return;
-        atomic_store_explicit(&no_waitv, 1, memory_order_relaxed);
+        /* Refused without waiting: never use it again when the kernel lacks
+         * it (before 5.16) or a seccomp profile denies it; any other error
+         * (a slot memory detached under the wait: EFAULT) only this time.
+         * Either way this slice waits below rather than spin. */
+        if (r == -ENOSYS || r == -EPERM)
+            atomic_store_explicit(&no_waitv, 1, memory_order_relaxed);
     }
     if (p->n) {
         /* Without futex_waitv: the first pending slot only (the others are
@@ -511,7 +517,8 @@ static void park_until(const struct park *p, int64_t now, int64_t until)
         krex_futex_wait((const _Atomic uint32_t *)(uintptr_t)p->w[0].uaddr,
                         (uint32_t)p->w[0].val, until - now);
     } else {
-        struct timespec ts = {0, (long)(until - now)};
+        int64_t left = until - now;
+        struct timespec ts = {(time_t)(left / 1000000000LL), (long)(left % 1000000000LL)};
         nanosleep(&ts, NULL);
     }
 }

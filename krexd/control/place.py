@@ -15,7 +15,9 @@ the tenant cgroup (paper §4.2: freezing catches ``import torch``).
 ``slots_fd`` is the launcher's fd of the tenant's slot memory (the memfd
 the ``admit`` reply described): krexd opens it as
 ``/proc/<launcher>/fd/<slots_fd>``, checks its seals, size and header, and
-maps it read-only before the command runs (docs/design/shim.md).
+maps it read-only before the command runs (docs/design/shim.md); only the
+place that starts the command may carry it (a running tenant with nothing
+attached has no registration a drain waits for).
 ``pool`` (``krex run --warm``): the pid of the warm pool ``krex run`` talked
 to (the kernel's ``SO_PEERCRED`` of its connection); the pid must then be a
 child of that registered pool, never of another process (a relay on the

@@ -58,6 +58,7 @@ class DrainFreeze:
         self._lock = threading.Lock()
         self._stopped = False
         self._unmarked: list[Tenant] = []  # frozen here, not yet marked FREEZING
+        self._skipped: set[int] = set()  # ids the drain was told to stop waiting for
 
     def settled(self, pending: set[int]) -> Iterable[int]:
         """Freeze every sibling with no registration in ``pending`` (tenant ids); its id list.
@@ -67,10 +68,15 @@ class DrainFreeze:
         which ends the drain (the entry fails and thaws what was frozen).
         """
         taken: list[Tenant] = []
+        skip: list[int] = []
         try:
             with self._lock:
                 if self._stopped:
                     return []
+                # Admitted during this entry and frozen at once (tenant_added): its
+                # processes never ran since; its launcher, outside the cgroup, could
+                # still flip forged slots and wake the drain for nothing.
+                skip = [f.id for f in self._frozen if f.id not in self._skipped]
                 for sib in [t for t in self._waiting if t.id not in pending]:
                     self._waiting.remove(sib)
                     if any(sib is f for f in self._frozen):
@@ -87,7 +93,9 @@ class DrainFreeze:
         finally:
             if taken:
                 self._loop.call_soon_threadsafe(self._mark)
-        return [t.id for t in taken]
+        ids = skip + [t.id for t in taken if t.id not in skip]
+        self._skipped.update(ids)
+        return ids
 
     def stop(self) -> list[Tenant]:
         """No freeze from the drain after this (call on the loop); the siblings not frozen.

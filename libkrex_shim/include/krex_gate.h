@@ -423,8 +423,9 @@ int krex_coord_relink(struct krex_coord *c, const char *path, const char *keep);
  * missing seals, -EPROTO for a wrong size, magic, version or tenant. */
 int krex_coord_attach(struct krex_coord *c, uint32_t tenant, int fd);
 /* Forget tenant `tenant`'s slot memory (its summary row is cleared).
- * -ENOENT when not attached.  Not while a wait_drained is in progress
- * (krexd serializes them). */
+ * -ENOENT when not attached.  May run while a drain waits (krexd ends a
+ * tenant on its event loop): the scan holds the read lock, and a futex
+ * wait on the unmapped memory fails once with EFAULT (coord.c park_until). */
 int krex_coord_detach(struct krex_coord *c, uint32_t tenant);
 
 /* Step 2: close the gate for `holder` with `epoch`.  -EBUSY if not open,

@@ -60,3 +60,32 @@ def test_tokens_are_checked(krexd_factory: Factory) -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_slot_memory_is_attached_by_the_first_place_only(krexd_factory: Factory) -> None:
+    """A running tenant that placed without slot memory cannot attach one later.
+
+    A region entry takes a running tenant with nothing attached for one with no
+    registration to drain (it may freeze it and stop waiting for it): memory
+    attached after that would hold registrations no drain ever waited for.
+    """
+    from krex_cli import slotmem
+
+    k = krexd_factory(slots=2)
+    a = admit(k)
+    slots = a.get("slots")
+    assert isinstance(slots, dict), "a shared tenant on a gated GPU gets slot memory"
+    tenant, token = int(a["tenant"]), str(a["token"])  # type: ignore[call-overload]
+    fd = slotmem.create(int(slots["size"]), bytes(slots["header"]))
+    first = subprocess.Popen(["sleep", "30"])
+    second = subprocess.Popen(["sleep", "30"])
+    try:
+        k.request("place", {"pid": first.pid}, tenant=tenant, token=token)  # now running
+        body = {"pid": second.pid, "slots_fd": fd}
+        assert refused(k, "place", body, tenant, token) == "BAD_FIELD"
+        k.request("release", {"exit_code": 0}, tenant=tenant, token=token)
+    finally:
+        os.close(fd)
+        for p in (first, second):
+            p.kill()
+            p.wait()
