@@ -42,6 +42,21 @@ def gone(exc: OSError) -> bool:
     return exc.errno in (errno.ENOENT, errno.ESRCH, errno.ENODEV)
 
 
+def freeze_unless_gone(control: TenantControl, tenant: Tenant) -> bool:
+    """Write ``tenant``'s freeze (step 4); False when its cgroup is gone (it ended).
+
+    Raises:
+        OSError: any other failure of the write.
+    """
+    try:
+        control.freeze(tenant)
+    except OSError as exc:
+        if gone(exc):
+            return False
+        raise
+    return True
+
+
 class Watch(Protocol):
     """A watch on a process started by :meth:`TenantControl.watch_exit`."""
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 from krexd import states
 from krexd.coordinator.records import tenant_state
-from krexd.isolation import TenantControl, gone
+from krexd.isolation import TenantControl, freeze_unless_gone
 from krexd.tenants import Tenant
 
 
@@ -81,12 +81,8 @@ class DrainFreeze:
                     self._waiting.remove(sib)
                     if any(sib is f for f in self._frozen):
                         continue  # admitted during this entry and frozen then (tenant_added)
-                    try:
-                        self._ctl.freeze(sib)
-                    except OSError as exc:
-                        if gone(exc):
-                            continue
-                        raise
+                    if not freeze_unless_gone(self._ctl, sib):
+                        continue
                     self._frozen.append(sib)
                     self._unmarked.append(sib)
                     taken.append(sib)

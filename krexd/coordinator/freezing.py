@@ -18,7 +18,7 @@ from krexd import states
 from krexd.coordinator.base import CoordinatorBase
 from krexd.coordinator.records import tenant_state
 from krexd.errors import Code, KrexError
-from krexd.isolation import gone
+from krexd.isolation import freeze_unless_gone, gone
 from krexd.tenants import Tenant
 
 #: One logger for the package: its lines read as they did from one module.
@@ -40,12 +40,8 @@ class Freezing(CoordinatorBase):
         for sib in siblings:
             if any(sib is f for f in frozen):
                 continue  # admitted during this entry and frozen then (tenant_added)
-            try:
-                self._ctl.freeze(sib)
-            except OSError as exc:
-                if gone(exc):
-                    continue
-                raise
+            if not freeze_unless_gone(self._ctl, sib):
+                continue
             tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
             frozen.append(sib)
         timeout_s = self._cfg.freeze_timeout_s

@@ -1,4 +1,5 @@
-"""Fixtures: ``gate``, an open gate in the test's temporary directory.
+"""Fixtures: ``gate``, an open gate in the test's temporary directory; ``spawn``,
+``gate_tenant`` processes on it.
 
 Its ``judge`` (krexd's verdict on registrations still pending in a drain)
 checks pid and start time only: these tests run no cgroups.
@@ -10,7 +11,7 @@ that library.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from krexd.gate import Gate
 from tests.support import ShimBuild, forget_gate
 
-from .procs import alive_judge
+from .procs import Tenant, alive_judge
 
 
 @pytest.fixture
@@ -30,3 +31,18 @@ def gate(shim_build: ShimBuild, tmp_path: Path) -> Iterator[Gate]:
     yield g
     g.unmap()
     forget_gate(g)
+
+
+@pytest.fixture
+def spawn(shim_build: ShimBuild, gate: Gate, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
+    """Start gate_tenant processes on ``gate``; all are killed at the end."""
+    started: list[Tenant] = []
+
+    def start(tenant: int, *args: str) -> Tenant:
+        t = Tenant.start(shim_build, gate, tenant, tmp_path, *args)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.kill()

@@ -10,31 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 import pytest
 
 from krexd.gate import Gate, GateTimeout
 
-from .procs import ShimBuild, Tenant, slot_of, wait_for
+from .procs import Tenant, slot_of, wait_for
 
 HOLDER = 1
-
-
-@pytest.fixture
-def spawn(shim_build: ShimBuild, gate: Gate, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
-    """Start gate_tenant processes on ``gate``; all are killed at the end."""
-    started: list[Tenant] = []
-
-    def start(tenant: int, *args: str) -> Tenant:
-        t = Tenant.start(shim_build, gate, tenant, tmp_path, *args)
-        started.append(t)
-        return t
-
-    yield start
-    for t in started:
-        t.kill()
 
 
 class Reports:

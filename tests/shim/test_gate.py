@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,21 +25,6 @@ from tests.support import tenant_env
 from .procs import ShimBuild, Tenant, alive_judge, cpu_ticks, slot_of, wait_for
 
 HOLDER = 1
-
-
-@pytest.fixture
-def spawn(shim_build: ShimBuild, gate: Gate, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
-    """Start gate_tenant processes on ``gate``; all are killed at the end."""
-    started: list[Tenant] = []
-
-    def start(tenant: int, *args: str) -> Tenant:
-        t = Tenant.start(shim_build, gate, tenant, tmp_path, *args)
-        started.append(t)
-        return t
-
-    yield start
-    for t in started:
-        t.kill()
 
 
 def indices(slots: list[SlotInfo]) -> list[int]:

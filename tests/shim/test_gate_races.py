@@ -22,10 +22,8 @@ import random
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from krexd.gate import Gate, GateTimeout
 from tests.support import ShimBuild, forget_gate, tenant_env
@@ -57,21 +55,6 @@ class Paused:
         out, _ = self.proc.communicate(timeout=10)
         assert self.proc.returncode == 0, out
         return out.strip()
-
-
-@pytest.fixture
-def spawn(shim_build: ShimBuild, gate: Gate, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
-    """Start gate_tenant processes on ``gate``; all are killed at the end."""
-    started: list[Tenant] = []
-
-    def start(tenant: int, *args: str) -> Tenant:
-        t = Tenant.start(shim_build, gate, tenant, tmp_path, *args)
-        started.append(t)
-        return t
-
-    yield start
-    for t in started:
-        t.kill()
 
 
 def reclaim(build: ShimBuild, gate: Gate) -> int:

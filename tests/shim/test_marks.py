@@ -94,26 +94,35 @@ def kernels_of(fc: FakeCuda, pid: int) -> list[tuple[int, int]]:
     return [(r.start_ns, r.end_ns) for r in fc.records() if r.pid == pid]
 
 
+def launch_paused(t: CuTenant, armed: Armed) -> None:
+    """A new thread of ``t`` whose launch is admitted on its mark, paused before the driver."""
+    t.run("init")
+    t.run("stream 1")
+    armed.arm()
+    t.send(f"bglaunchctx 1 1 {KERNEL_NS}")  # its cuCtxSetCurrent passes (skip 1)
+    armed.wait_paused()
+
+
+def assert_ran_before(fc: FakeCuda, pid: int, drained_ns: int) -> None:
+    """The paused launch reached the device and ended before the drain returned."""
+    time.sleep(0.05)
+    ran = kernels_of(fc, pid)
+    assert ran, "the launch never reached the device"
+    assert all(end <= drained_ns for _, end in ran), "the kernel ran inside the region"
+
+
 def test_the_drain_waits_for_a_call_counted_in_its_mark(
     shim_build: ShimBuild, fc: FakeCuda, gate: Gate, armed: Armed
 ) -> None:
     t = CuTenant(shim_build, armed.env)
     try:
-        t.run("init")
-        t.run("stream 1")
-        armed.arm()
-        t.send(f"bglaunchctx 1 1 {KERNEL_NS}")  # a new thread: launch admitted on its mark
-        armed.wait_paused()
+        launch_paused(t, armed)
         d = Drain(gate, 1)
         time.sleep(0.3)
         assert d.done_ns is None and d.error is None, "drained over a call in flight"
         armed.release()
         assert t.reply(20)["rc"] == 0
-        drained = d.join()
-        time.sleep(0.05)
-        ran = kernels_of(fc, t.pid)
-        assert ran, "the launch never reached the device"
-        assert all(end <= drained for _, end in ran), "the kernel ran inside the region"
+        assert_ran_before(fc, t.pid, d.join())
         gate.reopen(HOLDER, 1)
     finally:
         t.close()
@@ -182,11 +191,7 @@ def test_the_exit_path_waits_for_a_call_counted_in_its_mark(
 ) -> None:
     t = CuTenant(shim_build, armed.env)
     try:
-        t.run("init")
-        t.run("stream 1")
-        armed.arm()
-        t.send(f"bglaunchctx 1 1 {KERNEL_NS}")
-        armed.wait_paused()
+        launch_paused(t, armed)
         d = Drain(gate, 3)
         t.send("quit")  # exit begins while the marked call is in flight
         time.sleep(0.3)
@@ -194,10 +199,7 @@ def test_the_exit_path_waits_for_a_call_counted_in_its_mark(
         assert "exiting" not in states, "EXITING with a marked call in flight"
         assert d.done_ns is None and d.error is None, "drained over a call in flight"
         armed.release()
-        drained = d.join()
-        time.sleep(0.05)
-        ran = kernels_of(fc, t.pid)
-        assert ran and all(end <= drained for _, end in ran), "the kernel ran inside the region"
+        assert_ran_before(fc, t.pid, d.join())
         gate.reopen(HOLDER, 3)
     finally:
         t.close()
