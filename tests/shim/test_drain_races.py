@@ -149,17 +149,18 @@ def test_capture_end_waits_for_an_uncounted_launch(
     try:
         p.t.run("init")
         p.t.run("stream 1")
+        p.t.run("bgstart")  # a worker with the context current, made while the gate is open
         p.t.run("begin 1 relaxed")
         drained["start"](3)  # type: ignore[operator]
         wait_for(lambda: "drained" in drained, what="drain")
         closed_at = time.monotonic_ns()
-        p.t.send(f"bglaunch 1 1 {KERNEL_NS}")  # finds stream 1 capturing: passes uncounted
+        p.t.send(f"bgrun 1 1 {KERNEL_NS}")  # finds stream 1 capturing: passes uncounted
         p.wait_paused()
         p.t.send("end 1")
         assert_pending(p.t)  # the capture cannot end under the launch
         p.release()
-        got = {p.t.reply(20)["cmd"]: 0 for _ in range(2)}
-        assert set(got) == {"bglaunch", "end"}
+        got = {r["cmd"]: r["rc"] for r in (p.t.reply(20), p.t.reply(20))}
+        assert got == {"bglaunch": 0, "end": 0}, got  # captured, then the capture ended
         time.sleep(0.1)
         ran = [r for r in fc.records() if r.pid == p.t.pid and r.end_ns > closed_at]
         assert ran == [], "the launch ran on the device while the gate was closed"

@@ -17,6 +17,9 @@
  *   bglaunch ID N NS           the same from a new thread; its reply comes when done
  *   bglaunchctx ID N NS        bglaunch from a thread that first makes the context of
  *                              "init" current (cuCtxSetCurrent, then the launches)
+ *   bgstart                    start a worker thread with the context of "init" current
+ *   bgrun ID N NS              launch N kernels of NS ns on stream ID from that worker;
+ *                              its reply ("bglaunch") comes when done
  *   streamdestroy ID           cuStreamDestroy_v2 of stream ID
  *   newctx                     cuCtxCreate_v4 (current on this thread): "ctx" = its number
  *   usectx I | ctxdestroy I    cuCtxSetCurrent / cuCtxDestroy_v2 of context number I
@@ -245,6 +248,53 @@ static int cmd_bglaunch(int id, long n, uint64_t ns, int set_ctx)
     return 0;
 }
 
+/* The worker of bgstart/bgrun: one job at a time. */
+static pthread_mutex_t job_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t job_cv = PTHREAD_COND_INITIALIZER;
+static struct bg job;
+static int job_ready;
+
+static void *bg_worker(void *arg)
+{
+    int r = p_cuCtxSetCurrent(init_ctx);
+    pthread_mutex_lock(&out_mu);
+    printf("{\"cmd\": \"bgstart\", \"rc\": %d}\n", r);
+    fflush(stdout);
+    pthread_mutex_unlock(&out_mu);
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&job_mu);
+        while (!job_ready)
+            pthread_cond_wait(&job_cv, &job_mu);
+        struct bg *b = malloc(sizeof *b);
+        if (b)
+            *b = job;
+        job_ready = 0;
+        pthread_mutex_unlock(&job_mu);
+        if (b)
+            bg_launch(b); /* replies and frees b */
+    }
+    return NULL;
+}
+
+static int cmd_bgstart(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, bg_worker, NULL) != 0)
+        return -3;
+    pthread_detach(t);
+    return 0;
+}
+
+static void cmd_bgrun(int id, long n, uint64_t ns)
+{
+    pthread_mutex_lock(&job_mu);
+    job = (struct bg){id, n, ns, 0};
+    job_ready = 1;
+    pthread_cond_signal(&job_cv);
+    pthread_mutex_unlock(&job_mu);
+}
+
 static CUstreamCaptureMode mode_of(const char *s)
 {
     if (s && !strcmp(s, "thread"))
@@ -285,6 +335,12 @@ int main(void)
             if ((r = cmd_bglaunch(atoi(a), atol(b), strtoull(c, NULL, 10),
                                   !strcmp(cmd, "bglaunchctx"))) == 0)
                 continue; /* the thread replies */
+        } else if (!strcmp(cmd, "bgstart")) {
+            if ((r = cmd_bgstart()) == 0)
+                continue; /* the worker replies */
+        } else if (!strcmp(cmd, "bgrun")) {
+            cmd_bgrun(atoi(a), atol(b), strtoull(c, NULL, 10));
+            continue; /* the worker replies */
         } else if (!strcmp(cmd, "streamdestroy")) {
             r = p_cuStreamDestroy_v2(stream_of(atoi(a)));
         } else if (!strcmp(cmd, "newctx")) {
