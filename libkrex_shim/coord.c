@@ -32,11 +32,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-/* How long the coordinator scans before parking (ns), the longest it
- * parks on one pending slot's ack_epoch before scanning again, and how
- * often it polls a slot that acknowledged but shows a transient in-flight
+/* The longest the coordinator parks on the pending slots' ack_epoch
+ * words before scanning again (ns), and how often it polls a slot that acknowledged but shows a transient in-flight
  * call (a retracting submitter, which cannot wake it). */
-#define COORD_SPIN_NS 50000LL
 #define COORD_SLICE_NS 5000000LL
 #define COORD_POLL_NS 50000LL
 /* No process has this many driver calls in flight at once. */
@@ -523,12 +521,16 @@ static void park_until(const struct park *p, int64_t now, int64_t until)
     }
 }
 
-/* The drain's loop (krex_coord_wait_drained, krex_coord_wait_change). */
-static int wait_pending(struct krex_coord *c, uint32_t holder, uint32_t epoch,
-                        const uint32_t *skip, uint32_t nskip, int64_t timeout_ns, uint64_t *seen,
-                        struct krex_pending *pending, uint32_t max, uint32_t *npending)
+/* Step 3 (krex_gate.h): scan, and park until an acknowledgement may have
+ * come; return when drained, when the set of pending tenants changed, or
+ * at the timeout.  No spin first: krexd calls it again after each change,
+ * and a spin each time would take a core from the drainers it waits for. */
+KREX_GATE_API int krex_coord_wait_change(struct krex_coord *c, uint32_t holder, uint32_t epoch,
+                                         const uint32_t *skip, uint32_t nskip, int64_t timeout_ns,
+                                         uint64_t *seen, struct krex_pending *pending,
+                                         uint32_t max, uint32_t *npending)
 {
-    if (!c || holder == 0 || epoch == 0 || (nskip && !skip))
+    if (!c || holder == 0 || epoch == 0 || (nskip && !skip) || !seen)
         return -EINVAL;
     int saved = errno;
     const uint64_t w = krex_gate_word(holder, epoch);
@@ -547,49 +549,22 @@ static int wait_pending(struct krex_coord *c, uint32_t holder, uint32_t epoch,
         int64_t t = krex_gate_now_ns();
         int last = t >= deadline;
         pthread_rwlock_rdlock(&c->mu);
-        uint32_t n = scan_pending(c, holder, epoch, skip, nskip, last || seen ? pending : NULL,
-                                  max, &park);
+        uint32_t n = scan_pending(c, holder, epoch, skip, nskip, pending, max, &park);
         pthread_rwlock_unlock(&c->mu);
         if (n == 0)
             break;
-        int changed = seen && park.print != *seen;
-        if (last || changed) {
+        if (last || park.print != *seen) {
             if (npending)
                 *npending = n < max ? n : max;
-            if (seen)
-                *seen = park.print;
+            *seen = park.print;
             rc = last ? -ETIMEDOUT : 1;
             break;
-        }
-        /* Spin only in a whole drain: one that reports changes is called
-         * again after each, and would spin each time, taking a core from
-         * the drainers it waits for. */
-        if (!seen && t - start < COORD_SPIN_NS) {
-            krex_cpu_relax();
-            continue;
         }
         int64_t until = t + (park.poll ? COORD_POLL_NS : COORD_SLICE_NS);
         park_until(&park, t, until < deadline ? until : deadline);
     }
     errno = saved;
     return rc;
-}
-
-KREX_GATE_API int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder, uint32_t epoch,
-                                          int64_t timeout_ns, struct krex_pending *pending,
-                                          uint32_t max, uint32_t *npending)
-{
-    return wait_pending(c, holder, epoch, NULL, 0, timeout_ns, NULL, pending, max, npending);
-}
-
-KREX_GATE_API int krex_coord_wait_change(struct krex_coord *c, uint32_t holder, uint32_t epoch,
-                                         const uint32_t *skip, uint32_t nskip, int64_t timeout_ns,
-                                         uint64_t *seen, struct krex_pending *pending,
-                                         uint32_t max, uint32_t *npending)
-{
-    if (!seen)
-        return -EINVAL;
-    return wait_pending(c, holder, epoch, skip, nskip, timeout_ns, seen, pending, max, npending);
 }
 
 KREX_GATE_API int krex_coord_reopen(struct krex_coord *c, uint32_t holder, uint32_t epoch)

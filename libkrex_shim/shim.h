@@ -154,7 +154,6 @@ void krex_leave_exiting(struct krex_slot *s);
  * Slots are 64-byte aligned, and KREX_REFUSED/KREX_CAPTURED are small
  * values, never a tagged slot. */
 #define KREX_MARKED ((uintptr_t)1)
-#define KREX_UNTAG(s) ((struct krex_slot *)((uintptr_t)(s) & ~KREX_MARKED))
 
 /* The fast path on this thread's mark (marks.h): set it, read the word
  * (no fence: the drainer's membarrier pairs with the compiler barrier),

@@ -55,7 +55,7 @@
  * slot's ack_epoch (no shared ack_seq) and krexd's per-tenant memory
  * summary in the gate; 6 is reserved (a fault word); 7: both of 5's
  * changes together: EXITING slots live in the tenant's slot memory, the
- * exiting process marks its own slot, and krex_coord_wait_drained counts
+ * exiting process marks its own slot, and the drain counts
  * an EXITING slot with nothing in flight as drained; 8 adds
  * krex_slot.fault (the first fatal CUDA error the process saw, written by
  * the owner in its tenant's slot memory, carved from the slot's padding)
@@ -340,7 +340,7 @@ struct krex_slot_info {
     uint32_t reserved_;
 };
 
-/* One slot still to drain (krex_coord_wait_drained, krex_coord_wait_change). */
+/* One slot still to drain (krex_coord_wait_change). */
 struct krex_pending {
     uint32_t tenant;
     uint32_t index;
@@ -433,29 +433,22 @@ int krex_coord_detach(struct krex_coord *c, uint32_t tenant);
  * requested (krex_coord_audit's bound for acknowledgements). */
 int krex_coord_close(struct krex_coord *c, uint32_t holder, uint32_t epoch);
 
-/* Step 3: wait until every ACTIVE slot of every attached tenant other
- * than `holder` has ack_epoch == epoch and inflight == 0, and every
- * EXITING one has inflight == 0 (no acknowledgement), skipping the
- * owners krexd judged gone (krex_coord_ignore).  Spins briefly, then
- * parks on the ack_epoch of every pending slot at once (futex_waitv; on a
- * kernel without it, on the first one's).  -ETIMEDOUT after
- * timeout_ns, with the pending slots written to pending[0..*npending)
- * (at most `max`; either may be NULL): krexd judges their owners and
- * waits again.  -ESTALE if the gate no longer holds (holder, epoch). */
-int krex_coord_wait_drained(struct krex_coord *c, uint32_t holder, uint32_t epoch,
-                            int64_t timeout_ns, struct krex_pending *pending, uint32_t max,
-                            uint32_t *npending);
-
-/* Step 3 tenant by tenant (krexd freezes each sibling tenant as soon as
- * it has drained): krex_coord_wait_drained that does not look at the
- * tenants in skip[0..nskip) (drained before, and frozen since) and also
- * returns 1 as soon as the set of tenants with pending slots differs from
- * the one whose fingerprint is *seen (0: none known, so the first scan
- * that finds a pending slot returns), with the pending slots in
- * pending[0..*npending) and that set's fingerprint in *seen.  A
- * fingerprint can collide (a change then shows at the timeout).  It
- * parks without spinning first.  0 when drained, -ETIMEDOUT (pending and
- * *seen written), -ESTALE, -EINVAL. */
+/* Step 3, tenant by tenant: wait until every ACTIVE slot of every
+ * attached tenant other than `holder` has ack_epoch == epoch and
+ * inflight == 0, and every EXITING one has inflight == 0 (no
+ * acknowledgement), skipping the owners krexd judged gone
+ * (krex_coord_ignore) and the tenants in skip[0..nskip) (drained before,
+ * and frozen since: krexd freezes each sibling tenant as soon as it has
+ * drained).  Parks on the ack_epoch of every pending slot at once
+ * (futex_waitv; where it is missing or refused, on the first one's).
+ * Returns 0 when drained; 1 as soon as the set of tenants with pending
+ * slots differs from the one whose fingerprint is *seen (0: none known, so
+ * the first scan that finds a pending slot returns), with the pending
+ * slots in pending[0..*npending) (at most `max`) and that set's
+ * fingerprint in *seen (a fingerprint can collide: a change then shows at
+ * the timeout); -ETIMEDOUT after timeout_ns, pending and *seen written
+ * likewise (krexd judges the owners and waits again); -ESTALE if the gate
+ * no longer holds (holder, epoch); -EINVAL. */
 int krex_coord_wait_change(struct krex_coord *c, uint32_t holder, uint32_t epoch,
                            const uint32_t *skip, uint32_t nskip, int64_t timeout_ns,
                            uint64_t *seen, struct krex_pending *pending, uint32_t max,
