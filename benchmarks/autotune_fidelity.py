@@ -7,8 +7,10 @@ runs, one at a time; the serial winner is the configuration most of them
 picked), then runs trials of ``--commands`` copies at once through
 ``krex run``:
 
-* **auto-regions**: ``KREX_AUTOREGION=1`` — every ``do_bench`` the
-  autotuner makes runs in a critical region (krex_client.implicit);
+* **auto-regions**: ``KREX_AUTOREGION=1`` — the autotuner's measurements
+  run in critical regions (krex_client.implicit): each tuning step in one
+  region, or with ``--tuning-region config`` each configuration in its own
+  (``KREX_AUTOTUNE_REGION``, krex_client.tuning_step);
 * **unprotected**: the same commands without it — admitted by krex, but
   their measurements share the GPU with the siblings'.
 
@@ -83,6 +85,7 @@ def _round(
     env = dict(_clean_env(), KREX_SOCKET=socket)
     if autoregion:
         env["KREX_AUTOREGION"] = "1"
+        env["KREX_AUTOTUNE_REGION"] = args.tuning_region
     if log:
         env["KREX_REGION_LOG"] = log
     if args.warm_ms is not None:
@@ -203,6 +206,12 @@ def _args() -> argparse.Namespace:
     )
     ap.add_argument("--warm-ms", type=float, default=None, help="KREX_REGION_WARM_MS for all")
     ap.add_argument("--warm-kind", choices=("auto", "memset"), default="")
+    ap.add_argument(
+        "--tuning-region",
+        choices=("step", "config"),
+        default="step",
+        help="KREX_AUTOTUNE_REGION: one region per tuning step (default) or per configuration",
+    )
     ap.add_argument("--fake-gpus", type=int, default=0)
     ap.add_argument("--json", default="")
     return ap.parse_args()

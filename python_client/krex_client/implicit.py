@@ -16,7 +16,11 @@ autotuner profiles internally"):
 =================================================  ===============================
 ``triton.testing.do_bench``, ``do_bench_cudagraph``  the whole call, after a first
                                                    call of ``fn`` outside it
-``triton.runtime.autotuner.Autotuner._bench``       one configuration's benchmark
+``triton.runtime.autotuner.Autotuner.run``          a tuning step: every configuration,
+                                                   after priming them all outside it
+                                                   (:mod:`krex_client.tuning_step`);
+                                                   ``_bench`` with
+                                                   ``KREX_AUTOTUNE_REGION=config``
 ``torch.utils.benchmark.Timer`` ``timeit``,          the whole call
 ``repeat``, ``autorange``, ``blocked_autorange``,
 ``adaptive_autorange``
@@ -44,7 +48,10 @@ covers the whole call, compile included.  Nor while another thread of the
 process holds a region (the first call would run alongside that region's
 timed code; the call waits for the region instead), nor off krex.
 
-Triton's autotuner times each configuration through a ``do_bench``: in
+Triton's autotuner, by default, times a whole tuning step in one region
+(:mod:`krex_client.tuning_step`); with ``KREX_AUTOTUNE_REGION=config``, or
+for a ``_bench`` outside a tuning step, one configuration per region, as
+follows.  It times each configuration through a ``do_bench``: in
 3.0/3.1 the names ``do_bench``/``do_bench_cudagraph`` of its own module,
 bound from ``triton.testing`` when ``triton.runtime.autotuner`` is imported
 (patched here as well); in 3.2+ the instance's ``do_bench``, set from
@@ -76,6 +83,8 @@ import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
+
+from krex_client import tuning_step
 
 __all__ = ["autoregion", "enabled", "activate_from_env", "ENV_VAR"]
 
@@ -129,6 +138,9 @@ def _primed_in_region(bench: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from krex_client.region import region
 
+        record = tuning_step.priming()
+        if record is not None:  # a tuning step primes its configurations: first call only
+            return _prime_only(record, _timed_callable(signature, args, kwargs), kwargs)
         if region.under_krex() and not region.inside() and not region.busy():
             timed = _timed_callable(signature, args, kwargs)
             if timed is not None:
@@ -139,6 +151,22 @@ def _primed_in_region(bench: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(wrapper, MARK, True)
     return wrapper
+
+
+def _prime_only(
+    record: tuning_step.Priming, timed: Callable[[], Any] | None, kwargs: dict[str, Any]
+) -> Any:
+    """Triton's first call of a ``do_bench``, untimed, for a tuning step's priming.
+
+    Sets ``record.state`` (:class:`~krex_client.tuning_step.Priming`) and
+    re-raises what ``fn()`` or the synchronization raised.
+    """
+    if timed is not None:
+        record.state = "raised"
+        timed()
+        _synchronize()
+        record.state = "ran"
+    return tuning_step.placeholder(kwargs)
 
 
 def _timed_callable(
@@ -197,6 +225,9 @@ def _bench_in_region(bench: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(bench)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        step = tuning_step.active(self)
+        if step is not None and step.covers(kwargs):
+            return step.bench(bench, self, args, kwargs, _times_through_primed(self, bench))
         if _times_through_primed(self, bench):
             return bench(self, *args, **kwargs)
         from krex_client.region import region
@@ -258,6 +289,8 @@ def _patch_autotuner(mod: ModuleType) -> None:
     autotuner = getattr(mod, "Autotuner", None)
     if isinstance(autotuner, type):
         _patch_attrs(autotuner, ("_bench",), _bench_in_region)
+        _patch_attrs(autotuner, ("run",), tuning_step.wrap_run)
+        _patch_attrs(autotuner, ("prune_configs",), tuning_step.wrap_prune)
 
 
 def _patch_timer_module(mod: ModuleType) -> None:

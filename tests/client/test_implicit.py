@@ -478,8 +478,9 @@ REAL_PROBE = textwrap.dedent(
         marks["do_bench"] = getattr(triton.testing.do_bench, "__krex_autoregion__", False)
         marks["do_bench_cudagraph"] = getattr(
             triton.testing.do_bench_cudagraph, "__krex_autoregion__", False)
-        marks["Autotuner._bench"] = getattr(
-            triton.runtime.autotuner.Autotuner._bench, "__krex_autoregion__", False)
+        for name in ("_bench", "run", "prune_configs"):
+            marks["Autotuner." + name] = getattr(
+                getattr(triton.runtime.autotuner.Autotuner, name), "__krex_autoregion__", False)
     print(json.dumps(marks))
     """
 )

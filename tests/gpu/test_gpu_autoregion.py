@@ -1,4 +1,4 @@
-"""On a real NVIDIA GPU: auto-regions compile each autotuner configuration outside its region.
+"""On a real NVIDIA GPU: auto-regions compile each autotuner configuration outside the region.
 
 Skipped without a GPU.  Real Triton and PyTorch in the interpreter running
 the tests; the regions are answered in-process (``progs/autotune_primed.py``),
@@ -22,7 +22,11 @@ PROG = Path(__file__).resolve().parent / "progs" / "autotune_primed.py"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_each_configuration_is_compiled_before_its_region(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("scope", "regions"), [("step", 1), ("config", 2)])
+def test_each_configuration_is_compiled_before_its_region(
+    tmp_path: Path, scope: str, regions: int
+) -> None:
+    """``step``: both configurations timed in one region; ``config``: one region each."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.update(
@@ -31,6 +35,7 @@ def test_each_configuration_is_compiled_before_its_region(tmp_path: Path) -> Non
         KREX_TENANT="1",
         KREX_TOKEN="t",
         KREX_REGION_WARM_MS="0",
+        KREX_AUTOTUNE_REGION=scope,
         TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
         PYTHONPATH=os.pathsep.join([str(REPO / "python_client"), env.get("PYTHONPATH", "")]),
     )
@@ -41,8 +46,14 @@ def test_each_configuration_is_compiled_before_its_region(tmp_path: Path) -> Non
     report = json.loads(res.stdout)
     print(json.dumps(report))
     launches = report["launches"]
-    assert report["ops"] == ["region_enter", "region_exit"] * 2, report
+    assert report["ops"] == ["region_enter", "region_exit"] * regions, report
     for block in (256, 1024):
         held = [h for b, h in launches if b == block]
         # The first launch (the compile) ran outside; the timed ones inside.
         assert held[0] is False and True in held, (block, launches)
+    if scope == "step":  # both compiles before the region, then every timed launch in it
+        first_in = [h for _, h in launches].index(True)
+        assert {b for b, h in launches[:first_in]} == {256, 1024}, launches
+        timed = [h for _, h in launches[first_in:]]
+        # The last launch is the real call, after the step's region.
+        assert timed[:-1] == [True] * (len(timed) - 1) and timed[-1] is False, launches

@@ -1,0 +1,241 @@
+"""Auto-regions for Triton's autotuner: one critical region per tuning step.
+
+A *tuning step* is what ``Autotuner.run`` does when the call's key has no
+cached configuration: it prunes the configurations (``prune_configs``) and
+times each one with ``_bench``, then keeps the fastest.  Timing each
+configuration in its own region (the ``config`` scope) lets the siblings'
+regions run between two configurations of one command, seconds apart, and
+each configuration is timed at whatever clock, temperature and power state
+the GPU was left in (docs/bench/autotune-h200.md: the start clocks of one
+command's eight regions spread a median 405 MHz).  The ``step`` scope, the
+default, times every configuration of the step back to back in one region,
+as a command alone on the GPU would, and enters the region once:
+
+1. ``run`` opens a step for its autotuner (this thread only);
+2. ``prune_configs`` names the step's configurations;
+3. at the step's first ``_bench``, every configuration is *primed* outside
+   the region: ``_bench`` runs with its benchmarker (a patched
+   ``triton.testing.do_bench``) reduced to Triton's own first call, ``fn()``
+   and a device synchronization, which compiles the configuration (or loads
+   it from Triton's cache) while the siblings run, then returns without
+   timing;
+4. the region is entered, and every ``_bench`` of the step runs in it (its
+   ``do_bench`` sees the enclosing region and primes nothing);
+5. the region is left after the step's last ``_bench``, or when ``run``
+   returns or raises.
+
+A configuration whose priming failed inside ``_bench`` (a compile error
+Triton turns into an infinite time) is not run again inside the region: its
+``_bench`` returns what the priming ``_bench`` returned.  An exception out of
+a priming ``_bench`` propagates out of ``run`` with no region entered, as it
+would have out of that configuration's timing.  No priming when the
+autotuner times through a benchmarker krex did not patch (the step's region
+then covers the compiles as well), inside an explicit region (it covers the
+whole step), or while another thread of the process holds a region.
+
+``KREX_AUTOTUNE_REGION=config`` restores one region per configuration
+(:mod:`krex_client.implicit`); off krex, steps change nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+SCOPE_VAR = "KREX_AUTOTUNE_REGION"
+"""``step`` (default): one region per tuning step; ``config``: one per configuration."""
+
+MARK = "__krex_autoregion__"
+
+_local = threading.local()  # .steps: {id(autotuner): Step}; .priming: Priming | None
+
+
+def step_scope(environ: dict[str, str] | None = None) -> bool:
+    """False when ``KREX_AUTOTUNE_REGION`` (in ``environ``, default ``os.environ``) is ``config``.
+
+    Raises:
+        ValueError: the variable is set to neither ``step`` nor ``config``.
+    """
+    value = (os.environ if environ is None else environ).get(SCOPE_VAR, "").strip().lower()
+    if value in ("", "step"):
+        return True
+    if value == "config":
+        return False
+    raise ValueError(f"{SCOPE_VAR}={value!r}: expected 'step' or 'config'")
+
+
+@dataclass
+class Priming:
+    """What the patched benchmarker did during one priming ``_bench``.
+
+    ``state``: ``"skipped"`` (no timed callable found: nothing ran),
+    ``"ran"`` (``fn()`` and the synchronization returned) or ``"raised"``.
+    """
+
+    state: str = "skipped"
+
+
+def priming() -> Priming | None:
+    """The priming in progress on this thread (set by a step), else None.
+
+    The patched ``do_bench`` (``implicit._primed_in_region``) reads it: when
+    set, it runs Triton's first call only and returns :func:`placeholder`.
+    """
+    return getattr(_local, "priming", None)
+
+
+def placeholder(kwargs: dict[str, Any]) -> Any:
+    """An untimed result in ``do_bench``'s shape: NaN, or one NaN per quantile."""
+    quantiles = kwargs.get("quantiles")
+    return [math.nan] * len(quantiles) if quantiles else math.nan
+
+
+@contextlib.contextmanager
+def _priming() -> Iterator[Priming]:
+    outer = priming()
+    _local.priming = record = Priming()
+    try:
+        yield record
+    finally:
+        _local.priming = outer
+
+
+def _steps() -> dict[int, Step]:
+    steps: dict[int, Step] | None = getattr(_local, "steps", None)
+    if steps is None:
+        steps = _local.steps = {}
+    return steps
+
+
+def active(tuner: Any) -> Step | None:
+    """The step ``tuner``'s ``run`` has open on this thread, once its configurations are known."""
+    step = _steps().get(id(tuner))
+    return step if step is not None and step.configs is not None else None
+
+
+@dataclass
+class Step:
+    """One tuning step of one autotuner on one thread (see the module docstring)."""
+
+    configs: list[Any] | None = None
+    done: set[int] = field(default_factory=set)
+    failed: dict[int, Any] = field(default_factory=dict)  # index -> priming _bench's result
+    region: contextlib.ExitStack | None = None
+
+    def bench(
+        self,
+        bench: Callable[..., Any],
+        tuner: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        primed: bool,
+    ) -> Any:
+        """Run ``bench(tuner, *args, **kwargs)`` (one ``_bench``) as part of this step.
+
+        Args:
+            bench: the unpatched ``Autotuner._bench``.
+            primed: True when its benchmarker is a patched ``do_bench``
+                (step 3 of the module docstring primes only then).
+
+        Returns:
+            What ``_bench`` returns; for a configuration whose priming
+            failed, what the priming ``_bench`` returned.
+        """
+        from krex_client.region import region
+
+        index = self._index(kwargs.get("config"))
+        if index is None:
+            raise ValueError("not a configuration of this step (see Step.covers)")
+        if self.region is None:
+            if primed and not region.busy():
+                self._prime(bench, tuner, args, kwargs)
+            self.region = contextlib.ExitStack()
+            self.region.enter_context(region.critical())
+        try:
+            if index in self.failed:
+                return self.failed[index]
+            return bench(tuner, *args, **kwargs)
+        finally:
+            self.done.add(index)
+            if len(self.done) == len(self.configs or ()):
+                self.close()
+
+    def covers(self, kwargs: dict[str, Any]) -> bool:
+        """True when a ``_bench(..., **kwargs)`` is this step's to run.
+
+        False for a configuration the step did not prune (it runs as a single
+        configuration's would) and while an explicit region encloses the step
+        (that region covers it whole, compiles included).
+        """
+        from krex_client.region import region
+
+        if self._index(kwargs.get("config")) is None:
+            return False
+        return self.region is not None or not region.inside()
+
+    def close(self) -> None:
+        """Leave the step's region, if one is open (idempotent)."""
+        region, self.region = self.region, None
+        if region is not None:
+            region.close()
+
+    def _index(self, config: Any) -> int | None:
+        for i, candidate in enumerate(self.configs or ()):
+            if candidate is config:
+                return i
+        return None
+
+    def _prime(
+        self, bench: Callable[..., Any], tuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        for i, config in enumerate(self.configs or ()):
+            with _priming() as record:
+                result = bench(tuner, *args, **{**kwargs, "config": config})
+            if record.state == "raised":  # _bench caught it: a configuration that cannot run
+                self.failed[i] = result
+
+
+def wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``Autotuner.run`` wrapped to open a step for its call (steps 1 and 5)."""
+    if getattr(run, MARK, False):
+        return run
+
+    @functools.wraps(run)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from krex_client.region import region
+
+        steps = _steps()
+        if id(self) in steps or not region.under_krex() or not step_scope():
+            return run(self, *args, **kwargs)
+        step = steps[id(self)] = Step()
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            del steps[id(self)]
+            step.close()
+
+    setattr(wrapper, MARK, True)
+    return wrapper
+
+
+def wrap_prune(prune: Callable[..., Any]) -> Callable[..., Any]:
+    """``Autotuner.prune_configs`` wrapped to name the open step's configurations (step 2)."""
+    if getattr(prune, MARK, False):
+        return prune
+
+    @functools.wraps(prune)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        configs = prune(self, *args, **kwargs)
+        step = _steps().get(id(self))
+        if step is not None and step.configs is None and isinstance(configs, (list, tuple)):
+            step.configs = list(configs)
+        return configs
+
+    setattr(wrapper, MARK, True)
+    return wrapper

@@ -1,0 +1,214 @@
+"""Auto-regions for Triton's autotuner: one region per tuning step, compiles primed outside.
+
+A stand-in ``triton.runtime.autotuner`` (:data:`TUNER_MODULE`) has Triton
+3.6's ``run``/``prune_configs``/``_bench`` structure over the stub
+``triton.testing`` of ``test_implicit``, with a ``do_bench`` that reports
+what the timed call returned.  ``_event_log`` interleaves the region requests
+and device synchronizations with each kernel call, marked ``:in`` or ``:out``
+of a region, so each test reads the order in which a tuning step ran.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+from typing import Any
+
+import pytest
+
+from krex_client import implicit, tuning_step
+from krex_client.region import region
+
+from .conftest import FakeConnection
+from .test_implicit import _event_log, _install_stubs, _marker
+
+pytestmark = pytest.mark.usefixtures("clean_autoregion")
+
+TUNER_MODULE = textwrap.dedent(
+    """
+    import builtins
+
+    class OutOfResources(Exception):
+        pass
+
+    class Autotuner:
+        def __init__(self, configs, kernel, own_benchmarker=None):
+            self.configs, self.kernel, self.cache = configs, kernel, {}
+            from triton.testing import do_bench as benchmarker  # Triton 3.2/3.3
+            self.do_bench = own_benchmarker or benchmarker
+
+        def prune_configs(self, kwargs):
+            return [c for c in self.configs if c != kwargs.get("prune")]
+
+        def _bench(self, *args, config, **meta):
+            def kernel_call():
+                return self.kernel(config)
+            try:
+                return self.do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8))
+            except OutOfResources:
+                return [float("inf")] * 3
+
+        def run(self, *args, **kwargs):
+            key = args
+            if key not in self.cache:
+                pruned = self.prune_configs(kwargs)
+                timings = {c: self._bench(*args, config=c, **kwargs) for c in pruned}
+                self.timings = timings
+                self.cache[key] = builtins.min(timings, key=timings.get)
+            return self.kernel(self.cache[key], launch=True)
+    """
+)
+
+MS = {"a": 3.0, "b": 1.0, "c": 2.0, "bad": 0.5}
+"""Each stand-in configuration's time (ms): ``b`` is the fastest that runs."""
+
+
+@pytest.fixture
+def tuner_mod(monkeypatch: pytest.MonkeyPatch, fake_krex: FakeConnection) -> types.ModuleType:
+    stubs = _install_stubs(monkeypatch, fake_krex)
+
+    def do_bench(fn, warmup=25, rep=100, grad_to_none=None, quantiles=None, return_mode="mean"):  # type: ignore[no-untyped-def]
+        ms = fn()
+        return [ms] * len(quantiles) if quantiles else ms
+
+    stubs["testing"].do_bench = do_bench
+    mod = types.ModuleType("triton.runtime.autotuner")
+    exec(TUNER_MODULE, mod.__dict__)  # noqa: S102 - the test's own source
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    return mod
+
+
+def _kernel(events: list[str], conn: FakeConnection, mod: types.ModuleType) -> Any:
+    mark = _marker(events, conn)
+
+    def kernel(config: str, launch: bool = False) -> float:
+        mark(f"launch {config}" if launch else config)
+        if config == "bad":
+            raise mod.OutOfResources("shared memory")
+        if config == "boom":
+            raise ValueError("kernel failed")
+        return MS[config]
+
+    return kernel
+
+
+PRIMED_STEP = [
+    *("a:out", "sync", "b:out", "sync", "c:out", "sync"),
+    *("region_enter", "a:in", "b:in", "c:in", "region_exit"),
+]
+"""A tuning step over a, b, c: each primed outside, then all timed in one region."""
+
+
+def test_step_is_one_region_after_priming_every_configuration_outside(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    tuner = tuner_mod.Autotuner(["a", "b", "c"], _kernel(events, fake_krex, tuner_mod))
+    assert tuner.run(4096) == 1.0
+    assert events == [*PRIMED_STEP, "launch b:out"]
+    assert tuner.timings == {"a": [3.0] * 3, "b": [1.0] * 3, "c": [2.0] * 3}
+    events.clear()
+    tuner.run(4096)  # cached: no step, no region
+    assert events == ["launch b:out"]
+    events.clear()
+    tuner.run(2048, prune="a")  # a new key: a step over the pruned configurations
+    assert events == [
+        *("b:out", "sync", "c:out", "sync"),
+        *("region_enter", "b:in", "c:in", "region_exit", "launch b:out"),
+    ]
+
+
+def test_config_scope_is_one_region_per_configuration(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _event_log(monkeypatch, fake_krex)
+    monkeypatch.setenv(tuning_step.SCOPE_VAR, "config")
+    implicit.autoregion()
+    tuner_mod.Autotuner(["a", "b"], _kernel(events, fake_krex, tuner_mod)).run(1)
+    assert events == [
+        *("a:out", "sync", "region_enter", "a:in", "region_exit"),
+        *("b:out", "sync", "region_enter", "b:in", "region_exit", "launch b:out"),
+    ]
+    monkeypatch.setenv(tuning_step.SCOPE_VAR, "bogus")
+    with pytest.raises(ValueError, match="KREX_AUTOTUNE_REGION='bogus'"):
+        tuner_mod.Autotuner(["a", "b"], _kernel(events, fake_krex, tuner_mod)).run(1)
+    assert fake_krex.ops.count("region_enter") == 2
+
+
+def test_configuration_that_fails_to_compile_is_not_run_again_in_the_region(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    tuner = tuner_mod.Autotuner(["a", "bad", "c"], _kernel(events, fake_krex, tuner_mod))
+    assert tuner.run(1) == 2.0
+    assert events == [
+        *("a:out", "sync", "bad:out", "c:out", "sync"),
+        *("region_enter", "a:in", "c:in", "region_exit", "launch c:out"),
+    ]
+    assert tuner.timings["bad"] == [float("inf")] * 3  # what Triton's _bench returned
+
+
+def test_exceptions_leave_no_region_and_no_step_behind(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    kernel = _kernel(events, fake_krex, tuner_mod)
+    # Raised while priming: out of run, as out of that configuration's timing; no region.
+    with pytest.raises(ValueError, match="kernel failed"):
+        tuner_mod.Autotuner(["a", "boom", "c"], kernel).run(1)
+    assert events == ["a:out", "sync", "boom:out"]
+    # Raised inside the region (the configuration primed, then failed timed): region left.
+    events.clear()
+    calls = {"boom": 0}
+
+    def flaky(config: str, launch: bool = False) -> float:
+        if config == "boom":
+            calls["boom"] += 1
+            if calls["boom"] == 2:
+                events.append(f"boom:{'in' if fake_krex.held else 'out'}")
+                raise ValueError("kernel failed")
+            return 1.0
+        return kernel(config, launch)
+
+    with pytest.raises(ValueError, match="kernel failed"):
+        tuner_mod.Autotuner(["a", "boom"], flaky).run(1)
+    assert events == ["a:out", "sync", "sync", "region_enter", "a:in", "boom:in", "region_exit"]
+    assert not fake_krex.held and not region.inside()
+    assert tuning_step._steps() == {}
+    # The same tuner works afterwards, with a step of its own.
+    events.clear()
+    tuner = tuner_mod.Autotuner(["a", "b", "c"], kernel)
+    tuner.run(1)
+    assert events == [*PRIMED_STEP, "launch b:out"]
+
+
+def test_explicit_region_covers_the_step_and_own_benchmarker_is_not_primed(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    kernel = _kernel(events, fake_krex, tuner_mod)
+    with region.critical():
+        tuner_mod.Autotuner(["a", "b"], kernel).run(1)
+    assert events == ["region_enter", "a:in", "b:in", "launch b:in", "region_exit"]
+    # A benchmarker krex did not patch: the step's region covers the compiles too.
+    events.clear()
+    own = lambda fn, quantiles: [fn()] * len(quantiles)  # noqa: E731
+    tuner_mod.Autotuner(["a", "b"], kernel, own).run(1)
+    assert events == ["region_enter", "a:in", "b:in", "region_exit", "launch b:out"]
+
+
+def test_off_krex_a_step_changes_nothing(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    monkeypatch.delenv("KREX_SOCKET")
+    monkeypatch.setattr(region, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="not running under"):
+        tuner_mod.Autotuner(["a", "b"], _kernel(events, fake_krex, tuner_mod)).run(1)
+    assert events == ["a:out", "b:out", "launch b:out"]  # each configuration called once
