@@ -92,6 +92,8 @@ def _round(
         env["KREX_REGION_WARM_MS"] = str(args.warm_ms)
     if args.warm_kind:
         env["KREX_REGION_WARM_KIND"] = args.warm_kind
+    if args.warm_pct is not None:
+        env["KREX_REGION_WARM_PCT"] = str(args.warm_pct)
     argv = [sys.executable, WORKLOAD, str(args.size), args.configs]
     procs = [
         subprocess.Popen(
@@ -207,6 +209,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--warm-ms", type=float, default=None, help="KREX_REGION_WARM_MS for all")
     ap.add_argument("--warm-kind", choices=("auto", "memset"), default="")
     ap.add_argument(
+        "--warm-pct", type=float, default=None, help="KREX_REGION_WARM_PCT for all (100: budget)"
+    )
+    ap.add_argument(
         "--tuning-region",
         choices=("step", "config"),
         default="step",
@@ -316,6 +321,9 @@ def main() -> int:
         "configs": args.configs,
         "warm_ms": args.warm_ms,
         "warm_kind": args.warm_kind or "auto",
+        "warm_pct": args.warm_pct,
+        "tuning_region": args.tuning_region,
+        "workdir": workdir,
     }
     try:
         result.update(_run(args, workdir, socket))

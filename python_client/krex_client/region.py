@@ -149,11 +149,16 @@ class Region:
         return dict(self._stats)
 
     @contextmanager
-    def critical(self) -> Iterator[None]:
+    def critical(self, warm: warmup.Policy | None = None) -> Iterator[None]:
         """Run the enclosed code as this GPU's only tenant (paper §4.2).
 
         Nested use in the thread that holds the region does nothing more; another
         thread of the process waits until that region ends, then enters its own.
+
+        Args:
+            warm: the clock warm-up after the grant; default
+                ``warmup.Policy.from_env()`` (``KREX_REGION_WARM_*``).  Ignored
+                when nested.
 
         Raises:
             RegionError: krexd refused the region (drain or freeze timeout,
@@ -173,13 +178,13 @@ class Region:
             # One region per process at a time (krexd has one per tenant): a second
             # thread waits here for the first thread's region to end, then gets its own.
             with self._hold:
-                yield from self._run_region()
+                yield from self._run_region(warm)
         finally:
             self._local.depth = depth
 
-    def _run_region(self) -> Iterator[None]:
+    def _run_region(self, warm_policy: warmup.Policy | None) -> Iterator[None]:
         conn = self._connection()
-        policy = warmup.Policy.from_env()
+        policy = warm_policy if warm_policy is not None else warmup.Policy.from_env()
         recorder = self._region_log(policy)  # NVML opened here, before the region
         t0 = time.monotonic()
         try:

@@ -19,8 +19,10 @@ as a command alone on the GPU would, and enters the region once:
    and a device synchronization, which compiles the configuration (or loads
    it from Triton's cache) while the siblings run, then returns without
    timing;
-4. the region is entered, and every ``_bench`` of the step runs in it (its
-   ``do_bench`` sees the enclosing region and primes nothing);
+4. the region is entered, its clock warm-up runs its whole budget
+   (:meth:`krex_client.warmup.Policy.for_tuning_step`: 200 ms unless the
+   clock is at its maximum), and every ``_bench`` of the step runs in it
+   (its ``do_bench`` sees the enclosing region and primes nothing);
 5. the region is left after the step's last ``_bench``, or when ``run``
    returns or raises.
 
@@ -47,6 +49,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from krex_client import warmup
 
 SCOPE_VAR = "KREX_AUTOTUNE_REGION"
 """``step`` (default): one region per tuning step; ``config``: one per configuration."""
@@ -156,7 +160,7 @@ class Step:
             if primed and not region.busy():
                 self._prime(bench, tuner, args, kwargs)
             self.region = contextlib.ExitStack()
-            self.region.enter_context(region.critical())
+            self.region.enter_context(region.critical(warm=warmup.Policy.for_tuning_step()))
         try:
             if index in self.failed:
                 return self.failed[index]

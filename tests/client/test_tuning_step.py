@@ -10,18 +10,21 @@ of a region, so each test reads the order in which a tuning step ran.
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from krex_client import implicit, tuning_step
+from krex_client import implicit, tuning_step, warmup
 from krex_client.region import region
 
 from .conftest import FakeConnection
 from .test_implicit import _event_log, _install_stubs, _marker
+from .warmfakes import Gpu, StandInShim, fake_pynvml
 
 pytestmark = pytest.mark.usefixtures("clean_autoregion")
 
@@ -212,3 +215,50 @@ def test_off_krex_a_step_changes_nothing(
     with pytest.warns(RuntimeWarning, match="not running under"):
         tuner_mod.Autotuner(["a", "b"], _kernel(events, fake_krex, tuner_mod)).run(1)
     assert events == ["a:out", "b:out", "launch b:out"]  # each configuration called once
+
+
+class _Settling(Gpu):
+    """Cold (990 MHz) at entry; after the first slice at 1800 MHz: above 90% of
+    the 1980 MHz maximum, below it."""
+
+    def clock(self) -> int:
+        return 1800 if self.warmed_us else self.cold_mhz
+
+
+def test_step_region_warms_for_its_whole_budget(
+    standin: tuple[StandInShim, FakeConnection],
+    tuner_mod: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    shim, conn = standin
+    implicit.autoregion()
+    log = tmp_path / "regions.jsonl"
+    monkeypatch.setenv("KREX_REGION_LOG", str(log))
+    monkeypatch.setattr(implicit, "_synchronize", lambda: None)
+    gpus: list[_Settling] = []
+    real_warm = shim.warm
+
+    def warm(us: int) -> int:
+        gpus[-1].warm(us)
+        return real_warm(us)
+
+    monkeypatch.setattr(shim, "warm", warm)
+
+    def cold_gpu() -> None:
+        gpus.append(_Settling())
+        monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus[-1]))
+        monkeypatch.setattr(region, "_nvml", None)
+        monkeypatch.setattr(region, "_recorder", None)
+
+    cold_gpu()
+    tuner_mod.Autotuner(["a", "b"], lambda config, launch=False: MS.get(config, 0.0)).run(1)
+    cold_gpu()
+    sys.modules["triton.testing"].do_bench(lambda: None)  # a plain auto-region
+    step, plain = (json.loads(line)["warmup"] for line in log.read_text().splitlines())
+    # The step's region ran its whole 200 ms budget although the clock read 91% after
+    # one slice; a do_bench region stopped there.
+    assert step["stop"] == "budget" and step["ms"] >= warmup.STEP_MS, step
+    assert step["budget_ms"] == warmup.STEP_MS
+    assert plain["stop"] == "warm" and plain["slices"] == 1, plain
+    assert conn.ops == ["region_enter", "region_exit"] * 2

@@ -167,3 +167,14 @@ def test_no_warm_up_without_nvml_or_when_turned_off(
     with region.critical():
         pass
     assert shim.warm_calls == []
+
+
+def test_tuning_step_policy_runs_its_whole_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(warmup.PCT_VAR, raising=False)
+    monkeypatch.delenv(warmup.MS_VAR, raising=False)
+    assert warmup.Policy.for_tuning_step() == warmup.Policy(100.0, warmup.STEP_MS)
+    # Set explicitly, the variables apply as to any region.
+    monkeypatch.setenv(warmup.PCT_VAR, "75")
+    assert warmup.Policy.for_tuning_step() == warmup.Policy(75.0, warmup.STEP_MS)
+    monkeypatch.setenv(warmup.MS_VAR, "0")
+    assert warmup.Policy.for_tuning_step() == warmup.Policy(75.0, 0.0, explicit=True)
