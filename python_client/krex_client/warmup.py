@@ -103,12 +103,14 @@ class Policy:
         policy picked the serial winner in 10 of 10 trials of 8 concurrent
         autotuners, against 8 of 10 with the 90% threshold and 8 of 10 with
         no warm-up (docs/bench/autotune-h200.md).  ``KREX_REGION_WARM_PCT``
-        and ``KREX_REGION_WARM_MS``, when set, apply as they do to any region.
+        and ``KREX_REGION_WARM_MS``, when set to valid values, apply as they
+        do to any region (an invalid one warns once and is ignored: 100% and
+        :data:`STEP_MS` apply).
         """
         policy = cls.from_env()
-        pct_set = bool(os.environ.get(PCT_VAR, "").strip())
+        pct_valid = _env_float(PCT_VAR, 100.0) is not None  # invalid: warned, ignored
         return cls(
-            pct=policy.pct if pct_set else 100.0,
+            pct=policy.pct if pct_valid else 100.0,
             budget_ms=policy.budget_ms if policy.explicit else STEP_MS,
             explicit=policy.explicit,
             kind=policy.kind,

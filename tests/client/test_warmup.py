@@ -178,3 +178,11 @@ def test_tuning_step_policy_runs_its_whole_budget(monkeypatch: pytest.MonkeyPatc
     assert warmup.Policy.for_tuning_step() == warmup.Policy(75.0, warmup.STEP_MS)
     monkeypatch.setenv(warmup.MS_VAR, "0")
     assert warmup.Policy.for_tuning_step() == warmup.Policy(75.0, 0.0, explicit=True)
+
+
+def test_tuning_step_policy_ignores_an_invalid_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(warmup.MS_VAR, raising=False)
+    monkeypatch.setenv(warmup.PCT_VAR, "hot")
+    monkeypatch.setattr(warmup, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="KREX_REGION_WARM_PCT='hot'"):
+        assert warmup.Policy.for_tuning_step() == warmup.Policy(100.0, warmup.STEP_MS)
