@@ -33,7 +33,11 @@ a priming ``_bench`` propagates out of ``run`` with no region entered, as it
 would have out of that configuration's timing.  No priming when the
 autotuner times through a benchmarker krex did not patch (the step's region
 then covers the compiles as well), inside an explicit region (it covers the
-whole step), or while another thread of the process holds a region.
+whole step), or while another thread of the process holds a region.  A
+step of another autotuner started by a configuration's call (a hook that
+launches another autotuned kernel) primes and times its own configurations,
+in a region of its own when the outer step is priming, in the outer step's
+region when it is timing.
 
 ``KREX_AUTOTUNE_REGION=config`` restores one region per configuration
 (:mod:`krex_client.implicit`); off krex, steps change nothing.
@@ -218,9 +222,13 @@ def wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
         if id(self) in steps or not region.under_krex() or not step_scope():
             return run(self, *args, **kwargs)
         step = steps[id(self)] = Step()
+        # Called while another step primes (a hook launching this autotuned kernel):
+        # this step times its own configurations, so that priming does not apply here.
+        outer_priming, _local.priming = priming(), None
         try:
             return run(self, *args, **kwargs)
         finally:
+            _local.priming = outer_priming
             del steps[id(self)]
             step.close()
 

@@ -262,3 +262,24 @@ def test_step_region_warms_for_its_whole_budget(
     assert step["budget_ms"] == warmup.STEP_MS
     assert plain["stop"] == "warm" and plain["slices"] == 1, plain
     assert conn.ops == ["region_enter", "region_exit"] * 2
+
+
+def test_autotuned_kernel_launched_while_priming_is_tuned_on_its_own(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook of one configuration launches another autotuned kernel (a new key)."""
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    kernel = _kernel(events, fake_krex, tuner_mod)
+    inner = tuner_mod.Autotuner(["a", "b", "c"], kernel)
+
+    def outer_kernel(config: str, launch: bool = False) -> float:
+        inner.run("inner")  # tuned at the outer step's first (priming) call
+        return MS[config]
+
+    assert tuner_mod.Autotuner(["c", "b"], outer_kernel).run(1) == 1.0
+    # The inner step timed its own configurations, not the priming's placeholders.
+    assert inner.timings == {"a": [3.0] * 3, "b": [1.0] * 3, "c": [2.0] * 3}
+    assert inner.cache[("inner",)] == "b"
+    assert events[: len(PRIMED_STEP)] == PRIMED_STEP  # the inner step, inside the outer priming
+    assert fake_krex.ops == ["region_enter", "region_exit"] * 2
