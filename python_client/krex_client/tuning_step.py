@@ -12,7 +12,9 @@ default, times every configuration of the step back to back in one region,
 as a command alone on the GPU would, and enters the region once:
 
 1. ``run`` opens a step for its autotuner (this thread only);
-2. ``prune_configs`` names the step's configurations;
+2. ``prune_configs`` names the step's configurations (not when the
+   autotuner's class overrides it: then each configuration is timed in a
+   region of its own, as with ``KREX_AUTOTUNE_REGION=config``);
 3. at the step's first ``_bench``, every configuration is *primed* outside
    the region: ``_bench`` runs with its benchmarker (a patched
    ``triton.testing.do_bench``) reduced to Triton's own first call, ``fn()``
@@ -245,7 +247,10 @@ def wrap_prune(prune: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         configs = prune(self, *args, **kwargs)
         step = _steps().get(id(self))
-        if step is not None and step.configs is None and isinstance(configs, (list, tuple)):
+        # A subclass's own prune_configs may keep part of what this one returns: the
+        # step cannot know which configurations run, and leaves them one region each.
+        own = getattr(getattr(type(self), "prune_configs", None), MARK, False)
+        if own and step is not None and step.configs is None and isinstance(configs, (list, tuple)):
             step.configs = list(configs)
         return configs
 

@@ -283,3 +283,22 @@ def test_autotuned_kernel_launched_while_priming_is_tuned_on_its_own(
     assert inner.cache[("inner",)] == "b"
     assert events[: len(PRIMED_STEP)] == PRIMED_STEP  # the inner step, inside the outer priming
     assert fake_krex.ops == ["region_enter", "region_exit"] * 2
+
+
+def test_subclass_pruning_further_falls_back_to_one_region_per_configuration(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step cannot see what an overriding ``prune_configs`` keeps of the base's list."""
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+
+    class Filtered(tuner_mod.Autotuner):  # type: ignore[name-defined,misc]
+        def prune_configs(self, kwargs: dict[str, Any]) -> list[str]:
+            return [c for c in super().prune_configs(kwargs) if c != "boom"]
+
+    kernel = _kernel(events, fake_krex, tuner_mod)
+    assert Filtered(["a", "boom", "b"], kernel).run(1) == 1.0  # "boom" is never run
+    assert events == [
+        *("a:out", "sync", "region_enter", "a:in", "region_exit"),
+        *("b:out", "sync", "region_enter", "b:in", "region_exit", "launch b:out"),
+    ]
