@@ -134,7 +134,8 @@ class Step:
     """One tuning step of one autotuner on one thread (see the module docstring)."""
 
     configs: list[Any] | None = None
-    done: set[int] = field(default_factory=set)
+    calls: int = 0  # this step's _bench calls so far: Triton makes one per pruned entry
+    finished: bool = False  # every one made: a later _bench is not the step's
     failed: dict[int, Any] = field(default_factory=dict)  # index -> priming _bench's result
     region: contextlib.ExitStack | None = None
 
@@ -172,20 +173,22 @@ class Step:
                 return self.failed[index]
             return bench(tuner, *args, **kwargs)
         finally:
-            self.done.add(index)
-            if len(self.done) == len(self.configs or ()):
+            self.calls += 1
+            if self.calls >= len(self.configs or ()):
+                self.finished = True
                 self.close()
 
     def covers(self, kwargs: dict[str, Any]) -> bool:
         """True when a ``_bench(..., **kwargs)`` is this step's to run.
 
         False for a configuration the step did not prune (it runs as a single
-        configuration's would) and while an explicit region encloses the step
-        (that region covers it whole, compiles included).
+        configuration's would), after the step's last ``_bench`` (one per
+        entry of the pruned list), and while an explicit region encloses the
+        step (that region covers it whole, compiles included).
         """
         from krex_client.region import region
 
-        if self._index(kwargs.get("config")) is None:
+        if self.finished or self._index(kwargs.get("config")) is None:
             return False
         return self.region is not None or not region.inside()
 
@@ -205,6 +208,8 @@ class Step:
         self, bench: Callable[..., Any], tuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         for i, config in enumerate(self.configs or ()):
+            if self._index(config) != i:
+                continue  # pruned twice: primed once
             with _priming() as record:
                 result = bench(tuner, *args, **{**kwargs, "config": config})
             if record.state == "raised":  # _bench caught it: a configuration that cannot run

@@ -302,3 +302,15 @@ def test_subclass_pruning_further_falls_back_to_one_region_per_configuration(
         *("a:out", "sync", "region_enter", "a:in", "region_exit"),
         *("b:out", "sync", "region_enter", "b:in", "region_exit", "launch b:out"),
     ]
+
+
+def test_configuration_pruned_twice_is_primed_once_and_the_region_ends_after_it(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    tuner_mod.Autotuner(["a", "b", "a"], _kernel(events, fake_krex, tuner_mod)).run(1)
+    assert events == [
+        *("a:out", "sync", "b:out", "sync"),
+        *("region_enter", "a:in", "b:in", "a:in", "region_exit", "launch b:out"),
+    ]
