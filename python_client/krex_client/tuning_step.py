@@ -31,8 +31,11 @@ as a command alone on the GPU would, and enters the region once:
 A configuration whose priming failed inside ``_bench`` (a compile error
 Triton turns into an infinite time) is not run again inside the region: its
 ``_bench`` returns what the priming ``_bench`` returned.  An exception out of
-a priming ``_bench`` propagates out of ``run`` with no region entered, as it
-would have out of that configuration's timing.  No priming when the
+a priming ``_bench`` is raised again out of that configuration's own
+``_bench`` call, not run again, as it would have been out of its timing (so a
+``_bench`` override that tolerates failing configurations still times the
+others).  The region is entered at the first configuration with something
+to time: none when every one failed, or when the first raised.  No priming when the
 autotuner times through a benchmarker krex did not patch (the step's region
 then covers the compiles as well), inside an explicit region (it covers the
 whole step), or while another thread of the process holds a region.  A
@@ -137,6 +140,8 @@ class Step:
     calls: int = 0  # this step's _bench calls so far: Triton makes one per pruned entry
     finished: bool = False  # every one made: a later _bench is not the step's
     failed: dict[int, Any] = field(default_factory=dict)  # index -> priming _bench's result
+    raised: dict[int, Exception] = field(default_factory=dict)  # index -> priming's exception
+    prime_tried: bool = False
     region: contextlib.ExitStack | None = None
 
     def bench(
@@ -157,20 +162,29 @@ class Step:
         Returns:
             What ``_bench`` returns; for a configuration whose priming
             failed, what the priming ``_bench`` returned.
+
+        Raises:
+            Exception: what this configuration's priming ``_bench`` raised
+                (out of this configuration's call, as without priming), or
+                what ``_bench`` raises.
         """
         from krex_client.region import region
 
         index = self._index(kwargs.get("config"))
         if index is None:
             raise ValueError("not a configuration of this step (see Step.covers)")
-        if self.region is None:
+        if not self.prime_tried:
+            self.prime_tried = True
             if primed and not region.busy():
                 self._prime(bench, tuner, args, kwargs)
-            self.region = contextlib.ExitStack()
-            self.region.enter_context(region.critical(warm=warmup.Policy.for_tuning_step()))
         try:
+            if index in self.raised:
+                raise self.raised[index]
             if index in self.failed:
                 return self.failed[index]
+            if self.region is None:  # at the first configuration that has something to time
+                self.region = contextlib.ExitStack()
+                self.region.enter_context(region.critical(warm=warmup.Policy.for_tuning_step()))
             return bench(tuner, *args, **kwargs)
         finally:
             self.calls += 1
@@ -211,7 +225,11 @@ class Step:
             if self._index(config) != i:
                 continue  # pruned twice: primed once
             with _priming() as record:
-                result = bench(tuner, *args, **{**kwargs, "config": config})
+                try:
+                    result = bench(tuner, *args, **{**kwargs, "config": config})
+                except Exception as exc:  # noqa: BLE001 - raised again from config's own _bench
+                    self.raised[i] = exc
+                    continue
             if record.state == "raised":  # _bench caught it: a configuration that cannot run
                 self.failed[i] = result
 

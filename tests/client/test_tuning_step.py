@@ -160,10 +160,17 @@ def test_exceptions_leave_no_region_and_no_step_behind(
     events = _event_log(monkeypatch, fake_krex)
     implicit.autoregion()
     kernel = _kernel(events, fake_krex, tuner_mod)
-    # Raised while priming: out of run, as out of that configuration's timing; no region.
+    # Raised while priming: out of that configuration's own _bench, as out of its timing.
     with pytest.raises(ValueError, match="kernel failed"):
         tuner_mod.Autotuner(["a", "boom", "c"], kernel).run(1)
-    assert events == ["a:out", "sync", "boom:out"]
+    assert events == [
+        *("a:out", "sync", "boom:out", "c:out", "sync", "region_enter", "a:in", "region_exit")
+    ]
+    # The first configuration raised: no region at all.
+    events.clear()
+    with pytest.raises(ValueError, match="kernel failed"):
+        tuner_mod.Autotuner(["boom", "a"], kernel).run(1)
+    assert events == ["boom:out", "a:out", "sync"]
     # Raised inside the region (the configuration primed, then failed timed): region left.
     events.clear()
     calls = {"boom": 0}
@@ -313,4 +320,27 @@ def test_configuration_pruned_twice_is_primed_once_and_the_region_ends_after_it(
     assert events == [
         *("a:out", "sync", "b:out", "sync"),
         *("region_enter", "a:in", "b:in", "a:in", "region_exit", "launch b:out"),
+    ]
+
+
+def test_exception_of_one_configuration_is_raised_from_its_own_bench(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``_bench`` override that tolerates failing configurations keeps the others' times."""
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+
+    class Tolerant(tuner_mod.Autotuner):  # type: ignore[name-defined,misc]
+        def _bench(self, *args: Any, config: str, **meta: Any) -> Any:
+            try:
+                return super()._bench(*args, config=config, **meta)
+            except ValueError:
+                return [float("inf")] * 3
+
+    tuner = Tolerant(["a", "boom", "b"], _kernel(events, fake_krex, tuner_mod))
+    assert tuner.run(1) == 1.0
+    assert tuner.timings == {"a": [3.0] * 3, "boom": [float("inf")] * 3, "b": [1.0] * 3}
+    assert events == [
+        *("a:out", "sync", "boom:out", "b:out", "sync"),
+        *("region_enter", "a:in", "b:in", "region_exit", "launch b:out"),
     ]
