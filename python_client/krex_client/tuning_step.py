@@ -183,8 +183,9 @@ class Step:
             if index in self.failed:
                 return self.failed[index]
             if self.region is None:  # at the first configuration that has something to time
-                self.region = contextlib.ExitStack()
-                self.region.enter_context(region.critical(warm=warmup.Policy.for_tuning_step()))
+                stack = contextlib.ExitStack()
+                stack.enter_context(region.critical(warm=warmup.Policy.for_tuning_step()))
+                self.region = stack  # not before: refused, the next _bench asks again
             return bench(tuner, *args, **kwargs)
         finally:
             self.calls += 1

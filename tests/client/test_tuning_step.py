@@ -344,3 +344,37 @@ def test_exception_of_one_configuration_is_raised_from_its_own_bench(
         *("a:out", "sync", "boom:out", "b:out", "sync"),
         *("region_enter", "a:in", "b:in", "region_exit", "launch b:out"),
     ]
+
+
+def test_refused_region_is_asked_again_by_the_next_configuration(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``_bench`` override that swallows a RegionError: no configuration runs unprotected."""
+    from krex_client.region import RegionError
+
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    request = fake_krex.request
+    refusals = [RegionError("drain timed out")]
+
+    def refusing(op: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if op == "region_enter" and refusals:
+            events.append("refused")
+            raise refusals.pop()
+        return request(op, *args, **kwargs)
+
+    monkeypatch.setattr(fake_krex, "request", refusing)
+
+    class Tolerant(tuner_mod.Autotuner):  # type: ignore[name-defined,misc]
+        def _bench(self, *args: Any, config: str, **meta: Any) -> Any:
+            try:
+                return super()._bench(*args, config=config, **meta)
+            except RegionError:
+                return [float("inf")] * 3
+
+    tuner = Tolerant(["a", "b", "c"], _kernel(events, fake_krex, tuner_mod))
+    assert tuner.run(1) == 1.0
+    assert events == [
+        *("a:out", "sync", "b:out", "sync", "c:out", "sync", "refused"),
+        *("region_enter", "b:in", "c:in", "region_exit", "launch b:out"),
+    ]
