@@ -38,7 +38,9 @@ others).  The region is entered at the first configuration with something
 to time: none when every one failed, or when the first raised.  No priming when the
 autotuner times through a benchmarker krex did not patch (the step's region
 then covers the compiles as well), inside an explicit region (it covers the
-whole step), or while another thread of the process holds a region.  A
+whole step), or while another thread of the process holds a region (checked
+before each configuration's priming: once one does, the remaining
+configurations compile in the step's region).  A
 step of another autotuner started by a configuration's call (a hook that
 launches another autotuned kernel) primes and times its own configurations,
 in a region of its own when the outer step is priming, in the outer step's
@@ -175,7 +177,7 @@ class Step:
             raise ValueError("not a configuration of this step (see Step.covers)")
         if not self.prime_tried:
             self.prime_tried = True
-            if primed and not region.busy():
+            if primed:
                 self._prime(bench, tuner, args, kwargs)
         try:
             if index in self.raised:
@@ -222,7 +224,11 @@ class Step:
     def _prime(
         self, bench: Callable[..., Any], tuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
+        from krex_client.region import region
+
         for i, config in enumerate(self.configs or ()):
+            if region.busy():
+                return  # another thread's region: the rest compile in this step's region
             if self._index(config) != i:
                 continue  # pruned twice: primed once
             with _priming() as record:

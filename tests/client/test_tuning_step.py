@@ -378,3 +378,17 @@ def test_refused_region_is_asked_again_by_the_next_configuration(
         *("a:out", "sync", "b:out", "sync", "c:out", "sync", "refused"),
         *("region_enter", "b:in", "c:in", "region_exit", "launch b:out"),
     ]
+
+
+def test_priming_stops_once_another_thread_holds_a_region(
+    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a single ``do_bench`` does: a first call would run alongside that region's timing."""
+    events = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    kernel = _kernel(events, fake_krex, tuner_mod)
+    monkeypatch.setattr(region, "busy", lambda: "a:out" in events)  # taken after a's priming
+    tuner_mod.Autotuner(["a", "b", "c"], kernel).run(1)
+    assert events == [
+        *("a:out", "sync", "region_enter", "a:in", "b:in", "c:in", "region_exit", "launch b:out")
+    ]
