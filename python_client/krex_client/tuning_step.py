@@ -22,25 +22,27 @@ as a command alone on the GPU would, and enters the region once:
    it from Triton's cache) while the siblings run, then returns without
    timing;
 4. the region is entered, its clock warm-up runs its whole budget
-   (:meth:`krex_client.warmup.Policy.for_tuning_step`: 200 ms unless the
-   clock is at its maximum), and every ``_bench`` of the step runs in it
-   (its ``do_bench`` sees the enclosing region and primes nothing);
-5. the region is left after the step's last ``_bench``, or when ``run``
-   returns or raises.
+   (:meth:`krex_client.warmup.Policy.for_tuning_step`: with NVML, 200 ms
+   unless the clock reaches its maximum), and every ``_bench`` of the step
+   runs in it (its ``do_bench`` sees the enclosing region and primes
+   nothing);
+5. the region is left after the step's last ``_bench`` (one per entry of
+   the pruned list), or when ``run`` returns or raises.
 
 A configuration whose priming failed inside ``_bench`` (a compile error
 Triton turns into an infinite time) is not run again inside the region: its
 ``_bench`` returns what the priming ``_bench`` returned.  An exception out of
 a priming ``_bench`` is raised again out of that configuration's own
-``_bench`` call, not run again, as it would have been out of its timing (so a
-``_bench`` override that tolerates failing configurations still times the
+``_bench`` call, not run again, as it would have been out of its timing (so
+a ``_bench`` override that tolerates failing configurations still times the
 others).  The region is entered at the first configuration with something
-to time: none when every one failed, or when the first raised.  No priming when the
-autotuner times through a benchmarker krex did not patch (the step's region
-then covers the compiles as well), inside an explicit region (it covers the
-whole step), or while another thread of the process holds a region (checked
-before each configuration's priming: once one does, the remaining
-configurations compile in the step's region).  A
+to time: none when every one failed, or when the first raised.
+
+No priming when the autotuner times through a benchmarker krex did not
+patch (the step's region then covers the compiles as well), inside an
+explicit region (it covers the whole step), or while another thread of the
+process holds a region (checked before each configuration's priming: once
+one does, the remaining configurations compile in the step's region).  A
 step of another autotuner started by a configuration's call (a hook that
 launches another autotuned kernel) primes and times its own configurations,
 in a region of its own when the outer step is priming, in the outer step's

@@ -94,8 +94,9 @@ class Policy:
     def for_tuning_step(cls) -> Policy:
         """The warm-up of an autotuning step's region (krex_client.tuning_step).
 
-        Its whole budget, :data:`STEP_MS`, unless the clock is at its
-        maximum at entry (an idle, cool GPU): a tuning step times every
+        With NVML, its whole budget, :data:`STEP_MS`, unless the clock is
+        at its maximum (an idle, cool GPU); without NVML, as for any region,
+        none unless ``KREX_REGION_WARM_MS`` is set.  A tuning step times every
         configuration back to back, and a warm-up that stops as soon as the
         clock first reads 90% leaves the GPU short of the power and thermal
         state the step's own kernels settle it in, so the first
