@@ -299,7 +299,7 @@ def test_subclass_pruning_further_falls_back_to_one_region_per_configuration(
     events = _event_log(monkeypatch, fake_krex)
     implicit.autoregion()
 
-    class Filtered(tuner_mod.Autotuner):  # type: ignore[name-defined,misc]
+    class Filtered(tuner_mod.Autotuner):  # type: ignore[misc]
         def prune_configs(self, kwargs: dict[str, Any]) -> list[str]:
             return [c for c in super().prune_configs(kwargs) if c != "boom"]
 
@@ -330,7 +330,7 @@ def test_exception_of_one_configuration_is_raised_from_its_own_bench(
     events = _event_log(monkeypatch, fake_krex)
     implicit.autoregion()
 
-    class Tolerant(tuner_mod.Autotuner):  # type: ignore[name-defined,misc]
+    class Tolerant(tuner_mod.Autotuner):  # type: ignore[misc]
         def _bench(self, *args: Any, config: str, **meta: Any) -> Any:
             try:
                 return super()._bench(*args, config=config, **meta)
@@ -365,7 +365,7 @@ def test_refused_region_is_asked_again_by_the_next_configuration(
 
     monkeypatch.setattr(fake_krex, "request", refusing)
 
-    class Tolerant(tuner_mod.Autotuner):  # type: ignore[name-defined,misc]
+    class Tolerant(tuner_mod.Autotuner):  # type: ignore[misc]
         def _bench(self, *args: Any, config: str, **meta: Any) -> Any:
             try:
                 return super()._bench(*args, config=config, **meta)
