@@ -76,15 +76,15 @@ _local = threading.local()  # .steps: {id(autotuner): Step}; .priming: Priming |
 def step_scope(environ: dict[str, str] | None = None) -> bool:
     """False when ``KREX_AUTOTUNE_REGION`` (in ``environ``, default ``os.environ``) is ``config``.
 
-    Raises:
-        ValueError: the variable is set to neither ``step`` nor ``config``.
+    Any other value but ``step`` or empty warns once (RuntimeWarning, as the
+    warm-up's variables do) and the default, ``step``, applies.
     """
     value = (os.environ if environ is None else environ).get(SCOPE_VAR, "").strip().lower()
-    if value in ("", "step"):
-        return True
     if value == "config":
         return False
-    raise ValueError(f"{SCOPE_VAR}={value!r}: expected 'step' or 'config'")
+    if value not in ("", "step"):
+        warmup.warn_once(SCOPE_VAR, f"{SCOPE_VAR}={value!r} is neither 'step' nor 'config'")
+    return True
 
 
 @dataclass

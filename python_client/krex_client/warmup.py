@@ -81,7 +81,7 @@ class Policy:
         budget = _env_float(MS_VAR, float(2**32 // 1000 - 1))
         kind = os.environ.get(KIND_VAR, "").strip().lower() or "auto"
         if kind not in KINDS:
-            _warn_once(KIND_VAR, f"{KIND_VAR}={kind!r} is not one of {', '.join(KINDS)}")
+            warn_once(KIND_VAR, f"{KIND_VAR}={kind!r} is not one of {', '.join(KINDS)}")
             kind = "auto"
         return cls(
             pct=DEFAULT_PCT if pct is None else pct,
@@ -118,7 +118,8 @@ class Policy:
         )
 
 
-def _warn_once(name: str, message: str) -> None:
+def warn_once(name: str, message: str) -> None:
+    """Warn (RuntimeWarning) that variable ``name`` was ignored, once per process."""
     if name not in _warned:
         _warned.add(name)
         warnings.warn(f"krex_client: {message}; ignored", RuntimeWarning, stacklevel=5)
@@ -135,7 +136,7 @@ def _env_float(name: str, top: float) -> float | None:
         value = -1.0
     if 0.0 <= value <= top:
         return value
-    _warn_once(name, f"{name}={raw!r} is not a number in [0, {top:g}]")
+    warn_once(name, f"{name}={raw!r} is not a number in [0, {top:g}]")
     return None
 
 
