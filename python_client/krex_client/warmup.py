@@ -96,14 +96,12 @@ class Policy:
 
         With NVML, its whole budget, :data:`STEP_MS`, unless the clock is
         at its maximum (an idle, cool GPU); without NVML, as for any region,
-        none unless ``KREX_REGION_WARM_MS`` is set.  A tuning step times every
-        configuration back to back, and a warm-up that stops as soon as the
-        clock first reads 90% leaves the GPU short of the power and thermal
-        state the step's own kernels settle it in, so the first
-        configurations are timed on a clock still moving.  On the H200 this
-        policy picked the serial winner in 10 of 10 trials of 8 concurrent
-        autotuners, against 8 of 10 with the 90% threshold and 8 of 10 with
-        no warm-up (docs/bench/autotune-h200.md).  ``KREX_REGION_WARM_PCT``
+        none unless ``KREX_REGION_WARM_MS`` is set.  Chosen by measurement,
+        not by a model of the GPU's clock control: on the H200, 8 concurrent
+        autotuners whose steps warmed for 200 ms picked the serial winner in
+        10 of 10 trials, against 8 of 10 with the 90% threshold (which
+        stopped after about 120 ms) and 8 of 10 with no warm-up
+        (docs/bench/autotune-h200.md).  ``KREX_REGION_WARM_PCT``
         and ``KREX_REGION_WARM_MS``, when set to valid values, apply as they
         do to any region (an invalid one warns once and is ignored: 100% and
         :data:`STEP_MS` apply).
