@@ -3,10 +3,11 @@
 A sibling that ``DrainFreeze`` froze during the drain (every registration
 of it drained) gets its part of the fail-closed check
 (``FailClosed._check_frozen``) as soon as its cgroup reports frozen, in a
-task on the event loop, while the drain of the others goes on in its
-worker thread.  The check after step 4 then waits for these tasks and
-checks only the siblings none of them confirmed (frozen in step 4, or
-admitted during the entry).
+task on the event loop (one per group of siblings the drain froze at the
+same time), while the drain of the others goes on in its worker thread.
+The check after step 4 then waits for these tasks and checks only the
+siblings none of them confirmed (frozen in step 4, or admitted during the
+entry).
 
 Why a check made early judges exactly what the check after step 4 would
 have judged for that sibling:
@@ -31,56 +32,60 @@ awaited) by :meth:`EarlyChecks.cancel` when the entry fails.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from krexd.tenants import Tenant
 
 
 class EarlyChecks:
-    """The early fail-closed checks of one region entry: a task per sibling frozen early.
+    """The early fail-closed checks of one region entry: a task per group frozen together.
 
     Args:
-        check: ``check(sibling)`` waits until the sibling reports frozen,
-            then checks it (ends its unprotected GPU users and waits until
-            they left the GPU); returns True when it did, False when it did
-            not confirm the sibling frozen (the check after step 4 takes it
-            then).  None: no check (no ``GpuUseCheck``); nothing is started.
+        check: ``check(siblings)`` waits until each of ``siblings`` reports
+            frozen, then checks those that did, in one pass (ends their
+            unprotected GPU users and waits until they left the GPU), and
+            returns their ids; a sibling it could not confirm frozen is left
+            to the check after step 4.  None: no check (no ``GpuUseCheck``);
+            nothing is started.
     """
 
-    def __init__(self, check: Callable[[Tenant], Coroutine[Any, Any, bool]] | None) -> None:
+    def __init__(
+        self, check: Callable[[list[Tenant]], Coroutine[Any, Any, set[int]]] | None
+    ) -> None:
         self._check = check
-        self._tasks: dict[int, asyncio.Task[bool]] = {}  # by tenant id
+        self._tasks: list[asyncio.Task[set[int]]] = []
         self._closed = False
 
-    def start(self, siblings: Iterable[Tenant]) -> None:
-        """Start the check of each of ``siblings`` (frozen early; on the loop).
+    def start(self, siblings: list[Tenant]) -> None:
+        """Start the check of ``siblings`` (frozen together, early), on the loop.
 
-        A sibling already started is not started again; after
-        :meth:`finish` or :meth:`cancel` nothing is started.
+        One task for them all: one read of the registrations, not one per
+        sibling.  After :meth:`finish` or :meth:`cancel` nothing is started.
         """
-        if self._check is None or self._closed:
+        if self._check is None or self._closed or not siblings:
             return
-        loop = asyncio.get_running_loop()
-        for sib in siblings:
-            if sib.id not in self._tasks:
-                self._tasks[sib.id] = loop.create_task(self._check(sib))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._check(list(siblings))))
 
     async def finish(self) -> set[int]:
         """Wait for every check started; the ids of the siblings they checked.
 
         Raises what a check raised (the entry then fails and calls
-        :meth:`cancel`, which stops the others).
+        :meth:`cancel`, which stops the others).  Checks all done already
+        (the usual case once step 4 waited for the freezes) cost no turn of
+        the event loop.
         """
         self._closed = True
-        ids = list(self._tasks)
-        done = await asyncio.gather(*self._tasks.values())
-        return {tid for tid, checked in zip(ids, done, strict=True) if checked}
+        if all(t.done() for t in self._tasks):
+            done = [t.result() for t in self._tasks]
+        else:
+            done = await asyncio.gather(*self._tasks)
+        return set().union(*done)
 
     async def cancel(self) -> None:
         """Cancel the checks still running and wait until they stopped (never raises)."""
         self._closed = True
-        for task in self._tasks.values():
+        for task in self._tasks:
             task.cancel()
         # Their outcome (an error or a cancel) is the failed entry's business no more.
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -32,24 +32,28 @@ class FailClosed(CoordinatorBase):
         """The checks of the siblings frozen during the drain of ``epoch`` (none: no guard)."""
         if self._guard is None:
             return EarlyChecks(None)
-        return EarlyChecks(lambda sib: self._check_frozen(sib, epoch))
+        return EarlyChecks(lambda siblings: self._check_frozen(siblings, epoch))
 
-    async def _check_frozen(self, sib: Tenant, epoch: int) -> bool:
-        """A sibling frozen during the drain: its part of the check, once it reports frozen.
+    async def _check_frozen(self, siblings: list[Tenant], epoch: int) -> set[int]:
+        """Siblings frozen during the drain: their part of the check, once they report frozen.
 
-        Waits (bounded by freeze_timeout_ms) until the kernel reports the
-        sibling frozen, never checks it before; then as :meth:`_fail_closed`.
-        Returns False, having checked nothing, when it did not report frozen
-        or its cgroup could not be read: the check after step 4 takes it.
+        Waits (each bounded by freeze_timeout_ms) until the kernel reports
+        each sibling frozen, and checks none before; then checks those in
+        one pass, as :meth:`_fail_closed` does.  Returns their ids: a sibling
+        that did not report frozen, or whose cgroup could not be read, is
+        left to the check after step 4.
         """
         assert self._guard is not None
-        try:
-            if not await self._ctl.wait_frozen(sib, self._cfg.freeze_timeout_s):
-                return False
-        except OSError:
-            return False
-        await self._end_unprotected(self._guard.unverified([sib]), epoch)
-        return True
+        confirmed: list[Tenant] = []
+        for sib in siblings:
+            try:
+                if await self._ctl.wait_frozen(sib, self._cfg.freeze_timeout_s):
+                    confirmed.append(sib)
+            except OSError:
+                pass  # left to the check after step 4
+        if confirmed:
+            await self._end_unprotected(self._guard.unverified(confirmed), epoch)
+        return {t.id for t in confirmed}
 
     async def _fail_closed(self, holder: Tenant, epoch: int, early: EarlyChecks) -> None:
         """After step 4: end siblings that use the GPU unprotected, wait until they left it.
