@@ -4,7 +4,8 @@ A sibling process with the GPU open and no verified registration drained
 for the epoch (``krexd.registrations``) ends its command (exit 79), and the
 grant waits until it has left the GPU.  Each sibling frozen during the
 drain is checked as soon as it reports frozen, while the others still
-drain (``krexd.coordinator.early_check``); the rest after step 4, at once.
+drain (``krexd.coordinator.early_check``); the rest after step 4, in one
+pass.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 from krex_client.errors import ExitCode
 from krexd.coordinator.base import CoordinatorBase
-from krexd.coordinator.early_check import EarlyChecks
+from krexd.coordinator.early_check import EarlyChecks, wait_reported_frozen
 from krexd.errors import Code, KrexError
 from krexd.isolation import gone
 from krexd.registrations import Suspect
@@ -30,30 +31,14 @@ class FailClosed(CoordinatorBase):
 
     def _early_checks(self, epoch: int) -> EarlyChecks:
         """The checks of the siblings frozen during the drain of ``epoch`` (none: no guard)."""
-        if self._guard is None:
-            return EarlyChecks(None)
-        return EarlyChecks(lambda siblings: self._check_frozen(siblings, epoch))
-
-    async def _check_frozen(self, siblings: list[Tenant], epoch: int) -> set[int]:
-        """Siblings frozen during the drain: their part of the check, once they report frozen.
-
-        Waits (each bounded by freeze_timeout_ms) until the kernel reports
-        each sibling frozen, and checks none before; then checks those in
-        one pass, as :meth:`_fail_closed` does.  Returns their ids: a sibling
-        that did not report frozen, or whose cgroup could not be read, is
-        left to the check after step 4.
-        """
-        assert self._guard is not None
-        confirmed: list[Tenant] = []
-        for sib in siblings:
-            try:
-                if await self._ctl.wait_frozen(sib, self._cfg.freeze_timeout_s):
-                    confirmed.append(sib)
-            except OSError:
-                pass  # left to the check after step 4
-        if confirmed:
-            await self._end_unprotected(self._guard.unverified(confirmed), epoch)
-        return {t.id for t in confirmed}
+        guard = self._guard
+        if guard is None:
+            return EarlyChecks()
+        control, timeout_s = self._ctl, self._cfg.freeze_timeout_s
+        return EarlyChecks(
+            lambda siblings, stop: wait_reported_frozen(control, siblings, timeout_s, stop),
+            lambda frozen: self._end_unprotected(guard.unverified(frozen), epoch),
+        )
 
     async def _fail_closed(self, holder: Tenant, epoch: int, early: EarlyChecks) -> None:
         """After step 4: end siblings that use the GPU unprotected, wait until they left it.

@@ -96,9 +96,15 @@ class FakeGuard:
 
 
 class Rig:
-    def __init__(self, n: int, pending: int, **region: Any) -> None:
+    def __init__(
+        self,
+        n: int,
+        pending: int,
+        control: type[FakeTenantControl] = FakeTenantControl,
+        **region: Any,
+    ) -> None:
         self.events = Events()
-        self.control = FakeTenantControl(self.events)
+        self.control = control(self.events)
         self.pinner = FakePinner(self.events)
         self.pinner.initial = SLICE.tenant_cores
         registry = TenantRegistry()
@@ -162,7 +168,7 @@ def test_an_unprotected_sibling_is_ended_while_another_still_drains() -> None:
         names = r.events.names()
         assert "drain_held_out" not in names, "the check waited for the whole drain"
         # bad: frozen, confirmed frozen, checked, ended (79) -- all before the drain ended.
-        assert r.at("freeze", bad.id) < r.at("wait_frozen", bad.id) < r.at("unverified", (bad.id,))
+        assert r.at("freeze", bad.id) < r.at("unverified", (bad.id,))
         assert r.events.log[r.at("unverified", (bad.id,))][2] == (True,)
         assert r.at("unverified", (bad.id,)) < r.at("end", bad.id) < r.at("drained")
         assert r.ended == [(bad.id, 79)]
@@ -185,14 +191,12 @@ def test_an_early_check_waits_until_the_sibling_reports_frozen() -> None:
 
     async def scenario() -> None:
         r.control.stuck.add(early.id)  # its freeze is written, the kernel not done yet
-        r.control.hold_freeze = asyncio.Event()
         entry = asyncio.create_task(r.enter(holder))
-        await r.until("wait_frozen", early.id)
+        await r.until("freeze", early.id)
         await asyncio.sleep(0.1)
         assert "unverified" not in r.events.names(), "checked before it reported frozen"
         assert r.ended == []
         r.control.stuck.discard(early.id)
-        r.control.hold_freeze.set()
         await r.until("end", early.id)  # checked now, with the drain still held
         assert "drained" not in r.events.names()
         assert r.events.log[r.at("unverified", (early.id,))][2] == (True,)
@@ -203,25 +207,38 @@ def test_an_early_check_waits_until_the_sibling_reports_frozen() -> None:
     run(scenario())
 
 
-def test_a_sibling_not_confirmed_frozen_early_is_checked_after_step_4() -> None:
-    r = Rig(3, pending=2)
-    holder, early, slow = r.tenants
-    r.unshim(early)
-    r.control.stuck.add(early.id)  # the early wait gives up (the fake's wait does not poll)
-    r.gate.release.set()
+class LateReport(FakeTenantControl):
+    """The kernel's report of ``late``'s freeze reaches only the event loop's thread.
 
-    def frozen_by_step_4() -> None:  # its second wait is step 4's: frozen by then
-        if len([e for e in r.events.log if e == ("wait_frozen", early.id)]) == 2:
-            r.control.stuck.discard(early.id)
+    The early check polls from a worker thread: it never sees ``late``
+    frozen, while step 4 (on the loop) does.
+    """
 
-    r.events.on("wait_frozen", frozen_by_step_4)
+    late: int = 0
+
+    def is_frozen(self, tenant: Tenant) -> bool:
+        if tenant.id == self.late and threading.current_thread() is not threading.main_thread():
+            return False
+        return super().is_frozen(tenant)
+
+
+def test_a_sibling_not_reported_frozen_by_step_4s_end_is_checked_with_the_rest() -> None:
+    r = Rig(3, pending=2, control=LateReport)
+    holder, late, slow = r.tenants
+    r.control.late = late.id  # type: ignore[attr-defined]
+    r.unshim(late)
 
     async def scenario() -> None:
-        grant = await r.enter(holder)
+        entry = asyncio.create_task(r.enter(holder))
+        await r.until("freeze", late.id)
+        await asyncio.sleep(0.1)
+        assert "unverified" not in r.events.names()
+        r.gate.release.set()
+        grant = await entry
         checks = [e[1:] for e in r.events.log if e[0] == "unverified"]
-        assert checks == [((early.id, slow.id), (True, True))], checks
+        assert checks == [((late.id, slow.id), (True, True))], checks
         assert r.at("drained") < r.at("wait_frozen", slow.id) < r.at("unverified")
-        assert r.at("drained") < r.at("end", early.id) < r.at("set_cpus", holder.id)
+        assert r.at("unverified") < r.at("end", late.id) < r.at("set_cpus", holder.id)
         await r.coord.exit(holder, grant["epoch"], 0.0, 0)
 
     run(scenario())
