@@ -3,18 +3,19 @@
 The siblings that ``DrainFreeze`` froze together during the drain (every
 registration of them drained) get their part of the fail-closed check as
 soon as the kernel reports them frozen, while the drain of the others goes
-on: a worker thread polls their ``cgroup.events``
-(:func:`wait_reported_frozen`), and the check itself (``FailClosed``: the
-/proc reads, then ending any unprotected GPU user and waiting until it left
-the GPU) runs on the event loop as soon as they all are.  The loop is never
-blocked by that wait, so the end of the drain and step 4 are not delayed
-by it.  After step 4, :meth:`EarlyChecks.finish` takes the result:
+on: one worker thread per entry polls their ``cgroup.events``
+(:class:`FrozenWatch`), and the check itself (``FailClosed``: the /proc
+reads, then ending any unprotected GPU user and waiting until it left the
+GPU) runs on the event loop as soon as a group is reported frozen.  The
+loop is never blocked by that wait, so the end of the drain and step 4 are
+not delayed by it.  After step 4, :meth:`EarlyChecks.finish` takes the
+result:
 
 * a check begun is waited for (its siblings are not checked again);
-* a wait not over yet is stopped, and its siblings are checked with the
-  siblings frozen in step 4, in one pass, as they were before the early
-  check existed: nothing on the critical path waits for an early check
-  that could not start.
+* a group whose report has not come is dropped, and its siblings are
+  checked with the siblings frozen in step 4, in one pass, as they were
+  before the early check existed: nothing on the critical path waits for
+  an early check that could not start.
 
 Why an early check judges exactly what the check after step 4 would have
 judged for its siblings:
@@ -40,68 +41,136 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 from krexd.isolation import TenantControl
 from krexd.tenants import Tenant
 
-#: First poll period (s) of :func:`wait_reported_frozen` (a freeze usually
-#: takes the kernel 0.1-0.3 ms), and the longest once it has waited 1 ms.
-POLL_S = 20e-6
+#: Poll period (s) of :class:`FrozenWatch` while its youngest group is under
+#: 1 ms old (a freeze usually takes the kernel 0.1-0.3 ms; a sleep this
+#: short lasts about 0.1 ms with the kernel's default timer slack), and
+#: after that.  A group is first looked at one period after it was added.
+POLL_S = 50e-6
 POLL_SLOW_S = 500e-6
 
 
-def wait_reported_frozen(
-    control: TenantControl, siblings: list[Tenant], timeout_s: float, stop: threading.Event
-) -> list[Tenant]:
-    """Block until the kernel reports each of ``siblings`` frozen; those it did.
+@dataclass(eq=False)
+class _Group:
+    """Siblings frozen together by the drain, until the kernel reported each frozen."""
 
-    Polls ``control.is_frozen`` (``cgroup.events``) every few tens of µs,
-    every :data:`POLL_SLOW_S` after the first millisecond; returns when all
-    are frozen, after ``timeout_s`` or once ``stop`` is set.  A sibling whose
-    cgroup cannot be read (it ended) is not among those returned.  Runs in a
-    worker thread: it never blocks the event loop.
+    waiting: list[Tenant]
+    since: float  # monotonic s
+    frozen: list[Tenant] = field(default_factory=list)
+
+
+class FrozenWatch:
+    """One worker thread that waits for the kernel's report of frozen groups of siblings.
+
+    Each group added (:meth:`add`, on the loop) is polled
+    (``TenantControl.is_frozen``: one read of ``cgroup.events``) until every
+    sibling of it reported frozen, or ``timeout_s`` passed; then
+    ``ready(frozen)`` is called on the loop with those that did (a sibling
+    whose cgroup cannot be read is left out).  The thread, taken from the
+    loop's default executor at the first :meth:`add`, ends at
+    :meth:`stop`; a group not reported by then is dropped.
     """
-    start = time.monotonic()
-    waiting, frozen = list(siblings), []
-    while True:
-        for sib in list(waiting):
+
+    def __init__(
+        self, control: TenantControl, timeout_s: float, ready: Callable[[list[Tenant]], None]
+    ) -> None:
+        self._ctl = control
+        self._timeout_s = timeout_s
+        self._ready = ready
+        self._lock = threading.Lock()
+        self._groups: list[_Group] = []
+        self._stopped = False
+        self._wake = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, siblings: list[Tenant]) -> None:
+        """Wait for ``siblings``' report (on the loop; nothing after :meth:`stop`)."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._groups.append(_Group(list(siblings), time.monotonic()))
+        self._wake.set()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.run_in_executor(None, self._run)
+
+    def stop(self) -> None:
+        """No report after this returns (from any thread); the thread ends soon after."""
+        with self._lock:
+            self._stopped = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        while True:
+            self._wake.clear()  # before the look: an add after it sets it again
+            with self._lock:
+                if self._stopped:
+                    return
+                groups = list(self._groups)
+            if not groups:
+                self._wake.wait()
+                continue
+            now = time.monotonic()
+            if all(now - g.since < POLL_S for g in groups):
+                self._wake.wait(POLL_S)  # just frozen: the kernel is not done yet
+                continue
+            for g in groups:
+                self._poll(g)
+                if g.waiting and now - g.since < self._timeout_s:
+                    continue
+                with self._lock:
+                    if self._stopped:
+                        return
+                    self._groups.remove(g)
+                    try:  # under the lock: stop() returns only after every report left
+                        loop.call_soon_threadsafe(self._ready, g.frozen)
+                    except RuntimeError:
+                        return  # the loop is closed
+            young = any(now - g.since < 1e-3 for g in groups)
+            self._wake.wait(POLL_S if young else POLL_SLOW_S)
+
+    def _poll(self, g: _Group) -> None:
+        for sib in list(g.waiting):
             try:
-                if control.is_frozen(sib):
-                    frozen.append(sib)
-                    waiting.remove(sib)
+                if self._ctl.is_frozen(sib):
+                    g.frozen.append(sib)
+                    g.waiting.remove(sib)
             except OSError:
-                waiting.remove(sib)  # left to the check after step 4
-        waited = time.monotonic() - start
-        if not waiting or stop.is_set() or waited >= timeout_s:
-            return frozen
-        time.sleep(POLL_S if waited < 1e-3 else POLL_SLOW_S)
+                g.waiting.remove(sib)  # left to the check after step 4
 
 
 class EarlyChecks:
     """The early fail-closed checks of one region entry: one per group frozen together.
 
     Args:
-        confirm: ``confirm(siblings, stop)`` blocks (in a worker thread)
-            until the kernel reports the siblings frozen, or ``stop`` is
-            set; returns those it reported frozen (:func:`wait_reported_frozen`).
-        check: ``check(siblings)``, on the loop, makes the check's reads at
-            once and returns what is left of it (ending unprotected GPU
-            users, waiting until they left the GPU) to await.
-        None for both: no check (no ``GpuUseCheck``); nothing is started.
+        control: reads the kernel's report (``TenantControl.is_frozen``).
+        timeout_s: the longest wait for a group's report (freeze_timeout_ms).
+        check: ``check(siblings)``, on the loop, makes the check's reads of
+            ``siblings`` (reported frozen) at once and returns what is left
+            of it (ending unprotected GPU users, waiting until they left the
+            GPU) to await.
+        Without ``control`` and ``check`` (no ``GpuUseCheck``) nothing is started.
     """
 
     def __init__(
         self,
-        confirm: Callable[[list[Tenant], threading.Event], list[Tenant]] | None = None,
+        control: TenantControl | None = None,
+        timeout_s: float = 0.0,
         check: Callable[[list[Tenant]], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
-        self._confirm = confirm
         self._check = check
-        self._tasks: list[asyncio.Task[None]] = []
-        self._checking: set[asyncio.Task[None]] = set()  # their check begun
+        self._control = control
+        self._timeout_s = timeout_s
+        self._watch: FrozenWatch | None = None  # made at the first start
+        self._tasks: list[asyncio.Task[None]] = []  # the checks begun
         self._checked: set[int] = set()  # tenant ids
-        self._stop = threading.Event()
         self._closed = False
 
     def start(self, siblings: list[Tenant]) -> None:
@@ -109,49 +178,45 @@ class EarlyChecks:
 
         After :meth:`finish` or :meth:`cancel` nothing is started.
         """
-        if self._confirm is None or self._closed or not siblings:
+        if self._control is None or self._check is None or self._closed or not siblings:
             return
-        self._tasks.append(asyncio.get_running_loop().create_task(self._run(list(siblings))))
+        if self._watch is None:
+            self._watch = FrozenWatch(self._control, self._timeout_s, self._begin)
+        self._watch.add(siblings)
 
-    async def _run(self, siblings: list[Tenant]) -> None:
-        assert self._confirm is not None and self._check is not None
-        frozen = await asyncio.to_thread(self._confirm, siblings, self._stop)
-        if self._closed or not frozen:
-            return  # left to the check after step 4
-        rest = self._check(frozen)  # the reads, now: frozen, they are checked
+    def _begin(self, frozen: list[Tenant]) -> None:
+        """``frozen`` were reported frozen: check them (the reads now), on the loop."""
+        if self._closed or not frozen or self._check is None:
+            return
+        rest = self._check(frozen)
         self._checked.update(t.id for t in frozen)
-        task = asyncio.current_task()
-        assert task is not None
-        self._checking.add(task)
-        await rest
+        self._tasks.append(asyncio.get_running_loop().create_task(rest))
 
     async def finish(self) -> set[int]:
         """After step 4: the ids of the siblings checked early, once their checks ended.
 
-        Stops the waits not over yet (their siblings were not checked: the
+        Groups whose report has not come are dropped (not checked: the
         caller checks them).  Raises what a check raised (the entry then
-        fails and calls :meth:`cancel`).  With every check already over (or
+        fails and calls :meth:`cancel`).  With every check over already (or
         none begun) it costs no turn of the event loop.
         """
-        self._closed = True
-        self._stop.set()
-        begun: list[asyncio.Task[None]] = []
-        for task in self._tasks:
-            if task.done():
-                task.result()  # raises what the check raised
-            elif task in self._checking:
-                begun.append(task)
-            else:
-                task.cancel()  # still waiting for the kernel: not checked
-        if begun:
-            await asyncio.gather(*begun)
+        self._close()
+        if all(t.done() for t in self._tasks):
+            for t in self._tasks:
+                t.result()  # raises what the check raised
+        else:
+            await asyncio.gather(*self._tasks)
         return set(self._checked)
 
     async def cancel(self) -> None:
         """Stop every check (the entry failed) and wait until they stopped; never raises."""
-        self._closed = True
-        self._stop.set()
+        self._close()
         for task in self._tasks:
             task.cancel()
         # Their outcome (an error or a cancel) is the failed entry's business no more.
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _close(self) -> None:
+        self._closed = True
+        if self._watch is not None:
+            self._watch.stop()

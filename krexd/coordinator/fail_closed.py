@@ -16,7 +16,7 @@ import time
 
 from krex_client.errors import ExitCode
 from krexd.coordinator.base import CoordinatorBase
-from krexd.coordinator.early_check import EarlyChecks, wait_reported_frozen
+from krexd.coordinator.early_check import EarlyChecks
 from krexd.errors import Code, KrexError
 from krexd.isolation import gone
 from krexd.registrations import Suspect
@@ -34,9 +34,9 @@ class FailClosed(CoordinatorBase):
         guard = self._guard
         if guard is None:
             return EarlyChecks()
-        control, timeout_s = self._ctl, self._cfg.freeze_timeout_s
         return EarlyChecks(
-            lambda siblings, stop: wait_reported_frozen(control, siblings, timeout_s, stop),
+            self._ctl,
+            self._cfg.freeze_timeout_s,
             lambda frozen: self._end_unprotected(guard.unverified(frozen), epoch),
         )
 
