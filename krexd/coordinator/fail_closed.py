@@ -30,9 +30,13 @@ class FailClosed(CoordinatorBase):
     """The fail-closed check of region entry (``GpuUseCheck``)."""
 
     def _early_checks(self, epoch: int) -> EarlyChecks:
-        """The checks of the siblings frozen during the drain of ``epoch`` (none: no guard)."""
+        """The checks of the siblings frozen during the drain of ``epoch``.
+
+        None without a guard, or with ``[region] early_check = false``: every
+        sibling is then checked after step 4.
+        """
         guard = self._guard
-        if guard is None:
+        if guard is None or not self._cfg.early_check:
             return EarlyChecks()
         return EarlyChecks(
             self._ctl,

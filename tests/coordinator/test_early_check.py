@@ -281,3 +281,19 @@ def test_an_early_check_that_times_out_fails_the_entry() -> None:
         assert_idle(r)  # type: ignore[arg-type]
 
     run(scenario())
+
+
+def test_with_early_check_off_every_sibling_is_checked_after_step_4() -> None:
+    r = Rig(3, pending=2, early_check=False)
+    holder, bad, slow = r.tenants
+    r.unshim(bad)
+    r.gate.release.set()
+
+    async def scenario() -> None:
+        grant = await r.enter(holder)
+        checks = [e[1:] for e in r.events.log if e[0] == "unverified"]
+        assert checks == [((bad.id, slow.id), (True, True))], checks
+        assert r.at("drained") < r.at("unverified") < r.at("end", bad.id)
+        await r.coord.exit(holder, grant["epoch"], 0.0, 0)
+
+    run(scenario())
