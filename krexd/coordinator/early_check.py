@@ -7,15 +7,16 @@ on: one worker thread per entry polls their ``cgroup.events``
 (:class:`FrozenWatch`), and the check itself (``FailClosed``: the /proc
 reads, then ending any unprotected GPU user and waiting until it left the
 GPU) runs on the event loop as soon as a group is reported frozen.  The
-loop is never blocked by that wait, so the end of the drain and step 4 are
-not delayed by it.  After step 4, :meth:`EarlyChecks.finish` takes the
-result:
+loop never waits for the kernel's report itself, and no check begins once
+the drain's end has reached the loop (:meth:`EarlyChecks.stop`), so
+neither the drain's end nor step 4 is held up.  After step 4,
+:meth:`EarlyChecks.finish` takes the result:
 
 * a check begun is waited for (its siblings are not checked again);
-* a group whose report has not come is dropped, and its siblings are
-  checked with the siblings frozen in step 4, in one pass, as they were
-  before the early check existed: nothing on the critical path waits for
-  an early check that could not start.
+* the siblings of a group not begun by the drain's end are checked with
+  the siblings frozen in step 4, in one pass, as every sibling was before
+  the early check existed: nothing on the critical path waits for an early
+  check that could not start.
 
 Why an early check judges exactly what the check after step 4 would have
 judged for its siblings:
@@ -176,7 +177,7 @@ class EarlyChecks:
     def start(self, siblings: list[Tenant]) -> None:
         """Check ``siblings`` (frozen together, early) once reported frozen; on the loop.
 
-        After :meth:`finish` or :meth:`cancel` nothing is started.
+        After :meth:`stop` nothing is started.
         """
         if self._control is None or self._check is None or self._closed or not siblings:
             return
@@ -184,23 +185,42 @@ class EarlyChecks:
             self._watch = FrozenWatch(self._control, self._timeout_s, self._begin)
         self._watch.add(siblings)
 
+    def stop(self) -> None:
+        """The drain is over: no check begins after this (on the loop).
+
+        The groups not begun yet are left to the check after step 4: begun
+        now, their reads would hold up step 4 on the event loop, and that
+        check reads every remaining sibling in one pass anyway.
+        """
+        self._closed = True
+        if self._watch is not None:
+            self._watch.stop()
+
     def _begin(self, frozen: list[Tenant]) -> None:
-        """``frozen`` were reported frozen: check them (the reads now), on the loop."""
-        if self._closed or not frozen or self._check is None:
+        """``frozen`` were reported frozen: check them in a task (on the loop)."""
+        if not self._closed and frozen:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._run(frozen)))
+
+    async def _run(self, frozen: list[Tenant]) -> None:
+        # One turn of the loop first: a drain's end already delivered to the
+        # loop goes before these reads (and then they are left to step 4's end).
+        await asyncio.sleep(0)
+        if self._closed or self._check is None:
             return
-        rest = self._check(frozen)
+        rest = self._check(frozen)  # the reads, now
         self._checked.update(t.id for t in frozen)
-        self._tasks.append(asyncio.get_running_loop().create_task(rest))
+        await rest
 
     async def finish(self) -> set[int]:
         """After step 4: the ids of the siblings checked early, once their checks ended.
 
-        Groups whose report has not come are dropped (not checked: the
-        caller checks them).  Raises what a check raised (the entry then
-        fails and calls :meth:`cancel`).  With every check over already (or
-        none begun) it costs no turn of the event loop.
+        The siblings of groups not begun (not reported frozen during the
+        drain) are not among them: the caller checks them.  Raises what a
+        check raised (the entry then fails and calls :meth:`cancel`).  With
+        every check over already (or none begun) it costs no turn of the
+        event loop.
         """
-        self._close()
+        self.stop()
         if all(t.done() for t in self._tasks):
             for t in self._tasks:
                 t.result()  # raises what the check raised
@@ -210,13 +230,8 @@ class EarlyChecks:
 
     async def cancel(self) -> None:
         """Stop every check (the entry failed) and wait until they stopped; never raises."""
-        self._close()
+        self.stop()
         for task in self._tasks:
             task.cancel()
         # Their outcome (an error or a cancel) is the failed entry's business no more.
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _close(self) -> None:
-        self._closed = True
-        if self._watch is not None:
-            self._watch.stop()

@@ -160,6 +160,7 @@ class Entry(Ending, MemoryWait, FailClosed):
                 await self._drain(tenant, epoch, early.settled)
             finally:
                 rest = early.stop()  # no freeze from the drain's thread after this
+                checks.stop()  # no early check begins after this
             self._last_drain_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("drained")
             marks.append(("drain", time.monotonic()))
