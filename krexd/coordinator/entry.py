@@ -159,8 +159,8 @@ class Entry(Ending, MemoryWait, FailClosed):
             try:
                 await self._drain(tenant, epoch, early.settled)
             finally:
-                rest = early.stop()  # no freeze from the drain's thread after this
                 checks.stop()  # no early check begins after this
+                rest = early.stop()  # no freeze from the drain's thread after this
             self._last_drain_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("drained")
             marks.append(("drain", time.monotonic()))
