@@ -2,10 +2,10 @@
  * gate.c — the gate protocol, both sides (paper §4.2; krex_gate.h).
  *
  * This file holds what both sides share and the tenant's half; krexd's half
- * (the gate's creation, attaching slot memories, close, drain, reopen,
- * audit) is coord.c.  Built into libkrex_shim.so (tenant side, symbols
- * hidden) and, with coord.c, into libkrex_gate.so (krexd loads it through
- * ctypes; symbols exported).
+ * is coord.c (the gate's creation, attaching slot memories, audit) and
+ * coord_protocol.c (close, drain, reopen).  Built into libkrex_shim.so
+ * (tenant side, symbols hidden) and, with those two, into libkrex_gate.so
+ * (krexd loads it through ctypes; symbols exported).
  *
  * Memory orders.  Every access to the two words of the Dekker pairing —
  * the gate `word` (krexd's, read-only here) and each slot's `inflight`
@@ -610,7 +610,7 @@ KREX_GATE_API int krex_gate_mark_exiting(const struct krex_gate *g, struct krex_
     uint64_t o = krex_owner_load(s);
     /* A seq_cst CAS from our own ACTIVE word: it releases the exit
      * synchronization made before it to the coordinator whose seq_cst
-     * owner load reads EXITING (coord.c scan_pending), and fails if the
+     * owner load reads EXITING (coord_protocol.c scan_pending), and fails if the
      * slot was retired meanwhile (then it is not ours to mark). */
     if (krex_owner_state(o) != KREX_SLOT_ACTIVE || krex_owner_pid(o) != pid ||
         !owner_cas(s, o, KREX_SLOT_EXITING, pid))
@@ -630,7 +630,7 @@ KREX_GATE_API void krex_gate_leave_exiting(struct krex_slot *s)
 {
     /* seq_cst like every RMW on inflight; it releases the caller's
      * synchronization to the coordinator that reads zero (it polls an
-     * EXITING slot with calls in flight: coord.c). */
+     * EXITING slot with calls in flight: coord_protocol.c). */
     uint32_t prev = atomic_fetch_sub_explicit(&s->inflight, 1, memory_order_seq_cst);
     if ((prev & KREX_INFLIGHT_COUNT) == 1 && (prev & KREX_INFLIGHT_WAITER))
         krex_gate_wake_idle(s); /* the stopped drainer may still wait for zero */

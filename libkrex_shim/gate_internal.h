@@ -1,6 +1,7 @@
 /*
  * gate_internal.h — helpers shared by gate.c (both sides, tenant half) and
- * coord.c (krexd's half); not installed, not part of the gate's API.
+ * coord.c, coord_protocol.c (krexd's half); not installed, not part of the
+ * gate's API.
  */
 #ifndef KREX_GATE_INTERNAL_H
 #define KREX_GATE_INTERNAL_H

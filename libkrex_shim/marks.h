@@ -24,7 +24,7 @@
  * A call admitted on the marks counts in its thread's mark only; every
  * other path (registration, a closed gate, the exiting discipline, marks
  * unavailable) counts in the slot's shared `inflight` as before, so krexd's
- * half of the protocol (coord.c) is unchanged: a process acknowledges a
+ * half of the protocol (coord_protocol.c) is unchanged: a process acknowledges a
  * closure only after its marks and its shared count are all zero.
  */
 #ifndef KREX_MARKS_H

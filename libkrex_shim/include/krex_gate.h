@@ -425,7 +425,7 @@ int krex_coord_attach(struct krex_coord *c, uint32_t tenant, int fd);
 /* Forget tenant `tenant`'s slot memory (its summary row is cleared).
  * -ENOENT when not attached.  May run while a drain waits (krexd ends a
  * tenant on its event loop): the scan holds the read lock, and a futex
- * wait on the unmapped memory fails once with EFAULT (coord.c park_until). */
+ * wait on the unmapped memory fails once with EFAULT (coord_protocol.c park_until). */
 int krex_coord_detach(struct krex_coord *c, uint32_t tenant);
 
 /* Step 2: close the gate for `holder` with `epoch`.  -EBUSY if not open,

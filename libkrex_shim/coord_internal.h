@@ -1,0 +1,38 @@
+/*
+ * coord_internal.h — the state krexd's half of the gate keeps (coord.c,
+ * coord_protocol.c); private to libkrex_gate.so, not part of the gate's API.
+ *
+ * Every size and count looped over here is a constant of krex_gate.h or a
+ * field of struct krex_coord, never a value read from shared memory.
+ */
+#ifndef KREX_COORD_INTERNAL_H
+#define KREX_COORD_INTERNAL_H
+
+#include "gate_internal.h"
+
+#include <pthread.h>
+
+struct attached {
+    uint32_t tenant;                  /* 0: row unused */
+    int fd;
+    struct krex_tenant_mem *m;        /* read-only mapping */
+    uint32_t last_mem_seq;
+    _Atomic uint64_t ignored[KREX_TENANT_SLOTS]; /* owner words judged gone */
+};
+
+struct krex_coord {
+    struct krex_gate *g;              /* read-write mapping */
+    int fd;
+    uint32_t gpu;
+    _Atomic uint32_t last_epoch;      /* last epoch requested (close) */
+    pthread_rwlock_t mu;              /* the tenant table */
+    struct attached t[KREX_GATE_MAX_TENANTS];
+};
+
+/* Is slot `i` of `a`, owned by `o`, judged gone (krex_coord_ignore)? */
+static inline int ignored(struct attached *a, uint32_t i, uint64_t o)
+{
+    return atomic_load_explicit(&a->ignored[i], memory_order_relaxed) == o;
+}
+
+#endif /* KREX_COORD_INTERNAL_H */
