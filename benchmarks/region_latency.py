@@ -14,10 +14,7 @@ Siblings (``--sibling``):
 
 Usage:
   python benchmarks/region_latency.py [--siblings 1,7,15] [--regions 200]
-         [--sibling fake|torch|spin] [--fake-gpus 1] [--early-check on|off] [--json OUT]
-
-``--early-check off`` runs krexd with ``[region] early_check = false`` (every
-sibling fail-closed checked after step 4), for an A/B of the early check.
+         [--sibling fake|torch|spin] [--fake-gpus 1] [--json OUT]
 
 Prints a table; goal (issue): with 15 siblings p50 ≤ 2 ms, p99 ≤ 10 ms.
 """
@@ -114,9 +111,7 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
 
 
-def _start_krexd(
-    workdir: str, slots: int, fake_gpus: int, early_check: bool = True
-) -> tuple[subprocess.Popen[bytes], str]:
+def _start_krexd(workdir: str, slots: int, fake_gpus: int) -> tuple[subprocess.Popen[bytes], str]:
     """Start a private krexd in ``workdir``; returns it and its socket once it answers.
 
     Raises:
@@ -129,7 +124,6 @@ def _start_krexd(
         f.write(
             f'[daemon]\nsocket = "{socket}"\n[admission]\nslots_per_gpu = {slots}\n'
             f'[cgroup]\nname = "krexbench{os.getpid()}"\n[cpu]\nallow_shared = true\n'
-            f"[region]\nearly_check = {'true' if early_check else 'false'}\n"
         )
     # --socket as well as the config's: krexd prefers $KREX_SOCKET to its config.
     argv = [sys.executable, "-m", "krexd", "--config", config, "--socket", socket]
@@ -164,9 +158,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(
-    n_siblings: int, regions: int, kind: str, fake_gpus: int, early_check: bool = True
-) -> dict[str, Any]:
+def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, Any]:
     """One configuration: returns p50/p99 of entry, drain and freeze (ms).
 
     Whatever it started (krexd, siblings, holder) is stopped before it returns or raises.
@@ -175,7 +167,7 @@ def run(
     siblings: list[subprocess.Popen[bytes]] = []
     krexd: subprocess.Popen[bytes] | None = None
     try:
-        krexd, socket = _start_krexd(workdir, n_siblings + 1, fake_gpus, early_check)
+        krexd, socket = _start_krexd(workdir, n_siblings + 1, fake_gpus)
         env = dict(_clean_env(), KREX_SOCKET=socket)
         for _ in range(n_siblings):
             siblings.append(
@@ -211,7 +203,6 @@ def run(
     check = [x[3] if len(x) > 3 else 0.0 for x in lat]
     return {
         "siblings": n_siblings,
-        "early_check": early_check,
         "sibling": kind,
         "regions": len(lat),
         "entry_p50_ms": _pct(entry, 0.5),
@@ -244,12 +235,11 @@ def main() -> None:
     ap.add_argument("--regions", type=int, default=200)
     ap.add_argument("--sibling", choices=("fake", "torch", "light", "spin"), default="fake")
     ap.add_argument("--fake-gpus", type=int, default=1, help="0 on a host with a real GPU")
-    ap.add_argument("--early-check", choices=("on", "off"), default="on")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     try:
         rows = [
-            run(int(n), args.regions, args.sibling, args.fake_gpus, args.early_check == "on")
+            run(int(n), args.regions, args.sibling, args.fake_gpus)
             for n in args.siblings.split(",")
         ]
     except RuntimeError as exc:

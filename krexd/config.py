@@ -116,9 +116,6 @@ class RegionConfig:
     # The holder's cores in a region: "add" (reserved cores added to what it had) or
     # "reserved_only" (its submitting thread on the reserved cores alone).
     holder_cpus: str = "add"
-    # Fail-closed check of each sibling frozen during the drain as soon as the kernel
-    # reports it frozen, while the others drain (false: every sibling after step 4).
-    early_check: bool = True
 
 
 @dataclass(frozen=True)
@@ -279,7 +276,6 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "l2_flush": _bool,
             "enforce": _bool,
             "holder_cpus": _choice("add", "reserved_only"),
-            "early_check": _bool,
         },
     ),
     "shim": (ShimConfig, {"path": _abs_path_or_empty}),

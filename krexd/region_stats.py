@@ -20,8 +20,7 @@ STEPS = ("memory", "close", "drain", "freeze", "pools", "check", "pin")
 """The timed steps of a region's establishment, in order (``krexd.coordinator.entry``):
 the memory fit (before step 2), step 2 close, 3 drain, 4 freeze of the
 siblings, 4 the rest of the warm pools' freeze (run at the same time as the
-siblings'), the fail-closed check ending step 4 (what is left of it: the
-siblings frozen during the drain were checked then), 5 the holder's cores."""
+siblings'), the fail-closed check ending step 4, 5 the holder's cores."""
 
 
 def percentiles(samples: Iterable[float]) -> dict[str, float | int]:

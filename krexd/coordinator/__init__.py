@@ -19,12 +19,10 @@ paper's numbers (its circled 1-8); the methods below read in that order:
                 4  freeze every sibling tenant's cgroup, wait until the kernel
                    reports it frozen (bounded by freeze_timeout_ms); a tenant
                    is frozen as soon as it has drained, while the others
-                   still drain (3 and 4 overlap: DrainFreeze); and fail
+                   still drain (3 and 4 overlap: DrainFreeze); then fail
                    closed: a sibling process with the GPU open and no drained
                    registration ends its command (exit 79) and the grant
-                   waits until it has left the GPU; a sibling frozen during
-                   the drain is checked as soon as it reports frozen, while
-                   the others drain (EarlyChecks), the rest after the freeze
+                   waits until it has left the GPU
                 5  give the holder (and its submitting thread) the reserved
                    cores, added to its own ([region] holder_cpus); grant.
                    The holder flushes L2 itself, through the shim.
@@ -67,8 +65,7 @@ combines them, each module a mixin over the shared state (``base``):
     gate_steps.py   drain (3) and reopen (8) on the gate
     freezing.py     freeze (4) and thaw (7) of the siblings' cgroups
     drain_freeze.py DrainFreeze: each sibling frozen from the drain's thread once drained
-    fail_closed.py  step 4's end: unprotected GPU users end (exit 79) before the grant
-    early_check.py  EarlyChecks: that check begun during the drain, per sibling frozen early
+    fail_closed.py  after step 4: unprotected GPU users end (exit 79) before the grant
     cores.py        the holder's reserved cores (5) and their return (7)
     ending.py       exit() (7-8) and recovery: the one end path, bound to its Region
     adoption.py     restart: saved state, resumed epochs, an adopted region

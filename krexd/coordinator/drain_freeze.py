@@ -9,9 +9,7 @@ EXITING with nothing in flight, judged gone, or it has none) and gets its
 event loop), while the drain of the others goes on.  A tenant taken so is
 not waited for by the rest of the drain: every later gated call of it
 reads the closed gate and parks (docs/design/shim.md "Ordering"), and a
-frozen drainer could not acknowledge anyway.  Each tenant frozen so is
-handed, on the event loop, to ``on_frozen`` (the entry's early fail-closed
-checks, ``krexd.coordinator.early_check``).  Step 4 then writes only the
+frozen drainer could not acknowledge anyway.  Step 4 then writes only the
 freezes not written yet and waits until every sibling reports frozen.
 
 Threads: ``settled`` runs in the drain's thread; :meth:`DrainFreeze.stop`
@@ -25,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from krexd import states
 from krexd.coordinator.records import tenant_state
@@ -44,8 +42,6 @@ class DrainFreeze:
         frozen: the entry's list of tenants whose freeze was written; each
             freeze written here is appended to it at once.
         loop: the event loop the entry runs on.
-        on_frozen: called on the loop with the tenants frozen here since its
-            last call (each once, after it was marked FREEZING).
     """
 
     def __init__(
@@ -54,10 +50,8 @@ class DrainFreeze:
         siblings: list[Tenant],
         frozen: list[Tenant],
         loop: asyncio.AbstractEventLoop,
-        on_frozen: Callable[[list[Tenant]], None] | None = None,
     ) -> None:
         self._ctl = control
-        self._on_frozen = on_frozen
         self._waiting = list(siblings)  # not frozen yet
         self._frozen = frozen
         self._loop = loop
@@ -103,7 +97,7 @@ class DrainFreeze:
         """No freeze from the drain after this (call on the loop); the siblings not frozen.
 
         Marks the tenants frozen so far FREEZING, so that a failed entry's
-        thaw finds them in that state, and hands the last ones to ``on_frozen``.
+        thaw finds them in that state.
         """
         with self._lock:
             self._stopped = True
@@ -112,13 +106,8 @@ class DrainFreeze:
         return rest
 
     def _mark(self) -> None:
-        """RUNNING -> FREEZING for the tenants frozen since the last call, then ``on_frozen``.
-
-        On the loop.
-        """
+        """RUNNING -> FREEZING for the tenants frozen since the last call (on the loop)."""
         with self._lock:
             marked, self._unmarked = self._unmarked, []
         for sib in marked:
             tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
-        if marked and self._on_frozen is not None:
-            self._on_frozen(marked)

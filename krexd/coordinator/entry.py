@@ -3,10 +3,8 @@
 The steps read in the paper's order in ``_enter_recorded`` (1: the region
 lock) and ``_establish`` (2: close, 3: drain, 4: freeze and fail closed,
 5: the holder's cores); steps 3 and 4 overlap: a sibling tenant is frozen
-as soon as it has drained (``krexd.coordinator.drain_freeze``), and
-fail-closed checked as soon as it reports frozen
-(``krexd.coordinator.early_check``).  Every failed entry undoes what it
-did (early checks cancelled, cores, thaw, gate) before it reports the
+as soon as it has drained (``krexd.coordinator.drain_freeze``).  Every
+failed entry undoes what it did (cores, thaw, gate) before it reports the
 error.
 """
 
@@ -139,7 +137,6 @@ class Entry(Ending, MemoryWait, FailClosed):
         frozen: list[Tenant] = []
         self._frozen, self._entering = frozen, tenant.id
         gate_closed = pools_held = False
-        checks = self._early_checks(epoch)  # step 4's fail-closed check, begun in step 3
         try:
             # Step 2: close the gate for (holder, epoch).
             self._region_state(states.CLOSING)  # IDLE -> CLOSING
@@ -150,16 +147,15 @@ class Entry(Ending, MemoryWait, FailClosed):
             marks.append(("close", time.monotonic()))
             # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
             # Step 4 begins during DRAINING: each sibling tenant is frozen as soon as all
-            # its registrations have drained, while the others still drain (DrainFreeze),
-            # and fail-closed checked as soon as it reports frozen (EarlyChecks).
+            # its registrations have drained, while the others still drain (DrainFreeze).
             self._region_state(states.DRAINING)  # CLOSING -> DRAINING
-            loop = asyncio.get_running_loop()
-            early = DrainFreeze(self._ctl, self._siblings(tenant), frozen, loop, checks.start)
+            early = DrainFreeze(
+                self._ctl, self._siblings(tenant), frozen, asyncio.get_running_loop()
+            )
             t = time.monotonic()
             try:
                 await self._drain(tenant, epoch, early.settled)
             finally:
-                checks.stop()  # no early check begins after this
                 rest = early.stop()  # no freeze from the drain's thread after this
             self._last_drain_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("drained")
@@ -179,8 +175,7 @@ class Entry(Ending, MemoryWait, FailClosed):
                     raise failed
             t_check = time.monotonic()
             marks.append(("pools", t_check))
-            # Fail closed: the early checks' outcome, then the siblings they did not check.
-            await self._fail_closed(tenant, epoch, checks)
+            await self._fail_closed(tenant, epoch)
             self._last_check_ms = (time.monotonic() - t_check) * 1e3
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("frozen")
@@ -193,7 +188,6 @@ class Entry(Ending, MemoryWait, FailClosed):
             self._region_state(states.RECOVERING)  # CLOSING/DRAINING/FREEZING -> RECOVERING
             self._unpin_holder(tenant, tid)
             self._frozen, self._entering = None, None  # no late arrival joins a failed entry
-            await checks.cancel()  # no check of this entry runs on after its undo began
             await self._thaw(frozen)
             self._thaw_pools(pools_held)
             if gate_closed:
