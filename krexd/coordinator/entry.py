@@ -3,7 +3,10 @@
 The steps read in the paper's order in ``_enter_recorded`` (1: the region
 lock) and ``_establish`` (2: close, 3: drain, 4: freeze and fail closed,
 5: the holder's cores); steps 3 and 4 overlap: a sibling tenant is frozen
-as soon as it has drained (``krexd.coordinator.drain_freeze``).  Every
+as soon as it has drained (``krexd.coordinator.drain_freeze``).  The memory
+check (``MemoryWait``) runs while the drain waits; when the holder's memory
+does not fit, the entry is undone, waits and runs again
+(``_establish_fitting``).  Every
 failed entry undoes what it did (cores, thaw, gate) before it reports the
 error.
 """
@@ -22,6 +25,10 @@ from krexd.coordinator.memory_wait import MemoryWait
 from krexd.coordinator.records import ENTERING, HELD, Region, RegionRequest, tenant_state
 from krexd.errors import Code, KrexError
 from krexd.tenants import Tenant
+
+
+class _MemoryShort(Exception):
+    """The memory check during the drain: the holder's need does not fit (entry undone)."""
 
 
 class Entry(Ending, MemoryWait, FailClosed):
@@ -87,9 +94,7 @@ class Entry(Ending, MemoryWait, FailClosed):
         request.stage = ENTERING
         marks = [("locked", locked_at)]
         try:
-            await self._wait_for_memory(tenant, request)
-            marks.append(("memory", time.monotonic()))
-            region = await self._establish(tenant, pid, tid, requested_at, marks)
+            region = await self._establish_fitting(tenant, request, pid, tid, requested_at, marks)
         except BaseException:
             self.stats.failed += 1
             self._lock.release(tenant.id)
@@ -121,6 +126,33 @@ class Entry(Ending, MemoryWait, FailClosed):
             "check_ms": self._last_check_ms if epoch else 0.0,
         }
 
+    async def _establish_fitting(
+        self,
+        tenant: Tenant,
+        request: RegionRequest,
+        pid: int,
+        tid: int,
+        requested_at: float,
+        marks: list[tuple[str, float]],
+    ) -> Region:
+        """Steps 2-5, the memory check overlapping the drain (``MemoryWait``).
+
+        The check runs on the event loop while the drain waits in its thread,
+        off the entry's critical path.  When the holder's expected memory does
+        not fit beside its siblings', the entry is undone (thawed, reopened),
+        waits with its siblings running for them to free memory, bounded, and
+        runs again without the check.  ``marks`` gets "memory" at the start of
+        the attempt that is granted (the wait, when there was one).
+        """
+        marks.append(("memory", time.monotonic()))
+        try:
+            return await self._establish(tenant, pid, tid, requested_at, marks, check_memory=True)
+        except _MemoryShort:
+            del marks[1:]
+        await self._wait_for_memory(tenant, request)
+        marks.append(("memory", time.monotonic()))
+        return await self._establish(tenant, pid, tid, requested_at, marks, check_memory=False)
+
     async def _establish(
         self,
         tenant: Tenant,
@@ -128,10 +160,14 @@ class Entry(Ending, MemoryWait, FailClosed):
         tid: int,
         requested_at: float,
         marks: list[tuple[str, float]],
+        check_memory: bool,
     ) -> Region:
         """Steps 2-5 for a tenant that owns the region lock; undo on failure.
 
         Appends (step, monotonic s at its end) to ``marks`` (``RegionStats.steps``).
+        With ``check_memory``, raises :class:`_MemoryShort` (after the undo)
+        when the memory check run during the drain says the holder's need does
+        not fit.
         """
         epoch = self._next_epoch()
         frozen: list[Tenant] = []
@@ -153,11 +189,17 @@ class Entry(Ending, MemoryWait, FailClosed):
                 self._ctl, self._siblings(tenant), frozen, asyncio.get_running_loop()
             )
             t = time.monotonic()
+            drain = asyncio.ensure_future(self._drain(tenant, epoch, early.settled))
             try:
-                await self._drain(tenant, epoch, early.settled)
+                short = check_memory and await self._memory_short(tenant)
             finally:
-                rest = early.stop()  # no freeze from the drain's thread after this
+                try:
+                    await drain  # also after a failed check: nothing is undone under a drain
+                finally:
+                    rest = early.stop()  # no freeze from the drain's thread after this
             self._last_drain_ms = (time.monotonic() - t) * 1e3
+            if short:
+                raise _MemoryShort
             testhooks.pause("drained")
             marks.append(("drain", time.monotonic()))
             # Step 4: freeze the sibling process trees not frozen during the drain,
@@ -210,6 +252,18 @@ class Entry(Ending, MemoryWait, FailClosed):
         self._region = region
         self._watch(region)
         return region
+
+    async def _memory_short(self, holder: Tenant) -> bool:
+        """During step 3: True when the holder's expected memory does not fit now.
+
+        Yields once first, so that the drain's thread has started before the
+        check runs on the loop.
+        """
+        await asyncio.sleep(0)
+        if self._memory is None:
+            return False
+        fit = self._memory.check(holder, self._siblings(holder))
+        return fit is not None and not fit.fits
 
     async def _freeze_marked(
         self, siblings: list[Tenant], frozen: list[Tenant], marks: list[tuple[str, float]]

@@ -1,8 +1,9 @@
-"""Before step 2: the holder's expected memory must fit in what its siblings leave free.
+"""Region entry's memory wait: the holder's expected memory must fit beside its siblings'.
 
-The lock is held (FIFO kept) while the entry waits, bounded, for the
-siblings (still running) to free memory; it fails at once when the need can
-never fit (``RegionMemory``, docs/design/memory.md).
+The check first runs during the drain (``Entry._establish_fitting``); when
+it does not fit, the entry is undone and this wait runs, lock held (FIFO
+kept), bounded, while the siblings (running again) free memory; it fails at
+once when the need can never fit (``RegionMemory``, docs/design/memory.md).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class MemoryWait(CoordinatorBase):
     """The memory check and wait of region entry (``RegionMemory``)."""
 
     async def _wait_for_memory(self, holder: Tenant, request: RegionRequest) -> None:
-        """Before step 2, with the lock held (FIFO kept): the holder's expected memory
+        """With the lock held (FIFO kept), gate open: the holder's expected memory
         must fit in what its siblings leave free, or the region would begin into an
         out-of-memory error its frozen siblings cause.
 

@@ -2,7 +2,7 @@
 
 Frozen siblings keep their memory for the whole region, and the shim
 returns an out-of-memory error inside a region at once (waiting on frozen
-siblings would deadlock it).  So before freezing siblings, the coordinator
+siblings would deadlock it).  So while the drain waits, the coordinator
 asks whether the holder's expected in-region memory fits in what they leave
 free; this module answers from the shim's counts read at that moment
 (``MemoryMonitor.shim_counts``, and a full ``MemoryMonitor.refresh`` when

@@ -1,20 +1,22 @@
 """Memory-aware region entry with in-memory fakes (no root): krexd.coordinator + tests/fakes.py.
 
-Before freezing siblings (step 4, whose siblings then keep their memory for
-the whole region), the coordinator checks that the holder's expected memory
-fits in what they leave free (``RegionMemory``):
+Frozen siblings keep their memory for the whole region, so the coordinator
+checks that the holder's expected memory fits in what they leave free
+(``RegionMemory``), while the drain (step 3) waits:
 
-* it fits: the entry goes on at once;
-* it does not fit yet: the entry waits, lock held (later requests stay
-  queued behind it, FIFO), and proceeds as soon as siblings free memory —
-  before any gate closure or freeze;
-* it never fits: REGION_NO_MEMORY at once, naming the sizes;
+* it fits: the entry goes on, the check off its critical path;
+* it does not fit yet: the entry is undone (siblings thawed, gate
+  reopened), waits with its siblings running, lock held (later requests
+  stay queued behind it, FIFO), and runs again as soon as siblings free
+  memory;
+* it never fits: REGION_NO_MEMORY at once, naming the sizes, the entry undone;
 * the wait is bounded; the holder's cancel ends it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -78,8 +80,40 @@ def test_a_fitting_entry_goes_on_at_once() -> None:
         await c.exit(holder, grant["epoch"], 0.0, 0)
 
     run(scenario())
-    assert events.names()[:2] == ["memory_check", "close"]
-    assert c.memory_waits == 0
+    names = events.names()
+    # One check, while the drain waited: after the gate closed, before step 4 ended.
+    assert names.count("memory_check") == 1
+    assert names.index("close") < names.index("memory_check") < names.index("wait_frozen")
+    assert names.count("close") == 1 and c.memory_waits == 0
+
+
+def test_the_memory_check_runs_while_the_drain_waits() -> None:
+    c, mem, events, (holder, sib) = rig(2)
+    mem.held = {holder.id: 10 * G, sib.id: 30 * G}
+    checked = threading.Event()
+    drain_saw_check: list[bool] = []
+    check_saw_drain: list[bool] = []
+    # The drain (in its thread) holds until the check ran, for 5 s at most.
+    events.on("drain", lambda: drain_saw_check.append(checked.wait(5)))
+    events.on(
+        "memory_check", lambda: (check_saw_drain.append("drain" in events.names()), checked.set())
+    )
+
+    async def scenario() -> None:
+        grant = await enter(c, holder)
+        await c.exit(holder, grant["epoch"], 0.0, 0)
+
+    run(scenario())
+    assert check_saw_drain == [True] and drain_saw_check == [True]
+
+
+def _undone_before_waiting(events: Events, sib: Tenant) -> None:
+    """The first attempt closed the gate, then reopened it and thawed what it froze."""
+    names = events.names()
+    assert names.index("close") < names.index("reopen")
+    frozen = [e for e in events.log if e[0] == "freeze" and e[1] == sib.id]
+    thawed = [e for e in events.log if e[0] == "thaw" and e[1] == sib.id]
+    assert len(frozen) == len(thawed), events.log
 
 
 def test_entry_waits_for_siblings_to_free_before_freezing_them_fifo_kept() -> None:
@@ -93,7 +127,8 @@ def test_entry_waits_for_siblings_to_free_before_freezing_them_fifo_kept() -> No
         second = asyncio.ensure_future(enter(c, later))
         await asyncio.sleep(0.2)
         assert not first.done() and not second.done()
-        assert "close" not in events.names() and "freeze" not in events.names()
+        _undone_before_waiting(events, sib)  # waits with the gate open, siblings running
+        assert events.names().count("close") == 1
         assert c.status()["memory_wait"] == holder.id
         assert c.status()["queue"] == [later.id], "later requests wait behind, in order"
         mem.held[sib.id] = 20 * G  # the sibling frees memory: 80 - 20 - 1 = 59 GiB free
@@ -104,8 +139,9 @@ def test_entry_waits_for_siblings_to_free_before_freezing_them_fifo_kept() -> No
         await c.exit(later, g2["epoch"], 0.0, 0)
 
     run(scenario())
-    first_close = events.names().index("close")
-    checks = [e for e in events.log[:first_close] if e[0] == "memory_check"]
+    reopened = events.names().index("reopen")
+    second_close = events.names().index("close", reopened)
+    checks = [e for e in events.log[:second_close] if e[0] == "memory_check"]
     assert [e[2] for e in checks][0] is False and checks[-1] == ("memory_check", holder.id, True)
     assert c.memory_waits == 1
 
@@ -121,7 +157,8 @@ def test_an_entry_that_can_never_fit_fails_at_once_naming_the_sizes() -> None:
     assert err.value.code == Code.REGION_NO_MEMORY
     assert "60.00 GiB" in err.value.message and "50.00 GiB" in err.value.message
     assert time.monotonic() - t0 < 1.0
-    assert "close" not in events.names() and c.status()["holder"] is None
+    _undone_before_waiting(events, sib)
+    assert events.names().count("close") == 1 and c.status()["holder"] is None
     assert c._lock.owner is None, "the lock is released"
 
 
@@ -157,4 +194,5 @@ def test_cancel_ends_a_wait_for_memory() -> None:
         assert c._lock.owner is None
 
     run(scenario())
-    assert "close" not in events.names()
+    _undone_before_waiting(events, sib)
+    assert events.names().count("close") == 1
