@@ -142,6 +142,19 @@ def test_config_scope_is_one_region_per_configuration(
     assert fake_krex.ops.count("region_enter") == 3
 
 
+def _tolerant(mod: types.ModuleType, caught: type[Exception]) -> Any:
+    """A subclass of the stand-in autotuner whose ``_bench`` times ``caught`` as infinite."""
+
+    class Tolerant(mod.Autotuner):  # type: ignore[misc,name-defined]
+        def _bench(self, *args: Any, config: str, **meta: Any) -> Any:
+            try:
+                return super()._bench(*args, config=config, **meta)
+            except caught:
+                return [float("inf")] * 3
+
+    return Tolerant
+
+
 def test_configuration_that_fails_to_compile_is_not_run_again_in_the_region(
     tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -332,14 +345,8 @@ def test_exception_of_one_configuration_is_raised_from_its_own_bench(
     events = _event_log(monkeypatch, fake_krex)
     implicit.autoregion()
 
-    class Tolerant(tuner_mod.Autotuner):  # type: ignore[misc]
-        def _bench(self, *args: Any, config: str, **meta: Any) -> Any:
-            try:
-                return super()._bench(*args, config=config, **meta)
-            except ValueError:
-                return [float("inf")] * 3
-
-    tuner = Tolerant(["a", "boom", "b"], _kernel(events, fake_krex, tuner_mod))
+    kernel = _kernel(events, fake_krex, tuner_mod)
+    tuner = _tolerant(tuner_mod, ValueError)(["a", "boom", "b"], kernel)
     assert tuner.run(1) == 1.0
     assert tuner.timings == {"a": [3.0] * 3, "boom": [float("inf")] * 3, "b": [1.0] * 3}
     assert events == [
@@ -367,14 +374,8 @@ def test_refused_region_is_asked_again_by_the_next_configuration(
 
     monkeypatch.setattr(fake_krex, "request", refusing)
 
-    class Tolerant(tuner_mod.Autotuner):  # type: ignore[misc]
-        def _bench(self, *args: Any, config: str, **meta: Any) -> Any:
-            try:
-                return super()._bench(*args, config=config, **meta)
-            except RegionError:
-                return [float("inf")] * 3
-
-    tuner = Tolerant(["a", "b", "c"], _kernel(events, fake_krex, tuner_mod))
+    kernel = _kernel(events, fake_krex, tuner_mod)
+    tuner = _tolerant(tuner_mod, RegionError)(["a", "b", "c"], kernel)
     assert tuner.run(1) == 1.0
     assert events == [
         *("a:out", "sync", "b:out", "sync", "c:out", "sync", "refused"),
