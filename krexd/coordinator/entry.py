@@ -141,7 +141,8 @@ class Entry(Ending, MemoryWait, FailClosed):
         off the entry's critical path.  When the holder's expected memory does
         not fit beside its siblings', the entry is undone (thawed, reopened),
         waits with its siblings running for them to free memory, bounded, and
-        runs again without the check.  ``marks`` gets "memory" at the start of
+        runs again without the check, unless the holder gave up meanwhile
+        (``KrexError(CANCELLED)``).  ``marks`` gets "memory" at the start of
         the attempt that is granted (the wait, when there was one).
         """
         marks.append(("memory", time.monotonic()))
@@ -150,6 +151,8 @@ class Entry(Ending, MemoryWait, FailClosed):
         except _MemoryShort:
             del marks[1:]
         await self._wait_for_memory(tenant, request)
+        if request.cancelled:  # given up during the undone attempt or the wait: not again
+            raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         marks.append(("memory", time.monotonic()))
         return await self._establish(tenant, pid, tid, requested_at, marks, check_memory=False)
 
