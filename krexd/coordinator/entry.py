@@ -197,7 +197,11 @@ class Entry(Ending, MemoryWait, FailClosed):
                 short = check_memory and await self._memory_short(tenant)
             finally:
                 try:
-                    await drain  # also after a failed check: nothing is undone under a drain
+                    # Also after a failed check: no undo under a running drain.  A cancel
+                    # cancels the drain's task with this one (its thread runs on, as it
+                    # did before the check overlapped it); early.stop() then bars its
+                    # freezes, and the reopen makes it stale.
+                    await drain
                 finally:
                     rest = early.stop()  # no freeze from the drain's thread after this
             self._last_drain_ms = (time.monotonic() - t) * 1e3
@@ -259,8 +263,9 @@ class Entry(Ending, MemoryWait, FailClosed):
     async def _memory_short(self, holder: Tenant) -> bool:
         """During step 3: True when the holder's expected memory does not fit now.
 
-        Yields once first, so that the drain's thread has started before the
-        check runs on the loop.
+        Yields once first, so that the drain's task has handed ``Gate.drain``
+        to the executor before the check runs on the loop (the thread then
+        runs whenever a worker and the GIL are free).
         """
         await asyncio.sleep(0)
         if self._memory is None:
