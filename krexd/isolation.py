@@ -11,7 +11,7 @@ scheduler or the gate library directly.  It goes through three interfaces:
   what it had, or alone: ``[region] holder_cpus``), and back;
 * :class:`RegionGate` — the gate word (steps 2, 3 and 8), satisfied by
   ``krexd.gate.Gate``;
-* :class:`RegionMemory` — before step 2, whether the holder's expected
+* :class:`RegionMemory` — during step 3, whether the holder's expected
   memory fits in what its siblings leave free (``krexd.memory.region_fit``).
 * :class:`GpuUseCheck` — the fail-closed check after step 4: sibling
   processes with the GPU open and no drained registration, satisfied by
@@ -186,7 +186,13 @@ class RegionFit:
 
 
 class RegionMemory(Protocol):
-    """The coordinator's memory check before freezing siblings (step 2)."""
+    """The coordinator's memory check, on the event loop while the drain's thread runs.
+
+    ``check`` must be safe beside that thread (``Gate.drain``, its judge and
+    ``DrainFreeze.settled``): the real one reads the gate's registrations
+    (each thread its own buffer) and pidfds (``krexd.procfs.HANDLES``,
+    locked), and writes only memory records no drain reads.
+    """
 
     @property
     def wait_s(self) -> float:

@@ -18,7 +18,9 @@ WINDOW = 10_000
 
 STEPS = ("memory", "close", "drain", "freeze", "pools", "check", "pin")
 """The timed steps of a region's establishment, in order (``krexd.coordinator.entry``):
-the memory fit (before step 2), step 2 close, 3 drain, 4 freeze of the
+the memory wait (from the lock to the attempt that is granted: ~0 unless
+an attempt was undone because the holder's memory did not fit; the check
+itself runs during the drain), step 2 close, 3 drain, 4 freeze of the
 siblings, 4 the rest of the warm pools' freeze (run at the same time as the
 siblings'), the fail-closed check ending step 4, 5 the holder's cores."""
 

@@ -13,7 +13,7 @@ without a built shim.
 * :class:`FakePinner` — records cpusets and thread affinities.
 * :class:`FakeGate` — the gate word with (holder, epoch) checks; ``drain``
   can time out (``drain_pending``).
-* :class:`FakeRegionMemory` — the memory check before step 2: per-tenant
+* :class:`FakeRegionMemory` — the memory check during step 3: per-tenant
   bytes held and expected, set by the test.
 * :func:`make_tenant` — a RUNNING tenant with a placeholder cgroup.
 * :func:`slots_for` — admission slot counters for a list of GPUs.

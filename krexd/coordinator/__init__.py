@@ -49,7 +49,7 @@ The coordinator acts only through injected interfaces (``krexd.isolation``):
 ``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),
 ``Pinner`` (cpuset and thread affinity), ``RegionGate`` (the gate, absent
 when ``libkrex_gate.so`` is not built), ``RegionMemory`` (the memory
-check before step 2, absent: no check) and ``GpuUseCheck`` (who has the GPU
+check during step 3, absent: no check) and ``GpuUseCheck`` (who has the GPU
 open; absent where no source can tell), and ends a tenant's command through
 the ``end_command`` callback it is given (the daemon's lifecycle).  The daemon injects the cgroup
 implementations; any other implementation of these interfaces (in-memory
@@ -61,7 +61,7 @@ combines them, each module a mixin over the shared state (``base``):
     records.py      Region, RegionRequest and its stages; tenant state edges
     base.py         the shared state: lock, region, requests, epoch, region state
     entry.py        enter(): step 0, the lock (1), _establish (2-5), undo on failure
-    memory_wait.py  before step 2: the holder's memory must fit beside its siblings
+    memory_wait.py  during step 3: the holder's memory must fit beside its siblings
     gate_steps.py   drain (3) and reopen (8) on the gate
     freezing.py     freeze (4) and thaw (7) of the siblings' cgroups
     drain_freeze.py DrainFreeze: each sibling frozen from the drain's thread once drained

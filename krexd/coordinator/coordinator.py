@@ -32,7 +32,7 @@ class Coordinator(Entry, Adoption):
         region: the ``[region]`` config table (timeouts, enforce, l2_flush).
         control: freezes, thaws and watches tenants (steps 4 and 7, recovery).
         pinner: moves the holder to the reserved cores and back (steps 5, 7).
-        memory: the memory check before step 2 (None: none).
+        memory: the memory check during step 3 (None: none).
         guard: the fail-closed check after step 4 (None: skipped).
         end_command: ``end_command(tenant, reason, exit_code)`` ends a
             tenant's command for unprotectable GPU use (None: the tree is

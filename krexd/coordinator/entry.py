@@ -141,7 +141,8 @@ class Entry(Ending, MemoryWait, FailClosed):
         off the entry's critical path.  When the holder's expected memory does
         not fit beside its siblings', the entry is undone (thawed, reopened),
         waits with its siblings running for them to free memory, bounded, and
-        runs again without the check.  ``marks`` gets "memory" at the start of
+        runs again without the check, unless the holder gave up meanwhile
+        (``KrexError(CANCELLED)``).  ``marks`` gets "memory" at the start of
         the attempt that is granted (the wait, when there was one).
         """
         marks.append(("memory", time.monotonic()))
@@ -150,6 +151,8 @@ class Entry(Ending, MemoryWait, FailClosed):
         except _MemoryShort:
             del marks[1:]
         await self._wait_for_memory(tenant, request)
+        if request.cancelled:  # given up during the undone attempt or the wait: not again
+            raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         marks.append(("memory", time.monotonic()))
         return await self._establish(tenant, pid, tid, requested_at, marks, check_memory=False)
 
@@ -194,7 +197,11 @@ class Entry(Ending, MemoryWait, FailClosed):
                 short = check_memory and await self._memory_short(tenant)
             finally:
                 try:
-                    await drain  # also after a failed check: nothing is undone under a drain
+                    # Also after a failed check: no undo under a running drain.  A cancel
+                    # cancels the drain's task with this one (its thread runs on, as it
+                    # did before the check overlapped it); early.stop() then bars its
+                    # freezes, and the reopen makes it stale.
+                    await drain
                 finally:
                     rest = early.stop()  # no freeze from the drain's thread after this
             self._last_drain_ms = (time.monotonic() - t) * 1e3
@@ -256,8 +263,9 @@ class Entry(Ending, MemoryWait, FailClosed):
     async def _memory_short(self, holder: Tenant) -> bool:
         """During step 3: True when the holder's expected memory does not fit now.
 
-        Yields once first, so that the drain's thread has started before the
-        check runs on the loop.
+        Yields once first, so that the drain's task has handed ``Gate.drain``
+        to the executor before the check runs on the loop (the thread then
+        runs whenever a worker and the GIL are free).
         """
         await asyncio.sleep(0)
         if self._memory is None:

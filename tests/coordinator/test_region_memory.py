@@ -95,9 +95,12 @@ def test_the_memory_check_runs_while_the_drain_waits() -> None:
     check_saw_drain: list[bool] = []
     # The drain (in its thread) holds until the check ran, for 5 s at most.
     events.on("drain", lambda: drain_saw_check.append(checked.wait(5)))
-    events.on(
-        "memory_check", lambda: (check_saw_drain.append("drain" in events.names()), checked.set())
-    )
+
+    def on_check() -> None:
+        check_saw_drain.append("drain" in events.names())
+        checked.set()
+
+    events.on("memory_check", on_check)
 
     async def scenario() -> None:
         grant = await enter(c, holder)
@@ -196,3 +199,48 @@ def test_cancel_ends_a_wait_for_memory() -> None:
     run(scenario())
     _undone_before_waiting(events, sib)
     assert events.names().count("close") == 1
+
+
+@pytest.mark.parametrize("how", ["cancel", "holder_gone"])
+def test_a_holder_that_gives_up_during_an_undone_attempt_is_not_entered_again(how: str) -> None:
+    # The holder cancels (or its command ends) while the first attempt drains; by the
+    # time the attempt is undone its siblings have freed memory, so the wait's first
+    # check fits: the entry must end CANCELLED there, not close and freeze again.
+    c, mem, events, (holder, sib) = rig(2, wait_s=30)
+    mem.held = {holder.id: 1 * G, sib.id: 70 * G}
+    mem.expected = {holder.id: 20 * G}
+    gave_up = threading.Event()
+
+    def hold_drain() -> None:  # in the drain's thread, until the holder gave up
+        gave_up.wait(5)
+
+    events.on("drain", hold_drain)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def give_up() -> None:
+            if how == "cancel":
+                assert (await c.cancel(holder))["cancelled"] == "entering"
+            else:
+                await c.tenant_gone(holder)
+            mem.held[sib.id] = 10 * G  # the sibling frees memory meanwhile
+            gave_up.set()
+
+        tasks: list[asyncio.Task[None]] = []
+
+        def on_check() -> None:  # the first check, during the drain
+            if not tasks:
+                tasks.append(loop.create_task(give_up()))
+
+        events.on("memory_check", on_check)
+        with pytest.raises(KrexError) as err:
+            await enter(c, holder)
+        await tasks[0]
+        assert err.value.code == Code.CANCELLED
+        assert c._lock.owner is None and c.status()["holder"] is None
+
+    run(scenario())
+    _undone_before_waiting(events, sib)
+    assert events.names().count("close") == 1, events.log
+    assert events.names().count("freeze") == events.names().count("thaw")

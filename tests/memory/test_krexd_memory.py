@@ -11,6 +11,8 @@ would on ``torch.OutOfMemoryError``.  Checked here:
 * a GPU with an allocation waiting for co-tenants admits nothing meanwhile;
 * a command failing on co-tenants' memory exits 75 with one line saying so,
   its own out-of-memory error keeps its exit code;
+* a holder whose expected memory does not fit beside its sibling's waits
+  with the gate open and the sibling running, and enters once it frees;
 * many tenants allocating beyond the card's capacity while a holder runs
   regions: none sees an error its co-tenants caused, nothing deadlocks, the
   holder's own in-region error comes at once, and a command too large for
@@ -222,3 +224,36 @@ def test_many_tenants_beyond_capacity_with_a_region_active(stack: Callable[..., 
     assert sum(1 for x in lines if x["op"] == "region") == 32  # no region deadlocked
     (in_region,) = [x for x in lines if x["op"] == "alloc" and x["bytes"] == 600 * M]
     assert in_region["ms"] < 1000, "a holder never waits on its frozen siblings"
+
+
+def test_a_holder_whose_memory_does_not_fit_waits_with_its_sibling_running(
+    stack: Callable[..., Stack],
+) -> None:
+    # The holder's peak (500 MiB, held long enough for krexd to read it) is its
+    # expected need; its sibling holds 600 MiB of the 1 GiB card.  The first attempt
+    # (gate closed, the drained sibling frozen) is undone: the holder waits with the
+    # gate open and its sibling running (its gated launches pass), which frees; the
+    # holder enters.
+    s = stack(admission=False, region_wait_s=60)
+    holder = s.run("alloc=500M", "hold=0.5", "free", "wait", "region=launch=1")
+    assert holder.next(20)["op"] == "start" and holder.next()["rc"] == "CUDA_SUCCESS"
+    assert [holder.next()["op"] for _ in range(2)] == ["free", "wait"]
+    sib = s.run("alloc=600M", "wait", "launch=2", "free", "wait")
+    assert sib.next(20)["op"] == "start" and sib.next()["rc"] == "CUDA_SUCCESS"
+    assert sib.next()["op"] == "wait"
+    holder.go()
+    wait_until(lambda: s.gpu()["region"]["memory_waits"] == 1, 20, "the holder waits for memory")
+    region = s.gpu()["region"]
+    assert region["holder"] is None and region["memory_wait"] is not None
+    assert region["regions"]["failed"] == 0
+    assert [t["state"] for t in s.tenants()] == ["running", "running"], "nothing left frozen"
+    sib.go()  # runs kernels (it is not frozen), then frees
+    assert sib.next(20)["op"] == "launch" and sib.next(20)["op"] == "free"
+    assert holder.next(20)["op"] == "launch" and holder.next(20)["op"] == "region"
+    assert holder.finish()[0] == 0
+    region = s.gpu()["region"]
+    assert (region["regions"]["granted"], region["regions"]["failed"]) == (1, 0)
+    assert region["memory_wait"] is None and region["memory_waits"] == 1
+    assert sib.next(20)["op"] == "wait"
+    sib.go()
+    assert sib.finish()[0] == 0
