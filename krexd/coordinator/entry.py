@@ -195,6 +195,8 @@ class Entry(Ending, MemoryWait, FailClosed):
             drain = asyncio.ensure_future(self._drain(tenant, epoch, early.settled))
             try:
                 short = check_memory and await self._memory_short(tenant)
+                if short:
+                    early.stop()  # an entry to be undone freezes no more siblings
             finally:
                 try:
                     # Also after a failed check: no undo under a running drain.  A cancel

@@ -110,6 +110,28 @@ def test_the_memory_check_runs_while_the_drain_waits() -> None:
     assert check_saw_drain == [True] and drain_saw_check == [True]
 
 
+def test_an_entry_found_short_freezes_no_more_siblings() -> None:
+    c, mem, events, (holder, sib, other) = rig(3, wait_s=0.2)
+    mem.held = {holder.id: 1 * G, sib.id: 70 * G, other.id: 1 * G}
+    mem.expected = {holder.id: 20 * G}
+    gate = c._gate
+    assert isinstance(gate, FakeGate)
+    checked = threading.Event()
+    # The drain settles its siblings only after the check said "short".
+    events.on("drain", lambda: checked.wait(5))
+    events.on("memory_check", checked.set)
+    gate.drain_steps = [{other.id}, set()]  # sib drained first, then other
+
+    async def scenario() -> None:
+        grant = await enter(c, holder)  # the bounded wait ends: proceeds with a warning
+        await c.exit(holder, grant["epoch"], 0.0, 0)
+
+    run(scenario())
+    first_reopen = events.names().index("reopen")
+    early = [e for e in events.log[:first_reopen] if e[0] == "freeze"]
+    assert early == [], events.log[:first_reopen]
+
+
 def _undone_before_waiting(events: Events, sib: Tenant) -> None:
     """The first attempt closed the gate, then reopened it and thawed what it froze."""
     names = events.names()
