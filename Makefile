@@ -53,7 +53,7 @@ check: venv
 	$(PY) -m pytest -q -m '$(FAST)'
 
 test: check all
-	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST))'
+	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST))' --durations=15
 
 demo: venv all
 	$(AS_ROOT) $(abspath $(PY)) -m krex_cli.demo

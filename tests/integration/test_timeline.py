@@ -52,8 +52,8 @@ def _run(krexd_factory: Any, cycles: int, enforce: bool) -> tuple[int, list[list
                 FAKEGPU,
                 "--seconds",
                 "300",
-                "--kernel-ns",
-                str(50_000 + 25_000 * i),
+                "--kernel-ns",  # 100-380 us: a region every ~30 ms on two busy cores
+                str(100_000 + 40_000 * i),
                 "--sync-every",
                 "4",
                 "--threads",  # 1-3 launching threads: each thread's calls count in its mark
