@@ -9,6 +9,8 @@
   change a driver, a shim or a krex client under test, removed.
 * :func:`json_lines` and :class:`JsonLineReader`: programs under test print
   one JSON document per line; read them whole or as they come.
+* :func:`fake_driver_env`: an environment whose commands run over the fake
+  driver, its device timeline written in a work directory.
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"
 FAKE_DIR = BUILD / "fakecuda"
+
+
+def fake_driver_env(base: dict[str, str], workdir: str) -> dict[str, str]:
+    """``base`` plus the fake driver (tests/fakecuda) and its files in ``workdir``.
+
+    The timeline (every kernel, memset and copy: tests/fakecuda/timeline.py)
+    goes to ``workdir/timeline``, the simulated device's state to
+    ``workdir/fakestate``.
+    """
+    return dict(
+        base,
+        LD_LIBRARY_PATH=str(FAKE_DIR),
+        KREX_FAKE_TIMELINE=os.path.join(workdir, "timeline"),
+        KREX_FAKE_STATE=os.path.join(workdir, "fakestate"),
+    )
 
 
 @dataclass(frozen=True)

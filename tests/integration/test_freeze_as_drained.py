@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.fakecuda import timeline
+from tests.support import fake_driver_env
 
 pytestmark = [pytest.mark.root]
 
@@ -97,13 +98,8 @@ class Stack:
 def _start(k: Any, procs: list[subprocess.Popen[str]]) -> Stack:
     if not (os.path.exists(SHIM) and os.path.exists(os.path.join(FAKE_DIR, "libcuda.so.1"))):
         pytest.fail("build the shim and the fake driver first: make")
-    tl = os.path.join(k.workdir, "timeline")
-    env = dict(
-        k.env,
-        LD_LIBRARY_PATH=FAKE_DIR,
-        KREX_FAKE_TIMELINE=tl,
-        KREX_FAKE_STATE=os.path.join(k.workdir, "fakestate"),
-    )
+    env = fake_driver_env(k.env, k.workdir)
+    tl = env["KREX_FAKE_TIMELINE"]
 
     def start(*argv: str) -> Lines:
         p = subprocess.Popen(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.fakecuda import timeline
+from tests.support import fake_driver_env
 
 pytestmark = [pytest.mark.root]
 
@@ -35,13 +36,8 @@ def _run(krexd_factory: Any, cycles: int, enforce: bool) -> tuple[int, list[list
         pytest.fail("build the shim and the fake driver first: make")
     extra = "" if enforce else "[region]\nenforce = false\n"
     k = krexd_factory(slots=10, extra=extra)
-    tl = os.path.join(k.workdir, "timeline")
-    env = dict(
-        k.env,
-        LD_LIBRARY_PATH=FAKE_DIR,
-        KREX_FAKE_TIMELINE=tl,
-        KREX_FAKE_STATE=os.path.join(k.workdir, "fakestate"),
-    )
+    env = fake_driver_env(k.env, k.workdir)
+    tl = env["KREX_FAKE_TIMELINE"]
     sibs = [
         subprocess.Popen(
             [

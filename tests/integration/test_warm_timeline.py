@@ -25,7 +25,7 @@ import pytest
 from tests.cli.warm_support import SERVED, Pools, warm_config
 from tests.conftest import Krexd
 from tests.fakecuda import timeline
-from tests.support import FAKE_DIR, REPO
+from tests.support import REPO, fake_driver_env
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]
@@ -36,10 +36,7 @@ HOLDER = PROGS / "timeline_holder.py"
 
 def _env(pools: Pools, workdir: str) -> dict[str, str]:
     return dict(
-        pools.env,
-        LD_LIBRARY_PATH=str(FAKE_DIR),
-        KREX_FAKE_TIMELINE=os.path.join(workdir, "timeline"),
-        KREX_FAKE_STATE=os.path.join(workdir, "fakestate"),
+        fake_driver_env(pools.env, workdir),
         # The caller's PYTHONPATH, if any (CI runs the installed package without one).
         PYTHONPATH=os.pathsep.join(
             p for p in (pools.env.get("PYTHONPATH"), str(FAKECUDA), str(PROGS)) if p

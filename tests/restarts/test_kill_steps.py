@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import Krexd
 from tests.fakecuda import timeline
 from tests.restarts.conftest import Restarter, wait_for
+from tests.support import fake_driver_env
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]
@@ -90,12 +91,7 @@ def test_sigkill_at_each_step(
 ) -> None:
     pause = {} if step == "held" else {"KREX_TEST_PAUSE_AT": step}
     k = krexd_factory(slots=6, env=pause)
-    env = dict(
-        k.env,
-        LD_LIBRARY_PATH=FAKE_DIR,
-        KREX_FAKE_TIMELINE=os.path.join(k.workdir, "timeline"),
-        KREX_FAKE_STATE=os.path.join(k.workdir, "fakestate"),
-    )
+    env = fake_driver_env(k.env, k.workdir)
     sibs, holder = start_all(k, env)
     try:
         if step == "held":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,8 @@ import pytest
 
 from tests.conftest import Krexd
 from tests.restarts.conftest import Restarter, wait_for
-from tests.restarts.test_kill_steps import FAKE_DIR, FAKEGPU, HOLDER, frozen_tenants
+from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
+from tests.support import fake_driver_env
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]
@@ -25,12 +25,7 @@ def test_no_tenant_stays_frozen_longer_than_the_bound(
     how: str, krexd_factory: Factory, restarter: Restarter, built: None
 ) -> None:
     k = krexd_factory(slots=4, config={"daemon": {"freeze_bound_s": BOUND_S}})
-    env = dict(
-        k.env,
-        LD_LIBRARY_PATH=FAKE_DIR,
-        KREX_FAKE_TIMELINE=os.path.join(k.workdir, "timeline"),
-        KREX_FAKE_STATE=os.path.join(k.workdir, "fakestate"),
-    )
+    env = fake_driver_env(k.env, k.workdir)
     sibs = [
         subprocess.Popen(
             [
