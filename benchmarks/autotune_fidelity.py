@@ -10,7 +10,9 @@ picked), then runs trials of ``--commands`` copies at once through
 * **auto-regions**: ``KREX_AUTOREGION=1`` — the autotuner's measurements
   run in critical regions (krex_client.implicit): each tuning step in one
   region, or with ``--tuning-region config`` each configuration in its own
-  (``KREX_AUTOTUNE_REGION``, krex_client.tuning_step);
+  (``KREX_AUTOTUNE_REGION``, krex_client.tuning_step); a step's
+  configurations timed interleaved, or with ``--order sequential`` in turn
+  (``KREX_AUTOTUNE_ORDER``);
 * **unprotected**: the same commands without it — admitted by krex, but
   their measurements share the GPU with the siblings'.
 
@@ -86,6 +88,7 @@ def _round(
     if autoregion:
         env["KREX_AUTOREGION"] = "1"
         env["KREX_AUTOTUNE_REGION"] = args.tuning_region
+        env["KREX_AUTOTUNE_ORDER"] = args.order
     if log:
         env["KREX_REGION_LOG"] = log
     if args.warm_ms is not None:
@@ -217,6 +220,12 @@ def _args() -> argparse.Namespace:
         default="step",
         help="KREX_AUTOTUNE_REGION: one region per tuning step (default) or per configuration",
     )
+    ap.add_argument(
+        "--order",
+        choices=("interleaved", "sequential"),
+        default="interleaved",
+        help="KREX_AUTOTUNE_ORDER: a step's configurations timed interleaved (default) or in turn",
+    )
     ap.add_argument("--fake-gpus", type=int, default=0)
     ap.add_argument("--json", default="")
     return ap.parse_args()
@@ -323,6 +332,7 @@ def main() -> int:
         "warm_kind": args.warm_kind or "auto",
         "warm_pct": args.warm_pct,
         "tuning_region": args.tuning_region,
+        "order": args.order,
         "workdir": workdir,
     }
     try:

@@ -210,6 +210,44 @@ def current_backend() -> Backend:
     return HostBackend()
 
 
+MIN_ESTIMATE_MS = 1e-4
+"""The least estimate of one call :func:`count` divides by (100 ns)."""
+
+
+def count(budget_ms: float, estimate_ms: float) -> int:
+    """``max(1, int(budget / estimate))``: Triton's warm-up and repetition counts.
+
+    An estimate below :data:`MIN_ESTIMATE_MS` (a coarse host clock reads 0)
+    counts as that, so the count stays bounded where Triton would divide by zero.
+    """
+    if not math.isfinite(estimate_ms) or estimate_ms < MIN_ESTIMATE_MS:
+        estimate_ms = MIN_ESTIMATE_MS
+    return max(1, int(budget_ms / estimate_ms))
+
+
+def clear_grads(grad_to_none: Sequence[Any] | None) -> None:
+    """Set ``.grad`` of each tensor of ``grad_to_none`` to None (before a repetition)."""
+    if grad_to_none is not None:
+        for x in grad_to_none:
+            x.grad = None
+
+
+def device_backend() -> Backend | None:
+    """The backend :func:`current_backend` would return, or None where it would time on the host.
+
+    For callers that have a fallback of their own: warns nothing, and imports
+    PyTorch only when it is importable.
+    """
+    if _override is not None:
+        return _override
+    try:
+        import torch
+    except ImportError:
+        return None
+    cuda = getattr(torch, "cuda", None)  # None in a stand-in torch
+    return TorchCudaBackend(torch) if cuda is not None and cuda.is_available() else None
+
+
 def check_return_mode(return_mode: str) -> None:
     """Raise ``ValueError`` unless ``return_mode`` is one of :data:`RETURN_MODES`."""
     if return_mode not in RETURN_MODES:

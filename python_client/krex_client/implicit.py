@@ -17,7 +17,8 @@ autotuner profiles internally"):
 ``triton.testing.do_bench``, ``do_bench_cudagraph``  the whole call, after a first
                                                    call of ``fn`` outside it
 ``triton.runtime.autotuner.Autotuner.run``          a tuning step: every configuration,
-                                                   after priming them all outside it
+                                                   after priming them all outside it,
+                                                   timed interleaved
                                                    (:mod:`krex_client.tuning_step`);
                                                    ``_bench`` with
                                                    ``KREX_AUTOTUNE_REGION=config``
@@ -138,9 +139,15 @@ def _primed_in_region(bench: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from krex_client.region import region
 
+        served = tuning_step.take_served()
+        if served is not tuning_step.NOT_SERVED:  # its step timed this configuration interleaved
+            return served
         record = tuning_step.priming()
         if record is not None:  # a tuning step primes its configurations: first call only
-            return _prime_only(record, _timed_callable(signature, args, kwargs), kwargs)
+            record.benchmarker = getattr(bench, "__name__", "")
+            record.options = _options(signature, args, kwargs)
+            record.timed = _timed_callable(signature, args, kwargs)
+            return _prime_only(record, record.timed, kwargs)
         if region.under_krex() and not region.inside() and not region.busy():
             timed = _timed_callable(signature, args, kwargs)
             if timed is not None:
@@ -187,6 +194,22 @@ def _timed_callable(
         name = next(iter(signature.parameters), None)
         first = bound.arguments.get(name) if name is not None else None
     return first if callable(first) else None
+
+
+def _options(
+    signature: inspect.Signature | None, args: Sequence[Any], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A ``do_bench(fn, ...)`` call's arguments but ``fn``, defaults applied; None if unbound."""
+    if signature is None:
+        return None
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    options = dict(bound.arguments)
+    options.pop(next(iter(signature.parameters)), None)
+    return options
 
 
 def _synchronize() -> None:

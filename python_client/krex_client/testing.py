@@ -28,13 +28,19 @@ warns once.  PyTorch is imported at the first measurement, never at import.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex_client._timing import Backend, check_return_mode, current_backend, summarize
+from krex_client._timing import (
+    Backend,
+    check_return_mode,
+    current_backend,
+    summarize,
+)
+from krex_client._timing import clear_grads as _clear_grads
+from krex_client._timing import count as _count
 from krex_client.region import region
 
 __all__ = ["do_bench", "do_bench_cudagraph", "time_trials", "TrialTimes"]
@@ -42,7 +48,6 @@ __all__ = ["do_bench", "do_bench_cudagraph", "time_trials", "TrialTimes"]
 _ESTIMATE_CALLS = 5
 _GRAPH_REPLAYS = 10
 _GRAPH_ZERO_ESTIMATE_CALLS = 1000  # Triton's count when the estimate reads 0 ms
-_MIN_ESTIMATE_MS = 1e-4
 
 
 def do_bench(
@@ -262,17 +267,6 @@ def time_trials(
     )
 
 
-def _count(budget_ms: float, estimate_ms: float) -> int:
-    """``max(1, int(budget / estimate))`` (Triton's rule).
-
-    An estimate below 100 ns (a coarse host clock reads 0) counts as 100 ns, so
-    the count stays bounded where Triton would divide by zero.
-    """
-    if not math.isfinite(estimate_ms) or estimate_ms < _MIN_ESTIMATE_MS:
-        estimate_ms = _MIN_ESTIMATE_MS
-    return max(1, int(budget_ms / estimate_ms))
-
-
 def _replay_ms(backend: Backend, graph: Any) -> float:
     start, end = backend.event(), backend.event()
     start.record()
@@ -280,9 +274,3 @@ def _replay_ms(backend: Backend, graph: Any) -> float:
     end.record()
     backend.synchronize()
     return float(start.elapsed_time(end))
-
-
-def _clear_grads(grad_to_none: Sequence[Any] | None) -> None:
-    if grad_to_none is not None:
-        for x in grad_to_none:
-            x.grad = None

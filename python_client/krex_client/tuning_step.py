@@ -21,11 +21,21 @@ as a command alone on the GPU would, and enters the region once:
    and a device synchronization, which compiles the configuration (or loads
    it from Triton's cache) while the siblings run, then returns without
    timing;
-4. the region is entered, its clock warm-up runs its whole budget
+4. the region is entered and, with ``KREX_AUTOTUNE_ORDER=interleaved`` (the
+   default) on a CUDA device, after the usual clock warm-up, every
+   configuration is timed in interleaved repetitions
+   (:mod:`krex_client.interleaved`: each under the same mix of clocks,
+   where in turn the first ones would run at the clock the warm-up left);
+   each ``_bench`` of the step then runs in the region and its ``do_bench``
+   returns that configuration's result without calling the kernel
+   (:func:`take_served`).  Timed in turn instead (``sequential``, off a
+   CUDA device, a configuration primed through ``do_bench_cudagraph`` or
+   with arguments the interleaving does not honour, or one whose call
+   raised during the interleaved loop), the warm-up runs its whole budget
    (:meth:`krex_client.warmup.Policy.for_tuning_step`: with NVML, 200 ms
-   unless the clock reaches its maximum), and every ``_bench`` of the step
-   runs in it (its ``do_bench`` sees the enclosing region and primes
-   nothing);
+   unless the clock reaches its maximum) and each ``_bench``'s
+   ``do_bench`` times its configuration (it sees the enclosing region and
+   primes nothing);
 5. the region is left after the step's last ``_bench`` (one per entry of
    the pruned list), or when ``run`` returns or raises.
 
@@ -63,7 +73,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex_client import warmup
+from krex_client import _timing, interleaved, warmup
 
 SCOPE_VAR = "KREX_AUTOTUNE_REGION"
 """``step`` (default): one region per tuning step; ``config``: one per configuration."""
@@ -87,15 +97,78 @@ def step_scope(environ: dict[str, str] | None = None) -> bool:
     return True
 
 
+ORDER_VAR = "KREX_AUTOTUNE_ORDER"
+"""``interleaved`` (default): a step's configurations are timed in interleaved
+repetitions; ``sequential``: one after the other, each by its ``do_bench``."""
+
+OPTIONS = ("warmup", "rep", "grad_to_none", "quantiles", "return_mode", "fast_flush")
+"""``do_bench`` arguments an interleaved timing honours (``fast_flush``, Triton
+3.0's, flushes L2 with the same buffer either way)."""
+
+NOT_SERVED = object()
+"""What :func:`take_served` returns when no result waits for this thread's ``do_bench``."""
+
+
+def interleaving(environ: dict[str, str] | None = None) -> bool:
+    """False when ``KREX_AUTOTUNE_ORDER`` (``environ``, default ``os.environ``) is ``sequential``.
+
+    Any other value but ``interleaved`` or empty warns once and the default applies.
+    """
+    value = (os.environ if environ is None else environ).get(ORDER_VAR, "").strip().lower()
+    if value == "sequential":
+        return False
+    if value not in ("", "interleaved"):
+        warmup.warn_once(
+            ORDER_VAR, f"{ORDER_VAR}={value!r} is neither 'interleaved' nor 'sequential'"
+        )
+    return True
+
+
 @dataclass
 class Priming:
     """What the patched benchmarker did during one priming ``_bench``.
 
     ``state``: ``"skipped"`` (no timed callable found: nothing ran),
     ``"ran"`` (``fn()`` and the synchronization returned) or ``"raised"``.
+    ``timed``: the callable the ``do_bench`` call was given; ``options``: its
+    other arguments, defaults applied (None when they do not bind);
+    ``benchmarker``: the patched function's name (``do_bench``,
+    ``do_bench_cudagraph``).
     """
 
     state: str = "skipped"
+    timed: Callable[[], Any] | None = None
+    options: dict[str, Any] | None = None
+    benchmarker: str = ""
+
+    def interleavable(self) -> interleaved.Timed | None:
+        """This configuration as an interleaved timing's entry, or None where it cannot be one.
+
+        None unless the priming ran a ``do_bench`` (not ``do_bench_cudagraph``)
+        whose arguments are all of :data:`OPTIONS` and whose ``quantiles`` and
+        ``return_mode`` its result can be given in.
+        """
+        opts = self.options
+        if self.state != "ran" or self.timed is None or self.benchmarker != "do_bench":
+            return None
+        if opts is None or any(name not in OPTIONS for name in opts):
+            return None
+        try:
+            _timing.check_return_mode(str(opts.get("return_mode", "mean")))
+            _timing.quantiles_of([0.0], opts.get("quantiles") or ())
+        except (TypeError, ValueError):
+            return None
+        return interleaved.Timed(
+            self.timed,
+            warmup_ms=float(opts.get("warmup", 25)),
+            rep_ms=float(opts.get("rep", 100)),
+            grad_to_none=opts.get("grad_to_none"),
+        )
+
+    def result(self, times: list[float]) -> Any:
+        """``times`` (per-repetition ms) in the shape this ``do_bench`` call asked for."""
+        opts = self.options or {}
+        return _timing.summarize(times, opts.get("quantiles"), opts.get("return_mode", "mean"))
 
 
 def priming() -> Priming | None:
@@ -111,6 +184,26 @@ def placeholder(kwargs: dict[str, Any]) -> Any:
     """An untimed result in ``do_bench``'s shape: NaN, or one NaN per quantile."""
     quantiles = kwargs.get("quantiles")
     return [math.nan] * len(quantiles) if quantiles else math.nan
+
+
+def take_served() -> Any:
+    """The result a step timed for this thread's next ``do_bench``, once; else :data:`NOT_SERVED`.
+
+    The patched ``do_bench`` (``implicit._primed_in_region``) returns it
+    without calling its ``fn``: the configuration was timed interleaved.
+    """
+    served = getattr(_local, "served", NOT_SERVED)
+    _local.served = NOT_SERVED
+    return served
+
+
+@contextlib.contextmanager
+def _serving(result: Any) -> Iterator[None]:
+    outer, _local.served = getattr(_local, "served", NOT_SERVED), result
+    try:
+        yield
+    finally:
+        _local.served = outer
 
 
 @contextlib.contextmanager
@@ -145,6 +238,8 @@ class Step:
     finished: bool = False  # every one made: a later _bench is not the step's
     failed: dict[int, Any] = field(default_factory=dict)  # index -> priming _bench's result
     raised: dict[int, Exception] = field(default_factory=dict)  # index -> priming's exception
+    primed: dict[int, Priming] = field(default_factory=dict)  # index -> priming that ran
+    results: dict[int, Any] = field(default_factory=dict)  # index -> interleaved timing's result
     prime_tried: bool = False
     region: contextlib.ExitStack | None = None
 
@@ -187,9 +282,17 @@ class Step:
             if index in self.failed:
                 return self.failed[index]
             if self.region is None:  # at the first configuration that has something to time
+                calls = self._interleavable(index)
+                # In turn, the first configurations would run at the clock the warm-up left:
+                # warm for the whole budget.  Interleaved, every one sees the same clocks.
+                warm = warmup.Policy.for_tuning_step() if calls is None else None
                 stack = contextlib.ExitStack()
-                stack.enter_context(region.critical(warm=warmup.Policy.for_tuning_step()))
+                stack.enter_context(region.critical(warm=warm))
                 self.region = stack  # not before: refused, the next _bench asks again
+                self.results = self._time_interleaved(calls) if calls is not None else {}
+            if index in self.results:
+                with _serving(self.results[index]):
+                    return bench(tuner, *args, **kwargs)
             return bench(tuner, *args, **kwargs)
         finally:
             self.calls += 1
@@ -223,6 +326,44 @@ class Step:
                 return i
         return None
 
+    def _interleavable(self, first: int) -> list[tuple[int, interleaved.Timed]] | None:
+        """Configurations ``first`` onwards as an interleaved timing's entries; None: in turn.
+
+        None when ``KREX_AUTOTUNE_ORDER=sequential``, off a CUDA device, or
+        when any configuration left to time (not failed or raised in its
+        priming) was not primed through a ``do_bench`` whose arguments an
+        interleaved timing honours (:meth:`Priming.interleavable`).
+        """
+        if not interleaving() or _timing.device_backend() is None:
+            return None
+        entries = []
+        for i, config in enumerate(self.configs or ()):
+            if i < first or i in self.failed or i in self.raised or self._index(config) != i:
+                continue
+            timed = self.primed[i].interleavable() if i in self.primed else None
+            if timed is None:
+                return None
+            entries.append((i, timed))
+        return entries
+
+    def _time_interleaved(self, entries: list[tuple[int, interleaved.Timed]]) -> dict[int, Any]:
+        """Time ``entries`` interleaved (step 4′): ``{index: do_bench's result}``.
+
+        {} when a configuration's call raised during the interleaved timing:
+        then each ``_bench`` times its configuration by its own ``do_bench``,
+        and the one that raised raises again there, as it would have.
+        """
+        backend = _timing.device_backend()
+        if backend is None or not entries:
+            return {}
+        try:
+            times = interleaved.time_interleaved(backend, [timed for _, timed in entries])
+        except Exception:  # noqa: BLE001 - timed again in turn, where it raises as it would have
+            with contextlib.suppress(Exception):
+                backend.synchronize()
+            return {}
+        return {i: self.primed[i].result(t) for (i, _), t in zip(entries, times, strict=True)}
+
     def _prime(
         self, bench: Callable[..., Any], tuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
@@ -241,6 +382,8 @@ class Step:
                     continue
             if record.state == "raised":  # _bench caught it: a configuration that cannot run
                 self.failed[i] = result
+            elif record.state == "ran":
+                self.primed[i] = record
 
 
 def wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,6 +13,7 @@ exact.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -77,15 +78,19 @@ class SimDevice:
     """A timing backend over a simulated clock (ms); see the module docstring.
 
     ``kernel(ms)`` returns a function that advances the clock by ``ms`` per
-    call; ``flush`` advances it by ``flush_ms``.  ``log`` records every
-    device call in order: "fn", "flush", "record", "sync", "capture", "replay".
+    call, times ``1 + now / drift_ms``: with a finite ``drift_ms`` the device
+    slows as it works, as an H200 does when its own matmuls pull the SM clock
+    down to its power limit.  ``flush`` advances the clock by ``flush_ms``.
+    ``log`` records every device call in order: "fn" (or the kernel's
+    ``name``), "flush", "record", "sync", "capture", "replay".
     """
 
     name = "sim"
 
-    def __init__(self, flush_ms: float = 0.0) -> None:
+    def __init__(self, flush_ms: float = 0.0, drift_ms: float = math.inf) -> None:
         self.now = 0.0
         self.flush_ms = flush_ms
+        self.drift_ms = drift_ms
         self.log: list[str] = []
         self.side_stream_depth = 0
 
@@ -111,10 +116,10 @@ class SimDevice:
             self.dev.log.append("replay")
             self.fn()
 
-    def kernel(self, ms: float) -> Callable[[], None]:
+    def kernel(self, ms: float, name: str = "fn") -> Callable[[], None]:
         def fn() -> None:
-            self.log.append("fn")
-            self.now += ms
+            self.log.append(name)
+            self.now += ms * (1.0 + self.now / self.drift_ms)
 
         return fn
 

@@ -22,11 +22,15 @@ PROG = Path(__file__).resolve().parent / "progs" / "autotune_primed.py"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("scope", "regions"), [("step", 1), ("config", 2)])
+@pytest.mark.parametrize(
+    ("scope", "order", "regions"),
+    [("step", "interleaved", 1), ("step", "sequential", 1), ("config", "", 2)],
+)
 def test_each_configuration_is_compiled_before_its_region(
-    tmp_path: Path, scope: str, regions: int
+    tmp_path: Path, scope: str, order: str, regions: int
 ) -> None:
-    """``step``: both configurations timed in one region; ``config``: one region each."""
+    """``step``: both configurations timed in one region, interleaved or in turn;
+    ``config``: one region each."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.update(
@@ -36,6 +40,7 @@ def test_each_configuration_is_compiled_before_its_region(
         KREX_TOKEN="t",
         KREX_REGION_WARM_MS="0",
         KREX_AUTOTUNE_REGION=scope,
+        KREX_AUTOTUNE_ORDER=order,
         TRITON_CACHE_DIR=str(tmp_path / "triton-cache"),
         PYTHONPATH=os.pathsep.join([str(REPO / "python_client"), env.get("PYTHONPATH", "")]),
     )
@@ -57,3 +62,7 @@ def test_each_configuration_is_compiled_before_its_region(
         timed = [h for _, h in launches[first_in:]]
         # The last launch is the real call, after the step's region.
         assert timed[:-1] == [True] * (len(timed) - 1) and timed[-1] is False, launches
+        blocks = [b for b, _ in launches[first_in:-1]]
+        switches = sum(a != b for a, b in zip(blocks, blocks[1:], strict=False))
+        # In turn: all of 256's launches, then all of 1024's; interleaved: back and forth.
+        assert (switches == 1) if order == "sequential" else (switches > 10), blocks

@@ -1,0 +1,109 @@
+"""Time several callables in interleaved repetitions, as one ``do_bench`` each would.
+
+A GPU's SM clock moves while a region runs: an autotuning step's matmuls
+pull an H200 from near its maximum at the region's start to its power-limited
+clock by its end (docs/bench/autotune-h200.md, "one region per tuning step":
+exit clock median 1305 MHz against 1965 at the start).  Timed one after the
+other, as Triton's autotuner times its configurations, the first
+configurations run at a higher clock than the last, and a configuration can
+win by the clock it was timed at.  Interleaving spreads every callable's
+repetitions evenly over the whole loop (:func:`schedule`), so each one is
+timed under the same mix of clocks.
+
+What each callable gets follows ``triton.testing.do_bench`` (and
+:func:`krex_client.testing.bench_loop`): an estimate from five calls, each
+after an L2 flush; ``max(1, int(warmup / estimate))`` warm-up calls and
+``max(1, int(rep / estimate))`` repetitions, each after resetting
+``grad_to_none``'s gradients and flushing L2, timed by its own event pair.
+Only the order differs: the estimates run first, one callable after the
+other; then the warm-up calls and then the repetitions of all callables,
+interleaved.  The caller has already made Triton's first call of each
+(:mod:`krex_client.tuning_step` primes them) and holds the region.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from krex_client._timing import Backend, clear_grads, count
+
+ESTIMATE_CALLS = 5
+"""Calls whose mean is the estimate of one call (Triton's five)."""
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One callable to time and its ``do_bench`` budgets.
+
+    ``warmup_ms`` and ``rep_ms``: ``do_bench``'s ``warmup`` and ``rep`` (ms);
+    ``grad_to_none``: tensors whose ``.grad`` is reset before each repetition.
+    """
+
+    fn: Callable[[], Any]
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    grad_to_none: Sequence[Any] | None = None
+
+
+def schedule(counts: Sequence[int]) -> list[int]:
+    """The order of ``sum(counts)`` calls: callable ``i`` appears ``counts[i]`` times.
+
+    Callable ``i``'s ``k``-th call sits at position ``(k + 0.5) / counts[i]``
+    of the loop; calls are ordered by position (ties by index), so every
+    callable's calls spread evenly from the loop's start to its end whatever
+    its count.  ``counts``: non-negative ints.  Returns callable indices.
+    """
+    slots = [((k + 0.5) / n, i) for i, n in enumerate(counts) for k in range(n)]
+    return [i for _, i in sorted(slots)]
+
+
+def time_interleaved(backend: Backend, calls: Sequence[Timed]) -> list[list[float]]:
+    """Per-repetition ms of each of ``calls``, timed interleaved (module docstring).
+
+    Args:
+        backend: the device's timing backend (:mod:`krex_client._timing`).
+        calls: what to time; each ``fn`` launches on the current stream.
+
+    Returns:
+        One list per call, in ``calls``' order: its repetitions' ms in the
+        order they ran.
+
+    Raises:
+        Exception: what a ``fn`` (or the backend) raised; work already
+            queued is left to the caller to synchronize.
+    """
+    cache = backend.flush_buffer()
+    warmups: list[int] = []
+    repeats: list[int] = []
+    for call in calls:
+        estimate_ms = _estimate_ms(backend, call.fn, cache)
+        warmups.append(count(call.warmup_ms, estimate_ms))
+        repeats.append(count(call.rep_ms, estimate_ms))
+    for i in schedule(warmups):
+        calls[i].fn()
+    order = schedule(repeats)
+    events = [(backend.event(), backend.event()) for _ in order]
+    for i, (start, end) in zip(order, events, strict=True):
+        clear_grads(calls[i].grad_to_none)
+        backend.flush(cache)
+        start.record()
+        calls[i].fn()
+        end.record()
+    backend.synchronize()
+    times: list[list[float]] = [[] for _ in calls]
+    for i, (start, end) in zip(order, events, strict=True):
+        times[i].append(float(start.elapsed_time(end)))
+    return times
+
+
+def _estimate_ms(backend: Backend, fn: Callable[[], Any], cache: Any) -> float:
+    start, end = backend.event(), backend.event()
+    start.record()
+    for _ in range(ESTIMATE_CALLS):
+        backend.flush(cache)
+        fn()
+    end.record()
+    backend.synchronize()
+    return float(start.elapsed_time(end)) / ESTIMATE_CALLS
