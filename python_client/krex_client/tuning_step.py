@@ -29,13 +29,15 @@ as a command alone on the GPU would, and enters the region once:
    each ``_bench`` of the step then runs in the region and its ``do_bench``
    returns that configuration's result without calling the kernel
    (:func:`take_served`).  Timed in turn instead (``sequential``, off a
-   CUDA device, a configuration primed through ``do_bench_cudagraph`` or
-   with arguments the interleaving does not honour, or one whose call
-   raised during the interleaved loop), the warm-up runs its whole budget
-   (:meth:`krex_client.warmup.Policy.for_tuning_step`: with NVML, 200 ms
-   unless the clock reaches its maximum) and each ``_bench``'s
-   ``do_bench`` times its configuration (it sees the enclosing region and
-   primes nothing);
+   CUDA device, or a configuration primed through ``do_bench_cudagraph``
+   or with arguments the interleaving does not honour), the warm-up runs
+   its whole budget (:meth:`krex_client.warmup.Policy.for_tuning_step`:
+   with NVML, 200 ms unless the clock reaches its maximum) and each
+   ``_bench``'s ``do_bench`` times its configuration (it sees the
+   enclosing region and primes nothing).  When a configuration's call
+   raises during the interleaved loop, the region (already warmed as any
+   region is, and by the loop itself) stays and each ``_bench`` times its
+   configuration in turn in it;
 5. the region is left after the step's last ``_bench`` (one per entry of
    the pruned list), or when ``run`` returns or raises.
 

@@ -158,7 +158,7 @@ def test_priming_keeps_the_call_and_its_budgets() -> None:
     assert tuning_step.Priming("ran", fn, opts, "do_bench").result([1.0, 2.0, 3.0]) == [2.0, 1.4]
 
 
-@pytest.mark.parametrize("order", ["interleaved", "sequential"])
+@pytest.mark.parametrize("order", ["interleaved", "sequential", "interleaved-then-failed"])
 def test_interleaved_step_warms_as_any_region_and_in_turn_for_the_whole_budget(
     standin: tuple[StandInShim, FakeConnection],
     tuner_mod: types.ModuleType,  # noqa: F811 - the imported fixture
@@ -167,7 +167,8 @@ def test_interleaved_step_warms_as_any_region_and_in_turn_for_the_whole_budget(
     order: str,
 ) -> None:
     """Timed in turn, the first configurations would run at the clock the warm-up left;
-    interleaved, all see the same clocks, and the ordinary warm-up (until warm) applies."""
+    interleaved, all see the same clocks, and the ordinary warm-up (until warm) applies,
+    also when a call failed in the loop and the configurations are then timed in turn."""
     shim, _ = standin
     gpu = _Settling()
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpu))
@@ -176,15 +177,26 @@ def test_interleaved_step_warms_as_any_region_and_in_turn_for_the_whole_budget(
     monkeypatch.setattr(implicit, "_synchronize", lambda: None)
     log = tmp_path / "regions.jsonl"
     monkeypatch.setenv("KREX_REGION_LOG", str(log))
-    monkeypatch.setenv(tuning_step.ORDER_VAR, order)
+    monkeypatch.setenv(tuning_step.ORDER_VAR, order.split("-")[0])
     dev = SimDevice()
     kernels = {name: dev.kernel(ms, name) for name, ms in BASE_MS.items()}
+    third_calls = []
+
+    def kernel(config: str, launch: bool = False) -> float:
+        if config == "third" and not launch and order.endswith("failed"):
+            third_calls.append(1)
+            if len(third_calls) == 4:  # primed, then fails in its estimate
+                raise tuner_mod.OutOfResources("shared memory")
+        kernels[config]()
+        return BASE_MS[config]
+
     implicit.autoregion()
-    tuner = tuner_mod.Autotuner(list(BASE_MS), lambda c, launch=False: kernels[c]() or BASE_MS[c])
+    tuner = tuner_mod.Autotuner(list(BASE_MS), kernel)
     with use_backend(dev):
         assert tuner.run(1) == BASE_MS["second"]
+    assert len(third_calls) == (5 if order.endswith("failed") else 0)  # then timed in turn
     (rec,) = (json.loads(line) for line in log.read_text().splitlines())
-    if order == "interleaved":
+    if order.startswith("interleaved"):
         assert rec["warmup"]["stop"] == "warm" and rec["warmup"]["slices"] == 1, rec["warmup"]
     else:
         assert rec["warmup"]["stop"] == "budget", rec["warmup"]
