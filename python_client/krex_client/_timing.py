@@ -214,6 +214,24 @@ MIN_ESTIMATE_MS = 1e-4
 """The least estimate of one call :func:`count` divides by (100 ns)."""
 
 
+ESTIMATE_CALLS = 5
+"""Calls whose mean estimates one call (Triton's five)."""
+
+
+def estimate_ms(backend: Backend, fn: Callable[[], Any], cache: Any) -> float:
+    """``do_bench``'s estimate of one call of ``fn``, in ms: :data:`ESTIMATE_CALLS`
+    calls, each after flushing ``cache`` (:meth:`Backend.flush`), between two
+    events, then a synchronization; their mean."""
+    start, end = backend.event(), backend.event()
+    start.record()
+    for _ in range(ESTIMATE_CALLS):
+        backend.flush(cache)
+        fn()
+    end.record()
+    backend.synchronize()
+    return float(start.elapsed_time(end)) / ESTIMATE_CALLS
+
+
 def count(budget_ms: float, estimate_ms: float) -> int:
     """``max(1, int(budget / estimate))``: Triton's warm-up and repetition counts.
 
@@ -291,5 +309,6 @@ def summarize(
     if return_mode == "max":
         return float(max(times))
     if return_mode == "median":
-        return float(statistics.median(times))
+        # torch.median's: the lower of the two middle samples when their number is even.
+        return float(sorted(times)[(len(times) - 1) // 2])
     return float(statistics.fmean(times))

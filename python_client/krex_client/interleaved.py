@@ -17,7 +17,9 @@ after an L2 flush; ``max(1, int(warmup / estimate))`` warm-up calls and
 ``grad_to_none``'s gradients and flushing L2, timed by its own event pair.
 Only the order differs: the estimates run first, one callable after the
 other; then the warm-up calls and then the repetitions of all callables,
-interleaved.  The caller has already made Triton's first call of each
+interleaved, synchronized every :data:`EVENT_PAIRS` repetitions so that their
+events can time the next ones (Triton's loop synchronizes once, after its
+last repetition).  The caller has already made Triton's first call of each
 (:mod:`krex_client.tuning_step` primes them) and holds the region.
 """
 
@@ -27,10 +29,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from krex_client import _timing
 from krex_client._timing import Backend, clear_grads, count
 
-ESTIMATE_CALLS = 5
-"""Calls whose mean is the estimate of one call (Triton's five)."""
+EVENT_PAIRS = 4096
+"""Most repetitions timed between two synchronizations: their events are reused
+after each, so a large step holds at most this many pairs."""
 
 
 @dataclass(frozen=True)
@@ -78,32 +82,23 @@ def time_interleaved(backend: Backend, calls: Sequence[Timed]) -> list[list[floa
     warmups: list[int] = []
     repeats: list[int] = []
     for call in calls:
-        estimate_ms = _estimate_ms(backend, call.fn, cache)
+        estimate_ms = _timing.estimate_ms(backend, call.fn, cache)
         warmups.append(count(call.warmup_ms, estimate_ms))
         repeats.append(count(call.rep_ms, estimate_ms))
     for i in schedule(warmups):
         calls[i].fn()
-    order = schedule(repeats)
-    events = [(backend.event(), backend.event()) for _ in order]
-    for i, (start, end) in zip(order, events, strict=True):
-        clear_grads(calls[i].grad_to_none)
-        backend.flush(cache)
-        start.record()
-        calls[i].fn()
-        end.record()
-    backend.synchronize()
     times: list[list[float]] = [[] for _ in calls]
-    for i, (start, end) in zip(order, events, strict=True):
-        times[i].append(float(start.elapsed_time(end)))
+    order = schedule(repeats)
+    pool = [(backend.event(), backend.event()) for _ in range(min(len(order), EVENT_PAIRS))]
+    for first in range(0, len(order), EVENT_PAIRS):
+        block = order[first : first + EVENT_PAIRS]
+        for i, (start, end) in zip(block, pool, strict=False):
+            clear_grads(calls[i].grad_to_none)
+            backend.flush(cache)
+            start.record()
+            calls[i].fn()
+            end.record()
+        backend.synchronize()
+        for i, (start, end) in zip(block, pool, strict=False):
+            times[i].append(float(start.elapsed_time(end)))
     return times
-
-
-def _estimate_ms(backend: Backend, fn: Callable[[], Any], cache: Any) -> float:
-    start, end = backend.event(), backend.event()
-    start.record()
-    for _ in range(ESTIMATE_CALLS):
-        backend.flush(cache)
-        fn()
-    end.record()
-    backend.synchronize()
-    return float(start.elapsed_time(end)) / ESTIMATE_CALLS

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from krex_client import _timing
 from krex_client._timing import (
     Backend,
     check_return_mode,
@@ -45,7 +46,7 @@ from krex_client.region import region
 
 __all__ = ["do_bench", "do_bench_cudagraph", "time_trials", "TrialTimes"]
 
-_ESTIMATE_CALLS = 5
+_ESTIMATE_CALLS = _timing.ESTIMATE_CALLS
 _GRAPH_REPLAYS = 10
 _GRAPH_ZERO_ESTIMATE_CALLS = 1000  # Triton's count when the estimate reads 0 ms
 
@@ -95,14 +96,7 @@ def bench_loop(
     fn()
     backend.synchronize()
     cache = backend.flush_buffer()
-    start, end = backend.event(), backend.event()
-    start.record()
-    for _ in range(_ESTIMATE_CALLS):
-        backend.flush(cache)
-        fn()
-    end.record()
-    backend.synchronize()
-    estimate_ms = start.elapsed_time(end) / _ESTIMATE_CALLS
+    estimate_ms = _timing.estimate_ms(backend, fn, cache)
     n_warmup = _count(warmup, estimate_ms)
     n_repeat = _count(rep, estimate_ms)
     starts = [backend.event() for _ in range(n_repeat)]

@@ -103,9 +103,10 @@ ORDER_VAR = "KREX_AUTOTUNE_ORDER"
 """``interleaved`` (default): a step's configurations are timed in interleaved
 repetitions; ``sequential``: one after the other, each by its ``do_bench``."""
 
-OPTIONS = ("warmup", "rep", "grad_to_none", "quantiles", "return_mode", "fast_flush")
-"""``do_bench`` arguments an interleaved timing honours (``fast_flush``, Triton
-3.0's, flushes L2 with the same buffer either way)."""
+OPTIONS = ("warmup", "rep", "grad_to_none", "quantiles", "return_mode", "fast_flush", "device_type")
+"""``do_bench`` arguments an interleaved timing honours: ``fast_flush`` (of
+Triton before 3.2) flushes L2 with the same buffer either way;
+``device_type`` (of some 3.x) only when it is ``"cuda"``."""
 
 NOT_SERVED = object()
 """What :func:`take_served` returns when no result waits for this thread's ``do_bench``."""
@@ -154,6 +155,8 @@ class Priming:
         if self.state != "ran" or self.timed is None or self.benchmarker != "do_bench":
             return None
         if opts is None or any(name not in OPTIONS for name in opts):
+            return None
+        if opts.get("device_type", "cuda") != "cuda":
             return None
         try:
             _timing.check_return_mode(str(opts.get("return_mode", "mean")))

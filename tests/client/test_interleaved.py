@@ -93,3 +93,18 @@ def test_grads_reset_before_every_repetition() -> None:
     # 5 estimate calls and 1 warm-up call see what the call before left; the 3
     # repetitions see a reset gradient.
     assert seen == [None] + ["stale"] * 5 + [None] * 3
+
+
+def test_events_are_reused_across_blocks_of_repetitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large step holds at most EVENT_PAIRS pairs: each block is synchronized and read
+    before its events time the next; the times are those of one block."""
+    dev = SimDevice()
+    made: list[object] = []
+    event = dev.event
+    monkeypatch.setattr(dev, "event", lambda: made.append(1) or event())
+    monkeypatch.setattr(interleaved, "EVENT_PAIRS", 7)
+    fns = [dev.kernel(0.5, "a"), dev.kernel(2.0, "b")]
+    times = interleaved.time_interleaved(dev, [Timed(f, warmup_ms=5, rep_ms=20) for f in fns])
+    assert times[0] == pytest.approx([0.5] * 40) and times[1] == pytest.approx([2.0] * 10)
+    assert len(made) == 2 * 2 + 2 * 7  # two estimates' pairs, then one pool of 7 pairs
+    assert dev.log.count("sync") == 2 + 8  # two estimates, then ceil(50 / 7) blocks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import statistics
+import sys
 import time
 import warnings
 from typing import Any
@@ -85,6 +86,17 @@ def test_return_shapes(sim: SimDevice, kwargs: dict[str, Any], expected: Any) ->
     got = testing.do_bench(fn, 2, 6, None, **kwargs)  # Triton's positional order
     assert got == pytest.approx(expected)
     assert type(got) is type(expected)
+
+
+def test_median_of_an_even_count_is_the_lower_middle_as_torch_median() -> None:
+    """Triton's ``return_mode="median"`` is ``torch.median``: no averaging."""
+    from krex_client._timing import summarize
+
+    assert summarize([4.0, 1.0, 3.0, 2.0], None, "median") == 2.0
+    assert summarize([3.0, 1.0, 2.0], None, "median") == 2.0
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "median"):
+        assert torch.median(torch.tensor([4.0, 1.0, 3.0, 2.0])).item() == 2.0
 
 
 def test_bad_return_mode_runs_nothing(sim: SimDevice) -> None:

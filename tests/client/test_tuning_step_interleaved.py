@@ -141,6 +141,7 @@ def test_configuration_failing_while_interleaved_is_timed_in_turn_and_fails_ther
         (tuning_step.Priming("ran", lambda: None, {"return_mode": "p99"}, "do_bench"), "mode"),
         (tuning_step.Priming("ran", lambda: None, {"quantiles": (1.5,)}, "do_bench"), "q"),
         (tuning_step.Priming("ran", lambda: None, None, "do_bench"), "unbound"),
+        (tuning_step.Priming("ran", lambda: None, {"device_type": "xpu"}, "do_bench"), "xpu"),
         (tuning_step.Priming("raised", lambda: None, {}, "do_bench"), "raised"),
         (tuning_step.Priming("ran", None, {}, "do_bench"), "no fn"),
     ],
@@ -151,7 +152,7 @@ def test_what_cannot_be_interleaved(record: tuning_step.Priming, why: str) -> No
 
 def test_priming_keeps_the_call_and_its_budgets() -> None:
     fn: Any = lambda: None  # noqa: E731
-    opts = {"warmup": 5, "rep": 40, "quantiles": (0.5, 0.2), "return_mode": "mean"}
+    opts = {"warmup": 5, "rep": 40, "quantiles": (0.5, 0.2), "device_type": "cuda"}
     timed = tuning_step.Priming("ran", fn, opts, "do_bench").interleavable()
     assert timed is not None and timed.fn is fn
     assert (timed.warmup_ms, timed.rep_ms, timed.grad_to_none) == (5.0, 40.0, None)
