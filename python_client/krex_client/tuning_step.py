@@ -275,8 +275,11 @@ class Step:
         from krex_client.region import region
 
         index = self._index(kwargs.get("config"))
-        if index is None:
+        if index is None or (self.finished and index not in self.results):
             raise ValueError("not a configuration of this step (see Step.covers)")
+        if self.finished:  # a _bench that times twice: the interleaved result again
+            with _serving(self.results[index]):
+                return bench(tuner, *args, **kwargs)
         if not self.prime_tried:
             self.prime_tried = True
             if primed:
@@ -310,13 +313,18 @@ class Step:
 
         False for a configuration the step did not prune (it runs as a single
         configuration's would), after the step's last ``_bench`` (one per
-        entry of the pruned list), and while an explicit region encloses the
-        step (that region covers it whole, compiles included).
+        entry of the pruned list) unless the configuration was timed
+        interleaved (a ``_bench`` override that calls the base's twice gets
+        its result again, with nothing run), and while an explicit region
+        encloses the step (that region covers it whole, compiles included).
         """
         from krex_client.region import region
 
-        if self.finished or self._index(kwargs.get("config")) is None:
+        index = self._index(kwargs.get("config"))
+        if index is None:
             return False
+        if self.finished:
+            return index in self.results
         return self.region is not None or not region.inside()
 
     def close(self) -> None:

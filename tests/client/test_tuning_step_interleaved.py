@@ -202,3 +202,23 @@ def test_interleaved_step_warms_as_any_region_and_in_turn_for_the_whole_budget(
     else:
         assert rec["warmup"]["stop"] == "budget", rec["warmup"]
         assert rec["warmup"]["ms"] >= warmup.STEP_MS
+
+
+def test_bench_override_timing_each_configuration_twice_gets_one_region(
+    tuned: Tuned, fake_krex: FakeConnection
+) -> None:
+    """Triton calls ``_bench`` once per pruned entry and the step counts them; an
+    override that calls the base twice (the better of two) must not end the step
+    half-way and time the rest in regions of their own."""
+    base = type(tuned.tuner)
+
+    class TwiceTuner(base):  # type: ignore[misc, valid-type]
+        def _bench(self, *args: Any, config: Any, **meta: Any) -> Any:
+            first = super()._bench(*args, config=config, **meta)
+            return min(first, super()._bench(*args, config=config, **meta))
+
+    tuner = TwiceTuner(list(BASE_MS), tuned.kernel)
+    assert tuner.run(1) == BASE_MS["second"]
+    assert tuner.cache[(1,)] == "second"
+    assert fake_krex.ops == ["region_enter", "region_exit"]
+    assert tuned.timed_in_turn == 0
