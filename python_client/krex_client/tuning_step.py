@@ -195,11 +195,13 @@ def take_served() -> Any:
     """The result a step timed for this thread's next ``do_bench``, once; else :data:`NOT_SERVED`.
 
     The patched ``do_bench`` (``implicit._primed_in_region``) returns it
-    without calling its ``fn``: the configuration was timed interleaved.
+    without calling its ``fn``: the configuration was timed interleaved.  A
+    list (quantiles, ``"all"``) is a copy, as each of Triton's calls returns
+    a list of its own: a ``_bench`` served twice may change the first in place.
     """
     served = getattr(_local, "served", NOT_SERVED)
     _local.served = NOT_SERVED
-    return served
+    return list(served) if isinstance(served, list) else served
 
 
 @contextlib.contextmanager
@@ -240,7 +242,7 @@ class Step:
 
     configs: list[Any] | None = None
     calls: int = 0  # this step's _bench calls so far: Triton makes one per pruned entry
-    finished: bool = False  # every one made: a later _bench is not the step's
+    finished: bool = False  # every one made: a later _bench is served or not the step's
     failed: dict[int, Any] = field(default_factory=dict)  # index -> priming _bench's result
     raised: dict[int, Exception] = field(default_factory=dict)  # index -> priming's exception
     primed: dict[int, Priming] = field(default_factory=dict)  # index -> priming that ran

@@ -222,3 +222,28 @@ def test_bench_override_timing_each_configuration_twice_gets_one_region(
     assert tuner.cache[(1,)] == "second"
     assert fake_krex.ops == ["region_enter", "region_exit"]
     assert tuned.timed_in_turn == 0
+
+
+def test_bench_override_timing_twice_gets_a_fresh_result_each_time(
+    tuned: Tuned, fake_krex: FakeConnection
+) -> None:
+    """Each ``do_bench`` returns a list of its own: an override that adjusts its first
+    result in place (a launch overhead taken off) must not change the second."""
+    base = type(tuned.tuner)
+    seen: list[tuple[list[float], list[float]]] = []
+
+    class InPlaceTuner(base):  # type: ignore[misc, valid-type]
+        def _bench(self, *args: Any, config: Any, **meta: Any) -> Any:
+            first = super()._bench(*args, config=config, **meta)
+            served = list(first)
+            first[0] -= 0.5  # in place, as an override may
+            second = super()._bench(*args, config=config, **meta)
+            seen.append((served, list(second)))
+            return min(first, second)
+
+    tuner = InPlaceTuner(list(BASE_MS), tuned.kernel)
+    tuner.run(1)
+    assert fake_krex.ops == ["region_enter", "region_exit"] and tuned.timed_in_turn == 0
+    assert len(seen) == 3
+    for served, second in seen:
+        assert second == served
