@@ -58,7 +58,9 @@ one does, the remaining configurations compile in the step's region).  A
 step of another autotuner started by a configuration's call (a hook that
 launches another autotuned kernel) primes and times its own configurations,
 in a region of its own when the outer step is priming, in the outer step's
-region when it is timing.
+region when it is timing.  The same autotuner run again from within its own
+``run`` once its step ended (a hook of the launch) tunes its key in a step of
+its own: the ended step's results are another key's.
 
 ``KREX_AUTOTUNE_REGION=config`` restores one region per configuration
 (:mod:`krex_client.implicit`); off krex, steps change nothing.
@@ -411,7 +413,11 @@ def wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
         from krex_client.region import region
 
         steps = _steps()
-        if id(self) in steps or not region.under_krex() or not step_scope():
+        outer = steps.get(id(self))
+        # Run again from within its own run: part of that step while it times, a step
+        # of its own once it ended (the ended step's results are another key's).
+        timing = outer is not None and not outer.finished
+        if timing or not region.under_krex() or not step_scope():
             return run(self, *args, **kwargs)
         step = steps[id(self)] = Step()
         # Called while another step primes (a hook launching this autotuned kernel):
@@ -421,7 +427,10 @@ def wrap_run(run: Callable[..., Any]) -> Callable[..., Any]:
             return run(self, *args, **kwargs)
         finally:
             _local.priming = outer_priming
-            del steps[id(self)]
+            if outer is None:
+                del steps[id(self)]
+            else:
+                steps[id(self)] = outer
             step.close()
 
     setattr(wrapper, MARK, True)

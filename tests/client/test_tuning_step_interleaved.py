@@ -247,3 +247,27 @@ def test_bench_override_timing_twice_gets_a_fresh_result_each_time(
     assert len(seen) == 3
     for served, second in seen:
         assert second == served
+
+
+def test_same_autotuner_run_again_after_its_step_tunes_its_own_key(
+    tuned: Tuned, fake_krex: FakeConnection
+) -> None:
+    """A step's interleaved results are its key's: the same autotuner run again for
+    another key once the step ended (a launch hook of the kernel) is timed, not served."""
+    other_ms = {"first": 5.0, "second": 9.0, "third": 7.0}  # key 2: ``first`` is fastest
+    other = {name: tuned.dev.kernel(ms, name) for name, ms in other_ms.items()}
+    inner: list[bool] = []
+
+    def kernel(config: str, launch: bool = False) -> float:
+        if launch:
+            if not inner:
+                inner.append(True)
+                tuner.run(2)  # the same autotuner, another key
+            return BASE_MS[config]
+        (other if inner else tuned.kernels)[config]()
+        return 0.0
+
+    tuner = type(tuned.tuner)(list(BASE_MS), kernel)
+    tuner.run(1)
+    assert tuner.cache[(1,)] == "second"
+    assert tuner.cache[(2,)] == "first", tuner.timings
