@@ -35,7 +35,8 @@ def do_bench(
         fn: the callable to time; it launches GPU work on the current stream.
         warmup_ms: warm-up budget in ms (at least one call).
         rep_ms: measurement budget in ms (at least one repetition).
-        return_mode: "median" (default), "mean", "min", "max" of the
+        return_mode: "median" (default; the lower middle sample of an even
+            count, as ``torch.median``), "mean", "min", "max" of the
             per-repetition times, or "all" for the list of them.
         grad_to_none: tensors whose ``.grad`` is reset before each
             repetition (as triton's do_bench does for backward passes).

@@ -269,9 +269,12 @@ class Step:
 
         Returns:
             What ``_bench`` returns; for a configuration whose priming
-            failed, what the priming ``_bench`` returned.
+            failed, what the priming ``_bench`` returned; after the step's
+            last ``_bench``, a configuration timed interleaved gets its
+            result again, with nothing run.
 
         Raises:
+            ValueError: a configuration :meth:`covers` is False for.
             Exception: what this configuration's priming ``_bench`` raised
                 (out of this configuration's call, as without priming), or
                 what ``_bench`` raises.
