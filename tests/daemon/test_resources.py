@@ -75,9 +75,11 @@ def test_rss_stays_flat_under_connection_churn(krexd_factory: Factory) -> None:
     ctx.set(zmq.MAX_SOCKETS, 8192)
     samples = [rss_mb(k.pid)]
     try:
-        for _ in range(10):
+        for rounds in range(10):
             _burst(ctx, k.socket, 3000)
-            time.sleep(2.0)  # the guard trims once the burst has ended (TRIM_QUIET_S)
+            # The guard trims once the burst has ended (TRIM_QUIET_S); the two samples
+            # compared (after rounds 1 and 10) get a wide margin.
+            time.sleep(2.0 if rounds in (0, 9) else 1.0)
             samples.append(rss_mb(k.pid))
     finally:
         ctx.term()
