@@ -11,10 +11,7 @@ carrying the numeric code and name of :mod:`krex_client.errors`; a daemon that i
 not there raises :class:`KrexUnavailable` naming the socket, and a socket this
 user may not open raises :class:`KrexPermissionDenied` (a subclass) naming the
 group to join — checked before connecting, since ZeroMQ retries a refused
-``connect(2)`` silently and the request would only time out.  A krexd that
-goes away with a request unanswered (killed, restarted) is seen within half
-a second by the connection's disconnection event, not at the timeout: ZeroMQ
-would reconnect to the next krexd silently, and the request is lost.
+``connect(2)`` silently and the request would only time out.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ from types import TracebackType
 from typing import Any
 
 import zmq
-import zmq.utils.monitor
 
 from krex_client.protocol import FrameError, Request, decode_reply, encode_request
 
@@ -158,9 +154,6 @@ class Connection:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        # Disconnections of the socket's peer: a krexd that went away with a request of
-        # this connection unanswered (ZeroMQ reconnects silently; the request is lost).
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._sock.connect(f"ipc://{self.socket}")
 
     @classmethod
@@ -198,7 +191,6 @@ class Connection:
         wait = None if forever else (self.timeout_s if timeout_s is None else timeout_s)
         req_id = next(self._ids)
         req = Request(op=op, id=req_id, body=body or {}, tenant=self.tenant, token=self.token)
-        self._disconnected()  # before this request: ZeroMQ queues it for the next peer
         try:
             self._sock.send(encode_request(req), zmq.NOBLOCK)
         except zmq.Again:
@@ -223,24 +215,12 @@ class Connection:
             # No reply yet: fail fast if krexd died meanwhile (its socket file stays).
             if not os.path.exists(self.socket):
                 raise KrexUnavailable(self.socket, "socket removed while waiting for a reply")
-            if self._disconnected():
-                raise KrexUnavailable(self.socket, f"krexd went away before replying to '{op}'")
             _probe(self.socket)
             if check is not None:
                 check()
 
-    def _disconnected(self) -> bool:
-        """True when krexd closed this connection since the last call (reads every event)."""
-        seen = False
-        while self._monitor.poll(0):
-            event = zmq.utils.monitor.recv_monitor_message(self._monitor)
-            seen = seen or event["event"] == zmq.EVENT_DISCONNECTED
-        return seen
-
     def close(self) -> None:
         """Close the socket and its context (pending requests are dropped)."""
-        self._sock.disable_monitor()
-        self._monitor.close(linger=0)
         self._sock.close(linger=0)
         self._ctx.term()
 
