@@ -62,7 +62,7 @@ def start_all(k: Krexd, env: dict[str, str]) -> tuple[list[subprocess.Popen[byte
                 sys.executable,
                 FAKEGPU,
                 "--seconds",
-                "6",
+                "4",
                 "--kernel-ns",
                 str(100_000 + 50_000 * i),
                 "--sync-every",
