@@ -79,6 +79,16 @@ def _reconnect_s() -> float:
         return 120.0
 
 
+def _close(conn: ControlConnection | None) -> None:
+    """Close ``conn`` if it has a ``close`` (a real ``Connection`` does); errors ignored."""
+    close = getattr(conn, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - already broken: nothing more to release
+            pass
+
+
 class RegionError(RuntimeError):
     """krexd refused or aborted a critical region (the message says why)."""
 
@@ -196,7 +206,7 @@ class Region:
         except BaseException:
             # Interrupted while parked (Ctrl-C, a harness's alarm): krexd would still
             # grant the region and keep the siblings frozen for nobody.  Withdraw it.
-            self._cancel(conn)
+            self._cancel(self._connection())
             raise
         if self._shim is None:
             self._shim = Shim()
@@ -206,7 +216,9 @@ class Region:
             )
         except BaseException:
             self._request(
-                conn, "region_exit", {"epoch": grant["epoch"], "sync_ms": 0.0, "launches": 0}
+                self._connection(),
+                "region_exit",
+                {"epoch": grant["epoch"], "sync_ms": 0.0, "launches": 0},
             )
             raise
         granted = time.monotonic()
@@ -221,7 +233,7 @@ class Region:
             launches = max(0, launches - warm_launches)  # the region's code's own
             exit_ = recorder.sample() if recorder is not None else {}
             reply = self._request(
-                conn,
+                self._connection(),  # a restart during the region replaced the entry's
                 "region_exit",
                 {"epoch": grant["epoch"], "sync_ms": sync_ms, "launches": launches},
             )
@@ -331,11 +343,15 @@ class Region:
         while time.monotonic() < deadline:
             time.sleep(delay)
             delay = min(1.0, delay * 2)
+            conn: ControlConnection | None = None
             try:
                 conn = self.connect()
                 pid = int(conn.request("ping", {})["pid"])
             except Exception:  # noqa: BLE001 - not back yet
+                _close(conn)  # each attempt's connection holds a ZeroMQ context and its threads
                 continue
+            if self._conn_pid == os.getpid():
+                _close(self._conn)  # the lost one (a forked child's is its parent's: left)
             self._daemon_pid = pid
             self._conn, self._conn_pid = conn, os.getpid()
             return conn
