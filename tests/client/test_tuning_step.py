@@ -82,6 +82,14 @@ def tuner_mod(monkeypatch: pytest.MonkeyPatch, fake_krex: FakeConnection) -> typ
     return mod
 
 
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch, fake_krex: FakeConnection) -> list[str]:
+    """The event log of ``_event_log``, with auto-regions turned on."""
+    log = _event_log(monkeypatch, fake_krex)
+    implicit.autoregion()
+    return log
+
+
 def _kernel(events: list[str], conn: FakeConnection, mod: types.ModuleType) -> Any:
     mark = _marker(events, conn)
 
@@ -104,10 +112,10 @@ PRIMED_STEP = [
 
 
 def test_step_is_one_region_after_priming_every_configuration_outside(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     tuner = tuner_mod.Autotuner(["a", "b", "c"], _kernel(events, fake_krex, tuner_mod))
     assert tuner.run(4096) == 1.0
     assert events == [*PRIMED_STEP, "launch b:out"]
@@ -156,10 +164,10 @@ def _tolerant(mod: types.ModuleType, caught: type[Exception]) -> Any:
 
 
 def test_configuration_that_fails_to_compile_is_not_run_again_in_the_region(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     tuner = tuner_mod.Autotuner(["a", "bad", "c"], _kernel(events, fake_krex, tuner_mod))
     assert tuner.run(1) == 2.0
     assert events == [
@@ -170,10 +178,10 @@ def test_configuration_that_fails_to_compile_is_not_run_again_in_the_region(
 
 
 def test_exceptions_leave_no_region_and_no_step_behind(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     kernel = _kernel(events, fake_krex, tuner_mod)
     # Raised while priming: out of that configuration's own _bench, as out of its timing.
     with pytest.raises(ValueError, match="kernel failed"):
@@ -212,10 +220,10 @@ def test_exceptions_leave_no_region_and_no_step_behind(
 
 
 def test_explicit_region_covers_the_step_and_own_benchmarker_is_not_primed(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     kernel = _kernel(events, fake_krex, tuner_mod)
     with region.critical():
         tuner_mod.Autotuner(["a", "b"], kernel).run(1)
@@ -228,10 +236,11 @@ def test_explicit_region_covers_the_step_and_own_benchmarker_is_not_primed(
 
 
 def test_off_krex_a_step_changes_nothing(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[str],
 ) -> None:
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     monkeypatch.delenv("KREX_SOCKET")
     monkeypatch.setattr(region, "_warned", False)
     with pytest.warns(RuntimeWarning, match="not running under"):
@@ -287,11 +296,11 @@ def test_step_region_warms_for_its_whole_budget(
 
 
 def test_autotuned_kernel_launched_while_priming_is_tuned_on_its_own(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
     """A hook of one configuration launches another autotuned kernel (a new key)."""
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     kernel = _kernel(events, fake_krex, tuner_mod)
     inner = tuner_mod.Autotuner(["a", "b", "c"], kernel)
 
@@ -308,11 +317,11 @@ def test_autotuned_kernel_launched_while_priming_is_tuned_on_its_own(
 
 
 def test_subclass_pruning_further_falls_back_to_one_region_per_configuration(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
     """The step cannot see what an overriding ``prune_configs`` keeps of the base's list."""
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
 
     class Filtered(tuner_mod.Autotuner):  # type: ignore[misc]
         def prune_configs(self, kwargs: dict[str, Any]) -> list[str]:
@@ -327,10 +336,10 @@ def test_subclass_pruning_further_falls_back_to_one_region_per_configuration(
 
 
 def test_configuration_pruned_twice_is_primed_once_and_the_region_ends_after_it(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     tuner_mod.Autotuner(["a", "b", "a"], _kernel(events, fake_krex, tuner_mod)).run(1)
     assert events == [
         *("a:out", "sync", "b:out", "sync"),
@@ -339,11 +348,11 @@ def test_configuration_pruned_twice_is_primed_once_and_the_region_ends_after_it(
 
 
 def test_exception_of_one_configuration_is_raised_from_its_own_bench(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    events: list[str],
 ) -> None:
     """A ``_bench`` override that tolerates failing configurations keeps the others' times."""
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
 
     kernel = _kernel(events, fake_krex, tuner_mod)
     tuner = _tolerant(tuner_mod, ValueError)(["a", "boom", "b"], kernel)
@@ -356,13 +365,14 @@ def test_exception_of_one_configuration_is_raised_from_its_own_bench(
 
 
 def test_refused_region_is_asked_again_by_the_next_configuration(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[str],
 ) -> None:
     """A ``_bench`` override that swallows a RegionError: no configuration runs unprotected."""
     from krex_client.region import RegionError
 
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     request = fake_krex.request
     refusals = [RegionError("drain timed out")]
 
@@ -384,11 +394,12 @@ def test_refused_region_is_asked_again_by_the_next_configuration(
 
 
 def test_priming_stops_once_another_thread_holds_a_region(
-    tuner_mod: types.ModuleType, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+    tuner_mod: types.ModuleType,
+    fake_krex: FakeConnection,
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[str],
 ) -> None:
     """As a single ``do_bench`` does: a first call would run alongside that region's timing."""
-    events = _event_log(monkeypatch, fake_krex)
-    implicit.autoregion()
     kernel = _kernel(events, fake_krex, tuner_mod)
     monkeypatch.setattr(region, "busy", lambda: "a:out" in events)  # taken after a's priming
     tuner_mod.Autotuner(["a", "b", "c"], kernel).run(1)
