@@ -198,9 +198,7 @@ def s_queued(r: dict) -> None:
         "in_sync": {
             "lock": rc,
             "lock_ms": round(ms, 2),
-            "lock_returned_minus_work_done_ms": round(
-                (t_lock - q["t_begin"] - e / 1e3) * 1e3, 2
-            ),
+            "lock_returned_minus_work_done_ms": round((t_lock - q["t_begin"] - e / 1e3) * 1e3, 2),
             "sync_returned_minus_lock_ms": round((s["t_synced"] - t_lock) * 1e3, 2),
         },
     }
@@ -348,6 +346,22 @@ def s_frozen(r: dict) -> None:
         th = _freeze(cg, False)
         urc, ums = unlock(v.pid)
         ok = v.ask("bench 3", 30)
+        # lock, freeze, unlock while frozen, thaw
+        v.ask("queue 300")
+        rc2, ms2 = lock(v.pid, 5000)
+        _freeze(cg, True)
+        urc2, ums2 = unlock(v.pid)
+        st2 = state(v.pid)
+        _freeze(cg, False)
+        ok2 = v.ask("bench 3", 30)
+        out["unlock_while_frozen"] = {
+            "lock": rc2,
+            "lock_ms": round(ms2, 1),
+            "unlock": urc2,
+            "unlock_ms": round(ums2, 2),
+            "state": st2,
+            "victim_after_ok_mm_ms": ok2["mm_ms"],
+        }
         out["lock_then_freeze"] = {
             "lock": rc,
             "lock_ms": round(ms, 1),

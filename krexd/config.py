@@ -116,6 +116,13 @@ class RegionConfig:
     # The holder's cores in a region: "add" (reserved cores added to what it had) or
     # "reserved_only" (its submitting thread on the reserved cores alone).
     holder_cpus: str = "add"
+    # The driver's lock of every other process on the GPU at entry (docs/design/
+    # driver-lock.md): "auto" (where the driver can), "require" (entries fail where
+    # it cannot), "off" (the shim's acknowledgements alone).
+    driver_lock: str = "auto"
+    # Processes outside krex found on the GPU at entry: "lock" them with the
+    # siblings, "refuse" the region (FOREIGN_GPU_USER), or "allow" and flag it.
+    foreign: str = "lock"
 
 
 @dataclass(frozen=True)
@@ -276,6 +283,8 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "l2_flush": _bool,
             "enforce": _bool,
             "holder_cpus": _choice("add", "reserved_only"),
+            "driver_lock": _choice("auto", "require", "off"),
+            "foreign": _choice("lock", "refuse", "allow"),
         },
     ),
     "shim": (ShimConfig, {"path": _abs_path_or_empty}),

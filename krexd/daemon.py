@@ -38,12 +38,14 @@ from krexd.cgroups import CgroupBackend
 from krexd.config import Config
 from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
+from krexd.driverlock import driver_lock_for
 from krexd.errors import Code
 from krexd.faults import FaultMonitor
 from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
 from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
+from krexd.lock_ledger import LockLedger, ledger_path
 from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.mps import MpsManager
@@ -99,6 +101,9 @@ class Daemon:
             adopt.adopt(
                 saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
             )
+        for gpu in self.gpus.values():
+            # Processes a crashed krexd left locked: the adopted region's, or unlocked now.
+            gpu.coordinator.settle_locks()
         self._start_continuity(cgroups)
         by_index = self.gpus
         return OpContext(
@@ -155,6 +160,7 @@ class Daemon:
         pinner = AffinityPinner()
         region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
         verifier = self.verifier = Verifier(self._cgroup_pids)
+        proc_lock = self.driver_lock = driver_lock_for(cfg.region, cfg.daemon.fake_gpus)
         for info in infos:
             reopened = saved.gates.get(info.index) if saved is not None else None
             gate, gate_path = (
@@ -175,6 +181,10 @@ class Daemon:
                 region_memory,
                 guard=guard,
                 end_command=self._kill_command,
+                proc_lock=proc_lock,
+                ledger=LockLedger(
+                    ledger_path(cfg.daemon.gate_dir, cfg.cgroup.name, info.index), info.index
+                ),
             )
             slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
             gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)

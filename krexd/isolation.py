@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from krexd.driverlock import Result
 from krexd.gate import SlotInfo
 from krexd.registrations import Suspect, Unprotected
 from krexd.tenants import PidWatch, Tenant
@@ -150,6 +151,34 @@ class RegionGate(Protocol):
 
     def slots(self) -> list[SlotInfo]:
         """A snapshot of every registration of the gate (to name pending ones)."""
+        ...
+
+
+class ProcessLock(Protocol):
+    """The driver's lock of other processes (``krexd.driverlock.DriverLock``)."""
+
+    def lock_all(self, pids: Iterable[int], timeout_ms: int) -> dict[int, Result]:
+        """Lock each of ``pids`` in parallel, each bounded by ``timeout_ms``; pid -> result."""
+        ...
+
+    def unlock_all(self, pids: Iterable[int]) -> dict[int, Result]:
+        """Unlock each of ``pids`` in parallel; pid -> result."""
+        ...
+
+
+class LockRecord(Protocol):
+    """Whom a region locked, kept where a successor finds it (``krexd.lock_ledger``)."""
+
+    def record(self, pids: Iterable[int]) -> list[tuple[int, int]]:
+        """Record ``pids`` as locked (before locking them)."""
+        ...
+
+    def clear(self) -> None:
+        """Nothing is locked any more."""
+        ...
+
+    def read(self) -> list[tuple[int, int]]:
+        """The recorded (pid, start ticks) pairs."""
         ...
 
 

@@ -127,6 +127,30 @@ def reopen_gates(gates: list[str]) -> None:
             gate.unmap()
 
 
+def unlock_ledgers(gates: list[str]) -> int:
+    """Unlock the processes each GPU's lock ledger names (``krexd.lock_ledger``); how many.
+
+    The ledger of gate ``<dir>/<name>-gpu<N>.gate`` is ``<dir>/<name>-gpu<N>.locks``.
+    """
+    from krexd.driverlock import DriverLock, DriverLockUnavailable
+    from krexd.lock_ledger import LockLedger, still_same
+
+    n = 0
+    for path in gates:
+        ledger = LockLedger(path[: -len(".gate")] + ".locks", -1)
+        pids = still_same(ledger.read())
+        if not pids:
+            continue
+        try:
+            DriverLock().unlock_all(pids)
+        except DriverLockUnavailable as exc:
+            _log.error("cannot unlock %s: %s", pids, exc)
+            continue
+        ledger.clear()
+        n += len(pids)
+    return n
+
+
 def _tenants_left(tree: str) -> bool:
     for _directory, dirs, _files in os.walk(tree):
         if any(d.startswith("t") and d[1:].isdigit() for d in dirs):
@@ -152,13 +176,16 @@ def watch(heartbeat: str, tree: str, gates: list[str], bound_s: float, pid: int)
         if boottime_ns() - hb_ns > limit_ns and thawed_for != hb_ns:
             thawed_for = hb_ns
             n = thaw_tree(tree)
+            unlocked = unlock_ledgers(gates)
             reopen_gates(gates)
             _log.warning(
-                "no heartbeat from krexd (pid %d) for %.1f s: thawed %d cgroup(s) under %s",
+                "no heartbeat from krexd (pid %d) for %.1f s: thawed %d cgroup(s) under %s, "
+                "unlocked %d process(es)",
                 hb_pid,
                 (boottime_ns() - hb_ns) / 1e9,
                 n,
                 tree,
+                unlocked,
             )
         if thawed_for == hb_ns and not owner_alive and not _tenants_left(tree):
             return 0

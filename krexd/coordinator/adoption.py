@@ -13,7 +13,10 @@ from typing import Any
 
 from krexd import states
 from krexd.coordinator.ending import Ending
+from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.records import HELD, Region, RegionRequest
+from krexd.driverlock import DriverLock, DriverLockUnavailable
+from krexd.lock_ledger import still_same
 from krexd.tenants import Tenant
 
 #: One logger for the package: its lines read as they did from one module.
@@ -39,6 +42,30 @@ class Adoption(Ending):
             }
         exited = {str(k): v for k, v in {**self._resumed, **self._exited}.items()}
         return {"epoch": self._epoch, "region": saved_region, "exited": exited}
+
+    def settle_locks(self) -> None:
+        """At start: processes a krexd before left locked through the driver.
+
+        They belong to the region adopted from it (unlocked at its end), or
+        are unlocked now; the record names each by pid and start time, so a
+        reused pid is never touched (``krexd.lock_ledger``).
+        """
+        if self._ledger is None:
+            return
+        pids = still_same(self._ledger.read())
+        region = self._region
+        if pids and region is not None and region.adopted and not region.ended:
+            region.locks = DriverLocks(pids=pids)
+            log.warning("GPU %d: adopted region keeps %d processes locked", self.gpu, len(pids))
+            return
+        if pids:
+            unlocker = self._proc_lock or DriverLock()
+            try:
+                unlocker.unlock_all(pids)
+                log.warning("GPU %d: unlocked %d processes left locked", self.gpu, len(pids))
+            except DriverLockUnavailable as exc:
+                log.error("GPU %d: cannot unlock processes %s: %s", self.gpu, pids, exc)
+        self._ledger.clear()
 
     @property
     def epoch(self) -> int:

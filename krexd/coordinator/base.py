@@ -14,9 +14,18 @@ from typing import Any
 
 from krexd import states
 from krexd.config import RegionConfig
+from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.records import Region, RegionRequest
 from krexd.fifo import FifoLock
-from krexd.isolation import GpuUseCheck, Pinner, RegionGate, RegionMemory, TenantControl
+from krexd.isolation import (
+    GpuUseCheck,
+    LockRecord,
+    Pinner,
+    ProcessLock,
+    RegionGate,
+    RegionMemory,
+    TenantControl,
+)
 from krexd.pool_freeze import PoolFreeze
 from krexd.region_stats import RegionStats
 from krexd.slices import CpuSlice
@@ -41,8 +50,12 @@ class CoordinatorBase:
         memory: RegionMemory | None = None,
         guard: GpuUseCheck | None = None,
         end_command: Callable[[Tenant, str, int], None] | None = None,
+        proc_lock: ProcessLock | None = None,
+        ledger: LockRecord | None = None,
     ) -> None:
         self.gpu = gpu
+        self._proc_lock = proc_lock
+        self._ledger = ledger
         self._memory = memory
         self._mem_waiting: int | None = None  # tenant whose entry waits for memory
         self.memory_waits = 0  # entries that waited for siblings' memory
@@ -62,6 +75,7 @@ class CoordinatorBase:
         self._last_drain_ms = 0.0
         self._last_freeze_ms = 0.0
         self._last_check_ms = 0.0  # the fail-closed check's share of _last_freeze_ms
+        self._last_locks: DriverLocks | None = None  # the last entry's driver locks
         # Warm pools frozen with the siblings (krexd.pool_freeze); set by the daemon.
         self.pool_freeze: PoolFreeze | None = None
         self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")

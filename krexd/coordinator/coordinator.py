@@ -37,6 +37,11 @@ class Coordinator(Entry, Adoption):
         end_command: ``end_command(tenant, reason, exit_code)`` ends a
             tenant's command for unprotectable GPU use (None: the tree is
             killed through ``control`` with the reason recorded).
+        proc_lock: the driver's lock of other processes
+            (``krexd.driverlock.DriverLock``; None: the shim's
+            acknowledgements alone, ``[region] driver_lock = "off"``).
+        ledger: where the locked processes are recorded before they are
+            locked (``krexd.lock_ledger.LockLedger``; None: nowhere).
     """
 
     async def tenant_added(self, tenant: Tenant) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from krexd import states, testhooks
 from krexd.coordinator.cores import HolderCores
+from krexd.coordinator.driver_locking import DriverLocking
 from krexd.coordinator.freezing import Freezing
 from krexd.coordinator.gate_steps import GateSteps
 from krexd.coordinator.records import Region, tenant_state
@@ -26,7 +27,7 @@ from krexd.tenants import Tenant
 log = logging.getLogger("krexd.coordinator")
 
 
-class Ending(Freezing, HolderCores, GateSteps):
+class Ending(Freezing, HolderCores, GateSteps, DriverLocking):
     """Steps 7-8, and what starts them when the holder cannot."""
 
     async def exit(
@@ -102,6 +103,7 @@ class Ending(Freezing, HolderCores, GateSteps):
             t = time.monotonic()
             await self._thaw(region.siblings)
             self._thaw_pools(region.pools_frozen)
+            await self._unlock_gpu(region.locks)
             thaw_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("thawed")
             # Step 8: only after the thaw, reopen the gate, then release the lock.

@@ -20,7 +20,7 @@ from typing import Any
 from krexd import states, testhooks
 from krexd.coordinator.drain_freeze import DrainFreeze
 from krexd.coordinator.ending import Ending
-from krexd.coordinator.fail_closed import FailClosed
+from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.memory_wait import MemoryWait
 from krexd.coordinator.records import ENTERING, HELD, Region, RegionRequest, tenant_state
 from krexd.errors import Code, KrexError
@@ -31,7 +31,7 @@ class _MemoryShort(Exception):
     """The memory check during the drain: the holder's need does not fit (entry undone)."""
 
 
-class Entry(Ending, MemoryWait, FailClosed):
+class Entry(Ending, MemoryWait):
     """``region_enter``: steps 0-5."""
 
     async def enter(self, tenant: Tenant, pid: int, tid: int) -> dict[str, Any]:
@@ -124,6 +124,7 @@ class Entry(Ending, MemoryWait, FailClosed):
             "drain_ms": self._last_drain_ms if epoch else 0.0,
             "freeze_ms": self._last_freeze_ms if epoch else 0.0,
             "check_ms": self._last_check_ms if epoch else 0.0,
+            "driver_lock": self._last_locks.record() if epoch and self._last_locks else None,
         }
 
     async def _establish_fitting(
@@ -174,6 +175,7 @@ class Entry(Ending, MemoryWait, FailClosed):
         """
         epoch = self._next_epoch()
         frozen: list[Tenant] = []
+        locks = self._last_locks = DriverLocks()
         self._frozen, self._entering = frozen, tenant.id
         gate_closed = pools_held = False
         try:
@@ -209,6 +211,9 @@ class Entry(Ending, MemoryWait, FailClosed):
             self._last_drain_ms = (time.monotonic() - t) * 1e3
             if short:
                 raise _MemoryShort
+            # The offenders pay: a sibling tenant that did not drain in time is ended
+            # (exit 79), and the entry goes on once it has left the GPU.
+            await self._end_overdue(drain.result(), epoch, locks)
             testhooks.pause("drained")
             marks.append(("drain", time.monotonic()))
             # Step 4: freeze the sibling process trees not frozen during the drain,
@@ -227,6 +232,9 @@ class Entry(Ending, MemoryWait, FailClosed):
             t_check = time.monotonic()
             marks.append(("pools", t_check))
             await self._fail_closed(tenant, epoch)
+            # Step 3, enforced by the driver: every other process on the GPU locked,
+            # its submitted work completed (the shim's acknowledgements were the fast path).
+            await self._lock_gpu(tenant, locks)
             self._last_check_ms = (time.monotonic() - t_check) * 1e3
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("frozen")
@@ -241,6 +249,7 @@ class Entry(Ending, MemoryWait, FailClosed):
             self._frozen, self._entering = None, None  # no late arrival joins a failed entry
             await self._thaw(frozen)
             self._thaw_pools(pools_held)
+            await self._unlock_gpu(locks)
             if gate_closed:
                 self._reopen_gate(tenant.id, epoch)
             self._region_state(states.IDLE)  # RECOVERING -> IDLE
@@ -257,6 +266,7 @@ class Entry(Ending, MemoryWait, FailClosed):
             granted_at=time.monotonic(),
             siblings=frozen,
             pools_frozen=pools_held,
+            locks=locks,
         )
         self._region = region
         self._watch(region)

@@ -27,20 +27,39 @@ class GateSteps(CoordinatorBase):
         holder: Tenant,
         epoch: int,
         settled: Callable[[set[int]], Iterable[int]] | None = None,
-    ) -> None:
+    ) -> set[int]:
         """Step 3: wait for every sibling registration to acknowledge ``epoch`` (bounded).
 
         ``settled``: called from the drain's thread with the tenants still
         pending, after each change (``RegionGate.drain``); the tenants it
         returns are not waited for any more.
+
+        Returns the overdue tenants: the sibling tenants whose registrations
+        had not drained when ``drain_timeout_s`` ran out (empty when all
+        drained).  The caller ends them (the offender pays, not its
+        neighbours).
+
+        Raises:
+            KrexError: DRAIN_TIMEOUT when a pending registration belongs to
+                no sibling tenant krexd can end; INTERNAL on a gate error.
         """
         if self._gate is None:
-            return
+            return set()
         timeout_s = self._cfg.drain_timeout_s
         try:
             # The drain blocks in C with the GIL released: run it off the loop.
             await asyncio.to_thread(self._gate.drain, holder.id, epoch, timeout_s, settled)
         except GateTimeout as exc:
+            siblings = {t.id for t in self._siblings(holder)}
+            overdue = {s.tenant for s in exc.pending}
+            if overdue and overdue <= siblings:
+                log.error(
+                    "GPU %d: drain timed out after %g s; overdue: %s",
+                    self.gpu,
+                    timeout_s,
+                    exc.describe(),
+                )
+                return overdue
             raise KrexError(
                 Code.DRAIN_TIMEOUT,
                 f"drain of GPU {self.gpu} timed out after {self._cfg.drain_timeout_s:g} s; "
@@ -48,6 +67,7 @@ class GateSteps(CoordinatorBase):
             ) from None
         except GateError as exc:
             raise KrexError(Code.INTERNAL, f"gate of GPU {self.gpu}: {exc}") from None
+        return set()
 
     def _reopen_gate(self, holder: int, epoch: int) -> None:
         if self._gate is None:

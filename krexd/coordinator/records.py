@@ -13,6 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from krexd import states
+from krexd.coordinator.locks import DriverLocks
 from krexd.isolation import Watch
 from krexd.tenants import Tenant
 
@@ -34,6 +35,7 @@ class Region:
     timer: asyncio.TimerHandle | None = None
     adopted: bool = False  # from a crashed krexd's state, its grant maybe never delivered
     pools_frozen: bool = False  # this region holds the warm pools' freeze (krexd.pool_freeze)
+    locks: DriverLocks | None = None  # processes the driver locked for it (unlocked at its end)
 
 
 # Stages of a region request (``RegionRequest.stage``).

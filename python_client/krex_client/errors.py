@@ -31,6 +31,7 @@ class Code(IntEnum):
     REGION_ABORTED = 13  # the region was ended by recovery
     CANCELLED = 14  # the request was withdrawn (e.g. its launcher died while parked)
     REGION_NO_MEMORY = 15  # a region's expected memory can never fit beside its siblings
+    FOREIGN_GPU_USER = 16  # a process outside krex uses the GPU ([region] foreign = "refuse")
 
 
 class ExitCode(IntEnum):

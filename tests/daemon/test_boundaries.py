@@ -26,6 +26,11 @@ MMAP_ALLOWED = {
     "krexd/memory/sources.py": "the simulated GPU memory-state file (docs/design/interfaces.md)",
 }
 
+#: Files that declare ctypes structures of another binary interface than the gate's.
+STRUCT_ALLOWED = {
+    "krexd/driverlock.py": "the CUDA driver's checkpoint-lock arguments (cuda.h)",
+}
+
 GATE_LAYOUT = [
     re.compile(r"ctypes\.Structure"),
     re.compile(r"\b\w*(SLOT|HEADER|GATE|NSLOTS|MEM_SEQ|OOM)\w*_(OFF|SHIFT|BYTES)\b"),
@@ -50,7 +55,8 @@ def test_the_gate_layout_is_declared_only_in_the_header_and_bound_only_in_the_bi
         if rel == GATE_BINDING:
             continue
         for n, line in enumerate(text.splitlines(), 1):
-            if any(p.search(line) for p in GATE_LAYOUT):
+            patterns = GATE_LAYOUT[1:] if rel in STRUCT_ALLOWED else GATE_LAYOUT
+            if any(p.search(line) for p in patterns):
                 found.append(f"{rel}:{n}: {line.strip()}")
             if re.search(r"\bmmap\b", line) and rel not in MMAP_ALLOWED:
                 found.append(f"{rel}:{n}: {line.strip()}")

@@ -1,0 +1,202 @@
+"""Step 3 made unforgeable: the driver locks every other process on the GPU.
+
+The shim's acknowledgements (``gate_steps``) are written by the tenant's own
+process and can be forged; the CUDA driver's checkpoint lock cannot
+(``krexd.driverlock``; docs/design/driver-lock.md).  After the siblings are
+drained and frozen, krexd locks, in parallel and bounded by
+``drain_timeout_s``, every process with a context on this GPU other than the
+holder's: the siblings' processes, other krex tenants' processes that
+reached this GPU, and processes outside krex (``[region] foreign``).  The
+lock returns once each one's submitted GPU work has completed, so the grant
+follows the drain the driver saw, not the one a tenant wrote.
+
+A tenant process whose work does not complete in time is the offender: its
+command is ended (exit 79, with the reason) and the entry goes on once it
+has left the GPU; its neighbours wait no longer than that.  A process
+outside krex that cannot be locked fails the entry (DRAIN_TIMEOUT).  Every
+path that ends a region unlocks what it locked (``_unlock_gpu``), and the
+processes are recorded before they are locked (``krexd.lock_ledger``) so
+that a successor or the watchdog unlocks them if krexd dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from krex_client.errors import ExitCode
+from krexd.coordinator.fail_closed import FailClosed
+from krexd.coordinator.locks import DriverLocks
+from krexd.driverlock import Outcome, Result
+from krexd.errors import Code, KrexError
+from krexd.procfs import read_file
+from krexd.tenants import Tenant
+
+#: One logger for the package: its lines read as they did from one module.
+log = logging.getLogger("krexd.coordinator")
+
+
+class DriverLocking(FailClosed):
+    """The driver lock of region entry (``ProcessLock``) and its release."""
+
+    async def _lock_gpu(self, holder: Tenant, locks: DriverLocks) -> None:
+        """Lock every process on this GPU but the holder's; the offenders pay.
+
+        Raises:
+            KrexError: FOREIGN_GPU_USER (a process outside krex, with
+                ``[region] foreign = "refuse"``), DRAIN_TIMEOUT (a process
+                outside krex, or an ended offender, still busy on the GPU
+                after ``drain_timeout_s``).  What was locked is in
+                ``locks.pids`` either way: the caller's undo unlocks it.
+        """
+        if self._proc_lock is None:
+            return
+        t0 = time.monotonic()
+        users = await asyncio.to_thread(self._gpu_users, holder)
+        owner = {pid: t for t in self._tenants for pid in _pids(t) if t.id != holder.id}
+        holder_pids = set(_pids(holder))
+        targets = {p for p in users if p not in holder_pids and p != os.getpid()}
+        locks.foreign = sorted(p for p in targets if p not in owner)
+        if locks.foreign:
+            self._foreign_policy(locks.foreign)
+            if self._cfg.foreign == "allow":
+                targets -= set(locks.foreign)
+        if targets:
+            if self._ledger is not None:
+                self._ledger.record(targets)
+            timeout_ms = int(self._cfg.drain_timeout_s * 1e3)
+            results = await asyncio.to_thread(self._proc_lock.lock_all, targets, timeout_ms)
+            locks.pids.extend(p for p, r in results.items() if r.outcome is Outcome.LOCKED)
+            failed = [r for r in results.values() if r.outcome not in _SETTLED]
+            if failed:
+                await self._make_offenders_pay(failed, owner, locks)
+        locks.lock_ms = (time.monotonic() - t0) * 1e3
+
+    def _gpu_users(self, holder: Tenant) -> set[int]:
+        """Pids with a context on this GPU; without a source, the siblings' processes."""
+        users = self._guard.users() if self._guard is not None else None
+        if users is None:
+            users = {p for t in self._siblings(holder) for p in _pids(t)}
+        return users
+
+    def _foreign_policy(self, foreign: list[int]) -> None:
+        """``[region] foreign``: "refuse" fails the entry; "lock" and "allow" log it."""
+        names = ", ".join(f"pid {p} ({_cmdline(p)})" for p in foreign)
+        if self._cfg.foreign == "refuse":
+            raise KrexError(
+                Code.FOREIGN_GPU_USER,
+                f"GPU {self.gpu}: processes outside krex use the GPU: {names} "
+                '([region] foreign = "refuse")',
+            )
+        log.warning("GPU %d: processes outside krex on the GPU (%s): %s",
+                    self.gpu, self._cfg.foreign, names)  # fmt: skip
+
+    async def _make_offenders_pay(
+        self, failed: list[Result], owner: dict[int, Tenant], locks: DriverLocks
+    ) -> None:
+        """End the tenants whose processes could not be locked; wait until they left.
+
+        A process outside krex that could not be locked fails the entry.
+        """
+        outside = [r for r in failed if r.pid not in owner]
+        if outside:
+            raise KrexError(
+                Code.DRAIN_TIMEOUT,
+                f"GPU {self.gpu}: processes outside krex could not be locked: "
+                + "; ".join(r.describe() for r in outside),
+            )
+        by_tenant: dict[int, list[Result]] = {}
+        for r in failed:
+            by_tenant.setdefault(owner[r.pid].id, []).append(r)
+        for tid, results in by_tenant.items():
+            tenant = next(owner[r.pid] for r in results)
+            reason = (
+                f"its GPU work did not complete within drain_timeout_s = "
+                f"{self._cfg.drain_timeout_s:g} s of region entry on GPU {self.gpu} "
+                f"(driver lock: {'; '.join(r.describe() for r in results)})"
+            )
+            log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tid, reason)
+            self._end_offender(tenant, reason)
+            locks.ended.append(tid)
+        await self._wait_left_gpu({r.pid for r in failed})
+
+    async def _end_overdue(self, overdue: set[int], epoch: int, locks: DriverLocks) -> None:
+        """End the sibling tenants that did not drain in time; wait until they left the GPU.
+
+        ``overdue``: tenant ids (``_drain``'s result).  Each command is ended
+        with exit 79 and the reason; the entry goes on once none of their
+        processes has a context on this GPU (bounded by drain_timeout_s).
+        """
+        if not overdue:
+            return
+        pids: set[int] = set()
+        for tid in sorted(overdue):
+            tenant = self._tenants.get(tid)
+            if tenant is None:
+                continue
+            pids.update(_pids(tenant))
+            reason = (
+                f"it did not drain its GPU work within drain_timeout_s = "
+                f"{self._cfg.drain_timeout_s:g} s of region entry on GPU {self.gpu} (epoch {epoch})"
+            )
+            log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tid, reason)
+            self._end_offender(tenant, reason)
+            locks.ended.append(tid)
+        await self._wait_left_gpu(pids)
+
+    def _end_offender(self, tenant: Tenant, reason: str) -> None:
+        if self._end_command is not None:
+            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE)
+        else:
+            self._end_unprotected(tenant, reason)
+
+    async def _wait_left_gpu(self, pids: set[int]) -> None:
+        """Until none of ``pids`` has a context on this GPU (bounded by drain_timeout_s)."""
+        deadline = time.monotonic() + self._cfg.drain_timeout_s
+        while True:
+            users = await asyncio.to_thread(self._guard.users) if self._guard else None
+            alive = {p for p in pids if _alive(p)}
+            left = (users & pids) if users is not None else alive
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                raise KrexError(
+                    Code.DRAIN_TIMEOUT,
+                    f"GPU {self.gpu}: processes {sorted(left)} still on the GPU "
+                    f"{self._cfg.drain_timeout_s:g} s after their commands were ended",
+                )
+            await asyncio.sleep(0.005)
+
+    async def _unlock_gpu(self, locks: DriverLocks | None) -> None:
+        """Unlock what a region locked (every end path and every undo); then clear the ledger."""
+        if self._proc_lock is None or locks is None or not locks.pids:
+            return
+        pids, locks.pids = list(locks.pids), []
+        await asyncio.to_thread(self._proc_lock.unlock_all, pids)
+        if self._ledger is not None:
+            self._ledger.clear()
+
+
+#: Lock outcomes that leave nothing to wait for: locked, or no CUDA state at all.
+_SETTLED = (Outcome.LOCKED, Outcome.NOT_CUDA)
+
+
+def _pids(tenant: Tenant) -> list[int]:
+    try:
+        return tenant.cgroup.pids()
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = read_file(f"/proc/{pid}/cmdline")
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:80] or "?"

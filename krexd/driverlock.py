@@ -1,0 +1,268 @@
+"""The CUDA driver's lock of another process: the drain a tenant cannot forge.
+
+``cuCheckpointProcessLock(pid, {timeoutMs})`` (driver API since CUDA 12.8,
+driver >= 570; cuda.h "Checkpoint") blocks every further CUDA API call of
+process ``pid`` and returns once the work it had already submitted has
+completed; ``cuCheckpointProcessUnlock`` lets it go on.  krexd, as root and
+without a context of its own (``cuInit`` only), locks every process with a
+context on the region's GPU other than the holder's at region entry
+(docs/design/driver-lock.md gives the measurements this rests on and the
+order of the steps) and unlocks them at the region's end.
+
+This module is the one binding of those calls: :class:`DriverLock` loads
+the driver (``libcuda.so.1``, or the fake driver of the tests through
+``KREX_DRIVER_LIB``) through ctypes, which releases the GIL during each
+call, and runs the locks of many processes in parallel threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from krexd.config import ConfigError, RegionConfig
+
+log = logging.getLogger("krexd.driverlock")
+
+#: cuda.h CUresult values the lock's callers tell apart.
+CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_NOT_SUPPORTED = 801
+CUDA_ERROR_NOT_FOUND = 500
+CUDA_ERROR_ILLEGAL_STATE = 401
+CUDA_ERROR_TIMEOUT = 909
+CUDA_ERROR_NOT_PERMITTED = 800
+
+#: cuda.h CUprocessState.
+_STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
+
+
+class _LockArgs(ctypes.Structure):
+    """cuda.h ``CUcheckpointLockArgs``: timeoutMs (0: no limit), reserved words."""
+
+    _fields_ = [
+        ("timeoutMs", ctypes.c_uint),
+        ("reserved0", ctypes.c_uint),
+        ("reserved1", ctypes.c_uint64 * 7),
+    ]
+
+
+class _UnlockArgs(ctypes.Structure):
+    """cuda.h ``CUcheckpointUnlockArgs``: reserved words only."""
+
+    _fields_ = [("reserved", ctypes.c_uint64 * 8)]
+
+
+class Outcome(enum.Enum):
+    """What one lock or unlock of one process came to."""
+
+    LOCKED = "locked"  # lock: the process is blocked and its submitted work is done
+    UNLOCKED = "unlocked"  # unlock: it runs again
+    NOT_CUDA = "not_cuda"  # no CUDA state to lock (never initialized, or gone)
+    TIMEOUT = "timeout"  # its submitted work did not complete in time; left running
+    BUSY = "busy"  # in a state that cannot be locked (locked by another, checkpointed)
+    ERROR = "error"  # anything else: ``code`` names it
+
+
+@dataclass(frozen=True)
+class Result:
+    """One call's outcome for ``pid``: the CUresult ``code`` and how long it took (ms)."""
+
+    pid: int
+    outcome: Outcome
+    code: int
+    ms: float
+
+    def describe(self) -> str:
+        """One line: pid, outcome, CUresult and time."""
+        return f"pid {self.pid}: {self.outcome.value} (CUresult {self.code}, {self.ms:.1f} ms)"
+
+
+class DriverLockUnavailable(Exception):
+    """The driver cannot lock processes here (no driver, too old, cuInit failed)."""
+
+
+class DriverLock:
+    """``cuCheckpointProcessLock``/``Unlock``/``GetState`` of other processes, in parallel.
+
+    ``library``: the driver to load (default: ``KREX_DRIVER_LIB``, else
+    ``libcuda.so.1``).  Loading and ``cuInit(0)`` happen on first use
+    (:meth:`open`); ``cuInit`` creates no context.  ``workers``: threads
+    for parallel calls (one blocked call per locked process at most).
+    """
+
+    def __init__(self, library: str | None = None, workers: int = 16) -> None:
+        self.library = library or os.environ.get("KREX_DRIVER_LIB") or "libcuda.so.1"
+        self._cu: ctypes.CDLL | None = None
+        self._error: str | None = None
+        self._open_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="krex-driverlock")
+
+    def open(self) -> None:
+        """Load the driver and ``cuInit(0)`` once.
+
+        Raises:
+            DriverLockUnavailable: the library is missing, lacks the
+                checkpoint calls, or ``cuInit`` failed (the reason is kept
+                for :meth:`unavailable_reason`).
+        """
+        with self._open_lock:
+            if self._cu is not None:
+                return
+            if self._error is not None:
+                raise DriverLockUnavailable(self._error)
+            try:
+                cu = ctypes.CDLL(self.library)
+                for name in ("cuCheckpointProcessLock", "cuCheckpointProcessUnlock"):
+                    getattr(cu, name)
+                rc = cu.cuInit(0)
+            except (OSError, AttributeError) as exc:
+                self._error = f"{self.library}: {exc}"
+                raise DriverLockUnavailable(self._error) from None
+            if rc != CUDA_SUCCESS:
+                self._error = f"{self.library}: cuInit failed with CUresult {rc}"
+                raise DriverLockUnavailable(self._error)
+            self._cu = cu
+
+    def unavailable_reason(self) -> str | None:
+        """None when the driver can lock processes, else why not (after :meth:`open`)."""
+        try:
+            self.open()
+        except DriverLockUnavailable as exc:
+            return str(exc)
+        return None
+
+    def lock(self, pid: int, timeout_ms: int) -> Result:
+        """Lock ``pid``: block its CUDA calls, wait for its submitted work (bounded).
+
+        Args:
+            pid: a process in krexd's pid namespace.
+            timeout_ms: at most this long (ms, >= 1); on expiry the driver
+                leaves the process running (``Outcome.TIMEOUT``).
+
+        Raises:
+            DriverLockUnavailable: see :meth:`open`.
+        """
+        self.open()
+        assert self._cu is not None
+        args = _LockArgs(max(1, int(timeout_ms)))
+        t = time.monotonic()
+        rc = int(self._cu.cuCheckpointProcessLock(ctypes.c_int(pid), ctypes.byref(args)))
+        ms = (time.monotonic() - t) * 1e3
+        return Result(pid, _lock_outcome(rc, pid), rc, ms)
+
+    def unlock(self, pid: int) -> Result:
+        """Unlock ``pid`` (``Outcome.UNLOCKED``; ``NOT_CUDA`` when it is gone).
+
+        Raises:
+            DriverLockUnavailable: see :meth:`open`.
+        """
+        self.open()
+        assert self._cu is not None
+        args = _UnlockArgs()
+        t = time.monotonic()
+        rc = int(self._cu.cuCheckpointProcessUnlock(ctypes.c_int(pid), ctypes.byref(args)))
+        ms = (time.monotonic() - t) * 1e3
+        if rc == CUDA_SUCCESS:
+            outcome = Outcome.UNLOCKED
+        elif not _alive(pid) or rc in _NOT_CUDA:
+            outcome = Outcome.NOT_CUDA
+        elif rc == CUDA_ERROR_ILLEGAL_STATE:
+            outcome = Outcome.BUSY  # not locked (any more)
+        else:
+            outcome = Outcome.ERROR
+        return Result(pid, outcome, rc, ms)
+
+    def state(self, pid: int) -> str | None:
+        """``running``, ``locked``, ``checkpointed`` or ``failed``; None: no CUDA state."""
+        self.open()
+        assert self._cu is not None
+        st = ctypes.c_int(-1)
+        rc = self._cu.cuCheckpointProcessGetState(ctypes.c_int(pid), ctypes.byref(st))
+        return _STATES.get(st.value) if rc == CUDA_SUCCESS else None
+
+    def lock_all(self, pids: Iterable[int], timeout_ms: int) -> dict[int, Result]:
+        """:meth:`lock` each of ``pids`` at once, in parallel threads; pid -> result."""
+        futures = {pid: self._pool.submit(self.lock, pid, timeout_ms) for pid in set(pids)}
+        return {pid: f.result() for pid, f in futures.items()}
+
+    def unlock_all(self, pids: Iterable[int]) -> dict[int, Result]:
+        """:meth:`unlock` each of ``pids`` in parallel; pid -> result.  Logs failures."""
+        futures = {pid: self._pool.submit(self.unlock, pid) for pid in set(pids)}
+        out = {pid: f.result() for pid, f in futures.items()}
+        for r in out.values():
+            if r.outcome not in (Outcome.UNLOCKED, Outcome.NOT_CUDA):
+                log.error("driver unlock failed: %s", r.describe())
+        return out
+
+    def close(self) -> None:
+        """Stop the worker threads (calls in flight finish first)."""
+        self._pool.shutdown(wait=True)
+
+
+#: CUresults that mean "no CUDA state in that process to lock".
+_NOT_CUDA = (
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_NOT_SUPPORTED,
+)
+
+
+def _lock_outcome(rc: int, pid: int) -> Outcome:
+    if rc == CUDA_SUCCESS:
+        return Outcome.LOCKED
+    if rc == CUDA_ERROR_TIMEOUT:
+        return Outcome.TIMEOUT
+    if rc == CUDA_ERROR_ILLEGAL_STATE:
+        return Outcome.BUSY
+    if rc in _NOT_CUDA or not _alive(pid):
+        return Outcome.NOT_CUDA
+    return Outcome.ERROR
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def driver_lock_for(region: RegionConfig, fake_gpus: int = 0) -> DriverLock | None:
+    """The daemon's :class:`DriverLock` for ``[region] driver_lock``, or None.
+
+    "off": None.  "auto": the driver's lock where it works, else None with
+    a warning (regions then rest on the shim's acknowledgements).
+    "require": raises ``ConfigError`` where it does not work.  With
+    simulated GPUs (``fake_gpus``) only ``KREX_DRIVER_LIB`` (the fake
+    driver) is used, never the host's driver.
+    """
+    if region.driver_lock == "off":
+        return None
+    if fake_gpus and not os.environ.get("KREX_DRIVER_LIB"):
+        reason: str | None = "simulated GPUs and no KREX_DRIVER_LIB (the fake driver)"
+        lock = None
+    else:
+        lock = DriverLock()
+        reason = lock.unavailable_reason()
+    if lock is not None and reason is None:
+        log.info("region entry locks other processes through %s", lock.library)
+        return lock
+    if region.driver_lock == "require":
+        raise ConfigError(f'[region] driver_lock = "require", but the driver cannot: {reason}')
+    log.warning(
+        "the driver cannot lock processes (%s): region drains rest on the shim's acknowledgements",
+        reason,
+    )
+    return None
