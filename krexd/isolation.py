@@ -93,6 +93,10 @@ class TenantControl(Protocol):
         """True when process ``pid`` is in the tenant's cgroup."""
         ...
 
+    def processes(self, tenant: Tenant) -> list[int]:
+        """The processes in the tenant's cgroup now (empty once it is gone)."""
+        ...
+
     def thread_exists(self, pid: int, tid: int) -> bool:
         """True when ``tid`` is a thread of process ``pid``."""
         ...
@@ -177,8 +181,8 @@ class LockRecord(Protocol):
         """Nothing is locked any more."""
         ...
 
-    def read(self) -> list[tuple[int, int]]:
-        """The recorded (pid, start ticks) pairs."""
+    def live(self) -> list[int]:
+        """The recorded pids that still name the process recorded (not reused)."""
         ...
 
 
@@ -278,6 +282,13 @@ class CgroupControl:
     def owns_process(self, tenant: Tenant, pid: int) -> bool:
         """``pid`` listed in the tenant's ``cgroup.procs``."""
         return pid in tenant.cgroup.pids()
+
+    def processes(self, tenant: Tenant) -> list[int]:
+        """The tenant's ``cgroup.procs`` (empty once the cgroup is gone)."""
+        try:
+            return tenant.cgroup.pids()
+        except OSError:
+            return []
 
     def thread_exists(self, pid: int, tid: int) -> bool:
         """``/proc/<pid>/task/<tid>`` exists."""

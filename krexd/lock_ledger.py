@@ -67,6 +67,10 @@ class LockLedger:
         """The recorded (pid, start ticks) pairs; empty when there is no record."""
         return read_ledger(self.path)
 
+    def live(self) -> list[int]:
+        """The recorded pids that still name the process recorded (same start time)."""
+        return still_same(self.read())
+
     def _write(self, entries: list[tuple[int, int]]) -> None:
         line = json.dumps({"gpu": self.gpu, "locked": [list(e) for e in entries]}) + "\n"
         data = line.encode()

@@ -133,12 +133,12 @@ def unlock_ledgers(gates: list[str]) -> int:
     The ledger of gate ``<dir>/<name>-gpu<N>.gate`` is ``<dir>/<name>-gpu<N>.locks``.
     """
     from krexd.driverlock import DriverLock, DriverLockUnavailable
-    from krexd.lock_ledger import LockLedger, still_same
+    from krexd.lock_ledger import LockLedger
 
     n = 0
     for path in gates:
         ledger = LockLedger(path[: -len(".gate")] + ".locks", -1)
-        pids = still_same(ledger.read())
+        pids = ledger.live()
         if not pids:
             continue
         try:

@@ -30,6 +30,7 @@ from typing import Any
 from krexd import states
 from krexd.admission import GpuSlots
 from krexd.cgroups import TenantCgroup
+from krexd.driverlock import Outcome, Result
 from krexd.gate import GateError, GateStale, GateTimeout, SlotInfo
 from krexd.isolation import RegionFit
 from krexd.tenants import Tenant, TenantRegistry
@@ -108,6 +109,9 @@ class FakeTenantControl:
 
     def owns_process(self, tenant: Tenant, pid: int) -> bool:
         return pid in tenant.pids
+
+    def processes(self, tenant: Tenant) -> list[int]:
+        return [] if tenant.id in self.killed else sorted(tenant.pids)
 
     def thread_exists(self, pid: int, tid: int) -> bool:
         return tid == pid or tid > 0
@@ -253,3 +257,71 @@ def make_tenant(registry: TenantRegistry, gpu: int = 0, exclusive: bool = False)
     t.pids.add(next(_pids))
     states.change_state(t, states.RUNNING)
     return t
+
+
+class FakeProcessLock:
+    """The driver's lock of other processes (``krexd.isolation.ProcessLock``), in memory.
+
+    ``outcomes``: pid -> the ``Outcome`` its lock gets (default LOCKED);
+    ``locked``: pids locked now.  Each call is logged in ``events``.
+    """
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.outcomes: dict[int, Outcome] = {}
+        self.locked: set[int] = set()
+
+    def lock_all(self, pids: Iterable[int], timeout_ms: int) -> dict[int, Result]:
+        out = {}
+        for pid in sorted(set(pids)):
+            outcome = self.outcomes.get(pid, Outcome.LOCKED)
+            self.events.add("lock", pid)
+            if outcome is Outcome.LOCKED:
+                self.locked.add(pid)
+            out[pid] = Result(pid, outcome, 0 if outcome is Outcome.LOCKED else 909, 0.1)
+        return out
+
+    def unlock_all(self, pids: Iterable[int]) -> dict[int, Result]:
+        out = {}
+        for pid in sorted(set(pids)):
+            self.events.add("unlock", pid)
+            self.locked.discard(pid)
+            out[pid] = Result(pid, Outcome.UNLOCKED, 0, 0.1)
+        return out
+
+
+class FakeLedger:
+    """``krexd.isolation.LockRecord`` in memory; ``history`` of what was recorded."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.entries: list[tuple[int, int]] = []
+
+    def record(self, pids: Iterable[int]) -> list[tuple[int, int]]:
+        self.entries = [(p, 1) for p in sorted(set(pids))]
+        self.events.add("ledger", tuple(p for p, _ in self.entries))
+        return self.entries
+
+    def clear(self) -> None:
+        self.entries = []
+        self.events.add("ledger", ())
+
+    def live(self) -> list[int]:
+        return [p for p, _ in self.entries]
+
+
+class FakeGuard:
+    """``krexd.isolation.GpuUseCheck``: ``users`` is the set of pids on the GPU."""
+
+    def __init__(self, users: set[int] | None = None) -> None:
+        self.users_now: set[int] | None = users
+        self.leave: Callable[[], set[int]] = set  # pids that have left the GPU
+
+    def users(self) -> set[int] | None:
+        return None if self.users_now is None else set(self.users_now) - self.leave()
+
+    def unverified(self, siblings: list[Tenant]) -> list[Any]:
+        return []
+
+    def unprotected_among(self, suspects: list[Any], epoch: int) -> list[Any]:
+        return []

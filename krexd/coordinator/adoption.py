@@ -16,7 +16,6 @@ from krexd.coordinator.ending import Ending
 from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.records import HELD, Region, RegionRequest
 from krexd.driverlock import DriverLock, DriverLockUnavailable
-from krexd.lock_ledger import still_same
 from krexd.tenants import Tenant
 
 #: One logger for the package: its lines read as they did from one module.
@@ -52,7 +51,7 @@ class Adoption(Ending):
         """
         if self._ledger is None:
             return
-        pids = still_same(self._ledger.read())
+        pids = self._ledger.live()
         region = self._region
         if pids and region is not None and region.adopted and not region.ended:
             region.locks = DriverLocks(pids=pids)

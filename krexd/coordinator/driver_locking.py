@@ -55,8 +55,10 @@ class DriverLocking(FailClosed):
             return
         t0 = time.monotonic()
         users = await asyncio.to_thread(self._gpu_users, holder)
-        owner = {pid: t for t in self._tenants for pid in _pids(t) if t.id != holder.id}
-        holder_pids = set(_pids(holder))
+        owner = {
+            pid: t for t in self._tenants for pid in self._ctl.processes(t) if t.id != holder.id
+        }
+        holder_pids = set(self._ctl.processes(holder))
         targets = {p for p in users if p not in holder_pids and p != os.getpid()}
         locks.foreign = sorted(p for p in targets if p not in owner)
         if locks.foreign:
@@ -78,7 +80,7 @@ class DriverLocking(FailClosed):
         """Pids with a context on this GPU; without a source, the siblings' processes."""
         users = self._guard.users() if self._guard is not None else None
         if users is None:
-            users = {p for t in self._siblings(holder) for p in _pids(t)}
+            users = {p for t in self._siblings(holder) for p in self._ctl.processes(t)}
         return users
 
     def _foreign_policy(self, foreign: list[int]) -> None:
@@ -136,7 +138,7 @@ class DriverLocking(FailClosed):
             tenant = self._tenants.get(tid)
             if tenant is None:
                 continue
-            pids.update(_pids(tenant))
+            pids.update(self._ctl.processes(tenant))
             reason = (
                 f"it did not drain its GPU work within drain_timeout_s = "
                 f"{self._cfg.drain_timeout_s:g} s of region entry on GPU {self.gpu} (epoch {epoch})"
@@ -181,13 +183,6 @@ class DriverLocking(FailClosed):
 
 #: Lock outcomes that leave nothing to wait for: locked, or no CUDA state at all.
 _SETTLED = (Outcome.LOCKED, Outcome.NOT_CUDA)
-
-
-def _pids(tenant: Tenant) -> list[int]:
-    try:
-        return tenant.cgroup.pids()
-    except OSError:
-        return []
 
 
 def _alive(pid: int) -> bool:

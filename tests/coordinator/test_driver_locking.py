@@ -1,0 +1,183 @@
+"""Region entry's driver lock over in-memory fakes: who is locked, when, and every unlock.
+
+The driver's lock (``krexd.driverlock``) is the authority of step 3: after
+the siblings are drained and frozen, every process on the GPU but the
+holder's is locked; each end path unlocks.  These tests drive the
+coordinator with ``tests/fakes.py`` (no root, no driver) and check the
+order and the outcomes: offenders ended, foreign processes by policy, the
+ledger written before any lock and cleared after the unlock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from krexd import states
+from krexd.config import RegionConfig
+from krexd.coordinator import Coordinator
+from krexd.driverlock import Outcome
+from krexd.errors import Code, KrexError
+from krexd.tenants import Tenant, TenantRegistry
+from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, run
+from tests.fakes import (
+    Events,
+    FakeGate,
+    FakeGuard,
+    FakeLedger,
+    FakePinner,
+    FakeProcessLock,
+    FakeTenantControl,
+    make_tenant,
+)
+
+FOREIGN = 4_000_001  # a process outside krex on the GPU
+
+
+class LockRig:
+    def __init__(self, n: int, users_extra: set[int] | None = None, **region: Any) -> None:
+        self.events = Events()
+        self.control = FakeTenantControl(self.events)
+        self.gate = FakeGate(self.events)
+        self.plock = FakeProcessLock(self.events)
+        self.ledger = FakeLedger(self.events)
+        self.registry = TenantRegistry()
+        self.tenants = [make_tenant(self.registry) for _ in range(n)]
+        for t in self.tenants:
+            self.registry.add(t)
+        users = {p for t in self.tenants for p in t.pids} | (users_extra or set())
+        self.guard = FakeGuard(users)
+        pinner = self.pinner = FakePinner(self.events)
+        pinner.initial = SLICE.tenant_cores
+        self.coord = Coordinator(
+            0,
+            self.gate,
+            SLICE,
+            self.registry,
+            RegionConfig(**region),
+            self.control,
+            pinner,
+            guard=self.guard,
+            proc_lock=self.plock,
+            ledger=self.ledger,
+        )
+
+    async def enter(self, t: Tenant) -> dict[str, Any]:
+        pid = min(t.pids)
+        return await self.coord.enter(t, pid, pid)
+
+    async def exit(self, t: Tenant, grant: dict[str, Any]) -> dict[str, Any]:
+        return await self.coord.exit(t, grant["epoch"], 0.0, 0)
+
+
+def _pid(t: Tenant) -> int:
+    return min(t.pids)
+
+
+def test_every_other_process_is_locked_after_the_freeze_and_unlocked_after_the_thaw() -> None:
+    r = LockRig(3, users_extra={FOREIGN})
+    a, b, c = r.tenants
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        names = r.events.names()
+        # Locked after every freeze, before the grant's pinning; the ledger first.
+        assert names.index("ledger") < names.index("lock")
+        assert max(i for i, n in enumerate(names) if n == "freeze") < names.index("lock")
+        assert r.plock.locked == {_pid(b), _pid(c), FOREIGN}
+        assert _pid(a) not in {e[1] for e in r.events.log if e[0] == "lock"}
+        assert grant["driver_lock"]["locked"] == 3
+        assert grant["driver_lock"]["foreign"] == [FOREIGN]
+        assert r.ledger.entries and {p for p, _ in r.ledger.entries} == r.plock.locked
+        await r.exit(a, grant)
+        names = r.events.names()
+        # Unlocked after the thaw, before the gate reopens; the ledger cleared.
+        assert max(i for i, n in enumerate(names) if n == "thaw") < names.index("unlock")
+        assert names.index("unlock") < names.index("reopen")
+        assert not r.plock.locked and not r.ledger.entries
+        assert_idle(r)  # type: ignore[arg-type]
+
+    run(scenario())
+
+
+def test_a_sibling_whose_work_does_not_complete_is_ended_and_the_entry_goes_on() -> None:
+    r = LockRig(3)
+    a, b, c = r.tenants
+    r.plock.outcomes[_pid(b)] = Outcome.TIMEOUT
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        assert ("kill", b.id) in r.events.log and ("kill", c.id) not in r.events.log
+        assert "did not complete within drain_timeout_s" in (b.kill_reason or "")
+        assert grant["driver_lock"]["offenders_ended"] == [b.id]
+        assert r.plock.locked == {_pid(c)}
+        await r.exit(a, grant)
+        assert not r.plock.locked
+
+    # b's process leaves the GPU once its command is ended.
+    r.guard.leave = lambda: {_pid(t) for t in r.tenants if t.id in r.control.killed}
+    run(scenario())
+
+
+def test_a_foreign_process_that_cannot_be_locked_undoes_the_entry_and_unlocks() -> None:
+    r = LockRig(2, users_extra={FOREIGN})
+    a, b = r.tenants
+    r.plock.outcomes[FOREIGN] = Outcome.TIMEOUT
+
+    async def scenario() -> None:
+        with pytest.raises(KrexError) as err:
+            await r.enter(a)
+        assert err.value.code == Code.DRAIN_TIMEOUT
+        assert f"pid {FOREIGN}" in err.value.message
+        assert not r.plock.locked  # b's lock undone
+        assert ("unlock", _pid(b)) in r.events.log
+        assert not r.control.killed
+        assert b.state == states.RUNNING
+        assert_idle(r)  # type: ignore[arg-type]
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("policy", ["refuse", "allow"])
+def test_foreign_policy(policy: str) -> None:
+    r = LockRig(2, users_extra={FOREIGN}, foreign=policy)
+    a, b = r.tenants
+
+    async def scenario() -> None:
+        if policy == "refuse":
+            with pytest.raises(KrexError) as err:
+                await r.enter(a)
+            assert err.value.code == Code.FOREIGN_GPU_USER
+            assert f"pid {FOREIGN}" in err.value.message
+            assert not r.plock.locked
+            assert_idle(r)  # type: ignore[arg-type]
+            return
+        grant = await r.enter(a)
+        assert r.plock.locked == {_pid(b)}  # allowed: flagged, not locked
+        assert grant["driver_lock"]["foreign"] == [FOREIGN]
+        await r.exit(a, grant)
+
+    run(scenario())
+
+
+def test_recovery_unlocks_when_the_holder_dies() -> None:
+    r = LockRig(2)
+    a, b = r.tenants
+
+    async def scenario() -> None:
+        await r.enter(a)
+        assert r.plock.locked == {_pid(b)}
+        await r.coord.tenant_gone(a)
+        assert not r.plock.locked and not r.ledger.entries
+        assert_idle(r)  # type: ignore[arg-type]
+
+    run(scenario())
+
+
+def test_a_restart_keeps_the_adopted_regions_locks_or_unlocks_them() -> None:
+    r = LockRig(2)
+    a, b = r.tenants
+    r.ledger.entries = [(_pid(b), 1)]
+    r.coord.settle_locks()  # no adopted region: a stale lock is undone at start
+    assert ("unlock", _pid(b)) in r.events.log and not r.ledger.entries
