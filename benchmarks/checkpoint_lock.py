@@ -475,6 +475,33 @@ def s_killed(r: dict) -> None:
     r["killed"] = out
 
 
+def s_killed_queued(r: dict) -> None:
+    """A process killed with ~2 s of work queued: does its work stop when it leaves?"""
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    (v, m), _ = spawn(2)
+    alone = m.ask("bench 20")["mm_ms"]
+    q = v.ask("queue 2000")
+    t_kill = time.monotonic()
+    v.p.kill()
+    v.p.wait()
+    t_exit = time.monotonic()
+    while v.pid in {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}:
+        time.sleep(0.001)
+    t_gone = time.monotonic()
+    b = m.ask("bench 20")
+    r["killed_queued"] = {
+        "queued_ms": round((q["t_queued"] - q["t_begin"]) * 1e3, 1),
+        "exit_ms": round((t_exit - t_kill) * 1e3, 1),
+        "left_nvml_ms": round((t_gone - t_kill) * 1e3, 1),
+        "gemm_after_left_vs_alone": round(b["mm_ms"] / alone, 3),
+        "work_would_have_ended_ms_after_kill": round((q["t_begin"] + 2.0 - t_kill) * 1e3, 1),
+    }
+    m.close()
+
+
 SECTIONS = {
     "idle": s_idle,
     "queued": s_queued,
@@ -486,6 +513,7 @@ SECTIONS = {
     "mps": s_mps,
     "nvml": s_nvml,
     "killed": s_killed,
+    "killed_queued": s_killed_queued,
 }
 
 

@@ -77,11 +77,17 @@ def _v2_mount() -> str:
 
 
 def _frozen(pid: int) -> bool:
-    """``frozen`` of the cgroup that process ``pid`` is in (cgroup v2 ``cgroup.events``)."""
-    with open(f"/proc/{pid}/cgroup") as f:
-        path = next(line[3:].strip() for line in f if line.startswith("0::"))
-    with open(f"{_v2_mount()}{path}/cgroup.events") as f:
-        return any(line.split() == ["frozen", "1"] for line in f)
+    """``frozen`` of the cgroup that process ``pid`` is in (cgroup v2 ``cgroup.events``).
+
+    False once the process or its cgroup is gone (an ended sibling).
+    """
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            path = next(line[3:].strip() for line in f if line.startswith("0::"))
+        with open(f"{_v2_mount()}{path}/cgroup.events") as f:
+            return any(line.split() == ["frozen", "1"] for line in f)
+    except OSError:
+        return False
 
 
 @dataclass
@@ -173,24 +179,27 @@ def test_a_drained_sibling_is_frozen_while_another_still_drains(krexd_factory: A
         _stop(procs)
 
 
-def test_a_drain_timeout_after_early_freezes_thaws_every_sibling(krexd_factory: Any) -> None:
+def test_a_drain_timeout_ends_the_overdue_sibling_and_grants(krexd_factory: Any) -> None:
+    # The offender pays, not its neighbours: the slow sibling holds the drain past
+    # drain_timeout_s, so its command is ended (exit 79, the reason in its output);
+    # the holder is granted once it has left the GPU, and the quick sibling, frozen
+    # early, is thawed at the region's exit and runs on.
     k = krexd_factory(slots=4, config={"region": {"drain_timeout_s": 0.5}})
     procs: list[subprocess.Popen[str]] = []
     try:
         s = _start(k, procs)
         reply, seen = _enter_watching(s)  # the slow sibling drains in 1.5 s: too late
-        assert not reply["ok"] and "DRAIN_TIMEOUT" in reply["error"], reply
+        assert reply["ok"], reply
         assert any(quick and not slow for _, quick, slow in seen), "nothing was frozen early"
-        # Undone: nobody frozen, the gate open, no region.
-        assert not _frozen(s.quick_pid) and not _frozen(s.slow_pid)
+        slow = procs[1]
+        assert slow.wait(30) == 79
+        assert slow.stderr is None  # its reason went to krex run's stderr (the test's)
         gpu = k.status()["gpus"][0]
         assert gpu["region"]["holder"] is None, gpu
-        assert gpu["region"]["regions"]["failed"] == 1
-        # The quick sibling runs and launches again at once; a later entry is granted.
+        assert gpu["region"]["regions"]["failed"] == 0
+        assert "did not drain its GPU work within drain_timeout_s" in k.log()
+        assert not _frozen(s.quick_pid)
         s.quick.send("1000")
         assert s.quick.get(timeout_s=5) == "launched"
-        time.sleep(max(0.0, (_slow_kernel_end(s) - time.monotonic_ns()) / 1e9))
-        s.holder.send("enter")
-        assert json.loads(s.holder.get())["ok"]
     finally:
         _stop(procs)
