@@ -347,6 +347,9 @@ static inline CUstream krex_cfg_stream(const CUlaunchConfig *config)
 void krex_note_stream_created(CUresult r, CUstream *phStream);
 void krex_note_stream_destroying(CUstream stream);
 void krex_note_capture_begin(CUresult r);
+/* Before a capture begins on `stream` (ptsz: the per-thread family): an
+ * event recorded there marks the work queued before it (track.c). */
+void krex_capture_begin_pre(CUstream stream, int ptsz);
 void krex_note_capture_end(CUresult r);
 void krex_note_ctx_created(CUresult r, CUcontext *pctx);
 void krex_note_ctx_destroying(CUcontext ctx);
