@@ -130,6 +130,22 @@ static CUresult sync_streams_capture_safe(CUcontext *all, const int *tracked, si
         note(&first, r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ? CUDA_SUCCESS : r);
     }
     free(sv);
+    /* Work queued on a stream before its capture began: the event recorded
+     * just before (track.c).  An event synchronize from this relaxed-mode
+     * thread leaves every capture alone. */
+    __typeof__(&cuEventSynchronize) esync = KREX_REAL(cuEventSynchronize);
+    struct krex_precap *pv = krex_precap_snapshot(&n, &oom);
+    if (oom || (n && !esync)) {
+        free(pv);
+        return oom ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_NOT_FOUND;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!krex_precap_claim(pv[i].ev))
+            continue; /* its stream or context went since the snapshot */
+        note(&first, esync(pv[i].ev));
+        krex_track_unclaim();
+    }
+    free(pv);
     for (size_t i = 0; i < nall; i++) {
         /* Primaries are retained by the caller; tracked contexts claimed. */
         if (tracked[i] && !krex_track_claim(KREX_TRACK_CTXS, all[i], all[i]))

@@ -3187,6 +3187,7 @@ KREX_HOOK CUresult cuStreamBeginCapture(CUstream hStream)
     KREX_BIND(cuStreamBeginCapture);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture);
+    krex_capture_begin_pre(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -3198,6 +3199,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
     KREX_BIND(cuStreamBeginCaptureToGraph);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCaptureToGraph);
+    krex_capture_begin_pre(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -3209,6 +3211,7 @@ KREX_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hG
     KREX_BIND(cuStreamBeginCaptureToGraph_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCaptureToGraph_ptsz);
+    krex_capture_begin_pre(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -3220,6 +3223,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
     KREX_BIND(cuStreamBeginCapture_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_ptsz);
+    krex_capture_begin_pre(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -3231,6 +3235,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
     KREX_BIND(cuStreamBeginCapture_v2);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_v2);
+    krex_capture_begin_pre(hStream, 0);
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);
@@ -3242,6 +3247,7 @@ KREX_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptur
     KREX_BIND(cuStreamBeginCapture_v2_ptsz);
     struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuStreamBeginCapture_v2_ptsz);
+    krex_capture_begin_pre(hStream, 1);
     CUresult krex_r = krex_real_fn(hStream, mode);
     krex_note_capture_begin(krex_r);
     krex_leave(krex_s);

@@ -30,12 +30,15 @@ static int key_ok;
 /* Iterations of the busy phase before a wait parks (a few µs). */
 #define MARK_SPIN_ITERS 200
 
-/* A thread that exits gives its mark back.  Its last gated call has
- * returned (the mark is clear); release so that the next owner's claim
- * (acquire CAS) sees the mark as this thread left it. */
+/* A thread that exits gives its mark back, cleared; release so that the
+ * next owner's claim (acquire CAS) sees the mark as this thread left it. */
 static void mark_release(void *p)
 {
     struct krex_mark *m = p;
+    /* A call this thread left counted (cancelled or pthread_exit'd out of
+     * a driver call, or longjmp'd out and never called again) is over:
+     * the thread runs its key destructors, in no call.  Its count goes. */
+    krex_thread_gone();
     krex_mark_self = NULL;
     atomic_store_explicit(&m->used, 0, memory_order_release);
 }

@@ -4,7 +4,9 @@
  * region and before it reports the exit (docs/design/interfaces.md).
  *
  *   krex_shim_region_begin(epoch, l2_flush)
- *       resets the launch counter and flushes L2: a memset over a buffer of
+ *       under krex only in the gate's holder of `epoch` (else
+ *       CUDA_ERROR_NOT_PERMITTED, nothing done); resets the launch counter
+ *       and flushes L2: a memset over a buffer of
  *       CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE bytes, allocated once per context
  *       in the calling thread's current context, then synchronized.  The
  *       buffer lives as long as its context (forgotten when the context is
@@ -230,11 +232,31 @@ void krex_region_atfork_child(void)
     pthread_mutex_unlock(&l2_mu);
 }
 
+/* Does this process hold region `epoch` of the gate?  Under krex only the
+ * holder may begin it (the L2 flush is device work beside the frozen
+ * siblings); without a gate (pass-through) the region is advisory. */
+static int holds_region(uint32_t epoch)
+{
+    /* Acquire: krex_gate_p and krex_tenant are published with krex_mode. */
+    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
+    if (mode == KREX_MODE_PASS)
+        return 1;
+    return mode == KREX_MODE_GATING && epoch != 0 &&
+           krex_gate_load_word(krex_gate_p) == krex_gate_word(krex_tenant, epoch);
+}
+
 KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
 {
     krex_shim_init();
     int saved = errno;
     CUresult r = CUDA_SUCCESS;
+    if (!holds_region(epoch)) {
+        /* A sibling (or a stale epoch): no state changes, no device work. */
+        atomic_store_explicit(&l2_flushed, 0, memory_order_relaxed);
+        krex_log(KREX_LOG_WARN, "region %u: this process does not hold it: refused", epoch);
+        errno = saved;
+        return (int)CUDA_ERROR_NOT_PERMITTED;
+    }
     atomic_store_explicit(&region_epoch, epoch, memory_order_relaxed);
     atomic_store_explicit(&krex_launches, 0, memory_order_relaxed);
     /* Relaxed: read back by the same thread (the client) after the call. */

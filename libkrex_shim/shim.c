@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,9 @@ static char refuse_why[256];
 _Atomic(struct krex_slot *) krex_slot_p;
 _Atomic uint64_t krex_launches;
 __thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
+__thread uintptr_t krex_frame __attribute__((tls_model("initial-exec")));
+__thread uintptr_t krex_frame_ret __attribute__((tls_model("initial-exec")));
+__thread struct krex_slot *krex_outer __attribute__((tls_model("initial-exec")));
 
 /* Serializes registration (and holds off fork while a thread registers). */
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -378,6 +382,96 @@ struct krex_slot *krex_enter_slow(void)
     }
     errno = saved;
     return s;
+}
+
+/* ---- abandoned calls (docs/design/shim.md "Abandoned calls") -------------- */
+
+/* Release what this thread's counted call holds: every count in its mark
+ * (only this thread writes it), and, when its depth says a call is in
+ * flight, the shared count or the capture lock that call took.  Called
+ * only once that call is proven gone (its frame is dead, or the thread is
+ * exiting). */
+static void release_abandoned(void)
+{
+    struct krex_mark *m = krex_mark_self;
+    if (m && atomic_load_explicit(&m->busy, memory_order_relaxed) != 0) {
+        /* Release: the abandoned call's driver work happens-before the
+         * drainer's acquire read of 0 (then it synchronizes), as for a
+         * normal clear (marks.h). */
+        atomic_store_explicit(&m->busy, 0, memory_order_release);
+        /* seq_cst fence: the store above is ordered before the read of
+         * the waiters count (a drainer that registered as a waiter before
+         * its membarrier is woken); out of the fast path, so a real fence. */
+        atomic_thread_fence(memory_order_seq_cst);
+        if (atomic_load_explicit(&krex_mark_waiters, memory_order_relaxed) != 0)
+            krex_mark_wake(m);
+    }
+    struct krex_slot *o = krex_outer;
+    if (krex_depth != 0 && o != NULL) {
+        if (o == KREX_CAPTURED)
+            krex_capture_pass_end();
+        else if (o != KREX_REFUSED && !((uintptr_t)o & KREX_MARKED))
+            krex_gate_leave_inline(o); /* the shared count it took */
+    }
+    krex_outer = NULL;
+    krex_frame = 0;
+    krex_depth = 0;
+}
+
+/* Is the stack pointer `here` on this thread's alternate signal stack,
+ * and `frame` not on it?  Then `frame` lies on another stack and its
+ * address says nothing about its liveness (a handler on sigaltstack). */
+static int on_other_stack(uintptr_t here, uintptr_t frame)
+{
+    stack_t ss;
+    if (sigaltstack(NULL, &ss) != 0 || !(ss.ss_flags & SS_ONSTACK))
+        return 0;
+    uintptr_t lo = (uintptr_t)ss.ss_sp, hi = lo + ss.ss_size;
+    return here >= lo && here < hi && !(frame >= lo && frame < hi);
+}
+
+int krex_reentry(uintptr_t here)
+{
+    int saved = errno;
+    uintptr_t frame = krex_frame;
+    /* The outer call's frame record holds its return address one word
+     * above the frame address while the frame is live.  A frame that
+     * lies at or below ours on this stack has returned or been abandoned
+     * (longjmp'd out of): stacks grow down, and a live caller lies above
+     * its callees.  One above ours is live if its record still holds the
+     * hook's return address (an abandoned frame's memory, reused by a
+     * deeper call chain, holds that chain's data; documented limit: it may
+     * hold the same word by chance, then the call runs nested until a
+     * later call from at or above the frame finds it out). */
+    int live = 0;
+    if (frame != 0) {
+        /* A plain read of this thread's own stack (mapped: at or above a
+         * frame it used); volatile: the compiler must not assume it. */
+        uintptr_t ret = *(volatile const uintptr_t *)(frame + sizeof(uintptr_t));
+        if (ret == krex_frame_ret)
+            live = frame > here || on_other_stack(here, frame);
+    }
+    if (!live) {
+        static _Atomic int said;
+        release_abandoned();
+        /* Relaxed: only decides who logs the one line. */
+        if (!atomic_exchange_explicit(&said, 1, memory_order_relaxed))
+            krex_log(KREX_LOG_WARN, "a gated call of this thread was abandoned (longjmp out "
+                     "of a driver call?): its in-flight count is released");
+    }
+    errno = saved;
+    return live;
+}
+
+void krex_thread_gone(void)
+{
+    /* At thread exit, on the exiting thread (a key destructor): no frame
+     * of it is in a driver call any more, so whatever its count says is
+     * abandoned (pthread_cancel or pthread_exit out of a call). */
+    if (krex_depth != 0 ||
+        (krex_mark_self && atomic_load_explicit(&krex_mark_self->busy, memory_order_relaxed)))
+        krex_log(KREX_LOG_INFO, "a thread ended inside a gated call: its count is released");
+    release_abandoned();
 }
 
 /* Is `stream` capturing?  The _ptsz query for the per-thread family: a

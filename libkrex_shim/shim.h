@@ -144,6 +144,43 @@ static inline void *krex_real(int idx)
  * is covered by the outer call's count and must not park with it held. */
 extern __thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
 
+/* The outermost gated call of this thread (docs/design/shim.md "Abandoned
+ * calls"): its frame (__builtin_frame_address(0) of the hook), the hook's
+ * return address, which the live frame's record holds at frame + one word
+ * (the frame-record layout of x86-64 and AArch64), and what it holds
+ * (krex_enter's result).  A call that finds the thread still counted
+ * (krex_depth, or its mark busy) is nested only while that frame is live;
+ * one abandoned by siglongjmp is found out here, and its count released. */
+extern __thread uintptr_t krex_frame __attribute__((tls_model("initial-exec")));
+extern __thread uintptr_t krex_frame_ret __attribute__((tls_model("initial-exec")));
+extern __thread struct krex_slot *krex_outer __attribute__((tls_model("initial-exec")));
+/* Out of line, rare: 1 when the counted call of this thread is live (this
+ * call is nested in it and runs under its count), else 0 after releasing
+ * what the abandoned call held. */
+int krex_reentry(uintptr_t here);
+/* At thread exit (marks.c): the thread is in no call any more. */
+void krex_thread_gone(void);
+
+/* Is this thread already counted?  Its depth, or its mark (a signal
+ * handler that interrupted the outer call between its mark and its depth). */
+static KREX_ALWAYS_INLINE int krex_counted(void)
+{
+    struct krex_mark *m = krex_mark_self;
+    /* Relaxed: only this thread writes its mark. */
+    return krex_depth != 0 ||
+           (m != NULL && atomic_load_explicit(&m->busy, memory_order_relaxed) != 0);
+}
+
+/* Record the outermost call's frame, before it is counted: a handler that
+ * then finds the count judges this frame.  The signal fence keeps the
+ * compiler from moving these plain stores after the count. */
+#define KREX_RECORD_FRAME(here)                                                \
+    do {                                                                       \
+        krex_frame = (here);                                                   \
+        krex_frame_ret = (uintptr_t)__builtin_return_address(0);               \
+        atomic_signal_fence(memory_order_seq_cst);                             \
+    } while (0)
+
 /* Non-zero once this process has begun exiting (drain.c, "exit"): every
  * gated call then synchronizes the process's work before it leaves. */
 extern _Atomic int krex_exit_sync;
@@ -196,14 +233,18 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_marked(struct krex_slot *
  * or KREX_REFUSED (the hook returns krex_refused() and does not leave). */
 static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
 {
-    if (KREX_UNLIKELY(krex_depth))
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    if (KREX_UNLIKELY(krex_counted()) && krex_reentry(here))
         return NULL;
     struct krex_slot *s;
     int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
     if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
         KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
+        KREX_RECORD_FRAME(here);
         struct krex_slot *marked = krex_enter_marked(s);
         if (KREX_LIKELY(marked != NULL)) {
+            KREX_RECORD_FRAME(here); /* again: a handler's own call may have replaced it */
+            krex_outer = marked;
             krex_depth = 1;
             return marked;
         }
@@ -214,6 +255,8 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
         return NULL;
     else if ((s = krex_enter_slow()) == KREX_REFUSED)
         return s;
+    KREX_RECORD_FRAME(here);
+    krex_outer = s;
     krex_depth = s != NULL;
     return s;
 }
@@ -223,14 +266,18 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
  * puts no work on the device): KREX_CAPTURED. */
 static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
 {
-    if (KREX_UNLIKELY(krex_depth))
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    if (KREX_UNLIKELY(krex_counted()) && krex_reentry(here))
         return NULL;
     struct krex_slot *s;
     int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
     if (KREX_LIKELY(mode == KREX_MODE_GATING) &&
         KREX_LIKELY((s = atomic_load_explicit(&krex_slot_p, memory_order_acquire)) != NULL)) {
+        KREX_RECORD_FRAME(here);
         struct krex_slot *marked = krex_enter_marked(s);
         if (KREX_LIKELY(marked != NULL)) {
+            KREX_RECORD_FRAME(here); /* again: a handler's own call may have replaced it */
+            krex_outer = marked;
             krex_depth = 1;
             return marked;
         }
@@ -242,6 +289,8 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, i
     } else if ((s = krex_enter_slow()) == KREX_REFUSED) {
         return s;
     }
+    KREX_RECORD_FRAME(here);
+    krex_outer = s;
     krex_depth = s != NULL;
     return s;
 }
@@ -298,6 +347,9 @@ static inline CUstream krex_cfg_stream(const CUlaunchConfig *config)
 void krex_note_stream_created(CUresult r, CUstream *phStream);
 void krex_note_stream_destroying(CUstream stream);
 void krex_note_capture_begin(CUresult r);
+/* Before a capture begins on `stream` (ptsz: the per-thread family): an
+ * event recorded there marks the work queued before it (track.c). */
+void krex_capture_begin_pre(CUstream stream, int ptsz);
 void krex_note_capture_end(CUresult r);
 void krex_note_ctx_created(CUresult r, CUcontext *pctx);
 void krex_note_ctx_destroying(CUcontext ctx);

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct handles {
     struct krex_tracked *v;
@@ -42,6 +43,16 @@ static struct handles streams; /* created through the API; owner = context */
  * gets a handle freed under it (stream destruction is not gated). */
 static void *busy, *busy_ctx;
 static _Atomic uint32_t captures;
+/* Events recorded just before a capture began (krex_capture_begin_pre):
+ * one per (stream, thread) pair; the thread matters only for the
+ * per-thread stream handles (CU_STREAM_PER_THREAD, NULL in the _ptsz
+ * family), which name another stream on each thread. */
+struct precap_entry {
+    struct krex_precap p;
+    pid_t tid; /* 0 unless the handle is per-thread */
+};
+static struct precap_entry *precaps;
+static size_t nprecaps, precap_cap;
 /* Readers: an uncounted launch into a capturing stream, from the check to
  * the call's return; writer: cuStreamEndCapture.  Writers are preferred so
  * that a stream of captured launches cannot starve the end of a capture. */
@@ -108,10 +119,37 @@ static _Atomic(CUcontext) last_current;
 
 /* Under track_mu: forget context `ctx` and its streams; then wait until a
  * drain synchronizing it (or one of its streams) has moved on. */
+/* Under track_mu: drop the pre-capture events of `stream` (NULL: any) in
+ * context `ctx` (NULL: any); their handles go to `dead` (up to *ndead),
+ * destroyed by the caller outside the lock. */
+static void precap_remove_locked(CUstream stream, CUcontext ctx, CUevent *dead, size_t *ndead,
+                                 size_t max)
+{
+    for (size_t i = 0; i < nprecaps;) {
+        if ((!stream || precaps[i].p.stream == stream) && (!ctx || precaps[i].p.ctx == ctx)) {
+            if (*ndead < max)
+                dead[(*ndead)++] = precaps[i].p.ev;
+            precaps[i] = precaps[--nprecaps];
+        } else {
+            i++;
+        }
+    }
+}
+
+static void destroy_events(const CUevent *ev, size_t n)
+{
+    __typeof__(&cuEventDestroy_v2) destroy = KREX_REAL(cuEventDestroy_v2);
+    for (size_t i = 0; destroy && i < n; i++)
+        destroy(ev[i]);
+}
+
 static void forget_ctx_locked(CUcontext ctx)
 {
     handles_remove(&ctxs, ctx);
     handles_remove_owned(&streams, ctx);
+    /* The context's events die with it: forgotten, not destroyed. */
+    size_t nd = 0;
+    precap_remove_locked(NULL, ctx, NULL, &nd, 0);
     /* Relaxed: written and read under track_mu (the lock orders it). */
     if (atomic_load_explicit(&last_current, memory_order_relaxed) == ctx)
         atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
@@ -146,12 +184,114 @@ void krex_note_stream_destroying(CUstream stream)
     if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
         return;
     int saved = errno;
+    CUevent dead[8];
+    size_t ndead = 0;
     pthread_mutex_lock(&track_mu);
     handles_remove(&streams, stream);
-    while (busy == (void *)stream) /* only while a drain syncs this very stream */
+    /* busy is the stream while a drain syncs it or its pre-capture event. */
+    while (busy == (void *)stream)
         pthread_cond_wait(&track_cv, &track_mu);
+    precap_remove_locked(stream, NULL, dead, &ndead, sizeof dead / sizeof dead[0]);
     pthread_mutex_unlock(&track_mu);
+    destroy_events(dead, ndead);
     errno = saved;
+}
+
+void krex_capture_begin_pre(CUstream stream, int ptsz)
+{
+    if (atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
+        return;
+    int saved = errno;
+    int per_thread = stream == CU_STREAM_PER_THREAD || (ptsz && stream == NULL);
+    pid_t tid = per_thread ? gettid() : 0;
+    CUcontext ctx = NULL;
+    __typeof__(&cuCtxGetCurrent) get_cur = KREX_REAL(cuCtxGetCurrent);
+    if (!stream || stream == CU_STREAM_LEGACY || per_thread) {
+        if (get_cur)
+            get_cur(&ctx);
+    } else {
+        ctx = stream_ctx(stream);
+    }
+    __typeof__(&cuEventCreate) create = KREX_REAL(cuEventCreate);
+    __typeof__(&cuEventRecord) record = KREX_REAL(cuEventRecord);
+    __typeof__(&cuEventRecord_ptsz) record_ptsz = KREX_REAL(cuEventRecord_ptsz);
+    if (!ctx || !create || !record || (ptsz && !record_ptsz))
+        goto out;
+    CUevent ev = NULL;
+    pthread_mutex_lock(&track_mu);
+    for (size_t i = 0; i < nprecaps; i++)
+        if (precaps[i].p.stream == stream && precaps[i].tid == tid && precaps[i].p.ctx == ctx) {
+            ev = precaps[i].p.ev;
+            break;
+        }
+    pthread_mutex_unlock(&track_mu);
+    int fresh = ev == NULL;
+    if (fresh && create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        goto out;
+    /* Re-recording an event a drain may be synchronizing is allowed: the
+     * drain then waits for the new record or the old one, both before the
+     * capture (this call is counted, so no drain is acknowledged before it
+     * returns anyway). */
+    CUresult r = ptsz ? record_ptsz(ev, stream) : record(ev, stream);
+    if (r != CUDA_SUCCESS) {
+        krex_log(KREX_LOG_WARN, "capture on stream %p: no event before it (%d): work "
+                 "queued there before the capture is not drained", (void *)stream, (int)r);
+        if (fresh) {
+            __typeof__(&cuEventDestroy_v2) destroy = KREX_REAL(cuEventDestroy_v2);
+            if (destroy)
+                destroy(ev);
+        }
+        goto out;
+    }
+    if (fresh) {
+        pthread_mutex_lock(&track_mu);
+        if (nprecaps == precap_cap) {
+            size_t cap = precap_cap ? 2 * precap_cap : 16;
+            struct precap_entry *v = realloc(precaps, cap * sizeof *v);
+            if (v) {
+                precaps = v;
+                precap_cap = cap;
+            }
+        }
+        if (nprecaps < precap_cap)
+            precaps[nprecaps++] = (struct precap_entry){{ev, stream, ctx}, tid};
+        else
+            krex_log(KREX_LOG_ERROR, "out of memory: the event before a capture is not tracked");
+        pthread_mutex_unlock(&track_mu);
+    }
+out:
+    errno = saved;
+}
+
+struct krex_precap *krex_precap_snapshot(size_t *n, int *oom)
+{
+    pthread_mutex_lock(&track_mu);
+    *n = nprecaps;
+    struct krex_precap *v = NULL;
+    if (*n && !(v = malloc(*n * sizeof *v)))
+        *oom = 1;
+    for (size_t i = 0; v && i < *n; i++)
+        v[i] = precaps[i].p;
+    pthread_mutex_unlock(&track_mu);
+    if (!v)
+        *n = 0;
+    return v;
+}
+
+int krex_precap_claim(CUevent ev)
+{
+    pthread_mutex_lock(&track_mu);
+    int ok = 0;
+    for (size_t i = 0; i < nprecaps; i++)
+        if (precaps[i].p.ev == ev) {
+            /* A destroy of its stream or context waits until unclaimed. */
+            busy = precaps[i].p.stream;
+            busy_ctx = precaps[i].p.ctx;
+            ok = 1;
+            break;
+        }
+    pthread_mutex_unlock(&track_mu);
+    return ok;
 }
 
 void krex_note_ctx_created(CUresult r, CUcontext *pctx)
@@ -364,6 +504,9 @@ void krex_track_atfork_child(void)
     atomic_store_explicit(&last_current, NULL, memory_order_relaxed);
     handles_clear(&ctxs);
     handles_clear(&streams);
+    free(precaps);
+    precaps = NULL;
+    nprecaps = precap_cap = 0;
     atomic_store_explicit(&captures, 0, memory_order_relaxed);
     pthread_rwlock_t fresh = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
     capture_rw = fresh; /* a reader of the parent's may have held it at fork */

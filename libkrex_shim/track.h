@@ -28,6 +28,19 @@ struct krex_tracked *krex_track_snapshot(enum krex_track_list which, size_t *n, 
 int krex_track_claim(enum krex_track_list which, void *h, void *ctx);
 void krex_track_unclaim(void);
 
+/* The events recorded just before captures began (krex_capture_begin_pre),
+ * one per stream (and thread, for per-thread streams), each synchronized by
+ * the drainer while a capture is open: a copy (malloc'd, *n entries). */
+struct krex_precap {
+    CUevent ev;
+    CUstream stream;
+    CUcontext ctx;
+};
+struct krex_precap *krex_precap_snapshot(size_t *n, int *oom);
+/* Claim the event of entry `ev` for one synchronization (0: gone since the
+ * snapshot); krex_track_unclaim() ends it. */
+int krex_precap_claim(CUevent ev);
+
 void krex_track_atfork_prepare(void);
 void krex_track_atfork_parent(void);
 void krex_track_atfork_child(void);

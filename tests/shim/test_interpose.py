@@ -303,7 +303,7 @@ def test_holder_region_begin_end(
     assert e["launches"] == 5
     assert e["t1"] >= max(r.end_ns for r in kernels)
     assert e["sync_ns"] >= 50_000_000
-    holder.run("region_begin 4 1")  # the buffer is reused: no second allocation
+    holder.run("region_begin 3 1")  # the buffer is reused: no second allocation
     gate.reopen(HOLDER, 3)
 
 
@@ -526,8 +526,11 @@ def test_region_begin_keeps_an_open_capture(
     t.run("stream 1")
     t.run("begin 1 global")
     t.run("launch 1 3 1000")
+    gate.close(HOLDER, 1)
+    gate.wait_drained(HOLDER, 1, 5.0)
     t.run("region_begin 1 1")
     t.run("region_end")
+    gate.reopen(HOLDER, 1)
     t.run("end 1")  # 901 if the flush or the exit synchronization had broken it
     assert [r for r in records_of(fc, t.pid) if r.kind == timeline.MEMSET] == []
 

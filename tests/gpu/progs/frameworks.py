@@ -1,8 +1,8 @@
 """Run each framework's GPU work under the shim; check results and launch counts.
 
-For every case: build and warm it up, then run it K times between
-``krex_shim_region_begin`` and ``krex_shim_region_end`` (the shim's own
-launch counter) inside a ``torch.profiler`` window (CUPTI's kernel records,
+For every case: build and warm it up, then run it K times, counting the
+launches with ``krex_shim_region_launches`` (the shim's own launch counter)
+inside a ``torch.profiler`` window (CUPTI's kernel records,
 an independent count).  Prints one JSON line per case:
 ``{"case", "correct", "shim_launches", "profiler_kernels", "calls"}``.
 Run it under ``krex run`` (the shim preloaded, gate mapped).
@@ -21,29 +21,28 @@ from torch.profiler import ProfilerActivity, profile
 
 K = 5
 _lib = ctypes.CDLL(None)
-_begin = _lib.krex_shim_region_begin
-_begin.argtypes = [ctypes.c_uint32, ctypes.c_int]
-_end = _lib.krex_shim_region_end
-_end.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
+# Launches the shim counted (since the last region_begin, which only the gate's
+# holder may call: the difference over the block is what we need).
+_launches = _lib.krex_shim_region_launches
+_launches.restype = ctypes.c_uint64
 
 
 def count(fn: Callable[[], Any]) -> tuple[int, int]:
     """(launches the shim saw, kernels CUPTI saw) for K calls of fn."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _begin(0, 0)
+        before = _launches()
         for _ in range(K):
             fn()
         torch.cuda.synchronize()
-        sync_ns, launches = ctypes.c_uint64(), ctypes.c_uint64()
-        _end(ctypes.byref(sync_ns), ctypes.byref(launches))
+        launches = _launches() - before
     kernels = [
         e
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA
         and not e.name.startswith(("Memcpy", "Memset", "[memory]"))
     ]
-    return int(launches.value), len(kernels)
+    return int(launches), len(kernels)
 
 
 def report(case: str, correct: bool, fn: Callable[[], Any], calls: str = "kernel") -> None:

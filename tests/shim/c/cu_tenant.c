@@ -41,13 +41,20 @@
  *                              then makes teardown calls: a kernel of NS ns on the
  *                              legacy stream, cuMemAlloc_v2 + cuMemFree_v2,
  *                              cuModuleUnload; answers {"cmd": "go", "rc": ...}
+ *   jmpcopy NS                 a kernel of NS ns on the legacy stream, then cuMemcpyDtoH_v2
+ *                              (waits for it in the driver); a SIGALRM handler siglongjmps
+ *                              out of the copy after 100 ms: rc 1 when it did
+ *   cancelcopy NS              the same copy from a new thread, pthread_cancel'ed after
+ *                              100 ms (inside the driver's sleep): rc 1 when cancelled
  *   quit
  */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -80,6 +87,7 @@ FN(cuGraphLaunch);
 FN(cuStreamDestroy_v2);
 FN(cuCtxDestroy_v2);
 FN(cuMemGetInfo_v2);
+FN(cuMemcpyDtoH_v2);
 
 static CUstream streams[MAX_STREAMS];
 static CUcontext init_ctx; /* the context of "init" */
@@ -131,6 +139,7 @@ static int bind_all(void)
     BIND(cuStreamDestroy_v2);
     BIND(cuCtxDestroy_v2);
     BIND(cuMemGetInfo_v2);
+    BIND(cuMemcpyDtoH_v2);
     return 0;
 }
 
@@ -210,6 +219,77 @@ static void on_usr1(int sig)
     int n = snprintf(buf, sizeof buf, "{\"cmd\": \"sig\", \"rc\": %d}\n", r);
     if (write(1, buf, (size_t)n) < 0) {
     }
+}
+
+/* jmpcopy: a SIGALRM timeout handler that siglongjmps out of the call it
+ * interrupts, as a C benchmark's watchdog does. */
+static sigjmp_buf jmp_env;
+static volatile sig_atomic_t jmp_armed;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    if (jmp_armed) {
+        jmp_armed = 0;
+        siglongjmp(jmp_env, 1);
+    }
+}
+
+/* A kernel of `ns` on the legacy stream, then a synchronous copy that waits
+ * for it inside the driver; SIGALRM after 100 ms jumps out of the copy.
+ * 1 when it did, else the copy's result. */
+static int cmd_jmpcopy(uint64_t ns)
+{
+    static CUdeviceptr buf;
+    static char host[64];
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    int r = sigaction(SIGALRM, &sa, NULL);
+    if (!r && !buf)
+        r = p_cuMemAlloc_v2(&buf, sizeof host);
+    if (!r)
+        r = launch(0, 1, ns);
+    if (r)
+        return r;
+    if (sigsetjmp(jmp_env, 1))
+        return 1;
+    jmp_armed = 1;
+    struct itimerval it = {{0, 0}, {0, 100000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    r = p_cuMemcpyDtoH_v2(host, buf, sizeof host);
+    jmp_armed = 0;
+    return r;
+}
+
+/* cancelcopy: a thread cancelled inside a synchronous copy (the driver's
+ * sleep is a cancellation point). */
+static void *copy_thread(void *arg)
+{
+    static char host[64];
+    CUdeviceptr *buf = arg;
+    p_cuCtxSetCurrent(init_ctx);
+    p_cuMemcpyDtoH_v2(host, *buf, sizeof host);
+    return NULL;
+}
+
+static int cmd_cancelcopy(uint64_t ns)
+{
+    static CUdeviceptr buf;
+    pthread_t t;
+    int r = buf ? 0 : p_cuMemAlloc_v2(&buf, 64);
+    if (!r)
+        r = launch(0, 1, ns);
+    if (r)
+        return r;
+    if (pthread_create(&t, NULL, copy_thread, &buf) != 0)
+        return -3;
+    struct timespec tick = {0, 100000000};
+    nanosleep(&tick, NULL);
+    pthread_cancel(t);
+    void *res = NULL;
+    pthread_join(t, &res);
+    return res == PTHREAD_CANCELED ? 1 : 0;
 }
 
 struct bg {
@@ -390,6 +470,10 @@ int main(void)
             memset(&sa, 0, sizeof sa);
             sa.sa_handler = on_usr1;
             r = sigaction(SIGUSR1, &sa, NULL);
+        } else if (!strcmp(cmd, "jmpcopy")) {
+            r = cmd_jmpcopy(strtoull(a, NULL, 10));
+        } else if (!strcmp(cmd, "cancelcopy")) {
+            r = cmd_cancelcopy(strtoull(a, NULL, 10));
         } else if (!strcmp(cmd, "quit")) {
             break;
         } else {
