@@ -71,6 +71,9 @@ class BpfError(OSError):
     """A bpf(2) step failed: ``errno`` is the kernel's, the message names the step
     (and, for a refused load, carries the verifier's log)."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)
+
 
 def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char], what: str) -> int:
     """One ``bpf(cmd, attr, sizeof attr)``; the result, or BpfError naming ``what``."""

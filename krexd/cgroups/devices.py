@@ -37,6 +37,7 @@ from collections.abc import Mapping
 
 from krexd.cgroups import bpf, fs
 from krexd.cgroups.fs import CgroupError
+from krexd.config import ConfigError
 
 _log = logging.getLogger("krexd.cgroups")
 
@@ -67,8 +68,8 @@ class DeviceIsolation:
         """Decide :attr:`active`: attach a program to a scratch cgroup under ``tree_root``.
 
         ``tree_root``: krexd's cgroup v2 directory (``<root>/<name>``), which
-        exists.  Raises CgroupError when ``mode`` is ``require`` and
-        isolation cannot be had; under ``auto`` logs a warning instead.
+        exists.  Raises ConfigError (krexd does not start) when ``mode`` is
+        ``require`` and isolation cannot be had; under ``auto`` logs a warning.
         """
         if self.mode == OFF:
             return
@@ -84,8 +85,8 @@ class DeviceIsolation:
             return
         self.reason = why
         if self.mode == REQUIRE:
-            raise CgroupError(
-                0, f"[gpu] device_isolation = require, but device isolation is unavailable: {why}"
+            raise ConfigError(
+                f"[gpu] device_isolation = require, but device isolation is unavailable: {why}"
             )
         _log.warning("device isolation unavailable (%s): tenants are bound by environment", why)
 
@@ -109,7 +110,9 @@ class DeviceIsolation:
         try:
             bpf.confine(directory, minor)
         except OSError as exc:
-            raise CgroupError(exc.errno, f"device isolation of {directory}: {exc}") from None
+            raise CgroupError(
+                exc.errno, f"device isolation of {directory}: {exc.strerror or exc}"
+            ) from None
 
     def describe(self) -> dict[str, object]:
         """For ``krexctl status``: ``{"mode", "active", "reason", "minors"}``
@@ -128,11 +131,11 @@ def _try_attach(scratch: str) -> str | None:
         fs.rmdir(scratch)  # left by a krexd killed mid-probe
         fs.mkdir(scratch)
     except CgroupError as exc:
-        return str(exc)
+        return str(exc.strerror)
     try:
         bpf.confine(scratch, None)
     except OSError as exc:
-        return str(exc)
+        return str(exc.strerror or exc)
     finally:
         try:
             fs.rmdir(scratch)

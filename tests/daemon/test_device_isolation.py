@@ -13,21 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import glob
 import json
 import os
+import shlex
+import shutil
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from krexd.cgroups import CgroupBackend, CgroupError, bpf, devices
-from krexd.config import CgroupConfig, CpuConfig
+from krexd.cgroups import CgroupBackend, bpf, devices
+from krexd.cgroups.detect import find_mounts
+from krexd.config import CgroupConfig, ConfigError, CpuConfig
 from krexd.gpus import fake_gpus
 from krexd.slices import compute_slices
-from tests.conftest import Krexd
+from tests.conftest import REPO, Krexd, make_config, render_toml
+from tests.support import clean_env
 
 pytestmark = pytest.mark.root
 
@@ -196,11 +202,40 @@ def test_require_without_bpf_is_a_clear_error_and_auto_goes_on(
     backend: Callable[[str], CgroupBackend], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bpf, "load", _no_bpf)
-    with pytest.raises(CgroupError, match=r"device_isolation = require, but .*not permitted"):
+    with pytest.raises(ConfigError, match=r"device_isolation = require, but .*not permitted"):
         backend("require")
     b = backend("auto")
     assert not b.devices.active and "not permitted" in b.devices.reason
     assert bpf.attached(b.create_tenant(0, 3).path) == []
+
+
+def test_krexd_without_cap_bpf_refuses_to_start_under_require(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("capsh") is None:
+        pytest.skip("no capsh")
+    name = f"krexdevcap{os.getpid()}"
+    conf = os.path.join(str(tmp_path), "krex.toml")
+    tables = make_config(os.path.join(str(tmp_path), "s.sock"), name, 4)
+    with open(conf, "w") as f:
+        f.write(render_toml({**tables, "gpu": {"device_isolation": "require"}}))
+    krexd = [sys.executable, "-m", "krexd", "--foreground", "--config", conf, "--fake-gpus", "1"]
+    run = subprocess.run(
+        ["capsh", "--drop=cap_bpf,cap_sys_admin", "--", "-c", shlex.join(krexd)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        env=clean_env(),
+    )
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1] == (
+        "krexd: [gpu] device_isolation = require, but device isolation is unavailable: "
+        "loading the device program: Operation not permitted"
+    ), run.stderr
+    v2 = find_mounts().v2
+    assert v2 is not None
+    assert not glob.glob(os.path.join(v2, "**", name), recursive=True)  # its tree removed
 
 
 def test_krex_run_cannot_leave_its_gpu(
