@@ -198,9 +198,7 @@ def s_queued(r: dict) -> None:
         "in_sync": {
             "lock": rc,
             "lock_ms": round(ms, 2),
-            "lock_returned_minus_work_done_ms": round(
-                (t_lock - q["t_begin"] - e / 1e3) * 1e3, 2
-            ),
+            "lock_returned_minus_work_done_ms": round((t_lock - q["t_begin"] - e / 1e3) * 1e3, 2),
             "sync_returned_minus_lock_ms": round((s["t_synced"] - t_lock) * 1e3, 2),
         },
     }
