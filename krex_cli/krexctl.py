@@ -205,10 +205,25 @@ def _header_lines(st: dict[str, Any]) -> list[str]:
         f"socket {st['socket']}  config {st.get('config') or '(built-in defaults)'}",
         f"cgroups {cg.get('backend', '?')} (cpuset: {cg.get('cpuset', '?')}) at {cg.get('root')}"
         + ("  [systemd]" if cg.get("systemd") else ""),
+        _devices_line(cg.get("devices")),
         f"queue {q.get('parked', 0)} parked  "
         f"(granted {q.get('granted_total', 0)}, parked {q.get('parked_total', 0)} since start)",
         _memory_line(st.get("memory")),
     ]
+
+
+def _devices_line(dev: dict[str, Any] | None) -> str:
+    """Whether the kernel confines each tenant to its GPU's device node ([gpu] device_isolation)."""
+    if not dev:
+        return "device isolation: unknown (krexd too old to say)"
+    if dev.get("active"):
+        minors = ", ".join(
+            f"gpu{g} -> /dev/nvidia{m}" for g, m in (dev.get("minors") or {}).items()
+        )
+        return f"device isolation: active (each tenant may open only its own GPU: {minors})"
+    if dev.get("mode") == "off":
+        return "device isolation: off ([gpu] device_isolation = off)"
+    return f"device isolation: inactive ({dev.get('reason') or '?'}); GPUs bound by environment"
 
 
 _GPU_HEADER = [

@@ -96,6 +96,15 @@ class CgroupConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    """``[gpu]``: ``device_isolation``: each tenant cgroup may open only its GPU's device
+    node (a cgroup device program): ``auto`` when the kernel allows, ``require``
+    (krexd does not start without it) or ``off`` (krexd/cgroups/devices.py)."""
+
+    device_isolation: str = "auto"
+
+
+@dataclass(frozen=True)
 class CpuConfig:
     """``[cpu]``: per-GPU CPU slices (explicit, or computed) and reserved cores."""
 
@@ -224,6 +233,7 @@ class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     cgroup: CgroupConfig = field(default_factory=CgroupConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     cpu: CpuConfig = field(default_factory=CpuConfig)
     region: RegionConfig = field(default_factory=RegionConfig)
     shim: ShimConfig = field(default_factory=ShimConfig)
@@ -270,6 +280,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "pids_max": _int(0, 1 << 22),
         },
     ),
+    "gpu": (GpuConfig, {"device_isolation": _choice("auto", "require", "off")}),
     "cpu": (
         CpuConfig,
         {"reserved_cores": _int(0, 1024), "allow_shared": _bool, "slices": _slices},

@@ -4,7 +4,8 @@ Start order (each step logged; any failure stops the start with a message):
 
 1. GPU inventory (``gpus``), CPU slices (``slices``; invalid ones refused).
 2. cgroups: under systemd move into the ``supervisor`` leaf, thaw/kill/remove
-   a stale tree, build ``<name>/gpu<N>`` with the slices.
+   a stale tree, build ``<name>/gpu<N>`` with the slices; probe device
+   isolation (``[gpu] device_isolation``, krexd/cgroups/devices.py).
 3. One ``krexd.gpu.Gpu`` per GPU: its gate (``<state_dir>/<cgroup
    name>-gpu<N>.gate``, root's, mode 0644, its space reserved — a full
    file system stops the start with one line naming the directory — and a
@@ -35,6 +36,7 @@ from typing import Any
 from krexd import __version__, adopt, gpus, paths, procfs, restart, state_files, status_report
 from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
+from krexd.cgroups.devices import DeviceIsolation
 from krexd.config import Config
 from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
@@ -136,6 +138,9 @@ class Daemon:
         cgroups = self.cgroups = CgroupBackend.open(cfg.cgroup)
         # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
         saved = adopt.load(cfg, cgroups, [i.index for i in infos])
+        cgroups.devices = DeviceIsolation(
+            cfg.gpu.device_isolation, {i.index: i.minor for i in infos}
+        )
         cgroups.prepare(slices, adopt=saved is not None)
         _log.info("cgroups: %s", cgroups.describe())
         return cgroups, saved

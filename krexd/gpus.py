@@ -10,6 +10,11 @@ form ``nvidia-smi -L``, NVML and ``CUDA_VISIBLE_DEVICES`` use): tenants are
 bound to their GPU by UUID, never by index (docs/design/security.md).  A
 simulated GPU's UUID is the one the fake driver reports for it
 (:func:`fake_uuid`; docs/design/interfaces.md "Fake driver").
+
+Each GPU also carries the minor number of its device node ``/dev/nvidia<minor>``
+(NVML's ``nvmlDeviceGetMinorNumber``, else the driver's
+``/proc/driver/nvidia/gpus/<bus>/information``; simulated GPU N: N), which
+the device isolation of tenant cgroups allows (krexd/cgroups/devices.py).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class GpuInfo:
     fake: bool
     pci_bus_id: str = ""
     uuid: str = ""  # "GPU-..." (empty when the inventory could not read it)
+    minor: int | None = None  # /dev/nvidia<minor> (None when unknown)
 
 
 def format_uuid(raw: bytes) -> str:
@@ -66,6 +72,32 @@ def _numa_node_of(pci_bus_id: str) -> int | None:
     return node if node >= 0 else None
 
 
+def _proc_minor(pci_bus_id: str) -> int | None:
+    """``Device Minor`` of a GPU from ``/proc/driver/nvidia/gpus/<bus>/information``
+    (the NVIDIA driver's own file; None when absent or unreadable)."""
+    bdf = pci_bus_id.lower()
+    if bdf.count(":") == 2 and len(bdf.split(":")[0]) > 4:
+        bdf = bdf[-12:]  # NVML pads the domain to 8 hex digits
+    try:
+        with open(f"/proc/driver/nvidia/gpus/{bdf}/information") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "Device Minor":
+                    return int(value.strip())
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _nvml_minor(nv: Any, handle: Any, pci_bus_id: str) -> int | None:
+    """The device minor of an NVML device (``nvmlDeviceGetMinorNumber``, else procfs)."""
+    try:
+        return int(nv.nvmlDeviceGetMinorNumber(handle))
+    except Exception as exc:  # NVMLError_NotSupported on some platforms
+        _log.info("nvmlDeviceGetMinorNumber failed: %s", exc)
+        return _proc_minor(pci_bus_id)
+
+
 def _from_nvml() -> list[GpuInfo] | None:
     try:
         import pynvml
@@ -88,7 +120,8 @@ def _from_nvml() -> list[GpuInfo] | None:
             bus = bus.decode() if isinstance(bus, bytes) else str(bus)
             uuid = nv.nvmlDeviceGetUUID(h)
             uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            out.append(GpuInfo(i, name, mem, 0, _numa_node_of(bus), False, bus, uuid))
+            minor = _nvml_minor(nv, h, bus)
+            out.append(GpuInfo(i, name, mem, 0, _numa_node_of(bus), False, bus, uuid, minor))
         return out
     finally:
         nv.nvmlShutdown()
@@ -117,7 +150,9 @@ def _from_cuda_python() -> list[GpuInfo] | None:
         _, bus = drv.cuDeviceGetPCIBusId(64, dev)
         bus_s = bus.split(b"\0", 1)[0].decode() if isinstance(bus, bytes) else str(bus)
         uuid = _cuda_uuid(drv, dev)
-        out.append(GpuInfo(i, name, int(mem), int(l2), _numa_node_of(bus_s), False, bus_s, uuid))
+        minor = _proc_minor(bus_s)
+        node = _numa_node_of(bus_s)
+        out.append(GpuInfo(i, name, int(mem), int(l2), node, False, bus_s, uuid, minor))
     return out
 
 
@@ -135,9 +170,11 @@ def _cuda_uuid(drv: Any, dev: Any) -> str:
 
 
 def fake_gpus(n: int, mem_bytes: int = FAKE_MEM_BYTES) -> list[GpuInfo]:
-    """``n`` simulated GPUs (index 0..n-1) for hosts without one."""
+    """``n`` simulated GPUs (index 0..n-1, device minors 0..n-1) for hosts without one."""
     return [
-        GpuInfo(i, f"fake GPU {i}", mem_bytes, FAKE_L2_BYTES, None, True, uuid=fake_uuid(i))
+        GpuInfo(
+            i, f"fake GPU {i}", mem_bytes, FAKE_L2_BYTES, None, True, uuid=fake_uuid(i), minor=i
+        )
         for i in range(n)
     ]
 

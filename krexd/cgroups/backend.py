@@ -19,6 +19,10 @@ from a v1 ``pids`` hierarchy (a parallel tree, like the hybrid cpuset one);
 with neither, krexd warns and tenants have no such limit (``pids: none`` in
 ``krexctl status``).
 
+Each tenant cgroup also gets, as it is made and before anything runs in it,
+a device program that lets its processes open their own GPU's device node
+and no other GPU's (``[gpu] device_isolation``, krexd/cgroups/devices.py).
+
 ``<root>``: ``[cgroup] root`` when set; under systemd (``Delegate=yes``) the
 unit's own cgroup, after krexd has moved itself into the ``supervisor`` leaf
 (before READY=1; systemd CGROUP_DELEGATION.md); else the cgroup2 mount.
@@ -40,6 +44,7 @@ import signal
 import time
 
 from krexd.cgroups import choose, detect, fs, pool, treelock
+from krexd.cgroups.devices import DeviceIsolation
 from krexd.cgroups.fs import CgroupError
 from krexd.cgroups.tenant import CPUSET_AFFINITY, CPUSET_V1, CPUSET_V2, TenantCgroup
 from krexd.config import CgroupConfig, format_cores
@@ -85,6 +90,8 @@ class CgroupBackend:
         # Hybrid hosts: (krexd's own v1 memory cgroup, <it>/<name>), where warm pools'
         # memory limits go when the v2 tree has no memory controller (krexd/cgroups/pool.py).
         self.memory_v1: tuple[str, str] | None = None
+        # Device programs of tenant and pool cgroups; set before prepare(), which probes it.
+        self.devices = DeviceIsolation()
 
     # --- detection ----------------------------------------------------------------
 
@@ -130,6 +137,7 @@ class CgroupBackend:
         self._slices = dict(slices)
         all_cores = sorted({c for s in slices.values() for c in s.cores})
         fs.mkdir(self.root)
+        self.devices.probe(self.root)  # raises under [gpu] device_isolation = require
         if self.cpuset_kind == CPUSET_V2:
             if not self._enable_cpuset(self.base):
                 self.cpuset_kind, self.cpuset_base, self.cpuset_root = CPUSET_AFFINITY, None, None
@@ -210,6 +218,8 @@ class CgroupBackend:
 
     def create_tenant(self, gpu: int, tenant_id: int) -> TenantCgroup:
         """Create ``gpu<gpu>/t<tenant_id>`` confined to the slice's tenant cores.
+        The v2 directory gets its GPU's device program first (devices.py);
+        a failed attachment removes it and raises CgroupError.
 
         A ``gpu<N>`` directory removed from outside (an administrator, a
         cleanup script) is built again once; when that fails too, the GPU is
@@ -238,6 +248,11 @@ class CgroupBackend:
         gpu_cs = self._gpu_cpuset_dir(gpu)
         cpuset_dir = os.path.join(gpu_cs, leaf) if gpu_cs is not None else None
         fs.mkdir(freezer)
+        try:  # before any process is placed in it
+            self.devices.confine_tenant(freezer, gpu)
+        except CgroupError:
+            fs.rmdir(freezer)
+            raise
         if cpuset_dir is not None:
             if cpuset_dir != freezer:
                 fs.mkdir(cpuset_dir)
@@ -357,7 +372,7 @@ class CgroupBackend:
 
     def pools(self, memory_max: int) -> pool.PoolCgroups:
         """Warm pools' cgroups under this tree, each limited to ``memory_max`` bytes (0: none)."""
-        return pool.PoolCgroups(self.base, self.root, memory_max, self.memory_v1)
+        return pool.PoolCgroups(self.base, self.root, memory_max, self.memory_v1, self.devices)
 
     def describe(self) -> dict[str, object]:
         """What ``krexctl status`` shows about cgroups."""
@@ -371,6 +386,7 @@ class CgroupBackend:
             "pids": self.pids_kind,
             "pids_root": self.pids_root if self.pids_kind == PIDS_V1 else None,
             "pids_max": self.pids_max if self.pids_kind != PIDS_NONE else None,
+            "devices": self.devices.describe(),
         }
 
 

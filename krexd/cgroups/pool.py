@@ -23,6 +23,7 @@ import os
 import signal
 
 from krexd.cgroups import detect, fs
+from krexd.cgroups.devices import DeviceIsolation
 from krexd.cgroups.fs import CgroupError
 
 _log = logging.getLogger("krexd.cgroups")
@@ -118,13 +119,20 @@ class PoolCgroups:
     """Makes pool cgroups under a krexd's tree ``root`` (v2) with ``memory_max`` bytes each.
 
     ``base``: the v2 directory above ``root``; ``memory``: (krexd's own v1
-    memory cgroup, the v1 root of the tree) from :func:`v1_memory_root`.
+    memory cgroup, the v1 root of the tree) from :func:`v1_memory_root`;
+    ``devices``: the tree's device isolation (a pool may open no GPU node).
     """
 
     def __init__(
-        self, base: str, root: str, memory_max: int, memory: tuple[str, str] | None
+        self,
+        base: str,
+        root: str,
+        memory_max: int,
+        memory: tuple[str, str] | None,
+        devices: DeviceIsolation | None = None,
     ) -> None:
         self.memory_max = memory_max
+        self.devices = devices or DeviceIsolation()
         self.dir = os.path.join(root, POOLS_DIR)
         self._chain = [base, root, self.dir]
         self._v1 = memory
@@ -156,12 +164,14 @@ class PoolCgroups:
         _log.warning("no memory controller: [warm] memory_max is not applied to pools")
 
     def create(self, uid: int, pid: int) -> PoolCgroup:
-        """Create ``pools/u<uid>-p<pid>`` with the memory limit (raises CgroupError)."""
+        """Create ``pools/u<uid>-p<pid>`` with the memory limit and, when device isolation
+        is active, a device program denying every GPU node (raises CgroupError)."""
         leaf = f"u{uid}-p{pid}"
         path = os.path.join(self.dir, leaf)
         fs.mkdir(path)
         memory_dir = None
         try:
+            self.devices.confine_pool(path)
             if self.kind == MEMORY_V2:
                 fs.write(os.path.join(path, "memory.max"), str(self.memory_max))
             elif self.kind == MEMORY_V1:

@@ -47,8 +47,8 @@ def test_unknown_key_is_named(tmp_path: Path) -> None:
 
 
 def test_unknown_table_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"\[gpu\]: unknown table"):
-        load(write(tmp_path, "[gpu]\nx = 1\n"))
+    with pytest.raises(ConfigError, match=r"\[gpus\]: unknown table"):
+        load(write(tmp_path, "[gpus]\nx = 1\n"))
 
 
 @pytest.mark.parametrize(
@@ -61,6 +61,8 @@ def test_unknown_table_is_named(tmp_path: Path) -> None:
         ('[cgroup]\nname = "cgroup.procs"\n', r"\[cgroup\] name"),
         ('[cgroup]\nname = "a/b"\n', r"\[cgroup\] name"),
         ("[cgroup]\npids_max = -1\n", r"\[cgroup\] pids_max"),
+        ('[gpu]\ndevice_isolation = "on"\n', r"\[gpu\] device_isolation"),
+        ("[gpu]\ndevice_isolation = true\n", r"\[gpu\] device_isolation"),
         ('[daemon]\nsocket_mode = "999"\n', r"\[daemon\] socket_mode"),
         ('[daemon]\nsocket = "/' + "x" * 120 + '"\n', r"\[daemon\] socket"),
         ("[region]\nmax_region_s = -1\n", r"\[region\] max_region_s"),

@@ -1,0 +1,247 @@
+"""The cgroup v2 device controller through bpf(2): a device program per cgroup, from Python.
+
+The kernel's cgroup v2 has no ``devices.allow`` file: what a cgroup's
+processes may open (or ``mknod``) is decided by ``BPF_PROG_TYPE_CGROUP_DEVICE``
+programs attached to the cgroup and its ancestors (Documentation/admin-guide/
+cgroup-v2.rst, "Device controller"; runc and systemd's ``DeviceAllow=`` do the
+same).  Each program sees ``struct bpf_cgroup_dev_ctx`` ::
+
+    struct bpf_cgroup_dev_ctx {
+        __u32 access_type;   /* (BPF_DEVCG_ACC_* << 16) | BPF_DEVCG_DEV_* */
+        __u32 major;
+        __u32 minor;
+    };
+
+and returns 1 (allow) or 0 (the ``open(2)`` fails with ``EPERM``).  With
+``BPF_F_ALLOW_MULTI`` every program attached to the cgroup and to its
+ancestors must allow; children of the process inherit the cgroup, so the
+rule holds for every process the tenant starts, whatever its environment.
+
+This module assembles the few instructions of krex's program
+(:func:`program`), loads it (``BPF_PROG_LOAD``), attaches it to a cgroup
+directory (``BPF_PROG_ATTACH``) and lists what is attached
+(``BPF_PROG_QUERY``), through ``ctypes`` and the raw syscall: no library
+beyond libc (none of the Python packages for BPF does cgroup device
+programs without a compiler toolchain).  The program's descriptor is closed
+once it is attached: the attachment holds the program, and the kernel
+detaches and frees it when the cgroup is removed.
+
+Layouts are those of ``include/uapi/linux/bpf.h`` (stable kernel ABI).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+
+#: bpf(2) commands, the program type, the attach type and flag (uapi/linux/bpf.h).
+BPF_PROG_LOAD = 5
+BPF_PROG_ATTACH = 8
+BPF_PROG_GET_FD_BY_ID = 13
+BPF_PROG_QUERY = 16
+BPF_PROG_TYPE_CGROUP_DEVICE = 15
+BPF_CGROUP_DEVICE = 6
+BPF_F_ALLOW_MULTI = 2
+BPF_DEVCG_DEV_CHAR = 2  # access_type's low 16 bits: 1 block, 2 char
+
+#: The NVIDIA driver's character major: ``/dev/nvidia<N>`` is minor N,
+#: ``/dev/nvidia-modeset`` 254, ``/dev/nvidiactl`` 255 (the driver's README,
+#: "Device nodes"); ``/dev/nvidia-uvm*`` and ``/dev/nvidia-caps/*`` have
+#: majors of their own, which the program lets through.
+NVIDIA_MAJOR = 195
+#: Minors from this one up are the control nodes every GPU user needs.
+NVIDIA_SHARED_MINORS = 254
+
+#: ``__NR_bpf`` per machine (arch/*/syscall tables).
+_SYSCALL = {"x86_64": 321, "aarch64": 280}
+
+#: The license the kernel records with the program (the project's; the
+#: kernel requires "GPL" only of programs that call GPL-only helpers).
+LICENSE = b"Apache-2.0"
+_LOG_SIZE = 1 << 16
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class BpfError(OSError):
+    """A bpf(2) step failed: ``errno`` is the kernel's, the message names the step
+    (and, for a refused load, carries the verifier's log)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char], what: str) -> int:
+    """One ``bpf(cmd, attr, sizeof attr)``; the result, or BpfError naming ``what``."""
+    nr = _SYSCALL.get(platform.machine())
+    if nr is None:
+        raise BpfError(errno.ENOSYS, f"{what}: bpf(2) is not known on {platform.machine()}")
+    ret = int(_libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), attr, len(attr)))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise BpfError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    """One ``struct bpf_insn``: opcode, dst/src registers (4 bits each), offset, immediate."""
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+# Opcodes used (BPF_CLASS | BPF_SIZE/OP | BPF_MODE/SRC).
+_LDX_W = 0x61  # BPF_LDX | BPF_MEM | BPF_W: dst = *(u32 *)(src + off)
+_AND32_K = 0x54  # BPF_ALU | BPF_AND | BPF_K: dst &= imm (32-bit)
+_JNE_K = 0x55  # BPF_JMP | BPF_JNE | BPF_K: if dst != imm goto +off
+_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K (unsigned)
+_MOV64_K = 0xB7  # BPF_ALU64 | BPF_MOV | BPF_K: dst = imm
+_EXIT = 0x95  # BPF_JMP | BPF_EXIT: return r0
+
+
+def program(own_minor: int | None) -> bytes:
+    """The device program of a cgroup whose GPU is ``/dev/nvidia<own_minor>``.
+
+    Allows every device that is not an NVIDIA GPU node (not a character
+    device of major :data:`NVIDIA_MAJOR`, or a minor from
+    :data:`NVIDIA_SHARED_MINORS` up: ``nvidiactl``, ``nvidia-modeset``),
+    and the GPU node ``own_minor``; denies every other ``/dev/nvidia<M>``,
+    including GPUs krexd does not manage.  ``own_minor`` None denies every
+    GPU node (a warm pool's cgroup).  Returns the instructions (8 bytes each).
+    """
+    # r1 = ctx; r2 = the field being tested; "allow" is the last two instructions.
+    body: list[tuple[int, int, int, int | None]] = [  # (code, dst, src/ctx offset, imm)
+        (_LDX_W, 2, 0, None),  # r2 = ctx->access_type
+        (_AND32_K, 2, 0, 0xFFFF),  # r2 = device type
+        (_JNE_K, 2, 0, BPF_DEVCG_DEV_CHAR),  # not a char device -> allow
+        (_LDX_W, 2, 4, None),  # r2 = ctx->major
+        (_JNE_K, 2, 0, NVIDIA_MAJOR),  # another driver's -> allow
+        (_LDX_W, 2, 8, None),  # r2 = ctx->minor
+        (_JGE_K, 2, 0, NVIDIA_SHARED_MINORS),  # nvidiactl, nvidia-modeset -> allow
+    ]
+    if own_minor is not None:
+        body.append((_JEQ_K, 2, 0, own_minor))  # its own GPU -> allow
+    allow = len(body) + 2  # after "r0 = 0; exit"
+    out = []
+    for i, (code, dst, arg, imm) in enumerate(body):
+        if code == _LDX_W:
+            out.append(_insn(code, dst, 1, arg))
+        elif code == _AND32_K:
+            out.append(_insn(code, dst, 0, 0, imm or 0))
+        else:  # a conditional jump to "allow", relative to the next instruction
+            out.append(_insn(code, dst, 0, allow - (i + 1), imm or 0))
+    out += [_insn(_MOV64_K, 0, 0, 0, 0), _insn(_EXIT)]  # deny: return 0
+    out += [_insn(_MOV64_K, 0, 0, 0, 1), _insn(_EXIT)]  # allow: return 1
+    return b"".join(out)
+
+
+def load(own_minor: int | None) -> int:
+    """Load :func:`program` (``own_minor`` as there); returns the program's fd (close it).
+
+    Raises BpfError: ``EPERM`` without CAP_BPF (or CAP_SYS_ADMIN), ``EINVAL``
+    on a kernel without the program type; a load the verifier refuses is
+    tried again with its log, which the message carries.
+    """
+    code = program(own_minor)
+    insns = ctypes.create_string_buffer(code, len(code))
+    lic = ctypes.create_string_buffer(LICENSE)
+    try:
+        return _bpf(BPF_PROG_LOAD, _load_attr(insns, lic, None), "loading the device program")
+    except BpfError as exc:
+        if exc.errno not in (errno.EACCES, errno.EINVAL):
+            raise
+        log = ctypes.create_string_buffer(_LOG_SIZE)
+        try:
+            return _bpf(BPF_PROG_LOAD, _load_attr(insns, lic, log), "loading the device program")
+        except BpfError as again:
+            text = log.value.decode(errors="replace").strip()
+            raise BpfError(again.errno, f"{again}; verifier log: {text or '(empty)'}") from None
+
+
+def _load_attr(
+    insns: ctypes.Array[ctypes.c_char],
+    lic: ctypes.Array[ctypes.c_char],
+    log: ctypes.Array[ctypes.c_char] | None,
+) -> ctypes.Array[ctypes.c_char]:
+    """``union bpf_attr`` for BPF_PROG_LOAD: type, insn_cnt, insns, license, log
+    level/size/buffer, kern_version, prog_flags, prog_name."""
+    raw = struct.pack(
+        "<IIQQIIQII16s",
+        BPF_PROG_TYPE_CGROUP_DEVICE,
+        len(insns) // 8,
+        ctypes.addressof(insns),
+        ctypes.addressof(lic),
+        1 if log is not None else 0,
+        len(log) if log is not None else 0,
+        ctypes.addressof(log) if log is not None else 0,
+        0,
+        0,
+        b"krex_devices",
+    )
+    return ctypes.create_string_buffer(raw, len(raw))
+
+
+def attach(cgroup_dir: str, prog_fd: int) -> None:
+    """Attach program ``prog_fd`` to the cgroup v2 directory ``cgroup_dir`` (multi).
+
+    Raises BpfError (e.g. ``EPERM`` when an ancestor holds a device program
+    attached without ``BPF_F_ALLOW_MULTI``), or OSError when the directory
+    cannot be opened.
+    """
+    dfd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        raw = struct.pack("<IIII", dfd, prog_fd, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI)
+        attr = ctypes.create_string_buffer(raw, len(raw))
+        _bpf(BPF_PROG_ATTACH, attr, f"attaching to {cgroup_dir}")
+    finally:
+        os.close(dfd)
+
+
+def confine(cgroup_dir: str, own_minor: int | None) -> None:
+    """Load :func:`program` for ``own_minor`` and attach it to ``cgroup_dir``.
+
+    The program's fd is closed before returning (the attachment keeps the
+    program; removing the cgroup frees both).  Raises BpfError or OSError.
+    """
+    fd = load(own_minor)
+    try:
+        attach(cgroup_dir, fd)
+    finally:
+        os.close(fd)
+
+
+def attached(cgroup_dir: str, max_ids: int = 64) -> list[int]:
+    """Ids of the device programs attached to ``cgroup_dir`` itself (``BPF_PROG_QUERY``).
+
+    Raises BpfError or OSError (no such directory).
+    """
+    ids = (ctypes.c_uint32 * max_ids)()
+    dfd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # target_fd, attach_type, query_flags, attach_flags (out), prog_ids, prog_cnt (in/out)
+        raw = struct.pack("<IIIIQI", dfd, BPF_CGROUP_DEVICE, 0, 0, ctypes.addressof(ids), max_ids)
+        attr = ctypes.create_string_buffer(raw, len(raw) + 4)
+        _bpf(BPF_PROG_QUERY, attr, f"listing the device programs of {cgroup_dir}")
+    finally:
+        os.close(dfd)
+    count = struct.unpack_from("<I", attr.raw, 24)[0]
+    return [int(ids[i]) for i in range(min(count, max_ids))]
+
+
+def program_exists(prog_id: int) -> bool:
+    """True while the kernel still holds program ``prog_id`` (``BPF_PROG_GET_FD_BY_ID``).
+
+    Needs CAP_SYS_ADMIN; raises BpfError for any error but ``ENOENT``.
+    """
+    raw = struct.pack("<III", prog_id, 0, 0)
+    try:
+        fd = _bpf(BPF_PROG_GET_FD_BY_ID, ctypes.create_string_buffer(raw, len(raw)), "program")
+    except BpfError as exc:
+        if exc.errno == errno.ENOENT:
+            return False
+        raise
+    os.close(fd)
+    return True

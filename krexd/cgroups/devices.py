@@ -1,0 +1,144 @@
+"""Device isolation: a tenant's processes can open its own GPU's device node and no other.
+
+``[gpu] device_isolation`` (docs/design/security.md, "GPU binding"):
+
+* ``auto`` (default): when krexd can load and attach a cgroup device
+  program (probed at start in a scratch cgroup of its tree), every tenant
+  cgroup gets one that lets through ``/dev/nvidia<minor of its GPU>`` and
+  denies every other ``/dev/nvidia<M>``; every other device stays allowed
+  (krexd/cgroups/bpf.py).  When it cannot (a kernel without the program
+  type, no CAP_BPF, an ancestor cgroup holding a device program that
+  forbids more), or a GPU's device minor is unknown, krexd warns once and
+  runs without, as before (the binding is then only the environment and
+  the shim's check).
+* ``require``: the same, but krexd refuses to start, with the reason, when
+  isolation cannot be had.
+* ``off``: nothing is attached.
+
+The program is attached when the tenant's cgroup is made (``CgroupBackend.
+create_tenant``, within ``Lifecycle.admit``), before any process is placed
+in it; a warm pool's cgroup gets one that denies every GPU node (a pool
+never uses a GPU, and a descriptor it opened would pass to its children).
+Adopted tenants keep theirs (attachments live with the cgroup); removing a
+cgroup frees its program.  ``krexctl status`` prints whether isolation is
+active (:meth:`DeviceIsolation.describe`).
+
+GPU index to device minor: NVML's ``nvmlDeviceGetMinorNumber`` (or the
+driver's ``/proc/driver/nvidia/gpus/<bus>/information``) for real GPUs
+(krexd/gpus.py); simulated GPU N is minor N (tests make such nodes with
+``mknod``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+from krexd.cgroups import bpf, fs
+from krexd.cgroups.fs import CgroupError
+from krexd.config import ConfigError
+
+_log = logging.getLogger("krexd.cgroups")
+
+AUTO = "auto"
+REQUIRE = "require"
+OFF = "off"
+#: The scratch cgroup of the start-up probe, under krexd's tree root.
+PROBE_DIR = "device-probe"
+
+
+class DeviceIsolation:
+    """Which device program each cgroup of one krexd gets, and whether any.
+
+    Args:
+        mode: ``[gpu] device_isolation`` (:data:`AUTO`, :data:`REQUIRE`, :data:`OFF`).
+        minors: the device minor of each managed GPU, by GPU index (None: unknown).
+
+    Inactive until :meth:`probe` finds it works.
+    """
+
+    def __init__(self, mode: str = OFF, minors: Mapping[int, int | None] | None = None) -> None:
+        self.mode = mode
+        self.minors = dict(minors or {})
+        self.active = False
+        self.reason = "[gpu] device_isolation = off" if mode == OFF else "not probed yet"
+
+    def probe(self, tree_root: str) -> None:
+        """Decide :attr:`active`: attach a program to a scratch cgroup under ``tree_root``.
+
+        ``tree_root``: krexd's cgroup v2 directory (``<root>/<name>``), which
+        exists.  Raises ConfigError (krexd does not start) when ``mode`` is
+        ``require`` and isolation cannot be had; under ``auto`` logs a warning.
+        """
+        if self.mode == OFF:
+            return
+        unknown = sorted(g for g, m in self.minors.items() if m is None)
+        why: str | None
+        if unknown:
+            why = "device minor unknown for " + ", ".join(f"gpu{g}" for g in unknown)
+        else:
+            why = _try_attach(os.path.join(tree_root, PROBE_DIR))
+        if why is None:
+            self.active, self.reason = True, ""
+            _log.info("device isolation active: each tenant may open only its GPU's node")
+            return
+        self.reason = why
+        if self.mode == REQUIRE:
+            raise ConfigError(
+                f"[gpu] device_isolation = require, but device isolation is unavailable: {why}"
+            )
+        _log.warning("device isolation unavailable (%s): tenants are bound by environment", why)
+
+    def confine_tenant(self, directory: str, gpu: int) -> None:
+        """Attach the program of GPU ``gpu`` to the new tenant cgroup ``directory``.
+
+        Nothing when inactive.  Raises CgroupError when the attachment fails
+        (the caller removes the directory: a tenant is never run unconfined
+        while isolation is active).
+        """
+        if self.active:
+            self._confine(directory, self.minors[gpu])
+
+    def confine_pool(self, directory: str) -> None:
+        """Attach the program that denies every GPU node to the pool cgroup ``directory``."""
+        if self.active:
+            self._confine(directory, None)
+
+    @staticmethod
+    def _confine(directory: str, minor: int | None) -> None:
+        try:
+            bpf.confine(directory, minor)
+        except OSError as exc:
+            raise CgroupError(
+                exc.errno, f"device isolation of {directory}: {exc.strerror or exc}"
+            ) from None
+
+    def describe(self) -> dict[str, object]:
+        """For ``krexctl status``: ``{"mode", "active", "reason", "minors"}``
+        (``reason``: why inactive, "" when active; ``minors``: GPU index -> minor)."""
+        return {
+            "mode": self.mode,
+            "active": self.active,
+            "reason": self.reason,
+            "minors": {str(g): m for g, m in sorted(self.minors.items())},
+        }
+
+
+def _try_attach(scratch: str) -> str | None:
+    """Make ``scratch``, attach a program to it, remove it; None, or why it failed."""
+    try:
+        fs.rmdir(scratch)  # left by a krexd killed mid-probe
+        fs.mkdir(scratch)
+    except CgroupError as exc:
+        return str(exc.strerror)
+    try:
+        bpf.confine(scratch, None)
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    finally:
+        try:
+            fs.rmdir(scratch)
+        except CgroupError as exc:
+            _log.warning("%s", exc)
+    return None
