@@ -1,7 +1,7 @@
 """Which processes ran GPU work on a GPU during a window, from the fake driver's records.
 
 The model of NVML's per-process utilization for ``--fake-gpus``: the fake
-driver (tests/fakecuda/activity.c) keeps, in its shared state file, a ring
+driver (its ``activity.c``) keeps, in its shared state file, a ring
 of each process's last 256 operation intervals (kernels, memsets, copies,
 graph launches; never work captured into a graph) with the simulated GPU
 each ran on.  The layout is declared in docs/design/interfaces.md
@@ -12,7 +12,7 @@ built: a missing file or one of another format reads as no activity.
 
 from __future__ import annotations
 
-import mmap
+import os
 import struct
 
 from krexd.memory.sources import (
@@ -59,7 +59,7 @@ class FakeActivitySource:
         """Processes whose operations on ``gpu_index`` overlap ``(t0_ns, t1_ns)``.
 
         Times are CLOCK_MONOTONIC ns (``time.monotonic_ns()``), the window
-        and each operation half-open as in tests/fakecuda/timeline.py.
+        and each operation half-open, as the fake driver's timeline reader has them.
         Returns pid -> ns of the window covered by that pid's operations
         (the union, so overlapping streams count once; a zero-length
         operation inside the window lists the pid with 0).  Processes that
@@ -71,36 +71,40 @@ class FakeActivitySource:
         if t1_ns <= t0_ns:
             return {}
         try:
-            with (
-                open(self.path, "rb") as f,
-                mmap.mmap(f.fileno(), FILE_BYTES, prot=mmap.PROT_READ) as m,
-            ):
-                if struct.unpack_from("<Q", m, 0)[0] != FAKE_MAGIC:
-                    return {}
-                return self._scan(m, gpu_index, t0_ns, t1_ns)
-        except (OSError, ValueError):
-            return {}  # no fake-driver process has run yet (or a smaller old file)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return {}  # no fake-driver process has run yet
+        try:
+            head = os.pread(fd, FAKE_RECORDS_BYTES, 0)
+            if len(head) < FAKE_RECORDS_BYTES or struct.unpack_from("<Q", head, 0)[0] != FAKE_MAGIC:
+                return {}  # another format
+            return self._scan(fd, head, gpu_index, t0_ns, t1_ns)
+        finally:
+            os.close(fd)
 
-    def _scan(self, m: mmap.mmap, gpu: int, t0: int, t1: int) -> dict[int, int]:
+    def _scan(self, fd: int, head: bytes, gpu: int, t0: int, t1: int) -> dict[int, int]:
         out: dict[int, int] = {}
         for p in range(FAKE_PROCS):
             off = FAKE_PROCS_OFF + p * FAKE_PROC_BYTES
-            (pid,) = struct.unpack_from("<i", m, off)
-            if pid <= 0 or struct.unpack_from("<Q", m, off + OPS_OFF)[0] == 0:
+            (pid,) = struct.unpack_from("<i", head, off)
+            if pid <= 0 or struct.unpack_from("<Q", head, off + OPS_OFF)[0] == 0:
                 continue
-            hits = self._ring(m, p, off, gpu, t0, t1)
+            hits = self._ring(fd, p, off, gpu, t0, t1)
             if hits:
                 out[pid] = out.get(pid, 0) + _union_ns(hits)
         return out
 
     @staticmethod
-    def _ring(m: mmap.mmap, p: int, off: int, gpu: int, t0: int, t1: int) -> list[tuple[int, int]]:
+    def _ring(fd: int, p: int, off: int, gpu: int, t0: int, t1: int) -> list[tuple[int, int]]:
         """The record's kept operations on ``gpu`` overlapping the window, clipped."""
-        base = RINGS_OFF + p * RING_OPS * RING_ENTRY_BYTES
-        ring = m[base : base + RING_OPS * RING_ENTRY_BYTES]
+        size = RING_OPS * RING_ENTRY_BYTES
+        ring = os.pread(fd, size, RINGS_OFF + p * size)
         # Read after the ring: an entry rewritten during the copy has a sequence
         # number at most ops - RING_OPS by now, so it is dropped (interfaces.md).
-        (ops,) = struct.unpack_from("<Q", m, off + OPS_OFF)
+        ops_bytes = os.pread(fd, 8, off + OPS_OFF)
+        if len(ring) < size or len(ops_bytes) < 8:
+            return []  # a file cut short
+        (ops,) = struct.unpack("<Q", ops_bytes)
         hits: list[tuple[int, int]] = []
         for i in range(RING_OPS):
             seq, start, end, g = _ENTRY.unpack_from(ring, i * RING_ENTRY_BYTES)

@@ -18,7 +18,10 @@
  *   - every kernel, memset and copy is appended as one line to the file
  *     named by KREX_FAKE_TIMELINE (simgpu.c, format in README.md);
  *   - device memory (memory.c) is counted against a per-GPU capacity shared
- *     by all processes through a small mmap'd state file (memshare.c).
+ *     by all processes through a small mmap'd state file (memshare.c), which
+ *     also holds each process's checkpoint-lock state (checkpoint.c: every
+ *     exported function starts with FC_ENTRY()) and its recent GPU
+ *     activity (activity.c); share.h has its layout.
  *
  * All driver state of a process is guarded by one mutex, fc.mu.  Calls that
  * wait (synchronize, a full launch queue) compute their deadline under the
