@@ -160,15 +160,25 @@ class NvmlSource:
                 _log.debug("nvmlShutdown: %s", exc)
 
 
-# The simulated GPU memory-state file, format "rexfksv2": the table of
-# docs/design/interfaces.md ("Simulated GPU memory state") is its declaration.
-_FAKE_MAGIC = 0x3276736B66786572
-_FAKE_MAX_GPUS = 16
-_FAKE_PROCS = 1024
-_FAKE_USED_OFF = 64  # after the magic and 56 reserved bytes
-_FAKE_PROCS_OFF = _FAKE_USED_OFF + 8 * _FAKE_MAX_GPUS
-_FAKE_PROC_BYTES = 16 + 8 * _FAKE_MAX_GPUS  # pid, ctx_mask, start_time, used[16]
-_FAKE_BYTES = _FAKE_PROCS_OFF + _FAKE_PROCS * _FAKE_PROC_BYTES
+# The simulated GPU state file, format "rexfksv3": the table of
+# docs/design/interfaces.md ("Simulated GPU memory state") is its declaration
+# (krexd/activity.py reads the activity rings after the records).
+FAKE_MAGIC = 0x3376736B66786572
+FAKE_MAX_GPUS = 16
+FAKE_PROCS = 1024
+FAKE_USED_OFF = 64  # after the magic and 56 reserved bytes
+FAKE_PROCS_OFF = FAKE_USED_OFF + 8 * FAKE_MAX_GPUS
+FAKE_PROC_BYTES = 184  # pid, ctx_mask, start_time, used[16], lock words, activity
+FAKE_FLAGS_OFF = 156  # in a record: uint32 flags
+FAKE_LISTED = 1  # flags: the process allocated or had a context
+FAKE_RECORDS_BYTES = FAKE_PROCS_OFF + FAKE_PROCS * FAKE_PROC_BYTES  # what the memory view maps
+
+
+def _listed(snap: bytes, off: int) -> bool:
+    """Whether the record at ``off`` is listed (every cuInit has a record; the
+    memory view lists those that allocated or had a context)."""
+    (flags,) = struct.unpack_from("<I", snap, off + FAKE_FLAGS_OFF)
+    return bool(flags & FAKE_LISTED)
 
 
 def fake_state_path() -> str:
@@ -179,13 +189,13 @@ def fake_state_path() -> str:
     timeline = os.environ.get("KREX_FAKE_TIMELINE")
     if timeline:
         return timeline + ".state"
-    return f"/dev/shm/krex-fakecuda-{os.getuid()}.v2"  # the format version: no clash
+    return f"/dev/shm/krex-fakecuda-{os.getuid()}.v3"  # the format version: no clash
 
 
 class FakeStateSource:
     """The simulated GPUs' shared memory accounting, for ``--fake-gpus``.
 
-    Reads the ``rexfksv2`` state file (docs/design/interfaces.md) afresh on
+    Reads the ``rexfksv3`` state file (docs/design/interfaces.md) afresh on
     every :meth:`read`; ``path`` defaults to :func:`fake_state_path`.
     """
 
@@ -207,7 +217,7 @@ class FakeStateSource:
         try:
             with (
                 open(self.path, "rb") as f,
-                mmap.mmap(f.fileno(), _FAKE_BYTES, prot=mmap.PROT_READ) as m,
+                mmap.mmap(f.fileno(), FAKE_RECORDS_BYTES, prot=mmap.PROT_READ) as m,
             ):
                 return bytes(m)
         except (OSError, ValueError):
@@ -216,17 +226,17 @@ class FakeStateSource:
     def read(self) -> dict[int, DeviceMemory]:
         """GPU index -> the simulated GPU's usage, by live process."""
         snap = self._snapshot()
-        if snap is None or struct.unpack_from("<Q", snap, 0)[0] != _FAKE_MAGIC:
+        if snap is None or struct.unpack_from("<Q", snap, 0)[0] != FAKE_MAGIC:
             return {i: DeviceMemory(t, 0, {}, self.name) for i, t in self._totals.items()}
         per_gpu: dict[int, dict[int, int]] = {i: {} for i in self._totals}
-        for p in range(_FAKE_PROCS):
-            off = _FAKE_PROCS_OFF + p * _FAKE_PROC_BYTES
+        for p in range(FAKE_PROCS):
+            off = FAKE_PROCS_OFF + p * FAKE_PROC_BYTES
             (pid,) = struct.unpack_from("<i", snap, off)
-            if pid <= 0 or not pid_alive(pid):
+            if pid <= 0 or not _listed(snap, off) or not pid_alive(pid):
                 continue
-            used = struct.unpack_from(f"<{_FAKE_MAX_GPUS}Q", snap, off + 16)
+            used = struct.unpack_from(f"<{FAKE_MAX_GPUS}Q", snap, off + 16)
             for i, by_pid in per_gpu.items():
-                if i < _FAKE_MAX_GPUS:  # 0 too: the driver knows the process
+                if i < FAKE_MAX_GPUS:  # 0 too: the driver knows the process
                     by_pid[pid] = by_pid.get(pid, 0) + used[i]
         return {
             i: DeviceMemory(self._totals[i], sum(per_gpu[i].values()), per_gpu[i], self.name)
@@ -236,14 +246,15 @@ class FakeStateSource:
     def users(self, gpu: int) -> set[int] | None:
         """Live pids whose context mask has ``gpu`` (an empty set before any process ran)."""
         snap = self._snapshot()
-        if snap is None or struct.unpack_from("<Q", snap, 0)[0] != _FAKE_MAGIC:
+        if snap is None or struct.unpack_from("<Q", snap, 0)[0] != FAKE_MAGIC:
             return set()
-        if not 0 <= gpu < _FAKE_MAX_GPUS:
+        if not 0 <= gpu < FAKE_MAX_GPUS:
             return None
         out: set[int] = set()
-        for p in range(_FAKE_PROCS):
-            pid, mask = struct.unpack_from("<iI", snap, _FAKE_PROCS_OFF + p * _FAKE_PROC_BYTES)
-            if pid > 0 and mask & (1 << gpu) and pid_alive(pid):
+        for p in range(FAKE_PROCS):
+            off = FAKE_PROCS_OFF + p * FAKE_PROC_BYTES
+            pid, mask = struct.unpack_from("<iI", snap, off)
+            if pid > 0 and mask & (1 << gpu) and _listed(snap, off) and pid_alive(pid):
                 out.add(pid)
         return out
 

@@ -153,11 +153,13 @@ static CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode, bool p
 
 FC_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
+    FC_ENTRY();
     return begin_capture(hStream, mode, false);
 }
 
 FC_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
 {
+    FC_ENTRY();
     return begin_capture(hStream, mode, true);
 }
 
@@ -195,11 +197,13 @@ static CUresult end_capture(CUstream hStream, CUgraph *phGraph, bool per_thread)
 
 FC_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
+    FC_ENTRY();
     return end_capture(hStream, phGraph, false);
 }
 
 FC_API CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
+    FC_ENTRY();
     return end_capture(hStream, phGraph, true);
 }
 
@@ -230,16 +234,19 @@ static CUresult is_capturing(CUstream hStream, CUstreamCaptureStatus *status, bo
 
 FC_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
+    FC_ENTRY();
     return is_capturing(hStream, captureStatus, false);
 }
 
 FC_API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
+    FC_ENTRY();
     return is_capturing(hStream, captureStatus, true);
 }
 
 FC_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {
+    FC_ENTRY();
     if (mode == NULL ||
         (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
          *mode != CU_STREAM_CAPTURE_MODE_RELAXED))

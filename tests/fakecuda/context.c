@@ -95,6 +95,7 @@ static CUresult push_ctx(struct CUctx_st *ctx)
 
 FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r == CUDA_SUCCESS)
         r = pctx ? check_device(dev) : CUDA_ERROR_INVALID_VALUE;
@@ -114,6 +115,7 @@ FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r == CUDA_SUCCESS)
         r = check_device(dev);
@@ -132,6 +134,7 @@ FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r == CUDA_SUCCESS)
         r = check_device(dev);
@@ -149,6 +152,7 @@ FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 
 FC_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r == CUDA_SUCCESS)
         r = (flags && active) ? check_device(dev) : CUDA_ERROR_INVALID_VALUE;
@@ -189,12 +193,14 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
 
 FC_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
+    FC_ENTRY();
     return ctx_create(pctx, flags, dev);
 }
 
 FC_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                                unsigned int flags, CUdevice dev)
 {
+    FC_ENTRY();
     (void)paramsArray; /* execution affinity (SM count limits) is not modelled */
     if (numParams < 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -204,6 +210,7 @@ FC_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray
 FC_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
                                unsigned int flags, CUdevice dev)
 {
+    FC_ENTRY();
     if (ctxCreateParams && ctxCreateParams->cigParams)
         return CUDA_ERROR_NOT_SUPPORTED; /* CUDA-in-graphics contexts */
     return ctx_create(pctx, flags, dev);
@@ -211,6 +218,7 @@ FC_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreatePara
 
 FC_API CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -231,6 +239,7 @@ FC_API CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 FC_API CUresult cuCtxSetCurrent(CUcontext ctx)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -253,6 +262,7 @@ FC_API CUresult cuCtxSetCurrent(CUcontext ctx)
 
 FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -264,6 +274,7 @@ FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 FC_API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -275,6 +286,7 @@ FC_API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
 FC_API CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -303,11 +315,13 @@ static CUresult ctx_get_device(CUdevice *device, CUcontext ctx)
 
 FC_API CUresult cuCtxGetDevice(CUdevice *device)
 {
+    FC_ENTRY();
     return ctx_get_device(device, NULL);
 }
 
 FC_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 {
+    FC_ENTRY();
     return ctx_get_device(device, ctx);
 }
 
@@ -333,10 +347,12 @@ static CUresult ctx_sync(CUcontext ctx)
 
 FC_API CUresult cuCtxSynchronize(void)
 {
+    FC_ENTRY();
     return ctx_sync(NULL);
 }
 
 FC_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
+    FC_ENTRY();
     return ctx_sync(ctx);
 }

@@ -60,68 +60,80 @@ static CUresult copy(void *dst, const void *src, size_t n, enum direction dir, C
 
 FC_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), srcHost, ByteCount, H2D, NULL, false, true);
 }
 
 FC_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), srcHost, ByteCount, H2D, NULL, true, true);
 }
 
 FC_API CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
+    FC_ENTRY();
     return copy(dstHost, DPTR(srcDevice), ByteCount, D2H, NULL, false, true);
 }
 
 FC_API CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
+    FC_ENTRY();
     return copy(dstHost, DPTR(srcDevice), ByteCount, D2H, NULL, true, true);
 }
 
 FC_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), DPTR(srcDevice), ByteCount, D2D, NULL, false, true);
 }
 
 FC_API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                      size_t ByteCount)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), DPTR(srcDevice), ByteCount, D2D, NULL, true, true);
 }
 
 FC_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
                                      CUstream hStream)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), srcHost, ByteCount, H2D, hStream, false, false);
 }
 
 FC_API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost,
                                           size_t ByteCount, CUstream hStream)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), srcHost, ByteCount, H2D, hStream, true, false);
 }
 
 FC_API CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                      CUstream hStream)
 {
+    FC_ENTRY();
     return copy(dstHost, DPTR(srcDevice), ByteCount, D2H, hStream, false, false);
 }
 
 FC_API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                           CUstream hStream)
 {
+    FC_ENTRY();
     return copy(dstHost, DPTR(srcDevice), ByteCount, D2H, hStream, true, false);
 }
 
 FC_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                      size_t ByteCount, CUstream hStream)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), DPTR(srcDevice), ByteCount, D2D, hStream, false, false);
 }
 
 FC_API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
                                           size_t ByteCount, CUstream hStream)
 {
+    FC_ENTRY();
     return copy(DPTR(dstDevice), DPTR(srcDevice), ByteCount, D2D, hStream, true, false);
 }
 
@@ -153,44 +165,52 @@ static CUresult set(CUdeviceptr dst, uint32_t value, size_t count, unsigned int 
 
 FC_API CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
+    FC_ENTRY();
     return set(dstDevice, uc, N, 1, NULL, false);
 }
 
 FC_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
+    FC_ENTRY();
     return set(dstDevice, uc, N, 1, NULL, true);
 }
 
 FC_API CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
+    FC_ENTRY();
     return set(dstDevice, ui, N, 4, NULL, false);
 }
 
 FC_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N)
 {
+    FC_ENTRY();
     return set(dstDevice, ui, N, 4, NULL, true);
 }
 
 FC_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                 CUstream hStream)
 {
+    FC_ENTRY();
     return set(dstDevice, uc, N, 1, hStream, false);
 }
 
 FC_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                                      CUstream hStream)
 {
+    FC_ENTRY();
     return set(dstDevice, uc, N, 1, hStream, true);
 }
 
 FC_API CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                  CUstream hStream)
 {
+    FC_ENTRY();
     return set(dstDevice, ui, N, 4, hStream, false);
 }
 
 FC_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                                       CUstream hStream)
 {
+    FC_ENTRY();
     return set(dstDevice, ui, N, 4, hStream, true);
 }

@@ -22,6 +22,7 @@ static CUresult check_device(CUdevice dev)
 
 FC_API CUresult cuDeviceGetCount(int *count)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -33,6 +34,7 @@ FC_API CUresult cuDeviceGetCount(int *count)
 
 FC_API CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -46,6 +48,7 @@ FC_API CUresult cuDeviceGet(CUdevice *device, int ordinal)
 
 FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
+    FC_ENTRY();
     CUresult r = check_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
@@ -57,6 +60,7 @@ FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 
 FC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
+    FC_ENTRY();
     CUresult r = check_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
@@ -98,16 +102,19 @@ static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
 
 FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
+    FC_ENTRY();
     return get_uuid(uuid, dev);
 }
 
 FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
+    FC_ENTRY();
     return get_uuid(uuid, dev);
 }
 
 FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
+    FC_ENTRY();
     CUresult r = check_device(dev);
     if (r != CUDA_SUCCESS)
         return r;

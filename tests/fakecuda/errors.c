@@ -17,6 +17,7 @@ static const struct fc_error_desc *find(CUresult error)
 
 FC_API CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
+    FC_ENTRY();
     if (pStr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     const struct fc_error_desc *d = find(error);
@@ -26,6 +27,7 @@ FC_API CUresult cuGetErrorName(CUresult error, const char **pStr)
 
 FC_API CUresult cuGetErrorString(CUresult error, const char **pStr)
 {
+    FC_ENTRY();
     if (pStr == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     const struct fc_error_desc *d = find(error);

@@ -17,6 +17,7 @@ static CUresult check_event(CUevent e)
 
 FC_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -51,6 +52,7 @@ FC_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 
 FC_API CUresult cuEventDestroy_v2(CUevent hEvent)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -107,26 +109,31 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, unsigned int flag
 
 FC_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
+    FC_ENTRY();
     return event_record(hEvent, hStream, 0, false);
 }
 
 FC_API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
 {
+    FC_ENTRY();
     return event_record(hEvent, hStream, 0, true);
 }
 
 FC_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
+    FC_ENTRY();
     return event_record(hEvent, hStream, flags, false);
 }
 
 FC_API CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
+    FC_ENTRY();
     return event_record(hEvent, hStream, flags, true);
 }
 
 FC_API CUresult cuEventQuery(CUevent hEvent)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -143,6 +150,7 @@ FC_API CUresult cuEventQuery(CUevent hEvent)
 
 FC_API CUresult cuEventSynchronize(CUevent hEvent)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -187,10 +195,12 @@ static CUresult elapsed(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 
 FC_API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
+    FC_ENTRY();
     return elapsed(pMilliseconds, hStart, hEnd);
 }
 
 FC_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
+    FC_ENTRY();
     return elapsed(pMilliseconds, hStart, hEnd);
 }

@@ -18,7 +18,10 @@
  *   - every kernel, memset and copy is appended as one line to the file
  *     named by KREX_FAKE_TIMELINE (simgpu.c, format in README.md);
  *   - device memory (memory.c) is counted against a per-GPU capacity shared
- *     by all processes through a small mmap'd state file (memshare.c).
+ *     by all processes through a small mmap'd state file (memshare.c), which
+ *     also holds each process's checkpoint-lock state (checkpoint.c: every
+ *     exported function starts with FC_ENTRY()) and its recent GPU
+ *     activity (activity.c); share.h has its layout.
  *
  * All driver state of a process is guarded by one mutex, fc.mu.  Calls that
  * wait (synchronize, a full launch queue) compute their deadline under the
@@ -285,6 +288,23 @@ uint64_t fc_share_used(int gpu);  /* bytes in use by all processes */
 void fc_share_ctx(int gpu, int delta);
 void fc_share_exit(void);
 void fc_share_atfork_child(void);
+/* cuInit: this process's record in the state file (shared with any other
+ * copy of the driver loaded in the process). */
+void fc_share_attach(void);
+
+/* activity.c: an operation enqueued for execution on simulated GPU `gpu`
+ * (not captured work); recorded for krexd and the checkpoint lock. */
+void fc_activity_note(int gpu, uint64_t start_ns, uint64_t end_ns);
+
+/* checkpoint.c: the entry check of every exported function.  FC_ENTRY(); is
+ * the first statement of each FC_API function (test_fakecuda_checkpoint.py
+ * checks the sources): while the process is locked by
+ * cuCheckpointProcessLock the call sleeps, and from entry to return it
+ * counts as in progress, which the lock waits to drain. */
+void *fc_gate_enter(void);
+void fc_gate_leave(void **token);
+#define FC_ENTRY()                                                                     \
+    void *fc_entry_token_ __attribute__((cleanup(fc_gate_leave), unused)) = fc_gate_enter()
 
 /* fault.c: fatal faults and the modelled MPS server (KREX_FAKE_MPS) */
 CUresult fc_mps_open(void);

@@ -44,6 +44,7 @@ CUresult fc_graph_append(struct CUgraph_st *g, const struct fc_node *node)
 
 FC_API CUresult cuGraphDestroy(CUgraph hGraph)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -100,11 +101,13 @@ static CUresult graph_instantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
 FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
                                             unsigned long long flags)
 {
+    FC_ENTRY();
     return graph_instantiate(phGraphExec, hGraph, flags);
 }
 
 FC_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -159,6 +162,8 @@ static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool per_
         total += hGraphExec->nodes[i].duration_ns;
     if (r == CUDA_SUCCESS)
         r = fc_enqueue(s, total, &start, &end);
+    if (r == CUDA_SUCCESS && hGraphExec->count > 0)
+        fc_activity_note(fc.phys[s->ctx->device], start, end); /* the whole launch */
     for (size_t i = 0; r == CUDA_SUCCESS && i < hGraphExec->count; i++) {
         const struct fc_node *n = &hGraphExec->nodes[i];
         if (n->op.kind != FC_OP_NONE)
@@ -172,11 +177,13 @@ static CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool per_
 
 FC_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
+    FC_ENTRY();
     return graph_launch(hGraphExec, hStream, false);
 }
 
 FC_API CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
+    FC_ENTRY();
     return graph_launch(hGraphExec, hStream, true);
 }
 
@@ -199,12 +206,14 @@ static CUresult instantiate_with_params(CUgraphExec *phGraphExec, CUgraph hGraph
 FC_API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
                                              CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
+    FC_ENTRY();
     return instantiate_with_params(phGraphExec, hGraph, params);
 }
 
 FC_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
+    FC_ENTRY();
     return instantiate_with_params(phGraphExec, hGraph, params);
 }
 
@@ -227,10 +236,12 @@ static CUresult graph_upload(CUgraphExec hGraphExec, CUstream hStream, bool per_
 
 FC_API CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
 {
+    FC_ENTRY();
     return graph_upload(hGraphExec, hStream, false);
 }
 
 FC_API CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
+    FC_ENTRY();
     return graph_upload(hGraphExec, hStream, true);
 }

@@ -32,6 +32,16 @@ class Build:
     fakebench: Path
     fakealloc: Path
 
+    @property
+    def fakelock(self) -> Path:
+        """The checkpoint-lock driver program (progs/fakelock.c)."""
+        return self.lib_dir / "bin" / "fakelock"
+
+    @property
+    def fakedeep(self) -> Path:
+        """The program with a second, RTLD_DEEPBIND copy of the driver (progs/fakedeep.c)."""
+        return self.lib_dir / "bin" / "fakedeep"
+
     @classmethod
     def default(cls) -> Build:
         """Where ``make fakecuda`` puts them (``build/fakecuda``)."""
@@ -83,6 +93,19 @@ class FakeCuda:
         assert proc.returncode == 0, f"fakebench {args}: rc {proc.returncode}\n{proc.stderr}"
         summary: dict[str, Any] = json.loads(proc.stdout)
         return summary
+
+    def lock_steps(self, *steps: str | int, timeout: float = 30) -> list[dict[str, Any]]:
+        """Run fakelock with ``steps`` (``"lock", pid, "sleep", 300, "unlock", pid``, ...);
+        return its JSON lines, one per step but ``sleep`` (any exit status)."""
+        proc = subprocess.run(
+            [str(self.build.fakelock), *map(str, steps)],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode in (0, 1), f"fakelock {steps}: rc {proc.returncode}\n{proc.stderr}"
+        return json_lines(proc.stdout)
 
     def alloc_proc(
         self, *steps: str, env: Mapping[str, str] | None = None

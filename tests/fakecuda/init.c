@@ -18,7 +18,7 @@
  *                         K/M/G/T (binary, also KiB/MiB/GiB/TiB); default 80 GiB
  *   KREX_FAKE_TIMELINE    timeline file (appended; unset: no timeline)
  *   KREX_FAKE_STATE       shared memory-state file; default <timeline>.state,
- *                         or /dev/shm/krex-fakecuda-<uid>.v2 without a timeline
+ *                         or /dev/shm/krex-fakecuda-<uid>.v3 without a timeline
  *   KREX_FAKE_MPS         1 or log: a modelled MPS server spreads fatal faults
  *                         (fault.c; KREX_FAKE_MPS_STATE names its file)
  * A bad value makes cuInit fail with CUDA_ERROR_INVALID_VALUE and a message
@@ -208,11 +208,13 @@ static CUresult configure(void)
         }
     } else {
         /* The format version in the name: builds of another format never share it. */
-        snprintf(state, sizeof state, "/dev/shm/krex-fakecuda-%u.v2", (unsigned)getuid());
+        snprintf(state, sizeof state, "/dev/shm/krex-fakecuda-%u.v3", (unsigned)getuid());
     }
     r = fc_share_open(state);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        fc_share_attach(); /* the process record: checkpoint lock, activity */
         r = fc_mps_open();
+    }
     if (r != CUDA_SUCCESS)
         return r;
     return fc.ndev > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
@@ -220,6 +222,7 @@ static CUresult configure(void)
 
 FC_API CUresult cuInit(unsigned int Flags)
 {
+    FC_ENTRY();
     if (Flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     fc_lock();
@@ -237,6 +240,7 @@ FC_API CUresult cuInit(unsigned int Flags)
 
 FC_API CUresult cuDriverGetVersion(int *driverVersion)
 {
+    FC_ENTRY();
     if (driverVersion == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *driverVersion = FC_DRIVER_VERSION;

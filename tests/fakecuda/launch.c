@@ -101,6 +101,7 @@ FC_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int
                                unsigned int sharedMemBytes, CUstream hStream, void **kernelParams,
                                void **extra)
 {
+    FC_ENTRY();
     (void)sharedMemBytes;
     return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
                   kernelParams, extra, false);
@@ -112,6 +113,7 @@ FC_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigne
                                     unsigned int sharedMemBytes, CUstream hStream,
                                     void **kernelParams, void **extra)
 {
+    FC_ENTRY();
     (void)sharedMemBytes;
     return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream,
                   kernelParams, extra, true);
@@ -131,11 +133,13 @@ static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **ker
 FC_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                  void **extra)
 {
+    FC_ENTRY();
     return launch_ex(config, f, kernelParams, extra, false);
 }
 
 FC_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                       void **kernelParams, void **extra)
 {
+    FC_ENTRY();
     return launch_ex(config, f, kernelParams, extra, true);
 }

@@ -164,6 +164,7 @@ int fc_current_gpu(void)
 
 FC_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -183,6 +184,7 @@ FC_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 
 FC_API CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -211,6 +213,7 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 FC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -262,11 +265,13 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool per_thread)
 
 FC_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
+    FC_ENTRY();
     return alloc_async(dptr, bytesize, hStream, false);
 }
 
 FC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
+    FC_ENTRY();
     return alloc_async(dptr, bytesize, hStream, true);
 }
 
@@ -283,6 +288,7 @@ static struct CUmemPoolHandle_st default_pools[FC_MAX_GPUS];
 
 FC_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -307,27 +313,32 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool
 FC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                         CUstream hStream)
 {
+    FC_ENTRY();
     return alloc_from_pool(dptr, bytesize, pool, hStream, false);
 }
 
 FC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                              CUmemoryPool pool, CUstream hStream)
 {
+    FC_ENTRY();
     return alloc_from_pool(dptr, bytesize, pool, hStream, true);
 }
 
 FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
+    FC_ENTRY();
     return free_async(dptr, hStream, false);
 }
 
 FC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
+    FC_ENTRY();
     return free_async(dptr, hStream, true);
 }
 
 FC_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;

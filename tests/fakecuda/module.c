@@ -12,6 +12,7 @@
 
 FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -49,6 +50,7 @@ static bool library_ok(CUlibrary l)
 
 FC_API CUresult cuModuleUnload(CUmodule hmod)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -78,6 +80,7 @@ static struct CUfunc_st *func_find(struct CUfunc_st **list, const char *name)
 
 FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -100,6 +103,7 @@ FC_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
                                   CUlibraryOption *libraryOptions, void **libraryOptionValues,
                                   unsigned int numLibraryOptions)
 {
+    FC_ENTRY();
     (void)jitOptions;
     (void)jitOptionsValues;
     (void)libraryOptions;
@@ -128,6 +132,7 @@ FC_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
 
 FC_API CUresult cuLibraryUnload(CUlibrary library)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -142,6 +147,7 @@ FC_API CUresult cuLibraryUnload(CUlibrary library)
 
 FC_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -170,6 +176,7 @@ FC_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
 
 FC_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;

@@ -120,6 +120,9 @@ static const struct proc_row rows[] = {
           cuGraphInstantiateWithParams_ptsz),
     ROW(cuGraphExecDestroy, 10000, cuGraphExecDestroy),
     ROW(cuGraphDestroy, 10000, cuGraphDestroy),
+    ROW(cuCheckpointProcessGetState, 12080, cuCheckpointProcessGetState),
+    ROW(cuCheckpointProcessLock, 12080, cuCheckpointProcessLock),
+    ROW(cuCheckpointProcessUnlock, 12080, cuCheckpointProcessUnlock),
     ROW(cuGetErrorString, 6000, cuGetErrorString),
     ROW(cuGetErrorName, 6000, cuGetErrorName),
     ROW(cuGetProcAddress, 11030, cuGetProcAddress),
@@ -161,12 +164,14 @@ static CUresult lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64
 
 FC_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
+    FC_ENTRY();
     return lookup(symbol, pfn, cudaVersion, flags, NULL);
 }
 
 FC_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
                                     cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
 {
+    FC_ENTRY();
     return lookup(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
@@ -174,6 +179,7 @@ FC_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
  * driver has none (so libcudart cannot run on it; tests use the driver API). */
 FC_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
 {
+    FC_ENTRY();
     (void)pExportTableId;
     if (ppExportTable)
         *ppExportTable = NULL;

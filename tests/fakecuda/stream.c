@@ -128,6 +128,7 @@ CUresult fc_submit(struct CUstream_st *s, enum fc_kind kind, uint64_t duration_n
         return r;
     if (op)
         fc_dataop_apply(op);
+    fc_activity_note(fc.phys[s->ctx->device], start, end);
     fc_timeline_write(s->id, kind, start, end, false);
     return CUDA_SUCCESS;
 }
@@ -162,16 +163,19 @@ static CUresult stream_create(CUstream *phStream, unsigned int flags, int priori
 
 FC_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
+    FC_ENTRY();
     return stream_create(phStream, Flags, 0);
 }
 
 FC_API CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
 {
+    FC_ENTRY();
     return stream_create(phStream, flags, priority);
 }
 
 FC_API CUresult cuStreamDestroy_v2(CUstream hStream)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -205,11 +209,13 @@ static CUresult stream_sync(CUstream hStream, bool per_thread)
 
 FC_API CUresult cuStreamSynchronize(CUstream hStream)
 {
+    FC_ENTRY();
     return stream_sync(hStream, false);
 }
 
 FC_API CUresult cuStreamSynchronize_ptsz(CUstream hStream)
 {
+    FC_ENTRY();
     return stream_sync(hStream, true);
 }
 
@@ -231,11 +237,13 @@ static CUresult stream_query(CUstream hStream, bool per_thread)
 
 FC_API CUresult cuStreamQuery(CUstream hStream)
 {
+    FC_ENTRY();
     return stream_query(hStream, false);
 }
 
 FC_API CUresult cuStreamQuery_ptsz(CUstream hStream)
 {
+    FC_ENTRY();
     return stream_query(hStream, true);
 }
 
@@ -280,11 +288,13 @@ static CUresult stream_wait_event(CUstream hStream, CUevent hEvent, unsigned int
 
 FC_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
+    FC_ENTRY();
     return stream_wait_event(hStream, hEvent, Flags, false);
 }
 
 FC_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
+    FC_ENTRY();
     return stream_wait_event(hStream, hEvent, Flags, true);
 }
 
@@ -306,16 +316,19 @@ static CUresult stream_get_ctx(CUstream hStream, CUcontext *pctx, bool per_threa
 
 FC_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 {
+    FC_ENTRY();
     return stream_get_ctx(hStream, pctx, false);
 }
 
 FC_API CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx)
 {
+    FC_ENTRY();
     return stream_get_ctx(hStream, pctx, true);
 }
 
 FC_API CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx)
 {
+    FC_ENTRY();
     if (pGreenCtx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *pGreenCtx = NULL; /* green contexts are not modelled */
@@ -324,6 +337,7 @@ FC_API CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx 
 
 FC_API CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx)
 {
+    FC_ENTRY();
     if (pGreenCtx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *pGreenCtx = NULL;

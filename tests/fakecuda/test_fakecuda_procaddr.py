@@ -178,3 +178,25 @@ def test_error_table_is_generated_from_cuda_h(lib: Lib) -> None:
     assert text.value == b"out of memory"
     assert lib.dll.cuGetErrorName(123456, ctypes.byref(name)) == CUDA_ERROR_INVALID_VALUE
     assert name.value is None
+
+
+def test_checkpoint_calls_resolve_from_their_cuda_version(lib: Lib) -> None:
+    """cudaTypedefs.h declares them as PFN_cuCheckpointProcess*_v12080."""
+    for base in (
+        "cuCheckpointProcessLock",
+        "cuCheckpointProcessUnlock",
+        "cuCheckpointProcessGetState",
+    ):
+        assert lib.resolve(base, 12080, LEGACY) == (0, base, SUCCESS)
+        assert lib.resolve(base, 13000, PER_THREAD) == (0, base, SUCCESS)
+        assert lib.resolve(base, 12000, LEGACY) == (
+            CUDA_ERROR_NOT_FOUND,
+            None,
+            VERSION_NOT_SUFFICIENT,
+        )
+
+
+def test_every_export_is_an_export_of_the_real_driver(lib: Lib) -> None:
+    real = HERE.parent / "shim" / "data" / "libcuda-580.159.04-exports.txt"
+    names = {ln.strip() for ln in real.read_text().splitlines() if ln and not ln.startswith("#")}
+    assert lib.exports - names == set()

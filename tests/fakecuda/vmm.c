@@ -33,6 +33,7 @@ static struct fc_phys *phys_of(CUmemGenericAllocationHandle h)
 FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -59,6 +60,7 @@ FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 FC_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -76,6 +78,7 @@ FC_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 FC_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
                                     CUdeviceptr addr, unsigned long long flags)
 {
+    FC_ENTRY();
     (void)alignment; /* mmap's page alignment serves every test */
     (void)addr;
     CUresult r = fc_check_init();
@@ -92,6 +95,7 @@ FC_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 
 FC_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -103,6 +107,7 @@ FC_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 FC_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -114,6 +119,7 @@ FC_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
 
 FC_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -140,17 +146,20 @@ static CUresult host_alloc(void **pp, size_t bytesize)
 
 FC_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
+    FC_ENTRY();
     (void)Flags; /* portable / mapped / write-combined change nothing here */
     return host_alloc(pp, bytesize);
 }
 
 FC_API CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
+    FC_ENTRY();
     return host_alloc(pp, bytesize);
 }
 
 FC_API CUresult cuMemFreeHost(void *p)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;
@@ -160,6 +169,7 @@ FC_API CUresult cuMemFreeHost(void *p)
 
 FC_API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
 {
+    FC_ENTRY();
     (void)Flags;
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
@@ -174,6 +184,7 @@ FC_API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flag
 
 FC_API CUresult cuMemHostUnregister(void *p)
 {
+    FC_ENTRY();
     CUresult r = fc_check_init();
     if (r != CUDA_SUCCESS)
         return r;

@@ -82,7 +82,7 @@ def test_fake_source_before_any_fake_process_ran(
 
 
 def test_fake_source_reads_what_the_fake_driver_writes(fc: FakeCuda) -> None:
-    """krexd's reader against the writer of the ``rexfksv2`` state file (interfaces.md)."""
+    """krexd's reader against the writer of the ``rexfksv3`` state file (interfaces.md)."""
     env = fc.env(KREX_FAKE_MEM_BYTES="1G", KREX_FAKE_GPUS="2")
     holder = fc.alloc_proc("device=1", "alloc=300M", "wait", env=env)
     try:

@@ -1,0 +1,263 @@
+"""The checkpoint lock and per-process activity of the fake driver, across processes.
+
+``fakelock`` (progs/fakelock.c) locks, unlocks and reads the state of another
+process as krexd will, with cuInit only; the timeline shows when the locked
+process's work ran.  Semantics: tests/fakecuda/README.md "Checkpoint lock".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from krexd.activity import FakeActivitySource
+from krexd.gpus import GpuInfo
+from krexd.memory import sources
+from krexd.memory.sources import FakeStateSource
+from tests.fakecuda import timeline
+from tests.fakecuda.harness import HERE, FakeCuda
+from tests.fakecuda.timeline import Record
+
+MS = 1_000_000
+# Enqueues 5 x 100 ms of kernels, then waits on stdin without calling the driver.
+IDLE_AFTER_LAUNCHES = """
+import fakegpu, sys
+fakegpu.init()
+for _ in range(5):
+    fakegpu.launch(100_000_000)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _start(fc: FakeCuda, prog: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(prog), *args],
+        env=fc.env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _bench(fc: FakeCuda, *args: str, **env: str) -> subprocess.Popen[str]:
+    return _start(fc, fc.build.fakebench, *args, **env)
+
+
+def _ops(fc: FakeCuda, pid: int, n: int = 1, after_ns: int = 0) -> list[Record]:
+    """The pid's timeline records once it has ``n`` starting at or after ``after_ns``."""
+    deadline = time.monotonic() + 5
+    while True:
+        recs = timeline.by_pid(fc.records()).get(pid, [])
+        if sum(r.start_ns >= after_ns for r in recs) >= n:
+            return recs
+        assert time.monotonic() < deadline, f"pid {pid}: {len(recs)} records"
+        time.sleep(0.01)
+
+
+def _stop(p: subprocess.Popen[str]) -> None:
+    p.kill()
+    p.wait()
+
+
+def test_lock_waits_for_queued_work_and_holds_the_process_until_unlock(fc: FakeCuda) -> None:
+    # Rounds of 100 x 10 ms kernels (1 s queued), each followed by a synchronize.
+    bench = _bench(fc, "--seconds", "4", "--kernel-ns", str(10 * MS), "--sync-every", "100")
+    try:
+        _ops(fc, bench.pid, 100)
+        pid = bench.pid
+        steps = fc.lock_steps(
+            "state",
+            pid,
+            "lock",
+            pid,
+            "lock",
+            pid,
+            "state",
+            pid,
+            "sleep",
+            300,
+            "unlock",
+            pid,
+            "state",
+            pid,
+            "unlock",
+            pid,
+        )
+        before, lock, again, locked, unlock, after, unlock2 = steps
+        assert (before["state"], locked["state"], after["state"]) == (
+            "RUNNING",
+            "LOCKED",
+            "RUNNING",
+        )
+        assert lock["result"] == unlock["result"] == "CUDA_SUCCESS"
+        assert again["result"] == unlock2["result"] == "CUDA_ERROR_ILLEGAL_STATE"
+        assert lock["elapsed_ms"] > 500, "about 1 s of kernels was queued"
+        recs = _ops(fc, pid, 1, after_ns=unlock["start_ns"])
+        # Every kernel enqueued before the lock returned had ended by then ...
+        first_round = [r for r in recs if r.start_ns < lock["end_ns"]]
+        assert len(first_round) >= 100
+        assert max(r.end_ns for r in first_round) <= lock["end_ns"]
+        # ... none started while locked, and the next one only after the unlock.
+        assert not [r for r in recs if lock["end_ns"] <= r.start_ns < unlock["start_ns"]]
+        assert min(r.start_ns for r in recs if r.start_ns >= lock["end_ns"]) >= unlock["start_ns"]
+    finally:
+        _stop(bench)
+
+
+def test_lock_waits_for_work_queued_by_a_process_making_no_call(fc: FakeCuda) -> None:
+    idle = subprocess.Popen(
+        [sys.executable, "-c", IDLE_AFTER_LAUNCHES],
+        env=fc.env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert idle.stdout is not None and idle.stdout.readline() == "ready\n"
+        (lock,) = fc.lock_steps("lock", idle.pid)
+        recs = timeline.by_pid(fc.records())[idle.pid]
+        assert lock["result"] == "CUDA_SUCCESS" and len(recs) == 5
+        assert lock["end_ns"] >= recs[-1].end_ns > lock["start_ns"]
+    finally:
+        _stop(idle)
+
+
+def test_a_lock_that_times_out_leaves_the_process_running(fc: FakeCuda) -> None:
+    bench = _bench(fc, "--seconds", "3", "--kernel-ns", str(50 * MS), "--sync-every", "10")
+    try:
+        _ops(fc, bench.pid, 10)
+        lock, state = fc.lock_steps("lock", bench.pid, 100, "state", bench.pid)
+        assert lock["result"] == "CUDA_ERROR_TIMEOUT"
+        assert 90 <= lock["elapsed_ms"] < 450
+        assert state["state"] == "RUNNING"
+        _ops(fc, bench.pid, 1, after_ns=lock["end_ns"])  # it runs on
+    finally:
+        _stop(bench)
+
+
+def test_lock_of_a_process_waiting_in_stream_synchronize(fc: FakeCuda) -> None:
+    bench = _bench(fc, "--count", "2", "--kernel-ns", str(400 * MS), "--sync-every", "1")
+    (first,) = _ops(fc, bench.pid, 1)
+    lock, unlock = fc.lock_steps("lock", bench.pid, "sleep", 300, "unlock", bench.pid)
+    out, err = bench.communicate(timeout=10)
+    assert bench.returncode == 0, err
+    assert json.loads(out)["kernels"] == 2
+    assert lock["result"] == "CUDA_SUCCESS" and lock["end_ns"] >= first.end_ns
+    second = timeline.by_pid(fc.records())[bench.pid][1]
+    assert second.start_ns >= unlock["start_ns"], "the unlock woke it; the next kernel followed"
+
+
+def test_lock_needs_a_process_that_initialized_the_driver(fc: FakeCuda) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    init_only = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fakegpu, sys\nfakegpu.Driver().call('cuInit', 0)\n"
+            "print('ready', flush=True)\nsys.stdin.read()",
+        ],
+        env=fc.env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert init_only.stdout is not None and init_only.stdout.readline() == "ready\n"
+        steps = fc.lock_steps(
+            "lock", sleeper.pid, "unlock", sleeper.pid, "state", sleeper.pid, "state", 4_000_000
+        )
+        assert [s["result"] for s in steps] == ["CUDA_ERROR_INVALID_VALUE"] * 4
+        # cuInit alone makes a process lockable; krexd's memory view does not list it.
+        steps = fc.lock_steps("lock", init_only.pid, "unlock", init_only.pid)
+        assert [s["result"] for s in steps] == ["CUDA_SUCCESS"] * 2
+        gpus = [GpuInfo(0, "sim", 80 << 30, 50 << 20, None, True)]
+        assert init_only.pid not in (
+            FakeStateSource(gpus, str(fc.state_path)).read()[0].per_pid or {}
+        )
+    finally:
+        _stop(sleeper)
+        _stop(init_only)
+
+
+def _record_pids(path: Path) -> set[int]:
+    data = path.read_bytes()
+    offs = range(sources.FAKE_PROCS_OFF, sources.FAKE_RECORDS_BYTES, sources.FAKE_PROC_BYTES)
+    return {struct.unpack_from("<i", data, off)[0] for off in offs} - {0}
+
+
+def test_a_killed_locked_process_leaks_nothing(fc: FakeCuda) -> None:
+    victim = _bench(fc, "--count", "1", "--kernel-ns", str(100 * MS))
+    _ops(fc, victim.pid)
+    (lock,) = fc.lock_steps("lock", victim.pid)
+    assert lock["result"] == "CUDA_SUCCESS"
+    _stop(victim)
+    state, unlock = fc.lock_steps("state", victim.pid, "unlock", victim.pid)
+    assert state["result"] == unlock["result"] == "CUDA_ERROR_INVALID_VALUE"
+    assert unlock["elapsed_ms"] < 100
+    assert victim.pid not in _record_pids(fc.state_path), "its record was reclaimed"
+    # A lock waiting for a process that is killed returns instead of hanging.
+    busy = _bench(fc, "--count", "1", "--kernel-ns", str(3000 * MS))
+    _ops(fc, busy.pid)
+    locker = _start(fc, fc.build.fakelock, "lock", str(busy.pid))
+    time.sleep(0.2)
+    _stop(busy)
+    out, _ = locker.communicate(timeout=2)
+    assert json.loads(out)["result"] == "CUDA_ERROR_INVALID_VALUE"
+
+
+def test_a_second_copy_of_the_driver_in_the_process_is_locked_too(
+    fc: FakeCuda, tmp_path: Path
+) -> None:
+    plugin = tmp_path / "libcuda-plugin.so.1"  # another file: the loader maps it again
+    shutil.copy(fc.build.lib_dir / "libcuda.so.1", plugin)
+    deep = _start(fc, fc.build.fakedeep, str(plugin), "1.2", str(2 * MS))
+    _ops(fc, deep.pid, 5)
+    lock, unlock = fc.lock_steps("lock", deep.pid, "sleep", 300, "unlock", deep.pid)
+    out, err = deep.communicate(timeout=10)
+    assert deep.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["distinct"] is True, "the launches went through a second copy"
+    assert lock["result"] == unlock["result"] == "CUDA_SUCCESS"
+    recs = timeline.by_pid(fc.records())[deep.pid]
+    assert not [r for r in recs if lock["end_ns"] <= r.start_ns < unlock["start_ns"]]
+    assert [r for r in recs if r.start_ns >= unlock["start_ns"]], "it ran on after the unlock"
+
+
+def test_the_activity_reader_sees_a_process_work_in_a_window_only(fc: FakeCuda) -> None:
+    env = {"KREX_FAKE_GPUS": "2", "CUDA_VISIBLE_DEVICES": "1"}
+    kernels = _bench(fc, "--count", "5", "--kernel-ns", str(100 * MS), **env)
+    graphs = _bench(fc, "--capture", "2", "--count", "2", "--kernel-ns", str(100 * MS))
+    try:
+        k = _ops(fc, kernels.pid, 5)
+        g = _ops(fc, graphs.pid, 4)
+        src = FakeActivitySource(str(fc.state_path))
+        t0, t1 = k[0].start_ns, k[-1].end_ns
+        assert src.busy(1, t0, t1) == {kernels.pid: t1 - t0}
+        assert src.busy(1, t0 + 50 * MS, t0 + 150 * MS) == {kernels.pid: 100 * MS}
+        assert src.busy(1, t1, t1 + 10**9) == {} and src.busy(1, t0 - 10**9, t0) == {}
+        # The graph launches (on GPU 0) count, as one interval each.
+        busy0 = src.busy(0, g[0].start_ns, g[-1].end_ns)
+        assert busy0 == {graphs.pid: g[-1].end_ns - g[0].start_ns}
+    finally:
+        _stop(kernels)
+        _stop(graphs)
+
+
+def test_every_export_makes_the_entry_check_first() -> None:
+    missing = []
+    for path in sorted(HERE.glob("*.c")):
+        text = path.read_text()
+        for m in re.finditer(r"^FC_API [^;{]*?(\w+)\([^{;]*\)\s*\{\n(.*)\n", text, re.M):
+            if m.group(2).strip() != "FC_ENTRY();":
+                missing.append(f"{path.name}: {m.group(1)}")
+    assert not missing
+    assert (
+        len(re.findall(r"^FC_API ", "".join(p.read_text() for p in HERE.glob("*.c")), re.M)) > 100
+    )
