@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from krexd import states
 from krexd.coordinator.records import tenant_state
@@ -42,6 +42,10 @@ class DrainFreeze:
         frozen: the entry's list of tenants whose freeze was written; each
             freeze written here is appended to it at once.
         loop: the event loop the entry runs on.
+        before_freeze: called in the drain's thread with each drained
+            tenant just before its freeze is written (the driver lock of
+            its processes: a process is locked before it is frozen, never
+            while frozen inside a driver call); None: nothing.
     """
 
     def __init__(
@@ -50,8 +54,10 @@ class DrainFreeze:
         siblings: list[Tenant],
         frozen: list[Tenant],
         loop: asyncio.AbstractEventLoop,
+        before_freeze: Callable[[Tenant], None] | None = None,
     ) -> None:
         self._ctl = control
+        self._before_freeze = before_freeze
         self._waiting = list(siblings)  # not frozen yet
         self._frozen = frozen
         self._loop = loop
@@ -69,6 +75,11 @@ class DrainFreeze:
         """
         taken: list[Tenant] = []
         skip: list[int] = []
+        if self._before_freeze is not None:
+            with self._lock:
+                drained = [t for t in self._waiting if t.id not in pending and not self._stopped]
+            for sib in drained:  # outside the lock: stop() on the loop never waits for it
+                self._before_freeze(sib)
         try:
             with self._lock:
                 if self._stopped:

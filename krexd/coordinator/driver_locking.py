@@ -41,8 +41,40 @@ log = logging.getLogger("krexd.coordinator")
 class DriverLocking(FailClosed):
     """The driver lock of region entry (``ProcessLock``) and its release."""
 
+    def _lock_drained(self, tenant: Tenant, locks: DriverLocks) -> None:
+        """In the drain's thread: lock a drained sibling's GPU processes before its freeze.
+
+        A process is locked while it runs, never while frozen inside a
+        driver call (a lock waits for calls in progress).  Failures are kept
+        in ``locks.failed`` and judged after the drain (``_lock_gpu``).
+        """
+        if self._proc_lock is None:
+            return
+        if locks.users is None:
+            locks.users = self._guard.users() if self._guard is not None else None
+        users = locks.users
+        pids = {p for p in self._ctl.processes(tenant) if users is None or p in users}
+        self._lock_pids(pids - set(locks.pids), locks)
+
+    def _lock_pids(self, pids: set[int], locks: DriverLocks) -> list[Result]:
+        """Record, then lock ``pids`` in parallel (bounded); the results that did not settle."""
+        if not pids or self._proc_lock is None:
+            return []
+        if self._ledger is not None:
+            self._ledger.record(set(locks.pids) | pids)
+        timeout_ms = int(self._cfg.drain_timeout_s * 1e3)
+        results = self._proc_lock.lock_all(pids, timeout_ms)
+        locks.pids.extend(p for p, r in results.items() if r.outcome is Outcome.LOCKED)
+        failed = [r for r in results.values() if r.outcome not in _SETTLED]
+        locks.failed.extend(failed)
+        return failed
+
     async def _lock_gpu(self, holder: Tenant, locks: DriverLocks) -> None:
-        """Lock every process on this GPU but the holder's; the offenders pay.
+        """Lock every process on this GPU but the holder's not locked yet; the offenders pay.
+
+        Runs after the drain (the siblings that drained are locked already,
+        ``_lock_drained``), before the freeze of the rest, and once more
+        after the freeze for any process that reached the GPU meanwhile.
 
         Raises:
             KrexError: FOREIGN_GPU_USER (a process outside krex, with
@@ -55,26 +87,20 @@ class DriverLocking(FailClosed):
             return
         t0 = time.monotonic()
         users = await asyncio.to_thread(self._gpu_users, holder)
-        owner = {
-            pid: t for t in self._tenants for pid in self._ctl.processes(t) if t.id != holder.id
-        }
+        owner = {p: t for t in self._tenants for p in self._ctl.processes(t) if t.id != holder.id}
         holder_pids = set(self._ctl.processes(holder))
         targets = {p for p in users if p not in holder_pids and p != os.getpid()}
-        locks.foreign = sorted(p for p in targets if p not in owner)
-        if locks.foreign:
-            self._foreign_policy(locks.foreign)
-            if self._cfg.foreign == "allow":
-                targets -= set(locks.foreign)
-        if targets:
-            if self._ledger is not None:
-                self._ledger.record(targets)
-            timeout_ms = int(self._cfg.drain_timeout_s * 1e3)
-            results = await asyncio.to_thread(self._proc_lock.lock_all, targets, timeout_ms)
-            locks.pids.extend(p for p, r in results.items() if r.outcome is Outcome.LOCKED)
-            failed = [r for r in results.values() if r.outcome not in _SETTLED]
-            if failed:
-                await self._make_offenders_pay(failed, owner, locks)
-        locks.lock_ms = (time.monotonic() - t0) * 1e3
+        foreign = sorted(p for p in targets if p not in owner and p not in locks.foreign)
+        if foreign:
+            self._foreign_policy(foreign)
+            locks.foreign.extend(foreign)
+        if self._cfg.foreign == "allow":
+            targets -= set(locks.foreign)
+        await asyncio.to_thread(self._lock_pids, targets - set(locks.pids), locks)
+        failed, locks.failed = locks.failed, []
+        if failed:
+            await self._make_offenders_pay(failed, owner, locks)
+        locks.lock_ms += (time.monotonic() - t0) * 1e3
 
     def _gpu_users(self, holder: Tenant) -> set[int]:
         """Pids with a context on this GPU; without a source, the siblings' processes."""

@@ -191,7 +191,11 @@ class Entry(Ending, MemoryWait):
             # its registrations have drained, while the others still drain (DrainFreeze).
             self._region_state(states.DRAINING)  # CLOSING -> DRAINING
             early = DrainFreeze(
-                self._ctl, self._siblings(tenant), frozen, asyncio.get_running_loop()
+                self._ctl,
+                self._siblings(tenant),
+                frozen,
+                asyncio.get_running_loop(),
+                (lambda t: self._lock_drained(t, locks)) if self._proc_lock else None,
             )
             t = time.monotonic()
             drain = asyncio.ensure_future(self._drain(tenant, epoch, early.settled))
@@ -214,6 +218,9 @@ class Entry(Ending, MemoryWait):
             # The offenders pay: a sibling tenant that did not drain in time is ended
             # (exit 79), and the entry goes on once it has left the GPU.
             await self._end_overdue(drain.result(), epoch, locks)
+            # Step 3, enforced by the driver: every other process on the GPU not locked
+            # yet (as its tenant drained) is locked now, before its freeze.
+            await self._lock_gpu(tenant, locks)
             testhooks.pause("drained")
             marks.append(("drain", time.monotonic()))
             # Step 4: freeze the sibling process trees not frozen during the drain,
@@ -232,8 +239,8 @@ class Entry(Ending, MemoryWait):
             t_check = time.monotonic()
             marks.append(("pools", t_check))
             await self._fail_closed(tenant, epoch)
-            # Step 3, enforced by the driver: every other process on the GPU locked,
-            # its submitted work completed (the shim's acknowledgements were the fast path).
+            # Any process that reached the GPU since is locked too (frozen: it fails
+            # only if it was caught inside a driver call, and then it pays).
             await self._lock_gpu(tenant, locks)
             self._last_check_ms = (time.monotonic() - t_check) * 1e3
             self._last_freeze_ms = (time.monotonic() - t) * 1e3

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from krexd.driverlock import Result
+
 
 @dataclass
 class DriverLocks:
@@ -17,6 +19,8 @@ class DriverLocks:
     foreign: list[int] = field(default_factory=list)  # processes outside krex on the GPU
     ended: list[int] = field(default_factory=list)  # tenants ended as offenders
     lock_ms: float = 0.0
+    failed: list[Result] = field(default_factory=list)  # locks that did not settle, to judge
+    users: set[int] | None = None  # the GPU's users when the drain began (None: unknown)
 
     def record(self) -> dict[str, object]:
         """The grant's and the region log's view: locked, foreign, ended, lock_ms."""

@@ -75,16 +75,21 @@ def _pid(t: Tenant) -> int:
     return min(t.pids)
 
 
-def test_every_other_process_is_locked_after_the_freeze_and_unlocked_after_the_thaw() -> None:
+def test_every_other_process_is_locked_before_its_freeze_and_unlocked_after_the_thaw() -> None:
     r = LockRig(3, users_extra={FOREIGN})
     a, b, c = r.tenants
 
     async def scenario() -> None:
         grant = await r.enter(a)
-        names = r.events.names()
-        # Locked after every freeze, before the grant's pinning; the ledger first.
-        assert names.index("ledger") < names.index("lock")
-        assert max(i for i, n in enumerate(names) if n == "freeze") < names.index("lock")
+        log = r.events.log
+        # Each process is locked before its tenant's freeze (a lock waits for calls
+        # in progress: a process frozen inside one could never be locked), the
+        # ledger recorded before each lock, all before the grant's pinning.
+        for t in (b, c):
+            assert log.index(("lock", _pid(t))) < log.index(("freeze", t.id))
+        assert log.index(("lock", FOREIGN)) < r.events.names().index("pin_thread")
+        first_ledger = r.events.names().index("ledger")
+        assert first_ledger < r.events.names().index("lock")
         assert r.plock.locked == {_pid(b), _pid(c), FOREIGN}
         assert _pid(a) not in {e[1] for e in r.events.log if e[0] == "lock"}
         assert grant["driver_lock"]["locked"] == 3

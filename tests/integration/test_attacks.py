@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,11 +74,27 @@ class Scene:
 
 
 def scene(
-    krexd_factory: Any, tmp_path: Any, attack: list[str], cycles: int = 60, settle_s: float = 0.5
+    krexd_factory: Any,
+    tmp_path: Any,
+    attack: list[str],
+    cycles: int = 60,
+    settle_s: float = 0.5,
+    driver_lock: bool = True,
+    outside: list[str] | None = None,
+    config: dict[str, dict[str, Any]] | None = None,
 ) -> Scene:
-    """Start an honest sibling and the attacker ``attack``, run ``cycles`` regions."""
+    """Start an honest sibling and the attacker ``attack``, run ``cycles`` regions.
+
+    ``driver_lock``: krexd locks the GPU's other processes through the fake
+    driver at each entry (``KREX_DRIVER_LIB``), as it does on a real GPU;
+    False: the shim's acknowledgements alone.  ``outside``: the attacker is
+    started as a plain process, not through ``krex run`` (GPU use outside krex).
+    """
     state = os.path.join(tmp_path, "fakestate")  # krexd reads who has the GPU open there
-    k = krexd_factory(slots=6, env={"KREX_FAKE_STATE": state})
+    kenv = {"KREX_FAKE_STATE": state}
+    if driver_lock:
+        kenv["KREX_DRIVER_LIB"] = os.path.join(FAKE_DIR, "libcuda.so.1")
+    k = krexd_factory(slots=6, env=kenv, config=config)
     tl = os.path.join(k.workdir, "timeline")
     env = dict(k.env, LD_LIBRARY_PATH=FAKE_DIR, KREX_FAKE_TIMELINE=tl, KREX_FAKE_STATE=state)
     honest = subprocess.Popen(
@@ -88,7 +105,7 @@ def scene(
         stderr=subprocess.DEVNULL,
     )
     att = subprocess.Popen(
-        [*k.krex, "run", "--", *attack],
+        outside if outside is not None else [*k.krex, "run", "--", *attack],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -239,3 +256,101 @@ def test_another_pid_namespace_is_drained(krexd_factory: Any, tmp_path: Any) -> 
     inner = {r.pid for r in s.records} - {s.holder_pid}
     assert 1 in inner, "the namespaced command launched (as pid 1 of its namespace)"
     assert s.violations(set()) == []
+
+
+# ---- issue 28: exclusivity the tenant cannot subvert ------------------------------------------
+
+
+def test_a_forged_acknowledgement_lets_no_queued_work_into_a_region(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    """A thread acknowledges every closure at once while ~100 ms of kernels stay queued.
+
+    The drain the shim reports returns at once; the driver's lock waits for
+    the queued kernels, so none runs inside a region.
+    """
+    s = scene(krexd_factory, tmp_path, [sys.executable, ATTACKER, "self-ack"], cycles=20)
+    assert {"forging": True} in s.attacker
+    mine = [r for r in s.records if r.pid == s.attacker_pid]
+    assert len(mine) > 100, "the attacker kept kernels queued"
+    assert s.violations(set()) == []
+
+
+def test_without_the_driver_lock_a_forged_acknowledgement_overlaps_regions(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    """The same attack with ``[region] driver_lock = "off"``: the shim's word alone.
+
+    Shows that the attack works and the timeline sees it (what the test
+    above guards against); krex cannot tell, and nobody is ended.
+    """
+    s = scene(
+        krexd_factory,
+        tmp_path,
+        [sys.executable, ATTACKER, "self-ack"],
+        cycles=10,
+        driver_lock=False,
+    )
+    assert {s.attacker_pid} == {r.pid for r in s.violations(set())}
+
+
+def test_a_second_driver_copy_is_locked_with_the_process(krexd_factory: Any, tmp_path: Any) -> None:
+    """Launches through a second copy of the driver (as RTLD_DEEPBIND/dlmopen load one)."""
+    plugin = os.path.join(tmp_path, "libcuda-plugin.so.1")
+    shutil.copy(os.path.join(FAKE_DIR, "libcuda.so.1"), plugin)
+    deep = os.path.join(FAKE_DIR, "bin", "fakedeep")
+    cmd = f'echo "{{\\"pid\\": $$}}"; exec {deep} {plugin} 30 2000000'
+    s = scene(krexd_factory, tmp_path, ["sh", "-c", cmd], cycles=30)
+    mine = [r for r in s.records if r.pid == s.attacker_pid]
+    assert mine, "the second copy launched"
+    assert s.violations(set()) == []
+
+
+def test_a_process_outside_krex_is_locked_for_every_region(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    """GPU use outside ``krex run`` (a tmux server, another user): locked, and named."""
+    s = scene(
+        krexd_factory,
+        tmp_path,
+        [],
+        cycles=30,
+        outside=[sys.executable, ATTACKER, "gpu", "5000000"],
+    )
+    mine = [r for r in s.records if r.pid == s.attacker_pid]
+    assert mine, "the outside process launched"
+    assert s.violations(set()) == []
+    assert f"processes outside krex on the GPU (lock): pid {s.attacker_pid}" in s.log
+
+
+def test_foreign_refuse_fails_entries_while_a_process_outside_krex_uses_the_gpu(
+    krexd_factory: Any, tmp_path: Any
+) -> None:
+    state = os.path.join(tmp_path, "fakestate")
+    lib = os.path.join(FAKE_DIR, "libcuda.so.1")
+    k = krexd_factory(
+        slots=4,
+        env={"KREX_FAKE_STATE": state, "KREX_DRIVER_LIB": lib},
+        config={"region": {"foreign": "refuse"}},
+    )
+    env = dict(k.env, LD_LIBRARY_PATH=FAKE_DIR, KREX_FAKE_STATE=state)
+    outside = subprocess.Popen(
+        [sys.executable, ATTACKER, "gpu"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert outside.stdout is not None
+        outside.stdout.readline()
+        time.sleep(0.3)
+        run = subprocess.run(
+            [*k.krex, "run", "--", sys.executable, HOLDER, "1", "3"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode != 0
+        assert "FOREIGN_GPU_USER" in run.stderr or "outside krex" in run.stderr, run.stderr
+        assert f"pid {outside.pid}" in run.stderr
+    finally:
+        outside.kill()
+        outside.wait()

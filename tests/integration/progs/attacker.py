@@ -24,6 +24,11 @@ Modes (the attacks of the issues "Gate v2" and "Tenant identity" 12.5):
   LD_PRELOAD`` or under ``unshare -pf --mount-proc``).
 * ``exec-unshimmed``: one kernel through the shim, then ``execve`` this
   program in mode ``gpu`` without ``LD_PRELOAD``.
+* ``self-ack [KERNEL_NS]``: register, then a thread watches the gate word
+  and, at each closure, writes the new epoch as its own acknowledgement
+  with a zero in-flight count into every slot of its slot memory (issue
+  "Exclusivity", self-acknowledgement), while the main thread keeps about
+  100 ms of kernels (default 5 ms each) queued.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import json
 import mmap
 import os
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fakecuda"))
 
@@ -40,7 +47,7 @@ import fakegpu  # noqa: E402
 WORD_OFFSET = 24  # krex_gate.h: magic 8, version 4, ntenants 4, gpu 4, reserved 4
 SLOTS_HEADER = 64
 SLOT_BYTES = 128  # krex_gate.h struct krex_slot
-ACK_OFFSET, TENANT_OFFSET = 12, 16
+INFLIGHT_OFFSET, ACK_OFFSET, TENANT_OFFSET = 8, 12, 16
 
 
 def say(**fields: object) -> None:
@@ -82,6 +89,34 @@ def launch_forever(gpu: fakegpu.FakeGpu, kernel_ns: int = 200_000) -> None:
             gpu.synchronize()
 
 
+def forge_acks(fd: int) -> None:
+    """Acknowledge every closure of the gate at once, in every slot (a thread)."""
+    size = os.fstat(fd).st_size
+    with open(os.environ["KREX_GATE"], "rb") as g, mmap.mmap(fd, size) as m:
+        gate = mmap.mmap(g.fileno(), 0, prot=mmap.PROT_READ)
+        seen = 0
+        while True:
+            word = int.from_bytes(gate[WORD_OFFSET : WORD_OFFSET + 8], "little")
+            epoch = word >> 32
+            if word and epoch != seen:
+                for i in range((size - SLOTS_HEADER) // SLOT_BYTES):
+                    base = SLOTS_HEADER + i * SLOT_BYTES
+                    if int.from_bytes(m[base : base + 8], "little"):
+                        m[base + INFLIGHT_OFFSET : base + INFLIGHT_OFFSET + 4] = bytes(4)
+                        m[base + ACK_OFFSET : base + ACK_OFFSET + 4] = epoch.to_bytes(4, "little")
+                seen = epoch
+            time.sleep(0.0001)
+
+
+def keep_queued(gpu: fakegpu.FakeGpu, kernel_ns: int) -> None:
+    """About 100 ms of kernels always queued: launch a batch, wait for half of it."""
+    batch = max(2, 100_000_000 // kernel_ns)
+    while True:
+        for _ in range(batch):
+            gpu.launch(kernel_ns)
+        time.sleep(batch * kernel_ns / 2e9)
+
+
 def main() -> None:
     mode = sys.argv[1]
     say(pid=os.getpid(), mode=mode)
@@ -97,6 +132,10 @@ def main() -> None:
     if mode == "exec-unshimmed":
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), "gpu"], env)
+    if mode == "self-ack":
+        threading.Thread(target=forge_acks, args=(slot_memory_fd(),), daemon=True).start()
+        say(forging=True)
+        keep_queued(gpu, int(sys.argv[2]) if len(sys.argv) > 2 else 5_000_000)
     if mode in ("relabel", "garbage", "truncate-slots"):
         fd = slot_memory_fd()
         size = os.fstat(fd).st_size
