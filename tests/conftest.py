@@ -213,7 +213,14 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
             f.write(render_toml(make_config(socket, name, slots, config)) + extra)
         log_path = os.path.join(workdir, "krexd.log")
         # KREX_SOCKET would override the config's socket: a test passes it in ``env``.
-        proc_env = clean_env(**(env or {}))
+        # krexd locks the GPU's processes through the fake driver, reading the same
+        # simulated device as the tenants that tests.support.fake_driver_env sets up
+        # in this workdir (a test's ``env`` overrides either).
+        fake_lib = os.path.join(REPO, "build", "fakecuda", "libcuda.so.1")
+        defaults = {"KREX_FAKE_STATE": os.path.join(workdir, "fakestate")}
+        if os.path.exists(fake_lib):
+            defaults["KREX_DRIVER_LIB"] = fake_lib
+        proc_env = clean_env(**{**defaults, **(env or {})})
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [
