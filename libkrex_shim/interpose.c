@@ -5,7 +5,7 @@
  *      exported names, so DT_NEEDED linking and dlsym(RTLD_DEFAULT) find
  *      them first (LD_PRELOAD).
  *   2. dlsym(libcuda handle, "cu...") searches only libcuda: the dlsym
- *      override answers with our hook (dlsym_x86_64.S keeps the caller's
+ *      override answers with our hook (dl_x86_64.S keeps the caller's
  *      return address for everything it forwards).
  *   3. cuGetProcAddress[_v2]: the hook calls the real resolver first, then
  *      krex_route_proc_address() maps the returned pointer back to the
