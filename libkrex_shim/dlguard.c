@@ -74,18 +74,6 @@ static dlmopen_fn real_dlmopen(void)
                                  "GLIBC_2.3.4");
 }
 
-/* Under krex: gating, refusing, or not initialised yet with KREX_GATE set
- * (a constructor's load before ours ran, a warm pool's forked command). */
-static int under_krex(void)
-{
-    /* Acquire: pairs with the release store that publishes the mode. */
-    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
-    if (mode != KREX_MODE_UNINIT)
-        return mode != KREX_MODE_PASS;
-    const char *g = getenv("KREX_GATE");
-    return g && *g;
-}
-
 static const char *base_of(const char *path)
 {
     const char *b = strrchr(path, '/');
@@ -342,7 +330,7 @@ __attribute__((visibility("hidden"))) int krex_dlopen_decide(const char *file, i
     int saved = errno;
     real_dlopen(); /* the entry jumps through the pointer */
     int refused = 0;
-    if (KREX_UNLIKELY(file && (mode & RTLD_DEEPBIND)) && under_krex() &&
+    if (KREX_UNLIKELY(file && (mode & RTLD_DEEPBIND)) && krex_under_krex() &&
         brings_driver(file, caller)) {
         refuse_load("dlopen", file,
                     is_driver_name(file) ? "RTLD_DEEPBIND of the CUDA driver"
@@ -362,7 +350,7 @@ __attribute__((visibility("hidden"))) int krex_dlmopen_decide(Lmid_t lmid, const
     real_dlopen(); /* for refuse_load */
     int refused = 0;
     /* Into the base namespace it is a dlopen; elsewhere no hook is seen. */
-    if (file && (lmid != LM_ID_BASE || (mode & RTLD_DEEPBIND)) && under_krex() &&
+    if (file && (lmid != LM_ID_BASE || (mode & RTLD_DEEPBIND)) && krex_under_krex() &&
         brings_driver(file, caller)) {
         refuse_load("dlmopen", file,
                     lmid != LM_ID_BASE ? "the CUDA driver (or a CUDA driver user) in another "
