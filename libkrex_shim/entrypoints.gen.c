@@ -777,7 +777,7 @@ KREX_HOOK CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVers
 {
     KREX_BIND(cuGetProcAddress);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags);
-    krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, NULL, 4);
+    krex_r = krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, NULL, 4);
     return KREX_RESULT(krex_r);
 }
 
@@ -785,7 +785,7 @@ KREX_HOOK CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaV
 {
     KREX_BIND(cuGetProcAddress_v2);
     CUresult krex_r = krex_real_fn(symbol, pfn, cudaVersion, flags, symbolStatus);
-    krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, symbolStatus, 5);
+    krex_r = krex_route_proc_address(krex_r, symbol, pfn, cudaVersion, symbolStatus, 5);
     return KREX_RESULT(krex_r);
 }
 

@@ -5,13 +5,15 @@
  *      exported names, so DT_NEEDED linking and dlsym(RTLD_DEFAULT) find
  *      them first (LD_PRELOAD).
  *   2. dlsym(libcuda handle, "cu...") searches only libcuda: the dlsym
- *      override answers with our hook (dlsym_x86_64.S keeps the caller's
+ *      override answers with our hook (dl_x86_64.S keeps the caller's
  *      return address for everything it forwards).
  *   3. cuGetProcAddress[_v2]: the hook calls the real resolver first, then
  *      krex_route_proc_address() maps the returned pointer back to the
  *      exported name at that address and substitutes that name's hook, so
  *      the driver's own choice of _v2/_v3/_ptsz/_ptds is kept.  The
  *      resolver's self-lookup routes to our resolver of the same arity.
+ *      A pointer to no export cuda.h declares (a name from a newer driver)
+ *      is refused under krex: it could do device work past the gate.
  *
  * The real driver is dlopen("libcuda.so.1") and each real function is
  * bound on first use with the real dlsym (never linked).
@@ -23,6 +25,7 @@
 #include <errno.h>
 #include <link.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,16 +253,60 @@ static int route_lookup(void *p, void **hook)
     return found;
 }
 
-void krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int cudaVersion,
-                             CUdriverProcAddressQueryResult *symbolStatus, int arity)
+/* Names resolved to no export cuda.h declares that are handed out
+ * unhooked anyway: query-only, no device work, no context of their own
+ * (the driver exports them; their headers are cudaProfiler.h, cudaGL.h,
+ * cudaVDPAU.h).  docs/design/shim.md, "cuGetProcAddress". */
+static const char *const proc_allow[] = {
+    "cuGLGetDevices",   /* the devices of the current GL context */
+    "cuProfilerStart",  /* profiler collection on/off: no GPU work */
+    "cuProfilerStop",
+    "cuVDPAUGetDevice", /* the device of a VDPAU device */
+};
+
+static int proc_allowed(const char *symbol)
 {
-    (void)symbolStatus; /* kept as the driver set it */
+    for (size_t i = 0; i < sizeof proc_allow / sizeof proc_allow[0]; i++)
+        if (!strcmp(symbol, proc_allow[i]))
+            return 1;
+    return 0;
+}
+
+/* One error line per refused name (the first 32 names; then silent). */
+static void say_refused(const char *symbol, int cudaVersion)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char said[32][64];
+    static int nsaid;
+    pthread_mutex_lock(&mu);
+    int fresh = 1;
+    for (int i = 0; i < nsaid && fresh; i++)
+        if (!strncmp(said[i], symbol, sizeof said[i] - 1))
+            fresh = 0;
+    if (fresh && nsaid < 32)
+        snprintf(said[nsaid++], sizeof said[0], "%s", symbol);
+    else
+        fresh = 0;
+    pthread_mutex_unlock(&mu);
+    if (fresh)
+        krex_log(KREX_LOG_ERROR, "cuGetProcAddress(\"%s\", CUDA %d): the driver returned a "
+                 "function cuda.h does not declare (a newer driver?); refused with "
+                 "CUDA_ERROR_NOT_FOUND, since its GPU calls would bypass krex's gate",
+                 symbol, cudaVersion);
+}
+
+CUresult krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int cudaVersion,
+                                 CUdriverProcAddressQueryResult *symbolStatus, int arity)
+{
     if (r != CUDA_SUCCESS || !pfn || !*pfn)
-        return;
+        return r;
     int saved = errno;
     pthread_once(&route_once, build_routes);
     void *hook = NULL;
-    if (route_lookup(*pfn, &hook)) {
+    if (!routes) {
+        krex_log(KREX_LOG_WARN, "%s: no routing table; pointer left as is",
+                 symbol ? symbol : "?");
+    } else if (route_lookup(*pfn, &hook)) {
         if (hook)
             *pfn = hook;
     } else if (symbol && (!strcmp(symbol, "cuGetProcAddress") ||
@@ -271,9 +318,17 @@ void krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int cud
                                                  : KREX_EP_cuGetProcAddress];
         krex_log(KREX_LOG_WARN, "self-lookup of %s returned an unknown pointer; "
                  "substituted our resolver for CUDA %d", symbol, cudaVersion);
-    } else {
+    } else if ((symbol && proc_allowed(symbol)) || !krex_under_krex()) {
         krex_log(KREX_LOG_DEBUG, "%s (v%d, %d-arg resolver): unknown pointer %p left as is",
                  symbol ? symbol : "?", cudaVersion, arity, *pfn);
+    } else {
+        /* As the driver answers a name it does not have. */
+        say_refused(symbol ? symbol : "?", cudaVersion);
+        *pfn = NULL;
+        if (symbolStatus)
+            *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        r = CUDA_ERROR_NOT_FOUND;
     }
     errno = saved;
+    return r;
 }

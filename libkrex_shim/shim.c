@@ -531,6 +531,16 @@ void krex_note_free(CUresult r)
 
 /* ---- exported ------------------------------------------------------------- */
 
+int krex_under_krex(void)
+{
+    /* Acquire: pairs with the release store that publishes the mode. */
+    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
+    if (mode != KREX_MODE_UNINIT)
+        return mode != KREX_MODE_PASS;
+    const char *g = getenv("KREX_GATE");
+    return g && *g;
+}
+
 /* 1 when gating is on in this process (interfaces.md "Shim symbols"). */
 KREX_EXPORT int krex_shim_active(void)
 {

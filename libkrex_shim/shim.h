@@ -89,6 +89,11 @@ extern _Atomic uint64_t krex_launches;
 
 void krex_shim_init(void);
 struct krex_slot *krex_enter_slow(void);
+/* 1 under krex: gating or refusing, or not initialised yet with KREX_GATE
+ * set (a load or lookup before the constructor ran, a warm pool's forked
+ * command); 0 in a pass-through process.  Reads no more than the mode and
+ * the environment (no initialisation). */
+int krex_under_krex(void);
 
 /* What krex_enter() returns when the process refuses GPU work (mode
  * REFUSE): the hook returns krex_refused() without calling the driver. */
@@ -361,8 +366,10 @@ void krex_note_ctx_current(CUresult r, CUcontext ctx);
 void krex_note_primary_reset(CUresult r, CUdevice dev);
 void krex_note_alloc(CUresult r, uint64_t bytes);
 void krex_note_free(CUresult r);
-void krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int cudaVersion,
-                             CUdriverProcAddressQueryResult *symbolStatus, int arity);
+/* Maps the resolver's pointer to our hook; refuses (CUDA_ERROR_NOT_FOUND)
+ * a pointer to no export cuda.h declares, under krex.  Returns the result. */
+CUresult krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int cudaVersion,
+                                 CUdriverProcAddressQueryResult *symbolStatus, int arity);
 
 /* ---- drain.c -------------------------------------------------------------- */
 

@@ -15,6 +15,7 @@
  */
 #include "fakecuda.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 struct proc_row {
@@ -130,12 +131,25 @@ static const struct proc_row rows[] = {
     ROW(cuGetExportTable, 3000, cuGetExportTable),
 };
 
+/* KREX_FAKE_NEWER_DRIVER=1: the driver also resolves "cuFooBar", a name no
+ * cuda.h declares, to a function of its own that is not exported (a driver
+ * newer than the headers the shim was built from). */
+static CUresult fake_foo_bar(void) { return CUDA_SUCCESS; }
+
 static CUresult lookup(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                        CUdriverProcAddressQueryResult *status)
 {
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
+    const char *newer = getenv("KREX_FAKE_NEWER_DRIVER");
+    if (newer && !strcmp(newer, "1") && !strcmp(symbol, "cuFooBar") &&
+        cudaVersion <= FC_DRIVER_VERSION) {
+        *pfn = (void *)fake_foo_bar;
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
     /* cuda.h: a version above the driver's is CUDA_ERROR_INVALID_VALUE. */
     if (cudaVersion > FC_DRIVER_VERSION)
         return CUDA_ERROR_INVALID_VALUE;

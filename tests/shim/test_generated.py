@@ -146,6 +146,8 @@ def test_shim_exports_the_hooks(shim_build: ShimBuild) -> None:
     assert not {"cuCtxSynchronize", "cuStreamSynchronize", "cuGetExportTable"} & hooked
     assert {
         "dlsym",
+        "dlopen",
+        "dlmopen",
         "krex_shim_region_begin",
         "krex_shim_region_end",
         "krex_shim_region_other_streams_ns",
