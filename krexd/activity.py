@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 
+from krexd.gpus import GpuInfo
 from krexd.memory.sources import (
     FAKE_MAGIC,
     FAKE_PROC_BYTES,
@@ -51,6 +53,9 @@ class FakeActivitySource:
     :func:`krexd.memory.sources.fake_state_path`.  Reads the file afresh on
     every call; holds nothing open.
     """
+
+    #: Exact: every operation interval is recorded (the witness ends offenders).
+    exact = True
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path or fake_state_path()
@@ -113,3 +118,79 @@ class FakeActivitySource:
             if g == gpu and start < t1 and end > t0:
                 hits.append((max(start, t0), min(end, t1)))
         return hits
+
+
+class NvmlActivitySource:
+    """Per-process GPU activity of real GPUs: NVML's per-process utilization samples.
+
+    ``nvmlDeviceGetProcessUtilization(handle, since_us)`` returns, per
+    process, samples (wall-clock µs) of its SM utilization (%).  The driver
+    samples on its own period, so a window shorter than that period may
+    show nothing and a sample may straddle the window's edge: the source is
+    not exact (``exact = False``): the witness flags what it saw and ends
+    nobody on it (docs/design/driver-lock.md gives the measured period).
+    ``uuids``: GPU index -> its UUID (``krexd.gpus.GpuInfo.uuid``); NVML is
+    initialized and each handle looked up on first use.
+    """
+
+    exact = False
+
+    def __init__(self, uuids: dict[int, str]) -> None:
+        self._uuids = uuids
+        self._handles: dict[int, object] = {}
+
+    def _handle(self, gpu_index: int) -> object | None:
+        import pynvml
+
+        if gpu_index not in self._handles and gpu_index in self._uuids:
+            pynvml.nvmlInit()
+            self._handles[gpu_index] = pynvml.nvmlDeviceGetHandleByUUID(self._uuids[gpu_index])
+        return self._handles.get(gpu_index)
+
+    def busy(self, gpu_index: int, t0_ns: int, t1_ns: int) -> dict[int, int]:
+        """pid -> an estimate of its SM-busy ns inside the window (CLOCK_MONOTONIC ns).
+
+        Each sample of a process whose time falls inside the window counts
+        its SM utilization times the sampling period it covers (the time
+        since that process's previous sample, at most the window).
+        Raises ``OSError`` when NVML fails.
+        """
+        import pynvml
+
+        try:
+            handle = self._handle(gpu_index)
+        except pynvml.NVMLError as exc:
+            raise OSError(f"NVML: {exc}") from None
+        if handle is None:
+            return {}
+        offset_ns = time.time_ns() - time.monotonic_ns()
+        w0, w1 = (t0_ns + offset_ns) // 1000, (t1_ns + offset_ns) // 1000
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, w0)
+        except pynvml.NVMLError as exc:
+            if "Not Found" in str(exc):
+                return {}  # no sample since w0
+            raise OSError(f"NVML process utilization: {exc}") from None
+        out: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for s in sorted(samples, key=lambda s: int(s.timeStamp)):
+            ts, pid = int(s.timeStamp), int(s.pid)
+            if w0 <= ts <= w1 and int(s.smUtil) > 0:
+                span_us = min(ts - last.get(pid, w0), w1 - w0) or 1
+                out[pid] = out.get(pid, 0) + int(s.smUtil) * span_us * 10  # % of µs -> ns
+            last[pid] = ts
+        return out
+
+
+def activity_source(
+    infos: list[GpuInfo], fake_gpus: int
+) -> FakeActivitySource | NvmlActivitySource | None:
+    """The region witness's source: the fake driver's records for simulated GPUs,
+    NVML for real ones (None when ``pynvml`` cannot be imported)."""
+    if fake_gpus:
+        return FakeActivitySource()
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return None
+    return NvmlActivitySource({i.index: i.uuid for i in infos if i.uuid})

@@ -34,6 +34,7 @@ import signal
 from typing import Any
 
 from krexd import __version__, adopt, gpus, paths, procfs, restart, state_files, status_report
+from krexd.activity import activity_source
 from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
 from krexd.cgroups.devices import DeviceIsolation
@@ -166,6 +167,7 @@ class Daemon:
         region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
         verifier = self.verifier = Verifier(self._cgroup_pids)
         proc_lock = self.driver_lock = driver_lock_for(cfg.region, cfg.daemon.fake_gpus)
+        activity = activity_source(infos, cfg.daemon.fake_gpus)
         for info in infos:
             reopened = saved.gates.get(info.index) if saved is not None else None
             gate, gate_path = (
@@ -190,6 +192,7 @@ class Daemon:
                 ledger=LockLedger(
                     ledger_path(cfg.daemon.gate_dir, cfg.cgroup.name, info.index), info.index
                 ),
+                activity=activity,
             )
             slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
             gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)

@@ -170,6 +170,17 @@ class ProcessLock(Protocol):
         ...
 
 
+class ActivityWitness(Protocol):
+    """Per-process GPU activity (``krexd.activity``)."""
+
+    #: True when ``busy`` is exact (ends offenders); False: sampled, flags only.
+    exact: bool
+
+    def busy(self, gpu_index: int, t0_ns: int, t1_ns: int) -> dict[int, int]:
+        """pid -> ns of its GPU work overlapping the window (CLOCK_MONOTONIC ns)."""
+        ...
+
+
 class LockRecord(Protocol):
     """Whom a region locked, kept where a successor finds it (``krexd.lock_ledger``)."""
 

@@ -46,6 +46,7 @@ class RegionStats:
     completed: int = 0
     failed: int = 0
     recovered: int = 0
+    contaminated: int = 0  # regions the witness saw another process run in
     wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     establish_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     # Each step of establish_ms by name (STEPS), for "where does entry go".
@@ -80,6 +81,7 @@ class RegionStats:
                 "completed": self.completed,
                 "failed": self.failed,
                 "recovered": self.recovered,
+                "contaminated": self.contaminated,
             },
             "entry_ms": percentiles(map(sum, zip(self.wait_ms, self.establish_ms, strict=True))),
             "wait_ms": percentiles(self.wait_ms),

@@ -18,6 +18,7 @@ from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.records import Region, RegionRequest
 from krexd.fifo import FifoLock
 from krexd.isolation import (
+    ActivityWitness,
     GpuUseCheck,
     LockRecord,
     Pinner,
@@ -52,8 +53,10 @@ class CoordinatorBase:
         end_command: Callable[[Tenant, str, int], None] | None = None,
         proc_lock: ProcessLock | None = None,
         ledger: LockRecord | None = None,
+        activity: ActivityWitness | None = None,
     ) -> None:
         self.gpu = gpu
+        self._activity = activity
         self._proc_lock = proc_lock
         self._ledger = ledger
         self._memory = memory

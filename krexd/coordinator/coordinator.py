@@ -42,6 +42,8 @@ class Coordinator(Entry, Adoption):
             acknowledgements alone, ``[region] driver_lock = "off"``).
         ledger: where the locked processes are recorded before they are
             locked (``krexd.lock_ledger.LockLedger``; None: nowhere).
+        activity: the witness's source of per-process GPU activity
+            (``krexd.activity``; None: regions are not witnessed).
     """
 
     async def tenant_added(self, tenant: Tenant) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 
 from krexd import states, testhooks
 from krexd.coordinator.cores import HolderCores
-from krexd.coordinator.driver_locking import DriverLocking
 from krexd.coordinator.freezing import Freezing
 from krexd.coordinator.gate_steps import GateSteps
 from krexd.coordinator.records import Region, tenant_state
+from krexd.coordinator.witness import Witness
 from krexd.errors import Code, KrexError
 from krexd.isolation import gone
 from krexd.tenants import Tenant
@@ -27,7 +27,7 @@ from krexd.tenants import Tenant
 log = logging.getLogger("krexd.coordinator")
 
 
-class Ending(Freezing, HolderCores, GateSteps, DriverLocking):
+class Ending(Freezing, HolderCores, GateSteps, Witness):
     """Steps 7-8, and what starts them when the holder cannot."""
 
     async def exit(
@@ -74,11 +74,13 @@ class Ending(Freezing, HolderCores, GateSteps, DriverLocking):
         if thaw_ms is None:  # recovery ended it first
             raise KrexError(Code.REGION_ABORTED, f"region ended: {region.end_reason}")
         self.stats.completed += 1
+        region_ms = (time.monotonic() - region.granted_at) * 1e3
         return {
-            "region_ms": (time.monotonic() - region.granted_at) * 1e3,
+            "region_ms": region_ms,
             "thaw_ms": thaw_ms,
             "sync_ms": sync_ms,
             "launches": launches,
+            "witness": await self._witness(region),
         }
 
     async def _end(self, region: Region, reason: str) -> float | None:
@@ -94,6 +96,7 @@ class Ending(Freezing, HolderCores, GateSteps, DriverLocking):
                 return None
             region.ended = True
             region.end_reason = reason
+            region.ended_at = time.monotonic()
             self._unwatch(region)
             recovering = reason != "exit"
             # Step 7: the holder's cores back to its off-region share; siblings thawed.

@@ -274,6 +274,7 @@ class Entry(Ending, MemoryWait):
             siblings=frozen,
             pools_frozen=pools_held,
             locks=locks,
+            holder_pids=set(self._ctl.processes(tenant)),
         )
         self._region = region
         self._watch(region)

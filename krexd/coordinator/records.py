@@ -36,6 +36,8 @@ class Region:
     adopted: bool = False  # from a crashed krexd's state, its grant maybe never delivered
     pools_frozen: bool = False  # this region holds the warm pools' freeze (krexd.pool_freeze)
     locks: DriverLocks | None = None  # processes the driver locked for it (unlocked at its end)
+    holder_pids: set[int] = field(default_factory=set)  # the holder's processes at the grant
+    ended_at: float | None = None  # monotonic s, when its end began (exit or recovery)
 
 
 # Stages of a region request (``RegionRequest.stage``).

@@ -190,11 +190,13 @@ def warnings_for(rec: dict[str, Any], since: tuple[int, int]) -> list[dict[str, 
 
     Kinds: ``cold_clock`` (SM clock below ``COLD_CLOCK`` of its maximum
     after the clock warm-up, or at entry when none ran),
-    ``timing_outside_region`` (``since``: events recorded and timed outside
-    any region since this process's previous region; timing warns, a
-    record alone does not: frameworks record events for stream
-    ordering), ``work_on_other_stream`` (more than ``OTHER_STREAMS_WARN_MS``
-    of device work left on streams other than the timed one at exit).
+    ``contaminated`` (krexd's witness saw another process's GPU work inside
+    the region: ``witness.others`` names each), ``timing_outside_region``
+    (``since``: events recorded and timed outside any region since this
+    process's previous region; timing warns, a record alone does not:
+    frameworks record events for stream ordering), ``work_on_other_stream``
+    (more than ``OTHER_STREAMS_WARN_MS`` of device work left on streams
+    other than the timed one at exit).
     """
     out: list[dict[str, str]] = []
     cold = _cold_clock(rec)
@@ -207,6 +209,19 @@ def warnings_for(rec: dict[str, Any], since: tuple[int, int]) -> list[dict[str, 
                 "message": f"{since[1]} CUDA event timing(s) and {since[0]} event record(s) "
                 "outside any region since the previous region: those measurements ran "
                 "unprotected",
+            }
+        )
+    witness = rec.get("witness") or {}
+    if witness.get("contaminated"):
+        names = ", ".join(
+            f"pid {o.get('pid')} ({o.get('command')}, {o.get('busy_ms')} ms)"
+            for o in witness.get("others", [])
+        )
+        out.append(
+            {
+                "kind": "contaminated",
+                "message": f"other processes ran GPU work inside the region ({names}): "
+                "its timing was not exclusive",
             }
         )
     other = rec.get("other_streams_ms")

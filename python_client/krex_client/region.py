@@ -125,6 +125,7 @@ class Region:
             "launches": 0.0,
             "l2_flushed": 0.0,
             "warmup_ms": 0.0,
+            "contaminated": 0.0,
         }
 
     @staticmethod
@@ -248,7 +249,9 @@ class Region:
                 "launches": float(launches),
                 "l2_flushed": 1.0 if flushed else 0.0,
                 "warmup_ms": warm.ms,
+                "contaminated": 1.0 if (reply.get("witness") or {}).get("contaminated") else 0.0,
             }
+            _warn_contaminated(grant, reply)
             if recorder is not None:
                 samples, warmed = (entry, exit_), (warm, warm_launches, policy)
                 region_steps.log(recorder, self._shim, self._stats, grant, reply, samples, warmed)
@@ -373,3 +376,17 @@ region = Region()
 critical = region.critical
 stats = region.stats
 under_krex = Region.under_krex
+
+
+def _warn_contaminated(grant: dict[str, Any], reply: dict[str, Any]) -> None:
+    """One warning on stderr when krexd's witness saw others' GPU work in the region."""
+    witness = reply.get("witness") or {}
+    if not witness.get("contaminated"):
+        return
+    names = ", ".join(f"pid {o.get('pid')} ({o.get('command')})" for o in witness.get("others", []))
+    warnings.warn(
+        f"krex: region (epoch {grant.get('epoch')}) was contaminated: {names} ran GPU work "
+        "inside it; its timing was not exclusive",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -104,6 +104,8 @@ def log(
         "other_streams_ms": shim.other_streams_ms(),
         "launches": int(st["launches"]),
         "l2_flushed": bool(st["l2_flushed"]),
+        "driver_lock": grant.get("driver_lock"),
+        "witness": reply.get("witness"),
         "warmup": {
             "kind": result.kind,
             "ms": result.ms,

@@ -91,9 +91,9 @@ def scene(
     started as a plain process, not through ``krex run`` (GPU use outside krex).
     """
     state = os.path.join(tmp_path, "fakestate")  # krexd reads who has the GPU open there
-    kenv = {"KREX_FAKE_STATE": state}
-    if driver_lock:
-        kenv["KREX_DRIVER_LIB"] = os.path.join(FAKE_DIR, "libcuda.so.1")
+    kenv = {"KREX_FAKE_STATE": state, "KREX_DRIVER_LIB": os.path.join(FAKE_DIR, "libcuda.so.1")}
+    if not driver_lock:
+        config = {**(config or {}), "region": {"driver_lock": "off"}}
     k = krexd_factory(slots=6, env=kenv, config=config)
     tl = os.path.join(k.workdir, "timeline")
     env = dict(k.env, LD_LIBRARY_PATH=FAKE_DIR, KREX_FAKE_TIMELINE=tl, KREX_FAKE_STATE=state)
@@ -276,13 +276,14 @@ def test_a_forged_acknowledgement_lets_no_queued_work_into_a_region(
     assert s.violations(set()) == []
 
 
-def test_without_the_driver_lock_a_forged_acknowledgement_overlaps_regions(
+def test_without_the_driver_lock_the_witness_catches_a_forged_acknowledgement(
     krexd_factory: Any, tmp_path: Any
 ) -> None:
-    """The same attack with ``[region] driver_lock = "off"``: the shim's word alone.
+    """The same attack with the shim's word alone (no driver lock).
 
-    Shows that the attack works and the timeline sees it (what the test
-    above guards against); krex cannot tell, and nobody is ended.
+    The attack works (the timeline sees the attacker's kernels in a region:
+    what the test above guards against), and the outside witness reports
+    it: the region is flagged contaminated and the attacker ended (exit 79).
     """
     s = scene(
         krexd_factory,
@@ -292,6 +293,8 @@ def test_without_the_driver_lock_a_forged_acknowledgement_overlaps_regions(
         driver_lock=False,
     )
     assert {s.attacker_pid} == {r.pid for r in s.violations(set())}
+    assert "contaminated" in s.log and f"pid {s.attacker_pid}" in s.log
+    assert_ended_for(s, "ran inside tenant", names_pid=False)
 
 
 def test_a_second_driver_copy_is_locked_with_the_process(krexd_factory: Any, tmp_path: Any) -> None:

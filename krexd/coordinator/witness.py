@@ -1,0 +1,92 @@
+"""After step 7: an outside witness of the region — did anyone else run on the GPU?
+
+The drain and the lock make a region exclusive; the witness checks that it
+was, from a source the tenants cannot write: the driver's per-process
+activity on the GPU (NVML's per-process utilization on a real GPU, the fake
+driver's operation records on a simulated one; ``krexd.activity``).  Any
+process other than the holder's with GPU work inside the region's window
+(grant to exit request) makes the region *contaminated*: the exit reply
+and so the region record name each such process, krexd logs it, and a krex
+tenant that caused it is ended (exit 79) when the source is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from krex_client.errors import ExitCode
+from krexd.coordinator.driver_locking import DriverLocking
+from krexd.coordinator.records import Region
+
+#: One logger for the package: its lines read as they did from one module.
+log = logging.getLogger("krexd.coordinator")
+
+
+class Witness(DriverLocking):
+    """The witness of a region that ended (``_witness``)."""
+
+    async def _witness(self, region: Region) -> dict[str, Any] | None:
+        """What the activity source saw during ``region``: None without a source.
+
+        Returns ``{"source", "contaminated", "others": [{pid, busy_ms,
+        tenant, command}]}``.  Ends the krex tenants among ``others``
+        (exit 79) when the source is exact.
+        """
+        source = self._activity
+        if source is None or region.ended_at is None:
+            return None
+        t0, t1 = int(region.granted_at * 1e9), int(region.ended_at * 1e9)
+        try:
+            busy = await asyncio.to_thread(source.busy, self.gpu, t0, t1)
+        except OSError as exc:
+            log.error("GPU %d: region witness unavailable: %s", self.gpu, exc)
+            return None
+        holder = region.holder_pids | set(self._ctl.processes(region.tenant))
+        others = {p: ns for p, ns in busy.items() if p not in holder and ns > 0}
+        owner = {p: t for t in self._tenants for p in self._ctl.processes(t)}
+        seen = []
+        for pid, ns in sorted(others.items()):
+            tenant = owner.get(pid)
+            seen.append(
+                {
+                    "pid": pid,
+                    "busy_ms": round(ns / 1e6, 3),
+                    "tenant": tenant.id if tenant is not None else None,
+                    "command": _cmd(pid),
+                }
+            )
+        out = {"source": type(source).__name__, "contaminated": bool(seen), "others": seen}
+        if seen:
+            self.stats.contaminated += 1
+            log.error(
+                "GPU %d: region of tenant %d (epoch %d) contaminated: %s",
+                self.gpu,
+                region.tenant.id,
+                region.epoch,
+                "; ".join(f"pid {o['pid']} ({o['command']}) {o['busy_ms']} ms" for o in seen),
+            )
+            if source.exact:
+                self._end_contaminators(region, [owner[p] for p in others if p in owner])
+        return out
+
+    def _end_contaminators(self, region: Region, tenants: list[Any]) -> None:
+        for tenant in {t.id: t for t in tenants if t.id != region.tenant.id}.values():
+            reason = (
+                f"its GPU work ran inside tenant {region.tenant.id}'s critical region "
+                f"(GPU {self.gpu}, epoch {region.epoch})"
+            )
+            log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tenant.id, reason)
+            if self._end_command is not None:
+                self._end_command(tenant, reason, ExitCode.UNPROTECTABLE)
+            else:
+                self._end_unprotected(tenant, reason)
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80] or "?"
+    except OSError:
+        return "?"
