@@ -53,6 +53,7 @@ class UnlockArgs(ctypes.Structure):
 
 cu = ctypes.CDLL("libcuda.so.1")
 assert cu.cuInit(0) == 0
+sys.setrecursionlimit(10000)
 
 
 def errname(rc: int) -> str:
@@ -313,16 +314,18 @@ def s_nocuda(r: dict) -> None:
         x.wait()
 
 
-def _freeze(cg: str, on: bool) -> float:
+def _freeze(cg: str, on: bool, limit_s: float = 5.0) -> float:
+    """Freeze (or thaw) ``cg`` and wait until the kernel says so: ms, or -1 after ``limit_s``."""
     t = time.monotonic()
     with open(os.path.join(cg, "cgroup.freeze"), "w") as f:
         f.write("1" if on else "0")
     want = "frozen 1" if on else "frozen 0"
-    while True:
+    while time.monotonic() - t < limit_s:
         with open(os.path.join(cg, "cgroup.events")) as f:
             if want in f.read():
                 return (time.monotonic() - t) * 1e3
         time.sleep(0.0002)
+    return -1.0
 
 
 def s_frozen(r: dict) -> None:
@@ -502,6 +505,64 @@ def s_killed_queued(r: dict) -> None:
     m.close()
 
 
+def _in_child(op: str, pid: int, timeout_ms: int, limit_s: float) -> dict[str, Any]:
+    """``op`` (lock/unlock) of ``pid`` from a child process, killed after ``limit_s``."""
+    code = (
+        "import sys; sys.path.insert(0, %r); import checkpoint_lock as c, json; "
+        "print(json.dumps(c.%s(%d%s)))"
+    ) % (HERE, op, pid, f", {timeout_ms}" if op == "lock" else "")
+    t = time.monotonic()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=limit_s
+        )
+        return {"result": out.stdout.strip(), "ms": round((time.monotonic() - t) * 1e3, 1)}
+    except subprocess.TimeoutExpired:
+        return {"result": f"no return in {limit_s} s (child killed)", "ms": limit_s * 1e3}
+
+
+def s_frozen_safe(r: dict) -> None:
+    """Frozen cgroups, each driver call from a child that is killed if it hangs."""
+    cg = "/sys/fs/cgroup/krex-cklock3"
+    os.makedirs(cg, exist_ok=True)
+    out: dict[str, Any] = {}
+    try:
+        (v,), _ = spawn(1, cgroup=cg)
+        # lock, freeze, unlock while frozen, thaw
+        v.ask("queue 300")
+        out["lock_running"] = _in_child("lock", v.pid, 5000, 8)
+        print("locked", out, flush=True)
+        out["freeze_locked_ms"] = _freeze(cg, True)
+        print("froze", out, flush=True)
+        out["unlock_while_frozen"] = _in_child("unlock", v.pid, 0, 8)
+        print("unlocked", out, flush=True)
+        out["state_frozen"] = state(v.pid)
+        out["thaw_locked_ms"] = _freeze(cg, False)
+        try:
+            out["victim_after"] = v.ask("bench 3", 20)
+        except Exception as exc:  # noqa: BLE001
+            out["victim_after"] = repr(exc)
+        # lock while frozen (idle victim), with a 2 s timeout
+        out["freeze_idle_ms"] = _freeze(cg, True)
+        out["lock_idle_frozen"] = _in_child("lock", v.pid, 2000, 8)
+        print("lock frozen", out, flush=True)
+        out["thaw_ms"] = _freeze(cg, False)
+        out["state_after_thaw"] = state(v.pid)
+        if out["state_after_thaw"] == "LOCKED":
+            out["unlock_after_thaw"] = unlock(v.pid)
+        try:
+            out["victim_after2"] = v.ask("bench 3", 20)
+        except Exception as exc:  # noqa: BLE001
+            out["victim_after2"] = repr(exc)
+        v.close()
+    finally:
+        r["frozen_safe"] = out
+        try:
+            _freeze(cg, False)
+        except OSError:
+            pass
+
+
 SECTIONS = {
     "idle": s_idle,
     "queued": s_queued,
@@ -514,6 +575,7 @@ SECTIONS = {
     "nvml": s_nvml,
     "killed": s_killed,
     "killed_queued": s_killed_queued,
+    "frozen_safe": s_frozen_safe,
 }
 
 
