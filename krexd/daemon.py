@@ -166,7 +166,9 @@ class Daemon:
         pinner = AffinityPinner()
         region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
         verifier = self.verifier = Verifier(self._cgroup_pids)
-        proc_lock = self.driver_lock = driver_lock_for(cfg.region, cfg.daemon.fake_gpus)
+        proc_lock = self.driver_lock = driver_lock_for(
+            cfg.region, cfg.daemon.fake_gpus, cfg.mps.enabled
+        )
         activity = activity_source(infos, cfg.daemon.fake_gpus)
         for info in infos:
             reopened = saved.gates.get(info.index) if saved is not None else None

@@ -31,15 +31,20 @@ from krexd.config import ConfigError, RegionConfig
 
 log = logging.getLogger("krexd.driverlock")
 
-#: cuda.h CUresult values the lock's callers tell apart.
+#: cuda.h CUresult values the lock's callers tell apart.  What the driver returns
+#: when was measured on 580.159.04 (docs/bench/driver-lock.md): a lock whose
+#: timeout passes returns NOT_READY; a live process without CUDA NOT_INITIALIZED;
+#: a pid that does not exist OPERATING_SYSTEM; an MPS client NOT_SUPPORTED.
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NOT_INITIALIZED = 3
-CUDA_ERROR_NOT_SUPPORTED = 801
-CUDA_ERROR_NOT_FOUND = 500
+CUDA_ERROR_OPERATING_SYSTEM = 304
 CUDA_ERROR_ILLEGAL_STATE = 401
-CUDA_ERROR_TIMEOUT = 909
+CUDA_ERROR_NOT_FOUND = 500
+CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NOT_PERMITTED = 800
+CUDA_ERROR_NOT_SUPPORTED = 801
+CUDA_ERROR_TIMEOUT = 909
 
 #: cuda.h CUprocessState.
 _STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
@@ -68,6 +73,7 @@ class Outcome(enum.Enum):
     UNLOCKED = "unlocked"  # unlock: it runs again
     NOT_CUDA = "not_cuda"  # no CUDA state to lock (never initialized, or gone)
     TIMEOUT = "timeout"  # its submitted work did not complete in time; left running
+    UNSUPPORTED = "unsupported"  # the driver cannot lock it (an MPS client): not locked
     BUSY = "busy"  # in a state that cannot be locked (locked by another, checkpointed)
     ERROR = "error"  # anything else: ``code`` names it
 
@@ -146,7 +152,9 @@ class DriverLock:
         Args:
             pid: a process in krexd's pid namespace.
             timeout_ms: at most this long (ms, >= 1); on expiry the driver
-                leaves the process running (``Outcome.TIMEOUT``).
+                leaves the process running (``Outcome.TIMEOUT``).  Never
+                call it for a frozen process: the driver does not return
+                while the process is frozen, timeout or not (measured).
 
         Raises:
             DriverLockUnavailable: see :meth:`open`.
@@ -209,19 +217,16 @@ class DriverLock:
 
 
 #: CUresults that mean "no CUDA state in that process to lock".
-_NOT_CUDA = (
-    CUDA_ERROR_INVALID_VALUE,
-    CUDA_ERROR_NOT_INITIALIZED,
-    CUDA_ERROR_NOT_FOUND,
-    CUDA_ERROR_NOT_SUPPORTED,
-)
+_NOT_CUDA = (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_FOUND)
 
 
 def _lock_outcome(rc: int, pid: int) -> Outcome:
     if rc == CUDA_SUCCESS:
         return Outcome.LOCKED
-    if rc == CUDA_ERROR_TIMEOUT:
+    if rc in (CUDA_ERROR_NOT_READY, CUDA_ERROR_TIMEOUT):
         return Outcome.TIMEOUT
+    if rc == CUDA_ERROR_NOT_SUPPORTED:
+        return Outcome.UNSUPPORTED
     if rc == CUDA_ERROR_ILLEGAL_STATE:
         return Outcome.BUSY
     if rc in _NOT_CUDA or not _alive(pid):
@@ -239,17 +244,29 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def driver_lock_for(region: RegionConfig, fake_gpus: int = 0) -> DriverLock | None:
+def driver_lock_for(
+    region: RegionConfig, fake_gpus: int = 0, mps: bool = False
+) -> DriverLock | None:
     """The daemon's :class:`DriverLock` for ``[region] driver_lock``, or None.
 
     "off": None.  "auto": the driver's lock where it works, else None with
     a warning (regions then rest on the shim's acknowledgements).
     "require": raises ``ConfigError`` where it does not work.  With
     simulated GPUs (``fake_gpus``) only ``KREX_DRIVER_LIB`` (the fake
-    driver) is used, never the host's driver.
+    driver) is used, never the host's driver.  Under MPS (``mps``) the
+    driver cannot lock its clients (``CUDA_ERROR_NOT_SUPPORTED``, measured
+    on 580): "require" is refused, "auto" warns (regions then rest on the
+    shim's acknowledgements, and each grant lists the processes not locked).
     """
     if region.driver_lock == "off":
         return None
+    if mps and not fake_gpus:
+        if region.driver_lock == "require":
+            raise ConfigError(
+                '[region] driver_lock = "require" with [mps] enabled: the driver cannot lock '
+                "MPS clients (CUDA_ERROR_NOT_SUPPORTED)"
+            )
+        log.warning("under MPS the driver cannot lock its clients: drains rest on the shim")
     if fake_gpus and not os.environ.get("KREX_DRIVER_LIB"):
         reason: str | None = "simulated GPUs and no KREX_DRIVER_LIB (the fake driver)"
         lock = None

@@ -65,16 +65,23 @@ class DriverLocking(FailClosed):
         timeout_ms = int(self._cfg.drain_timeout_s * 1e3)
         results = self._proc_lock.lock_all(pids, timeout_ms)
         locks.pids.extend(p for p, r in results.items() if r.outcome is Outcome.LOCKED)
+        locks.unsupported.extend(p for p, r in results.items() if r.outcome is Outcome.UNSUPPORTED)
         failed = [r for r in results.values() if r.outcome not in _SETTLED]
         locks.failed.extend(failed)
         return failed
 
-    async def _lock_gpu(self, holder: Tenant, locks: DriverLocks) -> None:
+    async def _lock_gpu(
+        self, holder: Tenant, locks: DriverLocks, frozen: list[Tenant] | None = None
+    ) -> None:
         """Lock every process on this GPU but the holder's not locked yet; the offenders pay.
 
         Runs after the drain (the siblings that drained are locked already,
         ``_lock_drained``), before the freeze of the rest, and once more
-        after the freeze for any process that reached the GPU meanwhile.
+        after the freeze (``frozen``: the tenants frozen by then) for any
+        process that reached the GPU meanwhile.  The driver cannot lock a
+        frozen process (the call does not return while it is frozen), so a
+        frozen tenant with such a process is thawed, the process locked, and
+        the tenant frozen again.
 
         Raises:
             KrexError: FOREIGN_GPU_USER (a process outside krex, with
@@ -96,7 +103,20 @@ class DriverLocking(FailClosed):
             locks.foreign.extend(foreign)
         if self._cfg.foreign == "allow":
             targets -= set(locks.foreign)
-        await asyncio.to_thread(self._lock_pids, targets - set(locks.pids), locks)
+        targets -= set(locks.pids) | set(locks.unsupported)
+        thawed = [t for t in frozen or [] if targets & set(self._ctl.processes(t))]
+        for t in thawed:
+            self._ctl.thaw(t)
+        try:
+            await asyncio.to_thread(self._lock_pids, targets, locks)
+        finally:
+            for t in thawed:
+                self._ctl.freeze(t)
+            for t in thawed:
+                if not await self._ctl.wait_frozen(t, self._cfg.freeze_timeout_s):
+                    raise KrexError(
+                        Code.FREEZE_TIMEOUT, f"tenant {t.id} did not freeze again after its lock"
+                    )
         failed, locks.failed = locks.failed, []
         if failed:
             await self._make_offenders_pay(failed, owner, locks)
@@ -198,17 +218,30 @@ class DriverLocking(FailClosed):
             await asyncio.sleep(0.005)
 
     async def _unlock_gpu(self, locks: DriverLocks | None) -> None:
-        """Unlock what a region locked (every end path and every undo); then clear the ledger."""
+        """Unlock what a region locked (every end path and every undo); then clear the ledger.
+
+        Called after the thaw: the driver does not return from an unlock of a
+        frozen process.  Bounded by ``freeze_timeout_s``: an unlock that does
+        not return is logged, and the ledger kept for the watchdog and a
+        successor.
+        """
         if self._proc_lock is None or locks is None or not locks.pids:
             return
         pids, locks.pids = list(locks.pids), []
-        await asyncio.to_thread(self._proc_lock.unlock_all, pids)
+        try:
+            await asyncio.wait_for(
+                asyncio.to_thread(self._proc_lock.unlock_all, pids), self._cfg.freeze_timeout_s
+            )
+        except TimeoutError:
+            log.error("GPU %d: unlock of %s did not return", self.gpu, sorted(pids))
+            return
         if self._ledger is not None:
             self._ledger.clear()
 
 
 #: Lock outcomes that leave nothing to wait for: locked, or no CUDA state at all.
-_SETTLED = (Outcome.LOCKED, Outcome.NOT_CUDA)
+#: UNSUPPORTED (an MPS client) is not locked: its drain rests on its shim (recorded).
+_SETTLED = (Outcome.LOCKED, Outcome.NOT_CUDA, Outcome.UNSUPPORTED)
 
 
 def _alive(pid: int) -> bool:

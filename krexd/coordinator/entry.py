@@ -239,9 +239,9 @@ class Entry(Ending, MemoryWait):
             t_check = time.monotonic()
             marks.append(("pools", t_check))
             await self._fail_closed(tenant, epoch)
-            # Any process that reached the GPU since is locked too (frozen: it fails
-            # only if it was caught inside a driver call, and then it pays).
-            await self._lock_gpu(tenant, locks)
+            # Any process that reached the GPU since is locked too (its frozen tenant
+            # thawed for the lock and frozen again).
+            await self._lock_gpu(tenant, locks, frozen)
             self._last_check_ms = (time.monotonic() - t_check) * 1e3
             self._last_freeze_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("frozen")

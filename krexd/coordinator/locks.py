@@ -18,6 +18,7 @@ class DriverLocks:
     pids: list[int] = field(default_factory=list)  # locked; unlocked at the region's end
     foreign: list[int] = field(default_factory=list)  # processes outside krex on the GPU
     ended: list[int] = field(default_factory=list)  # tenants ended as offenders
+    unsupported: list[int] = field(default_factory=list)  # the driver cannot lock (MPS)
     lock_ms: float = 0.0
     failed: list[Result] = field(default_factory=list)  # locks that did not settle, to judge
     users: set[int] | None = None  # the GPU's users when the drain began (None: unknown)
@@ -28,5 +29,6 @@ class DriverLocks:
             "locked": len(self.pids),
             "foreign": list(self.foreign),
             "offenders_ended": list(self.ended),
+            "unsupported": list(self.unsupported),
             "lock_ms": round(self.lock_ms, 3),
         }

@@ -35,8 +35,10 @@ class Witness(DriverLocking):
         (exit 79) when the source is exact.
         """
         source = self._activity
-        if source is None or region.ended_at is None:
+        if region.ended_at is None:
             return None
+        if source is None:
+            return await self._coverage(region)
         t0, t1 = int(region.granted_at * 1e9), int(region.ended_at * 1e9)
         try:
             busy = await asyncio.to_thread(source.busy, self.gpu, t0, t1)
@@ -70,6 +72,34 @@ class Witness(DriverLocking):
             if source.exact:
                 self._end_contaminators(region, [owner[p] for p in others if p in owner])
         return out
+
+    async def _coverage(self, region: Region) -> dict[str, Any] | None:
+        """Without an exact activity source (a real GPU): who was on the GPU unlocked.
+
+        NVML's per-process utilization averages about a second per sample
+        (docs/bench/driver-lock.md), too coarse to tell a millisecond region
+        from the work around it, so on a real GPU the witness reports the
+        processes on the GPU at exit that the driver had not locked for the
+        region (other than the holder's and the frozen siblings'): each could
+        have run inside it.  ``contaminated`` is then None (unknown).
+        """
+        if self._guard is None or self._proc_lock is None:
+            return None
+        users = await asyncio.to_thread(self._guard.users)
+        if users is None:
+            return None
+        locks = region.locks
+        covered = region.holder_pids | set(self._ctl.processes(region.tenant))
+        covered |= set(locks.pids if locks else [])
+        covered |= {p for t in region.siblings for p in self._ctl.processes(t)}
+        unlocked = sorted(users - covered)
+        return {
+            "source": "driver lock coverage",
+            "contaminated": None,
+            "others": [
+                {"pid": p, "busy_ms": None, "tenant": None, "command": _cmd(p)} for p in unlocked
+            ],  # fmt: skip
+        }
 
     def _end_contaminators(self, region: Region, tenants: list[Any]) -> None:
         for tenant in {t.id: t for t in tenants if t.id != region.tenant.id}.values():

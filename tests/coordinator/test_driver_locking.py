@@ -10,6 +10,7 @@ ledger written before any lock and cleared after the unlock.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -186,3 +187,60 @@ def test_a_restart_keeps_the_adopted_regions_locks_or_unlocks_them() -> None:
     r.ledger.entries = [(_pid(b), 1)]
     r.coord.settle_locks()  # no adopted region: a stale lock is undone at start
     assert ("unlock", _pid(b)) in r.events.log and not r.ledger.entries
+
+
+def test_an_mps_client_the_driver_cannot_lock_is_recorded_not_punished() -> None:
+    r = LockRig(2)
+    a, b = r.tenants
+    r.plock.outcomes[_pid(b)] = Outcome.UNSUPPORTED
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        assert grant["driver_lock"]["unsupported"] == [_pid(b)]
+        assert not r.control.killed and not r.plock.locked
+        await r.exit(a, grant)
+        assert_idle(r)  # type: ignore[arg-type]
+
+    run(scenario())
+
+
+def test_a_process_that_reached_the_gpu_after_the_freeze_is_locked_thawed_then_refrozen() -> None:
+    # The driver cannot lock a frozen process (measured: the call does not return),
+    # so a straggler of a frozen tenant is locked with its tenant thawed.
+    r = LockRig(2)
+    a, b = r.tenants
+    late = 4_100_000
+    real_wait = r.control.wait_frozen
+
+    async def wait_frozen(t: Tenant, timeout_s: float) -> bool:
+        ok = await real_wait(t, timeout_s)
+        if t.id == b.id and late not in b.pids:
+            b.pids.add(late)  # a new process of b with a context, after b froze
+            r.guard.users_now = (r.guard.users_now or set()) | {late}
+        return ok
+
+    r.control.wait_frozen = wait_frozen  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        log = r.events.log
+        i_lock = log.index(("lock", late))
+        assert ("thaw", b.id) in log[:i_lock], "thawed before its straggler's lock"
+        assert ("freeze", b.id) in log[i_lock:], "frozen again after it"
+        assert late in r.plock.locked and b.state == states.FROZEN
+        await r.exit(a, grant)
+        assert not r.plock.locked
+
+    run(scenario())
+
+
+def test_outcomes_of_the_driver_codes_measured() -> None:
+    from krexd.driverlock import _lock_outcome
+
+    me = os.getpid()
+    assert _lock_outcome(0, me) is Outcome.LOCKED
+    assert _lock_outcome(600, me) is Outcome.TIMEOUT  # NOT_READY: what 580 returns
+    assert _lock_outcome(801, me) is Outcome.UNSUPPORTED  # an MPS client
+    assert _lock_outcome(3, me) is Outcome.NOT_CUDA  # a live process without CUDA
+    assert _lock_outcome(304, 2**22 + 12345) is Outcome.NOT_CUDA  # no such pid
+    assert _lock_outcome(304, me) is Outcome.ERROR
