@@ -507,10 +507,11 @@ def s_killed_queued(r: dict) -> None:
 
 def _in_child(op: str, pid: int, timeout_ms: int, limit_s: float) -> dict[str, Any]:
     """``op`` (lock/unlock) of ``pid`` from a child process, killed after ``limit_s``."""
+    extra = f", {timeout_ms}" if op == "lock" else ""
     code = (
-        "import sys; sys.path.insert(0, %r); import checkpoint_lock as c, json; "
-        "print(json.dumps(c.%s(%d%s)))"
-    ) % (HERE, op, pid, f", {timeout_ms}" if op == "lock" else "")
+        f"import sys; sys.path.insert(0, {HERE!r}); import checkpoint_lock as c, json; "
+        f"print(json.dumps(c.{op}({pid:d}{extra})))"
+    )
     t = time.monotonic()
     try:
         out = subprocess.run(
