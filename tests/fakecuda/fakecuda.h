@@ -291,6 +291,9 @@ void fc_share_atfork_child(void);
 /* cuInit: this process's record in the state file (shared with any other
  * copy of the driver loaded in the process). */
 void fc_share_attach(void);
+/* cuInit mapped a modelled MPS server file: the record says the process is
+ * an MPS client (which cuCheckpointProcessLock refuses). */
+void fc_share_mark_mps(void);
 
 /* activity.c: an operation enqueued for execution on simulated GPU `gpu`
  * (not captured work); recorded for krexd and the checkpoint lock. */

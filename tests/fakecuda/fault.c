@@ -20,7 +20,10 @@
  * CUDA_ERROR_DEVICE_UNAVAILABLE while the server is faulted, as the real
  * one on the H200 refuses new clients until the old ones are gone).  It keeps the file
  * it mapped at cuInit, so after a restart the old clients stay broken and
- * new ones are healthy.
+ * new ones are healthy.  For the checkpoint lock a process that mapped the
+ * file is a client from cuInit on (FC_REC_MPS in its record, share.h):
+ * cuCheckpointProcessLock refuses it with CUDA_ERROR_NOT_SUPPORTED, as the
+ * real driver refuses a client of a real MPS daemon (checkpoint.c).
  * KREX_FAKE_MPS=log also appends the server's log line naming the faulting
  * client to $CUDA_MPS_LOG_DIRECTORY/server.log, in the form krexd parses
  * (docs/design/faults.md lists it as an assumption about the real server).
@@ -87,6 +90,7 @@ CUresult fc_mps_open(void)
         return CUDA_ERROR_OPERATING_SYSTEM;
     }
     srv = p;
+    fc_share_mark_mps(); /* a client from cuInit on: the checkpoint lock refuses it */
     return CUDA_SUCCESS;
 }
 

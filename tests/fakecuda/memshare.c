@@ -109,6 +109,13 @@ static bool proc_stat(pid_t pid, char *state, uint64_t *start_time)
     return true;
 }
 
+uint64_t fc_proc_start_time(pid_t pid)
+{
+    char state;
+    uint64_t start = 0;
+    return proc_stat(pid, &state, &start) ? start : 0;
+}
+
 bool fc_proc_alive(pid_t pid, uint64_t start_time)
 {
     if (kill(pid, 0) != 0 && errno == ESRCH)
@@ -282,6 +289,13 @@ static void mark_listed(void)
 {
     /* Relaxed: a status bit krexd polls; nothing is published with it. */
     atomic_fetch_or_explicit(&fc_sh->procs[my_slot].flags, FC_REC_LISTED, memory_order_relaxed);
+}
+
+void fc_share_mark_mps(void)
+{
+    /* Relaxed: a status bit a locker reads; nothing is published with it. */
+    if (my_slot >= 0)
+        atomic_fetch_or_explicit(&fc_sh->procs[my_slot].flags, FC_REC_MPS, memory_order_relaxed);
 }
 
 /* Add n to GPU g's count unless that would exceed the capacity. */

@@ -40,6 +40,7 @@ enum fc_lock_state {
 
 /* Record flags. */
 #define FC_REC_LISTED 1u /* allocated or had a context: krexd's memory reader lists it */
+#define FC_REC_MPS 2u    /* an MPS client (its cuInit mapped an MPS server file) */
 
 struct proc_slot {
     _Atomic int32_t pid;         /* 0 free; > 0 owner; < 0 being reclaimed */
@@ -86,6 +87,8 @@ struct ring_op *fc_share_ring(const struct proc_slot *slot);
  * with that pid is reclaimed on the way). */
 struct proc_slot *fc_share_find(pid_t pid);
 bool fc_proc_alive(pid_t pid, uint64_t start_time);
+/* The start time of process `pid` (/proc/<pid>/stat field 22), 0 when unreadable. */
+uint64_t fc_proc_start_time(pid_t pid);
 
 /* checkpoint.c: futexes on words of the shared mapping (not private: the
  * waiters and wakers are different processes). */

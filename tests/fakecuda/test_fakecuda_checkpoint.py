@@ -7,14 +7,19 @@ process's work ran.  Semantics: tests/fakecuda/README.md "Checkpoint lock".
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 import shutil
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from krexd.activity import FakeActivitySource
 from krexd.gpus import GpuInfo
@@ -134,7 +139,7 @@ def test_a_lock_that_times_out_leaves_the_process_running(fc: FakeCuda) -> None:
     try:
         _ops(fc, bench.pid, 10)
         lock, state = fc.lock_steps("lock", bench.pid, 100, "state", bench.pid)
-        assert lock["result"] == "CUDA_ERROR_TIMEOUT"
+        assert lock["result"] == "CUDA_ERROR_NOT_READY", "as measured on driver 580"
         assert 90 <= lock["elapsed_ms"] < 450
         assert state["state"] == "RUNNING"
         _ops(fc, bench.pid, 1, after_ns=lock["end_ns"])  # it runs on
@@ -156,6 +161,8 @@ def test_lock_of_a_process_waiting_in_stream_synchronize(fc: FakeCuda) -> None:
 
 def test_lock_needs_a_process_that_initialized_the_driver(fc: FakeCuda) -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its pid names no process
     init_only = subprocess.Popen(
         [
             sys.executable,
@@ -171,9 +178,14 @@ def test_lock_needs_a_process_that_initialized_the_driver(fc: FakeCuda) -> None:
     try:
         assert init_only.stdout is not None and init_only.stdout.readline() == "ready\n"
         steps = fc.lock_steps(
-            "lock", sleeper.pid, "unlock", sleeper.pid, "state", sleeper.pid, "state", 4_000_000
+            "lock", sleeper.pid, "lock", gone.pid, "unlock", sleeper.pid, "state", sleeper.pid
         )
-        assert [s["result"] for s in steps] == ["CUDA_ERROR_INVALID_VALUE"] * 4
+        # As measured on driver 580: a live process without CUDA, a pid of no process.
+        assert [s["result"] for s in steps[:2]] == [
+            "CUDA_ERROR_NOT_INITIALIZED",
+            "CUDA_ERROR_OPERATING_SYSTEM",
+        ]
+        assert [s["result"] for s in steps[2:]] == ["CUDA_ERROR_INVALID_VALUE"] * 2
         # cuInit alone makes a process lockable; krexd's memory view does not list it.
         steps = fc.lock_steps("lock", init_only.pid, "unlock", init_only.pid)
         assert [s["result"] for s in steps] == ["CUDA_SUCCESS"] * 2
@@ -209,7 +221,7 @@ def test_a_killed_locked_process_leaks_nothing(fc: FakeCuda) -> None:
     time.sleep(0.2)
     _stop(busy)
     out, _ = locker.communicate(timeout=2)
-    assert json.loads(out)["result"] == "CUDA_ERROR_INVALID_VALUE"
+    assert json.loads(out)["result"] == "CUDA_ERROR_OPERATING_SYSTEM", "as for a dead pid"
 
 
 def test_a_second_copy_of_the_driver_in_the_process_is_locked_too(
@@ -228,6 +240,126 @@ def test_a_second_copy_of_the_driver_in_the_process_is_locked_too(
     recs = timeline.by_pid(fc.records())[deep.pid]
     assert not [r for r in recs if lock["end_ns"] <= r.start_ns < unlock["start_ns"]]
     assert [r for r in recs if r.start_ns >= unlock["start_ns"]], "it ran on after the unlock"
+
+
+def test_an_mps_client_cannot_be_locked(fc: FakeCuda, tmp_path: Path) -> None:
+    mps = {"KREX_FAKE_MPS": "1", "KREX_FAKE_MPS_STATE": str(tmp_path / "server")}
+    client = _bench(fc, "--seconds", "3", "--kernel-ns", str(MS), **mps)
+    plain = _bench(fc, "--seconds", "3", "--kernel-ns", str(MS))
+    try:
+        _ops(fc, client.pid)
+        _ops(fc, plain.pid)
+        lock, state, other, unlock = fc.lock_steps(
+            "lock", client.pid, "state", client.pid, "lock", plain.pid, "unlock", plain.pid
+        )
+        assert lock["result"] == "CUDA_ERROR_NOT_SUPPORTED" and lock["elapsed_ms"] < 100
+        assert state["state"] == "RUNNING"
+        assert other["result"] == unlock["result"] == "CUDA_SUCCESS", "only the MPS client"
+        assert _record_flags(fc.state_path) == {client.pid: 3, plain.pid: 1}  # listed, MPS
+    finally:
+        _stop(client)
+        _stop(plain)
+
+
+def _record_flags(path: Path) -> dict[int, int]:
+    data = path.read_bytes()
+    offs = range(sources.FAKE_PROCS_OFF, sources.FAKE_RECORDS_BYTES, sources.FAKE_PROC_BYTES)
+    flags = {}
+    for off in offs:
+        (pid,) = struct.unpack_from("<i", data, off)
+        if pid > 0:
+            flags[pid] = struct.unpack_from("<I", data, off + sources.FAKE_FLAGS_OFF)[0]
+    return flags
+
+
+def _cgroup2_mount() -> str | None:
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, mnt, fstype, *_ = line.split()
+            if fstype == "cgroup2":
+                return mnt
+    return None
+
+
+_cgroups = itertools.count()
+
+
+@pytest.fixture
+def frozen_cgroup() -> Iterator[Path]:
+    """A fresh cgroup v2 directory; thawed, emptied and removed afterwards."""
+    mount = _cgroup2_mount()
+    if os.geteuid() != 0 or mount is None:
+        pytest.skip("needs root and a cgroup2 mount")
+    cg = Path(mount) / f"krex-fakecuda-test-{os.getpid()}-{next(_cgroups)}"
+    cg.mkdir()
+    try:
+        yield cg
+    finally:
+        _freeze(cg, False)
+        for pid in (cg / "cgroup.procs").read_text().split():
+            os.kill(int(pid), 9)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"{cg} stays busy"
+                time.sleep(0.01)
+
+
+def _freeze(cg: Path, on: bool) -> None:
+    (cg / "cgroup.freeze").write_text("1" if on else "0")
+    want = f"frozen {int(on)}"
+    deadline = time.monotonic() + 5
+    while want not in (cg / "cgroup.events").read_text().splitlines():
+        assert time.monotonic() < deadline, f"{cg}: not {want}"
+        time.sleep(0.001)
+
+
+def _returns_only_after_thaw(fc: FakeCuda, cg: Path, *step: str | int) -> dict[str, object]:
+    """Freeze ``cg``, start fakelock ``step`` in the background; assert it has not returned
+    after 0.5 s; thaw; return its JSON line."""
+    _freeze(cg, True)
+    locker = _start(fc, fc.build.fakelock, *map(str, step))
+    time.sleep(0.5)
+    assert locker.poll() is None, f"{step} returned for a frozen process"
+    thawed = time.monotonic_ns()
+    _freeze(cg, False)
+    out, err = locker.communicate(timeout=5)
+    line: dict[str, object] = json.loads(out)
+    assert isinstance(line["end_ns"], int) and line["end_ns"] >= thawed, err
+    return line
+
+
+@pytest.mark.root
+def test_a_frozen_process_is_locked_and_unlocked_once_thawed(
+    fc: FakeCuda, frozen_cgroup: Path
+) -> None:
+    bench = _bench(fc, "--seconds", "8", "--kernel-ns", str(MS), "--sync-every", "5")
+    try:
+        (frozen_cgroup / "cgroup.procs").write_text(str(bench.pid))
+        _ops(fc, bench.pid, 5)
+        # Measured: the real lock never returns while the target is frozen, its
+        # timeout (here 300 ms) not honoured; the fake's returns once thawed.
+        lock = _returns_only_after_thaw(fc, frozen_cgroup, "lock", bench.pid, 300)
+        assert lock["result"] == "CUDA_SUCCESS"
+        # A locked process can be frozen; its unlock too waits for the thaw.
+        unlock = _returns_only_after_thaw(fc, frozen_cgroup, "unlock", bench.pid)
+        assert unlock["result"] == "CUDA_SUCCESS"
+        (state,) = fc.lock_steps("state", bench.pid)
+        assert state["state"] == "RUNNING"
+        _ops(fc, bench.pid, 1, after_ns=time.monotonic_ns())  # it runs on
+        # A frozen target that dies: the lock returns as for a dead pid.
+        _freeze(frozen_cgroup, True)
+        locker = _start(fc, fc.build.fakelock, "lock", str(bench.pid))
+        time.sleep(0.2)
+        assert locker.poll() is None
+        _stop(bench)
+        out, _ = locker.communicate(timeout=5)
+        assert json.loads(out)["result"] == "CUDA_ERROR_OPERATING_SYSTEM"
+    finally:
+        _stop(bench)
 
 
 def test_the_activity_reader_sees_a_process_work_in_a_window_only(fc: FakeCuda) -> None:

@@ -10,7 +10,10 @@
  * One JSON line per step:
  *   {"op": "lock", "pid": 123, "result": "CUDA_SUCCESS", "rc": 0,
  *    "start_ns": ..., "end_ns": ..., "elapsed_ms": 12.5}
- * (`state` adds "state": "RUNNING" | "LOCKED" | ...; times are CLOCK_MONOTONIC).
+ * ("result" is the cuGetErrorName of the CUresult, e.g. "CUDA_ERROR_NOT_READY" for a
+ * lock whose timeout passed, "CUDA_ERROR_NOT_SUPPORTED" for an MPS client; "?" for
+ * an unnamed code; `state` adds "state": "RUNNING" | "LOCKED" | ...; times are
+ * CLOCK_MONOTONIC).
  * Exit status: 0 when every step returned CUDA_SUCCESS, 1 when one did not,
  * 2 on bad usage or when cuInit fails.
  */
