@@ -60,6 +60,7 @@ from krexd.registrations import RegionGuard, Verifier
 from krexd.runtime import RESTARTING, SERVING, STOPPING, Runtime
 from krexd.server import Server, check_free
 from krexd.slices import CpuSlice, compute_slices
+from krexd.slotflags import WAIT_GRACE_S, SlotFlags
 from krexd.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")
@@ -86,6 +87,8 @@ class Daemon:
         self.server: Server | None = None
         self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
         self.verifier = Verifier(self._cgroup_pids)
+        # Which flags of the slot memories are honoured (verified, bounded).
+        self.flags = SlotFlags(self.verifier, self.tenants, config.memory.oom_wait_s + WAIT_GRACE_S)
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -228,6 +231,7 @@ class Daemon:
         region_memory.monitor = memory
         self.pools = self._pools(cgroups)
         memory.on_gpu_users = self.pools.check_gpu_users  # a pool on the GPU is ended
+        memory.flags = self.flags  # memory waits honoured: verified, bounded
         lifecycle = self.lifecycle = Lifecycle(
             cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory, self.pools
         )
@@ -239,7 +243,9 @@ class Daemon:
         self.continuity = restart.Continuity(cfg, cgroups.root, self.tenants, self.gpus)
         if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
             # After a restart, fault records in the reopened gates' slots reopen an incident.
-            self.faults = FaultMonitor(self.gpus, self.tenants, self.admission, self.mps)
+            self.faults = FaultMonitor(
+                self.gpus, self.tenants, self.admission, self.mps, self.flags
+            )
             self.faults.start(self.runtime.spawn)
 
     def _pools(self, cgroups: CgroupBackend) -> PoolRegistry:
@@ -302,7 +308,15 @@ class Daemon:
             _log.info("krexd %s ready (pid %d)", self.version, self.pid)
             watchdog = spawn(self.notifier.watchdog_loop())
             status = spawn(self._status_loop())
-            watch = GateWatch(self.gpus, self.tenants, self.verifier, self._kill_command)
+            claims = self.faults.held_too_long if self.faults is not None else None
+            watch = GateWatch(
+                self.gpus,
+                self.tenants,
+                self.verifier,
+                self._kill_command,
+                flags=self.flags,
+                fault_claims=claims,
+            )
             gates = spawn(watch.run())
             await self._stop.wait()
             gates.cancel()

@@ -50,6 +50,7 @@ from typing import Any, Protocol
 from krexd.gate import FaultSeen, GateError
 from krexd.gpu import Gpu
 from krexd.mps import MpsDaemon
+from krexd.slotflags import SlotFlags
 from krexd.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd.faults")
@@ -99,6 +100,9 @@ class Incident:
     outsiders: set[int] = field(default_factory=set)
     opened_at: float = field(default_factory=time.monotonic)
     verdicts: dict[int, str] = field(default_factory=dict)  # tenant id -> role
+    # Tenants whose verified processes recorded the fault (krexd.slotflags).
+    claimers: set[int] = field(default_factory=set)
+    held_over: bool = False  # paused past FAULT_HOLD_S: admission resumed
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, for ``krexctl status``."""
@@ -127,8 +131,10 @@ class FaultMonitor:
         tenants: TenantRegistry,
         admission: Pausable,
         mps: MpsControl,
+        flags: SlotFlags | None = None,
     ) -> None:
         self._gpus = gpus
+        self._flags = flags
         self._tenants = tenants
         self._admission = admission
         self._mps = mps
@@ -167,6 +173,7 @@ class FaultMonitor:
             outsiders = {t.id for t in on_gpu if t.without_mps}
             inc = Incident(gpu, "shim" if pids else "mps-log", members, outsiders=outsiders)
             self.incidents[gpu] = inc
+            inc.claimers |= pids
             self.totals["incidents"] += 1
             self._admission.pause(gpu)
             _log.error(
@@ -176,7 +183,38 @@ class FaultMonitor:
                 inc.source,
                 sorted(members),
             )
+        elif inc is not None:
+            inc.claimers |= pids
         return inc
+
+    def held_too_long(self, gpu: int) -> list[tuple[int, str]]:
+        """(tenant, reason) for each live recorder of ``gpu``'s fault past the hold bound.
+
+        Admission pauses for a fault at most ``SlotFlags.fault_hold_s``: a
+        faulted MPS client cannot use the GPU again and its server tears it
+        down, so a tenant whose process recorded the fault and still runs
+        that long holds the GPU's recovery back (or forged its record).
+        Admission resumes then; the gate watch ends those tenants (exit 79).
+        """
+        inc = self.incidents.get(gpu)
+        if inc is None or self._flags is None:
+            return []
+        held = time.monotonic() - inc.opened_at
+        if held <= self._flags.fault_hold_s:
+            return []
+        if not inc.held_over:
+            inc.held_over = True
+            self._admission.resume(gpu)
+            _log.error("gpu%d: fault incident open for %.1f s; admission resumed", gpu, held)
+        return [
+            (
+                t,
+                f"its processes recorded a fatal GPU error under MPS {held:.1f} s ago and it "
+                f"still runs: admission paused at most {self._flags.fault_hold_s:g} s",
+            )
+            for t in sorted(inc.claimers)
+            if self._tenants.get(t) is not None
+        ]
 
     def _shim_records(self, g: Gpu) -> set[int]:
         """Tenants of ``g`` whose processes recorded a fatal error (remembered in ``seen``)."""
@@ -193,7 +231,10 @@ class FaultMonitor:
             t = self._tenants.get(s.tenant)
             if t is None or t.gpu != g.index or t.without_mps:
                 continue  # an ended tenant's record, another GPU's, or its own fault only
-            hit.add(s.tenant)
+            # Only a verified owner's record pauses others; any record of the
+            # tenant's own slots still counts in its own verdict (``seen``).
+            if self._flags is None or self._flags.fault_honoured(g.gate, s):
+                hit.add(s.tenant)
             prev = self.seen.get(s.tenant)
             # Keep the strongest evidence: a process that had launched kernels.
             if prev is None or (s.fault.launched and not prev.launched):

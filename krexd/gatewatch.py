@@ -10,9 +10,14 @@ Every ``period_s`` (10 ms), for each gate:
   ended (``kill``, exit code 79).  The audit also publishes the per-tenant
   memory summary the shims read and relays device-memory frees to waiting
   co-tenants.
-* every ``sweep_every`` ticks: each active registration is verified
-  (``krexd.registrations.Verifier``); those whose process is gone or exec'd
-  are ignored from then on (drains skip them, the summary drops them); the
+* every ``sweep_every`` ticks: each live registration not ignored yet is
+  verified (``krexd.slotflags.SlotFlags.verify``: one identity read per
+  process and one lookup per slot, O(processes + slots) per tenant); those
+  whose process is gone or exec'd are ignored from then on (drains skip
+  them, the summary drops them); each verified memory wait is timed, and a
+  tenant whose wait was honoured past its bound, or whose process still runs
+  ``FAULT_HOLD_S`` after the fault it recorded under MPS, is ended (exit 79)
+  like one the audit caught (``krexd.slotflags``); the
   gate file's path is checked and restored if it was removed or replaced
   (krexd keeps its fd and a second link, so running tenants never notice
   and new ones find it); a gate word left closed with no region (only
@@ -29,9 +34,10 @@ import logging
 from collections.abc import Callable, Mapping
 
 from krex_client.errors import ExitCode
-from krexd.gate import LIVE_SLOT_STATES, GateError
+from krexd.gate import GateError
 from krexd.gpu import Gpu
 from krexd.registrations import Verifier
+from krexd.slotflags import SlotFlags
 from krexd.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd.gatewatch")
@@ -51,11 +57,17 @@ class GateWatch:
         kill: KillTenant,
         period_s: float = 0.01,
         sweep_every: int = 10,
+        flags: SlotFlags | None = None,
+        fault_claims: Callable[[int], list[tuple[int, str]]] | None = None,
     ) -> None:
         self._gpus = gpus
         self._tenants = tenants
         self._verifier = verifier
         self._kill = kill
+        # Without flags of the daemon's: verify only, never bound a wait.
+        self.flags = flags or SlotFlags(verifier, tenants, wait_bound_s=float("inf"))
+        # fault_claims(gpu): (tenant, reason) for recorders of a fault held too long.
+        self._fault_claims = fault_claims
         self._period_s = period_s
         self._sweep_every = sweep_every
         self._ticks = 0
@@ -95,12 +107,25 @@ class GateWatch:
             _log.error("t%d %s; ending its command", tenant.id, reason)
             self._kill(tenant, reason, ExitCode.UNPROTECTABLE)
 
+    def _end(self, tenant_id: int, reason: str) -> None:
+        """End tenant ``tenant_id``'s command (exit 79) for a flag held past its bound."""
+        tenant = self._tenants.get(tenant_id)
+        if tenant is None or tenant.kill_reason is not None:
+            return
+        _log.error("t%d %s; ending its command", tenant.id, reason)
+        self._kill(tenant, reason, ExitCode.UNPROTECTABLE)
+
     def _sweep(self, gpu: Gpu) -> None:
         gate = gpu.gate
         assert gate is not None
-        for slot in gate.slots():
-            if slot.state in LIVE_SLOT_STATES and not self._verifier.judge(slot):
-                gate.ignore(slot)  # gone, exec'd, or not the tenant's process
+        slots = gate.slots()
+        self.flags.forget({t.id for t in self._tenants})
+        verified = self.flags.verify(gate, slots)  # the others are ignored from now on
+        ended = self.flags.observe_waits(slots, verified)
+        if self._fault_claims is not None:
+            ended += self._fault_claims(gpu.index)
+        for tenant_id, reason in ended:
+            self._end(tenant_id, f"on GPU {gpu.index}: {reason}")
         try:
             if gate.relink():
                 _log.error(

@@ -181,6 +181,41 @@ class Verifier:
                 return pid if image_mapped(pid, slot.image) else None
         return None
 
+    def resolve_all(self, slots: list[SlotInfo]) -> dict[tuple[int, int], int | None]:
+        """(tenant, index) -> the pid each of ``slots`` names, else None: :meth:`resolve` in bulk.
+
+        O(processes + slots) per tenant: each process of a tenant's cgroup is
+        read once (:func:`identity`) into a map by (innermost pid, pid
+        namespace, start time), then each slot is one lookup and one check
+        of its shim mapping.  What the gate watch's sweep runs on the event
+        loop: per (slot, process) it cost about 2 µs, a second per sweep for
+        128 forged slots over 4,096 processes.
+        """
+        by_tenant: dict[int, list[SlotInfo]] = {}
+        for s in slots:
+            by_tenant.setdefault(s.tenant, []).append(s)
+        out: dict[tuple[int, int], int | None] = {}
+        for tenant, mine in by_tenant.items():
+            known = self._identities(tenant)
+            for s in mine:
+                pid = known.get((s.pid, s.pidns, s.start_ticks))
+                ok = pid is not None and image_mapped(pid, s.image)
+                out[(s.tenant, s.index)] = pid if ok else None
+        return out
+
+    def _identities(self, tenant: int) -> dict[tuple[int, int, int], int]:
+        """(NSpid, pid namespace, start ticks) -> pid for the live processes of ``tenant``."""
+        try:
+            pids = self._cgroup_pids(tenant) or []
+        except OSError:
+            return {}
+        known: dict[tuple[int, int, int], int] = {}
+        for pid in pids:
+            who = identity(pid)
+            if who is not None:
+                known.setdefault((who.nspid, who.pidns, who.start_ticks), pid)
+        return known
+
     def judge(self, slot: SlotInfo) -> bool:
         """True when ``slot``'s owner is verified live (``krexd.gate.Gate.judge``)."""
         return self.resolve(slot) is not None

@@ -25,6 +25,10 @@ struct krex_coord {
     int fd;
     uint32_t gpu;
     _Atomic uint32_t last_epoch;      /* last epoch requested (close) */
+    _Atomic uint64_t drain_scans;     /* statistics: scans of krex_coord_wait_change */
+    _Atomic uint64_t poll_word;       /* the drain (gate word) the back-off below is of */
+    _Atomic int64_t poll_ns;          /* its poll interval now (coord_protocol.c) */
+    _Atomic uint32_t poll_last_n;     /* its pending count at the last scan */
     pthread_rwlock_t mu;              /* the tenant table */
     struct attached t[KREX_GATE_MAX_TENANTS];
 };

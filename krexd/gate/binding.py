@@ -170,6 +170,7 @@ def library() -> ctypes.CDLL:
             "krex_coord_word": (u64, [p]),
             "krex_coord_epoch": (u32, [p]),
             "krex_coord_set_epoch": (None, [p, u32]),
+            "krex_coord_drain_scans": (u64, [p]),
             "krex_coord_slots": (cint, [p, ctypes.POINTER(SlotInfoC), u32]),
             "krex_coord_audit": (cint, [p, ctypes.POINTER(FindingC), u32]),
         }

@@ -198,6 +198,12 @@ class Gate(GateSlotMemory):
             self._lib.krex_coord_set_epoch(h, epoch & 0xFFFF_FFFF)
 
     @property
+    def drain_scans(self) -> int:
+        """Scans the drain's wait made on this gate so far (each wake-up is one; statistics)."""
+        with self._mapped() as h:
+            return int(self._lib.krex_coord_drain_scans(h))
+
+    @property
     def word(self) -> tuple[int, int] | None:
         """``(holder, epoch)`` while the gate is closed, None while it is open."""
         with self._mapped() as h:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from krex_client.sizes import format_size
 from krexd.admission import GpuSlots, MemoryPolicy, Waiter
@@ -46,6 +46,9 @@ from krexd.memory.view import GpuMemory, GpuView
 from krexd.procfs import pid_alive
 from krexd.runtime import Runtime
 from krexd.tenants import Tenant, TenantRegistry
+
+if TYPE_CHECKING:
+    from krexd.slotflags import SlotFlags
 
 _log = logging.getLogger("krexd.memory")
 
@@ -119,6 +122,8 @@ class MemoryMonitor:
         # Told the pids each device read saw with GPU memory (the warm pools' watch:
         # krexd.pools.PoolRegistry.check_gpu_users); set by the daemon.
         self.on_gpu_users: Callable[[set[int]], None] | None = None
+        # Which memory waits are honoured (verified, bounded); set by the daemon.
+        self.flags: SlotFlags | None = None
 
     # --- life cycle -------------------------------------------------------------
 
@@ -234,12 +239,8 @@ class MemoryMonitor:
             self._apply_gpu(index)
 
     def refresh(self, gpu: int | None = None) -> None:
-        """Re-read the shim's counts now (one GPU, or all) over the last device read.
-
-        Called at every admission decision, region entry check and status, so
-        that they see each tenant's memory as the shim counts it at that moment,
-        not only as of the last ``refresh_ms`` tick.
-        """
+        """Re-read the shim's counts now (one GPU, or all) over the last device read:
+        admission, region entry and status see memory as the shim counts it now."""
         for index in [gpu] if gpu is not None else list(self._gpus):
             if index in self._device:
                 self._apply_gpu(index)
@@ -263,11 +264,7 @@ class MemoryMonitor:
 
     def tenant_ended(self, tenant: Tenant) -> None:
         """Final read of the tenant's registrations (its processes are gone); its peak
-        is learned under its label.
-
-        The caller frees the registrations afterwards (``Gate.reclaim_dead``):
-        a freed registration no longer names its tenant.
-        """
+        is learned under its label.  The caller frees the registrations afterwards."""
         self.refresh_tenant(tenant)
         rec = tenant.memory
         rec.waiting = False
@@ -332,12 +329,15 @@ class MemoryMonitor:
         return total - self.cfg.headroom
 
     def blocked(self, gpu: int) -> bool:
-        """True while an allocation on ``gpu`` waits for co-tenants' memory (fresh read)."""
+        """True while a verified allocation on ``gpu`` waits for co-tenants' memory, within
+        its bound (fresh read; ``krexd.slotflags``)."""
         g = self._gpus.get(gpu)
         if g is None or g.gate is None:
             return False
         try:
             waiting = g.gate.waiting_for_memory()
+            if self.flags is not None:
+                return self.flags.waits_honoured(g.gate, waiting)
         except GateError:
             return False  # unmapped: the daemon is stopping
         return any(s.state in LIVE_SLOT_STATES and pid_alive(s.pid) for s in waiting)

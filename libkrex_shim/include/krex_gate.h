@@ -473,6 +473,10 @@ uint64_t krex_coord_word(const struct krex_coord *c);
 uint32_t krex_coord_epoch(const struct krex_coord *c);
 void krex_coord_set_epoch(struct krex_coord *c, uint32_t epoch);
 
+/* Statistics: the scans krex_coord_wait_change made on this gate since it
+ * was created or opened (each wake-up of a drain is one scan). */
+uint64_t krex_coord_drain_scans(const struct krex_coord *c);
+
 /* Snapshot the non-FREE slots (and FREE ones with a memory record) of
  * every attached tenant into out[0..max).  Returns how many. */
 int krex_coord_slots(const struct krex_coord *c, struct krex_slot_info *out, uint32_t max);
