@@ -100,6 +100,8 @@ class Adoption(Ending):
         ``thread_cpus``: the holder thread's affinity before step 5
         (``[region] holder_cpus = "add"``), given back at exit.
         ``request_id``: its region_enter's (a re-sent copy is granted again).
+        The warm pools are frozen for it, as for any region
+        (``krexd.pool_freeze``).
         """
         self._thread_cpus = thread_cpus
         self._lock.take(holder.id)
@@ -107,6 +109,8 @@ class Adoption(Ending):
         now = time.monotonic()
         region = Region(holder, epoch, pid, tid, now, now, list(siblings), adopted=True)
         region.request_id = request_id
+        if self.pool_freeze is not None:
+            region.pools_frozen = self.pool_freeze.hold_now()
         self._region, self._frozen = region, region.siblings
         self._epoch = max(self._epoch, epoch)
         # The region went through steps 2-4 in the krexd before: replay its edges.
