@@ -270,6 +270,7 @@ def _adopt_region(
             r["tid"],
             siblings,
             tuple(int(c) for c in cpus) if cpus is not None else None,
+            r["request"] if isinstance(r.get("request"), str) else None,
         )
         return {s.id for s in siblings}
     if holder is not None and holder.state == states.HOLDING:

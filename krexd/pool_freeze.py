@@ -62,6 +62,17 @@ class PoolFreeze:
             delay = min(delay * 2, 5e-3)
         return True
 
+    def hold_now(self) -> bool:
+        """Freeze the pools for one region without waiting (an adopted region, at start).
+
+        Returns True: the hold is counted (release it with :meth:`release`);
+        the kernel completes the freeze on its own.
+        """
+        self.holders += 1
+        if self.holders == 1:
+            self._write("1")
+        return True
+
     def release(self) -> None:
         """End one region's hold; the last one thaws the pools."""
         if self.holders == 0:

@@ -93,7 +93,11 @@ class Continuity:
         self.keeper.save()
         gates = [g.gate_path for g in self._gpus.values() if g.gate_path]
         self._watchdog = watchdog.spawn(
-            self.heartbeat.path, self._root, gates, self._cfg.daemon.freeze_bound_s
+            self.heartbeat.path,
+            self._root,
+            gates,
+            self._cfg.daemon.freeze_bound_s,
+            self._cfg.daemon.socket,
         )
         _log.info(
             "watchdog pid %d: thaws the tree %g s after krexd's last heartbeat",
@@ -105,10 +109,7 @@ class Continuity:
         """Beat and save every second (a hung loop stops both) until cancelled."""
         while True:
             await asyncio.sleep(watchdog.BEAT_S)
-            try:
-                self.heartbeat.beat()
-            except OSError as exc:
-                _log.error("heartbeat: %s", exc)
+            self.heartbeat.beat()  # logs once when it fails
             self.keeper.save()
             if self._watchdog is not None and self._watchdog.poll() is not None:
                 _log.warning("watchdog exited (%s); starting it again", self._watchdog.returncode)

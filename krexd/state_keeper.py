@@ -46,6 +46,7 @@ class StateKeeper:
         self._file = saved_state.StateFile(path)
         self.enabled = True
         self.writes = 0
+        self.failing = False  # the last save failed (logged once until one succeeds)
 
     def _live(self) -> list[tuple[Tenant, int]]:
         """The tenants to save, each with its verified launcher start time."""
@@ -93,7 +94,11 @@ class StateKeeper:
         return b'%s,"tenants":[%s]' % (header[1:-1], b",".join(records))
 
     def save(self) -> None:
-        """Write the state if it changed since the last write (never raises)."""
+        """Write the state if it changed since the last write (never raises).
+
+        A failure (a full disk) is logged once until a save succeeds again;
+        only adoption after a restart is affected.
+        """
         if not self.enabled:
             return
         try:
@@ -102,8 +107,18 @@ class StateKeeper:
                 return
             self._file.write_members(members + b',"saved_at":' + repr(time.time()).encode())
         except (OSError, TypeError, ValueError) as exc:
-            _log.error("cannot save state to %s: %s", self.path, exc)
+            if not self.failing:  # once per failing stretch (a full disk fails every op)
+                _log.error(
+                    "cannot save state to %s: %s; until it can, a restarted krexd adopts "
+                    "the state saved before",
+                    self.path,
+                    exc,
+                )
+            self.failing = True
             return
+        if self.failing:
+            _log.warning("state saved to %s again", self.path)
+        self.failing = False
         self._last = members
         self.writes += 1
 

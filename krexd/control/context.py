@@ -63,14 +63,21 @@ class TenantLifecycle(Protocol):
 class Regions(Protocol):
     """One GPU's region protocol as the ops drive it (``krexd.coordinator.Coordinator``)."""
 
-    async def enter(self, tenant: Tenant, pid: int, tid: int) -> dict[str, Any]:
-        """Steps 1-5; the ``region_enter`` reply body."""
+    async def enter(
+        self, tenant: Tenant, pid: int, tid: int, request_id: str | None = None
+    ) -> dict[str, Any]:
+        """Steps 1-5, once per ``request_id``; the ``region_enter`` reply body."""
         ...
 
     async def exit(
-        self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
+        self,
+        tenant: Tenant,
+        epoch: int,
+        sync_ms: float,
+        launches: int,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
-        """Steps 7-8; the ``region_exit`` reply body."""
+        """Steps 7-8, once per epoch; the ``region_exit`` reply body."""
         ...
 
     async def cancel(self, tenant: Tenant) -> dict[str, Any]:

@@ -1,8 +1,13 @@
 """``region_enter``: make the calling tenant the holder of its GPU's critical region.
 
-Request: tenant + token; body ``{"pid": int, "tid": int}`` — the requesting
-process (must be in the tenant's cgroup) and its submitting thread (a Linux
-thread id of that process, pinned to the reserved cores).
+Request: tenant + token; body ``{"pid": int, "tid": int, "request_id": str?}``
+— the requesting process (must be in the tenant's cgroup), its submitting
+thread (a Linux thread id of that process, pinned to the reserved cores) and,
+optionally, the client's id of this request (at most 64 characters, unique
+per request: ``krex_client`` sends ``<pid>-<start time>-<counter>``).  A
+second copy of a request with the same id (a re-send after a restart, or
+the lost connection's queued copy) gets the first copy's reply and never a
+second region; without an id every copy is a new request, as before.
 Reply body: ``{"epoch": int, "gpu": int, "reserved_cores": [int], "l2_flush": bool,
 "wait_ms": float, "entry_ms": float, "drain_ms": float, "freeze_ms": float,
 "check_ms": float}`` — ms: ``wait_ms`` waiting for the region lock,
@@ -37,14 +42,16 @@ if TYPE_CHECKING:
     from krexd.control.context import OpContext
 
 _MAX_PID = 1 << 22  # Linux pid_max limit
+MAX_REQUEST_ID = 64  # characters of a client's request id
 
 
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the fields, run the GPU coordinator's entry."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
     identity.authorize(tenant, "region_enter")
-    fields.only(req.body, "pid", "tid")
+    fields.only(req.body, "pid", "tid", "request_id")
     pid = fields.integer(req.body, "pid", 1, _MAX_PID)
     tid = fields.integer(req.body, "tid", 1, _MAX_PID)
-    reply: dict[str, Any] = await ctx.regions(tenant.gpu).enter(tenant, pid, tid)
+    request_id = fields.string(req.body, "request_id", MAX_REQUEST_ID, default=None)
+    reply: dict[str, Any] = await ctx.regions(tenant.gpu).enter(tenant, pid, tid, request_id)
     return reply

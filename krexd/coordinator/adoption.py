@@ -38,8 +38,15 @@ class Adoption(Ending):
                 "siblings": [t.id for t in region.siblings],
                 # The holder thread's own cores ("add"), given back at exit.
                 "thread_cpus": list(self._thread_cpus) if self._thread_cpus is not None else None,
+                # Its region_enter's request id: a copy re-sent to the successor is granted again.
+                "request": region.request_id,
             }
-        exited = {str(k): v for k, v in {**self._resumed, **self._exited}.items()}
+        ended = {}
+        if region is not None and region.ended:
+            # Its end is in progress (thawed, maybe not reopened): the successor reopens the
+            # gate and thaws everyone, and answers the holder's re-sent region_exit.
+            ended[region.tenant.id] = region.epoch
+        exited = {str(k): v for k, v in {**self._resumed, **self._exited, **ended}.items()}
         return {"epoch": self._epoch, "region": saved_region, "exited": exited}
 
     def settle_locks(self) -> None:
@@ -84,6 +91,7 @@ class Adoption(Ending):
         tid: int,
         siblings: list[Tenant],
         thread_cpus: tuple[int, ...] | None = None,
+        request_id: str | None = None,
     ) -> None:
         """Hold the region a crashed krexd granted (its siblings frozen, the gate closed).
 
@@ -91,12 +99,18 @@ class Adoption(Ending):
         process's death ends it, and ``max_region_s`` counts from adoption.
         ``thread_cpus``: the holder thread's affinity before step 5
         (``[region] holder_cpus = "add"``), given back at exit.
+        ``request_id``: its region_enter's (a re-sent copy is granted again).
+        The warm pools are frozen for it, as for any region
+        (``krexd.pool_freeze``).
         """
         self._thread_cpus = thread_cpus
         self._lock.take(holder.id)
         self._requests[holder.id] = RegionRequest(holder.id, stage=HELD)
         now = time.monotonic()
         region = Region(holder, epoch, pid, tid, now, now, list(siblings), adopted=True)
+        region.request_id = request_id
+        if self.pool_freeze is not None:
+            region.pools_frozen = self.pool_freeze.hold_now()
         self._region, self._frozen = region, region.siblings
         self._epoch = max(self._epoch, epoch)
         # The region went through steps 2-4 in the krexd before: replay its edges.

@@ -15,6 +15,7 @@ from typing import Any
 from krexd import states
 from krexd.config import RegionConfig
 from krexd.coordinator.locks import DriverLocks
+from krexd.coordinator.once import OnceLog
 from krexd.coordinator.records import Region, RegionRequest
 from krexd.fifo import FifoLock
 from krexd.isolation import (
@@ -94,6 +95,9 @@ class CoordinatorBase:
         # re-sent after a restart is answered again), and regions a restart ended.
         self._exited: dict[int, int] = {}
         self._resumed: dict[int, int] = {}
+        # Region requests by key (region_enter's request id, region_exit's epoch): a
+        # duplicate after a restart gets the first copy's answer (krexd.coordinator.once).
+        self._once = OnceLog()
 
     def __repr__(self) -> str:
         return f"Coordinator(gpu{self.gpu}, {self.state})"

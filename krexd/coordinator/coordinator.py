@@ -99,6 +99,7 @@ class Coordinator(Entry, Adoption):
         self._ungated.discard(tenant.id)
         self._exited.pop(tenant.id, None)
         self._resumed.pop(tenant.id, None)
+        self._once.forget(tenant.id)
         request = self._requests.get(tenant.id)
         if request is not None:
             request.cancelled = True  # also in the lock's hand-over window

@@ -31,9 +31,20 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
     """Steps 7-8, and what starts them when the holder cannot."""
 
     async def exit(
-        self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
+        self,
+        tenant: Tenant,
+        epoch: int,
+        sync_ms: float,
+        launches: int,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
         """Run region exit (steps 7-8) for the holder and return the region_exit body.
+
+        Idempotent per (tenant, epoch): a second copy, in flight or after the
+        first was answered, gets the first one's reply
+        (``krexd.coordinator.once``); an exit re-sent after a restart for a
+        region that ended meanwhile is answered (with zero times) as often
+        as it comes.
 
         Args:
             tenant: the authenticated tenant; must be the holder.
@@ -41,13 +52,25 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
             sync_ms: how long the holder's shim waited for its own contexts
                 (reported back, for the record).
             launches: launches the holder made inside the region.
+            request_id: the client's id of this request (None: none sent);
+                the key of an ungated region's exit (epoch 0).
 
         Returns:
             ``{region_ms, thaw_ms, sync_ms, launches}``.
 
         Raises:
-            KrexError: NOT_HOLDER (no region, another holder, or a stale epoch).
+            KrexError: NOT_HOLDER (no region, another holder, or a stale epoch),
+                REGION_ABORTED (recovery ended the region first).
         """
+        key = f"exit:{epoch}" if epoch else (f"exit:{request_id}" if request_id else None)
+        return await self._once.run(
+            tenant.id, key, lambda: self._exit(tenant, epoch, sync_ms, launches)
+        )
+
+    async def _exit(
+        self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
+    ) -> dict[str, Any]:
+        """:meth:`exit` for the first copy of a request."""
         if not self._cfg.enforce or tenant.exclusive:
             if tenant.id not in self._ungated:
                 raise KrexError(Code.NOT_HOLDER, f"tenant {tenant.id} holds no region")
@@ -55,13 +78,14 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
             self.stats.completed += 1
             return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
         region = self._region
-        if (region is None or region.tenant.id != tenant.id) and self._resumed.get(
-            tenant.id
-        ) == epoch:
+        holds = region is not None and region.tenant.id == tenant.id
+        if not (holds and region is not None and region.epoch == epoch) and epoch in (
+            self._resumed.get(tenant.id),
+            self._exited.get(tenant.id),
+        ):
             # Re-sent after a restart, for a region that ended meanwhile: answer it again.
-            del self._resumed[tenant.id]
             return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
-        if region is None or region.tenant.id != tenant.id:
+        if region is None or not holds:
             raise KrexError(
                 Code.NOT_HOLDER, f"tenant {tenant.id} holds no region on GPU {self.gpu}"
             )

@@ -34,7 +34,9 @@ class _MemoryShort(Exception):
 class Entry(Ending, MemoryWait):
     """``region_enter``: steps 0-5."""
 
-    async def enter(self, tenant: Tenant, pid: int, tid: int) -> dict[str, Any]:
+    async def enter(
+        self, tenant: Tenant, pid: int, tid: int, request_id: str | None = None
+    ) -> dict[str, Any]:
         """Run region entry for ``tenant`` and return the grant (region_enter reply body).
 
         Args:
@@ -42,6 +44,11 @@ class Entry(Ending, MemoryWait):
             pid: the requesting process; must be in the tenant's cgroup.
             tid: the submitting thread (Linux thread id) to pin to the
                 reserved cores.
+            request_id: the client's id of this request (None from a client
+                that sends none): a second copy of it, in flight or answered,
+                gets the first one's reply (``krexd.coordinator.once``), and
+                a copy re-sent for the region a restarted krexd adopted is
+                granted again.
 
         Returns:
             ``{epoch, gpu, reserved_cores, l2_flush, wait_ms, entry_ms,
@@ -57,6 +64,15 @@ class Entry(Ending, MemoryWait):
                 REGION_NO_MEMORY (its expected memory can never fit beside
                 its siblings), SHUTTING_DOWN.
         """
+        key = f"enter:{request_id}" if request_id else None
+        return await self._once.run(
+            tenant.id, key, lambda: self._enter(tenant, pid, tid, request_id)
+        )
+
+    async def _enter(
+        self, tenant: Tenant, pid: int, tid: int, request_id: str | None
+    ) -> dict[str, Any]:
+        """:meth:`enter` for the first copy of a request."""
         requested_at = time.monotonic()
         self._check_caller(tenant, pid, tid)
         if not self._cfg.enforce or tenant.exclusive:
@@ -64,20 +80,40 @@ class Entry(Ending, MemoryWait):
             # so the same script runs with and without --exclusive.
             return self._enter_ungated(tenant)
         region = self._region
-        if region is not None and region.adopted and region.tenant.id == tenant.id:
-            region.adopted = False  # a region_enter re-sent after a restart: grant it again
-            return self._grant_reply(region.epoch, list(self._slice.reserved), 0.0, 0.0)
+        if region is not None and region.tenant.id == tenant.id and not region.ended:
+            if self._granted_again(region, request_id):
+                return self._grant_reply(region.epoch, list(self._slice.reserved), 0.0, 0.0)
         if tenant.id in self._requests:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
         request = self._requests[tenant.id] = RegionRequest(tenant.id)
         try:
-            return await self._enter_recorded(request, tenant, pid, tid, requested_at)
+            return await self._enter_recorded(request, tenant, pid, tid, requested_at, request_id)
         finally:
             if request.stage != HELD and self._requests.get(tenant.id) is request:
                 del self._requests[tenant.id]
 
+    @staticmethod
+    def _granted_again(region: Region, request_id: str | None) -> bool:
+        """Is this region_enter a copy of the one ``region`` (its tenant's) was granted for?
+
+        With request ids: when the ids match.  Without (an older client, or a
+        region an older krexd saved): the first region_enter after adoption.
+        """
+        if region.request_id is not None or request_id is not None:
+            return region.request_id == request_id
+        if region.adopted:
+            region.adopted = False
+            return True
+        return False
+
     async def _enter_recorded(
-        self, request: RegionRequest, tenant: Tenant, pid: int, tid: int, requested_at: float
+        self,
+        request: RegionRequest,
+        tenant: Tenant,
+        pid: int,
+        tid: int,
+        requested_at: float,
+        request_id: str | None,
     ) -> dict[str, Any]:
         """Steps 1-5 for a recorded request; a cancel at any step is honoured."""
         # Step 1: the region lock, one holder at a time, FIFO.
@@ -99,6 +135,7 @@ class Entry(Ending, MemoryWait):
             self.stats.failed += 1
             self._lock.release(tenant.id)
             raise
+        region.request_id = request_id
         request.stage = HELD
         testhooks.pause("granted")
         if request.cancelled:

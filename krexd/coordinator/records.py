@@ -38,6 +38,7 @@ class Region:
     locks: DriverLocks | None = None  # processes the driver locked for it (unlocked at its end)
     holder_pids: set[int] = field(default_factory=set)  # the holder's processes at the grant
     ended_at: float | None = None  # monotonic s, when its end began (exit or recovery)
+    request_id: str | None = None  # the region_enter's request id (a re-sent copy is granted again)
 
 
 # Stages of a region request (``RegionRequest.stage``).

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from krex_client import region_steps, warmup
+from krex_client.request_ids import RequestIds
 from krex_client.shim_binding import Shim
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class Region:
         self._daemon_pid: int | None = None  # the krexd that answers (a restart changes it)
         self._nvml: Nvml | None = None  # this process's, shared by warm-up and record
         self._nvml_pid = 0
+        self._ids = RequestIds()  # each region request's id: krexd runs it once
 
     @staticmethod
     def _zero_stats() -> dict[str, float]:
@@ -199,9 +201,8 @@ class Region:
         recorder = self._region_log(policy)  # NVML opened here, before the region
         t0 = time.monotonic()
         try:
-            grant = self._request(
-                conn, "region_enter", {"pid": os.getpid(), "tid": threading.get_native_id()}
-            )
+            body = {"pid": os.getpid(), "tid": threading.get_native_id(), **self._ids.fields()}
+            grant = self._request(conn, "region_enter", body)
         except RegionError:
             raise
         except BaseException:
@@ -219,7 +220,7 @@ class Region:
             self._request(
                 self._connection(),
                 "region_exit",
-                {"epoch": grant["epoch"], "sync_ms": 0.0, "launches": 0},
+                {"epoch": grant["epoch"], "sync_ms": 0.0, "launches": 0, **self._ids.fields()},
             )
             raise
         granted = time.monotonic()
@@ -236,7 +237,8 @@ class Region:
             reply = self._request(
                 self._connection(),  # a restart during the region replaced the entry's
                 "region_exit",
-                {"epoch": grant["epoch"], "sync_ms": sync_ms, "launches": launches},
+                {"epoch": grant["epoch"], "sync_ms": sync_ms, "launches": launches}
+                | self._ids.fields(),
             )
             self._stats = {
                 "entry_ms": (granted - t0) * 1e3,
@@ -303,6 +305,7 @@ class Region:
         # restarts meanwhile, the request is sent again to the krexd that adopted this
         # command (``KREX_RECONNECT_S``, default 120 s): a re-sent enter of a region
         # already granted is granted again, a re-sent exit of one ended is answered again.
+        # Every copy has one request id: krexd answers a duplicate with the first's reply.
         deadline: float | None = None
         while True:
             try:
@@ -312,6 +315,8 @@ class Region:
                 # importing it here just to compare would pull in pyzmq.
                 connection = sys.modules.get("krex_client.connection")
                 if connection is not None and isinstance(exc, connection.RemoteError):
+                    if self._ids.refused(exc.name, exc.message, body):
+                        continue  # a krexd older than request ids: the same request without
                     raise RegionError(f"{op}: {exc.name}: {exc.message}") from None
                 if connection is None or not isinstance(exc, connection.KrexUnavailable):
                     raise

@@ -18,6 +18,17 @@ from tests.support import clean_env
 Factory = Callable[..., Krexd]
 
 
+def driver_env(k: Krexd) -> dict[str, str]:
+    """The fake driver ``krexd_factory`` gives krexd: a restarted one locks (and unlocks)
+    the GPU's processes through the same simulated device, as the unit's restart keeps
+    its environment."""
+    env = {"KREX_FAKE_STATE": os.path.join(k.workdir, "fakestate")}
+    fake_lib = os.path.join(REPO, "build", "fakecuda", "libcuda.so.1")
+    if os.path.exists(fake_lib):
+        env["KREX_DRIVER_LIB"] = fake_lib
+    return env
+
+
 class Restarter:
     """Kills and restarts krexds made by ``krexd_factory`` on the same config and socket."""
 
@@ -47,7 +58,7 @@ class Restarter:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=clean_env(),
+            env=clean_env(**driver_env(k)),
             cwd=REPO,
         )
         log.close()

@@ -1,9 +1,10 @@
 """Holder for restart tests: regions in a loop over the fake driver, for a while.
 
-Usage: region_loop.py SECONDS HOLD_MS
+Usage: region_loop.py SECONDS HOLD_MS [GAP_MS]
 
 Enters ``region.critical()`` again and again for SECONDS, each time
-launching kernels for HOLD_MS inside, then sleeping 20 ms off-region.
+launching kernels for HOLD_MS inside, then sleeping GAP_MS (default 20)
+off-region.
 Prints ``{"pid": ..., "regions": [[start_ns, end_ns], ...]}`` (CLOCK_MONOTONIC,
 grant to just before exit) and exits 0.
 """
@@ -24,6 +25,7 @@ from krex_client import region  # noqa: E402
 
 def main() -> None:
     seconds, hold_ms = float(sys.argv[1]), float(sys.argv[2])
+    gap_s = float(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.02
     gpu = fakegpu.init()
     spans = []
     end_at = time.monotonic() + seconds
@@ -36,7 +38,7 @@ def main() -> None:
                 gpu.synchronize()
             end = time.monotonic_ns()
         spans.append([start, end])
-        time.sleep(0.02)
+        time.sleep(gap_s)
     print(json.dumps({"pid": os.getpid(), "regions": spans}))
 
 

@@ -1,0 +1,86 @@
+"""Region requests run once: a duplicate gets the first one's answer (docs/design/daemon.md).
+
+A request can reach krexd twice after a restart: ``region.critical()``
+re-sends it on a fresh connection, and the lost connection's ZeroMQ queue
+may deliver its own copy to the new krexd as well.  Both copies carry the
+same key (``region_enter``: the client's ``request_id``; ``region_exit``:
+its epoch), so the second waits for the first one's outcome, or gets it at
+once when the first is answered already, and never starts a region (or
+ends one) again.
+
+Memory is bounded: the last :data:`PER_TENANT` keys of each tenant, dropped
+with the tenant (``forget``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from krexd.errors import Code, KrexError
+
+PER_TENANT = 8  # keys remembered per tenant (a region needs two: its enter and its exit)
+
+
+@dataclass(eq=False)
+class _Outcome:
+    """One request's outcome: set once, awaited by its duplicates."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    reply: dict[str, Any] | None = None
+    error: KrexError | None = None
+
+
+class OnceLog:
+    """Each tenant's recent region requests by key: in flight, or answered."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, OrderedDict[str, _Outcome]] = {}
+        self.duplicates = 0  # requests answered from an earlier copy (status)
+
+    async def run(
+        self, tenant: int, key: str | None, work: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """``await work()`` once per (``tenant``, ``key``); a duplicate gets its outcome.
+
+        ``key`` None (a client that sends no request id) runs ``work`` every
+        time.  A duplicate returns the first copy's reply or raises its
+        ``KrexError``; a first copy that ended otherwise (cancelled at a
+        shutdown, an internal error) is forgotten, and its waiting
+        duplicates raise ``KrexError(CANCELLED)``.
+        """
+        if key is None:
+            return await work()
+        seen = self._seen.setdefault(tenant, OrderedDict())
+        outcome = seen.get(key)
+        if outcome is not None:
+            seen.move_to_end(key)
+            self.duplicates += 1
+            await outcome.done.wait()
+            if outcome.error is not None:
+                raise outcome.error
+            if outcome.reply is None:
+                raise KrexError(Code.CANCELLED, "the first copy of this request did not finish")
+            return outcome.reply
+        outcome = seen[key] = _Outcome()
+        while len(seen) > PER_TENANT:
+            seen.popitem(last=False)
+        try:
+            outcome.reply = await work()
+        except KrexError as exc:
+            outcome.error = exc
+            raise
+        except BaseException:
+            if seen.get(key) is outcome:
+                del seen[key]  # not an answer: a later copy runs anew
+            raise
+        finally:
+            outcome.done.set()
+        return outcome.reply
+
+    def forget(self, tenant: int) -> None:
+        """Drop ``tenant``'s keys (it ended)."""
+        self._seen.pop(tenant, None)
