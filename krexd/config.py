@@ -204,6 +204,14 @@ class Config:
     source: str = ""
 
 
+def _existing_file_or_empty(value: Any) -> str:
+    """An absolute path of an existing file, or "" (nothing configured: search)."""
+    path = _abs_path_or_empty(value)
+    if path and not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file (krexd does not search elsewhere for it)")
+    return path
+
+
 _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
     "daemon": (
         DaemonConfig,
@@ -264,7 +272,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "foreign": _choice("lock", "refuse", "allow"),
         },
     ),
-    "shim": (ShimConfig, {"path": _abs_path_or_empty}),
+    "shim": (ShimConfig, {"path": _existing_file_or_empty}),
     "mps": (MpsConfig, {"enabled": _bool, "control": _str}),
     "memory": (
         MemoryConfig,
@@ -346,6 +354,10 @@ def load(path: str | None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not a TOML file") from None
+    except (ValueError, RecursionError) as exc:  # what else tomllib may raise on garbage
+        raise ConfigError(f"{path}: not valid TOML: {type(exc).__name__}") from None
     try:
         return from_dict(data, source=os.path.abspath(path))
     except ConfigError as exc:
