@@ -24,7 +24,8 @@ def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
 
     The gate is ``<state_dir>/<cgroup name>-gpu<N>.gate`` (root's, mode
     0644; with ``[daemon] socket_group``, group that group and mode 0640:
-    only who may connect may read it), with a second link under ``<state_dir>/.krex-keep/`` (mode 0700).
+    only who may connect may read it), with a second link under
+    ``<state_dir>/.krex-keep/`` (mode 0700).
     Raises GateError with one line naming the directory when the gate
     cannot be made there (a full file system: its space is reserved now).
     """

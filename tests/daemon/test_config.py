@@ -122,9 +122,9 @@ def test_max_region_s_zero_means_no_limit_and_negative_is_refused() -> None:
     ("data", "why"),
     [
         (bytes(range(256)) * 4, "not UTF-8"),
-        (b"[daemon]\nsocket = \"\xff\xfe\"\n", "not UTF-8"),
+        (b'[daemon]\nsocket = "\xff\xfe"\n', "not UTF-8"),
         (b"[daemon\nsocket = ", "not valid TOML"),
-        (b"[shim]\npath = \"/nonexistent/libkrex_shim.so\"\n", "no such file"),
+        (b'[shim]\npath = "/nonexistent/libkrex_shim.so"\n', "no such file"),
     ],
 )
 def test_bad_configuration_gets_one_line_and_exit_78(tmp_path: Path, data: bytes, why: str) -> None:
