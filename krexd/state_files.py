@@ -53,7 +53,7 @@ def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
             try:
                 os.chown(path, 0, gid)
             except OSError as exc:
-                raise GateError(f"chown: {exc.strerror}", exc.errno) from None
+                raise GateError(f"chown: {exc.strerror}", exc.errno or 0) from None
     except GateError as exc:
         raise GateError(
             f"cannot create the gate of GPU {gpu} in {cfg.gate_dir}: "
