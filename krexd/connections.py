@@ -60,7 +60,7 @@ TRIM_QUIET_S = 0.5  # a trim waits until no connection has opened for this long
 REFUSE_GRACE_S = 2.0  # a refused connection's time to send its request and read the reply
 REFUSING_MAX = 64  # refused connections kept for their reply at once; more are cut silently
 REFUSING_PER_UID = 4  # ... of one uid (so that no user's refused ones crowd out another's)
-REPLY_FLUSH_S = 0.2  # after the refusal's reply, before the shutdown
+REPLY_FLUSH_S = 0.5  # after the refusal's reply, before the shutdown
 EXEMPT_UID = 0
 
 

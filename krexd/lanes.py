@@ -11,9 +11,11 @@ at a time, and only while no region operation (``region_enter``,
 :data:`BULK_DEFER_S` each (an entry waiting for the region lock counts: a
 status is no region's business); a uid may have ``[daemon]
 max_status_per_uid`` of them queued or running, the next one is answered
-``TOO_MANY`` at once.  So a flood of ``status`` from one user costs every
-region step at most one status build, and the flooding user's replies
-wait, not anyone else's region.  Root (uid 0) is exempt from the per-uid
+``TOO_MANY`` (after 0.1 s: ``server.REFUSAL_DELAY_S``, so that a client
+resending at each reply cannot turn refusals into a busy loop).  So a
+flood of ``status`` from one user costs every region step at most one
+status build, and the flooding user's replies wait, not anyone else's
+region.  Root (uid 0) is exempt from the per-uid
 caps; a request without a verified caller counts as uid -1.
 """
 

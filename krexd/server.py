@@ -52,6 +52,7 @@ _log = logging.getLogger("krexd.server")
 
 HARD_MAX_MSG_BYTES = 16 << 20
 READ_BURST = 16  # requests read before the loop runs the tasks they started
+REFUSAL_DELAY_S = 0.1  # a request refused for a cap (TOO_MANY) is answered this much later
 _READ_ONLY_OPS = frozenset({"ping", "status", "memory"})
 
 
@@ -198,8 +199,12 @@ class Server:
                 raise KrexError(Code.TOO_MANY, refusal)
             key = self.lanes.admit(who.uid if who is not None else None, req.op)
         except KrexError as exc:
+            # Answered after a pause: a client that resends at each reply (a flood)
+            # then costs krexd a few refusals per second, not a busy loop of them.
             self.errors += 1
-            await self._send(ident, encode_error(req.id, exc.code, exc.code.name, exc.message))
+            frame = encode_error(req.id, exc.code, exc.code.name, exc.message)
+            loop = asyncio.get_running_loop()
+            loop.call_later(REFUSAL_DELAY_S, self._send_soon, ident, frame)
             return
         self.guard.started(fd)
 
@@ -241,6 +246,15 @@ class Server:
             _log.exception("op %s failed", req.op)
             frame = encode_error(req.id, Code.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
         await self._send(ident, frame)
+
+    def _send_soon(self, ident: bytes, frame: bytes) -> None:
+        """Send ``frame`` to ``ident`` without waiting (a delayed refusal)."""
+        if self._sock is None or self._sock.closed:
+            return
+        try:  # the same socket, synchronous: nothing to await from a timer callback
+            zmq.Socket.shadow(self._sock.underlying).send_multipart([ident, frame], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the peer is gone or its queue is full: it was refused anyway
 
     async def _send(self, ident: bytes, frame: bytes) -> None:
         if self._sock is None or self._sock.closed:
