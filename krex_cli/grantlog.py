@@ -9,22 +9,25 @@ when ``admit`` is granted (once per run: ``--retry-tempfail`` and
     {"time": <unix s of the grant>, "tenant": <int>, "gpu": <int>,
      "gpu_uuid": <str or null>, "admit_ms": <wait for the slot, ms>}
 
-A line is one ``write(2)`` to a file opened with ``O_APPEND``.  Only a
-regular file is written (opened ``O_NONBLOCK``, then checked): a FIFO or a
-device put at the path, by the command itself between two admissions, say,
-would block ``krex run`` or swallow the line.  A failure to write is
-reported on stderr and does not stop the command.
+A line is one ``write(2)`` to a file opened with ``O_APPEND``
+(``krex_client.logfile``): a symbolic link at the path is not followed (a
+root ``krex run`` never appends to a file another user pointed it at), only
+a regular file is written (opened ``O_NONBLOCK``, then checked: a FIFO or a
+device put at the path would block ``krex run`` or swallow the line), a new
+file is mode 0600, and a lock another process holds delays the line by at
+most 0.1 s.  A failure to write is reported on stderr in one line and does
+not stop the command.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from krex_client import logfile
 
 
 def append(path: str, granted: Mapping[str, Any], admit_ms: float) -> None:
@@ -39,13 +42,6 @@ def append(path: str, granted: Mapping[str, Any], admit_ms: float) -> None:
     }
     data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
     try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
-        fd = os.open(path, flags, 0o644)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{path} is not a regular file")
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        logfile.append_line(path, data)
     except OSError as exc:
-        print(f"krex: warning: cannot write the grant log {path}: {exc}", file=sys.stderr)
+        print(f"krex: warning: cannot write the grant log: {exc.strerror}", file=sys.stderr)

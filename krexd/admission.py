@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from krexd.errors import Code, KrexError
-from krexd.quotas import UidCaps
+from krexd.quotas import UidCaps, shown_command
 
 
 class MemoryPolicy(Protocol):
@@ -98,7 +98,7 @@ class Waiter:
             "uid": self.uid,
             "exclusive": self.exclusive,
             "launcher_pid": self.launcher_pid,
-            "command": self.argv,
+            "command": shown_command(self.argv),
             "waiting_s": round(time.monotonic() - self.parked_at, 3),
             "mem_bytes": self.mem_bytes,
             "waiting_for": self.waiting_for,

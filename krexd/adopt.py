@@ -118,6 +118,20 @@ def load(cfg: Config, cgroups: CgroupBackend, gpus: list[int]) -> Saved | None:
 
 
 def _check_layout(doc: dict[str, Any], cgroups: CgroupBackend, gpus: list[int]) -> None:
+    """Raise StateRefused unless the saved GPUs, backend and cgroup paths fit this krexd.
+
+    Every tenant's cgroup must lie inside krexd's own tree (``<root>/gpu<N>/t<id>``):
+    krexd kills and removes what it adopts, so a path outside it is never adopted.
+    """
+    for t in doc["tenants"]:
+        cg = t["cgroup"]
+        for path, root in ((cg["freezer"], cgroups.root), (cg.get("cpuset"), cgroups.cpuset_root)):
+            if path is None:
+                continue
+            if not _inside(path, root or cgroups.root):
+                raise saved_state.StateRefused(
+                    f"tenant {t['id']}: cgroup {path!r} is outside krexd's tree {root!r}"
+                )
     for key in doc["gpus"]:
         if int(key) not in gpus:
             raise saved_state.StateRefused(f"GPU {key} of the saved state is not managed now")
@@ -126,6 +140,13 @@ def _check_layout(doc: dict[str, Any], cgroups: CgroupBackend, gpus: list[int]) 
             raise saved_state.StateRefused(
                 f"cpuset backend changed ({t['cgroup'].get('kind')} -> {cgroups.cpuset_kind})"
             )
+
+
+def _inside(path: object, root: str) -> bool:
+    """True when ``path`` is an absolute path strictly inside directory ``root``."""
+    if not isinstance(path, str) or not os.path.isabs(path) or ".." in path.split("/"):
+        return False
+    return os.path.normpath(path).startswith(os.path.normpath(root) + "/")
 
 
 def _tenant(t: dict[str, Any]) -> Tenant:

@@ -34,6 +34,9 @@ from krexd.config_values import size as _size
 from krexd.config_values import slices_table as _slices
 from krexd.config_values import socket_path as _socket_path
 from krexd.config_values import string as _str
+from krexd.config_warm import WARM_KEY_NAMES as WARM_KEY_NAMES  # re-exported
+from krexd.config_warm import WARM_KEY_PREFIXES as WARM_KEY_PREFIXES  # re-exported
+from krexd.config_warm import WarmConfig as WarmConfig  # re-exported
 
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 SYSTEM_CONFIG = "/etc/krex/krex.toml"
@@ -54,7 +57,12 @@ class DaemonConfig:
     fake_gpus: int = 0
     log_level: str = "info"
     liveness_interval_ms: int = 200
-    max_connections: int = 1024  # open control connections; more are disconnected
+    max_connections: int = 1024  # open control connections; more are refused
+    # Fair shares (krexd/connections.py, krexd/lanes.py); root is exempt, 0: no cap.
+    max_connections_per_uid: int = 128  # open control connections of one uid
+    max_requests_per_uid: int = 256  # requests of one uid in progress (parked admits too)
+    max_status_per_uid: int = 4  # status requests of one uid queued or running
+    idle_timeout_s: float = 300.0  # a connection with no request for this long is closed
     freeze_bound_s: float = 20.0  # longest freeze without a live krexd (krexd/watchdog.py)
     adopt: bool = True  # a restarted krexd adopts the tenants of the one before
     # krexd's nice value: region entry runs while up to a GPU's worth of siblings
@@ -74,14 +82,24 @@ class AdmissionConfig:
     ``place_timeout_s``: an admitted command not placed in its cgroup within
     this many seconds is ended and its slot freed (no squatting).
     ``max_admitted_per_uid`` / ``max_parked_per_uid``: per-uid caps (0 = no
-    cap; root is exempt), see ``krexd.quotas``.
+    cap; root is exempt), see ``krexd.quotas``; ``max_admitted_per_uid`` -1
+    (the default) is half the host's slots, rounded up.
+    ``max_argv_bytes``: an ``admit`` whose argv is larger (UTF-8 bytes of
+    every argument plus one per argument) is refused ``BAD_FIELD``.
     """
 
     slots_per_gpu: int = 4
     max_parked: int = 4096
     place_timeout_s: float = 5.0
-    max_admitted_per_uid: int = 0
-    max_parked_per_uid: int = 1024
+    max_admitted_per_uid: int = -1
+    max_parked_per_uid: int = 64
+    max_argv_bytes: int = 64 << 10
+
+    def admitted_cap(self, total_slots: int) -> int:
+        """``max_admitted_per_uid`` for a host of ``total_slots`` slots (-1: half, rounded up)."""
+        if self.max_admitted_per_uid >= 0:
+            return self.max_admitted_per_uid
+        return max(1, (total_slots + 1) // 2)
 
 
 @dataclass(frozen=True)
@@ -169,63 +187,6 @@ class MemoryConfig:
     retry_tempfail: int = 0  # default of `krex run --retry-tempfail N`
 
 
-#: ``[warm] key_prefixes`` / ``key_names`` defaults: the environment a framework's import reads.
-WARM_KEY_PREFIXES = (
-    "PYTHON",
-    "TORCH",
-    "PYTORCH",
-    "TRITON",
-    "CUDA",
-    "NCCL",
-    "LD_",
-    "OMP_",
-    "MKL_",
-    "KMP_",
-    "OPENBLAS_",
-    "MALLOC_",
-    "LC_",
-)
-WARM_KEY_NAMES = ("VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES")
-
-
-@dataclass(frozen=True)
-class WarmConfig:
-    """``[warm]``: warm pools for ``krex run --warm`` (docs/design/warm.md).
-
-    ``modules``: what a pool imports before it serves (missing ones are
-    skipped); ``max_pools_per_uid``: pools one user may have at once;
-    ``memory_max``: memory limit of a pool's cgroup (bytes; 0 = none);
-    ``idle_s``: a pool exits after this long without a command;
-    ``key_prefixes`` / ``key_names``: the environment variables a pool is
-    keyed by (a command whose values differ gets another pool);
-    ``start``: how ``krex run`` starts a command given neither ``--warm``
-    nor ``--cold`` ("warm" since warm starts measured 1.65x cold's
-    throughput on the H200: docs/bench/warm-starts-h200.md).
-    """
-
-    enabled: bool = True
-    start: str = "warm"
-    modules: tuple[str, ...] = ("torch", "triton")
-    max_pools_per_uid: int = 2
-    memory_max: int = 16 << 30
-    idle_s: float = 600.0
-    key_prefixes: tuple[str, ...] = WARM_KEY_PREFIXES
-    key_names: tuple[str, ...] = WARM_KEY_NAMES
-
-    def announce(self) -> dict[str, Any]:
-        """What ``ping`` tells ``krex run`` (the settings a pool key and a keeper use)."""
-        return {
-            "enabled": self.enabled,
-            "start": self.start,
-            "modules": list(self.modules),
-            "idle_s": self.idle_s,
-            "key_prefixes": list(self.key_prefixes),
-            "key_names": list(self.key_names),
-            "max_pools_per_uid": self.max_pools_per_uid,
-            "memory_max": self.memory_max,
-        }
-
-
 @dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` is the file it came from ("" for defaults)."""
@@ -243,6 +204,14 @@ class Config:
     source: str = ""
 
 
+def _existing_file_or_empty(value: Any) -> str:
+    """An absolute path of an existing file, or "" (nothing configured: search)."""
+    path = _abs_path_or_empty(value)
+    if path and not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file (krexd does not search elsewhere for it)")
+    return path
+
+
 _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
     "daemon": (
         DaemonConfig,
@@ -255,6 +224,10 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "log_level": _choice("debug", "info", "warning", "error"),
             "liveness_interval_ms": _int(10, 60_000),
             "max_connections": _int(8, 1_000_000),
+            "max_connections_per_uid": _int(0, 1_000_000),
+            "max_requests_per_uid": _int(0, 1_000_000),
+            "max_status_per_uid": _int(0, 1_000_000),
+            "idle_timeout_s": _float_range(0.0, 7 * 86400.0),
             "freeze_bound_s": _float_range(1.0, 3600.0),
             "adopt": _bool,
             "nice": _int(-20, 19),
@@ -266,8 +239,9 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "slots_per_gpu": _int(1, 1024),
             "max_parked": _int(1, 1_000_000),
             "place_timeout_s": _float_range(0.05, 3600.0),
-            "max_admitted_per_uid": _int(0, 1_000_000),
+            "max_admitted_per_uid": _int(-1, 1_000_000),
             "max_parked_per_uid": _int(0, 1_000_000),
+            "max_argv_bytes": _int(4096, 1 << 20),
         },
     ),
     "cgroup": (
@@ -298,7 +272,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "foreign": _choice("lock", "refuse", "allow"),
         },
     ),
-    "shim": (ShimConfig, {"path": _abs_path_or_empty}),
+    "shim": (ShimConfig, {"path": _existing_file_or_empty}),
     "mps": (MpsConfig, {"enabled": _bool, "control": _str}),
     "memory": (
         MemoryConfig,
@@ -380,6 +354,10 @@ def load(path: str | None) -> Config:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): not a TOML file") from None
+    except (ValueError, RecursionError) as exc:  # what else tomllib may raise on garbage
+        raise ConfigError(f"{path}: not valid TOML: {type(exc).__name__}") from None
     try:
         return from_dict(data, source=os.path.abspath(path))
     except ConfigError as exc:

@@ -1,24 +1,37 @@
-"""Bounded control connections: a cap on open connections and memory handed back after bursts.
+"""Bounded control connections: caps (global and per uid), idle closing, memory trims.
 
 libzmq accepts every connection on the ROUTER socket and gives krexd no
 accept hook; this module watches the socket's monitor (``ZMQ_EVENT_ACCEPTED``
 carries the connection's descriptor, ``ZMQ_EVENT_DISCONNECTED`` its end) and
 
-* keeps at most ``[daemon] max_connections`` open: a connection accepted
-  beyond the cap is shut down at once (``shutdown(2)`` on a duplicate of its
-  descriptor; libzmq sees end-of-file and closes it itself, so its
-  descriptor is never closed behind libzmq's back).  The client's ZeroMQ
-  socket reconnects later on its own and its request waits or times out;
+* reads each connection's uid at accept (``SO_PEERCRED`` on a duplicate of
+  its descriptor) and counts connections per uid;
+* keeps at most ``[daemon] max_connections`` open in all and
+  ``[daemon] max_connections_per_uid`` per uid (root is exempt from the
+  latter only: it is still bounded by the former).  A connection beyond a
+  cap is *refused*: it stays open for up to :data:`REFUSE_GRACE_S` so that
+  its first request gets an error reply naming the cap (``TOO_MANY``; the
+  server asks :meth:`ConnectionGuard.refusal` with the message's source
+  descriptor), then it is shut down.  At most :data:`REFUSING_MAX` refused
+  connections wait that way, :data:`REFUSING_PER_UID` of one uid; beyond
+  them one is shut down at once, silently (a request it had sent is lost:
+  only a user flooding krexd with connections meets this);
+* shuts down a connection idle for ``[daemon] idle_timeout_s`` (no request
+  received and none in progress: a parked ``admit`` is in progress).  A
+  ZeroMQ client reconnects by itself at its next request, so closing an
+  idle connection costs its owner nothing but a reconnection;
 * returns freed memory to the kernel (``malloc_trim(0)``) once a burst of
   connections has ended: every connection costs libzmq ~30 KB of buffers,
   allocated in its I/O thread's malloc arena, which glibc does not shrink by
   itself, so without the trim krexd's RSS grew by ~40 MB with each round of
   3,000 simultaneous connections (measured: 30 -> 113 -> 154 -> 184 -> 195 MB).
 
-The descriptor of an ACCEPTED event may have been closed and reused by the
-time the event is read; an event followed in the same batch by the
-connection's end is skipped, and only a Unix stream socket is shut down, so
-the worst case is one other client disconnected (and reconnecting).
+"Shut down" is ``shutdown(2)`` on a duplicate of the descriptor: libzmq sees
+end-of-file and closes it itself, so its descriptor is never closed behind
+libzmq's back.  The descriptor of an ACCEPTED event may have been closed and
+reused by the time the event is read; an event followed in the same batch by
+the connection's end is skipped, and only a Unix stream socket is shut down,
+so the worst case is one other client disconnected (and reconnecting).
 """
 
 from __future__ import annotations
@@ -30,7 +43,10 @@ import logging
 import os
 import socket
 import stat
+import struct
 import time
+from collections import Counter
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -41,6 +57,11 @@ _log = logging.getLogger("krexd.connections")
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 TRIM_AFTER = 64  # connections opened since the last trim before the next one is worth it
 TRIM_QUIET_S = 0.5  # a trim waits until no connection has opened for this long
+REFUSE_GRACE_S = 2.0  # a refused connection's time to send its request and read the reply
+REFUSING_MAX = 64  # refused connections kept for their reply at once; more are cut silently
+REFUSING_PER_UID = 4  # ... of one uid (so that no user's refused ones crowd out another's)
+REPLY_FLUSH_S = 0.5  # after the refusal's reply, before the shutdown
+EXEMPT_UID = 0
 
 
 def _malloc_trim() -> None:
@@ -55,66 +76,159 @@ def _malloc_trim() -> None:
         pass
 
 
-def _shut_down(fd: int) -> bool:
-    """Shut the Unix stream socket ``fd`` down (libzmq then closes it); True when done."""
+def _unix_stream(fd: int) -> socket.socket | None:
+    """A socket object on a duplicate of ``fd`` when it is a Unix stream socket, else None.
+
+    The caller closes it (closing the duplicate only).
+    """
     try:
         dup = os.dup(fd)
     except OSError:
-        return False
+        return None
     try:
         if not stat.S_ISSOCK(os.fstat(dup).st_mode):
-            return False
-        sock = socket.socket(fileno=dup)
-        dup = -1  # owned by ``sock`` now
-        try:
-            if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-                return False
-            sock.shutdown(socket.SHUT_RDWR)
-            return True
-        except OSError:
-            return False
-        finally:
-            sock.close()  # closes the duplicate only
-    finally:
-        if dup >= 0:
             os.close(dup)
+            return None
+        sock = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.close()
+        return None
+    return sock
+
+
+def _shut_down(fd: int) -> bool:
+    """Shut the Unix stream socket ``fd`` down (libzmq then closes it); True when done."""
+    sock = _unix_stream(fd)
+    if sock is None:
+        return False
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def peer_uid(fd: int) -> int | None:
+    """The uid of the peer of Unix socket ``fd`` (``SO_PEERCRED``), None when unknown."""
+    sock = _unix_stream(fd)
+    if sock is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", raw)[1])
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+@dataclass
+class _Conn:
+    """One open connection: its uid, last activity (monotonic s), requests in progress."""
+
+    uid: int | None
+    last: float
+    busy: int = 0
+    refusal: str = ""  # why it was refused ("" when it was not)
+    close_at: float = 0.0  # when a refused connection is shut down (monotonic s)
 
 
 class ConnectionGuard:
-    """Counts the ROUTER socket's connections, enforces the cap, trims memory after bursts.
+    """Counts the ROUTER socket's connections, enforces the caps, closes idle ones, trims memory.
 
     Args:
         sock: krexd's bound ROUTER socket.
         max_connections: connections open at once (``[daemon] max_connections``).
+        per_uid: connections one uid may hold (``[daemon] max_connections_per_uid``,
+            0: no cap; root is exempt).
+        idle_s: a connection with no request for this long is closed (seconds,
+            ``[daemon] idle_timeout_s``; 0: never).
     """
 
-    def __init__(self, sock: zmq.asyncio.Socket, max_connections: int) -> None:
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        max_connections: int,
+        per_uid: int = 0,
+        idle_s: float = 0.0,
+    ) -> None:
         self.max_connections = max_connections
+        self.per_uid = per_uid
+        self.idle_s = idle_s
         self._monitor: zmq.asyncio.Socket = sock.get_monitor_socket(_EVENTS)
         # The same socket, synchronous: a batch of queued events is read without awaiting.
         self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(self._monitor.underlying)
-        self._open: set[int] = set()
+        self._conns: dict[int, _Conn] = {}
+        self._uids: Counter[int] = Counter()  # served (not refused) connections per uid
+        self._refusing: Counter[int | None] = Counter()  # refused ones waiting, per uid
         self.refused = 0
+        self.idle_closed = 0
         self.peak = 0
         self._since_trim = 0
         self._last_open = 0.0
 
     @property
     def open(self) -> int:
-        """Connections open now."""
-        return len(self._open)
+        """Connections open now (refused ones waiting for their reply included)."""
+        return len(self._conns)
 
-    def status(self) -> dict[str, int]:
-        """``{"open", "peak", "max", "refused"}`` for ``krexctl status``."""
+    def status(self) -> dict[str, int | float]:
+        """``{"open", "peak", "max", "max_per_uid", "refused", "idle_s", "idle_closed"}``."""
         return {
             "open": self.open,
             "peak": self.peak,
             "max": self.max_connections,
+            "max_per_uid": self.per_uid,
             "refused": self.refused,
+            "idle_s": self.idle_s,
+            "idle_closed": self.idle_closed,
         }
 
+    def of_uid(self, uid: int) -> int:
+        """Connections ``uid`` holds now (refused ones not counted)."""
+        return self._uids[uid]
+
+    # --- what the server reports ---------------------------------------------------
+
+    def refusal(self, fd: int | None) -> str:
+        """Why the connection of descriptor ``fd`` was refused ("" when it was not).
+
+        Called by the server for each request; a refused connection is shut
+        down :data:`REPLY_FLUSH_S` after (its reply is sent first).
+        """
+        if fd is None:
+            return ""
+        # The connection's ACCEPTED event may still wait in the monitor's queue.
+        self._handle(self._read_batch())
+        conn = self._conns.get(fd)
+        if conn is None or not conn.refusal:
+            return ""
+        conn.close_at = min(conn.close_at, time.monotonic() + REPLY_FLUSH_S)
+        return conn.refusal
+
+    def started(self, fd: int | None) -> None:
+        """A request of connection ``fd`` began (it is not idle until it ends)."""
+        conn = self._conns.get(fd) if fd is not None else None
+        if conn is not None:
+            conn.busy += 1
+            conn.last = time.monotonic()
+
+    def ended(self, fd: int | None) -> None:
+        """A request of connection ``fd`` ended."""
+        conn = self._conns.get(fd) if fd is not None else None
+        if conn is not None:
+            conn.busy = max(0, conn.busy - 1)
+            conn.last = time.monotonic()
+
+    # --- the monitor ------------------------------------------------------------------
+
     async def run(self) -> None:
-        """Read monitor events until cancelled."""
+        """Read monitor events until cancelled; close refused and idle connections."""
         while True:
             try:
                 ready = bool(await asyncio.wait_for(self._monitor.poll(), TRIM_QUIET_S / 2))
@@ -122,6 +236,7 @@ class ConnectionGuard:
                 ready = False
             if ready:
                 self._handle(self._read_batch())
+            self._close_due()
             quiet = time.monotonic() - self._last_open > TRIM_QUIET_S
             if self._since_trim >= TRIM_AFTER and quiet:
                 self._since_trim = 0
@@ -140,24 +255,84 @@ class ConnectionGuard:
 
     def _handle(self, batch: list[tuple[int, int]]) -> None:
         for i, (event, fd) in enumerate(batch):
-            if event == zmq.EVENT_ACCEPTED:
-                ended_later = any(e != zmq.EVENT_ACCEPTED and f == fd for e, f in batch[i + 1 :])
-                self._since_trim += 1
-                self._last_open = time.monotonic()
-                if len(self._open) >= self.max_connections and not ended_later:
-                    if _shut_down(fd):
-                        self.refused += 1
-                        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
-                            _log.warning(
-                                "connection cap %d reached: %d connection(s) refused so far",
-                                self.max_connections,
-                                self.refused,
-                            )
-                    continue
-                self._open.add(fd)
-                self.peak = max(self.peak, len(self._open))
+            if event != zmq.EVENT_ACCEPTED:
+                self._forget(fd)
+                continue
+            if any(e != zmq.EVENT_ACCEPTED and f == fd for e, f in batch[i + 1 :]):
+                continue  # already gone
+            self._since_trim += 1
+            self._last_open = time.monotonic()
+            self._accepted(fd)
+
+    def _accepted(self, fd: int) -> None:
+        """Count a new connection; refuse it when it is beyond a cap."""
+        self._forget(fd)  # a reused descriptor whose end we missed
+        uid = peer_uid(fd)
+        why = self._over_cap(uid)
+        if why and (
+            sum(self._refusing.values()) >= REFUSING_MAX or self._refusing[uid] >= REFUSING_PER_UID
+        ):
+            self._refused(why)
+            _shut_down(fd)
+            return
+        now = time.monotonic()
+        conn = _Conn(uid, now)
+        if why:
+            self._refused(why)
+            conn.refusal, conn.close_at = why, now + REFUSE_GRACE_S
+            self._refusing[uid] += 1
+        elif uid is not None:
+            self._uids[uid] += 1
+        self._conns[fd] = conn
+        self.peak = max(self.peak, len(self._conns))
+
+    def _over_cap(self, uid: int | None) -> str:
+        """Why a connection of ``uid`` may not be served now ("" when it may)."""
+        served = len(self._conns) - sum(self._refusing.values())
+        if served >= self.max_connections:
+            return (
+                f"krexd has {served} connections open, its cap ([daemon] max_connections); "
+                "try again later"
+            )
+        if uid is None or uid == EXEMPT_UID or not self.per_uid:
+            return ""
+        mine = self._uids[uid]
+        if mine >= self.per_uid:
+            return (
+                f"uid {uid} already has {mine} connections open to krexd "
+                "([daemon] max_connections_per_uid); end some of its krex commands first"
+            )
+        return ""
+
+    def _refused(self, why: str) -> None:
+        self.refused += 1
+        if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
+            _log.warning("connection refused (%d so far): %s", self.refused, why)
+
+    def _forget(self, fd: int) -> None:
+        conn = self._conns.pop(fd, None)
+        if conn is not None and conn.refusal:
+            self._refusing[conn.uid] -= 1
+            if self._refusing[conn.uid] <= 0:
+                del self._refusing[conn.uid]
+        elif conn is not None and conn.uid is not None:
+            self._uids[conn.uid] -= 1
+            if self._uids[conn.uid] <= 0:
+                del self._uids[conn.uid]
+
+    def _close_due(self) -> None:
+        """Shut down refused connections past their grace and idle ones."""
+        now = time.monotonic()
+        for fd, conn in list(self._conns.items()):
+            if conn.refusal:
+                due = now >= conn.close_at
             else:
-                self._open.discard(fd)
+                due = bool(self.idle_s) and conn.busy == 0 and now - conn.last >= self.idle_s
+                if due:
+                    self.idle_closed += 1
+            if due:
+                _shut_down(fd)
+                self._forget(fd)  # libzmq's DISCONNECTED follows; forgetting twice is harmless
 
     def close(self) -> None:
         """Stop monitoring."""

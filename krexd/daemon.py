@@ -216,7 +216,10 @@ class Daemon:
         self.admission = Admission(
             [g.slots for g in self.gpus.values()],
             cfg.admission.max_parked,
-            caps=UidCaps(cfg.admission.max_admitted_per_uid, cfg.admission.max_parked_per_uid),
+            caps=UidCaps(
+                cfg.admission.admitted_cap(sum(g.slots.total for g in self.gpus.values())),
+                cfg.admission.max_parked_per_uid,
+            ),
         )
         memory = self.memory = MemoryMonitor(
             cfg.memory,

@@ -38,6 +38,7 @@ from krexd.gate import GateError
 from krexd.gpu import Gpu
 from krexd.memory.monitor import MemoryMonitor
 from krexd.pools import PoolRegistry
+from krexd.quotas import check_argv
 from krexd.runtime import STOPPING, Runtime
 from krexd.states import change_state
 from krexd.tenants import PidWatch, Tenant, TenantRegistry
@@ -119,6 +120,7 @@ class Lifecycle:
         """
         launcher_pid, uid = launcher.pid, launcher.uid
         self._runtime.check_serving()
+        check_argv(argv, self._config.admission.max_argv_bytes)
         record = self._memory.need_for(mem_bytes, gpu, argv, label, uid=uid)
         need = record.need_bytes
         granted = await self._park(gpu, exclusive, launcher_pid, argv, need, uid)

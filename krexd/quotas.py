@@ -18,6 +18,44 @@ from collections.abc import Iterable
 from krexd.errors import Code, KrexError
 
 EXEMPT_UID = 0
+SHOWN_COMMAND_CHARS = 512  # characters of a command line status shows
+
+
+def argv_bytes(argv: list[str]) -> int:
+    """The size of ``argv`` as the kernel counts it: UTF-8 bytes plus one NUL per argument."""
+    return sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in argv)
+
+
+def check_argv(argv: list[str], limit: int) -> None:
+    """Raise ``KrexError(BAD_FIELD)`` when ``argv`` is larger than ``limit`` bytes
+    (``[admission] max_argv_bytes``; :func:`argv_bytes` counts)."""
+    size = argv_bytes(argv)
+    if size > limit:
+        raise KrexError(
+            Code.BAD_FIELD,
+            f"argv: {size} bytes, more than krexd accepts ({limit}, "
+            "[admission] max_argv_bytes): pass large inputs in a file",
+        )
+
+
+def shown_command(argv: list[str], limit: int = SHOWN_COMMAND_CHARS) -> list[str]:
+    """``argv`` as status shows it: at most ``limit`` characters in all.
+
+    Arguments past the budget are dropped and the last one kept is cut; a
+    cut list ends with ``"…(N more characters)"``.
+    """
+    out: list[str] = []
+    left = limit
+    for a in argv:
+        if len(a) > left:
+            out.append(a[:left])
+            break
+        out.append(a)
+        left -= len(a)
+    else:
+        return out
+    hidden = sum(len(a) for a in argv) - sum(len(a) for a in out)
+    return [*out, f"…({hidden} more characters)"]
 
 
 class UidCaps:

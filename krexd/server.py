@@ -42,6 +42,7 @@ from krexd.config import DaemonConfig
 from krexd.connections import ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
+from krexd.lanes import BULK_OPS, REGION_OPS, Lanes
 from krexd.region_stats import percentiles
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 _log = logging.getLogger("krexd.server")
 
 HARD_MAX_MSG_BYTES = 16 << 20
+READ_BURST = 16  # requests read before the loop runs the tasks they started
+REFUSAL_DELAY_S = 0.1  # a request refused for a cap (TOO_MANY) is answered this much later
 _READ_ONLY_OPS = frozenset({"ping", "status", "memory"})
 
 
@@ -89,8 +92,10 @@ class Server:
         self.path = cfg.socket
         self.mode = cfg.socket_mode
         self.group = cfg.socket_group
-        self.max_connections = cfg.max_connections
-        self.guard: ConnectionGuard | None = None  # connection cap (krexd/connections.py)
+        self.cfg = cfg
+        self.guard: ConnectionGuard | None = None  # connection caps (krexd/connections.py)
+        # Per-uid request caps and the bulk lane (krexd/lanes.py).
+        self.lanes = Lanes(cfg.max_requests_per_uid, cfg.max_status_per_uid)
         # Called after each op, before its reply: the state a restart adopts is saved
         # before the client can act on the reply (krexd/state_keeper.py StateKeeper.save).
         self.after_op: Callable[[], None] | None = None
@@ -131,17 +136,22 @@ class Server:
         if gid != -1:
             os.chown(self.path, -1, gid)
         self._sock = sock
-        self.guard = ConnectionGuard(sock, self.max_connections)
+        cfg = self.cfg
+        self.guard = ConnectionGuard(
+            sock, cfg.max_connections, cfg.max_connections_per_uid, cfg.idle_timeout_s
+        )
         _log.info("listening on ipc://%s (mode %o)", self.path, self.mode)
 
     async def serve(self) -> None:
         """Receive and dispatch requests until cancelled."""
         assert self._sock is not None and self.guard is not None
-        guard = asyncio.get_running_loop().create_task(self.guard.run())
+        loop = asyncio.get_running_loop()
+        helpers = [loop.create_task(self.guard.run()), loop.create_task(self.lanes.run())]
         try:
             await self._serve()
         finally:
-            guard.cancel()
+            for task in helpers:
+                task.cancel()
 
     async def _serve(self) -> None:
         assert self._sock is not None
@@ -172,12 +182,49 @@ class Server:
                 await self._send(ident, encode_error(exc.request_id, code, exc.name, exc.message))
                 continue
             who = self._peers.resolve(ident, _peer_address(parts[-1]))
-            task = asyncio.get_running_loop().create_task(self._dispatch(ident, req, who))
+            await self._route(ident, req, who, _source_fd(parts[-1]))
+            # Messages already queued are read in a burst (a flood's excess is refused
+            # cheaply); a region op's task starts before the next one is read.
+            if req.op in REGION_OPS or self.requests % READ_BURST == 0:
+                await asyncio.sleep(0)
+
+    async def _route(
+        self, ident: bytes, req: Request, who: identity.Caller | None, fd: int | None
+    ) -> None:
+        """Refuse a request beyond a cap; else run it in a task, or in the bulk lane."""
+        assert self.guard is not None
+        refusal = self.guard.refusal(fd)
+        try:
+            if refusal:
+                raise KrexError(Code.TOO_MANY, refusal)
+            key = self.lanes.admit(who.uid if who is not None else None, req.op)
+        except KrexError as exc:
+            # Answered after a pause: a client that resends at each reply (a flood)
+            # then costs krexd a few refusals per second, not a busy loop of them.
+            self.errors += 1
+            frame = encode_error(req.id, exc.code, exc.code.name, exc.message)
+            loop = asyncio.get_running_loop()
+            loop.call_later(REFUSAL_DELAY_S, self._send_soon, ident, frame)
+            return
+        self.guard.started(fd)
+
+        async def job() -> None:
+            try:
+                await self._dispatch(ident, req, who)
+            finally:
+                self.lanes.done(key, req.op)
+                if self.guard is not None:
+                    self.guard.ended(fd)
+
+        if req.op in BULK_OPS:
+            self.lanes.queue_bulk(key, job)
+        else:
+            task = asyncio.get_running_loop().create_task(job())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     async def _dispatch(self, ident: bytes, req: Request, who: identity.Caller | None) -> None:
-        identity.CALLER.set(who)  # this task's own context: seen by this request's op only
+        identity.CALLER.set(who)  # seen by this request's op only (a task's own context)
         handler = OPS.get(req.op)
         try:
             if handler is None:
@@ -200,6 +247,15 @@ class Server:
             frame = encode_error(req.id, Code.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
         await self._send(ident, frame)
 
+    def _send_soon(self, ident: bytes, frame: bytes) -> None:
+        """Send ``frame`` to ``ident`` without waiting (a delayed refusal)."""
+        if self._sock is None or self._sock.closed:
+            return
+        try:  # the same socket, synchronous: nothing to await from a timer callback
+            zmq.Socket.shadow(self._sock.underlying).send_multipart([ident, frame], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the peer is gone or its queue is full: it was refused anyway
+
     async def _send(self, ident: bytes, frame: bytes) -> None:
         if self._sock is None or self._sock.closed:
             return
@@ -212,15 +268,20 @@ class Server:
                 _log.warning("reply dropped: %s", exc)
 
     def status(self) -> dict[str, Any]:
-        """Requests and errors since start; the state save before each changing op's reply (ms)."""
+        """Requests and errors since start; the state save before each changing op's reply (ms);
+        ``lanes``: requests in progress, bulk queue and refusals (krexd/lanes.py)."""
         return {
             "requests": self.requests,
             "errors": self.errors,
             "state_save_ms": percentiles(self.after_op_ms),
+            "lanes": self.lanes.status(),
         }
 
     async def cancel_requests(self) -> None:
         """Cancel requests in progress (parked admits answer SHUTTING_DOWN)."""
+        for job in self.lanes.cancel_bulk():
+            task = asyncio.get_running_loop().create_task(job())
+            self._tasks.add(task)
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -242,6 +303,15 @@ class Server:
             except FileNotFoundError:
                 pass
         self._ctx.term()
+
+
+def _source_fd(frame: zmq.Frame) -> int | None:
+    """The descriptor of the connection ``frame`` came in on (libzmq's ``ZMQ_SRCFD``)."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, KeyError, TypeError, AttributeError):
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
 
 
 def _peer_address(frame: zmq.Frame) -> str | None:

@@ -72,7 +72,10 @@ from typing import Any
 
 FORMAT = "krexd-state"
 VERSION = 1
-MAX_BYTES = 16 << 20  # a state larger than this is not one krexd wrote
+# Larger than any state krexd writes: at most every slot's tenant (argv capped by
+# [admission] max_argv_bytes, JSON-escaped) and the GPUs; a state is never refused for
+# a size krexd itself can write.  The directory is root's alone (krexd/safe_dirs.py).
+MAX_BYTES = 4 << 30
 ALT_SUFFIX = ".alt"  # the second slot: <path>.alt
 _TRAILER = b"krexd-state-end"
 _HEAD = b'{"format":"%s","version":%d,' % (FORMAT.encode(), VERSION)

@@ -7,6 +7,7 @@ share a file.
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
 
@@ -22,7 +23,9 @@ def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
     """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``.
 
     The gate is ``<state_dir>/<cgroup name>-gpu<N>.gate`` (root's, mode
-    0644), with a second link under ``<state_dir>/.krex-keep/`` (mode 0700).
+    0644; with ``[daemon] socket_group``, group that group and mode 0640:
+    only who may connect may read it), with a second link under
+    ``<state_dir>/.krex-keep/`` (mode 0700).
     Raises GateError with one line naming the directory when the gate
     cannot be made there (a full file system: its space is reserved now).
     """
@@ -40,9 +43,17 @@ def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
     # (different [cgroup] names, which the tree lock enforces) never share a gate.
     name = f"{config.cgroup.name}-gpu{gpu}.gate"
     path = os.path.join(cfg.gate_dir, name)
+    gid = _group_id(cfg.socket_group)
     try:
-        # Root's, 0644: every tenant maps it read-only, krexd alone writes it.
-        gate = Gate.create(path, gpu, mode=GATE_MODE, keep=os.path.join(keep_dir, name))
+        # Root's, 0644 (0640 to the socket's group): tenants map it read-only, krexd
+        # alone writes it.
+        mode = GATE_MODE if gid is None else GATE_MODE & ~0o004
+        gate = Gate.create(path, gpu, mode=mode, keep=os.path.join(keep_dir, name))
+        if gid is not None:
+            try:
+                os.chown(path, 0, gid)
+            except OSError as exc:
+                raise GateError(f"chown: {exc.strerror}", exc.errno or 0) from None
     except GateError as exc:
         raise GateError(
             f"cannot create the gate of GPU {gpu} in {cfg.gate_dir}: "
@@ -50,6 +61,17 @@ def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
             exc.errno,
         ) from None
     return gate, path
+
+
+def _group_id(group: str) -> int | None:
+    """The gid of ``[daemon] socket_group`` (None when none is set or it does not exist;
+    the server refuses a group that does not exist)."""
+    if not group:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return None
 
 
 def learned_needs(config: Config) -> LearnedNeeds:

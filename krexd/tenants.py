@@ -27,6 +27,7 @@ from krexd.cgroups import TenantCgroup
 from krexd.errors import Code, KrexError
 from krexd.memory.records import TenantMemory
 from krexd.procfs import pid_alive
+from krexd.quotas import shown_command
 
 _log = logging.getLogger("krexd.tenants")
 
@@ -74,7 +75,7 @@ class Tenant:
             "uid": self.uid,
             "pid": min(self.pids) if self.pids else None,
             "launcher_pid": self.launcher_pid,
-            "command": self.argv,
+            "command": shown_command(self.argv),
             "state": self.state,
             "age_s": round(time.monotonic() - self.admitted_at, 3),
             "exclusive": self.exclusive,

@@ -10,7 +10,8 @@ successor instead of ending them (krexd/restart.py); the unit's ``ExecStop``
 runs it when systemd's job is a restart.
 
 Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for an invalid
-configuration or slice layout, 69 (EX_UNAVAILABLE) when the socket or the
+configuration or slice layout, or a state or socket directory that is not
+root's alone (krexd/safe_dirs.py), 69 (EX_UNAVAILABLE) when the socket or the
 cgroups cannot be set up, 77 (EX_NOPERM) when not root.
 """
 
@@ -105,8 +106,14 @@ def main(argv: list[str] | None = None) -> int:
 
         prepare_restart(cfg)
         return ExitCode.OK
+    from krexd import safe_dirs
     from krexd.daemon import Daemon
 
+    try:
+        safe_dirs.check(cfg)  # a state or socket directory others may write: refused
+    except ConfigError as exc:
+        print(f"krexd: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG
     _set_priority(cfg.daemon.nice)
     try:
         asyncio.run(Daemon(cfg, notifier).run())

@@ -12,7 +12,8 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                  "pids": "v2|v1|none", "pids_root": str|null, "pids_max": int|null,
                  "devices": {"mode": "auto|require|off", "active": bool, "reason": str,
                              "minors": {str: int|null}}},
-     "connections": {"open": int, "peak": int, "max": int, "refused": int}|null,
+     "connections": {"open": int, "peak": int, "max": int, "max_per_uid": int,
+                     "refused": int, "idle_s": float, "idle_closed": int}|null,
      "gpus": [{"index": int, "name": str, "fake": bool, "total_mem_bytes": int,
                "slice": {"cores": "0-7", "reserved": "7", "tenant_cores": "0-6",
                          "shared": bool},
@@ -44,7 +45,9 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
               "pools": [{"pid", "uid", "keeper_pid", "key", "version", "interpreter",
                          "modules", "age_s", "commands", "memory_bytes", "cgroup"}]},
      "server": {"requests": int, "errors": int,
-                "state_save_ms": {"n", "p50", "p99", "max"}}|null}
+                "state_save_ms": {"n", "p50", "p99", "max"},
+                "lanes": {"in_progress", "bulk_queued", "refused", "bulk_served",
+                          "max_requests_per_uid", "max_status_per_uid"}}|null}
 
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
 latency percentiles (ms) ``entry_ms`` (request to grant, as in the
@@ -70,7 +73,10 @@ tenant exists: its row is ``{"id", "gpu", "state", "age_s", "exclusive",
 "waiting_for", "redacted": true}``, and the holder without ``pid``.  Command
 lines carry secrets; pids let a user aim at another's processes.  Warm
 pools (``warm.pools``) are shown to root and to their own uid only.
-Errors: ``BAD_FIELD``.
+Command lines (``command``) are cut to 512 characters (``krexd.quotas.shown_command``).
+Served one at a time after region operations, at most ``[daemon]
+max_status_per_uid`` per uid at once (``krexd/lanes.py``); beyond: ``TOO_MANY``.
+Errors: ``BAD_FIELD``, ``TOO_MANY``.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ class Code(IntEnum):
     CANCELLED = 14  # the request was withdrawn (e.g. its launcher died while parked)
     REGION_NO_MEMORY = 15  # a region's expected memory can never fit beside its siblings
     FOREIGN_GPU_USER = 16  # a process outside krex uses the GPU ([region] foreign = "refuse")
+    TOO_MANY = 17  # a per-uid or global cap (connections, requests in progress) is reached
 
 
 class ExitCode(IntEnum):
@@ -70,7 +71,7 @@ def exit_code_for(name: str) -> int:
         return ExitCode.NOPERM
     if name in ("INTERNAL",):
         return ExitCode.SOFTWARE
-    if name == "SHUTTING_DOWN":
+    if name in ("SHUTTING_DOWN", "TOO_MANY"):
         return ExitCode.UNAVAILABLE
     return ExitCode.DATAERR
 

@@ -21,7 +21,8 @@ error reply::
 
 Rules checked by :func:`decode_request`, each with its error name:
 
-* the frame is at most :data:`MAX_FRAME_BYTES` bytes (``BAD_FRAME``);
+* the frame is at most :data:`MAX_FRAME_BYTES` bytes (``BAD_FRAME``; a reply:
+  :data:`MAX_REPLY_BYTES`);
 * it is valid msgpack holding one map with ``str`` keys (``BAD_FRAME``);
 * ``v`` is present and equals :data:`PROTOCOL_VERSION` (``BAD_VERSION``);
 * ``id`` is an integer in [0, 2**64) (``BAD_FIELD``);
@@ -46,7 +47,12 @@ PROTOCOL_VERSION = 1
 """Version carried in every frame as ``v``."""
 
 MAX_FRAME_BYTES = 1 << 20
-"""Largest frame (bytes) krexd decodes; larger ones get a ``BAD_FRAME`` reply."""
+"""Largest request frame (bytes) krexd decodes; larger ones get a ``BAD_FRAME`` reply."""
+
+MAX_REPLY_BYTES = 16 << 20
+"""Largest reply frame (bytes) a client decodes: what krexd's socket lets through
+(``ZMQ_MAXMSGSIZE``).  A ``status`` reply grows with the parked requests (up to
+``[admission] max_parked``, each command line cut to 512 characters)."""
 
 MAX_ID = (1 << 64) - 1
 
@@ -102,9 +108,9 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _unpack_map(frame: bytes) -> dict[str, Any]:
-    if len(frame) > MAX_FRAME_BYTES:
-        raise FrameError("BAD_FRAME", f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+def _unpack_map(frame: bytes, limit: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    if len(frame) > limit:
+        raise FrameError("BAD_FRAME", f"frame of {len(frame)} bytes exceeds {limit}")
     try:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
@@ -181,8 +187,9 @@ def encode_error(request_id: int, code: int, name: str, message: str) -> bytes:
 
 
 def decode_reply(frame: bytes) -> Reply:
-    """Parse one reply frame; raises :class:`FrameError` when it breaks the layout."""
-    msg = _unpack_map(frame)
+    """Parse one reply frame (at most :data:`MAX_REPLY_BYTES`); raises :class:`FrameError`
+    when it breaks the layout."""
+    msg = _unpack_map(frame, MAX_REPLY_BYTES)
     if msg.get("v") != PROTOCOL_VERSION:
         raise FrameError("BAD_VERSION", f"reply has protocol version {msg.get('v')!r}")
     rid = msg.get("id")

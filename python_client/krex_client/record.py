@@ -12,21 +12,25 @@ timed one, CUDA events recorded and timed outside any region, and warnings.
 
 Several processes of one command may share PATH: each record is one
 ``write(2)`` of one line to a file opened with ``O_APPEND``, under an
-exclusive ``flock``.  On a local file system the append alone is atomic
-(the kernel positions and writes under the inode lock); the lock also
-covers file systems where it is not (NFS emulates ``flock`` with byte-range
-locks).  Nothing here runs inside the timed code: NVML is sampled after the
-grant and before the exit request, the line written after the exit.
+exclusive ``flock`` (taken without blocking, bounded: another user holding
+it delays a record by at most 0.1 s; ``krex_client.logfile``, which also
+refuses symbolic links and FIFOs and creates the file mode 0600).  On a
+local file system the append alone is atomic (the kernel positions and
+writes under the inode lock); the lock also covers file systems where it
+is not (NFS emulates ``flock`` with byte-range locks).  Nothing here runs
+inside the timed code: NVML is sampled after the grant and before the exit
+request, the line written after the exit.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import threading
 import time
 from typing import Any
+
+from krex_client import logfile
 
 ENV_VAR = "KREX_REGION_LOG"
 """Environment variable naming the region log (a path; empty: no log)."""
@@ -175,14 +179,12 @@ class Recorder:
         return rec
 
     def append(self, rec: dict[str, Any]) -> None:
-        """Append ``rec`` as one line (one ``write``, ``O_APPEND``, ``flock``)."""
+        """Append ``rec`` as one line (one ``write``, ``O_APPEND``, bounded ``flock``).
+
+        Raises OSError (``logfile.LogFileError``) for a link, a FIFO or a write error.
+        """
         line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, line)
-        finally:
-            os.close(fd)  # releases the lock
+        logfile.append_line(self.path, line)
 
 
 def warnings_for(rec: dict[str, Any], since: tuple[int, int]) -> list[dict[str, str]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,28 @@ def test_max_region_s_zero_means_no_limit_and_negative_is_refused() -> None:
     assert from_dict({"region": {"max_region_s": 0}}).region.max_region_s == 0.0
     with pytest.raises(ConfigError, match=r"\[region\] max_region_s: must be >= 0"):
         from_dict({"region": {"max_region_s": -1}})
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (bytes(range(256)) * 4, "not UTF-8"),
+        (b'[daemon]\nsocket = "\xff\xfe"\n', "not UTF-8"),
+        (b"[daemon\nsocket = ", "not valid TOML"),
+        (b'[shim]\npath = "/nonexistent/libkrex_shim.so"\n', "no such file"),
+    ],
+)
+def test_bad_configuration_gets_one_line_and_exit_78(tmp_path: Path, data: bytes, why: str) -> None:
+    """Random bytes printed a Python traceback; a missing [shim] path was searched around."""
+    path = tmp_path / "krex.toml"
+    path.write_bytes(data)
+    p = subprocess.run(
+        [sys.executable, "-m", "krexd", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KREX_SOCKET": str(tmp_path / "s.sock")},
+    )
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 78, p.stderr
+    assert len(lines) == 1 and str(path) in lines[0] and why in lines[0], p.stderr

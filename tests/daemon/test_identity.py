@@ -206,7 +206,9 @@ def test_admitted_but_never_placed_tenants_lose_their_slots(krexd_factory: Facto
     Before: the slots were held for as long as the squatter lived, and
     ``krex run -- true`` waited.
     """
-    k = krexd_factory(slots=4, config={**OPEN, "admission": {"place_timeout_s": 1.0}})
+    # No per-uid cap: the squatter may hold every slot (what the timeout must undo).
+    admission = {"place_timeout_s": 1.0, "max_admitted_per_uid": 0}
+    k = krexd_factory(slots=4, config={**OPEN, "admission": admission})
     squatter = as_user(k, USER_A, "py", _SQUAT)
     assert squatter.stdout is not None
     try:

@@ -256,3 +256,15 @@ def test_a_torn_write_over_a_padded_slot_is_never_read_as_a_state(tmp_path: Path
         complete = k >= len(new) and not torn[len(new) :].strip(b"\n")
         assert found[1]["next_tenant_id"] == (5 if complete else 4), k
     assert complete and k > len(new)
+
+
+def test_a_state_larger_than_16_mib_is_adopted(tmp_path: Path) -> None:
+    """krexd refused, at its next start, a state it had written itself (18 commands of
+    1 MB argv: over the old 16 MiB read limit): every command was killed."""
+    path = str(tmp_path / "k.state")
+    f = state.StateFile(path)
+    big = {**_doc(1), "tenants": [{"id": i, "argv": ["x" * (1 << 20)]} for i in range(18)]}
+    f.write(big)
+    assert os.path.getsize(path) > 16 << 20
+    loaded = state.newest(path)
+    assert loaded is not None and len(loaded[1]["tenants"]) == 18

@@ -1,0 +1,162 @@
+"""Another user's ``status`` flood vs region entry: p50/p99 of a holder's entry latency.
+
+Starts a private krexd (socket open to every uid), then, for each mode, runs
+one holder command as root that enters and leaves ``region.critical()``
+``--regions`` times while
+
+  quiet  nothing else talks to krexd;
+  flood  uid 65534 keeps ``--sockets`` ``status`` requests outstanding at
+         once (a DEALER socket each, resending at every reply), through
+         ``tests.daemon.asuser`` (run as root: it drops the uid itself).
+
+Reports entry p50/p99 (ms, as krex_client measures: request to grant) and
+the flood's replies and ``TOO_MANY`` refusals per second.
+
+Usage:
+  python benchmarks/status_flood.py [--regions 300] [--sockets 32] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from region_latency import _HOLDER, KREX, REPO, _clean_env, _pct, _stop  # noqa: E402
+
+_FLOOD = """
+import msgpack, zmq
+ctx = zmq.Context()
+n, secs = int(sys.argv[-2]), float(sys.argv[-1])
+frame = msgpack.packb({"v": 1, "id": 1, "op": "status", "body": {}})
+socks = []
+for _ in range(n):
+    s = ctx.socket(zmq.DEALER)
+    s.connect("ipc://" + os.environ["KREX_SOCKET"])
+    s.send(frame)
+    socks.append(s)
+poller = zmq.Poller()
+for s in socks:
+    poller.register(s, zmq.POLLIN)
+ok = refused = 0
+end = time.monotonic() + secs
+while time.monotonic() < end:
+    for s, _ in poller.poll(100):
+        r = msgpack.unpackb(s.recv())
+        if r["ok"]:
+            ok += 1
+        else:
+            refused += 1
+        s.send(frame)
+print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
+"""
+
+
+_KREXCTL = "import sys; from krex_cli.krexctl import main; sys.exit(main())"
+
+
+def _start_krexd(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A private krexd with one fake GPU whose socket every uid may open."""
+    socket = os.path.join(workdir, "krexd.sock")
+    config = os.path.join(workdir, "krex.toml")
+    with open(config, "w") as f:
+        f.write(
+            f'[daemon]\nsocket = "{socket}"\nsocket_mode = "0666"\n'
+            f'[cgroup]\nname = "krexflood{os.getpid()}"\n[cpu]\nallow_shared = true\n'
+        )
+    argv = [sys.executable, "-m", "krexd", "--config", config, "--socket", socket]
+    with open(os.path.join(workdir, "krexd.log"), "wb") as log:
+        proc = subprocess.Popen(
+            [*argv, "--fake-gpus", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            env=_clean_env(),
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            raise RuntimeError(f"krexd did not start; see {workdir}/krexd.log")
+        time.sleep(0.05)
+    return proc, socket
+
+
+def _holder(env: dict[str, str], regions: int) -> list[float]:
+    """Entry latencies (ms) of ``regions`` regions of one command run as root."""
+    out = subprocess.run(
+        [*KREX, "run", "--cold", "--", sys.executable, "-c", _HOLDER, str(regions)],
+        env=env,
+        capture_output=True,
+        timeout=600,
+        check=True,
+    )
+    return [x[0] for x in json.loads(out.stdout.decode().strip().splitlines()[-1])]
+
+
+def run(regions: int, sockets: int) -> list[dict[str, Any]]:
+    """Both modes on one krexd; a row each (ms, and the flood's rates)."""
+    workdir = tempfile.mkdtemp(prefix="krex-flood-")
+    os.chmod(workdir, 0o755)
+    krexd, socket = _start_krexd(workdir)
+    env = dict(_clean_env(), KREX_SOCKET=socket)
+    rows = []
+    try:
+        for mode in ("quiet", "flood"):
+            flood = None
+            if mode == "flood":
+                code = ["-m", "tests.daemon.asuser", "65534", "65534", "py", _FLOOD]
+                flood = subprocess.Popen(
+                    [sys.executable, *code, str(sockets), "600"],
+                    env=env, cwd=REPO, stdout=subprocess.PIPE, text=True,
+                )  # fmt: skip
+                time.sleep(2.0)
+            t = time.monotonic()
+            lat = _holder(env, regions)
+            row: dict[str, Any] = {
+                "mode": mode,
+                "entry_p50_ms": round(_pct(lat, 0.5), 3),
+                "entry_p99_ms": round(_pct(lat, 0.99), 3),
+                "holder_s": round(time.monotonic() - t, 2),
+            }
+            if flood is not None:
+                _stop(flood)  # type: ignore[arg-type]
+            rows.append(row)
+        st = subprocess.run(
+            [sys.executable, "-c", _KREXCTL, "status", "--json"],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        if st.returncode == 0:
+            rows[-1]["lanes"] = json.loads(st.stdout)["server"]["lanes"]
+    finally:
+        _stop(krexd)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    """Command line: see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--regions", type=int, default=300)
+    ap.add_argument("--sockets", type=int, default=32)
+    ap.add_argument("--json", metavar="OUT")
+    args = ap.parse_args()
+    rows = run(args.regions, args.sockets)
+    for r in rows:
+        print(
+            f"{r['mode']:6s} entry p50 {r['entry_p50_ms']:7.3f} ms  "
+            f"p99 {r['entry_p99_ms']:7.3f} ms  ({r['holder_s']} s)"
+        )
+    if "lanes" in rows[-1]:
+        print("status lanes after the flood:", json.dumps(rows[-1]["lanes"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
