@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from krexd.config_tables import WARM_KEY_NAMES as WARM_KEY_NAMES  # re-exported
+from krexd.config_tables import WARM_KEY_PREFIXES as WARM_KEY_PREFIXES  # re-exported
+from krexd.config_tables import MetricsConfig as MetricsConfig  # re-exported
+from krexd.config_tables import WarmConfig as WarmConfig  # re-exported
+
 # The checkers keep their short private names here, so the schema reads as before.
 from krexd.config_values import abs_path_or_empty as _abs_path_or_empty
 from krexd.config_values import boolean as _bool
@@ -26,6 +31,7 @@ from krexd.config_values import float_nonneg as _float_nonneg
 from krexd.config_values import float_pos as _float_pos
 from krexd.config_values import float_range as _float_range
 from krexd.config_values import format_cores as format_cores  # re-exported
+from krexd.config_values import host as _host
 from krexd.config_values import integer as _int
 from krexd.config_values import octal_mode as _mode
 from krexd.config_values import parse_cores as parse_cores  # re-exported
@@ -169,63 +175,6 @@ class MemoryConfig:
     retry_tempfail: int = 0  # default of `krex run --retry-tempfail N`
 
 
-#: ``[warm] key_prefixes`` / ``key_names`` defaults: the environment a framework's import reads.
-WARM_KEY_PREFIXES = (
-    "PYTHON",
-    "TORCH",
-    "PYTORCH",
-    "TRITON",
-    "CUDA",
-    "NCCL",
-    "LD_",
-    "OMP_",
-    "MKL_",
-    "KMP_",
-    "OPENBLAS_",
-    "MALLOC_",
-    "LC_",
-)
-WARM_KEY_NAMES = ("VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES")
-
-
-@dataclass(frozen=True)
-class WarmConfig:
-    """``[warm]``: warm pools for ``krex run --warm`` (docs/design/warm.md).
-
-    ``modules``: what a pool imports before it serves (missing ones are
-    skipped); ``max_pools_per_uid``: pools one user may have at once;
-    ``memory_max``: memory limit of a pool's cgroup (bytes; 0 = none);
-    ``idle_s``: a pool exits after this long without a command;
-    ``key_prefixes`` / ``key_names``: the environment variables a pool is
-    keyed by (a command whose values differ gets another pool);
-    ``start``: how ``krex run`` starts a command given neither ``--warm``
-    nor ``--cold`` ("warm" since warm starts measured 1.65x cold's
-    throughput on the H200: docs/bench/warm-starts-h200.md).
-    """
-
-    enabled: bool = True
-    start: str = "warm"
-    modules: tuple[str, ...] = ("torch", "triton")
-    max_pools_per_uid: int = 2
-    memory_max: int = 16 << 30
-    idle_s: float = 600.0
-    key_prefixes: tuple[str, ...] = WARM_KEY_PREFIXES
-    key_names: tuple[str, ...] = WARM_KEY_NAMES
-
-    def announce(self) -> dict[str, Any]:
-        """What ``ping`` tells ``krex run`` (the settings a pool key and a keeper use)."""
-        return {
-            "enabled": self.enabled,
-            "start": self.start,
-            "modules": list(self.modules),
-            "idle_s": self.idle_s,
-            "key_prefixes": list(self.key_prefixes),
-            "key_names": list(self.key_names),
-            "max_pools_per_uid": self.max_pools_per_uid,
-            "memory_max": self.memory_max,
-        }
-
-
 @dataclass(frozen=True)
 class Config:
     """The whole configuration; ``source`` is the file it came from ("" for defaults)."""
@@ -240,6 +189,7 @@ class Config:
     mps: MpsConfig = field(default_factory=MpsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     warm: WarmConfig = field(default_factory=WarmConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = ""
 
 
@@ -331,6 +281,10 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "key_prefixes": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name prefix"),
             "key_names": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name"),
         },
+    ),
+    "metrics": (
+        MetricsConfig,
+        {"enabled": _bool, "address": _host, "port": _int(0, 65535)},
     ),
 }
 

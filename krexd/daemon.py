@@ -41,6 +41,7 @@ from krexd.cgroups.devices import DeviceIsolation
 from krexd.config import Config
 from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
+from krexd.counters import DaemonCounters
 from krexd.driverlock import driver_lock_for
 from krexd.errors import Code
 from krexd.faults import FaultMonitor
@@ -51,6 +52,7 @@ from krexd.lifecycle import Lifecycle
 from krexd.lock_ledger import LockLedger, ledger_path
 from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.region_fit import RegionMemoryCheck
+from krexd.metrics import MetricsServer
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
 from krexd.pool_freeze import PoolFreeze
@@ -86,6 +88,8 @@ class Daemon:
         self.server: Server | None = None
         self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
         self.verifier = Verifier(self._cgroup_pids)
+        self.counters = DaemonCounters()  # restarts and adoptions (krexd.counters)
+        self.metrics: MetricsServer | None = None  # [metrics] enabled: the endpoint
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -101,9 +105,10 @@ class Daemon:
         region_memory = self._build_gpus(infos, slices, saved)
         memory, lifecycle = self._build_tenant_parts(cgroups, region_memory)
         if saved is not None:
-            adopt.adopt(
+            adopted = adopt.adopt(
                 saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
             )
+            self.counters.adopted(saved.doc, adopted)
         for gpu in self.gpus.values():
             # Processes a crashed krexd left locked: the adopted region's, or unlocked now.
             gpu.coordinator.settle_locks()
@@ -237,6 +242,7 @@ class Daemon:
         """Restart continuity (state, heartbeat, watchdog); under MPS, the fault monitor."""
         cfg = self.config
         self.continuity = restart.Continuity(cfg, cgroups.root, self.tenants, self.gpus)
+        self.continuity.keeper.restarts = self.counters.restarts
         if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
             # After a restart, fault records in the reopened gates' slots reopen an incident.
             self.faults = FaultMonitor(self.gpus, self.tenants, self.admission, self.mps)
@@ -269,9 +275,9 @@ class Daemon:
 
         return users
 
-    def _kill_command(self, tenant: Any, reason: str, exit_code: int) -> None:
+    def _kill_command(self, tenant: Any, reason: str, exit_code: int, cause: str = "other") -> None:
         if self.lifecycle is not None:
-            self.lifecycle.kill_command(tenant, reason, exit_code)
+            self.lifecycle.kill_command(tenant, reason, exit_code, cause)
 
     def summary_line(self) -> str:
         """One line for STATUS= and the log (krexd/status_report.py)."""
@@ -291,6 +297,9 @@ class Daemon:
         try:
             self.server = Server(self.config.daemon, self.setup())
             self.server.bind()
+            if self.config.metrics.enabled:  # read in its own thread, at scrape time
+                self.metrics = MetricsServer(self.config.metrics, self)
+                self.metrics.start()
             spawn = self.runtime.spawn
             assert self.continuity is not None
             self.continuity.start()
@@ -313,6 +322,8 @@ class Daemon:
             for t in (serve, watchdog, status, keep):
                 t.cancel()
         finally:
+            if self.metrics is not None:
+                self.metrics.stop()
             if self.server is not None:
                 self.server.close()
             if self.runtime.state != RESTARTING:

@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from krex_client.errors import ExitCode
 from krexd.gate import LIVE_SLOT_STATES, GateError
 from krexd.gpu import Gpu
+from krexd.isolation import EndCommand
 from krexd.registrations import Verifier
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd.gatewatch")
 
 #: kill(tenant, reason, exit_code): end a tenant's command for what it did.
-KillTenant = Callable[[Tenant, str, int], None]
+KillTenant = EndCommand
 
 
 class GateWatch:
@@ -93,7 +94,7 @@ class GateWatch:
                 f"tampered with its gate registrations on GPU {gpu.index}: {finding.describe()}"
             )
             _log.error("t%d %s; ending its command", tenant.id, reason)
-            self._kill(tenant, reason, ExitCode.UNPROTECTABLE)
+            self._kill(tenant, reason, ExitCode.UNPROTECTABLE, "tampered")
 
     def _sweep(self, gpu: Gpu) -> None:
         gate = gpu.gate

@@ -97,6 +97,7 @@ class Adoption(Ending):
         self._requests[holder.id] = RegionRequest(holder.id, stage=HELD)
         now = time.monotonic()
         region = Region(holder, epoch, pid, tid, now, now, list(siblings), adopted=True)
+        self.stats.adopted += 1
         self._region, self._frozen = region, region.siblings
         self._epoch = max(self._epoch, epoch)
         # The region went through steps 2-4 in the krexd before: replay its edges.

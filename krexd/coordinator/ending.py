@@ -21,6 +21,7 @@ from krexd.coordinator.records import Region, tenant_state
 from krexd.coordinator.witness import Witness
 from krexd.errors import Code, KrexError
 from krexd.isolation import gone
+from krexd.journal import log_fields
 from krexd.tenants import Tenant
 
 #: One logger for the package: its lines read as they did from one module.
@@ -97,6 +98,7 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
             region.ended = True
             region.end_reason = reason
             region.ended_at = time.monotonic()
+            self.stats.held(region.ended_at - region.granted_at)
             self._unwatch(region)
             recovering = reason != "exit"
             # Step 7: the holder's cores back to its off-region share; siblings thawed.
@@ -130,6 +132,16 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
                     region.tenant.id,
                     region.epoch,
                     reason,
+                    extra=log_fields("region_recovered", region.tenant.id, self.gpu, region.epoch),
+                )
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "GPU %d: tenant %d exited its region (epoch %d) after %.3f ms",
+                    self.gpu,
+                    region.tenant.id,
+                    region.epoch,
+                    (region.ended_at - region.granted_at) * 1e3,
+                    extra=log_fields("region_exited", region.tenant.id, self.gpu, region.epoch),
                 )
             return thaw_ms
 
@@ -173,8 +185,15 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
             return
         reason = f"critical region exceeded max_region_s = {self._cfg.max_region_s:g} s"
         region.tenant.kill_reason = reason
+        self.stats.end("max_region")
         log.warning(
-            "GPU %d: tenant %d: %s; killing its command", self.gpu, region.tenant.id, reason
+            "GPU %d: tenant %d: %s; killing its command",
+            self.gpu,
+            region.tenant.id,
+            reason,
+            extra=log_fields(
+                "command_ended", region.tenant.id, self.gpu, region.epoch, "max_region"
+            ),
         )
         try:
             self._ctl.kill(region.tenant)

@@ -1,0 +1,79 @@
+"""``[warm]`` and ``[metrics]``: the configuration tables kept apart from ``krexd.config``.
+
+``krexd.config`` re-exports them; its schema checks their keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: ``[warm] key_prefixes`` / ``key_names`` defaults: the environment a framework's import reads.
+WARM_KEY_PREFIXES = (
+    "PYTHON",
+    "TORCH",
+    "PYTORCH",
+    "TRITON",
+    "CUDA",
+    "NCCL",
+    "LD_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "OPENBLAS_",
+    "MALLOC_",
+    "LC_",
+)
+WARM_KEY_NAMES = ("VIRTUAL_ENV", "CONDA_PREFIX", "HOME", "LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES")
+
+
+@dataclass(frozen=True)
+class WarmConfig:
+    """``[warm]``: warm pools for ``krex run --warm`` (docs/design/warm.md).
+
+    ``modules``: what a pool imports before it serves (missing ones are
+    skipped); ``max_pools_per_uid``: pools one user may have at once;
+    ``memory_max``: memory limit of a pool's cgroup (bytes; 0 = none);
+    ``idle_s``: a pool exits after this long without a command;
+    ``key_prefixes`` / ``key_names``: the environment variables a pool is
+    keyed by (a command whose values differ gets another pool);
+    ``start``: how ``krex run`` starts a command given neither ``--warm``
+    nor ``--cold`` ("warm" since warm starts measured 1.65x cold's
+    throughput on the H200: docs/bench/warm-starts-h200.md).
+    """
+
+    enabled: bool = True
+    start: str = "warm"
+    modules: tuple[str, ...] = ("torch", "triton")
+    max_pools_per_uid: int = 2
+    memory_max: int = 16 << 30
+    idle_s: float = 600.0
+    key_prefixes: tuple[str, ...] = WARM_KEY_PREFIXES
+    key_names: tuple[str, ...] = WARM_KEY_NAMES
+
+    def announce(self) -> dict[str, Any]:
+        """What ``ping`` tells ``krex run`` (the settings a pool key and a keeper use)."""
+        return {
+            "enabled": self.enabled,
+            "start": self.start,
+            "modules": list(self.modules),
+            "idle_s": self.idle_s,
+            "key_prefixes": list(self.key_prefixes),
+            "key_names": list(self.key_names),
+            "max_pools_per_uid": self.max_pools_per_uid,
+            "memory_max": self.memory_max,
+        }
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: krexd's Prometheus endpoint (``krexd.metrics``).
+
+    ``enabled``: serve it (off by default); ``address``: the address it
+    binds (``127.0.0.1``: this host only); ``port``: its TCP port
+    (``/metrics`` over HTTP; 0: any free port, shown by ``status``).
+    """
+
+    enabled: bool = False
+    address: str = "127.0.0.1"
+    port: int = 9464
