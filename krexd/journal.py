@@ -19,6 +19,7 @@ headers); this module is the protocol's few lines in Python.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -87,6 +88,8 @@ def encode(fields: dict[str, str]) -> bytes:
 class JournalHandler(logging.Handler):
     """A logging handler that sends each record to journald with its fields.
 
+    The socket never blocks: when journald's queue is full the record is
+    written to stderr as plain text (counted in ``overflowed``).
     ``path``: the native socket (default :data:`SOCKET`, or
     ``$KREX_JOURNAL_SOCKET``); ``identifier``: ``SYSLOG_IDENTIFIER``.
     Errors while sending go to :meth:`logging.Handler.handleError` (never
@@ -97,7 +100,13 @@ class JournalHandler(logging.Handler):
         super().__init__()
         self.path = path or os.environ.get("KREX_JOURNAL_SOCKET") or SOCKET
         self.identifier = identifier
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        # Never blocks the event loop: a record journald cannot take now (its queue is
+        # full) goes to stderr as plain text instead (the unit's journal stream).
+        self._sock = socket.socket(
+            socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+        )
+        self._plain = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+        self.overflowed = 0  # records written to stderr because journald's queue was full
 
     def fields(self, record: logging.LogRecord) -> dict[str, str]:
         """The journal fields of ``record`` (message with its traceback, if any)."""
@@ -125,8 +134,11 @@ class JournalHandler(logging.Handler):
             data = encode(self.fields(record))
             try:
                 self._sock.sendto(data, self.path)
+            except BlockingIOError:
+                self.overflowed += 1
+                sys.stderr.write(self._plain.format(record) + "\n")
             except OSError as exc:
-                if exc.errno not in (90, 105):  # EMSGSIZE, ENOBUFS
+                if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
                     raise
                 self._send_memfd(data)
         except Exception:
