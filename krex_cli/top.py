@@ -63,6 +63,12 @@ class Events:
         after = {t["id"]: t for t in st.get("tenants") or []}
         for tid in sorted(after.keys() - before.keys()):
             self.lines.append(f"{now} t{tid} admitted on gpu{after[tid].get('gpu')}")
+        # Commands that came and went between two refreshes: krexd's admission total.
+        admitted = (st.get("queue") or {}).get("granted_total", 0)
+        unseen = admitted - (last.get("queue") or {}).get("granted_total", 0)
+        unseen -= len(after.keys() - before.keys())
+        if unseen > 0:
+            self.lines.append(f"{now} {unseen} command(s) admitted and ended")
         for tid in sorted(before.keys() - after.keys()):
             self.lines.append(f"{now} t{tid} ended")
         old = {g["index"]: g for g in last.get("gpus") or []}
