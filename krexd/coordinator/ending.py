@@ -124,26 +124,30 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
                 self._exited[region.tenant.id] = region.epoch
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
             self._lock.release(region.tenant.id)
-            if reason != "exit":
-                self.stats.recovered += 1
-                log.warning(
-                    "GPU %d: region of tenant %d (epoch %d) ended by recovery: %s",
-                    self.gpu,
-                    region.tenant.id,
-                    region.epoch,
-                    reason,
-                    extra=log_fields("region_recovered", region.tenant.id, self.gpu, region.epoch),
-                )
-            elif log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "GPU %d: tenant %d exited its region (epoch %d) after %.3f ms",
-                    self.gpu,
-                    region.tenant.id,
-                    region.epoch,
-                    (region.ended_at - region.granted_at) * 1e3,
-                    extra=log_fields("region_exited", region.tenant.id, self.gpu, region.epoch),
-                )
+            self._log_end(region, reason)
             return thaw_ms
+
+    def _log_end(self, region: Region, reason: str) -> None:
+        """Count and log a region's end: recovery at warning, an exit at debug."""
+        if reason != "exit":
+            self.stats.recovered += 1
+            log.warning(
+                "GPU %d: region of tenant %d (epoch %d) ended by recovery: %s",
+                self.gpu,
+                region.tenant.id,
+                region.epoch,
+                reason,
+                extra=log_fields("region_recovered", region.tenant.id, self.gpu, region.epoch),
+            )
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "GPU %d: tenant %d exited its region (epoch %d) after %.3f ms",
+                self.gpu,
+                region.tenant.id,
+                region.epoch,
+                ((region.ended_at or region.granted_at) - region.granted_at) * 1e3,
+                extra=log_fields("region_exited", region.tenant.id, self.gpu, region.epoch),
+            )
 
     # --------------------------------------------------------------- recovery
 
