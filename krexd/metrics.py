@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
+import socketserver
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -311,6 +314,23 @@ def _learned_labels(d: Reported) -> Metric:
     return _gauge("krex_memory_learned_labels", "Labels whose memory needs are learned", count)
 
 
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    """One thread per scrape (a slow scraper does not hold up another)."""
+
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log line per scrape on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        return
+
+
 class MetricsServer:
     """The endpoint of ``[metrics]``: its registry, collector and HTTP server thread.
 
@@ -328,11 +348,16 @@ class MetricsServer:
 
     def start(self) -> None:
         """Bind and serve in a daemon thread.  Raises ``OSError`` when the port is taken."""
-        self._httpd, self._thread = start_http_server(
-            self.cfg.port, self.cfg.address, self.registry
-        )
+        cfg = self.cfg
+        server = _Server6 if ":" in cfg.address else _Server
+        app = make_wsgi_app(self.registry)
+        self._httpd = make_server(cfg.address, cfg.port, app, server, handler_class=_Quiet)
         self.port = int(self._httpd.server_address[1])
-        _log.info("metrics: http://%s:%d/metrics", self.cfg.address, self.port)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="krexd-metrics", daemon=True
+        )
+        self._thread.start()
+        _log.info("metrics: http://%s:%d/metrics", cfg.address, self.port)
 
     def stop(self) -> None:
         """Stop serving and close the socket (idempotent)."""
