@@ -1,4 +1,4 @@
-"""``krexctl status [--json] [--socket PATH]``: what krexd is doing.
+"""``krexctl status [--json] [--socket PATH]``: what krexd is doing; ``krexctl top``: live.
 
 Prints GPUs with their CPU slices, slots and memory (used/total, what
 admission may still give, allocations waiting for co-tenants' memory),
@@ -33,7 +33,7 @@ import socket as pysocket
 import sys
 from typing import Any
 
-from krex_cli import __version__, help_text
+from krex_cli import __version__, help_text, top
 from krex_client.connection import (
     Connection,
     KrexPermissionDenied,
@@ -366,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         "4 unknown (see krexctl --help).",
     )
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    top.add_parser(sub)
     st.add_argument(
         "--socket",
         metavar="PATH",
@@ -383,4 +384,6 @@ def main(argv: list[str] | None = None) -> int:
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "status":
         return status(args.socket or default_socket(), args.json)
+    if args.command == "top":
+        return top.run(args.socket or default_socket(), args.interval, args.iterations)
     return StatusExit.UNKNOWN

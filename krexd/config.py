@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from krexd.config_tables import WARM_KEY_NAMES as WARM_KEY_NAMES  # re-exported
+from krexd.config_tables import WARM_KEY_PREFIXES as WARM_KEY_PREFIXES  # re-exported
+from krexd.config_tables import MetricsConfig as MetricsConfig  # re-exported
+from krexd.config_tables import WarmConfig as WarmConfig  # re-exported
+
 # The checkers keep their short private names here, so the schema reads as before.
 from krexd.config_values import abs_path_or_empty as _abs_path_or_empty
 from krexd.config_values import boolean as _bool
@@ -26,6 +31,7 @@ from krexd.config_values import float_nonneg as _float_nonneg
 from krexd.config_values import float_pos as _float_pos
 from krexd.config_values import float_range as _float_range
 from krexd.config_values import format_cores as format_cores  # re-exported
+from krexd.config_values import host as _host
 from krexd.config_values import integer as _int
 from krexd.config_values import octal_mode as _mode
 from krexd.config_values import parse_cores as parse_cores  # re-exported
@@ -34,9 +40,6 @@ from krexd.config_values import size as _size
 from krexd.config_values import slices_table as _slices
 from krexd.config_values import socket_path as _socket_path
 from krexd.config_values import string as _str
-from krexd.config_warm import WARM_KEY_NAMES as WARM_KEY_NAMES  # re-exported
-from krexd.config_warm import WARM_KEY_PREFIXES as WARM_KEY_PREFIXES  # re-exported
-from krexd.config_warm import WarmConfig as WarmConfig  # re-exported
 
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 SYSTEM_CONFIG = "/etc/krex/krex.toml"
@@ -201,6 +204,7 @@ class Config:
     mps: MpsConfig = field(default_factory=MpsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     warm: WarmConfig = field(default_factory=WarmConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = ""
 
 
@@ -305,6 +309,10 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "key_prefixes": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name prefix"),
             "key_names": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name"),
         },
+    ),
+    "metrics": (
+        MetricsConfig,
+        {"enabled": _bool, "address": _host, "port": _int(0, 65535)},
     ),
 }
 

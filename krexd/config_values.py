@@ -9,6 +9,7 @@ the schema mapping each key to its checker, and ``load``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable
@@ -196,3 +197,13 @@ def slices_table(v: Any) -> dict[int, tuple[int, ...]]:
         except ValueError as exc:
             raise ValueError(f"GPU {k}: {exc}") from None
     return out
+
+
+def host(v: Any) -> str:
+    """An IP address to bind (``127.0.0.1``, ``::1``, ``0.0.0.0``)."""
+    if not isinstance(v, str):
+        raise ValueError(f"must be an IP address string, got {type(v).__name__}")
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        raise ValueError(f"not an IP address: {v!r}") from None

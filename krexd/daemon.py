@@ -33,7 +33,7 @@ import os
 import signal
 from typing import Any
 
-from krexd import __version__, adopt, gpus, paths, procfs, restart, state_files, status_report
+from krexd import __version__, adopt, gpus, paths, restart, state_files, status_report
 from krexd.activity import activity_source
 from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
@@ -41,8 +41,9 @@ from krexd.cgroups.devices import DeviceIsolation
 from krexd.config import Config
 from krexd.control.context import OpContext
 from krexd.coordinator import Coordinator
+from krexd.counters import DaemonCounters
+from krexd.daemon_stop import Stopping
 from krexd.driverlock import driver_lock_for
-from krexd.errors import Code
 from krexd.faults import FaultMonitor
 from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
@@ -51,13 +52,14 @@ from krexd.lifecycle import Lifecycle
 from krexd.lock_ledger import LockLedger, ledger_path
 from krexd.memory.monitor import MemoryMonitor
 from krexd.memory.region_fit import RegionMemoryCheck
+from krexd.metrics import MetricsServer
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
 from krexd.pool_freeze import PoolFreeze
 from krexd.pools import PoolRegistry
 from krexd.quotas import UidCaps
 from krexd.registrations import RegionGuard, Verifier
-from krexd.runtime import RESTARTING, SERVING, STOPPING, Runtime
+from krexd.runtime import RESTARTING, SERVING, Runtime
 from krexd.server import Server, check_free
 from krexd.slices import CpuSlice, compute_slices
 from krexd.slotflags import WAIT_GRACE_S, SlotFlags
@@ -66,7 +68,7 @@ from krexd.tenants import TenantRegistry
 _log = logging.getLogger("krexd")
 
 
-class Daemon:
+class Daemon(Stopping):
     """Builds krexd's parts, wires them, runs the event loop until asked to stop."""
 
     def __init__(self, config: Config, notifier: Notifier | None = None) -> None:
@@ -89,6 +91,8 @@ class Daemon:
         self.verifier = Verifier(self._cgroup_pids)
         # Which flags of the slot memories are honoured (verified, bounded).
         self.flags = SlotFlags(self.verifier, self.tenants, config.memory.oom_wait_s + WAIT_GRACE_S)
+        self.counters = DaemonCounters()  # restarts and adoptions (krexd.counters)
+        self.metrics: MetricsServer | None = None  # [metrics] enabled: the endpoint
         self._stop = asyncio.Event()
 
     def request_stop(self) -> None:
@@ -104,9 +108,10 @@ class Daemon:
         region_memory = self._build_gpus(infos, slices, saved)
         memory, lifecycle = self._build_tenant_parts(cgroups, region_memory)
         if saved is not None:
-            adopt.adopt(
+            adopted = adopt.adopt(
                 saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
             )
+            self.counters.adopted(saved.doc, adopted)
         for gpu in self.gpus.values():
             # Processes a crashed krexd left locked: the adopted region's, or unlocked now.
             gpu.coordinator.settle_locks()
@@ -244,6 +249,7 @@ class Daemon:
         """Restart continuity (state, heartbeat, watchdog); under MPS, the fault monitor."""
         cfg = self.config
         self.continuity = restart.Continuity(cfg, cgroups.root, self.tenants, self.gpus)
+        self.continuity.keeper.restarts = self.counters.restarts
         if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
             # After a restart, fault records in the reopened gates' slots reopen an incident.
             self.faults = FaultMonitor(
@@ -278,9 +284,9 @@ class Daemon:
 
         return users
 
-    def _kill_command(self, tenant: Any, reason: str, exit_code: int) -> None:
+    def _kill_command(self, tenant: Any, reason: str, exit_code: int, cause: str = "other") -> None:
         if self.lifecycle is not None:
-            self.lifecycle.kill_command(tenant, reason, exit_code)
+            self.lifecycle.kill_command(tenant, reason, exit_code, cause)
 
     def summary_line(self) -> str:
         """One line for STATUS= and the log (krexd/status_report.py)."""
@@ -300,6 +306,9 @@ class Daemon:
         try:
             self.server = Server(self.config.daemon, self.setup())
             self.server.bind()
+            if self.config.metrics.enabled:  # read in its own thread, at scrape time
+                self.metrics = MetricsServer(self.config.metrics, self)
+                self.metrics.start()
             spawn = self.runtime.spawn
             assert self.continuity is not None
             self.continuity.start()
@@ -330,6 +339,8 @@ class Daemon:
             for t in (serve, watchdog, status, keep):
                 t.cancel()
         finally:
+            if self.metrics is not None:
+                self.metrics.stop()
             if self.server is not None:
                 self.server.close()
             if self.runtime.state != RESTARTING:
@@ -337,100 +348,10 @@ class Daemon:
                     self.continuity.full_stop()
                 await self._cleanup_after_failure()
 
-    def _leave_for_restart(self) -> None:
-        """Exit for a restart: save, close the socket unanswered, leave cgroups and gates."""
-        self.runtime.state = RESTARTING
-        self.notifier.stopping()
-        if self.server is not None:
-            # Parked requests are not answered (clients re-send them); the socket file stays.
-            self.server.close(unlink=False)
-            self.server = None
-        if self.continuity is not None:
-            self.continuity.leave_for_restart()
-        if self.faults is not None:
-            self.faults.close()  # no MPS restart on the way out; open incidents are dropped
-        if self.memory is not None:
-            self.memory.close()
-        self._close_held_files()
-
-    def _close_held_files(self) -> None:
-        """Close the tenants' and the pools' held cgroup files and /proc stat descriptors."""
-        for t in self.tenants:
-            t.cgroup.close()
-        for gpu in self.gpus.values():
-            if gpu.coordinator.pool_freeze is not None:
-                gpu.coordinator.pool_freeze.close()
-        procfs.STAT_FILES.clear()
-        procfs.HANDLES.clear()
-
     async def _status_loop(self) -> None:
         while True:
             await asyncio.sleep(5.0)
             self.notifier.status(self.summary_line())
-
-    # --- shutdown -------------------------------------------------------------------
-
-    async def shutdown(self) -> None:
-        """Stop serving new work, recover regions, end every tenant, remove cgroups."""
-        self.runtime.state = STOPPING
-        self.notifier.stopping()
-        _log.info("shutting down: %s", self.summary_line())
-        self.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
-        for t in self.tenants:
-            t.kill_reason = t.kill_reason or restart.STOPPED_REASON  # release answers it
-        if self.faults is not None:
-            self.faults.close()  # no MPS restart while the daemons are being stopped
-        for gpu in self.gpus.values():
-            try:
-                await gpu.coordinator.shutdown()
-            except Exception:
-                _log.exception("gpu%d: coordinator shutdown failed", gpu.index)
-        ended = list(self.tenants)
-        if self.lifecycle is not None:
-            lifecycle = self.lifecycle
-            await asyncio.gather(
-                *(lifecycle.end(t, "krexd shutdown") for t in self.tenants),
-                return_exceptions=True,
-            )
-        # Each krex run sees its command end and sends release: answer it with the reason.
-        await self._await_releases(ended, 5.0)
-        if self.pools is not None:
-            await self.pools.close()
-        if self.server is not None:
-            await self.server.cancel_requests()
-        self._stop_mps()  # after the tenants: no MPS client is left
-
-    async def _await_releases(self, ended: list[Any], timeout_s: float) -> None:
-        """Keep the ended tenants answerable until their launchers released them (bounded)."""
-        for t in ended:
-            if self.tenants.get(t.id) is None:
-                self.tenants.add(t)  # EXITED: release only reads its kill_reason
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while ended and asyncio.get_running_loop().time() < deadline:
-            # A tenant that never ran a command has no krex run waiting for its end.
-            ended = [t for t in ended if t.pids and not t.told_end and _alive(t.launcher_pid)]
-            await asyncio.sleep(0.05)
-
-    def _stop_mps(self) -> None:
-        for gpu in self.gpus.values():
-            if gpu.mps is not None:
-                self.mps.stop(gpu.mps)
-                gpu.mps = None
-
-    async def _cleanup_after_failure(self) -> None:
-        """Remove cgroups and gate files (also after a failed start)."""
-        self._stop_mps()
-        self._close_held_files()
-        if self.cgroups is not None:
-            await self.cgroups.teardown()
-        for gpu in self.gpus.values():
-            if gpu.gate is not None:
-                try:
-                    gpu.gate.unmap()
-                except Exception:
-                    _log.exception("gpu%d: unmapping the gate failed", gpu.index)
-                gpu.gate.unlink()
-        _log.info("krexd stopped")
 
     # --- status -------------------------------------------------------------------
 
@@ -441,13 +362,3 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""
         return status_report.status(self)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True

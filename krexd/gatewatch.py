@@ -36,14 +36,15 @@ from collections.abc import Callable, Mapping
 from krex_client.errors import ExitCode
 from krexd.gate import GateError
 from krexd.gpu import Gpu
+from krexd.isolation import EndCommand
 from krexd.registrations import Verifier
 from krexd.slotflags import SlotFlags
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd.gatewatch")
 
 #: kill(tenant, reason, exit_code): end a tenant's command for what it did.
-KillTenant = Callable[[Tenant, str, int], None]
+KillTenant = EndCommand
 
 
 class GateWatch:
@@ -105,7 +106,7 @@ class GateWatch:
                 f"tampered with its gate registrations on GPU {gpu.index}: {finding.describe()}"
             )
             _log.error("t%d %s; ending its command", tenant.id, reason)
-            self._kill(tenant, reason, ExitCode.UNPROTECTABLE)
+            self._kill(tenant, reason, ExitCode.UNPROTECTABLE, "tampered")
 
     def _end(self, tenant_id: int, reason: str) -> None:
         """End tenant ``tenant_id``'s command (exit 79) for a flag held past its bound."""
@@ -113,7 +114,7 @@ class GateWatch:
         if tenant is None or tenant.kill_reason is not None:
             return
         _log.error("t%d %s; ending its command", tenant.id, reason)
-        self._kill(tenant, reason, ExitCode.UNPROTECTABLE)
+        self._kill(tenant, reason, ExitCode.UNPROTECTABLE, "tampered")
 
     def _sweep(self, gpu: Gpu) -> None:
         gate = gpu.gate

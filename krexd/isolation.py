@@ -58,6 +58,14 @@ def freeze_unless_gone(control: TenantControl, tenant: Tenant) -> bool:
     return True
 
 
+class EndCommand(Protocol):
+    """Ends a tenant's command for what it did (``Lifecycle.kill_command``)."""
+
+    def __call__(self, tenant: Tenant, reason: str, exit_code: int, cause: str = "other") -> None:
+        """Kill ``tenant``'s command; its launcher reports ``exit_code`` and ``reason``;
+        ``cause``: the label it is counted under (``krexd.region_stats.ENDED_CAUSES``)."""
+
+
 class Watch(Protocol):
     """A watch on a process started by :meth:`TenantControl.watch_exit`."""
 

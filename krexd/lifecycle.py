@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -34,12 +33,13 @@ from krexd.admission import Admission
 from krexd.cgroups import CgroupError, TenantCgroup
 from krexd.config import Config
 from krexd.errors import Code, KrexError
-from krexd.gate import GateError
 from krexd.gpu import Gpu
+from krexd.journal import log_fields
 from krexd.memory.monitor import MemoryMonitor
 from krexd.pools import PoolRegistry
 from krexd.quotas import check_argv
 from krexd.runtime import STOPPING, Runtime
+from krexd.slot_attach import attach_slots
 from krexd.states import change_state
 from krexd.tenants import PidWatch, Tenant, TenantRegistry
 
@@ -191,7 +191,13 @@ class Lifecycle:
         self._arm_place_timeout(tenant)
         # A command admitted during a region starts frozen (it is a sibling).
         await self._gpus[granted].coordinator.tenant_added(tenant)
-        _log.info("t%d admitted on gpu%d: %s", tid, granted, " ".join(tenant.argv)[:200])
+        _log.info(
+            "t%d admitted on gpu%d: %s",
+            tid,
+            granted,
+            " ".join(tenant.argv)[:200],
+            extra=log_fields("admitted", tid, granted),
+        )
         testhooks.pause("admitted")
 
     def adopt(self, tenant: Tenant) -> None:
@@ -225,6 +231,7 @@ class Lifecycle:
                     "t%d (uid %d): not placed within %g s; ending it", tenant.id, tenant.uid, limit
                 )
                 tenant.kill_reason = f"not placed within [admission] place_timeout_s = {limit:g} s"
+                self._gpus[tenant.gpu].coordinator.stats.end("place_timeout")
                 self._runtime.spawn(self.end(tenant, "not placed in time"))
 
         loop = asyncio.get_running_loop()
@@ -265,60 +272,51 @@ class Lifecycle:
                 f"place: pid {pid} is not a child of pool {pool_pid}, the one krex run talked to",
             )
         if slots_fd is not None:
-            self._attach_slots(tenant, slots_fd)
+            attach_slots(self._gpus[tenant.gpu].gate, tenant, slots_fd)
         try:
             tenant.cgroup.add_pid(pid)
         except CgroupError as exc:
             raise KrexError(Code.INTERNAL, f"cannot place pid {pid}: {exc}") from None
         if pool is not None and self.pools is not None:
             self.pools.placed(pool, pid)
+        elif self.pools is not None and self.pools.config.enabled and not tenant.pids:
+            self.pools.cold_starts += 1
         tenant.pids.add(pid)
         self._disarm_place_timeout(tenant)
         if tenant.state == states.ADMITTED:
             change_state(tenant, states.RUNNING)  # ADMITTED -> RUNNING
-        _log.info("t%d: placed pid %d in %s", tenant.id, pid, tenant.cgroup.path)
+        _log.info(
+            "t%d: placed pid %d in %s",
+            tenant.id,
+            pid,
+            tenant.cgroup.path,
+            extra=log_fields("placed", tenant.id, tenant.gpu),
+        )
         testhooks.pause("placed")
 
-    def _attach_slots(self, tenant: Tenant, slots_fd: int) -> None:
-        """Attach the launcher's slot memory fd ``slots_fd`` to the tenant's gate (once)."""
-        gate = self._gpus[tenant.gpu].gate
-        if gate is None or tenant.exclusive or tenant.slots_attached:
-            return
-        if tenant.state != states.ADMITTED:
-            # Only the place that starts the command attaches: a region entry judges a
-            # running tenant with nothing attached as having no registration to drain,
-            # and may freeze it and stop waiting for it (coordinator/drain_freeze.py).
-            raise KrexError(
-                Code.BAD_FIELD,
-                f"tenant {tenant.id} is running: its slot memory is attached by its "
-                "first place only",
-            )
-        try:
-            fd = os.open(f"/proc/{tenant.launcher_pid}/fd/{slots_fd}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise KrexError(
-                Code.BAD_FIELD, f"slot memory fd {slots_fd} of launcher: {exc.strerror}"
-            ) from None
-        try:
-            gate.attach(tenant.id, fd)
-        except GateError as exc:
-            raise KrexError(Code.BAD_FIELD, str(exc)) from None
-        finally:
-            os.close(fd)
-        tenant.slots_attached = True
-        tenant.slots_fd = slots_fd
-
-    def kill_command(self, tenant: Tenant, reason: str, exit_code: int) -> None:
+    def kill_command(
+        self, tenant: Tenant, reason: str, exit_code: int, cause: str = "other"
+    ) -> None:
         """End ``tenant``'s command for what it did; the launcher reports ``exit_code``.
 
         Kills the tree now (``reason`` and ``exit_code`` go back in the
         ``release`` reply); the tenant itself is ended by that release, or
-        after ``KILL_GRACE_S`` if its launcher never sends it.
+        after ``KILL_GRACE_S`` if its launcher never sends it.  ``cause``:
+        the label it is counted and logged under (``krexd.region_stats.ENDED_CAUSES``).
         """
         if tenant.state == states.EXITED or tenant.kill_reason is not None:
             return
         tenant.kill_reason = reason
         tenant.kill_code = exit_code
+        self._gpus[tenant.gpu].coordinator.stats.end(cause)
+        _log.warning(
+            "t%d: command ended by krex (exit %d, %s): %s",
+            tenant.id,
+            exit_code,
+            cause,
+            reason,
+            extra=log_fields("command_ended", tenant.id, tenant.gpu, reason=cause),
+        )
         try:
             tenant.cgroup.kill()
         except CgroupError as exc:
@@ -390,6 +388,7 @@ class Lifecycle:
                 reason,
                 tenant.exit_code,
                 tenant.signal,
+                extra=log_fields("ended", tenant.id, tenant.gpu),
             )
 
     def tenant_env(self, tenant: Tenant) -> dict[str, str]:

@@ -106,6 +106,8 @@ class PoolRegistry:
         self.poll_s = poll_s
         self._pools: dict[int, Pool] = {}
         self.refused = 0
+        self.warm_starts = 0  # commands placed from a pool (since start)
+        self.cold_starts = 0  # commands started cold while warm pools are on (since start)
 
     def __len__(self) -> int:
         return len(self._pools)
@@ -244,6 +246,7 @@ class PoolRegistry:
     def placed(self, pool: Pool, pid: int) -> None:
         """``pid``, a child of ``pool``, is now in its tenant cgroup."""
         pool.placed += 1
+        self.warm_starts += 1
         pool.cgroup.released(pid)
 
     def status(self) -> dict[str, Any]:
@@ -252,5 +255,7 @@ class PoolRegistry:
             **self.config.announce(),
             "cgroups": self.cgroups.describe(),
             "refused": self.refused,
+            "warm_starts": self.warm_starts,
+            "cold_starts": self.cold_starts,
             "pools": [p.summary() for p in self._pools.values()],
         }

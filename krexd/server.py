@@ -105,6 +105,7 @@ class Server:
         self._peers = identity.PeerTable()
         self.requests = 0
         self.errors = 0
+        self.refused: dict[str, int] = {}  # requests answered with an error, by code name
         self.after_op_ms: deque[float] = deque(maxlen=10_000)  # each after_op call (ms)
 
     def bind(self) -> None:
@@ -159,11 +160,11 @@ class Server:
             parts = await self._sock.recv_multipart(copy=False)
             self.requests += 1
             if len(parts) < 2:
-                self.errors += 1
+                self._refuse("BAD_FRAME")
                 continue  # no identity: nothing to reply to
             ident, frames = parts[0].bytes, [p.bytes for p in parts[1:]]
             if len(frames) != 1:
-                self.errors += 1
+                self._refuse("BAD_FRAME")
                 await self._send(
                     ident,
                     encode_error(
@@ -177,7 +178,7 @@ class Server:
             try:
                 req = decode_request(frames[0])
             except FrameError as exc:
-                self.errors += 1
+                self._refuse(exc.name)
                 code = Code[exc.name]
                 await self._send(ident, encode_error(exc.request_id, code, exc.name, exc.message))
                 continue
@@ -236,7 +237,7 @@ class Server:
                 self.after_op_ms.append((time.monotonic() - t) * 1e3)
             frame = encode_ok(req.id, body)
         except KrexError as exc:
-            self.errors += 1
+            self._refuse(exc.code.name)
             frame = encode_error(req.id, exc.code, exc.code.name, exc.message)
         except asyncio.CancelledError:
             frame = encode_error(req.id, Code.SHUTTING_DOWN, "SHUTTING_DOWN", "krexd is stopping")
@@ -244,6 +245,7 @@ class Server:
             raise
         except Exception as exc:  # an op's bug, or a reply msgpack cannot encode
             _log.exception("op %s failed", req.op)
+            self.refused["INTERNAL"] = self.refused.get("INTERNAL", 0) + 1
             frame = encode_error(req.id, Code.INTERNAL, "INTERNAL", f"{type(exc).__name__}: {exc}")
         await self._send(ident, frame)
 
@@ -255,6 +257,11 @@ class Server:
             zmq.Socket.shadow(self._sock.underlying).send_multipart([ident, frame], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the peer is gone or its queue is full: it was refused anyway
+
+    def _refuse(self, code: str) -> None:
+        """Count one request answered (or dropped) with error ``code`` (a ``Code`` name)."""
+        self.errors += 1
+        self.refused[code] = self.refused.get(code, 0) + 1
 
     async def _send(self, ident: bytes, frame: bytes) -> None:
         if self._sock is None or self._sock.closed:
@@ -273,6 +280,7 @@ class Server:
         return {
             "requests": self.requests,
             "errors": self.errors,
+            "refused": dict(self.refused),
             "state_save_ms": percentiles(self.after_op_ms),
             "lanes": self.lanes.status(),
         }

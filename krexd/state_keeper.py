@@ -47,6 +47,7 @@ class StateKeeper:
         self.enabled = True
         self.writes = 0
         self.failing = False  # the last save failed (logged once until one succeeds)
+        self.restarts = 0  # saved: the next krexd counts on from it (krexd.counters)
 
     def _live(self) -> list[tuple[Tenant, int]]:
         """The tenants to save, each with its verified launcher start time."""
@@ -69,6 +70,7 @@ class StateKeeper:
             "cgroup_root": self._root,
             "pid": os.getpid(),
             "next_tenant_id": self._registry.next_id,
+            "restarts": self.restarts,
             "gpus": {
                 str(i): {**g.coordinator.saved(), "gate": g.gate_path}
                 for i, g in self._gpus.items()

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from krexd.admission import Admission
 from krexd.cgroups import CgroupBackend
 from krexd.config import Config
+from krexd.counters import DaemonCounters
 from krexd.faults import FaultMonitor
 from krexd.gpu import Gpu
 from krexd.memory.monitor import MemoryMonitor
@@ -35,6 +36,20 @@ class Reported(Protocol):
     faults: FaultMonitor | None
     pools: PoolRegistry | None
     server: Server | None
+    counters: DaemonCounters
+
+    @property
+    def metrics(self) -> HasStatus | None:
+        """The metrics endpoint (None: ``[metrics]`` off)."""
+        ...
+
+
+class HasStatus(Protocol):
+    """A part with a JSON-ready ``status()`` (the metrics endpoint)."""
+
+    def status(self) -> dict[str, Any]:
+        """Its status."""
+        ...
 
 
 def summary_line(d: Reported) -> str:
@@ -92,4 +107,6 @@ def status(d: Reported) -> dict[str, Any]:
         "faults": d.faults.status() if d.faults else None,
         "warm": d.pools.status() if d.pools is not None else None,
         "server": d.server.status() if d.server is not None else None,
+        "daemon": d.counters.as_dict(),
+        "metrics": d.metrics.status() if d.metrics is not None else None,
     }

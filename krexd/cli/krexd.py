@@ -28,6 +28,7 @@ from krexd.cgroups import CgroupError
 from krexd.config import SYSTEM_CONFIG, ConfigError, load, with_overrides
 from krexd.errors import ExitCode
 from krexd.gate import GateError
+from krexd.journal import setup_logging
 from krexd.mps import MpsError
 from krexd.notify import Notifier
 from krexd.server import ServerError
@@ -93,11 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"krexd: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
-    logging.basicConfig(
-        level=cfg.daemon.log_level.upper(),
-        format=f"krexd[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Under systemd: journald's native protocol with TENANT/GPU/EPOCH/EVENT/REASON fields.
+    setup_logging(cfg.daemon.log_level, f"krexd[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     if os.geteuid() != 0:
         print("krexd: must run as root (it manages cgroups)", file=sys.stderr)
         return ExitCode.NOPERM

@@ -44,16 +44,24 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                           "memory_max": int|null},
               "pools": [{"pid", "uid", "keeper_pid", "key", "version", "interpreter",
                          "modules", "age_s", "commands", "memory_bytes", "cgroup"}]},
-     "server": {"requests": int, "errors": int,
+     "server": {"requests": int, "errors": int, "refused": {CODE: int},
                 "state_save_ms": {"n", "p50", "p99", "max"},
                 "lanes": {"in_progress", "bulk_queued", "refused", "bulk_served",
-                          "max_requests_per_uid", "max_status_per_uid"}}|null}
+                          "max_requests_per_uid", "max_status_per_uid"}}|null,
+     "daemon": {"restarts": int, "adopted_tenants": int, "started_at": float},
+     "metrics": {"address": str, "port": int, "scrapes": int}|null}
 
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
 latency percentiles (ms) ``entry_ms`` (request to grant, as in the
 ``region_enter`` reply), ``wait_ms`` (for the region lock),
 ``establish_ms`` (steps 2-5) and ``steps_ms``, the same for each step of
-``establish_ms`` by name (``krexd.region_stats.STEPS``).  ``server``'s
+``establish_ms`` by name (``krexd.region_stats.STEPS``); ``regions`` also
+counts ``adopted``, ``drain_timeouts``, ``freeze_timeouts`` and ``refused``
+(failed entries by error code), ``commands_ended`` the commands krex ended
+by cause (``krexd.region_stats.ENDED_CAUSES``), ``recent_entry_ms`` the
+entry percentiles of the last minute (``krexctl top``), ``histograms`` the
+cumulative buckets of ``entry_ms``, ``steps_ms`` and ``hold_s`` (what the
+Prometheus endpoint exports, ``krexd.metrics``).  ``server``'s
 ``state_save_ms`` is the state save made after each state-changing op,
 before its reply (a region entry's reply waits for it too).  ``memory`` per GPU
 is ``krexd.memory.MemoryMonitor.gpu_status``, read from the gate at the

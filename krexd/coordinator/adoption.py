@@ -111,6 +111,7 @@ class Adoption(Ending):
         region.request_id = request_id
         if self.pool_freeze is not None:
             region.pools_frozen = self.pool_freeze.hold_now()
+        self.stats.adopted += 1
         self._region, self._frozen = region, region.siblings
         self._epoch = max(self._epoch, epoch)
         # The region went through steps 2-4 in the krexd before: replay its edges.

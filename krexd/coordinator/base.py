@@ -9,7 +9,6 @@ step of the protocol is a mixin over it (``krexd.coordinator``'s modules);
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from krexd import states
@@ -20,6 +19,7 @@ from krexd.coordinator.records import Region, RegionRequest
 from krexd.fifo import FifoLock
 from krexd.isolation import (
     ActivityWitness,
+    EndCommand,
     GpuUseCheck,
     LockRecord,
     Pinner,
@@ -51,7 +51,7 @@ class CoordinatorBase:
         pinner: Pinner,
         memory: RegionMemory | None = None,
         guard: GpuUseCheck | None = None,
-        end_command: Callable[[Tenant, str, int], None] | None = None,
+        end_command: EndCommand | None = None,
         proc_lock: ProcessLock | None = None,
         ledger: LockRecord | None = None,
         activity: ActivityWitness | None = None,

@@ -119,6 +119,15 @@ class Coordinator(Entry, Adoption):
         if region is not None:
             await self._end(region, "krexd is shutting down")
 
+    def waiting(self) -> int:
+        """Region entries waiting for the region lock now (safe from another thread)."""
+        for _ in range(5):
+            try:
+                return len(self._lock.queued())
+            except RuntimeError:  # the loop changed the queue while it was read
+                continue
+        return 0
+
     def status(self) -> dict[str, Any]:
         """Holder, queue, counts and entry-latency percentiles (ms) for krexctl status."""
         region = self._region

@@ -166,7 +166,7 @@ class DriverLocking(FailClosed):
                 f"(driver lock: {'; '.join(r.describe() for r in results)})"
             )
             log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tid, reason)
-            self._end_offender(tenant, reason)
+            self._end_offender(tenant, reason, "lock_failed")
             locks.ended.append(tid)
         await self._wait_left_gpu({r.pid for r in failed})
 
@@ -190,15 +190,16 @@ class DriverLocking(FailClosed):
                 f"{self._cfg.drain_timeout_s:g} s of region entry on GPU {self.gpu} (epoch {epoch})"
             )
             log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tid, reason)
-            self._end_offender(tenant, reason)
+            self._end_offender(tenant, reason, "drain_timeout")
             locks.ended.append(tid)
+        self.stats.drain_timeouts += 1
         await self._wait_left_gpu(pids)
 
-    def _end_offender(self, tenant: Tenant, reason: str) -> None:
+    def _end_offender(self, tenant: Tenant, reason: str, cause: str) -> None:
         if self._end_command is not None:
-            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE)
+            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE, cause)
         else:
-            self._end_unprotected(tenant, reason)
+            self._end_unprotected(tenant, reason, cause)
 
     async def _wait_left_gpu(self, pids: set[int]) -> None:
         """Until none of ``pids`` has a context on this GPU (bounded by drain_timeout_s)."""

@@ -21,6 +21,7 @@ from krexd.coordinator.records import Region, tenant_state
 from krexd.coordinator.witness import Witness
 from krexd.errors import Code, KrexError
 from krexd.isolation import gone
+from krexd.journal import log_fields
 from krexd.tenants import Tenant
 
 #: One logger for the package: its lines read as they did from one module.
@@ -121,6 +122,7 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
             region.ended = True
             region.end_reason = reason
             region.ended_at = time.monotonic()
+            self.stats.held(region.ended_at - region.granted_at)
             self._unwatch(region)
             recovering = reason != "exit"
             # Step 7: the holder's cores back to its off-region share; siblings thawed.
@@ -146,16 +148,30 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
                 self._exited[region.tenant.id] = region.epoch
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
             self._lock.release(region.tenant.id)
-            if reason != "exit":
-                self.stats.recovered += 1
-                log.warning(
-                    "GPU %d: region of tenant %d (epoch %d) ended by recovery: %s",
-                    self.gpu,
-                    region.tenant.id,
-                    region.epoch,
-                    reason,
-                )
+            self._log_end(region, reason)
             return thaw_ms
+
+    def _log_end(self, region: Region, reason: str) -> None:
+        """Count and log a region's end: recovery at warning, an exit at debug."""
+        if reason != "exit":
+            self.stats.recovered += 1
+            log.warning(
+                "GPU %d: region of tenant %d (epoch %d) ended by recovery: %s",
+                self.gpu,
+                region.tenant.id,
+                region.epoch,
+                reason,
+                extra=log_fields("region_recovered", region.tenant.id, self.gpu, region.epoch),
+            )
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "GPU %d: tenant %d exited its region (epoch %d) after %.3f ms",
+                self.gpu,
+                region.tenant.id,
+                region.epoch,
+                ((region.ended_at or region.granted_at) - region.granted_at) * 1e3,
+                extra=log_fields("region_exited", region.tenant.id, self.gpu, region.epoch),
+            )
 
     # --------------------------------------------------------------- recovery
 
@@ -197,8 +213,15 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
             return
         reason = f"critical region exceeded max_region_s = {self._cfg.max_region_s:g} s"
         region.tenant.kill_reason = reason
+        self.stats.end("max_region")
         log.warning(
-            "GPU %d: tenant %d: %s; killing its command", self.gpu, region.tenant.id, reason
+            "GPU %d: tenant %d: %s; killing its command",
+            self.gpu,
+            region.tenant.id,
+            reason,
+            extra=log_fields(
+                "command_ended", region.tenant.id, self.gpu, region.epoch, "max_region"
+            ),
         )
         try:
             self._ctl.kill(region.tenant)

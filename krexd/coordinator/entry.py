@@ -14,17 +14,26 @@ error.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from krexd import states, testhooks
 from krexd.coordinator.drain_freeze import DrainFreeze
-from krexd.coordinator.ending import Ending
+from krexd.coordinator.ending import Ending, log
 from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.memory_wait import MemoryWait
 from krexd.coordinator.records import ENTERING, HELD, Region, RegionRequest, tenant_state
 from krexd.errors import Code, KrexError
+from krexd.journal import log_fields
 from krexd.tenants import Tenant
+
+
+def _code_name(exc: BaseException) -> str:
+    """The error code a failed entry is counted under (``RegionStats.refused``)."""
+    if isinstance(exc, KrexError):
+        return exc.code.name
+    return "CANCELLED" if isinstance(exc, asyncio.CancelledError) else "INTERNAL"
 
 
 class _MemoryShort(Exception):
@@ -131,8 +140,8 @@ class Entry(Ending, MemoryWait):
         marks = [("locked", locked_at)]
         try:
             region = await self._establish_fitting(tenant, request, pid, tid, requested_at, marks)
-        except BaseException:
-            self.stats.failed += 1
+        except BaseException as exc:
+            self.stats.refuse(_code_name(exc))
             self._lock.release(tenant.id)
             raise
         region.request_id = request_id
@@ -145,6 +154,15 @@ class Entry(Ending, MemoryWait):
         establish_ms = (region.granted_at - locked_at) * 1e3
         self.stats.grant(wait_ms, establish_ms)
         self.stats.steps(marks)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "GPU %d: tenant %d granted a region (epoch %d) after %.3f ms",
+                self.gpu,
+                tenant.id,
+                region.epoch,
+                wait_ms + establish_ms,
+                extra=log_fields("region_granted", tenant.id, self.gpu, region.epoch),
+            )
         return self._grant_reply(region.epoch, list(self._slice.reserved), wait_ms, establish_ms)
 
     def _grant_reply(

@@ -66,10 +66,11 @@ class FailClosed(CoordinatorBase):
                 )
             await asyncio.sleep(0.002)
 
-    def _end_unprotected(self, tenant: Tenant, reason: str) -> None:
+    def _end_unprotected(self, tenant: Tenant, reason: str, cause: str = "unprotected") -> None:
         if self._end_command is not None:
-            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE)
+            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE, cause)
             return
+        self.stats.end(cause)
         tenant.kill_reason = reason
         try:
             self._ctl.kill(tenant)

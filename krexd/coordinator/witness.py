@@ -109,9 +109,9 @@ class Witness(DriverLocking):
             )
             log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tenant.id, reason)
             if self._end_command is not None:
-                self._end_command(tenant, reason, ExitCode.UNPROTECTABLE)
+                self._end_command(tenant, reason, ExitCode.UNPROTECTABLE, "contaminated")
             else:
-                self._end_unprotected(tenant, reason)
+                self._end_unprotected(tenant, reason, "contaminated")
 
 
 def _cmd(pid: int) -> str:

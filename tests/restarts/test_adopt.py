@@ -73,6 +73,8 @@ def test_sigterm_for_restart_keeps_commands(krexd_factory: Factory, restarter: R
     restarter.kill(k, signal.SIGTERM)
     assert k.proc.returncode == 0
     k2 = restarter.start_again(k)
+    daemon = k2.status()["daemon"]  # counted for status and the metrics endpoint
+    assert (daemon["restarts"], daemon["adopted_tenants"]) == (1, 2)
     assert [p.wait(60) for p in runs] == [0, 9]
     k2.stop()
 

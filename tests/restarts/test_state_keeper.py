@@ -93,6 +93,7 @@ def _reference(registry: TenantRegistry, gpus: dict[int, Any]) -> dict[str, Any]
     doc = {
         "cgroup_root": ROOT,
         "next_tenant_id": registry.next_id,
+        "restarts": 0,  # restarts continued from (krexd.counters), saved for the next krexd
         "gpus": {str(i): {**g.coordinator.saved(), "gate": g.gate_path} for i, g in gpus.items()},
         "tenants": tenants,
     }

@@ -1,4 +1,7 @@
-"""``[warm]``: the warm pools' table of the configuration (docs/design/warm.md)."""
+"""``[warm]`` and ``[metrics]``: the configuration tables kept apart from ``krexd.config``.
+
+``krexd.config`` re-exports them; its schema checks their keys.
+"""
 
 from __future__ import annotations
 
@@ -60,3 +63,17 @@ class WarmConfig:
             "max_pools_per_uid": self.max_pools_per_uid,
             "memory_max": self.memory_max,
         }
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: krexd's Prometheus endpoint (``krexd.metrics``).
+
+    ``enabled``: serve it (off by default); ``address``: the address it
+    binds (``127.0.0.1``: this host only); ``port``: its TCP port
+    (``/metrics`` over HTTP; 0: any free port, shown by ``status``).
+    """
+
+    enabled: bool = False
+    address: str = "127.0.0.1"
+    port: int = 9464

@@ -1,0 +1,153 @@
+"""How krexd leaves: a stop (every tenant ended, the tree removed) or a restart (kept).
+
+``Stopping`` is the part of ``krexd.daemon.Daemon`` that runs at the end:
+``shutdown`` for a stop (SIGTERM, SIGINT), ``_leave_for_restart`` when
+``krexd --prepare-restart`` marked the signal as a restart, and the cleanup
+after a stop or a failed start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from krexd import procfs, restart
+from krexd.admission import Admission
+from krexd.cgroups import CgroupBackend
+from krexd.errors import Code
+from krexd.faults import FaultMonitor
+from krexd.gpu import Gpu
+from krexd.lifecycle import Lifecycle
+from krexd.memory.monitor import MemoryMonitor
+from krexd.mps import MpsManager
+from krexd.notify import Notifier
+from krexd.pools import PoolRegistry
+from krexd.runtime import RESTARTING, STOPPING, Runtime
+from krexd.server import Server
+from krexd.tenants import TenantRegistry
+
+_log = logging.getLogger("krexd")
+
+
+class Stopping:
+    """Shutdown, restart exit and cleanup over the daemon's parts (set by ``Daemon``)."""
+
+    runtime: Runtime
+    notifier: Notifier
+    server: Server | None
+    continuity: restart.Continuity | None
+    faults: FaultMonitor | None
+    memory: MemoryMonitor | None
+    tenants: TenantRegistry
+    gpus: dict[int, Gpu]
+    admission: Admission
+    lifecycle: Lifecycle | None
+    pools: PoolRegistry | None
+    mps: MpsManager
+    cgroups: CgroupBackend | None
+
+    def summary_line(self) -> str:
+        """One line for STATUS= and the log (``Daemon`` defines it)."""
+        raise NotImplementedError
+
+    def _leave_for_restart(self) -> None:
+        """Exit for a restart: save, close the socket unanswered, leave cgroups and gates."""
+        self.runtime.state = RESTARTING
+        self.notifier.stopping()
+        if self.server is not None:
+            # Parked requests are not answered (clients re-send them); the socket file stays.
+            self.server.close(unlink=False)
+            self.server = None
+        if self.continuity is not None:
+            self.continuity.leave_for_restart()
+        if self.faults is not None:
+            self.faults.close()  # no MPS restart on the way out; open incidents are dropped
+        if self.memory is not None:
+            self.memory.close()
+        self._close_held_files()
+
+    def _close_held_files(self) -> None:
+        """Close the tenants' and the pools' held cgroup files and /proc stat descriptors."""
+        for t in self.tenants:
+            t.cgroup.close()
+        for gpu in self.gpus.values():
+            if gpu.coordinator.pool_freeze is not None:
+                gpu.coordinator.pool_freeze.close()
+        procfs.STAT_FILES.clear()
+        procfs.HANDLES.clear()
+
+    # --- shutdown -------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop serving new work, recover regions, end every tenant, remove cgroups."""
+        self.runtime.state = STOPPING
+        self.notifier.stopping()
+        _log.info("shutting down: %s", self.summary_line())
+        self.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
+        for t in self.tenants:
+            t.kill_reason = t.kill_reason or restart.STOPPED_REASON  # release answers it
+        if self.faults is not None:
+            self.faults.close()  # no MPS restart while the daemons are being stopped
+        for gpu in self.gpus.values():
+            try:
+                await gpu.coordinator.shutdown()
+            except Exception:
+                _log.exception("gpu%d: coordinator shutdown failed", gpu.index)
+        ended = list(self.tenants)
+        if self.lifecycle is not None:
+            lifecycle = self.lifecycle
+            await asyncio.gather(
+                *(lifecycle.end(t, "krexd shutdown") for t in self.tenants),
+                return_exceptions=True,
+            )
+        # Each krex run sees its command end and sends release: answer it with the reason.
+        await self._await_releases(ended, 5.0)
+        if self.pools is not None:
+            await self.pools.close()
+        if self.server is not None:
+            await self.server.cancel_requests()
+        self._stop_mps()  # after the tenants: no MPS client is left
+
+    async def _await_releases(self, ended: list[Any], timeout_s: float) -> None:
+        """Keep the ended tenants answerable until their launchers released them (bounded)."""
+        for t in ended:
+            if self.tenants.get(t.id) is None:
+                self.tenants.add(t)  # EXITED: release only reads its kill_reason
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while ended and asyncio.get_running_loop().time() < deadline:
+            # A tenant that never ran a command has no krex run waiting for its end.
+            ended = [t for t in ended if t.pids and not t.told_end and _alive(t.launcher_pid)]
+            await asyncio.sleep(0.05)
+
+    def _stop_mps(self) -> None:
+        for gpu in self.gpus.values():
+            if gpu.mps is not None:
+                self.mps.stop(gpu.mps)
+                gpu.mps = None
+
+    async def _cleanup_after_failure(self) -> None:
+        """Remove cgroups and gate files (also after a failed start)."""
+        self._stop_mps()
+        self._close_held_files()
+        if self.cgroups is not None:
+            await self.cgroups.teardown()
+        for gpu in self.gpus.values():
+            if gpu.gate is not None:
+                try:
+                    gpu.gate.unmap()
+                except Exception:
+                    _log.exception("gpu%d: unmapping the gate failed", gpu.index)
+                gpu.gate.unlink()
+        _log.info("krexd stopped")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
