@@ -234,15 +234,22 @@ void krex_region_atfork_child(void)
 
 /* Does this process hold region `epoch` of the gate?  Under krex only the
  * holder may begin it (the L2 flush is device work beside the frozen
- * siblings); without a gate (pass-through) the region is advisory. */
+ * siblings); without a gate (pass-through) the region is advisory.  Epoch 0
+ * is a region krexd records without enforcing ([region] enforce = false, an
+ * --exclusive tenant): it may begin only while the gate is open, so that no
+ * sibling's flush lands inside another tenant's region. */
 static int holds_region(uint32_t epoch)
 {
     /* Acquire: krex_gate_p and krex_tenant are published with krex_mode. */
     int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
     if (mode == KREX_MODE_PASS)
         return 1;
-    return mode == KREX_MODE_GATING && epoch != 0 &&
-           krex_gate_load_word(krex_gate_p) == krex_gate_word(krex_tenant, epoch);
+    if (mode != KREX_MODE_GATING)
+        return 0;
+    uint64_t word = krex_gate_load_word(krex_gate_p);
+    if (epoch == 0)
+        return word == 0;
+    return word == krex_gate_word(krex_tenant, epoch);
 }
 
 KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
