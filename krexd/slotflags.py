@@ -34,6 +34,7 @@ from typing import Protocol
 
 from krexd import states
 from krexd.gate import LIVE_SLOT_STATES, GateError, SlotInfo
+from krexd.procfs import start_time
 from krexd.registrations import Verifier
 from krexd.tenants import TenantRegistry
 
@@ -191,9 +192,18 @@ class SlotFlags:
         """True when ``s``'s fault record is of a verified owner (verified now if it is live)."""
         if s.fault is None:
             return False
-        if s.state in LIVE_SLOT_STATES and not s.ignored:
-            return bool(self._verified_now(gate, [s]))
-        return self._known(s)  # its process ended: verified while it lived
+        if s.state in LIVE_SLOT_STATES and not s.ignored and self._verified_now(gate, [s]):
+            return True
+        # Its process ended (a slot still live whose process is gone fails the check above): verified while it lived, or it was the process krexd itself
+        # placed in the tenant's cgroup (a command that faulted and exited before the
+        # next sweep: seen on the H200 as a member refused at its first context).
+        return self._known(s) or self._placed(s)
+
+    def _placed(self, s: SlotInfo) -> bool:
+        """True when ``s`` names a process krexd placed in its tenant (``Tenant.pids``)
+        that has ended (a live one must pass the verification instead)."""
+        tenant = self._tenants.get(s.tenant)
+        return tenant is not None and s.pid in tenant.pids and start_time(s.pid) is None
 
     def forget(self, live_tenants: set[int]) -> None:
         """Drop what is known of tenants that ended (the sweep calls it)."""
