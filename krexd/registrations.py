@@ -60,6 +60,10 @@ class Identity:
     nspid: int  # in its own (innermost) pid namespace
     pidns: int  # inode of that namespace
     start_ticks: int  # /proc/<pid>/stat field 22
+    #: Ticks a registration's start time may differ by: 1 for a process of
+    #: another time namespace (the shim takes its boot-time offset back out,
+    #: exact only for whole ticks: libkrex_shim/procid.c), else 0.
+    start_slack: int = 0
 
 
 def identity(pid: int) -> Identity | None:
@@ -79,7 +83,7 @@ def identity(pid: int) -> Identity | None:
     try:
         known = _NS_CACHE.get(pid)
         if known is not None and known[0] == start:
-            return Identity(pid, known[1], known[2], start)
+            return Identity(pid, known[1], known[2], start, known[3])
         nspid = pid
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
@@ -87,16 +91,25 @@ def identity(pid: int) -> Identity | None:
                     nspid = int(line.split()[-1])
                     break
         pidns = os.stat(f"/proc/{pid}/ns/pid").st_ino
+        slack = int(_time_namespace(str(pid)) != _time_namespace("self"))
     except (OSError, IndexError, ValueError):
         return None
     if len(_NS_CACHE) >= _NS_CACHE_MAX:
         _NS_CACHE.clear()  # pids of gone processes: simply start over
-    _NS_CACHE[pid] = (start, nspid, pidns)
-    return Identity(pid, nspid, pidns, start)
+    _NS_CACHE[pid] = (start, nspid, pidns, slack)
+    return Identity(pid, nspid, pidns, start, slack)
 
 
-#: pid -> (start ticks, NSpid, pid namespace inode), for :func:`identity`.
-_NS_CACHE: dict[int, tuple[int, int, int]] = {}
+def _time_namespace(pid: str) -> int:
+    """Inode of process ``pid``'s time namespace (0 on a kernel without them)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/time").st_ino
+    except FileNotFoundError:
+        return 0
+
+
+#: pid -> (start ticks, NSpid, pid namespace inode, start slack), for :func:`identity`.
+_NS_CACHE: dict[int, tuple[int, int, int, int]] = {}
 _NS_CACHE_MAX = 65536
 
 
@@ -151,8 +164,18 @@ def _thread_maps(pid: int) -> list[bytes]:
 
 
 def matches(slot: SlotInfo | Registration, who: Identity) -> bool:
-    """True when ``slot`` describes process ``who`` (pid, namespace, start time)."""
-    return slot.pid == who.nspid and slot.pidns == who.pidns and slot.start_ticks == who.start_ticks
+    """True when ``slot`` describes process ``who`` (pid, namespace, start time).
+
+    The start time is compared within ``who.start_slack`` ticks (a process
+    of another time namespace); a start time of 0 (the shim could not read
+    it) matches nothing.
+    """
+    return (
+        slot.pid == who.nspid
+        and slot.pidns == who.pidns
+        and slot.start_ticks > 0
+        and abs(slot.start_ticks - who.start_ticks) <= who.start_slack
+    )
 
 
 class Verifier:
@@ -186,7 +209,8 @@ class Verifier:
 
         O(processes + slots) per tenant: each process of a tenant's cgroup is
         read once (:func:`identity`) into a map by (innermost pid, pid
-        namespace, start time), then each slot is one lookup and one check
+        namespace), which names one live process, then each slot is one
+        lookup, the start time's comparison (:func:`matches`) and one check
         of its shim mapping.  What the gate watch's sweep runs on the event
         loop: per (slot, process) it cost about 2 µs, a second per sweep for
         128 forged slots over 4,096 processes.
@@ -198,22 +222,22 @@ class Verifier:
         for tenant, mine in by_tenant.items():
             known = self._identities(tenant)
             for s in mine:
-                pid = known.get((s.pid, s.pidns, s.start_ticks))
-                ok = pid is not None and image_mapped(pid, s.image)
-                out[(s.tenant, s.index)] = pid if ok else None
+                who = known.get((s.pid, s.pidns))
+                ok = who is not None and matches(s, who) and image_mapped(who.pid, s.image)
+                out[(s.tenant, s.index)] = who.pid if who is not None and ok else None
         return out
 
-    def _identities(self, tenant: int) -> dict[tuple[int, int, int], int]:
-        """(NSpid, pid namespace, start ticks) -> pid for the live processes of ``tenant``."""
+    def _identities(self, tenant: int) -> dict[tuple[int, int], Identity]:
+        """(NSpid, pid namespace) -> identity, for the live processes of ``tenant``."""
         try:
             pids = self._cgroup_pids(tenant) or []
         except OSError:
             return {}
-        known: dict[tuple[int, int, int], int] = {}
+        known: dict[tuple[int, int], Identity] = {}
         for pid in pids:
             who = identity(pid)
             if who is not None:
-                known.setdefault((who.nspid, who.pidns, who.start_ticks), pid)
+                known.setdefault((who.nspid, who.pidns), who)
         return known
 
     def judge(self, slot: SlotInfo) -> bool:
@@ -247,6 +271,12 @@ def _cause(pid: int, who: Identity, mine: list[Registration], epoch: int) -> str
     if not shim_loaded(pid):
         return "krex's shim is not loaded in it (LD_PRELOAD unset, or a static program)"
     described = [s for s in mine if matches(s, who)]
+    named = [s for s in mine if s.pid == who.nspid and s.pidns == who.pidns]
+    if not described and named:
+        return (
+            f"its registration gives start time {named[0].start_ticks}, not {who.start_ticks} "
+            "(its shim could not read its own: docs/design/shim.md, registration in namespaces)"
+        )
     if not described:
         return (
             "it never registered with the gate (its shim refused GPU work or was bypassed) "

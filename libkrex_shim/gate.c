@@ -58,36 +58,6 @@
 
 /* ---- liveness (tenant side: reclaiming the tenant's own slots) --------- */
 
-/* Process start time (clock ticks since boot, /proc/<pid>/stat field 22)
- * and whether it is a zombie.  -ENOENT when the process is gone. */
-static int proc_stat(int32_t pid, uint64_t *start_ticks, int *zombie)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -ENOENT;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -ENOENT;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    if (!p || p[1] != ' ')
-        return -EINVAL;
-    p += 2;
-    *zombie = (*p == 'Z' || *p == 'X');
-    /* p points at field 3 (state); field 22 is 19 spaces further. */
-    for (int field = 3; field < 22; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            return -EINVAL;
-        p++;
-    }
-    *start_ticks = strtoull(p, NULL, 10);
-    return 0;
-}
-
 /* A slot's process is gone, a zombie (its contexts are torn down), or its
  * pid now names another process (start time differs; 0: not checked).  A
  * pid that is not positive names no process: garbage, hence dead. */
@@ -101,11 +71,13 @@ static int process_dead(int32_t pid, uint64_t start_ticks)
     } else {
         uint64_t ticks = 0;
         int zombie = 0;
-        int r = proc_stat(pid, &ticks, &zombie);
+        /* pid is of the caller's namespace, whatever /proc it has; the
+         * time comes normalised, 0 when it cannot be told (procid.c). */
+        int r = krex_proc_start(pid, &ticks, &zombie);
         if (r == -ENOENT)
             dead = 1;
         else if (r == 0)
-            dead = zombie || (start_ticks != 0 && ticks != start_ticks);
+            dead = zombie || (start_ticks != 0 && ticks != 0 && ticks != start_ticks);
     }
     errno = saved;
     return dead;
@@ -462,8 +434,12 @@ KREX_GATE_API int krex_gate_register(const struct krex_gate *g, struct krex_tena
         return -EINVAL;
     int saved = errno;
     struct claim c = {.tenant = tenant, .pid = pid, .image = image, .pidns = pidns};
+    /* The start time as krexd will read it (procid.c): the caller's own
+     * through /proc/self (the shim registers itself), else through a pidfd. */
     int zombie = 0;
-    if (proc_stat(pid, &c.ticks, &zombie) != 0)
+    if (pid == getpid())
+        c.ticks = krex_self_start_ticks();
+    else if (krex_proc_start(pid, &c.ticks, &zombie) != 0)
         c.ticks = 0;
     int idx = claim_slot(m, &c);
     /* Full: slots of processes that exited stay ACTIVE until a registrant

@@ -98,7 +98,7 @@ def attempt(
         if isinstance(made, str):
             debug(f"cold start: {made}")
             return None
-        files = pooldir.PoolFiles(pooldir.directory(), made.key)
+        files = pooldir.PoolFiles(pooldir.directory(note=debug), made.key)
         session = _session(files, made)
     except pooldir.PoolDirError as exc:
         debug(f"cold start: pool directory: {exc}")

@@ -513,7 +513,8 @@ void krex_tenant_mem_unmap(struct krex_tenant_mem *m);
 
 /* Claim a slot of `m` for (tenant, pid).  The slot is published ACTIVE
  * with inflight == 1 (and the identity fields: start time, `image`,
- * `pidns`) and then the gate is read, so registration is serialized with
+ * `pidns`; the start time as krexd reads it, in the initial pid and time
+ * namespaces, whatever /proc and time namespace the caller has) and then the gate is read, so registration is serialized with
  * closure exactly like a submission (paper §4.2: "later arrivals must wait
  * for the gate to reopen").  A registrant that finds the gate closed by a
  * sibling has put no work on the GPU yet, so it acknowledges that epoch

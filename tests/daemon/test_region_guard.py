@@ -219,3 +219,18 @@ def test_a_registered_process_whose_main_thread_exited_is_not_ended() -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_start_time_matches_within_the_slack_of_another_time_namespace() -> None:
+    """A process of another time namespace: one tick either way (the shim takes a
+    boot-time offset back out, exact only for whole ticks); else exactly; 0 never."""
+    from krexd.registrations import Identity, matches
+
+    def slot(ticks: int) -> SlotInfo:
+        return SlotInfo(0, "active", 42, 1, 0, 0, 0, 0, 0, 0, start_ticks=ticks, pidns=9)
+
+    here, other = Identity(100, 42, 9, 500), Identity(100, 42, 9, 500, start_slack=1)
+    assert matches(slot(500), here) and not matches(slot(501), here)
+    assert matches(slot(499), other) and matches(slot(501), other)
+    assert not matches(slot(502), other)
+    assert not matches(slot(0), Identity(100, 42, 9, 0, start_slack=1))

@@ -117,7 +117,7 @@ static void call_end(struct proc_slot *s)
 {
     /* The record may have been freed at exit by another thread (then it is
      * no longer ours and must not be touched). */
-    if (atomic_load_explicit(&s->pid, memory_order_relaxed) != (int32_t)getpid())
+    if (atomic_load_explicit(&s->pid, memory_order_relaxed) != (int32_t)fc_self_pid())
         return;
     /* seq_cst decrement and load: if the locker read `inflight` before this
      * decrement, its CAS of `lock` precedes it in the single total order and
@@ -133,7 +133,8 @@ static void recover_dead_locker(struct proc_slot *s)
 {
     /* Relaxed: a hint for liveness only; the CAS below decides. */
     int32_t locker = atomic_load_explicit(&s->locker, memory_order_relaxed);
-    if (locker <= 0 || kill(locker, 0) == 0 || errno != ESRCH)
+    /* /proc's number (fc_self_pid): asked of /proc, not kill(2). */
+    if (locker <= 0 || fc_proc_alive(locker, 0))
         return;
     uint32_t expect = FC_LK_LOCKING;
     if (atomic_compare_exchange_strong_explicit(&s->lock, &expect, FC_LK_RUNNING,
@@ -336,7 +337,7 @@ FC_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
         return r;
     if (args && (args->reserved0 || !zeroed(args->reserved1, sizeof args->reserved1)))
         return CK_BAD_ARGS;
-    if (pid <= 0 || pid == getpid())
+    if (pid <= 0 || pid == fc_self_pid())
         return CK_BAD_PID;
     wait_thawed(pid);
     struct proc_slot *t = fc_share_find(pid);
@@ -352,7 +353,7 @@ FC_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
                                                  memory_order_seq_cst, memory_order_relaxed))
         return CK_NOT_RUNNING;
     /* Relaxed: read only as a liveness hint by recover_dead_locker. */
-    atomic_store_explicit(&t->locker, (int32_t)getpid(), memory_order_relaxed);
+    atomic_store_explicit(&t->locker, (int32_t)fc_self_pid(), memory_order_relaxed);
     uint64_t timeout_ns = args ? (uint64_t)args->timeoutMs * 1000000ull : 0;
     r = drain(t, pid, start, timeout_ns ? fc_now_ns() + timeout_ns : 0);
     if (r == CK_GONE)

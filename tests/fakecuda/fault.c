@@ -29,6 +29,7 @@
  * (docs/design/faults.md lists it as an assumption about the real server).
  */
 #include "fakecuda.h"
+#include "share.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -150,7 +151,7 @@ void fc_fault_raise(int phys)
         return;
     int32_t none = 0;
     /* Relaxed CAS: the first culprit wins; nothing else is published. */
-    if (atomic_compare_exchange_strong_explicit(&srv->culprit[phys], &none, (int32_t)getpid(),
+    if (atomic_compare_exchange_strong_explicit(&srv->culprit[phys], &none, (int32_t)fc_self_pid(),
                                                 memory_order_relaxed, memory_order_relaxed))
-        log_fault((int)getpid());
+        log_fault((int)fc_self_pid());
 }

@@ -105,7 +105,12 @@ static bool proc_stat(pid_t pid, char *state, uint64_t *start_time)
         if (p)
             p++;
     }
-    *start_time = p ? strtoull(p, NULL, 10) : 0;
+    uint64_t ticks = p ? strtoull(p, NULL, 10) : 0;
+    /* As krexd reads it: without this process's boot-time offset. */
+    int64_t off = fc_boottime_offset_ticks();
+    *start_time = ticks > 0 && ticks <= INT64_MAX && (int64_t)ticks > off
+                      ? (uint64_t)((int64_t)ticks - off)
+                      : 0;
     return true;
 }
 
@@ -118,8 +123,8 @@ uint64_t fc_proc_start_time(pid_t pid)
 
 bool fc_proc_alive(pid_t pid, uint64_t start_time)
 {
-    if (kill(pid, 0) != 0 && errno == ESRCH)
-        return false;
+    /* pid is /proc's number (fc_self_pid), not necessarily one of this
+     * process's pid namespace: /proc alone is asked, not kill(2). */
     char state = '?';
     uint64_t now_start = 0;
     if (!proc_stat(pid, &state, &now_start))
@@ -249,7 +254,7 @@ static int take_free(int32_t me, uint64_t start)
  * the one that took the higher index gives it back and joins the lower. */
 static bool claim_slot(void)
 {
-    int32_t me = (int32_t)getpid();
+    int32_t me = (int32_t)fc_self_pid();
     char state;
     uint64_t start = 0;
     (void)proc_stat(me, &state, &start);
@@ -364,13 +369,13 @@ void fc_share_exit(void)
         return;
     struct proc_slot *slot = &fc_sh->procs[my_slot];
     my_slot = -1;
-    if (atomic_load_explicit(&slot->pid, memory_order_relaxed) != (int32_t)getpid())
+    if (atomic_load_explicit(&slot->pid, memory_order_relaxed) != (int32_t)fc_self_pid())
         return;
     /* Relaxed: the copies of one process only count themselves down.  The
      * last one frees the record (earlier ones leave their usage to it). */
     if (atomic_fetch_sub_explicit(&slot->copies, 1, memory_order_relaxed) > 1)
         return;
-    int32_t me = (int32_t)getpid();
+    int32_t me = (int32_t)fc_self_pid();
     if (atomic_compare_exchange_strong_explicit(&slot->pid, &me, -me, memory_order_acq_rel,
                                                 memory_order_relaxed))
         slot_free(slot);

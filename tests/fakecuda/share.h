@@ -87,8 +87,14 @@ struct ring_op *fc_share_ring(const struct proc_slot *slot);
  * with that pid is reclaimed on the way). */
 struct proc_slot *fc_share_find(pid_t pid);
 bool fc_proc_alive(pid_t pid, uint64_t start_time);
-/* The start time of process `pid` (/proc/<pid>/stat field 22), 0 when unreadable. */
+/* The start time of process `pid` (/proc/<pid>/stat field 22, in the
+ * initial time namespace's terms), 0 when unreadable. */
 uint64_t fc_proc_start_time(pid_t pid);
+
+/* procself.c: this process's pid as /proc (and NVML) names it; this
+ * process's boot-time offset in clock ticks (0 outside a time namespace). */
+pid_t fc_self_pid(void);
+int64_t fc_boottime_offset_ticks(void);
 
 /* checkpoint.c: futexes on words of the shared mapping (not private: the
  * waiters and wakers are different processes). */
