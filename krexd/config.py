@@ -40,6 +40,7 @@ from krexd.config_values import size as _size
 from krexd.config_values import slices_table as _slices
 from krexd.config_values import socket_path as _socket_path
 from krexd.config_values import string as _str
+from krexd.slot_count import check_setting as _slots
 
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 SYSTEM_CONFIG = "/etc/krex/krex.toml"
@@ -82,6 +83,9 @@ class DaemonConfig:
 class AdmissionConfig:
     """``[admission]``: command concurrency (slots) per GPU, parking and per-uid limits.
 
+    ``slots_per_gpu``: ``"auto"`` (derived per GPU from its tenant cores and
+    memory, ``krexd.slot_count``) or a fixed count for every GPU.
+
     ``place_timeout_s``: an admitted command not placed in its cgroup within
     this many seconds is ended and its slot freed (no squatting).
     ``max_admitted_per_uid`` / ``max_parked_per_uid``: per-uid caps (0 = no
@@ -91,7 +95,7 @@ class AdmissionConfig:
     every argument plus one per argument) is refused ``BAD_FIELD``.
     """
 
-    slots_per_gpu: int = 4
+    slots_per_gpu: int | str = "auto"  # "auto" (krexd.slot_count) or a fixed count
     max_parked: int = 4096
     place_timeout_s: float = 5.0
     max_admitted_per_uid: int = -1
@@ -240,7 +244,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
     "admission": (
         AdmissionConfig,
         {
-            "slots_per_gpu": _int(1, 1024),
+            "slots_per_gpu": _slots,
             "max_parked": _int(1, 1_000_000),
             "place_timeout_s": _float_range(0.05, 3600.0),
             "max_admitted_per_uid": _int(-1, 1_000_000),

@@ -62,6 +62,7 @@ from krexd.registrations import RegionGuard, Verifier
 from krexd.runtime import RESTARTING, SERVING, Runtime
 from krexd.server import Server, check_free
 from krexd.slices import CpuSlice, compute_slices
+from krexd.slot_count import SlotChoice, choose
 from krexd.slotflags import WAIT_GRACE_S, SlotFlags
 from krexd.tenants import TenantRegistry
 
@@ -204,8 +205,10 @@ class Daemon(Stopping):
                 ),
                 activity=activity,
             )
-            slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
+            chosen = _slot_choice(cfg, info, slices[info.index])
+            slots = GpuSlots(info.index, chosen.total)
             gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)
+            gpu.slot_choice = chosen  # how many slots, and why (status)
             self.gpus[info.index] = gpu
         if cfg.mps.enabled:
             # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
@@ -228,7 +231,6 @@ class Daemon(Stopping):
         )
         memory = self.memory = MemoryMonitor(
             cfg.memory,
-            cfg.admission.slots_per_gpu,
             list(self.gpus.values()),
             self.tenants,
             self.admission,
@@ -362,3 +364,16 @@ class Daemon(Stopping):
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""
         return status_report.status(self)
+
+
+def _slot_choice(cfg: Config, info: gpus.GpuInfo, cpu_slice: CpuSlice) -> SlotChoice:
+    """GPU ``info``'s slots from ``[admission] slots_per_gpu`` (``krexd.slot_count``), logged."""
+    chosen = choose(
+        cfg.admission.slots_per_gpu,
+        len(cpu_slice.tenant_cores),
+        info.total_mem_bytes,
+        cfg.memory.default_need,
+        cfg.memory.headroom,
+    )
+    _log.info("gpu%d: slots %s", info.index, chosen.rule)
+    return chosen
