@@ -19,6 +19,7 @@ from typing import Any
 
 from krexd.config_tables import WARM_KEY_NAMES as WARM_KEY_NAMES  # re-exported
 from krexd.config_tables import WARM_KEY_PREFIXES as WARM_KEY_PREFIXES  # re-exported
+from krexd.config_tables import CacheConfig as CacheConfig  # re-exported
 from krexd.config_tables import MetricsConfig as MetricsConfig  # re-exported
 from krexd.config_tables import WarmConfig as WarmConfig  # re-exported
 
@@ -208,6 +209,7 @@ class Config:
     mps: MpsConfig = field(default_factory=MpsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     warm: WarmConfig = field(default_factory=WarmConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = ""
 
@@ -314,6 +316,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "key_names": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name"),
         },
     ),
+    "cache": (CacheConfig, {"enabled": _bool, "dir": _abs_path_or_empty, "max_bytes": _size}),
     "metrics": (
         MetricsConfig,
         {"enabled": _bool, "address": _host, "port": _int(0, 65535)},
