@@ -205,10 +205,9 @@ class Daemon(Stopping):
                 ),
                 activity=activity,
             )
-            chosen = _slot_choice(cfg, info, slices[info.index])
-            slots = GpuSlots(info.index, chosen.total)
-            gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)
-            gpu.slot_choice = chosen  # how many slots, and why (status)
+            chosen = _slot_choice(cfg, info, slices[info.index])  # how many slots, and why
+            gpu = Gpu(info, slices[info.index], GpuSlots(info.index, chosen.total), coordinator)
+            gpu.gate, gpu.gate_path, gpu.slot_choice = gate, gate_path, chosen
             self.gpus[info.index] = gpu
         if cfg.mps.enabled:
             # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
