@@ -106,7 +106,7 @@ def watch_over(gate: FakeGate, tenant: Any, flags: SlotFlags | None = None) -> G
         {0: gpu},  # type: ignore[dict-item]
         Tenants(tenant),  # type: ignore[arg-type]
         verifier,
-        lambda t, reason, code: killed.append((t.id, reason, code)),
+        lambda t, reason, code, cause: killed.append((t.id, reason, code)),
         flags=flags,
     )
 
