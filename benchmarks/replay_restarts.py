@@ -97,8 +97,8 @@ def main() -> int:
     config.write_text(
         shipped.replace('socket = "/run/krex/krexd.sock"', f'socket = "{socket}"')
         .replace('name = "krex"', 'name = "krex-restarts"')
-        # krexd's slots match the replay's workers (the shipped config has 4).
-        .replace("\nslots_per_gpu = 4\n", f"\nslots_per_gpu = {args.concurrency}\n")
+        # krexd's slots match the replay's workers (the shipped config derives them).
+        .replace('\nslots_per_gpu = "auto"\n', f"\nslots_per_gpu = {args.concurrency}\n")
     )
     log = out / "krexd.log"
     krexd = start_krexd(config, log)

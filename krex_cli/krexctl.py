@@ -1,6 +1,7 @@
 """``krexctl status [--json] [--socket PATH]``: what krexd is doing; ``krexctl top``: live.
 
-Prints GPUs with their CPU slices, slots and memory (used/total, what
+Prints GPUs with their CPU slices, slots (and how many each GPU got:
+``[admission] slots_per_gpu`` "auto" or fixed) and memory (used/total, what
 admission may still give, allocations waiting for co-tenants' memory),
 tenants (id, pid, command, state, age, memory peak/need and out-of-memory
 outcome, then its current, learned and declared memory), the parked queue
@@ -155,7 +156,8 @@ def _memory_line(m: Any) -> str:
 
 def render(st: dict[str, Any]) -> str:
     """Human-readable status (the table ``krexctl status`` prints)."""
-    lines = [*_header_lines(st), "", _gpu_table(st.get("gpus", [])), ""]
+    gpus = st.get("gpus", [])
+    lines = [*_header_lines(st), *_slot_rules(gpus), "", _gpu_table(gpus), ""]
     lines.append(_tenant_table(st.get("tenants", [])))
     parked = (st.get("queue") or {}).get("queue", [])
     if parked:
@@ -163,6 +165,11 @@ def render(st: dict[str, Any]) -> str:
     if isinstance(st.get("warm"), dict):
         lines += ["", _pools_section(st["warm"])]
     return "\n".join(lines)
+
+
+def _slot_rules(gpus: list[dict[str, Any]]) -> list[str]:
+    """One line per GPU: how its slots were chosen (``auto: 15 = min(...)`` or ``fixed: 4``)."""
+    return [f"gpu{g['index']} slots {g['slots']['rule']}" for g in gpus if g.get("slots")]
 
 
 def _pools_section(warm: dict[str, Any]) -> str:

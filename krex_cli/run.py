@@ -31,6 +31,11 @@ Sequence (DESIGN.md "krex run"):
    of its own (79: GPU use krex cannot drain, or tampered gate
    registrations), that code, after krexd's reason on one line.
 
+The command's compile work is shared with the user's other commands: unless
+set, ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and ``CUDA_CACHE_PATH``
+name a private per-user directory (``krex_cli.compile_cache``), trimmed to
+krexd's ``[cache] max_bytes`` after the command ends.
+
 ``--mem SIZE`` declares the command's GPU memory need (admission by memory);
 ``--label L`` names the command for learned needs (default: krexd derives
 the label from the command line).  ``--retry-tempfail N`` (default: krexd's
@@ -52,6 +57,7 @@ group to join (exit 77, EX_NOPERM).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -59,7 +65,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from krex_cli import casualty, coldstart, grantlog, slotmem, unreachable
+from krex_cli import casualty, coldstart, compile_cache, grantlog, slotmem, unreachable
 from krex_cli.reconnect import Reconnecting
 from krex_cli.warm import launch, plan
 from krex_cli.warm.client import UNKNOWN_STATUS
@@ -127,36 +133,34 @@ def run(
         retries = retry_tempfail
         if retries is None:
             retries = int(about.get("retry_tempfail") or 0)
-        settings = plan.Settings.from_ping(about)
-        if warm is None:
-            warm = settings.start == "warm"
-            if not warm:  # -v says how every start krexd decided went (a --cold one is asked)
-                launch.debug(f'cold start: krexd\'s [warm] start is "{settings.start}"')
-        pools = settings if warm else None
+        pools = _pools(about, warm)
+        cache = compile_cache.prepare(about, os.environ, _say)
+
+        one_run = functools.partial(_run, conn, argv, gpu, timeout_s, exclusive, mem_bytes)
 
         def attempt(without_mps: bool) -> int:
             return _retry_tempfail(
-                argv,
-                lambda: _run(
-                    conn,
-                    argv,
-                    gpu,
-                    timeout_s,
-                    exclusive,
-                    mem_bytes,
-                    label,
-                    pools,
-                    grant_log,
-                    without_mps,
-                ),
-                retries,
+                argv, lambda: one_run(label, pools, grant_log, without_mps, cache.env), retries
             )
 
-        return casualty.with_reruns(argv, attempt, fault_retries)
+        code = casualty.with_reruns(argv, attempt, fault_retries)
+        cache.trim()  # after the release: the slot is free; bounded, at most once a minute
+        return code
     except unreachable.KREXD_ERRORS as exc:
         return unreachable.exit_code(exc, _say)
     finally:
         conn.close()
+
+
+def _pools(about: dict[str, Any], warm: bool | None) -> plan.Settings | None:
+    """krexd's ``[warm]`` settings from its ``ping`` reply ``about`` when the command starts
+    warm (``warm``: ``--warm``/``--cold``, None: as ``[warm] start`` says), else None."""
+    settings = plan.Settings.from_ping(about)
+    if warm is None:
+        warm = settings.start == "warm"
+        if not warm:  # -v says how every start krexd decided went (a --cold one is asked)
+            launch.debug(f'cold start: krexd\'s [warm] start is "{settings.start}"')
+    return settings if warm else None
 
 
 def _retry_tempfail(argv: list[str], attempt: Callable[[], int], retries: int) -> int:
@@ -189,6 +193,7 @@ def _run(
     warm: plan.Settings | None = None,
     grant_log: str | None = None,
     without_mps: bool = False,
+    cache_env: dict[str, str] | None = None,
 ) -> int:
     body: dict[str, Any] = {"argv": argv, "exclusive": exclusive, "launcher_pid": os.getpid()}
     if without_mps and not exclusive:
@@ -212,7 +217,7 @@ def _run(
         grantlog.append(grant_log, granted, admit_ms)
     tenant = Reconnecting(conn.socket, int(granted["tenant"]), str(granted["token"]), 10.0, _resent)
     try:
-        return _launch(tenant, argv, granted, timeout_s, warm)
+        return _launch(tenant, argv, granted, timeout_s, warm, cache_env or {})
     finally:
         tenant.close()
 
@@ -231,9 +236,15 @@ def _launch(
     granted: dict[str, Any],
     timeout_s: float | None,
     warm: plan.Settings | None = None,
+    cache_env: dict[str, str] | None = None,
 ) -> int:
-    """Start CMD (warm when ``warm`` is given and a pool can, else cold), wait, release."""
-    env = tenant_environ(dict(os.environ), {str(k): str(v) for k, v in granted["env"].items()})
+    """Start CMD (warm when ``warm`` is given and a pool can, else cold), wait, release.
+
+    ``cache_env``: the compile caches' variables (``krex_cli.compile_cache``), added
+    before a pool's key is made, so a warm pool imports under them too.
+    """
+    base = {**(cache_env or {}), **os.environ}
+    env = tenant_environ(base, {str(k): str(v) for k, v in granted["env"].items()})
     path, err, why = coldstart.resolve(argv[0], env)
     if path is None:
         _say(f"{argv[0]}: {why}")

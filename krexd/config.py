@@ -19,6 +19,7 @@ from typing import Any
 
 from krexd.config_tables import WARM_KEY_NAMES as WARM_KEY_NAMES  # re-exported
 from krexd.config_tables import WARM_KEY_PREFIXES as WARM_KEY_PREFIXES  # re-exported
+from krexd.config_tables import CacheConfig as CacheConfig  # re-exported
 from krexd.config_tables import MetricsConfig as MetricsConfig  # re-exported
 from krexd.config_tables import WarmConfig as WarmConfig  # re-exported
 
@@ -40,6 +41,7 @@ from krexd.config_values import size as _size
 from krexd.config_values import slices_table as _slices
 from krexd.config_values import socket_path as _socket_path
 from krexd.config_values import string as _str
+from krexd.slot_count import check_setting as _slots
 
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 SYSTEM_CONFIG = "/etc/krex/krex.toml"
@@ -82,6 +84,9 @@ class DaemonConfig:
 class AdmissionConfig:
     """``[admission]``: command concurrency (slots) per GPU, parking and per-uid limits.
 
+    ``slots_per_gpu``: ``"auto"`` (derived per GPU from its tenant cores and
+    memory, ``krexd.slot_count``) or a fixed count for every GPU.
+
     ``place_timeout_s``: an admitted command not placed in its cgroup within
     this many seconds is ended and its slot freed (no squatting).
     ``max_admitted_per_uid`` / ``max_parked_per_uid``: per-uid caps (0 = no
@@ -91,7 +96,7 @@ class AdmissionConfig:
     every argument plus one per argument) is refused ``BAD_FIELD``.
     """
 
-    slots_per_gpu: int = 4
+    slots_per_gpu: int | str = "auto"  # "auto" (krexd.slot_count) or a fixed count
     max_parked: int = 4096
     place_timeout_s: float = 5.0
     max_admitted_per_uid: int = -1
@@ -204,6 +209,7 @@ class Config:
     mps: MpsConfig = field(default_factory=MpsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     warm: WarmConfig = field(default_factory=WarmConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = ""
 
@@ -240,7 +246,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
     "admission": (
         AdmissionConfig,
         {
-            "slots_per_gpu": _int(1, 1024),
+            "slots_per_gpu": _slots,
             "max_parked": _int(1, 1_000_000),
             "place_timeout_s": _float_range(0.05, 3600.0),
             "max_admitted_per_uid": _int(-1, 1_000_000),
@@ -310,6 +316,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "key_names": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name"),
         },
     ),
+    "cache": (CacheConfig, {"enabled": _bool, "dir": _abs_path_or_empty, "max_bytes": _size}),
     "metrics": (
         MetricsConfig,
         {"enabled": _bool, "address": _host, "port": _int(0, 65535)},

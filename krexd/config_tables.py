@@ -1,4 +1,4 @@
-"""``[warm]`` and ``[metrics]``: the configuration tables kept apart from ``krexd.config``.
+"""``[warm]``, ``[cache]`` and ``[metrics]``: configuration tables kept apart from ``krexd.config``.
 
 ``krexd.config`` re-exports them; its schema checks their keys.
 """
@@ -63,6 +63,27 @@ class WarmConfig:
             "max_pools_per_uid": self.max_pools_per_uid,
             "memory_max": self.memory_max,
         }
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """``[cache]``: per-user compile caches ``krex run`` gives commands (krex_cli.compile_cache).
+
+    ``enabled``: set ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and
+    ``CUDA_CACHE_PATH`` where the user did not; ``dir``: a root holding one
+    directory per uid ("" = each user's ``$XDG_CACHE_HOME/krex/compile``);
+    ``max_bytes``: each user's directory is trimmed to this after a command
+    (bytes; 0 = never).  krexd only announces them (``ping``): ``krex run``,
+    running as the user, creates and trims the directories.
+    """
+
+    enabled: bool = True
+    dir: str = ""
+    max_bytes: int = 10 << 30
+
+    def announce(self) -> dict[str, Any]:
+        """What ``ping`` tells ``krex run``."""
+        return {"enabled": self.enabled, "dir": self.dir, "max_bytes": self.max_bytes}
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from krexd.registrations import RegionGuard, Verifier
 from krexd.runtime import RESTARTING, SERVING, Runtime
 from krexd.server import Server, check_free
 from krexd.slices import CpuSlice, compute_slices
+from krexd.slot_count import SlotChoice, choose
 from krexd.slotflags import WAIT_GRACE_S, SlotFlags
 from krexd.tenants import TenantRegistry
 
@@ -204,8 +205,9 @@ class Daemon(Stopping):
                 ),
                 activity=activity,
             )
-            slots = GpuSlots(info.index, cfg.admission.slots_per_gpu)
-            gpu = Gpu(info, slices[info.index], slots, coordinator, gate, gate_path)
+            chosen = _slot_choice(cfg, info, slices[info.index])  # how many slots, and why
+            gpu = Gpu(info, slices[info.index], GpuSlots(info.index, chosen.total), coordinator)
+            gpu.gate, gpu.gate_path, gpu.slot_choice = gate, gate_path, chosen
             self.gpus[info.index] = gpu
         if cfg.mps.enabled:
             # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
@@ -228,7 +230,6 @@ class Daemon(Stopping):
         )
         memory = self.memory = MemoryMonitor(
             cfg.memory,
-            cfg.admission.slots_per_gpu,
             list(self.gpus.values()),
             self.tenants,
             self.admission,
@@ -362,3 +363,16 @@ class Daemon(Stopping):
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""
         return status_report.status(self)
+
+
+def _slot_choice(cfg: Config, info: gpus.GpuInfo, cpu_slice: CpuSlice) -> SlotChoice:
+    """GPU ``info``'s slots from ``[admission] slots_per_gpu`` (``krexd.slot_count``), logged."""
+    chosen = choose(
+        cfg.admission.slots_per_gpu,
+        len(cpu_slice.tenant_cores),
+        info.total_mem_bytes,
+        cfg.memory.default_need,
+        cfg.memory.headroom,
+    )
+    _log.info("gpu%d: slots %s", info.index, chosen.rule)
+    return chosen

@@ -11,7 +11,8 @@ tables of their own:
 * ``coordinator`` — its region lock and region protocol;
 * ``memory`` — its memory view, written by the memory monitor;
 * ``mps`` — its MPS control daemon (None unless ``[mps] enabled``);
-* ``slots`` — its admission slots, counted by ``krexd.admission``.
+* ``slots`` — its admission slots, counted by ``krexd.admission``;
+  ``slot_choice`` — how many and why (``krexd.slot_count``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from krexd.gpus import GpuInfo
 from krexd.memory.view import GpuMemory
 from krexd.mps import MpsDaemon
 from krexd.slices import CpuSlice
+from krexd.slot_count import SlotChoice
 
 
 @dataclass(eq=False)
@@ -40,6 +42,7 @@ class Gpu:
     gate_path: str | None = None
     memory: GpuMemory = field(default_factory=GpuMemory)
     mps: MpsDaemon | None = None
+    slot_choice: SlotChoice | None = None
 
     def __repr__(self) -> str:
         return f"Gpu({self.index}, {self.info.name!r})"
@@ -70,6 +73,7 @@ class Gpu:
             "slice": self.cpu_slice.as_dict(),
             "slots_used": self.slots.used,
             "slots_total": self.slots.total,
+            "slots": self.slot_choice.as_dict() if self.slot_choice is not None else None,
             "exclusive": self.slots.exclusive,
             "tenants": tenants,
             "gate": self.gate_path,

@@ -79,6 +79,7 @@ def about(d: Reported) -> dict[str, Any]:
         "uptime_s": d.runtime.uptime_s(),
         "retry_tempfail": d.config.memory.retry_tempfail,
         "warm": d.config.warm.announce(),
+        "cache": d.config.cache.announce(),
     }
 
 

@@ -14,7 +14,9 @@ pipes to the keeper, stderr to the pool's log.  docs/design/warm.md.
    fails otherwise, a thread left running, an initialised shim
    (``krex_shim_mode() != 0``) or an initialised CUDA driver (a GPU device
    file open) make the pool refuse to serve: a fork would not be a clean
-   start.
+   start.  When torch is among them, the modules ``torch.compile`` loads
+   (:data:`COMPILE_MODULES`) are imported too, optionally: only when a
+   trial fork imported them cleanly, and skipped otherwise.
 4. Say ``{"ready": ...}`` or ``{"refused": why}`` on stdout, one JSON line.
 5. Serve (``krexpool_serve.Server``).  In a forked child the server returns
    the command, which runs here, at the script's top level, so that it ends
@@ -67,6 +69,65 @@ def _import_modules(names: list[str]) -> tuple[list[str], list[str], str | None]
             return imported, skipped, f"importing {name} failed: {exc!r}"
         imported.append(name)
     return imported, skipped, None
+
+
+#: What ``torch.compile`` imports on its first use, none of which initialises CUDA:
+#: imported after the configured modules when they include torch, optionally.
+COMPILE_MODULES = ("torch._dynamo", "torch._inductor.config", "torch._inductor.compile_fx")
+
+
+def import_list(modules: list[str]) -> tuple[list[str], list[str]]:
+    """``(required, optional)``: the configured ``modules``, and the compile modules a
+    pool importing ``torch`` adds (none otherwise; never one configured already)."""
+    required = list(modules)
+    if "torch" not in required:
+        return required, []
+    return required, [m for m in COMPILE_MODULES if m not in required]
+
+
+def _import_optional(names: list[str]) -> tuple[list[str], list[str]]:
+    """``(imported, skipped)``: ``names`` imported here only if a trial fork imported them
+    all without failing or leaving the process unfit to fork (:func:`_unclean`), since
+    an import cannot be undone; any failure skips them all, the pool serves without.
+
+    ``TORCH_WARM_POOL=0`` during the imports (unless set): Inductor versions that
+    start their compile workers when imported start them at the first compile instead.
+    """
+    if not names:
+        return [], []
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = _import_tolerant(names) == names and _unclean() is None
+        except BaseException:  # noqa: BLE001 - whatever happens, the trial says no
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return [], list(names)
+    imported = _import_tolerant(names)
+    return imported, [n for n in names if n not in imported]
+
+
+def _import_tolerant(names: list[str]) -> list[str]:
+    """Import ``names`` in order, stopping at the first failure; those imported."""
+    import importlib
+
+    unset = "TORCH_WARM_POOL" not in os.environ
+    if unset:
+        os.environ["TORCH_WARM_POOL"] = "0"
+    done: list[str] = []
+    try:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - optional: the command imports it itself
+                break
+            done.append(name)
+    finally:
+        if unset:
+            os.environ.pop("TORCH_WARM_POOL", None)
+    return done
 
 
 def _threads() -> int:
@@ -166,8 +227,12 @@ def _main() -> Command | None:
     settings = _read_settings()
     if settings is None:
         return None
-    imported, skipped, failure = _import_modules(list(settings.get("modules") or []))
+    required, optional = import_list(list(settings.get("modules") or []))
+    imported, skipped, failure = _import_modules(required)
     why = failure or _unclean()
+    if why is None and optional and "torch" in imported:
+        more, left = _import_optional(optional)
+        imported, skipped = imported + more, skipped + left
     if why is not None:
         krexpool_serve.log(f"refusing to serve: {why}")
         _say({"refused": why})

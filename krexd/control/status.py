@@ -18,6 +18,7 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                "slice": {"cores": "0-7", "reserved": "7", "tenant_cores": "0-6",
                          "shared": bool},
                "slots_used": int, "slots_total": int, "exclusive": bool,
+               "slots": {"total": int, "mode": "auto|fixed", "rule": str},
                "tenants": [int], "gate": str|null,
                "gate_word": {"holder": int, "epoch": int}|null,  (null: open, or no gate)
                "holder": int|null, "region": {...}|null,
@@ -51,6 +52,9 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "daemon": {"restarts": int, "adopted_tenants": int, "started_at": float},
      "metrics": {"address": str, "port": int, "scrapes": int}|null}
 
+``slots`` says how ``slots_total`` was chosen (``krexd.slot_count``):
+``rule`` is one line, e.g. ``auto: 15 = min(cores 15 x 1, memory 139.4 GiB /
+1.0 GiB)`` or ``fixed: 4 ([admission] slots_per_gpu = 4)``.
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
 latency percentiles (ms) ``entry_ms`` (request to grant, as in the
 ``region_enter`` reply), ``wait_ms`` (for the region lock),

@@ -85,7 +85,6 @@ class MemoryMonitor:
 
     Args:
         cfg: the ``[memory]`` table.
-        slots_per_gpu: ``[admission] slots_per_gpu`` (caps the default need).
         gpus: the managed GPUs; the monitor writes their ``memory``.
         tenants: the live tenants (read).
         admission: told to admit by memory through this monitor.
@@ -97,7 +96,6 @@ class MemoryMonitor:
     def __init__(
         self,
         cfg: MemoryConfig,
-        slots_per_gpu: int,
         gpus: Sequence[MonitoredGpu],
         tenants: TenantRegistry,
         admission: MemoryAdmission,
@@ -111,7 +109,6 @@ class MemoryMonitor:
             else LearnedNeeds(None, cfg.learned_max, cfg.learned_per_uid)
         )
         self._device: dict[int, DeviceMemory] = {}  # the last read of each GPU's source
-        self._slots_per_gpu = slots_per_gpu
         self._gpus = {g.info.index: g for g in gpus}
         self._tenants = tenants
         self._admission = admission
@@ -290,14 +287,15 @@ class MemoryMonitor:
         :func:`krexd.memory.learned.label_for` of ``argv``) among the runs of
         ``uid`` (the verified launcher's; never another user's), capped at what the
         largest candidate GPU can give; the default is ``[memory] default_need``
-        capped at one slot's share of the smallest candidate GPU
-        (``(total - headroom) / slots_per_gpu``), so that a full GPU of
+        capped at the smallest candidate GPU's share per slot
+        (``(total - headroom) / slots``), so that a full GPU of
         undeclared commands always fits.  A declared need no candidate GPU can
         ever hold (more than ``total - headroom``) is refused with
         ``BAD_FIELD`` while admission by memory is on.
         """
         candidates = [gpu] if gpu is not None else list(self._gpus)
-        caps = [self.capacity(g) for g in candidates if self._view(g) is not None]
+        viewed = [g for g in candidates if self._view(g) is not None]
+        caps = [self.capacity(g) for g in viewed]
         if mem_bytes is not None and self.cfg.admission and caps and mem_bytes > max(caps):
             raise KrexError(
                 Code.BAD_FIELD,
@@ -307,8 +305,9 @@ class MemoryMonitor:
                 "headroom",
             )
         default = self.cfg.default_need
-        if caps:
-            default = min(default, max(0, min(caps)) // self._slots_per_gpu)
+        shares = [max(0, self.capacity(g)) // max(1, self._gpus[g].slots.total) for g in viewed]
+        if shares:
+            default = min(default, *shares)
         key = label if label else label_for(argv)
         learned = self.learned.need(uid, key) if self.cfg.learn else None
         if learned is not None and caps:

@@ -98,7 +98,7 @@ class _Conn:
         self.closed = False
 
     def first_ping(self) -> dict[str, Any]:
-        return {"retry_tempfail": 1}
+        return {"retry_tempfail": 1, "cache": {"enabled": False}}
 
     def close(self) -> None:
         self.closed = True
@@ -124,6 +124,7 @@ def test_krex_run_layers_fault_reruns_over_tempfail_retries(
         warm: Any = None,
         grant_log: str | None = None,
         without_mps: bool = False,
+        cache_env: Any = None,
     ) -> int:
         assert isinstance(conn, _Conn) and not conn.closed  # one connection for every run
         assert not exclusive  # a suspect's re-run is shared, not a whole-device lease

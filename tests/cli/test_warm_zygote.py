@@ -206,3 +206,47 @@ def test_a_mapped_gpu_device_file_is_found_after_its_descriptor_closed(tmp_path:
     finally:
         m.close()
     assert krexpool_zygote._gpu_device_open(prefixes) is None
+
+
+def test_a_torch_pool_adds_what_torch_compile_imports() -> None:
+    from krex_cli.warm.krexpool_zygote import COMPILE_MODULES, import_list
+
+    assert import_list(["json"]) == (["json"], [])
+    assert import_list(["torch", "triton"]) == (["torch", "triton"], list(COMPILE_MODULES))
+    assert {"torch._dynamo", "torch._inductor.config"} <= set(COMPILE_MODULES)
+    configured = ["torch", "torch._dynamo"]
+    assert import_list(configured) == (configured, list(COMPILE_MODULES[1:]))
+
+
+def _fake_torch(root: Path, broken: str | None) -> None:
+    """A package ``torch`` with the compile modules (``broken``: one that raises when imported)."""
+    files = dict.fromkeys(
+        ("torch/__init__.py", "torch/_dynamo/__init__.py", "torch/_inductor/__init__.py"), ""
+    )
+    files["torch/_inductor/config.py"] = files["torch/_inductor/compile_fx.py"] = ""
+    if broken is not None:
+        files[broken.replace(".", "/") + ".py"] = "raise RuntimeError('broken on purpose')\n"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize("broken", [None, "torch._inductor.compile_fx"])
+def test_the_compile_modules_are_optional(
+    zygotes: list[Zygote], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str | None
+) -> None:
+    fake = tmp_path / "site"
+    _fake_torch(fake, broken)
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    z = Zygote(tmp_path, ["torch"])
+    zygotes.append(z)
+    compile_modules = ["torch._dynamo", "torch._inductor.config", "torch._inductor.compile_fx"]
+    assert z.first.get("ready") is True, z.first
+    if broken is None:
+        assert z.first["modules"] == ["torch", *compile_modules] and z.first["skipped"] == []
+    else:  # one failed in the trial: none imported, the pool serves all the same
+        assert z.first["modules"] == ["torch"] and z.first["skipped"] == compile_modules
+    s, pid = z.start("import sys; sys.exit('torch._dynamo' in sys.modules and 3 or 4)")
+    status = _status(s, pid)
+    assert status is not None and os.waitstatus_to_exitcode(status) == (4 if broken else 3)

@@ -126,7 +126,6 @@ def _monitor(tmp_path: Path, **cfg: Any) -> MemoryMonitor:
     learned = LearnedNeeds(str(tmp_path / "l.json"), 100)
     return MemoryMonitor(
         MemoryConfig(headroom=0, default_need=1 * G, **cfg),
-        4,
         [_Gpu(80 * G)],
         TenantRegistry(),
         Admission([]),
