@@ -221,7 +221,8 @@ def _add_run_start(run: argparse.ArgumentParser) -> None:
         "-v",
         "--verbose",
         action="store_true",
-        help="say on stderr how CMD is started (why not warm); also KREX_LOG=debug",
+        help="say on stderr how CMD is started (why not warm) and, when stderr is not a "
+        "terminal, where CMD waits in krexd's queue; also KREX_LOG=debug",
     )
 
 
