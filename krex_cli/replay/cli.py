@@ -10,8 +10,10 @@
 
 A run writes DIR/results.jsonl and DIR/meta.json, then (unless
 --no-report) a report in DIR/report comparing it with every other run
-directory under DIR's parent.  --concurrency defaults to 1, or with
---socket (krex and ungated modes) to the running krexd's slots per GPU.
+directory under DIR's parent.  In the krex and ungated modes --concurrency
+defaults to krexd's slots per GPU: a running krexd's (--socket, from its
+status), else [admission] slots_per_gpu of the config the started krexd
+gets (--config or the shipped one); the replay says which it took.
 --ray ADDRESS spreads the commands over the krex hosts of a Ray cluster
 (each host's krexd and its configuration enforce; the report adds each
 host's and the cluster's cmds/min); --python and --cwd must then name the
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from krex_cli import help_text
 from krex_cli.replay import modes, starts
+from krex_cli.replay.daemon_info import daemon_gpus, default_concurrency
 from krex_cli.replay.options import RunOptions
 from krex_cli.replay.trace import TraceError, load
 
@@ -100,8 +103,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=_positive(int),
         default=None,
-        help="commands per GPU at once (krex, ungated; default 1, or with --socket "
-        "the running krexd's slots per GPU)",
+        help="commands per GPU at once (krex, ungated; default: krexd's slots per GPU, "
+        "from --socket's status or the config's [admission] slots_per_gpu; said on stderr)",
     )
     p.add_argument(
         "--duration",
@@ -219,34 +222,6 @@ def count_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def daemon_status(socket: str) -> dict[str, Any] | None:
-    """The ``status`` reply of the krexd at ``socket``; None when it cannot say."""
-    from krex_client.connection import Connection, KrexUnavailable, RemoteError
-
-    try:
-        with Connection(socket, timeout_s=5.0) as conn:
-            return dict(conn.request("status"))
-    except (KrexUnavailable, RemoteError):
-        return None
-
-
-def daemon_gpus(socket: str) -> list[int]:
-    """GPU indices the krexd at ``socket`` manages (``status``); [] when it cannot say."""
-    status = daemon_status(socket) or {}
-    return [int(g["index"]) for g in status.get("gpus", [])]
-
-
-def daemon_slots(socket: str, gpus: list[int]) -> int | None:
-    """Slots per GPU of the krexd at ``socket``: the fewest among ``gpus`` (None: unknown).
-
-    ``krex replay --socket`` runs that many commands per GPU unless ``--concurrency``
-    says otherwise, so a replay fills the running krexd as its config intends.
-    """
-    status = daemon_status(socket) or {}
-    slots = [int(g["slots_total"]) for g in status.get("gpus", []) if int(g["index"]) in gpus]
-    return min(slots) if slots else None
-
-
 def _err(msg: str) -> int:
     print(f"krex replay: {msg}", file=sys.stderr)
     return EXIT_ERROR
@@ -345,17 +320,19 @@ def _options(args: argparse.Namespace) -> RunOptions | int:
     gpus = [] if args.ray is not None else _gpus(args)
     if isinstance(gpus, int):
         return gpus
+    base = args.config if args.config is not None else modes.default_base_config()
+    if args.config is not None and not args.config.is_file():
+        return _err(f"--config {args.config}: no such file")
     concurrency = args.concurrency
-    if concurrency is None and args.socket is not None and args.mode in ("krex", "ungated"):
-        concurrency = daemon_slots(args.socket, gpus)
+    if concurrency is None and args.ray is None:
+        concurrency, note = default_concurrency(args.mode, args.socket, gpus, base)
+        if note is not None:
+            print(f"krex replay: {note}", file=sys.stderr)
     mode = modes.make_mode(args.mode, concurrency or 1)
     if args.socket is not None and not mode.uses_krexd:
         return _err("--socket applies to the krexd-backed modes only")
     if args.warm in ("on", "alternate") and not mode.uses_krexd:
         return _err(f"--warm {args.warm} applies to the krexd-backed modes only")
-    base = args.config if args.config is not None else modes.default_base_config()
-    if args.config is not None and not args.config.is_file():
-        return _err(f"--config {args.config}: no such file")
     return RunOptions(
         trace=entries,
         trace_path=trace_path.resolve(),
