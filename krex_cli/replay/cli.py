@@ -35,11 +35,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from krex_cli import help_text
+from krex_cli import argtypes, help_text
 from krex_cli.replay import modes, starts
 from krex_cli.replay.daemon_info import daemon_gpus, default_concurrency
 from krex_cli.replay.options import RunOptions
@@ -59,24 +58,18 @@ def _gpu_list(text: str) -> list[int]:
     except ValueError:
         msg = f"--gpus wants comma-separated indices, got {text!r}"
         raise argparse.ArgumentTypeError(msg) from None
-    if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
-        raise argparse.ArgumentTypeError(f"--gpus wants distinct indices >= 0, got {text!r}")
+    if not gpus or len(set(gpus)) != len(gpus) or not all(0 <= g <= argtypes.MAX_GPU for g in gpus):
+        raise argparse.ArgumentTypeError(
+            f"--gpus wants distinct indices in [0, {argtypes.MAX_GPU}], got {text!r}"
+        )
     return gpus
 
 
-def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
-    """An argparse type: a number of ``kind`` that must be > 0."""
+MAX_CONCURRENCY = 1024
+"""The most commands per GPU (krexd's ``[admission] slots_per_gpu`` is at most 1024)."""
 
-    def conv(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
-        return v
-
-    return conv
+MAX_FAKE_GPUS = 64
+"""The most simulated GPUs a replay asks its krexd for."""
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -101,21 +94,21 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=modes.MODES, help="how to run the commands")
     p.add_argument(
         "--concurrency",
-        type=_positive(int),
+        type=argtypes.integer(1, MAX_CONCURRENCY, "a count"),
         default=None,
         help="commands per GPU at once (krex, ungated; default: krexd's slots per GPU, "
         "from --socket's status or the config's [admission] slots_per_gpu; said on stderr)",
     )
     p.add_argument(
         "--duration",
-        type=_positive(float),
+        type=argtypes.seconds(),
         default=None,
         metavar="S",
         help="loop over the trace until S seconds are spent",
     )
     p.add_argument(
         "--repeat",
-        type=_positive(int),
+        type=argtypes.integer(1, argtypes.MAX_COUNT, "a count"),
         default=None,
         metavar="K",
         help="passes over the trace (default 1; with --duration, at most K)",
@@ -129,7 +122,7 @@ def _add_placement_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fake-gpus",
-        type=_positive(int),
+        type=argtypes.integer(1, MAX_FAKE_GPUS, "a count"),
         default=None,
         metavar="N",
         help="simulated GPUs (passed to the started krexd; native uses 0..N-1)",
@@ -169,7 +162,7 @@ def _add_command_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_positive(float),
+        type=argtypes.seconds(),
         default=600.0,
         metavar="S",
         help="per-command time limit (default 600 s)",
