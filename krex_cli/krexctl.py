@@ -35,6 +35,7 @@ import sys
 from typing import Any
 
 from krex_cli import __version__, help_text, top
+from krex_cli.status_table import gpu_table, table
 from krex_client.connection import (
     Connection,
     KrexPermissionDenied,
@@ -70,52 +71,6 @@ def _duration(seconds: float) -> str:
     if d:
         return f"{d}d{h:02d}h"
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
-
-
-def _region_cells(region: Any) -> list[str]:
-    if not isinstance(region, dict):
-        return ["-", "-"]
-    counts = region.get("regions", {})
-    entry = region.get("entry_ms", {})
-    done = f"{counts.get('completed', 0)}/{counts.get('granted', 0)}"
-    ended = [f"{counts[k]} {k}" for k in ("failed", "recovered") if counts.get(k)]
-    if ended:
-        done += f" ({', '.join(ended)})"
-    lat = f"{entry.get('p50', 0):.2f}/{entry.get('p99', 0):.2f}" if entry.get("n") else "-"
-    return [done, lat]
-
-
-def _gate_cell(g: dict[str, Any]) -> str:
-    """``open``, ``t<holder> e<epoch>`` while the gate word is closed, ``-`` without a gate."""
-    if not g.get("gate"):
-        return "-"
-    word = g.get("gate_word")
-    if not isinstance(word, dict):
-        return "open"
-    return f"t{word.get('holder')} e{word.get('epoch')}"
-
-
-def _gib(n: Any) -> str:
-    return "-" if n is None else f"{int(n) / (1 << 30):.1f}"
-
-
-def _memory_cell(mem: Any) -> str:
-    """``used/total GiB (avail A)``, ``!`` while an allocation waits for co-tenants."""
-    if not isinstance(mem, dict):
-        return "-"
-    cell = f"{_gib(mem.get('used_bytes'))}/{_gib(mem.get('total_bytes'))}"
-    if mem.get("available_bytes") is not None:
-        cell += f" (avail {_gib(mem['available_bytes'])})"
-    if mem.get("waiting"):
-        cell += " !oom-wait " + ",".join(f"t{t}" for t in mem["waiting"])
-    return cell
 
 
 def _size_or_dash(value: Any) -> str:
@@ -157,7 +112,7 @@ def _memory_line(m: Any) -> str:
 def render(st: dict[str, Any]) -> str:
     """Human-readable status (the table ``krexctl status`` prints)."""
     gpus = st.get("gpus", [])
-    lines = [*_header_lines(st), *_slot_rules(gpus), "", _gpu_table(gpus), ""]
+    lines = [*_header_lines(st), *_slot_rules(gpus), "", gpu_table(gpus), ""]
     lines.append(_tenant_table(st.get("tenants", [])))
     parked = (st.get("queue") or {}).get("queue", [])
     if parked:
@@ -199,7 +154,7 @@ def _pools_section(warm: dict[str, Any]) -> str:
                 str(p.get("interpreter", "")),
             ]
         )
-    return head + "\n" + _table(rows)
+    return head + "\n" + table(rows)
 
 
 def _header_lines(st: dict[str, Any]) -> list[str]:
@@ -233,45 +188,6 @@ def _devices_line(dev: dict[str, Any] | None) -> str:
     return f"device isolation: inactive ({dev.get('reason') or '?'}); GPUs bound by environment"
 
 
-_GPU_HEADER = [
-    "GPU",
-    "NAME",
-    "SLOTS",
-    "CORES",
-    "RESERVED",
-    "TENANT CORES",
-    "HOLDER",
-    "GATE",
-    "REGIONS",
-    "ENTRY p50/p99 ms",
-    "MEMORY GiB",
-]
-
-
-def _gpu_table(gpus: list[dict[str, Any]]) -> str:
-    """One row per GPU: slice, slots, holder, gate word, regions, memory."""
-    rows = [_GPU_HEADER]
-    for g in gpus:
-        sl = g.get("slice") or {}
-        holder = g.get("holder")
-        slots = f"{g['slots_used']}/{g['slots_total']}" + (" excl" if g.get("exclusive") else "")
-        rows.append(
-            [
-                str(g["index"]),
-                g["name"],
-                slots,
-                str(sl.get("cores", "-")) + (" (shared)" if sl.get("shared") else ""),
-                str(sl.get("reserved") or "-"),
-                str(sl.get("tenant_cores", "-")),
-                f"t{holder}" if holder is not None else "-",
-                _gate_cell(g),
-                *_region_cells(g.get("region")),
-                _memory_cell(g.get("memory")),
-            ]
-        )
-    return _table(rows) if len(rows) > 1 else "no GPUs"
-
-
 def _tenant_table(tenants: list[dict[str, Any]]) -> str:
     """One row per tenant (another user's command line is not shown)."""
     if not tenants:
@@ -292,7 +208,7 @@ def _tenant_table(tenants: list[dict[str, Any]]) -> str:
                 cmd if len(cmd) <= 60 else cmd[:57] + "...",
             ]
         )
-    return _table(rows)
+    return table(rows)
 
 
 def _parked_table(parked: list[dict[str, Any]]) -> str:
@@ -310,7 +226,7 @@ def _parked_table(parked: list[dict[str, Any]]) -> str:
                 " ".join(" ".join(w.get("command", [])).split())[:60],
             ]
         )
-    return _table(rows)
+    return table(rows)
 
 
 def _waiting_for(w: dict[str, Any]) -> str:

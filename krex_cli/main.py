@@ -17,12 +17,15 @@ import argparse
 import os
 import sys
 
-from krex_cli import __version__, help_text
+from krex_cli import __version__, argtypes, help_text
 from krex_cli import ray_resources as ray_resources_cli
 from krex_cli.replay import cli as replay_cli
 from krex_client.connection import default_socket
 from krex_client.errors import ExitCode
 from krex_client.sizes import parse_size
+
+MAX_RETRIES = 100
+"""The most re-runs ``--retry-tempfail`` and ``--fault-retries`` take."""
 
 #: ``krex run``'s exit codes (its ``--help`` epilog); numbers from krex_client.errors.ExitCode.
 RUN_EXIT_CODES = f"""\
@@ -49,34 +52,10 @@ exit codes:
 """
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def _gpu_index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a GPU index, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
-
-
-def _pid(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a process id, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
+_seconds = argtypes.seconds()
+_gpu_index = argtypes.integer(0, argtypes.MAX_GPU, "a GPU index")
+_pid = argtypes.integer(1, argtypes.MAX_PID, "a process id")
+_retries = argtypes.integer(0, MAX_RETRIES, "a count")
 
 
 def _size(text: str) -> int:
@@ -84,16 +63,6 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _retries(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count, got {text!r}") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be in [0, 100], got {text!r}")
-    return value
 
 
 def _label(text: str) -> str:
@@ -139,9 +108,9 @@ def _add_run_placement(run: argparse.ArgumentParser) -> None:
     run.add_argument("--gpu", type=_gpu_index, metavar="N", help="this GPU (default: least loaded)")
     run.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=_seconds,
         metavar="S",
-        help="kill CMD's process tree after S seconds (exit 124)",
+        help="kill CMD's process tree after S seconds (exit 124; at most 1000000)",
     )
     run.add_argument(
         "--exclusive",
@@ -175,7 +144,7 @@ def _add_run_memory(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--fault-retries",
-        type=int,
+        type=_retries,
         default=2,
         metavar="N",
         help="re-runs after GPU-wide faults under MPS that CMD did not cause (default 2; "
@@ -221,7 +190,8 @@ def _add_run_start(run: argparse.ArgumentParser) -> None:
         "-v",
         "--verbose",
         action="store_true",
-        help="say on stderr how CMD is started (why not warm); also KREX_LOG=debug",
+        help="say on stderr how CMD is started (why not warm) and, when stderr is not a "
+        "terminal, where CMD waits in krexd's queue; also KREX_LOG=debug",
     )
 
 
@@ -283,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             args.mem,
             args.label,
             args.retry_tempfail,
-            fault_retries=max(0, args.fault_retries),
+            fault_retries=args.fault_retries,
             warm=True if args.warm else False if args.cold else None,
             grant_log=os.path.abspath(args.grant_log) if args.grant_log else None,
         )

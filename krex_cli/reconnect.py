@@ -11,6 +11,10 @@ a fresh connection, to the krexd that answers ``ping`` next, within
 leaves its socket file behind; a stopped one removes it, so a socket file
 missing for ``SOCKET_GONE_S`` ends the wait early.  A parked ``admit`` re-sent this way joins
 the new krexd's queue.  Anything else (an error reply) is not retried.
+
+Before the command starts (:meth:`Reconnecting.first_ping`) nothing is
+waited for: a missing socket file, or one that refuses connections (a stale
+file left by a krexd that crashed or was killed), fails at once.
 """
 
 from __future__ import annotations
@@ -20,10 +24,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from krex_client.connection import Connection, KrexPermissionDenied, KrexUnavailable
+from krex_client.connection import (
+    Connection,
+    KrexNotListening,
+    KrexPermissionDenied,
+    KrexUnavailable,
+)
 
 DEFAULT_RECONNECT_S = 120.0
 SOCKET_GONE_S = 3.0  # a socket file missing this long means krexd was stopped, not restarted
+STALE_REASON = (
+    "nothing listens on the socket: krexd is not running (a stale socket file left by a "
+    "krexd that crashed or was killed); start krexd, or run again once its restart is done"
+)
 
 
 def reconnect_s() -> float:
@@ -81,14 +94,19 @@ class Reconnecting:
         return reply
 
     def first_ping(self) -> dict[str, Any]:
-        """``ping`` before the command starts: a missing socket fails at once; a socket
-        that refuses (krexd crashed or restarting) is waited for like a lost krexd; a
-        socket this user may not open raises KrexPermissionDenied at once.  Returns
-        the ``ping`` reply of the krexd that answered."""
+        """``ping`` before the command starts; returns krexd's ``ping`` reply.
+
+        Raises at once KrexUnavailable for a missing socket file or a stale one
+        (nothing listens: :data:`STALE_REASON`) and KrexPermissionDenied for a
+        socket this user may not open.  A krexd that accepts the connection
+        but does not answer in time is waited for like a lost krexd.
+        """
         try:
             return self.ping()
         except KrexPermissionDenied:
             raise
+        except KrexNotListening:
+            raise KrexUnavailable(self.socket, STALE_REASON) from None
         except KrexUnavailable as exc:
             if not os.path.exists(self.socket):
                 raise
@@ -125,19 +143,26 @@ class Reconnecting:
         timeout_s: float | None = None,
         *,
         forever: bool = False,
+        while_waiting: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Send ``op``; on a lost krexd, wait for the next one and send it again.
 
+        ``while_waiting`` is called about every 0.5 s while no reply has come
+        (``krex run``'s parked ``admit`` says where it is in the queue).
         Raises KrexUnavailable when no krexd answers within :func:`reconnect_s`,
         KrexPermissionDenied at once when this user may not open the socket,
         RemoteError for an error reply.
         """
+
+        def check() -> None:
+            self._daemon_alive()
+            if while_waiting is not None:
+                while_waiting()
+
         deadline: float | None = None  # set when krexd is first found gone
         while True:
             try:
-                return self._conn.request(
-                    op, body, timeout_s, forever=forever, check=self._daemon_alive
-                )
+                return self._conn.request(op, body, timeout_s, forever=forever, check=check)
             except KrexPermissionDenied:
                 raise  # not krexd gone: this user may not open its socket
             except KrexUnavailable:

@@ -2,8 +2,11 @@
 
 Sequence (DESIGN.md "krex run"):
 
-1. ``ping`` krexd (unreachable -> one line naming the socket, exit 69).
-2. ``admit`` (parked server-side until a slot frees; no polling).
+1. ``ping`` krexd (unreachable -> one line naming the socket, exit 69; a
+   stale socket file, with nothing listening, counts as unreachable at once).
+2. ``admit`` (parked server-side until a slot frees; no polling).  While it
+   waits, one line on stderr says its place in krexd's queue and what it
+   waits for (``krex_cli.queued``; on a terminal, or with ``-v``).
 3. Create the tenant's slot memory when the reply asks for it (a sealed
    memfd, ``krex_cli.slotmem``; the command inherits it), then fork
    (``krex_cli.coldstart``); the child puts itself in its own process group
@@ -65,7 +68,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from krex_cli import casualty, coldstart, compile_cache, grantlog, slotmem, unreachable
+from krex_cli import casualty, coldstart, compile_cache, grantlog, queued, slotmem, unreachable
 from krex_cli.reconnect import Reconnecting
 from krex_cli.warm import launch, plan
 from krex_cli.warm.client import UNKNOWN_STATUS
@@ -205,11 +208,16 @@ def _run(
     if label is not None:
         body["label"] = label
     asked = time.monotonic()
+    notice, close_notice = queued.for_run(conn.socket, gpu, launch.debug_enabled())
     try:
-        granted = conn.request("admit", body, forever=True)
+        granted = conn.request("admit", body, forever=True, while_waiting=notice.poll)
     except KeyboardInterrupt:
+        notice.done()
         _say("interrupted while waiting for a slot")
         return 128 + signal.SIGINT
+    finally:
+        notice.done()
+        close_notice()
     # How long the command waited for its slot (ms), for its own record.
     admit_ms = (time.monotonic() - asked) * 1e3
     granted.setdefault("env", {})["KREX_ADMIT_MS"] = f"{admit_ms:.3f}"

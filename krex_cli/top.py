@@ -20,7 +20,11 @@ import sys
 import time
 from typing import Any, TextIO
 
+from krex_cli import argtypes
 from krex_client.connection import Connection, KrexUnavailable, RemoteError
+
+MIN_INTERVAL_S = 0.1
+"""The shortest ``--interval`` (each refresh asks krexd for its whole status)."""
 
 ENTER_ALT = "\x1b[?1049h\x1b[?25l"
 LEAVE_ALT = "\x1b[?25h\x1b[?1049l"
@@ -36,9 +40,19 @@ def add_parser(sub: Any) -> None:
         help="live view: holders, queues, slots, entry latency, recent events",
         description="A live view of krexd, refreshed every second; Ctrl-C leaves (exit 0).",
     )
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds (1)")
     p.add_argument(
-        "--iterations", type=int, default=0, metavar="N", help="stop after N refreshes (0: never)"
+        "--interval",
+        type=argtypes.seconds(MIN_INTERVAL_S, 3600.0, low_open=False),
+        default=1.0,
+        metavar="S",
+        help=f"seconds between refreshes ({MIN_INTERVAL_S:g} to 3600; default 1)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=argtypes.integer(0, argtypes.MAX_COUNT, "a count"),
+        default=0,
+        metavar="N",
+        help="stop after N refreshes (0: never)",
     )
     p.add_argument(
         "--socket",

@@ -194,9 +194,10 @@ class SlotFlags:
             return False
         if s.state in LIVE_SLOT_STATES and not s.ignored and self._verified_now(gate, [s]):
             return True
-        # Its process ended (a slot still live whose process is gone fails the check above): verified while it lived, or it was the process krexd itself
-        # placed in the tenant's cgroup (a command that faulted and exited before the
-        # next sweep: seen on the H200 as a member refused at its first context).
+        # Its process ended (a slot still live whose process is gone fails the check
+        # above): verified while it lived, or the very process krexd placed in the tenant
+        # (a command that faulted and exited before the next sweep: seen on the H200 as
+        # a member refused at its first context).
         return self._known(s) or self._placed(s)
 
     def _placed(self, s: SlotInfo) -> bool:

@@ -10,8 +10,10 @@
 
 A run writes DIR/results.jsonl and DIR/meta.json, then (unless
 --no-report) a report in DIR/report comparing it with every other run
-directory under DIR's parent.  --concurrency defaults to 1, or with
---socket (krex and ungated modes) to the running krexd's slots per GPU.
+directory under DIR's parent.  In the krex and ungated modes --concurrency
+defaults to krexd's slots per GPU: a running krexd's (--socket, from its
+status), else [admission] slots_per_gpu of the config the started krexd
+gets (--config or the shipped one); the replay says which it took.
 --ray ADDRESS spreads the commands over the krex hosts of a Ray cluster
 (each host's krexd and its configuration enforce; the report adds each
 host's and the cluster's cmds/min); --python and --cwd must then name the
@@ -33,12 +35,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from krex_cli import help_text
+from krex_cli import argtypes, help_text
 from krex_cli.replay import modes, starts
+from krex_cli.replay.daemon_info import daemon_gpus, default_concurrency
 from krex_cli.replay.options import RunOptions
 from krex_cli.replay.trace import TraceError, load
 
@@ -56,24 +58,18 @@ def _gpu_list(text: str) -> list[int]:
     except ValueError:
         msg = f"--gpus wants comma-separated indices, got {text!r}"
         raise argparse.ArgumentTypeError(msg) from None
-    if not gpus or any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
-        raise argparse.ArgumentTypeError(f"--gpus wants distinct indices >= 0, got {text!r}")
+    if not gpus or len(set(gpus)) != len(gpus) or not all(0 <= g <= argtypes.MAX_GPU for g in gpus):
+        raise argparse.ArgumentTypeError(
+            f"--gpus wants distinct indices in [0, {argtypes.MAX_GPU}], got {text!r}"
+        )
     return gpus
 
 
-def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
-    """An argparse type: a number of ``kind`` that must be > 0."""
+MAX_CONCURRENCY = 1024
+"""The most commands per GPU (krexd's ``[admission] slots_per_gpu`` is at most 1024)."""
 
-    def conv(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
-        return v
-
-    return conv
+MAX_FAKE_GPUS = 64
+"""The most simulated GPUs a replay asks its krexd for."""
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -98,21 +94,21 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=modes.MODES, help="how to run the commands")
     p.add_argument(
         "--concurrency",
-        type=_positive(int),
+        type=argtypes.integer(1, MAX_CONCURRENCY, "a count"),
         default=None,
-        help="commands per GPU at once (krex, ungated; default 1, or with --socket "
-        "the running krexd's slots per GPU)",
+        help="commands per GPU at once (krex, ungated; default: krexd's slots per GPU, "
+        "from --socket's status or the config's [admission] slots_per_gpu; said on stderr)",
     )
     p.add_argument(
         "--duration",
-        type=_positive(float),
+        type=argtypes.seconds(),
         default=None,
         metavar="S",
         help="loop over the trace until S seconds are spent",
     )
     p.add_argument(
         "--repeat",
-        type=_positive(int),
+        type=argtypes.integer(1, argtypes.MAX_COUNT, "a count"),
         default=None,
         metavar="K",
         help="passes over the trace (default 1; with --duration, at most K)",
@@ -126,7 +122,7 @@ def _add_placement_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--fake-gpus",
-        type=_positive(int),
+        type=argtypes.integer(1, MAX_FAKE_GPUS, "a count"),
         default=None,
         metavar="N",
         help="simulated GPUs (passed to the started krexd; native uses 0..N-1)",
@@ -166,7 +162,7 @@ def _add_command_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_positive(float),
+        type=argtypes.seconds(),
         default=600.0,
         metavar="S",
         help="per-command time limit (default 600 s)",
@@ -217,34 +213,6 @@ def count_gpus() -> int:
     if out.returncode != 0:
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def daemon_status(socket: str) -> dict[str, Any] | None:
-    """The ``status`` reply of the krexd at ``socket``; None when it cannot say."""
-    from krex_client.connection import Connection, KrexUnavailable, RemoteError
-
-    try:
-        with Connection(socket, timeout_s=5.0) as conn:
-            return dict(conn.request("status"))
-    except (KrexUnavailable, RemoteError):
-        return None
-
-
-def daemon_gpus(socket: str) -> list[int]:
-    """GPU indices the krexd at ``socket`` manages (``status``); [] when it cannot say."""
-    status = daemon_status(socket) or {}
-    return [int(g["index"]) for g in status.get("gpus", [])]
-
-
-def daemon_slots(socket: str, gpus: list[int]) -> int | None:
-    """Slots per GPU of the krexd at ``socket``: the fewest among ``gpus`` (None: unknown).
-
-    ``krex replay --socket`` runs that many commands per GPU unless ``--concurrency``
-    says otherwise, so a replay fills the running krexd as its config intends.
-    """
-    status = daemon_status(socket) or {}
-    slots = [int(g["slots_total"]) for g in status.get("gpus", []) if int(g["index"]) in gpus]
-    return min(slots) if slots else None
 
 
 def _err(msg: str) -> int:
@@ -345,17 +313,19 @@ def _options(args: argparse.Namespace) -> RunOptions | int:
     gpus = [] if args.ray is not None else _gpus(args)
     if isinstance(gpus, int):
         return gpus
+    base = args.config if args.config is not None else modes.default_base_config()
+    if args.config is not None and not args.config.is_file():
+        return _err(f"--config {args.config}: no such file")
     concurrency = args.concurrency
-    if concurrency is None and args.socket is not None and args.mode in ("krex", "ungated"):
-        concurrency = daemon_slots(args.socket, gpus)
+    if concurrency is None and args.ray is None:
+        concurrency, note = default_concurrency(args.mode, args.socket, gpus, base)
+        if note is not None:
+            print(f"krex replay: {note}", file=sys.stderr)
     mode = modes.make_mode(args.mode, concurrency or 1)
     if args.socket is not None and not mode.uses_krexd:
         return _err("--socket applies to the krexd-backed modes only")
     if args.warm in ("on", "alternate") and not mode.uses_krexd:
         return _err(f"--warm {args.warm} applies to the krexd-backed modes only")
-    base = args.config if args.config is not None else modes.default_base_config()
-    if args.config is not None and not args.config.is_file():
-        return _err(f"--config {args.config}: no such file")
     return RunOptions(
         trace=entries,
         trace_path=trace_path.resolve(),

@@ -16,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from krex_cli.replay.cells import NONE, cell
+
 DIR = "regions"
 FIGURES = ("drain_ms", "freeze_ms", "region_ms")
 
@@ -67,7 +69,7 @@ def markdown(summaries: dict[str, dict[str, Any]]) -> list[str]:
 
     def ms(s: dict[str, Any], key: str) -> str:
         p50, p99 = s[key]["p50"], s[key]["p99"]
-        return "-" if p50 is None else f"{p50:.2f} / {p99:.2f}"
+        return NONE if p50 is None else f"{cell(p50)} / {cell(p99)}"
 
     lines = [
         "## Regions",

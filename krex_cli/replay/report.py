@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from krex_cli.replay import faults, hosts, metrics, regions, starts
+from krex_cli.replay.cells import cell as _fmt
 from krex_cli.replay.charts import plots
 from krex_cli.replay.results import META, PHASES, RESULTS, load_results
 from krex_cli.replay.trace import BAND_NAMES
@@ -172,12 +173,6 @@ def flip_cell(bucket: dict[str, Any]) -> str:
     if 0 < pairs < metrics.MIN_PAIRS:
         return f"n={pairs}: too few to judge"
     return f"{_fmt(bucket['rate'] * 100, '.1f', '%')} ({bucket['flips']}/{pairs})"
-
-
-def _fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
-    if not isinstance(x, int | float) or not math.isfinite(x):
-        return "—"
-    return f"{x:{spec}}{suffix}"
 
 
 def _jsonable(x: Any) -> Any:

@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from krex_cli.replay.cells import cell
+
 WARM_CHOICES = ("auto", "off", "on", "alternate")
 DEFAULT = "auto"
 KREXD = "krexd"
@@ -134,9 +136,9 @@ def markdown(rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for label, row in rows.items():
         w, c = row["warm"], row["cold"]
         lines.append(
-            f"| {label} | {w['commands']} | {c['commands']} | {w['wall_s_median']:.2f} "
-            f"| {c['wall_s_median']:.2f} | {w['imports_ms_median']:.0f} "
-            f"| {c['imports_ms_median']:.0f} |"
+            f"| {label} | {w['commands']} | {c['commands']} | {cell(w['wall_s_median'])} "
+            f"| {cell(c['wall_s_median'])} | {cell(w['imports_ms_median'], '.0f')} "
+            f"| {cell(c['imports_ms_median'], '.0f')} |"
         )
     reasons = [
         (label, why, n) for label, row in rows.items() for why, n in row["cold_reasons"].items()

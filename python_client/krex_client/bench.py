@@ -1,11 +1,12 @@
 """``krex_client.do_bench``: the original timing entry point (DESIGN.md's contract).
 
 ``do_bench(fn, warmup_ms=25, rep_ms=100) -> float`` times ``fn`` inside one
-critical region and returns the median in ms.  It runs the same loop as
-:func:`krex_client.testing.do_bench` (estimate, warm-up, L2 flush and an
-event pair per repetition); only the parameter names and the default
-statistic differ.  Code written for ``triton.testing`` should use
-:mod:`krex_client.testing`, whose signatures are Triton's.
+critical region and returns the median in ms.  It runs the same measurement
+as :func:`krex_client.testing.do_bench` (the first call outside the region;
+estimate, warm-up, L2 flush and an event pair per repetition inside it);
+only the parameter names and the default statistic differ.  Code written
+for ``triton.testing`` should use :mod:`krex_client.testing`, whose
+signatures are Triton's.
 
 PyTorch is imported on first use only: ``import krex_client`` works anywhere.
 """
@@ -16,8 +17,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from krex_client._timing import check_return_mode, current_backend, summarize
-from krex_client.region import region
-from krex_client.testing import bench_loop
+from krex_client.testing import measure
 
 ReturnMode = Literal["median", "mean", "min", "max", "all"]
 
@@ -49,6 +49,5 @@ def do_bench(
         krex_client.region.RegionError: krexd refused the region.
     """
     check_return_mode(return_mode)
-    with region.critical():
-        times = bench_loop(current_backend(), fn, warmup_ms, rep_ms, grad_to_none)
+    times = measure(current_backend(), fn, warmup_ms, rep_ms, grad_to_none)
     return summarize(times, None, return_mode)

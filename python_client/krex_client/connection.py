@@ -98,6 +98,15 @@ def check_access(path: str) -> None:
         raise KrexPermissionDenied(path, _group_of(path))
 
 
+class KrexNotListening(KrexUnavailable):
+    """krexd's socket file exists but nothing listens on it (``connect(2)`` gave
+    ECONNREFUSED): a krexd that crashed or was killed left it, or one restarting
+    has not bound it again yet."""
+
+    def __init__(self, socket: str) -> None:
+        super().__init__(socket, "nothing listens on the socket (is krexd running?)")
+
+
 class RemoteError(Exception):
     """krexd answered with an error reply: ``code`` (int), ``name`` (e.g. ``"AUTH"``)."""
 
@@ -112,12 +121,16 @@ def _probe(path: str) -> None:
     """Fail fast when nothing listens on ``path`` (a socket file left by a dead krexd).
 
     ZeroMQ would retry the connection silently until the reply timeout.
+    Raises :class:`KrexNotListening` (refused), :class:`KrexUnavailable` (no
+    file) or :class:`KrexPermissionDenied`.
     """
     probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
         probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
+    except ConnectionRefusedError:
+        raise KrexNotListening(path) from None
+    except FileNotFoundError:
         raise KrexUnavailable(path, "nothing listens on the socket (is krexd running?)") from None
     except PermissionError:
         raise KrexPermissionDenied(path, _group_of(path)) from None

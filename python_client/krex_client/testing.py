@@ -1,25 +1,41 @@
-"""Drop-in timing: ``triton.testing``'s ``do_bench`` family, each run in one critical region.
+"""Drop-in timing: ``triton.testing``'s ``do_bench`` family, each timed in one critical region.
 
 ``from krex_client.testing import do_bench`` replaces ``from triton.testing
 import do_bench`` with no other change: same parameters, defaults and return
-shapes (Triton 3.x).  The difference is that the whole measurement, warm-up
-and estimate included, runs inside one ``region.critical()`` (paper §4.1:
-warm-up belongs to the measurement), so under krex it has the GPU alone.
+shapes (Triton 3.x).  The difference is that the measurement (estimate,
+warm-up and timed repetitions: paper §4.1, warm-up belongs to the
+measurement) runs inside one ``region.critical()``, so under krex it has the
+GPU alone.
+
+What runs where.  The first call of ``fn`` compiles or loads its kernels
+(Triton's JIT, PyTorch's lazy modules): CPU time with the GPU idle, which
+inside the region would keep the siblings frozen for nothing and cool the
+clocks the region's warm-up just raised.  So each function first calls
+``fn`` once and synchronizes *outside* the region (unprotected, beside the
+siblings, untimed), then enters the region for the rest.  That call is the
+one Triton makes first anyway: ``fn`` runs exactly as often as in Triton.
+Inside an enclosing region (explicit, or an auto-region), or while another
+thread of the process holds one, nothing runs outside: the whole call runs
+in the region.  An exception of the first call propagates with no region
+entered.
 
 What the functions do follows Triton's own (``python/triton/testing.py``):
 
-* :func:`do_bench` – call ``fn`` once, estimate one call from five (each
-  after an L2 flush), derive warm-up and repetition counts from the ``warmup``
-  and ``rep`` budgets (ms, at least one each), then time every repetition
-  with a pair of events after resetting ``grad_to_none``'s gradients and
-  flushing L2;
-* :func:`do_bench_cudagraph` – on a side stream: call ``fn`` once, estimate
-  one call from five plain calls, capture ``n_repeat = rep / estimate`` calls
-  (1000 when the estimate reads 0) unrolled into one graph, replay it 10
-  times; each sample is one replay divided by ``n_repeat`` (no L2 flush
-  between calls, as in Triton);
-* :func:`time_trials` – KernelBench's loop: ``num_warmup`` untimed calls, then
-  ``num_trials`` calls, each timed by its own event pair and synchronized.
+* :func:`do_bench` – outside: call ``fn`` once, allocate the L2 buffer;
+  inside: estimate one call from five (each after an L2 flush), derive
+  warm-up and repetition counts from the ``warmup`` and ``rep`` budgets (ms,
+  at least one each), then time every repetition with a pair of events after
+  resetting ``grad_to_none``'s gradients and flushing L2;
+* :func:`do_bench_cudagraph` – on a side stream, outside: call ``fn`` once,
+  estimate one call from five plain calls, capture ``n_repeat = rep /
+  estimate`` calls (1000 when the estimate reads 0) unrolled into one graph;
+  inside: replay it 10 times; each sample is one replay divided by
+  ``n_repeat`` (no L2 flush between calls, as in Triton).  The estimate only
+  sizes the graph (a busy GPU makes it larger and the graph shorter); every
+  sample is timed in the region;
+* :func:`time_trials` – KernelBench's loop: ``num_warmup`` untimed calls (the
+  first outside, the rest inside), then ``num_trials`` calls, each timed by
+  its own event pair and synchronized.
 
 Off a GPU host (no PyTorch with CUDA) they time on the host clock and warn
 once (see :mod:`krex_client._timing`); off krex the region is a no-op that
@@ -61,6 +77,10 @@ def do_bench(
 ) -> float | list[float]:
     """Time ``fn`` as ``triton.testing.do_bench`` does, inside one critical region.
 
+    The first call of ``fn`` (it compiles) runs before the region, the
+    estimate, warm-up and repetitions inside it (module docstring, "What runs
+    where").
+
     Args:
         fn: callable launching the work to time on the current stream.
         warmup: warm-up budget in ms (at least one call).
@@ -80,9 +100,41 @@ def do_bench(
         krex_client.region.RegionError: krexd refused the region.
     """
     check_return_mode(return_mode)
-    with region.critical():
-        times = bench_loop(current_backend(), fn, warmup, rep, grad_to_none)
+    times = measure(current_backend(), fn, warmup, rep, grad_to_none)
     return summarize(times, quantiles, return_mode)
+
+
+def may_prime() -> bool:
+    """True when a first call may run outside the region (module docstring, "What runs where").
+
+    False inside a region of the calling thread (the enclosing region covers
+    the whole call) and while another thread of the process holds a region
+    (a first call would run beside its timed code).
+    """
+    return not region.inside() and not region.busy()
+
+
+def measure(
+    backend: Backend,
+    fn: Callable[[], Any],
+    warmup: float,
+    rep: float,
+    grad_to_none: Sequence[Any] | None,
+) -> list[float]:
+    """:func:`do_bench`'s measurement: the first call outside, the rest in one region.
+
+    Args and units as :func:`bench_loop`'s; returns its per-repetition ms.
+    Raises what ``fn`` raises (the first call's with no region entered) and
+    ``RegionError`` when krexd refuses the region.
+    """
+    if not may_prime():
+        with region.critical():
+            return bench_loop(backend, fn, warmup, rep, grad_to_none)
+    fn()
+    backend.synchronize()
+    cache = backend.flush_buffer()
+    with region.critical():
+        return bench_loop(backend, fn, warmup, rep, grad_to_none, primed=True, cache=cache)
 
 
 def bench_loop(
@@ -91,11 +143,26 @@ def bench_loop(
     warmup: float,
     rep: float,
     grad_to_none: Sequence[Any] | None,
+    *,
+    primed: bool = False,
+    cache: Any = None,
 ) -> list[float]:
-    """The timed loop of :func:`do_bench`; per-repetition ms (the caller holds the region)."""
-    fn()
-    backend.synchronize()
-    cache = backend.flush_buffer()
+    """The timed loop of :func:`do_bench`; per-repetition ms (the caller holds the region).
+
+    Args:
+        backend: the timing backend (:mod:`krex_client._timing`).
+        fn: the callable to time.
+        warmup, rep: warm-up and measurement budgets in ms.
+        grad_to_none: tensors whose ``.grad`` is reset before each repetition.
+        primed: True when the caller already made the first call of ``fn``,
+            synchronized and allocated ``cache``; by default the loop makes
+            that call and allocates the buffer itself.
+        cache: with ``primed``, the L2 buffer (:meth:`Backend.flush_buffer`).
+    """
+    if not primed:
+        fn()
+        backend.synchronize()
+        cache = backend.flush_buffer()
     estimate_ms = _timing.estimate_ms(backend, fn, cache)
     n_warmup = _count(warmup, estimate_ms)
     n_repeat = _count(rep, estimate_ms)
@@ -122,8 +189,8 @@ def do_bench_cudagraph(
 ) -> float | list[float]:
     """Time ``fn`` replayed from a CUDA graph, as ``triton.testing.do_bench_cudagraph`` does.
 
-    The whole measurement (first call, estimate, capture, the 10 replays) runs
-    in one critical region.
+    The first call, the estimate and the capture run outside the region, the
+    10 replays inside it (module docstring, "What runs where").
 
     Args:
         fn: callable whose launches can be captured in a CUDA graph.
@@ -141,40 +208,65 @@ def do_bench_cudagraph(
         krex_client.region.RegionError: krexd refused the region.
     """
     check_return_mode(return_mode)
-    with region.critical():
-        times = graph_loop(current_backend(), fn, rep, grad_to_none)
+    backend = current_backend()
+    with backend.side_stream():
+        if may_prime():
+            graph, n_repeat = capture_graph(backend, fn, rep, grad_to_none)
+            with region.critical():
+                times = replays(backend, graph, n_repeat)
+        else:
+            with region.critical():
+                graph, n_repeat = capture_graph(backend, fn, rep, grad_to_none)
+                times = replays(backend, graph, n_repeat)
     return summarize(times, quantiles, return_mode)
 
 
-def graph_loop(
+def capture_graph(
     backend: Backend, fn: Callable[[], Any], rep: float, grad_to_none: Sequence[Any] | None
-) -> list[float]:
-    """The replays of :func:`do_bench_cudagraph`; ms per call for each (region held)."""
-    with backend.side_stream():
+) -> tuple[Any, int]:
+    """The first call of ``fn``, the estimate and the capture of :func:`do_bench_cudagraph`.
+
+    Runs on the current stream (the caller makes a side stream current).
+
+    Args:
+        backend: the timing backend.
+        fn: the callable to capture.
+        rep: the budget in ms of one replay of the unrolled graph.
+        grad_to_none: tensors detached, marked ``requires_grad`` and whose
+            ``.grad`` is reset before capture and before each unrolled call.
+
+    Returns:
+        ``(graph, n_repeat)``: the graph of ``n_repeat`` unrolled calls.
+    """
+    fn()
+    if grad_to_none is not None:
+        for x in grad_to_none:
+            x.detach_()
+            x.requires_grad_(True)
+            x.grad = None
+    # Estimate from plain calls (capturing a graph costs far more than a call).
+    start, end = backend.event(), backend.event()
+    start.record()
+    for _ in range(_ESTIMATE_CALLS):
         fn()
-        if grad_to_none is not None:
-            for x in grad_to_none:
-                x.detach_()
-                x.requires_grad_(True)
-                x.grad = None
-        # Estimate from plain calls (capturing a graph costs far more than a call).
-        start, end = backend.event(), backend.event()
-        start.record()
-        for _ in range(_ESTIMATE_CALLS):
+    end.record()
+    backend.synchronize()
+    estimate_ms = start.elapsed_time(end) / _ESTIMATE_CALLS
+    n_repeat = _GRAPH_ZERO_ESTIMATE_CALLS if estimate_ms == 0 else _count(rep, estimate_ms)
+
+    def unrolled() -> None:
+        for _ in range(n_repeat):
+            _clear_grads(grad_to_none)
             fn()
-        end.record()
-        backend.synchronize()
-        estimate_ms = start.elapsed_time(end) / _ESTIMATE_CALLS
-        n_repeat = _GRAPH_ZERO_ESTIMATE_CALLS if estimate_ms == 0 else _count(rep, estimate_ms)
 
-        def unrolled() -> None:
-            for _ in range(n_repeat):
-                _clear_grads(grad_to_none)
-                fn()
+    graph = backend.capture(unrolled)
+    backend.synchronize()
+    return graph, n_repeat
 
-        graph = backend.capture(unrolled)
-        backend.synchronize()
-        return [_replay_ms(backend, graph) / n_repeat for _ in range(_GRAPH_REPLAYS)]
+
+def replays(backend: Backend, graph: Any, n_repeat: int) -> list[float]:
+    """ms per call of each of the 10 timed replays of ``graph`` (``n_repeat`` calls each)."""
+    return [_replay_ms(backend, graph) / n_repeat for _ in range(_GRAPH_REPLAYS)]
 
 
 @dataclass(frozen=True)
@@ -215,8 +307,10 @@ def time_trials(
 ) -> TrialTimes:
     """Time ``fn`` for ``num_trials`` trials after ``num_warmup`` untimed calls (KernelBench).
 
-    Each trial records an event pair around one call and synchronizes; the
-    warm-up and all trials run in one critical region.
+    Each trial records an event pair around one call and synchronizes.  The
+    first warm-up call (it compiles) runs outside the region, the other
+    warm-up calls and all trials inside one (module docstring, "What runs
+    where"); with ``num_warmup=0`` everything runs in the region.
 
     Args:
         fn: callable launching the work on the current stream.
@@ -236,22 +330,17 @@ def time_trials(
         raise ValueError(
             f"need num_trials >= 1 and num_warmup >= 0, got {num_trials}, {num_warmup}"
         )
+    backend = current_backend()
+    primed = num_warmup > 0 and may_prime()
+    if primed:
+        fn()
+        backend.synchronize()
+    cache = backend.flush_buffer() if flush_l2 else None
     with region.critical():
-        backend = current_backend()
-        cache = backend.flush_buffer() if flush_l2 else None
-        for _ in range(num_warmup):
+        for _ in range(num_warmup - int(primed)):
             fn()
         backend.synchronize()
-        times: list[float] = []
-        for _ in range(num_trials):
-            if cache is not None:
-                backend.flush(cache)
-            start, end = backend.event(), backend.event()
-            start.record()
-            fn()
-            end.record()
-            backend.synchronize()
-            times.append(float(start.elapsed_time(end)))
+        times = _trials(backend, fn, num_trials, cache)
     return TrialTimes(
         times_ms=times,
         mean=statistics.fmean(times),
@@ -259,6 +348,21 @@ def time_trials(
         min=min(times),
         max=max(times),
     )
+
+
+def _trials(backend: Backend, fn: Callable[[], Any], num_trials: int, cache: Any) -> list[float]:
+    """ms of each of ``num_trials`` calls, each between two events and synchronized."""
+    times: list[float] = []
+    for _ in range(num_trials):
+        if cache is not None:
+            backend.flush(cache)
+        start, end = backend.event(), backend.event()
+        start.record()
+        fn()
+        end.record()
+        backend.synchronize()
+        times.append(float(start.elapsed_time(end)))
+    return times
 
 
 def _replay_ms(backend: Backend, graph: Any) -> float:

@@ -80,7 +80,33 @@ def _gate_column(table: str) -> list[str]:
     start = lines[head].index("GATE")
     end = lines[head].index("REGIONS")
     rows = lines[head + 1 :]
-    return [r[start:end].strip() for r in rows[: rows.index("")]]
+    rows = [r for r in rows[: rows.index("")] if not r.startswith("CPUS:")]  # the legend
+    return [r[start:end].strip() for r in rows]
+
+
+def _column(table: str, name: str, after: str) -> list[str]:
+    """The cells of column ``name`` (up to column ``after``) of the GPU table."""
+    lines = table.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("GPU "))
+    start, end = lines[head].index(name), lines[head].index(after)
+    rows = lines[head + 1 :]
+    return [r[start:end].strip() for r in rows[: rows.index("")] if not r.startswith("CPUS:")]
+
+
+def test_cpu_columns_are_cpuset_lists_under_clear_headers() -> None:
+    st = {"version": "x", "pid": 1, "uptime_s": 1.0, "state": "running", "socket": "s"}
+    gpus = [
+        {"index": 0, "name": "g0", "slots_used": 0, "slots_total": 4, "gate": None,
+         "slice": {"cores": "0-1", "reserved": "1", "tenant_cores": "0", "shared": False}},
+        {"index": 1, "name": "g1", "slots_used": 0, "slots_total": 4, "gate": None,
+         "slice": {"cores": [2, 3, 4, 7], "reserved": "", "tenant_cores": "2,3,4,7"}},
+    ]  # fmt: skip
+    out = render({**st, "gpus": gpus, "tenants": []})
+    assert "RESERVED 1" not in out and "TENANT CORES" not in out
+    assert _column(out, "SLICE CPUS", "RESERVED CPUS") == ["0-1", "2-4,7"]
+    assert _column(out, "RESERVED CPUS", "TENANT CPUS") == ["1", "-"]
+    assert _column(out, "TENANT CPUS", "HOLDER") == ["0", "2-4,7"]
+    assert "CPUS: cpuset lists (0-2,5 = CPUs 0, 1, 2 and 5)" in out
 
 
 def test_regions_column_shows_failed_and_recovered_regions() -> None:

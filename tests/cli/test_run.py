@@ -210,6 +210,29 @@ def test_parked_commands_run_in_fifo_order(krexd_factory: Factory, tmp_path: Pat
     assert order.read_text().split() == ["A", "B", "C", "D"]
 
 
+def test_a_parked_command_says_where_it_waits(krexd_factory: Factory, tmp_path: Path) -> None:
+    k = krexd_factory(slots=1)
+    go = tmp_path / "go"
+    holder = subprocess.Popen(
+        [*k.krex, "run", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"],
+        env=k.env,
+    )
+    wait_for(lambda: len(k.status()["tenants"]) == 1)
+    err = tmp_path / "err"
+    with err.open("w") as stderr:  # not a terminal: -v asks for the line
+        parked = subprocess.Popen(
+            [*k.krex, "run", "-v", "--cold", "--", "true"], env=k.env, stderr=stderr
+        )
+        wait_for(parked_is(k, 1))
+        wait_for(lambda: "queued:" in err.read_text(), 10)
+        go.write_text("")
+        assert holder.wait(20) == 0 and parked.wait(20) == 0
+    lines = [line for line in err.read_text().splitlines() if "queued" in line]
+    assert lines == [
+        "krex: queued: 1 of 1 parked request; waiting for a free slot on any GPU (1 of 1 in use)"
+    ]
+
+
 def test_killed_launcher_frees_its_slot_and_its_command(krexd_factory: Factory) -> None:
     k = krexd_factory(slots=1)
     run = subprocess.Popen([*k.krex, "run", "--", "sleep", "60"], env=k.env)

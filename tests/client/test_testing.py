@@ -50,9 +50,9 @@ def test_do_bench_loop_counts_and_mean(sim: SimDevice, fake_krex: FakeConnection
     assert isinstance(ms, float)
     assert sim.log.count("fn") == 1 + 5 + 50 + 200
     assert sim.log.count("flush") == 5 + 200
-    # Every call, the first (compile) call and the warm-up included, ran in the one region.
+    # The first (compile) call ran before the region; the rest, warm-up included, in the one region.
     assert fake_krex.ops == ["region_enter", "region_exit"]
-    assert all(inside) and len(inside) == 256
+    assert inside == [False] + [True] * 255
 
 
 def test_do_bench_flushes_before_each_timed_call(sim: SimDevice) -> None:
@@ -178,12 +178,70 @@ def test_time_trials(sim: SimDevice, fake_krex: FakeConnection) -> None:
     assert (res.mean, res.min, res.max, res.num_trials) == (2.5, 1.0, 4.0, 4)
     assert res.std == pytest.approx(statistics.pstdev([1.0, 2.0, 3.0, 4.0]))
     assert res.as_dict() == {"mean": 2.5, "std": res.std, "min": 1.0, "max": 4.0, "num_trials": 4}
-    assert calls == [True] * 7 and fake_krex.ops == ["region_enter", "region_exit"]
+    assert calls == [False] + [True] * 6 and fake_krex.ops == ["region_enter", "region_exit"]
     assert "flush" not in sim.log
     testing.time_trials(sim.kernel(1.0), num_trials=2, num_warmup=0, flush_l2=True)
     assert sim.log.count("flush") == 2
     with pytest.raises(ValueError):
         testing.time_trials(fn, num_trials=0)
+
+
+def _order_of(fake_krex: FakeConnection, kernel: Any) -> Any:
+    """``kernel`` logging "fn" into ``fake_krex.ops``, so calls and region ops share one order."""
+
+    def fn() -> None:
+        fake_krex.ops.append("fn")
+        kernel()
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "measure",
+    [
+        lambda fn: testing.do_bench(fn, warmup=1, rep=3),
+        lambda fn: krex_client.do_bench(fn, 1, 3),
+        lambda fn: testing.time_trials(fn, num_trials=2, num_warmup=2),
+    ],
+    ids=["do_bench", "legacy_do_bench", "time_trials"],
+)
+def test_first_call_runs_before_the_region(
+    sim: SimDevice, fake_krex: FakeConnection, measure: Any
+) -> None:
+    measure(_order_of(fake_krex, sim.kernel(1.0)))
+    ops = fake_krex.ops
+    assert ops[:2] == ["fn", "region_enter"], ops
+    assert ops.count("region_enter") == 1 and ops[-1] == "region_exit"
+    assert sim.log.index("sync") == sim.log.index("fn") + 1  # synchronized before the region
+
+
+def test_cudagraph_first_call_and_capture_run_before_the_region(
+    sim: SimDevice, fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = sim.capture
+
+    def logged_capture(fn: Any) -> Any:
+        fake_krex.ops.append("capture")
+        return capture(fn)
+
+    monkeypatch.setattr(sim, "capture", logged_capture)
+    ms = testing.do_bench_cudagraph(_order_of(fake_krex, sim.kernel(0.5)), rep=1)
+    assert ms == pytest.approx(0.5)
+    ops = fake_krex.ops
+    enter = ops.index("region_enter")
+    # First call, five estimate calls, capture (two unrolled calls recorded): all before entry.
+    assert ops[:enter] == ["fn"] * 6 + ["capture"] + ["fn"] * 2
+    assert ops[enter + 1 : -1] == ["fn"] * 20 and ops[-1] == "region_exit"  # 10 replays of 2
+
+
+def test_first_call_raising_enters_no_region(sim: SimDevice, fake_krex: FakeConnection) -> None:
+    def broken() -> None:
+        raise RuntimeError("compile failed")
+
+    for measure in (testing.do_bench, testing.do_bench_cudagraph, testing.time_trials):
+        with pytest.raises(RuntimeError, match="compile failed"):
+            measure(broken)
+    assert fake_krex.ops == []
 
 
 def test_legacy_do_bench_keeps_its_contract(sim: SimDevice, fake_krex: FakeConnection) -> None:

@@ -122,3 +122,36 @@ def test_the_ray_runner_passes_the_start_preference(
         _ray_start(tmp_path, monkeypatch, p, i, "--warm", "alternate") for p, i in ((0, 0), (0, 1))
     ]
     assert alternate == ["cold", "warm"]
+
+
+def test_krex_mode_defaults_to_the_started_krexds_slots_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "krex.toml"
+    config.write_text("[admission]\nslots_per_gpu = 3\n", encoding="utf-8")
+    assert _options(tmp_path, "--fake-gpus", "1", "--config", str(config)).mode.concurrency == 3
+    err = capsys.readouterr().err
+    assert (
+        f"--concurrency 3: the slots per GPU its krexd gets ([admission] slots_per_gpu of {config})"
+        in err
+    )
+    config.write_text("[region]\nenforce = true\n", encoding="utf-8")
+    assert _options(tmp_path, "--fake-gpus", "1", "--config", str(config)).mode.concurrency == 4
+    assert "krexd's built-in [admission] slots_per_gpu" in capsys.readouterr().err
+    assert _options(tmp_path, "--fake-gpus", "1", "--concurrency", "2").mode.concurrency == 2
+    assert capsys.readouterr().err == ""  # asked for: nothing to say
+
+
+def test_krex_mode_defaults_to_a_running_krexds_reported_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from krex_cli.replay import daemon_info
+
+    gpus = [{"index": 0, "slots_total": 6}, {"index": 1, "slots_total": 5}]
+    monkeypatch.setattr(daemon_info, "daemon_status", lambda socket: {"gpus": gpus})
+    assert _options(tmp_path, "--socket", "/s").mode.concurrency == 5  # the fewest of the GPUs
+    assert "--concurrency 5: the slots per GPU the krexd at /s reports" in capsys.readouterr().err
+    assert _options(tmp_path, "--socket", "/s", "--gpus", "0").mode.concurrency == 6
+    monkeypatch.setattr(daemon_info, "daemon_status", lambda socket: None)
+    assert _options(tmp_path, "--socket", "/s", "--gpus", "0").mode.concurrency == 1
+    assert "the krexd at /s did not report its slots" in capsys.readouterr().err

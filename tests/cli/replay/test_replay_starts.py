@@ -79,3 +79,11 @@ def test_section_of_starts_krexd_decided() -> None:
     assert s["cold_reasons"] == {"y": 1}
     md = "\n".join(starts.markdown({"auto": s}))
     assert "| auto | 2 | 1 |" in md and "| auto | y | 1 |" in md
+
+
+def test_a_median_of_no_commands_is_a_dash_not_nan() -> None:
+    records = [
+        {"warm": {"asked": True, "served": True, "why": None}, "exit_code": 0, "wall_s": 1.0}
+    ]
+    md = "\n".join(starts.markdown({"r": starts.summarize(records)}))
+    assert "nan" not in md and "| r | 1 | 0 | 1.00 | — | — | — |" in md
