@@ -92,18 +92,26 @@ def location(settings: Settings, env: Mapping[str, str], uid: int) -> tuple[str,
     if settings.root:
         return settings.root, [str(uid)]
     xdg = env.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(xdg):
-        home = env.get("HOME", "")
-        if not os.path.isabs(home):
-            raise Refused("no absolute HOME or XDG_CACHE_HOME")
-        xdg = os.path.join(home, ".cache")
-    return xdg, ["krex", "compile"]
+    if os.path.isabs(xdg):
+        return xdg, ["krex", "compile"]
+    home = env.get("HOME", "")
+    if not os.path.isabs(home):
+        raise Refused("no absolute HOME or XDG_CACHE_HOME")
+    # Under the home, which must exist: krex never makes a user's home (nor /nonexistent).
+    return home, [".cache", "krex", "compile"]
 
 
 def _open_base(base: str, uid: int, create: bool) -> int:
-    """An fd of the root ``base``; refused when others could rename entries in it."""
+    """An fd of the root ``base``; refused when others could rename entries in it.
+
+    ``create``: make ``base`` itself (one level, 0700) when missing, as the XDG
+    cache directory is; its parent must exist.
+    """
     if create:
-        os.makedirs(base, 0o700, exist_ok=True)
+        try:
+            os.mkdir(base, 0o700)
+        except FileExistsError:
+            pass
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     st = os.fstat(fd)
     owners = (0, uid, os.geteuid())
@@ -145,7 +153,7 @@ def ensure(settings: Settings, env: Mapping[str, str], uid: int | None = None) -
     uid = os.getuid() if uid is None else uid
     base, parts = location(settings, env, uid)
     try:
-        fd = _open_base(base, uid, create=not settings.root)
+        fd = _open_base(base, uid, create=not settings.root and parts[0] != ".cache")
     except OSError as exc:
         raise Refused(f"{base}: {exc.strerror}") from None
     path = base

@@ -39,7 +39,12 @@ def test_the_variables_name_a_private_directory_of_the_user(tmp_path: Path) -> N
     os.chmod(user_dir, 0o755)
     cc.environ(cc.Settings(), _env(tmp_path))
     assert stat.S_IMODE(os.lstat(user_dir).st_mode) == 0o700
-    # Without XDG_CACHE_HOME (or a relative one): ~/.cache; without a home: refused.
+    # Without XDG_CACHE_HOME (or a relative one): ~/.cache; a home that does not
+    # exist is never made (HOME=/nonexistent); without a home: refused.
+    with pytest.raises(cc.Refused, match="No such file"):
+        cc.environ(cc.Settings(), {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": "x"})
+    assert not (tmp_path / "home").exists()
+    (tmp_path / "home").mkdir()
     home = cc.environ(cc.Settings(), {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": "x"})
     assert home["TRITON_CACHE_DIR"] == str(tmp_path / "home/.cache/krex/compile/triton")
     with pytest.raises(cc.Refused, match="no absolute HOME"):
