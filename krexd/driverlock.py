@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from krexd.config import ConfigError, RegionConfig
+from krexd.procfs import pid_alive
 
 log = logging.getLogger("krexd.driverlock")
 
@@ -181,7 +182,7 @@ class DriverLock:
         ms = (time.monotonic() - t) * 1e3
         if rc == CUDA_SUCCESS:
             outcome = Outcome.UNLOCKED
-        elif not _alive(pid) or rc in _NOT_CUDA:
+        elif not pid_alive(pid) or rc in _NOT_CUDA:
             outcome = Outcome.NOT_CUDA
         elif rc == CUDA_ERROR_ILLEGAL_STATE:
             outcome = Outcome.BUSY  # not locked (any more)
@@ -229,19 +230,9 @@ def _lock_outcome(rc: int, pid: int) -> Outcome:
         return Outcome.UNSUPPORTED
     if rc == CUDA_ERROR_ILLEGAL_STATE:
         return Outcome.BUSY
-    if rc in _NOT_CUDA or not _alive(pid):
+    if rc in _NOT_CUDA or not pid_alive(pid):
         return Outcome.NOT_CUDA
     return Outcome.ERROR
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def driver_lock_for(

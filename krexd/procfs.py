@@ -241,6 +241,15 @@ def start_time(pid: int) -> int | None:
     return HANDLES.start_of(pid)
 
 
+def cmdline(pid: int, limit: int = 80) -> str:
+    """Process ``pid``'s command line as one line of at most ``limit`` characters ("?": gone)."""
+    try:
+        raw = read_file(f"/proc/{pid}/cmdline")
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:limit] or "?"
+
+
 def proc_uids(pid: int) -> tuple[int, ...] | None:
     """Real, effective, saved and filesystem uid of ``pid`` (``/proc/<pid>/status``)."""
     try:

@@ -31,7 +31,7 @@ from krexd.coordinator.fail_closed import FailClosed
 from krexd.coordinator.locks import DriverLocks
 from krexd.driverlock import Outcome, Result
 from krexd.errors import Code, KrexError
-from krexd.procfs import read_file
+from krexd.procfs import cmdline, pid_alive
 from krexd.tenants import Tenant
 
 #: One logger for the package: its lines read as they did from one module.
@@ -131,7 +131,7 @@ class DriverLocking(FailClosed):
 
     def _foreign_policy(self, foreign: list[int]) -> None:
         """``[region] foreign``: "refuse" fails the entry; "lock" and "allow" log it."""
-        names = ", ".join(f"pid {p} ({_cmdline(p)})" for p in foreign)
+        names = ", ".join(f"pid {p} ({cmdline(p)})" for p in foreign)
         if self._cfg.foreign == "refuse":
             raise KrexError(
                 Code.FOREIGN_GPU_USER,
@@ -206,7 +206,7 @@ class DriverLocking(FailClosed):
         deadline = time.monotonic() + self._cfg.drain_timeout_s
         while True:
             users = await asyncio.to_thread(self._guard.users) if self._guard else None
-            alive = {p for p in pids if _alive(p)}
+            alive = {p for p in pids if pid_alive(p)}
             left = (users & pids) if users is not None else alive
             if not left:
                 return
@@ -243,15 +243,3 @@ class DriverLocking(FailClosed):
 #: Lock outcomes that leave nothing to wait for: locked, or no CUDA state at all.
 #: UNSUPPORTED (an MPS client) is not locked: its drain rests on its shim (recorded).
 _SETTLED = (Outcome.LOCKED, Outcome.NOT_CUDA, Outcome.UNSUPPORTED)
-
-
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        raw = read_file(f"/proc/{pid}/cmdline")
-    except OSError:
-        return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:80] or "?"

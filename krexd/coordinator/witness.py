@@ -19,6 +19,7 @@ from typing import Any
 from krex_client.errors import ExitCode
 from krexd.coordinator.driver_locking import DriverLocking
 from krexd.coordinator.records import Region
+from krexd.procfs import cmdline
 
 #: One logger for the package: its lines read as they did from one module.
 log = logging.getLogger("krexd.coordinator")
@@ -56,7 +57,7 @@ class Witness(DriverLocking):
                     "pid": pid,
                     "busy_ms": round(ns / 1e6, 3),
                     "tenant": tenant.id if tenant is not None else None,
-                    "command": _cmd(pid),
+                    "command": cmdline(pid),
                 }
             )
         out = {"source": type(source).__name__, "contaminated": bool(seen), "others": seen}
@@ -97,7 +98,7 @@ class Witness(DriverLocking):
             "source": "driver lock coverage",
             "contaminated": None,
             "others": [
-                {"pid": p, "busy_ms": None, "tenant": None, "command": _cmd(p)} for p in unlocked
+                {"pid": p, "busy_ms": None, "tenant": None, "command": cmdline(p)} for p in unlocked
             ],  # fmt: skip
         }
 
@@ -112,11 +113,3 @@ class Witness(DriverLocking):
                 self._end_command(tenant, reason, ExitCode.UNPROTECTABLE, "contaminated")
             else:
                 self._end_unprotected(tenant, reason, "contaminated")
-
-
-def _cmd(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80] or "?"
-    except OSError:
-        return "?"
