@@ -33,6 +33,7 @@ from krex_client.connection import (
 
 DEFAULT_RECONNECT_S = 120.0
 SOCKET_GONE_S = 3.0  # a socket file missing this long means krexd was stopped, not restarted
+STALE_WAIT_S = 10.0  # a socket nobody listens on this long is stale (a restart rebinds sooner)
 STALE_REASON = (
     "nothing listens on the socket: krexd is not running (a stale socket file left by a "
     "krexd that crashed or was killed); start krexd, or run again once its restart is done"
@@ -96,8 +97,9 @@ class Reconnecting:
     def first_ping(self) -> dict[str, Any]:
         """``ping`` before the command starts; returns krexd's ``ping`` reply.
 
-        Raises at once KrexUnavailable for a missing socket file or a stale one
-        (nothing listens: :data:`STALE_REASON`) and KrexPermissionDenied for a
+        Raises at once KrexUnavailable for a missing socket file, after
+        :data:`STALE_WAIT_S` for a stale one (nothing listens: :data:`STALE_REASON`;
+        a krexd restarting listens again well within it), and KrexPermissionDenied for a
         socket this user may not open.  A krexd that accepts the connection
         but does not answer in time is waited for like a lost krexd.
         """
@@ -106,7 +108,11 @@ class Reconnecting:
         except KrexPermissionDenied:
             raise
         except KrexNotListening:
-            raise KrexUnavailable(self.socket, STALE_REASON) from None
+            # A restarting krexd binds its socket again within seconds: wait that
+            # long (not the full reconnect time), quietly, before calling it stale.
+            if not self._wait_for_krexd(time.monotonic() + STALE_WAIT_S):
+                raise KrexUnavailable(self.socket, STALE_REASON) from None
+            return self.about
         except KrexUnavailable as exc:
             if not os.path.exists(self.socket):
                 raise
