@@ -3,7 +3,7 @@
 ``"auto"`` (the shipped default) derives the count per GPU from the two
 things a GPU's commands share off-region::
 
-    slots = clamp(1, min(floor(tenant_cores * K) capped at AUTO_MAX,
+    slots = clamp(1, min(floor(tenant_cores * K) within [AUTO_MIN, AUTO_MAX],
                          floor((total_mem - headroom) / default_need)))
 
 * **CPU.**  A command spends ~1.5 % of its wall time in critical regions;
@@ -26,8 +26,11 @@ things a GPU's commands share off-region::
   ``krexd.memory.monitor``, which this keeps at ``default_need``).  The term
   applies whether ``[memory] admission`` is on or off: it is what the card
   can hold.
-* **At least 1**, so a 2-core CI machine (one tenant core, or a shared
-  slice) still runs commands, one at a time per GPU.
+* **At least AUTO_MIN (4) on the CPU side**, the fixed default krex
+  shipped before: on a small host (a 2-core machine has one tenant core)
+  one slot would serialize every command and a holder could never run
+  beside a sibling; four was measured as safe there for years of tests and
+  demos.  The memory term can still lower it, to 1 at the least.
 
 A fixed integer overrides the derivation (the same for every GPU).
 """
@@ -44,6 +47,8 @@ AUTO = "auto"
 SLOTS_PER_CORE = 1.0
 #: The most slots the CPU term gives one GPU.
 AUTO_MAX = 64
+#: The fewest the CPU term gives (the fixed default of earlier versions).
+AUTO_MIN = 4
 
 
 @dataclass(frozen=True)
@@ -78,10 +83,12 @@ def choose(
         n = int(setting)
         return SlotChoice(n, "fixed", f"fixed: {n} ([admission] slots_per_gpu = {n})")
     raw = int(max(0, tenant_cores) * SLOTS_PER_CORE)
-    cpu = min(raw, AUTO_MAX)
+    cpu = min(max(raw, AUTO_MIN), AUTO_MAX)
     cpu_text = f"cores {tenant_cores} x {SLOTS_PER_CORE:g}"
     if raw > AUTO_MAX:
         cpu_text += f" capped at {AUTO_MAX}"
+    elif raw < AUTO_MIN:
+        cpu_text += f" raised to {AUTO_MIN}"
     terms = [cpu]
     texts = [cpu_text]
     if total_mem > 0 and default_need > 0:

@@ -10,7 +10,7 @@ import pytest
 
 from krex_cli.krexctl import render
 from krexd.config import AdmissionConfig, Config, ConfigError, from_dict, parse_cores
-from krexd.slot_count import AUTO_MAX, choose
+from krexd.slot_count import AUTO_MAX, AUTO_MIN, choose
 from tests.conftest import KREXCTL, Krexd
 
 G = 1 << 30
@@ -39,9 +39,11 @@ def test_garbage_is_refused_with_one_line(bad: object) -> None:
         # Large default needs: memory bounds it.
         (14, 140 * G, 16 * G, G, 8, "auto: 8 = min(cores 14 x 1, memory 139.0 GiB / 16.0 GiB)"),
         (32, 80 * G, 8 * G, 0, 10, None),
-        # A 2-core CI machine: one tenant core, or none left (at least 1).
-        (1, 80 * G, G, G, 1, None),
-        (0, 80 * G, G, G, 1, None),
+        # A 2-core CI machine: one tenant core, or none left: the old default, 4.
+        (1, 80 * G, G, G, 4, "auto: 4 = min(cores 1 x 1 raised to 4, memory 79.0 GiB / 1.0 GiB)"),
+        (0, 80 * G, G, G, 4, None),
+        # ... unless memory holds fewer.
+        (1, 3 * G, G, G, 2, None),
         # A card smaller than one command's default need still runs one.
         (8, 2 * G, 4 * G, G, 1, "auto: 1 = min(cores 8 x 1, memory 1.0 GiB / 4.0 GiB), at least 1"),
         # Huge slices: capped.
@@ -104,7 +106,7 @@ def test_krexd_derives_its_slots_and_status_says_how(krexd_factory: Factory) -> 
     for g in st["gpus"]:
         cores = len(parse_cores(g["slice"]["tenant_cores"]))
         usable = (g["total_mem_bytes"] - G) // G  # shipped headroom and default need: 1 GiB
-        expected = max(1, min(cores, AUTO_MAX, usable))
+        expected = max(1, min(max(cores, AUTO_MIN), AUTO_MAX, usable))
         assert g["slots_total"] == expected
         assert g["slots"]["mode"] == "auto" and g["slots"]["total"] == expected
         assert g["slots"]["rule"].startswith(f"auto: {expected} = min(cores {cores} x 1")
