@@ -224,6 +224,8 @@ _NOT_CUDA = (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NO
 def _lock_outcome(rc: int, pid: int) -> Outcome:
     if rc == CUDA_SUCCESS:
         return Outcome.LOCKED
+    if rc == CUDA_ERROR_OPERATING_SYSTEM:
+        return Outcome.NOT_CUDA  # measured: the driver's answer for a pid that is gone
     if rc in (CUDA_ERROR_NOT_READY, CUDA_ERROR_TIMEOUT):
         return Outcome.TIMEOUT
     if rc == CUDA_ERROR_NOT_SUPPORTED:

@@ -243,4 +243,5 @@ def test_outcomes_of_the_driver_codes_measured() -> None:
     assert _lock_outcome(801, me) is Outcome.UNSUPPORTED  # an MPS client
     assert _lock_outcome(3, me) is Outcome.NOT_CUDA  # a live process without CUDA
     assert _lock_outcome(304, 2**22 + 12345) is Outcome.NOT_CUDA  # no such pid
-    assert _lock_outcome(304, me) is Outcome.ERROR
+    assert _lock_outcome(304, me) is Outcome.NOT_CUDA  # gone by the time it is judged
+    assert _lock_outcome(999, me) is Outcome.ERROR
