@@ -24,23 +24,13 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fakecuda"))
 
 import fakegpu  # noqa: E402
+from attacker import slot_memory_fd  # noqa: E402  (this folder: the same slot memory)
 
 HEADER, SLOT = 64, 128  # krex_gate.h: struct krex_tenant_mem, struct krex_slot
 TENANT_IN_HEADER = 12
 TENANT, MEM_MIB, OOM, FAULT = 16, 56, 60, 80  # offsets in struct krex_slot
 OOM_WAITING = 0x8000_0000
 ACTIVE = 2
-
-
-def slot_memory_fd() -> int:
-    fd_s = os.environ.get("KREX_SLOTS_FD")
-    if fd_s is not None:
-        try:
-            os.fstat(int(fd_s))
-            return os.dup(int(fd_s))
-        except OSError:
-            pass
-    return os.open(os.environ["KREX_SLOTS"], os.O_RDWR)
 
 
 def u32(m: mmap.mmap, off: int) -> int:
