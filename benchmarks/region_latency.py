@@ -111,8 +111,12 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
 
 
-def _start_krexd(workdir: str, slots: int, fake_gpus: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start_krexd(
+    workdir: str, slots: int, fake_gpus: int, driver_lock: str = "auto"
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start a private krexd in ``workdir``; returns it and its socket once it answers.
+
+    ``driver_lock``: its ``[region] driver_lock`` ("auto", "require" or "off").
 
     Raises:
         RuntimeError: krexd exited or did not create its socket within 30 s
@@ -124,6 +128,7 @@ def _start_krexd(workdir: str, slots: int, fake_gpus: int) -> tuple[subprocess.P
         f.write(
             f'[daemon]\nsocket = "{socket}"\n[admission]\nslots_per_gpu = {slots}\n'
             f'[cgroup]\nname = "krexbench{os.getpid()}"\n[cpu]\nallow_shared = true\n'
+            f'[region]\ndriver_lock = "{driver_lock}"\n'
         )
     # --socket as well as the config's: krexd prefers $KREX_SOCKET to its config.
     argv = [sys.executable, "-m", "krexd", "--config", config, "--socket", socket]
@@ -137,7 +142,9 @@ def _start_krexd(workdir: str, slots: int, fake_gpus: int) -> tuple[subprocess.P
     while not os.path.exists(socket):
         if proc.poll() is not None or time.monotonic() > deadline:
             _stop(proc)
-            raise RuntimeError(f"krexd did not start; see {workdir}/krexd.log")
+            with open(os.path.join(workdir, "krexd.log"), errors="replace") as f:
+                tail = f.read()[-2000:]
+            raise RuntimeError(f"krexd did not start; its log ends:\n{tail}")
         time.sleep(0.05)
     return proc, socket
 
@@ -158,7 +165,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, Any]:
+def run(
+    n_siblings: int, regions: int, kind: str, fake_gpus: int, driver_lock: str = "auto"
+) -> dict[str, Any]:
     """One configuration: returns p50/p99 of entry, drain and freeze (ms).
 
     Whatever it started (krexd, siblings, holder) is stopped before it returns or raises.
@@ -167,7 +176,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
     siblings: list[subprocess.Popen[bytes]] = []
     krexd: subprocess.Popen[bytes] | None = None
     try:
-        krexd, socket = _start_krexd(workdir, n_siblings + 1, fake_gpus)
+        krexd, socket = _start_krexd(workdir, n_siblings + 1, fake_gpus, driver_lock)
         env = dict(_clean_env(), KREX_SOCKET=socket)
         for _ in range(n_siblings):
             siblings.append(
@@ -204,6 +213,7 @@ def run(n_siblings: int, regions: int, kind: str, fake_gpus: int) -> dict[str, A
     return {
         "siblings": n_siblings,
         "sibling": kind,
+        "driver_lock": driver_lock,
         "regions": len(lat),
         "entry_p50_ms": _pct(entry, 0.5),
         "entry_p99_ms": _pct(entry, 0.99),
@@ -235,11 +245,17 @@ def main() -> None:
     ap.add_argument("--regions", type=int, default=200)
     ap.add_argument("--sibling", choices=("fake", "torch", "light", "spin"), default="fake")
     ap.add_argument("--fake-gpus", type=int, default=1, help="0 on a host with a real GPU")
+    ap.add_argument(
+        "--driver-lock",
+        choices=("auto", "require", "off"),
+        default="auto",
+        help="krexd's [region] driver_lock (off: the shim's acknowledgements alone)",
+    )
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     try:
         rows = [
-            run(int(n), args.regions, args.sibling, args.fake_gpus)
+            run(int(n), args.regions, args.sibling, args.fake_gpus, args.driver_lock)
             for n in args.siblings.split(",")
         ]
     except RuntimeError as exc:

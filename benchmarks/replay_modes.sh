@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Replay a trace in several modes back to back on one GPU host; one report.
 #   benchmarks/replay_modes.sh OUTDIR TRACE SECONDS CONCURRENCY MODE...
-# MODE: native | serial | krex | ungated | krex-mps, optionally MODE@SECONDS to
+# MODE: native | serial | krex | krex-nolock | ungated | krex-mps, optionally MODE@SECONDS to
 # give that mode its own duration. The first native run is the
 # reference and a second one is reported as native repeat. A warm-up pass
 # (ungated, every command once) fills the compile caches first.
@@ -26,6 +26,10 @@ for spec in "$@"; do
         serial) args=(--mode serial) ;;
         krex) args=(--mode krex --concurrency "$conc") ;;
         ungated) args=(--mode ungated --concurrency "$conc") ;;
+        krex-nolock)  # the shim's acknowledgements alone ([region] driver_lock = "off")
+            sed 's/^driver_lock = "auto"$/driver_lock = "off"/' etc/krex.toml >"$out/nolock.toml"
+            grep -q '^driver_lock = "off"$' "$out/nolock.toml" || { echo "no driver_lock in etc/krex.toml" >&2; exit 2; }
+            args=(--mode krex --concurrency "$conc" --config "$out/nolock.toml") ;;
         krex-mps)
             sed 's/^enabled = false$/enabled = true/' etc/krex.toml >"$out/mps.toml"
             args=(--mode krex --concurrency "$conc" --config "$out/mps.toml") ;;

@@ -264,7 +264,9 @@ def driver_lock_for(
         reason: str | None = "simulated GPUs and no KREX_DRIVER_LIB (the fake driver)"
         lock = None
     else:
-        lock = DriverLock()
+        # Real GPUs are locked through the host's driver, whatever KREX_DRIVER_LIB says
+        # (a test environment may name the fake driver for its simulated GPUs).
+        lock = DriverLock(None if fake_gpus else "libcuda.so.1")
         reason = lock.unavailable_reason()
     if lock is not None and reason is None:
         log.info("region entry locks other processes through %s", lock.library)

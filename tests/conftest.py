@@ -218,7 +218,7 @@ def krexd_factory() -> Iterator[Callable[..., Krexd]]:
         # in this workdir (a test's ``env`` overrides either).
         fake_lib = os.path.join(REPO, "build", "fakecuda", "libcuda.so.1")
         defaults = {"KREX_FAKE_STATE": os.path.join(workdir, "fakestate")}
-        if os.path.exists(fake_lib):
+        if fake_gpus and os.path.exists(fake_lib):  # real GPUs: the host's driver
             defaults["KREX_DRIVER_LIB"] = fake_lib
         proc_env = clean_env(**{**defaults, **(env or {})})
         with open(log_path, "wb") as log:
