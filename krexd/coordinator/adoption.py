@@ -111,6 +111,13 @@ class Adoption(Ending):
         region.request_id = request_id
         if self.pool_freeze is not None:
             region.pools_frozen = self.pool_freeze.hold_now()
+        # Its end undoes what the entry before the restart did, as any region's end does:
+        # the locks as settle_locks finds them, the siblings, the pools, the cores.
+        region.undo.push("driver locks", lambda: self._unlock_gpu(region.locks))
+        region.undo.push("siblings' freeze", lambda: self._thaw(region.siblings))
+        if region.pools_frozen:
+            region.undo.push("pools' freeze", lambda: self._thaw_pools(True))
+        region.undo.push("cores", lambda: self._unpin_holder(holder, tid))
         self.stats.adopted += 1
         self._region, self._frozen = region, region.siblings
         self._epoch = max(self._epoch, epoch)

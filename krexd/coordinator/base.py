@@ -13,7 +13,6 @@ from typing import Any
 
 from krexd import states
 from krexd.config import RegionConfig
-from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.once import OnceLog
 from krexd.coordinator.records import Region, RegionRequest
 from krexd.fifo import FifoLock
@@ -76,10 +75,6 @@ class CoordinatorBase:
         self._region: Region | None = None
         self._ungated: set[int] = set()  # tenants inside a region when enforce = false
         self._epoch = 0
-        self._last_drain_ms = 0.0
-        self._last_freeze_ms = 0.0
-        self._last_check_ms = 0.0  # the fail-closed check's share of _last_freeze_ms
-        self._last_locks: DriverLocks | None = None  # the last entry's driver locks
         # Warm pools frozen with the siblings (krexd.pool_freeze); set by the daemon.
         self.pool_freeze: PoolFreeze | None = None
         self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")

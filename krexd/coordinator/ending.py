@@ -128,11 +128,9 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
             # Step 7: the holder's cores back to its off-region share; siblings thawed.
             # HELD -> THAWING (exit) or HELD -> RECOVERING (holder died, timed out, ...)
             self._region_state(states.RECOVERING if recovering else states.REGION_THAWING)
-            self._unpin_holder(region.tenant, region.tid)
+            # The entry's undo stack, unwound: cores, the pools' and siblings' thaw, unlock.
             t = time.monotonic()
-            await self._thaw(region.siblings)
-            self._thaw_pools(region.pools_frozen)
-            await self._unlock_gpu(region.locks)
+            await region.undo.unwind()
             thaw_ms = (time.monotonic() - t) * 1e3
             testhooks.pause("thawed")
             # Step 8: only after the thaw, reopen the gate, then release the lock.

@@ -91,7 +91,7 @@ class Entry(Ending, MemoryWait):
         region = self._region
         if region is not None and region.tenant.id == tenant.id and not region.ended:
             if self._granted_again(region, request_id):
-                return self._grant_reply(region.epoch, list(self._slice.reserved), 0.0, 0.0)
+                return self._grant_reply(region, 0.0, 0.0)
         if tenant.id in self._requests:
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
         request = self._requests[tenant.id] = RegionRequest(tenant.id)
@@ -163,23 +163,26 @@ class Entry(Ending, MemoryWait):
                 wait_ms + establish_ms,
                 extra=log_fields("region_granted", tenant.id, self.gpu, region.epoch),
             )
-        return self._grant_reply(region.epoch, list(self._slice.reserved), wait_ms, establish_ms)
+        return self._grant_reply(region, wait_ms, establish_ms)
 
     def _grant_reply(
-        self, epoch: int, reserved: list[int], wait_ms: float, establish_ms: float
+        self, region: Region | None, wait_ms: float, establish_ms: float
     ) -> dict[str, Any]:
-        """The region_enter reply body (ms); ``entry_ms`` = wait + steps 2-5."""
+        """The region_enter reply body (ms); ``entry_ms`` = wait + steps 2-5.
+
+        ``region``: the region granted (None: an ungated one, epoch 0).
+        """
         return {
-            "epoch": epoch,
+            "epoch": region.epoch if region else 0,
             "gpu": self.gpu,
-            "reserved_cores": reserved,
+            "reserved_cores": list(self._slice.reserved) if region else [],
             "l2_flush": self._cfg.l2_flush,
             "wait_ms": wait_ms,
             "entry_ms": wait_ms + establish_ms,
-            "drain_ms": self._last_drain_ms if epoch else 0.0,
-            "freeze_ms": self._last_freeze_ms if epoch else 0.0,
-            "check_ms": self._last_check_ms if epoch else 0.0,
-            "driver_lock": self._last_locks.record() if epoch and self._last_locks else None,
+            "drain_ms": region.drain_ms if region else 0.0,
+            "freeze_ms": region.freeze_ms if region else 0.0,
+            "check_ms": region.check_ms if region else 0.0,
+            "driver_lock": region.locks.record() if region and region.locks else None,
         }
 
     async def _establish_fitting(
@@ -221,119 +224,130 @@ class Entry(Ending, MemoryWait):
         marks: list[tuple[str, float]],
         check_memory: bool,
     ) -> Region:
-        """Steps 2-5 for a tenant that owns the region lock; undo on failure.
+        """Steps 2-5 for a tenant that owns the region lock; undone on failure.
 
-        Appends (step, monotonic s at its end) to ``marks`` (``RegionStats.steps``).
-        With ``check_memory``, raises :class:`_MemoryShort` (after the undo)
-        when the memory check run during the drain says the holder's need does
-        not fit.
+        Each step pushes its compensator on the region's undo stack as it
+        takes effect; a failure unwinds the stack (cores, thaw, unlock) and
+        reopens the gate, the same undo the region's end runs (``_end``).
+        Appends (step, monotonic s at its end) to ``marks``
+        (``RegionStats.steps``).  With ``check_memory``, raises
+        :class:`_MemoryShort` (after the undo) when the memory check run
+        during the drain says the holder's need does not fit.
         """
-        epoch = self._next_epoch()
         frozen: list[Tenant] = []
-        locks = self._last_locks = DriverLocks()
+        region = Region(tenant, self._next_epoch(), pid, tid, requested_at, 0.0, frozen)
+        locks = region.locks = DriverLocks()
         self._frozen, self._entering = frozen, tenant.id
-        gate_closed = pools_held = False
+        gate_closed = False
         try:
             # Step 2: close the gate for (holder, epoch).
             self._region_state(states.CLOSING)  # IDLE -> CLOSING
             if self._gate is not None:
-                self._gate.close(tenant.id, epoch)
+                self._gate.close(tenant.id, region.epoch)
                 gate_closed = True
             testhooks.pause("closed")
             marks.append(("close", time.monotonic()))
-            # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
-            # Step 4 begins during DRAINING: each sibling tenant is frozen as soon as all
-            # its registrations have drained, while the others still drain (DrainFreeze).
-            self._region_state(states.DRAINING)  # CLOSING -> DRAINING
-            early = DrainFreeze(
-                self._ctl,
-                self._siblings(tenant),
-                frozen,
-                asyncio.get_running_loop(),
-                (lambda t: self._lock_drained(t, locks)) if self._proc_lock else None,
-            )
-            t = time.monotonic()
-            drain = asyncio.ensure_future(self._drain(tenant, epoch, early.settled))
-            try:
-                short = check_memory and await self._memory_short(tenant)
-                if short:
-                    early.stop()  # an entry to be undone freezes no more siblings
-            finally:
-                try:
-                    # Also after a failed check: no undo under a running drain.  A cancel
-                    # cancels the drain's task with this one (its thread runs on, as it
-                    # did before the check overlapped it); early.stop() then bars its
-                    # freezes, and the reopen makes it stale.
-                    await drain
-                finally:
-                    rest = early.stop()  # no freeze from the drain's thread after this
-            self._last_drain_ms = (time.monotonic() - t) * 1e3
-            if short:
-                raise _MemoryShort
-            # The offenders pay: a sibling tenant that did not drain in time is ended
-            # (exit 79), and the entry goes on once it has left the GPU.
-            await self._end_overdue(drain.result(), epoch, locks)
-            # Step 3, enforced by the driver: every other process on the GPU not locked
-            # yet (as its tenant drained) is locked now, before its freeze.
-            await self._lock_gpu(tenant, locks)
-            testhooks.pause("drained")
-            marks.append(("drain", time.monotonic()))
-            # Step 4: freeze the sibling process trees not frozen during the drain,
-            # and the warm pools (both cgroup freezes run at once); wait for all.
-            self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
-            t = time.monotonic()
-            pools, siblings = await asyncio.gather(
-                self._freeze_pools(),
-                self._freeze_marked(rest, frozen, marks),
-                return_exceptions=True,
-            )
-            pools_held = pools is True
-            for failed in (siblings, pools):
-                if isinstance(failed, BaseException):
-                    raise failed
-            t_check = time.monotonic()
-            marks.append(("pools", t_check))
-            await self._fail_closed(tenant, epoch)
-            # Any process that reached the GPU since is locked too (its frozen tenant
-            # thawed for the lock and frozen again).
-            await self._lock_gpu(tenant, locks, frozen)
-            self._last_check_ms = (time.monotonic() - t_check) * 1e3
-            self._last_freeze_ms = (time.monotonic() - t) * 1e3
-            testhooks.pause("frozen")
-            marks.append(("check", time.monotonic()))
+            await self._drain_and_freeze(region, locks, marks, check_memory)
             # Step 5: the holder's submitting thread gets the reserved cores.
+            region.undo.push("cores", lambda: self._unpin_holder(tenant, tid))
             self._pin_holder(tenant, tid)
             marks.append(("pin", time.monotonic()))
         except BaseException:
-            # Any failure: undo in exit order (cores, thaw, reopen) -> IDLE.
+            # Any failure: undo in exit order (cores, thaw, unlock, reopen) -> IDLE.
             self._region_state(states.RECOVERING)  # CLOSING/DRAINING/FREEZING -> RECOVERING
-            self._unpin_holder(tenant, tid)
             self._frozen, self._entering = None, None  # no late arrival joins a failed entry
-            await self._thaw(frozen)
-            self._thaw_pools(pools_held)
-            await self._unlock_gpu(locks)
+            await region.undo.unwind()
             if gate_closed:
-                self._reopen_gate(tenant.id, epoch)
+                self._reopen_gate(tenant.id, region.epoch)
             self._region_state(states.IDLE)  # RECOVERING -> IDLE
             raise
         self._entering = None
         self._region_state(states.HELD)  # FREEZING -> HELD
         tenant_state(tenant, states.RUNNING, states.HOLDING)  # RUNNING -> HOLDING
-        region = Region(
-            tenant=tenant,
-            epoch=epoch,
-            pid=pid,
-            tid=tid,
-            requested_at=requested_at,
-            granted_at=time.monotonic(),
-            siblings=frozen,
-            pools_frozen=pools_held,
-            locks=locks,
-            holder_pids=set(self._ctl.processes(tenant)),
-        )
+        region.granted_at = time.monotonic()
+        region.holder_pids = set(self._ctl.processes(tenant))
         self._region = region
         self._watch(region)
         return region
+
+    async def _drain_and_freeze(
+        self,
+        region: Region,
+        locks: DriverLocks,
+        marks: list[tuple[str, float]],
+        check_memory: bool,
+    ) -> None:
+        """Steps 3 and 4 of ``region``'s entry (the gate closed); their undo on its stack.
+
+        ``locks``: the region's driver locks (``region.locks``), filled here.
+        """
+        tenant, epoch, frozen = region.tenant, region.epoch, region.siblings
+        # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
+        # Step 4 begins during DRAINING: each sibling tenant is frozen as soon as all
+        # its registrations have drained, while the others still drain (DrainFreeze).
+        self._region_state(states.DRAINING)  # CLOSING -> DRAINING
+        # Undone last-first: the thaw before the unlock (the driver does not return
+        # from an unlock of a frozen process).
+        region.undo.push("driver locks", lambda: self._unlock_gpu(locks))
+        region.undo.push("siblings' freeze", lambda: self._thaw(frozen))
+        early = DrainFreeze(
+            self._ctl,
+            self._siblings(tenant),
+            frozen,
+            asyncio.get_running_loop(),
+            (lambda t: self._lock_drained(t, locks)) if self._proc_lock else None,
+        )
+        t = time.monotonic()
+        drain = asyncio.ensure_future(self._drain(tenant, epoch, early.settled))
+        try:
+            short = check_memory and await self._memory_short(tenant)
+            if short:
+                early.stop()  # an entry to be undone freezes no more siblings
+        finally:
+            try:
+                # Also after a failed check: no undo under a running drain.  A cancel
+                # cancels the drain's task with this one (its thread runs on, as it
+                # did before the check overlapped it); early.stop() then bars its
+                # freezes, and the reopen makes it stale.
+                await drain
+            finally:
+                rest = early.stop()  # no freeze from the drain's thread after this
+        region.drain_ms = (time.monotonic() - t) * 1e3
+        if short:
+            raise _MemoryShort
+        # The offenders pay: a sibling tenant that did not drain in time is ended
+        # (exit 79), and the entry goes on once it has left the GPU.
+        await self._end_overdue(drain.result(), epoch, locks)
+        # Step 3, enforced by the driver: every other process on the GPU not locked
+        # yet (as its tenant drained) is locked now, before its freeze.
+        await self._lock_gpu(tenant, locks)
+        testhooks.pause("drained")
+        marks.append(("drain", time.monotonic()))
+        # Step 4: freeze the sibling process trees not frozen during the drain,
+        # and the warm pools (both cgroup freezes run at once); wait for all.
+        self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
+        t = time.monotonic()
+        pools, siblings = await asyncio.gather(
+            self._freeze_pools(),
+            self._freeze_marked(rest, frozen, marks),
+            return_exceptions=True,
+        )
+        if pools is True:
+            region.pools_frozen = True
+            region.undo.push("pools' freeze", lambda: self._thaw_pools(True))
+        for failed in (siblings, pools):
+            if isinstance(failed, BaseException):
+                raise failed
+        t_check = time.monotonic()
+        marks.append(("pools", t_check))
+        await self._fail_closed(tenant, epoch)
+        # Any process that reached the GPU since is locked too (its frozen tenant
+        # thawed for the lock and frozen again).
+        await self._lock_gpu(tenant, locks, frozen)
+        region.check_ms = (time.monotonic() - t_check) * 1e3
+        region.freeze_ms = (time.monotonic() - t) * 1e3
+        testhooks.pause("frozen")
+        marks.append(("check", time.monotonic()))
 
     async def _memory_short(self, holder: Tenant) -> bool:
         """During step 3: True when the holder's expected memory does not fit now.
@@ -370,4 +384,4 @@ class Entry(Ending, MemoryWait):
             raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
         self._ungated.add(tenant.id)
         self.stats.granted += 1
-        return self._grant_reply(0, [], 0.0, 0.0)
+        return self._grant_reply(None, 0.0, 0.0)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from krexd import states
 from krexd.coordinator.locks import DriverLocks
+from krexd.coordinator.undo import UndoStack
 from krexd.isolation import Watch
 from krexd.tenants import Tenant
 
@@ -39,6 +40,10 @@ class Region:
     holder_pids: set[int] = field(default_factory=set)  # the holder's processes at the grant
     ended_at: float | None = None  # monotonic s, when its end began (exit or recovery)
     request_id: str | None = None  # the region_enter's request id (a re-sent copy is granted again)
+    undo: UndoStack = field(default_factory=UndoStack)  # steps 3-5 undone at its end (step 7)
+    drain_ms: float = 0.0  # step 3 of its entry (with the driver's locks)
+    freeze_ms: float = 0.0  # step 4 of its entry, the fail-closed check included
+    check_ms: float = 0.0  # the fail-closed check's share of freeze_ms
 
 
 # Stages of a region request (``RegionRequest.stage``).

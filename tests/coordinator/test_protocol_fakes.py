@@ -514,3 +514,44 @@ def test_without_a_gate_freezing_and_pinning_still_apply() -> None:
         ]
 
     run(scenario())
+
+
+def test_a_failed_entry_and_an_exit_undo_the_same_steps_in_the_same_order() -> None:
+    """One undo path: an entry failing at its last step undoes exactly what an exit undoes.
+
+    Step 5 fails after the cpuset widened (the thread's pin raises); the
+    undo must give the cores back, thaw both siblings and reopen, in the
+    order an exit of a granted region does.
+    """
+    r = rig(3)
+    holder, s1, s2 = r.tenants
+    tid = min(holder.pids)
+    pin = r.pinner.pin_thread
+
+    def failing_pin(t: int, cores: tuple[int, ...]) -> None:
+        if cores == SLICE.cores:
+            raise OSError(5, "injected: the pin failed")
+        pin(t, cores)
+
+    def undo_of(log: list[Any]) -> list[Any]:
+        """The events after step 5 widened the cpuset, step 5's own pin left out."""
+        after = log[log.index(("set_cpus", holder.id, SLICE.cores)) + 1 :]
+        return [e for e in after if e != ("pin_thread", tid, SLICE.cores)]
+
+    async def scenario() -> None:
+        grant = await r.enter(holder)
+        await r.exit(holder, grant)
+        exit_undo = undo_of(r.events.log)
+        assert_idle(r)
+        del r.events.log[:]
+        r.pinner.pin_thread = failing_pin  # type: ignore[method-assign]
+        with pytest.raises(OSError):
+            await r.enter(holder)
+        failed_undo = undo_of(r.events.log)
+        assert_idle(r)
+        strip = [e if e[0] != "reopen" else ("reopen", e[1]) for e in exit_undo]
+        assert [e if e[0] != "reopen" else ("reopen", e[1]) for e in failed_undo] == strip
+        assert [e[0] for e in strip] == ["pin_thread", "set_cpus", "thaw", "thaw", "reopen"]
+        assert strip[0] == ("pin_thread", tid, SLICE.tenant_cores)
+
+    run(scenario())
