@@ -56,7 +56,8 @@ _log = logging.getLogger("krexd.adopt")
 # named by its saved region.  The saved state is a resting one (freezing, frozen and
 # thawing are saved as running: krexd/state_fragments.py resting_state), which
 # loses nothing only while this holds.
-_RESTORED_STATES = {states.ADMITTED: states.ADMITTED, states.HOLDING: states.HOLDING}
+# Keyed by the saved (wire) name.
+_RESTORED_STATES = {s.value: s for s in (states.ADMITTED, states.HOLDING)}
 
 
 class Adopting(Protocol):

@@ -231,7 +231,8 @@ class KrexCollector(Collector):
         f.parked.add_metric(label, parked.get(label[0], 0))
         mine = [t for t in tenants if t.gpu == gpu.index]
         for state in TENANT_STATES:
-            f.tenants.add_metric([label[0], state], sum(1 for t in mine if t.state == state))
+            count = sum(1 for t in mine if t.state == state)
+            f.tenants.add_metric([label[0], state.value], count)
         f.held.add_metric(label, 0 if gpu.coordinator.idle() else 1)
         f.queue.add_metric(label, gpu.coordinator.waiting())
         f.mem_admitted.add_metric(label, sum(t.memory.need_bytes for t in mine))

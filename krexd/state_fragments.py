@@ -38,9 +38,10 @@ _RESTING = {
 }
 
 
-def resting_state(state: str) -> str:
-    """The state saved for a tenant in ``state``: a sibling's region steps read ``running``."""
-    return _RESTING.get(state, state)
+def resting_state(state: states.TenantState) -> str:
+    """The state saved for a tenant in ``state`` (its wire name): a sibling's region steps
+    read ``running``."""
+    return _RESTING.get(state, state).value
 
 
 def static_record(t: Tenant, launcher_start: int) -> dict[str, Any]:

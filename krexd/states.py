@@ -26,23 +26,66 @@ Steps are the paper's §4.2 numbers (krexd/coordinator/).
 
 from __future__ import annotations
 
+import enum
 import logging
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 _log = logging.getLogger("krexd.states")
 
-# --- tenant states ---------------------------------------------------------
-# A request waiting for an admission slot is no tenant yet: it is a
-# ``krexd.admission.Waiter``; a tenant begins ADMITTED.
-ADMITTED = "admitted"
-RUNNING = "running"
-FREEZING = "freezing"
-FROZEN = "frozen"
-THAWING = "thawing"
-HOLDING = "holding"
-EXITED = "exited"
 
-TENANT_EDGES: dict[str, frozenset[str]] = {
+class TenantState(enum.Enum):
+    """A tenant's lifecycle state; ``value`` is its name on the wire and in the state file."""
+
+    # A request waiting for an admission slot is no tenant yet: it is a
+    # ``krexd.admission.Waiter``; a tenant begins ADMITTED.
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    FREEZING = "freezing"
+    FROZEN = "frozen"
+    THAWING = "thawing"
+    HOLDING = "holding"
+    EXITED = "exited"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RegionState(enum.Enum):
+    """One GPU's region state; a type apart from :class:`TenantState` (no value compares
+    equal across the two, although "freezing" and "thawing" are spelled alike on the wire)."""
+
+    IDLE = "idle"
+    CLOSING = "closing"
+    DRAINING = "draining"
+    FREEZING = "freezing"
+    HELD = "held"
+    THAWING = "thawing"
+    REOPENING = "reopening"
+    RECOVERING = "recovering"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The names the protocol's code reads (``states.RUNNING``, ``states.REGION_FREEZING``).
+ADMITTED = TenantState.ADMITTED
+RUNNING = TenantState.RUNNING
+FREEZING = TenantState.FREEZING
+FROZEN = TenantState.FROZEN
+THAWING = TenantState.THAWING
+HOLDING = TenantState.HOLDING
+EXITED = TenantState.EXITED
+
+IDLE = RegionState.IDLE
+CLOSING = RegionState.CLOSING
+DRAINING = RegionState.DRAINING
+REGION_FREEZING = RegionState.FREEZING
+HELD = RegionState.HELD
+REGION_THAWING = RegionState.THAWING
+REOPENING = RegionState.REOPENING
+RECOVERING = RegionState.RECOVERING
+
+TENANT_EDGES: dict[TenantState, frozenset[TenantState]] = {
     ADMITTED: frozenset({RUNNING, EXITED}),
     RUNNING: frozenset({FREEZING, HOLDING, EXITED}),
     FREEZING: frozenset({FROZEN, THAWING, EXITED}),
@@ -52,17 +95,7 @@ TENANT_EDGES: dict[str, frozenset[str]] = {
     EXITED: frozenset(),
 }
 
-# --- region states (per GPU) -------------------------------------------------
-IDLE = "idle"
-CLOSING = "closing"
-DRAINING = "draining"
-REGION_FREEZING = "freezing"
-HELD = "held"
-REGION_THAWING = "thawing"
-REOPENING = "reopening"
-RECOVERING = "recovering"
-
-REGION_EDGES: dict[str, frozenset[str]] = {
+REGION_EDGES: dict[RegionState, frozenset[RegionState]] = {
     IDLE: frozenset({CLOSING}),
     CLOSING: frozenset({DRAINING, RECOVERING}),
     DRAINING: frozenset({REGION_FREEZING, RECOVERING}),
@@ -78,19 +111,30 @@ class StateError(RuntimeError):
     """A transition not in the edge table (a bug in the caller)."""
 
 
-class HasState(Protocol):
-    """Anything with a mutable ``state`` string (Tenant, a coordinator's region)."""
-
-    state: str
+S = TypeVar("S", TenantState, RegionState)
 
 
-def change_state(obj: HasState, new: str, edges: dict[str, frozenset[str]] = TENANT_EDGES) -> None:
-    """Move ``obj`` to state ``new`` along ``edges``; log the edge; raise on an illegal one.
+class HasState(Protocol[S]):
+    """Anything with a mutable ``state`` (a Tenant's, a coordinator's region's)."""
 
-    ``edges``: :data:`TENANT_EDGES` (default) or :data:`REGION_EDGES`.
+    state: S
+
+
+def change_state(obj: HasState[S], new: S) -> None:
+    """Move ``obj`` to state ``new`` along its machine's edges; log the edge.
+
+    The machine is the states' type: :data:`TENANT_EDGES` for a
+    :class:`TenantState`, :data:`REGION_EDGES` for a :class:`RegionState`.
+
+    Raises:
+        StateError: ``new`` is not an edge out of ``obj.state`` (a bug in the caller).
     """
     old = obj.state
-    if new not in edges.get(old, frozenset()):
+    if isinstance(old, TenantState):
+        ok = isinstance(new, TenantState) and new in TENANT_EDGES[old]
+    else:
+        ok = isinstance(new, RegionState) and new in REGION_EDGES[old]
+    if not ok:
         raise StateError(f"{obj!r}: illegal state change {old} -> {new}")
     obj.state = new
     _log.debug("%r: %s -> %s", obj, old, new)

@@ -52,7 +52,7 @@ class Tenant:
     gid: int = 0
     launcher_start: int = 0
     pids: set[int] = field(default_factory=set)
-    state: str = states.ADMITTED
+    state: states.TenantState = states.ADMITTED
     admitted_at: float = field(default_factory=time.monotonic)
     exit_code: int | None = None
     signal: int | None = None
@@ -76,7 +76,7 @@ class Tenant:
             "pid": min(self.pids) if self.pids else None,
             "launcher_pid": self.launcher_pid,
             "command": shown_command(self.argv),
-            "state": self.state,
+            "state": self.state.value,
             "age_s": round(time.monotonic() - self.admitted_at, 3),
             "exclusive": self.exclusive,
             "without_mps": self.without_mps,

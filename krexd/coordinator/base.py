@@ -78,7 +78,7 @@ class CoordinatorBase:
         # Warm pools frozen with the siblings (krexd.pool_freeze); set by the daemon.
         self.pool_freeze: PoolFreeze | None = None
         self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")
-        self.state = states.IDLE  # region state of this GPU (states.REGION_EDGES)
+        self.state: states.RegionState = states.IDLE  # this GPU's (states.REGION_EDGES)
         self.stats = RegionStats()
         # Tenants frozen by the region being established or held (None: no region),
         # and the tenant establishing one: late arrivals are frozen into this list.
@@ -97,8 +97,8 @@ class CoordinatorBase:
     def __repr__(self) -> str:
         return f"Coordinator(gpu{self.gpu}, {self.state})"
 
-    def _region_state(self, new: str) -> None:
-        states.change_state(self, new, states.REGION_EDGES)
+    def _region_state(self, new: states.RegionState) -> None:
+        states.change_state(self, new)
 
     def _next_epoch(self) -> int:
         # Epochs are 32-bit and never 0 (krex_gate.h).

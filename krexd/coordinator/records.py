@@ -67,13 +67,17 @@ class RegionRequest:
     cancelled: bool = False
 
 
-def tenant_state(tenant: Tenant, old: str | tuple[str, ...], new: str) -> bool:
+def tenant_state(
+    tenant: Tenant,
+    old: states.TenantState | tuple[states.TenantState, ...],
+    new: states.TenantState,
+) -> bool:
     """Move ``tenant`` from ``old`` to ``new`` if it is in ``old``; True when it moved.
 
     Tenants not yet running their command (ADMITTED) or already EXITED keep
     their lifecycle state: the coordinator freezes their cgroup all the same.
     """
-    olds = (old,) if isinstance(old, str) else old
+    olds = old if isinstance(old, tuple) else (old,)
     if tenant.state not in olds:
         return False
     states.change_state(tenant, new)

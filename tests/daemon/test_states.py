@@ -45,6 +45,6 @@ def test_region_edges() -> None:
         states.RECOVERING,
         states.IDLE,
     ):
-        states.change_state(r, new, states.REGION_EDGES)
+        states.change_state(r, new)
     with pytest.raises(states.StateError):
-        states.change_state(r, states.HELD, states.REGION_EDGES)
+        states.change_state(r, states.HELD)

@@ -76,7 +76,7 @@ def _reference(registry: TenantRegistry, gpus: dict[int, Any]) -> dict[str, Any]
             "exclusive": t.exclusive,
             "without_mps": t.without_mps,
             "pids": sorted(t.pids),
-            "state": states.RUNNING if t.state in RESTING else t.state,
+            "state": (states.RUNNING if t.state in RESTING else t.state).value,
             "kill_reason": t.kill_reason,
             "slots_fd": t.slots_fd if t.slots_attached else None,
             "cgroup": {
@@ -237,9 +237,12 @@ def test_resting_states_are_restored_as_the_states_they_stand_for() -> None:
 
     restored = adopt._RESTORED_STATES
     for s in states.TENANT_EDGES:
-        assert restored.get(resting_state(s), states.RUNNING) == restored.get(s, states.RUNNING)
-    assert resting_state(states.FROZEN) == states.RUNNING
-    assert resting_state(states.HOLDING) == states.HOLDING
+        assert restored.get(resting_state(s), states.RUNNING) == restored.get(
+            s.value, states.RUNNING
+        )
+    assert resting_state(states.FROZEN) == "running"
+    assert resting_state(states.HOLDING) == "holding"
+    assert restored["holding"] is states.HOLDING
 
 
 def test_the_memory_record_is_a_plain_dataclass_of_scalars() -> None:
