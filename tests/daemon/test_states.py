@@ -8,7 +8,7 @@ from krexd import states
 
 
 class Thing:
-    def __init__(self, state: str) -> None:
+    def __init__(self, state: states.TenantState | states.RegionState) -> None:
         self.state = state
 
 
@@ -48,3 +48,17 @@ def test_region_edges() -> None:
         states.change_state(r, new)
     with pytest.raises(states.StateError):
         states.change_state(r, states.HELD)
+
+
+def test_the_two_machines_share_no_state() -> None:
+    """Spelled alike on the wire ("freezing", "thawing"), never equal, never crossed."""
+    assert states.REGION_FREEZING.value == states.FREEZING.value
+    assert states.REGION_FREEZING != states.FREEZING
+    assert not set(states.TENANT_EDGES) & set(states.REGION_EDGES)
+    t = Thing(states.RUNNING)
+    with pytest.raises(states.StateError):
+        states.change_state(t, states.REGION_FREEZING)
+    r = Thing(states.DRAINING)
+    with pytest.raises(states.StateError):
+        states.change_state(r, states.FREEZING)
+    assert t.state is states.RUNNING and r.state is states.DRAINING
