@@ -9,6 +9,8 @@
 #   latency  region entry p50/p99 with 1, 7 and 15 light siblings, driver lock
 #            "auto" and "off" alternating, two rounds (lat-<lock>-<round>.json); with
 #            OLD=DIR (an older tree, built here) that tree too (lat-old-<round>.json)
+#   flood    benchmarks/status_flood.py: another user's status flood vs region entry
+#            (simulated GPU: krexd's control plane on this host's cores)
 #   replay   krex replay of workloads/trace-h200.jsonl, krex then krex-nolock
 #            (REPLAY_S seconds each, default 90; concurrency 12)
 # Python packages missing on the host can be put on PYTHONPATH beforehand.
@@ -48,6 +50,10 @@ for l in open(sys.argv[1]):
             lat . auto "$round"; lat . off "$round" --driver-lock off
             [ -n "${OLD:-}" ] && lat "$OLD" old "$round"
         done ;;
+    flood)
+        timeout -s KILL 300 python3 benchmarks/status_flood.py --regions 300 --sockets 32 \
+            --json "$out/flood.json" >"$out/flood.log" 2>&1
+        echo "flood: rc=$?"; tail -6 "$out/flood.log" ;;
     replay)
         timeout -s KILL 500 benchmarks/replay_modes.sh "$out/replay" workloads/trace-h200.jsonl \
             "${REPLAY_S:-90}" 12 krex krex-nolock ;;
