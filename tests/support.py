@@ -20,6 +20,7 @@ import os
 import queue
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,26 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"
 FAKE_DIR = BUILD / "fakecuda"
+
+
+def wait_for(
+    cond: Callable[[], Any],
+    timeout_s: float = 20.0,
+    what: str = "condition",
+    every_s: float = 0.02,
+) -> Any:
+    """Poll ``cond()`` every ``every_s`` until it returns a true value, and return it.
+
+    Raises:
+        AssertionError: naming ``what``, when ``timeout_s`` passed first.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not met within {timeout_s} s"
+        time.sleep(every_s)
 
 
 def fake_driver_env(base: dict[str, str], workdir: str) -> dict[str, str]:

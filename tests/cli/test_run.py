@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import KREX, Krexd
-from tests.support import gone
+from tests.support import gone, wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]
@@ -31,13 +31,6 @@ def krex_run(k: Krexd, *argv: str, **kw: object) -> subprocess.CompletedProcess[
         **kw,  # type: ignore[call-overload]
     )
     return p
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def parked_is(k: Krexd, n: int) -> Callable[[], bool]:

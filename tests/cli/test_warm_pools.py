@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.warm_support import PROBE, PY, SERVED, Pools, pid_alive, probe, wait_for, warm_config
+from tests.cli.warm_support import PROBE, PY, SERVED, Pools, pid_alive, probe, warm_config
 from tests.conftest import Krexd
+from tests.support import wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -148,14 +148,6 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def wait_for(cond: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
-    """Poll ``cond()`` every 50 ms until true; AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not met within {timeout_s} s"
-        time.sleep(0.05)
-
-
 def source_as_code(path: Path) -> str:
     """A file's source, for ``python -c``."""
     return path.read_text()

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,20 +23,13 @@ import pytest
 
 from krex_client import cluster
 from tests.cluster.conftest import KrexCluster
-from tests.support import gone
+from tests.support import gone, wait_for
 
 ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 SIMULATED = REPO / "workloads" / "simulated.py"
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not met within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def test_each_ray_node_advertises_its_own_krexds_capacity(krex_cluster: KrexCluster) -> None:

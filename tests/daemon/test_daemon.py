@@ -16,16 +16,10 @@ import pytest
 
 from krex_client.connection import Connection, RemoteError
 from tests.conftest import REPO, Krexd
+from tests.support import wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_ping_and_status(krexd_factory: Factory) -> None:

@@ -6,9 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -88,13 +86,3 @@ def restarter() -> Iterator[Restarter]:
     for k in r.started:
         if k.proc.poll() is None:
             k.stop(check=False)
-
-
-def wait_for(cond: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"{what} not met in {timeout_s} s"
-        time.sleep(0.02)

@@ -11,7 +11,8 @@ import pytest
 
 from krexd import state as saved_state
 from tests.conftest import Krexd
-from tests.restarts.conftest import Restarter, wait_for
+from tests.restarts.conftest import Restarter
+from tests.support import wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

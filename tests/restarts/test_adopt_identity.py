@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import Krexd
 from tests.daemon.test_identity import USER_A, as_user, finish
-from tests.restarts.conftest import Restarter, wait_for
+from tests.restarts.conftest import Restarter
+from tests.support import wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

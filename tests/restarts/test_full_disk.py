@@ -20,9 +20,8 @@ import pytest
 
 from tests.conftest import Krexd
 from tests.fakecuda import timeline
-from tests.restarts.conftest import wait_for
 from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
-from tests.support import fake_driver_env
+from tests.support import fake_driver_env, wait_for
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

@@ -25,9 +25,9 @@ import pytest
 
 from tests.conftest import Krexd
 from tests.fakecuda import timeline
-from tests.restarts.conftest import Restarter, wait_for
+from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
-from tests.support import fake_driver_env
+from tests.support import fake_driver_env, wait_for
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

@@ -26,8 +26,8 @@ import pytest
 
 from tests.conftest import Krexd
 from tests.fakecuda import timeline
-from tests.restarts.conftest import Restarter, wait_for
-from tests.support import fake_driver_env
+from tests.restarts.conftest import Restarter
+from tests.support import fake_driver_env, wait_for
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

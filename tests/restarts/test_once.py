@@ -19,8 +19,9 @@ import pytest
 
 from krex_client.connection import Connection, KrexUnavailable, RemoteError
 from tests.conftest import Krexd
-from tests.restarts.conftest import Restarter, wait_for
+from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import frozen_tenants
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

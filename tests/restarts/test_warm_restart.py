@@ -18,7 +18,8 @@ import pytest
 
 from tests.cli.warm_support import PY, SERVED, Pools, pid_alive, warm_config
 from tests.conftest import Krexd
-from tests.restarts.conftest import Restarter, wait_for
+from tests.restarts.conftest import Restarter
+from tests.support import wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

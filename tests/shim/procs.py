@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests import support
 from tests.support import REPO, JsonLineReader, ShimBuild, tenant_env
 
 __all__ = [
@@ -31,12 +32,8 @@ _STATS = struct.Struct("<" + "Q" * len(STATS_FIELDS))
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    """Poll ``cond`` every ms until true; AssertionError naming ``what`` after ``timeout`` s."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.001)
+    """``tests.support.wait_for`` polling every ms (the shim's races are short)."""
+    support.wait_for(cond, timeout, what, every_s=0.001)
 
 
 def cpu_ticks(pid: int) -> int:
