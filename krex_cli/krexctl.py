@@ -137,6 +137,12 @@ def _pools_section(warm: dict[str, Any]) -> str:
         f"({cg.get('memory', '-')}), idle {warm.get('idle_s', 0):g} s, "
         f"modules {', '.join(warm.get('modules') or []) or '-'}"
     )
+    if "warm_starts" in warm:  # started since krexd's start, cold ones by reason
+        why = ", ".join(f"{r} {n}" for r, n in (warm.get("cold_reasons") or {}).items())
+        head += (
+            f"\nstarts: {warm.get('warm_starts', 0)} warm, {warm.get('cold_starts', 0)} cold"
+            + (f" ({why})" if why else "")
+        )
     pools = warm.get("pools") or []
     if not pools:
         return head + "\nno warm pools"

@@ -60,6 +60,7 @@ group to join (exit 77, EX_NOPERM).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import signal
@@ -72,6 +73,7 @@ from krex_cli import casualty, coldstart, compile_cache, grantlog, queued, slotm
 from krex_cli.reconnect import Reconnecting
 from krex_cli.warm import launch, plan
 from krex_cli.warm.client import UNKNOWN_STATUS
+from krex_client import cold_reasons
 from krex_client.connection import KrexUnavailable, RemoteError
 from krex_client.errors import COTENANT_TEXT, ExitCode
 
@@ -155,15 +157,16 @@ def run(
         conn.close()
 
 
-def _pools(about: dict[str, Any], warm: bool | None) -> plan.Settings | None:
-    """krexd's ``[warm]`` settings from its ``ping`` reply ``about`` when the command starts
-    warm (``warm``: ``--warm``/``--cold``, None: as ``[warm] start`` says), else None."""
+def _pools(about: dict[str, Any], warm: bool | None) -> plan.Settings:
+    """krexd's ``[warm]`` settings from its ``ping`` reply ``about``; ``serve`` says whether
+    the command starts warm (``warm``: ``--warm``/``--cold``, None: as ``[warm] start``
+    says)."""
     settings = plan.Settings.from_ping(about)
     if warm is None:
         warm = settings.start == "warm"
         if not warm:  # -v says how every start krexd decided went (a --cold one is asked)
             launch.debug(f'cold start: krexd\'s [warm] start is "{settings.start}"')
-    return settings if warm else None
+    return dataclasses.replace(settings, serve=warm)
 
 
 def _retry_tempfail(argv: list[str], attempt: Callable[[], int], retries: int) -> int:
@@ -270,10 +273,12 @@ def _launch(
         env.update(slotmem.environ(slots_fd))
         place["slots_fd"] = slots_fd
     try:
-        if warm is not None:
+        if warm is not None and warm.serve:
             ended = launch.attempt(tenant, argv, path, env, granted, place, timeout_s, warm)
             if ended is not None:
                 return _ended(tenant, argv, ended.status, ended.timed_out, timeout_s)
+        elif warm is not None:
+            launch.cold(place, warm, cold_reasons.ASKED, None)
         status = coldstart.run_cold(tenant, path, argv, env, place, timeout_s)
     except (KrexUnavailable, RemoteError):
         _release(tenant, {"signal": int(signal.SIGKILL)})  # placing failed: nothing runs

@@ -62,6 +62,8 @@ class WarmConfig:
             "key_names": list(self.key_names),
             "max_pools_per_uid": self.max_pools_per_uid,
             "memory_max": self.memory_max,
+            # place accepts "cold" (krex_client.cold_reasons): krexd counts cold starts by reason.
+            "cold_reasons": True,
         }
 
 

@@ -247,7 +247,12 @@ class Lifecycle:
         return command_env.slot_memory(self._gpus[tenant.gpu], tenant)
 
     def place(
-        self, tenant: Tenant, pid: int, slots_fd: int | None = None, pool_pid: int | None = None
+        self,
+        tenant: Tenant,
+        pid: int,
+        slots_fd: int | None = None,
+        pool_pid: int | None = None,
+        cold: str | None = None,
     ) -> None:
         """Move ``pid`` into the tenant's cgroup(s).
 
@@ -260,7 +265,9 @@ class Lifecycle:
         before the command runs (``KrexError(BAD_FIELD)`` when it is not
         acceptable, or offered once the command runs without one).  ``pool_pid``:
         the pool the launcher talked to; ``pid`` must then be a child of that
-        registered pool (``KrexError(AUTH)`` otherwise).
+        registered pool (``KrexError(AUTH)`` otherwise).  ``cold``: why
+        ``krex run`` starts the command cold (``krex_client.cold_reasons``),
+        counted by the warm pools' registry.
         """
         self._runtime.check_serving()
         if tenant.state not in (states.ADMITTED, states.RUNNING):
@@ -280,7 +287,7 @@ class Lifecycle:
         if pool is not None and self.pools is not None:
             self.pools.placed(pool, pid)
         elif self.pools is not None and self.pools.config.enabled and not tenant.pids:
-            self.pools.cold_starts += 1
+            self.pools.started_cold(cold)
         tenant.pids.add(pid)
         self._disarm_place_timeout(tenant)
         if tenant.state == states.ADMITTED:

@@ -307,6 +307,15 @@ def _warm(d: Reported) -> Iterator[Metric]:
     yield _gauge("krex_warm_pools", "Warm pools registered", len(pools))
     yield _counter("krex_warm_starts", "Commands started from a warm pool", pools.warm_starts)
     yield _counter("krex_cold_starts", "Commands started cold, warm pools on", pools.cold_starts)
+    by_reason = CounterMetricFamily(
+        "krex_cold_starts_by_reason",
+        "Commands started cold, warm pools on, by the reason krex run gave",
+        labels=["reason"],
+    )
+    seen = _snapshot(lambda: dict(pools.cold_reasons).items())
+    for reason, n in seen:
+        by_reason.add_metric([reason], n)
+    yield by_reason
     yield _counter("krex_warm_pools_refused", "Warm pool registrations refused", pools.refused)
 
 

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from krex_client import cold_reasons
 from krexd import identity, testhooks
 from krexd.cgroups.fs import CgroupError
 from krexd.cgroups.pool import PoolCgroup, PoolCgroups
@@ -108,6 +109,8 @@ class PoolRegistry:
         self.refused = 0
         self.warm_starts = 0  # commands placed from a pool (since start)
         self.cold_starts = 0  # commands started cold while warm pools are on (since start)
+        # ... by the reason krex run gave (krex_client.cold_reasons; "other": none or unknown)
+        self.cold_reasons: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._pools)
@@ -243,6 +246,13 @@ class PoolRegistry:
             return None
         return pool if pool.cgroup.contains(pid) else None
 
+    def started_cold(self, reason: str | None) -> None:
+        """A command started cold while warm pools are on; ``reason``: ``place``'s ``cold``
+        (a category of ``krex_client.cold_reasons``; anything else counts as "other")."""
+        self.cold_starts += 1
+        key = reason if reason in cold_reasons.REASONS else cold_reasons.OTHER
+        self.cold_reasons[key] = self.cold_reasons.get(key, 0) + 1
+
     def placed(self, pool: Pool, pid: int) -> None:
         """``pid``, a child of ``pool``, is now in its tenant cgroup."""
         pool.placed += 1
@@ -257,5 +267,6 @@ class PoolRegistry:
             "refused": self.refused,
             "warm_starts": self.warm_starts,
             "cold_starts": self.cold_starts,
+            "cold_reasons": dict(sorted(self.cold_reasons.items())),
             "pools": [p.summary() for p in self._pools.values()],
         }

@@ -42,6 +42,7 @@ from typing import Any
 from krex_cli import __version__
 from krex_cli.reconnect import Reconnecting
 from krex_cli.warm import client, plan, pooldir
+from krex_client import cold_reasons
 from krex_client.connection import KrexUnavailable, RemoteError
 
 #: Signals ``krex run`` forwards to the command's process group.
@@ -96,32 +97,46 @@ def attempt(
             argv, path, env, list(granted.get("env") or {}), settings, tenant.socket
         )
         if isinstance(made, str):
-            debug(f"cold start: {made}")
+            cold(place, settings, cold_reasons.COMMAND, made)
             return None
         files = pooldir.PoolFiles(pooldir.directory(note=debug), made.key)
         session = _session(files, made)
     except pooldir.PoolDirError as exc:
-        debug(f"cold start: pool directory: {exc}")
+        cold(place, settings, cold_reasons.POOL_DIRECTORY, f"pool directory: {exc}")
         return None
     except Exception as exc:  # noqa: BLE001 - a pool never makes a command fail
-        debug(f"cold start: {exc!r}")
+        cold(place, settings, cold_reasons.ERROR, repr(exc))
         return None
-    if session is None:
+    if isinstance(session, str):
+        cold(place, settings, session, None)
         return None
     try:
-        return _serve(session, tenant, made, env, place, timeout_s)
+        ended = _serve(session, tenant, made, env, place, timeout_s)
     finally:
         session.close()
+    if ended is None:  # the pool could not start it (said already)
+        cold(place, settings, cold_reasons.ERROR, None)
+    return ended
 
 
-def _session(files: pooldir.PoolFiles, made: plan.Plan) -> client.PoolSession | None:
-    """A checked connection to the key's pool; None (and maybe a new pool) otherwise."""
+def cold(place: dict[str, Any], settings: plan.Settings, category: str, why: str | None) -> None:
+    """Start cold for ``category`` (``krex_client.cold_reasons``): one debug line with
+    ``why`` (None: said already), and the category in ``place`` where krexd counts it
+    (``settings.cold_reasons``)."""
+    if why is not None:
+        debug(f"cold start: {why}")
+    if settings.cold_reasons:
+        place["cold"] = category
+
+
+def _session(files: pooldir.PoolFiles, made: plan.Plan) -> client.PoolSession | str:
+    """A checked connection to the key's pool; otherwise why not, as a category of
+    ``krex_client.cold_reasons`` (a new pool started where none is)."""
     try:
         session = client.PoolSession(files.socket)
     except client.PoolUnavailable as exc:
         debug(f"cold start: {exc}")
-        _start_pool(files, made)
-        return None
+        return _start_pool(files, made)
     try:
         why = client.mismatch(session.hello(), __version__, made.key)
     except client.PoolUnavailable as exc:
@@ -129,21 +144,22 @@ def _session(files: pooldir.PoolFiles, made: plan.Plan) -> client.PoolSession | 
     if why is not None:
         debug(f"cold start: {why}")
         session.close()
-        return None
+        return cold_reasons.MISMATCH
     return session
 
 
-def _start_pool(files: pooldir.PoolFiles, made: plan.Plan) -> None:
-    """Start a keeper for this key unless one lives or the last pool refused recently."""
+def _start_pool(files: pooldir.PoolFiles, made: plan.Plan) -> str:
+    """Start a keeper for this key unless one lives or the last pool refused recently;
+    the cold reason of this command (``krex_client.cold_reasons``)."""
     if files.keeper_alive():
         debug("a pool for this command is starting")
-        return
+        return cold_reasons.POOL_STARTING
     try:
         age = time.time() - os.stat(files.refused).st_mtime
         if age < made.settings.idle_s:
             with open(files.refused) as f:
                 debug(f"the last pool for this key refused to serve: {f.read().strip()}")
-            return
+            return cold_reasons.POOL_REFUSED
     except OSError:
         pass
     start = files.path(f".start-{os.getpid()}.json")
@@ -176,10 +192,11 @@ def _start_pool(files: pooldir.PoolFiles, made: plan.Plan) -> None:
         )
     except OSError as exc:
         debug(f"cannot start a pool: {exc}")
-        return
+        return cold_reasons.ERROR
     finally:
         os.close(log)
     debug(f"starting a pool for this command (log {files.log})")
+    return cold_reasons.NO_POOL
 
 
 def _serve(

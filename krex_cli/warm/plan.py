@@ -58,6 +58,8 @@ class Settings:
     key_prefixes: tuple[str, ...] = ()
     key_names: tuple[str, ...] = ()
     start: str = "cold"  # without --warm/--cold ("cold" from a krexd that does not say)
+    cold_reasons: bool = False  # krexd counts cold starts by reason (place's "cold" field)
+    serve: bool = True  # try a pool for this command (False: --cold, or [warm] start = "cold")
 
     @classmethod
     def from_ping(cls, about: Mapping[str, Any]) -> Settings:
@@ -72,6 +74,7 @@ class Settings:
             idle_s=float(warm.get("idle_s") or 600.0),
             key_prefixes=tuple(str(p) for p in warm.get("key_prefixes") or ()),
             key_names=tuple(str(n) for n in warm.get("key_names") or ()),
+            cold_reasons=warm.get("cold_reasons") is True,
         )
 
 

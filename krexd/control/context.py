@@ -50,9 +50,15 @@ class TenantLifecycle(Protocol):
         ...
 
     def place(
-        self, tenant: Tenant, pid: int, slots_fd: int | None = None, pool_pid: int | None = None
+        self,
+        tenant: Tenant,
+        pid: int,
+        slots_fd: int | None = None,
+        pool_pid: int | None = None,
+        cold: str | None = None,
     ) -> None:
-        """Move ``pid`` into the tenant's cgroup(s) (a child of pool ``pool_pid`` when given)."""
+        """Move ``pid`` into the tenant's cgroup(s) (a child of pool ``pool_pid`` when given;
+        ``cold``: why a cold start is one, ``krex_client.cold_reasons``)."""
         ...
 
     async def end(self, tenant: Tenant, reason: str) -> None:

@@ -1,6 +1,6 @@
 """``place``: move a launcher's child into the tenant's cgroup(s) before it executes CMD.
 
-Request: tenant + token; body ``{"pid": int, "slots_fd": int?, "pool": int?}``.
+Request: tenant + token; body ``{"pid": int, "slots_fd": int?, "pool": int?, "cold": str?}``.
 Reply body: ``{"cgroups": [str, ...]}`` (the directories the pid is now in).
 
 The pid must be a direct child of the tenant's verified launcher, running
@@ -22,6 +22,10 @@ attached has no registration a drain waits for).
 to (the kernel's ``SO_PEERCRED`` of its connection); the pid must then be a
 child of that registered pool, never of another process (a relay on the
 pool's socket path cannot have another process placed).
+``cold``: why ``krex run`` starts the command cold, one of
+``krex_client.cold_reasons.REASONS`` (counted in ``status``'s ``warm`` and the
+metrics; another string of at most 32 characters counts as "other"), sent
+only to a krexd whose ``ping`` announces ``warm.cold_reasons``.
 Errors: ``AUTH`` (wrong token or caller; not the launcher's child or uid),
 ``BAD_FIELD`` (gone, tenant ended, slot memory not acceptable),
 ``SHUTTING_DOWN``, ``INTERNAL`` (cgroupfs write failed).
@@ -44,9 +48,10 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     """Authenticate, check the pid's parent, write it into the tenant's cgroup.procs."""
     tenant = ctx.tenants.authenticate(req.tenant, req.token)
     identity.authorize(tenant, "place")
-    fields.only(req.body, "pid", "slots_fd", "pool")
+    fields.only(req.body, "pid", "slots_fd", "pool", "cold")
     pid = fields.integer(req.body, "pid", 1, 1 << 22)
     slots_fd = fields.integer(req.body, "slots_fd", 0, 1 << 20, default=None)
     pool = fields.integer(req.body, "pool", 1, 1 << 22, default=None)
-    ctx.lifecycle.place(tenant, pid, slots_fd, pool)
+    cold = fields.string(req.body, "cold", 32, default=None)
+    ctx.lifecycle.place(tenant, pid, slots_fd, pool, cold)
     return {"cgroups": tenant.cgroup.paths}

@@ -247,3 +247,36 @@ def test_a_krexd_that_starts_cold_by_default_is_obeyed(
     assert plain.returncode == 0 and SERVED not in plain.stderr, plain.stderr
     # -v says so, as for a warm start krexd decided (krex replay records it).
     assert 'krex: warm: cold start: krexd\'s [warm] start is "cold"\n' in plain.stderr
+
+
+def test_krexd_counts_cold_starts_by_the_reason_krex_run_gave(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    """Each cold start's category reaches krexd with ``place``: status and the metrics."""
+    from tests.metrics.test_endpoint import scrape, value
+
+    k = krexd_factory(config={**warm_config(), "metrics": {"enabled": True, "port": 0}})
+    pools = Pools(k, tmp_path)
+
+    def reasons() -> dict[str, int]:
+        return dict(k.status()["warm"]["cold_reasons"])
+
+    first = pools.run("--warm", [PY, "-c", "pass"])
+    assert first.returncode == 0 and SERVED not in first.stderr, first.stderr
+    assert reasons() == {"no_pool": 1}  # no pool for its key yet: one starts
+    pools.ready()
+    before = reasons()
+    assert pools.cold([PY, "-c", "pass"]).returncode == 0
+    assert pools.warm(["sh", "-c", "true"], served=False).returncode == 0
+    after = reasons()
+    grew = {r: n - before.get(r, 0) for r, n in after.items() if n != before.get(r, 0)}
+    assert grew == {"asked": 1, "command": 1}, (before, after)
+    assert k.status()["warm"]["cold_starts"] == sum(after.values())
+    m = scrape(k.status()["metrics"]["port"])
+    for reason, n in after.items():
+        assert value(m, "krex_cold_starts_by_reason_total", reason=reason) == n
+    text = subprocess.run(
+        [*k.krexctl, "status"], env=k.env, capture_output=True, text=True, timeout=30
+    ).stdout
+    starts = [ln for ln in text.splitlines() if ln.startswith("starts: ")]
+    assert starts and "asked 1" in starts[0] and "command 1" in starts[0], text
