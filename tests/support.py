@@ -21,6 +21,7 @@ import queue
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,3 +226,23 @@ def forget_gate(gate: Any) -> None:
     """Close the slot memory fds :func:`tenant_env` made for ``gate``."""
     for fd in gate.__dict__.pop("_test_slot_fds", {}).values():
         os.close(fd)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of krexd's ``/metrics`` on ``port`` (prometheus_client's own parser):
+    ``{(name, sorted labels): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    """The sample ``name`` with exactly ``labels`` in a :func:`scrape`."""
+    return samples[(name, tuple(sorted(labels.items())))]

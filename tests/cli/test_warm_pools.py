@@ -18,7 +18,7 @@ import pytest
 
 from tests.cli.warm_support import PROBE, PY, SERVED, Pools, pid_alive, probe, warm_config
 from tests.conftest import Krexd
-from tests.support import wait_for
+from tests.support import scrape, value, wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]
@@ -253,8 +253,6 @@ def test_krexd_counts_cold_starts_by_the_reason_krex_run_gave(
     krexd_factory: Factory, tmp_path: Path
 ) -> None:
     """Each cold start's category reaches krexd with ``place``: status and the metrics."""
-    from tests.metrics.test_endpoint import scrape, value
-
     k = krexd_factory(config={**warm_config(), "metrics": {"enabled": True, "port": 0}})
     pools = Pools(k, tmp_path)
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.fakecuda import timeline
-from tests.support import fake_driver_env
+from tests.support import fake_driver_env, scrape, value
 
 pytestmark = [pytest.mark.root]
 
@@ -184,7 +184,9 @@ def test_a_drain_timeout_ends_the_overdue_sibling_and_grants(krexd_factory: Any)
     # drain_timeout_s, so its command is ended (exit 79, the reason in its output);
     # the holder is granted once it has left the GPU, and the quick sibling, frozen
     # early, is thawed at the region's exit and runs on.
-    k = krexd_factory(slots=4, config={"region": {"drain_timeout_s": 0.5}})
+    # The metrics endpoint counts it (issue "Operators can see a krex host", item 4).
+    metrics = {"enabled": True, "port": 0}
+    k = krexd_factory(slots=4, config={"region": {"drain_timeout_s": 0.5}, "metrics": metrics})
     procs: list[subprocess.Popen[str]] = []
     try:
         s = _start(k, procs)
@@ -198,6 +200,10 @@ def test_a_drain_timeout_ends_the_overdue_sibling_and_grants(krexd_factory: Any)
         assert gpu["region"]["holder"] is None, gpu
         assert gpu["region"]["regions"]["failed"] == 0
         assert "did not drain its GPU work within drain_timeout_s" in k.log()
+        m = scrape(k.status()["metrics"]["port"])
+        assert value(m, "krex_region_drain_timeouts_total", gpu="0") == 1
+        assert value(m, "krex_commands_ended_total", gpu="0", reason="drain_timeout") == 1
+        assert value(m, "krex_regions_entered_total", gpu="0") == 1
         assert not _frozen(s.quick_pid)
         s.quick.send("1000")
         assert s.quick.get(timeout_s=5) == "launched"

@@ -12,33 +12,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import urllib.request
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from krex_client.connection import RemoteError
+from tests.support import scrape, value
 
 pytestmark = [pytest.mark.root]
 
 PROG = os.path.join(os.path.dirname(__file__), "progs", "regions.py")
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``/metrics``: ``{(name, sorted labels): value}``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        assert r.status == 200
-        text = r.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: dict[Any, float], name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def test_endpoint_counts_known_events(krexd_factory: Any) -> None:
