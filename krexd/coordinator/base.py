@@ -13,6 +13,7 @@ from typing import Any
 
 from krexd import states
 from krexd.config import RegionConfig
+from krexd.coordinator.no_gate import NoGate
 from krexd.coordinator.once import OnceLog
 from krexd.coordinator.records import Region, RegionRequest
 from krexd.fifo import FifoLock
@@ -64,7 +65,7 @@ class CoordinatorBase:
         self.memory_waits = 0  # entries that waited for siblings' memory
         self._guard = guard
         self._end_command = end_command
-        self._gate = gate
+        self._gate: RegionGate = gate if gate is not None else NoGate()
         self._ctl = control
         self._pinner = pinner
         self._slice = cpu_slice

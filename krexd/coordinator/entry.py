@@ -242,9 +242,8 @@ class Entry(Ending, MemoryWait):
         try:
             # Step 2: close the gate for (holder, epoch).
             self._region_state(states.CLOSING)  # IDLE -> CLOSING
-            if self._gate is not None:
-                self._gate.close(tenant.id, region.epoch)
-                gate_closed = True
+            self._gate.close(tenant.id, region.epoch)
+            gate_closed = True
             testhooks.pause("closed")
             marks.append(("close", time.monotonic()))
             await self._drain_and_freeze(region, locks, marks, check_memory)

@@ -1,7 +1,9 @@
 """Steps 3 and 8 on the gate: drain the siblings, reopen bound to (holder, epoch).
 
 Step 2 (close) is one call inside the entry (``krexd.coordinator.entry``).
-Without ``libkrex_gate.so`` there is no gate: both steps are skipped.
+Without ``libkrex_gate.so`` there is no gate: the coordinator holds a
+:class:`krexd.coordinator.no_gate.NoGate`, whose steps do nothing (freezing
+and pinning still apply).
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ class GateSteps(CoordinatorBase):
             KrexError: DRAIN_TIMEOUT when a pending registration belongs to
                 no sibling tenant krexd can end; INTERNAL on a gate error.
         """
-        if self._gate is None:
-            return set()
         timeout_s = self._cfg.drain_timeout_s
         try:
             # The drain blocks in C with the GIL released: run it off the loop.
@@ -70,8 +70,6 @@ class GateSteps(CoordinatorBase):
         return set()
 
     def _reopen_gate(self, holder: int, epoch: int) -> None:
-        if self._gate is None:
-            return
         try:
             self._gate.reopen(holder, epoch)
         except GateError as exc:

@@ -1,0 +1,38 @@
+"""The gate of a GPU without ``libkrex_gate.so``: the same port, no steps.
+
+The coordinator holds one instead of ``None``, so the protocol's steps read
+the same with and without a gate (submissions are then not gated; freezing
+and pinning still apply).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from krexd.gate import SlotInfo
+
+
+class NoGate:
+    """The :class:`krexd.isolation.RegionGate` of a GPU without ``libkrex_gate.so``:
+    nothing to close, drain or reopen, no registrations."""
+
+    def close(self, holder: int, epoch: int) -> None:
+        """Step 2: nothing to close."""
+
+    def drain(
+        self,
+        holder: int,
+        epoch: int,
+        timeout_s: float,
+        settled: Callable[[set[int]], Iterable[int]] | None = None,
+    ) -> None:
+        """Step 3: nothing to wait for (each sibling is frozen in step 4 all the same)."""
+        if settled is not None:
+            settled(set())
+
+    def reopen(self, holder: int, epoch: int) -> None:
+        """Step 8: nothing to reopen."""
+
+    def slots(self) -> list[SlotInfo]:
+        """No registrations."""
+        return []
