@@ -81,3 +81,46 @@ def test_endpoint_counts_known_events(krexd_factory: Any) -> None:
 def test_endpoint_is_off_by_default(krexd_factory: Any) -> None:
     k = krexd_factory()
     assert k.status()["metrics"] is None
+
+
+def test_the_region_path_never_reaches_the_metrics_code() -> None:
+    """No module of the region protocol imports prometheus_client or krexd.metrics, even
+    indirectly: region entry only counts (krexd.region_stats); formatting happens on a
+    scrape, in the endpoint's thread (the scrape count above: one collection per scrape)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def imports(path: Path) -> set[str]:
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                out.add(node.module)
+        return out
+
+    def module_path(name: str) -> Path | None:
+        base = root.joinpath(*name.split("."))
+        for p in (base.with_suffix(".py"), base / "__init__.py"):
+            if p.exists():
+                return p
+        return None
+
+    start = [*sorted((root / "krexd" / "coordinator").glob("*.py")), root / "krexd/region_stats.py"]
+    seen: set[Path] = set()
+    todo = list(start)
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in imports(path):
+            assert not name.startswith("prometheus_client"), f"{path} imports {name}"
+            assert name != "krexd.metrics", f"{path} imports krexd.metrics"
+            if name.startswith("krexd"):
+                found = module_path(name)
+                if found is not None:
+                    todo.append(found)
+    assert len(seen) > 20  # the walk followed the protocol's imports
