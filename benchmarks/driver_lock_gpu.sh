@@ -7,7 +7,7 @@
 #            (attacks.jsonl: one row per scene)
 #   proof    the honest device-clock proof (test_gpu_regions.py), gated and ungated
 #   latency  region entry p50/p99 with 1, 7 and 15 light siblings, driver lock
-#            "auto" and "off" alternating, two rounds (lat-<lock>-<round>.json); with
+#            "auto" and "off" alternating, ROUNDS rounds (default 2; lat-<lock>-<round>.json); with
 #            OLD=DIR (an older tree, built here) that tree too (lat-old-<round>.json)
 #   flood    benchmarks/status_flood.py: another user's status flood vs region entry
 #            (simulated GPU: krexd's control plane on this host's cores)
@@ -46,7 +46,7 @@ for l in open(sys.argv[1]):
         echo "proof: rc=$?"; grep -E "enforce=|passed|failed" "$out/proof.log" | tail -4 ;;
     latency)
         if [ -n "${OLD:-}" ]; then (cd "$OLD" && make -j16 all >"$out/build-old.log" 2>&1) || echo "old tree: build failed"; fi
-        for round in 1 2; do
+        for round in $(seq 1 "${ROUNDS:-2}"); do
             lat . auto "$round"; lat . off "$round" --driver-lock off
             [ -n "${OLD:-}" ] && lat "$OLD" old "$round"
         done ;;

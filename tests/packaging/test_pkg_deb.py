@@ -101,6 +101,10 @@ def test_region_freezes_and_thaws_sibling(booted: Booted) -> None:
     expect(booted, "region_freezes_and_thaws_sibling")
 
 
+def test_journal_fields_select_a_tenants_records(booted: Booted) -> None:
+    expect(booted, "journal_fields")
+
+
 def test_restart_keeps_commands(booted: Booted) -> None:
     # Issue "Restarts" item 9: `systemctl restart` while a command runs.
     expect(booted, "restart_keeps_commands")

@@ -302,6 +302,26 @@ def region_freezes() -> str:
     return json.dumps(seen)
 
 
+@check("journal_fields")
+def journal_fields() -> str:
+    """krexd's records carry journald fields: ``journalctl -u krexd EVENT=placed`` finds the
+    commands the region check placed, each with its TENANT and GPU (issue "Operators can see
+    a krex host", item 3)."""
+    out = run(["journalctl", "-u", UNIT, "-o", "json", "--no-pager", "EVENT=placed"]).stdout
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if not records:
+        raise CheckFailed("no record of krexd.service with EVENT=placed")
+    tenants = sorted({r.get("TENANT") for r in records})
+    if None in tenants or any(r.get("GPU") is None for r in records):
+        raise CheckFailed(f"a placed record without TENANT or GPU: {records[0]}")
+    one = run(["journalctl", "-u", UNIT, "-o", "json", "--no-pager", f"TENANT={tenants[0]}"])
+    mine = [json.loads(line) for line in one.stdout.splitlines() if line.startswith("{")]
+    if not mine or any(r.get("TENANT") != tenants[0] for r in mine):
+        raise CheckFailed(f"journalctl TENANT={tenants[0]} found {len(mine)} records")
+    events = sorted({str(r.get("EVENT")) for r in mine})
+    return f"{len(records)} placed records, tenants {tenants}; TENANT={tenants[0]}: {events}"
+
+
 def _command_across(action: list[str], sleep_s: float = 8.0, code: int = 7) -> str:
     """A ``krex run`` whose command exits ``code`` after ``sleep_s``, with ``action`` run
     meanwhile: the command must end with its own code (no command lost)."""
