@@ -35,13 +35,13 @@ for part in $parts; do
     attacks)
         rm -f "$out/attacks.jsonl"
         KREX_GPU_ATTACKS_OUT="$out/attacks.jsonl" timeout -s KILL 500 python3 -m pytest \
-            tests/gpu/test_gpu_attacks.py -p no:cacheprovider -q -s >"$out/attacks.log" 2>&1
+            tests/gpu/test_gpu_attacks.py -p no:cacheprovider -q -s --timeout=120 >"$out/attacks.log" 2>&1
         echo "attacks: rc=$?"; grep -E "passed|failed" "$out/attacks.log" | tail -3
         python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     r=json.loads(l); print(f"{r[\"scene\"]:>18} rc={r[\"attacker_rc\"]} ended={r[\"ended\"]} kernels={r[\"attacker_kernels\"]} in-region={r[\"attacker_overlaps\"]} sibling={r[\"sibling_kernels\"]}/{r[\"sibling_overlaps\"]}")' "$out/attacks.jsonl" ;;
     proof)
-        timeout -s KILL 400 python3 -m pytest tests/gpu/test_gpu_regions.py -k no_sibling \
+        timeout -s KILL 400 python3 -m pytest tests/gpu/test_gpu_regions.py -k no_sibling --timeout=200 \
             -p no:cacheprovider -q -s >"$out/proof.log" 2>&1
         echo "proof: rc=$?"; grep -E "enforce=|passed|failed" "$out/proof.log" | tail -4 ;;
     latency)
