@@ -60,6 +60,7 @@ class Daemon:
         self.out, self.socket = out, socket
         self.proc: subprocess.Popen[bytes] | None = None
         self.rss: list[float] = []  # MiB, samples of the current process
+        self.stops: list[tuple[float, str]] = []  # (wall s, signal) of each stop
         self.lock = threading.Lock()
         threading.Thread(target=self._sample, daemon=True).start()
 
@@ -92,10 +93,28 @@ class Daemon:
         raise SystemExit(f"krexd not ready on {self.socket}; see {self.out}/krexd.log")
 
     def stop(self, sig: int) -> None:
+        """SIGKILL: a crash.  SIGTERM: a restart, as ``systemctl restart`` makes one
+        (``krexd --prepare-restart`` first; a bare SIGTERM is a stop, which ends commands)."""
+        if sig == signal.SIGTERM:
+            subprocess.run(
+                [sys.executable, "-m", "krexd", "--config", str(self.out / "krexd.toml"),
+                 "--prepare-restart"],
+                cwd=REPO, env=dict(os.environ, PYTHONPATH=f"{REPO}:{REPO / 'python_client'}"),
+                check=True, capture_output=True,
+            )  # fmt: skip
         with self.lock:
             proc, self.proc = self.proc, None
         if proc is not None:
             proc.send_signal(sig)
+            proc.wait(60)
+        self.stops.append((time.time(), signal.Signals(sig).name))
+
+    def shutdown(self) -> None:
+        """A stop (SIGTERM, no restart prepared): krexd ends what runs and removes its tree."""
+        with self.lock:
+            proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
             proc.wait(60)
 
     def _sample(self) -> None:
@@ -113,10 +132,13 @@ def run_one(env: dict[str, str], out: Path, i: int, regions: int) -> dict[str, A
     """One ``krex run`` of the soak command; its exit code and result."""
     res = out / "results" / f"{i}.json"
     argv = [sys.executable, "-m", "krex_cli", "run", "--", sys.executable, str(COMMAND)]
+    t0 = time.time()
     p = subprocess.run(
-        [*argv, str(regions), str(res)], env=env, capture_output=True, timeout=900, cwd=REPO
-    )
-    row: dict[str, Any] = {"i": i, "rc": p.returncode, "err": p.stderr.decode()[-400:]}
+        [*argv, str(regions), str(res)],
+        env=env, capture_output=True, timeout=900, cwd=REPO,
+    )  # fmt: skip
+    row: dict[str, Any] = {"i": i, "rc": p.returncode, "err": p.stderr.decode()[-2000:]}
+    row["t"] = [t0, time.time()]
     if res.exists():
         row.update(json.loads(res.read_text()))
     return row
@@ -162,7 +184,7 @@ def restarts(daemon: Daemon, stop: threading.Event, lo: float, hi: float, log: l
         daemon.stop(sig)
         time.sleep(rng.uniform(0.5, 2.0))
         daemon.start()
-        log.append(signal.Signals(sig).name)
+        log.append(signal.Signals(sig).name)  # restarted
 
 
 def main() -> int:
@@ -222,7 +244,11 @@ def main() -> int:
         summary.append(row)
         all_rows += rows
         print(json.dumps({k: v for k, v in row.items() if k != "lost_examples"}), flush=True)
-    daemon.stop(signal.SIGTERM)
+    daemon.shutdown()
+    with open(out / "rows.jsonl", "w") as f:
+        for r in all_rows:
+            f.write(json.dumps(r) + "\n")
+    (out / "stops.json").write_text(json.dumps(daemon.stops))
     inside = violations(all_rows, timeline.read(out / "timeline"))
     print("| phase | commands | lost | regions granted/asked | krexd stops ", end="")
     print("| RSS start/end/max MiB | s |")

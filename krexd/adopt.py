@@ -44,6 +44,7 @@ from krexd import state as saved_state
 from krexd import states
 from krexd.cgroups import CgroupBackend, CgroupError, TenantCgroup
 from krexd.config import Config
+from krexd.coordinator.records import tenant_state
 from krexd.gate import Gate, GateError, keep_path
 from krexd.gpu import Gpu
 from krexd.memory.records import TenantMemory
@@ -279,10 +280,14 @@ def _adopt_region(
         for s in siblings:
             try:
                 s.cgroup.freeze()  # it is, unless a watchdog thawed it; then the gate is open
-                s.state = states.FROZEN
             except OSError:
-                pass
-        holder.state = states.HOLDING
+                continue
+            # The region's steps for it, replayed: RUNNING -> FREEZING -> FROZEN.  A sibling
+            # not running its command yet (ADMITTED) keeps its state, as in any region (its
+            # cgroup is frozen all the same), so that its first place still attaches.
+            if tenant_state(s, states.RUNNING, states.FREEZING):
+                tenant_state(s, states.FREEZING, states.FROZEN)
+        tenant_state(holder, states.RUNNING, states.HOLDING)  # saved as holding: already
         coordinator.resume(g["epoch"], exited)
         cpus = r.get("thread_cpus")
         coordinator.adopt_region(
@@ -295,8 +300,8 @@ def _adopt_region(
             r["request"] if isinstance(r.get("request"), str) else None,
         )
         return {s.id for s in siblings}
-    if holder is not None and holder.state == states.HOLDING:
-        holder.state = states.RUNNING
+    if holder is not None:
+        tenant_state(holder, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
     if r:
         exited[r["tenant"]] = r["epoch"]  # its re-sent region_exit is answered
     if word is not None and gpu.gate is not None:

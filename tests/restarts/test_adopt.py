@@ -131,3 +131,61 @@ def test_a_restart_adopts_from_a_padded_slot(krexd_factory: Factory, restarter: 
     assert [p.wait(60) for p in runs[:2]] == [3, 5]
     assert "adopted 2 tenant(s)" in k2.log()
     k2.stop()
+
+
+def test_a_command_admitted_under_an_adopted_region_is_placed_after_it(
+    krexd_factory: Factory, restarter: Restarter
+) -> None:
+    """A sibling admitted but not placed when krexd restarts under a held region stays
+    admitted: once the adopted region ends, its first place attaches its slot memory.
+
+    Found by benchmarks/soak.py: adoption marked every sibling of the saved region frozen,
+    so the region's end thawed an admitted tenant to running, and the first place of its
+    command was refused ("its slot memory is attached by its first place only").
+    """
+    import sys
+
+    from krex_cli import slotmem
+    from tests.restarts.test_kill_steps import HOLDER
+    from tests.support import fake_driver_env
+
+    k = krexd_factory(slots=4, config={"admission": {"place_timeout_s": 60.0}})
+    env = fake_driver_env(k.env, k.workdir)
+    holder = subprocess.Popen(
+        [*k.krex, "run", "--", sys.executable, HOLDER, "1.5", "600"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = None
+    try:
+        wait_for(lambda: k.status()["gpus"][0]["holder"] is not None, what="a held region")
+        body = {"argv": ["sleep", "5"], "exclusive": False, "launcher_pid": os.getpid()}
+        granted = k.request("admit", body)  # this test is the launcher; nothing placed yet
+        tenant, token = int(granted["tenant"]), str(granted["token"])
+        restarter.kill(k)
+        k2 = restarter.start_again(k)
+        assert k2.status()["gpus"][0]["holder"] is not None, "the region was not adopted"
+
+        def state() -> str:
+            return str({t["id"]: t for t in k2.status()["tenants"]}[tenant]["state"])
+
+        assert state() == "admitted"
+        assert holder.wait(60) == 0, holder.stderr.read() if holder.stderr else ""
+        wait_for(lambda: k2.status()["gpus"][0]["holder"] is None, what="the region's end")
+        assert state() == "admitted"
+        slots = granted["slots"]
+        fd = slotmem.create(int(slots["size"]), bytes(slots["header"]))
+        child = subprocess.Popen(["sleep", "30"], pass_fds=(fd,))
+        k2.request("place", {"pid": child.pid, "slots_fd": fd}, tenant=tenant, token=token)
+        assert state() == "running"
+        k2.request("release", {"exit_code": 0}, tenant=tenant, token=token)
+        os.close(fd)
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
