@@ -280,19 +280,30 @@ class Entry(Ending, MemoryWait):
 
         ``locks``: the region's driver locks (``region.locks``), filled here.
         """
-        tenant, epoch, frozen = region.tenant, region.epoch, region.siblings
-        # Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked).
-        # Step 4 begins during DRAINING: each sibling tenant is frozen as soon as all
-        # its registrations have drained, while the others still drain (DrainFreeze).
-        self._region_state(states.DRAINING)  # CLOSING -> DRAINING
         # Undone last-first: the thaw before the unlock (the driver does not return
         # from an unlock of a frozen process).
         region.undo.push("driver locks", lambda: self._unlock_gpu(locks))
-        region.undo.push("siblings' freeze", lambda: self._thaw(frozen))
+        region.undo.push("siblings' freeze", lambda: self._thaw(region.siblings))
+        rest = await self._drain_step(region, locks, check_memory)
+        marks.append(("drain", time.monotonic()))
+        await self._freeze_step(region, locks, rest, marks)
+        marks.append(("check", time.monotonic()))
+
+    async def _drain_step(
+        self, region: Region, locks: DriverLocks, check_memory: bool
+    ) -> list[Tenant]:
+        """Step 3: drain every sibling (counter zero, contexts synchronized, epoch acked),
+        enforced by the driver's locks; returns the siblings not frozen during it.
+
+        Step 4 begins during DRAINING: each sibling tenant is frozen as soon as all
+        its registrations have drained, while the others still drain (DrainFreeze).
+        """
+        tenant, epoch = region.tenant, region.epoch
+        self._region_state(states.DRAINING)  # CLOSING -> DRAINING
         early = DrainFreeze(
             self._ctl,
             self._siblings(tenant),
-            frozen,
+            region.siblings,
             asyncio.get_running_loop(),
             (lambda t: self._lock_drained(t, locks)) if self._proc_lock else None,
         )
@@ -317,18 +328,26 @@ class Entry(Ending, MemoryWait):
         # The offenders pay: a sibling tenant that did not drain in time is ended
         # (exit 79), and the entry goes on once it has left the GPU.
         await self._end_overdue(drain.result(), epoch, locks)
-        # Step 3, enforced by the driver: every other process on the GPU not locked
-        # yet (as its tenant drained) is locked now, before its freeze.
+        # Enforced by the driver: every other process on the GPU not locked yet (as
+        # its tenant drained) is locked now, before its freeze.
         await self._lock_gpu(tenant, locks)
         testhooks.pause("drained")
-        marks.append(("drain", time.monotonic()))
-        # Step 4: freeze the sibling process trees not frozen during the drain,
-        # and the warm pools (both cgroup freezes run at once); wait for all.
+        return rest
+
+    async def _freeze_step(
+        self,
+        region: Region,
+        locks: DriverLocks,
+        rest: list[Tenant],
+        marks: list[tuple[str, float]],
+    ) -> None:
+        """Step 4: freeze the sibling process trees not frozen during the drain (``rest``)
+        and the warm pools (both cgroup freezes at once), wait for all; then fail closed."""
         self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
         t = time.monotonic()
         pools, siblings = await asyncio.gather(
             self._freeze_pools(),
-            self._freeze_marked(rest, frozen, marks),
+            self._freeze_marked(rest, region.siblings, marks),
             return_exceptions=True,
         )
         if pools is True:
@@ -339,27 +358,13 @@ class Entry(Ending, MemoryWait):
                 raise failed
         t_check = time.monotonic()
         marks.append(("pools", t_check))
-        await self._fail_closed(tenant, epoch)
+        await self._fail_closed(region.tenant, region.epoch)
         # Any process that reached the GPU since is locked too (its frozen tenant
         # thawed for the lock and frozen again).
-        await self._lock_gpu(tenant, locks, frozen)
+        await self._lock_gpu(region.tenant, locks, region.siblings)
         region.check_ms = (time.monotonic() - t_check) * 1e3
         region.freeze_ms = (time.monotonic() - t) * 1e3
         testhooks.pause("frozen")
-        marks.append(("check", time.monotonic()))
-
-    async def _memory_short(self, holder: Tenant) -> bool:
-        """During step 3: True when the holder's expected memory does not fit now.
-
-        Yields once first, so that the drain's task has handed ``Gate.drain``
-        to the executor before the check runs on the loop (the thread then
-        runs whenever a worker and the GIL are free).
-        """
-        await asyncio.sleep(0)
-        if self._memory is None:
-            return False
-        fit = self._memory.check(holder, self._siblings(holder))
-        return fit is not None and not fit.fits
 
     async def _freeze_marked(
         self, siblings: list[Tenant], frozen: list[Tenant], marks: list[tuple[str, float]]

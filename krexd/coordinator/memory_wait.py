@@ -24,6 +24,19 @@ log = logging.getLogger("krexd.coordinator")
 class MemoryWait(CoordinatorBase):
     """The memory check and wait of region entry (``RegionMemory``)."""
 
+    async def _memory_short(self, holder: Tenant) -> bool:
+        """During step 3: True when the holder's expected memory does not fit now.
+
+        Yields once first, so that the drain's task has handed ``Gate.drain``
+        to the executor before the check runs on the loop (the thread then
+        runs whenever a worker and the GIL are free).
+        """
+        await asyncio.sleep(0)
+        if self._memory is None:
+            return False
+        fit = self._memory.check(holder, self._siblings(holder))
+        return fit is not None and not fit.fits
+
     async def _wait_for_memory(self, holder: Tenant, request: RegionRequest) -> None:
         """With the lock held (FIFO kept), gate open: the holder's expected memory
         must fit in what its siblings leave free, or the region would begin into an
