@@ -17,7 +17,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.krex-installed
 # The fast lane's tests: a test is needs_build when it uses a build fixture
 # (tests/conftest.py); `make test` runs the complement after building.
-FAST   := not root and not gpu and not needs_build
+FAST   := not root and not gpu and not needs_build and not slow
 AS_ROOT ?= $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 CUDA_INCLUDE ?= /usr/local/cuda/include
 export CUDA_INCLUDE

@@ -21,8 +21,9 @@ points ``krexd.gate`` at that library), ``fakecuda_build`` (the fake driver),
 
 Markers: tests marked ``root`` are skipped when not root, ``gpu`` without a
 GPU; a test that uses a build fixture is marked ``needs_build`` here, so
-``make check`` (``-m "not root and not gpu and not needs_build"``) runs
-only the tests that need neither root nor a built C part.
+``make check`` (``-m "not root and not gpu and not needs_build and not
+slow"``) runs only the quick tests that need neither root nor a built C
+part; ``make test`` runs the others (``slow`` ones included).
 """
 
 from __future__ import annotations

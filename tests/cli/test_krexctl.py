@@ -153,6 +153,7 @@ def test_stale_socket_file_is_3() -> None:
     assert krexctl("status", "--socket", path).returncode == 3
 
 
+@pytest.mark.slow  # waits out krexctl's 3 s timeout
 @pytest.mark.parametrize("as_json", [False, True])
 def test_listening_but_not_answering_is_4(as_json: bool) -> None:
     d = tempfile.mkdtemp(prefix="krex-")

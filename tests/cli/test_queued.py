@@ -14,6 +14,8 @@ import tempfile
 import time
 from typing import Any
 
+import pytest
+
 from krex_cli.queued import FIRST_S, REFRESH_S, QueueNotice, describe
 from krex_client.errors import ExitCode
 from tests.conftest import KREX
@@ -116,6 +118,7 @@ def test_off_a_terminal_silent_unless_verbose_then_a_line_per_change() -> None:
     )
 
 
+@pytest.mark.slow  # krex run waits STALE_WAIT_S (10 s) for a restarting krexd to rebind
 def test_a_stale_socket_is_unreachable_at_once() -> None:
     path = os.path.join(tempfile.mkdtemp(prefix="krex-"), "stale.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

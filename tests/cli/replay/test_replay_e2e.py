@@ -21,6 +21,8 @@ import pytest
 from krex_cli.replay import report, trace
 from krex_cli.replay.results import load_results
 
+pytestmark = pytest.mark.slow  # full replays of simulated commands (seconds each)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 BENCH = ROOT / "workloads" / "simulated.py"
@@ -310,6 +312,7 @@ def test_socket_replay_fills_the_running_krexds_slots(
 
 TEMPFAIL_ONCE = """
 import json, os, sys
+
 marker = sys.argv[1]
 if not os.path.exists(marker):
     open(marker, "w").close()
