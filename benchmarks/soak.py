@@ -163,7 +163,9 @@ def phase(
 ) -> dict[str, Any]:
     lost = [r for r in rows if r["rc"] != 0 or "regions" not in r]
     rss = daemon.rss or [0.0]
+    quarters = [round(rss[min(len(rss) - 1, len(rss) * q // 4)], 1) for q in range(1, 4)]
     return {
+        "rss_quarters_mib": quarters,  # at 1/4, 1/2 and 3/4 of the phase
         "phase": name,
         "commands": len(rows),
         "lost": len(lost),
