@@ -67,6 +67,7 @@ class DaemonConfig:
     max_connections_per_uid: int = 128  # open control connections of one uid
     max_requests_per_uid: int = 256  # requests of one uid in progress (parked admits too)
     max_status_per_uid: int = 4  # status requests of one uid queued or running
+    status_per_s_per_uid: float = 10.0  # status requests of one uid served per second (0: any)
     idle_timeout_s: float = 300.0  # a connection with no request for this long is closed
     freeze_bound_s: float = 20.0  # longest freeze without a live krexd (krexd/watchdog.py)
     adopt: bool = True  # a restarted krexd adopts the tenants of the one before
@@ -237,6 +238,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "max_connections_per_uid": _int(0, 1_000_000),
             "max_requests_per_uid": _int(0, 1_000_000),
             "max_status_per_uid": _int(0, 1_000_000),
+            "status_per_s_per_uid": _float_range(0.0, 1_000_000.0),
             "idle_timeout_s": _float_range(0.0, 7 * 86400.0),
             "freeze_bound_s": _float_range(1.0, 3600.0),
             "adopt": _bool,

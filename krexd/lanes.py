@@ -12,16 +12,20 @@ at a time, and only while no region operation (``region_enter``,
 status is no region's business); a uid may have ``[daemon]
 max_status_per_uid`` of them queued or running, the next one is answered
 ``TOO_MANY`` (after 0.1 s: ``server.REFUSAL_DELAY_S``, so that a client
-resending at each reply cannot turn refusals into a busy loop).  So a
-flood of ``status`` from one user costs every region step at most one
-status build, and the flooding user's replies wait, not anyone else's
-region.  Root (uid 0) is exempt from the per-uid
-caps; a request without a verified caller counts as uid -1.
+resending at each reply cannot turn refusals into a busy loop).  The lane
+serves one uid's bulk requests at most ``[daemon] status_per_s_per_uid``
+times a second (its later ones wait while other uids' are served), so a
+uid's status loop costs krexd a bounded share of its time.  So a flood of
+``status`` from one user costs every region step at most one status build,
+and the flooding user's replies wait, not anyone else's region.  Root (uid
+0) is exempt from the per-uid caps and the pace; a request without a
+verified caller counts as uid -1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Coroutine
@@ -44,11 +48,20 @@ class Lanes:
     Args:
         max_requests_per_uid: requests one uid may have in progress (0: no cap).
         max_bulk_per_uid: bulk requests one uid may have queued or running (0: no cap).
+        bulk_per_s_per_uid: bulk requests of one uid served per second at most (0: no
+            pace); root's are never paced.
     """
 
-    def __init__(self, max_requests_per_uid: int = 0, max_bulk_per_uid: int = 0) -> None:
+    def __init__(
+        self,
+        max_requests_per_uid: int = 0,
+        max_bulk_per_uid: int = 0,
+        bulk_per_s_per_uid: float = 0.0,
+    ) -> None:
         self.max_requests = max_requests_per_uid
         self.max_bulk = max_bulk_per_uid
+        self.bulk_interval_s = 1.0 / bulk_per_s_per_uid if bulk_per_s_per_uid > 0 else 0.0
+        self._last_bulk: dict[int, float] = {}  # uid key -> monotonic s of its last bulk job
         self._requests: Counter[int] = Counter()
         self._bulk_of: Counter[int] = Counter()
         self._bulk: deque[tuple[int, Job]] = deque()
@@ -98,7 +111,7 @@ class Lanes:
         self._bulk.append((key, job))
         self._ready.set()
 
-    def status(self) -> dict[str, int]:
+    def status(self) -> dict[str, float]:
         """``{"in_progress", "bulk_queued", "refused", "bulk_served", ...caps}``."""
         return {
             "in_progress": sum(self._requests.values()),
@@ -107,18 +120,54 @@ class Lanes:
             "bulk_served": self.bulk_served,
             "max_requests_per_uid": self.max_requests,
             "max_status_per_uid": self.max_bulk,
+            "status_per_s_per_uid": round(1.0 / self.bulk_interval_s, 3)
+            if self.bulk_interval_s
+            else 0,
         }
 
     async def run(self) -> None:
-        """Serve the bulk lane until cancelled: one job at a time, after region ops."""
+        """Serve the bulk lane until cancelled: one job at a time, after region ops,
+        each uid's paced."""
         while True:
             await self._ready.wait()
+            self._ready.clear()
             while self._bulk:
-                _, job = self._bulk.popleft()
+                job = await self._next_bulk()
+                if job is None:
+                    continue  # the queue changed (or a uid became due): look again
                 await self._after_region_ops()
                 self.bulk_served += 1
                 await job()
-            self._ready.clear()
+
+    async def _next_bulk(self) -> Job | None:
+        """The first queued job whose uid may be served now (taken out of the queue);
+        otherwise None, after waiting until one's uid is due or a job is queued."""
+        now = time.monotonic()
+        soonest = math.inf
+        for i, (key, job) in enumerate(self._bulk):
+            due = now
+            if key != EXEMPT_UID and self.bulk_interval_s:
+                due = self._last_bulk.get(key, -math.inf) + self.bulk_interval_s
+            if due <= now:
+                del self._bulk[i]
+                if self.bulk_interval_s and key != EXEMPT_UID:
+                    self._remember(key, now)
+                return job
+            soonest = min(soonest, due)
+        self._ready.clear()
+        try:
+            await asyncio.wait_for(self._ready.wait(), soonest - now)
+        except TimeoutError:
+            pass
+        return None
+
+    def _remember(self, key: int, now: float) -> None:
+        """When ``key``'s last bulk job was served; entries no longer pacing anyone are
+        dropped once there are many (bounded by the uids served in one interval)."""
+        self._last_bulk[key] = now
+        if len(self._last_bulk) > 1024:
+            horizon = now - self.bulk_interval_s
+            self._last_bulk = {k: t for k, t in self._last_bulk.items() if t > horizon}
 
     def cancel_bulk(self) -> list[Job]:
         """Take every queued bulk job out (shutdown); the caller answers them."""

@@ -95,7 +95,9 @@ class Server:
         self.cfg = cfg
         self.guard: ConnectionGuard | None = None  # connection caps (krexd/connections.py)
         # Per-uid request caps and the bulk lane (krexd/lanes.py).
-        self.lanes = Lanes(cfg.max_requests_per_uid, cfg.max_status_per_uid)
+        self.lanes = Lanes(
+            cfg.max_requests_per_uid, cfg.max_status_per_uid, cfg.status_per_s_per_uid
+        )
         # Called after each op, before its reply: the state a restart adopts is saved
         # before the client can act on the reply (krexd/state_keeper.py StateKeeper.save).
         self.after_op: Callable[[], None] | None = None

@@ -48,7 +48,8 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "server": {"requests": int, "errors": int, "refused": {CODE: int},
                 "state_save_ms": {"n", "p50", "p99", "max"},
                 "lanes": {"in_progress", "bulk_queued", "refused", "bulk_served",
-                          "max_requests_per_uid", "max_status_per_uid"}}|null,
+                          "max_requests_per_uid", "max_status_per_uid",
+                          "status_per_s_per_uid"}}|null,
      "daemon": {"restarts": int, "adopted_tenants": int, "started_at": float},
      "metrics": {"address": str, "port": int, "scrapes": int}|null}
 

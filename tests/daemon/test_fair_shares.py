@@ -8,6 +8,7 @@ status requests stall the other's commands.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -136,3 +137,46 @@ def test_a_users_status_requests_are_capped(krexd_factory: Factory) -> None:
     assert '"ok"' in out
     p = subprocess.run([*k.krexctl, "status"], env=k.env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+PACED = """
+import msgpack, time, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.connect("ipc://" + os.environ["KREX_SOCKET"])
+ok = sent = 0
+end = time.monotonic() + 2.0
+for _ in range(4):  # max_status_per_uid outstanding, resent at each reply
+    s.send(msgpack.packb({"v": 1, "id": sent, "op": "status", "body": {}}))
+    sent += 1
+while time.monotonic() < end:
+    if not s.poll(100):
+        continue
+    ok += msgpack.unpackb(s.recv())["ok"]
+    s.send(msgpack.packb({"v": 1, "id": sent, "op": "status", "body": {}}))
+    sent += 1
+print(json.dumps({"ok": ok}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("per_s", [5.0, 0.0])
+def test_a_users_status_loop_is_paced_and_others_are_served(
+    krexd_factory: Factory, per_s: float
+) -> None:
+    """User A resends status at each reply for 2 s: with a pace of 5 per second A gets
+    about 10 answered (without one, hundreds), and user B's status is answered at once."""
+    k = krexd_factory(config={"daemon": {"socket_mode": "0666", "status_per_s_per_uid": per_s}})
+    flood = as_user(k, USER_A, "py", PACED)
+    time.sleep(0.5)
+    started = time.monotonic()
+    rc, _, err = finish(as_user(k, USER_B, "krexctl", "status"), 20)
+    b_s = time.monotonic() - started
+    assert rc == 0, err
+    rc, out, err = finish(flood, 30)
+    assert rc == 0, err
+    served = json.loads(out.strip().splitlines()[-1])["ok"]
+    if per_s:
+        assert served <= 2.0 * per_s + 2, served
+        assert b_s < 2.0, b_s  # B's own first status is due at once
+    else:
+        assert served > 4 * 2.0 * 5.0, served  # the pace is what bounds it
