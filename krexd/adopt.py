@@ -238,6 +238,15 @@ def adopt(
     return adopted
 
 
+def _one_holder(registry: TenantRegistry, gpu: int, holder: Tenant | None) -> None:
+    """No tenant of GPU ``gpu`` but the adopted region's ``holder`` (None: no region)
+    stays HOLDING: one saved while its region was ending (the region no longer saved,
+    its holder's state not yet moved back) holds nothing now."""
+    for t in registry.on_gpu(gpu):
+        if t is not holder:
+            tenant_state(t, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
+
+
 def _attach_slots(tenant: Tenant, gpu: Gpu) -> bool:
     """Attach ``tenant``'s slot memory to ``gpu``'s re-opened gate again; False when lost.
 
@@ -299,9 +308,9 @@ def _adopt_region(
             tuple(int(c) for c in cpus) if cpus is not None else None,
             r["request"] if isinstance(r.get("request"), str) else None,
         )
+        _one_holder(registry, gpu.index, holder)
         return {s.id for s in siblings}
-    if holder is not None:
-        tenant_state(holder, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
+    _one_holder(registry, gpu.index, None)
     if r:
         exited[r["tenant"]] = r["epoch"]  # its re-sent region_exit is answered
     if word is not None and gpu.gate is not None:

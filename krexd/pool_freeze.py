@@ -54,12 +54,16 @@ class PoolFreeze:
             return True  # no pools directory: nothing can run there
         deadline = time.monotonic() + timeout_s
         delay = 50e-6
-        while not self._frozen():
-            if time.monotonic() >= deadline:
-                self.release()
-                return False
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5e-3)
+        try:
+            while not self._frozen():
+                if time.monotonic() >= deadline:
+                    self.release()
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5e-3)
+        except asyncio.CancelledError:
+            self.release()  # the entry that asked is gone: its hold must not outlive it
+            raise
         return True
 
     def hold_now(self) -> bool:

@@ -24,8 +24,8 @@ child of that registered pool, never of another process (a relay on the
 pool's socket path cannot have another process placed).
 ``cold``: why ``krex run`` starts the command cold, one of
 ``krex_client.cold_reasons.REASONS`` (counted in ``status``'s ``warm`` and the
-metrics; another string of at most 32 characters counts as "other"), sent
-only to a krexd whose ``ping`` announces ``warm.cold_reasons``.
+metrics; any other value counts as "other", never refused: it is only a
+count), sent only to a krexd whose ``ping`` announces ``warm.cold_reasons``.
 Errors: ``AUTH`` (wrong token or caller; not the launcher's child or uid),
 ``BAD_FIELD`` (gone, tenant ended, slot memory not acceptable),
 ``SHUTTING_DOWN``, ``INTERNAL`` (cgroupfs write failed).
@@ -52,6 +52,7 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
     pid = fields.integer(req.body, "pid", 1, 1 << 22)
     slots_fd = fields.integer(req.body, "slots_fd", 0, 1 << 20, default=None)
     pool = fields.integer(req.body, "pool", 1, 1 << 22, default=None)
-    cold = fields.string(req.body, "cold", 32, default=None)
+    cold = req.body.get("cold")  # a count only: anything unknown is counted as "other"
+    cold = cold if isinstance(cold, str) and len(cold) <= 32 else None
     ctx.lifecycle.place(tenant, pid, slots_fd, pool, cold)
     return {"cgroups": tenant.cgroup.paths}

@@ -26,9 +26,8 @@ class NoGate:
         timeout_s: float,
         settled: Callable[[set[int]], Iterable[int]] | None = None,
     ) -> None:
-        """Step 3: nothing to wait for (each sibling is frozen in step 4 all the same)."""
-        if settled is not None:
-            settled(set())
+        """Step 3: nothing to wait for, and ``settled`` is not called (as a real drain
+        with nothing pending does not call it): each sibling is frozen in step 4."""
 
     def reopen(self, holder: int, epoch: int) -> None:
         """Step 8: nothing to reopen."""

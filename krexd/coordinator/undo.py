@@ -15,6 +15,7 @@ the gate closed.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 
@@ -38,13 +39,22 @@ class UndoStack:
     async def unwind(self) -> list[str]:
         """Run every compensator, last-pushed first; returns their names in run order.
 
-        A second call runs nothing (the stack is empty after the first).
+        A second call runs nothing (the stack is empty after the first).  A
+        cancel that arrives during a step does not skip the steps after it (a
+        sibling left frozen or locked would outlive the region): every step
+        runs, then the cancel is raised.
         """
         ran = []
+        cancelled: asyncio.CancelledError | None = None
         while self._steps:
             name, undo = self._steps.pop()
             result = undo()
             if inspect.isawaitable(result):
-                await result
+                try:
+                    await result
+                except asyncio.CancelledError as exc:
+                    cancelled = exc
             ran.append(name)
+        if cancelled is not None:
+            raise cancelled
         return ran

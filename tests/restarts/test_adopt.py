@@ -189,3 +189,30 @@ def test_a_command_admitted_under_an_adopted_region_is_placed_after_it(
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+def test_a_tenant_saved_holding_without_a_region_is_adopted_running(
+    krexd_factory: Factory, restarter: Restarter
+) -> None:
+    """A state saved while a region was ending (no region saved, its holder not yet moved
+    back) is adopted with no tenant holding: the holder is running again, as it would be."""
+    import json
+
+    k = krexd_factory(slots=4)
+    (run,) = start_runs(k, [7], 4.0)
+    wait_for(lambda: running(k, 1), what="a running tenant")
+    restarter.kill(k)
+    path = saved_state.path_for(k.workdir, k.cgroup_name)
+    _, doc = saved_state.newest(path) or ("", {})
+    assert doc["tenants"] and all(g["region"] is None for g in doc["gpus"].values())
+    doc["tenants"][0]["state"] = "holding"
+    doc["seq"] += 1
+    with open(path, "wb") as f:  # the newest slot: the other one is older
+        f.write(saved_state.encode(doc))
+    with open(path + ".alt", "wb") as f:
+        f.write(saved_state.encode(doc))
+    k2 = restarter.start_again(k)
+    states_now = [t["state"] for t in k2.status()["tenants"]]
+    assert states_now == ["running"], (states_now, json.dumps(doc["tenants"][0])[:300])
+    assert run.wait(60) == 7
+    k2.stop()
