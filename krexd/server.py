@@ -288,13 +288,17 @@ class Server:
         }
 
     async def cancel_requests(self) -> None:
-        """Cancel requests in progress (parked admits answer SHUTTING_DOWN)."""
-        for job in self.lanes.cancel_bulk():
-            task = asyncio.get_running_loop().create_task(job())
-            self._tasks.add(task)
+        """Cancel requests in progress (parked admits answer SHUTTING_DOWN); answer the
+        status requests still queued in the bulk lane (each gets its reply)."""
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
+        for job in self.lanes.cancel_bulk():
+            # Not cancelled: a task cancelled before it starts never runs its body, so
+            # the request would get no reply at all.
+            task = asyncio.get_running_loop().create_task(job())
+            self._tasks.add(task)
+            tasks.append(task)
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
 

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import Krexd
 from tests.daemon.test_identity import USER_A, USER_B, as_user, finish
+from tests.support import wait_for
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]
@@ -180,3 +181,32 @@ def test_a_users_status_loop_is_paced_and_others_are_served(
         assert b_s < 2.0, b_s  # B's own first status is due at once
     else:
         assert served > 4 * 2.0 * 5.0, served  # the pace is what bounds it
+
+
+QUEUED = """
+import msgpack, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.connect("ipc://" + os.environ["KREX_SOCKET"])
+for i in range(3):  # one served at once, two waiting in the lane (one per second)
+    s.send(msgpack.packb({"v": 1, "id": i, "op": "status", "body": {}}))
+print("sent", flush=True)
+names = []
+while len(names) < 3 and s.poll(20_000):
+    r = msgpack.unpackb(s.recv())
+    names.append("ok" if r["ok"] else r["error"]["name"])
+print(json.dumps(names), flush=True)
+"""
+
+
+def test_status_requests_waiting_in_the_lane_are_answered_when_krexd_stops(
+    krexd_factory: Factory,
+) -> None:
+    k = krexd_factory(config={"daemon": {"socket_mode": "0666", "status_per_s_per_uid": 0.2}})
+    p = as_user(k, USER_A, "py", QUEUED)
+    assert p.stdout is not None and p.stdout.readline().strip() == "sent"
+    wait_for(lambda: k.status()["server"]["lanes"]["bulk_queued"] == 2, what="2 queued")
+    k.proc.terminate()  # a stop
+    rc, out, err = finish(p, 30)
+    assert rc == 0, err
+    assert len(json.loads(out.strip().splitlines()[-1])) == 3, out
