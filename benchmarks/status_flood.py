@@ -62,14 +62,16 @@ print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
 _KREXCTL = "import sys; from krex_cli.krexctl import main; sys.exit(main())"
 
 
-def _start_krexd(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A private krexd with one fake GPU whose socket every uid may open."""
+def _start_krexd(workdir: str, per_s: float | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A private krexd with one fake GPU whose socket every uid may open;
+    ``per_s``: its ``[daemon] status_per_s_per_uid`` (None: the default)."""
     socket = os.path.join(workdir, "krexd.sock")
     config = os.path.join(workdir, "krex.toml")
     with open(config, "w") as f:
         f.write(
             f'[daemon]\nsocket = "{socket}"\nsocket_mode = "0666"\n'
-            f'[cgroup]\nname = "krexflood{os.getpid()}"\n[cpu]\nallow_shared = true\n'
+            + (f"status_per_s_per_uid = {per_s}\n" if per_s is not None else "")
+            + f'[cgroup]\nname = "krexflood{os.getpid()}"\n[cpu]\nallow_shared = true\n'
         )
     argv = [sys.executable, "-m", "krexd", "--config", config, "--socket", socket]
     with open(os.path.join(workdir, "krexd.log"), "wb") as log:
@@ -98,11 +100,11 @@ def _holder(env: dict[str, str], regions: int) -> list[float]:
     return [x[0] for x in json.loads(out.stdout.decode().strip().splitlines()[-1])]
 
 
-def run(regions: int, sockets: int) -> list[dict[str, Any]]:
+def run(regions: int, sockets: int, per_s: float | None = None) -> list[dict[str, Any]]:
     """Both modes on one krexd; a row each (ms, and the flood's rates)."""
     workdir = tempfile.mkdtemp(prefix="krex-flood-")
     os.chmod(workdir, 0o755)
-    krexd, socket = _start_krexd(workdir)
+    krexd, socket = _start_krexd(workdir, per_s)
     env = dict(_clean_env(), KREX_SOCKET=socket)
     rows = []
     try:
@@ -144,8 +146,14 @@ def main() -> None:
     ap.add_argument("--regions", type=int, default=300)
     ap.add_argument("--sockets", type=int, default=32)
     ap.add_argument("--json", metavar="OUT")
+    ap.add_argument(
+        "--status-per-s",
+        type=float,
+        default=None,
+        help="krexd's [daemon] status_per_s_per_uid (default: krexd's own; 0: no pace)",
+    )
     args = ap.parse_args()
-    rows = run(args.regions, args.sockets)
+    rows = run(args.regions, args.sockets, args.status_per_s)
     for r in rows:
         print(
             f"{r['mode']:6s} entry p50 {r['entry_p50_ms']:7.3f} ms  "
