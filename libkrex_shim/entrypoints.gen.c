@@ -1429,7 +1429,7 @@ KREX_HOOK CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize)
     CUresult krex_r;
     do {
         krex_r = krex_real_fn(dptr, bytesize);
-        krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
     return KREX_RESULT(krex_r);
@@ -1444,7 +1444,7 @@ KREX_HOOK CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream 
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocAsync);
         krex_r = krex_real_fn(dptr, bytesize, hStream);
-        krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
@@ -1460,7 +1460,7 @@ KREX_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUst
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocAsync_ptsz);
         krex_r = krex_real_fn(dptr, bytesize, hStream);
-        krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
@@ -1476,7 +1476,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, C
         struct krex_slot *krex_s = krex_enter_stream(hStream, 0);
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocFromPoolAsync);
         krex_r = krex_real_fn(dptr, bytesize, pool, hStream);
-        krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
@@ -1492,7 +1492,7 @@ KREX_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesi
         struct krex_slot *krex_s = krex_enter_stream(hStream, 1);
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemAllocFromPoolAsync_ptsz);
         krex_r = krex_real_fn(dptr, bytesize, pool, hStream);
-        krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
@@ -1530,7 +1530,7 @@ KREX_HOOK CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigne
     CUresult krex_r;
     do {
         krex_r = krex_real_fn(dptr, bytesize, flags);
-        krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
     return KREX_RESULT(krex_r);
@@ -1543,7 +1543,7 @@ KREX_HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, u
     CUresult krex_r;
     do {
         krex_r = krex_real_fn(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-        krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
     return KREX_RESULT(krex_r);
@@ -1556,7 +1556,7 @@ KREX_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t 
     CUresult krex_r;
     do {
         krex_r = krex_real_fn(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-        krex_note_alloc(krex_r, krex_r ? 0 : (uint64_t)*pPitch * Height); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, krex_r ? 0 : (uint64_t)*pPitch * Height);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)WidthInBytes * Height)));
     return KREX_RESULT(krex_r);
@@ -1569,7 +1569,7 @@ KREX_HOOK CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize)
     CUresult krex_r;
     do {
         krex_r = krex_real_fn(dptr, bytesize);
-        krex_note_alloc(krex_r, bytesize); krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
+        krex_mem_alloced(krex_r, krex_r ? 0 : *dptr, bytesize);
     } while (KREX_UNLIKELY(krex_r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_oom_retry(&krex_o, krex_r, (uint64_t)(bytesize)));
     return KREX_RESULT(krex_r);
@@ -1655,7 +1655,7 @@ KREX_HOOK CUresult cuMemFree(CUdeviceptr_v1 dptr)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFree);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr);
-    krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
+    krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
     return KREX_RESULT(krex_r);
 }
@@ -1667,7 +1667,7 @@ KREX_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeAsync);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr, hStream);
-    krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
+    krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
     return KREX_RESULT(krex_r);
 }
@@ -1679,7 +1679,7 @@ KREX_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFreeAsync_ptsz);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr, hStream);
-    krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
+    krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
     return KREX_RESULT(krex_r);
 }
@@ -1701,7 +1701,7 @@ KREX_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_refused(KREX_EP_cuMemFree_v2);
     uint64_t krex_mz = krex_mem_take(dptr);
     CUresult krex_r = krex_real_fn(dptr);
-    krex_note_free(krex_r); krex_mem_freed(krex_r, dptr, krex_mz);
+    krex_mem_freed(krex_r, dptr, krex_mz);
     krex_leave(krex_s);
     return KREX_RESULT(krex_r);
 }

@@ -58,8 +58,6 @@ __thread struct krex_slot *krex_outer __attribute__((tls_model("initial-exec")))
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-static _Atomic uint64_t mem_alloc_bytes, mem_allocs, mem_frees;
-
 /* ---- logging -------------------------------------------------------------- */
 
 void krex_log_write(int level, const char *func, const char *fmt, ...)
@@ -512,23 +510,6 @@ struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int p
     return s;
 }
 
-/* ---- memory accounting ---------------------------------------------------- */
-
-void krex_note_alloc(CUresult r, uint64_t bytes)
-{
-    if (r != CUDA_SUCCESS)
-        return;
-    /* Statistics: relaxed. */
-    atomic_fetch_add_explicit(&mem_alloc_bytes, bytes, memory_order_relaxed);
-    atomic_fetch_add_explicit(&mem_allocs, 1, memory_order_relaxed);
-}
-
-void krex_note_free(CUresult r)
-{
-    if (r == CUDA_SUCCESS)
-        atomic_fetch_add_explicit(&mem_frees, 1, memory_order_relaxed);
-}
-
 /* ---- exported ------------------------------------------------------------- */
 
 int krex_under_krex(void)
@@ -555,17 +536,4 @@ KREX_EXPORT int krex_shim_mode(void)
 {
     /* Acquire: pairs with the release store that publishes the mode. */
     return atomic_load_explicit(&krex_mode, memory_order_acquire);
-}
-
-/* Device memory seen allocated through the driver API (bytes, calls) and
- * frees seen (calls), since the process started.  Always 0. */
-KREX_EXPORT int krex_shim_mem_stats(uint64_t *alloc_bytes, uint64_t *allocs, uint64_t *frees)
-{
-    if (alloc_bytes)
-        *alloc_bytes = atomic_load_explicit(&mem_alloc_bytes, memory_order_relaxed);
-    if (allocs)
-        *allocs = atomic_load_explicit(&mem_allocs, memory_order_relaxed);
-    if (frees)
-        *frees = atomic_load_explicit(&mem_frees, memory_order_relaxed);
-    return 0;
 }

@@ -364,8 +364,6 @@ void krex_note_green_destroying(CUgreenCtx green);
 void krex_note_init(CUresult r);
 void krex_note_ctx_current(CUresult r, CUcontext ctx);
 void krex_note_primary_reset(CUresult r, CUdevice dev);
-void krex_note_alloc(CUresult r, uint64_t bytes);
-void krex_note_free(CUresult r);
 /* Maps the resolver's pointer to our hook; refuses (CUDA_ERROR_NOT_FOUND)
  * a pointer to no export cuda.h declares, under krex.  Returns the result. */
 CUresult krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int cudaVersion,

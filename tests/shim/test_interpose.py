@@ -476,7 +476,11 @@ def test_no_slot_memory_fails_closed(shim_build: ShimBuild, fc: FakeCuda, gate: 
     assert "not this tenant's" in lines
 
 
-def test_memory_accounting_and_active(shim_build: ShimBuild, fc: FakeCuda, gate: Gate) -> None:
+def test_allocations_pass_and_the_shim_is_active(
+    shim_build: ShimBuild, fc: FakeCuda, gate: Gate
+) -> None:
+    """Allocations and frees pass through the shim; it reports itself active.  (Their
+    accounting is the slot's, ``tests/memory/test_shim_oom.py``.)"""
     code = """
 import ctypes, json
 cu = ctypes.CDLL("libcuda.so.1")
@@ -490,11 +494,9 @@ ptr = ctypes.c_uint64()
 for n in (1 << 20, 3 << 20):
     assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(n)) == 0
 assert cu.cuMemFree_v2(ptr) == 0
-b, a, f = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
-me.krex_shim_mem_stats(ctypes.byref(b), ctypes.byref(a), ctypes.byref(f))
-print(json.dumps([me.krex_shim_active(), b.value, a.value, f.value]))
+print(json.dumps([me.krex_shim_active(), hasattr(me, "krex_shim_mem_stats")]))
 """
-    assert fc.python_json(code, env=shim_env(fc, shim_build, gate)) == [1, 4 << 20, 2, 1]
+    assert fc.python_json(code, env=shim_env(fc, shim_build, gate)) == [1, False]
 
 
 def test_driver_called_from_a_library_constructor(
