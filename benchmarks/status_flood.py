@@ -59,6 +59,30 @@ print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
 """
 
 
+_CHURN = """
+import msgpack, zmq
+ctx = zmq.Context()
+n, secs = int(sys.argv[-2]), float(sys.argv[-1])
+frame = msgpack.packb({"v": 1, "id": 1, "op": "ping", "body": {}})
+ok = refused = 0
+end = time.monotonic() + secs
+while time.monotonic() < end:
+    socks = []
+    for _ in range(n):  # n new connections, one ping each, then all closed
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect("ipc://" + os.environ["KREX_SOCKET"])
+        s.send(frame)
+        socks.append(s)
+    for s in socks:
+        if s.poll(1000):
+            r = msgpack.unpackb(s.recv())
+            ok += 1 if r["ok"] else 0
+            refused += 0 if r["ok"] else 1
+        s.close()
+print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
+"""
+
 _KREXCTL = "import sys; from krex_cli.krexctl import main; sys.exit(main())"
 
 
@@ -100,8 +124,14 @@ def _holder(env: dict[str, str], regions: int) -> list[float]:
     return [x[0] for x in json.loads(out.stdout.decode().strip().splitlines()[-1])]
 
 
-def run(regions: int, sockets: int, per_s: float | None = None) -> list[dict[str, Any]]:
-    """Both modes on one krexd; a row each (ms, and the flood's rates)."""
+def run(
+    regions: int, sockets: int, per_s: float | None = None, kind: str = "status"
+) -> list[dict[str, Any]]:
+    """Both modes on one krexd; a row each (ms, and the flood's rates).
+
+    ``kind``: "status" (``sockets`` status requests kept outstanding) or
+    "connections" (``sockets`` new connections at a time, one ping each, closed).
+    """
     workdir = tempfile.mkdtemp(prefix="krex-flood-")
     os.chmod(workdir, 0o755)
     krexd, socket = _start_krexd(workdir, per_s)
@@ -111,7 +141,8 @@ def run(regions: int, sockets: int, per_s: float | None = None) -> list[dict[str
         for mode in ("quiet", "flood"):
             flood = None
             if mode == "flood":
-                code = ["-m", "tests.daemon.asuser", "65534", "65534", "py", _FLOOD]
+                flood_code = _FLOOD if kind == "status" else _CHURN
+                code = ["-m", "tests.daemon.asuser", "65534", "65534", "py", flood_code]
                 flood = subprocess.Popen(
                     [sys.executable, *code, str(sockets), "600"],
                     env=env, cwd=REPO, stdout=subprocess.PIPE, text=True,
@@ -152,8 +183,14 @@ def main() -> None:
         default=None,
         help="krexd's [daemon] status_per_s_per_uid (default: krexd's own; 0: no pace)",
     )
+    ap.add_argument(
+        "--flood",
+        choices=("status", "connections"),
+        default="status",
+        help="status requests kept outstanding, or connections opened, pinged and closed",
+    )
     args = ap.parse_args()
-    rows = run(args.regions, args.sockets, args.status_per_s)
+    rows = run(args.regions, args.sockets, args.status_per_s, args.flood)
     for r in rows:
         print(
             f"{r['mode']:6s} entry p50 {r['entry_p50_ms']:7.3f} ms  "
