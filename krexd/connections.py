@@ -21,8 +21,10 @@ carries the connection's descriptor, ``ZMQ_EVENT_DISCONNECTED`` its end) and
   ZeroMQ client reconnects by itself at its next request, so closing an
   idle connection costs its owner nothing but a reconnection;
 * returns freed memory to the kernel (``malloc_trim(0)``) once a burst of
-  connections has ended: every connection costs libzmq ~30 KB of buffers,
-  allocated in its I/O thread's malloc arena, which glibc does not shrink by
+  connections has ended, and once more :data:`TRIM_AGAIN_S` later (libzmq
+  frees some of a burst's buffers after its disconnection events): every
+  connection costs libzmq ~30 KB of buffers, allocated in its I/O thread's
+  malloc arena, which glibc does not shrink by
   itself, so without the trim krexd's RSS grew by ~40 MB with each round of
   3,000 simultaneous connections (measured: 30 -> 113 -> 154 -> 184 -> 195 MB).
 
@@ -57,6 +59,7 @@ _log = logging.getLogger("krexd.connections")
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 TRIM_AFTER = 64  # connections opened since the last trim before the next one is worth it
 TRIM_QUIET_S = 0.5  # a trim waits until no connection has opened for this long
+TRIM_AGAIN_S = 2.0  # ... and is made once more this long after: libzmq frees late
 REFUSE_GRACE_S = 2.0  # a refused connection's time to send its request and read the reply
 REFUSING_MAX = 64  # refused connections kept for their reply at once; more are cut silently
 REFUSING_PER_UID = 4  # ... of one uid (so that no user's refused ones crowd out another's)
@@ -171,6 +174,7 @@ class ConnectionGuard:
         self.peak = 0
         self._since_trim = 0
         self._last_open = 0.0
+        self._trim_again_at = 0.0  # monotonic s of the second trim after a burst (0: none)
 
     @property
     def open(self) -> int:
@@ -237,9 +241,17 @@ class ConnectionGuard:
             if ready:
                 self._handle(self._read_batch())
             self._close_due()
-            quiet = time.monotonic() - self._last_open > TRIM_QUIET_S
+            now = time.monotonic()
+            quiet = now - self._last_open > TRIM_QUIET_S
             if self._since_trim >= TRIM_AFTER and quiet:
                 self._since_trim = 0
+                self._trim_again_at = now + TRIM_AGAIN_S
+                _malloc_trim()
+            elif self._trim_again_at and now >= self._trim_again_at and quiet:
+                # The first trim can come while libzmq's I/O thread still holds the
+                # burst's buffers (it frees them after the DISCONNECTED events): once
+                # more, so that they do not wait for the next burst.
+                self._trim_again_at = 0.0
                 _malloc_trim()
 
     def _read_batch(self) -> list[tuple[int, int]]:

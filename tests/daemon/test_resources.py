@@ -87,14 +87,19 @@ def test_rss_stays_flat_under_connection_churn(krexd_factory: Factory) -> None:
             samples.append(rss_mb(k.pid))
         # The last burst's memory goes back once the guard trims (TRIM_QUIET_S after
         # it): on a loaded machine that can come late, so the last sample is the
-        # lowest seen over 5 s more (a leak never comes back down).
-        for _ in range(10):
+        # lowest seen over up to 15 s more, until it is back (a leak never comes back
+        # down: it fails after the 15 s).
+        for _ in range(30):
+            if samples[-1] - min(samples[1:-1]) < 10:
+                break
             time.sleep(0.5)
             samples[-1] = min(samples[-1], rss_mb(k.pid))
     finally:
         ctx.term()
     print("krexd RSS (MB) per round:", " ".join(f"{s:.0f}" for s in samples))
-    assert samples[-1] - samples[1] < 10, f"RSS grew: {samples}"
+    # Against the lowest sample after round 1: a sample taken before a round's trim
+    # (it comes TRIM_QUIET_S, then TRIM_AGAIN_S, after the burst) is no baseline.
+    assert samples[-1] - min(samples[1:-1]) < 10, f"RSS grew: {samples}"
     assert k.status()["connections"]["peak"] >= 3000
 
 
