@@ -37,9 +37,14 @@ for part in $parts; do
         KREX_GPU_ATTACKS_OUT="$out/attacks.jsonl" timeout -s KILL 500 python3 -m pytest \
             tests/gpu/test_gpu_attacks.py -p no:cacheprovider -q -s --timeout=120 >"$out/attacks.log" 2>&1
         echo "attacks: rc=$?"; grep -E "passed|failed" "$out/attacks.log" | tail -3
-        python3 -c 'import json,sys
-for l in open(sys.argv[1]):
-    r=json.loads(l); print(f"{r[\"scene\"]:>18} rc={r[\"attacker_rc\"]} ended={r[\"ended\"]} kernels={r[\"attacker_kernels\"]} in-region={r[\"attacker_overlaps\"]} sibling={r[\"sibling_kernels\"]}/{r[\"sibling_overlaps\"]}")' "$out/attacks.jsonl" ;;
+        python3 - "$out/attacks.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"{r['scene']:>18} rc={r['attacker_rc']} ended={r['ended']} kernels={r['attacker_kernels']}"
+          f" in-region={r['attacker_overlaps']} sibling={r['sibling_kernels']}/{r['sibling_overlaps']}")
+PY
+        ;;
     proof)
         timeout -s KILL 400 python3 -m pytest tests/gpu/test_gpu_regions.py -k no_sibling --timeout=200 \
             -p no:cacheprovider -q -s >"$out/proof.log" 2>&1

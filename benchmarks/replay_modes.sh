@@ -12,9 +12,11 @@ export PYTHONPATH="$PWD:$PWD/python_client${PYTHONPATH:+:$PYTHONPATH}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 krex() { python3 -m krex_cli "$@"; }
 mkdir -p "$out"
-krex replay "$trace" --mode ungated --concurrency "$conc" --repeat 1 --no-progress \
-    --warm off --no-report --out "$out/warmup" >"$out/warmup.log" 2>&1
-rm -rf "$out/warmup"  # not a measurement
+if [ "${WARMUP:-1}" != 0 ]; then  # WARMUP=0: the caches are already filled on this host
+    krex replay "$trace" --mode ungated --concurrency "$conc" --repeat 1 --no-progress \
+        --warm off --no-report --out "$out/warmup" >"$out/warmup.log" 2>&1
+    rm -rf "$out/warmup"  # not a measurement
+fi
 n=0
 for spec in "$@"; do
     n=$((n + 1))
