@@ -24,11 +24,11 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from krexd.config import ConfigError, RegionConfig
-from krexd.procfs import pid_alive
+from krexd.procfs import pid_alive, read_stat
 
 log = logging.getLogger("krexd.driverlock")
 
@@ -76,7 +76,18 @@ class Outcome(enum.Enum):
     TIMEOUT = "timeout"  # its submitted work did not complete in time; left running
     UNSUPPORTED = "unsupported"  # the driver cannot lock it (an MPS client): not locked
     BUSY = "busy"  # in a state that cannot be locked (locked by another, checkpointed)
+    STUCK = "stuck"  # the call did not return within its timeout + LOCK_GRACE_S
     ERROR = "error"  # anything else: ``code`` names it
+
+
+#: How much longer than its own timeout krexd waits for one lock call.  The driver
+#: does not honour the timeout for a process that cannot run (frozen: measured;
+#: stopped by a signal or a tracer: the same by reading), so without this bound
+#: one such process would hold region entry on its GPU, and every region after it.
+LOCK_GRACE_S = 0.5
+
+#: ``code`` of a STUCK result (no CUresult came back).
+NO_RETURN = -1
 
 
 @dataclass(frozen=True)
@@ -89,8 +100,24 @@ class Result:
     ms: float
 
     def describe(self) -> str:
-        """One line: pid, outcome, CUresult and time."""
+        """One line: pid, outcome, CUresult (or the process's state when stuck) and time."""
+        if self.outcome is Outcome.STUCK:
+            return (
+                f"pid {self.pid}: the driver's lock did not return in {self.ms:.0f} ms "
+                f"(process state {_run_state(self.pid)})"
+            )
         return f"pid {self.pid}: {self.outcome.value} (CUresult {self.code}, {self.ms:.1f} ms)"
+
+
+def _run_state(pid: int) -> str:
+    """``/proc/<pid>/stat``'s state letter, with a word for the ones that cannot run."""
+    try:
+        stat = read_stat(pid)
+        letter = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
+    except (OSError, ValueError):
+        return "gone"
+    words = {"T": "stopped", "t": "traced", "D": "in the kernel", "Z": "exiting"}
+    return f"{letter} ({words[letter]})" if letter in words else letter
 
 
 class DriverLockUnavailable(Exception):
@@ -103,15 +130,18 @@ class DriverLock:
     ``library``: the driver to load (default: ``KREX_DRIVER_LIB``, else
     ``libcuda.so.1``).  Loading and ``cuInit(0)`` happen on first use
     (:meth:`open`); ``cuInit`` creates no context.  ``workers``: threads
-    for parallel calls (one blocked call per locked process at most).
+    for parallel calls; a call that does not return keeps its thread, and
+    at most one lock per process is ever in flight (:meth:`lock_all`).
     """
 
-    def __init__(self, library: str | None = None, workers: int = 16) -> None:
+    def __init__(self, library: str | None = None, workers: int = 64) -> None:
         self.library = library or os.environ.get("KREX_DRIVER_LIB") or "libcuda.so.1"
         self._cu: ctypes.CDLL | None = None
         self._error: str | None = None
         self._open_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="krex-driverlock")
+        self._in_flight: set[int] = set()  # pids with a lock call not returned yet
+        self._in_flight_lock = threading.Lock()
 
     def open(self) -> None:
         """Load the driver and ``cuInit(0)`` once.
@@ -199,9 +229,53 @@ class DriverLock:
         return _STATES.get(st.value) if rc == CUDA_SUCCESS else None
 
     def lock_all(self, pids: Iterable[int], timeout_ms: int) -> dict[int, Result]:
-        """:meth:`lock` each of ``pids`` at once, in parallel threads; pid -> result."""
-        futures = {pid: self._pool.submit(self.lock, pid, timeout_ms) for pid in set(pids)}
-        return {pid: f.result() for pid, f in futures.items()}
+        """:meth:`lock` each of ``pids`` at once, in parallel threads; pid -> result.
+
+        Returns within ``timeout_ms`` + :data:`LOCK_GRACE_S` whatever the
+        driver does: a call still running then is reported ``STUCK`` and
+        left to finish in its thread; should it lock the process after all,
+        the process is unlocked at once (the caller has treated it as not
+        locked).  A pid whose earlier call is still in flight is reported
+        ``STUCK`` without a second call.
+        """
+        t0 = time.monotonic()
+        out: dict[int, Result] = {}
+        futures: dict[int, Future[Result]] = {}
+        with self._in_flight_lock:
+            for pid in set(pids):
+                if pid in self._in_flight:
+                    out[pid] = Result(pid, Outcome.STUCK, NO_RETURN, 0.0)
+                    continue
+                self._in_flight.add(pid)
+                futures[pid] = self._pool.submit(self._lock_in_flight, pid, timeout_ms)
+        wait(futures.values(), timeout=max(1, timeout_ms) / 1e3 + LOCK_GRACE_S)
+        for pid, f in futures.items():
+            if f.done():
+                out[pid] = f.result()
+                continue
+            ms = (time.monotonic() - t0) * 1e3
+            out[pid] = Result(pid, Outcome.STUCK, NO_RETURN, ms)
+            log.error("driver lock: %s; left to finish", out[pid].describe())
+            f.add_done_callback(self._late)
+        return out
+
+    def _lock_in_flight(self, pid: int, timeout_ms: int) -> Result:
+        try:
+            return self.lock(pid, timeout_ms)
+        finally:
+            with self._in_flight_lock:
+                self._in_flight.discard(pid)
+
+    def _late(self, future: Future[Result]) -> None:
+        """A lock reported STUCK returned after all: undo it if it locked."""
+        try:
+            r = future.result()
+        except Exception:  # noqa: BLE001 - a worker's failure, logged
+            log.exception("driver lock: a late lock call failed")
+            return
+        if r.outcome is Outcome.LOCKED:
+            log.warning("driver lock: pid %d was locked %.0f ms late; unlocking it", r.pid, r.ms)
+            self.unlock(r.pid)
 
     def unlock_all(self, pids: Iterable[int]) -> dict[int, Result]:
         """:meth:`unlock` each of ``pids`` in parallel; pid -> result.  Logs failures."""

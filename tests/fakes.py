@@ -264,16 +264,24 @@ class FakeProcessLock:
 
     ``outcomes``: pid -> the ``Outcome`` its lock gets (default LOCKED);
     ``locked``: pids locked now.  Each call is logged in ``events``.
+    ``frozen``: whether a pid is frozen now; the driver does not return
+    from the lock of a frozen process, so such a lock is logged as
+    ``lock_frozen`` and comes back STUCK (``DriverLock.lock_all``'s bound).
     """
 
     def __init__(self, events: Events) -> None:
         self.events = events
         self.outcomes: dict[int, Outcome] = {}
         self.locked: set[int] = set()
+        self.frozen: Callable[[int], bool] = lambda pid: False
 
     def lock_all(self, pids: Iterable[int], timeout_ms: int) -> dict[int, Result]:
         out = {}
         for pid in sorted(set(pids)):
+            if self.frozen(pid):
+                self.events.add("lock_frozen", pid)
+                out[pid] = Result(pid, Outcome.STUCK, -1, timeout_ms + 500.0)
+                continue
             outcome = self.outcomes.get(pid, Outcome.LOCKED)
             self.events.add("lock", pid)
             if outcome is Outcome.LOCKED:

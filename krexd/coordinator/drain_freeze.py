@@ -42,10 +42,11 @@ class DrainFreeze:
         frozen: the entry's list of tenants whose freeze was written; each
             freeze written here is appended to it at once.
         loop: the event loop the entry runs on.
-        before_freeze: called in the drain's thread with each drained
-            tenant just before its freeze is written (the driver lock of
-            its processes: a process is locked before it is frozen, never
-            while frozen inside a driver call); None: nothing.
+        before_freeze: called in the drain's thread with the tenants that
+            drained since the last call, just before their freezes are
+            written (the driver lock of their processes, all at once: a
+            process is locked before it is frozen, never while frozen
+            inside a driver call); None: nothing.
     """
 
     def __init__(
@@ -54,7 +55,7 @@ class DrainFreeze:
         siblings: list[Tenant],
         frozen: list[Tenant],
         loop: asyncio.AbstractEventLoop,
-        before_freeze: Callable[[Tenant], None] | None = None,
+        before_freeze: Callable[[list[Tenant]], None] | None = None,
     ) -> None:
         self._ctl = control
         self._before_freeze = before_freeze
@@ -78,8 +79,8 @@ class DrainFreeze:
         if self._before_freeze is not None:
             with self._lock:
                 drained = [t for t in self._waiting if t.id not in pending and not self._stopped]
-            for sib in drained:  # outside the lock: stop() on the loop never waits for it
-                self._before_freeze(sib)
+            if drained:  # outside the lock: stop() on the loop never waits for it
+                self._before_freeze(drained)
         try:
             with self._lock:
                 if self._stopped:

@@ -41,19 +41,21 @@ log = logging.getLogger("krexd.coordinator")
 class DriverLocking(FailClosed):
     """The driver lock of region entry (``ProcessLock``) and its release."""
 
-    def _lock_drained(self, tenant: Tenant, locks: DriverLocks) -> None:
-        """In the drain's thread: lock a drained sibling's GPU processes before its freeze.
+    def _lock_drained(self, tenants: list[Tenant], locks: DriverLocks) -> None:
+        """In the drain's thread: lock drained siblings' GPU processes before their freeze.
 
-        A process is locked while it runs, never while frozen inside a
-        driver call (a lock waits for calls in progress).  Failures are kept
-        in ``locks.failed`` and judged after the drain (``_lock_gpu``).
+        ``tenants``: the siblings that drained since the last call; their
+        processes are locked in parallel (one ``lock_all``).  A process is
+        locked while it runs, never while frozen inside a driver call (a
+        lock waits for calls in progress).  Failures are kept in
+        ``locks.failed`` and judged after the drain (``_lock_gpu``).
         """
         if self._proc_lock is None:
             return
         if locks.users is None:
             locks.users = self._guard.users() if self._guard is not None else None
         users = locks.users
-        pids = {p for p in self._ctl.processes(tenant) if users is None or p in users}
+        pids = {p for t in tenants for p in self._ctl.processes(t) if users is None or p in users}
         self._lock_pids(pids - set(locks.pids), locks)
 
     def _lock_pids(self, pids: set[int], locks: DriverLocks) -> list[Result]:
@@ -77,11 +79,12 @@ class DriverLocking(FailClosed):
 
         Runs after the drain (the siblings that drained are locked already,
         ``_lock_drained``), before the freeze of the rest, and once more
-        after the freeze (``frozen``: the tenants frozen by then) for any
-        process that reached the GPU meanwhile.  The driver cannot lock a
-        frozen process (the call does not return while it is frozen), so a
-        frozen tenant with such a process is thawed, the process locked, and
-        the tenant frozen again.
+        after the freeze, for any process that reached the GPU meanwhile.
+        ``frozen``: the tenants this entry has frozen so far (the region's
+        siblings list: those frozen as they drained, and any admitted during
+        the entry).  The driver cannot lock a frozen process (the call does
+        not return while it is frozen), so a frozen tenant with such a
+        process is thawed, the process locked, and the tenant frozen again.
 
         Raises:
             KrexError: FOREIGN_GPU_USER (a process outside krex, with
@@ -94,17 +97,39 @@ class DriverLocking(FailClosed):
             return
         t0 = time.monotonic()
         users = await asyncio.to_thread(self._gpu_users, holder)
-        owner = {p: t for t in self._tenants for p in self._ctl.processes(t) if t.id != holder.id}
-        holder_pids = set(self._ctl.processes(holder))
-        targets = {p for p in users if p not in holder_pids and p != os.getpid()}
+        # Settled already this entry: locked, unlockable MPS clients, foreign ones
+        # allowed, and those whose lock failed (judged below, never locked again:
+        # the drain freezes a sibling right after its lock whatever came of it, and
+        # the driver does not return from the lock of a frozen process).
+        settled = {os.getpid(), *locks.pids, *locks.unsupported, *(r.pid for r in locks.failed)}
+        if self._cfg.foreign == "allow":
+            settled |= set(locks.foreign)
+        targets = users - settled
+        if targets:
+            targets -= set(self._ctl.processes(holder))
+        owner: dict[int, Tenant] = {}
+        if targets or locks.failed:  # the usual entry has neither: no cgroup reads
+            others = (t for t in self._tenants if t.id != holder.id)
+            owner = {p: t for t in others for p in self._ctl.processes(t)}
+        if targets:
+            await self._lock_targets(targets, owner, locks, frozen or [])
+        failed, locks.failed = locks.failed, []
+        if failed:
+            await self._make_offenders_pay(failed, owner, locks)
+        locks.lock_ms += (time.monotonic() - t0) * 1e3
+
+    async def _lock_targets(
+        self, targets: set[int], owner: dict[int, Tenant], locks: DriverLocks, frozen: list[Tenant]
+    ) -> None:
+        """Lock ``targets`` (pids on the GPU not settled yet) after the foreign policy;
+        a frozen tenant among their owners is thawed for its lock and frozen again."""
         foreign = sorted(p for p in targets if p not in owner and p not in locks.foreign)
         if foreign:
             self._foreign_policy(foreign)
             locks.foreign.extend(foreign)
         if self._cfg.foreign == "allow":
-            targets -= set(locks.foreign)
-        targets -= set(locks.pids) | set(locks.unsupported)
-        thawed = [t for t in frozen or [] if targets & set(self._ctl.processes(t))]
+            targets = targets - set(locks.foreign)
+        thawed = [t for t in frozen if targets & set(self._ctl.processes(t))]
         for t in thawed:
             self._ctl.thaw(t)
         try:
@@ -117,10 +142,6 @@ class DriverLocking(FailClosed):
                     raise KrexError(
                         Code.FREEZE_TIMEOUT, f"tenant {t.id} did not freeze again after its lock"
                     )
-        failed, locks.failed = locks.failed, []
-        if failed:
-            await self._make_offenders_pay(failed, owner, locks)
-        locks.lock_ms += (time.monotonic() - t0) * 1e3
 
     def _gpu_users(self, holder: Tenant) -> set[int]:
         """Pids with a context on this GPU; without a source, the siblings' processes."""

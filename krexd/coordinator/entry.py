@@ -305,7 +305,7 @@ class Entry(Ending, MemoryWait):
             self._siblings(tenant),
             region.siblings,
             asyncio.get_running_loop(),
-            (lambda t: self._lock_drained(t, locks)) if self._proc_lock else None,
+            (lambda drained: self._lock_drained(drained, locks)) if self._proc_lock else None,
         )
         t = time.monotonic()
         drain = asyncio.ensure_future(self._drain(tenant, epoch, early.settled))
@@ -329,8 +329,9 @@ class Entry(Ending, MemoryWait):
         # (exit 79), and the entry goes on once it has left the GPU.
         await self._end_overdue(drain.result(), epoch, locks)
         # Enforced by the driver: every other process on the GPU not locked yet (as
-        # its tenant drained) is locked now, before its freeze.
-        await self._lock_gpu(tenant, locks)
+        # its tenant drained) is locked now, before its freeze; a process of a tenant
+        # frozen during the drain is locked with that tenant thawed.
+        await self._lock_gpu(tenant, locks, region.siblings)
         testhooks.pause("drained")
         return rest
 

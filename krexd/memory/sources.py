@@ -141,12 +141,19 @@ class NvmlSource:
         return out
 
     def users(self, gpu: int) -> set[int] | None:
-        """Pids of NVML's compute processes on ``gpu`` (None once closed or unknown GPU)."""
+        """Pids of NVML's live compute processes on ``gpu`` (None once closed or unknown GPU).
+
+        A process that has exited is left out although NVML may still name
+        it while its context is torn down: it can submit nothing, the
+        driver's lock answers "no such process" for it, and it is nobody's
+        foreign process (as the fake driver's list, :class:`FakeStateSource`).
+        """
         with self._mu:
             h = self._handles.get(gpu) if self._open else None
             if h is None:
                 return None
-            return {int(p.pid) for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)}
+            listed = {int(p.pid) for p in self._nv.nvmlDeviceGetComputeRunningProcesses(h)}
+        return {p for p in listed if pid_alive(p)}
 
     def close(self) -> None:
         """Shut NVML down (after a read in progress)."""

@@ -49,6 +49,9 @@ class LockRig:
             self.registry.add(t)
         users = {p for t in self.tenants for p in t.pids} | (users_extra or set())
         self.guard = FakeGuard(users)
+        self.plock.frozen = lambda pid: any(
+            pid in t.pids and t.id in self.control.frozen for t in self.tenants
+        )
         pinner = self.pinner = FakePinner(self.events)
         pinner.initial = SLICE.tenant_cores
         self.coord = Coordinator(
@@ -123,6 +126,83 @@ def test_a_sibling_whose_work_does_not_complete_is_ended_and_the_entry_goes_on()
 
     # b's process leaves the GPU once its command is ended.
     r.guard.leave = lambda: {_pid(t) for t in r.tenants if t.id in r.control.killed}
+    run(scenario())
+
+
+def test_a_sibling_frozen_after_its_failed_lock_is_judged_not_locked_again() -> None:
+    # The drain locks each sibling as it drains, then freezes it whatever the lock
+    # came to.  A forger (its shim says "drained" over queued work) whose lock
+    # timed out is frozen unlocked: locking it again would never return (the
+    # driver's rule for a frozen process) and hold every entry on the GPU.
+    r = LockRig(3)
+    a, b, c = r.tenants
+    r.plock.outcomes[_pid(b)] = Outcome.TIMEOUT
+    r.gate.drain_steps = [{c.id}, set()]  # b drains (a forged word) first, then c
+    r.guard.leave = lambda: {_pid(t) for t in r.tenants if t.id in r.control.killed}
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        log = r.events.log
+        assert ("lock", _pid(b)) in log and log.index(("lock", _pid(b))) < log.index(
+            ("freeze", b.id)
+        ), "locked as it drained, before its freeze"
+        assert "lock_frozen" not in r.events.names()
+        assert [e for e in log if e == ("lock", _pid(b))] == [("lock", _pid(b))]
+        assert grant["driver_lock"]["offenders_ended"] == [b.id]
+        await r.exit(a, grant)
+        assert not r.plock.locked
+        assert_idle(r)  # type: ignore[arg-type]
+
+    run(scenario())
+
+
+def test_a_sibling_that_reached_the_gpu_during_the_drain_is_locked_thawed() -> None:
+    # The drain's locks use one list of the GPU's users, read at the first sibling
+    # that drained.  b creates its context after that read (a command just
+    # started), drains, and is frozen with nothing locked; the lock after the
+    # drain must thaw it for its lock, as the one after the freeze does.
+    r = LockRig(3)
+    a, b, c = r.tenants
+    r.guard.users_now = {_pid(a), _pid(c)}
+    r.gate.drain_steps = [{b.id}, set()]  # c drains first, then b
+    freeze = r.control.freeze
+
+    def freeze_then_b_starts(t: Tenant) -> None:
+        freeze(t)
+        if t.id == c.id:
+            r.guard.users_now = {_pid(a), _pid(b), _pid(c)}
+
+    r.control.freeze = freeze_then_b_starts  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        log = r.events.log
+        assert "lock_frozen" not in r.events.names()
+        i_lock = log.index(("lock", _pid(b)))
+        assert ("thaw", b.id) in log[:i_lock] and ("freeze", b.id) in log[i_lock:]
+        assert r.plock.locked == {_pid(b), _pid(c)} and b.state == states.FROZEN
+        await r.exit(a, grant)
+        assert not r.plock.locked
+        assert_idle(r)  # type: ignore[arg-type]
+
+    run(scenario())
+
+
+def test_a_lock_that_does_not_return_ends_its_tenant() -> None:
+    # A process that cannot run (stopped by a signal, say) is not locked in time,
+    # whatever the driver's own timeout: DriverLock reports it STUCK; its tenant
+    # pays as for a timeout, and the entry goes on.
+    r = LockRig(2)
+    a, b = r.tenants
+    r.plock.outcomes[_pid(b)] = Outcome.STUCK
+    r.guard.leave = lambda: {_pid(t) for t in r.tenants if t.id in r.control.killed}
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        assert ("kill", b.id) in r.events.log
+        assert grant["driver_lock"]["offenders_ended"] == [b.id]
+        await r.exit(a, grant)
+
     run(scenario())
 
 

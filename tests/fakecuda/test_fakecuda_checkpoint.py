@@ -393,3 +393,67 @@ def test_every_export_makes_the_entry_check_first() -> None:
     assert (
         len(re.findall(r"^FC_API ", "".join(p.read_text() for p in HERE.glob("*.c")), re.M)) > 100
     )
+
+
+# krexd's binding (krexd/driverlock.py) against a frozen process, in a child
+# Python: lock_all with a 200 ms timeout, then thaw on "thaw" from stdin and
+# report the process's state once the late lock has been undone.
+BOUNDED_LOCK = """
+import json, sys, time
+from krexd.driverlock import DriverLock
+lock = DriverLock()
+pid = int(sys.argv[1])
+t = time.monotonic()
+(r,) = lock.lock_all([pid], 200).values()
+again = lock.lock_all([pid], 200)[pid]  # its first call is still in flight
+print(json.dumps({"outcome": r.outcome.value, "s": time.monotonic() - t,
+                  "describe": r.describe(), "again": again.outcome.value}), flush=True)
+sys.stdin.readline()  # thawed now
+deadline = time.monotonic() + 5
+while lock.state(pid) != "running" or lock._in_flight:
+    assert time.monotonic() < deadline, lock.state(pid)
+    time.sleep(0.01)
+print(json.dumps({"state": lock.state(pid)}), flush=True)
+"""
+
+
+@pytest.mark.root
+def test_krexd_s_lock_of_a_frozen_process_returns_in_bound_and_is_undone_once_late(
+    fc: FakeCuda, frozen_cgroup: Path
+) -> None:
+    # The driver does not return from the lock of a frozen process, its timeout
+    # not honoured: DriverLock.lock_all still answers (STUCK) within the timeout
+    # plus LOCK_GRACE_S, makes no second call for that pid while the first is in
+    # flight, and unlocks the process when the late call locks it after the thaw.
+    bench = _bench(fc, "--seconds", "20", "--kernel-ns", str(MS), "--sync-every", "5")
+    repo = Path(HERE).parents[1]
+    try:
+        (frozen_cgroup / "cgroup.procs").write_text(str(bench.pid))
+        _ops(fc, bench.pid, 5)
+        _freeze(frozen_cgroup, True)
+        env = fc.env(
+            PYTHONPATH=f"{repo}:{repo / 'python_client'}",
+            KREX_DRIVER_LIB=str(fc.build.lib_dir / "libcuda.so.1"),
+        )
+        child = subprocess.Popen(
+            [sys.executable, "-c", BOUNDED_LOCK, str(bench.pid)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdin is not None and child.stdout is not None
+        first = json.loads(child.stdout.readline() or child.stderr.read())
+        assert first["outcome"] == "stuck" and first["again"] == "stuck", first
+        assert first["s"] < 0.2 + 0.5 + 0.5, first  # timeout + grace, with slack
+        assert f"pid {bench.pid}" in first["describe"] and "did not return" in first["describe"]
+        _freeze(frozen_cgroup, False)
+        child.stdin.write("thaw\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=10)
+        assert json.loads(out) == {"state": "running"}, err
+        assert "locked" in err and "late; unlocking it" in err, err
+        _ops(fc, bench.pid, 1, after_ns=time.monotonic_ns())  # it runs on
+    finally:
+        _stop(bench)
