@@ -329,6 +329,33 @@ static bool zeroed(const void *p, size_t n)
     return true;
 }
 
+/* Give a lock taken on a record back (LOCKING -> RUNNING, waking its
+ * blocked calls) if this process took it: the record's process died and
+ * the record may now be another process's, which must not stay blocked. */
+static void undo_locking(struct proc_slot *t)
+{
+    /* Relaxed: the CAS below decides; a freed record has locker 0 and RUNNING. */
+    if (atomic_load_explicit(&t->locker, memory_order_relaxed) != (int32_t)fc_self_pid())
+        return;
+    atomic_store_explicit(&t->locker, 0, memory_order_relaxed);
+    uint32_t expect = FC_LK_LOCKING;
+    /* seq_cst: a state change the blocked calls read (acquire) before they run. */
+    if (atomic_compare_exchange_strong_explicit(&t->lock, &expect, FC_LK_RUNNING,
+                                                memory_order_seq_cst, memory_order_relaxed))
+        fc_futex_wake(&t->lock);
+}
+
+/* Test-only: KREX_FAKE_LOCK_PAUSE_MS holds each lock between finding the
+ * target's record and taking its lock word (a race window made wide). */
+static void test_pause(void)
+{
+    const char *ms = getenv("KREX_FAKE_LOCK_PAUSE_MS");
+    if (ms && *ms) {
+        uint64_t ns = strtoull(ms, NULL, 10) * 1000000ull;
+        fc_sleep_until(fc_now_ns() + ns);
+    }
+}
+
 FC_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
     FC_ENTRY();
@@ -347,17 +374,25 @@ FC_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
     if (atomic_load_explicit(&t->flags, memory_order_relaxed) & FC_REC_MPS)
         return CK_MPS_CLIENT;
     uint64_t start = atomic_load_explicit(&t->start_time, memory_order_relaxed);
+    test_pause();
     uint32_t expect = FC_LK_RUNNING;
     /* seq_cst: the Dekker pairing with fc_gate_enter (see there). */
     if (!atomic_compare_exchange_strong_explicit(&t->lock, &expect, FC_LK_LOCKING,
                                                  memory_order_seq_cst, memory_order_relaxed))
-        return CK_NOT_RUNNING;
-    /* Relaxed: read only as a liveness hint by recover_dead_locker. */
+        return same_target(t, pid, start) ? CK_NOT_RUNNING : CK_GONE;
+    /* Relaxed: read only as a liveness hint by recover_dead_locker, and by
+     * undo_locking (this thread's own store). */
     atomic_store_explicit(&t->locker, (int32_t)fc_self_pid(), memory_order_relaxed);
     uint64_t timeout_ns = args ? (uint64_t)args->timeoutMs * 1000000ull : 0;
+    /* drain() checks the target first: a record that changed hands since the
+     * find (its process died, a new one claimed it) answers CK_GONE, and the
+     * lock word taken is the new owner's, given back here.  (The real driver
+     * locks a process, not a record: nothing there can change hands.) */
     r = drain(t, pid, start, timeout_ns ? fc_now_ns() + timeout_ns : 0);
-    if (r == CK_GONE)
-        return r; /* the record is reclaimed with the dead process */
+    if (r == CK_GONE) {
+        undo_locking(t);
+        return r;
+    }
     atomic_store_explicit(&t->locker, 0, memory_order_relaxed);
     expect = FC_LK_LOCKING;
     uint32_t to = r == CUDA_SUCCESS ? FC_LK_LOCKED : FC_LK_RUNNING;

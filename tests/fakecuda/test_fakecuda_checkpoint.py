@@ -457,3 +457,58 @@ def test_krexd_s_lock_of_a_frozen_process_returns_in_bound_and_is_undone_once_la
         _ops(fc, bench.pid, 1, after_ns=time.monotonic_ns())  # it runs on
     finally:
         _stop(bench)
+
+
+def test_a_lock_whose_target_dies_leaves_the_record_s_next_owner_running(fc: FakeCuda) -> None:
+    # The fake keeps a process's lock word in its record, and records are reused.
+    # A lock that found its target's record, then saw the target die while the
+    # record went to a new process, took the new owner's lock word: every call
+    # of that process then blocked for good (seen as a drain that never ended,
+    # tests/integration/test_lock_churn.py).  The pause hook holds the lock
+    # between the find and the take, so the reuse happens in between every time.
+    def alloc(*steps: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(fc.build.fakealloc), *steps],
+            env=fc.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    target = alloc("info", "wait")  # record 0 (a fresh state)
+    reclaimer = alloc("info", "wait", "info", "wait")  # record 1
+    newcomer = locker = None
+    try:
+        for p in (target, reclaimer):
+            assert p.stdout is not None
+            while json.loads(p.stdout.readline())["op"] != "wait":
+                pass
+        # The locker lives on after its lock (as krexd does): a dead locker's
+        # half-taken lock is recovered by the target's next call.
+        locker = _start(
+            fc, fc.build.fakelock, "lock", str(target.pid), "2000", "sleep", "4000",
+            KREX_FAKE_LOCK_PAUSE_MS="1500",
+        )  # fmt: skip
+        time.sleep(0.5)  # the locker has found record 0 and pauses
+        _stop(target)
+        assert reclaimer.stdin is not None and reclaimer.stdout is not None
+        reclaimer.stdin.write("\n")
+        reclaimer.stdin.flush()  # its cuMemGetInfo reclaims the dead record 0
+        while json.loads(reclaimer.stdout.readline())["op"] != "wait":
+            pass
+        newcomer = _bench(fc, "--seconds", "20", "--kernel-ns", str(MS), "--sync-every", "5")
+        _ops(fc, newcomer.pid, 3)  # it runs, in record 0
+        assert locker.stdout is not None
+        lock = json.loads(locker.stdout.readline())
+        assert lock["result"] == "CUDA_ERROR_OPERATING_SYSTEM", lock
+        t0 = time.monotonic()
+        _ops(fc, newcomer.pid, 5, after_ns=time.monotonic_ns())  # and runs on
+        assert time.monotonic() - t0 < 2.0, "the newcomer was held until the locker died"
+        assert locker.poll() is None, "the locker (it sleeps 4 s) still lives"
+        (state,) = fc.lock_steps("state", newcomer.pid)
+        assert state["state"] == "RUNNING"
+    finally:
+        for p in (target, reclaimer, newcomer, locker):
+            if p is not None:
+                _stop(p)
