@@ -252,6 +252,7 @@ class DriverLock:
         for pid, f in futures.items():
             if f.done():
                 out[pid] = f.result()
+                log.debug("driver lock: %s", out[pid].describe())
                 continue
             ms = (time.monotonic() - t0) * 1e3
             out[pid] = Result(pid, Outcome.STUCK, NO_RETURN, ms)
@@ -284,6 +285,8 @@ class DriverLock:
         for r in out.values():
             if r.outcome not in (Outcome.UNLOCKED, Outcome.NOT_CUDA):
                 log.error("driver unlock failed: %s", r.describe())
+            else:
+                log.debug("driver unlock: %s", r.describe())
         return out
 
     def close(self) -> None:

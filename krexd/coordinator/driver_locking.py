@@ -73,7 +73,11 @@ class DriverLocking(FailClosed):
         return failed
 
     async def _lock_gpu(
-        self, holder: Tenant, locks: DriverLocks, frozen: list[Tenant] | None = None
+        self,
+        holder: Tenant,
+        locks: DriverLocks,
+        frozen: list[Tenant] | None = None,
+        fresh: bool = True,
     ) -> None:
         """Lock every process on this GPU but the holder's not locked yet; the offenders pay.
 
@@ -85,6 +89,10 @@ class DriverLocking(FailClosed):
         the entry).  The driver cannot lock a frozen process (the call does
         not return while it is frozen), so a frozen tenant with such a
         process is thawed, the process locked, and the tenant frozen again.
+        ``fresh``: read the GPU's users now; False: reuse the list the
+        drain's locks read (``locks.users``) when there is one, one driver
+        query less per entry (0.6 ms with NVML): a process it misses is
+        caught by the call after the freeze, which always reads afresh.
 
         Raises:
             KrexError: FOREIGN_GPU_USER (a process outside krex, with
@@ -96,7 +104,10 @@ class DriverLocking(FailClosed):
         if self._proc_lock is None:
             return
         t0 = time.monotonic()
-        users = await asyncio.to_thread(self._gpu_users, holder)
+        if fresh or locks.users is None:
+            users = await asyncio.to_thread(self._gpu_users, holder)
+        else:
+            users = locks.users
         # Settled already this entry: locked, unlockable MPS clients, foreign ones
         # allowed, and those whose lock failed (judged below, never locked again:
         # the drain freezes a sibling right after its lock whatever came of it, and

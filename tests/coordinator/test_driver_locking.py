@@ -188,6 +188,22 @@ def test_a_sibling_that_reached_the_gpu_during_the_drain_is_locked_thawed() -> N
     run(scenario())
 
 
+def test_an_entry_reads_the_gpu_s_users_twice() -> None:
+    # Once as the first sibling drains (its lock), once after the freeze; the lock
+    # after the drain reuses the first list (a process it misses is locked after
+    # the freeze, its tenant thawed for it: the test above).
+    r = LockRig(3)
+    a, _, _ = r.tenants
+    r.gate.drain_steps = [set()]
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        assert r.guard.reads == 2
+        await r.exit(a, grant)
+
+    run(scenario())
+
+
 def test_a_lock_that_does_not_return_ends_its_tenant() -> None:
     # A process that cannot run (stopped by a signal, say) is not locked in time,
     # whatever the driver's own timeout: DriverLock reports it STUCK; its tenant
