@@ -24,11 +24,12 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 from krexd.config import ConfigError, RegionConfig
 from krexd.procfs import pid_alive, read_stat
+from krexd.workers import DaemonWorkers
 
 log = logging.getLogger("krexd.driverlock")
 
@@ -102,8 +103,9 @@ class Result:
     def describe(self) -> str:
         """One line: pid, outcome, CUresult (or the process's state when stuck) and time."""
         if self.outcome is Outcome.STUCK:
+            waited = f"in {self.ms:.0f} ms" if self.ms else "(an earlier lock call of it)"
             return (
-                f"pid {self.pid}: the driver's lock did not return in {self.ms:.0f} ms "
+                f"pid {self.pid}: the driver's lock did not return {waited} "
                 f"(process state {_run_state(self.pid)})"
             )
         return f"pid {self.pid}: {self.outcome.value} (CUresult {self.code}, {self.ms:.1f} ms)"
@@ -129,18 +131,20 @@ class DriverLock:
 
     ``library``: the driver to load (default: ``KREX_DRIVER_LIB``, else
     ``libcuda.so.1``).  Loading and ``cuInit(0)`` happen on first use
-    (:meth:`open`); ``cuInit`` creates no context.  ``workers``: threads
-    for parallel calls; a call that does not return keeps its thread, and
-    at most one lock per process is ever in flight (:meth:`lock_all`).
+    (:meth:`open`); ``cuInit`` creates no context.  Calls run in parallel
+    on daemon threads (``krexd.workers``): a call that does not return
+    keeps its thread without delaying any other, and at most one lock per
+    process is ever in flight (:meth:`lock_all`).
     """
 
-    def __init__(self, library: str | None = None, workers: int = 64) -> None:
+    def __init__(self, library: str | None = None) -> None:
         self.library = library or os.environ.get("KREX_DRIVER_LIB") or "libcuda.so.1"
         self._cu: ctypes.CDLL | None = None
         self._error: str | None = None
         self._open_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="krex-driverlock")
+        self._workers = DaemonWorkers("krex-driverlock")
         self._in_flight: set[int] = set()  # pids with a lock call not returned yet
+        self._abandoned: set[int] = set()  # of those, the ones lock_all gave up on
         self._in_flight_lock = threading.Lock()
 
     def open(self) -> None:
@@ -234,9 +238,9 @@ class DriverLock:
         Returns within ``timeout_ms`` + :data:`LOCK_GRACE_S` whatever the
         driver does: a call still running then is reported ``STUCK`` and
         left to finish in its thread; should it lock the process after all,
-        the process is unlocked at once (the caller has treated it as not
-        locked).  A pid whose earlier call is still in flight is reported
-        ``STUCK`` without a second call.
+        that thread unlocks it before the pid can be locked again (the
+        caller has treated it as not locked).  A pid whose earlier call is
+        still in flight is reported ``STUCK`` without a second call.
         """
         t0 = time.monotonic()
         out: dict[int, Result] = {}
@@ -247,40 +251,54 @@ class DriverLock:
                     out[pid] = Result(pid, Outcome.STUCK, NO_RETURN, 0.0)
                     continue
                 self._in_flight.add(pid)
-                futures[pid] = self._pool.submit(self._lock_in_flight, pid, timeout_ms)
+                futures[pid] = self._workers.submit(self._lock_in_flight, pid, timeout_ms)
         wait(futures.values(), timeout=max(1, timeout_ms) / 1e3 + LOCK_GRACE_S)
+        with self._in_flight_lock:
+            # Still in flight (its thread has not finished the call): abandoned, and
+            # that thread undoes a late lock.  Otherwise its result is (about to be) set.
+            late = {pid for pid in futures if pid in self._in_flight}
+            self._abandoned |= late
         for pid, f in futures.items():
-            if f.done():
+            if pid not in late:
                 out[pid] = f.result()
                 log.debug("driver lock: %s", out[pid].describe())
                 continue
             ms = (time.monotonic() - t0) * 1e3
             out[pid] = Result(pid, Outcome.STUCK, NO_RETURN, ms)
             log.error("driver lock: %s; left to finish", out[pid].describe())
-            f.add_done_callback(self._late)
         return out
 
     def _lock_in_flight(self, pid: int, timeout_ms: int) -> Result:
+        """One lock of :meth:`lock_all`, in its own thread; undone here if abandoned."""
+        r: Result | None = None
         try:
-            return self.lock(pid, timeout_ms)
+            r = self.lock(pid, timeout_ms)
+            return r
+        finally:
+            with self._in_flight_lock:
+                abandoned = pid in self._abandoned
+                self._abandoned.discard(pid)
+                if not abandoned:
+                    self._in_flight.discard(pid)
+            if abandoned:
+                self._undo_late(pid, r)
+
+    def _undo_late(self, pid: int, r: Result | None) -> None:
+        """An abandoned lock returned: unlock what it locked, then let the pid be locked again."""
+        try:
+            if r is not None and r.outcome is Outcome.LOCKED:
+                u = self.unlock(pid)
+                log.warning(
+                    "driver lock: pid %d was locked %.0f ms late, after its entry gave up; "
+                    "unlock: %s", pid, r.ms, u.outcome.value,
+                )  # fmt: skip
         finally:
             with self._in_flight_lock:
                 self._in_flight.discard(pid)
 
-    def _late(self, future: Future[Result]) -> None:
-        """A lock reported STUCK returned after all: undo it if it locked."""
-        try:
-            r = future.result()
-        except Exception:  # noqa: BLE001 - a worker's failure, logged
-            log.exception("driver lock: a late lock call failed")
-            return
-        if r.outcome is Outcome.LOCKED:
-            log.warning("driver lock: pid %d was locked %.0f ms late; unlocking it", r.pid, r.ms)
-            self.unlock(r.pid)
-
     def unlock_all(self, pids: Iterable[int]) -> dict[int, Result]:
         """:meth:`unlock` each of ``pids`` in parallel; pid -> result.  Logs failures."""
-        futures = {pid: self._pool.submit(self.unlock, pid) for pid in set(pids)}
+        futures = {pid: self._workers.submit(self.unlock, pid) for pid in set(pids)}
         out = {pid: f.result() for pid, f in futures.items()}
         for r in out.values():
             if r.outcome not in (Outcome.UNLOCKED, Outcome.NOT_CUDA):
@@ -290,8 +308,8 @@ class DriverLock:
         return out
 
     def close(self) -> None:
-        """Stop the worker threads (calls in flight finish first)."""
-        self._pool.shutdown(wait=True)
+        """Nothing to stop: the worker threads are daemons (a call that never
+        returns does not hold krexd's exit)."""
 
 
 #: CUresults that mean "no CUDA state in that process to lock".

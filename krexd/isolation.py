@@ -58,6 +58,21 @@ def freeze_unless_gone(control: TenantControl, tenant: Tenant) -> bool:
     return True
 
 
+def thaw_unless_gone(control: TenantControl, tenant: Tenant) -> bool:
+    """Write ``tenant``'s thaw; False when its cgroup is gone (it ended).
+
+    Raises:
+        OSError: any other failure of the write.
+    """
+    try:
+        control.thaw(tenant)
+    except OSError as exc:
+        if gone(exc):
+            return False
+        raise
+    return True
+
+
 class EndCommand(Protocol):
     """Ends a tenant's command for what it did (``Lifecycle.kill_command``)."""
 

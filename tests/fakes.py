@@ -324,10 +324,8 @@ class FakeGuard:
     def __init__(self, users: set[int] | None = None) -> None:
         self.users_now: set[int] | None = users
         self.leave: Callable[[], set[int]] = set  # pids that have left the GPU
-        self.reads = 0  # calls of users(): each is a driver query on a real GPU
 
     def users(self) -> set[int] | None:
-        self.reads += 1
         return None if self.users_now is None else set(self.users_now) - self.leave()
 
     def unverified(self, siblings: list[Tenant]) -> list[Any]:

@@ -31,6 +31,7 @@ from krexd.coordinator.fail_closed import FailClosed
 from krexd.coordinator.locks import DriverLocks
 from krexd.driverlock import Outcome, Result
 from krexd.errors import Code, KrexError
+from krexd.isolation import freeze_unless_gone, thaw_unless_gone
 from krexd.procfs import cmdline, pid_alive
 from krexd.tenants import Tenant
 
@@ -73,11 +74,7 @@ class DriverLocking(FailClosed):
         return failed
 
     async def _lock_gpu(
-        self,
-        holder: Tenant,
-        locks: DriverLocks,
-        frozen: list[Tenant] | None = None,
-        fresh: bool = True,
+        self, holder: Tenant, locks: DriverLocks, frozen: list[Tenant] | None = None
     ) -> None:
         """Lock every process on this GPU but the holder's not locked yet; the offenders pay.
 
@@ -88,11 +85,9 @@ class DriverLocking(FailClosed):
         siblings list: those frozen as they drained, and any admitted during
         the entry).  The driver cannot lock a frozen process (the call does
         not return while it is frozen), so a frozen tenant with such a
-        process is thawed, the process locked, and the tenant frozen again.
-        ``fresh``: read the GPU's users now; False: reuse the list the
-        drain's locks read (``locks.users``) when there is one, one driver
-        query less per entry (0.6 ms with NVML): a process it misses is
-        caught by the call after the freeze, which always reads afresh.
+        process is thawed, the process locked, and the tenant frozen again;
+        since a thawed tenant may start another process meanwhile, the list
+        is read again after each such pass (at most :data:`THAW_PASSES`).
 
         Raises:
             KrexError: FOREIGN_GPU_USER (a process outside krex, with
@@ -104,26 +99,25 @@ class DriverLocking(FailClosed):
         if self._proc_lock is None:
             return
         t0 = time.monotonic()
-        if fresh or locks.users is None:
-            users = await asyncio.to_thread(self._gpu_users, holder)
-        else:
-            users = locks.users
-        # Settled already this entry: locked, unlockable MPS clients, foreign ones
-        # allowed, and those whose lock failed (judged below, never locked again:
-        # the drain freezes a sibling right after its lock whatever came of it, and
-        # the driver does not return from the lock of a frozen process).
-        settled = {os.getpid(), *locks.pids, *locks.unsupported, *(r.pid for r in locks.failed)}
-        if self._cfg.foreign == "allow":
-            settled |= set(locks.foreign)
-        targets = users - settled
-        if targets:
-            targets -= set(self._ctl.processes(holder))
         owner: dict[int, Tenant] = {}
-        if targets or locks.failed:  # the usual entry has neither: no cgroup reads
-            others = (t for t in self._tenants if t.id != holder.id)
-            owner = {p: t for t in others for p in self._ctl.processes(t)}
-        if targets:
-            await self._lock_targets(targets, owner, locks, frozen or [])
+        for _ in range(THAW_PASSES):
+            users = await asyncio.to_thread(self._gpu_users, holder)
+            # Settled already this entry: locked, unlockable MPS clients, foreign
+            # ones allowed, and those whose lock failed (judged below, never locked
+            # again: the drain freezes a sibling right after its lock whatever came
+            # of it, and the driver does not return from the lock of a frozen one).
+            settled = {os.getpid(), *locks.pids, *locks.unsupported}
+            settled |= {r.pid for r in locks.failed}
+            if self._cfg.foreign == "allow":
+                settled |= set(locks.foreign)
+            targets = users - settled
+            if targets:
+                targets -= set(self._ctl.processes(holder))
+            if targets or locks.failed:  # the usual entry has neither: no cgroup reads
+                others = (t for t in self._tenants if t.id != holder.id)
+                owner = {p: t for t in others for p in self._ctl.processes(t)}
+            if not targets or not await self._lock_targets(targets, owner, locks, frozen or []):
+                break  # nothing thawed: nothing can have started since the read
         failed, locks.failed = locks.failed, []
         if failed:
             await self._make_offenders_pay(failed, owner, locks)
@@ -131,9 +125,10 @@ class DriverLocking(FailClosed):
 
     async def _lock_targets(
         self, targets: set[int], owner: dict[int, Tenant], locks: DriverLocks, frozen: list[Tenant]
-    ) -> None:
+    ) -> bool:
         """Lock ``targets`` (pids on the GPU not settled yet) after the foreign policy;
-        a frozen tenant among their owners is thawed for its lock and frozen again."""
+        a frozen tenant among their owners is thawed for its lock and frozen again.
+        True when a tenant was thawed for it."""
         foreign = sorted(p for p in targets if p not in owner and p not in locks.foreign)
         if foreign:
             self._foreign_policy(foreign)
@@ -141,18 +136,19 @@ class DriverLocking(FailClosed):
         if self._cfg.foreign == "allow":
             targets = targets - set(locks.foreign)
         thawed = [t for t in frozen if targets & set(self._ctl.processes(t))]
-        for t in thawed:
-            self._ctl.thaw(t)
         try:
+            for t in thawed:
+                thaw_unless_gone(self._ctl, t)
             await asyncio.to_thread(self._lock_pids, targets, locks)
         finally:
-            for t in thawed:
-                self._ctl.freeze(t)
-            for t in thawed:
+            # Every one is frozen again before any error goes up (an ended one is gone).
+            refrozen = [t for t in thawed if freeze_unless_gone(self._ctl, t)]
+            for t in refrozen:
                 if not await self._ctl.wait_frozen(t, self._cfg.freeze_timeout_s):
                     raise KrexError(
                         Code.FREEZE_TIMEOUT, f"tenant {t.id} did not freeze again after its lock"
                     )
+        return bool(thawed)
 
     def _gpu_users(self, holder: Tenant) -> set[int]:
         """Pids with a context on this GPU; without a source, the siblings' processes."""
@@ -271,6 +267,10 @@ class DriverLocking(FailClosed):
         if self._ledger is not None:
             self._ledger.clear()
 
+
+#: Reads of the GPU's users in one lock step when each finds a process of a frozen
+#: tenant (thawed for its lock, during which it could start another one).
+THAW_PASSES = 3
 
 #: Lock outcomes that leave nothing to wait for: locked, or no CUDA state at all.
 #: UNSUPPORTED (an MPS client) is not locked: its drain rests on its shim (recorded).

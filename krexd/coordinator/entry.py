@@ -331,7 +331,7 @@ class Entry(Ending, MemoryWait):
         # Enforced by the driver: every other process on the GPU not locked yet (as
         # its tenant drained) is locked now, before its freeze; a process of a tenant
         # frozen during the drain is locked with that tenant thawed.
-        await self._lock_gpu(tenant, locks, region.siblings, fresh=False)
+        await self._lock_gpu(tenant, locks, region.siblings)
         testhooks.pause("drained")
         return rest
 

@@ -160,7 +160,8 @@ def test_a_sibling_that_reached_the_gpu_during_the_drain_is_locked_thawed() -> N
     # The drain's locks use one list of the GPU's users, read at the first sibling
     # that drained.  b creates its context after that read (a command just
     # started), drains, and is frozen with nothing locked; the lock after the
-    # drain must thaw it for its lock, as the one after the freeze does.
+    # drain must thaw it for its lock (the driver never returns from the lock of
+    # a frozen process).
     r = LockRig(3)
     a, b, c = r.tenants
     r.guard.users_now = {_pid(a), _pid(c)}
@@ -188,18 +189,47 @@ def test_a_sibling_that_reached_the_gpu_during_the_drain_is_locked_thawed() -> N
     run(scenario())
 
 
-def test_an_entry_reads_the_gpu_s_users_twice() -> None:
-    # Once as the first sibling drains (its lock), once after the freeze; the lock
-    # after the drain reuses the first list (a process it misses is locked after
-    # the freeze, its tenant thawed for it: the test above).
-    r = LockRig(3)
-    a, _, _ = r.tenants
-    r.gate.drain_steps = [set()]
+def test_a_process_started_while_its_tenant_was_thawed_for_a_lock_is_locked_too() -> None:
+    # Thawed for the lock of its straggler, b starts yet another process with a
+    # context; the list is read again after each thaw, so that one is locked too
+    # (with b thawed once more), and b ends frozen.
+    r = LockRig(2)
+    a, b = r.tenants
+    late, later = 4_200_000, 4_200_001
+    real_wait, real_thaw = r.control.wait_frozen, r.control.thaw
+    thaws = 0
+
+    async def wait_frozen(t: Tenant, timeout_s: float) -> bool:
+        ok = await real_wait(t, timeout_s)
+        if t.id == b.id and late not in b.pids:
+            b.pids.add(late)  # after b froze: locked with b thawed
+            r.guard.users_now = (r.guard.users_now or set()) | {late}
+        return ok
+
+    def thaw(t: Tenant) -> None:
+        nonlocal thaws
+        real_thaw(t)
+        if t.id == b.id and region_entering():
+            thaws += 1
+            if thaws == 1:
+                b.pids.add(later)  # started during the thaw for late's lock
+                r.guard.users_now = (r.guard.users_now or set()) | {later}
+
+    def region_entering() -> bool:
+        return r.coord._entering is not None
+
+    r.control.wait_frozen = wait_frozen  # type: ignore[method-assign]
+    r.control.thaw = thaw  # type: ignore[method-assign]
 
     async def scenario() -> None:
         grant = await r.enter(a)
-        assert r.guard.reads == 2
+        log = r.events.log
+        assert {late, later} <= r.plock.locked
+        i_later = log.index(("lock", later))
+        assert log[:i_later].count(("thaw", b.id)) == 2, "thawed again for the second lock"
+        assert ("freeze", b.id) in log[i_later:] and b.state == states.FROZEN
         await r.exit(a, grant)
+        assert not r.plock.locked
 
     run(scenario())
 

@@ -329,13 +329,22 @@ static bool zeroed(const void *p, size_t n)
     return true;
 }
 
+/* Who takes a lock: the calling thread (one process may lock from many
+ * threads at once, as krexd does), by /proc's number; the process's number
+ * when it lives in another pid namespace (its thread ids are not /proc's). */
+static int32_t locker_id(void)
+{
+    pid_t self = fc_self_pid();
+    return self == getpid() ? (int32_t)syscall(SYS_gettid) : (int32_t)self;
+}
+
 /* Give a lock taken on a record back (LOCKING -> RUNNING, waking its
  * blocked calls) if this process took it: the record's process died and
  * the record may now be another process's, which must not stay blocked. */
 static void undo_locking(struct proc_slot *t)
 {
     /* Relaxed: the CAS below decides; a freed record has locker 0 and RUNNING. */
-    if (atomic_load_explicit(&t->locker, memory_order_relaxed) != (int32_t)fc_self_pid())
+    if (atomic_load_explicit(&t->locker, memory_order_relaxed) != locker_id())
         return;
     atomic_store_explicit(&t->locker, 0, memory_order_relaxed);
     uint32_t expect = FC_LK_LOCKING;
@@ -381,8 +390,9 @@ FC_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
                                                  memory_order_seq_cst, memory_order_relaxed))
         return same_target(t, pid, start) ? CK_NOT_RUNNING : CK_GONE;
     /* Relaxed: read only as a liveness hint by recover_dead_locker, and by
-     * undo_locking (this thread's own store). */
-    atomic_store_explicit(&t->locker, (int32_t)fc_self_pid(), memory_order_relaxed);
+     * undo_locking (this thread's own store: another thread of the caller may
+     * be locking the record's next owner). */
+    atomic_store_explicit(&t->locker, locker_id(), memory_order_relaxed);
     uint64_t timeout_ns = args ? (uint64_t)args->timeoutMs * 1000000ull : 0;
     /* drain() checks the target first: a record that changed hands since the
      * find (its process died, a new one claimed it) answers CK_GONE, and the

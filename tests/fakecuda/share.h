@@ -49,7 +49,7 @@ struct proc_slot {
     _Atomic uint64_t used[FC_MAX_GPUS];
     _Atomic uint32_t lock;       /* enum fc_lock_state; a futex word */
     _Atomic uint32_t inflight;   /* driver calls between entry and return; a futex word */
-    _Atomic int32_t locker;      /* FC_LK_LOCKING: the pid whose lock call drains it */
+    _Atomic int32_t locker;      /* FC_LK_LOCKING: the thread (or pid) whose lock call drains it */
     _Atomic uint32_t flags;      /* FC_REC_* */
     _Atomic uint32_t copies;     /* copies of the driver in the process using the record */
     uint32_t reserved;
