@@ -67,7 +67,10 @@ class DriverLocking(FailClosed):
             self._ledger.record(set(locks.pids) | pids)
         timeout_ms = int(self._cfg.drain_timeout_s * 1e3)
         results = self._proc_lock.lock_all(pids, timeout_ms)
-        locks.pids.extend(p for p, r in results.items() if r.outcome is Outcome.LOCKED)
+        late = locks.add_locked([p for p, r in results.items() if r.outcome is Outcome.LOCKED])
+        if late:  # the region ended (its entry undone, say by a cancel) during the calls
+            log.warning("GPU %d: unlocking %s, locked after the region ended", self.gpu, late)
+            self._proc_lock.unlock_all(late)
         locks.unsupported.extend(p for p, r in results.items() if r.outcome is Outcome.UNSUPPORTED)
         failed = [r for r in results.values() if r.outcome not in _SETTLED]
         locks.failed.extend(failed)
@@ -254,9 +257,11 @@ class DriverLocking(FailClosed):
         not return is logged, and the ledger kept for the watchdog and a
         successor.
         """
-        if self._proc_lock is None or locks is None or not locks.pids:
+        if self._proc_lock is None or locks is None:
             return
-        pids, locks.pids = list(locks.pids), []
+        pids = locks.close()
+        if not pids:
+            return
         try:
             await asyncio.wait_for(
                 asyncio.to_thread(self._proc_lock.unlock_all, pids), self._cfg.freeze_timeout_s

@@ -6,6 +6,7 @@ hold one without importing the steps.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from krexd.driverlock import Result
@@ -22,6 +23,28 @@ class DriverLocks:
     lock_ms: float = 0.0
     failed: list[Result] = field(default_factory=list)  # locks that did not settle, to judge
     users: set[int] | None = None  # the GPU's users when the drain began (None: unknown)
+    # Set by the unlock at the region's end (or its entry's undo): a lock call that
+    # returns later unlocks what it locked instead of adding it here.  The lock
+    # orders the drain thread's appends against that unlock's take of ``pids``.
+    closed: bool = False
+    released: list[int] = field(default_factory=list)  # what the region's end unlocked
+    mu: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add_locked(self, pids: list[int]) -> list[int]:
+        """Record ``pids`` as locked; those not recorded because the region has ended."""
+        with self.mu:
+            if self.closed:
+                return pids
+            self.pids.extend(pids)
+            return []
+
+    def close(self) -> list[int]:
+        """The region ends: no pid is added after this; the pids locked, to unlock."""
+        with self.mu:
+            self.closed = True
+            pids, self.pids = list(self.pids), []
+            self.released = pids
+            return pids
 
     def record(self) -> dict[str, object]:
         """The grant's and the region log's view: locked, foreign, ended, lock_ms."""

@@ -91,7 +91,7 @@ class Witness(DriverLocking):
             return None
         locks = region.locks
         covered = region.holder_pids | set(self._ctl.processes(region.tenant))
-        covered |= set(locks.pids if locks else [])
+        covered |= set([*locks.pids, *locks.released] if locks else [])  # unlocked by now
         covered |= {p for t in region.siblings for p in self._ctl.processes(t)}
         unlocked = sorted(users - covered)
         return {

@@ -10,6 +10,7 @@ ledger written before any lock and cleared after the unlock.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -230,6 +231,45 @@ def test_a_process_started_while_its_tenant_was_thawed_for_a_lock_is_locked_too(
         assert ("freeze", b.id) in log[i_later:] and b.state == states.FROZEN
         await r.exit(a, grant)
         assert not r.plock.locked
+
+    run(scenario())
+
+
+def test_the_coverage_witness_counts_what_the_region_locked() -> None:
+    # On a real GPU the witness names the processes on the GPU at exit that the
+    # region had not locked.  The exit unlocks before the witness runs: a foreign
+    # process locked for the whole region must not be named (it was, before the
+    # region's end kept its list of what it unlocked).
+    r = LockRig(2, users_extra={FOREIGN})
+    a, _ = r.tenants
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        assert FOREIGN in r.plock.locked
+        out = await r.exit(a, grant)
+        assert out["witness"]["source"] == "driver lock coverage"
+        assert out["witness"]["others"] == []
+
+    run(scenario())
+
+
+def test_a_lock_returning_after_the_region_ended_is_undone() -> None:
+    # The drain's thread is inside a lock call when the entry is undone (a cancel):
+    # what that call locks afterwards is unlocked at once, never left locked.
+    r = LockRig(2)
+    a, b = r.tenants
+    r.gate.drain_steps = [set()]
+
+    async def scenario() -> None:
+        grant = await r.enter(a)
+        region = r.coord._region
+        assert region is not None and region.locks is not None
+        await r.exit(a, grant)
+        assert region.locks.closed and not r.plock.locked
+        # A call of the drain's thread that returns only now:
+        failed = await asyncio.to_thread(r.coord._lock_pids, {_pid(b)}, region.locks)
+        assert failed == [] and _pid(b) not in r.plock.locked
+        assert r.events.log[-1] == ("unlock", _pid(b))
 
     run(scenario())
 
