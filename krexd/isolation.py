@@ -49,13 +49,7 @@ def freeze_unless_gone(control: TenantControl, tenant: Tenant) -> bool:
     Raises:
         OSError: any other failure of the write.
     """
-    try:
-        control.freeze(tenant)
-    except OSError as exc:
-        if gone(exc):
-            return False
-        raise
-    return True
+    return _unless_gone(control.freeze, tenant)
 
 
 def thaw_unless_gone(control: TenantControl, tenant: Tenant) -> bool:
@@ -64,8 +58,12 @@ def thaw_unless_gone(control: TenantControl, tenant: Tenant) -> bool:
     Raises:
         OSError: any other failure of the write.
     """
+    return _unless_gone(control.thaw, tenant)
+
+
+def _unless_gone(write: Callable[[Tenant], None], tenant: Tenant) -> bool:
     try:
-        control.thaw(tenant)
+        write(tenant)
     except OSError as exc:
         if gone(exc):
             return False
