@@ -69,6 +69,9 @@ class DaemonConfig:
     max_status_per_uid: int = 4  # status requests of one uid queued or running
     status_per_s_per_uid: float = 10.0  # status requests of one uid served per second (0: any)
     idle_timeout_s: float = 300.0  # a connection with no request for this long is closed
+    # New connections of one uid served per second after a burst (krexd/ratelimit.py).
+    connections_per_s_per_uid: float = 50.0
+    connection_burst_per_uid: int = 256
     freeze_bound_s: float = 20.0  # longest freeze without a live krexd (krexd/watchdog.py)
     adopt: bool = True  # a restarted krexd adopts the tenants of the one before
     # krexd's nice value: region entry runs while up to a GPU's worth of siblings
@@ -240,6 +243,8 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "max_status_per_uid": _int(0, 1_000_000),
             "status_per_s_per_uid": _float_range(0.0, 1_000_000.0),
             "idle_timeout_s": _float_range(0.0, 7 * 86400.0),
+            "connections_per_s_per_uid": _float_range(0.0, 1_000_000.0),
+            "connection_burst_per_uid": _int(1, 1_000_000),
             "freeze_bound_s": _float_range(1.0, 3600.0),
             "adopt": _bool,
             "nice": _int(-20, 19),

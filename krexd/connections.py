@@ -16,6 +16,16 @@ carries the connection's descriptor, ``ZMQ_EVENT_DISCONNECTED`` its end) and
   connections wait that way, :data:`REFUSING_PER_UID` of one uid; beyond
   them one is shut down at once, silently (a request it had sent is lost:
   only a user flooding krexd with connections meets this);
+* paces each uid's new connections (``[daemon] connections_per_s_per_uid``,
+  a burst of ``connection_burst_per_uid``; root is exempt): a connection is
+  charged at its first request (a liveness probe that sends none costs its
+  owner nothing), and a request of a connection over the rate waits, held
+  here, until the connection's start (:mod:`krexd.ratelimit`); one that
+  would wait over :data:`PACE_MAX_S` is refused with the seconds after which
+  asking again fits (``retry_s``; krex clients retry by themselves).  A
+  client that waits for its reply (every krex client) is so held to the rate,
+  and one user churning connections costs krexd that many requests a second,
+  not thousands;
 * shuts down a connection idle for ``[daemon] idle_timeout_s`` (no request
   received and none in progress: a parked ``admit`` is in progress).  A
   ZeroMQ client reconnects by itself at its next request, so closing an
@@ -33,7 +43,9 @@ end-of-file and closes it itself, so its descriptor is never closed behind
 libzmq's back.  The descriptor of an ACCEPTED event may have been closed and
 reused by the time the event is read; an event followed in the same batch by
 the connection's end is skipped, and only a Unix stream socket is shut down,
-so the worst case is one other client disconnected (and reconnecting).
+so the worst case is one other client disconnected (and reconnecting).  A
+request that still arrives on a connection cut silently is dropped unanswered
+(:meth:`ConnectionGuard.verdict`), so cutting it saves krexd the request.
 """
 
 from __future__ import annotations
@@ -42,17 +54,17 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-import os
-import socket
-import stat
-import struct
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
+
+from krexd.ratelimit import RateBuckets
+from krexd.unixsock import peer_uid, shut_down
 
 _log = logging.getLogger("krexd.connections")
 
@@ -64,6 +76,7 @@ REFUSE_GRACE_S = 2.0  # a refused connection's time to send its request and read
 REFUSING_MAX = 64  # refused connections kept for their reply at once; more are cut silently
 REFUSING_PER_UID = 4  # ... of one uid (so that no user's refused ones crowd out another's)
 REPLY_FLUSH_S = 0.5  # after the refusal's reply, before the shutdown
+PACE_MAX_S = 2.0  # the longest a paced connection's first request waits (clients wait 5 s)
 EXEMPT_UID = 0
 
 
@@ -79,57 +92,6 @@ def _malloc_trim() -> None:
         pass
 
 
-def _unix_stream(fd: int) -> socket.socket | None:
-    """A socket object on a duplicate of ``fd`` when it is a Unix stream socket, else None.
-
-    The caller closes it (closing the duplicate only).
-    """
-    try:
-        dup = os.dup(fd)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISSOCK(os.fstat(dup).st_mode):
-            os.close(dup)
-            return None
-        sock = socket.socket(fileno=dup)
-    except OSError:
-        os.close(dup)
-        return None
-    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-        sock.close()
-        return None
-    return sock
-
-
-def _shut_down(fd: int) -> bool:
-    """Shut the Unix stream socket ``fd`` down (libzmq then closes it); True when done."""
-    sock = _unix_stream(fd)
-    if sock is None:
-        return False
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
-
-
-def peer_uid(fd: int) -> int | None:
-    """The uid of the peer of Unix socket ``fd`` (``SO_PEERCRED``), None when unknown."""
-    sock = _unix_stream(fd)
-    if sock is None:
-        return None
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return int(struct.unpack("3i", raw)[1])
-    except OSError:
-        return None
-    finally:
-        sock.close()
-
-
 @dataclass
 class _Conn:
     """One open connection: its uid, last activity (monotonic s), requests in progress."""
@@ -139,6 +101,24 @@ class _Conn:
     busy: int = 0
     refusal: str = ""  # why it was refused ("" when it was not)
     close_at: float = 0.0  # when a refused connection is shut down (monotonic s)
+    retry_s: float = 0.0  # refused for the rate: asking again after this long fits
+    charged: bool = False  # its first request has been charged to its uid's pace
+    ready_at: float = 0.0  # paced: its requests wait until then (monotonic s)
+    held: list[Callable[[], None]] = field(default_factory=list)  # requests waiting
+    timer: asyncio.TimerHandle | None = None  # releases ``held`` at ``ready_at``
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the server does with one request of a connection (:meth:`ConnectionGuard.verdict`):
+    serve it (the default), answer ``refusal`` (``TOO_MANY``, with ``retry_s``
+    when asking again later fits), hold it ``wait_s`` (:meth:`ConnectionGuard.hold`),
+    or ``drop`` it unanswered (its connection was cut)."""
+
+    refusal: str = ""
+    retry_s: float = 0.0
+    wait_s: float = 0.0
+    drop: bool = False
 
 
 class ConnectionGuard:
@@ -151,6 +131,10 @@ class ConnectionGuard:
             0: no cap; root is exempt).
         idle_s: a connection with no request for this long is closed (seconds,
             ``[daemon] idle_timeout_s``; 0: never).
+        per_s_per_uid: new connections of one uid served per second after its burst
+            (``[daemon] connections_per_s_per_uid``; 0: no pace; root is exempt).
+        burst_per_uid: new connections of one uid served at once before the pace
+            (``[daemon] connection_burst_per_uid``).
     """
 
     def __init__(
@@ -159,10 +143,18 @@ class ConnectionGuard:
         max_connections: int,
         per_uid: int = 0,
         idle_s: float = 0.0,
+        per_s_per_uid: float = 0.0,
+        burst_per_uid: int = 1,
     ) -> None:
         self.max_connections = max_connections
         self.per_uid = per_uid
         self.idle_s = idle_s
+        self._pace = (
+            RateBuckets(per_s_per_uid, max(1, burst_per_uid), PACE_MAX_S)
+            if per_s_per_uid > 0
+            else None
+        )
+        self._cut: set[int] = set()  # descriptors shut down silently, until reused
         self._monitor: zmq.asyncio.Socket = sock.get_monitor_socket(_EVENTS)
         # The same socket, synchronous: a batch of queued events is read without awaiting.
         self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(self._monitor.underlying)
@@ -182,7 +174,9 @@ class ConnectionGuard:
         return len(self._conns)
 
     def status(self) -> dict[str, int | float]:
-        """``{"open", "peak", "max", "max_per_uid", "refused", "idle_s", "idle_closed"}``."""
+        """``{"open", "peak", "max", "max_per_uid", "refused", "idle_s", "idle_closed",
+        "per_s_per_uid", "burst_per_uid", "paced", "refused_rate"}``."""
+        pace = self._pace
         return {
             "open": self.open,
             "peak": self.peak,
@@ -191,6 +185,10 @@ class ConnectionGuard:
             "refused": self.refused,
             "idle_s": self.idle_s,
             "idle_closed": self.idle_closed,
+            "per_s_per_uid": pace.rate if pace is not None else 0.0,
+            "burst_per_uid": int(pace.burst) if pace is not None else 0,
+            "paced": pace.paced if pace is not None else 0,
+            "refused_rate": pace.refused if pace is not None else 0,
         }
 
     def of_uid(self, uid: int) -> int:
@@ -199,21 +197,70 @@ class ConnectionGuard:
 
     # --- what the server reports ---------------------------------------------------
 
-    def refusal(self, fd: int | None) -> str:
-        """Why the connection of descriptor ``fd`` was refused ("" when it was not).
+    def verdict(self, fd: int | None) -> Verdict:
+        """What to do with a request that came in on connection ``fd``.
 
-        Called by the server for each request; a refused connection is shut
-        down :data:`REPLY_FLUSH_S` after (its reply is sent first).
+        Called by the server for each request.  A refused connection is shut
+        down :data:`REPLY_FLUSH_S` after (its reply is sent first).  The
+        connection's first request is charged to its uid's pace: a connection
+        over the rate gets ``wait_s`` (the server then calls :meth:`hold`), or,
+        past :data:`PACE_MAX_S`, is refused with ``retry_s``.
         """
         if fd is None:
-            return ""
+            return Verdict()
         # The connection's ACCEPTED event may still wait in the monitor's queue.
         self._handle(self._read_batch())
         conn = self._conns.get(fd)
-        if conn is None or not conn.refusal:
-            return ""
-        conn.close_at = min(conn.close_at, time.monotonic() + REPLY_FLUSH_S)
-        return conn.refusal
+        if conn is None:
+            return Verdict(drop=fd in self._cut)
+        now = time.monotonic()
+        if not conn.charged and not conn.refusal:
+            conn.charged = True
+            self._charge(fd, conn, now)
+        if conn.refusal:
+            conn.close_at = min(conn.close_at, now + REPLY_FLUSH_S)
+            return Verdict(refusal=conn.refusal, retry_s=conn.retry_s)
+        return Verdict(wait_s=max(0.0, conn.ready_at - now))
+
+    def hold(self, fd: int, release: Callable[[], None]) -> None:
+        """Run ``release`` (the held request's routing) at connection ``fd``'s start.
+
+        Requests held for one connection are released in the order they came;
+        those of a connection that ends first are dropped.
+        """
+        conn = self._conns[fd]
+        conn.held.append(release)
+        if conn.timer is None:
+            delay = max(0.0, conn.ready_at - time.monotonic())
+            conn.timer = asyncio.get_running_loop().call_later(delay, self._release, fd, conn)
+
+    def _release(self, fd: int, conn: _Conn) -> None:
+        conn.timer = None
+        conn.ready_at = 0.0
+        held, conn.held = conn.held, []
+        if self._conns.get(fd) is conn:
+            for release in held:
+                release()
+
+    def _charge(self, fd: int, conn: _Conn, now: float) -> None:
+        """Charge connection ``fd``'s first request to its uid's pace (root exempt)."""
+        if self._pace is None or conn.uid is None or conn.uid == EXEMPT_UID:
+            return
+        pace = self._pace.take(conn.uid, now)
+        if not pace.refused:
+            conn.ready_at = now + pace.wait_s if pace.wait_s else 0.0
+            return
+        why = (
+            f"uid {conn.uid} opens connections to krexd faster than "
+            f"[daemon] connections_per_s_per_uid ({self._pace.rate:g}/s after a burst of "
+            f"{int(self._pace.burst)}); asking again after {pace.retry_s:.1f} s fits"
+        )
+        self._refused(why)
+        self._forget(fd)  # counted as refusing from now on
+        conn.refusal, conn.retry_s = why, max(0.1, pace.retry_s)
+        conn.close_at = now + REFUSE_GRACE_S
+        self._refusing[conn.uid] += 1
+        self._conns[fd] = conn
 
     def started(self, fd: int | None) -> None:
         """A request of connection ``fd`` began (it is not idle until it ends)."""
@@ -279,13 +326,15 @@ class ConnectionGuard:
     def _accepted(self, fd: int) -> None:
         """Count a new connection; refuse it when it is beyond a cap."""
         self._forget(fd)  # a reused descriptor whose end we missed
+        self._cut.discard(fd)
         uid = peer_uid(fd)
         why = self._over_cap(uid)
         if why and (
             sum(self._refusing.values()) >= REFUSING_MAX or self._refusing[uid] >= REFUSING_PER_UID
         ):
             self._refused(why)
-            _shut_down(fd)
+            if shut_down(fd):
+                self._cut.add(fd)  # a request it already sent is dropped, not served
             return
         now = time.monotonic()
         conn = _Conn(uid, now)
@@ -323,6 +372,9 @@ class ConnectionGuard:
 
     def _forget(self, fd: int) -> None:
         conn = self._conns.pop(fd, None)
+        if conn is not None and conn.timer is not None:
+            conn.timer.cancel()  # its held requests are dropped: nobody reads the replies
+            conn.timer, conn.held = None, []
         if conn is not None and conn.refusal:
             self._refusing[conn.uid] -= 1
             if self._refusing[conn.uid] <= 0:
@@ -335,6 +387,8 @@ class ConnectionGuard:
     def _close_due(self) -> None:
         """Shut down refused connections past their grace and idle ones."""
         now = time.monotonic()
+        if self._pace is not None and len(self._pace) > 64:
+            self._pace.forget_full(now)
         for fd, conn in list(self._conns.items()):
             if conn.refusal:
                 due = now >= conn.close_at
@@ -343,7 +397,8 @@ class ConnectionGuard:
                 if due:
                     self.idle_closed += 1
             if due:
-                _shut_down(fd)
+                if shut_down(fd) and conn.refusal:
+                    self._cut.add(fd)  # a request sent after its refusal is not served
                 self._forget(fd)  # libzmq's DISCONNECTED follows; forgetting twice is harmless
 
     def close(self) -> None:

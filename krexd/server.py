@@ -141,7 +141,12 @@ class Server:
         self._sock = sock
         cfg = self.cfg
         self.guard = ConnectionGuard(
-            sock, cfg.max_connections, cfg.max_connections_per_uid, cfg.idle_timeout_s
+            sock,
+            cfg.max_connections,
+            cfg.max_connections_per_uid,
+            cfg.idle_timeout_s,
+            cfg.connections_per_s_per_uid,
+            cfg.connection_burst_per_uid,
         )
         _log.info("listening on ipc://%s (mode %o)", self.path, self.mode)
 
@@ -185,27 +190,36 @@ class Server:
                 await self._send(ident, encode_error(exc.request_id, code, exc.name, exc.message))
                 continue
             who = self._peers.resolve(ident, _peer_address(parts[-1]))
-            await self._route(ident, req, who, _source_fd(parts[-1]))
+            self._route(ident, req, who, _source_fd(parts[-1]))
             # Messages already queued are read in a burst (a flood's excess is refused
             # cheaply); a region op's task starts before the next one is read.
             if req.op in REGION_OPS or self.requests % READ_BURST == 0:
                 await asyncio.sleep(0)
 
-    async def _route(
+    def _route(
         self, ident: bytes, req: Request, who: identity.Caller | None, fd: int | None
     ) -> None:
-        """Refuse a request beyond a cap; else run it in a task, or in the bulk lane."""
+        """Refuse a request beyond a cap, hold a paced one, drop one of a cut connection;
+        else run it in a task, or in the bulk lane."""
         assert self.guard is not None
-        refusal = self.guard.refusal(fd)
+        verdict = self.guard.verdict(fd)
+        if verdict.drop:
+            self._refuse("CUT")
+            return
+        if verdict.wait_s and fd is not None:
+            self.guard.hold(fd, lambda: self._route(ident, req, who, fd))
+            return
         try:
-            if refusal:
-                raise KrexError(Code.TOO_MANY, refusal)
+            if verdict.refusal:
+                raise KrexError(Code.TOO_MANY, verdict.refusal)
             key = self.lanes.admit(who.uid if who is not None else None, req.op)
         except KrexError as exc:
             # Answered after a pause: a client that resends at each reply (a flood)
             # then costs krexd a few refusals per second, not a busy loop of them.
             self.errors += 1
-            frame = encode_error(req.id, exc.code, exc.code.name, exc.message)
+            frame = encode_error(
+                req.id, exc.code, exc.code.name, exc.message, retry_s=verdict.retry_s
+            )
             loop = asyncio.get_running_loop()
             loop.call_later(REFUSAL_DELAY_S, self._send_soon, ident, frame)
             return

@@ -28,7 +28,7 @@ from typing import Any
 
 import zmq
 
-from krex_client.protocol import FrameError, Request, decode_reply, encode_request
+from krex_client.protocol import FrameError, Reply, Request, decode_reply, encode_request
 
 DEFAULT_SOCKET = "/run/krex/krexd.sock"
 """krexd's control socket when neither ``--socket`` nor ``KREX_SOCKET`` says otherwise."""
@@ -192,8 +192,11 @@ class Connection:
         ``forever=True`` waits without a limit (used by ``admit``, which krexd
         parks until a slot frees).
         ``check`` is called about every 0.5 s while waiting and may raise to
-        give up (e.g. when krexd's process is gone).  Raises
-        :class:`KrexUnavailable` or :class:`RemoteError`.
+        give up (e.g. when krexd's process is gone).  A refusal that says the
+        request was not run and when to ask again (``retry_s``: a connection
+        over its uid's pace, krexd/connections.py) is retried after that long
+        while the wait allows.  Raises :class:`KrexUnavailable` or
+        :class:`RemoteError`.
         """
         check_access(self.socket)
         if not os.path.exists(self.socket):
@@ -202,13 +205,33 @@ class Connection:
             _probe(self.socket)
             self._probed = True
         wait = None if forever else (self.timeout_s if timeout_s is None else timeout_s)
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            reply = self._ask(op, body, wait, deadline, check)
+            if reply.ok:
+                return reply.body
+            err = reply.error
+            assert err is not None
+            if err.retry_s > 0 and (deadline is None or time.monotonic() + err.retry_s < deadline):
+                time.sleep(err.retry_s)  # not run: ask again (libzmq reconnects by itself)
+                continue
+            raise RemoteError(err.code, err.name, err.message)
+
+    def _ask(
+        self,
+        op: str,
+        body: dict[str, Any] | None,
+        wait: float | None,
+        deadline: float | None,
+        check: Callable[[], None] | None,
+    ) -> Reply:
+        """Send one request and wait for its reply until ``deadline`` (monotonic s)."""
         req_id = next(self._ids)
         req = Request(op=op, id=req_id, body=body or {}, tenant=self.tenant, token=self.token)
         try:
             self._sock.send(encode_request(req), zmq.NOBLOCK)
         except zmq.Again:
             raise KrexUnavailable(self.socket, "cannot queue the request") from None
-        deadline = None if wait is None else time.monotonic() + wait
         while True:
             left = _POLL_SLICE_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
@@ -221,10 +244,7 @@ class Connection:
                     raise KrexUnavailable(self.socket, f"garbled reply: {exc}") from None
                 if reply.id != req_id:
                     continue  # late reply to an earlier request that timed out
-                if reply.ok:
-                    return reply.body
-                assert reply.error is not None
-                raise RemoteError(reply.error.code, reply.error.name, reply.error.message)
+                return reply
             # No reply yet: fail fast if krexd died meanwhile (its socket file stays).
             if not os.path.exists(self.socket):
                 raise KrexUnavailable(self.socket, "socket removed while waiting for a reply")

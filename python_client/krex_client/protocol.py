@@ -17,7 +17,11 @@ ok reply::
 error reply::
 
     {"v": 1, "id": <same id, or 0 when the request had none>, "ok": false,
-     "error": {"code": <int>, "name": <str>, "message": <str>}}
+     "error": {"code": <int>, "name": <str>, "message": <str>, "retry_s": <float>?}}
+
+``retry_s`` (seconds, only on a ``TOO_MANY`` for a connection over its uid's
+pace): the request was not run and asking again after that long fits; the
+client retries by itself (:meth:`krex_client.connection.Connection.request`).
 
 Rules checked by :func:`decode_request`, each with its error name:
 
@@ -92,6 +96,7 @@ class RemoteErrorInfo:
     code: int
     name: str
     message: str
+    retry_s: float = 0.0  # > 0: the request was not run; asking again after this long fits
 
 
 @dataclass(frozen=True)
@@ -175,14 +180,16 @@ def encode_ok(request_id: int, body: dict[str, Any]) -> bytes:
     return bytes(msgpack.packb(msg, use_bin_type=True))
 
 
-def encode_error(request_id: int, code: int, name: str, message: str) -> bytes:
-    """Serialize an error reply (``code``/``name`` from :mod:`krex_client.errors`)."""
-    msg = {
-        "v": PROTOCOL_VERSION,
-        "id": request_id,
-        "ok": False,
-        "error": {"code": code, "name": name, "message": message},
-    }
+def encode_error(
+    request_id: int, code: int, name: str, message: str, retry_s: float = 0.0
+) -> bytes:
+    """Serialize an error reply (``code``/``name`` from :mod:`krex_client.errors`);
+    ``retry_s`` > 0 (seconds) tells the client that the request was not run and
+    that asking again after that long fits (a connection over its uid's pace)."""
+    error: dict[str, Any] = {"code": code, "name": name, "message": message}
+    if retry_s > 0:
+        error["retry_s"] = float(retry_s)
+    msg = {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": error}
     return bytes(msgpack.packb(msg, use_bin_type=True))
 
 
@@ -206,4 +213,7 @@ def decode_reply(frame: bytes) -> Reply:
     code, name, message = err.get("code"), err.get("name"), err.get("message")
     if not _is_int(code) or not isinstance(name, str) or not isinstance(message, str):
         raise FrameError("BAD_FIELD", "reply 'error' needs int code, str name, str message", rid)
-    return Reply(id=rid, ok=False, error=RemoteErrorInfo(code, name, message))
+    retry = err.get("retry_s", 0.0)
+    if not isinstance(retry, (int, float)) or isinstance(retry, bool) or not 0 <= retry <= 3600:
+        raise FrameError("BAD_FIELD", "reply 'error.retry_s' must be seconds in [0, 3600]", rid)
+    return Reply(id=rid, ok=False, error=RemoteErrorInfo(code, name, message, float(retry)))

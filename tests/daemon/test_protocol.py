@@ -129,6 +129,23 @@ def test_reply_round_trips() -> None:
     assert bad.error is not None and (bad.id, bad.ok, bad.error.name) == (5, False, "UNKNOWN_OP")
 
 
+def test_an_error_says_when_to_ask_again_only_when_it_may() -> None:
+    assert decode_reply(encode_error(5, 17, "TOO_MANY", "cap")).error.retry_s == 0.0  # type: ignore[union-attr]
+    again = decode_reply(encode_error(6, 17, "TOO_MANY", "pace", retry_s=0.25)).error
+    assert again is not None and again.retry_s == 0.25
+    for bad in (-1.0, 1e9, "soon", True):
+        frame = pack(
+            {
+                "v": 1,
+                "id": 1,
+                "ok": False,
+                "error": {"code": 17, "name": "TOO_MANY", "message": "m", "retry_s": bad},
+            }
+        )
+        with pytest.raises(FrameError, match="retry_s"):
+            decode_reply(frame)
+
+
 def test_reply_without_ok_is_refused() -> None:
     with pytest.raises(FrameError):
         decode_reply(pack({"v": 1, "id": 1}))
