@@ -86,15 +86,19 @@ print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
 _KREXCTL = "import sys; from krex_cli.krexctl import main; sys.exit(main())"
 
 
-def _start_krexd(workdir: str, per_s: float | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def _start_krexd(
+    workdir: str, per_s: float | None = None, conn_per_s: float | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """A private krexd with one fake GPU whose socket every uid may open;
-    ``per_s``: its ``[daemon] status_per_s_per_uid`` (None: the default)."""
+    ``per_s``: its ``[daemon] status_per_s_per_uid``, ``conn_per_s`` its
+    ``connections_per_s_per_uid`` (None: the default)."""
     socket = os.path.join(workdir, "krexd.sock")
     config = os.path.join(workdir, "krex.toml")
     with open(config, "w") as f:
         f.write(
             f'[daemon]\nsocket = "{socket}"\nsocket_mode = "0666"\n'
             + (f"status_per_s_per_uid = {per_s}\n" if per_s is not None else "")
+            + (f"connections_per_s_per_uid = {conn_per_s}\n" if conn_per_s is not None else "")
             + f'[cgroup]\nname = "krexflood{os.getpid()}"\n[cpu]\nallow_shared = true\n'
         )
     argv = [sys.executable, "-m", "krexd", "--config", config, "--socket", socket]
@@ -125,16 +129,21 @@ def _holder(env: dict[str, str], regions: int) -> list[float]:
 
 
 def run(
-    regions: int, sockets: int, per_s: float | None = None, kind: str = "status"
+    regions: int,
+    sockets: int,
+    per_s: float | None = None,
+    kind: str = "status",
+    conn_per_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Both modes on one krexd; a row each (ms, and the flood's rates).
 
     ``kind``: "status" (``sockets`` status requests kept outstanding) or
     "connections" (``sockets`` new connections at a time, one ping each, closed).
+    ``per_s`` / ``conn_per_s``: krexd's status and connection paces (None: defaults).
     """
     workdir = tempfile.mkdtemp(prefix="krex-flood-")
     os.chmod(workdir, 0o755)
-    krexd, socket = _start_krexd(workdir, per_s)
+    krexd, socket = _start_krexd(workdir, per_s, conn_per_s)
     env = dict(_clean_env(), KREX_SOCKET=socket)
     rows = []
     try:
@@ -164,7 +173,10 @@ def run(
             env=env, capture_output=True, text=True,
         )  # fmt: skip
         if st.returncode == 0:
-            rows[-1]["lanes"] = json.loads(st.stdout)["server"]["lanes"]
+            status = json.loads(st.stdout)
+            rows[-1]["lanes"] = status["server"]["lanes"]
+            rows[-1]["requests"] = status["server"]["requests"]
+            rows[-1]["connections"] = status["connections"]
     finally:
         _stop(krexd)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -189,8 +201,14 @@ def main() -> None:
         default="status",
         help="status requests kept outstanding, or connections opened, pinged and closed",
     )
+    ap.add_argument(
+        "--connections-per-s",
+        type=float,
+        default=None,
+        help="krexd's [daemon] connections_per_s_per_uid (default: krexd's own; 0: no pace)",
+    )
     args = ap.parse_args()
-    rows = run(args.regions, args.sockets, args.status_per_s, args.flood)
+    rows = run(args.regions, args.sockets, args.status_per_s, args.flood, args.connections_per_s)
     for r in rows:
         print(
             f"{r['mode']:6s} entry p50 {r['entry_p50_ms']:7.3f} ms  "
@@ -198,6 +216,8 @@ def main() -> None:
         )
     if "lanes" in rows[-1]:
         print("status lanes after the flood:", json.dumps(rows[-1]["lanes"]))
+        print("requests served in all:", rows[-1]["requests"])
+        print("connections after the flood:", json.dumps(rows[-1]["connections"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

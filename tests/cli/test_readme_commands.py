@@ -62,15 +62,27 @@ def test_make_escalates_only_where_needed_and_available() -> None:
     as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     if subprocess.run([*as_nobody, "test", "-r", str(ROOT / "Makefile")]).returncode != 0:
         pytest.skip("this checkout is not readable by other users")
-    system_path = "/usr/local/bin:/usr/bin:/bin"
     fake = Path(tempfile.mkdtemp(prefix="krex-sudo-"))  # outside pytest's root-only tmp
     try:
         fake.chmod(0o755)
+        no_sudo = without_sudo(fake / "bin")
         (fake / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
         (fake / "sudo").chmod(0o755)
-        check_make(system_path, f"{fake}:{system_path}")
+        check_make(str(no_sudo), f"{fake}:{no_sudo}")
     finally:
         shutil.rmtree(fake)
+
+
+def without_sudo(directory: Path, system_path: str = "/usr/local/bin:/usr/bin:/bin") -> Path:
+    """A PATH directory holding the system's commands but ``sudo`` (links to them), so that
+    "a user without sudo" is one on a machine where sudo is installed too."""
+    directory.mkdir(mode=0o755)
+    for d in system_path.split(":"):
+        for entry in Path(d).iterdir() if Path(d).is_dir() else ():
+            link = directory / entry.name
+            if entry.name != "sudo" and not link.exists() and os.access(entry, os.X_OK):
+                link.symlink_to(entry)
+    return directory
 
 
 def check_make(system_path: str, with_sudo: str) -> None:
