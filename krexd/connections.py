@@ -19,13 +19,16 @@ carries the connection's descriptor, ``ZMQ_EVENT_DISCONNECTED`` its end) and
 * paces each uid's new connections (``[daemon] connections_per_s_per_uid``,
   a burst of ``connection_burst_per_uid``; root is exempt): a connection is
   charged at its first request (a liveness probe that sends none costs its
-  owner nothing), and a request of a connection over the rate waits, held
-  here, until the connection's start (:mod:`krexd.ratelimit`); one that
-  would wait over :data:`PACE_MAX_S` is refused with the seconds after which
-  asking again fits (``retry_s``; krex clients retry by themselves).  A
-  client that waits for its reply (every krex client) is so held to the rate,
-  and one user churning connections costs krexd that many requests a second,
-  not thousands;
+  owner nothing).  The first request of a connection over the rate is held
+  here until the connection's start (:mod:`krexd.ratelimit`; at most
+  :data:`HELD_MAX` requests per connection, kept in order; more are
+  refused); one that would wait over
+  :data:`PACE_MAX_S` is refused with the seconds after which asking again
+  fits (``retry_s``: the request is refused, not the connection, and krex
+  clients ask again on it by themselves).  Region operations are never held
+  or refused for the pace (they are charged all the same).  A user churning
+  connections is so held to the rate, whether it waits for its replies or
+  not (see the end of this docstring);
 * shuts down a connection idle for ``[daemon] idle_timeout_s`` (no request
   received and none in progress: a parked ``admit`` is in progress).  A
   ZeroMQ client reconnects by itself at its next request, so closing an
@@ -44,8 +47,10 @@ libzmq's back.  The descriptor of an ACCEPTED event may have been closed and
 reused by the time the event is read; an event followed in the same batch by
 the connection's end is skipped, and only a Unix stream socket is shut down,
 so the worst case is one other client disconnected (and reconnecting).  A
-request that still arrives on a connection cut silently is dropped unanswered
-(:meth:`ConnectionGuard.verdict`), so cutting it saves krexd the request.
+request of a connection krexd does not count as open (cut at accept, or gone
+before its request was read: nobody could read a reply) is dropped
+unanswered (:meth:`ConnectionGuard.verdict`), so neither a cut nor a client
+that closes without waiting for its reply gets a request served uncharged.
 """
 
 from __future__ import annotations
@@ -76,7 +81,10 @@ REFUSE_GRACE_S = 2.0  # a refused connection's time to send its request and read
 REFUSING_MAX = 64  # refused connections kept for their reply at once; more are cut silently
 REFUSING_PER_UID = 4  # ... of one uid (so that no user's refused ones crowd out another's)
 REPLY_FLUSH_S = 0.5  # after the refusal's reply, before the shutdown
-PACE_MAX_S = 2.0  # the longest a paced connection's first request waits (clients wait 5 s)
+# The longest a paced connection's first request is held: well inside the shortest reply
+# timeout of a krex client (2 s: krexctl top, krex run's queue notes, a pool's ping).
+PACE_MAX_S = 1.0
+HELD_MAX = 4  # requests held for one paced connection; more are refused TOO_MANY
 EXEMPT_UID = 0
 
 
@@ -92,6 +100,11 @@ def _malloc_trim() -> None:
         pass
 
 
+#: A held request's continuation: called with True to start it, False to abandon it
+#: (its connection ended, or krexd stops).
+Release = Callable[[bool], None]
+
+
 @dataclass
 class _Conn:
     """One open connection: its uid, last activity (monotonic s), requests in progress."""
@@ -101,10 +114,9 @@ class _Conn:
     busy: int = 0
     refusal: str = ""  # why it was refused ("" when it was not)
     close_at: float = 0.0  # when a refused connection is shut down (monotonic s)
-    retry_s: float = 0.0  # refused for the rate: asking again after this long fits
     charged: bool = False  # its first request has been charged to its uid's pace
     ready_at: float = 0.0  # paced: its requests wait until then (monotonic s)
-    held: list[Callable[[], None]] = field(default_factory=list)  # requests waiting
+    held: list[Release] = field(default_factory=list)  # requests waiting, in order
     timer: asyncio.TimerHandle | None = None  # releases ``held`` at ``ready_at``
 
 
@@ -112,12 +124,12 @@ class _Conn:
 class Verdict:
     """What the server does with one request of a connection (:meth:`ConnectionGuard.verdict`):
     serve it (the default), answer ``refusal`` (``TOO_MANY``, with ``retry_s``
-    when asking again later fits), hold it ``wait_s`` (:meth:`ConnectionGuard.hold`),
-    or ``drop`` it unanswered (its connection was cut)."""
+    when asking again later fits), ``hold`` it (:meth:`ConnectionGuard.hold`),
+    or ``drop`` it unanswered (krexd does not count its connection as open)."""
 
     refusal: str = ""
     retry_s: float = 0.0
-    wait_s: float = 0.0
+    hold: bool = False
     drop: bool = False
 
 
@@ -154,7 +166,6 @@ class ConnectionGuard:
             if per_s_per_uid > 0
             else None
         )
-        self._cut: set[int] = set()  # descriptors shut down silently, until reused
         self._monitor: zmq.asyncio.Socket = sock.get_monitor_socket(_EVENTS)
         # The same socket, synchronous: a batch of queued events is read without awaiting.
         self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(self._monitor.underlying)
@@ -197,14 +208,17 @@ class ConnectionGuard:
 
     # --- what the server reports ---------------------------------------------------
 
-    def verdict(self, fd: int | None) -> Verdict:
+    def verdict(self, fd: int | None, urgent: bool = False) -> Verdict:
         """What to do with a request that came in on connection ``fd``.
 
         Called by the server for each request.  A refused connection is shut
         down :data:`REPLY_FLUSH_S` after (its reply is sent first).  The
-        connection's first request is charged to its uid's pace: a connection
-        over the rate gets ``wait_s`` (the server then calls :meth:`hold`), or,
-        past :data:`PACE_MAX_S`, is refused with ``retry_s``.
+        connection's first request is charged to its uid's pace: over the
+        rate it is held (the server calls :meth:`hold`), or, past
+        :data:`PACE_MAX_S`, refused with ``retry_s`` (the connection stays
+        open and uncharged: asking again on it is charged again).  Requests
+        behind a held one are held too (order is kept).  ``urgent`` (a region
+        operation) is charged but never held or refused for the pace.
         """
         if fd is None:
             return Verdict()
@@ -212,55 +226,56 @@ class ConnectionGuard:
         self._handle(self._read_batch())
         conn = self._conns.get(fd)
         if conn is None:
-            return Verdict(drop=fd in self._cut)
-        now = time.monotonic()
-        if not conn.charged and not conn.refusal:
-            conn.charged = True
-            self._charge(fd, conn, now)
+            return Verdict(drop=True)
+        now = conn.last = time.monotonic()  # a held request keeps it from idling
         if conn.refusal:
             conn.close_at = min(conn.close_at, now + REPLY_FLUSH_S)
-            return Verdict(refusal=conn.refusal, retry_s=conn.retry_s)
-        return Verdict(wait_s=max(0.0, conn.ready_at - now))
+            return Verdict(refusal=conn.refusal)
+        if conn.timer is not None or conn.held:
+            return Verdict(hold=True)
+        if conn.charged or self._pace is None or conn.uid is None or conn.uid == EXEMPT_UID:
+            conn.charged = True
+            return Verdict()
+        pace = self._pace.take(conn.uid, now, force=urgent)
+        if pace.refused:
+            retry = max(0.1, pace.retry_s)
+            return Verdict(
+                refusal=(
+                    f"uid {conn.uid} opens connections to krexd faster than "
+                    f"[daemon] connections_per_s_per_uid ({self._pace.rate:g}/s after a burst "
+                    f"of {int(self._pace.burst)}); asking again after {retry:.1f} s fits"
+                ),
+                retry_s=retry,
+            )
+        conn.charged = True
+        if not pace.wait_s:
+            return Verdict()
+        conn.ready_at = now + pace.wait_s
+        return Verdict(hold=True)
 
-    def hold(self, fd: int, release: Callable[[], None]) -> None:
-        """Run ``release`` (the held request's routing) at connection ``fd``'s start.
+    def hold(self, fd: int, release: Release) -> bool:
+        """Hold a request of connection ``fd`` until the connection's start; False
+        (not held) when :data:`HELD_MAX` already wait.
 
-        Requests held for one connection are released in the order they came;
-        those of a connection that ends first are dropped.
+        ``release(True)`` starts it at the connection's start, in the order the
+        requests came; ``release(False)`` abandons it when the connection ends
+        first or krexd stops.
         """
         conn = self._conns[fd]
+        if len(conn.held) >= HELD_MAX:
+            return False
         conn.held.append(release)
         if conn.timer is None:
             delay = max(0.0, conn.ready_at - time.monotonic())
             conn.timer = asyncio.get_running_loop().call_later(delay, self._release, fd, conn)
+        return True
 
     def _release(self, fd: int, conn: _Conn) -> None:
-        conn.timer = None
-        conn.ready_at = 0.0
+        conn.timer, conn.ready_at = None, 0.0
         held, conn.held = conn.held, []
-        if self._conns.get(fd) is conn:
-            for release in held:
-                release()
-
-    def _charge(self, fd: int, conn: _Conn, now: float) -> None:
-        """Charge connection ``fd``'s first request to its uid's pace (root exempt)."""
-        if self._pace is None or conn.uid is None or conn.uid == EXEMPT_UID:
-            return
-        pace = self._pace.take(conn.uid, now)
-        if not pace.refused:
-            conn.ready_at = now + pace.wait_s if pace.wait_s else 0.0
-            return
-        why = (
-            f"uid {conn.uid} opens connections to krexd faster than "
-            f"[daemon] connections_per_s_per_uid ({self._pace.rate:g}/s after a burst of "
-            f"{int(self._pace.burst)}); asking again after {pace.retry_s:.1f} s fits"
-        )
-        self._refused(why)
-        self._forget(fd)  # counted as refusing from now on
-        conn.refusal, conn.retry_s = why, max(0.1, pace.retry_s)
-        conn.close_at = now + REFUSE_GRACE_S
-        self._refusing[conn.uid] += 1
-        self._conns[fd] = conn
+        alive = self._conns.get(fd) is conn
+        for release in held:
+            release(alive)
 
     def started(self, fd: int | None) -> None:
         """A request of connection ``fd`` began (it is not idle until it ends)."""
@@ -326,15 +341,13 @@ class ConnectionGuard:
     def _accepted(self, fd: int) -> None:
         """Count a new connection; refuse it when it is beyond a cap."""
         self._forget(fd)  # a reused descriptor whose end we missed
-        self._cut.discard(fd)
         uid = peer_uid(fd)
         why = self._over_cap(uid)
         if why and (
             sum(self._refusing.values()) >= REFUSING_MAX or self._refusing[uid] >= REFUSING_PER_UID
         ):
             self._refused(why)
-            if shut_down(fd):
-                self._cut.add(fd)  # a request it already sent is dropped, not served
+            shut_down(fd)  # a request it already sent is dropped (verdict), not served
             return
         now = time.monotonic()
         conn = _Conn(uid, now)
@@ -372,9 +385,8 @@ class ConnectionGuard:
 
     def _forget(self, fd: int) -> None:
         conn = self._conns.pop(fd, None)
-        if conn is not None and conn.timer is not None:
-            conn.timer.cancel()  # its held requests are dropped: nobody reads the replies
-            conn.timer, conn.held = None, []
+        if conn is not None and (conn.timer is not None or conn.held):
+            self._abandon(conn)
         if conn is not None and conn.refusal:
             self._refusing[conn.uid] -= 1
             if self._refusing[conn.uid] <= 0:
@@ -397,10 +409,19 @@ class ConnectionGuard:
                 if due:
                     self.idle_closed += 1
             if due:
-                if shut_down(fd) and conn.refusal:
-                    self._cut.add(fd)  # a request sent after its refusal is not served
+                shut_down(fd)
                 self._forget(fd)  # libzmq's DISCONNECTED follows; forgetting twice is harmless
 
+    @staticmethod
+    def _abandon(conn: _Conn) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+        held, conn.timer, conn.held = conn.held, None, []
+        for release in held:
+            release(False)
+
     def close(self) -> None:
-        """Stop monitoring."""
+        """Abandon the held requests; stop monitoring."""
+        for conn in self._conns.values():
+            self._abandon(conn)
         self._monitor.close(linger=0)

@@ -52,12 +52,20 @@ class RateBuckets:
         self.paced = 0  # events given a later start
         self.refused = 0  # events refused
 
-    def take(self, key: object, now: float) -> Pace:
-        """Charge one event of ``key`` at monotonic time ``now`` (s); its :class:`Pace`."""
+    def take(self, key: object, now: float, force: bool = False) -> Pace:
+        """Charge one event of ``key`` at monotonic time ``now`` (s); its :class:`Pace`.
+
+        ``force``: the event starts now whatever the bucket holds (it is
+        charged all the same, the debt going no deeper than the point where
+        the next event is refused), so the key's later events pay for it.
+        """
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(self.burst, now)
         self._refill(bucket, now)
+        if force:
+            bucket.tokens = max(bucket.tokens - 1.0, 1.0 - self.rate * self.max_wait_s)
+            return Pace()
         wait = max(0.0, (1.0 - bucket.tokens) / self.rate)
         if wait > self.max_wait_s:
             self.refused += 1

@@ -39,7 +39,7 @@ import zmq.asyncio
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 from krexd import identity
 from krexd.config import DaemonConfig
-from krexd.connections import ConnectionGuard
+from krexd.connections import HELD_MAX, ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 from krexd.lanes import BULK_OPS, REGION_OPS, Lanes
@@ -199,30 +199,62 @@ class Server:
     def _route(
         self, ident: bytes, req: Request, who: identity.Caller | None, fd: int | None
     ) -> None:
-        """Refuse a request beyond a cap, hold a paced one, drop one of a cut connection;
-        else run it in a task, or in the bulk lane."""
+        """Refuse a request beyond a cap, hold one of a paced connection, drop one of a
+        connection that is gone; else start it (:meth:`_start`)."""
         assert self.guard is not None
-        verdict = self.guard.verdict(fd)
+        verdict = self.guard.verdict(fd, urgent=req.op in REGION_OPS)
         if verdict.drop:
-            self._refuse("CUT")
-            return
-        if verdict.wait_s and fd is not None:
-            self.guard.hold(fd, lambda: self._route(ident, req, who, fd))
+            self._refuse("GONE")
             return
         try:
             if verdict.refusal:
                 raise KrexError(Code.TOO_MANY, verdict.refusal)
             key = self.lanes.admit(who.uid if who is not None else None, req.op)
         except KrexError as exc:
-            # Answered after a pause: a client that resends at each reply (a flood)
-            # then costs krexd a few refusals per second, not a busy loop of them.
-            self.errors += 1
-            frame = encode_error(
-                req.id, exc.code, exc.code.name, exc.message, retry_s=verdict.retry_s
-            )
-            loop = asyncio.get_running_loop()
-            loop.call_later(REFUSAL_DELAY_S, self._send_soon, ident, frame)
+            self._refuse_later(ident, req.id, exc, verdict.retry_s)
             return
+        if verdict.hold and fd is not None:
+            if self.guard.hold(fd, lambda go: self._held(go, ident, req, who, fd, key)):
+                return
+            self.lanes.done(key, req.op)
+            msg = f"{HELD_MAX} requests already wait for this connection's start (its pace)"
+            self._refuse_later(ident, req.id, KrexError(Code.TOO_MANY, msg), 0.0)
+            return
+        self._start(ident, req, who, fd, key)
+
+    def _refuse_later(self, ident: bytes, req_id: int, exc: KrexError, retry_s: float) -> None:
+        """Answer ``exc`` after :data:`REFUSAL_DELAY_S`: a client that resends at each
+        reply (a flood) then costs krexd a few refusals per second, not a busy loop."""
+        self.errors += 1
+        frame = encode_error(req_id, exc.code, exc.code.name, exc.message, retry_s=retry_s)
+        loop = asyncio.get_running_loop()
+        loop.call_later(REFUSAL_DELAY_S, self._send_soon, ident, frame)
+
+    def _held(
+        self,
+        go: bool,
+        ident: bytes,
+        req: Request,
+        who: identity.Caller | None,
+        fd: int,
+        key: int,
+    ) -> None:
+        """A held request's end of the hold: start it, or (its connection ended, krexd
+        stops) give its lane back and answer ``SHUTTING_DOWN`` where anyone listens."""
+        if go:
+            self._start(ident, req, who, fd, key)
+            return
+        self.lanes.done(key, req.op)
+        self._refuse("SHUTTING_DOWN")
+        self._send_soon(
+            ident, encode_error(req.id, Code.SHUTTING_DOWN, "SHUTTING_DOWN", "krexd is stopping")
+        )
+
+    def _start(
+        self, ident: bytes, req: Request, who: identity.Caller | None, fd: int | None, key: int
+    ) -> None:
+        """Run an admitted request in a task of its own, or queue it in the bulk lane."""
+        assert self.guard is not None
         self.guard.started(fd)
 
         async def job() -> None:

@@ -20,6 +20,7 @@ import errno
 import grp
 import itertools
 import os
+import random
 import socket as pysocket
 import time
 from collections.abc import Callable
@@ -212,10 +213,23 @@ class Connection:
                 return reply.body
             err = reply.error
             assert err is not None
-            if err.retry_s > 0 and (deadline is None or time.monotonic() + err.retry_s < deadline):
-                time.sleep(err.retry_s)  # not run: ask again (libzmq reconnects by itself)
+            # Not run: ask again, a little later than told (clients refused together
+            # do not all come back at once).
+            pause = err.retry_s * random.uniform(1.0, 1.5)
+            if err.retry_s > 0 and (deadline is None or time.monotonic() + pause < deadline):
+                self._pause(pause, check)
                 continue
             raise RemoteError(err.code, err.name, err.message)
+
+    def _pause(self, seconds: float, check: Callable[[], None] | None) -> None:
+        """Sleep ``seconds`` in slices, calling ``check`` and probing krexd between them."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, _POLL_SLICE_S))
+            if not os.path.exists(self.socket):
+                raise KrexUnavailable(self.socket, "socket removed while waiting to ask again")
+            if check is not None:
+                check()
 
     def _ask(
         self,

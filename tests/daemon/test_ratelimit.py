@@ -26,6 +26,14 @@ def test_an_event_that_would_wait_too_long_is_refused_with_when_to_ask_again() -
     assert not b.take("u", pace.retry_s).refused
 
 
+def test_a_forced_event_starts_now_and_its_debt_is_bounded() -> None:
+    b = RateBuckets(rate=10.0, burst=1, max_wait_s=0.5)
+    assert [b.take("u", 0.0, force=True).wait_s for _ in range(20)] == [0.0] * 20
+    # The debt stops where the next event would wait max_wait_s: it still starts.
+    assert b.take("u", 0.0).wait_s == pytest.approx(0.5)
+    assert b.take("u", 0.0).refused
+
+
 def test_keys_are_paced_apart_and_refill_at_the_rate() -> None:
     b = RateBuckets(rate=2.0, burst=2, max_wait_s=10.0)
     for _ in range(2):
