@@ -7,7 +7,9 @@ one holder command as root that enters and leaves ``region.critical()``
   quiet  nothing else talks to krexd;
   flood  uid 65534 keeps ``--sockets`` ``status`` requests outstanding at
          once (a DEALER socket each, resending at every reply), through
-         ``tests.daemon.asuser`` (run as root: it drops the uid itself).
+         ``tests.daemon.asuser`` (run as root: it drops the uid itself);
+         ``--flood connections``: new connections, one ping each, closed;
+         ``--flood admits``: admits kept outstanding, never placed.
 
 Reports entry p50/p99 (ms, as krex_client measures: request to grant) and
 the flood's replies and ``TOO_MANY`` refusals per second.
@@ -83,6 +85,30 @@ while time.monotonic() < end:
 print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
 """
 
+_ADMITS = """
+import msgpack, zmq
+ctx = zmq.Context()
+n, secs = int(sys.argv[-2]), float(sys.argv[-1])
+s = ctx.socket(zmq.DEALER)
+s.connect("ipc://" + os.environ["KREX_SOCKET"])
+def send(i):  # an admit it never places: granted ones squat until place_timeout_s
+    body = {"argv": ["sleep", "60"], "exclusive": False}
+    s.send(msgpack.packb({"v": 1, "id": i, "op": "admit", "body": body}))
+for i in range(n):
+    send(i)
+ok = refused = 0
+i = n
+end = time.monotonic() + secs
+while time.monotonic() < end:
+    if s.poll(100):
+        r = msgpack.unpackb(s.recv())
+        ok += 1 if r["ok"] else 0
+        refused += 0 if r["ok"] else 1
+        send(i)
+        i += 1
+print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
+"""
+
 _KREXCTL = "import sys; from krex_cli.krexctl import main; sys.exit(main())"
 
 
@@ -137,8 +163,9 @@ def run(
 ) -> list[dict[str, Any]]:
     """Both modes on one krexd; a row each (ms, and the flood's rates).
 
-    ``kind``: "status" (``sockets`` status requests kept outstanding) or
-    "connections" (``sockets`` new connections at a time, one ping each, closed).
+    ``kind``: "status" (``sockets`` status requests kept outstanding),
+    "connections" (``sockets`` new connections at a time, one ping each, closed)
+    or "admits" (``sockets`` admits kept outstanding, never placed).
     ``per_s`` / ``conn_per_s``: krexd's status and connection paces (None: defaults).
     """
     workdir = tempfile.mkdtemp(prefix="krex-flood-")
@@ -150,7 +177,7 @@ def run(
         for mode in ("quiet", "flood"):
             flood = None
             if mode == "flood":
-                flood_code = _FLOOD if kind == "status" else _CHURN
+                flood_code = {"status": _FLOOD, "connections": _CHURN, "admits": _ADMITS}[kind]
                 code = ["-m", "tests.daemon.asuser", "65534", "65534", "py", flood_code]
                 flood = subprocess.Popen(
                     [sys.executable, *code, str(sockets), "600"],
@@ -197,9 +224,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--flood",
-        choices=("status", "connections"),
+        choices=("status", "connections", "admits"),
         default="status",
-        help="status requests kept outstanding, or connections opened, pinged and closed",
+        help="status requests kept outstanding, connections opened, pinged and closed, "
+        "or admits kept outstanding (never placed: granted ones squat on slots)",
     )
     ap.add_argument(
         "--connections-per-s",

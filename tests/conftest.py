@@ -20,7 +20,9 @@ points ``krexd.gate`` at that library), ``fakecuda_build`` (the fake driver),
 ``built`` (both), and ``fc``, a private fake device per test.
 
 Markers: tests marked ``root`` are skipped when not root, ``gpu`` without a
-GPU; a test that uses a build fixture is marked ``needs_build`` here, so
+GPU; a test that uses a fixture needing root (``ROOT_FIXTURES``: a krexd, a
+gate the shim maps) is marked ``root`` here, one that uses a build fixture
+``needs_build``, so
 ``make check`` (``-m "not root and not gpu and not needs_build and not
 slow"``) runs only the quick tests that need neither root nor a built C
 part; ``make test`` runs the others (``slow`` ones included).
@@ -55,6 +57,10 @@ _counter = itertools.count()
 
 #: Fixtures that build C parts: a test using one (directly or not) is ``needs_build``.
 BUILD_FIXTURES = frozenset({"shim_build", "fakecuda_build", "built"})
+#: Fixtures that need root: a krexd (cgroups) or a gate file the shim maps (it maps only
+#: a root-owned one, libkrex_shim/gate.c).  A test using one (directly or not) is
+#: ``root``, so it is skipped with the reason wherever it could not pass.
+ROOT_FIXTURES = frozenset({"krexd_factory", "gate", "shared_gpu", "krex_cluster", "restarter"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -62,8 +68,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     not_root = os.geteuid() != 0 or not os.path.isdir("/sys/fs/cgroup")
     no_gpu = not os.path.exists("/dev/nvidiactl")
     for item in items:
-        if BUILD_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = getattr(item, "fixturenames", ())
+        if BUILD_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.needs_build)
+        if ROOT_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.root)
         if not_root and "root" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="needs root and cgroups"))
         if no_gpu and "gpu" in item.keywords:

@@ -33,6 +33,7 @@ def _make(tmp_path: Path) -> Gate:
     return g
 
 
+@pytest.mark.root  # makes a gate the shim maps (root-owned only)
 def test_restarted_krexd_drains_through_the_same_gate(
     shim_build: ShimBuild, tmp_path: Path
 ) -> None:

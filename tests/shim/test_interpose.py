@@ -448,6 +448,7 @@ def test_an_unusable_gate_fails_closed(shim_build: ShimBuild, fc: FakeCuda, tmp_
     assert "missing.gate" in lines and "GPU work refused" in lines and "pass-through" not in lines
 
 
+@pytest.mark.root  # makes a gate the shim maps (root-owned only)
 def test_a_gate_of_another_layout_version_is_refused_by_name(
     shim_build: ShimBuild, fc: FakeCuda, tmp_path: Path
 ) -> None:
