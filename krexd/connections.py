@@ -25,8 +25,9 @@ carries the connection's descriptor, ``ZMQ_EVENT_DISCONNECTED`` its end) and
   refused); one that would wait over
   :data:`PACE_MAX_S` is refused with the seconds after which asking again
   fits (``retry_s``: the request is refused, not the connection, and krex
-  clients ask again on it by themselves).  Region operations are never held
-  or refused for the pace (they are charged all the same).  A user churning
+  clients ask again on it by themselves).  A region operation that is a
+  connection's first request is not held but pays as any other (refused
+  past the bound).  A user churning
   connections is so held to the rate, whether it waits for its replies or
   not (see the end of this docstring);
 * shuts down a connection idle for ``[daemon] idle_timeout_s`` (no request
@@ -100,9 +101,11 @@ def _malloc_trim() -> None:
         pass
 
 
-#: A held request's continuation: called with True to start it, False to abandon it
-#: (its connection ended, or krexd stops).
-Release = Callable[[bool], None]
+#: A held request's continuation, called with what becomes of it: START it, STOP
+#: (krexd stops: answer it so), DROP (its connection ended, or krexd restarts and its
+#: client asks the successor: no reply).
+Release = Callable[[str], None]
+START, STOP, DROP = "start", "stop", "drop"
 
 
 @dataclass
@@ -218,7 +221,7 @@ class ConnectionGuard:
         :data:`PACE_MAX_S`, refused with ``retry_s`` (the connection stays
         open and uncharged: asking again on it is charged again).  Requests
         behind a held one are held too (order is kept).  ``urgent`` (a region
-        operation) is charged but never held or refused for the pace.
+        operation) is never held for the pace but pays as any other.
         """
         if fd is None:
             return Verdict()
@@ -273,9 +276,7 @@ class ConnectionGuard:
     def _release(self, fd: int, conn: _Conn) -> None:
         conn.timer, conn.ready_at = None, 0.0
         held, conn.held = conn.held, []
-        alive = self._conns.get(fd) is conn
-        for release in held:
-            release(alive)
+        _run_releases(held, START if self._conns.get(fd) is conn else DROP)
 
     def started(self, fd: int | None) -> None:
         """A request of connection ``fd`` began (it is not idle until it ends)."""
@@ -343,15 +344,18 @@ class ConnectionGuard:
         self._forget(fd)  # a reused descriptor whose end we missed
         uid = peer_uid(fd)
         why = self._over_cap(uid)
+        now = time.monotonic()
+        conn = _Conn(uid, now)
         if why and (
             sum(self._refusing.values()) >= REFUSING_MAX or self._refusing[uid] >= REFUSING_PER_UID
         ):
             self._refused(why)
-            shut_down(fd)  # a request it already sent is dropped (verdict), not served
-            return
-        now = time.monotonic()
-        conn = _Conn(uid, now)
-        if why:
+            if shut_down(fd):
+                return  # a request it already sent is dropped (verdict), not served
+            # No descriptor to spare for the shutdown (a flood): kept as refused, retried.
+            conn.refusal, conn.close_at = why, now
+            self._refusing[uid] += 1
+        elif why:
             self._refused(why)
             conn.refusal, conn.close_at = why, now + REFUSE_GRACE_S
             self._refusing[uid] += 1
@@ -405,23 +409,39 @@ class ConnectionGuard:
             if conn.refusal:
                 due = now >= conn.close_at
             else:
-                due = bool(self.idle_s) and conn.busy == 0 and now - conn.last >= self.idle_s
-                if due:
+                idle = conn.busy == 0 and not conn.held and conn.timer is None
+                due = bool(self.idle_s) and idle and now - conn.last >= self.idle_s
+            # A shutdown that failed (no descriptor to spare) is tried again at the next
+            # pass; the connection stays counted (and served) until it succeeds.
+            if due and shut_down(fd):
+                if not conn.refusal:
                     self.idle_closed += 1
-            if due:
-                shut_down(fd)
                 self._forget(fd)  # libzmq's DISCONNECTED follows; forgetting twice is harmless
 
     @staticmethod
-    def _abandon(conn: _Conn) -> None:
+    def _abandon(conn: _Conn, how: str = DROP) -> None:
         if conn.timer is not None:
             conn.timer.cancel()
         held, conn.timer, conn.held = conn.held, None, []
-        for release in held:
-            release(False)
+        _run_releases(held, how)
+
+    def stop_held(self) -> None:
+        """krexd stops: every held request is answered so (``STOP``)."""
+        for conn in self._conns.values():
+            self._abandon(conn, STOP)
 
     def close(self) -> None:
-        """Abandon the held requests; stop monitoring."""
+        """Drop the held requests unanswered (a restart: clients ask the successor);
+        stop monitoring."""
         for conn in self._conns.values():
             self._abandon(conn)
         self._monitor.close(linger=0)
+
+
+def _run_releases(held: list[Release], how: str) -> None:
+    """Call each held request's continuation; one that raises does not stop the rest."""
+    for release in held:
+        try:
+            release(how)
+        except Exception:  # an op's bug must not leave the others held or krexd's loop dead
+            _log.exception("a held request's %s failed", how)

@@ -55,25 +55,21 @@ class RateBuckets:
     def take(self, key: object, now: float, force: bool = False) -> Pace:
         """Charge one event of ``key`` at monotonic time ``now`` (s); its :class:`Pace`.
 
-        ``force``: the event starts now whatever the bucket holds (it is
-        charged all the same, the debt going no deeper than the point where
-        the next event is refused), so the key's later events pay for it.
+        ``force``: the event is not delayed (``wait_s`` 0) but pays exactly as
+        any other: it takes its token, and past ``max_wait_s`` it is refused.
         """
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(self.burst, now)
         self._refill(bucket, now)
-        if force:
-            bucket.tokens = max(bucket.tokens - 1.0, 1.0 - self.rate * self.max_wait_s)
-            return Pace()
         wait = max(0.0, (1.0 - bucket.tokens) / self.rate)
         if wait > self.max_wait_s:
             self.refused += 1
             return Pace(refused=True, retry_s=wait - self.max_wait_s)
         bucket.tokens -= 1.0
-        if wait:
+        if wait and not force:
             self.paced += 1
-        return Pace(wait_s=wait)
+        return Pace(wait_s=0.0 if force else wait)
 
     def forget_full(self, now: float) -> None:
         """Drop the buckets that have refilled (a key's next event starts them anew)."""

@@ -39,7 +39,7 @@ import zmq.asyncio
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 from krexd import identity
 from krexd.config import DaemonConfig
-from krexd.connections import HELD_MAX, ConnectionGuard
+from krexd.connections import DROP, HELD_MAX, START, ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 from krexd.lanes import BULK_OPS, REGION_OPS, Lanes
@@ -214,7 +214,7 @@ class Server:
             self._refuse_later(ident, req.id, exc, verdict.retry_s)
             return
         if verdict.hold and fd is not None:
-            if self.guard.hold(fd, lambda go: self._held(go, ident, req, who, fd, key)):
+            if self.guard.hold(fd, lambda how: self._held(how, ident, req, who, fd, key)):
                 return
             self.lanes.done(key, req.op)
             msg = f"{HELD_MAX} requests already wait for this connection's start (its pace)"
@@ -226,25 +226,34 @@ class Server:
         """Answer ``exc`` after :data:`REFUSAL_DELAY_S`: a client that resends at each
         reply (a flood) then costs krexd a few refusals per second, not a busy loop."""
         self.errors += 1
+        self.refused[exc.code.name] = self.refused.get(exc.code.name, 0) + 1
         frame = encode_error(req_id, exc.code, exc.code.name, exc.message, retry_s=retry_s)
         loop = asyncio.get_running_loop()
         loop.call_later(REFUSAL_DELAY_S, self._send_soon, ident, frame)
 
     def _held(
         self,
-        go: bool,
+        how: str,
         ident: bytes,
         req: Request,
         who: identity.Caller | None,
         fd: int,
         key: int,
     ) -> None:
-        """A held request's end of the hold: start it, or (its connection ended, krexd
-        stops) give its lane back and answer ``SHUTTING_DOWN`` where anyone listens."""
-        if go:
-            self._start(ident, req, who, fd, key)
+        """A held request's end of the hold (krexd/connections.py ``START``/``STOP``/``DROP``):
+        start it, or give its lane back and answer ``SHUTTING_DOWN`` (a stop) or nothing
+        (its connection ended; a restart, whose successor the client asks)."""
+        if how == START:
+            try:
+                self._start(ident, req, who, fd, key)
+            except Exception:
+                self.lanes.done(key, req.op)
+                raise
             return
         self.lanes.done(key, req.op)
+        if how == DROP:
+            self._refuse("GONE")
+            return
         self._refuse("SHUTTING_DOWN")
         self._send_soon(
             ident, encode_error(req.id, Code.SHUTTING_DOWN, "SHUTTING_DOWN", "krexd is stopping")
@@ -307,7 +316,8 @@ class Server:
             pass  # the peer is gone or its queue is full: it was refused anyway
 
     def _refuse(self, code: str) -> None:
-        """Count one request answered (or dropped) with error ``code`` (a ``Code`` name)."""
+        """Count one request answered with error ``code`` (a ``Code`` name), or dropped
+        unanswered (``GONE``: its connection is not open)."""
         self.errors += 1
         self.refused[code] = self.refused.get(code, 0) + 1
 
@@ -336,6 +346,8 @@ class Server:
     async def cancel_requests(self) -> None:
         """Cancel requests in progress (parked admits answer SHUTTING_DOWN); answer the
         status requests still queued in the bulk lane (each gets its reply)."""
+        if self.guard is not None:
+            self.guard.stop_held()  # answered now, while the socket is open
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()

@@ -35,6 +35,9 @@ DEFAULT_SOCKET = "/run/krex/krexd.sock"
 """krexd's control socket when neither ``--socket`` nor ``KREX_SOCKET`` says otherwise."""
 
 DEFAULT_TIMEOUT_S = 5.0
+# What a request asked again after a pace refusal may still need: krexd holds a paced
+# request up to 1 s (krexd/connections.py PACE_MAX_S).
+_RETRY_ROOM_S = 1.0
 """Seconds a request waits for its reply unless told otherwise."""
 
 _POLL_SLICE_S = 0.5
@@ -216,7 +219,8 @@ class Connection:
             # Not run: ask again, a little later than told (clients refused together
             # do not all come back at once).
             pause = err.retry_s * random.uniform(1.0, 1.5)
-            if err.retry_s > 0 and (deadline is None or time.monotonic() + pause < deadline):
+            left = None if deadline is None else deadline - time.monotonic()
+            if err.retry_s > 0 and (left is None or pause + _RETRY_ROOM_S < left):
                 self._pause(pause, check)
                 continue
             raise RemoteError(err.code, err.name, err.message)

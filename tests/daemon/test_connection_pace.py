@@ -75,9 +75,9 @@ def test_a_users_connection_churn_is_held_to_the_rate(krexd_factory: Factory, pe
     if per_s:
         assert served <= 10 + per_s * 3.5, (served, conns)
         assert conns["paced"] > 0, conns
-        assert b_s < 2.0, b_s
+        assert b_s < 5.0, b_s  # a fresh krexctl process on a busy host; the flood is 3 s
     else:
-        assert served > 150, served  # what the pace bounds
+        assert served > 80, served  # what the pace bounds (45 with it)
         assert conns["paced"] == 0, conns
 
 
@@ -203,3 +203,36 @@ def test_held_requests_keep_their_order_are_bounded_and_region_ops_are_not_held(
     assert all(g[2] >= 0.5 for g in served), got  # held until the connection's start
     name, urgent_s = res["urgent"]
     assert name == "AUTH" and urgent_s < 0.5, res  # dispatched (no tenant): not held
+
+
+# Ten new connections at once, each sending a region operation first, then a ping.
+URGENT_FIRST = """
+import msgpack, zmq
+ctx = zmq.Context()
+socks = []
+for i in range(10):
+    s = ctx.socket(zmq.DEALER)
+    s.connect("ipc://" + os.environ["KREX_SOCKET"])
+    s.send(msgpack.packb({"v": 1, "id": 1, "op": "region_cancel", "body": {}}))
+    s.send(msgpack.packb({"v": 1, "id": 2, "op": "ping", "body": {}}))
+    socks.append(s)
+pings = 0
+end = time.monotonic() + 1.5
+for s in socks:
+    while s.poll(max(1, int((end - time.monotonic()) * 1000))):
+        r = msgpack.unpackb(s.recv())
+        pings += r["id"] == 2 and r["ok"]
+print(json.dumps({"pings": pings}), flush=True)
+"""
+
+
+def test_a_region_operation_first_does_not_buy_a_connection_out_of_the_pace(
+    krexd_factory: Factory,
+) -> None:
+    """1/s after a burst of 1: a region operation as a connection's first request is not
+    held but pays as any other, so the pings behind it are paced: at most a few of ten
+    are answered within 1.5 s (all ten were, when a region operation was free)."""
+    k = krexd_factory(config=_config(1.0, 1))
+    rc, out, err = finish(as_user(k, USER_A, "py", URGENT_FIRST), 60)
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["pings"] <= 3, out
