@@ -20,6 +20,11 @@ STAMP  := $(VENV)/.krex-installed
 FAST   := not root and not gpu and not needs_build and not slow
 AS_ROOT ?= $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 CUDA_INCLUDE ?= /usr/local/cuda/include
+# Test processes of `make test` (pytest-xdist, a file per process at a time): the suite
+# mostly waits on krexd and simulated kernels, so 3 fill two cores. Tests marked
+# `serial` (the package-system tests' OS image, a Ray cluster, the attack witness)
+# run afterwards, alone.
+TEST_WORKERS ?= 3
 export CUDA_INCLUDE
 
 .PHONY: all shim shim-tests fakecuda venv check test demo packages clean
@@ -52,8 +57,9 @@ check: venv
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m '$(FAST)'
 
-test: check all
-	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST))' --durations=15
+test: check all shim-tests
+	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST)) and not serial' -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST)) and serial' --durations=5
 
 demo: venv all
 	$(AS_ROOT) $(abspath $(PY)) -m krex_cli.demo

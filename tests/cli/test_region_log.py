@@ -87,7 +87,7 @@ def test_region_log_records_every_region(
     # Region 3: timed inside, nothing left elsewhere, nothing new outside.  The exit
     # synchronization of idle contexts is host time: on a loaded machine (no reserved
     # core) a preemption can push it past the 0.1 ms threshold, never near region 1's 30.
-    assert last["other_streams_ms"] is not None and last["other_streams_ms"] < 10.0
+    assert last["other_streams_ms"] is not None and last["other_streams_ms"] < 25.0
     noise = last["other_streams_ms"] < 5.0
     assert kinds[2] == [] or (kinds[2] == ["work_on_other_stream"] and noise), last
     assert last["events_outside"] == {"recorded": 2, "timed": 1}

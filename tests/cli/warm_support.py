@@ -10,10 +10,13 @@ waits until a pool serves a given interpreter, options and environment.
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,13 +36,22 @@ def warm_config(**warm: Any) -> dict[str, dict[str, Any]]:
     return {"warm": {"modules": ["json"], "idle_s": 60.0, **warm}}
 
 
+def short_runtime_dir() -> Path:
+    """A fresh private directory with a short path, for ``XDG_RUNTIME_DIR``: a pool
+    socket's path must fit sun_path (108 bytes), and a pool directory too long for one
+    is refused for a shared fallback (krex_cli/warm/pooldir.py) that parallel tests would
+    then share.  Removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="kxdg-"))
+    atexit.register(shutil.rmtree, str(path), True)
+    return path
+
+
 class Pools:
     """A krexd with warm pools, and the runs of one test against it."""
 
     def __init__(self, k: Krexd, tmp_path: Path) -> None:
         self.k = k
-        self.xdg = tmp_path / "xdg"
-        self.xdg.mkdir(mode=0o700, exist_ok=True)
+        self.xdg = short_runtime_dir()
         self.env = dict(k.env, XDG_RUNTIME_DIR=str(self.xdg))
         self.env.pop("PYTHONUNBUFFERED", None)
 

@@ -27,7 +27,9 @@ from tests.support import gone, wait_for
 
 ray = pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+# serial: one Ray cluster per module, in order; a second one in another test process
+# would meet it on the head node's fixed ports.
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.serial]
 REPO = Path(__file__).resolve().parents[2]
 SIMULATED = REPO / "workloads" / "simulated.py"
 

@@ -178,7 +178,7 @@ def test_a_users_status_loop_is_paced_and_others_are_served(
     served = json.loads(out.strip().splitlines()[-1])["ok"]
     if per_s:
         assert served <= 2.0 * per_s + 2, served
-        assert b_s < 2.0, b_s  # B's own first status is due at once
+        assert b_s < 5.0, b_s  # B's own first status is due at once (a fresh process)
     else:
         assert served > 4 * 2.0 * 5.0, served  # the pace is what bounds it
 

@@ -140,7 +140,7 @@ def test_a_lock_that_times_out_leaves_the_process_running(fc: FakeCuda) -> None:
         _ops(fc, bench.pid, 10)
         lock, state = fc.lock_steps("lock", bench.pid, 100, "state", bench.pid)
         assert lock["result"] == "CUDA_ERROR_NOT_READY", "as measured on driver 580"
-        assert 90 <= lock["elapsed_ms"] < 450
+        assert 90 <= lock["elapsed_ms"] < 1000  # the timeout, not a hang (loose: a busy host)
         assert state["state"] == "RUNNING"
         _ops(fc, bench.pid, 1, after_ns=lock["end_ns"])  # it runs on
     finally:
@@ -212,7 +212,7 @@ def test_a_killed_locked_process_leaks_nothing(fc: FakeCuda) -> None:
     _stop(victim)
     state, unlock = fc.lock_steps("state", victim.pid, "unlock", victim.pid)
     assert state["result"] == unlock["result"] == "CUDA_ERROR_INVALID_VALUE"
-    assert unlock["elapsed_ms"] < 100
+    assert unlock["elapsed_ms"] < 500
     assert victim.pid not in _record_pids(fc.state_path), "its record was reclaimed"
     # A lock waiting for a process that is killed returns instead of hanging.
     busy = _bench(fc, "--count", "1", "--kernel-ns", str(3000 * MS))
@@ -252,7 +252,7 @@ def test_an_mps_client_cannot_be_locked(fc: FakeCuda, tmp_path: Path) -> None:
         lock, state, other, unlock = fc.lock_steps(
             "lock", client.pid, "state", client.pid, "lock", plain.pid, "unlock", plain.pid
         )
-        assert lock["result"] == "CUDA_ERROR_NOT_SUPPORTED" and lock["elapsed_ms"] < 100
+        assert lock["result"] == "CUDA_ERROR_NOT_SUPPORTED" and lock["elapsed_ms"] < 500
         assert state["state"] == "RUNNING"
         assert other["result"] == unlock["result"] == "CUDA_SUCCESS", "only the MPS client"
         assert _record_flags(fc.state_path) == {client.pid: 3, plain.pid: 1}  # listed, MPS

@@ -35,7 +35,9 @@ import pytest
 from tests.fakecuda import timeline
 from tests.support import JsonLineReader
 
-pytestmark = [pytest.mark.root]
+# serial: an attack that works without the lock must be seen working (the witness); two
+# other test processes on the same cores can starve the attacker of its window.
+pytestmark = [pytest.mark.root, pytest.mark.serial]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

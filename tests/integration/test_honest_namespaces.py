@@ -27,7 +27,7 @@ import pytest
 
 from tests.integration.test_attacks import ATTACKER, scene
 
-pytestmark = [pytest.mark.root]
+pytestmark = [pytest.mark.root, pytest.mark.serial]  # the scenes of test_attacks
 
 
 def _time_namespaces() -> bool:

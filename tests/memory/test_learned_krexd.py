@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -53,7 +54,7 @@ def lstack(
 ) -> Callable[..., LabelledStack]:
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    name = f"krexlearn{tmp_path.name[-8:].replace('-', '')}"
+    name = f"krexlearn{os.getpid()}{tmp_path.name[-8:].replace('-', '')}"
 
     def start(slots: int = 4, **memory: Any) -> LabelledStack:
         fake = tmp_path / "fakestate"

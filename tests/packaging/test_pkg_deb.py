@@ -17,7 +17,8 @@ from pathlib import Path
 import pkgtest_container as pc
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(1500)]
+# serial: one process builds the packages and the OS image once for both files.
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(1500), pytest.mark.serial]
 
 
 @dataclass(frozen=True)

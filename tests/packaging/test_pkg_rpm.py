@@ -14,7 +14,7 @@ from pathlib import Path
 import pkgtest_container as pc
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.serial]  # as test_pkg_deb
 
 
 def rpm(*args: str) -> str:

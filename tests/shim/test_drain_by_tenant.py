@@ -48,14 +48,14 @@ def test_a_drained_tenant_is_reported_while_another_is_pending(
     gate.close(HOLDER, 1)
     reports = Reports()
     with pytest.raises(GateTimeout) as exc:
-        gate.drain(HOLDER, 1, 0.5, reports)
+        gate.drain(HOLDER, 1, 2.0, reports)
     assert {s.tenant for s in exc.value.pending} == {2}
     assert [s.ack_epoch for s in gate.slots() if s.pid == mate.pid] == [1]
     assert reports.seen, "settled never called"
     assert all(2 in p for _, p in reports.seen), reports.seen
     # Tenant 3 drained long before the timeout, and the drain said so at once.
     at = next(t for t, p in reports.seen if p == {2})
-    assert at < 0.2, reports.seen
+    assert at < 1.0, reports.seen  # long before the 2 s timeout
     assert reports.threads == {threading.get_ident()}  # called in the drain's own thread
     gate.reopen(HOLDER, 1)
 

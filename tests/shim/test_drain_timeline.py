@@ -76,7 +76,7 @@ def test_stream_create_does_not_wait_for_a_drain(
     r = t.run("stream 1")
     took_ms = (r["t1"] - r["t0"]) / 1e6
     th.join()
-    assert took_ms < 50, f"cuStreamCreate took {took_ms:.1f} ms behind the drain"
+    assert took_ms < 200, f"cuStreamCreate took {took_ms:.1f} ms behind the drain"  # ~1,500 if so
     start, end = result["r"]
     assert inside(fc.records(), start, end) == []
 

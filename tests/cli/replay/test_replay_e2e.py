@@ -120,7 +120,7 @@ def test_native_runs_repeat_and_report(tmp_path: Path) -> None:
         res = r["result"]
         # A sleep of N µs takes at least N µs: the command's own timing is real.
         want_ms = dict(((t, c), us / 1000) for t, c, us in CANDIDATES)[(r["task"], r["candidate"])]
-        assert want_ms <= res["median_ms"] < want_ms * 1.5
+        assert want_ms <= res["median_ms"] < want_ms * 2.0  # loose: a busy host oversleeps
         assert res["phases"]["exit_ms"] >= 0.0
         assert "admit_ms" not in res["phases"]  # natively nobody admits
     meta = json.loads((runs / "native" / "meta.json").read_text())
@@ -358,9 +358,10 @@ def test_krex_replay_retries_co_tenant_memory_failures_and_passes_mem(tmp_path: 
 def test_replay_alternates_warm_and_cold_starts(
     krexd_factory: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tests.cli.warm_support import short_runtime_dir
+
     k = krexd_factory(slots=2, config={"warm": {"modules": ["json"], "idle_s": 60.0}})
-    xdg = tmp_path / "xdg"
-    xdg.mkdir(mode=0o700)
+    xdg = short_runtime_dir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
     tr = tmp_path / "trace.jsonl"
     entries = write_trace(tr)
@@ -409,11 +410,10 @@ def test_replay_warm_off_starts_cold_whatever_krexd_s_default(
 ) -> None:
     """``--warm off`` passes ``--cold``: under a krexd whose [warm] start is "warm" (as
     shipped) the replay's commands neither use nor start a warm pool."""
-    from tests.cli.warm_support import Pools, warm_config
+    from tests.cli.warm_support import Pools, short_runtime_dir, warm_config
 
     k = krexd_factory(slots=2, config=warm_config(start="warm"))
-    xdg = tmp_path / "xdg"
-    xdg.mkdir(mode=0o700)
+    xdg = short_runtime_dir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
     pools = Pools(k, tmp_path)
     pools.env["XDG_RUNTIME_DIR"] = str(xdg)
@@ -442,11 +442,10 @@ def _replay_by_default(
 ) -> Path:
     """Two commands replayed with no ``--warm`` against a krexd whose [warm] start is
     ``start``; the run's folder (the replay must have succeeded)."""
-    from tests.cli.warm_support import warm_config
+    from tests.cli.warm_support import short_runtime_dir, warm_config
 
     k = krexd_factory(slots=2, config=warm_config(start=start))
-    xdg = tmp_path / "xdg"
-    xdg.mkdir(mode=0o700)
+    xdg = short_runtime_dir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
     tr = tmp_path / "trace.jsonl"
     entry = trace.TraceEntry((sys.executable, "-c", _PARENT), "t", "c", "<0.1ms")
