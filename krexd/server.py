@@ -53,6 +53,12 @@ _log = logging.getLogger("krexd.server")
 HARD_MAX_MSG_BYTES = 16 << 20
 READ_BURST = 16  # requests read before the loop runs the tasks they started
 REFUSAL_DELAY_S = 0.1  # a request refused for a cap (TOO_MANY) is answered this much later
+# An op refused at once for a cap (an admit past max_parked_per_uid: CANCELLED; TOO_MANY)
+# is answered this much later to a non-root caller, its request still counted in
+# progress meanwhile: a client resending at each reply (a flood of admits) then costs
+# krexd a few refusals a second per request it keeps outstanding, not a busy loop.
+OP_REFUSAL_DELAY_S = 1.0
+OP_REFUSAL_WITHIN_S = 0.05  # "at once": a parked admit cancelled later is answered at once
 _READ_ONLY_OPS = frozenset({"ping", "status", "memory"})
 
 
@@ -284,6 +290,7 @@ class Server:
     async def _dispatch(self, ident: bytes, req: Request, who: identity.Caller | None) -> None:
         identity.CALLER.set(who)  # seen by this request's op only (a task's own context)
         handler = OPS.get(req.op)
+        started = time.monotonic()
         try:
             if handler is None:
                 raise KrexError(Code.UNKNOWN_OP, f"unknown op {req.op[:64]!r}")
@@ -296,6 +303,13 @@ class Server:
         except KrexError as exc:
             self._refuse(exc.code.name)
             frame = encode_error(req.id, exc.code, exc.code.name, exc.message)
+            if (
+                exc.code in (Code.CANCELLED, Code.TOO_MANY)
+                and who is not None
+                and who.uid != 0
+                and time.monotonic() - started < OP_REFUSAL_WITHIN_S
+            ):
+                await asyncio.sleep(OP_REFUSAL_DELAY_S)
         except asyncio.CancelledError:
             frame = encode_error(req.id, Code.SHUTTING_DOWN, "SHUTTING_DOWN", "krexd is stopping")
             await self._send(ident, frame)

@@ -210,3 +210,39 @@ def test_status_requests_waiting_in_the_lane_are_answered_when_krexd_stops(
     rc, out, err = finish(p, 30)
     assert rc == 0, err
     assert len(json.loads(out.strip().splitlines()[-1])) == 3, out
+
+
+ADMIT_LOOP = """
+import msgpack, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.connect("ipc://" + os.environ["KREX_SOCKET"])
+def send(i):  # never placed: the granted ones squat until place_timeout_s
+    s.send(msgpack.packb({"v": 1, "id": i, "op": "admit",
+                          "body": {"argv": ["sleep", "60"], "exclusive": False}}))
+for i in range(20):
+    send(i)
+replies, i = 0, 20
+end = time.monotonic() + 2.0
+while time.monotonic() < end:
+    if s.poll(100):
+        s.recv()
+        replies += 1
+        send(i)
+        i += 1
+print(json.dumps({"replies": replies}), flush=True)
+"""
+
+
+def test_a_users_refused_admits_resent_at_each_reply_are_not_a_busy_loop(
+    krexd_factory: Factory,
+) -> None:
+    """A keeps 20 admits outstanding (2 may park), resending at each reply for 2 s: the
+    refusals come a second apart per request (about 40 in all; thousands without the
+    pause, which raised another user's entry p50 from 2 to 29 ms, docs/bench)."""
+    k = krexd_factory(
+        config={"daemon": {"socket_mode": "0666"}, "admission": {"max_parked_per_uid": 2}}
+    )
+    rc, out, err = finish(as_user(k, USER_A, "py", ADMIT_LOOP), 30)
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["replies"] <= 80, out
