@@ -176,7 +176,9 @@ def test_suspects_rerun_beside_other_commands_and_outside_the_incident(
     fault of its own would not be the MPS server's (it is no incident member)."""
     k = krexd_factory(fake_gpus=1, slots=6, extra=MPS)
     env = _env(k, tmp_path, "1")
-    healthy = [_krex_run(k, env, "--seconds", "1.0", "--kernel-ns", "100000") for _ in range(3)]
+    # Long enough to be running when the fault comes, on a busy host too (one that ended
+    # first is no member, so no suspect: 3 of 4 were seen so).
+    healthy = [_krex_run(k, env, "--seconds", "4.0", "--kernel-ns", "100000") for _ in range(3)]
     time.sleep(0.8)
     faulty = _krex_run(k, env, "--count", "100000", "--fault-after", "5", "--kernel-ns", "100000")
     deadline = time.monotonic() + 60
