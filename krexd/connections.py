@@ -260,9 +260,9 @@ class ConnectionGuard:
         """Hold a request of connection ``fd`` until the connection's start; False
         (not held) when :data:`HELD_MAX` already wait.
 
-        ``release(True)`` starts it at the connection's start, in the order the
-        requests came; ``release(False)`` abandons it when the connection ends
-        first or krexd stops.
+        ``release(START)`` starts it at the connection's start, in the order the
+        requests came; ``release(DROP)`` abandons it when the connection ends
+        first or krexd restarts, ``release(STOP)`` when krexd stops.
         """
         conn = self._conns[fd]
         if len(conn.held) >= HELD_MAX:

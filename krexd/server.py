@@ -53,10 +53,11 @@ _log = logging.getLogger("krexd.server")
 HARD_MAX_MSG_BYTES = 16 << 20
 READ_BURST = 16  # requests read before the loop runs the tasks they started
 REFUSAL_DELAY_S = 0.1  # a request refused for a cap (TOO_MANY) is answered this much later
-# An op refused at once for a cap (an admit past max_parked_per_uid: CANCELLED; TOO_MANY)
-# is answered this much later to a non-root caller, its request still counted in
-# progress meanwhile: a client resending at each reply (a flood of admits) then costs
-# krexd a few refusals a second per request it keeps outstanding, not a busy loop.
+# An op refused at once for a cap (an admit past max_parked_per_uid: CANCELLED; TOO_MANY;
+# region operations excepted) is answered this much later to a non-root caller, its
+# request still counted in progress meanwhile: a client resending at each reply (a flood
+# of admits) then costs krexd a few refusals a second per request it keeps outstanding,
+# not a busy loop.
 OP_REFUSAL_DELAY_S = 1.0
 OP_REFUSAL_WITHIN_S = 0.05  # "at once": a parked admit cancelled later is answered at once
 _READ_ONLY_OPS = frozenset({"ping", "status", "memory"})
@@ -305,6 +306,7 @@ class Server:
             frame = encode_error(req.id, exc.code, exc.code.name, exc.message)
             if (
                 exc.code in (Code.CANCELLED, Code.TOO_MANY)
+                and req.op not in REGION_OPS  # never slowed: a region's timing waits on them
                 and who is not None
                 and who.uid != 0
                 and time.monotonic() - started < OP_REFUSAL_WITHIN_S

@@ -35,10 +35,11 @@ DEFAULT_SOCKET = "/run/krex/krexd.sock"
 """krexd's control socket when neither ``--socket`` nor ``KREX_SOCKET`` says otherwise."""
 
 DEFAULT_TIMEOUT_S = 5.0
+"""Seconds a request waits for its reply unless told otherwise."""
+
 # What a request asked again after a pace refusal may still need: krexd holds a paced
 # request up to 1 s (krexd/connections.py PACE_MAX_S).
 _RETRY_ROOM_S = 1.0
-"""Seconds a request waits for its reply unless told otherwise."""
 
 _POLL_SLICE_S = 0.5
 

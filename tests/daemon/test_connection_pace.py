@@ -17,7 +17,8 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import Krexd
-from tests.daemon.test_identity import USER_A, USER_B, as_user, finish
+from tests.daemon.test_fair_shares import flood_beside_b
+from tests.daemon.test_identity import USER_A, as_user, finish
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]
@@ -62,15 +63,7 @@ def test_a_users_connection_churn_is_held_to_the_rate(krexd_factory: Factory, pe
     """A churns for 3 s: with 10/s after a burst of 10 it gets at most ~45 pings
     answered (without a pace, hundreds); B's status is answered at once meanwhile."""
     k = krexd_factory(config=_config(per_s, 10))
-    churn = as_user(k, USER_A, "py", CHURN)
-    time.sleep(1.0)
-    started = time.monotonic()
-    rc, _, err = finish(as_user(k, USER_B, "krexctl", "status"), 20)
-    b_s = time.monotonic() - started
-    assert rc == 0, err
-    rc, out, err = finish(churn, 30)
-    assert rc == 0, err
-    served = json.loads(out.strip().splitlines()[-1])["ok"]
+    served, b_s = flood_beside_b(k, CHURN, 1.0)
     conns = k.status()["connections"]
     if per_s:
         assert served <= 10 + per_s * 3.5, (served, conns)

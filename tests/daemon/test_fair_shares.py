@@ -160,6 +160,22 @@ print(json.dumps({"ok": ok}), flush=True)
 """
 
 
+def flood_beside_b(k: Krexd, flood_code: str, settle_s: float) -> tuple[int, float]:
+    """Run ``flood_code`` as user A; ``settle_s`` into it, time user B's ``krexctl status``.
+
+    Returns (A's ``ok`` count, printed last by the flood as JSON; B's seconds).
+    """
+    flood = as_user(k, USER_A, "py", flood_code)
+    time.sleep(settle_s)
+    started = time.monotonic()
+    rc, _, err = finish(as_user(k, USER_B, "krexctl", "status"), 20)
+    b_s = time.monotonic() - started
+    assert rc == 0, err
+    rc, out, err = finish(flood, 30)
+    assert rc == 0, err
+    return int(json.loads(out.strip().splitlines()[-1])["ok"]), b_s
+
+
 @pytest.mark.parametrize("per_s", [5.0, 0.0])
 def test_a_users_status_loop_is_paced_and_others_are_served(
     krexd_factory: Factory, per_s: float
@@ -167,15 +183,7 @@ def test_a_users_status_loop_is_paced_and_others_are_served(
     """User A resends status at each reply for 2 s: with a pace of 5 per second A gets
     about 10 answered (without one, hundreds), and user B's status is answered at once."""
     k = krexd_factory(config={"daemon": {"socket_mode": "0666", "status_per_s_per_uid": per_s}})
-    flood = as_user(k, USER_A, "py", PACED)
-    time.sleep(0.5)
-    started = time.monotonic()
-    rc, _, err = finish(as_user(k, USER_B, "krexctl", "status"), 20)
-    b_s = time.monotonic() - started
-    assert rc == 0, err
-    rc, out, err = finish(flood, 30)
-    assert rc == 0, err
-    served = json.loads(out.strip().splitlines()[-1])["ok"]
+    served, b_s = flood_beside_b(k, PACED, 0.5)
     if per_s:
         assert served <= 2.0 * per_s + 2, served
         assert b_s < 5.0, b_s  # B's own first status is due at once (a fresh process)
