@@ -7,6 +7,13 @@ speeds, so consecutive commands mostly belong to different tasks (paper
 §6.1: commands of concurrent agent sessions).
 
     python workloads/make_trace.py [--seed 7] [--reruns 0.3] [--out workloads/trace.jsonl]
+
+A compile mix: a base trace plus every ``torch_compile`` candidate of the
+corpus, each ``--compile-copies`` times (agents submit near-identical
+compiled candidates), spread through the base in a seeded order:
+
+    python workloads/make_trace.py --mix workloads/trace-h200.jsonl --compile-copies 2 \
+        --out workloads/trace-compile-mix.jsonl
 """
 
 from __future__ import annotations
@@ -43,6 +50,28 @@ def interleave(cmds: list[dict[str, Any]], seed: int, reruns: float) -> list[dic
     return out
 
 
+def entry(c: dict[str, Any]) -> dict[str, Any]:
+    """One trace line (argv and labels) for a corpus command."""
+    argv = ["python", f"workloads/{c['family']}.py", "--task", c["task"], "--candidate", c["candidate"]]
+    return {
+        "argv": argv,
+        "task": c["task"],
+        "candidate": c["candidate"],
+        "band": c["band"],
+        "family": c["family"],
+    }
+
+
+def compile_mix(base: list[dict[str, Any]], copies: int, seed: int) -> list[dict[str, Any]]:
+    """``base`` with every ``torch_compile`` candidate inserted ``copies`` times at seeded places."""
+    rng = random.Random(seed)
+    out = list(base)
+    extra = [entry(c) for c in corpus.commands() if c["candidate"] == "torch_compile"] * copies
+    for e in extra:
+        out.insert(rng.randrange(len(out) + 1), dict(e))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -55,29 +84,15 @@ def main() -> int:
         help="probability that a trajectory re-runs one of its candidates",
     )
     p.add_argument("--out", type=Path, default=corpus.HERE / "trace.jsonl")
+    p.add_argument("--mix", type=Path, help="base trace to add the compiled candidates to")
+    p.add_argument("--compile-copies", type=int, default=2)
     a = p.parse_args()
-    lines = []
-    for c in interleave(corpus.commands(), a.seed, a.reruns):
-        argv = [
-            "python",
-            f"workloads/{c['family']}.py",
-            "--task",
-            c["task"],
-            "--candidate",
-            c["candidate"],
-        ]
-        lines.append(
-            json.dumps(
-                {
-                    "argv": argv,
-                    "task": c["task"],
-                    "candidate": c["candidate"],
-                    "band": c["band"],
-                    "family": c["family"],
-                },
-                separators=(",", ":"),
-            )
-        )
+    if a.mix is not None:
+        base = [json.loads(x) for x in a.mix.read_text(encoding="utf-8").splitlines() if x.strip()]
+        entries = compile_mix(base, a.compile_copies, a.seed)
+    else:
+        entries = [entry(c) for c in interleave(corpus.commands(), a.seed, a.reruns)]
+    lines = [json.dumps(e, separators=(",", ":")) for e in entries]
     a.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"{a.out}: {len(lines)} commands", file=sys.stderr)
     return 0

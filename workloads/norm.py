@@ -16,7 +16,7 @@ TASKS = [
     Task(
         "layernorm_8192x8192_bf16",
         "<0.1ms",
-        ("torch", "triton_w8", "triton_w16", "torch_naive"),
+        ("torch", "triton_w8", "triton_w16", "torch_naive", "torch_compile"),
         {"rows": 8192, "cols": 8192, "dtype": "bfloat16"},
         rtol=2e-2,
         atol=2e-2,

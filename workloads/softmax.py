@@ -10,7 +10,7 @@ from typing import Any
 import harness
 from harness import Bench, Case, Task
 
-CANDIDATES = ("torch", "triton_w4", "triton_w8", "triton_online_b1024", "torch_naive")
+CANDIDATES = ("torch", "triton_w4", "triton_w8", "triton_online_b1024", "torch_naive", "torch_compile")
 
 TASKS = [
     Task(
@@ -52,11 +52,13 @@ def build(c: Case) -> Bench:
 
         def fn() -> Any:
             return torch.softmax(x, dim=-1)
-    elif name == "torch_naive":  # max, subtract, exp, sum, divide: five passes
+    elif name in ("torch_naive", "torch_compile"):  # max, subtract, exp, sum, divide: five passes
 
-        def fn() -> Any:
+        def naive() -> Any:
             e = torch.exp(x - x.max(dim=-1, keepdim=True).values)
             return e / e.sum(dim=-1, keepdim=True)
+
+        fn = naive if name == "torch_naive" else torch.compile(naive, dynamic=False)
     elif name == "torch_upcast":  # compute in fp32, cast back: two extra passes
 
         def fn() -> Any:

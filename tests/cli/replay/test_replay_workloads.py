@@ -82,6 +82,23 @@ def test_committed_trace_is_current(tmp_path: Path) -> None:
     )
 
 
+def test_committed_compile_mix_is_current(tmp_path: Path) -> None:
+    out = tmp_path / "mix.jsonl"
+    cmd = [sys.executable, str(WL / "make_trace.py"), "--mix", str(WL / "trace-h200.jsonl")]
+    subprocess.run([*cmd, "--compile-copies", "2", "--out", str(out)], check=True, timeout=300)
+    assert out.read_text() == (WL / "trace-compile-mix.jsonl").read_text(), (
+        "workloads/trace-compile-mix.jsonl is stale: see python workloads/make_trace.py --help"
+    )
+    mix = trace.load(out)
+    base = trace.load(WL / "trace-h200.jsonl")
+    compiled = [e for e in mix if e.candidate == "torch_compile"]
+    # every compiled candidate of the corpus twice, beside the whole base trace
+    assert len(mix) == len(base) + 2 * sum(
+        1 for c in corpus.commands() if c["candidate"] == "torch_compile"
+    )
+    assert len({e.task for e in compiled}) >= 5
+
+
 def test_interleave_keeps_each_trajectory_in_order() -> None:
     cmds = [{"task": t, "candidate": str(i)} for t in "abc" for i in range(4)]
     out = make_trace.interleave(cmds, seed=1, reruns=0.0)
