@@ -52,7 +52,14 @@ def interleave(cmds: list[dict[str, Any]], seed: int, reruns: float) -> list[dic
 
 def entry(c: dict[str, Any]) -> dict[str, Any]:
     """One trace line (argv and labels) for a corpus command."""
-    argv = ["python", f"workloads/{c['family']}.py", "--task", c["task"], "--candidate", c["candidate"]]
+    argv = [
+        "python",
+        f"workloads/{c['family']}.py",
+        "--task",
+        c["task"],
+        "--candidate",
+        c["candidate"],
+    ]
     return {
         "argv": argv,
         "task": c["task"],
@@ -63,7 +70,7 @@ def entry(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def compile_mix(base: list[dict[str, Any]], copies: int, seed: int) -> list[dict[str, Any]]:
-    """``base`` with every ``torch_compile`` candidate inserted ``copies`` times at seeded places."""
+    """``base`` with each ``torch_compile`` candidate inserted ``copies`` times, seeded."""
     rng = random.Random(seed)
     out = list(base)
     extra = [entry(c) for c in corpus.commands() if c["candidate"] == "torch_compile"] * copies

@@ -10,7 +10,14 @@ from typing import Any
 import harness
 from harness import Bench, Case, Task
 
-CANDIDATES = ("torch", "triton_w4", "triton_w8", "triton_online_b1024", "torch_naive", "torch_compile")
+CANDIDATES = (
+    "torch",
+    "triton_w4",
+    "triton_w8",
+    "triton_online_b1024",
+    "torch_naive",
+    "torch_compile",
+)
 
 TASKS = [
     Task(
