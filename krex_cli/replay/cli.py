@@ -317,8 +317,10 @@ def _options(args: argparse.Namespace) -> RunOptions | int:
     if args.config is not None and not args.config.is_file():
         return _err(f"--config {args.config}: no such file")
     concurrency = args.concurrency
+    slots_from_krexd = False
     if concurrency is None and args.ray is None:
         concurrency, note = default_concurrency(args.mode, args.socket, gpus, base)
+        slots_from_krexd = concurrency is None  # "auto": asked of the krexd once started
         if note is not None:
             print(f"krex replay: {note}", file=sys.stderr)
     mode = modes.make_mode(args.mode, concurrency or 1)
@@ -343,6 +345,7 @@ def _options(args: argparse.Namespace) -> RunOptions | int:
         base_config=base,
         progress=not args.no_progress,
         warm=args.warm,
+        slots_from_krexd=slots_from_krexd,
         ray_address=args.ray,
     )
 

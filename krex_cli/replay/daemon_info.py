@@ -3,10 +3,12 @@
 Without ``--concurrency`` the krex and ungated modes run as many commands
 per GPU as krexd offers slots (:func:`default_concurrency`): a running krexd
 (``--socket``) as its ``status`` reports them (the fewest of the GPUs used),
-the krexd the replay starts as its base config sets them (``[admission]
-slots_per_gpu`` of ``--config`` or the shipped ``etc/krex.toml``, else
-krexd's built-in default), which is what that krexd's ``status`` reports.
-The replay says on stderr which it took and why.
+the krexd the replay starts as its base config sets them: a fixed
+``[admission] slots_per_gpu`` of ``--config`` or the shipped
+``etc/krex.toml``, or, where the count is ``"auto"`` (krexd's default,
+derived per GPU from its cores and memory), what that krexd's ``status``
+reports once it is up (:func:`started_slots`).  The replay says on stderr
+which it took and why.
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from krex_cli.replay import modes
-
-BUILTIN_SLOTS = 4
-"""krexd's built-in ``[admission] slots_per_gpu`` (``krexd/config.py``, not imported here)."""
 
 
 def daemon_status(socket: str) -> dict[str, Any] | None:
@@ -46,11 +45,12 @@ def daemon_slots(socket: str, gpus: Sequence[int]) -> int | None:
     return min(slots) if slots else None
 
 
-def config_slots(base: Path | None) -> tuple[int, str]:
+def config_slots(base: Path | None) -> tuple[int | None, str]:
     """``[admission] slots_per_gpu`` of the krexd config ``base`` and where it came from.
 
-    Returns ``(slots, source)``: the config's value when it has a valid one
-    (an integer >= 1), else :data:`BUILTIN_SLOTS` (krexd's built-in default).
+    Returns ``(slots, source)``: the config's value when it fixes one (an
+    integer >= 1), else ``None``: krexd derives the count itself (``"auto"``,
+    its default; ``krexd.slot_count``), known only from its ``status``.
     """
     table, key = modes.CONCURRENCY_KEY
     if base is not None:
@@ -61,12 +61,12 @@ def config_slots(base: Path | None) -> tuple[int, str]:
         value = (cfg.get(table) or {}).get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value, f"[{table}] {key} of {base}"
-    return BUILTIN_SLOTS, f"krexd's built-in [{table}] {key}"
+    return None, f'[{table}] {key} = "auto"'
 
 
 def default_concurrency(
     mode: str, socket: str | None, gpus: Sequence[int], base: Path | None
-) -> tuple[int, str | None]:
+) -> tuple[int | None, str | None]:
     """Commands per GPU for ``mode`` when ``--concurrency`` is not given, and why.
 
     Args:
@@ -78,6 +78,8 @@ def default_concurrency(
     Returns:
         ``(concurrency, note)``: ``note`` is the line to say (None for native
         and serial, which run one command per GPU by definition).
+        ``concurrency`` is None when the started krexd derives its slots
+        (``"auto"``): :func:`started_slots` asks it once it is up.
     """
     if mode not in ("krex", "ungated"):
         return 1, None
@@ -87,4 +89,19 @@ def default_concurrency(
             return 1, f"--concurrency 1: the krexd at {socket} did not report its slots"
         return slots, f"--concurrency {slots}: the slots per GPU the krexd at {socket} reports"
     slots, source = config_slots(base)
+    if slots is None:
+        return None, None
     return slots, f"--concurrency {slots}: the slots per GPU its krexd gets ({source})"
+
+
+def started_slots(socket: str, gpus: Sequence[int]) -> tuple[int, str]:
+    """Slots per GPU of the krexd the replay started with ``"auto"`` slots, and the line to say.
+
+    Raises:
+        modes.ModeError: that krexd does not report its slots.
+    """
+    slots = daemon_slots(socket, gpus)
+    if slots is None:
+        raise modes.ModeError(f"the krexd at {socket} did not report its slots")
+    rule = '[admission] slots_per_gpu = "auto"'
+    return slots, f"--concurrency {slots}: the slots per GPU its krexd derived ({rule})"

@@ -87,10 +87,12 @@ def default_base_config() -> Path | None:
     return None
 
 
-def mode_config(base: Mapping[str, Any], mode: Mode) -> dict[str, Any]:
+def mode_config(base: Mapping[str, Any], mode: Mode, auto_slots: bool = False) -> dict[str, Any]:
     """``base`` (a parsed krexd config) with the mode's concurrency and enforce keys set.
 
-    Also ``[cgroup] name`` = ``krex-replay-<pid>``: the replay's krexd gets its own subtree.
+    ``auto_slots``: the slots are ``"auto"`` (krexd derives them; the replay
+    then takes them from its status), not the mode's concurrency.  Also
+    ``[cgroup] name`` = ``krex-replay-<pid>``: the replay's krexd gets its own subtree.
     """
     cfg: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in base.items()}
     # A cgroup subtree of its own, so a replay never touches a system krexd's tenants.
@@ -98,7 +100,8 @@ def mode_config(base: Mapping[str, Any], mode: Mode) -> dict[str, Any]:
     if not isinstance(cfg["cgroup"], dict):
         raise ModeError("config key 'cgroup' must be a table")
     cfg["cgroup"]["name"] = f"krex-replay-{os.getpid()}"
-    for (table, key), value in ((CONCURRENCY_KEY, mode.concurrency), (ENFORCE_KEY, mode.enforce)):
+    slots: int | str = "auto" if auto_slots else mode.concurrency
+    for (table, key), value in ((CONCURRENCY_KEY, slots), (ENFORCE_KEY, mode.enforce)):
         section = cfg.setdefault(table, {})
         if not isinstance(section, dict):
             raise ModeError(f"config key '{table}' must be a table")
@@ -142,15 +145,18 @@ def dumps_toml(cfg: Mapping[str, Any], prefix: str = "") -> str:
     return out
 
 
-def write_config(mode: Mode, path: Path, base_path: Path | None) -> Path:
-    """Write the krexd config of ``mode`` to ``path`` (base: ``base_path`` or none)."""
+def write_config(mode: Mode, path: Path, base_path: Path | None, auto_slots: bool = False) -> Path:
+    """Write the krexd config of ``mode`` to ``path`` (base: ``base_path`` or none).
+
+    ``auto_slots``: as :func:`mode_config`'s.
+    """
     base: dict[str, Any] = {}
     if base_path is not None:
         try:
             base = tomllib.loads(base_path.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ModeError(f"cannot read base config {base_path}: {exc}") from None
-    path.write_text(dumps_toml(mode_config(base, mode)), encoding="utf-8")
+    path.write_text(dumps_toml(mode_config(base, mode, auto_slots)), encoding="utf-8")
     return path
 
 

@@ -34,7 +34,9 @@ class RunOptions:
     flag: krexd's ``[warm] start`` decides), ``off`` (``krex run --cold``), ``on``
     (``--warm``) or ``alternate`` (``krex_cli.replay.starts``); ray_address: run the
     commands over this Ray cluster's krex hosts instead (``ray_runner.py``;
-    no krexd is started, ``gpus`` is empty).
+    no krexd is started, ``gpus`` is empty); slots_from_krexd: ``mode``'s
+    concurrency is a placeholder, to be the started krexd's derived slots
+    (``daemon_info.started_slots``).
     """
 
     trace: Sequence[TraceEntry]
@@ -54,6 +56,7 @@ class RunOptions:
     progress: bool = True
     warm: str = "auto"
     ray_address: str | None = None
+    slots_from_krexd: bool = False
 
 
 def resolve_argv(argv: Sequence[str], python: str) -> list[str]:

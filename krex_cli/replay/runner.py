@@ -19,6 +19,7 @@ files and how a record is completed are in ``results.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -33,7 +34,7 @@ from typing import IO, Any
 
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-from krex_cli.replay import modes, regions, starts
+from krex_cli.replay import daemon_info, modes, regions, starts
 from krex_cli.replay.options import RunOptions, command
 from krex_cli.replay.results import RESULTS, record_outcome, write_meta
 from krex_cli.replay.trace import TraceEntry
@@ -247,6 +248,8 @@ class Runner:
         """
         results_path = self._results_path()
         krexd, socket = self._start_krexd()
+        if self.opts.slots_from_krexd and socket is not None:
+            self._take_started_slots(krexd, socket)
         workers, sched, total = self._plan()
         started = time.time()
         self._write_meta(
@@ -285,13 +288,28 @@ class Runner:
         krexd: modes.Krexd | None = None
         socket = o.socket
         if o.mode.uses_krexd and socket is None:
-            cfg = modes.write_config(o.mode, o.out / "krexd.toml", o.base_config)
+            cfg = modes.write_config(
+                o.mode, o.out / "krexd.toml", o.base_config, auto_slots=o.slots_from_krexd
+            )
             env = modes.command_env(os.environ, modes.package_pythonpath())
             krexd = modes.Krexd(o.out, cfg, o.fake_gpus, env)
             socket = krexd.socket
         elif socket is not None:
             modes.ping(socket, 2.0)
         return krexd, socket
+
+    def _take_started_slots(self, krexd: modes.Krexd | None, socket: str) -> None:
+        """The mode's concurrency becomes the started krexd's derived slots (said on stderr)."""
+        try:
+            slots, note = daemon_info.started_slots(socket, self.opts.gpus)
+        except modes.ModeError:
+            if krexd is not None:
+                krexd.stop()
+            raise
+        print(f"krex replay: {note}", file=sys.stderr)
+        self.opts = dataclasses.replace(
+            self.opts, mode=dataclasses.replace(self.opts.mode, concurrency=slots)
+        )
 
     def _plan(self) -> tuple[list[tuple[int, int]], _Schedule, int | None]:
         """(workers as (worker, gpu), the schedule, commands expected or None when looping)."""

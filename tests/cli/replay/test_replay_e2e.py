@@ -310,6 +310,32 @@ def test_socket_replay_fills_the_running_krexds_slots(
         assert len(recs) == len(entries) and all(r["exit_code"] == 0 for r in recs)
 
 
+@pytest.mark.root
+def test_replay_of_auto_slots_fills_the_started_krexds_derived_slots(tmp_path: Path) -> None:
+    """slots_per_gpu = "auto" (shipped): the workers are the slots the started krexd derived.
+
+    The memory rule gives 2 on the fake GPU's 80 GiB ((80 - 1) // 30), fewer than
+    the cores' floor of 4 (what a replay used before it asked krexd).
+    """
+    why = _krex_ready()
+    if why is not None:
+        pytest.skip(why)
+    config = tmp_path / "krex.toml"
+    config.write_text(
+        '[admission]\nslots_per_gpu = "auto"\n[memory]\ndefault_need = "30G"\n', encoding="utf-8"
+    )
+    tr = tmp_path / "trace.jsonl"
+    entries = write_trace(tr)
+    out = tmp_path / "auto"
+    args = ["--mode", "krex", "--fake-gpus", "1", "--config", str(config), "--no-report"]
+    p = replay(str(tr), *args, "--out", str(out), timeout=240.0, sleep=False)
+    assert p.returncode == 0, p.stderr
+    assert "--concurrency 2: the slots per GPU its krexd derived" in p.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["concurrency"] == 2 and meta["workers"] == 2
+    assert len(load_results(out / "results.jsonl")) == len(entries)
+
+
 TEMPFAIL_ONCE = """
 import json, os, sys
 
