@@ -4,9 +4,9 @@ Enabled by ``KREX_REGION_LOG=PATH`` (``krex run --region-log PATH`` sets it;
 ``krex replay`` gives each command its own).  After each region the holder
 process appends one object to PATH: the region's epoch and timings (wait,
 drain, freeze, in-region, exit synchronization), the device and its SM and
-memory clocks, temperature and power at entry and at exit (NVML, through
-``pynvml`` when it is importable; a figure NVML cannot give is null, never
-guessed), what the clock warm-up did, whether L2 was flushed, the launches
+memory clocks, temperature and power at entry and at exit (NVML on NVIDIA,
+AMD SMI on AMD: ``krex_client.devicestate``; a figure the library cannot
+give is null, never guessed), what the clock warm-up did, whether L2 was flushed, the launches
 in the region, the device time of work left on streams other than the
 timed one, CUDA events recorded and timed outside any region, and warnings.
 
@@ -18,7 +18,7 @@ refuses symbolic links and FIFOs and creates the file mode 0600).  On a
 local file system the append alone is atomic (the kernel positions and
 writes under the inode lock); the lock also covers file systems where it
 is not (NFS emulates ``flock`` with byte-range locks).  Nothing here runs
-inside the timed code: NVML is sampled after the grant and before the exit
+inside the timed code: the GPU's state is sampled after the grant and before the exit
 request, the line written after the exit.
 """
 
@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from krex_client import logfile
+from krex_client.devicestate import DeviceState, open_state
 
 ENV_VAR = "KREX_REGION_LOG"
 """Environment variable naming the region log (a path; empty: no log)."""
@@ -42,8 +43,6 @@ OTHER_STREAMS_WARN_MS = 0.1
 """Work left on other streams above this (ms of device time at exit) is warned about;
 below it the exit synchronization of idle contexts is indistinguishable from work."""
 
-SAMPLE_KEYS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w")
-
 
 def log_path() -> str | None:
     """The region log's path from ``KREX_REGION_LOG``, or None when unset."""
@@ -51,92 +50,20 @@ def log_path() -> str | None:
     return path or None
 
 
-class Nvml:
-    """This command's GPU through NVML (``pynvml``), or nothing when it is absent.
-
-    The GPU is ``CUDA_VISIBLE_DEVICES`` when it names a UUID (``GPU-...``),
-    else index ``KREX_GPU`` (``krex run`` sets both).  Every query returns
-    None for what NVML cannot give.
-    """
-
-    def __init__(self) -> None:
-        self.nv: Any = None
-        self.handle: Any = None
-        self._sm_max: int | None = None
-        try:
-            import pynvml  # type: ignore[import-not-found, unused-ignore]
-
-            nv: Any = pynvml
-            nv.nvmlInit()
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-            if visible.startswith(("GPU-", "MIG-")):
-                self.handle = nv.nvmlDeviceGetHandleByUUID(visible)
-            else:
-                self.handle = nv.nvmlDeviceGetHandleByIndex(int(os.environ.get("KREX_GPU", "0")))
-            self.nv = nv
-        except Exception:  # noqa: BLE001 - no pynvml, no driver, no such GPU: all nulls
-            self.nv = self.handle = None
-
-    def _get(self, fn: str, *args: Any) -> Any:
-        if self.nv is None:
-            return None
-        try:
-            value = getattr(self.nv, fn)(self.handle, *args)
-        except Exception:  # noqa: BLE001 - not supported on this GPU: null
-            return None
-        return value.decode() if isinstance(value, bytes) else value
-
-    def device(self) -> dict[str, Any]:
-        """``{name, uuid, sm_clock_max_mhz}`` (MHz)."""
-        nv = self.nv
-        return {
-            "name": self._get("nvmlDeviceGetName"),
-            "uuid": self._get("nvmlDeviceGetUUID"),
-            "sm_clock_max_mhz": self._get("nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_SM)
-            if nv
-            else None,
-        }
-
-    def sm_clock_max(self) -> int | None:
-        """The SM clock's maximum (MHz), asked once; None without NVML."""
-        if self._sm_max is None and self.nv is not None:
-            self._sm_max = self._get("nvmlDeviceGetMaxClockInfo", self.nv.NVML_CLOCK_SM)
-        return self._sm_max
-
-    def sm_clock(self) -> int | None:
-        """The SM clock now (MHz); None without NVML or when it cannot say."""
-        return (
-            None if self.nv is None else self._get("nvmlDeviceGetClockInfo", self.nv.NVML_CLOCK_SM)
-        )
-
-    def sample(self) -> dict[str, Any]:
-        """``{sm_clock_mhz, mem_clock_mhz, temperature_c, power_w}`` now."""
-        nv = self.nv
-        if nv is None:
-            return dict.fromkeys(SAMPLE_KEYS)
-        power_mw = self._get("nvmlDeviceGetPowerUsage")
-        return {
-            "sm_clock_mhz": self._get("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM),
-            "mem_clock_mhz": self._get("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM),
-            "temperature_c": self._get("nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU),
-            "power_w": None if power_mw is None else power_mw / 1000.0,
-        }
-
-
 class Recorder:
     """Builds and appends the records of one process's regions to ``path``."""
 
-    def __init__(self, path: str, nvml: Nvml | None = None) -> None:
-        # ``nvml``: the process's NVML view when it has one already (the clock warm-up's).
+    def __init__(self, path: str, state: DeviceState | None = None) -> None:
+        # ``state``: the process's view of its GPU when it has one already (the clock warm-up's).
         self.path = path
-        self.nvml = nvml if nvml is not None else Nvml()
-        self.device = self.nvml.device()
+        self.state = state if state is not None else open_state()
+        self.device = self.state.device()
         self._outside = (0, 0)  # events (recorded, timed) outside regions at the last record
         self._lock = threading.Lock()
 
     def sample(self) -> dict[str, Any]:
-        """Clocks, temperature and power now (see :meth:`Nvml.sample`)."""
-        return self.nvml.sample()
+        """Clocks, temperature and power now (:meth:`DeviceState.sample`)."""
+        return self.state.sample()
 
     def record(
         self,

@@ -38,7 +38,8 @@ from krex_client.shim_binding import Shim
 
 if TYPE_CHECKING:
     from krex_client.connection import Connection
-    from krex_client.record import Nvml, Recorder
+    from krex_client.devicestate import DeviceState
+    from krex_client.record import Recorder
 
 
 class ControlConnection(Protocol):
@@ -110,8 +111,8 @@ class Region:
         self._recorder: Recorder | None = None  # the region log's (KREX_REGION_LOG)
         self._recorder_pid = 0
         self._daemon_pid: int | None = None  # the krexd that answers (a restart changes it)
-        self._nvml: Nvml | None = None  # this process's, shared by warm-up and record
-        self._nvml_pid = 0
+        self._device: DeviceState | None = None  # this process's, shared by warm-up and record
+        self._device_pid = 0
         self._ids = RequestIds()  # each region request's id: krexd runs it once
 
     @staticmethod
@@ -228,7 +229,7 @@ class Region:
         warm = warmup.Result(0.0, entry.get("sm_clock_mhz"))
         warm_launches = 0
         try:
-            warm, warm_launches = region_steps.warm_up(self._shim, self._nvml_view, policy, entry)
+            warm, warm_launches = region_steps.warm_up(self._shim, self._device_view, policy, entry)
             yield
         finally:
             sync_ms, launches = self._shim.region_end()
@@ -258,29 +259,30 @@ class Region:
                 samples, warmed = (entry, exit_), (warm, warm_launches, policy)
                 region_steps.log(recorder, self._shim, self._stats, grant, reply, samples, warmed)
 
-    def _nvml_view(self) -> Nvml:
-        """This process's NVML view (opened once per process; all nulls without pynvml)."""
-        if self._nvml is None or self._nvml_pid != os.getpid():
-            from krex_client.record import Nvml
+    def _device_view(self) -> DeviceState:
+        """This process's view of its GPU (opened once per process; nulls without its library)."""
+        if self._device is None or self._device_pid != os.getpid():
+            from krex_client.devicestate import open_state
 
-            self._nvml, self._nvml_pid = Nvml(), os.getpid()
-        return self._nvml
+            self._device, self._device_pid = open_state(), os.getpid()
+        return self._device
 
     def _region_log(self, policy: warmup.Policy) -> Recorder | None:
         """The region log's recorder when ``KREX_REGION_LOG`` is set (one per process).
 
-        Also opens NVML, before the region, when the clock warm-up may use it.
+        Also opens the GPU's management library (NVML or AMD SMI), before the
+        region, when the clock warm-up may use it.
         """
         from krex_client import record
 
         if policy.budget_ms > 0:
-            self._nvml_view()
+            self._device_view()
         path = record.log_path()
         if path is None:
             return None
         if self._recorder is None or self._recorder_pid != os.getpid():
-            nvml = self._nvml_view()
-            self._recorder, self._recorder_pid = record.Recorder(path, nvml), os.getpid()
+            state = self._device_view()
+            self._recorder, self._recorder_pid = record.Recorder(path, state), os.getpid()
         return self._recorder
 
     @staticmethod

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from krex_client import warmup
 
 if TYPE_CHECKING:
-    from krex_client.record import Nvml, Recorder
+    from krex_client.devicestate import DeviceState
+    from krex_client.record import Recorder
 
 
 class HolderShim(Protocol):
@@ -39,14 +40,15 @@ class HolderShim(Protocol):
 
 def warm_up(
     shim: HolderShim,
-    nvml_view: Callable[[], Nvml],
+    device_view: Callable[[], DeviceState],
     policy: warmup.Policy,
     entry: dict[str, Any],
 ) -> tuple[warmup.Result, int]:
     """The clock warm-up, inside the region (after the grant and the L2 flush):
     its result and the kernel launches it made (matmuls; memsets launch none).
 
-    ``nvml_view`` gives the process's NVML view (opened on first use);
+    ``device_view`` gives the process's view of its GPU (NVML or AMD SMI,
+    ``krex_client.devicestate``; opened on first use);
     ``entry`` is the region log's entry sample (empty without a log).
     A failed warm-up warns (RuntimeWarning) and the region goes on.
     """
@@ -59,11 +61,11 @@ def warm_up(
     kind, slice_fn = warmup.choose(policy, shim.warm, matmuls)
     if slice_fn is None:  # no shim and no torch: nothing to warm with
         return warmup.Result(0.0, first, stop="nothing_to_warm", first_mhz=first), 0
-    nvml = nvml_view()
-    clock = nvml.sm_clock if nvml.nv is not None else None
+    state = device_view()
+    clock = state.sm_clock if state.available else None
     if clock is not None and not entry:
         first = clock()  # no region log: the entry clock is read here
-    top = nvml.sm_clock_max()
+    top = state.sm_clock_max()
     before = shim.launches()
     result = warmup.warm_up(slice_fn, policy, clock, top, first, kind=kind)
     after = shim.launches()

@@ -179,11 +179,11 @@ def standin(
     fake_krex: FakeConnection, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[StandInShim, FakeConnection]:
     """A tenant under a :class:`FakeConnection` whose shim is a
-    :class:`~tests.client.warmfakes.StandInShim`, with fresh NVML and region-log
+    :class:`~tests.client.warmfakes.StandInShim`, with a fresh GPU view (NVML) and region-log
     state, the warm-up's variables unset and no torch in ``sys.modules``."""
     shim = StandInShim(fake_krex)
     monkeypatch.setattr(region, "_shim", shim)
-    monkeypatch.setattr(region, "_nvml", None)
+    monkeypatch.setattr(region, "_device", None)
     monkeypatch.setattr(region, "_recorder", None)
     monkeypatch.setattr(warm_matmul, "_cached", None)
     monkeypatch.delitem(sys.modules, "torch", raising=False)

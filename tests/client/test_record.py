@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from krex_client import record
+from krex_client import devicestate, record
 
 
 def _fake_pynvml(sm_mhz: int, power_fails: bool = False) -> types.ModuleType:
@@ -75,14 +75,14 @@ def test_without_pynvml_every_figure_is_null(monkeypatch: pytest.MonkeyPatch) ->
     rec_ = record.Recorder("/nonexistent/log")
     assert set(rec_.device.values()) == {None}
     entry = rec_.sample()
-    assert entry == dict.fromkeys(record.SAMPLE_KEYS)
+    assert entry == dict.fromkeys(devicestate.SAMPLE_KEYS)
     assert rec_.record(_figures(), entry, entry, (0, 0))["warnings"] == []
 
 
 def test_timing_outside_warns_once_per_new_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     rec_ = record.Recorder("/nonexistent/log")
-    null = dict.fromkeys(record.SAMPLE_KEYS)
+    null = dict.fromkeys(devicestate.SAMPLE_KEYS)
 
     def kinds(outside: tuple[int, int], other: float | None = None) -> list[str]:
         rec = rec_.record(_figures(other_streams_ms=other), null, null, outside)
@@ -97,7 +97,7 @@ def test_timing_outside_warns_once_per_new_timing(monkeypatch: pytest.MonkeyPatc
 
 APPENDER = """
 import sys
-from krex_client import record
+from krex_client import devicestate, record
 r = record.Recorder(sys.argv[1])
 for i in range(300):
     r.append({"who": sys.argv[2], "i": i, "pad": "x" * 3000})

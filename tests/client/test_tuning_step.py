@@ -279,7 +279,7 @@ def test_step_region_warms_for_its_whole_budget(
     def cold_gpu() -> None:
         gpus.append(_Settling())
         monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus[-1]))
-        monkeypatch.setattr(region, "_nvml", None)
+        monkeypatch.setattr(region, "_device", None)
         monkeypatch.setattr(region, "_recorder", None)
 
     cold_gpu()

@@ -218,7 +218,7 @@ def test_without_torch_driving_cuda_the_region_warms_with_memsets(
     with region.critical():
         pass
     monkeypatch.delitem(sys.modules, "torch")  # no torch at all
-    monkeypatch.setattr(region, "_nvml", None)
+    monkeypatch.setattr(region, "_device", None)
     with region.critical():
         pass
     slices = [us for us, _ in shim.warm_calls]

@@ -162,7 +162,7 @@ def test_no_warm_up_without_nvml_or_when_turned_off(
         pass
     assert shim.warm_calls == [] and region.stats()["warmup_ms"] == 0.0
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(Gpu()))
-    monkeypatch.setattr(region, "_nvml", None)
+    monkeypatch.setattr(region, "_device", None)
     monkeypatch.setenv(warmup.MS_VAR, "0")
     with region.critical():
         pass
