@@ -34,6 +34,15 @@ KREXD = "krexd"
 """``asked`` of a command that passed no start flag: krexd's ``[warm] start`` decided."""
 SERVED = "krex: warm: served by pool"
 COLD = "krex: warm: cold start: "
+NO_POOL = "no pool listens on "
+NO_POOL_BECAUSE = (
+    ("krex: warm: a pool for this command is starting", "no pool yet: one is starting"),
+    ("krex: warm: starting a pool for this command", "no pool yet: this command started one"),
+    ("krex: warm: the last pool for this key refused to serve", "the last pool refused to serve"),
+    ("krex: warm: cannot start a pool", "no pool, and none could start"),
+)
+"""The lines ``krex run -v`` (krex_cli/warm/launch.py) writes after "no pool listens on
+PATH", and the reason each gives the report (no per-key path, so reasons group)."""
 
 
 def asks_warm(choice: str, pass_: int, index: int) -> bool | None:
@@ -71,7 +80,18 @@ def outcome(asked: bool | None, stderr: str) -> dict[str, Any]:
     if tried and not served:
         reasons = [ln[len(COLD) :] for ln in lines if ln.startswith(COLD)]
         why = reasons[0] if reasons else "no debug line"
+        if why.startswith(NO_POOL):  # the line after says why there was none
+            why = _why_no_pool(lines) or why
     return {"asked": KREXD if asked is None else asked, "served": served, "why": why}
+
+
+def _why_no_pool(lines: list[str]) -> str | None:
+    """Why no pool listened, from the line ``krex run -v`` writes after saying so."""
+    for line in lines:
+        for prefix, why in NO_POOL_BECAUSE:
+            if line.startswith(prefix):
+                return why + line[len(prefix) :].split(" (log ")[0]
+    return None
 
 
 def _median(values: list[float]) -> float:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from krex_cli.replay import starts
+from krex_cli.warm import launch
 
 
 def test_which_commands_ask_for_warm_starts() -> None:
@@ -30,6 +32,27 @@ def test_outcome_from_krex_run_debug_lines() -> None:
     krexd_cold = 'krex: warm: cold start: krexd\'s [warm] start is "cold"\n'
     assert starts.outcome(None, krexd_cold)["why"] == 'krexd\'s [warm] start is "cold"'
     assert starts.outcome(None, "")["why"] == "no debug line"
+
+
+def test_no_pool_reasons_say_why_there_was_none() -> None:
+    """ "no pool listens on PATH" is followed by why; the report groups by that, not PATH."""
+    first = "krex: warm: cold start: no pool listens on /k1.sock (No such file or directory)\n"
+    started = first + "krex: warm: starting a pool for this command (log /k1.log)\n"
+    assert starts.outcome(None, started)["why"] == "no pool yet: this command started one"
+    starting = first + "krex: warm: a pool for this command is starting\n"
+    assert starts.outcome(True, starting)["why"] == "no pool yet: one is starting"
+    refused = first + "krex: warm: the last pool for this key refused to serve: mem\n"
+    assert starts.outcome(None, refused)["why"] == "the last pool refused to serve: mem"
+    assert starts.outcome(None, first)["why"].startswith("no pool listens on /k1.sock")
+
+
+def test_no_pool_reasons_match_what_krex_run_writes() -> None:
+    """Each line the report reads is one krex run -v writes (krex_cli/warm/launch.py)."""
+    source = (Path(launch.__file__)).read_text(encoding="utf-8")
+    for prefix, _why in starts.NO_POOL_BECAUSE:
+        assert f'debug(f"{prefix.removeprefix("krex: warm: ")}' in source or (
+            f'debug("{prefix.removeprefix("krex: warm: ")}' in source
+        ), prefix
 
 
 def test_run_flags() -> None:
