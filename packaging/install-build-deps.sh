@@ -4,6 +4,9 @@
 #   packaging/install-build-deps.sh            build tools only (.deb, .rpm, linters)
 #   packaging/install-build-deps.sh --test     also the tested-install tools
 #                                              (mmdebstrap, systemd-nspawn)
+#   packaging/install-build-deps.sh --hip      also the HIP headers (the HIP entry-point
+#                                              table's generator and its test)
+# The options combine.
 #
 # Idempotent: packages already installed are skipped without touching apt.
 # Needs root and a reachable Debian mirror; exits 2 (and says why) otherwise,
@@ -30,14 +33,18 @@ test_pkgs=(
     mmdebstrap            # clean Debian root for the install test
     systemd-container     # systemd-nspawn -b boots that root with systemd as PID 1
 )
+hip_pkgs=(
+    libamdhip64-dev       # /usr/include/hip (HIP 5.2.3 on bookworm): gen_hip_entrypoints.py
+)
 
 want=("${build_pkgs[@]}")
-if [[ "${1:-}" == "--test" ]]; then
-    want+=("${test_pkgs[@]}")
-elif [[ $# -gt 0 ]]; then
-    echo "usage: $0 [--test]" >&2
-    exit 64
-fi
+for arg in "$@"; do
+    case "$arg" in
+        --test) want+=("${test_pkgs[@]}") ;;
+        --hip) want+=("${hip_pkgs[@]}") ;;
+        *) echo "usage: $0 [--test] [--hip]" >&2; exit 64 ;;
+    esac
+done
 
 missing=()
 for p in "${want[@]}"; do

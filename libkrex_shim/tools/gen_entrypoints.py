@@ -27,7 +27,6 @@ cuda.h does not declare) exit 2 with one line per problem.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import os
 import re
 import subprocess
@@ -38,10 +37,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SHIM_DIR = HERE.parent
+if str(HERE) not in sys.path:  # loaded by path (tests) as well as run as a script
+    sys.path.insert(0, str(HERE))
 
-# Words that mark an entry point as possibly doing device work: such a name
-# may not reach class D through a pattern (graph-node API excepted).
-RISKY = re.compile(r"Launch|Memcpy|Memset|Async|Prefetch|Upload|Synchron|Record|Wait|Signal")
+from epclass import GenError, assign_classes, is_risky  # noqa: E402
+from epclass import names as _names  # noqa: E402
 
 DECL = re.compile(r"\bCUresult\s+(cu[A-Za-z0-9_]+)\s*\(([^;{}]*?)\)\s*;", re.S)
 PARAM_NAME = re.compile(r"^(?P<type>.*?[\s*])(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
@@ -58,10 +58,6 @@ TYPE_WORDS = {
     "size_t",
     "signed",
 }
-
-
-class GenError(Exception):
-    """Problems found in cuda.h or classes.toml (one message per line)."""
 
 
 @dataclass
@@ -145,56 +141,15 @@ def parse_declarations(text: str) -> dict[str, Entry]:
     return entries
 
 
-def _names(table: dict[str, object], key: str = "names") -> list[str]:
-    value = table.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise GenError(f"classes.toml: '{key}' must be a list of names")
-    return list(value)
-
-
 def classify(entries: dict[str, Entry], rules: dict[str, object]) -> None:
     """Give each entry its class and hook behaviour; raise GenError listing every problem."""
-    problems: list[str] = []
-    explicit: dict[str, str] = {}
-    reviewed: set[str] = set()
-    for cls in "ABCD":
-        table = rules.get(cls, {})
-        if not isinstance(table, dict):
-            raise GenError(f"classes.toml: [{cls}] must be a table")
-        listed = _names(table)
-        if cls == "D":
-            reviewed = set(_names(table, "reviewed"))
-            listed = listed + sorted(reviewed)
-        for n in listed:
-            if n in explicit and explicit[n] != cls:
-                problems.append(f"{n}: listed in both {explicit[n]} and {cls}")
-            explicit[n] = cls
-            if n not in entries:
-                problems.append(f"{n}: listed in [{cls}] but not declared in cuda.h")
-    d_table = rules.get("D", {})
-    patterns = _names(d_table, "patterns") if isinstance(d_table, dict) else []
-    for e in entries.values():
-        takes_stream = any(p.type.replace("const ", "") == "CUstream" for p in e.params)
-        risky = takes_stream or (RISKY.search(e.name) is not None and "Node" not in e.name)
-        if e.name in explicit:
-            e.cls = explicit[e.name]
-            # A name that may do device work reaches D only through
-            # [D] reviewed, where each one says why it does not.
-            if e.cls == "D" and risky and e.name not in reviewed:
-                problems.append(
-                    f"{e.name}: may do device work; classify it in A/B/C, or list it "
-                    "under [D] reviewed with the reason it does not"
-                )
-            continue
-        if not any(fnmatch.fnmatchcase(e.name, p) for p in patterns):
-            problems.append(f"{e.name}: unclassified (add it to classes.toml)")
-            continue
-        if risky:
-            problems.append(
-                f"{e.name}: may do device work; classify it explicitly, not by a D pattern"
-            )
-            continue
-        e.cls = "D"
+    risky = {
+        e.name: is_risky(e.name, any(p.type.replace("const ", "") == "CUstream" for p in e.params))
+        for e in entries.values()
+    }
+    classes, problems = assign_classes(risky, rules)  # rules: epclass.py
+    for name, cls in classes.items():
+        entries[name].cls = cls
 
     def section(name: str) -> dict[str, object]:
         t = rules.get(name, {})

@@ -1,0 +1,277 @@
+"""The generated HIP entry-point table (libkrex_shim/tools/gen_hip_entrypoints.py).
+
+* every hip function the HIP headers declare is classified (A/B/C/D), once;
+* every declared name is exported by libamdhip64 5.2.21153 under its table
+  symbol (mangled for C++ linkage), bar four HIP 5.2 declares but never
+  built, and the exported-but-undeclared ones are exactly the [undeclared]
+  list of hip_classes.toml;
+* re-running the generator reproduces the committed files byte for byte;
+* the generator refuses a classification that leaves out a launch or lets a
+  stream-taking name reach D unreviewed;
+* the generated C compiles with -Wall -Wextra -Werror against the headers.
+
+The headers come from Debian's libamdhip64-dev (``packaging/install-build-deps.sh
+--hip`` installs it, and the fixture runs it when they are missing); the tests
+skip when the headers cannot be had, or are another HIP version than the
+committed table's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from .procs import REPO
+
+TOOLS = REPO / "libkrex_shim" / "tools"
+GEN_H = REPO / "libkrex_shim" / "hip_entrypoints.gen.h"
+GEN_C = REPO / "libkrex_shim" / "hip_entrypoints.gen.c"
+EXPORTS = Path(__file__).parent / "data" / "libamdhip64-5.2.21153-exports.txt"
+# Declared by the HIP 5.2 headers, absent from its library.
+NOT_BUILT = {
+    "hipLaunchHostFunc",
+    "hipGraphKernelNodeGetAttribute",
+    "hipGraphKernelNodeSetAttribute",
+    "hipTexRefGetMipMappedArray",
+}
+
+
+def load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gen_hip_entrypoints", TOOLS / "gen_hip_entrypoints.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_hip_entrypoints"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def gen() -> ModuleType:
+    return load_generator()
+
+
+def committed_version() -> tuple[int, int, int]:
+    """The HIP version the committed table was generated from."""
+    found = re.findall(
+        r"#define KREX_HIP_EP_VERSION_(?:MAJOR|MINOR|PATCH) (\d+)", GEN_H.read_text()
+    )
+    assert len(found) == 3
+    return int(found[0]), int(found[1]), int(found[2])
+
+
+@pytest.fixture(scope="module")
+def hip_include(gen: ModuleType) -> Path:
+    """The HIP include directory, installing Debian's headers when they are missing."""
+    include: Path = gen.default_include()
+    if not (include / "hip_runtime_api.h").is_file():
+        if os.environ.get("HIP_INCLUDE"):
+            pytest.skip(f"HIP headers not found in HIP_INCLUDE={include}")
+        res = subprocess.run(
+            [str(REPO / "packaging" / "install-build-deps.sh"), "--hip"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        include = gen.default_include()
+        if not (include / "hip_runtime_api.h").is_file():
+            pytest.skip(
+                f"HIP headers not installed in {include} and install-build-deps.sh --hip "
+                f"could not install them (rc={res.returncode}: {res.stderr.strip()})"
+            )
+    installed = gen.hip_version(include)
+    if installed != committed_version():
+        pytest.skip(
+            f"installed HIP headers are {'.'.join(map(str, installed))}, the committed table "
+            f"is from {'.'.join(map(str, committed_version()))}: regenerate it on purpose"
+        )
+    return include
+
+
+@pytest.fixture(scope="module")
+def declared(gen: ModuleType, hip_include: Path) -> dict[str, Any]:
+    decls: dict[str, Any] = gen.read_all(hip_include)
+    return decls
+
+
+def rules() -> dict[str, Any]:
+    return tomllib.loads((TOOLS / "hip_classes.toml").read_text())
+
+
+def table_rows() -> dict[str, tuple[str, str, str]]:
+    """name -> (symbol, class, flags) from the committed hip_entrypoints.gen.c."""
+    return {
+        m.group(1): (m.group(2), m.group(3), m.group(4))
+        for m in re.finditer(r'\{"(\w+)", "(\w+)", \'([ABCD])\', ([^}]*)\}', GEN_C.read_text())
+    }
+
+
+def run_generator(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(TOOLS / "gen_hip_entrypoints.py"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_every_declared_function_is_classified_once(
+    gen: ModuleType, declared: dict[str, Any]
+) -> None:
+    r = rules()
+    listed = [n for cls in "ABCD" for key in ("names", "reviewed") for n in r[cls].get(key, [])]
+    assert len(listed) == len(set(listed)), "a name is listed twice"
+    entries = gen.classify(declared, r)
+    classes = {n: e.cls for n, e in entries.items()}
+    assert set(classes.values()) == {"A", "B", "C", "D"}
+    assert len(classes) >= 390
+    rows = table_rows()
+    assert set(rows) == set(classes)
+    assert {n: c for n, (_, c, _) in rows.items()} == classes
+    launches = {n for n, (_, _, flags) in rows.items() if "KREX_HIP_EPF_LAUNCH" in flags}
+    assert launches == {
+        "hipLaunchKernel",
+        "hipLaunchKernel_spt",
+        "hipModuleLaunchKernel",
+        "hipExtModuleLaunchKernel",
+        "hipHccModuleLaunchKernel",
+        "hipExtLaunchKernel",
+        "hipLaunchCooperativeKernel",
+        "hipLaunchCooperativeKernel_spt",
+        "hipLaunchCooperativeKernelMultiDevice",
+        "hipExtLaunchMultiKernelMultiDevice",
+        "hipLaunchByPtr",
+        "hipGraphLaunch",
+    }
+    # The cases the classification must get right.
+    for name in (
+        "hipLaunchHostFunc",
+        "hipStreamAddCallback",
+        "hipMemcpy",
+        "hipMemcpyAsync",
+        "hipMemcpy_spt",
+        "hipMemcpyToSymbol",
+        "hipMemcpyToSymbolAsync",
+        "hipMemsetD32Async",
+        "hipMemPrefetchAsync",
+        "hipStreamWaitValue32",
+        "hipStreamWriteValue64",
+        "hipEventRecord",
+        "hipStreamWaitEvent",
+        "hipFree",
+        "hipMallocAsync",
+    ):
+        assert classes[name] == "A", name
+    for name in (
+        "hipDeviceSynchronize",
+        "hipStreamSynchronize",
+        "hipEventSynchronize",
+        "hipStreamQuery",
+        "hipEventQuery",
+    ):
+        assert classes[name] == "B", name
+    for name in (
+        "hipInit",
+        "hipModuleLoadData",
+        "hipModuleUnload",
+        "hipCtxCreate",
+        "hipDevicePrimaryCtxRetain",
+        "hipDeviceReset",
+        "hipGetSymbolAddress",
+    ):
+        assert classes[name] == "C", name
+    for name in ("hipSetDevice", "hipMalloc", "hipStreamCreate", "hipGetDeviceCount"):
+        assert classes[name] == "D", name
+    # C++ linkage: the table carries the mangled symbol.
+    sym, _, flags = rows["hipExtModuleLaunchKernel"]
+    assert sym.startswith("_Z24hipExtModuleLaunchKernel") and "KREX_HIP_EPF_CXX" in flags
+
+
+def test_declared_names_are_exported(declared: dict[str, Any]) -> None:
+    exports = {ln.split("@")[0] for ln in EXPORTS.read_text().splitlines() if ln and ln[0] != "#"}
+    assert len(exports) == 409
+    symbols = {n: d.symbol for n, d in declared.items()}
+    assert {n for n, s in symbols.items() if s not in exports} == NOT_BUILT
+    undeclared = set(rules()["undeclared"]["names"])
+    assert undeclared == exports - set(symbols.values())
+    lib = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5.2.21153")
+    if lib.is_file():  # the committed list is this library's
+        out = subprocess.run(
+            ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
+        live = {f.split()[2].split("@")[0] for f in out.splitlines() if f.split()[1] in "TWi"}
+        assert live == exports
+
+
+def test_generator_reproduces_committed_files(hip_include: Path) -> None:
+    proc = run_generator("--hip-include", str(hip_include), "--check")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_generator_refuses_incomplete_classification(hip_include: Path, tmp_path: Path) -> None:
+    text = (TOOLS / "hip_classes.toml").read_text()
+    broken = (
+        # A launch left out of every class (and of [launch]).
+        text.replace('"hipLaunchKernel_spt", "hipModuleLaunchKernel",', '"hipLaunchKernel_spt",')
+        # A stream-taking name reaching D through a pattern ...
+        .replace('"hipStreamGetPriority",\n', "\n", 1)
+        .replace('"hipArrayGet*", ', '"hipArrayGet*", "hipStreamGet*", ', 1)
+        # ... and through a plain [D] name.
+        .replace(' "hipStreamIsCapturing",\n', "\n", 1)
+        .replace('"hipStreamCreate", ', '"hipStreamIsCapturing", "hipStreamCreate", ', 1)
+    )
+    assert broken.count('"hipModuleLaunchKernel"') == text.count('"hipModuleLaunchKernel"') - 2
+    assert '"hipStreamGetPriority"' not in broken and '"hipStreamGet*"' in broken
+    assert broken.count('"hipStreamIsCapturing"') == text.count('"hipStreamIsCapturing"')
+    assert '"hipStreamIsCapturing", "hipStreamCreate"' in broken
+    (tmp_path / "hip_classes.toml").write_text(broken)
+    proc = run_generator(
+        "--hip-include",
+        str(hip_include),
+        "--classes",
+        str(tmp_path / "hip_classes.toml"),
+        "--out-dir",
+        str(tmp_path),
+    )
+    assert proc.returncode == 2
+    assert "hipModuleLaunchKernel: unclassified" in proc.stderr
+    assert "hipStreamGetPriority: may do device work; classify it explicitly" in proc.stderr
+    assert "hipStreamIsCapturing: may do device work; classify it in A/B/C" in proc.stderr
+    assert not (tmp_path / "hip_entrypoints.gen.c").exists()
+
+
+def test_generated_c_compiles(hip_include: Path, tmp_path: Path) -> None:
+    # The headers' own warnings are not the table's: -isystem (a no-op for /usr/include).
+    proc = subprocess.run(
+        [
+            "cc",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-D__HIP_PLATFORM_AMD__",
+            *(
+                ["-isystem", str(hip_include.parent)]
+                if hip_include.parent != Path("/usr/include")
+                else []
+            ),
+            "-c",
+            str(GEN_C),
+            "-o",
+            str(tmp_path / "hip_entrypoints.gen.o"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
