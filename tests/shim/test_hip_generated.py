@@ -56,6 +56,11 @@ def load_generator() -> ModuleType:
     return mod
 
 
+# The fixture may install the headers with apt (root): in make test's root lane, never in
+# the fast lane (make check), which must not change the host.
+pytestmark = pytest.mark.root
+
+
 @pytest.fixture(scope="module")
 def gen() -> ModuleType:
     return load_generator()
