@@ -13,7 +13,9 @@ binding and one with them says once what is missing:
    fail-closed check, krexd/memory/amd_source.py), and never runs a GPU it
    cannot see into as if it managed it.
 3. ``python -m krexd.hip_probe`` in a child (why a child: its docstring)
-   lists the devices: name, total memory, L2 size, PCI address, UUID.  Each
+   lists the devices: name, total memory, L2 size, PCI address, UUID; it
+   also checks that amdsmi imports and starts (an error line and no AMD
+   GPU managed otherwise).  Each
    is matched with its KFD node (by UUID, else by PCI domain/bus/device) for
    its render node minor, the PCI function, and the UUID when HIP gave none.
    A GPU with no UUID from either is not managed (a command is bound to its

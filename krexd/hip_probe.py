@@ -9,9 +9,12 @@ it for an unregistered GPU user.  The child's runtime ends with it.
 
 Output: ``{"devices": [{"ordinal", "name", "total_mem_bytes", "l2_bytes",
 "pci_bus_id", "uuid", "arch"}]}``, or ``{"error": str}`` when hip-python
-cannot be imported or HIP fails.  ``uuid`` is ``GPU-<16 characters>`` from
-``hipDeviceGetUuid`` (ROCm fills the 16 bytes with the hex digits of the
-name ROCr gives the GPU), "" when HIP gives none.  ``pci_bus_id`` is built
+cannot be imported, HIP fails, or ``amdsmi`` cannot be imported or started
+(``amdsmi_init``): krexd manages no AMD GPU it cannot see into (the memory
+in use and the processes on it, krexd/memory/amd_source.py).
+``uuid`` is ``GPU-<16 characters>`` from ``hipDeviceGetUuid`` (ROCm fills
+the 16 bytes with the hex digits of the name ROCr gives the GPU), "" when
+HIP gives none.  ``pci_bus_id`` is built
 from ``hipDeviceProp_t``'s ``pciDomainID``/``pciBusID``/``pciDeviceID``
 (function 0: HIP's properties carry none).
 
@@ -106,6 +109,20 @@ def read_devices(hip: Any) -> list[dict[str, Any]]:
     return out
 
 
+def check_amdsmi() -> str | None:
+    """Why amdsmi cannot serve krexd (import, ``amdsmi_init``), or None when it can."""
+    try:
+        import amdsmi
+    except (ImportError, OSError) as exc:  # not installed, or libamd_smi not found
+        return f"amdsmi cannot be imported: {exc}"
+    try:
+        amdsmi.amdsmi_init()
+        amdsmi.amdsmi_shut_down()
+    except Exception as exc:  # AmdSmiLibraryException: no driver, no permission
+        return f"amdsmi cannot start: {type(exc).__name__}: {exc}"
+    return None
+
+
 def main() -> int:
     """Print the JSON line (see the module docstring); always exit 0."""
     try:
@@ -114,6 +131,10 @@ def main() -> int:
         reply = {"error": f"hip-python cannot be imported: {exc}"}
     except Exception as exc:  # a HIP error, a runtime that failed to load
         reply = {"error": f"HIP: {type(exc).__name__}: {exc}"}
+    if "devices" in reply:
+        why = check_amdsmi()
+        if why is not None:
+            reply = {"error": why}
     print(json.dumps(reply), flush=True)
     return 0
 

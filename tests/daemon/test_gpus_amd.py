@@ -169,6 +169,18 @@ def test_a_failing_hip_manages_no_amd_gpu(
     assert any("hipGetDeviceCount" in r.getMessage() for r in caplog.records)
 
 
+def test_an_amdsmi_that_cannot_start_manages_no_amd_gpu(
+    amd_host: Path,
+    bindings: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("KREX_TEST_AMDSMI_FAIL", "1")  # installed, but libamd_smi finds no driver
+    assert gpus.discover(0) == []
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "amdsmi cannot start" in line and "none managed" in line
+
+
 def test_an_amd_gpu_without_any_uuid_is_not_managed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,12 +14,14 @@ in bytes, ``cu_occupancy``), ``amdsmi_shut_down()``; errors raise
 
 State: :data:`GPUS`, set by the test: a list of ``{"bdf", "total", "used",
 "procs": [(pid, vram_bytes)]}``; :data:`CALLS` counts init and shut_down;
-:data:`FAIL_INIT` makes ``amdsmi_init`` raise.
+:data:`FAIL_INIT` (or ``KREX_TEST_AMDSMI_FAIL``, for a child process) makes
+``amdsmi_init`` raise.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from typing import Any
 
 GPUS: list[dict[str, Any]] = []
@@ -53,7 +55,7 @@ class _Handle:
 
 
 def amdsmi_init(flag: AmdSmiInitFlags = AmdSmiInitFlags.INIT_AMD_GPUS) -> None:
-    if FAIL_INIT:
+    if FAIL_INIT or os.environ.get("KREX_TEST_AMDSMI_FAIL"):
         raise AmdSmiLibraryException("AMDSMI_STATUS_DRIVER_NOT_LOADED")
     CALLS["init"] += 1
 
