@@ -185,9 +185,11 @@ def _devices_line(dev: dict[str, Any] | None) -> str:
     if not dev:
         return "device isolation: unknown (krexd too old to say)"
     if dev.get("active"):
-        minors = ", ".join(
-            f"gpu{g} -> /dev/nvidia{m}" for g, m in (dev.get("minors") or {}).items()
+        nodes = {int(g): f"/dev/nvidia{m}" for g, m in (dev.get("minors") or {}).items()}
+        nodes.update(
+            {int(g): f"/dev/dri/renderD{m}" for g, m in (dev.get("render_minors") or {}).items()}
         )
+        minors = ", ".join(f"gpu{g} -> {node}" for g, node in sorted(nodes.items()))
         return f"device isolation: active (each tenant may open only its own GPU: {minors})"
     if dev.get("mode") == "off":
         return "device isolation: off ([gpu] device_isolation = off)"

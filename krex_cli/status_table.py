@@ -60,6 +60,7 @@ def _memory_cell(mem: Any) -> str:
 _GPU_HEADER = [
     "GPU",
     "NAME",
+    "VENDOR",
     "SLOTS",
     "SLICE CPUS",
     "RESERVED CPUS",
@@ -126,7 +127,7 @@ def _format_cpus(cores: set[int]) -> str:
 
 
 def gpu_table(gpus: list[dict[str, Any]]) -> str:
-    """One row per GPU of ``status``'s ``gpus``: slots, CPU lists, holder, gate word,
+    """One row per GPU of ``status``'s ``gpus``: vendor, slots, CPU lists, holder, gate word,
     regions, memory; then :data:`CPU_LEGEND`.  ``no GPUs`` when there are none."""
     rows = [_GPU_HEADER]
     for g in gpus:
@@ -137,6 +138,7 @@ def gpu_table(gpus: list[dict[str, Any]]) -> str:
             [
                 str(g["index"]),
                 g["name"],
+                str(g.get("vendor") or "-"),
                 slots,
                 cpu_list(sl.get("cores")) + (" (shared)" if sl.get("shared") else ""),
                 cpu_list(sl.get("reserved")),

@@ -9,9 +9,10 @@ memory's size and header are what ``krex run`` makes the sealed memfd from.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
-from krexd import paths
+from krexd import paths, vendors
 from krexd.config import Config
 from krexd.gate import slot_memory_spec
 from krexd.gpu import Gpu
@@ -28,9 +29,13 @@ def slot_memory(gpu: Gpu, tenant: Tenant) -> dict[str, Any] | None:
     return {"size": size, "header": header}
 
 
-def tenant_env(cfg: Config, gpu: Gpu, tenant: Tenant) -> dict[str, str]:
+def tenant_env(
+    cfg: Config, gpu: Gpu, tenant: Tenant, host_vendors: Iterable[str] = ()
+) -> dict[str, str]:
     """Environment for ``tenant``'s command on ``gpu`` (docs/design/interfaces.md).
 
+    ``host_vendors``: the vendors of the GPUs krexd manages (the other
+    vendors' GPUs are hidden from the command, :func:`gpu_binding`).
     A gate file found removed or replaced is restored here first (logged),
     so that new tenants still find it.
     """
@@ -39,7 +44,7 @@ def tenant_env(cfg: Config, gpu: Gpu, tenant: Tenant) -> dict[str, str]:
         "KREX_TENANT": str(tenant.id),
         "KREX_TOKEN": tenant.token,
         "KREX_GPU": str(tenant.gpu),
-        **gpu_binding(gpu),
+        **gpu_binding(gpu, host_vendors),
         "NCCL_NVLS_ENABLE": "0",
         # Bound of the shim's wait for co-tenants' memory (libkrex_shim/memory.c).
         "KREX_OOM_WAIT_S": f"{cfg.memory.oom_wait_s:g}",
@@ -60,18 +65,18 @@ def tenant_env(cfg: Config, gpu: Gpu, tenant: Tenant) -> dict[str, str]:
     return env
 
 
-def gpu_binding(gpu: Gpu) -> dict[str, str]:
+def gpu_binding(gpu: Gpu, host_vendors: Iterable[str] = ()) -> dict[str, str]:
     """The variables that bind a command to ``gpu`` by identity (docs/design/security.md).
 
-    ``CUDA_VISIBLE_DEVICES`` names the GPU by UUID, so no index order (CUDA's
-    default fastest-first, or a script's own numbering) can pick another
-    device; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA's numbering NVML's.
+    NVIDIA: ``CUDA_VISIBLE_DEVICES`` names the GPU by UUID, so no index order
+    (CUDA's default fastest-first, or a script's own numbering) can pick
+    another device; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA's numbering
+    NVML's.  Without a UUID (inventory could not read it) the index is used,
+    as before.  AMD: ``ROCR_VISIBLE_DEVICES`` by UUID, ``HIP_VISIBLE_DEVICES=0``,
+    ``CUDA_VISIBLE_DEVICES`` empty (krexd/vendors.py says why).
     ``KREX_GPU_UUID`` is what the shim compares every new context's device
-    with (libkrex_shim/bind.c).  Without a UUID (inventory could not read it)
-    the index is used, as before.
+    with (libkrex_shim/bind.c).  Where krexd manages GPUs of another vendor
+    too (``host_vendors``), theirs are hidden (``ROCR_VISIBLE_DEVICES=""``
+    for an NVIDIA GPU's command, ``CUDA_VISIBLE_DEVICES=""`` for an AMD one's).
     """
-    uuid = gpu.info.uuid
-    env = {"CUDA_VISIBLE_DEVICES": uuid or str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if uuid:
-        env["KREX_GPU_UUID"] = uuid
-    return env
+    return vendors.binding(gpu.info, host_vendors)

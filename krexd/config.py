@@ -60,6 +60,7 @@ class DaemonConfig:
     socket_group: str = ""  # "" -> leave krexd's primary group
     socket_mode: int = 0o660
     fake_gpus: int = 0
+    fake_vendor: str = "nvidia"  # of the simulated GPUs: "nvidia" or "amd" (krexd.gpus)
     log_level: str = "info"
     liveness_interval_ms: int = 200
     max_connections: int = 1024  # open control connections; more are refused
@@ -235,6 +236,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             "socket_group": _str,
             "socket_mode": _mode,
             "fake_gpus": _int(0, 64),
+            "fake_vendor": _choice("nvidia", "amd"),
             "log_level": _choice("debug", "info", "warning", "error"),
             "liveness_interval_ms": _int(10, 60_000),
             "max_connections": _int(8, 1_000_000),
@@ -386,14 +388,21 @@ def load(path: str | None) -> Config:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def with_overrides(cfg: Config, socket: str | None = None, fake_gpus: int | None = None) -> Config:
-    """Apply command-line overrides (``--socket``, ``--fake-gpus``) on top of ``cfg``."""
+def with_overrides(
+    cfg: Config,
+    socket: str | None = None,
+    fake_gpus: int | None = None,
+    fake_vendor: str | None = None,
+) -> Config:
+    """Apply command-line overrides (``--socket``, ``--fake-gpus``, ``--fake-vendor``)."""
     daemon = cfg.daemon
     try:
         if socket is not None:
             daemon = dataclasses.replace(daemon, socket=_socket_path(socket))
         if fake_gpus is not None:
             daemon = dataclasses.replace(daemon, fake_gpus=_int(0, 64)(fake_gpus))
+        if fake_vendor is not None:
+            daemon = dataclasses.replace(daemon, fake_vendor=_choice("nvidia", "amd")(fake_vendor))
     except ValueError as exc:
         raise ConfigError(f"command line: {exc}") from None
     return dataclasses.replace(cfg, daemon=daemon)

@@ -33,7 +33,7 @@ import os
 import signal
 from typing import Any
 
-from krexd import __version__, adopt, gpus, paths, restart, state_files, status_report
+from krexd import __version__, adopt, gpus, paths, restart, state_files, status_report, vendors
 from krexd.activity import activity_source
 from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
@@ -133,8 +133,8 @@ class Daemon(Stopping):
     def _discover(self) -> tuple[list[gpus.GpuInfo], dict[int, CpuSlice]]:
         """Step 1: the GPU inventory and the CPU slices (invalid ones refused)."""
         cfg = self.config
-        infos = gpus.discover(cfg.daemon.fake_gpus)
-        _log.info("GPUs: %s", ", ".join(g.name for g in infos) or "none")
+        infos = gpus.discover(cfg.daemon.fake_gpus, cfg.daemon.fake_vendor)
+        _log.info("GPUs: %s", ", ".join(f"{g.name} ({g.vendor})" for g in infos) or "none")
         slices = compute_slices(infos, cfg.cpu)
         for s in slices.values():
             _log.info("gpu%d slice %s", s.gpu, s.as_dict())
@@ -148,9 +148,7 @@ class Daemon(Stopping):
         cgroups = self.cgroups = CgroupBackend.open(cfg.cgroup)
         # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
         saved = adopt.load(cfg, cgroups, [i.index for i in infos])
-        cgroups.devices = DeviceIsolation(
-            cfg.gpu.device_isolation, {i.index: i.minor for i in infos}
-        )
+        cgroups.devices = DeviceIsolation(cfg.gpu.device_isolation, **vendors.device_minors(infos))
         cgroups.prepare(slices, adopt=saved is not None)
         _log.info("cgroups: %s", cgroups.describe())
         return cgroups, saved
@@ -199,7 +197,7 @@ class Daemon(Stopping):
                 region_memory,
                 guard=guard,
                 end_command=self._kill_command,
-                proc_lock=proc_lock,
+                proc_lock=proc_lock if vendors.of(info).driver_lock else None,
                 ledger=LockLedger(
                     ledger_path(cfg.daemon.gate_dir, cfg.cgroup.name, info.index), info.index
                 ),
@@ -212,6 +210,9 @@ class Daemon(Stopping):
         if cfg.mps.enabled:
             # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
             for gpu in self.gpus.values():
+                if not vendors.of(gpu.info).mps:
+                    _log.info("gpu%d (%s): MPS is NVIDIA's; none here", gpu.index, gpu.info.vendor)
+                    continue
                 gpu.mps = self.mps.start(gpu.index, gpu.info.uuid)
         return region_memory
 

@@ -4,7 +4,7 @@
 for each at start and the parts look it up by index instead of keeping
 tables of their own:
 
-* ``info`` — inventory (name, memory, NUMA node);
+* ``info`` — inventory (name, vendor, memory, NUMA node);
 * ``cpu_slice`` — its CPU slice and reserved cores (``krexd.slices``);
 * ``gate`` / ``gate_path`` — its shared-memory gate (None without
   ``libkrex_gate.so``);
@@ -49,7 +49,8 @@ class Gpu:
 
     @property
     def index(self) -> int:
-        """Host index of the GPU (``CUDA_VISIBLE_DEVICES`` numbering)."""
+        """Host index of the GPU: NVIDIA GPUs first (``CUDA_VISIBLE_DEVICES`` numbering), then
+        AMD GPUs (krexd/gpus.py, "Numbering")."""
         return self.info.index
 
     @property
@@ -68,6 +69,7 @@ class Gpu:
         return {
             "index": self.index,
             "name": self.info.name,
+            "vendor": self.info.vendor,
             "fake": self.info.fake,
             "total_mem_bytes": self.info.total_mem_bytes,
             "slice": self.cpu_slice.as_dict(),

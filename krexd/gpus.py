@@ -1,9 +1,16 @@
-"""GPU inventory: NVML (nvidia-ml-py) or cuda-python when a driver is present, else fake GPUs.
+"""GPU inventory: NVIDIA GPUs through NVML (nvidia-ml-py) or cuda-python, AMD GPUs through
+hip-python (krexd/gpus_amd.py), else fake GPUs.
 
 Imports of the vendor libraries are lazy: without them (or without a driver)
 the inventory is empty unless ``--fake-gpus N`` / ``[daemon] fake_gpus``
-declares simulated GPUs.  krexd never creates a CUDA context here (NVML
-needs none; cuda-python's ``cuDeviceGet*`` calls need only ``cuInit``).
+declares simulated GPUs (NVIDIA ones; ``--fake-vendor amd`` / ``[daemon]
+fake_vendor = "amd"`` makes them AMD ones).  krexd never creates a CUDA
+context here (NVML needs none; cuda-python's ``cuDeviceGet*`` calls need
+only ``cuInit``), nor starts the HIP runtime in its own process.
+
+Numbering: the NVIDIA GPUs come first, in NVML's (PCI bus) order, as
+0..n-1, so an NVIDIA host's indices are what they always were; the AMD GPUs
+follow as n..n+m-1 in HIP's order.  Each GPU's ``vendor`` says which it is.
 
 Each GPU carries its UUID (``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``, the
 form ``nvidia-smi -L``, NVML and ``CUDA_VISIBLE_DEVICES`` use): tenants are
@@ -14,7 +21,11 @@ simulated GPU's UUID is the one the fake driver reports for it
 Each GPU also carries the minor number of its device node ``/dev/nvidia<minor>``
 (NVML's ``nvmlDeviceGetMinorNumber``, else the driver's
 ``/proc/driver/nvidia/gpus/<bus>/information``; simulated GPU N: N), which
-the device isolation of tenant cgroups allows (krexd/cgroups/devices.py).
+the device isolation of tenant cgroups allows (krexd/cgroups/devices.py); an
+AMD GPU instead carries the minor of its render node ``/dev/dri/renderD<minor>``
+(``render_minor``, from the KFD topology; simulated AMD GPU N: 128 + N).
+An AMD GPU's UUID is ROCr's ``GPU-<16 hex digits>`` (what
+``ROCR_VISIBLE_DEVICES`` accepts); a simulated one's is :func:`fake_amd_uuid`.
 """
 
 from __future__ import annotations
@@ -23,15 +34,25 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from krexd import gpus_amd
+
 _log = logging.getLogger("krexd.gpus")
 
 FAKE_MEM_BYTES = 80 << 30
 FAKE_L2_BYTES = 50 << 20
 
+#: ``GpuInfo.vendor`` values.
+NVIDIA = "nvidia"
+AMD = "amd"
+VENDORS = (NVIDIA, AMD)
+#: The first render node minor (``/dev/dri/renderD128``): simulated AMD GPU N has 128 + N.
+RENDER_MINOR_BASE = 128
+
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One GPU: host ``index``, ``name``, memory and L2 sizes (bytes), NUMA node (or None)."""
+    """One GPU: host ``index``, ``name``, memory and L2 sizes (bytes), NUMA node (or None);
+    ``vendor`` ``"nvidia"`` or ``"amd"`` (module docstring for the rest)."""
 
     index: int
     name: str
@@ -41,7 +62,9 @@ class GpuInfo:
     fake: bool
     pci_bus_id: str = ""
     uuid: str = ""  # "GPU-..." (empty when the inventory could not read it)
-    minor: int | None = None  # /dev/nvidia<minor> (None when unknown)
+    minor: int | None = None  # /dev/nvidia<minor> (None when unknown, or an AMD GPU)
+    vendor: str = NVIDIA
+    render_minor: int | None = None  # AMD: /dev/dri/renderD<render_minor> (None when unknown)
 
 
 def format_uuid(raw: bytes) -> str:
@@ -57,6 +80,12 @@ _FAKE_UUID_STEM = b"krex-fake-gp"
 def fake_uuid(index: int) -> str:
     """UUID of simulated GPU ``index`` as the fake driver's ``cuDeviceGetUuid`` reports it."""
     return format_uuid(_FAKE_UUID_STEM + bytes(3) + bytes([index & 0xFF]))
+
+
+def fake_amd_uuid(index: int) -> str:
+    """UUID of simulated AMD GPU ``index``: ROCr's form, ``GPU-`` and 16 hex digits
+    (``krexfak`` in ASCII, then the index byte)."""
+    return f"GPU-{b'krexfak'.hex()}{index & 0xFF:02x}"
 
 
 def _numa_node_of(pci_bus_id: str) -> int | None:
@@ -169,8 +198,18 @@ def _cuda_uuid(drv: Any, dev: Any) -> str:
         return ""
 
 
-def fake_gpus(n: int, mem_bytes: int = FAKE_MEM_BYTES) -> list[GpuInfo]:
-    """``n`` simulated GPUs (index 0..n-1, device minors 0..n-1) for hosts without one."""
+def fake_gpus(n: int, mem_bytes: int = FAKE_MEM_BYTES, vendor: str = NVIDIA) -> list[GpuInfo]:
+    """``n`` simulated GPUs (index 0..n-1) for hosts without one.
+
+    NVIDIA ones (the default) have device minors 0..n-1; AMD ones (``vendor``
+    ``"amd"``) render minors 128..128+n-1 and ROCr-form UUIDs.
+    """
+    if vendor == AMD:
+        return [
+            GpuInfo(i, f"fake AMD GPU {i}", mem_bytes, FAKE_L2_BYTES, None, True,
+                    uuid=fake_amd_uuid(i), vendor=AMD, render_minor=RENDER_MINOR_BASE + i)
+            for i in range(n)
+        ]  # fmt: skip
     return [
         GpuInfo(
             i, f"fake GPU {i}", mem_bytes, FAKE_L2_BYTES, None, True, uuid=fake_uuid(i), minor=i
@@ -179,12 +218,30 @@ def fake_gpus(n: int, mem_bytes: int = FAKE_MEM_BYTES) -> list[GpuInfo]:
     ]
 
 
-def discover(fake: int) -> list[GpuInfo]:
-    """The GPUs krexd manages: ``fake`` > 0 -> that many simulated GPUs, else the real ones."""
-    if fake > 0:
-        return fake_gpus(fake)
+def _nvidia() -> list[GpuInfo]:
+    """The NVIDIA GPUs (NVML, else cuda-python), indices from 0."""
     for probe in (_from_nvml, _from_cuda_python):
         found = probe()
         if found is not None:
             return found
     return []
+
+
+def _amd(first: int) -> list[GpuInfo]:
+    """The AMD GPUs krexd manages (krexd/gpus_amd.py), indices from ``first``."""
+    return [
+        GpuInfo(
+            first + i, d.name, d.total_mem_bytes, d.l2_bytes, _numa_node_of(d.pci_bus_id),
+            False, d.pci_bus_id, d.uuid, None, vendor=AMD, render_minor=d.render_minor,
+        )
+        for i, d in enumerate(gpus_amd.discover())
+    ]  # fmt: skip
+
+
+def discover(fake: int, fake_vendor: str = NVIDIA) -> list[GpuInfo]:
+    """The GPUs krexd manages: ``fake`` > 0 -> that many simulated GPUs of ``fake_vendor``,
+    else the real ones: NVIDIA's first, then AMD's (module docstring, "Numbering")."""
+    if fake > 0:
+        return fake_gpus(fake, vendor=fake_vendor)
+    nvidia = _nvidia()
+    return nvidia + _amd(len(nvidia))

@@ -400,4 +400,5 @@ class Lifecycle:
 
     def tenant_env(self, tenant: Tenant) -> dict[str, str]:
         """Environment for the tenant's command (krexd/command_env.py)."""
-        return command_env.tenant_env(self._config, self._gpus[tenant.gpu], tenant)
+        host_vendors = {g.info.vendor for g in self._gpus.values()}
+        return command_env.tenant_env(self._config, self._gpus[tenant.gpu], tenant, host_vendors)

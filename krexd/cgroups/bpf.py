@@ -36,6 +36,7 @@ import errno
 import os
 import platform
 import struct
+from collections.abc import Sequence
 
 #: bpf(2) commands, the program type, the attach type and flag (uapi/linux/bpf.h).
 BPF_PROG_LOAD = 5
@@ -54,6 +55,12 @@ BPF_DEVCG_DEV_CHAR = 2  # access_type's low 16 bits: 1 block, 2 char
 NVIDIA_MAJOR = 195
 #: Minors from this one up are the control nodes every GPU user needs.
 NVIDIA_SHARED_MINORS = 254
+#: The DRM character major (``/dev/dri/*``; fixed in Linux's ``drm_core``).  Render
+#: nodes ``/dev/dri/renderD<N>`` are minors :data:`RENDER_MINOR_BASE` and up, one per
+#: GPU: an AMD GPU's compute goes through ``/dev/kfd`` (a dynamic major, shared by
+#: all GPUs) and that GPU's render node.
+DRM_MAJOR = 226
+RENDER_MINOR_BASE = 128
 
 #: ``__NR_bpf`` per machine (arch/*/syscall tables).
 _SYSCALL = {"x86_64": 321, "aarch64": 280}
@@ -98,54 +105,107 @@ _AND32_K = 0x54  # BPF_ALU | BPF_AND | BPF_K: dst &= imm (32-bit)
 _JNE_K = 0x55  # BPF_JMP | BPF_JNE | BPF_K: if dst != imm goto +off
 _JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K (unsigned)
+_JLT_K = 0xA5  # BPF_JMP | BPF_JLT | BPF_K (unsigned)
+_JA = 0x05  # BPF_JMP | BPF_JA: goto +off
 _MOV64_K = 0xB7  # BPF_ALU64 | BPF_MOV | BPF_K: dst = imm
 _EXIT = 0x95  # BPF_JMP | BPF_EXIT: return r0
 
+#: One step of :func:`program` before assembly (:func:`_assemble`): (kind, a, b, label).
+_Step = tuple[str, int, int, str]
+ALLOW, DENY, DRM = "allow", "deny", "drm"
 
-def program(own_minor: int | None) -> bytes:
-    """The device program of a cgroup whose GPU is ``/dev/nvidia<own_minor>``.
+
+def program(
+    own_minor: int | None, render_own: int | None = None, render_deny: Sequence[int] = ()
+) -> bytes:
+    """The device program of a cgroup whose GPU is ``/dev/nvidia<own_minor>`` (or an AMD
+    GPU's render node ``/dev/dri/renderD<render_own>``).
 
     Allows every device that is not an NVIDIA GPU node (not a character
     device of major :data:`NVIDIA_MAJOR`, or a minor from
     :data:`NVIDIA_SHARED_MINORS` up: ``nvidiactl``, ``nvidia-modeset``),
     and the GPU node ``own_minor``; denies every other ``/dev/nvidia<M>``,
     including GPUs krexd does not manage.  ``own_minor`` None denies every
-    GPU node (a warm pool's cgroup).  Returns the instructions (8 bytes each).
+    NVIDIA GPU node (a warm pool's cgroup, an AMD GPU's tenant).
+
+    Render nodes (DRM major :data:`DRM_MAJOR`, minors from
+    :data:`RENDER_MINOR_BASE` up): ``render_own`` given (an AMD GPU's
+    tenant), every one but it is denied; else those of ``render_deny`` (the
+    AMD GPUs krexd manages, for an NVIDIA GPU's tenant or a pool); with
+    neither, DRM nodes are not looked at, and the program is the one an
+    NVIDIA-only host has always had.  ``/dev/kfd`` (another major) is
+    always allowed.  Returns the instructions (8 bytes each).
     """
-    # r1 = ctx; r2 = the field being tested; "allow" is the last two instructions.
-    body: list[tuple[int, int, int, int | None]] = [  # (code, dst, src/ctx offset, imm)
-        (_LDX_W, 2, 0, None),  # r2 = ctx->access_type
-        (_AND32_K, 2, 0, 0xFFFF),  # r2 = device type
-        (_JNE_K, 2, 0, BPF_DEVCG_DEV_CHAR),  # not a char device -> allow
-        (_LDX_W, 2, 4, None),  # r2 = ctx->major
-        (_JNE_K, 2, 0, NVIDIA_MAJOR),  # another driver's -> allow
-        (_LDX_W, 2, 8, None),  # r2 = ctx->minor
-        (_JGE_K, 2, 0, NVIDIA_SHARED_MINORS),  # nvidiactl, nvidia-modeset -> allow
+    drm = render_own is not None or bool(render_deny)
+    # r1 = ctx; r2 = the field being tested.
+    steps: list[_Step] = [
+        ("ld", 0, 0, ""),  # r2 = ctx->access_type
+        ("and", 0, 0xFFFF, ""),  # r2 = device type
+        ("j", _JNE_K, BPF_DEVCG_DEV_CHAR, ALLOW),  # not a char device
+        ("ld", 4, 0, ""),  # r2 = ctx->major
+    ]
+    if drm:
+        steps.append(("j", _JEQ_K, DRM_MAJOR, DRM))
+    steps += [
+        ("j", _JNE_K, NVIDIA_MAJOR, ALLOW),  # another driver's
+        ("ld", 8, 0, ""),  # r2 = ctx->minor
+        ("j", _JGE_K, NVIDIA_SHARED_MINORS, ALLOW),  # nvidiactl, nvidia-modeset
     ]
     if own_minor is not None:
-        body.append((_JEQ_K, 2, 0, own_minor))  # its own GPU -> allow
-    allow = len(body) + 2  # after "r0 = 0; exit"
-    out = []
-    for i, (code, dst, arg, imm) in enumerate(body):
-        if code == _LDX_W:
-            out.append(_insn(code, dst, 1, arg))
-        elif code == _AND32_K:
-            out.append(_insn(code, dst, 0, 0, imm or 0))
-        else:  # a conditional jump to "allow", relative to the next instruction
-            out.append(_insn(code, dst, 0, allow - (i + 1), imm or 0))
+        steps.append(("j", _JEQ_K, own_minor, ALLOW))  # its own GPU
+    if drm:
+        steps += [("ja", 0, 0, DENY), ("label", 0, 0, DRM), ("ld", 8, 0, "")]  # r2 = minor
+        if render_own is not None:
+            steps.append(("j", _JLT_K, RENDER_MINOR_BASE, ALLOW))  # a card or control node
+            steps.append(("j", _JEQ_K, render_own, ALLOW))  # its own GPU's render node
+        else:
+            steps += [("j", _JEQ_K, m, DENY) for m in sorted(set(render_deny))]
+            steps.append(("ja", 0, 0, ALLOW))
+    return _assemble(steps)
+
+
+def _assemble(steps: list[_Step]) -> bytes:
+    """Instructions of ``steps``, then "deny" (return 0) and "allow" (return 1).
+
+    ``("ld", off, 0, "")``: r2 = the ctx field at ``off``; ``("and", 0, mask, "")``:
+    r2 &= mask; ``("j", opcode, imm, label)``: a conditional jump on r2 and
+    ``imm``; ``("ja", 0, 0, label)``: always; ``("label", 0, 0, name)`` names
+    the next instruction.  Jumps are relative to the next instruction.
+    """
+    labels: dict[str, int] = {}
+    n = 0
+    for kind, _, _, label in steps:
+        if kind == "label":
+            labels[label] = n
+        else:
+            n += 1
+    labels[DENY], labels[ALLOW] = n, n + 2
+    out: list[bytes] = []
+    for kind, a, b, label in (s for s in steps if s[0] != "label"):
+        here = len(out) + 1
+        if kind == "ld":
+            out.append(_insn(_LDX_W, 2, 1, a))
+        elif kind == "and":
+            out.append(_insn(_AND32_K, 2, 0, 0, b))
+        elif kind == "ja":
+            out.append(_insn(_JA, 0, 0, labels[label] - here))
+        else:
+            out.append(_insn(a, 2, 0, labels[label] - here, b))
     out += [_insn(_MOV64_K, 0, 0, 0, 0), _insn(_EXIT)]  # deny: return 0
     out += [_insn(_MOV64_K, 0, 0, 0, 1), _insn(_EXIT)]  # allow: return 1
     return b"".join(out)
 
 
-def load(own_minor: int | None) -> int:
-    """Load :func:`program` (``own_minor`` as there); returns the program's fd (close it).
+def load(
+    own_minor: int | None, render_own: int | None = None, render_deny: Sequence[int] = ()
+) -> int:
+    """Load :func:`program` (arguments as there); returns the program's fd (close it).
 
     Raises BpfError: ``EPERM`` without CAP_BPF (or CAP_SYS_ADMIN), ``EINVAL``
     on a kernel without the program type; a load the verifier refuses is
     tried again with its log, which the message carries.
     """
-    code = program(own_minor)
+    code = program(own_minor, render_own, render_deny)
     insns = ctypes.create_string_buffer(code, len(code))
     lic = ctypes.create_string_buffer(LICENSE)
     try:
@@ -200,13 +260,18 @@ def attach(cgroup_dir: str, prog_fd: int) -> None:
         os.close(dfd)
 
 
-def confine(cgroup_dir: str, own_minor: int | None) -> None:
-    """Load :func:`program` for ``own_minor`` and attach it to ``cgroup_dir``.
+def confine(
+    cgroup_dir: str,
+    own_minor: int | None,
+    render_own: int | None = None,
+    render_deny: Sequence[int] = (),
+) -> None:
+    """Load :func:`program` (arguments as there) and attach it to ``cgroup_dir``.
 
     The program's fd is closed before returning (the attachment keeps the
     program; removing the cgroup frees both).  Raises BpfError or OSError.
     """
-    fd = load(own_minor)
+    fd = load(own_minor, render_own, render_deny)
     try:
         attach(cgroup_dir, fd)
     finally:

@@ -1,5 +1,13 @@
 """Device isolation: a tenant's processes can open its own GPU's device node and no other.
 
+AMD GPUs (krexd/gpus_amd.py): a tenant of one may open ``/dev/kfd`` (shared
+by every AMD GPU, never filtered) and its GPU's render node
+``/dev/dri/renderD<render minor>``, no other render node and no
+``/dev/nvidia<M>``; on a host where krexd manages AMD GPUs, the tenants of
+its NVIDIA GPUs and the warm pools are also denied those AMD GPUs' render
+nodes.  Render minors come from the KFD topology (simulated AMD GPU N:
+128 + N).  On an NVIDIA-only host the programs are what they always were.
+
 ``[gpu] device_isolation`` (docs/design/security.md, "GPU binding"):
 
 * ``auto`` (default): when krexd can load and attach a cgroup device
@@ -53,14 +61,23 @@ class DeviceIsolation:
 
     Args:
         mode: ``[gpu] device_isolation`` (:data:`AUTO`, :data:`REQUIRE`, :data:`OFF`).
-        minors: the device minor of each managed GPU, by GPU index (None: unknown).
+        minors: the device minor of each managed NVIDIA GPU, by GPU index (None: unknown).
+        render_minors: the render node minor of each managed AMD GPU, by GPU index.
 
     Inactive until :meth:`probe` finds it works.
     """
 
-    def __init__(self, mode: str = OFF, minors: Mapping[int, int | None] | None = None) -> None:
+    def __init__(
+        self,
+        mode: str = OFF,
+        minors: Mapping[int, int | None] | None = None,
+        render_minors: Mapping[int, int | None] | None = None,
+    ) -> None:
         self.mode = mode
         self.minors = dict(minors or {})
+        self.render_minors = dict(render_minors or {})
+        # Denied to everyone but their own tenants: the managed AMD GPUs' render nodes.
+        self._amd_nodes = sorted(m for m in self.render_minors.values() if m is not None)
         self.active = False
         self.reason = "[gpu] device_isolation = off" if mode == OFF else "not probed yet"
 
@@ -73,7 +90,7 @@ class DeviceIsolation:
         """
         if self.mode == OFF:
             return
-        unknown = sorted(g for g, m in self.minors.items() if m is None)
+        unknown = sorted(g for g, m in {**self.minors, **self.render_minors}.items() if m is None)
         why: str | None
         if unknown:
             why = "device minor unknown for " + ", ".join(f"gpu{g}" for g in unknown)
@@ -97,32 +114,45 @@ class DeviceIsolation:
         (the caller removes the directory: a tenant is never run unconfined
         while isolation is active).
         """
-        if self.active:
-            self._confine(directory, self.minors[gpu])
+        if not self.active:
+            return
+        if gpu in self.render_minors:
+            self._confine(directory, None, render_own=self.render_minors[gpu])
+        else:
+            self._confine(directory, self.minors[gpu], render_deny=self._amd_nodes)
 
     def confine_pool(self, directory: str) -> None:
         """Attach the program that denies every GPU node to the pool cgroup ``directory``."""
         if self.active:
-            self._confine(directory, None)
+            self._confine(directory, None, render_deny=self._amd_nodes)
 
     @staticmethod
-    def _confine(directory: str, minor: int | None) -> None:
+    def _confine(
+        directory: str,
+        minor: int | None,
+        render_own: int | None = None,
+        render_deny: list[int] | None = None,
+    ) -> None:
         try:
-            bpf.confine(directory, minor)
+            bpf.confine(directory, minor, render_own, render_deny or ())
         except OSError as exc:
             raise CgroupError(
                 exc.errno, f"device isolation of {directory}: {exc.strerror or exc}"
             ) from None
 
     def describe(self) -> dict[str, object]:
-        """For ``krexctl status``: ``{"mode", "active", "reason", "minors"}``
-        (``reason``: why inactive, "" when active; ``minors``: GPU index -> minor)."""
-        return {
+        """For ``krexctl status``: ``{"mode", "active", "reason", "minors"[, "render_minors"]}``
+        (``reason``: why inactive, "" when active; ``minors``: NVIDIA GPU index -> minor,
+        ``render_minors``: AMD GPU index -> render node minor, only when there are any)."""
+        out: dict[str, object] = {
             "mode": self.mode,
             "active": self.active,
             "reason": self.reason,
             "minors": {str(g): m for g, m in sorted(self.minors.items())},
         }
+        if self.render_minors:
+            out["render_minors"] = {str(g): m for g, m in sorted(self.render_minors.items())}
+        return out
 
 
 def _try_attach(scratch: str) -> str | None:

@@ -1,4 +1,4 @@
-"""``krexd [--config PATH] [--socket PATH] [--fake-gpus N]``: the daemon.
+"""``krexd [--config PATH] [--socket PATH] [--fake-gpus N] [--fake-vendor nvidia|amd]``: the daemon.
 
 krexd always runs in the foreground: under systemd as a ``Type=notify``
 service, by hand from a shell.  ``--foreground`` is accepted for
@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fake-gpus", metavar="N", type=int, help="declare N simulated GPUs")
     p.add_argument(
+        "--fake-vendor",
+        choices=("nvidia", "amd"),
+        help="vendor of the simulated GPUs (default: the config's [daemon] fake_vendor, nvidia)",
+    )
+    p.add_argument(
         "--prepare-restart",
         action="store_true",
         help="mark the next SIGTERM as a restart: running commands are kept and adopted",
@@ -90,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # --socket, then KREX_SOCKET (as for every krex command), then the config.
         socket = args.socket if args.socket is not None else os.environ.get("KREX_SOCKET") or None
-        cfg = with_overrides(load(args.config), socket=socket, fake_gpus=args.fake_gpus)
+        cfg = with_overrides(
+            load(args.config),
+            socket=socket,
+            fake_gpus=args.fake_gpus,
+            fake_vendor=args.fake_vendor,
+        )
     except ConfigError as exc:
         print(f"krexd: {exc}", file=sys.stderr)
         return ExitCode.CONFIG

@@ -11,12 +11,14 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                  "cpuset_root": str|null, "systemd": bool, "problems": {str: str},
                  "pids": "v2|v1|none", "pids_root": str|null, "pids_max": int|null,
                  "devices": {"mode": "auto|require|off", "active": bool, "reason": str,
-                             "minors": {str: int|null}}},
+                             "minors": {str: int|null},
+                             "render_minors": {str: int|null} (AMD GPUs only)}},
      "connections": {"open": int, "peak": int, "max": int, "max_per_uid": int,
                      "refused": int, "idle_s": float, "idle_closed": int,
                      "per_s_per_uid": float, "burst_per_uid": int, "paced": int,
                      "refused_rate": int}|null,
-     "gpus": [{"index": int, "name": str, "fake": bool, "total_mem_bytes": int,
+     "gpus": [{"index": int, "name": str, "vendor": "nvidia|amd", "fake": bool,
+               "total_mem_bytes": int,
                "slice": {"cores": "0-7", "reserved": "7", "tenant_cores": "0-6",
                          "shared": bool},
                "slots_used": int, "slots_total": int, "exclusive": bool,
@@ -24,7 +26,7 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
                "tenants": [int], "gate": str|null,
                "gate_word": {"holder": int, "epoch": int}|null,  (null: open, or no gate)
                "holder": int|null, "region": {...}|null,
-               "memory": {"source": "nvml|fake|shim", "total_bytes", "used_bytes",
+               "memory": {"source": "nvml|amdsmi|fake|shim", "total_bytes", "used_bytes",
                           "free_bytes", "tenants_bytes", "other_bytes", "reserved_bytes",
                           "headroom_bytes", "available_bytes": int|null,
                           "waiting": [int], "blocked": bool}|null}],
@@ -55,6 +57,11 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "daemon": {"restarts": int, "adopted_tenants": int, "started_at": float},
      "metrics": {"address": str, "port": int, "scrapes": int}|null}
 
+``vendor`` is the GPU's maker: NVIDIA GPUs are numbered first, AMD GPUs
+after them (krexd/gpus.py, "Numbering"; docs/design/amd.md).  ``devices``'
+``minors`` are the NVIDIA GPUs' ``/dev/nvidia<N>``, ``render_minors`` the
+AMD GPUs' ``/dev/dri/renderD<N>``.  ``memory.source`` (top level) names the
+source of every GPU, ``nvml+amdsmi`` on a host with both.
 ``slots`` says how ``slots_total`` was chosen (``krexd.slot_count``):
 ``rule`` is one line, e.g. ``auto: 15 = min(cores 15 x 1, memory 139.4 GiB /
 1.0 GiB)`` or ``fixed: 4 ([admission] slots_per_gpu = 4)``.

@@ -1,6 +1,8 @@
 """GPU memory in krexd: the memory view, admission by memory, tenants' memory records.
 
 * :mod:`krexd.memory.sources` — NVML / fake-driver / no device view;
+* :mod:`krexd.memory.amd_source` — amdsmi's view of AMD GPUs;
+* :mod:`krexd.memory.opening` — which source each GPU is read from (by vendor);
 * :mod:`krexd.memory.records` — per-tenant records and registration bookkeeping (the
   shim's per-process memory fields come through :meth:`krexd.gate.Gate.slots`);
 * :mod:`krexd.memory.view` — one GPU's memory state (lives on ``krexd.gpu.Gpu``);

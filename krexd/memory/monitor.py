@@ -1,7 +1,7 @@
 """The memory view of krexd's GPUs, and the memory side of admission.
 
 Every ``[memory] refresh_ms`` the monitor reads each GPU's memory from its
-source (``krexd.memory.sources``: NVML, the fake driver's state, or none)
+source (``krexd.memory.opening``: NVML, amdsmi, the fake driver's state, or none)
 and the shim's registrations in the gate (``krexd.gate.Gate.slots``: the
 daemon's own gate objects, so each gate file is mapped once), and works out
 per GPU::
@@ -40,8 +40,9 @@ from krexd.gate import LIVE_SLOT_STATES, Gate, GateError, SlotInfo
 from krexd.gpus import GpuInfo
 from krexd.memory import accounting
 from krexd.memory.learned import LearnedNeeds, label_for
+from krexd.memory.opening import open_source
 from krexd.memory.records import TenantMemory
-from krexd.memory.sources import DeviceMemory, Source, open_source
+from krexd.memory.sources import DeviceMemory, Source
 from krexd.memory.view import GpuMemory, GpuView
 from krexd.procfs import pid_alive
 from krexd.runtime import Runtime

@@ -1,5 +1,8 @@
 """Where krexd sees a GPU's memory: NVML, the fake driver's shared state, or nothing.
 
+(amdsmi for AMD GPUs: krexd/memory/amd_source.py; which source each GPU gets:
+krexd/memory/opening.py.)
+
 Each source reads, per GPU, the total, the memory in use by every process
 (when it can see the whole device) and the usage per process id (when the
 driver accounts per process).  What each gives:
@@ -267,15 +270,3 @@ class FakeStateSource:
 
     def close(self) -> None:
         """Nothing held between reads."""
-
-
-def open_source(gpus: list[GpuInfo]) -> Source:
-    """The best source for ``gpus``: fake state for simulated GPUs, else NVML, else none."""
-    if gpus and all(g.fake for g in gpus):
-        return FakeStateSource(gpus)
-    if gpus:
-        try:
-            return NvmlSource(gpus)
-        except Exception as exc:  # RuntimeError above, or an NVMLError from a handle
-            _log.warning("GPU memory: %s; using the shim's per-process counts", exc)
-    return NoSource(gpus)

@@ -194,7 +194,7 @@ def test_off_attaches_nothing(
     cg.remove()
 
 
-def _no_bpf(own_minor: int | None) -> int:
+def _no_bpf(own_minor: int | None, *rules: object) -> int:
     raise bpf.BpfError(errno.EPERM, "loading the device program: Operation not permitted")
 
 
@@ -256,3 +256,45 @@ def test_krex_run_cannot_leave_its_gpu(
         [*k.krexctl, "status"], env=k.env, capture_output=True, text=True, check=True
     ).stdout
     assert "device isolation: active" in text and "gpu1 -> /dev/nvidia1" in text, text
+
+
+@pytest.fixture
+def render_nodes(nodes: dict[str, str]) -> dict[str, str]:
+    """``nodes`` and two render nodes (DRM major 226, minors 128 and 129, as
+    ``/dev/dri/renderD128``/``129``), which no driver serves here either."""
+    d = os.path.dirname(nodes["gpu0"])
+    out = dict(nodes)
+    for minor in (128, 129):
+        path = os.path.join(d, f"renderD{minor}")
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(bpf.DRM_MAJOR, minor))
+        out[f"render{minor}"] = path
+    try:
+        os.close(os.open(out["render128"], os.O_RDWR))
+    except OSError as exc:
+        if exc.errno not in (errno.ENXIO, errno.ENODEV):  # a DRM driver here
+            pytest.skip(f"render nodes here open with {errno.errorcode[exc.errno]}")
+    return out
+
+
+def test_an_amd_gpus_tenant_opens_its_render_node_only(
+    krexd_factory: Callable[..., Krexd], render_nodes: dict[str, str]
+) -> None:
+    k = krexd_factory(
+        fake_gpus=2,
+        args=["--fake-vendor", "amd"],
+        config={"gpu": {"device_isolation": "require"}},
+    )
+    paths = [render_nodes[n] for n in ("render128", "render129", "gpu0", "ctl", "null")]
+    argv = [sys.executable, render_nodes["probe"], "now", *paths]
+    run = subprocess.run(
+        [*k.krex, "run", "--gpu", "1", "--", *argv], env=k.env, capture_output=True, timeout=30
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    got = json.loads(run.stdout)
+    assert not_denied(got[render_nodes["render129"]]), got  # simulated AMD GPU 1: renderD129
+    assert got[render_nodes["render128"]] == "EPERM" and got[render_nodes["gpu0"]] == "EPERM"
+    assert not_denied(got[render_nodes["ctl"]]) and got["/dev/null"] == "ok"
+    text = subprocess.run(
+        [*k.krexctl, "status"], env=k.env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "gpu1 -> /dev/dri/renderD129" in text, text

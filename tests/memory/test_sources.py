@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from krexd.gpus import GpuInfo
-from krexd.memory import sources
+from krexd.memory import opening, sources
 from tests.fakecuda.harness import FakeCuda, read_step
 
 GPU = GpuInfo(0, "test GPU", 80 << 30, 50 << 20, None, False)
@@ -39,7 +39,7 @@ def test_nvml_per_process_usage_by_pid(monkeypatch: pytest.MonkeyPatch) -> None:
         SimpleNamespace(pid=10, usedGpuMemory=1 << 30),  # a second context of pid 10
     ]
     monkeypatch.setitem(sys.modules, "pynvml", nvml(procs))
-    src = sources.open_source([GPU])
+    src = opening.open_source([GPU])
     assert src.name == "nvml"
     view = src.read()[0]
     assert (view.total, view.used, view.source) == (80 << 30, 30 << 30, "nvml")
@@ -59,7 +59,7 @@ def test_without_nvml_the_inventory_total_and_the_shim_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
-    src = sources.open_source([GPU])
+    src = opening.open_source([GPU])
     assert src.name == "shim"
     view = src.read()[0]
     assert (view.total, view.used, view.per_pid) == (80 << 30, None, None)
