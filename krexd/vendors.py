@@ -92,13 +92,19 @@ class Amd:
     driver_lock = False
 
     def binding(self, info: GpuInfo) -> dict[str, str]:
-        """ROCr filtered to the GPU's UUID, HIP's device 0 (that GPU), CUDA none."""
-        return {
+        """ROCr filtered to the GPU's UUID, HIP's device 0 (that GPU), CUDA none; for the
+        client's AMD SMI view (``krex_client.devicestate``, which sees every GPU) the
+        vendor and the GPU's PCI address."""
+        env = {
             "ROCR_VISIBLE_DEVICES": info.uuid,
             "HIP_VISIBLE_DEVICES": "0",
             "CUDA_VISIBLE_DEVICES": "",
             "KREX_GPU_UUID": info.uuid,
+            "KREX_GPU_VENDOR": AMD,
         }
+        if info.pci_bus_id:
+            env["KREX_GPU_PCI"] = info.pci_bus_id
+        return env
 
     def hidden(self) -> dict[str, str]:
         """ROCr exposes no GPU."""

@@ -8,8 +8,11 @@ sources give it, one per vendor, behind one interface (:class:`DeviceState`):
   package).  The GPU is ``CUDA_VISIBLE_DEVICES`` when it names a UUID
   (``GPU-...``, as ``krex run`` sets it), else index ``KREX_GPU``.
 * :class:`AmdSmiState`: AMD, through AMD SMI (the ``amdsmi`` package, ROCm's
-  management library).  The GPU is the one whose UUID ``ROCR_VISIBLE_DEVICES``
-  names, else index ``HIP_VISIBLE_DEVICES``'s first entry, else 0.  Its "SM
+  management library).  AMD SMI sees every GPU of the host, whatever the
+  visibility variables say, so the GPU is the one at ``KREX_GPU_PCI`` (the
+  PCI address ``krex run`` passes), else the one whose UUID
+  ``ROCR_VISIBLE_DEVICES`` names, else index ``HIP_VISIBLE_DEVICES``'s
+  first entry, else 0.  Its "SM
   clock" is the graphics (GFX) clock (``AmdSmiClkType.GFX``), the temperature
   the hotspot (junction) sensor's, else the edge sensor's, and the power
   the current socket power, else the average (W).
@@ -163,6 +166,15 @@ class NvmlState(DeviceState):
         }
 
 
+def _bdf(text: str) -> str:
+    """A PCI address as ``dddd:bb:dd.f`` lowercase (the domain padded to four digits)."""
+    text = text.strip().lower()
+    if text.count(":") == 1:
+        text = "0000:" + text
+    domain, _, rest = text.partition(":")
+    return f"{domain[-4:].rjust(4, '0')}:{rest}" if rest else ""
+
+
 def _same_uuid(a: str, b: str) -> bool:
     """Whether two AMD GPU UUID spellings name one GPU (case, ``GPU-`` and dashes aside)."""
 
@@ -193,6 +205,12 @@ class AmdSmiState(DeviceState):
     @staticmethod
     def _pick(sm: Any, handles: list[Any]) -> Any:
         """The handle of this command's GPU (module docstring); raises when there is none."""
+        pci = _bdf(os.environ.get("KREX_GPU_PCI", ""))
+        if pci:
+            for h in handles:
+                if _bdf(str(sm.amdsmi_get_gpu_device_bdf(h))) == pci:
+                    return h
+            raise LookupError(f"no AMD GPU at PCI address {pci}")
         rocr = os.environ.get("ROCR_VISIBLE_DEVICES", "").split(",")[0].strip()
         if rocr and not rocr.isdigit():
             for h in handles:

@@ -45,6 +45,7 @@ def _fake_amdsmi(gfx: int = 2100, hotspot: bool = True, power: Any = 550) -> Any
     sm.amdsmi_init = lambda: None
     sm.amdsmi_get_processor_handles = lambda: [0, 1]
     sm.amdsmi_get_gpu_device_uuid = lambda h: UUIDS[h]
+    sm.amdsmi_get_gpu_device_bdf = lambda h: f"0000:{0x0C + h:02x}:00.0"
     sm.amdsmi_get_gpu_asic_info = lambda h: {"market_name": f"AMD Instinct MI300X #{h}"}
 
     def clock_info(h: int, kind: ClkType) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def _fake_amdsmi(gfx: int = 2100, hotspot: bool = True, power: Any = 550) -> Any
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name in ("KREX_GPU_VENDOR", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                 "ROCR_VISIBLE_DEVICES", "KREX_GPU"):  # fmt: skip
+                 "ROCR_VISIBLE_DEVICES", "KREX_GPU", "KREX_GPU_PCI"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     return monkeypatch
@@ -125,3 +126,23 @@ def test_amd_gpu_not_found_or_no_amdsmi_gives_nulls(clean_env: pytest.MonkeyPatc
     clean_env.setitem(sys.modules, "amdsmi", None)  # import fails
     clean_env.setenv("ROCR_VISIBLE_DEVICES", "0")
     assert set(devicestate.open_state().device().values()) == {None}
+
+
+def test_the_gpu_krexd_binds_is_the_one_amd_smi_reads(clean_env: pytest.MonkeyPatch) -> None:
+    """krexd's AMD binding (HIP device 0 of a filtered view) names the GPU by PCI address for
+    AMD SMI, which sees every GPU: the second GPU here, not AMD SMI's index 0."""
+    from krexd import vendors
+    from krexd.gpus import GpuInfo
+
+    info = GpuInfo(1, "MI300X", 192 << 30, 4 << 20, None, False, "0000:0d:00.0",
+                   "GPU-9a1b2c3d4e5f6071", None, vendor="amd", render_minor=129)  # fmt: skip
+    for key, value in vendors.binding(info).items():
+        clean_env.setenv(key, value)
+    clean_env.setitem(sys.modules, "amdsmi", _fake_amdsmi())
+    assert devicestate.vendor() == "amd"
+    state = devicestate.open_state()
+    assert state.device()["uuid"] == UUIDS[1]  # handle 1 is at 0000:0d:00.0
+    clean_env.setenv("KREX_GPU_PCI", "0d:00.0")  # no domain: the same GPU
+    assert devicestate.open_state().device()["uuid"] == UUIDS[1]
+    clean_env.setenv("KREX_GPU_PCI", "0000:99:00.0")
+    assert not devicestate.open_state().available  # not found: nulls, never another GPU

@@ -37,6 +37,8 @@ def test_an_amd_gpu_is_bound_through_rocr_and_hip_and_cuda_sees_nothing() -> Non
         "HIP_VISIBLE_DEVICES": "0",
         "CUDA_VISIBLE_DEVICES": "",
         "KREX_GPU_UUID": "GPU-9a1b2c3d4e5f6071",
+        "KREX_GPU_VENDOR": "amd",
+        "KREX_GPU_PCI": "0000:0c:00.0",
     }
     assert "CUDA_DEVICE_ORDER" not in env
 
