@@ -6,6 +6,7 @@
  *                 [--count N | --seconds S] [--kernel-ns NS] [--streams K]
  *                 [--nonblocking] [--capture N] [--sync-every K] [--device D]
  *                 [--fault-after N]
+ *        hipbench --info
  *
  *   --link direct    calls the functions it is linked against (DT_NEEDED
  *                    libamdhip64.so.6, found by rpath or LD_LIBRARY_PATH)
@@ -21,6 +22,8 @@
  *   --capture N      kernels per graph (--mode graph); default 1
  *   --sync-every K   hipStreamSynchronize every stream after every K launches
  *   --fault-after N  after N launches, launch one faulting kernel ("krex_fault_kernel")
+ *   --info           print the devices as hipGetDeviceProperties (both layouts),
+ *                    hipDeviceGetUuid and the versions report them, and exit
  * SIGTERM/SIGINT end the loop early; the summary is printed all the same.
  * For each function the summary names the symbol and object file its pointer
  * belongs to (dladdr), so a test sees whether an interposer was hit.
@@ -286,13 +289,64 @@ static void print_summary(const struct options *o, const struct summary *sum)
     fflush(stdout);
 }
 
+static void hex(const char *bytes, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        printf("%02x", (unsigned char)bytes[i]);
+}
+
+/* --info: one JSON document; 1 when a call fails (named on stderr). */
+static int info(void)
+{
+    int count = 0, runtime = 0, driver = 0;
+    hipError_t e;
+    if ((e = hipGetDeviceCount(&count)) != hipSuccess ||
+        (e = hipRuntimeGetVersion(&runtime)) != hipSuccess ||
+        (e = hipDriverGetVersion(&driver)) != hipSuccess) {
+        fprintf(stderr, "hipbench: %s\n", hipGetErrorName(e));
+        return 1;
+    }
+    printf("{\"count\": %d, \"runtime_version\": %d, \"driver_version\": %d, \"devices\": [",
+           count, runtime, driver);
+    for (int d = 0; d < count; d++) {
+        hipDeviceProp_tR0600 p;
+        hipDeviceProp_t old;
+        hipUUID uuid;
+        char bus[32];
+        int l2 = 0;
+        if ((e = hipGetDevicePropertiesR0600(&p, d)) != hipSuccess ||
+            (e = hipGetDeviceProperties(&old, d)) != hipSuccess ||
+            (e = hipDeviceGetUuid(&uuid, d)) != hipSuccess ||
+            (e = hipDeviceGetPCIBusId(bus, sizeof bus, d)) != hipSuccess ||
+            (e = hipDeviceGetAttribute(&l2, hipDeviceAttributeL2CacheSize, d)) != hipSuccess) {
+            fprintf(stderr, "hipbench: device %d: %s\n", d, hipGetErrorName(e));
+            return 1;
+        }
+        printf("%s{\"name\": \"%s\", \"gcnArchName\": \"%s\", \"totalGlobalMem\": %zu, "
+               "\"l2CacheSize\": %d, \"warpSize\": %d, \"multiProcessorCount\": %d, "
+               "\"major\": %d, \"minor\": %d, \"pciBusID\": %d, \"pciBusId\": \"%s\", "
+               "\"attr_l2CacheSize\": %d, \"uuid\": \"",
+               d ? ", " : "", p.name, p.gcnArchName, p.totalGlobalMem, p.l2CacheSize, p.warpSize,
+               p.multiProcessorCount, p.major, p.minor, p.pciBusID, bus, l2);
+        hex(p.uuid.bytes, sizeof p.uuid.bytes);
+        printf("\", \"uuid_call\": \"");
+        hex(uuid.bytes, sizeof uuid.bytes);
+        printf("\", \"r0000\": {\"name\": \"%s\", \"totalGlobalMem\": %zu, \"l2CacheSize\": %d, "
+               "\"gcnArchName\": \"%s\", \"pciBusID\": %d}}",
+               old.name, old.totalGlobalMem, old.l2CacheSize, old.gcnArchName, old.pciBusID);
+    }
+    printf("]}\n");
+    return 0;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
             "usage: hipbench [--link direct|dlsym] [--mode launch|module|graph]\n"
             "                [--count N | --seconds S] [--kernel-ns NS] [--streams K]\n"
             "                [--nonblocking] [--capture N] [--sync-every K] [--device D]\n"
-            "                [--fault-after N]\n");
+            "                [--fault-after N]\n"
+            "       hipbench --info\n");
     exit(2);
 }
 
@@ -317,7 +371,8 @@ int main(int argc, char **argv)
         {"kernel-ns", required_argument, NULL, 'k'},  {"streams", required_argument, NULL, 's'},
         {"nonblocking", no_argument, NULL, 'B'},      {"capture", required_argument, NULL, 'c'},
         {"sync-every", required_argument, NULL, 'y'}, {"device", required_argument, NULL, 'd'},
-        {"fault-after", required_argument, NULL, 'F'}, {"help", no_argument, NULL, 'h'},
+        {"fault-after", required_argument, NULL, 'F'}, {"info", no_argument, NULL, 'I'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -342,6 +397,7 @@ int main(int argc, char **argv)
         case 'y': o.sync_every = parse_long(optarg, "--sync-every", 1); break;
         case 'd': o.device = (int)parse_long(optarg, "--device", 0); break;
         case 'F': o.fault_after = parse_long(optarg, "--fault-after", 0); break;
+        case 'I': return info();
         default: usage();
         }
     }
