@@ -28,7 +28,9 @@
 #include "fakecuda.h"
 
 /* Marks the functions exported from libamdhip64 (the version script also
- * keeps everything but hip* local). */
+ * keeps everything but hip* local).  Each starts with the engine's
+ * FC_ENTRY(); (fakecuda.h): a HIP call counts as one driver call in
+ * progress and blocks while its process is checkpoint-locked. */
 #define FH_API __attribute__((visibility("default")))
 
 /* hipRuntimeGetVersion / hipDriverGetVersion: a HIP_VERSION (major * 10000000

@@ -82,6 +82,7 @@ static hipError_t check_device(int dev)
 
 FH_API hipError_t hipGetDeviceProperties(hipDeviceProp_t *prop, int deviceId)
 {
+    FC_ENTRY();
     hipError_t e = prop ? check_device(deviceId) : hipErrorInvalidValue;
     if (e != hipSuccess)
         return fh_ret(e);
@@ -93,6 +94,7 @@ FH_API hipError_t hipGetDeviceProperties(hipDeviceProp_t *prop, int deviceId)
 
 FH_API hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600 *prop, int deviceId)
 {
+    FC_ENTRY();
     hipError_t e = prop ? check_device(deviceId) : hipErrorInvalidValue;
     if (e != hipSuccess)
         return fh_ret(e);
@@ -158,6 +160,7 @@ static bool attr_value(hipDeviceAttribute_t attr, int dev, int *v)
 
 FH_API hipError_t hipDeviceGetAttribute(int *pi, hipDeviceAttribute_t attr, int deviceId)
 {
+    FC_ENTRY();
     hipError_t e = pi ? check_device(deviceId) : hipErrorInvalidValue;
     if (e == hipSuccess && !attr_value(attr, deviceId, pi))
         e = hipErrorInvalidValue; /* an attribute the fake does not model */
@@ -166,6 +169,7 @@ FH_API hipError_t hipDeviceGetAttribute(int *pi, hipDeviceAttribute_t attr, int 
 
 FH_API hipError_t hipDeviceGetName(char *name, int len, hipDevice_t device)
 {
+    FC_ENTRY();
     hipError_t e = name && len > 0 ? check_device(device) : hipErrorInvalidValue;
     if (e == hipSuccess)
         snprintf(name, (size_t)len, "%s", FH_NAME);
@@ -174,6 +178,7 @@ FH_API hipError_t hipDeviceGetName(char *name, int len, hipDevice_t device)
 
 FH_API hipError_t hipDeviceTotalMem(size_t *bytes, hipDevice_t device)
 {
+    FC_ENTRY();
     hipError_t e = bytes ? check_device(device) : hipErrorInvalidValue;
     if (e == hipSuccess)
         *bytes = (size_t)fc.mem_bytes;
@@ -182,6 +187,7 @@ FH_API hipError_t hipDeviceTotalMem(size_t *bytes, hipDevice_t device)
 
 FH_API hipError_t hipDeviceGetUuid(hipUUID *uuid, hipDevice_t device)
 {
+    FC_ENTRY();
     hipError_t e = uuid ? check_device(device) : hipErrorInvalidValue;
     if (e == hipSuccess)
         fc_uuid_bytes(fc.phys[device], uuid->bytes);
@@ -190,6 +196,7 @@ FH_API hipError_t hipDeviceGetUuid(hipUUID *uuid, hipDevice_t device)
 
 FH_API hipError_t hipDeviceGetPCIBusId(char *pciBusId, int len, int device)
 {
+    FC_ENTRY();
     hipError_t e = pciBusId && len > 0 ? check_device(device) : hipErrorInvalidValue;
     if (e == hipSuccess)
         snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", pci_bus(device));
@@ -199,6 +206,7 @@ FH_API hipError_t hipDeviceGetPCIBusId(char *pciBusId, int len, int device)
 /* ROCm's stream priorities: 1 (low), 0 (normal), -1 (high). */
 FH_API hipError_t hipDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
 {
+    FC_ENTRY();
     hipError_t e = fh_init();
     if (e == hipSuccess) {
         if (leastPriority)
@@ -211,6 +219,7 @@ FH_API hipError_t hipDeviceGetStreamPriorityRange(int *leastPriority, int *great
 
 FH_API hipError_t hipMemGetInfo(size_t *free, size_t *total)
 {
+    FC_ENTRY();
     hipError_t e = free && total ? fh_begin() : hipErrorInvalidValue;
     if (e == hipSuccess)
         e = fh_from_cu(cuMemGetInfo_v2(free, total));

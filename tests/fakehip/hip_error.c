@@ -80,6 +80,7 @@ static const struct fh_error_desc *find(hipError_t e)
 
 FH_API hipError_t hipGetLastError(void)
 {
+    FC_ENTRY();
     hipError_t e = tls_last;
     tls_last = hipSuccess;
     return e;
@@ -87,17 +88,20 @@ FH_API hipError_t hipGetLastError(void)
 
 FH_API hipError_t hipPeekAtLastError(void)
 {
+    FC_ENTRY();
     return tls_last;
 }
 
 FH_API const char *hipGetErrorName(hipError_t hip_error)
 {
+    FC_ENTRY();
     const struct fh_error_desc *d = find(hip_error);
     return d ? d->name : "hipErrorUnknown";
 }
 
 FH_API const char *hipGetErrorString(hipError_t hipError)
 {
+    FC_ENTRY();
     const struct fh_error_desc *d = find(hipError);
     return d ? d->text : "unknown error";
 }

@@ -10,6 +10,7 @@
 
 FH_API hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode mode)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuStreamBeginCapture_v2((CUstream)(void *)stream, (CUstreamCaptureMode)mode));
@@ -18,6 +19,7 @@ FH_API hipError_t hipStreamBeginCapture(hipStream_t stream, hipStreamCaptureMode
 
 FH_API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *pGraph)
 {
+    FC_ENTRY();
     hipError_t e = pGraph ? fh_begin() : hipErrorInvalidValue;
     CUgraph g = NULL;
     if (e == hipSuccess)
@@ -29,6 +31,7 @@ FH_API hipError_t hipStreamEndCapture(hipStream_t stream, hipGraph_t *pGraph)
 
 FH_API hipError_t hipStreamIsCapturing(hipStream_t stream, hipStreamCaptureStatus *pCaptureStatus)
 {
+    FC_ENTRY();
     hipError_t e = pCaptureStatus ? fh_begin() : hipErrorInvalidValue;
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     if (e == hipSuccess)
@@ -40,6 +43,7 @@ FH_API hipError_t hipStreamIsCapturing(hipStream_t stream, hipStreamCaptureStatu
 
 FH_API hipError_t hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode *mode)
 {
+    FC_ENTRY();
     hipError_t e = mode ? fh_init() : hipErrorInvalidValue;
     if (e == hipSuccess)
         e = fh_from_cu(cuThreadExchangeStreamCaptureMode((CUstreamCaptureMode *)mode));
@@ -48,6 +52,7 @@ FH_API hipError_t hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode *mode)
 
 FH_API hipError_t hipGraphDestroy(hipGraph_t graph)
 {
+    FC_ENTRY();
     hipError_t e = fh_init();
     if (e == hipSuccess)
         e = fh_from_cu(cuGraphDestroy((CUgraph)(void *)graph));
@@ -69,6 +74,7 @@ FH_API hipError_t hipGraphInstantiate(hipGraphExec_t *pGraphExec, hipGraph_t gra
                                       hipGraphNode_t *pErrorNode, char *pLogBuffer,
                                       size_t bufferSize)
 {
+    FC_ENTRY();
     hipError_t e = instantiate(pGraphExec, graph);
     if (pErrorNode)
         *pErrorNode = NULL;
@@ -80,12 +86,14 @@ FH_API hipError_t hipGraphInstantiate(hipGraphExec_t *pGraphExec, hipGraph_t gra
 FH_API hipError_t hipGraphInstantiateWithFlags(hipGraphExec_t *pGraphExec, hipGraph_t graph,
                                                unsigned long long flags)
 {
+    FC_ENTRY();
     (void)flags; /* auto-free / upload / priority flags change nothing here */
     return fh_ret(instantiate(pGraphExec, graph));
 }
 
 FH_API hipError_t hipGraphLaunch(hipGraphExec_t graphExec, hipStream_t stream)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuGraphLaunch((CUgraphExec)(void *)graphExec, (CUstream)(void *)stream));
@@ -94,6 +102,7 @@ FH_API hipError_t hipGraphLaunch(hipGraphExec_t graphExec, hipStream_t stream)
 
 FH_API hipError_t hipGraphExecDestroy(hipGraphExec_t graphExec)
 {
+    FC_ENTRY();
     hipError_t e = fh_init();
     if (e == hipSuccess)
         e = fh_from_cu(cuGraphExecDestroy((CUgraphExec)(void *)graphExec));

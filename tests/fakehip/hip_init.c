@@ -96,6 +96,7 @@ CUresult fh_stream(hipStream_t h, struct CUstream_st **out)
 
 FH_API hipError_t hipInit(unsigned int flags)
 {
+    FC_ENTRY();
     if (flags != 0)
         return fh_ret(hipErrorInvalidValue);
     return fh_ret(fh_init());
@@ -103,6 +104,7 @@ FH_API hipError_t hipInit(unsigned int flags)
 
 FH_API hipError_t hipDriverGetVersion(int *driverVersion)
 {
+    FC_ENTRY();
     if (driverVersion == NULL)
         return fh_ret(hipErrorInvalidValue);
     *driverVersion = FH_RUNTIME_VERSION;
@@ -111,6 +113,7 @@ FH_API hipError_t hipDriverGetVersion(int *driverVersion)
 
 FH_API hipError_t hipRuntimeGetVersion(int *runtimeVersion)
 {
+    FC_ENTRY();
     if (runtimeVersion == NULL)
         return fh_ret(hipErrorInvalidValue);
     *runtimeVersion = FH_RUNTIME_VERSION;
@@ -119,6 +122,7 @@ FH_API hipError_t hipRuntimeGetVersion(int *runtimeVersion)
 
 FH_API hipError_t hipGetDeviceCount(int *count)
 {
+    FC_ENTRY();
     if (count == NULL)
         return fh_ret(hipErrorInvalidValue);
     *count = 0;
@@ -130,6 +134,7 @@ FH_API hipError_t hipGetDeviceCount(int *count)
 
 FH_API hipError_t hipGetDevice(int *deviceId)
 {
+    FC_ENTRY();
     if (deviceId == NULL)
         return fh_ret(hipErrorInvalidValue);
     hipError_t e = fh_init();
@@ -140,6 +145,7 @@ FH_API hipError_t hipGetDevice(int *deviceId)
 
 FH_API hipError_t hipSetDevice(int deviceId)
 {
+    FC_ENTRY();
     hipError_t e = fh_init();
     if (e == hipSuccess && (deviceId < 0 || deviceId >= fc.ndev))
         e = hipErrorInvalidDevice;
@@ -150,6 +156,7 @@ FH_API hipError_t hipSetDevice(int deviceId)
 
 FH_API hipError_t hipDeviceGet(hipDevice_t *device, int ordinal)
 {
+    FC_ENTRY();
     if (device == NULL)
         return fh_ret(hipErrorInvalidValue);
     hipError_t e = fh_init();
@@ -162,6 +169,7 @@ FH_API hipError_t hipDeviceGet(hipDevice_t *device, int ordinal)
 
 FH_API hipError_t hipDeviceSynchronize(void)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuCtxSynchronize());

@@ -126,6 +126,7 @@ static hipError_t host_kernel(const void *key, CUfunction *out)
 FH_API hipError_t hipLaunchKernel(const void *function_address, dim3 numBlocks, dim3 dimBlocks,
                                   void **args, size_t sharedMemBytes, hipStream_t stream)
 {
+    FC_ENTRY();
     if (function_address == NULL)
         return fh_ret(hipErrorInvalidDeviceFunction);
     if (sharedMemBytes > UINT32_MAX)
@@ -144,6 +145,7 @@ FH_API hipError_t hipLaunchKernel(const void *function_address, dim3 numBlocks, 
 
 FH_API hipError_t hipModuleLoadData(hipModule_t *module, const void *image)
 {
+    FC_ENTRY();
     if (module == NULL || image == NULL)
         return fh_ret(hipErrorInvalidValue);
     hipError_t e = fh_begin();
@@ -157,6 +159,7 @@ FH_API hipError_t hipModuleLoadData(hipModule_t *module, const void *image)
 
 FH_API hipError_t hipModuleLoad(hipModule_t *module, const char *fname)
 {
+    FC_ENTRY();
     if (module == NULL || fname == NULL)
         return fh_ret(hipErrorInvalidValue);
     if (access(fname, R_OK) != 0)
@@ -166,6 +169,7 @@ FH_API hipError_t hipModuleLoad(hipModule_t *module, const char *fname)
 
 FH_API hipError_t hipModuleUnload(hipModule_t module)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuModuleUnload((CUmodule)(void *)module));
@@ -175,6 +179,7 @@ FH_API hipError_t hipModuleUnload(hipModule_t module)
 FH_API hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module,
                                        const char *kname)
 {
+    FC_ENTRY();
     if (function == NULL || kname == NULL)
         return fh_ret(hipErrorInvalidValue);
     hipError_t e = fh_begin();
@@ -192,6 +197,7 @@ FH_API hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gridDimX,
                                         unsigned int blockDimZ, unsigned int sharedMemBytes,
                                         hipStream_t stream, void **kernelParams, void **extra)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = launch((CUfunction)(void *)f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY,
@@ -213,6 +219,7 @@ FH_API hipError_t hipExtModuleLaunchKernel(hipFunction_t f, uint32_t globalWorkS
                                            void **extra, hipEvent_t startEvent,
                                            hipEvent_t stopEvent, uint32_t flags)
 {
+    FC_ENTRY();
     (void)flags; /* launch flags (e.g. any-order) change nothing here */
     if (localWorkSizeX == 0 || localWorkSizeY == 0 || localWorkSizeZ == 0 ||
         sharedMemBytes > UINT32_MAX)

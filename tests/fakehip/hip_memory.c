@@ -23,6 +23,7 @@
 
 FH_API hipError_t hipMalloc(void **ptr, size_t size)
 {
+    FC_ENTRY();
     if (ptr == NULL)
         return fh_ret(hipErrorInvalidValue);
     *ptr = NULL;
@@ -38,6 +39,7 @@ FH_API hipError_t hipMalloc(void **ptr, size_t size)
 
 FH_API hipError_t hipFree(void *ptr)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess && ptr != NULL)
         e = fh_from_cu(cuMemFree_v2(DPTR(ptr)));
@@ -46,6 +48,7 @@ FH_API hipError_t hipFree(void *ptr)
 
 FH_API hipError_t hipMallocAsync(void **dev_ptr, size_t size, hipStream_t stream)
 {
+    FC_ENTRY();
     if (dev_ptr == NULL)
         return fh_ret(hipErrorInvalidValue);
     *dev_ptr = NULL;
@@ -61,6 +64,7 @@ FH_API hipError_t hipMallocAsync(void **dev_ptr, size_t size, hipStream_t stream
 
 FH_API hipError_t hipFreeAsync(void *dev_ptr, hipStream_t stream)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess && dev_ptr != NULL)
         e = fh_from_cu(cuMemFreeAsync(DPTR(dev_ptr), (CUstream)(void *)stream));
@@ -69,6 +73,7 @@ FH_API hipError_t hipFreeAsync(void *dev_ptr, hipStream_t stream)
 
 FH_API hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags)
 {
+    FC_ENTRY();
     const unsigned int known = hipHostMallocPortable | hipHostMallocMapped |
                                hipHostMallocWriteCombined | hipHostMallocNumaUser |
                                hipHostMallocCoherent | hipHostMallocNonCoherent;
@@ -85,6 +90,7 @@ FH_API hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags)
 
 FH_API hipError_t hipHostFree(void *ptr)
 {
+    FC_ENTRY();
     hipError_t e = fh_init();
     if (e == hipSuccess && ptr != NULL)
         e = fh_from_cu(cuMemFreeHost(ptr));
@@ -136,45 +142,53 @@ static hipError_t copy(void *dst, const void *src, size_t n, hipMemcpyKind kind,
 
 FH_API hipError_t hipMemcpy(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, kind, NULL, true));
 }
 
 FH_API hipError_t hipMemcpyAsync(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind,
                                  hipStream_t stream)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, kind, stream, false));
 }
 
 FH_API hipError_t hipMemcpyHtoD(hipDeviceptr_t dst, void *src, size_t sizeBytes)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, hipMemcpyHostToDevice, NULL, true));
 }
 
 FH_API hipError_t hipMemcpyDtoH(void *dst, hipDeviceptr_t src, size_t sizeBytes)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, hipMemcpyDeviceToHost, NULL, true));
 }
 
 FH_API hipError_t hipMemcpyDtoD(hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, hipMemcpyDeviceToDevice, NULL, true));
 }
 
 FH_API hipError_t hipMemcpyHtoDAsync(hipDeviceptr_t dst, void *src, size_t sizeBytes,
                                      hipStream_t stream)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, hipMemcpyHostToDevice, stream, false));
 }
 
 FH_API hipError_t hipMemcpyDtoHAsync(void *dst, hipDeviceptr_t src, size_t sizeBytes,
                                      hipStream_t stream)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, hipMemcpyDeviceToHost, stream, false));
 }
 
 FH_API hipError_t hipMemcpyDtoDAsync(hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes,
                                      hipStream_t stream)
 {
+    FC_ENTRY();
     return fh_ret(copy(dst, src, sizeBytes, hipMemcpyDeviceToDevice, stream, false));
 }
 
@@ -203,32 +217,38 @@ static hipError_t fill(void *dst, uint32_t value, size_t count, unsigned int ele
 
 FH_API hipError_t hipMemset(void *dst, int value, size_t sizeBytes)
 {
+    FC_ENTRY();
     return fh_ret(fill(dst, (uint32_t)value, sizeBytes, 1, NULL, true));
 }
 
 FH_API hipError_t hipMemsetAsync(void *dst, int value, size_t sizeBytes, hipStream_t stream)
 {
+    FC_ENTRY();
     return fh_ret(fill(dst, (uint32_t)value, sizeBytes, 1, stream, false));
 }
 
 FH_API hipError_t hipMemsetD8(hipDeviceptr_t dest, unsigned char value, size_t count)
 {
+    FC_ENTRY();
     return fh_ret(fill(dest, value, count, 1, NULL, true));
 }
 
 FH_API hipError_t hipMemsetD8Async(hipDeviceptr_t dest, unsigned char value, size_t count,
                                    hipStream_t stream)
 {
+    FC_ENTRY();
     return fh_ret(fill(dest, value, count, 1, stream, false));
 }
 
 FH_API hipError_t hipMemsetD32(hipDeviceptr_t dest, int value, size_t count)
 {
+    FC_ENTRY();
     return fh_ret(fill(dest, (uint32_t)value, count, 4, NULL, true));
 }
 
 FH_API hipError_t hipMemsetD32Async(hipDeviceptr_t dst, int value, size_t count,
                                     hipStream_t stream)
 {
+    FC_ENTRY();
     return fh_ret(fill(dst, (uint32_t)value, count, 4, stream, false));
 }

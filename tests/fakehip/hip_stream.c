@@ -45,22 +45,26 @@ static hipError_t stream_create(hipStream_t *stream, unsigned int flags, int pri
 
 FH_API hipError_t hipStreamCreate(hipStream_t *stream)
 {
+    FC_ENTRY();
     return fh_ret(stream_create(stream, hipStreamDefault, 0));
 }
 
 FH_API hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned int flags)
 {
+    FC_ENTRY();
     return fh_ret(stream_create(stream, flags, 0));
 }
 
 FH_API hipError_t hipStreamCreateWithPriority(hipStream_t *stream, unsigned int flags,
                                               int priority)
 {
+    FC_ENTRY();
     return fh_ret(stream_create(stream, flags, priority));
 }
 
 FH_API hipError_t hipStreamDestroy(hipStream_t stream)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuStreamDestroy_v2((CUstream)(void *)stream));
@@ -69,6 +73,7 @@ FH_API hipError_t hipStreamDestroy(hipStream_t stream)
 
 FH_API hipError_t hipStreamSynchronize(hipStream_t stream)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuStreamSynchronize((CUstream)(void *)stream));
@@ -79,6 +84,7 @@ FH_API hipError_t hipStreamSynchronize(hipStream_t stream)
 
 FH_API hipError_t hipStreamQuery(hipStream_t stream)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuStreamQuery((CUstream)(void *)stream));
@@ -87,6 +93,7 @@ FH_API hipError_t hipStreamQuery(hipStream_t stream)
 
 FH_API hipError_t hipStreamWaitEvent(hipStream_t stream, hipEvent_t event, unsigned int flags)
 {
+    FC_ENTRY();
     if (flags != 0)
         return fh_ret(hipErrorInvalidValue);
     hipError_t e = fh_begin();
@@ -113,11 +120,13 @@ static hipError_t stream_field(hipStream_t stream, unsigned int *flags, int *pri
 
 FH_API hipError_t hipStreamGetFlags(hipStream_t stream, unsigned int *flags)
 {
+    FC_ENTRY();
     return fh_ret(flags ? stream_field(stream, flags, NULL) : hipErrorInvalidValue);
 }
 
 FH_API hipError_t hipStreamGetPriority(hipStream_t stream, int *priority)
 {
+    FC_ENTRY();
     return fh_ret(priority ? stream_field(stream, NULL, priority) : hipErrorInvalidValue);
 }
 
@@ -125,6 +134,7 @@ FH_API hipError_t hipStreamGetPriority(hipStream_t stream, int *priority)
 
 FH_API hipError_t hipEventCreateWithFlags(hipEvent_t *event, unsigned flags)
 {
+    FC_ENTRY();
     /* Fences at release change nothing on the simulated device. */
     flags &= ~(unsigned)(hipEventReleaseToDevice | hipEventReleaseToSystem);
     hipError_t e = event ? fh_begin() : hipErrorInvalidValue;
@@ -138,11 +148,13 @@ FH_API hipError_t hipEventCreateWithFlags(hipEvent_t *event, unsigned flags)
 
 FH_API hipError_t hipEventCreate(hipEvent_t *event)
 {
+    FC_ENTRY();
     return hipEventCreateWithFlags(event, hipEventDefault);
 }
 
 FH_API hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuEventRecord((CUevent)(void *)event, (CUstream)(void *)stream));
@@ -151,6 +163,7 @@ FH_API hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream)
 
 FH_API hipError_t hipEventDestroy(hipEvent_t event)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuEventDestroy_v2((CUevent)(void *)event));
@@ -159,6 +172,7 @@ FH_API hipError_t hipEventDestroy(hipEvent_t event)
 
 FH_API hipError_t hipEventSynchronize(hipEvent_t event)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuEventSynchronize((CUevent)(void *)event));
@@ -169,6 +183,7 @@ FH_API hipError_t hipEventSynchronize(hipEvent_t event)
 
 FH_API hipError_t hipEventQuery(hipEvent_t event)
 {
+    FC_ENTRY();
     hipError_t e = fh_begin();
     if (e == hipSuccess)
         e = fh_from_cu(cuEventQuery((CUevent)(void *)event));
@@ -177,6 +192,7 @@ FH_API hipError_t hipEventQuery(hipEvent_t event)
 
 FH_API hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop)
 {
+    FC_ENTRY();
     hipError_t e = ms ? fh_begin() : hipErrorInvalidValue;
     if (e == hipSuccess)
         e = fh_from_cu(cuEventElapsedTime(ms, (CUevent)(void *)start, (CUevent)(void *)stop));
@@ -310,12 +326,14 @@ static hipError_t host_enqueue(hipStream_t stream, hipHostFn_t fn, hipStreamCall
 
 FH_API hipError_t hipLaunchHostFunc(hipStream_t stream, hipHostFn_t fn, void *userData)
 {
+    FC_ENTRY();
     return fh_ret(fn ? host_enqueue(stream, fn, NULL, userData) : hipErrorInvalidValue);
 }
 
 FH_API hipError_t hipStreamAddCallback(hipStream_t stream, hipStreamCallback_t callback,
                                        void *userData, unsigned int flags)
 {
+    FC_ENTRY();
     if (callback == NULL || flags != 0)
         return fh_ret(hipErrorInvalidValue);
     return fh_ret(host_enqueue(stream, NULL, callback, userData));

@@ -199,6 +199,19 @@ def test_library_exports_only_hip_and_has_rocm6_soname(fh: FakeHip) -> None:
     assert "Library soname: [libamdhip64.so.6]" in dyn
 
 
+def test_every_export_makes_the_engines_entry_check_first() -> None:
+    # The checkpoint lock's gate (tests/fakecuda/checkpoint.c): a HIP call counts as one
+    # driver call in progress, and blocks while its process is locked.
+    missing = []
+    for path in sorted(HERE.glob("hip_*.c")):
+        text = path.read_text()
+        for m in re.finditer(r"^FH_API [^;{]*?(\w+)\([^{;]*\)\s*\{\n(.*)\n", text, re.M):
+            if m.group(2).strip() != "FC_ENTRY();":
+                missing.append(f"{path.name}: {m.group(1)}")
+    assert not missing
+    assert len(re.findall(r"^FH_API ", "".join(p.read_text() for p in HERE.glob("*.c")), re.M)) > 70
+
+
 @pytest.mark.skipif(
     not Path("/usr/include/hip/hip_runtime_api.h").exists(),
     reason="ROCm's hip_runtime_api.h is not installed (Debian: libamdhip64-dev)",

@@ -147,3 +147,32 @@ print(json.dumps({"busy": busy, "done": done, "ms": g.event_elapsed_ms(e0, e1),
     assert res["done"] == [True, True, 1]
     assert res["ms"] == 80.0  # e0 completes as the first kernel ends, the second starts then
     assert res["ran"][0] >= first.end_ns, "the host function ran when its stream reached it"
+
+
+def test_checkpoint_lock_drains_a_hip_process(fh: FakeHip) -> None:
+    code = """
+import json, sys, hipgpu
+g = hipgpu.init()
+g.launch(300_000_000)
+print("{}", flush=True)
+sys.stdin.readline()
+g.synchronize()
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=fh.env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdout.readline()
+        lock, state, unlock = fh.lock_steps("lock", proc.pid, "state", proc.pid, "unlock", proc.pid)
+        [k] = fh.records()
+        assert lock["result"] == "CUDA_SUCCESS" and lock["end_ns"] >= k.end_ns
+        assert state["state"] == "LOCKED" and unlock["result"] == "CUDA_SUCCESS"
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+    assert proc.wait(timeout=30) == 0
