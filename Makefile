@@ -1,5 +1,5 @@
 # krex top-level build.
-#   make          build the C parts (shim, gate library, fake driver for tests)
+#   make          build the C parts (shim, gate library, fake CUDA driver and HIP runtime for tests)
 #   make check    the fast lane: ruff, ruff format --check, mypy --strict and the tests
 #                 that need neither root, a GPU nor a built C part (no build; under a minute)
 #   make test     make check, then build and run every other test (CI runs this)
@@ -27,9 +27,9 @@ CUDA_INCLUDE ?= /usr/local/cuda/include
 TEST_WORKERS ?= 3
 export CUDA_INCLUDE
 
-.PHONY: all shim shim-tests fakecuda venv check test demo packages clean
+.PHONY: all shim shim-tests fakecuda fakehip venv check test demo packages clean
 
-all: shim fakecuda
+all: shim fakecuda fakehip
 
 shim:
 	$(MAKE) -C libkrex_shim
@@ -40,6 +40,10 @@ shim-tests:
 
 fakecuda:
 	$(MAKE) -C tests/fakecuda
+
+# The fake HIP runtime links the fake CUDA driver's objects: built after it.
+fakehip: fakecuda
+	$(MAKE) -C tests/fakehip
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

@@ -2,7 +2,8 @@
 
 * Paths of the built parts: :data:`REPO`, :data:`BUILD`, :class:`ShimBuild`
   (``libkrex_shim.so``, ``libkrex_gate.so``, the C programs of tests/shim),
-  :data:`FAKE_DIR` (the fake driver of tests/fakecuda).
+  :data:`FAKE_DIR` (the fake driver of tests/fakecuda), :data:`HIP_DIR` (the
+  fake HIP runtime of tests/fakehip).
 * :func:`make`: build a top-level target of the Makefile, quietly, once per
   target and test session.
 * :data:`SCRUB_ENV` and :func:`clean_env`: the caller's variables that would
@@ -30,6 +31,7 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"
 FAKE_DIR = BUILD / "fakecuda"
+HIP_DIR = BUILD / "fakehip"
 
 
 def wait_for(
@@ -85,6 +87,8 @@ class ShimBuild:
 # or a krex client: a process under test gets only what its test sets.
 SCRUB_ENV = (
     "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
     "KREX_FAKE_GPUS",
     "KREX_FAKE_MEM_BYTES",
     "KREX_FAKE_STATE",
@@ -120,7 +124,8 @@ def make(target: str) -> None:
     """``make -s TARGET`` at the top of the tree, once per session (CalledProcessError on failure).
 
     Targets: ``shim`` (libraries), ``shim-tests`` (libraries and the C
-    programs of tests/shim), ``fakecuda`` (the fake driver and its programs).
+    programs of tests/shim), ``fakecuda`` (the fake driver and its programs),
+    ``fakehip`` (the fake HIP runtime and hipbench).
     """
     with _make_lock:
         if target in _made:

@@ -43,6 +43,7 @@
 #define FC_DRIVER_VERSION 13000 /* cuDriverGetVersion: CUDA 13.0 */
 #define FC_MAX_GPUS 16          /* KREX_FAKE_GPUS upper bound */
 #define FC_CTX_STACK_MAX 32     /* depth of a thread's context stack */
+#define FC_VIS_LAYERS 2         /* visibility variables applied in turn (fc.vis_env) */
 #define FC_QUEUE_DEPTH 1024     /* pending operations per stream before a launch blocks */
 #define FC_L2_BYTES (50u * 1024u * 1024u) /* reported L2 cache size (H100/H200 class) */
 #define FC_DEFAULT_MEM_BYTES (80ull << 30) /* KREX_FAKE_MEM_BYTES default: 80 GiB */
@@ -211,6 +212,12 @@ struct fc_state {
     struct CUstream_st *free_streams;
     struct CUevent_st *free_events;
     _Atomic int sticky;        /* fatal error of this process's own fault (fault.c) */
+    /* The variables naming the visible GPUs (read by the first cuInit): layer
+     * i is the first set variable of the NULL-terminated list vis_env[i], and
+     * picks from the GPUs the layer before left.  This driver: only
+     * CUDA_VISIBLE_DEVICES; the fake HIP runtime linking this engine
+     * (tests/fakehip) sets its own lists from a constructor, before any call. */
+    const char *const *vis_env[FC_VIS_LAYERS];
 };
 
 extern struct fc_state fc;

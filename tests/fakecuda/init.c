@@ -7,7 +7,8 @@
  *   CUDA_VISIBLE_DEVICES  comma-separated GPU indices or UUIDs ("GPU-..." as
  *                         cuDeviceGetUuid's text form, or a unique prefix
  *                         of it); parsing stops at the first invalid
- *                         entry, as the real driver does
+ *                         entry, as the real driver does (fc.vis_env names
+ *                         the variables: tests/fakehip reads its own)
  *   KREX_FAKE_CALL_BYTES  free device memory a non-allocating call that
  *                         needs some (context and stream creation, module
  *                         loads, launches, graph instantiation and upload,
@@ -36,8 +37,11 @@
 #include <strings.h>
 #include <unistd.h>
 
+static const char *const cuda_visible[] = {"CUDA_VISIBLE_DEVICES", NULL};
+
 struct fc_state fc = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
+    .vis_env = {cuda_visible},
     .timeline_fd = -1,
     .next_stream_id = 1,
     .next_ctx_id = 1,
@@ -115,6 +119,49 @@ static long uuid_entry(const char *p, char **end)
     return found;
 }
 
+/* Apply one visibility variable's value `vis` to the GPUs the previous layer
+ * left visible (base[0..nbase), simulated indices): entries are indices into
+ * that list or UUIDs of its GPUs; the real drivers take entries up to the
+ * first invalid one. */
+static int apply_visible(const char *vis, const int *base, int nbase, int *out)
+{
+    int n = 0;
+    const char *p = vis;
+    while (*p && n < FC_MAX_GPUS) {
+        while (*p == ' ')
+            p++;
+        char *end = NULL;
+        long idx;
+        if (strncmp(p, "GPU-", 4) == 0) {
+            long phys = uuid_entry(p, &end);
+            idx = -1;
+            for (int i = 0; phys >= 0 && i < nbase; i++)
+                if (base[i] == (int)phys)
+                    idx = i;
+        } else {
+            errno = 0;
+            idx = strtol(p, &end, 10);
+            if (end == p || errno != 0)
+                break;
+        }
+        if (idx < 0 || idx >= nbase)
+            break;
+        bool dup = false;
+        for (int i = 0; i < n; i++)
+            dup = dup || out[i] == base[idx];
+        if (dup)
+            break;
+        out[n++] = base[idx];
+        p = end;
+        while (*p == ' ')
+            p++;
+        if (*p != ',')
+            break;
+        p++;
+    }
+    return n;
+}
+
 static CUresult config_gpus(void)
 {
     const char *s = getenv("KREX_FAKE_GPUS");
@@ -130,42 +177,19 @@ static CUresult config_gpus(void)
         }
         fc.nphys = (int)n;
     }
-    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     fc.ndev = 0;
-    if (vis == NULL) {
-        for (int i = 0; i < fc.nphys; i++)
-            fc.phys[fc.ndev++] = i;
-        return CUDA_SUCCESS;
-    }
-    /* The real driver takes entries up to the first invalid one. */
-    const char *p = vis;
-    while (*p && fc.ndev < FC_MAX_GPUS) {
-        while (*p == ' ')
-            p++;
-        char *end = NULL;
-        long idx;
-        if (strncmp(p, "GPU-", 4) == 0) {
-            idx = uuid_entry(p, &end);
-        } else {
-            errno = 0;
-            idx = strtol(p, &end, 10);
-            if (end == p || errno != 0)
-                break;
-        }
-        if (idx < 0 || idx >= fc.nphys)
-            break;
-        bool dup = false;
-        for (int i = 0; i < fc.ndev; i++)
-            dup = dup || fc.phys[i] == (int)idx;
-        if (dup)
-            break;
-        fc.phys[fc.ndev++] = (int)idx;
-        p = end;
-        while (*p == ' ')
-            p++;
-        if (*p != ',')
-            break;
-        p++;
+    for (int i = 0; i < fc.nphys; i++)
+        fc.phys[fc.ndev++] = i;
+    /* Each layer (fc.vis_env) picks from the GPUs the previous one left. */
+    for (int layer = 0; layer < FC_VIS_LAYERS && fc.vis_env[layer]; layer++) {
+        const char *vis = NULL;
+        for (const char *const *name = fc.vis_env[layer]; *name && vis == NULL; name++)
+            vis = getenv(*name);
+        if (vis == NULL)
+            continue;
+        int picked[FC_MAX_GPUS];
+        fc.ndev = apply_visible(vis, fc.phys, fc.ndev, picked);
+        memcpy(fc.phys, picked, sizeof picked[0] * (size_t)fc.ndev);
     }
     return CUDA_SUCCESS;
 }

@@ -1,0 +1,1 @@
+"""Tests and helpers for the fake HIP runtime (tests/fakehip/README.md)."""

@@ -1,0 +1,278 @@
+"""A tiny HIP runtime binding (ctypes) so Python test tenants act like HIP programs.
+
+It loads ``libamdhip64.so.6`` by name, as a ROCm PyTorch does, so a process
+started with ``LD_LIBRARY_PATH=build/fakehip`` gets the fake runtime and an
+LD_PRELOADed interposer sees its calls as it would a real program's.
+Kernels are duration kernels: ``launch(duration_ns)`` occupies the stream
+for that many ns (tests/fakehip/README.md).
+
+Library use::
+
+    import hipgpu
+    g = hipgpu.init()
+    g.launch(2_000_000)        # a 2 ms kernel on the null stream
+    g.synchronize()
+
+This module imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+HIP_STREAM_NON_BLOCKING = 0x1
+HIP_EVENT_DISABLE_TIMING = 0x2
+HIP_ERROR_NOT_READY = 600
+MEMCPY = {"h2h": 0, "h2d": 1, "d2h": 2, "d2d": 3, "default": 4}
+CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
+CAPTURE_STATUS = {0: "none", 1: "active", 2: "invalidated"}
+
+_P = ctypes.c_void_p
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_U = ctypes.c_uint
+_I = ctypes.c_int
+_SZ = ctypes.c_size_t
+_PSZ = ctypes.POINTER(ctypes.c_size_t)
+
+
+class Dim3(ctypes.Structure):
+    """HIP's dim3, passed by value."""
+
+    _fields_ = [("x", ctypes.c_uint32), ("y", ctypes.c_uint32), ("z", ctypes.c_uint32)]
+
+
+# name -> argument types (all return hipError_t, an int)
+_SIGNATURES: dict[str, list[Any]] = {
+    "hipInit": [_U],
+    "hipGetDeviceCount": [ctypes.POINTER(_I)],
+    "hipSetDevice": [_I],
+    "hipGetDevice": [ctypes.POINTER(_I)],
+    "hipDeviceSynchronize": [],
+    "hipDeviceGetAttribute": [ctypes.POINTER(_I), _I, _I],
+    "hipMemGetInfo": [_PSZ, _PSZ],
+    "hipMalloc": [_PP, _SZ],
+    "hipFree": [_P],
+    "hipMallocAsync": [_PP, _SZ, _P],
+    "hipFreeAsync": [_P, _P],
+    "hipHostMalloc": [_PP, _SZ, _U],
+    "hipHostFree": [_P],
+    "hipMemcpy": [_P, _P, _SZ, _I],
+    "hipMemcpyAsync": [_P, _P, _SZ, _I, _P],
+    "hipMemset": [_P, _I, _SZ],
+    "hipMemsetAsync": [_P, _I, _SZ, _P],
+    "hipStreamCreateWithFlags": [_PP, _U],
+    "hipStreamCreateWithPriority": [_PP, _U, _I],
+    "hipStreamGetPriority": [_P, ctypes.POINTER(_I)],
+    "hipStreamDestroy": [_P],
+    "hipStreamSynchronize": [_P],
+    "hipStreamQuery": [_P],
+    "hipStreamWaitEvent": [_P, _P, _U],
+    "hipEventCreateWithFlags": [_PP, _U],
+    "hipEventRecord": [_P, _P],
+    "hipEventSynchronize": [_P],
+    "hipEventQuery": [_P],
+    "hipEventElapsedTime": [ctypes.POINTER(ctypes.c_float), _P, _P],
+    "hipEventDestroy": [_P],
+    "hipModuleLoadData": [_PP, ctypes.c_char_p],
+    "hipModuleGetFunction": [_PP, _P, ctypes.c_char_p],
+    "hipModuleLaunchKernel": [_P, _U, _U, _U, _U, _U, _U, _U, _P, _PP, _PP],
+    "hipLaunchKernel": [_P, Dim3, Dim3, _PP, _SZ, _P],
+    "hipLaunchHostFunc": [_P, _P, _P],
+    "hipStreamBeginCapture": [_P, _I],
+    "hipStreamEndCapture": [_P, _PP],
+    "hipStreamIsCapturing": [_P, ctypes.POINTER(_I)],
+    "hipGraphInstantiate": [_PP, _P, _PP, ctypes.c_char_p, _SZ],
+    "hipGraphLaunch": [_P, _P],
+    "hipGraphExecDestroy": [_P],
+    "hipGraphDestroy": [_P],
+    "hipGetLastError": [],
+    "hipPeekAtLastError": [],
+}
+
+HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class HipError(RuntimeError):
+    """A HIP call returned ``code`` (named by hipGetErrorName)."""
+
+    def __init__(self, call: str, code: int, name: str) -> None:
+        super().__init__(f"{call}: {name} ({code})")
+        self.call = call
+        self.code = code
+        self.name = name
+
+
+class Hip:
+    """The loaded runtime; ``call`` raises HipError, ``try_call`` returns the code."""
+
+    def __init__(self, name: str = "libamdhip64.so.6") -> None:
+        self.lib = ctypes.CDLL(name)
+        for fn, args in _SIGNATURES.items():
+            f = getattr(self.lib, fn)
+            f.argtypes = args
+            f.restype = _I
+        for fn in ("hipGetErrorName", "hipGetErrorString"):
+            f = getattr(self.lib, fn)
+            f.argtypes = [_I]
+            f.restype = ctypes.c_char_p
+
+    def error_name(self, code: int) -> str:
+        """hipGetErrorName(code)."""
+        return str(self.lib.hipGetErrorName(code).decode())
+
+    def error_string(self, code: int) -> str:
+        """hipGetErrorString(code)."""
+        return str(self.lib.hipGetErrorString(code).decode())
+
+    def try_call(self, fn: str, *args: Any) -> int:
+        """Call ``fn``; return its hipError_t."""
+        return int(getattr(self.lib, fn)(*args))
+
+    def call(self, fn: str, *args: Any) -> None:
+        """Call ``fn``; raise HipError unless it returns hipSuccess."""
+        code = self.try_call(fn, *args)
+        if code != 0:
+            raise HipError(fn, code, self.error_name(code))
+
+
+class HipGpu:
+    """The calling thread's current device, through a :class:`Hip`."""
+
+    def __init__(self, hip: Hip, device: int = 0) -> None:
+        self.hip = hip
+        hip.call("hipInit", 0)
+        hip.call("hipSetDevice", device)
+        mod = ctypes.c_void_p()
+        hip.call("hipModuleLoadData", ctypes.byref(mod), b"fake hip code object")
+        self.module = mod
+        fn = ctypes.c_void_p()
+        hip.call("hipModuleGetFunction", ctypes.byref(fn), mod, b"duration_kernel")
+        self.fn = fn
+        self._keep: list[Any] = []  # host functions and arguments in flight
+
+    def stream_create(self, nonblocking: bool = False, priority: int | None = None) -> int:
+        """A new stream (a handle as an int)."""
+        s = ctypes.c_void_p()
+        flags = HIP_STREAM_NON_BLOCKING if nonblocking else 0
+        if priority is None:
+            self.hip.call("hipStreamCreateWithFlags", ctypes.byref(s), flags)
+        else:
+            self.hip.call("hipStreamCreateWithPriority", ctypes.byref(s), flags, priority)
+        return int(s.value or 0)
+
+    def launch(self, duration_ns: int, stream: int | None = None) -> None:
+        """A duration kernel through hipModuleLaunchKernel (stream None: the null stream)."""
+        dur = ctypes.c_uint64(duration_ns)
+        params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(dur), ctypes.c_void_p))
+        self.hip.call("hipModuleLaunchKernel", self.fn, 1, 1, 1, 1, 1, 1, 0, stream, params, None)
+
+    def launch_host_ptr(self, duration_ns: int, key: int, stream: int | None = None) -> None:
+        """A duration kernel through hipLaunchKernel, ``key`` its host function pointer."""
+        dur = ctypes.c_uint64(duration_ns)
+        params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(dur), ctypes.c_void_p))
+        one = Dim3(1, 1, 1)
+        self.hip.call("hipLaunchKernel", key, one, one, params, 0, stream)
+
+    def host_func(self, fn: Any, stream: int | None = None) -> None:
+        """hipLaunchHostFunc of a Python callable taking no argument."""
+        cb = HOST_FN(lambda _arg: fn())
+        self._keep.append(cb)
+        self.hip.call("hipLaunchHostFunc", stream, cb, None)
+
+    def synchronize(self) -> None:
+        """hipDeviceSynchronize."""
+        self.hip.call("hipDeviceSynchronize")
+
+    def stream_synchronize(self, stream: int | None) -> None:
+        """hipStreamSynchronize."""
+        self.hip.call("hipStreamSynchronize", stream)
+
+    def stream_query(self, stream: int | None) -> bool:
+        """True when the stream's work has ended (hipStreamQuery)."""
+        code = self.hip.try_call("hipStreamQuery", stream)
+        if code not in (0, HIP_ERROR_NOT_READY):
+            raise HipError("hipStreamQuery", code, self.hip.error_name(code))
+        return code == 0
+
+    def event_create(self, timing: bool = True) -> int:
+        """A new event."""
+        e = ctypes.c_void_p()
+        flags = 0 if timing else HIP_EVENT_DISABLE_TIMING
+        self.hip.call("hipEventCreateWithFlags", ctypes.byref(e), flags)
+        return int(e.value or 0)
+
+    def event_record(self, event: int, stream: int | None = None) -> None:
+        """hipEventRecord."""
+        self.hip.call("hipEventRecord", event, stream)
+
+    def event_synchronize(self, event: int) -> None:
+        """hipEventSynchronize."""
+        self.hip.call("hipEventSynchronize", event)
+
+    def event_query(self, event: int) -> bool:
+        """True when the event has completed (hipEventQuery)."""
+        code = self.hip.try_call("hipEventQuery", event)
+        if code not in (0, HIP_ERROR_NOT_READY):
+            raise HipError("hipEventQuery", code, self.hip.error_name(code))
+        return code == 0
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        """hipEventElapsedTime."""
+        ms = ctypes.c_float()
+        self.hip.call("hipEventElapsedTime", ctypes.byref(ms), start, end)
+        return float(ms.value)
+
+    def malloc(self, size: int) -> int:
+        """hipMalloc; the device pointer as an int."""
+        p = ctypes.c_void_p()
+        self.hip.call("hipMalloc", ctypes.byref(p), size)
+        return int(p.value or 0)
+
+    def free(self, ptr: int) -> None:
+        """hipFree."""
+        self.hip.call("hipFree", ptr)
+
+    def memcpy(self, dst: int, src: int, size: int, kind: str, stream: int | None = None) -> None:
+        """hipMemcpy (stream None) or hipMemcpyAsync; ``kind`` a key of MEMCPY."""
+        if stream is None:
+            self.hip.call("hipMemcpy", dst, src, size, MEMCPY[kind])
+        else:
+            self.hip.call("hipMemcpyAsync", dst, src, size, MEMCPY[kind], stream)
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """hipMemGetInfo: (free, total)."""
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.hip.call("hipMemGetInfo", ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
+
+    def begin_capture(self, stream: int, mode: str = "global") -> None:
+        """hipStreamBeginCapture."""
+        self.hip.call("hipStreamBeginCapture", stream, CAPTURE_MODES[mode])
+
+    def end_capture(self, stream: int) -> int:
+        """hipStreamEndCapture; the graph."""
+        g = ctypes.c_void_p()
+        self.hip.call("hipStreamEndCapture", stream, ctypes.byref(g))
+        return int(g.value or 0)
+
+    def capture_status(self, stream: int) -> str:
+        """hipStreamIsCapturing, as none/active/invalidated."""
+        st = ctypes.c_int()
+        self.hip.call("hipStreamIsCapturing", stream, ctypes.byref(st))
+        return CAPTURE_STATUS[st.value]
+
+    def instantiate(self, graph: int) -> int:
+        """hipGraphInstantiate; the executable graph."""
+        x = ctypes.c_void_p()
+        self.hip.call("hipGraphInstantiate", ctypes.byref(x), graph, None, None, 0)
+        return int(x.value or 0)
+
+    def graph_launch(self, exec_graph: int, stream: int | None) -> None:
+        """hipGraphLaunch."""
+        self.hip.call("hipGraphLaunch", exec_graph, stream)
+
+
+def init(device: int = 0) -> HipGpu:
+    """Load the runtime and make ``device`` current."""
+    return HipGpu(Hip(), device)
