@@ -64,9 +64,11 @@ ROOT_FIXTURES = frozenset({"krexd_factory", "gate", "shared_gpu", "krex_cluster"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``needs_build``; skip ``root`` tests when not root, ``gpu`` ones without a GPU."""
+    """Mark ``needs_build``; skip ``root`` tests when not root, ``gpu`` ones without an
+    NVIDIA GPU, ``amd_gpu`` ones without an AMD GPU (``/dev/kfd``)."""
     not_root = os.geteuid() != 0 or not os.path.isdir("/sys/fs/cgroup")
     no_gpu = not os.path.exists("/dev/nvidiactl")
+    no_amd_gpu = not os.path.exists("/dev/kfd")
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if BUILD_FIXTURES.intersection(fixtures):
@@ -77,6 +79,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs root and cgroups"))
         if no_gpu and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
+        if no_amd_gpu and "amd_gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs an AMD GPU (/dev/kfd)"))
 
 
 class Krexd:
