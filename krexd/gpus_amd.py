@@ -78,28 +78,47 @@ def missing_bindings() -> list[str]:
 
 
 def run_probe(timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]] | None:
-    """The devices ``python -m krexd.hip_probe`` lists; None (logged) when it fails."""
+    """The devices ``python -m krexd.hip_probe`` lists; None (logged) when it fails.
+
+    The child runs as krexd (root), so it imports nothing from where krexd was
+    started: working directory ``/`` and ``-P`` (no script or current directory
+    on ``sys.path``).  A child that does not answer within ``timeout_s`` is
+    killed and waited for at most 5 s more (one stuck in the driver, which no
+    signal ends at once, is left behind rather than stalling krexd's start).
+    """
     env = {k: v for k, v in os.environ.items() if k not in _VISIBILITY}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # krexd's parent
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "krexd.hip_probe"],
+        child = subprocess.Popen(
+            [sys.executable, "-P", "-m", "krexd.hip_probe"],
             env=env,
+            cwd="/",
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout_s,
-            check=False,
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        _log.error("AMD GPUs: the HIP inventory did not answer (%s): none managed", exc)
+    except OSError as exc:
+        _log.error("AMD GPUs: the HIP inventory could not start (%s): none managed", exc)
         return None
     try:
-        reply = json.loads(done.stdout.strip().splitlines()[-1])
+        stdout, stderr = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        try:
+            child.communicate(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the driver: left to exit when it can
+        _log.error("AMD GPUs: the HIP inventory did not answer in %.0f s: none managed", timeout_s)
+        return None
+    try:
+        reply = json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        tail = (done.stderr or done.stdout).strip()[-300:]
-        _log.error("AMD GPUs: the HIP inventory failed (%s): none managed", tail or done.returncode)
+        tail = (stderr or stdout).strip()[-300:]
+        _log.error(
+            "AMD GPUs: the HIP inventory failed (%s): none managed", tail or child.returncode
+        )
         return None
     if "error" in reply:
         _log.error("AMD GPUs: %s: none managed", reply["error"])
@@ -114,17 +133,28 @@ def _bus_device(bdf: str) -> str:
 
 
 def match(devices: list[dict[str, Any]], nodes: list[kfd.KfdGpu]) -> list[AmdDevice]:
-    """``devices`` (the probe's) with what their KFD nodes add (module docstring, step 3)."""
+    """``devices`` (the probe's: ``uuid``, ``pci_bus_id``, ``name``, ``total_mem_bytes``,
+    ``l2_bytes``) with what their KFD nodes add (module docstring, step 3).
+
+    Each KFD node serves one device at most.  A device without a node of its own, or
+    whose node gives no render node (``drm_render_minor`` under 128 or unknown), is not
+    managed: its tenants could not be confined to it, and one such GPU would otherwise
+    turn device isolation off for the whole host (``krexd.cgroups.devices``).
+    """
     out = []
+    free = list(nodes)
     for d in devices:
         uuid = str(d.get("uuid") or "")
         bdf = str(d.get("pci_bus_id") or "")
-        node = next((n for n in nodes if uuid and n.uuid == uuid), None) or next(
-            (n for n in nodes if _bus_device(n.bdf) == _bus_device(bdf)), None
-        )
-        if node is None:
-            _log.warning("AMD GPU %s (%s): no KFD node matches; render node unknown", uuid, bdf)
-        uuid = uuid or (node.uuid if node is not None else "")
+        by_uuid = [n for n in free if uuid and n.uuid == uuid]
+        by_bus = [n for n in free if _bus_device(n.bdf) == _bus_device(bdf)]
+        node = by_uuid[0] if by_uuid else (by_bus[0] if len(by_bus) == 1 else None)
+        if node is None or node.render_minor is None or node.render_minor < 128:
+            why = "no KFD node of its own" if node is None else "no render node"
+            _log.warning("AMD GPU %s (%s): %s: not managed", uuid or "?", bdf, why)
+            continue
+        free.remove(node)
+        uuid = uuid or node.uuid
         if not uuid:
             # Commands are bound to an AMD GPU by UUID (ROCR_VISIBLE_DEVICES): none, no binding.
             _log.warning("AMD GPU at %s: neither HIP nor KFD gives a UUID: not managed", bdf)
@@ -134,9 +164,9 @@ def match(devices: list[dict[str, Any]], nodes: list[kfd.KfdGpu]) -> list[AmdDev
                 name=str(d.get("name") or "AMD GPU"),
                 total_mem_bytes=int(d.get("total_mem_bytes") or 0),
                 l2_bytes=int(d.get("l2_bytes") or 0),
-                pci_bus_id=node.bdf if node is not None else bdf,
+                pci_bus_id=node.bdf,
                 uuid=uuid,
-                render_minor=node.render_minor if node is not None else None,
+                render_minor=node.render_minor,
             )
         )
     return out

@@ -539,7 +539,6 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipEventElapsedTime, "hipEventElapsedTime", hipError_t, (float* ms, hipEvent_t start, hipEvent_t stop), (ms, start, stop), 0) \
     X(hipEventQuery, "hipEventQuery", hipError_t, (hipEvent_t event), (event), 0) \
     X(hipEventSynchronize, "hipEventSynchronize", hipError_t, (hipEvent_t event), (event), 0) \
-    X(hipStreamDestroy, "hipStreamDestroy", hipError_t, (hipStream_t stream), (stream), 0) \
     X(hipStreamQuery, "hipStreamQuery", hipError_t, (hipStream_t stream), (stream), 0) \
     X(hipStreamQuery_spt, "hipStreamQuery_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT) \
     X(hipStreamSynchronize, "hipStreamSynchronize", hipError_t, (hipStream_t stream), (stream), 0) \
@@ -556,6 +555,7 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipDevicePrimaryCtxRetain, "hipDevicePrimaryCtxRetain", hipError_t, (hipCtx_t* pctx, hipDevice_t dev), (pctx, dev), KREX_HIP_EPF_GATED) \
     X(hipDevicePrimaryCtxSetFlags, "hipDevicePrimaryCtxSetFlags", hipError_t, (hipDevice_t dev, unsigned int flags), (dev, flags), KREX_HIP_EPF_GATED) \
     X(hipDeviceReset, "hipDeviceReset", hipError_t, (void), (), KREX_HIP_EPF_GATED) \
+    X(hipExtStreamCreateWithCUMask, "hipExtStreamCreateWithCUMask", hipError_t, (hipStream_t* stream, uint32_t cuMaskSize, const uint32_t* cuMask), (stream, cuMaskSize, cuMask), KREX_HIP_EPF_GATED) \
     X(hipFuncGetAttributes, "hipFuncGetAttributes", hipError_t, (struct hipFuncAttributes* attr, const void* func), (attr, func), KREX_HIP_EPF_GATED) \
     X(hipFuncSetAttribute, "hipFuncSetAttribute", hipError_t, (const void* func, hipFuncAttribute attr, int value), (func, attr, value), KREX_HIP_EPF_GATED) \
     X(hipFuncSetCacheConfig, "hipFuncSetCacheConfig", hipError_t, (const void* func, hipFuncCache_t config), (func, config), KREX_HIP_EPF_GATED) \
@@ -563,6 +563,8 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipGetSymbolAddress, "hipGetSymbolAddress", hipError_t, (void** devPtr, const void* symbol), (devPtr, symbol), KREX_HIP_EPF_GATED) \
     X(hipGetSymbolSize, "hipGetSymbolSize", hipError_t, (size_t* size, const void* symbol), (size, symbol), KREX_HIP_EPF_GATED) \
     X(hipGetTextureReference, "hipGetTextureReference", hipError_t, (const textureReference** texref, const void* symbol), (texref, symbol), KREX_HIP_EPF_GATED) \
+    X(hipGraphInstantiate, "hipGraphInstantiate", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, hipGraphNode_t* pErrorNode, char* pLogBuffer, size_t bufferSize), (pGraphExec, graph, pErrorNode, pLogBuffer, bufferSize), KREX_HIP_EPF_GATED) \
+    X(hipGraphInstantiateWithFlags, "hipGraphInstantiateWithFlags", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, unsigned long long flags), (pGraphExec, graph, flags), KREX_HIP_EPF_GATED) \
     X(hipInit, "hipInit", hipError_t, (unsigned int flags), (flags), KREX_HIP_EPF_GATED) \
     X(hipKernelNameRefByPtr, "hipKernelNameRefByPtr", const char*, (const void* hostFunction, hipStream_t stream), (hostFunction, stream), KREX_HIP_EPF_GATED) \
     X(hipModuleGetFunction, "hipModuleGetFunction", hipError_t, (hipFunction_t* function, hipModule_t module, const char* kname), (function, module, kname), KREX_HIP_EPF_GATED) \
@@ -574,7 +576,11 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipModuleUnload, "hipModuleUnload", hipError_t, (hipModule_t module), (module), KREX_HIP_EPF_GATED) \
     X(hipOccupancyMaxActiveBlocksPerMultiprocessor, "hipOccupancyMaxActiveBlocksPerMultiprocessor", hipError_t, (int* numBlocks, const void* f, int blockSize, size_t dynSharedMemPerBlk), (numBlocks, f, blockSize, dynSharedMemPerBlk), KREX_HIP_EPF_GATED) \
     X(hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, "hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", hipError_t, (int* numBlocks, const void* f, int blockSize, size_t dynSharedMemPerBlk, unsigned int flags), (numBlocks, f, blockSize, dynSharedMemPerBlk, flags), KREX_HIP_EPF_GATED) \
-    X(hipOccupancyMaxPotentialBlockSize, "hipOccupancyMaxPotentialBlockSize", hipError_t, (int* gridSize, int* blockSize, const void* f, size_t dynSharedMemPerBlk, int blockSizeLimit), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit), KREX_HIP_EPF_GATED)
+    X(hipOccupancyMaxPotentialBlockSize, "hipOccupancyMaxPotentialBlockSize", hipError_t, (int* gridSize, int* blockSize, const void* f, size_t dynSharedMemPerBlk, int blockSizeLimit), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit), KREX_HIP_EPF_GATED) \
+    X(hipStreamCreate, "hipStreamCreate", hipError_t, (hipStream_t* stream), (stream), KREX_HIP_EPF_GATED) \
+    X(hipStreamCreateWithFlags, "hipStreamCreateWithFlags", hipError_t, (hipStream_t* stream, unsigned int flags), (stream, flags), KREX_HIP_EPF_GATED) \
+    X(hipStreamCreateWithPriority, "hipStreamCreateWithPriority", hipError_t, (hipStream_t* stream, unsigned int flags, int priority), (stream, flags, priority), KREX_HIP_EPF_GATED) \
+    X(hipStreamDestroy, "hipStreamDestroy", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_GATED)
 
 #define KREX_HIP_EPS_D(X) \
     X(__hipGetPCH, "__hipGetPCH", void, (const char** pch, unsigned int* size), (pch, size), 0) \
@@ -636,7 +642,6 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipEventDestroy, "hipEventDestroy", hipError_t, (hipEvent_t event), (event), 0) \
     X(hipExtGetLinkTypeAndHopCount, "hipExtGetLinkTypeAndHopCount", hipError_t, (int device1, int device2, uint32_t* linktype, uint32_t* hopcount), (device1, device2, linktype, hopcount), 0) \
     X(hipExtMallocWithFlags, "hipExtMallocWithFlags", hipError_t, (void** ptr, size_t sizeBytes, unsigned int flags), (ptr, sizeBytes, flags), 0) \
-    X(hipExtStreamCreateWithCUMask, "hipExtStreamCreateWithCUMask", hipError_t, (hipStream_t* stream, uint32_t cuMaskSize, const uint32_t* cuMask), (stream, cuMaskSize, cuMask), 0) \
     X(hipExtStreamGetCUMask, "hipExtStreamGetCUMask", hipError_t, (hipStream_t stream, uint32_t cuMaskSize, uint32_t* cuMask), (stream, cuMaskSize, cuMask), 0) \
     X(hipExternalMemoryGetMappedBuffer, "hipExternalMemoryGetMappedBuffer", hipError_t, (void** devPtr, hipExternalMemory_t extMem, const hipExternalMemoryBufferDesc* bufferDesc), (devPtr, extMem, bufferDesc), 0) \
     X(hipFuncGetAttribute, "hipFuncGetAttribute", hipError_t, (int* value, hipFunction_attribute attrib, hipFunction_t hfunc), (value, attrib, hfunc), 0) \
@@ -694,8 +699,6 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipGraphGetRootNodes, "hipGraphGetRootNodes", hipError_t, (hipGraph_t graph, hipGraphNode_t* pRootNodes, size_t* pNumRootNodes), (graph, pRootNodes, pNumRootNodes), 0) \
     X(hipGraphHostNodeGetParams, "hipGraphHostNodeGetParams", hipError_t, (hipGraphNode_t node, hipHostNodeParams* pNodeParams), (node, pNodeParams), 0) \
     X(hipGraphHostNodeSetParams, "hipGraphHostNodeSetParams", hipError_t, (hipGraphNode_t node, const hipHostNodeParams* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphInstantiate, "hipGraphInstantiate", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, hipGraphNode_t* pErrorNode, char* pLogBuffer, size_t bufferSize), (pGraphExec, graph, pErrorNode, pLogBuffer, bufferSize), 0) \
-    X(hipGraphInstantiateWithFlags, "hipGraphInstantiateWithFlags", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, unsigned long long flags), (pGraphExec, graph, flags), 0) \
     X(hipGraphKernelNodeGetAttribute, "hipGraphKernelNodeGetAttribute", hipError_t, (hipGraphNode_t hNode, hipKernelNodeAttrID attr, hipKernelNodeAttrValue* value), (hNode, attr, value), 0) \
     X(hipGraphKernelNodeGetParams, "hipGraphKernelNodeGetParams", hipError_t, (hipGraphNode_t node, hipKernelNodeParams* pNodeParams), (node, pNodeParams), 0) \
     X(hipGraphKernelNodeSetAttribute, "hipGraphKernelNodeSetAttribute", hipError_t, (hipGraphNode_t hNode, hipKernelNodeAttrID attr, const hipKernelNodeAttrValue* value), (hNode, attr, value), 0) \
@@ -789,9 +792,6 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipSetDeviceFlags, "hipSetDeviceFlags", hipError_t, (unsigned flags), (flags), 0) \
     X(hipSetupArgument, "hipSetupArgument", hipError_t, (const void* arg, size_t size, size_t offset), (arg, size, offset), 0) \
     X(hipStreamBeginCapture, "hipStreamBeginCapture", hipError_t, (hipStream_t stream, hipStreamCaptureMode mode), (stream, mode), 0) \
-    X(hipStreamCreate, "hipStreamCreate", hipError_t, (hipStream_t* stream), (stream), 0) \
-    X(hipStreamCreateWithFlags, "hipStreamCreateWithFlags", hipError_t, (hipStream_t* stream, unsigned int flags), (stream, flags), 0) \
-    X(hipStreamCreateWithPriority, "hipStreamCreateWithPriority", hipError_t, (hipStream_t* stream, unsigned int flags, int priority), (stream, flags, priority), 0) \
     X(hipStreamEndCapture, "hipStreamEndCapture", hipError_t, (hipStream_t stream, hipGraph_t* pGraph), (stream, pGraph), 0) \
     X(hipStreamGetCaptureInfo, "hipStreamGetCaptureInfo", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* pCaptureStatus, unsigned long long* pId), (stream, pCaptureStatus, pId), 0) \
     X(hipStreamGetCaptureInfo_v2, "hipStreamGetCaptureInfo_v2", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* captureStatus_out, unsigned long long* id_out, hipGraph_t* graph_out, const hipGraphNode_t** dependencies_out, size_t* numDependencies_out), (stream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out), 0) \

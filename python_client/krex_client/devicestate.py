@@ -11,8 +11,9 @@ sources give it, one per vendor, behind one interface (:class:`DeviceState`):
   management library).  AMD SMI sees every GPU of the host, whatever the
   visibility variables say, so the GPU is the one at ``KREX_GPU_PCI`` (the
   PCI address ``krex run`` passes), else the one whose UUID
-  ``ROCR_VISIBLE_DEVICES`` names, else index ``HIP_VISIBLE_DEVICES``'s
-  first entry, else 0.  Its "SM
+  ``ROCR_VISIBLE_DEVICES`` names, else the host's only GPU when no
+  visibility variable is set; otherwise none (an index into a filtered view
+  names no GPU of AMD SMI's list).  Its "SM
   clock" is the graphics (GFX) clock (``AmdSmiClkType.GFX``), the temperature
   the hotspot (junction) sensor's, else the edge sensor's, and the power
   the current socket power, else the average (W).
@@ -217,8 +218,11 @@ class AmdSmiState(DeviceState):
                 if _same_uuid(rocr, str(sm.amdsmi_get_gpu_device_uuid(h))):
                     return h
             raise LookupError(f"no AMD GPU with UUID {rocr}")
-        hip = os.environ.get("HIP_VISIBLE_DEVICES", "").split(",")[0].strip()
-        return handles[int(hip) if hip.isdigit() else 0]
+        if rocr or os.environ.get("HIP_VISIBLE_DEVICES") or len(handles) != 1:
+            # An index into a filtered view, or several GPUs and nothing naming one: which of
+            # AMD SMI's GPUs it is cannot be known, so none (nulls), never a guess.
+            raise LookupError("this command's AMD GPU is not named by its PCI address or UUID")
+        return handles[0]
 
     def _identity(self) -> dict[str, Any]:
         asic = self._get("amdsmi_get_gpu_asic_info")

@@ -109,6 +109,9 @@ def test_amd_figures_by_uuid(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> N
 def test_amd_fallbacks_and_unreadable_figures(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setitem(sys.modules, "amdsmi", _fake_amdsmi(hotspot=False, power="N/A"))
     clean_env.setenv("HIP_VISIBLE_DEVICES", "0")
+    # HIP's index 0 of a filtered view names none of AMD SMI's GPUs: nulls, not a guess
+    assert not devicestate.open_state().available
+    clean_env.setenv("KREX_GPU_PCI", "0000:0c:00.0")
     state = devicestate.open_state()
     assert state.available and state.sm_clock() == 2100
     sample = state.sample()

@@ -250,3 +250,57 @@ def test_fake_gpus_are_nvidia_unless_asked_for_amd() -> None:
     ]
     assert [g.uuid for g in amd] == [gpus.fake_amd_uuid(0), gpus.fake_amd_uuid(1)]
     assert amd[1].uuid == "GPU-6b72657866616b01" and all(g.fake for g in amd)
+
+
+def _node(n: int, unique_id: int, render: int | None, bus: int) -> kfd.KfdGpu:
+    return kfd.KfdGpu(n, 5000 + n, unique_id, render, 0, bus << 8)
+
+
+def test_each_kfd_node_serves_one_device_and_one_without_a_render_node_is_not_managed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A device that would share a node, or whose node has no render node, is left out
+    (its tenants could not be confined to it)."""
+    devices = [
+        {"uuid": "", "pci_bus_id": "0000:0c:00.0", "name": "a"},
+        {"uuid": "", "pci_bus_id": "0000:0c:00.0", "name": "b"},  # a partition: same bus
+        {"uuid": "GPU-0000000000000003", "pci_bus_id": "0000:33:00.0", "name": "c"},
+        {"uuid": "GPU-0000000000000004", "pci_bus_id": "0000:44:00.0", "name": "d"},
+    ]
+    nodes = [_node(1, 1, 128, 0x0C), _node(3, 3, None, 0x33), _node(4, 4, 5, 0x44)]
+    with caplog.at_level(logging.WARNING, logger="krexd.gpus"):
+        got = gpus_amd.match(devices, nodes)
+    assert [(d.name, d.render_minor, d.uuid) for d in got] == [("a", 128, nodes[0].uuid)]
+    said = caplog.text
+    assert "no KFD node of its own" in said and said.count("no render node") == 2
+
+
+def _fake_interpreter(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_probe_child_runs_from_root_without_the_current_directory_on_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as root, it must import nothing from where krexd was started."""
+    report = 'printf \'{"devices": [{"cwd": "%s", "args": "%s"}]}\\n\' "$(pwd)" "$*"\n'
+    monkeypatch.setattr(gpus_amd.sys, "executable", _fake_interpreter(tmp_path, report))
+    monkeypatch.chdir(tmp_path)
+    (got,) = gpus_amd.run_probe(timeout_s=10.0) or [{}]
+    assert got["cwd"] == "/" and got["args"].split()[:3] == ["-P", "-m", "krexd.hip_probe"]
+
+
+def test_a_probe_that_hangs_is_given_up_in_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import time
+
+    monkeypatch.setattr(gpus_amd.sys, "executable", _fake_interpreter(tmp_path, "exec sleep 60\n"))
+    start = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="krexd.gpus"):
+        assert gpus_amd.run_probe(timeout_s=0.5) is None
+    assert time.monotonic() - start < 10.0
+    assert "did not answer" in caplog.text and "none managed" in caplog.text
