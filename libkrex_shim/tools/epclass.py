@@ -17,11 +17,22 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 # Words that mark an entry point as possibly doing device work: such a name
 # may not reach class D through a pattern (graph-node API excepted).
 RISKY = re.compile(r"Launch|Memcpy|Memset|Async|Prefetch|Upload|Synchron|Record|Wait|Signal")
+
+
+#: A parameter: its type text, then its name (the last identifier).
+PARAM_NAME = re.compile(r"^(?P<type>.*?[\s*])(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
+#: Words a parameter's last identifier may be without being its name (an unnamed one).
+TYPE_WORDS = frozenset(
+    {"int", "unsigned", "char", "short", "long", "float", "double", "void", "const", "size_t",
+     "signed", "struct", "enum", "union", "bool"}
+)  # fmt: skip
 
 
 class GenError(Exception):
@@ -102,3 +113,23 @@ def assign_classes(
             continue
         classes[name] = "D"
     return classes, problems
+
+
+def write_outputs(files: Mapping[str, str], out_dir: Path, check: bool, prog: str) -> int:
+    """Write each generated file under ``out_dir``, or with ``check`` compare it.
+
+    Returns the exit status: 0 written or current, 1 (with one line on stderr
+    naming ``prog`` and the stale files) when ``check`` finds a file out of date.
+    """
+    stale = []
+    for name, content in files.items():
+        path = out_dir / name
+        if check:
+            if not path.is_file() or path.read_text() != content:
+                stale.append(name)
+        else:
+            path.write_text(content)
+    if stale:
+        print(f"{prog}: out of date: {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0

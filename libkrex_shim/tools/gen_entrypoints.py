@@ -40,24 +40,17 @@ SHIM_DIR = HERE.parent
 if str(HERE) not in sys.path:  # loaded by path (tests) as well as run as a script
     sys.path.insert(0, str(HERE))
 
-from epclass import GenError, assign_classes, is_risky  # noqa: E402
+from epclass import (  # noqa: E402
+    PARAM_NAME,
+    TYPE_WORDS,
+    GenError,
+    assign_classes,
+    is_risky,
+    write_outputs,
+)
 from epclass import names as _names  # noqa: E402
 
 DECL = re.compile(r"\bCUresult\s+(cu[A-Za-z0-9_]+)\s*\(([^;{}]*?)\)\s*;", re.S)
-PARAM_NAME = re.compile(r"^(?P<type>.*?[\s*])(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
-TYPE_WORDS = {
-    "int",
-    "unsigned",
-    "char",
-    "short",
-    "long",
-    "float",
-    "double",
-    "void",
-    "const",
-    "size_t",
-    "signed",
-}
 
 
 @dataclass
@@ -388,18 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines():
             print(f"gen_entrypoints: {line}", file=sys.stderr)
         return 2
-    stale = []
-    for name, content in files.items():
-        path = ns.out_dir / name
-        if ns.check:
-            if not path.is_file() or path.read_text() != content:
-                stale.append(name)
-        else:
-            path.write_text(content)
-    if stale:
-        print(f"gen_entrypoints: out of date: {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    return write_outputs(files, ns.out_dir, ns.check, "gen_entrypoints")
 
 
 if __name__ == "__main__":

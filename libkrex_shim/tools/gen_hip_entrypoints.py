@@ -41,7 +41,7 @@ SHIM_DIR = HERE.parent
 if str(HERE) not in sys.path:  # loaded by path (tests) as well as run as a script
     sys.path.insert(0, str(HERE))
 
-from epclass import GenError, assign_classes, is_risky, names  # noqa: E402
+from epclass import GenError, assign_classes, is_risky, names, write_outputs  # noqa: E402
 from hip_decls import C_HEADERS, Decl, default_include, hip_version, present, read_all  # noqa: E402
 
 SOURCE = "hip_classes.toml"
@@ -249,18 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines():
             print(f"gen_hip_entrypoints: {line}", file=sys.stderr)
         return 2
-    stale = []
-    for name, content in files.items():
-        path = ns.out_dir / name
-        if ns.check:
-            if not path.is_file() or path.read_text() != content:
-                stale.append(name)
-        else:
-            path.write_text(content)
-    if stale:
-        print(f"gen_hip_entrypoints: out of date: {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    return write_outputs(files, ns.out_dir, ns.check, "gen_hip_entrypoints")
 
 
 if __name__ == "__main__":

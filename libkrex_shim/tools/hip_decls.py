@@ -33,31 +33,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from epclass import GenError
+from epclass import PARAM_NAME, TYPE_WORDS, GenError
 
 C_HEADERS = ("hip_runtime.h", "hiprtc.h", "amd_detail/hip_runtime_prof.h")
 CXX_HEADERS = C_HEADERS + ("hip_ext.h",)
 DEFINES = ("-D__HIP_PLATFORM_AMD__",)
 
 NAME = re.compile(r"\b((?:__)?hip\w*)\s*\(")
-PARAM_NAME = re.compile(r"^(?P<type>.*?[\s*])(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
-NOT_NAMES = {
-    "int",
-    "unsigned",
-    "char",
-    "short",
-    "long",
-    "float",
-    "double",
-    "void",
-    "const",
-    "size_t",
-    "signed",
-    "struct",
-    "enum",
-    "union",
-    "bool",
-}
 LINE_MARKER = re.compile(r'^#\s*\d+\s+"([^"]*)"')
 EXTERN_C = re.compile(r'^extern\s*"C"\s*')
 LINKAGE_BLOCK = re.compile(r'^extern\s*"(C|C\+\+)"$')
@@ -303,7 +285,7 @@ def parse_params(name: str, text: str) -> list[Param]:
         if raw == "..." or any(c in raw for c in "()[]&"):
             raise GenError(f"{name}: unsupported parameter syntax: {raw!r}")
         m = PARAM_NAME.match(raw)
-        if not m or m.group("name") in NOT_NAMES or not m.group("type").strip():
+        if not m or m.group("name") in TYPE_WORDS or not m.group("type").strip():
             raise GenError(f"{name}: parameter without a name: {raw!r}")
         ptype = _type_text(m.group("type"))
         if ptype in ("const", "struct", "enum", "union"):
