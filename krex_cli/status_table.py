@@ -127,9 +127,11 @@ def _format_cpus(cores: set[int]) -> str:
 
 
 def gpu_table(gpus: list[dict[str, Any]]) -> str:
-    """One row per GPU of ``status``'s ``gpus``: vendor, slots, CPU lists, holder, gate word,
+    """One row per GPU of ``status``'s ``gpus``: vendor (only where a GPU is not NVIDIA's,
+    so an NVIDIA host's table keeps its columns), slots, CPU lists, holder, gate word,
     regions, memory; then :data:`CPU_LEGEND`.  ``no GPUs`` when there are none."""
-    rows = [_GPU_HEADER]
+    vendors = any(g.get("vendor", "nvidia") != "nvidia" for g in gpus)
+    rows = [[h for h in _GPU_HEADER if vendors or h != "VENDOR"]]
     for g in gpus:
         sl = g.get("slice") or {}
         holder = g.get("holder")
@@ -138,7 +140,7 @@ def gpu_table(gpus: list[dict[str, Any]]) -> str:
             [
                 str(g["index"]),
                 g["name"],
-                str(g.get("vendor") or "-"),
+                *([str(g.get("vendor") or "-")] if vendors else []),
                 slots,
                 cpu_list(sl.get("cores")) + (" (shared)" if sl.get("shared") else ""),
                 cpu_list(sl.get("reserved")),

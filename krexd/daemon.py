@@ -185,7 +185,11 @@ class Daemon(Stopping):
             guard = None
             if gate is not None:
                 gate.judge = verifier.judge
-                guard = RegionGuard(self._users_of(info.index), gate.live_registrations)
+                guard = RegionGuard(
+                    self._users_of(info.index),
+                    gate.live_registrations,
+                    unknown_is_open=not vendors.of(info).shim_gated,
+                )
             coordinator = Coordinator(
                 info.index,
                 gate,

@@ -2,8 +2,10 @@
 
 A host has AMD GPUs for ROCm when ``/dev/kfd`` exists and the KFD topology
 (``/sys/class/kfd/kfd/topology/nodes/<N>/properties``) has a node with
-``simd_count > 0`` (CPU nodes have none).  Each such node's ``properties``
-file holds ``key value`` lines; krexd reads:
+``simd_count > 0`` (CPU nodes have none) and no CPU cores (an APU's
+integrated GPU has both, and is not managed: it shares the host's memory
+and cores, and its tenants could not be held apart from the host's work).
+Each such node's ``properties`` file holds ``key value`` lines; krexd reads:
 
 * ``gpu_id`` (KFD's id of the GPU, what ``amdsmi_get_gpu_kfd_info`` calls ``kfd_id``);
 * ``unique_id``: ROCr names the GPU ``GPU-<unique_id as 16 hex digits>``
@@ -80,6 +82,8 @@ def gpu_nodes(topology: str | None = None) -> list[KfdGpu]:
         props = _properties(os.path.join(topology, name, "properties"))
         if props.get("simd_count", 0) <= 0:
             continue  # a CPU node
+        if props.get("cpu_cores_count", 0) > 0:
+            continue  # an APU's integrated GPU (CPU cores on the node): not a GPU to share
         out.append(
             KfdGpu(
                 node=int(name),

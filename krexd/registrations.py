@@ -293,9 +293,11 @@ class RegionGuard:
     """The fail-closed check of one GPU's region entry (see the module docstring).
 
     ``users()`` is the set of pids with the GPU open (None: the source
-    cannot tell, and the check is skipped); ``slots()`` the gate's live
-    registrations (``Gate.live_registrations``).  The check verifies every
-    sibling process first and asks ``users()`` (NVML's process list on a
+    cannot tell, and the check is skipped, unless ``unknown_is_open``: then
+    every unverified sibling process counts as having it open, for GPUs whose
+    commands the shim does not gate, where this check is the only guard);
+    ``slots()`` the gate's live registrations (``Gate.live_registrations``).
+    The check verifies every sibling process first and asks ``users()`` (NVML's process list on a
     real GPU: a driver query of about 0.3-1 ms) only when some process is
     not a verified registrant: the answer is "nothing unprotected" whenever
     every sibling process is one, whoever has the GPU open.
@@ -305,9 +307,11 @@ class RegionGuard:
         self,
         users: Callable[[], set[int] | None],
         slots: Callable[[], list[Registration]],
+        unknown_is_open: bool = False,
     ) -> None:
         self._users = users
         self._slots = slots
+        self._unknown_is_open = unknown_is_open
 
     def users(self) -> set[int] | None:
         """The pids with the GPU open now (None: unknown)."""
@@ -321,11 +325,18 @@ class RegionGuard:
         """Those of ``suspects`` (:meth:`unverified`) that have the GPU open.
 
         Asks ``users()`` (a driver query on a real GPU) only when there is a
-        suspect; none when it cannot tell (None).
+        suspect; none when it cannot tell (None), or all of them with
+        ``unknown_is_open`` (the class docstring).
         """
         if not suspects:
             return []
         users = self._users()
+        if users is None and self._unknown_is_open:
+            unknown = "who has the GPU open cannot be read"
+            return [
+                Unprotected(t, pid, f"{unknown}; {_cause(pid, who, mine, epoch)}")
+                for t, pid, who, mine in suspects
+            ]
         if not users:
             return []
         return [

@@ -47,6 +47,10 @@ class Vendor(Protocol):
     node_table: str  # "minors" or "render_minors": DeviceIsolation's argument
     mps: bool
     driver_lock: bool
+    # Whether libkrex_shim gates the commands' GPU work (drain and acknowledgement).  Where
+    # it does not, the fail-closed check is the only guard and "cannot tell" means "open"
+    # (krexd.registrations.RegionGuard).
+    shim_gated: bool
 
     def binding(self, info: GpuInfo) -> dict[str, str]: ...
 
@@ -62,6 +66,7 @@ class Nvidia:
     node_table = "minors"
     mps = True
     driver_lock = True
+    shim_gated = True
 
     def binding(self, info: GpuInfo) -> dict[str, str]:
         """``CUDA_VISIBLE_DEVICES`` by UUID (the index when the inventory could not read
@@ -90,6 +95,7 @@ class Amd:
     node_table = "render_minors"
     mps = False
     driver_lock = False
+    shim_gated = False  # no HIP gating yet (docs/design/amd.md)
 
     def binding(self, info: GpuInfo) -> dict[str, str]:
         """ROCr filtered to the GPU's UUID, HIP's device 0 (that GPU), CUDA none; for the
@@ -98,6 +104,9 @@ class Amd:
         env = {
             "ROCR_VISIBLE_DEVICES": info.uuid,
             "HIP_VISIBLE_DEVICES": "0",
+            # HIP and OpenCL also filter by this one: a value inherited from the user's
+            # shell could leave the command no device; 0 is the same GPU.
+            "GPU_DEVICE_ORDINAL": "0",
             "CUDA_VISIBLE_DEVICES": "",
             "KREX_GPU_UUID": info.uuid,
             "KREX_GPU_VENDOR": AMD,

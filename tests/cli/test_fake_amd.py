@@ -17,7 +17,8 @@ from tests.conftest import Krexd
 SHOW_ENV = (
     "import json, os; print(json.dumps({k: os.environ.get(k) for k in "
     "('ROCR_VISIBLE_DEVICES', 'HIP_VISIBLE_DEVICES', 'CUDA_VISIBLE_DEVICES', "
-    "'CUDA_DEVICE_ORDER', 'KREX_GPU_UUID', 'KREX_GPU')}))"
+    "'CUDA_DEVICE_ORDER', 'KREX_GPU_UUID', 'KREX_GPU', 'GPU_DEVICE_ORDINAL', "
+    "'KREX_GPU_VENDOR', 'KREX_GPU_PCI')}))"
 )
 
 
@@ -38,7 +39,12 @@ def test_krexd_with_simulated_amd_gpus(krexd_factory: Callable[..., Krexd]) -> N
     assert len(rows) == 2 and all(" amd " in r for r in rows), table
     run = subprocess.run(
         [*k.krex, "run", "--gpu", "1", "--", sys.executable, "-c", SHOW_ENV],
-        env={**k.env, "CUDA_VISIBLE_DEVICES": "3", "HIP_VISIBLE_DEVICES": "2"},
+        env={
+            **k.env,
+            "CUDA_VISIBLE_DEVICES": "3",
+            "HIP_VISIBLE_DEVICES": "2",
+            "GPU_DEVICE_ORDINAL": "1",
+        },  # fmt: skip
         capture_output=True,
         text=True,
         timeout=30,
@@ -51,6 +57,9 @@ def test_krexd_with_simulated_amd_gpus(krexd_factory: Callable[..., Krexd]) -> N
         "CUDA_DEVICE_ORDER": None,
         "KREX_GPU_UUID": "GPU-6b72657866616b01",
         "KREX_GPU": "1",
+        "GPU_DEVICE_ORDINAL": "0",  # the user's 1 would have left no device
+        "KREX_GPU_VENDOR": "amd",
+        "KREX_GPU_PCI": None,  # a simulated GPU has no PCI address
     }
 
 
@@ -66,6 +75,10 @@ def test_the_gpu_table_has_a_vendor_column() -> None:
     head = next(i for i, line in enumerate(lines) if line.startswith("GPU "))
     start, end = lines[head].index("VENDOR"), lines[head].index("SLOTS")
     assert [r[start:end].strip() for r in lines[head + 1 : head + 4]] == ["nvidia", "amd", "-"]
+    # an NVIDIA host's table keeps the columns it always had
+    nvidia_only = render({**st, "gpus": [gpus[0], gpus[2]], "tenants": []})
+    header = next(line for line in nvidia_only.splitlines() if line.startswith("GPU "))
+    assert "VENDOR" not in header and header.split()[:3] == ["GPU", "NAME", "SLOTS"]
 
 
 def test_fake_vendor_is_nvidia_unless_configured(tmp_path: Path) -> None:

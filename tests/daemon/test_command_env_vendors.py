@@ -35,6 +35,7 @@ def test_an_amd_gpu_is_bound_through_rocr_and_hip_and_cuda_sees_nothing() -> Non
     assert env == {
         "ROCR_VISIBLE_DEVICES": "GPU-9a1b2c3d4e5f6071",
         "HIP_VISIBLE_DEVICES": "0",
+        "GPU_DEVICE_ORDINAL": "0",
         "CUDA_VISIBLE_DEVICES": "",
         "KREX_GPU_UUID": "GPU-9a1b2c3d4e5f6071",
         "KREX_GPU_VENDOR": "amd",
@@ -72,3 +73,5 @@ def test_device_minors_by_vendor() -> None:
 def test_vendor_capabilities() -> None:
     assert vendors.of(NV).mps and vendors.of(NV).driver_lock
     assert not vendors.of(AMD).mps and not vendors.of(AMD).driver_lock
+    # no HIP gating yet: the fail-closed check treats "cannot tell" as "has it open"
+    assert vendors.of(NV).shim_gated and not vendors.of(AMD).shim_gated

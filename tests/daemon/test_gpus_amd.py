@@ -92,6 +92,14 @@ def test_the_kfd_topology_lists_gpu_nodes_only(tmp_path: Path) -> None:
     assert kfd.gpu_nodes(str(tmp_path / "absent")) == []
 
 
+def test_an_apus_integrated_gpu_is_not_listed(tmp_path: Path) -> None:
+    """A node with SIMDs and CPU cores is an APU's integrated GPU: a discrete GPU's host
+    with one does not become a host krexd manages AMD GPUs on."""
+    apu = {"gpu_id": 7001, "unique_id": 0x77, "drm_render_minor": 128, "cpu_cores_count": 16}
+    nodes = kfd.gpu_nodes(str(write_topology(tmp_path, [apu, KFD_NODES[1]])))
+    assert [n.gpu_id for n in nodes] == [5002]
+
+
 def test_without_dev_kfd_there_is_no_amd_gpu(tmp_path: Path) -> None:
     topology = str(write_topology(tmp_path, KFD_NODES))
     assert kfd.amd_gpus_present(str(tmp_path / "no-kfd"), topology) == []

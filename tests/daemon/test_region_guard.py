@@ -156,6 +156,26 @@ def test_an_unverified_process_without_the_gpu_open_is_not_ended(sibling: int) -
     assert guard.unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
 
 
+def test_when_who_has_the_gpu_open_cannot_be_read(sibling: int) -> None:
+    """Unknown users: the check is skipped where the shim gates the GPU's commands, and
+    every unverified sibling process counts as using the GPU where it does not (AMD)."""
+    tenant = _Tenant(2, _Cgroup([sibling]))
+    assert RegionGuard(lambda: None, lambda: []).unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
+    guard = RegionGuard(lambda: None, lambda: [], unknown_is_open=True)
+    (found,) = guard.unprotected([tenant], EPOCH)  # type: ignore[list-item]
+    assert found.pid == sibling and "cannot be read" in found.cause
+    verified = RegionGuard(lambda: None, lambda: [_slot(sibling)], unknown_is_open=True)
+    assert verified.unprotected([tenant], EPOCH) == []  # type: ignore[list-item]
+    # an empty list is an answer (nobody has it open), not "cannot tell"
+    assert (
+        RegionGuard(lambda: set(), lambda: [], unknown_is_open=True).unprotected(
+            [tenant],  # type: ignore[list-item]
+            EPOCH,
+        )
+        == []
+    )
+
+
 _LEADER_EXITS = (
     "import ctypes, threading, time\n"
     "threading.Thread(target=time.sleep, args=(60,)).start()\n"
