@@ -128,12 +128,13 @@ def program(
     including GPUs krexd does not manage.  ``own_minor`` None denies every
     NVIDIA GPU node (a warm pool's cgroup, an AMD GPU's tenant).
 
-    Render nodes (DRM major :data:`DRM_MAJOR`, minors from
+    DRM nodes (major :data:`DRM_MAJOR`; render nodes from minor
     :data:`RENDER_MINOR_BASE` up): ``render_own`` given (an AMD GPU's
-    tenant), every one but it is denied; else those of ``render_deny`` (the
-    AMD GPUs krexd manages, for an NVIDIA GPU's tenant or a pool); with
-    neither, DRM nodes are not looked at, and the program is the one an
-    NVIDIA-only host has always had.  ``/dev/kfd`` (another major) is
+    tenant), every one but that render node is denied; else card and
+    control nodes and the render nodes of ``render_deny`` (the AMD GPUs
+    krexd manages, for an NVIDIA GPU's tenant or a pool); with neither, DRM
+    nodes are not looked at, and the program is the one an NVIDIA-only host
+    has always had.  ``/dev/kfd`` (another major) is
     always allowed.  Returns the instructions (8 bytes each).
     """
     drm = render_own is not None or bool(render_deny)
@@ -155,8 +156,12 @@ def program(
         steps.append(("j", _JEQ_K, own_minor, ALLOW))  # its own GPU
     if drm:
         steps += [("ja", 0, 0, DENY), ("label", 0, 0, DRM), ("ld", 8, 0, "")]  # r2 = minor
+        # Card (primary) and control nodes, minors below the render nodes': amdgpu's
+        # primary node takes the same command submissions as a render node, and the
+        # first opener of a card node on a headless host is its DRM master, so they are
+        # denied to every tenant and pool of a host with managed AMD GPUs.
+        steps.append(("j", _JLT_K, RENDER_MINOR_BASE, DENY))
         if render_own is not None:
-            steps.append(("j", _JLT_K, RENDER_MINOR_BASE, ALLOW))  # a card or control node
             steps.append(("j", _JEQ_K, render_own, ALLOW))  # its own GPU's render node
         else:
             steps += [("j", _JEQ_K, m, DENY) for m in sorted(set(render_deny))]

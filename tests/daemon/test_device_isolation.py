@@ -260,14 +260,15 @@ def test_krex_run_cannot_leave_its_gpu(
 
 @pytest.fixture
 def render_nodes(nodes: dict[str, str]) -> dict[str, str]:
-    """``nodes`` and two render nodes (DRM major 226, minors 128 and 129, as
-    ``/dev/dri/renderD128``/``129``), which no driver serves here either."""
+    """``nodes``, two render nodes (DRM major 226, minors 128 and 129, as
+    ``/dev/dri/renderD128``/``129``) and a card node (minor 0, ``/dev/dri/card0``),
+    which no driver serves here either."""
     d = os.path.dirname(nodes["gpu0"])
     out = dict(nodes)
-    for minor in (128, 129):
-        path = os.path.join(d, f"renderD{minor}")
+    for name, minor in (("render128", 128), ("render129", 129), ("card0", 0)):
+        path = os.path.join(d, name)
         os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(bpf.DRM_MAJOR, minor))
-        out[f"render{minor}"] = path
+        out[name] = path
     try:
         os.close(os.open(out["render128"], os.O_RDWR))
     except OSError as exc:
@@ -284,7 +285,8 @@ def test_an_amd_gpus_tenant_opens_its_render_node_only(
         args=["--fake-vendor", "amd"],
         config={"gpu": {"device_isolation": "require"}},
     )
-    paths = [render_nodes[n] for n in ("render128", "render129", "gpu0", "ctl", "null")]
+    names = ("render128", "render129", "card0", "gpu0", "ctl", "null")
+    paths = [render_nodes[n] for n in names]
     argv = [sys.executable, render_nodes["probe"], "now", *paths]
     run = subprocess.run(
         [*k.krex, "run", "--gpu", "1", "--", *argv], env=k.env, capture_output=True, timeout=30
@@ -293,6 +295,7 @@ def test_an_amd_gpus_tenant_opens_its_render_node_only(
     got = json.loads(run.stdout)
     assert not_denied(got[render_nodes["render129"]]), got  # simulated AMD GPU 1: renderD129
     assert got[render_nodes["render128"]] == "EPERM" and got[render_nodes["gpu0"]] == "EPERM"
+    assert got[render_nodes["card0"]] == "EPERM"  # amdgpu takes work through card nodes too
     assert not_denied(got[render_nodes["ctl"]]) and got["/dev/null"] == "ok"
     text = subprocess.run(
         [*k.krexctl, "status"], env=k.env, capture_output=True, text=True, check=True

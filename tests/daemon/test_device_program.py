@@ -83,7 +83,10 @@ def test_an_amd_tenant_opens_its_render_node_and_kfd_only() -> None:
     code = bpf.program(None, render_own=129)
     assert verdict(code, DRM, 129) == 1 and verdict(code, KFD, 0) == 1
     assert verdict(code, DRM, 128) == 0 and verdict(code, DRM, 130) == 0
-    assert verdict(code, DRM, 0) == 1  # /dev/dri/card0: no compute through it
+    # /dev/dri/card0 and control nodes: amdgpu takes command submissions there too
+    assert (
+        verdict(code, DRM, 0) == 0 and verdict(code, DRM, 64) == 0 and verdict(code, DRM, 127) == 0
+    )
     assert verdict(code, NV, 0) == 0 and verdict(code, NV, 255) == 1  # nvidiactl stays
     assert verdict(code, 1, 3) == 1 and verdict(code, DRM, 128, dev_type=1) == 1
 
@@ -93,7 +96,9 @@ def test_on_a_mixed_host_nvidia_tenants_and_pools_are_denied_the_amd_render_node
     assert verdict(tenant, NV, 0) == 1 and verdict(tenant, NV, 1) == 0
     assert verdict(tenant, DRM, 128) == 0 and verdict(tenant, DRM, 129) == 0
     assert verdict(tenant, DRM, 130) == 1 and verdict(tenant, KFD, 0) == 1
+    assert verdict(tenant, DRM, 0) == 0  # a card node reaches the AMD GPUs too
     pool = bpf.program(None, render_deny=[128])
+    assert verdict(pool, DRM, 1) == 0
     assert verdict(pool, NV, 0) == 0 and verdict(pool, DRM, 128) == 0
     assert verdict(pool, DRM, 129) == 1 and verdict(pool, NV, 254) == 1
 
