@@ -89,10 +89,10 @@ class Saved:
     gates: dict[int, Gate] = field(default_factory=dict)
 
 
-def load(cfg: Config, cgroups: CgroupBackend, gpus: list[int]) -> Saved | None:
+def load(cfg: Config, cgroups: CgroupBackend, gpus: dict[int, str]) -> Saved | None:
     """The saved state to adopt, or None (nothing saved, ``[daemon] adopt = false``, refused).
 
-    ``gpus``: the GPU indices of this krexd.  Never raises: a refusal is
+    ``gpus``: this krexd's GPUs, index -> UUID ("" when unknown).  Never raises: a refusal is
     logged with its reason and the caller cleans the tree as unknown.
     """
     path = saved_state.path_for(cfg.daemon.gate_dir, cfg.cgroup.name)
@@ -119,8 +119,13 @@ def load(cfg: Config, cgroups: CgroupBackend, gpus: list[int]) -> Saved | None:
     return saved
 
 
-def _check_layout(doc: dict[str, Any], cgroups: CgroupBackend, gpus: list[int]) -> None:
+def _check_layout(doc: dict[str, Any], cgroups: CgroupBackend, gpus: dict[int, str]) -> None:
     """Raise StateRefused unless the saved GPUs, backend and cgroup paths fit this krexd.
+
+    A saved GPU must be managed now under the same index, and be the same GPU where
+    both krexds knew its UUID: indices shift when a GPU is left out at a start (an AMD
+    GPU whose probe failed, say), and a tenant bound to one GPU (its environment, its
+    device program) must not be adopted as a tenant of another.
 
     Every tenant's cgroup must lie inside krexd's own tree (``<root>/gpu<N>/t<id>``):
     krexd kills and removes what it adopts, so a path outside it is never adopted.
@@ -134,9 +139,12 @@ def _check_layout(doc: dict[str, Any], cgroups: CgroupBackend, gpus: list[int]) 
                 raise saved_state.StateRefused(
                     f"tenant {t['id']}: cgroup {path!r} is outside krexd's tree {root!r}"
                 )
-    for key in doc["gpus"]:
+    for key, g in doc["gpus"].items():
         if int(key) not in gpus:
             raise saved_state.StateRefused(f"GPU {key} of the saved state is not managed now")
+        was, now = str(g.get("uuid") or ""), gpus[int(key)]
+        if was and now and was != now:
+            raise saved_state.StateRefused(f"GPU {key} was {was} and is {now} now")
     for t in doc["tenants"]:
         if t["cgroup"].get("kind") != cgroups.cpuset_kind:
             raise saved_state.StateRefused(

@@ -147,7 +147,7 @@ class Daemon(Stopping):
         cfg = self.config
         cgroups = self.cgroups = CgroupBackend.open(cfg.cgroup)
         # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
-        saved = adopt.load(cfg, cgroups, [i.index for i in infos])
+        saved = adopt.load(cfg, cgroups, {i.index: i.uuid for i in infos})
         cgroups.devices = DeviceIsolation(cfg.gpu.device_isolation, **vendors.device_minors(infos))
         cgroups.prepare(slices, adopt=saved is not None)
         _log.info("cgroups: %s", cgroups.describe())

@@ -25,6 +25,7 @@ an upgrade adopts what the previous version saved.  Layout::
      "seq": int,                    # CLOCK_MONOTONIC ns at the write (newest slot wins)
      "next_tenant_id": int,
      "gpus": {"<index>": {"epoch": int, "gate": str|null,
+                          "uuid": str,       # the GPU at that index (absent before 0.1.1)
                           "region": {"tenant", "epoch", "pid", "tid", "siblings": [int],
                                      "thread_cpus": [int] | null,
                                      "request": str | null} | null,

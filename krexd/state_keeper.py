@@ -72,7 +72,7 @@ class StateKeeper:
             "next_tenant_id": self._registry.next_id,
             "restarts": self.restarts,
             "gpus": {
-                str(i): {**g.coordinator.saved(), "gate": g.gate_path}
+                str(i): {**g.coordinator.saved(), "gate": g.gate_path, "uuid": g.info.uuid}
                 for i, g in self._gpus.items()
             },
         }

@@ -111,6 +111,32 @@ def test_refused_state_falls_back_to_cleanup(krexd_factory: Factory, restarter: 
     k2.stop()
 
 
+def test_a_gpu_that_is_another_gpu_now_is_not_adopted(
+    krexd_factory: Factory, restarter: Restarter
+) -> None:
+    """The saved state names each GPU by UUID: under a shifted index (a GPU left out at
+    the next start) a tenant bound to one GPU is never adopted as another GPU's."""
+    k = krexd_factory(slots=4)
+    runs = start_runs(k, [0], 30.0)
+    wait_for(lambda: running(k, 1), what="a running tenant")
+    restarter.kill(k)
+    path = os.path.join(k.workdir, f"{k.cgroup_name}.state")
+    found = saved_state.newest(path)
+    assert found is not None
+    doc = found[1]
+    saved_uuid = doc["gpus"]["0"]["uuid"]
+    assert saved_uuid.startswith("GPU-")  # what krexd wrote: the GPU's UUID
+    doc["gpus"]["0"]["uuid"] = "GPU-00000000-0000-0000-0000-0000000000ff"
+    saved_state.StateFile(path).write(doc)
+    k2 = restarter.start_again(k)
+    assert f"GPU 0 was GPU-00000000-0000-0000-0000-0000000000ff and is {saved_uuid} now" in (
+        k2.log()
+    )
+    assert k2.status()["tenants"] == []
+    assert runs[0].wait(30) == 137  # killed by the cleanup, not adopted
+    k2.stop()
+
+
 def test_a_restart_adopts_from_a_padded_slot(krexd_factory: Factory, restarter: Restarter) -> None:
     """A state shorter than its slot held is padded with newlines (no ftruncate): it is
     adopted all the same."""
