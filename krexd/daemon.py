@@ -45,8 +45,10 @@ from krexd.counters import DaemonCounters
 from krexd.daemon_stop import Stopping
 from krexd.driverlock import driver_lock_for
 from krexd.faults import FaultMonitor
+from krexd.gate import Gate
 from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
+from krexd.gpus import GpuInfo
 from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
 from krexd.lock_ledger import LockLedger, ledger_path
@@ -185,11 +187,7 @@ class Daemon(Stopping):
             guard = None
             if gate is not None:
                 gate.judge = verifier.judge
-                guard = RegionGuard(
-                    self._users_of(info.index),
-                    gate.live_registrations,
-                    unknown_is_open=not vendors.of(info).shim_gated,
-                )
+                guard = self._guard(info, gate)
             coordinator = Coordinator(
                 info.index,
                 gate,
@@ -281,6 +279,16 @@ class Daemon(Stopping):
         """The pids of tenant ``tenant_id``'s cgroup (None for an unknown tenant)."""
         tenant = self.tenants.get(tenant_id)
         return tenant.cgroup.pids() if tenant is not None else None
+
+    def _guard(self, info: GpuInfo, gate: Gate) -> RegionGuard:
+        """The fail-closed check of ``info``'s region entry: who has the GPU open from the
+        memory source; "cannot tell" counts as "open" where the shim does not gate the
+        vendor's commands (``krexd.vendors``)."""
+        return RegionGuard(
+            self._users_of(info.index),
+            gate.live_registrations,
+            unknown_is_open=not vendors.of(info).shim_gated,
+        )
 
     def _users_of(self, gpu: int) -> Any:
         """Who has GPU ``gpu`` open, read afresh from the memory source."""
