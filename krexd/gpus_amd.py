@@ -127,11 +127,6 @@ def run_probe(timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]] | None
     return devices
 
 
-def _bus_device(bdf: str) -> str:
-    """``dddd:bb:dd`` of a PCI address (the function left out), lowercase."""
-    return bdf.lower().rsplit(".", 1)[0]
-
-
 def match(devices: list[dict[str, Any]], nodes: list[kfd.KfdGpu]) -> list[AmdDevice]:
     """``devices`` (the probe's: ``uuid``, ``pci_bus_id``, ``name``, ``total_mem_bytes``,
     ``l2_bytes``) with what their KFD nodes add (module docstring, step 3).
@@ -147,7 +142,7 @@ def match(devices: list[dict[str, Any]], nodes: list[kfd.KfdGpu]) -> list[AmdDev
         uuid = str(d.get("uuid") or "")
         bdf = str(d.get("pci_bus_id") or "")
         by_uuid = [n for n in free if uuid and n.uuid == uuid]
-        by_bus = [n for n in free if _bus_device(n.bdf) == _bus_device(bdf)]
+        by_bus = [n for n in free if kfd.bus_device(n.bdf) == kfd.bus_device(bdf)]
         node = by_uuid[0] if by_uuid else (by_bus[0] if len(by_bus) == 1 else None)
         if node is None or node.render_minor is None or node.render_minor < 128:
             why = "no KFD node of its own" if node is None else "no render node"

@@ -103,3 +103,9 @@ def amd_gpus_present(device: str | None = None, topology: str | None = None) -> 
     if not os.path.exists(device or KFD_DEVICE):
         return []
     return gpu_nodes(topology)
+
+
+def bus_device(bdf: str) -> str:
+    """``dddd:bb:dd`` of a PCI address ``dddd:bb:dd.f``, lowercase (the function left out:
+    HIP reports every GPU's as ``.0``)."""
+    return bdf.strip().lower().rsplit(".", 1)[0]

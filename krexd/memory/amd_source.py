@@ -23,16 +23,12 @@ import logging
 import threading
 from typing import Any
 
+from krexd import kfd
 from krexd.gpus import GpuInfo
 from krexd.memory.sources import DeviceMemory
 from krexd.procfs import pid_alive
 
 _log = logging.getLogger("krexd.memory")
-
-
-def _bus_device(bdf: str) -> str:
-    """``dddd:bb:dd`` of a PCI address, lowercase (the function left out)."""
-    return bdf.strip().lower().rsplit(".", 1)[0]
 
 
 class AmdSmiSource:
@@ -58,7 +54,8 @@ class AmdSmiSource:
         self._handles: dict[int, Any] = {}
         for g in gpus:
             h = by_bdf.get(g.pci_bus_id.lower()) or next(
-                (h for b, h in by_bdf.items() if _bus_device(b) == _bus_device(g.pci_bus_id)), None
+                (h for b, h in by_bdf.items() if kfd.bus_device(b) == kfd.bus_device(g.pci_bus_id)),
+                None,
             )
             if h is None:
                 self.close_now()
