@@ -19,6 +19,7 @@ import pytest
 from krexd import adopt, states
 from krexd import state as saved_state
 from krexd.cgroups import TenantCgroup
+from krexd.gpus import fake_gpus
 from krexd.memory.records import TenantMemory
 from krexd.state_keeper import StateKeeper
 from krexd.tenants import Tenant, TenantRegistry
@@ -40,6 +41,7 @@ class _Coordinator:
 class _Gpu:
     coordinator: _Coordinator
     gate_path: str | None = "/run/krex/test-gpu0.gate"
+    info: Any = dataclasses.field(default_factory=lambda: fake_gpus(1)[0])  # its UUID is saved
 
 
 def _tenant(tid: int) -> Tenant:
@@ -94,7 +96,10 @@ def _reference(registry: TenantRegistry, gpus: dict[int, Any]) -> dict[str, Any]
         "cgroup_root": ROOT,
         "next_tenant_id": registry.next_id,
         "restarts": 0,  # restarts continued from (krexd.counters), saved for the next krexd
-        "gpus": {str(i): {**g.coordinator.saved(), "gate": g.gate_path} for i, g in gpus.items()},
+        "gpus": {
+            str(i): {**g.coordinator.saved(), "gate": g.gate_path, "uuid": g.info.uuid}
+            for i, g in gpus.items()
+        },
         "tenants": tenants,
     }
     decoded: dict[str, Any] = json.loads(_dumps(doc))  # not a test's counting json.dumps
