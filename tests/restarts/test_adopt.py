@@ -178,7 +178,9 @@ def test_a_command_admitted_under_an_adopted_region_is_placed_after_it(
     k = krexd_factory(slots=4, config={"admission": {"place_timeout_s": 60.0}})
     env = fake_driver_env(k.env, k.workdir)
     holder = subprocess.Popen(
-        [*k.krex, "run", "--", sys.executable, HOLDER, "1.5", "600"],
+        # One region of 5 s: it outlasts krexd's kill and restart on a busy host (a 600 ms
+        # one could end, its exit answered by the new krexd, before the check below).
+        [*k.krex, "run", "--", sys.executable, HOLDER, "0.5", "5000"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
