@@ -53,7 +53,8 @@ def send(
     if fds:
         rights = array.array("i", fds).tobytes()
         sent = sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-    sock.sendall(frame[sent:])
+    if sent < len(frame):  # sendall of nothing still writes: EPIPE once the peer answered
+        sock.sendall(frame[sent:])
 
 
 def recv(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
