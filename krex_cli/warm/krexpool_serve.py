@@ -202,7 +202,17 @@ class Server:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # EAGAIN: the pool's cgroup holds [warm] pids_max tasks
+            for fd in fds:
+                os.close(fd)
+            try:
+                wire.send(conn, {"error": f"the pool cannot fork: {exc.strerror}"})
+            except OSError:
+                pass  # krex run is gone
+            conn.close()
+            return None
         if pid == 0:
             self._close_in_child(conn)
             return child.become(conn, req, fds, self.boot, self.pool_cgroup)

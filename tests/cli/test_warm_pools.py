@@ -217,8 +217,9 @@ def test_a_pool_is_held_to_its_memory_limit(krexd_factory: Factory, tmp_path: Pa
     else:
         pytest.skip("no memory controller on this host")
     assert int(limit) == 256 << 20
-    with open(f"/proc/{row['pid']}/cgroup") as f:
-        assert f.read().count(f"/pools/{leaf}") == (1 if cg["memory"] == "v2" else 2)
+    with open(f"/proc/{row['pid']}/cgroup") as f:  # v2, and the v1 memory and pids trees
+        want = 1 + (cg["memory"] == "v1") + (cg["pids"] == "v1")
+        assert f.read().count(f"/pools/{leaf}") == want
     assert row["memory_bytes"] and row["memory_bytes"] > 1 << 20  # the zygote is charged
 
 
@@ -278,3 +279,24 @@ def test_krexd_counts_cold_starts_by_the_reason_krex_run_gave(
     ).stdout
     starts = [ln for ln in text.splitlines() if ln.startswith("starts: ")]
     assert starts and "asked 1" in starts[0] and "command 1" in starts[0], text
+
+
+def test_a_pool_at_its_task_limit_starts_the_command_cold(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    # pids_max = 1: the zygote itself is the one task its cgroup may hold, so no fork
+    # succeeds; each command must start cold, with the reason, and run all the same.
+    k = krexd_factory(config=warm_config(pids_max=1))
+    if k.status()["warm"]["cgroups"]["pids"] == "none":
+        pytest.skip("no pids controller for pools on this host")
+    pools = Pools(k, tmp_path)
+    first = pools.warm([PY, "-c", "print(6)"], served=False)  # starts the pool
+    assert first.returncode == 0 and first.stdout == "6\n", first.stderr
+    deadline = time.monotonic() + 30
+    while not pools.pools():
+        assert time.monotonic() < deadline, pools.logs()
+        time.sleep(0.1)
+    p = pools.warm([PY, "-c", "print(7)"], served=False)
+    assert p.returncode == 0 and p.stdout == "7\n", p.stderr
+    assert any("cannot fork" in ln for ln in p.debug), p.debug  # type: ignore[attr-defined]
+    assert pools.pools(), "the pool outlived the refused fork"
