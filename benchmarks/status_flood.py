@@ -9,7 +9,10 @@ one holder command as root that enters and leaves ``region.critical()``
          once (a DEALER socket each, resending at every reply), through
          ``tests.daemon.asuser`` (run as root: it drops the uid itself);
          ``--flood connections``: new connections, one ping each, closed;
-         ``--flood admits``: admits kept outstanding, never placed.
+         ``--flood admits``: admits kept outstanding, never placed;
+         ``--flood pool-threads``: a warm pool of ``--sockets`` threads
+         registered (every region freezes the pools), with krexd's
+         ``[warm] pids_max`` from ``--pool-pids-max``.
 
 Reports entry p50/p99 (ms, as krex_client measures: request to grant) and
 the flood's replies and ``TOO_MANY`` refusals per second.
@@ -109,15 +112,49 @@ while time.monotonic() < end:
 print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
 """
 
+_POOL_THREADS = """
+import msgpack, threading, zmq
+n, secs = int(sys.argv[-2]), float(sys.argv[-1])
+r, w = os.pipe()
+kid = os.fork()  # the zygote: a direct child, as a keeper's is
+if kid == 0:
+    stop = threading.Event()
+    made = 0
+    for _ in range(n):
+        try:
+            threading.Thread(target=stop.wait, daemon=True).start()
+        except RuntimeError:
+            break
+        made += 1
+    os.write(w, str(made).encode() + b"\\n")
+    time.sleep(secs)
+    os._exit(0)
+made = int(os.fdopen(r).readline())
+s = zmq.Context().socket(zmq.DEALER)
+s.connect("ipc://" + os.environ["KREX_SOCKET"])
+def req(op, body):
+    s.send(msgpack.packb({"v": 1, "id": 1, "op": op, "body": body}))
+    return msgpack.unpackb(s.recv())
+version = req("ping", {})["body"]["version"]
+body = {"pid": kid, "key": "flood", "version": version, "interpreter": "/bin/sleep", "modules": []}
+got = req("pool_register", body)
+print(json.dumps({"threads": made, "registered": got["ok"], "error": got.get("error")}), flush=True)
+time.sleep(secs)
+"""
+
 _KREXCTL = "import sys; from krex_cli.krexctl import main; sys.exit(main())"
 
 
 def _start_krexd(
-    workdir: str, per_s: float | None = None, conn_per_s: float | None = None
+    workdir: str,
+    per_s: float | None = None,
+    conn_per_s: float | None = None,
+    pool_pids_max: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A private krexd with one fake GPU whose socket every uid may open;
     ``per_s``: its ``[daemon] status_per_s_per_uid``, ``conn_per_s`` its
-    ``connections_per_s_per_uid`` (None: the default)."""
+    ``connections_per_s_per_uid``, ``pool_pids_max`` its ``[warm] pids_max``
+    (None: the default)."""
     socket = os.path.join(workdir, "krexd.sock")
     config = os.path.join(workdir, "krex.toml")
     with open(config, "w") as f:
@@ -126,6 +163,7 @@ def _start_krexd(
             + (f"status_per_s_per_uid = {per_s}\n" if per_s is not None else "")
             + (f"connections_per_s_per_uid = {conn_per_s}\n" if conn_per_s is not None else "")
             + f'[cgroup]\nname = "krexflood{os.getpid()}"\n[cpu]\nallow_shared = true\n'
+            + (f"[warm]\npids_max = {pool_pids_max}\n" if pool_pids_max is not None else "")
         )
     argv = [sys.executable, "-m", "krexd", "--config", config, "--socket", socket]
     with open(os.path.join(workdir, "krexd.log"), "wb") as log:
@@ -160,29 +198,40 @@ def run(
     per_s: float | None = None,
     kind: str = "status",
     conn_per_s: float | None = None,
+    pool_pids_max: int | None = None,
 ) -> list[dict[str, Any]]:
     """Both modes on one krexd; a row each (ms, and the flood's rates).
 
     ``kind``: "status" (``sockets`` status requests kept outstanding),
     "connections" (``sockets`` new connections at a time, one ping each, closed)
-    or "admits" (``sockets`` admits kept outstanding, never placed).
-    ``per_s`` / ``conn_per_s``: krexd's status and connection paces (None: defaults).
+    "admits" (``sockets`` admits kept outstanding, never placed) or
+    "pool-threads" (a warm pool of ``sockets`` threads registered).
+    ``per_s`` / ``conn_per_s``: krexd's status and connection paces,
+    ``pool_pids_max`` its ``[warm] pids_max`` (None: defaults).
     """
     workdir = tempfile.mkdtemp(prefix="krex-flood-")
     os.chmod(workdir, 0o755)
-    krexd, socket = _start_krexd(workdir, per_s, conn_per_s)
+    krexd, socket = _start_krexd(workdir, per_s, conn_per_s, pool_pids_max)
     env = dict(_clean_env(), KREX_SOCKET=socket)
     rows = []
     try:
         for mode in ("quiet", "flood"):
             flood = None
             if mode == "flood":
-                flood_code = {"status": _FLOOD, "connections": _CHURN, "admits": _ADMITS}[kind]
+                flood_code = {
+                    "status": _FLOOD,
+                    "connections": _CHURN,
+                    "admits": _ADMITS,
+                    "pool-threads": _POOL_THREADS,
+                }[kind]
                 code = ["-m", "tests.daemon.asuser", "65534", "65534", "py", flood_code]
                 flood = subprocess.Popen(
                     [sys.executable, *code, str(sockets), "600"],
                     env=env, cwd=REPO, stdout=subprocess.PIPE, text=True,
                 )  # fmt: skip
+                pool = None
+                if kind == "pool-threads" and flood.stdout is not None:
+                    pool = json.loads(flood.stdout.readline())  # registered (or refused)
                 time.sleep(2.0)
             t = time.monotonic()
             lat = _holder(env, regions)
@@ -193,6 +242,8 @@ def run(
                 "holder_s": round(time.monotonic() - t, 2),
             }
             if flood is not None:
+                if pool is not None:
+                    row["pool"] = pool
                 _stop(flood)  # type: ignore[arg-type]
             rows.append(row)
         st = subprocess.run(
@@ -224,10 +275,17 @@ def main() -> None:
     )
     ap.add_argument(
         "--flood",
-        choices=("status", "connections", "admits"),
+        choices=("status", "connections", "admits", "pool-threads"),
         default="status",
         help="status requests kept outstanding, connections opened, pinged and closed, "
-        "or admits kept outstanding (never placed: granted ones squat on slots)",
+        "admits kept outstanding (never placed: granted ones squat on slots), "
+        "or a warm pool of --sockets threads",
+    )
+    ap.add_argument(
+        "--pool-pids-max",
+        type=int,
+        default=None,
+        help="krexd's [warm] pids_max (default: krexd's own; 0: no limit)",
     )
     ap.add_argument(
         "--connections-per-s",
@@ -236,11 +294,19 @@ def main() -> None:
         help="krexd's [daemon] connections_per_s_per_uid (default: krexd's own; 0: no pace)",
     )
     args = ap.parse_args()
-    rows = run(args.regions, args.sockets, args.status_per_s, args.flood, args.connections_per_s)
+    rows = run(
+        args.regions,
+        args.sockets,
+        args.status_per_s,
+        args.flood,
+        args.connections_per_s,
+        args.pool_pids_max,
+    )
     for r in rows:
         print(
             f"{r['mode']:6s} entry p50 {r['entry_p50_ms']:7.3f} ms  "
             f"p99 {r['entry_p99_ms']:7.3f} ms  ({r['holder_s']} s)"
+            + (f"  pool: {json.dumps(r['pool'])}" if "pool" in r else "")
         )
     if "lanes" in rows[-1]:
         print("status lanes after the flood:", json.dumps(rows[-1]["lanes"]))

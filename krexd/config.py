@@ -34,6 +34,7 @@ from krexd.config_values import float_range as _float_range
 from krexd.config_values import format_cores as format_cores  # re-exported
 from krexd.config_values import host as _host
 from krexd.config_values import integer as _int
+from krexd.config_values import integer_or_auto as _int_or_auto
 from krexd.config_values import octal_mode as _mode
 from krexd.config_values import parse_cores as parse_cores  # re-exported
 from krexd.config_values import pattern_list as _pattern_list
@@ -320,6 +321,7 @@ _SCHEMA: dict[str, tuple[type[Any], dict[str, Callable[[Any], Any]]]] = {
             ),
             "max_pools_per_uid": _int(1, 1024),
             "memory_max": _size,
+            "pids_max": _int_or_auto(0, 1 << 22),
             "idle_s": _float_range(1.0, 7 * 86400.0),
             "key_prefixes": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name prefix"),
             "key_names": _pattern_list(r"[A-Za-z_][A-Za-z0-9_]*", "variable name"),

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,9 @@ class WarmConfig:
     ``modules``: what a pool imports before it serves (missing ones are
     skipped); ``max_pools_per_uid``: pools one user may have at once;
     ``memory_max``: memory limit of a pool's cgroup (bytes; 0 = none);
+    ``pids_max``: tasks (processes and threads) a pool's cgroup may hold
+    (0 = no limit; ``"auto"``: :meth:`pool_tasks`): every region freezes the
+    pools, and the freeze's cost grows with their threads;
     ``idle_s``: a pool exits after this long without a command;
     ``key_prefixes`` / ``key_names``: the environment variables a pool is
     keyed by (a command whose values differ gets another pool);
@@ -47,9 +51,25 @@ class WarmConfig:
     modules: tuple[str, ...] = ("torch", "triton")
     max_pools_per_uid: int = 2
     memory_max: int = 16 << 30
+    pids_max: int | str = "auto"
     idle_s: float = 600.0
     key_prefixes: tuple[str, ...] = WARM_KEY_PREFIXES
     key_names: tuple[str, ...] = WARM_KEY_NAMES
+
+    def pool_tasks(self) -> int:
+        """``pids_max`` as a number of tasks (0: no limit).
+
+        ``"auto"``: the host's CPUs plus 32.  A pool that imported torch holds
+        numpy's OpenBLAS pool, one thread per CPU but one
+        (``krex_cli.warm.krexpool_zygote``); the 32 leave room for its
+        unplaced children (a fork the limit refuses starts that command
+        cold).  Measured: another user's region entry p50 moved by 7-19 %
+        beside a pool of 32 threads and 14-37 % beside 64, on a 2-core host
+        (docs/bench/status-flood.md).
+        """
+        if self.pids_max == "auto":
+            return (os.cpu_count() or 1) + 32
+        return int(self.pids_max)
 
     def announce(self) -> dict[str, Any]:
         """What ``ping`` tells ``krex run`` (the settings a pool key and a keeper use)."""

@@ -31,6 +31,19 @@ def integer(lo: int, hi: int | None = None) -> Callable[[Any], int]:
     return check
 
 
+def integer_or_auto(lo: int, hi: int) -> Callable[[Any], int | str]:
+    """A checker for ``"auto"`` or an integer in [lo, hi] (raises ValueError otherwise)."""
+
+    def check(v: Any) -> int | str:
+        if v == "auto":
+            return "auto"
+        if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi:
+            return v
+        raise ValueError(f'must be "auto" or an integer in [{lo}, {hi}], got {v!r}')
+
+    return check
+
+
 def float_nonneg(v: Any) -> float:
     """A number >= 0, as float."""
     if not isinstance(v, int | float) or isinstance(v, bool):

@@ -264,7 +264,7 @@ class Daemon(Stopping):
     def _pools(self, cgroups: CgroupBackend) -> PoolRegistry:
         """Warm pools (``[warm]``): their cgroup directory, emptied of pools of an earlier krexd."""
         cfg = self.config
-        pool_cgroups = cgroups.pools(cfg.warm.memory_max)
+        pool_cgroups = cgroups.pools(cfg.warm.memory_max, cfg.warm.pool_tasks())
         if cfg.warm.enabled:
             pool_cgroups.prepare()
             pool_cgroups.sweep(set())

@@ -5,9 +5,12 @@ A pool's zygote imports modules from files the user's commands can write
 live in its cgroup until ``place``: code that ran there would run outside
 every tenant, so nobody would freeze it for a sibling's region.  Every region
 entry therefore freezes the whole ``pools`` directory of krexd's tree (one
-``cgroup.freeze`` for every pool) after its siblings, waits until the kernel
-reports it frozen, and thaws it with them.  Regions of several GPUs share the
-directory: it is frozen while at least one region holds it (a count).
+``cgroup.freeze`` for every pool) as soon as it has closed the gate (step 2:
+a pool cannot open a GPU, so its freeze need not wait for the drain, and the
+kernel stops the pools' threads while the siblings drain), waits at step 4
+until the kernel reports it frozen, and thaws it with the siblings.  Regions
+of several GPUs share the directory: it is frozen while at least one region
+holds it (a count).
 
 A warm command asked for during a region waits until the region ends, as a
 cold one admitted then is frozen until it ends.
@@ -49,21 +52,33 @@ class PoolFreeze:
         False after ``timeout_s`` seconds (the hold is then released): the
         caller fails the entry as for a sibling that does not freeze.
         """
-        self.holders += 1
-        if self.holders == 1 and not self._write("1"):
-            return True  # no pools directory: nothing can run there
-        deadline = time.monotonic() + timeout_s
-        delay = 50e-6
+        self.begin()
         try:
-            while not self._frozen():
-                if time.monotonic() >= deadline:
-                    self.release()
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5e-3)
+            frozen = await self.wait_frozen(timeout_s)
         except asyncio.CancelledError:
             self.release()  # the entry that asked is gone: its hold must not outlive it
             raise
+        if not frozen:
+            self.release()
+        return frozen
+
+    def begin(self) -> None:
+        """Count one region's hold and ask the kernel to freeze the pools (the first
+        hold writes ``cgroup.freeze``); release it with :meth:`release`."""
+        self.holders += 1
+        if self.holders == 1:
+            self._write("1")  # False: no pools directory, nothing can run there
+
+    async def wait_frozen(self, timeout_s: float) -> bool:
+        """Wait until the kernel reports the pools frozen (held by :meth:`begin`);
+        False after ``timeout_s`` seconds.  The hold stays counted either way."""
+        deadline = time.monotonic() + timeout_s
+        delay = 50e-6
+        while not self._frozen():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5e-3)
         return True
 
     def hold_now(self) -> bool:
@@ -72,9 +87,7 @@ class PoolFreeze:
         Returns True: the hold is counted (release it with :meth:`release`);
         the kernel completes the freeze on its own.
         """
-        self.holders += 1
-        if self.holders == 1:
-            self._write("1")
+        self.begin()
         return True
 
     def release(self) -> None:

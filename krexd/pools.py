@@ -19,8 +19,10 @@ by the kernel):
   out of the freezer and the tenant's end (a command registering a pool of
   its own); a ``krex run --warm`` inside a command therefore starts cold;
 * the uid has fewer than ``[warm] max_pools_per_uid`` pools;
+* the zygote has at most ``[warm] pids_max`` threads, counted before the
+  move and again in its cgroup after it (a pool over it is killed);
 * the zygote moves into ``<root>/pools/u<uid>-p<pid>`` with
-  ``[warm] memory_max`` (``krexd.cgroups.pool``).
+  ``[warm] memory_max`` and ``pids_max`` (``krexd.cgroups.pool``).
 
 The pool is forgotten (its cgroup killed and removed) as soon as its
 zygote or its keeper exits (pidfds), and at krexd's shutdown; a restarted
@@ -41,6 +43,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from krex_client import cold_reasons
 from krexd import identity, testhooks
@@ -124,10 +128,10 @@ class PoolRegistry:
 
         ``body``: ``pid``, ``key``, ``version``, ``interpreter``, ``modules``
         (checked by the op).  Raises ``KrexError``: ``CANCELLED`` (warm
-        pools disabled, the uid's limit), ``BAD_FIELD`` (another version, the
-        pid is gone), ``AUTH`` (not the keeper's child or uid, or in a
-        tenant's or pool's cgroup), ``INTERNAL``
-        (cgroupfs).
+        pools disabled, the uid's limit, more than ``pids_max`` threads),
+        ``BAD_FIELD`` (another version, the pid is gone), ``AUTH`` (not the
+        keeper's child or uid, or in a tenant's or pool's cgroup),
+        ``INTERNAL`` (cgroupfs).
         """
         pid = int(body["pid"])
         testhooks.pause("pool_register")
@@ -148,6 +152,8 @@ class PoolRegistry:
             raise self._refuse(
                 keeper, f"uid {keeper.uid} has {limit} pool(s): [warm] max_pools_per_uid"
             )
+        self._check_tasks(keeper, pid, _threads(pid))
+        testhooks.pause("pool_counted")
         self.cgroups.sweep({p.cgroup.path for p in self._pools.values()})
         try:
             cgroup = self.cgroups.create(keeper.uid, pid)
@@ -158,6 +164,13 @@ class PoolRegistry:
         except CgroupError as exc:
             cgroup.remove()
             raise KrexError(Code.INTERNAL, f"cannot move pid {pid} into its pool: {exc}") from None
+        try:
+            # Threads made between the count and the move: the move is not bounded by
+            # pids.max, so the pool is counted again where it now lives.
+            self._check_tasks(keeper, pid, cgroup.tasks())
+        except KrexError:
+            cgroup.kill()
+            raise
         pool = Pool(
             pid,
             start,
@@ -182,6 +195,15 @@ class PoolRegistry:
             ", ".join(pool.modules) or "no modules",
         )
         return pool
+
+    def _check_tasks(self, keeper: identity.Caller, pid: int, tasks: int) -> None:
+        """Refuse a pool of more than ``[warm] pids_max`` tasks (``CANCELLED``): every
+        region on the host freezes the pools, and a freeze's cost grows with their threads."""
+        limit = self.config.pool_tasks()
+        if limit and tasks > limit:
+            raise self._refuse(
+                keeper, f"pool {pid} has {tasks} tasks, over [warm] pids_max = {limit}"
+            )
 
     def _refuse(self, who: identity.Caller, why: str) -> KrexError:
         self.refused += 1
@@ -270,3 +292,11 @@ class PoolRegistry:
             "cold_reasons": dict(sorted(self.cold_reasons.items())),
             "pools": [p.summary() for p in self._pools.values()],
         }
+
+
+def _threads(pid: int) -> int:
+    """Threads of process ``pid`` now (0 once it is gone)."""
+    try:
+        return int(psutil.Process(pid).num_threads())
+    except psutil.Error:
+        return 0

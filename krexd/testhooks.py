@@ -10,7 +10,8 @@ answered), ``placed`` (pid in the cgroup, place not yet answered), ``closed``
 (gate closed, step 2), ``drained`` (step 3), ``frozen`` (step 4),
 ``granted`` (region held, grant not yet answered), ``thawed`` (exit: siblings
 thawed, gate not yet reopened), ``pool_register`` (a warm pool's
-registration, before its zygote is moved into the pool's cgroup).  Without
+registration, before its zygote is moved into the pool's cgroup),
+``pool_counted`` (the zygote's threads counted, before the move).  Without
 the variable this is one dictionary lookup.
 """
 

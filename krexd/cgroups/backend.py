@@ -370,9 +370,13 @@ class CgroupBackend:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 
-    def pools(self, memory_max: int) -> pool.PoolCgroups:
-        """Warm pools' cgroups under this tree, each limited to ``memory_max`` bytes (0: none)."""
-        return pool.PoolCgroups(self.base, self.root, memory_max, self.memory_v1, self.devices)
+    def pools(self, memory_max: int, pids_max: int = 0) -> pool.PoolCgroups:
+        """Warm pools' cgroups under this tree, each limited to ``memory_max`` bytes and
+        ``pids_max`` tasks (0: no limit)."""
+        pids_v1 = self.pids_root if self.pids_kind == PIDS_V1 else None
+        return pool.PoolCgroups(
+            self.base, self.root, memory_max, self.memory_v1, self.devices, pids_max, pids_v1
+        )
 
     def describe(self) -> dict[str, object]:
         """What ``krexctl status`` shows about cgroups."""

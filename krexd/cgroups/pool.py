@@ -14,6 +14,17 @@ unplaced children (docs/design/warm.md):
   the command is not held to the pool's limit;
 * ``none``: no memory controller (or ``memory_max = 0``): no limit, a
   warning at start.
+
+``pids.max = [warm] pids_max`` bounds the tasks (processes and threads) of
+a pool, in its v2 directory where the v2 tree offers the ``pids``
+controller, else in a parallel directory of the v1 ``pids`` tree tenants
+use on hybrid hosts (``<pids root>/pools/<leaf>``; a placed child moves to
+its tenant's, krexd/cgroups/backend.py).  Every region
+freezes the pools (krexd/pool_freeze.py), and a cgroup freeze stops each
+task, so one user's pool of thousands of threads would lengthen every
+user's region entry.  Migration is not bounded by ``pids.max``, so
+registration also counts the zygote's threads before and after the move
+(krexd/pools.py).
 """
 
 from __future__ import annotations
@@ -43,18 +54,27 @@ def v1_memory_root(mounts: detect.Mounts, name: str) -> tuple[str, str] | None:
 
 
 class PoolCgroup:
-    """One pool's directories: ``path`` (v2) and ``memory_dir`` (v1 memory, or None)."""
+    """One pool's directories: ``path`` (v2), ``memory_dir`` (v1 memory, or None) and
+    ``pids_dir`` (v1 pids, or None)."""
 
-    def __init__(self, path: str, memory_dir: str | None, memory_home: str | None) -> None:
+    def __init__(
+        self,
+        path: str,
+        memory_dir: str | None,
+        memory_home: str | None,
+        pids_dir: str | None = None,
+    ) -> None:
         self.path = path
         self.memory_dir = memory_dir
+        self.pids_dir = pids_dir
         self._home = memory_home
 
     def add_pid(self, pid: int) -> None:
         """Move ``pid`` into the pool (raises CgroupError)."""
         fs.write(os.path.join(self.path, "cgroup.procs"), str(pid))
-        if self.memory_dir is not None:
-            fs.write(os.path.join(self.memory_dir, "cgroup.procs"), str(pid))
+        for d in (self.memory_dir, self.pids_dir):
+            if d is not None:
+                fs.write(os.path.join(d, "cgroup.procs"), str(pid))
 
     def pids(self) -> list[int]:
         """The processes in the pool's v2 directory (empty once it is gone)."""
@@ -77,6 +97,24 @@ class PoolCgroup:
                 fs.write(os.path.join(self._home, "cgroup.procs"), str(pid))
             except CgroupError as exc:
                 _log.warning("pid %d stays in its pool's memory cgroup: %s", pid, exc)
+
+    def tasks(self) -> int:
+        """Tasks (processes and threads) in the pool now: ``pids.current``, or counted
+        from ``/proc/<pid>/task`` where no pids controller counts them."""
+        for d in (self.pids_dir, self.path):
+            if d is None:
+                continue
+            try:
+                return int(fs.read(os.path.join(d, "pids.current")).strip())
+            except (CgroupError, ValueError):
+                continue
+        count = 0
+        for pid in self.pids():
+            try:
+                count += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                continue
+        return count
 
     def memory_bytes(self) -> int | None:
         """Memory charged to the pool now (bytes), None when no controller says."""
@@ -107,7 +145,7 @@ class PoolCgroup:
     def remove(self) -> bool:
         """Remove the directories once empty; False while a process is left."""
         try:
-            for d in (self.memory_dir, self.path):
+            for d in (self.memory_dir, self.pids_dir, self.path):
                 if d is not None:
                     fs.rmdir(d)
         except CgroupError:
@@ -120,7 +158,9 @@ class PoolCgroups:
 
     ``base``: the v2 directory above ``root``; ``memory``: (krexd's own v1
     memory cgroup, the v1 root of the tree) from :func:`v1_memory_root`;
-    ``devices``: the tree's device isolation (a pool may open no GPU node).
+    ``devices``: the tree's device isolation (a pool may open no GPU node);
+    ``pids_max``: tasks a pool may hold (0: no limit); ``pids_v1``: the v1
+    ``pids`` tree of krexd's tenants on a hybrid host (None: none).
     """
 
     def __init__(
@@ -130,8 +170,13 @@ class PoolCgroups:
         memory_max: int,
         memory: tuple[str, str] | None,
         devices: DeviceIsolation | None = None,
+        pids_max: int = 0,
+        pids_v1: str | None = None,
     ) -> None:
         self.memory_max = memory_max
+        self.pids_max = pids_max
+        self._pids_v1 = os.path.join(pids_v1, POOLS_DIR) if pids_v1 is not None else None
+        self.pids_kind = MEMORY_NONE  # where pids.max goes: "v2", "v1" or "none"
         self.devices = devices or DeviceIsolation()
         self.dir = os.path.join(root, POOLS_DIR)
         self._chain = [base, root, self.dir]
@@ -139,8 +184,9 @@ class PoolCgroups:
         self.kind = MEMORY_NONE
 
     def prepare(self) -> None:
-        """Build ``pools`` and choose where the memory limit goes (module docstring)."""
+        """Build ``pools`` and choose where the memory and task limits go (module docstring)."""
         fs.mkdir(self.dir)
+        self._prepare_pids()
         if self.memory_max == 0:
             return
         if "memory" in fs.read(os.path.join(self._chain[0], "cgroup.controllers")).split():
@@ -163,15 +209,45 @@ class PoolCgroups:
                 _log.warning("cannot use the v1 memory hierarchy: %s", exc)
         _log.warning("no memory controller: [warm] memory_max is not applied to pools")
 
+    def _prepare_pids(self) -> None:
+        """Choose where ``pids.max`` goes (``[warm] pids_max``): the v2 ``pids``
+        controller down to ``pools``, else the tenants' v1 ``pids`` tree."""
+        if self.pids_max == 0:
+            return
+        if "pids" in fs.read(os.path.join(self._chain[0], "cgroup.controllers")).split():
+            try:
+                for d in self._chain:
+                    path = os.path.join(d, "cgroup.subtree_control")
+                    if "pids" not in fs.read(path).split():
+                        fs.write(path, "+pids")
+                self.pids_kind = MEMORY_V2
+                return
+            except CgroupError as exc:
+                _log.warning("cannot enable the v2 pids controller for pools: %s", exc)
+        if self._pids_v1 is not None:
+            try:
+                fs.mkdir(self._pids_v1)
+                self.pids_kind = MEMORY_V1
+                return
+            except CgroupError as exc:
+                _log.warning("cannot use the v1 pids hierarchy for pools: %s", exc)
+        _log.warning("no pids controller: [warm] pids_max is checked at registration only")
+
     def create(self, uid: int, pid: int) -> PoolCgroup:
         """Create ``pools/u<uid>-p<pid>`` with the memory limit and, when device isolation
         is active, a device program denying every GPU node (raises CgroupError)."""
         leaf = f"u{uid}-p{pid}"
         path = os.path.join(self.dir, leaf)
         fs.mkdir(path)
-        memory_dir = None
+        memory_dir = pids_dir = None
         try:
             self.devices.confine_pool(path)
+            if self.pids_kind == MEMORY_V2:
+                fs.write(os.path.join(path, "pids.max"), str(self.pids_max))
+            elif self.pids_kind == MEMORY_V1 and self._pids_v1 is not None:
+                pids_dir = os.path.join(self._pids_v1, leaf)
+                fs.mkdir(pids_dir)
+                fs.write(os.path.join(pids_dir, "pids.max"), str(self.pids_max))
             if self.kind == MEMORY_V2:
                 fs.write(os.path.join(path, "memory.max"), str(self.memory_max))
             elif self.kind == MEMORY_V1:
@@ -180,10 +256,10 @@ class PoolCgroups:
                 fs.mkdir(memory_dir)
                 fs.write(os.path.join(memory_dir, "memory.limit_in_bytes"), str(self.memory_max))
         except CgroupError:
-            PoolCgroup(path, memory_dir, None).remove()
+            PoolCgroup(path, memory_dir, None, pids_dir).remove()
             raise
         home = self._v1[0] if self._v1 is not None else None
-        return PoolCgroup(path, memory_dir, home)
+        return PoolCgroup(path, memory_dir, home, pids_dir)
 
     def holding(self, pid: int) -> str | None:
         """The directory of krexd's tree (a tenant's, a pool's) that holds ``pid``, or None.
@@ -213,12 +289,16 @@ class PoolCgroups:
             path = os.path.join(self.dir, leaf)
             if path in keep or not leaf.startswith("u") or not os.path.isdir(path):
                 continue
-            memory_dir = None
+            memory_dir = pids_dir = None
             if self._v1 is not None:
                 memory_dir = os.path.join(self._v1[1], POOLS_DIR, leaf)
                 if not os.path.isdir(memory_dir):
                     memory_dir = None
-            PoolCgroup(path, memory_dir, None).remove()
+            if self._pids_v1 is not None:
+                pids_dir = os.path.join(self._pids_v1, leaf)
+                if not os.path.isdir(pids_dir):
+                    pids_dir = None
+            PoolCgroup(path, memory_dir, None, pids_dir).remove()
 
     def describe(self) -> dict[str, object]:
         """For ``krexctl status``: where pools live and which memory controller limits them."""
@@ -227,4 +307,6 @@ class PoolCgroups:
             "memory": self.kind,
             "memory_root": self._v1[1] if self.kind == MEMORY_V1 and self._v1 else None,
             "memory_max": self.memory_max or None,
+            "pids_max": self.pids_max or None,
+            "pids": self.pids_kind,
         }

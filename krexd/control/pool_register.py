@@ -19,7 +19,8 @@ of the pool's.  ``version`` must be krexd's own; ``key`` (at most 64
 characters), ``interpreter`` and ``modules`` are shown by ``krexctl
 status``.
 Errors: ``CANCELLED`` (``[warm] enabled = false``; the uid already has
-``[warm] max_pools_per_uid`` pools), ``BAD_FIELD`` (another version, a pid
+``[warm] max_pools_per_uid`` pools; the zygote has more than ``[warm]
+pids_max`` threads), ``BAD_FIELD`` (another version, a pid
 that is gone, a malformed field), ``AUTH`` (not the caller's child or
 uid, inside krexd's cgroup tree), ``INTERNAL`` (cgroupfs), ``SHUTTING_DOWN``.
 Sent by: the pool's keeper, once, when it has started the zygote.

@@ -244,6 +244,9 @@ class Entry(Ending, MemoryWait):
             self._region_state(states.CLOSING)  # IDLE -> CLOSING
             self._gate.close(tenant.id, region.epoch)
             gate_closed = True
+            if self._begin_pools_freeze():  # the pools' threads stop while the siblings drain
+                region.pools_frozen = True
+                region.undo.push("pools' freeze", lambda: self._thaw_pools(True))
             testhooks.pause("closed")
             marks.append(("close", time.monotonic()))
             await self._drain_and_freeze(region, locks, marks, check_memory)
@@ -342,18 +345,15 @@ class Entry(Ending, MemoryWait):
         rest: list[Tenant],
         marks: list[tuple[str, float]],
     ) -> None:
-        """Step 4: freeze the sibling process trees not frozen during the drain (``rest``)
-        and the warm pools (both cgroup freezes at once), wait for all; then fail closed."""
+        """Step 4: freeze the sibling process trees not frozen during the drain (``rest``),
+        wait for them and for the warm pools (asked to freeze at step 2); then fail closed."""
         self._region_state(states.REGION_FREEZING)  # DRAINING -> FREEZING
         t = time.monotonic()
         pools, siblings = await asyncio.gather(
-            self._freeze_pools(),
+            self._wait_pools_frozen(region.pools_frozen),
             self._freeze_marked(rest, region.siblings, marks),
             return_exceptions=True,
         )
-        if pools is True:
-            region.pools_frozen = True
-            region.undo.push("pools' freeze", lambda: self._thaw_pools(True))
         for failed in (siblings, pools):
             if isinstance(failed, BaseException):
                 raise failed

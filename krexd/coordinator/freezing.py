@@ -62,21 +62,29 @@ class Freezing(CoordinatorBase):
                 f"{self._cfg.freeze_timeout_s:g} s: {names}",
             )
 
-    async def _freeze_pools(self) -> bool:
-        """Step 4, after the siblings: warm pools stand still too (``krexd.pool_freeze``).
+    def _begin_pools_freeze(self) -> bool:
+        """Step 2, once the gate is closed: ask the kernel to freeze the warm pools
+        (``krexd.pool_freeze``; a pool cannot open a GPU, so it need not drain first).
 
         True when this region holds the pools' freeze (release it with
-        :meth:`_thaw_pools`); raises FREEZE_TIMEOUT when they do not freeze.
+        :meth:`_thaw_pools`).
         """
         if self.pool_freeze is None:
             return False
-        if not await self.pool_freeze.hold(self._cfg.freeze_timeout_s):
+        self.pool_freeze.begin()
+        return True
+
+    async def _wait_pools_frozen(self, held: bool) -> None:
+        """Step 4, beside the siblings' freeze: wait until the pools stand still;
+        raises FREEZE_TIMEOUT when they do not freeze (the undo releases the hold)."""
+        if not held or self.pool_freeze is None:
+            return
+        if not await self.pool_freeze.wait_frozen(self._cfg.freeze_timeout_s):
             raise KrexError(
                 Code.FREEZE_TIMEOUT,
                 f"warm pools not frozen after {self._cfg.freeze_timeout_s:g} s "
                 f"({self.pool_freeze.path})",
             )
-        return True
 
     def _thaw_pools(self, held: bool) -> None:
         """Step 7: release this region's hold of the pools' freeze (the last one thaws)."""

@@ -233,3 +233,107 @@ def test_a_pool_of_another_krex_version_is_refused(krexd_factory: Factory) -> No
     with pytest.raises(RemoteError) as info:
         k.request("pool_register", {**body, "pid": os.getpid()})
     assert info.value.name == "BAD_FIELD" and "0.0.0-old" in info.value.message
+
+
+# A zygote with THREADS threads, then (after DELAY s) MORE threads, as many as the
+# kernel lets it start; it reports both counts and sleeps.
+_THREADED = """
+import sys, threading, time
+stop = threading.Event()
+def start(n):
+    made = 0
+    for _ in range(n):
+        try:
+            threading.Thread(target=stop.wait, daemon=True).start()
+        except RuntimeError:  # pids.max reached: clone fails with EAGAIN
+            break
+        made += 1
+    return made
+first = start(THREADS)
+print("ready", flush=True)
+time.sleep(DELAY)
+print(first, start(MORE), flush=True)
+time.sleep(30)
+"""
+
+_REGISTER_THREADED = """
+import signal
+r, w = os.pipe()
+kid = os.fork()  # the zygote: a direct child (the venv's interpreter is not B's to exec)
+if kid == 0:
+    os.close(r)
+    os.dup2(w, 1)
+    exec(ZYGOTE, {"__name__": "zygote"})
+    os._exit(0)
+os.close(w)
+lines = os.fdopen(r)
+assert lines.readline().strip() == "ready"
+out = {}
+with Connection(timeout_s=10) as c:
+    try:
+        c.request("pool_register", dict(BODY, pid=kid))
+        out["register"] = "ok"
+    except RemoteError as exc:
+        out["register"], out["message"] = exc.name, exc.message
+    line = lines.readline().split()
+    out["made"] = [int(v) for v in line] if line else None
+    out["pools"] = c.request("status")["warm"]["pools"]
+    out["alive"] = os.waitpid(kid, os.WNOHANG) == (0, 0)
+if out["alive"]:
+    os.kill(kid, signal.SIGKILL)
+    os.waitpid(kid, 0)
+print(json.dumps(out), flush=True)
+"""
+
+
+def _register_threaded(
+    k: Krexd, version: str, threads: int, more: int, delay_s: float
+) -> dict[str, object]:
+    """As uid B: start a zygote of ``threads`` threads, register it, then let it start
+    ``more`` threads after ``delay_s``; what krexd answered and what the zygote made."""
+    zygote = _THREADED.replace("THREADS", str(threads)).replace("MORE", str(more))
+    zygote = zygote.replace("DELAY", str(delay_s))
+    body = {"key": "t" * 16, "version": version, "interpreter": "/bin/sleep", "modules": []}
+    code = f"ZYGOTE = {zygote!r}\nBODY = {body!r}\n" + _REGISTER_THREADED
+    rc, out, err = finish(as_user(k, USER_B, "py", code), timeout_s=60)
+    assert rc == 0, err
+    got: dict[str, object] = json.loads(out)
+    return got
+
+
+def test_a_pool_of_many_threads_is_refused_and_one_cannot_grow_past_its_cap(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    # Every region freezes the pools, and a freeze's cost grows with their threads:
+    # one user's pool of thousands of threads would slow every user's region entry.
+    k = krexd_factory(config=_config(pids_max=32))
+    version = k.request("ping")["version"]
+    got = _register_threaded(k, version, threads=40, more=0, delay_s=0.1)
+    assert got["register"] == "CANCELLED" and "pids_max = 32" in str(got["message"]), got
+    assert got["alive"] is True and got["pools"] == []  # refused before the move: not killed
+    got = _register_threaded(k, version, threads=4, more=60, delay_s=0.5)
+    assert got["register"] == "ok", got
+    pools = got["pools"]
+    assert isinstance(pools, list) and len(pools) == 1, got
+    made = got["made"]
+    assert isinstance(made, list) and made[0] == 4, got
+    if k.request("status")["warm"]["cgroups"]["pids"] != "none":
+        assert made[1] < 32, got  # the kernel refused the threads past pids.max
+    else:
+        pytest.skip("no pids controller for pools here: growth is not bounded")
+
+
+def test_threads_made_while_a_registration_counts_them_get_the_pool_killed(
+    krexd_factory: Factory, tmp_path: Path
+) -> None:
+    # The move into the pool's cgroup is not bounded by pids.max: threads started
+    # between the count and the move are counted again where the pool lives.
+    k = krexd_factory(
+        config=_config(pids_max=32),
+        env={"KREX_TEST_PAUSE_AT": "pool_counted", "KREX_TEST_PAUSE_S": "1.5"},
+    )
+    version = k.request("ping")["version"]
+    got = _register_threaded(k, version, threads=1, more=60, delay_s=0.2)
+    assert got["register"] == "CANCELLED" and "pids_max = 32" in str(got["message"]), got
+    assert got["alive"] is False and got["pools"] == [], got  # killed with its cgroup
+    assert "pids_max" in k.log()
