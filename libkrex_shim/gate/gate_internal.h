@@ -112,7 +112,7 @@ static inline int krex_owner_registered(uint32_t st)
 
 /* ---- the per-call protocol's fast path (paper §4.2) ----------------------
  *
- * One definition, inlined both into the shim's hooks (shim.h) and into the
+ * One definition, inlined both into the shim's hooks (tenant/call.h) and into the
  * exported krex_gate_try_enter()/krex_gate_leave() of gate.c: the hooks'
  * fast path is then straight-line code with no call besides the driver's
  * (an out-of-line call per step cost several ns per gated call). */
