@@ -46,7 +46,7 @@ def tenant_env(
         "KREX_GPU": str(tenant.gpu),
         **gpu_binding(gpu, host_vendors),
         "NCCL_NVLS_ENABLE": "0",
-        # Bound of the shim's wait for co-tenants' memory (libkrex_shim/memory.c).
+        # Bound of the shim's wait for co-tenants' memory (libkrex_shim/tenant/memory.c).
         "KREX_OOM_WAIT_S": f"{cfg.memory.oom_wait_s:g}",
     }
     if not tenant.exclusive:  # a whole-device lease runs natively, unshimmed
@@ -75,7 +75,7 @@ def gpu_binding(gpu: Gpu, host_vendors: Iterable[str] = ()) -> dict[str, str]:
     as before.  AMD: ``ROCR_VISIBLE_DEVICES`` by UUID, ``HIP_VISIBLE_DEVICES=0``,
     ``CUDA_VISIBLE_DEVICES`` empty (krexd/vendors.py says why).
     ``KREX_GPU_UUID`` is what the shim compares every new context's device
-    with (libkrex_shim/bind.c).  Where krexd manages GPUs of another vendor
+    with (libkrex_shim/tenant/bind.c).  Where krexd manages GPUs of another vendor
     too (``host_vendors``), theirs are hidden (``ROCR_VISIBLE_DEVICES=""``
     for an NVIDIA GPU's command, ``CUDA_VISIBLE_DEVICES=""`` for an AMD one's).
     """

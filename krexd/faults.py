@@ -8,7 +8,7 @@ Without MPS only the faulting context is hit, and nothing here runs.
 Signals, in order of reliability (docs/design/faults.md):
 
 1. The shim's record: each process writes the first fatal CUDA error it saw
-   in its gate slot (``libkrex_shim/fault.c``; ``krexd.gate.FaultSeen``).
+   in its gate slot (``libkrex_shim/tenant/fault.c``; ``krexd.gate.FaultSeen``).
    On an MPS GPU any such record means the server faulted: every client of
    it is hit.
 2. The MPS server's log (``<log dir>/server.log``): a line that says a

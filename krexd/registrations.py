@@ -62,7 +62,7 @@ class Identity:
     start_ticks: int  # /proc/<pid>/stat field 22
     #: Ticks a registration's start time may differ by: 1 for a process of
     #: another time namespace (the shim takes its boot-time offset back out,
-    #: exact only for whole ticks: libkrex_shim/procid.c), else 0.
+    #: exact only for whole ticks: libkrex_shim/gate/procid.c), else 0.
     start_slack: int = 0
 
 

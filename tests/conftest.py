@@ -58,7 +58,7 @@ _counter = itertools.count()
 #: Fixtures that build C parts: a test using one (directly or not) is ``needs_build``.
 BUILD_FIXTURES = frozenset({"shim_build", "fakecuda_build", "fakehip_build", "built"})
 #: Fixtures that need root: a krexd (cgroups) or a gate file the shim maps (it maps only
-#: a root-owned one, libkrex_shim/gate.c).  A test using one (directly or not) is
+#: a root-owned one, libkrex_shim/gate/gate.c).  A test using one (directly or not) is
 #: ``root``, so it is skipped with the reason wherever it could not pass.
 ROOT_FIXTURES = frozenset({"krexd_factory", "gate", "shared_gpu", "krex_cluster", "restarter"})
 

@@ -29,7 +29,7 @@ Opening an existing gate again (krexd after a restart) is not supported by
 this layout: a new krexd creates a new gate and tenants must re-attach
 (docs/design/shim.md "Restarts").
 
-The protocol code itself is C (``libkrex_shim/gate.c``, ``coord.c``,
+The protocol code itself is C (``libkrex_shim/gate/gate.c``, ``coord.c``,
 ``coord_protocol.c``),
 shared with the shim; this package only binds it.  ``drain`` blocks in C:
 ctypes releases the GIL for the call, so run it in a worker thread

@@ -59,7 +59,7 @@ _FAULT_CODE_MASK, _FAULT_LAUNCHED, _FAULT_AT_SYNC = 0xFFFF, 0x10000, 0x20000
 
 @dataclass(frozen=True)
 class FaultSeen:
-    """The first fatal ("sticky") CUDA error a process saw (libkrex_shim/fault.c).
+    """The first fatal ("sticky") CUDA error a process saw (libkrex_shim/tenant/fault.c).
 
     ``code`` is the CUresult (700: illegal address); ``launched``: the
     process had launched kernels before it; ``at_sync``: the shim's own

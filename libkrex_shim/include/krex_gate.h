@@ -177,7 +177,7 @@ enum krex_oom_reason {
 };
 
 /* krex_slot.fault: the first fatal ("sticky") CUDA error this process saw
- * (libkrex_shim/fault.c, docs/design/faults.md).  Written once, by the
+ * (libkrex_shim/tenant/fault.c, docs/design/faults.md).  Written once, by the
  * owner, with one relaxed store, in the tenant's slot memory; krexd reads
  * it (untrusted input: bits outside KREX_FAULT_KNOWN are dropped) to tell
  * a GPU-wide fault under MPS (every client of the server gets the error)
@@ -211,7 +211,7 @@ struct krex_slot {
     _Atomic uint64_t start_ticks;   /* owner's start time (/proc/<pid>/stat
                                        field 22): tells a dead pid from a
                                        reused one */
-    /* Device memory (libkrex_shim/memory.c, docs/design/memory.md): zeroed
+    /* Device memory (libkrex_shim/tenant/memory.c, docs/design/memory.md): zeroed
      * at registration, kept by a freed slot so that krexd can read the
      * record of a process that ended.  Written by the owner only. */
     _Atomic uint32_t mem_mib;       /* device memory the process allocated

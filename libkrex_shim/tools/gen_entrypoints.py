@@ -318,8 +318,18 @@ def render_hook(e: Entry) -> str:
 def render_source(entries: list[Entry], version: int) -> str:
     """entrypoints.gen.c: the table and every hook."""
     out = [BANNER.format(v=version)]
-    out.append('#include "shim.h" /* cuda.h with every exported ABI declared */\n')
-    out.append('#include "memory.h" /* krex_oom_retry, device-memory accounting */\n\n')
+    # The hooks are the top layer (docs/design/shim.md "Layering"): each
+    # header they use, by what for.
+    out.append('#include "base.h" /* cuda.h with every exported ABI declared */\n')
+    out.append('#include "bind.h" /* krex_check_device */\n')
+    out.append('#include "call.h" /* krex_enter, krex_leave: the per-call protocol */\n')
+    out.append('#include "drain.h" /* krex_note_init */\n')
+    out.append('#include "fault.h" /* KREX_RESULT */\n')
+    out.append('#include "interpose.h" /* KREX_BIND, the table, cuGetProcAddress */\n')
+    out.append('#include "memory.h" /* krex_oom_retry, device-memory accounting */\n')
+    out.append('#include "region.h" /* the region record\'s observations */\n')
+    out.append('#include "shim.h" /* krex_refused */\n')
+    out.append('#include "track.h" /* contexts, streams, captures */\n\n')
     out.append(
         "#if CUDA_VERSION != KREX_EP_CUDA_VERSION\n"
         '#error "entrypoints.gen.c was generated from other CUDA headers: '
@@ -372,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")),
     )
     ap.add_argument("--classes", type=Path, default=HERE / "classes.toml")
-    ap.add_argument("--out-dir", type=Path, default=SHIM_DIR)
+    ap.add_argument("--out-dir", type=Path, default=SHIM_DIR / "tenant")
     ap.add_argument("--check", action="store_true", help="compare instead of writing")
     ns = ap.parse_args(argv)
     try:

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--hip-include", type=Path, default=None)
     ap.add_argument("--classes", type=Path, default=HERE / SOURCE)
-    ap.add_argument("--out-dir", type=Path, default=SHIM_DIR)
+    ap.add_argument("--out-dir", type=Path, default=SHIM_DIR / "tenant")
     ap.add_argument("--check", action="store_true", help="compare instead of writing")
     ns = ap.parse_args(argv)
     include = ns.hip_include if ns.hip_include is not None else default_include()

@@ -3,7 +3,7 @@
 Resolved in the process itself (``dlopen(NULL)``): present when ``krex run``
 preloaded the shim, each one None otherwise, and every method then does
 nothing and says so (no flush, no launches, no events).  The C side is
-``libkrex_shim/region.c``; :mod:`krex_client.region` calls these at entry
+``libkrex_shim/tenant/region.c``; :mod:`krex_client.region` calls these at entry
 (step 5: the L2 flush) and exit (step 7: the holder's synchronization).
 """
 

@@ -1,4 +1,5 @@
-"""Every out-of-memory path of the driver is handled like an allocation (libkrex_shim/memory.c).
+"""Every out-of-memory path of the driver is handled like an allocation
+(``libkrex_shim/tenant/memory.c``).
 
 A full simulated GPU makes the fake driver fail, besides allocations, every
 call that needs device memory of its own: launches, module and library

@@ -1,4 +1,4 @@
-"""libkrex_shim's out-of-memory handling (libkrex_shim/memory.c) over the fake driver.
+"""libkrex_shim's out-of-memory handling (libkrex_shim/tenant/memory.c) over the fake driver.
 
 Real processes with the shim preloaded share one simulated GPU of 1 GiB and
 one gate; the gate slots are read as krexd reads them.  What is checked:

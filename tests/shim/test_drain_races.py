@@ -2,7 +2,7 @@
 
 The sibling is ``cu_tenant`` under the test variant of the shim
 (``libkrex_shim_test.so``, built with ``-DKREX_TEST_HOOKS``): one of its
-threads stops at a named point (``libkrex_shim/testhook.h``) while the
+threads stops at a named point (``libkrex_shim/gate/testhook.h``) while the
 test makes the competing call on another, then goes on.
 
 * ``drain_ctx_claimed``: the drainer holds a context for its
@@ -13,7 +13,7 @@ test makes the competing call on another, then goes on.
 * ``capture_checked``: a launch into a capturing stream found it capturing
   while the gate is closed (it passes uncounted); the capture's end must
   wait until the launch returned, or the launch would run on the device
-  inside the region (the capture lock, ``libkrex_shim/track.c``).
+  inside the region (the capture lock, ``libkrex_shim/tenant/track.c``).
 
 Also: the L2 flush buffers of more than 16 contexts are one per context,
 reused, and go with their context.

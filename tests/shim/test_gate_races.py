@@ -3,7 +3,7 @@
 ``gate_race`` (tests/shim/c/gate_race.c) runs one tenant-side gate
 operation on the test variant of the gate library (``libkrex_gate_test.so``,
 built with ``-DKREX_TEST_HOOKS``): it stops at the named point between two
-statements (``libkrex_shim/testhook.h``) while the test runs the competing
+statements (``libkrex_shim/gate/testhook.h``) while the test runs the competing
 operation, then goes on.  Each case is a race the ownership word
 (krex_gate.h ``krex_slot.owner``) closes: a judgement about a slot's
 earlier owner (its process is dead, or has a given pid) must never apply to

@@ -56,7 +56,7 @@ def declared(gen: ModuleType) -> dict[str, object]:
 
 def table_rows() -> dict[str, tuple[str, str]]:
     """name -> (class, flags) from the committed entrypoints.gen.c."""
-    src = (REPO / "libkrex_shim" / "entrypoints.gen.c").read_text()
+    src = (REPO / "libkrex_shim" / "tenant" / "entrypoints.gen.c").read_text()
     return {
         m.group(1): (m.group(2), m.group(3))
         for m in re.finditer(r'\{"(cu\w+)", \'([ABCD])\', ([^}]*)\}', src)

@@ -33,8 +33,8 @@ import pytest
 from .procs import REPO
 
 TOOLS = REPO / "libkrex_shim" / "tools"
-GEN_H = REPO / "libkrex_shim" / "hip_entrypoints.gen.h"
-GEN_C = REPO / "libkrex_shim" / "hip_entrypoints.gen.c"
+GEN_H = REPO / "libkrex_shim" / "tenant" / "hip_entrypoints.gen.h"
+GEN_C = REPO / "libkrex_shim" / "tenant" / "hip_entrypoints.gen.c"
 EXPORTS = Path(__file__).parent / "data" / "libamdhip64-5.2.21153-exports.txt"
 # Declared by the HIP 5.2 headers, absent from its library.
 NOT_BUILT = {

@@ -1,4 +1,4 @@
-"""Thread marks (``libkrex_shim/marks.h``): a call counted only in its thread's mark is
+"""Thread marks (``libkrex_shim/tenant/marks.h``): a call counted only in its thread's mark is
 still drained, in a fork child and at exit too.
 
 A call admitted on the fast path counts in its thread's mark, not in the

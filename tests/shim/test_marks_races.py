@@ -1,4 +1,4 @@
-"""Thread marks (``libkrex_shim/marks.h``) against signal handlers, slow exits and seccomp.
+"""Thread marks (``libkrex_shim/tenant/marks.h``) against signal handlers, slow exits and seccomp.
 
 Each test runs with marks on and, as the control, off
 (``KREX_SHIM_THREAD_MARKS=0``: every call on the slot's shared count, paused

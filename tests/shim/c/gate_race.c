@@ -1,7 +1,7 @@
 /*
  * gate_race — one tenant-side gate operation on the test variant of the
  * gate library (libkrex_gate_test.so, pause points compiled in;
- * libkrex_shim/testhook.h), so a test can stop it between two statements
+ * libkrex_shim/gate/testhook.h), so a test can stop it between two statements
  * and run a competing operation at exactly that moment.
  *
  * usage: gate_race GATE SLOTS TENANT OP [ARGS]

@@ -41,6 +41,7 @@
  */
 #define _GNU_SOURCE
 #include "gate_internal.h"
+#include "procid.h"
 #include "testhook.h"
 
 #include <fcntl.h>

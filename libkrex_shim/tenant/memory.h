@@ -18,7 +18,7 @@
 #ifndef KREX_MEMORY_H
 #define KREX_MEMORY_H
 
-#include "shim.h"
+#include "state.h"
 
 /* One allocation's out-of-memory state, on the hook's stack. */
 struct krex_oom {
@@ -53,5 +53,11 @@ void krex_mem_released(CUresult r, CUmemGenericAllocationHandle handle, uint64_t
 /* Bytes of device memory a cuMemCreate(size, prop) asks for (0 for host
  * or host-NUMA locations: not device memory). */
 uint64_t krex_mem_device_bytes(size_t size, const CUmemAllocationProp *prop);
+
+/* Fork (shim.c's handlers): the accounting lock; the child owns no device
+ * memory. */
+void krex_memory_atfork_prepare(void);
+void krex_memory_atfork_parent(void);
+void krex_memory_atfork_child(void);
 
 #endif /* KREX_MEMORY_H */

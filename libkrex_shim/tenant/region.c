@@ -41,9 +41,14 @@
  *
  * The region record (krex_client, docs/design/region-log.md) reports them.
  * begin and end return 0 or a CUresult.  The driver calls go to the real
- * functions.
+ * functions.  begin, end and warm are exported by shim.c, which initialises
+ * the shim (the process layer, above this one) and calls krex_region_*.
  */
-#include "shim.h"
+#include "region.h"
+#include "drain.h"
+#include "gate_internal.h"
+#include "interpose.h"
+#include "track.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -67,8 +72,8 @@ static _Atomic int l2_flushed;
  * krex_shim_region_end(); a record racing with begin or end may land on
  * either side, as it would without the shim. */
 #define RECENT_EVENTS 64
-_Atomic int krex_region_open;        /* 1 from region_begin to region_end (shim.h) */
-_Atomic uint64_t krex_events_recorded_outside; /* shim.h, krex_note_event_record */
+_Atomic int krex_region_open;        /* 1 from region_begin to region_end (region.h) */
+_Atomic uint64_t krex_events_recorded_outside; /* region.h, krex_note_event_record */
 static _Atomic uint64_t events_timed_outside;
 static _Atomic(CUstream) timed_stream; /* stream of the last event recorded in the region */
 static _Atomic int timed_stream_known;
@@ -153,7 +158,7 @@ out:
 void krex_note_event_record_in_region(CUevent ev, CUstream stream)
 {
     /* The ring index: relaxed loads and stores (see krex_note_event_record
-     * in shim.h). */
+     * in region.h). */
     atomic_store_explicit(&timed_stream, stream, memory_order_relaxed);
     atomic_store_explicit(&timed_stream_known, 1, memory_order_relaxed);
     uint32_t i = atomic_load_explicit(&recent_next, memory_order_relaxed);
@@ -252,9 +257,8 @@ static int holds_region(uint32_t epoch)
     return word == krex_gate_word(krex_tenant, epoch);
 }
 
-KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
+int krex_region_begin(uint32_t epoch, int l2_flush)
 {
-    krex_shim_init();
     int saved = errno;
     CUresult r = CUDA_SUCCESS;
     if (!holds_region(epoch)) {
@@ -341,9 +345,8 @@ static CUresult exit_sync(void)
     return r != CUDA_SUCCESS ? r : r2;
 }
 
-KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)
+int krex_region_end(uint64_t *sync_ns, uint64_t *launches)
 {
-    krex_shim_init();
     int saved = errno;
     uint64_t t0 = krex_now_ns();
     /* No driver loaded in this process: no work of it can be running. */
@@ -443,9 +446,8 @@ static CUresult warm_batches(CUdeviceptr p, size_t size, uint64_t budget_ns, uin
     return r;
 }
 
-KREX_EXPORT int krex_shim_region_warm(uint32_t budget_us)
+int krex_region_warm(uint32_t budget_us)
 {
-    krex_shim_init();
     int saved = errno;
     int ret = 0;
     if (!warm_allowed()) {

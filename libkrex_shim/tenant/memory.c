@@ -43,6 +43,7 @@
  * cache and retries after the first error: that retry must not wait again).
  */
 #include "memory.h"
+#include "interpose.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -548,14 +549,14 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
 
 /* ---- fork ------------------------------------------------------------------------ */
 
-static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
+void krex_memory_atfork_prepare(void) { pthread_mutex_lock(&mu); }
 
-static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
+void krex_memory_atfork_parent(void) { pthread_mutex_unlock(&mu); }
 
 /* The child owns no device memory (CUDA state does not survive fork).
  * The inherited tables are dropped, not freed: only async-signal-safe work
  * here, the child of a threaded parent may run no more before exec. */
-static void atfork_child(void)
+void krex_memory_atfork_child(void)
 {
     pthread_mutex_init(&mu, NULL);
     memset(&ptrs, 0, sizeof ptrs);
@@ -563,10 +564,4 @@ static void atfork_child(void)
     proc_bytes = 0;
     atomic_store_explicit(&gave_up, 0, memory_order_relaxed);
     atomic_store_explicit(&nwaiting, 0, memory_order_relaxed);
-}
-
-__attribute__((constructor)) static void memory_ctor(void)
-{
-    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
-        krex_log(KREX_LOG_WARN, "pthread_atfork failed: a fork child may misreport its memory");
 }

@@ -24,13 +24,16 @@
  * What cannot be read comes back as 0 ("unknown").
  */
 #define _GNU_SOURCE
-#include "gate_internal.h"
+#include "procid.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434

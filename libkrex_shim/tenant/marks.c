@@ -4,7 +4,8 @@
  */
 #define _GNU_SOURCE
 #include "marks.h"
-#include "shim.h"
+#include "base.h"
+#include "gate_internal.h"
 #include "testhook.h"
 
 #include <errno.h>
@@ -26,6 +27,10 @@ static struct krex_mark *_Atomic marks_head;
 static pthread_key_t mark_key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static int key_ok;
+/* The layer above's step at a thread's exit (krex_marks_init).  Release
+ * store, acquire load: set before gating is published, read on a thread
+ * that made a gated call; the pair keeps that order explicit. */
+static void (*_Atomic thread_gone)(void);
 
 /* Iterations of the busy phase before a wait parks (a few µs). */
 #define MARK_SPIN_ITERS 200
@@ -37,15 +42,19 @@ static void mark_release(void *p)
     struct krex_mark *m = p;
     /* A call this thread left counted (cancelled or pthread_exit'd out of
      * a driver call, or longjmp'd out and never called again) is over:
-     * the thread runs its key destructors, in no call.  Its count goes. */
-    krex_thread_gone();
+     * the thread runs its key destructors, in no call.  Its count goes
+     * (the call layer's step, handed over at krex_marks_init). */
+    void (*gone)(void) = atomic_load_explicit(&thread_gone, memory_order_acquire);
+    if (gone)
+        gone();
     krex_mark_self = NULL;
     atomic_store_explicit(&m->used, 0, memory_order_release);
 }
 
 static void make_key(void) { key_ok = pthread_key_create(&mark_key, mark_release) == 0; }
 
-void krex_marks_init(void)
+/* The membarrier registration (again in a fork child). */
+static void marks_register(void)
 {
     const char *env = getenv("KREX_SHIM_THREAD_MARKS");
     int on = !(env && !strcmp(env, "0")) &&
@@ -56,6 +65,12 @@ void krex_marks_init(void)
     atomic_store_explicit(&krex_marks_on, on && key_ok, memory_order_relaxed);
     if (!on)
         krex_log(KREX_LOG_DEBUG, "thread marks off: every gated call counts in the slot");
+}
+
+void krex_marks_init(void (*at_thread_exit)(void))
+{
+    atomic_store_explicit(&thread_gone, at_thread_exit, memory_order_release);
+    marks_register();
 }
 
 /* Claim a free mark, else make one. */
@@ -182,7 +197,7 @@ void krex_marks_atfork_child(void)
     atomic_store_explicit(&krex_mark_waiters, 0, memory_order_relaxed);
     /* A new process: its membarrier registration is made again (the marks
      * turn off, and this thread's with them, if it fails). */
-    krex_marks_init();
+    marks_register();
     if (!atomic_load_explicit(&krex_marks_on, memory_order_relaxed) && krex_mark_self) {
         atomic_store_explicit(&krex_mark_self->used, 0, memory_order_relaxed);
         krex_mark_self = NULL;

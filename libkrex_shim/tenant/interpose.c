@@ -18,7 +18,8 @@
  * The real driver is dlopen("libcuda.so.1") and each real function is
  * bound on first use with the real dlsym (never linked).
  */
-#include "shim.h"
+#include "interpose.h"
+#include "state.h"
 
 #include <ctype.h>
 #include <dlfcn.h>

@@ -112,7 +112,7 @@ static inline int krex_owner_registered(uint32_t st)
 
 /* ---- the per-call protocol's fast path (paper §4.2) ----------------------
  *
- * One definition, inlined both into the shim's hooks (shim.h) and into the
+ * One definition, inlined both into the shim's hooks (tenant/call.h) and into the
  * exported krex_gate_try_enter()/krex_gate_leave() of gate.c: the hooks'
  * fast path is then straight-line code with no call besides the driver's
  * (an out-of-line call per step cost several ns per gated call). */
@@ -167,13 +167,5 @@ void krex_slot_snapshot(const struct krex_slot *s, uint32_t tenant, uint32_t ind
 /* The checks both sides make on a slot memory fd before mapping it
  * (gate.c): 0 or -EPROTO / -EPERM / -errno. */
 int krex_slot_fd_check(int fd);
-
-/* procid.c: start times (/proc/<pid>/stat field 22) as krexd reads them,
- * in the initial pid and time namespaces.  krex_self_start_ticks: the
- * caller's own, 0 when it cannot be read.  krex_proc_start: process `pid`
- * of the caller's pid namespace (0, ticks 0 when its time cannot be
- * normalised), -ENOENT when it is gone, -EINVAL when it cannot be told. */
-uint64_t krex_self_start_ticks(void);
-int krex_proc_start(int32_t pid, uint64_t *ticks, int *zombie);
 
 #endif /* KREX_GATE_INTERNAL_H */

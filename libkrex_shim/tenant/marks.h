@@ -56,8 +56,11 @@ extern _Atomic uint32_t krex_mark_waiters;
 
 /* Turn marks on for this process (membarrier registration) unless
  * KREX_SHIM_THREAD_MARKS=0; called once at initialization, before gating
- * is published.  Also in a fork child, whose marks start over. */
-void krex_marks_init(void);
+ * is published (a fork child's marks start over in krex_marks_atfork_child).
+ * `at_thread_exit` runs first at the exit of a thread that has a mark, on
+ * that thread: the call layer's release of a call the thread left counted
+ * (shim.c), handed down because marks lie below it. */
+void krex_marks_init(void (*at_thread_exit)(void));
 /* A mark for this thread (reused or new), set in krex_mark_self; NULL when
  * marks are off or no memory (the call then counts in the shared count). */
 struct krex_mark *krex_mark_new(void);

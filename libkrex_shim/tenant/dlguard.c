@@ -22,7 +22,8 @@
  * RTLD_DI_SERINFO, then /etc/ld.so.cache, then the default directories) and
  * reads its dynamic section.  Only direct dependencies are checked.
  */
-#include "shim.h"
+#include "dlguard.h"
+#include "state.h"
 
 #include <dlfcn.h>
 #include <elf.h>

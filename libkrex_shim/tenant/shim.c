@@ -1,7 +1,9 @@
 /*
- * shim.c — process state of libkrex_shim: initialisation from the
- * environment, registration with the gate, the slow paths of the per-call
- * protocol, fork handling, memory accounting and logging.
+ * shim.c — the process layer of libkrex_shim (shim.h): initialisation from
+ * the environment, registration with the gate, the slow paths of the
+ * per-call protocol, abandoned calls, and the fork handlers (the one
+ * pthread_atfork of the library, calling each unit's hooks in the order
+ * written at "fork" below).
  *
  * Environment (docs/design/interfaces.md): KREX_GATE (gate file) and
  * KREX_TENANT (tenant id) turn gating on; KREX_SLOTS_FD (an inherited fd)
@@ -22,7 +24,14 @@
  * initialised the shim before it forks.
  */
 #include "shim.h"
+#include "drain.h"
+#include "gate_internal.h"
+#include "interpose.h"
+#include "marks.h"
+#include "memory.h"
+#include "region.h"
 #include "testhook.h"
+#include "track.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -38,103 +47,65 @@
 #include <time.h>
 #include <unistd.h>
 
-int krex_log_level = KREX_LOG_WARN;
-_Atomic int krex_mode = KREX_MODE_UNINIT;
-const struct krex_gate *krex_gate_p;
-struct krex_tenant_mem *krex_tmem_p;
-uint32_t krex_tenant;
 /* This image's identity for krexd (krex_slot.image, .pidns), set at init. */
 static uint64_t my_image, my_pidns;
 /* Why this process refuses GPU work (mode REFUSE), for krex_refused(). */
 static char refuse_why[256];
-_Atomic(struct krex_slot *) krex_slot_p;
-_Atomic uint64_t krex_launches;
-__thread uint32_t krex_depth __attribute__((tls_model("initial-exec")));
-__thread uintptr_t krex_frame __attribute__((tls_model("initial-exec")));
-__thread uintptr_t krex_frame_ret __attribute__((tls_model("initial-exec")));
-__thread struct krex_slot *krex_outer __attribute__((tls_model("initial-exec")));
 
 /* Serializes registration (and holds off fork while a thread registers). */
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-/* ---- logging -------------------------------------------------------------- */
-
-void krex_log_write(int level, const char *func, const char *fmt, ...)
-{
-    static const char *const names[] = {"error", "warn", "info", "debug"};
-    int saved = errno;
-    char buf[768];
-    int n = snprintf(buf, sizeof buf, "krex-shim[%d] %s: %s: ", (int)getpid(),
-                     names[level & 3], func);
-    if (n < 0)
-        n = 0;
-    va_list ap;
-    va_start(ap, fmt);
-    int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
-    va_end(ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-    if (len > sizeof buf - 2)
-        len = sizeof buf - 2;
-    buf[len++] = '\n';
-    /* One write(2): no stdio buffer, no allocation, lines do not interleave. */
-    ssize_t w = write(STDERR_FILENO, buf, len);
-    (void)w;
-    errno = saved;
-}
-
-uint64_t krex_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- fork ------------------------------------------------------------------ */
 
-/* The forking thread takes every lock of the shim, so the child never
+/* The library's one pthread_atfork (registered when gating starts, attach()):
+ * every unit that keeps a lock or per-process state has a prepare / parent /
+ * child hook, called from here and nowhere else.
+ *
+ *   prepare  takes every lock of the shim, outermost first, the order in
+ *            which the units may nest them: registration (reg_mu, here),
+ *            tracking (track.c), the L2 buffers (region.c), the memory
+ *            accounting (memory.c, a leaf lock);
+ *   parent   releases them in the reverse order;
+ *   child    the child has its own pid and no drainer thread: it forgets
+ *            the parent's slot (and registers at its first gated call),
+ *            then each unit starts over, innermost first: memory, region,
+ *            drain, tracking (contexts do not survive fork: the lists start
+ *            empty), the thread marks; registration's lock last.
+ *
+ * The forking thread holds every lock across fork(), so the child never
  * inherits one held by a thread that does not exist there; both sides
  * release them (the child's only thread is their owner). */
 static void atfork_prepare(void)
 {
     pthread_mutex_lock(&reg_mu);
-    krex_drain_atfork_prepare();
+    krex_track_atfork_prepare();
     krex_region_atfork_prepare();
+    krex_memory_atfork_prepare();
 }
 
 static void atfork_parent(void)
 {
+    krex_memory_atfork_parent();
     krex_region_atfork_parent();
-    krex_drain_atfork_parent();
+    krex_track_atfork_parent();
     pthread_mutex_unlock(&reg_mu);
 }
 
-/* The child has its own pid and no drainer thread: it forgets the parent's
- * slot and registers on its first gated call.  Contexts do not survive
- * fork, so the tracking lists start empty. */
 static void atfork_child(void)
 {
     atomic_store_explicit(&krex_slot_p, NULL, memory_order_release);
+    krex_memory_atfork_child();
     krex_region_atfork_child();
     krex_drain_atfork_child();
+    krex_track_atfork_child();
     krex_marks_atfork_child();
     pthread_mutex_unlock(&reg_mu);
 }
 
 /* ---- initialisation ------------------------------------------------------- */
 
-static int parse_level(const char *s)
-{
-    if (!s || !*s)
-        return KREX_LOG_WARN;
-    if (!strcmp(s, "debug"))
-        return KREX_LOG_DEBUG;
-    if (!strcmp(s, "info"))
-        return KREX_LOG_INFO;
-    if (!strcmp(s, "error"))
-        return KREX_LOG_ERROR;
-    return KREX_LOG_WARN;
-}
+static void thread_gone(void);
 
 /* Fail closed: every later gated call returns CUDA_ERROR_NOT_PERMITTED,
  * and the first says why.  Called before the mode is published (init) or
@@ -261,7 +232,7 @@ static int attach(const char *path, uint32_t tenant)
     krex_tenant = tenant;
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0)
         return refuse("pthread_atfork failed");
-    krex_marks_init(); /* before the mode is published: marks.h */
+    krex_marks_init(thread_gone); /* before the mode is published: marks.h */
     krex_log(KREX_LOG_INFO, "gating on: tenant %u, gate %s (GPU %u)", tenant, path, g->gpu);
     return KREX_MODE_GATING;
 }
@@ -269,7 +240,10 @@ static int attach(const char *path, uint32_t tenant)
 static void init_from_env(void)
 {
     int saved = errno;
-    krex_log_level = parse_level(getenv("KREX_SHIM_LOG"));
+    krex_log_init();
+    /* Before any context can be observed gone (the region's L2 buffers are
+     * made only after initialisation): the region forgets its buffers. */
+    krex_track_on_ctx_gone(krex_region_forget_ctx);
     const char *path = getenv("KREX_GATE");
     const char *tenant_s = getenv("KREX_TENANT");
     int mode = KREX_MODE_PASS;
@@ -461,7 +435,7 @@ int krex_reentry(uintptr_t here)
     return live;
 }
 
-void krex_thread_gone(void)
+static void thread_gone(void)
 {
     /* At thread exit, on the exiting thread (a key destructor): no frame
      * of it is in a driver call any more, so whatever its count says is
@@ -512,14 +486,25 @@ struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int p
 
 /* ---- exported ------------------------------------------------------------- */
 
-int krex_under_krex(void)
+/* krex_shim_region_begin/_end/_warm (region.c): the shim is initialised
+ * first, as by every hook (a warm pool's command may call them before its
+ * first driver call). */
+KREX_EXPORT int krex_shim_region_begin(uint32_t epoch, int l2_flush)
 {
-    /* Acquire: pairs with the release store that publishes the mode. */
-    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
-    if (mode != KREX_MODE_UNINIT)
-        return mode != KREX_MODE_PASS;
-    const char *g = getenv("KREX_GATE");
-    return g && *g;
+    krex_shim_init();
+    return krex_region_begin(epoch, l2_flush);
+}
+
+KREX_EXPORT int krex_shim_region_end(uint64_t *sync_ns, uint64_t *launches)
+{
+    krex_shim_init();
+    return krex_region_end(sync_ns, launches);
+}
+
+KREX_EXPORT int krex_shim_region_warm(uint32_t budget_us)
+{
+    krex_shim_init();
+    return krex_region_warm(budget_us);
 }
 
 /* 1 when gating is on in this process (interfaces.md "Shim symbols"). */

@@ -21,6 +21,11 @@
  * once more, and each later gated call synchronizes before it leaves (see
  * "exit" below): nothing acknowledges without synchronizing.
  */
+#include "drain.h"
+#include "fault.h"
+#include "gate_internal.h"
+#include "interpose.h"
+#include "marks.h"
 #include "track.h"
 
 #include <errno.h>
@@ -578,10 +583,6 @@ __attribute__((destructor)) static void drain_exit(void) { stop_drains(); }
 
 /* ---- fork ------------------------------------------------------------------ */
 
-void krex_drain_atfork_prepare(void) { krex_track_atfork_prepare(); }
-
-void krex_drain_atfork_parent(void) { krex_track_atfork_parent(); }
-
 void krex_drain_atfork_child(void)
 {
     /* The child has no drainer: no drain is busy, and a synchronization
@@ -595,5 +596,4 @@ void krex_drain_atfork_child(void)
     atomic_store_explicit(&krex_exit_sync, 0, memory_order_relaxed);
     atomic_store_explicit(&exit_unfinished, 0, memory_order_relaxed);
     pthread_mutex_init(&sync_mu, NULL);
-    krex_track_atfork_child();
 }

@@ -14,7 +14,8 @@
  * the process with KREX_EXIT_WRONG_GPU (83; krex_client.errors.ExitCode).
  * Without KREX_GPU_UUID (not run by krex) nothing is checked.
  */
-#include "shim.h"
+#include "bind.h"
+#include "interpose.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -17,6 +17,7 @@
  * of that capture (krex_capture_pass / krex_capture_end_begin).
  */
 #include "track.h"
+#include "interpose.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -57,6 +58,8 @@ static size_t nprecaps, precap_cap;
  * the call's return; writer: cuStreamEndCapture.  Writers are preferred so
  * that a stream of captured launches cannot starve the end of a capture. */
 static pthread_rwlock_t capture_rw = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+/* krex_track_on_ctx_gone: what an upper layer forgets of a context gone. */
+static void (*_Atomic ctx_gone)(CUcontext);
 
 /* ---- the lists -------------------------------------------------------------- */
 
@@ -388,8 +391,17 @@ void krex_note_ctx_destroyed(CUresult r, CUcontext ctx)
     pthread_mutex_lock(&track_mu);
     forget_ctx_locked(ctx);
     pthread_mutex_unlock(&track_mu);
-    krex_region_forget_ctx(ctx);
+    void (*gone)(CUcontext) = atomic_load_explicit(&ctx_gone, memory_order_acquire);
+    if (gone)
+        gone(ctx);
     errno = saved;
+}
+
+void krex_track_on_ctx_gone(void (*fn)(CUcontext ctx))
+{
+    /* Release, paired with the acquire load above: set once at
+     * initialisation, read by any thread's destroy observation. */
+    atomic_store_explicit(&ctx_gone, fn, memory_order_release);
 }
 
 static void mirror_captures(uint32_t n)

@@ -14,9 +14,10 @@
  * program.
  *
  * Not on the fast path: only a result other than CUDA_SUCCESS reaches
- * krex_fault_result() (KREX_RESULT in shim.h).
+ * krex_fault_result() (KREX_RESULT in fault.h).
  */
-#include "shim.h"
+#include "fault.h"
+#include "state.h"
 
 /* The results after which the context (or, under MPS, the server's
  * clients) cannot go on: cuda.h "This indicates that ... the process must

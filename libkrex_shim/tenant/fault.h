@@ -1,0 +1,17 @@
+/*
+ * fault.h — fatal ("sticky") CUDA errors, recorded in this process's gate
+ * slot for krexd (fault.c; docs/design/faults.md).  Internal, hidden.
+ */
+#ifndef KREX_FAULT_H
+#define KREX_FAULT_H
+
+#include "base.h"
+
+/* Record a fatal (sticky) result in this process's gate slot (the first
+ * one only); `at_sync`: found by the shim's own synchronization. */
+void krex_fault_note(CUresult r, int at_sync);
+CUresult krex_fault_result(CUresult r);
+/* Every hook returns through this: one compare on the fast path. */
+#define KREX_RESULT(r) (KREX_LIKELY((r) == CUDA_SUCCESS) ? (r) : krex_fault_result(r))
+
+#endif /* KREX_FAULT_H */
