@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Build the krex distribution packages from the working tree:
 #   build/pkg/krex_<version>-1_<arch>.deb   (debhelper + dh-python/pybuild)
-#   build/pkg/krex-<version>-1.<arch>.rpm   (rpmbuild, packaging/rpm/krex.spec)
+#   build/pkg/krex-<version>-1<dist>.<arch>.rpm   (rpmbuild, packaging/rpm/krex.spec)
 # then lint them (lintian, rpmlint) and fail on any finding not overridden.
 #
-#   packaging/build.sh [--no-install-deps] [--no-lint]
+#   packaging/build.sh [--no-install-deps] [--no-lint] [--rpm-target NAME] [--rpm-python PATH]
+#
+# The .rpm is built for one RPM distribution of packaging/rpm/targets.toml
+# (--rpm-target, default el9; `--rpm-target list` lists them): its own Python
+# interpreter is the commands' shebang and the package's Requires. Its byte
+# code is compiled by a Python of that interpreter's X.Y on this host:
+# --rpm-python PATH, else /usr/bin/pythonX.Y, pythonX.Y on PATH, or pyenv's.
 #
 # The tree packaged is the working tree as git sees it: tracked files plus
 # untracked files that are not ignored. CUDA_INCLUDE (default
@@ -15,19 +21,55 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # Distribution tools with the distribution's Python (/usr/bin/python3 sees
 # python3-* packages; a python3 earlier on PATH, e.g. pyenv's, does not).
+caller_path=$PATH
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 out=$root/build/pkg
 install_deps=1
 lint=1
-for arg in "$@"; do
-    case "$arg" in
+rpm_target=el9
+rpm_python=
+usage="usage: $0 [--no-install-deps] [--no-lint] [--rpm-target NAME|list] [--rpm-python PATH]"
+while [[ $# -gt 0 ]]; do
+    case "$1" in
         --no-install-deps) install_deps=0 ;;
         --no-lint) lint=0 ;;
-        *) echo "usage: $0 [--no-install-deps] [--no-lint]" >&2; exit 64 ;;
+        --rpm-target) [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 64; }; rpm_target=$2; shift ;;
+        --rpm-python) [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 64; }; rpm_python=$2; shift ;;
+        *) echo "$usage" >&2; exit 64 ;;
     esac
+    shift
 done
 
 die() { echo "build.sh: $*" >&2; exit 1; }
+
+targets=$root/packaging/rpm/targets.toml
+if [[ $rpm_target == list ]]; then
+    exec /usr/bin/python3 "$root/packaging/rpm/rpm_target.py" "$targets" --list
+fi
+mapfile -t rpm_target_args < <(/usr/bin/python3 "$root/packaging/rpm/rpm_target.py" "$targets" "$rpm_target")
+[[ ${#rpm_target_args[@]} -gt 0 ]] || die "no RPM target $rpm_target (packaging/build.sh --rpm-target list)"
+pyver=$(/usr/bin/python3 "$root/packaging/rpm/rpm_target.py" "$targets" "$rpm_target" \
+    | sed -n 's/^python3_version //p')
+
+# An interpreter of the target's X.Y, to compile the byte code; prints nothing if none.
+reports_version() { [[ -x $1 ]] && [[ $("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) == "$pyver" ]]; }
+find_rpm_python() {
+    local c pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+    for c in "/usr/bin/python$pyver" "$(PATH=$caller_path command -v "python$pyver" || true)" \
+        $(ls -d "$pyenv_root/versions/$pyver".*/bin/"python$pyver" 2>/dev/null | sort -V -r); do
+        if [[ -n $c ]] && reports_version "$c"; then echo "$c"; return; fi
+    done
+}
+if [[ -z $rpm_python ]]; then
+    rpm_python=$(find_rpm_python)
+    if [[ -z $rpm_python ]]; then
+        echo "build.sh: RPM target $rpm_target needs a Python $pyver on this host to compile its" \
+            "byte code (--rpm-python PATH)" >&2
+        exit 2
+    fi
+elif ! reports_version "$rpm_python"; then
+    die "--rpm-python $rpm_python is not a Python $pyver (target $rpm_target)"
+fi
 
 if [[ $install_deps -eq 1 ]]; then
     "$root/packaging/install-build-deps.sh" || exit 2
@@ -81,6 +123,9 @@ rm -rf "$src/debian"
 # ---- .rpm -------------------------------------------------------------------
 rpmbuild -bb --nodeps \
     --define "_topdir $top" \
+    "${rpm_target_args[@]}" \
+    --define "krex_build_python /usr/bin/python3" \
+    --define "krex_bytecompile_python $rpm_python" \
     --define "cuda_include $CUDA_INCLUDE" \
     --define "_smp_mflags -j2" \
     "$root/packaging/rpm/krex.spec" > "$out/rpm-build.log" 2>&1 \

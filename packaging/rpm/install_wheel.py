@@ -9,16 +9,21 @@ put pure-Python code in ``%{python3_sitelib}`` (``/usr/lib/python3.X/site-packag
 Usage::
 
     python3 install_wheel.py --destdir BUILDROOT --sitelib DIR --bindir DIR \
-        --prefix DIR --interpreter /usr/bin/python3 WHEEL
+        --prefix DIR --interpreter /usr/bin/python3.12 \
+        [--bytecompile-python PYTHON] WHEEL
 
 Paths are absolute paths on the target system; files land under BUILDROOT.
-Byte code is compiled for the running interpreter (optimization level 0),
-as Fedora's byte-compilation step would.
+``--interpreter`` is the target distribution's Python (the commands'
+shebang). Byte code is compiled (optimization level 0, as Fedora's
+byte-compilation step does) by ``--bytecompile-python``, an interpreter of
+the target's X.Y on the build host (default: the running one): byte code is
+only read by the X.Y that wrote it.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,18 +40,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--bindir", required=True, help="target directory for commands")
     parser.add_argument("--prefix", default="/usr", help="target prefix for wheel data files")
     parser.add_argument("--interpreter", default="/usr/bin/python3", help="shebang interpreter")
+    parser.add_argument(
+        "--bytecompile-python",
+        default=sys.executable,
+        help="interpreter of the target's Python X.Y that compiles the byte code",
+    )
     parser.add_argument("wheel", type=Path, help="the .whl file")
     return parser.parse_args(argv)
 
 
 def install_wheel(
-    wheel: Path, destdir: str, sitelib: str, bindir: str, prefix: str, interpreter: str
+    wheel: Path,
+    destdir: str,
+    sitelib: str,
+    bindir: str,
+    prefix: str,
+    interpreter: str,
+    bytecompile_python: str = sys.executable,
 ) -> None:
     """Unpack ``wheel`` below ``destdir`` with the given target layout.
 
     ``sitelib``, ``bindir``, ``prefix``: absolute target paths (str).
-    Raises ``FileNotFoundError`` when the wheel does not exist and
-    ``ValueError`` when a target path is relative.
+    ``bytecompile_python`` compiles the byte code of everything below
+    ``sitelib`` (its X.Y must be the target's). Raises ``FileNotFoundError``
+    when the wheel does not exist, ``ValueError`` when a target path is
+    relative and ``subprocess.CalledProcessError`` when compiling fails.
     """
     for name, value in (("sitelib", sitelib), ("bindir", bindir), ("prefix", prefix)):
         if not value.startswith("/"):
@@ -64,11 +82,18 @@ def install_wheel(
         scheme,
         interpreter=interpreter,
         script_kind="posix",
-        bytecode_optimization_levels=(0,),
+        bytecode_optimization_levels=(),
         destdir=destdir,
     )
     with WheelFile.open(wheel) as source:
         install(source, destination, additional_metadata={"INSTALLER": b"rpm\n"})
+    # The .pyc files record their path on the target system (-s strips the build root).
+    root = Path(destdir)
+    subprocess.run(
+        [bytecompile_python, "-m", "compileall", "-q", "-o", "0", "-s", str(root), "-p", "/"]
+        + [str(root / sitelib.lstrip("/"))],
+        check=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         install_wheel(
-            args.wheel, args.destdir, args.sitelib, args.bindir, args.prefix, args.interpreter
+            args.wheel,
+            args.destdir,
+            args.sitelib,
+            args.bindir,
+            args.prefix,
+            args.interpreter,
+            args.bytecompile_python,
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         print(f"install_wheel: {exc}", file=sys.stderr)
         return 1
     return 0

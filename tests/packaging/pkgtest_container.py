@@ -20,13 +20,16 @@ names its step:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINER_DIR = Path(__file__).resolve().parent / "container"
@@ -55,6 +58,24 @@ class Packages:
 
     deb: Path
     rpm: Path
+
+
+def rpm_targets() -> dict[str, Any]:
+    """The RPM targets of packaging/rpm/targets.toml (``rpm_target.Target``), by name.
+
+    packaging/rpm/rpm_target.py is loaded from its path: packaging/ is no package.
+    """
+    module = sys.modules.get("rpm_target")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(
+            "rpm_target", REPO / "packaging" / "rpm" / "rpm_target.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["rpm_target"] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+    targets: dict[str, Any] = module.load_targets(REPO / "packaging" / "rpm" / "targets.toml")
+    return targets
 
 
 def _env() -> dict[str, str]:

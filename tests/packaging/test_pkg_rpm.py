@@ -1,18 +1,26 @@
 """Smoke test of the .rpm: metadata, and an install with ``rpm --root``.
 
-The scratch root has no shell or rpm database of a real RPM distribution,
-so the install uses ``--nodeps`` (the Requires name Fedora/EL packages,
-checked here by reading them) and ``--noscripts`` (the scriptlets call
-systemctl/systemd-sysusers, which the scratch root does not have).
+packaging/build.sh builds it for its default target (el9, see
+packaging/rpm/targets.toml): the Requires and the commands' shebangs must
+name that distribution's interpreter. The scratch root has no shell or rpm
+database of a real RPM distribution, so the install uses ``--nodeps`` (the
+Requires name the distribution's packages, checked here by reading them) and
+``--noscripts`` (the scriptlets call systemctl/systemd-sysusers, which the
+scratch root does not have).
 """
 
 from __future__ import annotations
 
 import subprocess
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pkgtest_container as pc
 import pytest
+
+TARGETS = pc.rpm_targets()
+PYPROJECT = tomllib.loads((pc.REPO / "pyproject.toml").read_text())
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.serial]  # as test_pkg_deb
 
@@ -24,12 +32,30 @@ def rpm(*args: str) -> str:
     return res.stdout
 
 
+def built_target(packages: pc.Packages) -> Any:
+    """The target (``rpm_target.Target``) the .rpm was built for, by its dist suffix."""
+    release = rpm("-qp", "--qf", "%{RELEASE}", str(packages.rpm))
+    found = [t for t in TARGETS.values() if release.endswith(t.dist)]
+    assert len(found) == 1, (release, found)
+    return found[0]
+
+
 def test_requires(packages: pc.Packages) -> None:
-    requires = rpm("-qp", "--requires", str(packages.rpm))
-    for dep in ("pyzmq", "msgpack", "psutil", "sdnotify"):
-        assert f"dist({dep})" in requires, f"no Python requirement on {dep}:\n{requires}"
-    assert "python(abi)" in requires or "python3 >= 3.11" in requires, requires
-    assert "libc.so.6" in requires, f"shim's ELF dependencies not generated:\n{requires}"
+    target = built_target(packages)
+    requires = rpm("-qp", "--requires", str(packages.rpm)).splitlines()
+    ver = target.python_version
+    assert f"python(abi) = {ver}" in requires, requires
+    assert target.interpreter in requires, f"shebang interpreter not required:\n{requires}"
+    assert f"{target.python_package} >= 3.11" in requires, requires
+    names = [d.split(">=")[0].strip() for d in PYPROJECT["project"]["dependencies"]]
+    for dep in names:
+        found = [r for r in requires if r.startswith(f"python{ver}dist({dep})")]
+        if target.python_deps == "rpm":
+            assert found, f"no Python requirement on {dep}:\n{requires}"
+        else:
+            assert not found, f"{target.name} does not package {dep} for python{ver}"
+    assert not any("/usr/local" in r for r in requires), requires
+    assert any(r.startswith("libc.so.6") for r in requires), "shim's ELF dependencies"
 
 
 def test_config_and_scripts(packages: pc.Packages) -> None:
@@ -40,22 +66,27 @@ def test_config_and_scripts(packages: pc.Packages) -> None:
 
 
 def test_install_into_scratch_root(packages: pc.Packages, tmp_path: Path) -> None:
+    target = built_target(packages)
     root = tmp_path / "root"
     rpm("--root", str(root), "--initdb")
     rpm("--root", str(root), "-i", "--nodeps", "--noscripts", str(packages.rpm))
     assert rpm("--root", str(root), "-q", "krex").startswith("krex-")
     for cmd in ("krexd", "krex", "krexctl"):
         first = (root / "usr" / "bin" / cmd).read_text().splitlines()[0]
-        assert first.startswith("#!/usr/bin/python3"), (cmd, first)
+        assert first == f"#!{target.interpreter}", (cmd, first)
     for lib in ("libkrex_shim.so", "libkrex_gate.so"):
         head = (root / "usr" / "lib64" / "krex" / lib).read_bytes()[:4]
         assert head == b"\x7fELF", lib
     assert (root / "usr" / "lib" / "systemd" / "system" / "krexd.service").is_file()
     assert (root / "usr" / "lib" / "sysusers.d" / "krex.conf").is_file()
     sitelib = list(root.glob("usr/lib/python3.*/site-packages"))
-    assert len(sitelib) == 1, sitelib
+    assert sitelib == [root / target.sitelib.lstrip("/")], sitelib
+    tag = f"cpython-{target.python_version.replace('.', '')}"
     for pkg in ("krexd", "krex_cli", "krex_client"):
         assert (sitelib[0] / pkg / "__init__.py").is_file(), pkg
+        # Byte code for the target's interpreter, and only for it.
+        pycs = {p.name.split(".")[1] for p in (sitelib[0] / pkg).rglob("*.pyc")}
+        assert pycs == {tag}, (pkg, pycs)
 
     # %config(noreplace): an edited config survives removal as .rpmsave.
     config = root / "etc" / "krex" / "krex.toml"
