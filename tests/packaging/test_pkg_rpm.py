@@ -14,7 +14,8 @@ from pathlib import Path
 import pkgtest_container as pc
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.serial]  # as test_pkg_deb
+# as test_pkg_deb
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.packages, pytest.mark.serial]
 
 
 def rpm(*args: str) -> str:
