@@ -13,11 +13,11 @@
 #   make packages build the .deb and .rpm into build/pkg/
 # The same commands work as root (nothing escalates) and as a user who may use sudo: the
 # venv and the build stay the caller's, and only the steps that start krexd (it manages
-# cgroups) or install packages run through $(AS_ROOT), which is sudo when not root and sudo
-# exists, else empty (the demo and the package tests then say in one line, first, that they
-# need root; the other tests that need root are skipped).  `AS_ROOT=` forces an
-# unprivileged run.  Whatever a root step leaves in the checkout owned by root goes back
-# to the checkout's owner (ROOT_STEP), so the checkout stays the user's.
+# cgroups) or install packages run through $(AS_ROOT), which is sudo when not root and the
+# user may use sudo (below), else empty (the demo and the package tests then say in one
+# line, first, that they need root; the other tests that need root are skipped).
+# `AS_ROOT=` forces an unprivileged run.  Whatever a root step leaves in the checkout
+# owned by root goes back to the checkout's owner (root_step), so it stays the user's.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -26,7 +26,13 @@ STAMP  := $(VENV)/.krex-installed
 # The fast lane's tests: a test is needs_build when it uses a build fixture
 # (tests/conftest.py); `make test` runs the complement after building.
 FAST   := not root and not gpu and not needs_build and not slow and not packages
-AS_ROOT ?= $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
+# A user "may use sudo" when sudo runs for them without a password now (NOPASSWD, or
+# credentials cached) or they are in the group sudoers usually names (sudo, wheel, admin):
+# sudo being installed is not enough.
+ifeq ($(origin AS_ROOT),undefined)
+AS_ROOT := $(shell if [ "$$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 && \
+	{ sudo -n true 2>/dev/null || id -Gn | grep -qwE 'sudo|wheel|admin'; }; then echo sudo; fi)
+endif
 # Empty when this make can run root steps (root, or sudo to run them through).
 NO_ROOT := $(shell [ "$$(id -u)" = 0 ] || [ -n "$(AS_ROOT)" ] || echo 1)
 # A root step: $(call root_step,CMD) runs CMD through $(AS_ROOT) writing no bytecode, then

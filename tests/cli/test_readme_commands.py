@@ -107,7 +107,7 @@ def test_make_escalates_only_where_needed_and_available() -> None:
     try:
         fake.chmod(0o755)
         no_sudo = without_sudo(fake / "bin")
-        (fake / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+        (fake / "sudo").write_text('#!/bin/sh\n[ "$1" != -n ] || shift\nexec "$@"\n')
         (fake / "sudo").chmod(0o755)
         check_make(str(no_sudo), f"{fake}:{no_sudo}")
     finally:
