@@ -62,6 +62,16 @@ endif
 endif
 endif
 
+# Without root or sudo the demo and the package tests cannot work: said in one line, first.
+ifneq ($(NO_ROOT),)
+ifneq ($(filter demo,$(MAKECMDGOALS)),)
+$(error make demo: krexd manages cgroups and must run as root: run it as root or as a user who may use sudo)
+endif
+ifneq ($(filter ci test-packages,$(MAKECMDGOALS)),)
+$(error make $(firstword $(filter ci test-packages,$(MAKECMDGOALS))): needs root (krexd, apt, mmdebstrap, systemd-nspawn): run it as root or as a user who may use sudo; make test runs the rest without)
+endif
+endif
+
 .PHONY: all shim shim-tests fakecuda fakehip venv check test test-packages ci demo packages clean
 
 all: shim fakecuda fakehip
@@ -104,17 +114,14 @@ test:
 
 # KREX_TEST_INSTALL=1 lets the tests install with apt what they miss (never set by make test).
 test-packages:
-	$(if $(NO_ROOT),@echo "make test-packages: needs root (apt, mmdebstrap, systemd-nspawn): run it as root or as a user who may use sudo"; exit 1)
 	$(MAKE) venv
 	$(call root_step,KREX_TEST_INSTALL=1 $(abspath $(PY)) -m pytest -m packages --durations=5)
 
 ci:
-	$(if $(NO_ROOT),@echo "make ci: needs root (krexd, apt): run it as root or as a user who may use sudo; make test runs what a user can"; exit 1)
 	$(MAKE) test
 	$(MAKE) test-packages
 
 demo:
-	$(if $(NO_ROOT),@echo "make demo: krexd manages cgroups and must run as root: run it as root or as a user who may use sudo"; exit 1)
 	$(MAKE) venv all
 	$(call root_step,$(abspath $(PY)) -m krex_cli.demo)
 
