@@ -35,6 +35,7 @@ AS_ROOT := $(shell if [ "$$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 &&
 endif
 # Empty when this make can run root steps (root, or sudo to run them through).
 NO_ROOT := $(shell [ "$$(id -u)" = 0 ] || [ -n "$(AS_ROOT)" ] || echo 1)
+NO_ROOT_TESTS := make test: not root and no sudo: the tests that need root (krexd, cgroups) are skipped, with that reason
 # A root step: $(call root_step,CMD) runs CMD through $(AS_ROOT) writing no bytecode, then
 # (also when it fails or is interrupted) hands what it left in the checkout owned by root
 # back to the checkout's owner: pytest's cache, __pycache__, build/pkg, build/pkgtest, a
@@ -107,7 +108,7 @@ check: venv
 	$(PY) -m pytest -q -m '$(FAST)'
 
 test:
-	$(if $(NO_ROOT),@echo "make test: not root and no sudo: the tests that need root (krexd, cgroups) are skipped, with that reason")
+	$(if $(NO_ROOT),@echo "$(NO_ROOT_TESTS)")
 	$(MAKE) check all shim-tests
 	$(call root_step,$(abspath $(PY)) -m pytest -m 'not ($(FAST)) and not packages and not serial' -n $(TEST_WORKERS) --dist loadfile --durations=15)
 	$(call root_step,$(abspath $(PY)) -m pytest -m 'not ($(FAST)) and not packages and serial' --durations=5)
