@@ -3,8 +3,8 @@
 #   make check    the fast lane: ruff, ruff format --check, mypy --strict and the tests
 #                 that need neither root, a GPU nor a built C part (no build; under a minute)
 #   make test     make check, then build and run every other test but the package-system
-#                 ones: writes nothing outside the checkout but temporary files, krexd's
-#                 cgroups and sockets, all removed (the developer's command)
+#                 ones: installs nothing; outside the checkout only temporary files,
+#                 krexd's cgroups and sockets (removed) and ~/.cache/krex (the developer's)
 #   make test-packages  the package-system tests (marker `packages`): installs what they
 #                 need with apt (packaging/install-build-deps.sh --test --hip), builds the
 #                 .deb and .rpm, a Debian 12 root with mmdebstrap, and boots it (root)
