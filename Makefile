@@ -2,14 +2,22 @@
 #   make          build the C parts (shim, gate library, fake CUDA driver and HIP runtime for tests)
 #   make check    the fast lane: ruff, ruff format --check, mypy --strict and the tests
 #                 that need neither root, a GPU nor a built C part (no build; under a minute)
-#   make test     make check, then build and run every other test (CI runs this)
+#   make test     make check, then build and run every other test but the package-system
+#                 ones: installs nothing; outside the checkout only temporary files,
+#                 krexd's cgroups and sockets (removed) and ~/.cache/krex (the developer's)
+#   make test-packages  the package-system tests (marker `packages`): installs what they
+#                 need with apt (packaging/install-build-deps.sh --test --hip), builds the
+#                 .deb and .rpm, a Debian 12 root with mmdebstrap, and boots it (root)
+#   make ci       make test, then make test-packages (CI runs this: .ci/run)
 #   make demo     set up, build, run the main job (short replay; fake driver without a GPU)
 #   make packages build the .deb and .rpm into build/pkg/
 # The same commands work as root (nothing escalates) and as a user who may use sudo: the
 # venv and the build stay the caller's, and only the steps that start krexd (it manages
-# cgroups) run through $(AS_ROOT), which is sudo when not root and sudo exists, else empty
-# (the demo then says it needs root; tests that need root are skipped).  `AS_ROOT=` forces
-# an unprivileged run.
+# cgroups) or install packages run through $(AS_ROOT), which is sudo when not root and the
+# user may use sudo (below), else empty (the demo and the package tests then say in one
+# line, first, that they need root; the other tests that need root are skipped).
+# `AS_ROOT=` forces an unprivileged run.  Whatever a root step leaves in the checkout
+# owned by root goes back to the checkout's owner (root_step), so it stays the user's.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -17,8 +25,25 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.krex-installed
 # The fast lane's tests: a test is needs_build when it uses a build fixture
 # (tests/conftest.py); `make test` runs the complement after building.
-FAST   := not root and not gpu and not needs_build and not slow
-AS_ROOT ?= $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
+FAST   := not root and not gpu and not needs_build and not slow and not packages
+# A user "may use sudo" when sudo runs for them without a password now (NOPASSWD, or
+# credentials cached) or they are in the group sudoers usually names (sudo, wheel, admin):
+# sudo being installed is not enough.
+ifeq ($(origin AS_ROOT),undefined)
+AS_ROOT := $(shell if [ "$$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 && \
+	{ sudo -n true 2>/dev/null || id -Gn | grep -qwE 'sudo|wheel|admin'; }; then echo sudo; fi)
+endif
+# Empty when this make can run root steps (root, or sudo to run them through).
+NO_ROOT := $(shell [ "$$(id -u)" = 0 ] || [ -n "$(AS_ROOT)" ] || echo 1)
+NO_ROOT_TESTS := make test: not root and no sudo: the tests that need root (krexd, cgroups) are skipped, with that reason
+# A root step: $(call root_step,CMD) runs CMD through $(AS_ROOT) writing no bytecode, then
+# (also when it fails or is interrupted) hands what it left in the checkout owned by root
+# back to the checkout's owner: pytest's cache, __pycache__, build/pkg, build/pkgtest, a
+# rebuilt C part.  Not the unpacked Debian root KREX_PKGTEST_KEEP=1 keeps, which is root's.
+GIVE_BACK = o=$$(stat -c %u:%g .); [ "$${o%%:*}" = 0 ] || [ -n "$(NO_ROOT)" ] || \
+	$(AS_ROOT) find . -xdev -path ./build/pkgtest/root -prune -o -user 0 -exec chown -h "$$o" {} +
+root_step = trap '$(GIVE_BACK)' EXIT; trap 'exit 130' INT TERM; \
+	$(AS_ROOT) env PYTHONDONTWRITEBYTECODE=1 KREX_ROOT_STEP=1 $(1)
 CUDA_INCLUDE ?= /usr/local/cuda/include
 # Test processes of `make test` (pytest-xdist, a file per process at a time): the suite
 # mostly waits on krexd and simulated kernels, so 3 fill two cores. Tests marked
@@ -27,7 +52,28 @@ CUDA_INCLUDE ?= /usr/local/cuda/include
 TEST_WORKERS ?= 3
 export CUDA_INCLUDE
 
-.PHONY: all shim shim-tests fakecuda fakehip venv check test demo packages clean
+# `sudo make ...` by the checkout's owner would leave root's files in it: refused first
+# (make runs its root steps through sudo itself).  Not inside a root step, whose tests run
+# make, nor for `make clean`.
+ifneq ($(SUDO_UID)$(if $(KREX_ROOT_STEP),,x),x)
+ifeq ($(shell stat -c %u .),$(SUDO_UID))
+ifneq ($(MAKECMDGOALS),clean)
+$(error run make as $(SUDO_USER), without sudo: it runs the steps that need root through sudo itself, and the checkout stays yours)
+endif
+endif
+endif
+
+# Without root or sudo the demo and the package tests cannot work: said in one line, first.
+ifneq ($(NO_ROOT),)
+ifneq ($(filter demo,$(MAKECMDGOALS)),)
+$(error make demo: krexd manages cgroups and must run as root: run it as root or as a user who may use sudo)
+endif
+ifneq ($(filter ci test-packages,$(MAKECMDGOALS)),)
+$(error make $(firstword $(filter ci test-packages,$(MAKECMDGOALS))): needs root (krexd, apt, mmdebstrap, systemd-nspawn): run it as root or as a user who may use sudo; make test runs the rest without)
+endif
+endif
+
+.PHONY: all shim shim-tests fakecuda fakehip venv check test test-packages ci demo packages clean
 
 all: shim fakecuda fakehip
 
@@ -61,12 +107,24 @@ check: venv
 	$(PY) -m mypy
 	$(PY) -m pytest -q -m '$(FAST)'
 
-test: check all shim-tests
-	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST)) and not serial' -n $(TEST_WORKERS) --dist loadfile --durations=15
-	$(AS_ROOT) $(abspath $(PY)) -m pytest -m 'not ($(FAST)) and serial' --durations=5
+test:
+	$(if $(NO_ROOT),@echo "$(NO_ROOT_TESTS)")
+	$(MAKE) check all shim-tests
+	$(call root_step,$(abspath $(PY)) -m pytest -m 'not ($(FAST)) and not packages and not serial' -n $(TEST_WORKERS) --dist loadfile --durations=15)
+	$(call root_step,$(abspath $(PY)) -m pytest -m 'not ($(FAST)) and not packages and serial' --durations=5)
 
-demo: venv all
-	$(AS_ROOT) $(abspath $(PY)) -m krex_cli.demo
+# KREX_TEST_INSTALL=1 lets the tests install with apt what they miss (never set by make test).
+test-packages:
+	$(MAKE) venv
+	$(call root_step,KREX_TEST_INSTALL=1 $(abspath $(PY)) -m pytest -m packages --durations=5)
+
+ci:
+	$(MAKE) test
+	$(MAKE) test-packages
+
+demo:
+	$(MAKE) venv all
+	$(call root_step,$(abspath $(PY)) -m krex_cli.demo)
 
 packages: all
 	packaging/build.sh

@@ -13,7 +13,8 @@ timing fidelity against the native run (paper §6).
   (``build/fakecuda``, built by ``make``), with krexd on ``--fake-gpus 1``.
 
 Both runs start their own krexd with the shipped config ``etc/krex.toml``
-(``krex replay`` does that).  Needs root: krexd manages cgroups.
+(``krex replay`` does that).  Needs root: krexd manages cgroups.  Run through sudo
+(as ``make demo`` runs it for a user), the run's files are given to that user.
 """
 
 from __future__ import annotations
@@ -145,11 +146,14 @@ def main() -> int:
         )
         return 77
     work = Path(tempfile.mkdtemp(prefix="krex-demo-"))
-    setup = _setup(work)
-    if setup is None:
-        return 1
-    report = _replay_both(setup, work)
-    _print_summary(setup, report)
+    try:
+        setup = _setup(work)
+        if setup is None:
+            return 1
+        report = _replay_both(setup, work)
+        _print_summary(setup, report)
+    finally:
+        hand_over(work)
     if setup.simulated:
         say(
             "simulated device: kernels are timed on the host clock of a small shared "
@@ -158,6 +162,16 @@ def main() -> int:
         )
     say(f"full report with plots: {report}/report.md (this run's files stay in {work})")
     return 0
+
+
+def hand_over(work: Path) -> None:
+    """Give the run's files to the user who ran the demo through sudo (``SUDO_UID``), so
+    that the report it points at opens; as root itself, they stay root's."""
+    uid, gid = os.environ.get("SUDO_UID", ""), os.environ.get("SUDO_GID", "")
+    if os.geteuid() != 0 or not uid.isdigit() or not gid.isdigit():
+        return
+    for path in [work, *work.rglob("*")]:
+        os.chown(path, int(uid), int(gid), follow_symlinks=False)
 
 
 def _setup(work: Path) -> Setup | None:

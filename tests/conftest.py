@@ -22,10 +22,12 @@ points ``krexd.gate`` at that library), ``fakecuda_build`` (the fake driver),
 Markers: tests marked ``root`` are skipped when not root, ``gpu`` without a
 GPU; a test that uses a fixture needing root (``ROOT_FIXTURES``: a krexd, a
 gate the shim maps) is marked ``root`` here, one that uses a build fixture
-``needs_build``, so
+``needs_build``, one that uses a fixture installing packages with apt
+(``INSTALL_FIXTURES``) ``packages``, so
 ``make check`` (``-m "not root and not gpu and not needs_build and not
-slow"``) runs only the quick tests that need neither root nor a built C
-part; ``make test`` runs the others (``slow`` ones included).
+slow and not packages"``) runs only the quick tests that need neither root nor a
+built C part; ``make test`` runs the others (``slow`` ones included) but the
+``packages`` ones, which ``make test-packages`` runs (CI: ``make ci``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ BUILD_FIXTURES = frozenset({"shim_build", "fakecuda_build", "fakehip_build", "bu
 #: a root-owned one, libkrex_shim/gate/gate.c).  A test using one (directly or not) is
 #: ``root``, so it is skipped with the reason wherever it could not pass.
 ROOT_FIXTURES = frozenset({"krexd_factory", "gate", "shared_gpu", "krex_cluster", "restarter"})
+#: Fixtures that install what they miss with apt (only under ``make test-packages``,
+#: tests.support.installs_allowed): a test using one is ``packages``, run by that target.
+INSTALL_FIXTURES = frozenset({"packages", "systemd_analyze", "hip_include"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -75,6 +80,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.needs_build)
         if ROOT_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.root)
+        if INSTALL_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.packages)
         if not_root and "root" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="needs root and cgroups"))
         if no_gpu and "gpu" in item.keywords:

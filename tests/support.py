@@ -120,6 +120,16 @@ def gone(pid: int) -> bool:
         return True
 
 
+#: Set by ``make test-packages``: tests may install with apt what they miss.
+INSTALL_ENV = "KREX_TEST_INSTALL"
+
+
+def installs_allowed() -> bool:
+    """True when this run may install packages on the host (``make test-packages`` sets
+    ``KREX_TEST_INSTALL=1``); ``make test`` and ``make check`` never do."""
+    return os.environ.get(INSTALL_ENV) == "1"
+
+
 def make(target: str) -> None:
     """``make -s TARGET`` at the top of the tree, once per session (CalledProcessError on failure).
 

@@ -6,8 +6,11 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from krex_cli.demo import hand_over
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,3 +64,22 @@ def test_demo_replays_native_and_krex_and_prints_the_summary() -> None:
     assert "median tau-b" in headers and "P" in headers
     assert headers - counts - columns <= explained, explained
     assert {"P by kernel-duration band", "flip rate by native gap"} <= explained
+
+
+def test_run_through_sudo_leaves_its_files_to_the_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through sudo the report the demo points at belongs to the user who ran it."""
+    work = tmp_path / "krex-demo-x"
+    (work / "report").mkdir(parents=True)
+    (work / "report" / "report.md").write_text("# report\n")
+    (work / "trace.jsonl").write_text("")
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65534")
+    hand_over(work)
+    owned = {p: (p.stat().st_uid, p.stat().st_gid) for p in [work, *work.rglob("*")]}
+    assert set(owned.values()) == {(65534, 65534)}, owned
+    monkeypatch.delenv("SUDO_UID")
+    (work / "late").write_text("")
+    hand_over(work)  # run as root itself: the files stay root's
+    assert (work / "late").stat().st_uid == 0

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support import INSTALL_ENV, installs_allowed
+
 REPO = Path(__file__).resolve().parents[2]
 CONTAINER_DIR = Path(__file__).resolve().parent / "container"
 PKG_DIR = REPO / "build" / "pkg"
@@ -123,6 +125,8 @@ def ensure_tools() -> None:
     """
     if os.geteuid() != 0:
         raise ToolsUnavailable("needs root (apt, mmdebstrap, systemd-nspawn)")
+    if not installs_allowed():
+        raise ToolsUnavailable(f"installs with apt: run by make test-packages ({INSTALL_ENV}=1)")
     res = subprocess.run(
         [str(REPO / "packaging" / "install-build-deps.sh"), "--test"],
         stdin=subprocess.DEVNULL,

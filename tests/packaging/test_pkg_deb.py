@@ -18,7 +18,13 @@ import pkgtest_container as pc
 import pytest
 
 # serial: one process builds the packages and the OS image once for both files.
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(1500), pytest.mark.serial]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.packages,
+    pytest.mark.timeout(1500),
+    pytest.mark.serial,
+]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ import pytest
 TARGETS = pc.rpm_targets()
 PYPROJECT = tomllib.loads((pc.REPO / "pyproject.toml").read_text())
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.serial]  # as test_pkg_deb
+# as test_pkg_deb
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.packages, pytest.mark.serial]
 
 
 def rpm(*args: str) -> str:

@@ -11,9 +11,9 @@
 * the generated C compiles with -Wall -Wextra -Werror against the headers.
 
 The headers come from Debian's libamdhip64-dev (``packaging/install-build-deps.sh
---hip`` installs it, and the fixture runs it when they are missing); the tests
-skip when the headers cannot be had, or are another HIP version than the
-committed table's.
+--hip`` installs it, and under ``make test-packages`` the fixture runs it when they
+are missing); the tests skip when the headers cannot be had, or are another HIP
+version than the committed table's.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.support import INSTALL_ENV, installs_allowed
 
 from .procs import REPO
 
@@ -56,9 +58,9 @@ def load_generator() -> ModuleType:
     return mod
 
 
-# The fixture may install the headers with apt (root): in make test's root lane, never in
-# the fast lane (make check), which must not change the host.
-pytestmark = pytest.mark.root
+# The fixture may install the headers with apt: make test-packages's lane (root, CI), never
+# make test's or make check's, which must not change the host.
+pytestmark = pytest.mark.packages
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +84,11 @@ def hip_include(gen: ModuleType) -> Path:
     if not (include / "hip_runtime_api.h").is_file():
         if os.environ.get("HIP_INCLUDE"):
             pytest.skip(f"HIP headers not found in HIP_INCLUDE={include}")
+        if not installs_allowed():
+            pytest.skip(
+                f"HIP headers not installed in {include}; make test-packages installs them "
+                f"({INSTALL_ENV}=1: packaging/install-build-deps.sh --hip)"
+            )
         res = subprocess.run(
             [str(REPO / "packaging" / "install-build-deps.sh"), "--hip"],
             stdin=subprocess.DEVNULL,
