@@ -76,6 +76,57 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
             proc.wait()
 
 
+def _stop_unseen(work: str, grace_s: float) -> None:
+    """Stop the ``krex run`` an interrupted ``Popen`` started but never returned.
+
+    ``ray.cancel``'s KeyboardInterrupt (or SIGTERM's SystemExit) can arrive
+    while ``Popen`` waits for the child's exec, after the fork: the child runs
+    on and no ``Popen`` object names it.  It is found among this process's
+    children by its command line, which names the task's private directory
+    ``work``, then stopped as :func:`_stop` would (SIGTERM, SIGKILL after
+    ``grace_s``) and reaped.
+    """
+    pids = _children_naming(work)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while pids:
+        for pid in list(pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid  # reaped elsewhere (subprocess's own cleanup)
+            if done:
+                pids.remove(pid)
+        if pids and time.monotonic() >= deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        elif pids:
+            time.sleep(POLL_S / 10)
+
+
+def _children_naming(work: str) -> list[int]:
+    """Pids of this process's children whose command line contains ``work``."""
+    me, needle, found = os.getpid(), work.encode(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if needle in f.read():
+                    found.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or not ours to read
+    return found
+
+
 def _wait(proc: subprocess.Popen[bytes], grace_s: float) -> int:
     """Wait for ``krex run``; on any interruption stop it (:func:`_stop`) and re-raise."""
     try:
@@ -162,15 +213,19 @@ def _run(
 ) -> tuple[int, float, tuple[str, int], tuple[str, int]]:
     """Run ``argv``; (exit code, end time, (stdout tail, size), (stderr tail, size))."""
     with tempfile.TemporaryFile(dir=work) as out, tempfile.TemporaryFile(dir=work) as err:
-        proc = subprocess.Popen(
-            argv,
-            cwd=command.cwd,
-            env={**os.environ, **command.env},
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=command.cwd,
+                env={**os.environ, **command.env},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        except BaseException:
+            _stop_unseen(work, grace_s)  # interrupted after the fork: krex run may run
+            raise
         code = _wait(proc, grace_s)
         ended = time.time()
         return (code if code >= 0 else 128 - code), ended, _tail(out), _tail(err)

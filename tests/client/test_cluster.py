@@ -175,6 +175,46 @@ def test_an_interrupted_task_stops_krex_run(
     assert interrupted(task) == raised  # and only then the task raised
 
 
+# ray.cancel's KeyboardInterrupt inside Popen, after its fork, while it waits for the exec:
+# no Popen object names the child. Made deterministic by raising it there.
+RUNNER_INTERRUPTED_IN_POPEN = """
+import subprocess, sys, time
+from krex_client.cluster import Command
+from krex_client.cluster_task import execute
+real = subprocess.Popen._close_pipe_fds  # runs after the fork, before the wait for the exec
+def interrupted(self, *args):
+    real(self, *args)
+    print(self.pid, flush=True)
+    time.sleep(0.5)  # krex run writes its pid file meanwhile
+    raise KeyboardInterrupt
+subprocess.Popen._close_pipe_fds = interrupted
+try:
+    execute(Command(["sleep", "60"]), time.time(), float(sys.argv[1]), sys.argv[2:])
+except BaseException as exc:
+    print(type(exc).__name__, flush=True)
+    time.sleep(30)
+"""
+
+
+def test_a_task_interrupted_inside_popen_stops_the_krex_run_it_started(
+    tmp_path: Path, started: list[int]
+) -> None:
+    pidfile = tmp_path / "krex.pid"
+    env = dict(os.environ, FAKE_KREX_PIDFILE=str(pidfile), FAKE_KREX_DEAF="0")
+    task = subprocess.Popen(
+        [sys.executable, "-c", RUNNER_INTERRUPTED_IN_POPEN, "10", *FAKE_KREX],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+    )
+    started.append(task.pid)
+    assert task.stdout is not None
+    krex = int(task.stdout.readline())  # the child Popen started, as it was interrupted
+    started.append(krex)
+    assert task.stdout.readline().strip() == "KeyboardInterrupt"
+    assert not alive(krex)  # stopped (and reaped) before the interrupt went on
+
+
 def test_krex_run_deaf_to_sigterm_is_killed_after_the_grace(
     tmp_path: Path, started: list[int]
 ) -> None:
