@@ -53,6 +53,8 @@ NOT_RUN = {
     "booted Debian root (tests/packaging/test_pkg_deb.py, make test-packages)",
     "dnf": "no dnf on the Debian CI host; the .rpm is installed with rpm --root "
     "(tests/packaging/test_pkg_rpm.py)",
+    "zypper": "no zypper on the Debian CI host; the .rpm is installed with rpm --root "
+    "(tests/packaging/test_pkg_rpm.py)",
     "systemctl": "needs systemd as PID 1; the tested install boots one (test_pkg_deb.py)",
     "journalctl": "needs krexd's journal under systemd; test_pkg_deb.py reads it",
     "usermod": "changes the host's users; the tested install adds a member of krex",
@@ -120,6 +122,8 @@ def how(cmd: Command) -> str:
     if prog.startswith("python"):
         if args[:2] == ("-m", "pytest"):
             return "run"
+        if args[:2] == ("-m", "pip"):
+            return "pip"
         return "venv" if args[:2] == ("-m", "venv") else "parse"
     if prog.endswith(".sh"):
         return "script"
@@ -160,7 +164,7 @@ def check(cmd: Command) -> None:
         assert script.is_file() and os.access(script, os.X_OK), script
         assert run(["bash", "-n", str(script)]).returncode == 0
     elif kind == "pip":
-        check_pip(words)
+        check_pip(words[2:] if prog.startswith("python") else words)  # python -m pip
     else:
         pytest.skip(NOT_RUN[kind])
 

@@ -278,7 +278,10 @@ with Connection(timeout_s=10) as c:
     line = lines.readline().split()
     out["made"] = [int(v) for v in line] if line else None
     out["pools"] = c.request("status")["warm"]["pools"]
-    out["alive"] = os.waitpid(kid, os.WNOHANG) == (0, 0)
+    end = time.monotonic() + (5.0 if EXPECT_DEAD else 0.0)  # a SIGKILL takes a moment
+    while (alive := os.waitpid(kid, os.WNOHANG) == (0, 0)) and time.monotonic() < end:
+        time.sleep(0.05)
+    out["alive"] = alive
 if out["alive"]:
     os.kill(kid, signal.SIGKILL)
     os.waitpid(kid, 0)
@@ -287,14 +290,16 @@ print(json.dumps(out), flush=True)
 
 
 def _register_threaded(
-    k: Krexd, version: str, threads: int, more: int, delay_s: float
+    k: Krexd, version: str, threads: int, more: int, delay_s: float, expect_dead: bool = False
 ) -> dict[str, object]:
     """As uid B: start a zygote of ``threads`` threads, register it, then let it start
-    ``more`` threads after ``delay_s``; what krexd answered and what the zygote made."""
+    ``more`` threads after ``delay_s``; what krexd answered and what the zygote made
+    (``alive``: after up to 5 s for it to die, with ``expect_dead``)."""
     zygote = _THREADED.replace("THREADS", str(threads)).replace("MORE", str(more))
     zygote = zygote.replace("DELAY", str(delay_s))
     body = {"key": "t" * 16, "version": version, "interpreter": "/bin/sleep", "modules": []}
-    code = f"ZYGOTE = {zygote!r}\nBODY = {body!r}\n" + _REGISTER_THREADED
+    code = f"ZYGOTE = {zygote!r}\nBODY = {body!r}\nEXPECT_DEAD = {expect_dead}\n"
+    code += _REGISTER_THREADED
     rc, out, err = finish(as_user(k, USER_B, "py", code), timeout_s=60)
     assert rc == 0, err
     got: dict[str, object] = json.loads(out)
@@ -333,7 +338,7 @@ def test_threads_made_while_a_registration_counts_them_get_the_pool_killed(
         env={"KREX_TEST_PAUSE_AT": "pool_counted", "KREX_TEST_PAUSE_S": "1.5"},
     )
     version = k.request("ping")["version"]
-    got = _register_threaded(k, version, threads=1, more=60, delay_s=0.2)
+    got = _register_threaded(k, version, threads=1, more=60, delay_s=0.2, expect_dead=True)
     assert got["register"] == "CANCELLED" and "pids_max = 32" in str(got["message"]), got
     assert got["alive"] is False and got["pools"] == [], got  # killed with its cgroup
     assert "pids_max" in k.log()
