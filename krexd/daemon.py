@@ -6,14 +6,17 @@ Start order (each step logged; any failure stops the start with a message):
 2. cgroups: under systemd move into the ``supervisor`` leaf, thaw/kill/remove
    a stale tree, build ``<name>/gpu<N>`` with the slices; probe device
    isolation (``[gpu] device_isolation``, krexd/cgroups/devices.py).
-3. One ``krexd.gpu.Gpu`` per GPU: its gate (``<state_dir>/<cgroup
-   name>-gpu<N>.gate``, root's, mode 0644, its space reserved — a full
-   file system stops the start with one line naming the directory — and a
-   second link under ``<state_dir>/.krex-keep/``, when ``libkrex_gate.so``
-   is built), its region coordinator with the fail-closed check
-   (``krexd.registrations``), its admission slots, its MPS daemon
-   (``[mps] enabled``); then admission, the memory monitor and the tenant
-   lifecycle over them, and the gate watch (``krexd.gatewatch``).
+3. The parts, each built from those before it (``krexd.assembly``, whose
+   docstring lists the order): warm pools, per GPU its slots, gate
+   (``<state_dir>/<cgroup name>-gpu<N>.gate``, root's, mode 0644, its
+   space reserved — a full file system stops the start with one line
+   naming the directory — and a second link under
+   ``<state_dir>/.krex-keep/``, when ``libkrex_gate.so`` is built), memory
+   view and MPS daemon (``[mps] enabled``); admission and the memory
+   monitor; per GPU its region coordinator with the fail-closed check
+   (``krexd.registrations``); the tenant lifecycle.  Then adoption of what a
+   krexd before a restart left, restart continuity, and the gate watch
+   (``krexd.gatewatch``).
 4. Bind the control socket; only then READY=1 (krexd serves requests).
 
 The parts never see the daemon: each gets the narrow interfaces it uses
@@ -33,38 +36,26 @@ import os
 import signal
 from typing import Any
 
-from krexd import __version__, adopt, gpus, paths, restart, state_files, status_report, vendors
-from krexd.activity import activity_source
-from krexd.admission import Admission, GpuSlots
+from krexd import __version__, adopt, assembly, restart, status_report
+from krexd.admission import Admission
+from krexd.assembly import Built, Parts
 from krexd.cgroups import CgroupBackend
-from krexd.cgroups.devices import DeviceIsolation
 from krexd.config import Config
 from krexd.control.context import OpContext
-from krexd.coordinator import Coordinator
 from krexd.counters import DaemonCounters
 from krexd.daemon_stop import Stopping
-from krexd.driverlock import driver_lock_for
 from krexd.faults import FaultMonitor
-from krexd.gate import Gate
 from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
-from krexd.gpus import GpuInfo
-from krexd.isolation import AffinityPinner, CgroupControl
 from krexd.lifecycle import Lifecycle
-from krexd.lock_ledger import LockLedger, ledger_path
 from krexd.memory.monitor import MemoryMonitor
-from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.metrics import MetricsServer
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
-from krexd.pool_freeze import PoolFreeze
 from krexd.pools import PoolRegistry
-from krexd.quotas import UidCaps
-from krexd.registrations import RegionGuard, Verifier
+from krexd.registrations import Verifier
 from krexd.runtime import RESTARTING, SERVING, Runtime
 from krexd.server import Server, check_free
-from krexd.slices import CpuSlice, compute_slices
-from krexd.slot_count import SlotChoice, choose
 from krexd.slotflags import WAIT_GRACE_S, SlotFlags
 from krexd.tenants import TenantRegistry
 
@@ -72,7 +63,7 @@ _log = logging.getLogger("krexd")
 
 
 class Daemon(Stopping):
-    """Builds krexd's parts, wires them, runs the event loop until asked to stop."""
+    """Builds krexd's parts (``krexd.assembly``), runs the event loop until asked to stop."""
 
     def __init__(self, config: Config, notifier: Notifier | None = None) -> None:
         self.config = config
@@ -80,21 +71,17 @@ class Daemon(Stopping):
         self.pid = os.getpid()
         self.runtime = Runtime()
         self.notifier = notifier or Notifier(None, None)
-        self.gpus: dict[int, Gpu] = {}
-        self.cgroups: CgroupBackend | None = None
         self.tenants = TenantRegistry()
-        self.admission = Admission([])
         self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
-        self.memory: MemoryMonitor | None = None
-        self.faults: FaultMonitor | None = None
-        self.lifecycle: Lifecycle | None = None
-        self.pools: PoolRegistry | None = None
-        self.server: Server | None = None
-        self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
         self.verifier = Verifier(self._cgroup_pids)
         # Which flags of the slot memories are honoured (verified, bounded).
         self.flags = SlotFlags(self.verifier, self.tenants, config.memory.oom_wait_s + WAIT_GRACE_S)
         self.counters = DaemonCounters()  # restarts and adoptions (krexd.counters)
+        self.built = Built()  # what a start made so far: undone when it fails
+        self.parts: Parts | None = None  # krexd.assembly's record, once setup() made it
+        self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
+        self.faults: FaultMonitor | None = None  # [mps] enabled: the MPS servers' faults
+        self.server: Server | None = None
         self.metrics: MetricsServer | None = None  # [metrics] enabled: the endpoint
         self._stop = asyncio.Event()
 
@@ -102,205 +89,101 @@ class Daemon(Stopping):
         """Begin shutdown (signal handler)."""
         self._stop.set()
 
+    # --- the parts, as the reports and the stop read them ---------------------------
+
+    @property
+    def gpus(self) -> dict[int, Gpu]:
+        """One record per managed GPU (empty before :meth:`setup`)."""
+        return self.parts.gpus if self.parts is not None else {}
+
+    @property
+    def cgroups(self) -> CgroupBackend | None:
+        """The cgroup tree (None before a start opened it)."""
+        return self.built.cgroups
+
+    @property
+    def admission(self) -> Admission:
+        """Admission over every GPU's slots (raises before :meth:`setup`)."""
+        return self._parts().admission
+
+    @property
+    def memory(self) -> MemoryMonitor | None:
+        """The memory monitor (None before :meth:`setup`)."""
+        return self.parts.memory if self.parts is not None else None
+
+    @property
+    def pools(self) -> PoolRegistry | None:
+        """The warm pools' registry (None before :meth:`setup`)."""
+        return self.parts.pools if self.parts is not None else None
+
+    @property
+    def lifecycle(self) -> Lifecycle | None:
+        """The tenant lifecycle (None before :meth:`setup`)."""
+        return self.parts.lifecycle if self.parts is not None else None
+
+    def _parts(self) -> Parts:
+        if self.parts is None:
+            raise RuntimeError("krexd's parts are not built yet")
+        return self.parts
+
     # --- start ----------------------------------------------------------------------
 
     def setup(self) -> OpContext:
         """Steps 1-3 of the start order; returns what the ops get (raises on invalid setup)."""
-        infos, slices = self._discover()
-        cgroups, saved = self._open_cgroups(infos, slices)
-        region_memory = self._build_gpus(infos, slices, saved)
-        memory, lifecycle = self._build_tenant_parts(cgroups, region_memory)
-        if saved is not None:
+        parts = self.parts = assembly.assemble(
+            self.config,
+            self.runtime,
+            self.tenants,
+            self.verifier,
+            self.flags,
+            self.mps,
+            self.version,
+            self.built,
+        )
+        if parts.saved is not None:
             adopted = adopt.adopt(
-                saved, self.tenants, self.gpus, self.admission, lifecycle, cgroups, self.runtime
+                parts.saved,
+                self.tenants,
+                parts.gpus,
+                parts.admission,
+                parts.lifecycle,
+                parts.cgroups,
+                self.runtime,
             )
-            self.counters.adopted(saved.doc, adopted)
-        for gpu in self.gpus.values():
+            self.counters.adopted(parts.saved.doc, adopted)
+        for gpu in parts.gpus.values():
             # Processes a crashed krexd left locked: the adopted region's, or unlocked now.
             gpu.coordinator.settle_locks()
-        self._start_continuity(cgroups)
-        by_index = self.gpus
+        self._start_continuity(parts)
+        by_index = parts.gpus
         return OpContext(
             tenants=self.tenants,
-            lifecycle=lifecycle,
-            memory=memory,
+            lifecycle=parts.lifecycle,
+            memory=parts.memory,
             regions=lambda index: by_index[index].coordinator,
             about=self.about,
             status=self.status,
             faults=self.faults,
-            pools=self.pools,
+            pools=parts.pools,
             check_serving=self.runtime.check_serving,
         )
 
-    def _discover(self) -> tuple[list[gpus.GpuInfo], dict[int, CpuSlice]]:
-        """Step 1: the GPU inventory and the CPU slices (invalid ones refused)."""
-        cfg = self.config
-        infos = gpus.discover(cfg.daemon.fake_gpus, cfg.daemon.fake_vendor)
-        _log.info("GPUs: %s", ", ".join(f"{g.name} ({g.vendor})" for g in infos) or "none")
-        slices = compute_slices(infos, cfg.cpu)
-        for s in slices.values():
-            _log.info("gpu%d slice %s", s.gpu, s.as_dict())
-        return infos, slices
-
-    def _open_cgroups(
-        self, infos: list[gpus.GpuInfo], slices: dict[int, CpuSlice]
-    ) -> tuple[CgroupBackend, adopt.Saved | None]:
-        """Step 2: the cgroup tree, and what a krexd before a restart left to adopt."""
-        cfg = self.config
-        cgroups = self.cgroups = CgroupBackend.open(cfg.cgroup)
-        # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
-        saved = adopt.load(cfg, cgroups, {i.index: i.uuid for i in infos})
-        cgroups.devices = DeviceIsolation(cfg.gpu.device_isolation, **vendors.device_minors(infos))
-        cgroups.prepare(slices, adopt=saved is not None)
-        _log.info("cgroups: %s", cgroups.describe())
-        return cgroups, saved
-
-    def _build_gpus(
-        self,
-        infos: list[gpus.GpuInfo],
-        slices: dict[int, CpuSlice],
-        saved: adopt.Saved | None,
-    ) -> RegionMemoryCheck:
-        """Step 3, per GPU: its gate, region coordinator, admission slots and MPS daemon.
-
-        Returns the coordinators' memory check; its monitor is attached once
-        the memory monitor exists (:meth:`_build_tenant_parts`).
-        """
-        cfg = self.config
-        if paths.gate_library() is None:
-            # Without a gate, submissions are not gated: draining is skipped, CPU
-            # freezing and pinning still apply.
-            _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
-        control = CgroupControl(cfg.daemon.liveness_interval_ms / 1000)
-        pinner = AffinityPinner()
-        region_memory = RegionMemoryCheck(cfg.memory.region_wait_s)  # monitor attached below
-        verifier = self.verifier = Verifier(self._cgroup_pids)
-        proc_lock = self.driver_lock = driver_lock_for(
-            cfg.region, cfg.daemon.fake_gpus, cfg.mps.enabled
-        )
-        activity = activity_source(infos, cfg.daemon.fake_gpus)
-        for info in infos:
-            reopened = saved.gates.get(info.index) if saved is not None else None
-            gate, gate_path = (
-                (reopened, reopened.path) if reopened else state_files.create_gate(cfg, info.index)
-            )
-            guard = None
-            if gate is not None:
-                gate.judge = verifier.judge
-                guard = self._guard(info, gate)
-            coordinator = Coordinator(
-                info.index,
-                gate,
-                slices[info.index],
-                self.tenants,
-                cfg.region,
-                control,
-                pinner,
-                region_memory,
-                guard=guard,
-                end_command=self._kill_command,
-                proc_lock=proc_lock if vendors.of(info).driver_lock else None,
-                ledger=LockLedger(
-                    ledger_path(cfg.daemon.gate_dir, cfg.cgroup.name, info.index), info.index
-                ),
-                activity=activity,
-            )
-            chosen = _slot_choice(cfg, info, slices[info.index])  # how many slots, and why
-            gpu = Gpu(info, slices[info.index], GpuSlots(info.index, chosen.total), coordinator)
-            gpu.gate, gpu.gate_path, gpu.slot_choice = gate, gate_path, chosen
-            self.gpus[info.index] = gpu
-        if cfg.mps.enabled:
-            # Paper §6.5: MPS lets off-region kernels of co-tenants share the GPU.
-            for gpu in self.gpus.values():
-                if not vendors.of(gpu.info).mps:
-                    _log.info("gpu%d (%s): MPS is NVIDIA's; none here", gpu.index, gpu.info.vendor)
-                    continue
-                gpu.mps = self.mps.start(gpu.index, gpu.info.uuid)
-        return region_memory
-
-    def _build_tenant_parts(
-        self, cgroups: CgroupBackend, region_memory: RegionMemoryCheck
-    ) -> tuple[MemoryMonitor, Lifecycle]:
-        """Step 3, over the GPUs: admission, the memory monitor (started), the lifecycle."""
-        cfg = self.config
-        self.admission = Admission(
-            [g.slots for g in self.gpus.values()],
-            cfg.admission.max_parked,
-            caps=UidCaps(
-                cfg.admission.admitted_cap(sum(g.slots.total for g in self.gpus.values())),
-                cfg.admission.max_parked_per_uid,
-            ),
-        )
-        memory = self.memory = MemoryMonitor(
-            cfg.memory,
-            list(self.gpus.values()),
-            self.tenants,
-            self.admission,
-            self.runtime,
-            state_files.learned_needs(cfg),
-        )
-        memory.start()
-        region_memory.monitor = memory
-        self.pools = self._pools(cgroups)
-        memory.on_gpu_users = self.pools.check_gpu_users  # a pool on the GPU is ended
-        memory.flags = self.flags  # memory waits honoured: verified, bounded
-        lifecycle = self.lifecycle = Lifecycle(
-            cfg, self.runtime, self.gpus, self.tenants, self.admission, cgroups, memory, self.pools
-        )
-        return memory, lifecycle
-
-    def _start_continuity(self, cgroups: CgroupBackend) -> None:
+    def _start_continuity(self, parts: Parts) -> None:
         """Restart continuity (state, heartbeat, watchdog); under MPS, the fault monitor."""
         cfg = self.config
-        self.continuity = restart.Continuity(cfg, cgroups.root, self.tenants, self.gpus)
+        self.continuity = restart.Continuity(cfg, parts.cgroups.root, self.tenants, parts.gpus)
         self.continuity.keeper.restarts = self.counters.restarts
         if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
             # After a restart, fault records in the reopened gates' slots reopen an incident.
             self.faults = FaultMonitor(
-                self.gpus, self.tenants, self.admission, self.mps, self.flags
+                parts.gpus, self.tenants, parts.admission, self.mps, self.flags
             )
             self.faults.start(self.runtime.spawn)
-
-    def _pools(self, cgroups: CgroupBackend) -> PoolRegistry:
-        """Warm pools (``[warm]``): their cgroup directory, emptied of pools of an earlier krexd."""
-        cfg = self.config
-        pool_cgroups = cgroups.pools(cfg.warm.memory_max, cfg.warm.pool_tasks())
-        if cfg.warm.enabled:
-            pool_cgroups.prepare()
-            pool_cgroups.sweep(set())
-            freeze = PoolFreeze(pool_cgroups.dir)  # every region freezes the pools too
-            freeze.reset()
-            for gpu in self.gpus.values():
-                gpu.coordinator.pool_freeze = freeze
-        poll_s = cfg.daemon.liveness_interval_ms / 1000
-        return PoolRegistry(cfg.warm, pool_cgroups, self.version, poll_s)
 
     def _cgroup_pids(self, tenant_id: int) -> list[int] | None:
         """The pids of tenant ``tenant_id``'s cgroup (None for an unknown tenant)."""
         tenant = self.tenants.get(tenant_id)
         return tenant.cgroup.pids() if tenant is not None else None
-
-    def _guard(self, info: GpuInfo, gate: Gate) -> RegionGuard:
-        """The fail-closed check of ``info``'s region entry: who has the GPU open from the
-        memory source; "cannot tell" counts as "open" where the shim does not gate the
-        vendor's commands (``krexd.vendors``)."""
-        return RegionGuard(
-            self._users_of(info.index),
-            gate.live_registrations,
-            unknown_is_open=not vendors.of(info).shim_gated,
-        )
-
-    def _users_of(self, gpu: int) -> Any:
-        """Who has GPU ``gpu`` open, read afresh from the memory source."""
-
-        def users() -> set[int] | None:
-            return self.memory.gpu_users(gpu) if self.memory is not None else None
-
-        return users
-
-    def _kill_command(self, tenant: Any, reason: str, exit_code: int, cause: str = "other") -> None:
-        if self.lifecycle is not None:
-            self.lifecycle.kill_command(tenant, reason, exit_code, cause)
 
     def summary_line(self) -> str:
         """One line for STATUS= and the log (krexd/status_report.py)."""
@@ -339,7 +222,7 @@ class Daemon(Stopping):
                 self.gpus,
                 self.tenants,
                 self.verifier,
-                self._kill_command,
+                self._parts().lifecycle.kill_command,
                 flags=self.flags,
                 fault_claims=claims,
             )
@@ -376,16 +259,3 @@ class Daemon(Stopping):
     def status(self) -> dict[str, Any]:
         """The ``status`` op's reply body (documented in krexd/control/status.py)."""
         return status_report.status(self)
-
-
-def _slot_choice(cfg: Config, info: gpus.GpuInfo, cpu_slice: CpuSlice) -> SlotChoice:
-    """GPU ``info``'s slots from ``[admission] slots_per_gpu`` (``krexd.slot_count``), logged."""
-    chosen = choose(
-        cfg.admission.slots_per_gpu,
-        len(cpu_slice.tenant_cores),
-        info.total_mem_bytes,
-        cfg.memory.default_need,
-        cfg.memory.headroom,
-    )
-    _log.info("gpu%d: slots %s", info.index, chosen.rule)
-    return chosen

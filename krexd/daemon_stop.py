@@ -14,16 +14,11 @@ import os
 from typing import Any
 
 from krexd import procfs, restart
-from krexd.admission import Admission
-from krexd.cgroups import CgroupBackend
+from krexd.assembly import Built, Parts
 from krexd.errors import Code
 from krexd.faults import FaultMonitor
-from krexd.gpu import Gpu
-from krexd.lifecycle import Lifecycle
-from krexd.memory.monitor import MemoryMonitor
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
-from krexd.pools import PoolRegistry
 from krexd.runtime import RESTARTING, STOPPING, Runtime
 from krexd.server import Server
 from krexd.tenants import TenantRegistry
@@ -32,21 +27,21 @@ _log = logging.getLogger("krexd")
 
 
 class Stopping:
-    """Shutdown, restart exit and cleanup over the daemon's parts (set by ``Daemon``)."""
+    """Shutdown, restart exit and cleanup over the daemon's parts (set by ``Daemon``).
+
+    ``parts``: what ``krexd.assembly.assemble`` built (None: the start failed
+    before); ``built``: what the start made so far, undone after a failed one.
+    """
 
     runtime: Runtime
     notifier: Notifier
     server: Server | None
     continuity: restart.Continuity | None
     faults: FaultMonitor | None
-    memory: MemoryMonitor | None
     tenants: TenantRegistry
-    gpus: dict[int, Gpu]
-    admission: Admission
-    lifecycle: Lifecycle | None
-    pools: PoolRegistry | None
     mps: MpsManager
-    cgroups: CgroupBackend | None
+    parts: Parts | None
+    built: Built
 
     def summary_line(self) -> str:
         """One line for STATUS= and the log (``Daemon`` defines it)."""
@@ -64,15 +59,15 @@ class Stopping:
             self.continuity.leave_for_restart()
         if self.faults is not None:
             self.faults.close()  # no MPS restart on the way out; open incidents are dropped
-        if self.memory is not None:
-            self.memory.close()
+        if self.parts is not None:
+            self.parts.memory.close()
         self._close_held_files()
 
     def _close_held_files(self) -> None:
         """Close the tenants' and the pools' held cgroup files and /proc stat descriptors."""
         for t in self.tenants:
             t.cgroup.close()
-        for gpu in self.gpus.values():
+        for gpu in self.parts.gpus.values() if self.parts is not None else ():
             if gpu.coordinator.pool_freeze is not None:
                 gpu.coordinator.pool_freeze.close()
         procfs.STAT_FILES.clear()
@@ -82,30 +77,30 @@ class Stopping:
 
     async def shutdown(self) -> None:
         """Stop serving new work, recover regions, end every tenant, remove cgroups."""
+        parts = self.parts
+        if parts is None:
+            raise RuntimeError("shutdown before krexd's parts were built")
         self.runtime.state = STOPPING
         self.notifier.stopping()
         _log.info("shutting down: %s", self.summary_line())
-        self.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
+        parts.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")
         for t in self.tenants:
             t.kill_reason = t.kill_reason or restart.STOPPED_REASON  # release answers it
         if self.faults is not None:
             self.faults.close()  # no MPS restart while the daemons are being stopped
-        for gpu in self.gpus.values():
+        for gpu in parts.gpus.values():
             try:
                 await gpu.coordinator.shutdown()
             except Exception:
                 _log.exception("gpu%d: coordinator shutdown failed", gpu.index)
         ended = list(self.tenants)
-        if self.lifecycle is not None:
-            lifecycle = self.lifecycle
-            await asyncio.gather(
-                *(lifecycle.end(t, "krexd shutdown") for t in self.tenants),
-                return_exceptions=True,
-            )
+        await asyncio.gather(
+            *(parts.lifecycle.end(t, "krexd shutdown") for t in self.tenants),
+            return_exceptions=True,
+        )
         # Each krex run sees its command end and sends release: answer it with the reason.
         await self._await_releases(ended, 5.0)
-        if self.pools is not None:
-            await self.pools.close()
+        await parts.pools.close()
         if self.server is not None:
             await self.server.cancel_requests()
         self._stop_mps()  # after the tenants: no MPS client is left
@@ -122,24 +117,25 @@ class Stopping:
             await asyncio.sleep(0.05)
 
     def _stop_mps(self) -> None:
-        for gpu in self.gpus.values():
-            if gpu.mps is not None:
-                self.mps.stop(gpu.mps)
-                gpu.mps = None
+        """Stop every MPS daemon the start made (once)."""
+        for daemon in self.built.mps:
+            self.mps.stop(daemon)
+        self.built.mps.clear()
+        for gpu in self.parts.gpus.values() if self.parts is not None else ():
+            gpu.mps = None
 
     async def _cleanup_after_failure(self) -> None:
         """Remove cgroups and gate files (also after a failed start)."""
         self._stop_mps()
         self._close_held_files()
-        if self.cgroups is not None:
-            await self.cgroups.teardown()
-        for gpu in self.gpus.values():
-            if gpu.gate is not None:
-                try:
-                    gpu.gate.unmap()
-                except Exception:
-                    _log.exception("gpu%d: unmapping the gate failed", gpu.index)
-                gpu.gate.unlink()
+        if self.built.cgroups is not None:
+            await self.built.cgroups.teardown()
+        for gate in self.built.gates:
+            try:
+                gate.unmap()
+            except Exception:
+                _log.exception("unmapping the gate %s failed", gate.path)
+            gate.unlink()
         _log.info("krexd stopped")
 
 

@@ -28,15 +28,35 @@ class Reported(Protocol):
     version: str
     pid: int
     runtime: Runtime
-    gpus: dict[int, Gpu]
-    cgroups: CgroupBackend | None
     tenants: TenantRegistry
-    admission: Admission
-    memory: MemoryMonitor | None
     faults: FaultMonitor | None
-    pools: PoolRegistry | None
     server: Server | None
     counters: DaemonCounters
+
+    @property
+    def gpus(self) -> dict[int, Gpu]:
+        """One record per managed GPU."""
+        ...
+
+    @property
+    def cgroups(self) -> CgroupBackend | None:
+        """The cgroup tree."""
+        ...
+
+    @property
+    def admission(self) -> Admission:
+        """Admission over every GPU's slots."""
+        ...
+
+    @property
+    def memory(self) -> MemoryMonitor | None:
+        """The memory monitor."""
+        ...
+
+    @property
+    def pools(self) -> PoolRegistry | None:
+        """The warm pools' registry."""
+        ...
 
     @property
     def metrics(self) -> HasStatus | None:

@@ -55,6 +55,7 @@ class CoordinatorBase:
         proc_lock: ProcessLock | None = None,
         ledger: LockRecord | None = None,
         activity: ActivityWitness | None = None,
+        pool_freeze: PoolFreeze | None = None,
     ) -> None:
         self.gpu = gpu
         self._activity = activity
@@ -76,8 +77,8 @@ class CoordinatorBase:
         self._region: Region | None = None
         self._ungated: set[int] = set()  # tenants inside a region when enforce = false
         self._epoch = 0
-        # Warm pools frozen with the siblings (krexd.pool_freeze); set by the daemon.
-        self.pool_freeze: PoolFreeze | None = None
+        # Warm pools frozen with the siblings (krexd.pool_freeze; None: warm pools are off).
+        self.pool_freeze = pool_freeze
         self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")
         self.state: states.RegionState = states.IDLE  # this GPU's (states.REGION_EDGES)
         self.stats = RegionStats()

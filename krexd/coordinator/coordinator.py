@@ -44,6 +44,8 @@ class Coordinator(Entry, Adoption):
             locked (``krexd.lock_ledger.LockLedger``; None: nowhere).
         activity: the witness's source of per-process GPU activity
             (``krexd.activity``; None: regions are not witnessed).
+        pool_freeze: the warm pools' freeze every region holds
+            (``krexd.pool_freeze``; None: warm pools are off).
     """
 
     async def tenant_added(self, tenant: Tenant) -> None:

@@ -92,6 +92,10 @@ class MemoryMonitor:
         runtime: to run the refresh loop and stop it at shutdown.
         learned: the learned needs (``krexd.memory.learned``; None: kept in
             memory only, not across restarts).
+        on_gpu_users: told the pids each device read saw with GPU memory
+            (the warm pools' watch; None: nobody).
+        flags: which slot-memory waits are honoured (``krexd.slotflags``;
+            None: every one).
     """
 
     def __init__(
@@ -102,6 +106,8 @@ class MemoryMonitor:
         admission: MemoryAdmission,
         runtime: Runtime,
         learned: LearnedNeeds | None = None,
+        on_gpu_users: Callable[[set[int]], None] | None = None,
+        flags: SlotFlags | None = None,
     ) -> None:
         self.cfg = cfg
         self.learned = (
@@ -118,10 +124,10 @@ class MemoryMonitor:
         self._task: asyncio.Task[None] | None = None
         self._started = False
         # Told the pids each device read saw with GPU memory (the warm pools' watch:
-        # krexd.pools.PoolRegistry.check_gpu_users); set by the daemon.
-        self.on_gpu_users: Callable[[set[int]], None] | None = None
-        # Which memory waits are honoured (verified, bounded); set by the daemon.
-        self.flags: SlotFlags | None = None
+        # krexd.pools.PoolRegistry.check_gpu_users).
+        self.on_gpu_users = on_gpu_users
+        # Which memory waits are honoured (verified, bounded; None: every one).
+        self.flags = flags
 
     # --- life cycle -------------------------------------------------------------
 
