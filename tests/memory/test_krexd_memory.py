@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Krexd
+from tests.support import wait_for
 
 from .conftest import ALLOCATOR, FAKE_DIR, Proc
 
@@ -90,19 +91,11 @@ def stack(krexd_factory: Callable[..., Krexd], built: None, tmp_path: Path) -> C
     return start
 
 
-def wait_until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s: {what}")
-        time.sleep(0.02)
-
-
 def test_status_shows_gpu_memory_and_tenant_usage(stack: Callable[..., Stack]) -> None:
     s = stack(headroom="100M", default_need="100M")
     p = s.run("alloc=300M", "wait", "free")
     assert p.next(20)["op"] == "start" and p.next()["rc"] == "CUDA_SUCCESS"
-    wait_until(lambda: s.gpu()["memory"]["used_bytes"] == 300 * M, 5, "krexd sees 300 MiB used")
+    wait_for(lambda: s.gpu()["memory"]["used_bytes"] == 300 * M, 5, "krexd sees 300 MiB used")
     mem = s.gpu()["memory"]
     assert (mem["source"], mem["total_bytes"], mem["free_bytes"]) == ("fake", 1 << 30, 724 * M)
     assert mem["reserved_bytes"] == 100 * M and mem["available_bytes"] == (1024 - 100 - 300) * M
@@ -125,7 +118,7 @@ def test_declared_need_waits_for_memory_and_impossible_need_is_refused(
     first = s.run("alloc=600M", "wait", mem="700M")
     assert first.next(20)["op"] == "start"
     second = s.run("alloc=400M", mem="500M")
-    wait_until(lambda: s.k.status()["queue"]["parked"] == 1, 10, "the second command parks")
+    wait_for(lambda: s.k.status()["queue"]["parked"] == 1, 10, "the second command parks")
     row = s.k.status()["queue"]["queue"][0]
     assert (row["waiting_for"], row["mem_bytes"], row["mem_gpu"]) == ("memory", 500 * M, 0)
     time.sleep(0.3)
@@ -146,11 +139,11 @@ def test_an_allocation_waiting_for_cotenants_stops_admission(stack: Callable[...
     assert hog.next(20)["op"] == "start" and hog.next()["rc"] == "CUDA_SUCCESS"
     victim = s.run("alloc=500M")
     assert victim.next(20)["op"] == "start"
-    wait_until(lambda: bool(s.gpu()["memory"]["waiting"]), 10, "krexd sees the wait")
+    wait_for(lambda: bool(s.gpu()["memory"]["waiting"]), 10, "krexd sees the wait")
     mem = s.gpu()["memory"]
     assert mem["blocked"] is True
     late = s.run("alloc=10M")
-    wait_until(lambda: s.k.status()["queue"]["parked"] == 1, 10, "the late command parks")
+    wait_for(lambda: s.k.status()["queue"]["parked"] == 1, 10, "the late command parks")
     time.sleep(0.3)
     assert late.quiet(), "nothing is admitted while an allocation waits for memory"
     hog.go()
@@ -203,7 +196,7 @@ def test_many_tenants_beyond_capacity_with_a_region_active(stack: Callable[..., 
     assert holder.next()["op"] == "wait"
     cycle = ["alloc=300M", "launch=3", "hold=0.15", "free"]
     siblings = [s.run(*cycle * 3) for _ in range(8)]  # 8 x 300 MiB on a 1 GiB card
-    wait_until(lambda: bool(s.gpu()["memory"]["waiting"]), 30, "siblings wait for memory")
+    wait_for(lambda: bool(s.gpu()["memory"]["waiting"]), 30, "siblings wait for memory")
     holder.go()  # regions while siblings allocate, wait and free
     too_large = s.run("alloc=1200M")
     code, err = too_large.finish(120)
@@ -242,7 +235,7 @@ def test_a_holder_whose_memory_does_not_fit_waits_with_its_sibling_running(
     assert sib.next(20)["op"] == "start" and sib.next()["rc"] == "CUDA_SUCCESS"
     assert sib.next()["op"] == "wait"
     holder.go()
-    wait_until(lambda: s.gpu()["region"]["memory_waits"] == 1, 20, "the holder waits for memory")
+    wait_for(lambda: s.gpu()["region"]["memory_waits"] == 1, 20, "the holder waits for memory")
     region = s.gpu()["region"]
     assert region["holder"] is None and region["memory_wait"] is not None
     assert region["regions"]["failed"] == 0
