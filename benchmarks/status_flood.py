@@ -10,9 +10,9 @@ one holder command as root that enters and leaves ``region.critical()``
          ``tests.daemon.asuser`` (run as root: it drops the uid itself);
          ``--flood connections``: new connections, one ping each, closed;
          ``--flood admits``: admits kept outstanding, never placed;
-         ``--flood pool-threads``: a warm pool of ``--sockets`` threads
-         registered (every region freezes the pools), with krexd's
-         ``[warm] pids_max`` from ``--pool-pids-max``.
+         ``--flood pool-threads``: ``--pools`` warm pools of ``--sockets``
+         threads each registered (every region freezes the pools), with
+         krexd's ``[warm] pids_max`` from ``--pool-pids-max``.
 
 Reports entry p50/p99 (ms, as krex_client measures: request to grant) and
 the flood's replies and ``TOO_MANY`` refusals per second.
@@ -115,30 +115,35 @@ print(json.dumps({"ok": ok, "refused": refused, "s": secs}), flush=True)
 _POOL_THREADS = """
 import msgpack, threading, zmq
 n, secs = int(sys.argv[-2]), float(sys.argv[-1])
-r, w = os.pipe()
-kid = os.fork()  # the zygote: a direct child, as a keeper's is
-if kid == 0:
-    stop = threading.Event()
-    made = 0
-    for _ in range(n):
-        try:
-            threading.Thread(target=stop.wait, daemon=True).start()
-        except RuntimeError:
-            break
-        made += 1
-    os.write(w, str(made).encode() + b"\\n")
-    time.sleep(secs)
-    os._exit(0)
-made = int(os.fdopen(r).readline())
+pools = int(os.environ.get("FLOOD_POOLS", "1"))
 s = zmq.Context().socket(zmq.DEALER)
 s.connect("ipc://" + os.environ["KREX_SOCKET"])
 def req(op, body):
     s.send(msgpack.packb({"v": 1, "id": 1, "op": op, "body": body}))
     return msgpack.unpackb(s.recv())
 version = req("ping", {})["body"]["version"]
-body = {"pid": kid, "key": "flood", "version": version, "interpreter": "/bin/sleep", "modules": []}
-got = req("pool_register", body)
-print(json.dumps({"threads": made, "registered": got["ok"], "error": got.get("error")}), flush=True)
+out = []
+for i in range(pools):
+    r, w = os.pipe()
+    kid = os.fork()  # a zygote: a direct child, as a keeper's is
+    if kid == 0:
+        stop = threading.Event()
+        made = 0
+        for _ in range(n):
+            try:
+                threading.Thread(target=stop.wait, daemon=True).start()
+            except RuntimeError:
+                break
+            made += 1
+        os.write(w, str(made).encode() + b"\\n")
+        time.sleep(secs)
+        os._exit(0)
+    made = int(os.fdopen(r).readline())
+    body = {"pid": kid, "key": f"flood{i}", "version": version, "interpreter": "/bin/sleep",
+            "modules": []}
+    got = req("pool_register", body)
+    out.append({"threads": made, "registered": got["ok"], "error": got.get("error")})
+print(json.dumps(out if pools > 1 else out[0]), flush=True)
 time.sleep(secs)
 """
 
@@ -281,6 +286,7 @@ def main() -> None:
         "admits kept outstanding (never placed: granted ones squat on slots), "
         "or a warm pool of --sockets threads",
     )
+    ap.add_argument("--pools", type=int, default=1, help="--flood pool-threads: how many pools")
     ap.add_argument(
         "--pool-pids-max",
         type=int,
@@ -294,6 +300,7 @@ def main() -> None:
         help="krexd's [daemon] connections_per_s_per_uid (default: krexd's own; 0: no pace)",
     )
     args = ap.parse_args()
+    os.environ["FLOOD_POOLS"] = str(args.pools)  # read by the flood (the env it inherits)
     rows = run(
         args.regions,
         args.sockets,

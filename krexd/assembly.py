@@ -144,11 +144,11 @@ def assemble(
     slices = compute_slices(infos, config.cpu)
     for s in slices.values():
         _log.info("gpu%d slice %s", s.gpu, s.as_dict())
-    cgroups = CgroupBackend.open(config.cgroup)
+    devices = DeviceIsolation(config.gpu.device_isolation, **vendors.device_minors(infos))
+    cgroups = CgroupBackend.open(config.cgroup, devices=devices)
     built.cgroups = cgroups
     # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
     saved = adopt.load(config, cgroups, {i.index: i.uuid for i in infos})
-    cgroups.devices = DeviceIsolation(config.gpu.device_isolation, **vendors.device_minors(infos))
     cgroups.prepare(slices, adopt=saved is not None)
     _log.info("cgroups: %s", cgroups.describe())
     pools, pool_freeze = _pools(config, cgroups, version)

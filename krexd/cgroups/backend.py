@@ -96,15 +96,23 @@ class CgroupBackend:
     # --- detection ----------------------------------------------------------------
 
     @classmethod
-    def open(cls, cfg: CgroupConfig, mounts: detect.Mounts | None = None) -> CgroupBackend:
+    def open(
+        cls,
+        cfg: CgroupConfig,
+        mounts: detect.Mounts | None = None,
+        devices: DeviceIsolation | None = None,
+    ) -> CgroupBackend:
         """Detect the hierarchies and choose the backend per ``[cgroup] backend``.
 
         Under systemd with no ``[cgroup] root``, moves krexd into its
-        ``supervisor`` leaf first (no processes in inner nodes).
+        ``supervisor`` leaf first (no processes in inner nodes).  ``devices``:
+        the tree's GPU device isolation (None: none).
         """
         mounts = mounts or detect.find_mounts()
         c = choose.choose(cfg, mounts)
         backend = cls(c.kind, c.base, cfg.name, c.cpuset_kind, c.cpuset_base, c.systemd)
+        if devices is not None:
+            backend.devices = devices
         backend.pids_max = cfg.pids_max
         if mounts.v1_pids is not None:  # known before prepare() so a stale tree is cleaned
             backend.pids_root = os.path.join(mounts.v1_pids, cfg.name)
