@@ -16,6 +16,7 @@ from krexd.config import RegionConfig
 from krexd.coordinator.no_gate import NoGate
 from krexd.coordinator.once import OnceLog
 from krexd.coordinator.records import Region, RegionRequest
+from krexd.coordinator.ungated import UngatedRegions
 from krexd.fifo import FifoLock
 from krexd.isolation import (
     ActivityWitness,
@@ -75,13 +76,14 @@ class CoordinatorBase:
         self._lock: FifoLock[int] = FifoLock()
         self._end_lock = asyncio.Lock()
         self._region: Region | None = None
-        self._ungated: set[int] = set()  # tenants inside a region when enforce = false
         self._epoch = 0
         # Warm pools frozen with the siblings (krexd.pool_freeze; None: warm pools are off).
         self.pool_freeze = pool_freeze
         self._thread_cpus: tuple[int, ...] | None = None  # holder thread's own cores ("add")
         self.state: states.RegionState = states.IDLE  # this GPU's (states.REGION_EDGES)
         self.stats = RegionStats()
+        # Tenants whose regions enforce nothing ([region] enforce = false, --exclusive).
+        self._ungated = UngatedRegions(self.stats)
         # Tenants frozen by the region being established or held (None: no region),
         # and the tenant establishing one: late arrivals are frozen into this list.
         self._frozen: list[Tenant] | None = None
@@ -106,6 +108,10 @@ class CoordinatorBase:
         # Epochs are 32-bit and never 0 (krex_gate.h).
         self._epoch = self._epoch % 0xFFFF_FFFF + 1
         return self._epoch
+
+    def _is_ungated(self, tenant: Tenant) -> bool:
+        """Does ``tenant``'s region enforce nothing (``krexd.coordinator.ungated``)?"""
+        return not self._cfg.enforce or tenant.exclusive
 
     def _siblings(self, holder: Tenant) -> list[Tenant]:
         """This GPU's tenants other than the holder, registered with the shim or not."""

@@ -76,10 +76,8 @@ class Coordinator(Entry, Adoption):
         stopped listening.  Returns ``{"cancelled": "queued" | "entering" |
         "held" | "none"}``.
         """
-        if not self._cfg.enforce or tenant.exclusive:
-            held = tenant.id in self._ungated
-            self._ungated.discard(tenant.id)
-            return {"cancelled": "held" if held else "none"}
+        if self._is_ungated(tenant):
+            return {"cancelled": self._ungated.cancel(tenant)}
         request = self._requests.get(tenant.id)
         if request is None:
             return {"cancelled": "none"}
@@ -98,7 +96,7 @@ class Coordinator(Entry, Adoption):
 
         The daemon calls this before it removes the tenant's cgroup.
         """
-        self._ungated.discard(tenant.id)
+        self._ungated.gone(tenant)
         self._exited.pop(tenant.id, None)
         self._resumed.pop(tenant.id, None)
         self._once.forget(tenant.id)

@@ -72,11 +72,8 @@ class Ending(Freezing, HolderCores, GateSteps, Witness):
         self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
     ) -> dict[str, Any]:
         """:meth:`exit` for the first copy of a request."""
-        if not self._cfg.enforce or tenant.exclusive:
-            if tenant.id not in self._ungated:
-                raise KrexError(Code.NOT_HOLDER, f"tenant {tenant.id} holds no region")
-            self._ungated.discard(tenant.id)
-            self.stats.completed += 1
+        if self._is_ungated(tenant):
+            self._ungated.exit(tenant)
             return {"region_ms": 0.0, "thaw_ms": 0.0, "sync_ms": sync_ms, "launches": launches}
         region = self._region
         holds = region is not None and region.tenant.id == tenant.id

@@ -84,10 +84,9 @@ class Entry(Ending, MemoryWait):
         """:meth:`enter` for the first copy of a request."""
         requested_at = time.monotonic()
         self._check_caller(tenant, pid, tid)
-        if not self._cfg.enforce or tenant.exclusive:
-            # An --exclusive tenant has the whole GPU already: its region is a no-op,
-            # so the same script runs with and without --exclusive.
-            return self._enter_ungated(tenant)
+        if self._is_ungated(tenant):
+            self._ungated.enter(tenant)
+            return self._grant_reply(None, 0.0, 0.0)
         region = self._region
         if region is not None and region.tenant.id == tenant.id and not region.ended:
             if self._granted_again(region, request_id):
@@ -382,11 +381,3 @@ class Entry(Ending, MemoryWait):
             raise KrexError(Code.BAD_FIELD, f"pid {pid} is not a process of tenant {tenant.id}")
         if not self._ctl.thread_exists(pid, tid):
             raise KrexError(Code.BAD_FIELD, f"tid {tid} is not a thread of pid {pid}")
-
-    def _enter_ungated(self, tenant: Tenant) -> dict[str, Any]:
-        """``[region] enforce = false``: record the region, enforce nothing."""
-        if tenant.id in self._ungated:
-            raise KrexError(Code.NESTED_REGION, f"tenant {tenant.id} is already in a region")
-        self._ungated.add(tenant.id)
-        self.stats.granted += 1
-        return self._grant_reply(None, 0.0, 0.0)
