@@ -59,16 +59,16 @@ class WarmConfig:
     def pool_tasks(self) -> int:
         """``pids_max`` as a number of tasks (0: no limit).
 
-        ``"auto"``: the host's CPUs plus 32.  A pool that imported torch holds
+        ``"auto"``: the host's CPUs plus 16.  A pool that imported torch holds
         numpy's OpenBLAS pool, one thread per CPU but one
-        (``krex_cli.warm.krexpool_zygote``); the 32 leave room for its
+        (``krex_cli.warm.krexpool_zygote``); the 16 leave room for its
         unplaced children (a fork the limit refuses starts that command
-        cold).  Measured: another user's region entry p50 moved by 7-19 %
-        beside a pool of 32 threads and 14-37 % beside 64, on a 2-core host
-        (docs/bench/status-flood.md).
+        cold).  Measured on a 2-core host: another user's region entry p50
+        moved by a median 7 % beside one user's two pools of 18 tasks each
+        (this cap there), 25 % beside two of 34 (docs/bench/status-flood.md).
         """
         if self.pids_max == "auto":
-            return (os.cpu_count() or 1) + 32
+            return (os.cpu_count() or 1) + 16
         return int(self.pids_max)
 
     def announce(self) -> dict[str, Any]:
