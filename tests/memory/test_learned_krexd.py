@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import Krexd
+from tests.support import wait_for
 
 from .conftest import ALLOCATOR, Proc
-from .test_krexd_memory import Stack, wait_until
+from .test_krexd_memory import Stack
 
 pytestmark = [pytest.mark.root]
 
@@ -122,7 +123,7 @@ def test_eight_commands_at_70_percent_no_cotenant_failure_once_learned(
         assert s.run_as(label, f"alloc={PEAK}", "hold=0.2", "free").finish(30)[0] == 0
     codes = _eight_at_once(s)
     assert codes == [0] * 8, f"exit codes {codes}: 75 = failed by co-tenants"
-    wait_until(lambda: not s.tenants(), 10, "all tenants end")
+    wait_for(lambda: not s.tenants(), 10, "all tenants end")
 
 
 def test_eight_commands_at_70_percent_fail_without_learning(
