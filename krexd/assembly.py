@@ -176,7 +176,7 @@ def assemble(
         admission,
         runtime,
         state_files.learned_needs(config),
-        on_gpu_users=pools.check_gpu_users,  # a pool on the GPU is ended
+        on_gpu_users=pools.after_device_read,  # a pool on the GPU or over its tasks ends
         flags=flags,  # memory waits honoured: verified, bounded
     )
     memory.start()

@@ -162,6 +162,7 @@ class PoolRegistry:
         try:
             cgroup.add_pid(pid)
         except CgroupError as exc:
+            cgroup.kill()  # half moved: in none of the pool's limits, or in some only
             cgroup.remove()
             raise KrexError(Code.INTERNAL, f"cannot move pid {pid} into its pool: {exc}") from None
         try:
@@ -238,6 +239,31 @@ class PoolRegistry:
             await asyncio.sleep(0.05)
         for pool in list(self._pools.values()):
             self.forget(pool, "krexd is stopping")
+
+    def after_device_read(self, users: set[int]) -> None:
+        """Every ``[memory] refresh_ms``, after the memory monitor's device read: pools
+        with a process on the GPU (:meth:`check_gpu_users`) or over ``[warm] pids_max``
+        (:meth:`check_tasks`) end."""
+        self.check_gpu_users(users)
+        self.check_tasks()
+
+    def check_tasks(self) -> None:
+        """End every pool over ``[warm] pids_max`` tasks (where no pids controller
+        refuses them: a pool may grow after its registration's count)."""
+        limit = self.config.pool_tasks()
+        if not limit:
+            return
+        for pool in list(self._pools.values()):
+            tasks = pool.cgroup.tasks()
+            if tasks > limit:
+                _log.error(
+                    "pool %d of uid %d has %d tasks, over [warm] pids_max = %d; ending it",
+                    pool.pid,
+                    pool.uid,
+                    tasks,
+                    limit,
+                )
+                self.forget(pool, f"{tasks} tasks, over [warm] pids_max = {limit}")
 
     def check_gpu_users(self, users: set[int]) -> None:
         """End every pool with a process among ``users`` (pids with GPU memory, per the

@@ -380,8 +380,9 @@ class CgroupBackend:
 
     def pools(self, memory_max: int, pids_max: int = 0) -> pool.PoolCgroups:
         """Warm pools' cgroups under this tree, each limited to ``memory_max`` bytes and
-        ``pids_max`` tasks (0: no limit)."""
-        pids_v1 = self.pids_root if self.pids_kind == PIDS_V1 else None
+        ``pids_max`` tasks (0: no limit).  Pools use the v1 pids tree wherever it is
+        mounted, whatever ``[cgroup] pids_max`` says of the tenants."""
+        pids_v1 = self.pids_root
         return pool.PoolCgroups(
             self.base, self.root, memory_max, self.memory_v1, self.devices, pids_max, pids_v1
         )

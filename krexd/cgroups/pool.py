@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 from krexd.cgroups import detect, fs
 from krexd.cgroups.devices import DeviceIsolation
@@ -70,9 +71,9 @@ class PoolCgroup:
         self._home = memory_home
 
     def add_pid(self, pid: int) -> None:
-        """Move ``pid`` into the pool (raises CgroupError)."""
-        fs.write(os.path.join(self.path, "cgroup.procs"), str(pid))
-        for d in (self.memory_dir, self.pids_dir):
+        """Move ``pid`` into the pool (raises CgroupError): its v1 pids and memory
+        directories first, so their limits hold before the v2 leaf regions freeze."""
+        for d in (self.pids_dir, self.memory_dir, self.path):
             if d is not None:
                 fs.write(os.path.join(d, "cgroup.procs"), str(pid))
 
@@ -128,7 +129,12 @@ class PoolCgroup:
         return None
 
     def kill(self) -> None:
-        """SIGKILL every process in the pool (its zygote and unplaced children)."""
+        """SIGKILL every process in the pool (its zygote and unplaced children).
+
+        ``cgroup.kill`` where the kernel has it (5.14); else the pool is frozen
+        first, so nothing forks between the read of its processes and their
+        kill, and killed until empty (bounded, 1 s).
+        """
         kill_file = os.path.join(self.path, "cgroup.kill")
         if os.path.exists(kill_file):
             try:
@@ -136,11 +142,20 @@ class PoolCgroup:
                 return
             except CgroupError:
                 pass
-        for pid in fs.read_pids(os.path.join(self.path, "cgroup.procs")):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            fs.write(os.path.join(self.path, "cgroup.freeze"), "1")
+        except CgroupError:
+            pass  # gone, or no freezer: kill as we can
+        deadline = time.monotonic() + 1.0
+        while pids := self.pids():
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
 
     def remove(self) -> bool:
         """Remove the directories once empty; False while a process is left."""
@@ -226,6 +241,7 @@ class PoolCgroups:
                 _log.warning("cannot enable the v2 pids controller for pools: %s", exc)
         if self._pids_v1 is not None:
             try:
+                fs.mkdir(os.path.dirname(self._pids_v1))  # krexd's own, when tenants use none
                 fs.mkdir(self._pids_v1)
                 self.pids_kind = MEMORY_V1
                 return

@@ -10,16 +10,20 @@ paths, and only when the gate was closed.
 
 Every compensator must not raise (each logs its own failure), so that
 those after it still run: a sibling that cannot be thawed must not keep
-the gate closed.
+the gate closed.  One that raises all the same is logged and the unwind
+goes on (a hold left on the warm pools would freeze them for every region).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 
 Compensator = Callable[[], Awaitable[None] | None]
+
+_log = logging.getLogger("krexd.coordinator")
 
 
 class UndoStack:
@@ -48,12 +52,16 @@ class UndoStack:
         cancelled: asyncio.CancelledError | None = None
         while self._steps:
             name, undo = self._steps.pop()
-            result = undo()
-            if inspect.isawaitable(result):
-                try:
+            try:
+                result = undo()
+                if inspect.isawaitable(result):
                     await result
-                except asyncio.CancelledError as exc:
-                    cancelled = exc
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+            except Exception:
+                # A compensator must not raise; one that does is logged, and the rest
+                # still run (a hold left on the pools would freeze them for every region).
+                _log.exception("undo of %s failed", name)
             ran.append(name)
         if cancelled is not None:
             raise cancelled

@@ -76,15 +76,28 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> None:
             proc.wait()
 
 
-def _stop_unseen(work: str, grace_s: float) -> None:
-    """Stop the ``krex run`` an interrupted ``Popen`` started but never returned.
+class _KrexRun(subprocess.Popen[bytes]):
+    """``subprocess.Popen`` that puts itself in ``holder`` before it starts the child.
 
     ``ray.cancel``'s KeyboardInterrupt (or SIGTERM's SystemExit) can arrive
-    while ``Popen`` waits for the child's exec, after the fork: the child runs
-    on and no ``Popen`` object names it.  It is found among this process's
-    children by its command line, which names the task's private directory
-    ``work``, then stopped as :func:`_stop` would (SIGTERM, SIGKILL after
-    ``grace_s``) and reaped.
+    while the constructor waits for the child's exec, after the fork: the
+    constructor raises and returns no object, but ``holder`` keeps the one
+    that knows the child's pid, so it can be stopped and reaped as any other
+    (:func:`_stop`; its ``returncode`` recorded, so no stale object reaps a
+    reused pid later).
+    """
+
+    def __init__(self, holder: list[subprocess.Popen[bytes]], *args: Any, **kwargs: Any) -> None:
+        holder.append(self)
+        super().__init__(*args, **kwargs)
+
+
+def _stop_unseen(work: str, grace_s: float) -> None:
+    """Stop a ``krex run`` forked by an interrupted ``Popen`` that had not stored its pid.
+
+    Found among this process's children by its command line, which names the
+    task's private directory ``work``; stopped as :func:`_stop` would
+    (SIGTERM, SIGKILL after ``grace_s``) and reaped.
     """
     pids = _children_naming(work)
     for pid in pids:
@@ -213,8 +226,10 @@ def _run(
 ) -> tuple[int, float, tuple[str, int], tuple[str, int]]:
     """Run ``argv``; (exit code, end time, (stdout tail, size), (stderr tail, size))."""
     with tempfile.TemporaryFile(dir=work) as out, tempfile.TemporaryFile(dir=work) as err:
+        holder: list[subprocess.Popen[bytes]] = []
         try:
-            proc = subprocess.Popen(
+            proc = _KrexRun(
+                holder,
                 argv,
                 cwd=command.cwd,
                 env={**os.environ, **command.env},
@@ -224,7 +239,12 @@ def _run(
                 start_new_session=True,
             )
         except BaseException:
-            _stop_unseen(work, grace_s)  # interrupted after the fork: krex run may run
+            # Interrupted inside the constructor: krex run may run, unseen by the caller.
+            started = holder[0] if holder else None
+            if started is not None and getattr(started, "pid", None):
+                _stop(started, grace_s)
+            else:
+                _stop_unseen(work, grace_s)
             raise
         code = _wait(proc, grace_s)
         ended = time.time()

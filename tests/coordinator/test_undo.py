@@ -75,3 +75,20 @@ def test_a_cancelled_pool_hold_is_released(tmp_path: Any) -> None:
     asyncio.run(scenario())
     assert freeze.holders == 0
     assert (tmp_path / "cgroup.freeze").read_text().strip() == "0"  # thawed again
+
+
+def test_a_raising_compensator_is_logged_and_the_steps_after_it_still_run(
+    caplog: Any,
+) -> None:
+    ran: list[str] = []
+    stack = UndoStack()
+    stack.push("pools", lambda: ran.append("pools"))  # pushed first: undone last
+
+    def broken() -> None:
+        raise OSError("a worker's unlock failed")
+
+    stack.push("driver locks", broken)
+    stack.push("thaw", lambda: ran.append("thaw"))
+    names = asyncio.run(stack.unwind())
+    assert names == ["thaw", "driver locks", "pools"] and ran == ["thaw", "pools"]
+    assert "undo of driver locks failed" in caplog.text

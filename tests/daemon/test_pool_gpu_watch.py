@@ -1,4 +1,4 @@
-"""A warm pool found on the GPU is ended (krexd.pools.PoolRegistry.check_gpu_users).
+"""A warm pool found on the GPU, or over its task cap, is ended (krexd.pools.PoolRegistry).
 
 A pool never initialises CUDA; one of its processes with GPU memory is code
 that got past the zygote's checks, running GPU work outside every gate.
@@ -32,6 +32,11 @@ class _Cgroup:
     def memory_bytes(self) -> int | None:
         return None
 
+    def tasks(self) -> int:
+        return 0 if self.killed else self.threads
+
+    threads: int = 1
+
 
 def _registry(*pools: tuple[int, list[int]]) -> tuple[PoolRegistry, dict[int, _Cgroup]]:
     reg = PoolRegistry(WarmConfig(), cgroups=None, version="test")  # type: ignore[arg-type]
@@ -54,3 +59,16 @@ def test_no_pool_process_on_the_gpu_changes_nothing() -> None:
     reg, groups = _registry((42, [43]))
     reg.check_gpu_users({7})
     assert not groups[42].killed and len(reg) == 1
+
+
+def test_a_pool_grown_past_its_task_cap_is_ended_at_the_next_device_read() -> None:
+    # Where no pids controller refuses its threads, a pool may grow after the count of
+    # its registration: every device read counts again.
+    reg, groups = _registry((42, []), (50, []))
+    groups[42].threads = 300
+    groups[50].threads = 3
+    limit = WarmConfig(pids_max=32).pool_tasks()
+    reg.config = WarmConfig(pids_max=limit)
+    reg.after_device_read(set())
+    assert groups[42].killed and not groups[50].killed
+    assert [p.pid for p in reg.of_uid(1000)] == [50]
