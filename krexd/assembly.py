@@ -111,6 +111,7 @@ class Built:
     cgroups: CgroupBackend | None = None
     gates: list[Gate] = field(default_factory=list)
     mps: list[MpsDaemon] = field(default_factory=list)
+    memory: MemoryMonitor | None = None  # started: its source open, its loop running
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ def assemble(
         flags=flags,  # memory waits honoured: verified, bounded
     )
     memory.start()
+    built.memory = memory
     ender = TenantEnder()
     driver_lock = driver_lock_for(config.region, config.daemon.fake_gpus, config.mps.enabled)
     activity = activity_source(infos, config.daemon.fake_gpus)

@@ -126,6 +126,8 @@ class Stopping:
 
     async def _cleanup_after_failure(self) -> None:
         """Remove cgroups and gate files (also after a failed start)."""
+        if self.parts is None and self.built.memory is not None:
+            self.built.memory.close()  # a start that failed after the monitor started
         self._stop_mps()
         self._close_held_files()
         if self.built.cgroups is not None:
