@@ -55,10 +55,12 @@ export CUDA_INCLUDE
 # `sudo make ...` by the checkout's owner would leave root's files in it: refused first
 # (make runs its root steps through sudo itself).  Not inside a root step, whose tests run
 # make, nor for `make clean`.
-ifneq ($(SUDO_UID)$(if $(KREX_ROOT_STEP),,x),x)
+ifneq ($(SUDO_UID),)
+ifeq ($(KREX_ROOT_STEP),)
 ifeq ($(shell stat -c %u .),$(SUDO_UID))
 ifneq ($(MAKECMDGOALS),clean)
 $(error run make as $(SUDO_USER), without sudo: it runs the steps that need root through sudo itself, and the checkout stays yours)
+endif
 endif
 endif
 endif
