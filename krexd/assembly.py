@@ -140,39 +140,18 @@ def assemble(
     """Build krexd's parts in dependency order (module docstring); ``built`` records what
     a failed start must undo.  Raises whatever a part's construction raises (CgroupError,
     GateError, ConfigError, OSError), after recording in ``built`` what exists."""
-    infos = gpus.discover(config.daemon.fake_gpus, config.daemon.fake_vendor)
-    _log.info("GPUs: %s", ", ".join(f"{g.name} ({g.vendor})" for g in infos) or "none")
-    slices = compute_slices(infos, config.cpu)
-    for s in slices.values():
-        _log.info("gpu%d slice %s", s.gpu, s.as_dict())
-    devices = DeviceIsolation(config.gpu.device_isolation, **vendors.device_minors(infos))
-    cgroups = CgroupBackend.open(config.cgroup, devices=devices)
-    built.cgroups = cgroups
-    # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
-    saved = adopt.load(config, cgroups, {i.index: i.uuid for i in infos})
-    cgroups.prepare(slices, adopt=saved is not None)
-    _log.info("cgroups: %s", cgroups.describe())
+    infos, slices, cgroups, saved = _hardware(config, built)
     pools, pool_freeze = _pools(config, cgroups, version)
     slots = {i.index: _slots(config, i, slices[i.index]) for i in infos}
-    admission = Admission(
-        [s for s, _ in slots.values()],
-        config.admission.max_parked,
-        caps=UidCaps(
-            config.admission.admitted_cap(sum(s.total for s, _ in slots.values())),
-            config.admission.max_parked_per_uid,
-        ),
-    )
+    admission = _admission(config, [s for s, _ in slots.values()])
     if paths.gate_library() is None:
         # Draining is skipped; CPU freezing and pinning still apply.
         _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
     gates = {i.index: _gate(config, i.index, saved, built) for i in infos}
     views = {i.index: GpuMemory() for i in infos}
-    monitored = [
-        MonitoredGpu(i, gates[i.index][0], views[i.index], slots[i.index][0]) for i in infos
-    ]
-    memory = MemoryMonitor(
+    memory = built.memory = MemoryMonitor(
         config.memory,
-        monitored,
+        [MonitoredGpu(i, gates[i.index][0], views[i.index], slots[i.index][0]) for i in infos],
         tenants,
         admission,
         runtime,
@@ -181,31 +160,65 @@ def assemble(
         flags=flags,  # memory waits honoured: verified, bounded
     )
     memory.start()
-    built.memory = memory
     ender = TenantEnder()
-    driver_lock = driver_lock_for(config.region, config.daemon.fake_gpus, config.mps.enabled)
-    activity = activity_source(infos, config.daemon.fake_gpus)
     parts = _Coordinating(
-        config, tenants, verifier, memory, pool_freeze, ender, driver_lock, activity
+        config,
+        tenants,
+        verifier,
+        memory,
+        pool_freeze,
+        ender,
+        driver_lock_for(config.region, config.daemon.fake_gpus, config.mps.enabled),
+        activity_source(infos, config.daemon.fake_gpus),
     )
-    by_index: dict[int, Gpu] = {}
-    for info in infos:
-        gate, gate_path = gates[info.index]
-        gpu_slots, chosen = slots[info.index]
-        by_index[info.index] = Gpu(
-            info,
-            slices[info.index],
-            gpu_slots,
-            parts.coordinator(info, gate, slices[info.index]),
-            gate=gate,
-            gate_path=gate_path,
-            memory=views[info.index],
-            mps=_mps(config, mps, info, built),
-            slot_choice=chosen,
+    by_index = {
+        i.index: Gpu(
+            i,
+            slices[i.index],
+            slots[i.index][0],
+            parts.coordinator(i, gates[i.index][0], slices[i.index]),
+            gate=gates[i.index][0],
+            gate_path=gates[i.index][1],
+            memory=views[i.index],
+            mps=_mps(config, mps, i, built),
+            slot_choice=slots[i.index][1],
         )
+        for i in infos
+    }
     lifecycle = Lifecycle(config, runtime, by_index, tenants, admission, cgroups, memory, pools)
     ender.bind(lifecycle.kill_command)
     return Parts(cgroups, saved, by_index, admission, memory, pools, lifecycle)
+
+
+def _admission(config: Config, slots: list[GpuSlots]) -> Admission:
+    """Admission over every GPU's ``slots``, with the per-uid caps (``[admission]``)."""
+    return Admission(
+        slots,
+        config.admission.max_parked,
+        caps=UidCaps(
+            config.admission.admitted_cap(sum(s.total for s in slots)),
+            config.admission.max_parked_per_uid,
+        ),
+    )
+
+
+def _hardware(
+    config: Config, built: Built
+) -> tuple[list[GpuInfo], dict[int, CpuSlice], CgroupBackend, adopt.Saved | None]:
+    """Steps 1-2: the GPU inventory, their CPU slices (invalid ones refused), the cgroup
+    tree with its device isolation, and what a krexd before a restart saved to adopt."""
+    infos = gpus.discover(config.daemon.fake_gpus, config.daemon.fake_vendor)
+    _log.info("GPUs: %s", ", ".join(f"{g.name} ({g.vendor})" for g in infos) or "none")
+    slices = compute_slices(infos, config.cpu)
+    for s in slices.values():
+        _log.info("gpu%d slice %s", s.gpu, s.as_dict())
+    devices = DeviceIsolation(config.gpu.device_isolation, **vendors.device_minors(infos))
+    cgroups = built.cgroups = CgroupBackend.open(config.cgroup, devices=devices)
+    # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
+    saved = adopt.load(config, cgroups, {i.index: i.uuid for i in infos})
+    cgroups.prepare(slices, adopt=saved is not None)
+    _log.info("cgroups: %s", cgroups.describe())
+    return infos, slices, cgroups, saved
 
 
 class _Coordinating:

@@ -152,26 +152,7 @@ class PoolRegistry:
             raise self._refuse(
                 keeper, f"uid {keeper.uid} has {limit} pool(s): [warm] max_pools_per_uid"
             )
-        self._check_tasks(keeper, pid, _threads(pid))
-        testhooks.pause("pool_counted")
-        self.cgroups.sweep({p.cgroup.path for p in self._pools.values()})
-        try:
-            cgroup = self.cgroups.create(keeper.uid, pid)
-        except CgroupError as exc:
-            raise KrexError(Code.INTERNAL, f"cannot create the pool's cgroup: {exc}") from None
-        try:
-            cgroup.add_pid(pid)
-        except CgroupError as exc:
-            cgroup.kill()  # half moved: in none of the pool's limits, or in some only
-            cgroup.remove()
-            raise KrexError(Code.INTERNAL, f"cannot move pid {pid} into its pool: {exc}") from None
-        try:
-            # Threads made between the count and the move: the move is not bounded by
-            # pids.max, so the pool is counted again where it now lives.
-            self._check_tasks(keeper, pid, cgroup.tasks())
-        except KrexError:
-            cgroup.kill()
-            raise
+        cgroup = self._confine(keeper, pid)
         pool = Pool(
             pid,
             start,
@@ -196,6 +177,31 @@ class PoolRegistry:
             ", ".join(pool.modules) or "no modules",
         )
         return pool
+
+    def _confine(self, keeper: identity.Caller, pid: int) -> PoolCgroup:
+        """Move the zygote ``pid`` into a new pool cgroup, its tasks counted before and
+        after the move (raises KrexError: ``CANCELLED`` over ``pids_max``, ``INTERNAL``)."""
+        self._check_tasks(keeper, pid, _threads(pid))
+        testhooks.pause("pool_counted")
+        self.cgroups.sweep({p.cgroup.path for p in self._pools.values()})
+        try:
+            cgroup = self.cgroups.create(keeper.uid, pid)
+        except CgroupError as exc:
+            raise KrexError(Code.INTERNAL, f"cannot create the pool's cgroup: {exc}") from None
+        try:
+            cgroup.add_pid(pid)
+        except CgroupError as exc:
+            cgroup.kill()  # half moved: in none of the pool's limits, or in some only
+            cgroup.remove()
+            raise KrexError(Code.INTERNAL, f"cannot move pid {pid} into its pool: {exc}") from None
+        try:
+            # Threads made between the count and the move: the move is not bounded by
+            # pids.max, so the pool is counted again where it now lives.
+            self._check_tasks(keeper, pid, cgroup.tasks())
+        except KrexError:
+            cgroup.kill()
+            raise
+        return cgroup
 
     def _check_tasks(self, keeper: identity.Caller, pid: int, tasks: int) -> None:
         """Refuse a pool of more than ``[warm] pids_max`` tasks (``CANCELLED``): every
