@@ -85,11 +85,11 @@ class Coordinator(Entry, Adoption):
         request.cancelled = True  # enter() honours it at its next step
         if stage == QUEUED:
             self._lock.cancel(tenant.id)  # False in the hand-over window: enter() sees the flag
-            return {"cancelled": QUEUED}
+            return {"cancelled": QUEUED.value}
         region = self._region
         if stage == HELD and region is not None and region.tenant.id == tenant.id:
             await self._end(region, "cancelled by its holder")
-        return {"cancelled": stage}
+        return {"cancelled": stage.value}
 
     async def tenant_gone(self, tenant: Tenant) -> None:
         """Recovery when a tenant ends: end its region, or drop it from the queue.

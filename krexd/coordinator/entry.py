@@ -135,7 +135,7 @@ class Entry(Ending, MemoryWait):
             self._lock.release(tenant.id)
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         locked_at = time.monotonic()
-        request.stage = ENTERING
+        request.advance(ENTERING)
         marks = [("locked", locked_at)]
         try:
             region = await self._establish_fitting(tenant, request, pid, tid, requested_at, marks)
@@ -144,7 +144,7 @@ class Entry(Ending, MemoryWait):
             self._lock.release(tenant.id)
             raise
         region.request_id = request_id
-        request.stage = HELD
+        request.advance(HELD)
         testhooks.pause("granted")
         if request.cancelled:
             await self._end(region, "cancelled by its holder")

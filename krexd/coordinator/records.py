@@ -10,6 +10,7 @@ drives (``krexd.states``).
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 
 from krexd import states
@@ -46,10 +47,22 @@ class Region:
     check_ms: float = 0.0  # the fail-closed check's share of freeze_ms
 
 
-# Stages of a region request (``RegionRequest.stage``).
-QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
-ENTERING = "entering"  # steps 2-5 in progress
-HELD = "held"  # granted: a Region exists
+class RequestStage(enum.Enum):
+    """A region request's stage; ``value`` is its name in ``region_cancel``'s reply."""
+
+    QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
+    ENTERING = "entering"  # steps 2-5 in progress
+    HELD = "held"  # granted: a Region exists
+
+    def __str__(self) -> str:
+        return self.value
+
+
+QUEUED = RequestStage.QUEUED
+ENTERING = RequestStage.ENTERING
+HELD = RequestStage.HELD
+#: The one edge out of each stage (a request ends, from any stage, when it is dropped).
+_NEXT = {QUEUED: ENTERING, ENTERING: HELD}
 
 
 @dataclass(eq=False)
@@ -63,8 +76,15 @@ class RegionRequest:
     """
 
     tenant: int
-    stage: str = QUEUED
+    stage: RequestStage = QUEUED
     cancelled: bool = False
+
+    def advance(self, new: RequestStage) -> None:
+        """Move to ``new``, the next stage (raises ``states.StateError`` otherwise)."""
+        if _NEXT.get(self.stage) is not new:
+            who = f"region request of tenant {self.tenant}"
+            raise states.StateError(f"{who}: {self.stage} -> {new}")
+        self.stage = new
 
 
 def tenant_state(
