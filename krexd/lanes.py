@@ -69,6 +69,8 @@ class Lanes:
         self.region_busy = 0  # region ops being dispatched now
         self.refused = 0
         self.bulk_served = 0
+        self._taken: Job | None = None  # out of the queue, waiting for region ops to pass
+        self.running: asyncio.Future[None] | None = None  # the bulk job being served
 
     def admit(self, uid: int | None, op: str) -> int:
         """Count a request of ``uid`` for ``op``; its uid key for :meth:`done`.
@@ -135,9 +137,19 @@ class Lanes:
                 job = await self._next_bulk()
                 if job is None:
                     continue  # the queue changed (or a uid became due): look again
+                self._taken = job
                 await self._after_region_ops()
+                if self._taken is not job:
+                    continue  # taken by cancel_bulk (a stop), which answers it
+                self._taken = None
                 self.bulk_served += 1
-                await job()
+                # Its own task: a stop cancels this runner, not a reply half made.
+                self.running = asyncio.ensure_future(job())
+                try:
+                    await asyncio.shield(self.running)
+                finally:
+                    if self.running.done():
+                        self.running = None
 
     async def _next_bulk(self) -> Job | None:
         """The first queued job whose uid may be served now (taken out of the queue);
@@ -170,8 +182,13 @@ class Lanes:
             self._last_bulk = {k: t for k, t in self._last_bulk.items() if t > horizon}
 
     def cancel_bulk(self) -> list[Job]:
-        """Take every queued bulk job out (shutdown); the caller answers them."""
+        """Take every bulk job not started out (shutdown): the queued ones and one taken
+        out of the queue that waits for region ops to pass; the caller answers them (the
+        one being served, :attr:`running`, answers itself)."""
         jobs = [job for _, job in self._bulk]
+        if self._taken is not None:
+            jobs.insert(0, self._taken)
+            self._taken = None
         self._bulk.clear()
         return jobs
 

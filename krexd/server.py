@@ -364,9 +364,11 @@ class Server:
         status requests still queued in the bulk lane (each gets its reply)."""
         if self.guard is not None:
             self.guard.stop_held()  # answered now, while the socket is open
-        tasks = list(self._tasks)
+        tasks: list[asyncio.Future[Any]] = list(self._tasks)
         for t in tasks:
             t.cancel()
+        if self.lanes.running is not None:
+            tasks.append(self.lanes.running)  # a status being built: its reply is awaited
         for job in self.lanes.cancel_bulk():
             # Not cancelled: a task cancelled before it starts never runs its body, so
             # the request would get no reply at all.
