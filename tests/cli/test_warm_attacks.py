@@ -37,8 +37,8 @@ payload = "open(MARK, 'w').write(open('/proc/self/cgroup').read())"
 fields = {"mode": "code", "target": f"MARK = {MARK!r}\\n" + payload, "args": [],
           "argv": [sys.executable, "-c", "x"]}
 pid = session.start(fields, {})
+fd = os.pidfd_open(pid)  # before go: the refused child exits at once after it
 session.go()
-fd = os.pidfd_open(pid)
 print(json.dumps({"status": session.wait(fd, None)}), flush=True)
 """
 
