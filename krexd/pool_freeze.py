@@ -46,22 +46,6 @@ class PoolFreeze:
         """At start: thaw what a killed krexd may have left frozen."""
         self._write("0")
 
-    async def hold(self, timeout_s: float) -> bool:
-        """Freeze the pools for one region; True once the kernel reports them frozen.
-
-        False after ``timeout_s`` seconds (the hold is then released): the
-        caller fails the entry as for a sibling that does not freeze.
-        """
-        self.begin()
-        try:
-            frozen = await self.wait_frozen(timeout_s)
-        except asyncio.CancelledError:
-            self.release()  # the entry that asked is gone: its hold must not outlive it
-            raise
-        if not frozen:
-            self.release()
-        return frozen
-
     def begin(self) -> None:
         """Count one region's hold and ask the kernel to freeze the pools (the first
         hold writes ``cgroup.freeze``); release it with :meth:`release`."""

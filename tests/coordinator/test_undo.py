@@ -56,7 +56,8 @@ def test_a_cancel_during_a_step_runs_the_steps_after_it_then_is_raised() -> None
 
 
 def test_a_cancelled_pool_hold_is_released(tmp_path: Any) -> None:
-    """An entry cancelled while the pools freeze leaves no hold behind (pools thaw)."""
+    """An entry cancelled while the pools freeze leaves no hold behind (pools thaw): the
+    hold begun at step 2 is on the region's undo stack, which the failed entry unwinds."""
     from krexd.pool_freeze import PoolFreeze
 
     (tmp_path / "cgroup.freeze").write_text("0\n")
@@ -64,13 +65,17 @@ def test_a_cancelled_pool_hold_is_released(tmp_path: Any) -> None:
     freeze = PoolFreeze(str(tmp_path))
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(freeze.hold(10.0))
+        stack = UndoStack()
+        freeze.begin()  # as _establish does once the gate is closed
+        stack.push("pools' freeze", freeze.release)
+        assert (tmp_path / "cgroup.freeze").read_text().strip() == "1"
+        task = asyncio.ensure_future(freeze.wait_frozen(10.0))
         await asyncio.sleep(0.01)
         task.cancel()
         try:
             await task
         except asyncio.CancelledError:
-            pass
+            await stack.unwind()
 
     asyncio.run(scenario())
     assert freeze.holders == 0
