@@ -14,9 +14,12 @@ from krexd.gate.slotmem import GateSlotMemory
 from krexd.gate.slots import SlotInfo
 
 # The first slice of a drain before pending owners are judged (s), then the
-# period of judgements while a drain waits.
+# period of judgements while a drain waits: doubling from the first to the
+# last (an owner gone late in a long wait is seen within 40 ms, and a drain
+# waiting out a stuck tenant wakes about 30 times in a second, not 200).
 _FIRST_JUDGE_S = 0.001
 _JUDGE_PERIOD_S = 0.005
+_JUDGE_PERIOD_MAX_S = 0.04
 
 
 class Gate(GateSlotMemory):
@@ -72,7 +75,9 @@ class Gate(GateSlotMemory):
             raise ValueError(f"timeout_s must be >= 0, not {timeout_s}")
         start = time.monotonic()
         deadline = start + timeout_s
-        judge_at = start + _FIRST_JUDGE_S
+        # Without a judge nothing is done between the C waits: one wait to the deadline.
+        judge_at = start + _FIRST_JUDGE_S if self.judge is not None else deadline
+        period = _JUDGE_PERIOD_S
         skip: list[int] = []
         seen = ctypes.c_uint64(0)  # the fingerprint of the pending tenants last seen
         # Room for every slot there can be: a truncated list would hide a pending tenant.
@@ -96,7 +101,8 @@ class Gate(GateSlotMemory):
                     f"epoch {epoch} after {timeout_s:g} s",
                     slots,
                 )
-            judge_at = time.monotonic() + _JUDGE_PERIOD_S
+            judge_at = time.monotonic() + period
+            period = min(_JUDGE_PERIOD_MAX_S, period * 2)
 
     def _judged(self, slots: list[SlotInfo]) -> list[SlotInfo]:
         """The pending ``slots`` whose owners :attr:`judge` accepts; the others are ignored."""

@@ -106,8 +106,8 @@ def test_abort_runs_nothing(zygotes: list[Zygote], tmp_path: Path) -> None:
     zygotes.append(z)
     marker = tmp_path / "ran"
     s, pid = z.start(f"open({str(marker)!r}, 'w')")
+    pidfd = os.pidfd_open(pid)  # before abort: the aborted child exits, and is reaped, at once
     s.abort()
-    pidfd = os.pidfd_open(pid)
     assert s.wait(pidfd, time.monotonic() + 30) == 0
     os.close(pidfd)
     assert not marker.exists()

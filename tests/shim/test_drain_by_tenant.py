@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from krexd.gate import Gate, GateTimeout
+from krexd.gate.slots import SlotInfo
 
 from .procs import Tenant, slot_of, wait_for
 
@@ -88,15 +89,29 @@ def test_an_error_in_settled_ends_the_drain(gate: Gate, spawn: Callable[..., Ten
     gate.reopen(HOLDER, 2)
 
 
-def test_a_waiting_drain_sleeps(gate: Gate, spawn: Callable[..., Tenant]) -> None:
-    """Parked on every pending acknowledgement at once (futex_waitv), not polling."""
+@pytest.mark.parametrize("judged", [False, True], ids=["no-judge", "judged"])
+def test_a_waiting_drain_sleeps(gate: Gate, spawn: Callable[..., Tenant], judged: bool) -> None:
+    """Parked on every pending acknowledgement at once (futex_waitv), not polling.
+
+    With a judge the drain wakes to judge the pending owners, backing off
+    from 5 to 40 ms between judgements: about 30 wake-ups in the second.
+    """
     for tenant in (2, 3, 4):
         spawn(tenant, "--no-ack").wait_ready()
-    gate.judge = None  # no /proc reads every 5 ms: the wait alone
+    judgements = []
+
+    def judge(slot: SlotInfo) -> bool:
+        judgements.append(time.monotonic())
+        return True
+
+    gate.judge = judge if judged else None  # without: no /proc reads, the wait alone
     gate.close(HOLDER, 3)
     cpu0 = time.thread_time()
     with pytest.raises(GateTimeout) as exc:
         gate.drain(HOLDER, 3, 1.0, Reports())
+    cpu = time.thread_time() - cpu0
     assert {s.tenant for s in exc.value.pending} == {2, 3, 4}
-    assert time.thread_time() - cpu0 < 0.2  # a busy loop would take most of the 1 s
+    assert cpu < 0.2  # a busy loop would take most of the 1 s
+    # 3 owners judged at each wake-up: from 1 ms, then every 5, 10, 20, 40, 40, ... ms.
+    assert len(judgements) <= (3 * 35 if judged else 0), len(judgements)
     gate.reopen(HOLDER, 3)
