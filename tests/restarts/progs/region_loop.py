@@ -1,10 +1,10 @@
 """Holder for restart tests: regions in a loop over the fake driver, for a while.
 
-Usage: region_loop.py SECONDS HOLD_MS [GAP_MS]
+Usage: region_loop.py SECONDS HOLD_MS [GAP_MS [STOP_FILE]]
 
-Enters ``region.critical()`` again and again for SECONDS, each time
-launching kernels for HOLD_MS inside, then sleeping GAP_MS (default 20)
-off-region.
+Enters ``region.critical()`` again and again for SECONDS (or until
+STOP_FILE exists), each time launching kernels for HOLD_MS inside, then
+sleeping GAP_MS (default 20) off-region.
 Prints ``{"pid": ..., "regions": [[start_ns, end_ns], ...]}`` (CLOCK_MONOTONIC,
 grant to just before exit) and exits 0.
 """
@@ -26,10 +26,11 @@ from krex_client import region  # noqa: E402
 def main() -> None:
     seconds, hold_ms = float(sys.argv[1]), float(sys.argv[2])
     gap_s = float(sys.argv[3]) / 1000 if len(sys.argv) > 3 else 0.02
+    stop_file = sys.argv[4] if len(sys.argv) > 4 else None
     gpu = fakegpu.init()
     spans = []
     end_at = time.monotonic() + seconds
-    while time.monotonic() < end_at:
+    while time.monotonic() < end_at and not (stop_file and os.path.exists(stop_file)):
         with region.critical():
             start = time.monotonic_ns()
             until = time.monotonic() + hold_ms / 1000
