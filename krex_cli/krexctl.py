@@ -190,7 +190,12 @@ def _devices_line(dev: dict[str, Any] | None) -> str:
             {int(g): f"/dev/dri/renderD{m}" for g, m in (dev.get("render_minors") or {}).items()}
         )
         minors = ", ".join(f"gpu{g} -> {node}" for g, node in sorted(nodes.items()))
-        return f"device isolation: active (each tenant may open only its own GPU: {minors})"
+        line = f"device isolation: active (each tenant may open only its own GPU: {minors})"
+        unmanaged = dev.get("unmanaged_render") or []
+        if unmanaged:
+            names = ", ".join(f"renderD{m}" for m in unmanaged)
+            line += f"; AMD GPUs krexd does not manage, denied to every command: {names}"
+        return line
     if dev.get("mode") == "off":
         return "device isolation: off ([gpu] device_isolation = off)"
     return f"device isolation: inactive ({dev.get('reason') or '?'}); GPUs bound by environment"

@@ -43,7 +43,7 @@ from krexd.coordinator import Coordinator
 from krexd.driverlock import driver_lock_for
 from krexd.gate import Gate
 from krexd.gpu import Gpu
-from krexd.gpus import GpuInfo
+from krexd.gpus import AMD, GpuInfo
 from krexd.isolation import (
     ActivityWitness,
     AffinityPinner,
@@ -185,7 +185,11 @@ def assemble(
         )
         for i in infos
     }
-    lifecycle = Lifecycle(config, runtime, by_index, tenants, admission, cgroups, memory, pools)
+    # AMD GPUs found but not managed are hidden from every command (docs/design/amd.md).
+    unmanaged = frozenset({AMD}) if cgroups.devices.unmanaged_render else frozenset()
+    lifecycle = Lifecycle(
+        config, runtime, by_index, tenants, admission, cgroups, memory, pools, unmanaged
+    )
     ender.bind(lifecycle.kill_command)
     return Parts(cgroups, saved, by_index, admission, memory, pools, lifecycle)
 
@@ -212,7 +216,11 @@ def _hardware(
     slices = compute_slices(infos, config.cpu)
     for s in slices.values():
         _log.info("gpu%d slice %s", s.gpu, s.as_dict())
-    devices = DeviceIsolation(config.gpu.device_isolation, **vendors.device_minors(infos))
+    devices = DeviceIsolation(
+        config.gpu.device_isolation,
+        **vendors.device_minors(infos),
+        unmanaged_render=vendors.unmanaged_render(infos),
+    )
     cgroups = built.cgroups = CgroupBackend.open(config.cgroup, devices=devices)
     # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
     saved = adopt.load(config, cgroups, {i.index: i.uuid for i in infos})

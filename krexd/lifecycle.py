@@ -70,6 +70,8 @@ class Lifecycle:
         cgroups: creates tenant cgroups.
         memory: memory needs and final memory records.
         pools: the registered warm pools (``place`` accepts their children), or None.
+        unmanaged_vendors: vendors of GPUs the host has but krexd does not manage
+            (AMD GPUs without ``hip-python``/``amdsmi``): hidden from every command.
     """
 
     def __init__(
@@ -82,8 +84,10 @@ class Lifecycle:
         cgroups: TenantCgroups,
         memory: MemoryMonitor,
         pools: PoolRegistry | None = None,
+        unmanaged_vendors: frozenset[str] = frozenset(),
     ) -> None:
         self._config = config
+        self._unmanaged_vendors = unmanaged_vendors
         self.pools = pools
         self._runtime = runtime
         self._gpus = gpus
@@ -400,5 +404,5 @@ class Lifecycle:
 
     def tenant_env(self, tenant: Tenant) -> dict[str, str]:
         """Environment for the tenant's command (krexd/command_env.py)."""
-        host_vendors = {g.info.vendor for g in self._gpus.values()}
+        host_vendors = {g.info.vendor for g in self._gpus.values()} | self._unmanaged_vendors
         return command_env.tenant_env(self._config, self._gpus[tenant.gpu], tenant, host_vendors)

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from krexd import kfd
 from krexd.gpus import AMD, NVIDIA, GpuInfo
 
 
@@ -141,6 +142,21 @@ def binding(info: GpuInfo, host_vendors: Iterable[str] = ()) -> dict[str, str]:
         env.update(VENDORS[name].hidden())
     env.update(own.binding(info))
     return env
+
+
+def unmanaged_render(
+    infos: Iterable[GpuInfo], nodes: Iterable[kfd.KfdGpu] | None = None
+) -> list[int]:
+    """Render node minors of the host's AMD GPUs that ``infos`` does not manage.
+
+    ``nodes``: the KFD topology's GPUs (default :func:`krexd.kfd.amd_gpus_present`:
+    [] without ``/dev/kfd``).  An AMD GPU krexd found but does not manage (no
+    ``hip-python``/``amdsmi``, not matched) is denied to every tenant and pool
+    (krexd/cgroups/devices.py): issue 30's "never run ungated".
+    """
+    managed = {i.render_minor for i in infos if i.vendor == AMD}
+    found = kfd.amd_gpus_present() if nodes is None else nodes
+    return sorted({n.render_minor for n in found if n.render_minor is not None} - managed)
 
 
 def device_minors(infos: Iterable[GpuInfo]) -> dict[str, dict[int, int | None]]:

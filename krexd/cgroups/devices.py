@@ -3,10 +3,13 @@
 AMD GPUs (krexd/gpus_amd.py): a tenant of one may open ``/dev/kfd`` (shared
 by every AMD GPU, never filtered) and its GPU's render node
 ``/dev/dri/renderD<render minor>``, no other render node and no
-``/dev/nvidia<M>``; on a host where krexd manages AMD GPUs, the tenants of
-its NVIDIA GPUs and the warm pools are also denied those AMD GPUs' render
-nodes.  Render minors come from the KFD topology (simulated AMD GPU N:
-128 + N).  On an NVIDIA-only host the programs are what they always were.
+``/dev/nvidia<M>``; on a host with AMD GPUs, the tenants of its NVIDIA
+GPUs and the warm pools are also denied every AMD GPU's render node —
+those krexd manages, and those it found but does not manage (no
+``hip-python``/``amdsmi``): a HIP program run by ``krex run`` on such a
+host gets no AMD GPU rather than one outside every region.  Render minors
+come from the KFD topology (simulated AMD GPU N: 128 + N).  On an
+NVIDIA-only host the programs are what they always were.
 
 ``[gpu] device_isolation`` (docs/design/security.md, "GPU binding"):
 
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from krexd.cgroups import bpf, fs
 from krexd.cgroups.fs import CgroupError
@@ -63,6 +66,8 @@ class DeviceIsolation:
         mode: ``[gpu] device_isolation`` (:data:`AUTO`, :data:`REQUIRE`, :data:`OFF`).
         minors: the device minor of each managed NVIDIA GPU, by GPU index (None: unknown).
         render_minors: the render node minor of each managed AMD GPU, by GPU index.
+        unmanaged_render: the render node minors of the host's AMD GPUs krexd does
+            not manage (KFD topology; denied to every tenant and pool).
 
     Inactive until :meth:`probe` finds it works.
     """
@@ -72,12 +77,15 @@ class DeviceIsolation:
         mode: str = OFF,
         minors: Mapping[int, int | None] | None = None,
         render_minors: Mapping[int, int | None] | None = None,
+        unmanaged_render: Sequence[int] = (),
     ) -> None:
         self.mode = mode
         self.minors = dict(minors or {})
         self.render_minors = dict(render_minors or {})
-        # Denied to everyone but their own tenants: the managed AMD GPUs' render nodes.
-        self._amd_nodes = sorted(m for m in self.render_minors.values() if m is not None)
+        self.unmanaged_render = sorted(set(unmanaged_render))
+        # Denied to everyone but their own tenants: every AMD GPU's render node.
+        managed = {m for m in self.render_minors.values() if m is not None}
+        self._amd_nodes = sorted(managed | set(self.unmanaged_render))
         self.active = False
         self.reason = "[gpu] device_isolation = off" if mode == OFF else "not probed yet"
 
@@ -152,6 +160,8 @@ class DeviceIsolation:
         }
         if self.render_minors:
             out["render_minors"] = {str(g): m for g, m in sorted(self.render_minors.items())}
+        if self.unmanaged_render:
+            out["unmanaged_render"] = list(self.unmanaged_render)
         return out
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from krexd import command_env, vendors
 from krexd.config import Config
 from krexd.gpus import GpuInfo, fake_gpus
+from krexd.lifecycle import Lifecycle
 
 NV = GpuInfo(0, "NVIDIA H100", 80 << 30, 50 << 20, None, False, "", "GPU-aaaa-nv", 3)
 AMD = GpuInfo(1, "AMD Instinct MI300X", 192 << 30, 4 << 20, None, False, "0000:0c:00.0",
@@ -58,6 +59,16 @@ def test_the_tenant_environment_carries_the_binding() -> None:
     assert env["KREX_TENANT"] == "5" and env["KREX_GPU"] == "1"
     assert env["ROCR_VISIBLE_DEVICES"] == AMD.uuid and env["HIP_VISIBLE_DEVICES"] == "0"
     assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_command_is_hidden_the_amd_gpus_krexd_does_not_manage() -> None:
+    """An NVIDIA-only krexd on a host with AMD GPUs it does not manage (no amdsmi)."""
+    tenant = SimpleNamespace(id=5, token="tok", gpu=0, exclusive=False, without_mps=False)
+    args: list[Any] = [Config(), None, {0: gpu(NV)}, None, None, None, None, None]
+    plain = Lifecycle(*args).tenant_env(tenant)  # type: ignore[arg-type]
+    assert "ROCR_VISIBLE_DEVICES" not in plain  # an NVIDIA-only host: as it always was
+    hidden = Lifecycle(*args, frozenset({"amd"})).tenant_env(tenant)  # type: ignore[arg-type]
+    assert hidden["ROCR_VISIBLE_DEVICES"] == "" and hidden["CUDA_VISIBLE_DEVICES"] == NV.uuid
 
 
 def test_simulated_amd_gpus_are_bound_by_their_uuid() -> None:

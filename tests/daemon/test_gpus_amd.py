@@ -312,3 +312,33 @@ def test_a_probe_that_hangs_is_given_up_in_bounded_time(
         assert gpus_amd.run_probe(timeout_s=0.5) is None
     assert time.monotonic() - start < 10.0
     assert "did not answer" in caplog.text and "none managed" in caplog.text
+
+
+def test_amd_gpus_krexd_does_not_manage_are_denied_and_hidden(
+    amd_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No amdsmi: both AMD GPUs unmanaged, so every tenant and pool is denied their render
+    nodes, and a command on an NVIDIA GPU sees no ROCr GPU (issue 30: never run ungated)."""
+    from krex_cli.krexctl import _devices_line
+    from krexd import vendors
+    from krexd.cgroups import bpf, devices
+
+    nvidia = gpus.fake_gpus(1)
+    assert vendors.unmanaged_render(nvidia) == [128, 129]
+    one_managed = [*nvidia, gpus.GpuInfo(1, "x", 1, 1, None, False, vendor="amd", render_minor=129)]
+    assert vendors.unmanaged_render(one_managed) == [128]
+    monkeypatch.setattr(kfd, "KFD_DEVICE", str(amd_host / "no-kfd"))
+    assert vendors.unmanaged_render(nvidia) == []  # no /dev/kfd: nothing to deny
+
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(bpf, "confine", lambda *a: calls.append(a))
+    iso = devices.DeviceIsolation("auto", {0: 0}, unmanaged_render=[129, 128])
+    iso.active = True
+    iso.confine_tenant("t0", 0)
+    iso.confine_pool("p")
+    assert calls == [("t0", 0, None, [128, 129]), ("p", None, None, [128, 129])]
+    described = iso.describe()
+    assert described["unmanaged_render"] == [128, 129]
+    assert "renderD128, renderD129" in _devices_line(described)
+    env = vendors.binding(nvidia[0], {"nvidia", "amd"})
+    assert env["ROCR_VISIBLE_DEVICES"] == ""
