@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -27,9 +28,17 @@ FAMILIES: tuple[str, ...] = (
 def listing(family: str, python: str = sys.executable) -> dict[str, Any]:
     """``<family>.py --list`` parsed: {"family", "tasks": [{"task", "band", "candidates", ...}]}.
 
+    Read once per (family, python) and process (a script's listing does not
+    change while it runs): a caller must not modify the document.
+
     Raises:
         RuntimeError: the script failed or printed something that is not the listing.
     """
+    return _listing(family, python)
+
+
+@functools.cache
+def _listing(family: str, python: str) -> dict[str, Any]:
     script = HERE / f"{family}.py"
     out = subprocess.run(
         [python, str(script), "--list"], capture_output=True, text=True, timeout=60, check=False

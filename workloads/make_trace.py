@@ -79,7 +79,8 @@ def compile_mix(base: list[dict[str, Any]], copies: int, seed: int) -> list[dict
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv``: its arguments, default ``sys.argv[1:]``); returns 0."""
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -93,7 +94,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=corpus.HERE / "trace.jsonl")
     p.add_argument("--mix", type=Path, help="base trace to add the compiled candidates to")
     p.add_argument("--compile-copies", type=int, default=2)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.mix is not None:
         base = [json.loads(x) for x in a.mix.read_text(encoding="utf-8").splitlines() if x.strip()]
         entries = compile_mix(base, a.compile_copies, a.seed)

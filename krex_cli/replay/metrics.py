@@ -32,7 +32,6 @@ from itertools import combinations
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats as sps  # type: ignore[import-untyped, unused-ignore]
 
 from krex_cli.replay.trace import BANDS
 
@@ -233,7 +232,7 @@ def kendall_per_task(
         y = [measured[k] for k in keys]
         if len(set(x)) < 2 or len(set(y)) < 2:
             continue
-        tau = float(sps.kendalltau(x, y, variant="b").statistic)
+        tau = float(_kendall_tau_b(x, y))
         if math.isfinite(tau):
             out[task] = tau
     return out
@@ -260,3 +259,11 @@ def throughput(
         return n / (window_s / 60.0) if window_s > 0 else math.nan
     span = max(float(r["end"]) for r in records) - start
     return len(done) / (span / 60.0) if span > 0 else math.nan
+
+
+def _kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """scipy.stats.kendalltau(x, y, variant="b").statistic; scipy is imported here, at
+    the first report, not with this module (it takes seconds: ``krex replay --help``)."""
+    from scipy import stats as sps  # type: ignore[import-untyped, unused-ignore]  # noqa: PLC0415
+
+    return float(sps.kendalltau(x, y, variant="b").statistic)

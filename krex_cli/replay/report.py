@@ -24,7 +24,6 @@ from typing import Any
 
 from krex_cli.replay import faults, hosts, metrics, regions, starts
 from krex_cli.replay.cells import cell as _fmt
-from krex_cli.replay.charts import plots
 from krex_cli.replay.results import META, PHASES, RESULTS, load_results
 from krex_cli.replay.trace import BAND_NAMES
 
@@ -324,6 +323,9 @@ def generate(dirs: Sequence[Path], out: Path) -> Path:
     ref = assign_roles(runs)
     data = compute(runs, ref)
     out.mkdir(parents=True, exist_ok=True)
+    # matplotlib is imported with the charts, when a report is written: not at start.
+    from krex_cli.replay.charts import plots  # noqa: PLC0415
+
     plots(runs, data, out)
     (out / "metrics.json").write_text(
         json.dumps(_jsonable(data), indent=1) + "\n", encoding="utf-8"
