@@ -92,9 +92,15 @@ def check_free(path: str) -> None:
 
 
 class Server:
-    """ROUTER socket bound at ``cfg.socket``; each request runs its op with ``ctx``."""
+    """ROUTER socket bound at ``cfg.socket``; each request runs its op with ``ctx``.
 
-    def __init__(self, cfg: DaemonConfig, ctx: OpContext) -> None:
+    ``after_op`` (None: nothing) is called after each op that may change
+    state, before its reply (``krexd.state_keeper.StateKeeper.save``).
+    """
+
+    def __init__(
+        self, cfg: DaemonConfig, ctx: OpContext, after_op: Callable[[], None] | None = None
+    ) -> None:
         self.ctx = ctx
         self.path = cfg.socket
         self.mode = cfg.socket_mode
@@ -107,7 +113,7 @@ class Server:
         )
         # Called after each op, before its reply: the state a restart adopts is saved
         # before the client can act on the reply (krexd/state_keeper.py StateKeeper.save).
-        self.after_op: Callable[[], None] | None = None
+        self.after_op = after_op
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
