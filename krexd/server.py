@@ -39,7 +39,8 @@ import zmq.asyncio
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 from krexd import identity
 from krexd.config import DaemonConfig
-from krexd.connections import DROP, HELD_MAX, START, ConnectionGuard
+from krexd.conn_pace import DROP, HELD_MAX, START
+from krexd.connections import ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 from krexd.lanes import BULK_OPS, REGION_OPS, Lanes
@@ -253,7 +254,7 @@ class Server:
         fd: int,
         key: int,
     ) -> None:
-        """A held request's end of the hold (krexd/connections.py ``START``/``STOP``/``DROP``):
+        """A held request's end of the hold (krexd/conn_pace.py ``START``/``STOP``/``DROP``):
         start it, or give its lane back and answer ``SHUTTING_DOWN`` (a stop) or nothing
         (its connection ended; a restart, whose successor the client asks)."""
         if how == START:
