@@ -157,6 +157,11 @@ class Parts:
     pools: PoolRegistry
     lifecycle: Lifecycle
 
+    def regions(self, gpu: int) -> Coordinator:
+        """GPU ``gpu``'s region protocol, as the ops drive it (raises KeyError for a GPU
+        krexd does not manage)."""
+        return self.gpus[gpu].coordinator
+
 
 def assemble(
     config: Config,

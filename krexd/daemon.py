@@ -156,12 +156,11 @@ class Daemon(Stopping):
             # Processes a crashed krexd left locked: the adopted region's, or unlocked now.
             gpu.coordinator.settle_locks()
         self._start_continuity(parts)
-        by_index = parts.gpus
         return OpContext(
             tenants=self.tenants,
             lifecycle=parts.lifecycle,
             memory=parts.memory.records,
-            regions=lambda index: by_index[index].coordinator,
+            regions=parts.regions,
             about=self.about,
             status=self.status,
             faults=self.faults,
