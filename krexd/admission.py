@@ -44,7 +44,7 @@ from krexd.quotas import UidCaps, shown_command
 
 
 class MemoryPolicy(Protocol):
-    """What admission asks about a GPU's memory (``krexd.memory.MemoryMonitor``)."""
+    """What admission asks about a GPU's memory (``krexd.memory.policy.AdmissionPolicy``)."""
 
     def blocked(self, gpu: int) -> bool:
         """True while an allocation on ``gpu`` waits for co-tenants' memory."""
@@ -108,7 +108,12 @@ class Waiter:
 
 
 class Admission:
-    """Slot accounting and the FIFO parking queue over the GPUs' slot counters ``gpus``."""
+    """Slot accounting and the FIFO parking queue over the GPUs' slot counters ``gpus``.
+
+    ``memory``: the memory policy asked at every decision (None: slots
+    only); ``max_bypass``: its fairness bound (``[memory] max_bypass``);
+    ``caps``: the per-uid caps (``krexd.quotas``).
+    """
 
     def __init__(
         self,
@@ -127,11 +132,6 @@ class Admission:
         self.granted_total = 0
         self.parked_total = 0
         self.paused: set[int] = set()  # GPUs admitting nothing for now (krexd.faults)
-
-    def use_memory(self, policy: MemoryPolicy, max_bypass: int) -> None:
-        """Admit by memory from now on: ask ``policy``; bypass bound ``max_bypass``."""
-        self.memory = policy
-        self.max_bypass = max_bypass
 
     # --- placement ----------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from krexd import states
 from krexd.cgroups import CgroupBackend, CgroupError, TenantCgroup
 from krexd.config import Config
 from krexd.coordinator.records import tenant_state
-from krexd.gate import Gate, GateError, keep_path
+from krexd.gate import Gate, GateError, Judge, keep_path
 from krexd.gpu import Gpu
 from krexd.memory.records import TenantMemory
 from krexd.runtime import Runtime
@@ -89,11 +89,14 @@ class Saved:
     gates: dict[int, Gate] = field(default_factory=dict)
 
 
-def load(cfg: Config, cgroups: CgroupBackend, gpus: dict[int, str]) -> Saved | None:
+def load(
+    cfg: Config, cgroups: CgroupBackend, gpus: dict[int, str], judge: Judge | None = None
+) -> Saved | None:
     """The saved state to adopt, or None (nothing saved, ``[daemon] adopt = false``, refused).
 
-    ``gpus``: this krexd's GPUs, index -> UUID ("" when unknown).  Never raises: a refusal is
-    logged with its reason and the caller cleans the tree as unknown.
+    ``gpus``: this krexd's GPUs, index -> UUID ("" when unknown); ``judge``: the drains'
+    judge of pending owners for each gate opened again (``krexd.gate.Gate``).  Never
+    raises: a refusal is logged with its reason and the caller cleans the tree as unknown.
     """
     path = saved_state.path_for(cfg.daemon.gate_dir, cfg.cgroup.name)
     if not cfg.daemon.adopt:
@@ -108,7 +111,9 @@ def load(cfg: Config, cgroups: CgroupBackend, gpus: dict[int, str]) -> Saved | N
         for key, g in doc["gpus"].items():
             if g.get("gate"):
                 try:
-                    saved.gates[int(key)] = Gate.open(g["gate"], int(key), keep_path(g["gate"]))
+                    saved.gates[int(key)] = Gate.open(
+                        g["gate"], int(key), keep_path(g["gate"]), judge
+                    )
                 except GateError as exc:
                     raise saved_state.StateRefused(f"gate of GPU {key}: {exc}") from None
     except saved_state.StateRefused as exc:

@@ -2,19 +2,24 @@
 
 :func:`assemble` is the composition root's plan (``krexd.daemon`` runs it at
 start, step 1-3 of its start order).  Every part is built after what it
-needs and handed what it uses; nothing is attached afterwards:
+needs and handed what it uses, as constructor arguments; nothing is
+attached afterwards:
 
 1. the GPU inventory and their CPU slices;
-2. the cgroup tree, after reading what a krexd before a restart saved;
+2. the cgroup tree, after reading what a krexd before a restart saved (the
+   gates it reopens get the drains' judge, ``Verifier.judge``);
 3. warm pools: their cgroups, the freeze every region holds, the registry;
-4. per GPU: its admission slots (how many, and why), its gate, its memory
-   view and its MPS daemon;
-5. admission over the slots, then the memory monitor over each GPU's
-   inventory, gate, view and slots (it tells the pools which processes use
-   a GPU, and honours slot-memory flags through ``flags``);
-6. per GPU: its region coordinator (the memory check over the monitor, the
-   fail-closed check, the pools' freeze, the :class:`TenantEnder`) and its
-   ``Gpu`` record;
+4. per GPU: its admission slots (how many, and why), its gate (with the
+   drains' judge) and its memory state;
+5. GPU memory, one part per role (``krexd.memory``): the device source,
+   the views over each GPU's inventory, gate and memory state, the
+   admission policy (honouring slot-memory flags through ``flags``), the
+   tenants' records, who has each GPU open, the status; then admission over
+   the slots, asking the policy; then the periodic memory read, which
+   kicks admission and tells the pools which processes use a GPU;
+6. per GPU: its region coordinator (the memory check over the views, the
+   fail-closed check over who has the GPU open, the pools' freeze, the
+   :class:`TenantEnder`) and its ``Gpu`` record, with its MPS daemon;
 7. the tenant lifecycle, to which the ender is then bound.
 
 The one cycle, coordinator -> lifecycle -> GPUs -> coordinator (a
@@ -22,14 +27,13 @@ coordinator ends a tenant's command for what it did; the lifecycle ends
 commands on every GPU), is broken by the ender port: the coordinators get
 the port, the port gets the lifecycle once it exists, before any tenant.
 
-What a failed start must clean up (the cgroup tree, gates, MPS daemons) is
-recorded in :class:`Built` as it is made, so the daemon can undo a
-half-made start.
+What a failed start must clean up (the cgroup tree, gates, MPS daemons, the
+memory source) is recorded in :class:`Built` as it is made, so the daemon
+can undo a half-made start.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -53,9 +57,16 @@ from krexd.isolation import (
 )
 from krexd.lifecycle import Lifecycle
 from krexd.lock_ledger import LockLedger, ledger_path
-from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.gpu_users import GpuUsers
+from krexd.memory.opening import open_source
+from krexd.memory.policy import AdmissionPolicy
+from krexd.memory.refresher import MemoryRefresh
 from krexd.memory.region_fit import RegionMemoryCheck
+from krexd.memory.sources import Source
+from krexd.memory.status import MemoryStatus
+from krexd.memory.tenant_records import TenantRecords
 from krexd.memory.view import GpuMemory
+from krexd.memory.views import MemoryViews
 from krexd.mps import MpsDaemon, MpsManager
 from krexd.pool_freeze import PoolFreeze
 from krexd.pools import PoolRegistry
@@ -96,12 +107,32 @@ class TenantEnder:
 
 @dataclass(frozen=True)
 class MonitoredGpu:
-    """What the memory monitor reads and writes of one GPU (the ``Gpu`` record shares them)."""
+    """What the memory parts read and write of one GPU (the ``Gpu`` record shares them)."""
 
     info: GpuInfo
     gate: Gate | None
     memory: GpuMemory
     slots: GpuSlots
+
+
+@dataclass(frozen=True)
+class MemoryParts:
+    """GPU memory, one part per role (``krexd.memory``); each caller gets the one it uses.
+
+    ``views``: each GPU's used and free memory (region entry's check);
+    ``policy``: admission by memory and new commands' needs (admission, the
+    lifecycle); ``records``: tenants' records on demand and at their end (the
+    ``memory`` op, the lifecycle); ``users``: who has a GPU open (the
+    fail-closed check); ``status``: what ``status`` and the metrics read;
+    ``refresh``: the periodic device read (closed at a restart's exit).
+    """
+
+    views: MemoryViews
+    policy: AdmissionPolicy
+    records: TenantRecords
+    users: GpuUsers
+    status: MemoryStatus
+    refresh: MemoryRefresh
 
 
 @dataclass
@@ -111,7 +142,7 @@ class Built:
     cgroups: CgroupBackend | None = None
     gates: list[Gate] = field(default_factory=list)
     mps: list[MpsDaemon] = field(default_factory=list)
-    memory: MemoryMonitor | None = None  # started: its source open, its loop running
+    memory_source: Source | None = None  # opened: closed by a failed start's undo
 
 
 @dataclass(frozen=True)
@@ -122,9 +153,14 @@ class Parts:
     saved: adopt.Saved | None  # what a krexd before a restart left to adopt (None: nothing)
     gpus: dict[int, Gpu]
     admission: Admission
-    memory: MemoryMonitor
+    memory: MemoryParts
     pools: PoolRegistry
     lifecycle: Lifecycle
+
+    def regions(self, gpu: int) -> Coordinator:
+        """GPU ``gpu``'s region protocol, as the ops drive it (raises KeyError for a GPU
+        krexd does not manage)."""
+        return self.gpus[gpu].coordinator
 
 
 def assemble(
@@ -140,32 +176,48 @@ def assemble(
     """Build krexd's parts in dependency order (module docstring); ``built`` records what
     a failed start must undo.  Raises whatever a part's construction raises (CgroupError,
     GateError, ConfigError, OSError), after recording in ``built`` what exists."""
-    infos, slices, cgroups, saved = _hardware(config, built)
+    infos, slices, cgroups, saved = _hardware(config, verifier, built)
     pools, pool_freeze = _pools(config, cgroups, version)
     slots = {i.index: _slots(config, i, slices[i.index]) for i in infos}
-    admission = _admission(config, [s for s, _ in slots.values()])
     if paths.gate_library() is None:
         # Draining is skipped; CPU freezing and pinning still apply.
         _log.warning("no gate library (build libkrex_gate.so): GPU submissions are not gated")
-    gates = {i.index: _gate(config, i.index, saved, built) for i in infos}
-    views = {i.index: GpuMemory() for i in infos}
-    memory = built.memory = MemoryMonitor(
-        config.memory,
-        [MonitoredGpu(i, gates[i.index][0], views[i.index], slots[i.index][0]) for i in infos],
-        tenants,
-        admission,
-        runtime,
-        state_files.learned_needs(config),
-        on_gpu_users=pools.after_device_read,  # a pool on the GPU or over its tasks ends
-        flags=flags,  # memory waits honoured: verified, bounded
+    gates = {i.index: _gate(config, i.index, saved, verifier, built) for i in infos}
+    states = {i.index: GpuMemory() for i in infos}
+    watched = [
+        MonitoredGpu(i, gates[i.index][0], states[i.index], slots[i.index][0]) for i in infos
+    ]
+    source = built.memory_source = open_source(infos)
+    learned = state_files.learned_needs(config)
+    if config.memory.learn:
+        learned.load()
+    views = MemoryViews(watched, tenants)
+    policy = AdmissionPolicy(config.memory, views, watched, learned, flags=flags)
+    admission = _admission(config, [s for s, _ in slots.values()], policy)
+    memory = MemoryParts(
+        views,
+        policy,
+        TenantRecords(config.memory, views, learned),
+        GpuUsers(source),
+        MemoryStatus(
+            config.memory, views, policy, {g.info.index: g.slots for g in watched}, source, learned
+        ),
+        MemoryRefresh(
+            config.memory,
+            source,
+            views,
+            admission,
+            runtime,
+            on_gpu_users=pools.after_device_read,  # a pool on the GPU or over its tasks ends
+        ),
     )
-    memory.start()
+    memory.refresh.start()
     ender = TenantEnder()
     parts = _Coordinating(
         config,
         tenants,
-        verifier,
-        memory,
+        memory.views,
+        memory.users,
         pool_freeze,
         ender,
         driver_lock_for(config.region, config.daemon.fake_gpus, config.mps.enabled),
@@ -179,7 +231,7 @@ def assemble(
             parts.coordinator(i, gates[i.index][0], slices[i.index]),
             gate=gates[i.index][0],
             gate_path=gates[i.index][1],
-            memory=views[i.index],
+            memory=states[i.index],
             mps=_mps(config, mps, i, built),
             slot_choice=slots[i.index][1],
         )
@@ -188,17 +240,29 @@ def assemble(
     # AMD GPUs found but not managed are hidden from every command (docs/design/amd.md).
     unmanaged = frozenset({AMD}) if cgroups.devices.unmanaged_render else frozenset()
     lifecycle = Lifecycle(
-        config, runtime, by_index, tenants, admission, cgroups, memory, pools, unmanaged
+        config,
+        runtime,
+        by_index,
+        tenants,
+        admission,
+        cgroups,
+        memory.policy,
+        memory.records,
+        pools,
+        unmanaged,
     )
     ender.bind(lifecycle.kill_command)
     return Parts(cgroups, saved, by_index, admission, memory, pools, lifecycle)
 
 
-def _admission(config: Config, slots: list[GpuSlots]) -> Admission:
-    """Admission over every GPU's ``slots``, with the per-uid caps (``[admission]``)."""
+def _admission(config: Config, slots: list[GpuSlots], memory: AdmissionPolicy) -> Admission:
+    """Admission over every GPU's ``slots``, asking the ``memory`` policy (bounded bypass:
+    ``[memory] max_bypass``), with the per-uid caps (``[admission]``)."""
     return Admission(
         slots,
         config.admission.max_parked,
+        memory=memory,
+        max_bypass=config.memory.max_bypass,
         caps=UidCaps(
             config.admission.admitted_cap(sum(s.total for s in slots)),
             config.admission.max_parked_per_uid,
@@ -207,10 +271,11 @@ def _admission(config: Config, slots: list[GpuSlots]) -> Admission:
 
 
 def _hardware(
-    config: Config, built: Built
+    config: Config, verifier: Verifier, built: Built
 ) -> tuple[list[GpuInfo], dict[int, CpuSlice], CgroupBackend, adopt.Saved | None]:
     """Steps 1-2: the GPU inventory, their CPU slices (invalid ones refused), the cgroup
-    tree with its device isolation, and what a krexd before a restart saved to adopt."""
+    tree with its device isolation, and what a krexd before a restart saved to adopt
+    (its gates reopened with ``verifier``'s judge)."""
     infos = gpus.discover(config.daemon.fake_gpus, config.daemon.fake_vendor)
     _log.info("GPUs: %s", ", ".join(f"{g.name} ({g.vendor})" for g in infos) or "none")
     slices = compute_slices(infos, config.cpu)
@@ -223,7 +288,7 @@ def _hardware(
     )
     cgroups = built.cgroups = CgroupBackend.open(config.cgroup, devices=devices)
     # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
-    saved = adopt.load(config, cgroups, {i.index: i.uuid for i in infos})
+    saved = adopt.load(config, cgroups, {i.index: i.uuid for i in infos}, verifier.judge)
     cgroups.prepare(slices, adopt=saved is not None)
     _log.info("cgroups: %s", cgroups.describe())
     return infos, slices, cgroups, saved
@@ -231,14 +296,15 @@ def _hardware(
 
 class _Coordinating:
     """What every GPU's coordinator shares: the cgroup control, the pinner, the memory
-    check, the pools' freeze, the ender, the driver's lock and the activity source."""
+    check, who has a GPU open, the pools' freeze, the ender, the driver's lock and the
+    activity source."""
 
     def __init__(
         self,
         config: Config,
         tenants: TenantRegistry,
-        verifier: Verifier,
-        memory: MemoryMonitor,
+        views: MemoryViews,
+        users: GpuUsers,
         pool_freeze: PoolFreeze | None,
         ender: TenantEnder,
         driver_lock: ProcessLock | None,
@@ -246,14 +312,13 @@ class _Coordinating:
     ) -> None:
         self.config = config
         self.tenants = tenants
-        self.verifier = verifier
-        self.memory = memory
+        self.users = users
         self.pool_freeze = pool_freeze
         self.ender = ender
         self.driver_lock = driver_lock
         self.control = CgroupControl(config.daemon.liveness_interval_ms / 1000)
         self.pinner = AffinityPinner()
-        self.region_memory = RegionMemoryCheck(config.memory.region_wait_s, memory)
+        self.region_memory = RegionMemoryCheck(config.memory.region_wait_s, views)
         self.activity = activity
 
     def coordinator(self, info: GpuInfo, gate: Gate | None, cpu_slice: CpuSlice) -> Coordinator:
@@ -261,11 +326,10 @@ class _Coordinating:
         cfg = self.config
         guard = None
         if gate is not None:
-            gate.judge = self.verifier.judge
-            # Who has the GPU open, from the memory source; "cannot tell" counts as "open"
+            # Who has the GPU open, from the device source; "cannot tell" counts as "open"
             # where the shim does not gate the vendor's commands (krexd.vendors).
             guard = RegionGuard(
-                functools.partial(self.memory.gpu_users, info.index),
+                self.users.of(info.index),
                 gate.live_registrations,
                 unknown_is_open=not vendors.of(info).shim_gated,
             )
@@ -320,17 +384,17 @@ def _slots(config: Config, info: GpuInfo, cpu_slice: CpuSlice) -> tuple[GpuSlots
 
 
 def _gate(
-    config: Config, gpu: int, saved: adopt.Saved | None, built: Built
+    config: Config, gpu: int, saved: adopt.Saved | None, verifier: Verifier, built: Built
 ) -> tuple[Gate | None, str | None]:
-    """GPU ``gpu``'s gate: the one a restart reopened, else a new one (``(None, None)``
-    without ``libkrex_gate.so``: submissions are then not gated)."""
+    """GPU ``gpu``'s gate: the one a restart reopened, else a new one judged by ``verifier``
+    (``(None, None)`` without ``libkrex_gate.so``: submissions are then not gated)."""
     reopened = saved.gates.get(gpu) if saved is not None else None
     gate: Gate | None
     path: str | None
     if reopened is not None:
         gate, path = reopened, reopened.path
     else:
-        gate, path = state_files.create_gate(config, gpu)
+        gate, path = state_files.create_gate(config, gpu, verifier.judge)
     if gate is not None:
         built.gates.append(gate)
     return gate, path

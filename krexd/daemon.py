@@ -12,9 +12,10 @@ Start order (each step logged; any failure stops the start with a message):
    space reserved — a full file system stops the start with one line
    naming the directory — and a second link under
    ``<state_dir>/.krex-keep/``, when ``libkrex_gate.so`` is built), memory
-   view and MPS daemon (``[mps] enabled``); admission and the memory
-   monitor; per GPU its region coordinator with the fail-closed check
-   (``krexd.registrations``); the tenant lifecycle.  Then adoption of what a
+   state and MPS daemon (``[mps] enabled``); the memory parts (views,
+   admission policy, records, who has a GPU open, status) and admission,
+   then the periodic memory read; per GPU its region coordinator with the
+   fail-closed check (``krexd.registrations``); the tenant lifecycle.  Then adoption of what a
    krexd before a restart left, restart continuity, and the gate watch
    (``krexd.gatewatch``).
 4. Bind the control socket; only then READY=1 (krexd serves requests).
@@ -48,7 +49,7 @@ from krexd.faults import FaultMonitor
 from krexd.gatewatch import GateWatch
 from krexd.gpu import Gpu
 from krexd.lifecycle import Lifecycle
-from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.status import MemoryStatus
 from krexd.metrics import MetricsServer
 from krexd.mps import MpsManager
 from krexd.notify import Notifier
@@ -107,9 +108,9 @@ class Daemon(Stopping):
         return self._parts().admission
 
     @property
-    def memory(self) -> MemoryMonitor | None:
-        """The memory monitor (None before :meth:`setup`)."""
-        return self.parts.memory if self.parts is not None else None
+    def memory(self) -> MemoryStatus | None:
+        """GPU memory as status reports it (None before :meth:`setup`)."""
+        return self.parts.memory.status if self.parts is not None else None
 
     @property
     def pools(self) -> PoolRegistry | None:
@@ -155,12 +156,11 @@ class Daemon(Stopping):
             # Processes a crashed krexd left locked: the adopted region's, or unlocked now.
             gpu.coordinator.settle_locks()
         self._start_continuity(parts)
-        by_index = parts.gpus
         return OpContext(
             tenants=self.tenants,
             lifecycle=parts.lifecycle,
-            memory=parts.memory,
-            regions=lambda index: by_index[index].coordinator,
+            memory=parts.memory.records,
+            regions=parts.regions,
             about=self.about,
             status=self.status,
             faults=self.faults,
@@ -171,8 +171,9 @@ class Daemon(Stopping):
     def _start_continuity(self, parts: Parts) -> None:
         """Restart continuity (state, heartbeat, watchdog); under MPS, the fault monitor."""
         cfg = self.config
-        self.continuity = restart.Continuity(cfg, parts.cgroups.root, self.tenants, parts.gpus)
-        self.continuity.keeper.restarts = self.counters.restarts
+        self.continuity = restart.Continuity(
+            cfg, parts.cgroups.root, self.tenants, parts.gpus, restarts=self.counters.restarts
+        )
         if cfg.mps.enabled:  # GPU-wide faults of the MPS servers (docs/design/faults.md)
             # After a restart, fault records in the reopened gates' slots reopen an incident.
             self.faults = FaultMonitor(
@@ -201,15 +202,16 @@ class Daemon(Stopping):
         loop.add_signal_handler(signal.SIGHUP, lambda: _log.info("SIGHUP ignored"))
         check_free(self.config.daemon.socket)  # before any cgroup is touched
         try:
-            self.server = Server(self.config.daemon, self.setup())
+            ctx = self.setup()
+            assert self.continuity is not None
+            # The state a restart adopts is saved after each op, before its reply.
+            self.server = Server(self.config.daemon, ctx, after_op=self.continuity.keeper.save)
             self.server.bind()
             if self.config.metrics.enabled:  # read in its own thread, at scrape time
                 self.metrics = MetricsServer(self.config.metrics, self)
                 self.metrics.start()
             spawn = self.runtime.spawn
-            assert self.continuity is not None
             self.continuity.start()
-            self.server.after_op = self.continuity.keeper.save  # saved before each reply
             keep = spawn(self.continuity.loop())
             serve = spawn(self.server.serve())
             self.runtime.state = SERVING

@@ -60,7 +60,7 @@ class Stopping:
         if self.faults is not None:
             self.faults.close()  # no MPS restart on the way out; open incidents are dropped
         if self.parts is not None:
-            self.parts.memory.close()
+            self.parts.memory.refresh.close()
         self._close_held_files()
 
     def _close_held_files(self) -> None:
@@ -126,8 +126,8 @@ class Stopping:
 
     async def _cleanup_after_failure(self) -> None:
         """Remove cgroups and gate files (also after a failed start)."""
-        if self.parts is None and self.built.memory is not None:
-            self.built.memory.close()  # a start that failed after the monitor started
+        if self.parts is None and self.built.memory_source is not None:
+            self.built.memory_source.close()  # a start that failed after the source opened
         self._stop_mps()
         self._close_held_files()
         if self.built.cgroups is not None:

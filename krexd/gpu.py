@@ -9,7 +9,7 @@ tables of their own:
 * ``gate`` / ``gate_path`` — its shared-memory gate (None without
   ``libkrex_gate.so``);
 * ``coordinator`` — its region lock and region protocol;
-* ``memory`` — its memory view, written by the memory monitor;
+* ``memory`` — its memory state, written by ``krexd.memory.views``;
 * ``mps`` — its MPS control daemon (None unless ``[mps] enabled``);
 * ``slots`` — its admission slots, counted by ``krexd.admission``;
   ``slot_choice`` — how many and why (``krexd.slot_count``).

@@ -35,7 +35,7 @@ from krexd.config import Config
 from krexd.errors import Code, KrexError
 from krexd.gpu import Gpu
 from krexd.journal import log_fields
-from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.records import TenantMemory
 from krexd.pools import PoolRegistry
 from krexd.quotas import check_argv
 from krexd.runtime import STOPPING, Runtime
@@ -58,6 +58,30 @@ class TenantCgroups(Protocol):
         ...
 
 
+class MemoryNeeds(Protocol):
+    """What admission charges a new command (``krexd.memory.policy.AdmissionPolicy``)."""
+
+    def need_for(
+        self,
+        mem_bytes: int | None,
+        gpu: int | None,
+        argv: list[str],
+        label: str | None = None,
+        *,
+        uid: int,
+    ) -> TenantMemory:
+        """The command's memory record: its need (bytes) and where it comes from."""
+        ...
+
+
+class EndedMemory(Protocol):
+    """A tenant's final memory record (``krexd.memory.tenant_records.TenantRecords``)."""
+
+    def tenant_ended(self, tenant: Tenant) -> None:
+        """Read its registrations a last time; learn its peak."""
+        ...
+
+
 class Lifecycle:
     """Creates and ends tenants.
 
@@ -68,7 +92,8 @@ class Lifecycle:
         tenants: the live tenants (written: add and remove).
         admission: slots and parking (park, cancel, release).
         cgroups: creates tenant cgroups.
-        memory: memory needs and final memory records.
+        needs: what admission charges each new command (its memory need).
+        records: tenants' final memory records, read at their end.
         pools: the registered warm pools (``place`` accepts their children), or None.
         unmanaged_vendors: vendors of GPUs the host has but krexd does not manage
             (AMD GPUs without ``hip-python``/``amdsmi``): hidden from every command.
@@ -82,7 +107,8 @@ class Lifecycle:
         tenants: TenantRegistry,
         admission: Admission,
         cgroups: TenantCgroups,
-        memory: MemoryMonitor,
+        needs: MemoryNeeds,
+        records: EndedMemory,
         pools: PoolRegistry | None = None,
         unmanaged_vendors: frozenset[str] = frozenset(),
     ) -> None:
@@ -94,7 +120,8 @@ class Lifecycle:
         self._tenants = tenants
         self._admission = admission
         self._cgroups = cgroups
-        self._memory = memory
+        self._needs = needs
+        self._records = records
         self._watches: dict[int, PidWatch] = {}
         self._ending: dict[int, asyncio.Task[None]] = {}
         self._place_timers: dict[int, asyncio.TimerHandle] = {}
@@ -118,14 +145,14 @@ class Lifecycle:
         declared with ``krex run --mem`` (bytes; None: none declared);
         ``label`` names the command for learned needs (None: derived from
         ``argv``).  The need charged is max(declared, learned, default)
-        (``MemoryMonitor.need_for``).  ``without_mps``: a shared tenant that is
+        (``AdmissionPolicy.need_for``).  ``without_mps``: a shared tenant that is
         not a client of its GPU's MPS server (``krex run``'s re-run of a fault
         suspect, docs/design/faults.md).
         """
         launcher_pid, uid = launcher.pid, launcher.uid
         self._runtime.check_serving()
         check_argv(argv, self._config.admission.max_argv_bytes)
-        record = self._memory.need_for(mem_bytes, gpu, argv, label, uid=uid)
+        record = self._needs.need_for(mem_bytes, gpu, argv, label, uid=uid)
         need = record.need_bytes
         granted = await self._park(gpu, exclusive, launcher_pid, argv, need, uid)
         try:
@@ -373,7 +400,7 @@ class Lifecycle:
         finally:
             tenant.cgroup.close()  # its held control files (remove() closed them, unless it failed)
             try:
-                self._memory.tenant_ended(tenant)  # its processes are gone: final record
+                self._records.tenant_ended(tenant)  # its processes are gone: final record
             except Exception:
                 _log.exception("t%d: memory record", tenant.id)
             if gpu.gate is not None and tenant.slots_attached:

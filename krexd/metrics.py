@@ -320,7 +320,7 @@ def _warm(d: Reported) -> Iterator[Metric]:
 
 
 def _learned_labels(d: Reported) -> Metric:
-    count = len(d.memory.learned) if d.memory is not None else 0
+    count = d.memory.learned_labels() if d.memory is not None else 0
     return _gauge("krex_memory_learned_labels", "Labels whose memory needs are learned", count)
 
 

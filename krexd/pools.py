@@ -247,7 +247,7 @@ class PoolRegistry:
             self.forget(pool, "krexd is stopping")
 
     def after_device_read(self, users: set[int]) -> None:
-        """Every ``[memory] refresh_ms``, after the memory monitor's device read: pools
+        """Every ``[memory] refresh_ms``, after the memory refresh's device read: pools
         with a process on the GPU (:meth:`check_gpu_users`) or over ``[warm] pids_max``
         (:meth:`check_tasks`) end."""
         self.check_gpu_users(users)
@@ -273,7 +273,7 @@ class PoolRegistry:
 
     def check_gpu_users(self, users: set[int]) -> None:
         """End every pool with a process among ``users`` (pids with GPU memory, per the
-        memory monitor's device read, every ``[memory] refresh_ms``).
+        memory refresh's device read (``krexd.memory.refresher``), every ``[memory] refresh_ms``).
 
         A pool never initialises CUDA (its zygote refuses to serve if its imports did,
         ``krexpool_zygote``), and its unplaced children run no command code yet: a

@@ -1,7 +1,7 @@
 """Readers of ``/proc/<pid>``: state, parent, start time and uids of a process.
 
 One place for the checks several parts make (identity's rules, the tenants'
-liveness poll, the memory monitor's registrations): a zombie (``Z``) or dead
+liveness poll, the memory views' registrations): a zombie (``Z``) or dead
 (``X``) process with no thread left counts as gone everywhere, since it can
 neither run nor be placed nor send requests (:func:`gone`).  Field numbers are proc(5)'s.
 

@@ -73,16 +73,22 @@ class Continuity:
         cgroup_root: krexd's cgroup tree.
         registry: the live tenants.
         gpus: the GPUs (regions, gates).
+        restarts: restarts this krexd continues from (``krexd.counters``), saved for the next.
     """
 
     def __init__(
-        self, cfg: Config, cgroup_root: str, registry: TenantRegistry, gpus: Mapping[int, Gpu]
+        self,
+        cfg: Config,
+        cgroup_root: str,
+        registry: TenantRegistry,
+        gpus: Mapping[int, Gpu],
+        restarts: int = 0,
     ) -> None:
         self._cfg = cfg
         self._root = cgroup_root
         self._gpus = gpus
         path = saved_state.path_for(cfg.daemon.gate_dir, cfg.cgroup.name)
-        self.keeper = StateKeeper(path, cgroup_root, registry, gpus)
+        self.keeper = StateKeeper(path, cgroup_root, registry, gpus, restarts)
         self.heartbeat = watchdog.Heartbeat(
             watchdog.heartbeat_path(cfg.daemon.gate_dir, cfg.cgroup.name)
         )

@@ -2,7 +2,7 @@
 
 ``Daemon`` owns one :class:`Runtime` and hands it to the parts that must
 refuse work once shutdown begins or run something in the background
-(lifecycle, memory monitor), so that none of them needs the daemon itself.
+(lifecycle, the memory refresh), so that none of them needs the daemon itself.
 """
 
 from __future__ import annotations

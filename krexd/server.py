@@ -39,7 +39,8 @@ import zmq.asyncio
 from krex_client.protocol import FrameError, Request, decode_request, encode_error, encode_ok
 from krexd import identity
 from krexd.config import DaemonConfig
-from krexd.connections import DROP, HELD_MAX, START, ConnectionGuard
+from krexd.conn_pace import DROP, HELD_MAX, START
+from krexd.connections import ConnectionGuard
 from krexd.control import OPS
 from krexd.errors import Code, KrexError
 from krexd.lanes import BULK_OPS, REGION_OPS, Lanes
@@ -92,9 +93,15 @@ def check_free(path: str) -> None:
 
 
 class Server:
-    """ROUTER socket bound at ``cfg.socket``; each request runs its op with ``ctx``."""
+    """ROUTER socket bound at ``cfg.socket``; each request runs its op with ``ctx``.
 
-    def __init__(self, cfg: DaemonConfig, ctx: OpContext) -> None:
+    ``after_op`` (None: nothing) is called after each op that may change
+    state, before its reply (``krexd.state_keeper.StateKeeper.save``).
+    """
+
+    def __init__(
+        self, cfg: DaemonConfig, ctx: OpContext, after_op: Callable[[], None] | None = None
+    ) -> None:
         self.ctx = ctx
         self.path = cfg.socket
         self.mode = cfg.socket_mode
@@ -107,7 +114,7 @@ class Server:
         )
         # Called after each op, before its reply: the state a restart adopts is saved
         # before the client can act on the reply (krexd/state_keeper.py StateKeeper.save).
-        self.after_op: Callable[[], None] | None = None
+        self.after_op = after_op
         self._ctx = zmq.asyncio.Context()
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -247,7 +254,7 @@ class Server:
         fd: int,
         key: int,
     ) -> None:
-        """A held request's end of the hold (krexd/connections.py ``START``/``STOP``/``DROP``):
+        """A held request's end of the hold (krexd/conn_pace.py ``START``/``STOP``/``DROP``):
         start it, or give its lane back and answer ``SHUTTING_DOWN`` (a stop) or nothing
         (its connection ended; a restart, whose successor the client asks)."""
         if how == START:

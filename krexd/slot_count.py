@@ -22,8 +22,8 @@ things a GPU's commands share off-region::
   term on very large slices.
 * **Memory.**  Every command is charged at least ``[memory] default_need``;
   a GPU of ``total - headroom`` bytes holds at most that many undeclared
-  commands (the memory monitor caps the default need at one slot's share,
-  ``krexd.memory.monitor``, which this keeps at ``default_need``).  The term
+  commands (the admission policy caps the default need at one slot's share,
+  ``krexd.memory.policy``, which this keeps at ``default_need``).  The term
   applies whether ``[memory] admission`` is on or off: it is what the card
   can hold.
 * **At least AUTO_MIN (4) on the CPU side**, the fixed default krex

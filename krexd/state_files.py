@@ -13,14 +13,19 @@ import os
 
 from krexd import paths
 from krexd.config import Config
-from krexd.gate import GATE_MODE, Gate, GateError
+from krexd.gate import GATE_MODE, Gate, GateError, Judge
 from krexd.memory.learned import LearnedNeeds
 
 _log = logging.getLogger("krexd")
 
 
-def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
+def create_gate(
+    config: Config, gpu: int, judge: Judge | None = None
+) -> tuple[Gate | None, str | None]:
     """GPU ``gpu``'s gate and its path; (None, None) without ``libkrex_gate.so``.
+
+    ``judge`` verifies pending owners in its drains (``krexd.gate.Gate``;
+    krexd's is ``krexd.registrations.Verifier.judge``).
 
     The gate is ``<state_dir>/<cgroup name>-gpu<N>.gate`` (root's, mode
     0644; with ``[daemon] socket_group``, group that group and mode 0640:
@@ -48,7 +53,7 @@ def create_gate(config: Config, gpu: int) -> tuple[Gate | None, str | None]:
         # Root's, 0644 (0640 to the socket's group): tenants map it read-only, krexd
         # alone writes it.
         mode = GATE_MODE if gid is None else GATE_MODE & ~0o004
-        gate = Gate.create(path, gpu, mode=mode, keep=os.path.join(keep_dir, name))
+        gate = Gate.create(path, gpu, mode=mode, keep=os.path.join(keep_dir, name), judge=judge)
         if gid is not None:
             try:
                 os.chown(path, 0, gid)

@@ -31,10 +31,17 @@ class StateKeeper:
         cgroup_root: the tree the state describes.
         registry: the live tenants.
         gpus: the GPUs (coordinator epochs and regions, gate paths).
+        restarts: restarts this krexd continues from (``krexd.counters``): saved, so the
+            next krexd counts on from it.
     """
 
     def __init__(
-        self, path: str, cgroup_root: str, registry: TenantRegistry, gpus: Mapping[int, Gpu]
+        self,
+        path: str,
+        cgroup_root: str,
+        registry: TenantRegistry,
+        gpus: Mapping[int, Gpu],
+        restarts: int = 0,
     ) -> None:
         self.path = path
         self._root = cgroup_root
@@ -47,7 +54,7 @@ class StateKeeper:
         self.enabled = True
         self.writes = 0
         self.failing = False  # the last save failed (logged once until one succeeds)
-        self.restarts = 0  # saved: the next krexd counts on from it (krexd.counters)
+        self.restarts = restarts  # saved: the next krexd counts on from it (krexd.counters)
 
     def _live(self) -> list[tuple[Tenant, int]]:
         """The tenants to save, each with its verified launcher start time."""

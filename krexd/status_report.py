@@ -14,7 +14,7 @@ from krexd.config import Config
 from krexd.counters import DaemonCounters
 from krexd.faults import FaultMonitor
 from krexd.gpu import Gpu
-from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.status import MemoryStatus
 from krexd.pools import PoolRegistry
 from krexd.runtime import Runtime
 from krexd.server import Server
@@ -49,8 +49,8 @@ class Reported(Protocol):
         ...
 
     @property
-    def memory(self) -> MemoryMonitor | None:
-        """The memory monitor."""
+    def memory(self) -> MemoryStatus | None:
+        """GPU memory as status reports it."""
         ...
 
     @property

@@ -92,7 +92,7 @@ class Regions(Protocol):
 
 
 class MemoryRecords(Protocol):
-    """Tenants' memory records (``krexd.memory.monitor.MemoryMonitor``)."""
+    """Tenants' memory records (``krexd.memory.tenant_records.TenantRecords``)."""
 
     def refresh_tenant(self, tenant: Tenant) -> None:
         """Credit what the tenant's processes counted so far."""

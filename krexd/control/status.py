@@ -79,7 +79,7 @@ cumulative buckets of ``entry_ms``, ``steps_ms`` and ``hold_s`` (what the
 Prometheus endpoint exports, ``krexd.metrics``).  ``server``'s
 ``state_save_ms`` is the state save made after each state-changing op,
 before its reply (a region entry's reply waits for it too).  ``memory`` per GPU
-is ``krexd.memory.MemoryMonitor.gpu_status``, read from the gate at the
+is ``krexd.memory.status.MemoryStatus.gpu_status``, read from the gate at the
 moment of the request (``waiting``: tenants whose
 allocation waits for co-tenants' memory; ``blocked``: admission to the GPU
 is stopped meanwhile); a parked request's row has ``mem_bytes``,

@@ -29,12 +29,19 @@ def keep_path(path: str) -> str:
 
 
 class GateMapping:
-    """One gate file as krexd maps it (read-write).  Build with :meth:`create` or :meth:`open`."""
+    """One gate file as krexd maps it (read-write).  Build with :meth:`create` or :meth:`open`.
 
-    def __init__(self, path: str, handle: int, keep: str | None = None) -> None:
+    ``judge`` (None: none) verifies the owners of registrations still pending
+    in a drain (``krexd.gate.Gate.drain``; krexd's is
+    ``krexd.registrations.Verifier.judge``).
+    """
+
+    def __init__(
+        self, path: str, handle: int, keep: str | None = None, judge: Judge | None = None
+    ) -> None:
         self.path = path
         self.keep = keep
-        self.judge: Judge | None = None
+        self.judge = judge
         self._h: int | None = handle
         self._lib = library()
         # Calls in progress (drain runs in worker threads): the mapping is
@@ -47,7 +54,14 @@ class GateMapping:
     # -- construction -----------------------------------------------------
 
     @classmethod
-    def create(cls, path: str, gpu: int, mode: int = GATE_MODE, keep: str | None = None) -> Self:
+    def create(
+        cls,
+        path: str,
+        gpu: int,
+        mode: int = GATE_MODE,
+        keep: str | None = None,
+        judge: Judge | None = None,
+    ) -> Self:
         """Build a fresh, open gate for GPU ``gpu`` at ``path`` and map it.
 
         ``mode`` is the file mode, applied exactly (the umask is ignored;
@@ -57,7 +71,8 @@ class GateMapping:
         (ENOSPC) here.  It is built beside ``path`` and renamed over it, so
         processes still mapping a previous gate keep their own copy;
         ``keep`` is a second link (in a directory only root writes) from
-        which :meth:`relink` restores ``path``.
+        which :meth:`relink` restores ``path``; ``judge``: the drain's judge
+        of pending owners (class docstring).
         """
         if not 0 <= gpu <= 0xFFFF_FFFF:
             raise ValueError(f"gpu must be a GPU index, not {gpu}")
@@ -68,10 +83,12 @@ class GateMapping:
         if not h:
             err = ctypes.get_errno()
             raise GateError(f"cannot create gate {path}: {os.strerror(err)}", err)
-        return cls(path, h, keep)
+        return cls(path, h, keep, judge)
 
     @classmethod
-    def open(cls, path: str, gpu: int | None, keep: str | None = None) -> Self:
+    def open(
+        cls, path: str, gpu: int | None, keep: str | None = None, judge: Judge | None = None
+    ) -> Self:
         """Map the gate a krexd made before a restart again, read-write (adoption).
 
         The tenants' shims keep mapping this very file, so a restarted krexd
@@ -82,7 +99,8 @@ class GateMapping:
         which only reopens it).  No slot memory is attached
         (adoption attaches each tenant's again, :meth:`attach`) and
         :attr:`epoch` is the one the gate word holds (seed it:
-        :meth:`set_epoch`).  Raises GateError (EPERM: not a file krexd
+        :meth:`set_epoch`).  ``judge``: the drain's judge of pending owners
+        (class docstring).  Raises GateError (EPERM: not a file krexd
         made; EPROTO: another layout version or GPU).
         """
         lib = library()
@@ -103,7 +121,7 @@ class GateMapping:
                     else "not a krex gate"
                 )
             raise GateError(f"cannot open gate {path}: {why}", err)
-        gate = cls(path, h, keep)
+        gate = cls(path, h, keep, judge)
         if keep:
             gate.relink()  # `path` names this file again if it was removed or replaced
         return gate

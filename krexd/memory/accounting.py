@@ -1,6 +1,6 @@
 """One GPU's memory accounting: a device read and the shim's registrations into a view.
 
-Per GPU (krexd/memory/monitor.py gives the formulas and when they run)::
+Per GPU (krexd/memory/views.py gives the formulas and when they run)::
 
     tenants_used = sum of the tenants' usage (per-process figures of the
                    source for the tenant's cgroup pids, else the shim's count)

@@ -8,8 +8,8 @@
   totals with the shim's counts for its GPUs (``NoSource``).
 
 A host with GPUs of both vendors reads each through its own source behind
-one :class:`SplitSource` (named ``nvml+amdsmi``), so the memory monitor and
-the fail-closed check ask one object, whatever the vendors.
+one :class:`SplitSource` (named ``nvml+amdsmi``), so the memory refresh and
+the fail-closed check (``krexd.memory.gpu_users``) ask one object, whatever the vendors.
 """
 
 from __future__ import annotations

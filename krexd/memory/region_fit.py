@@ -1,34 +1,51 @@
-"""The region entry's memory check (``krexd.isolation.RegionMemory``) over the memory monitor.
+"""The region entry's memory check (``krexd.isolation.RegionMemory``) over the memory views.
 
 Frozen siblings keep their memory for the whole region, and the shim
 returns an out-of-memory error inside a region at once (waiting on frozen
 siblings would deadlock it).  So while the drain waits, the coordinator
 asks whether the holder's expected in-region memory fits in what they leave
 free; this module answers from the shim's counts read at that moment
-(``MemoryMonitor.shim_counts``, and a full ``MemoryMonitor.refresh`` when
-that does not fit).  The holder's expectation is the largest of
+(``MemoryViews.shim_counts``, and a full ``MemoryViews.refresh`` when
+that does not fit: ``krexd.memory.views``).  The holder's expectation is the largest of
 what it holds now, its peak so far in this command and its learned need
 (docs/design/memory.md "Region entry").
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from krexd.isolation import RegionFit
-from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.view import GpuView
 from krexd.tenants import Tenant
+
+
+class FitViews(Protocol):
+    """What the check reads of the GPUs' memory (``krexd.memory.views.MemoryViews``)."""
+
+    def shim_counts(self, gpu: int) -> dict[int, int]:
+        """Tenant id -> bytes by the shim's count on ``gpu``, read now."""
+        ...
+
+    def refresh(self, gpu: int | None = None) -> None:
+        """Re-read ``gpu``'s counts in full, records updated."""
+        ...
+
+    def view(self, gpu: int) -> GpuView | None:
+        """``gpu``'s view as of the last refresh (None before the first)."""
+        ...
 
 
 class RegionMemoryCheck:
     """:class:`krexd.isolation.RegionMemory` for every GPU's coordinator.
 
-    ``wait_s``: ``[memory] region_wait_s``.  ``monitor`` is attached once the
-    memory monitor exists (it is built after the coordinators); until then
-    :meth:`check` answers None (no check).
+    ``wait_s``: ``[memory] region_wait_s``; ``views``: the GPUs' memory views.
+    A GPU without a view yet (before the first device read) gets no check (None).
     """
 
-    def __init__(self, wait_s: float, monitor: MemoryMonitor | None = None) -> None:
+    def __init__(self, wait_s: float, views: FitViews) -> None:
         self._wait_s = wait_s
-        self.monitor = monitor
+        self._views = views
 
     @property
     def wait_s(self) -> float:
@@ -41,24 +58,22 @@ class RegionMemoryCheck:
         First from the shim's counts read now over each tenant's record of
         the last full refresh (the larger of the two): one read of the
         registrations, which every region entry pays.  Only when that does
-        not fit, a full refresh (``MemoryMonitor.refresh``: device read per
+        not fit, a full refresh (``MemoryViews.refresh``: device read per
         process, records updated) decides, so a sibling that freed memory
-        since is seen at once.
+        since is seen at once.  None when the GPU has no view yet.
         """
-        m = self.monitor
-        if m is None:
-            return None
-        fit = self._fit(m, holder, siblings, m.shim_counts(holder.gpu))
+        views = self._views
+        fit = self._fit(views, holder, siblings, views.shim_counts(holder.gpu))
         if fit is None or fit.fits:
             return fit
-        m.refresh(holder.gpu)
-        return self._fit(m, holder, siblings, {})
+        views.refresh(holder.gpu)
+        return self._fit(views, holder, siblings, {})
 
     @staticmethod
     def _fit(
-        m: MemoryMonitor, holder: Tenant, siblings: list[Tenant], now: dict[int, int]
+        views: FitViews, holder: Tenant, siblings: list[Tenant], now: dict[int, int]
     ) -> RegionFit | None:
-        view = m.view(holder.gpu)
+        view = views.view(holder.gpu)
         if view is None:
             return None
         rec = holder.memory

@@ -1,7 +1,7 @@
 """One GPU's memory state in krexd: the gate's memory fields, the ledger, the last view.
 
 A :class:`GpuMemory` lives on each ``krexd.gpu.Gpu``; only the memory
-monitor (``krexd.memory.monitor``) writes it.
+views (``krexd.memory.views``) write it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class GpuView:
 
 @dataclass(eq=False)
 class GpuMemory:
-    """The memory monitor's state of one GPU.
+    """The memory views' state of one GPU.
 
     ``ledger``: what each registration in the GPU's gate counted so far,
     credited to its tenant; ``view``: the last refresh (None before the first).

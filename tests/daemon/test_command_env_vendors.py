@@ -64,7 +64,7 @@ def test_the_tenant_environment_carries_the_binding() -> None:
 def test_a_command_is_hidden_the_amd_gpus_krexd_does_not_manage() -> None:
     """An NVIDIA-only krexd on a host with AMD GPUs it does not manage (no amdsmi)."""
     tenant = SimpleNamespace(id=5, token="tok", gpu=0, exclusive=False, without_mps=False)
-    args: list[Any] = [Config(), None, {0: gpu(NV)}, None, None, None, None, None]
+    args: list[Any] = [Config(), None, {0: gpu(NV)}, None, None, None, None, None, None]
     plain = Lifecycle(*args).tenant_env(tenant)  # type: ignore[arg-type]
     assert "ROCR_VISIBLE_DEVICES" not in plain  # an NVIDIA-only host: as it always was
     hidden = Lifecycle(*args, frozenset({"amd"})).tenant_env(tenant)  # type: ignore[arg-type]

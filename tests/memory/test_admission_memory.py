@@ -1,9 +1,9 @@
 """Admission by memory (krexd.admission with a memory policy): fit, blocking, bounded bypass.
 
-The policy here is a hand-written stand-in for krexd.memory.MemoryMonitor
+The policy here is a hand-written stand-in for krexd.memory.policy.AdmissionPolicy
 (STYLE.md "side effects injected"): per GPU the bytes admission may reserve
 and whether an allocation there waits for co-tenants' memory.  The end-to-end
-behaviour with the real monitor is in test_krexd_memory.py.
+behaviour with the real policy is in test_krexd_memory.py.
 """
 
 from __future__ import annotations

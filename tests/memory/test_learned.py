@@ -4,7 +4,7 @@
 * the table: the largest of the last runs' peaks, least recently used labels
   dropped beyond the bound, saved atomically, read back by a new instance (a
   restart), an unusable file set aside;
-* ``MemoryMonitor.need_for``: max(declared, learned, default), with the source named.
+* ``AdmissionPolicy.need_for``: max(declared, learned, default), with the source named.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from krexd.admission import Admission, GpuSlots
+from krexd.admission import GpuSlots
 from krexd.config import MemoryConfig
 from krexd.gpus import GpuInfo
 from krexd.memory.learned import KEEP_RUNS, VERSION, LearnedNeeds, label_for
-from krexd.memory.monitor import MemoryMonitor
+from krexd.memory.policy import AdmissionPolicy
 from krexd.memory.view import GpuMemory, GpuView
-from krexd.runtime import Runtime
+from krexd.memory.views import MemoryViews
 from krexd.tenants import TenantRegistry
 
 G = 1 << 30
@@ -122,24 +122,24 @@ class _Gpu:
         self.slots = GpuSlots(0, 4)
 
 
-def _monitor(tmp_path: Path, **cfg: Any) -> MemoryMonitor:
+def _policy(tmp_path: Path, **cfg: Any) -> tuple[AdmissionPolicy, LearnedNeeds]:
     learned = LearnedNeeds(str(tmp_path / "l.json"), 100)
-    return MemoryMonitor(
+    gpus = [_Gpu(80 * G)]
+    policy = AdmissionPolicy(
         MemoryConfig(headroom=0, default_need=1 * G, **cfg),
-        [_Gpu(80 * G)],
-        TenantRegistry(),
-        Admission([]),
-        Runtime(),
+        MemoryViews(gpus, TenantRegistry()),
+        gpus,
         learned,
     )
+    return policy, learned
 
 
 def test_admission_charges_the_largest_of_declared_learned_default(tmp_path: Path) -> None:
-    m = _monitor(tmp_path)
+    m, learned = _policy(tmp_path)
     argv = ["python", "bench.py", "--big"]
     rec = m.need_for(None, None, argv, uid=U)
     assert (rec.need_bytes, rec.need_source, rec.label) == (G, "default", "bench.py --big")
-    m.learned.record(U, "bench.py --big", 56 * G)
+    learned.record(U, "bench.py --big", 56 * G)
     rec = m.need_for(None, None, argv, uid=U)
     assert (rec.need_bytes, rec.need_source, rec.learned_bytes) == (56 * G, "learned", 56 * G)
     rec = m.need_for(60 * G, None, argv, uid=U)
@@ -147,17 +147,17 @@ def test_admission_charges_the_largest_of_declared_learned_default(tmp_path: Pat
     rec = m.need_for(10 * G, None, argv, uid=U)
     assert (rec.need_bytes, rec.need_source) == (56 * G, "learned")
     assert m.need_for(None, None, argv, label="other", uid=U).need_source == "default"
-    m.learned.record(U, "huge", 500 * G)
+    learned.record(U, "huge", 500 * G)
     assert m.need_for(None, None, ["x"], label="huge", uid=U).need_bytes == 80 * G, (
         "capped at the card"
     )
-    off = _monitor(tmp_path, learn=False)
+    off, _ = _policy(tmp_path, learn=False)
     assert off.need_for(None, None, argv, uid=U).need_source == "default"
 
 
 def test_admission_charges_only_the_callers_own_learned_need(tmp_path: Path) -> None:
-    m = _monitor(tmp_path)
+    m, learned = _policy(tmp_path)
     argv = ["python", "bench.py"]
-    m.learned.record(666, "bench.py", 70 * G)
+    learned.record(666, "bench.py", 70 * G)
     assert m.need_for(None, None, argv, uid=U).need_source == "default"
     assert m.need_for(None, None, argv, uid=666).need_bytes == 70 * G

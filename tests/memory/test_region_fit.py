@@ -1,4 +1,4 @@
-"""The region entry's memory check over the monitor (krexd.memory.region_fit).
+"""The region entry's memory check over the memory views (krexd.memory.region_fit).
 
 Every region entry asks it before freezing siblings.  It answers from the
 shim's counts read at that moment (one read of the registrations) over each
@@ -25,12 +25,13 @@ class _View:
 
 
 @dataclass
-class _Monitor:
-    """The three calls RegionMemoryCheck makes of a MemoryMonitor."""
+class _Views:
+    """The three calls RegionMemoryCheck makes of the memory views (krexd.memory.views)."""
 
     counts: dict[int, int] = field(default_factory=dict)
     after_refresh: dict[Any, int] = field(default_factory=dict)  # tenant -> used_bytes
     refreshes: int = 0
+    unread: bool = False  # before the first device read: no view
 
     def shim_counts(self, gpu: int) -> dict[int, int]:
         return dict(self.counts)
@@ -40,14 +41,14 @@ class _Monitor:
         for t, used in self.after_refresh.items():
             t.memory.used_bytes = used
 
-    def view(self, gpu: int) -> _View:
-        return _View()
+    def view(self, gpu: int) -> _View | None:
+        return None if self.unread else _View()
 
 
-def _rig(n: int) -> tuple[RegionMemoryCheck, _Monitor, list[Any]]:
+def _rig(n: int) -> tuple[RegionMemoryCheck, _Views, list[Any]]:
     registry = TenantRegistry()
     tenants = [make_tenant(registry) for _ in range(n)]
-    mon = _Monitor()
+    mon = _Views()
     return RegionMemoryCheck(10.0, mon), mon, tenants  # type: ignore[arg-type]
 
 
@@ -78,7 +79,8 @@ def test_a_stale_record_that_does_not_fit_is_read_again_in_full() -> None:
     assert fit is not None and fit.fits and fit.siblings == 30 * G
 
 
-def test_without_a_monitor_there_is_no_check() -> None:
-    registry = TenantRegistry()
-    holder = make_tenant(registry)
-    assert RegionMemoryCheck(10.0).check(holder, []) is None
+def test_before_the_first_device_read_there_is_no_check() -> None:
+    check, mon, (holder, a) = _rig(2)
+    mon.unread = True
+    assert check.check(holder, [a]) is None
+    assert mon.refreshes == 0

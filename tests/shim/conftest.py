@@ -25,9 +25,8 @@ from .procs import Tenant, alive_judge
 @pytest.fixture
 def gate(shim_build: ShimBuild, tmp_path: Path) -> Iterator[Gate]:
     """A fresh gate for GPU 0 in this test's directory."""
-    g = Gate.create(str(tmp_path / "gpu0.gate"), 0)
     # krexd's judge of pending registrations, without cgroups: pid and start time.
-    g.judge = alive_judge
+    g = Gate.create(str(tmp_path / "gpu0.gate"), 0, judge=alive_judge)
     yield g
     g.unmap()
     forget_gate(g)

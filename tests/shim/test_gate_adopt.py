@@ -28,9 +28,7 @@ HOLDER = 1
 def _make(tmp_path: Path) -> Gate:
     path = str(tmp_path / "gpu0.gate")
     os.makedirs(os.path.dirname(keep_path(path)), mode=0o700)
-    g = Gate.create(path, 0, keep=keep_path(path))
-    g.judge = alive_judge
-    return g
+    return Gate.create(path, 0, keep=keep_path(path), judge=alive_judge)
 
 
 @pytest.mark.root  # makes a gate the shim maps (root-owned only)
@@ -48,8 +46,7 @@ def test_restarted_krexd_drains_through_the_same_gate(
             old.reopen(HOLDER, epoch)
         fds = old.__dict__.pop("_test_slot_fds")
         old.unmap()  # krexd is gone; the tenant keeps running on its mapping
-        new = Gate.open(old.path, 0, keep_path(old.path))
-        new.judge = alive_judge
+        new = Gate.open(old.path, 0, keep_path(old.path), judge=alive_judge)
         new.__dict__["_test_slot_fds"] = fds
         assert new.slots() == [], "nothing attached yet"
         # The gate is open (word 0), yet its header keeps the last epoch closed:
