@@ -10,7 +10,6 @@ drives (``krexd.states``).
 from __future__ import annotations
 
 import asyncio
-import enum
 from dataclasses import dataclass, field
 
 from krexd import states
@@ -72,22 +71,10 @@ class Region:
         return (self.granted_at - self.locked_at) * 1e3
 
 
-class RequestStage(enum.Enum):
-    """A region request's stage; ``value`` is its name in ``region_cancel``'s reply."""
-
-    QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
-    ENTERING = "entering"  # steps 2-5 in progress
-    HELD = "held"  # granted: a Region exists
-
-    def __str__(self) -> str:
-        return self.value
-
-
+RequestStage = states.RequestStage
 QUEUED = RequestStage.QUEUED
 ENTERING = RequestStage.ENTERING
 HELD = RequestStage.HELD
-#: The one edge out of each stage (a request ends, from any stage, when it is dropped).
-_NEXT = {QUEUED: ENTERING, ENTERING: HELD}
 
 
 @dataclass(eq=False)
@@ -101,15 +88,20 @@ class RegionRequest:
     """
 
     tenant: int
-    stage: RequestStage = QUEUED
+    state: RequestStage = QUEUED  # states.REQUEST_EDGES
     cancelled: bool = False
+
+    def __repr__(self) -> str:
+        return f"region request of tenant {self.tenant}"
+
+    @property
+    def stage(self) -> RequestStage:
+        """Its stage (``value``: the name in ``region_cancel``'s reply)."""
+        return self.state
 
     def advance(self, new: RequestStage) -> None:
         """Move to ``new``, the next stage (raises ``states.StateError`` otherwise)."""
-        if _NEXT.get(self.stage) is not new:
-            who = f"region request of tenant {self.tenant}"
-            raise states.StateError(f"{who}: {self.stage} -> {new}")
-        self.stage = new
+        states.change_state(self, new)
 
 
 def tenant_state(
