@@ -42,8 +42,11 @@ measurement.  Normal exit and recovery are serialized by one asyncio lock and
 bound to the Region they end, so a late recovery is a no-op for a newer
 region, and the gate's reopen is itself bound to (holder, epoch).
 
-Every failed entry undoes what it did (cores, thaw, gate) before it reports
-the error: no tenant is ever left frozen.
+Each step pushes its compensator on the region's one undo stack as it
+takes effect (``krexd.coordinator.undo``), the gate's reopen first; the
+stack is unwound by a failed entry before it reports the error, by the
+region's end (exit, recovery) and by the end of a region adopted after a
+restart, so no tenant is ever left frozen and the paths cannot drift.
 
 The coordinator acts only through injected interfaces (``krexd.isolation``):
 ``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),

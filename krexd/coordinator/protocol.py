@@ -19,7 +19,6 @@ step's own state lives in its step object (``krexd.coordinator.steps``).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
@@ -29,12 +28,11 @@ from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.once import EndedEpochs
 from krexd.coordinator.port import exit_reply, grant_reply, refusal_code
 from krexd.coordinator.records import HELD, QUEUED, Region, RegionRequest, tenant_state
-from krexd.coordinator.recovery import RegionWatch, log_end
+from krexd.coordinator.recovery import RegionWatch, log_end, log_grant
 from krexd.coordinator.request_queue import RequestQueue
 from krexd.coordinator.scope import GpuScope, log
 from krexd.coordinator.steps import Steps
 from krexd.errors import Code, KrexError
-from krexd.journal import log_fields
 from krexd.tenants import Tenant
 
 
@@ -90,15 +88,7 @@ class GatedRegions:
             raise KrexError(Code.CANCELLED, f"tenant {tenant.id} cancelled its region")
         self._scope.stats.grant(region.wait_ms, region.establish_ms)
         self._scope.stats.steps(marks)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "GPU %d: tenant %d granted a region (epoch %d) after %.3f ms",
-                self._scope.gpu,
-                tenant.id,
-                region.epoch,
-                region.wait_ms + region.establish_ms,
-                extra=log_fields("region_granted", tenant.id, self._scope.gpu, region.epoch),
-            )
+        log_grant(self._scope, region)
         return self._reply(region, region.wait_ms, region.establish_ms)
 
     async def _enter_locked(
@@ -302,6 +292,63 @@ class GatedRegions:
             self._region_state(states.IDLE)  # REOPENING/RECOVERING -> IDLE
         return ((region.thawed_at or time.monotonic()) - t) * 1e3
 
+    # -------------------------------------------------------------- exit (7-8)
+
+    async def exit(
+        self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
+    ) -> dict[str, Any]:
+        """Steps 7-8 for the holder's ``epoch``, then the witness (``Coordinator.exit``)."""
+        region = self.region
+        holds = region is not None and region.tenant.id == tenant.id
+        if not (holds and region is not None and region.epoch == epoch) and self._ended.answered(
+            tenant.id, epoch
+        ):
+            return exit_reply(sync_ms, launches)  # re-sent after a restart: answered again
+        if region is None or not holds:
+            raise KrexError(
+                Code.NOT_HOLDER, f"tenant {tenant.id} holds no region on GPU {self._scope.gpu}"
+            )
+        if region.epoch != epoch:
+            raise KrexError(
+                Code.NOT_HOLDER, f"epoch {epoch} is not the current region's ({region.epoch})"
+            )
+        thaw_ms = await self._end(region, "exit")
+        if thaw_ms is None:  # recovery ended it first
+            raise KrexError(Code.REGION_ABORTED, f"region ended: {region.end_reason}")
+        self._scope.stats.completed += 1
+        region_ms = (time.monotonic() - region.granted_at) * 1e3
+        reply = exit_reply(sync_ms, launches, region_ms, thaw_ms)
+        return {**reply, "witness": await self.steps.witness.see(region)}
+
+    async def _end(self, region: Region, reason: str) -> float | None:
+        """Steps 7-8 for ``region``, once; its ``thaw_ms``, None when it had ended already.
+
+        Serialized with every other end path (paper §4.2: "serializes the two
+        paths ... so they cannot modify the gate and freeze state
+        concurrently"), and bound to ``region``: ending a region that is no
+        longer current does nothing.  The lock is released last.
+        """
+        async with self._end_lock:
+            if region.ended or self.region is not region:
+                return None
+            region.ended, region.end_reason = True, reason
+            region.ended_at = time.monotonic()
+            self._scope.stats.held(region.ended_at - region.granted_at)
+            self._watch.unwatch(region)
+            exiting = reason == "exit"  # else: holder died, timed out, cancelled, ...
+            try:
+                thaw_ms = await self._teardown(
+                    region, states.REGION_THAWING if exiting else states.RECOVERING
+                )
+            finally:
+                tenant_state(region.tenant, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
+                self.region = None
+                if exiting:
+                    self._ended.exited(region.tenant.id, region.epoch)
+                self.requests.ended(region.tenant.id)  # the lock released last
+            log_end(self._scope, region, reason)
+            return thaw_ms
+
     # ------------------------------------------------- what else acts on a region
 
     async def tenant_added(self, tenant: Tenant) -> None:
@@ -384,63 +431,6 @@ class GatedRegions:
             epoch,
             len(siblings),
         )
-
-    # -------------------------------------------------------------- exit (7-8)
-
-    async def exit(
-        self, tenant: Tenant, epoch: int, sync_ms: float, launches: int
-    ) -> dict[str, Any]:
-        """Steps 7-8 for the holder's ``epoch``, then the witness (``Coordinator.exit``)."""
-        region = self.region
-        holds = region is not None and region.tenant.id == tenant.id
-        if not (holds and region is not None and region.epoch == epoch) and self._ended.answered(
-            tenant.id, epoch
-        ):
-            return exit_reply(sync_ms, launches)  # re-sent after a restart: answered again
-        if region is None or not holds:
-            raise KrexError(
-                Code.NOT_HOLDER, f"tenant {tenant.id} holds no region on GPU {self._scope.gpu}"
-            )
-        if region.epoch != epoch:
-            raise KrexError(
-                Code.NOT_HOLDER, f"epoch {epoch} is not the current region's ({region.epoch})"
-            )
-        thaw_ms = await self._end(region, "exit")
-        if thaw_ms is None:  # recovery ended it first
-            raise KrexError(Code.REGION_ABORTED, f"region ended: {region.end_reason}")
-        self._scope.stats.completed += 1
-        region_ms = (time.monotonic() - region.granted_at) * 1e3
-        reply = exit_reply(sync_ms, launches, region_ms, thaw_ms)
-        return {**reply, "witness": await self.steps.witness.see(region)}
-
-    async def _end(self, region: Region, reason: str) -> float | None:
-        """Steps 7-8 for ``region``, once; its ``thaw_ms``, None when it had ended already.
-
-        Serialized with every other end path (paper §4.2: "serializes the two
-        paths ... so they cannot modify the gate and freeze state
-        concurrently"), and bound to ``region``: ending a region that is no
-        longer current does nothing.  The lock is released last.
-        """
-        async with self._end_lock:
-            if region.ended or self.region is not region:
-                return None
-            region.ended, region.end_reason = True, reason
-            region.ended_at = time.monotonic()
-            self._scope.stats.held(region.ended_at - region.granted_at)
-            self._watch.unwatch(region)
-            exiting = reason == "exit"  # else: holder died, timed out, cancelled, ...
-            try:
-                thaw_ms = await self._teardown(
-                    region, states.REGION_THAWING if exiting else states.RECOVERING
-                )
-            finally:
-                tenant_state(region.tenant, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
-                self.region = None
-                if exiting:
-                    self._ended.exited(region.tenant.id, region.epoch)
-                self.requests.ended(region.tenant.id)  # the lock released last
-            log_end(self._scope, region, reason)
-            return thaw_ms
 
     def _reply(self, region: Region, wait_ms: float, establish_ms: float) -> dict[str, Any]:
         """The region_enter reply for ``region`` (ms)."""

@@ -1,4 +1,4 @@
-"""``RegionWatch``: what ends a region when its holder cannot (recovery).
+"""``RegionWatch``: what ends a region when its holder cannot (recovery); its log lines.
 
 The holder's process exits, or the region outlives ``max_region_s``: the
 region is ended through the one end path (``GatedRegions._end``), bound to
@@ -83,6 +83,19 @@ class RegionWatch:
             if not gone(exc):
                 log.error("GPU %d: cannot kill tenant %d: %s", scope.gpu, region.tenant.id, exc)
         self._spawn(self._end(region, reason))
+
+
+def log_grant(scope: GpuScope, region: Region) -> None:
+    """Log ``region``'s grant at debug, with its wait and entry time (ms)."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "GPU %d: tenant %d granted a region (epoch %d) after %.3f ms",
+            scope.gpu,
+            region.tenant.id,
+            region.epoch,
+            region.wait_ms + region.establish_ms,
+            extra=log_fields("region_granted", region.tenant.id, scope.gpu, region.epoch),
+        )
 
 
 def log_end(scope: GpuScope, region: Region, reason: str) -> None:
