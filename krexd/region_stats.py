@@ -24,7 +24,7 @@ RECENT_S = 60.0
 """The sliding window (s) of ``recent`` entry latencies (``krexctl top``)."""
 
 STEPS = ("memory", "close", "drain", "freeze", "pools", "check", "pin")
-"""The timed steps of a region's establishment, in order (``krexd.coordinator.entry``):
+"""The timed steps of a region's establishment, in order (``krexd.coordinator.protocol``):
 the memory wait (from the lock to the attempt that is granted: ~0 unless
 an attempt was undone because the holder's memory did not fit; the check
 itself runs during the drain), step 2 close, 3 drain, 4 freeze of the

@@ -1,4 +1,4 @@
-"""Tenant and region states as constants; every change goes through change_state().
+"""Tenant, region and region-request states; every change goes through change_state().
 
 This module imports nothing but the standard library (it must stay importable
 from anywhere, like supervisor's ``states.py``).
@@ -22,13 +22,21 @@ Region edges (per GPU, coordinator)::
     CLOSING/DRAINING/FREEZING/HELD -> RECOVERING -> IDLE   (failure or holder death)
 
 Steps are the paper's §4.2 numbers (krexd/coordinator/).
+
+Region request stages (per request, coordinator; ``value`` on the wire in
+``region_cancel``'s reply)::
+
+    QUEUED -> ENTERING -> HELD   (a request ends, from any stage, when it is dropped)
+
+The three machines are three enum types whose values are all distinct, so
+no state of one compares or serializes equal to a state of another.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 _log = logging.getLogger("krexd.states")
 
@@ -51,17 +59,29 @@ class TenantState(enum.Enum):
 
 
 class RegionState(enum.Enum):
-    """One GPU's region state; a type apart from :class:`TenantState` (no value compares
-    equal across the two, although "freezing" and "thawing" are spelled alike on the wire)."""
+    """One GPU's region state; a type apart from :class:`TenantState`, with values of
+    its own (``region:...``: none equals a tenant's or a request's); ``str()`` is the
+    bare name the logs show ("freezing")."""
 
-    IDLE = "idle"
-    CLOSING = "closing"
-    DRAINING = "draining"
-    FREEZING = "freezing"
-    HELD = "held"
-    THAWING = "thawing"
-    REOPENING = "reopening"
-    RECOVERING = "recovering"
+    IDLE = "region:idle"
+    CLOSING = "region:closing"
+    DRAINING = "region:draining"
+    FREEZING = "region:freezing"
+    HELD = "region:held"
+    THAWING = "region:thawing"
+    REOPENING = "region:reopening"
+    RECOVERING = "region:recovering"
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class RequestStage(enum.Enum):
+    """A region request's stage; ``value`` is its name in ``region_cancel``'s reply."""
+
+    QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
+    ENTERING = "entering"  # steps 2-5 in progress
+    HELD = "held"  # granted: a Region exists
 
     def __str__(self) -> str:
         return self.value
@@ -107,15 +127,29 @@ REGION_EDGES: dict[RegionState, frozenset[RegionState]] = {
 }
 
 
+REQUEST_EDGES: dict[RequestStage, frozenset[RequestStage]] = {
+    RequestStage.QUEUED: frozenset({RequestStage.ENTERING}),
+    RequestStage.ENTERING: frozenset({RequestStage.HELD}),
+    RequestStage.HELD: frozenset(),
+}
+
+#: Each machine's edge table, by its states' type.
+_MACHINES: dict[type[enum.Enum], dict[Any, frozenset[Any]]] = {
+    TenantState: TENANT_EDGES,
+    RegionState: REGION_EDGES,
+    RequestStage: REQUEST_EDGES,
+}
+
+
 class StateError(RuntimeError):
     """A transition not in the edge table (a bug in the caller)."""
 
 
-S = TypeVar("S", TenantState, RegionState)
+S = TypeVar("S", TenantState, RegionState, RequestStage)
 
 
 class HasState(Protocol[S]):
-    """Anything with a mutable ``state`` (a Tenant's, a coordinator's region's)."""
+    """Anything with a mutable ``state`` (a Tenant's, a GPU's region's, a request's)."""
 
     state: S
 
@@ -124,16 +158,15 @@ def change_state(obj: HasState[S], new: S) -> None:
     """Move ``obj`` to state ``new`` along its machine's edges; log the edge.
 
     The machine is the states' type: :data:`TENANT_EDGES` for a
-    :class:`TenantState`, :data:`REGION_EDGES` for a :class:`RegionState`.
+    :class:`TenantState`, :data:`REGION_EDGES` for a :class:`RegionState`,
+    :data:`REQUEST_EDGES` for a :class:`RequestStage`.
 
     Raises:
-        StateError: ``new`` is not an edge out of ``obj.state`` (a bug in the caller).
+        StateError: ``new`` is not an edge out of ``obj.state`` (a bug in the caller),
+            or a state of another machine.
     """
     old = obj.state
-    if isinstance(old, TenantState):
-        ok = isinstance(new, TenantState) and new in TENANT_EDGES[old]
-    else:
-        ok = isinstance(new, RegionState) and new in REGION_EDGES[old]
+    ok = type(new) is type(old) and new in _MACHINES[type(old)][old]
     if not ok:
         raise StateError(f"{obj!r}: illegal state change {old} -> {new}")
     obj.state = new

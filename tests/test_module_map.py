@@ -95,7 +95,7 @@ def test_a_module_left_out_of_the_map_is_found() -> None:
     lines = map_lines()
     for gone, module in (
         ("  fifo.py ", "krexd/fifo.py"),
-        ("    entry.py ", "krexd/coordinator/entry.py"),
+        ("    request_queue.py ", "krexd/coordinator/request_queue.py"),
         ("    drain.c/.h ", "libkrex_shim/tenant/drain.c"),
     ):
         cut = [ln for ln in lines if not ln.startswith(gone)]

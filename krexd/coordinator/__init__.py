@@ -3,7 +3,7 @@
 One ``Coordinator`` per GPU implements krexd's half of region-granular
 exclusivity (paper §4.2; DESIGN.md "Region entry and exit";
 docs/design/architecture.md maps every step to its file).  Steps carry the
-paper's numbers (its circled 1-8); the methods below read in that order:
+paper's numbers (its circled 1-8); ``GatedRegions`` (protocol.py) reads in that order:
 
     enter()     0  the request is recorded (RegionRequest) from its arrival to
                    its region's end: a second one is NESTED_REGION, a cancel
@@ -42,34 +42,47 @@ measurement.  Normal exit and recovery are serialized by one asyncio lock and
 bound to the Region they end, so a late recovery is a no-op for a newer
 region, and the gate's reopen is itself bound to (holder, epoch).
 
-Every failed entry undoes what it did (cores, thaw, gate) before it reports
-the error: no tenant is ever left frozen.
+Each step pushes its compensator on the region's one undo stack as it
+takes effect (``krexd.coordinator.undo``), the gate's reopen first; the
+stack is unwound by a failed entry before it reports the error, by the
+region's end (exit, recovery) and by the end of a region adopted after a
+restart, so no tenant is ever left frozen and the paths cannot drift.
 
 The coordinator acts only through injected interfaces (``krexd.isolation``):
 ``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),
-``Pinner`` (cpuset and thread affinity), ``RegionGate`` (the gate, absent
-when ``libkrex_gate.so`` is not built), ``RegionMemory`` (the memory
-check during step 3, absent: no check) and ``GpuUseCheck`` (who has the GPU
-open; absent where no source can tell), and ends a tenant's command through
-the ``end_command`` callback it is given (the daemon's lifecycle).  The daemon injects the cgroup
-implementations; any other implementation of these interfaces (in-memory
-fakes, say) drives the same protocol without root.
+``Pinner`` (cpuset and thread affinity), ``RegionGate`` (the gate; a
+``NoGate`` when ``libkrex_gate.so`` is not built), ``RegionMemory`` (the
+memory check during step 3, absent: no check) and ``GpuUseCheck`` (who has
+the GPU open; absent where no source can tell), and ends a tenant's command
+through the ``end_command`` callback it is given (the daemon's lifecycle).
+The daemon injects the cgroup implementations; any other implementation of
+these interfaces (in-memory fakes, say) drives the same protocol without
+root.
 
-The package splits the protocol along its steps; one class, ``Coordinator``,
-combines them, each module a mixin over the shared state (``base``):
+The package is composed, not inherited: each step is an object that owns
+its state, ``GatedRegions`` calls them in the paper's order, and
+``Coordinator`` picks each tenant's port:
 
-    records.py      Region, RegionRequest and its stages; tenant state edges
-    base.py         the shared state: lock, region, requests, epoch, region state
-    entry.py        enter(): step 0, the lock (1), _establish (2-5), undo on failure
-    memory_wait.py  during step 3: the holder's memory must fit beside its siblings
-    gate_steps.py   drain (3) and reopen (8) on the gate
-    freezing.py     freeze (4) and thaw (7) of the siblings' cgroups
-    drain_freeze.py DrainFreeze: each sibling frozen from the drain's thread once drained
-    fail_closed.py  after step 4: unprotected GPU users end (exit 79) before the grant
-    cores.py        the holder's reserved cores (5) and their return (7)
-    ending.py       exit() (7-8) and recovery: the one end path, bound to its Region
-    adoption.py     restart: saved state, resumed epochs, an adopted region
-    coordinator.py  Coordinator: tenants added and gone, cancel, shutdown, status
+    coordinator.py   Coordinator: builds the steps and ports; requests run once;
+                     tenants added and gone, cancel, shutdown, status, restart
+    port.py          RegionPort (gated or ungated, one way to call them); the replies
+    protocol.py      GatedRegions: steps 0-8 top to bottom, one undo path, adoption
+    ungated.py       UngatedRegions: regions that enforce nothing
+    request_queue.py RequestQueue: steps 0-1, the requests and the region lock
+    records.py       Region (its per-entry timings), RegionRequest; tenant edges
+    undo.py          UndoStack: each step's compensator, unwound by every end
+    scope.py         GpuScope: what every step reads (GPU, config, control, ender)
+    steps.py         Steps: the step objects, built in the paper's order
+    gate_steps.py    GateSteps: close (2), drain (3), reopen (8); no_gate.py: NoGate
+    memory_wait.py   MemoryWait: during 3, the holder's memory fits beside its siblings
+    drain_freeze.py  3 and 4 overlapped: each sibling frozen as soon as it drained
+    driver_locking.py DriverLocking: 3 enforced by the driver; offenders end (exit 79)
+    freezing.py      Freezer: the siblings' and the warm pools' freeze (4), thaw (7)
+    fail_closed.py   FailClosed: after 4, unprotected GPU users end (exit 79)
+    cores.py         HolderCores: the holder's reserved cores (5) and their return (7)
+    witness.py       Witness: after 7, who else ran on the GPU during the region
+    recovery.py      RegionWatch: the holder died or ran past max_region_s
+    once.py          requests run once; exits re-sent after a restart answered again
 
 Counters and latency percentiles live in ``krexd.region_stats``.
 """

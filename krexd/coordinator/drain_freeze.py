@@ -17,18 +17,77 @@ and the tenant-state edges (RUNNING -> FREEZING) run on the event loop.
 A lock orders the two, so after ``stop`` no freeze is written, and every
 freeze written before it is in ``frozen`` (the list the failure path
 thaws) with its tenant marked FREEZING.
+
+:func:`drain_freezing` runs one entry's step 3 so, with the memory check
+(``MemoryWait.short``) on the loop while the drain waits in its thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from krexd import states
-from krexd.coordinator.records import tenant_state
+from krexd.coordinator.locks import DriverLocks
+from krexd.coordinator.records import Region, tenant_state
+from krexd.coordinator.scope import GpuScope
+from krexd.coordinator.steps import Steps
 from krexd.isolation import TenantControl, freeze_unless_gone
 from krexd.tenants import Tenant
+
+
+class MemoryShort(Exception):
+    """The memory check during the drain: the holder's need does not fit (entry undone)."""
+
+
+async def drain_freezing(
+    scope: GpuScope, steps: Steps, region: Region, locks: DriverLocks, check_memory: bool
+) -> tuple[list[Tenant], set[int]]:
+    """Step 3 of ``region``'s entry, each sibling frozen (step 4) as soon as it drained.
+
+    The drain (``GateSteps.drain``) waits in a thread; each drained
+    sibling's processes are locked through the driver first when
+    ``steps.locks`` is enabled (``DriverLocking.lock_drained``), then
+    frozen into ``region.siblings``.  With ``check_memory`` the memory check
+    runs on the loop meanwhile.  Sets ``region.drain_ms`` (ms).
+
+    Returns (the siblings not frozen during the drain, the overdue tenant
+    ids: ``GateSteps.drain``'s result).
+
+    Raises:
+        MemoryShort: after the drain ended, when the check said the
+            holder's need does not fit (the caller undoes the entry).
+        KrexError: the drain's (DRAIN_TIMEOUT, INTERNAL).
+    """
+    tenant, epoch = region.tenant, region.epoch
+    early = DrainFreeze(
+        scope.control,
+        scope.siblings(tenant),
+        region.siblings,
+        asyncio.get_running_loop(),
+        (lambda drained: steps.locks.lock_drained(drained, locks)) if steps.locks.enabled else None,
+    )
+    t = time.monotonic()
+    drain = asyncio.ensure_future(steps.gate.drain(tenant, epoch, early.settled))
+    try:
+        short = check_memory and await steps.memory.short(tenant)
+        if short:
+            early.stop()  # an entry to be undone freezes no more siblings
+    finally:
+        try:
+            # Also after a failed check: no undo under a running drain.  A cancel
+            # cancels the drain's task with this one (its thread runs on, as it did
+            # before the check overlapped it); early.stop() then bars its freezes,
+            # and the reopen makes it stale.
+            await drain
+        finally:
+            rest = early.stop()  # no freeze from the drain's thread after this
+    region.drain_ms = (time.monotonic() - t) * 1e3
+    if short:
+        raise MemoryShort
+    return rest, drain.result()
 
 
 class DrainFreeze:

@@ -14,75 +14,113 @@ A tenant process whose work does not complete in time is the offender: its
 command is ended (exit 79, with the reason) and the entry goes on once it
 has left the GPU; its neighbours wait no longer than that.  A process
 outside krex that cannot be locked fails the entry (DRAIN_TIMEOUT).  Every
-path that ends a region unlocks what it locked (``_unlock_gpu``), and the
+path that ends a region unlocks what it locked (``DriverLocking.unlock``), and the
 processes are recorded before they are locked (``krexd.lock_ledger``) so
-that a successor or the watchdog unlocks them if krexd dies.
+that a successor or the watchdog unlocks them if krexd dies
+(:meth:`DriverLocking.settle` at start).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 
-from krex_client.errors import ExitCode
-from krexd.coordinator.fail_closed import FailClosed
 from krexd.coordinator.locks import DriverLocks
-from krexd.driverlock import Outcome, Result
+from krexd.coordinator.records import Region
+from krexd.coordinator.scope import GpuScope, log
+from krexd.driverlock import DriverLock, DriverLockUnavailable, Outcome, Result
 from krexd.errors import Code, KrexError
-from krexd.isolation import freeze_unless_gone, thaw_unless_gone
+from krexd.isolation import (
+    GpuUseCheck,
+    LockRecord,
+    ProcessLock,
+    freeze_unless_gone,
+    thaw_unless_gone,
+)
 from krexd.procfs import cmdline, pid_alive
 from krexd.tenants import Tenant
 
-#: One logger for the package: its lines read as they did from one module.
-log = logging.getLogger("krexd.coordinator")
 
+class DriverLocking:
+    """One GPU's driver lock of region entry and its release.
 
-class DriverLocking(FailClosed):
-    """The driver lock of region entry (``ProcessLock``) and its release."""
+    Args:
+        scope: the GPU's scope.
+        proc_lock: the driver's lock of other processes
+            (``krexd.driverlock.DriverLock``; None: the shim's
+            acknowledgements alone, ``[region] driver_lock = "off"``).
+        ledger: where the locked processes are recorded before they are
+            locked (``krexd.lock_ledger.LockLedger``; None: nowhere).
+        guard: who has the GPU open (None: no source; the siblings'
+            processes are taken for the GPU's users).
+    """
 
-    def _lock_drained(self, tenants: list[Tenant], locks: DriverLocks) -> None:
+    def __init__(
+        self,
+        scope: GpuScope,
+        proc_lock: ProcessLock | None,
+        ledger: LockRecord | None,
+        guard: GpuUseCheck | None,
+    ) -> None:
+        self._scope = scope
+        self._proc_lock = proc_lock
+        self._ledger = ledger
+        self._guard = guard
+
+    @property
+    def enabled(self) -> bool:
+        """Does this GPU's entry lock processes through the driver?"""
+        return self._proc_lock is not None
+
+    def lock_drained(self, tenants: list[Tenant], locks: DriverLocks) -> None:
         """In the drain's thread: lock drained siblings' GPU processes before their freeze.
 
         ``tenants``: the siblings that drained since the last call; their
         processes are locked in parallel (one ``lock_all``).  A process is
         locked while it runs, never while frozen inside a driver call (a
         lock waits for calls in progress).  Failures are kept in
-        ``locks.failed`` and judged after the drain (``_lock_gpu``).
+        ``locks.failed`` and judged after the drain (``lock_gpu``).
         """
         if self._proc_lock is None:
             return
         if locks.users is None:
             locks.users = self._guard.users() if self._guard is not None else None
         users = locks.users
-        pids = {p for t in tenants for p in self._ctl.processes(t) if users is None or p in users}
-        self._lock_pids(pids - set(locks.pids), locks)
+        pids = {
+            p
+            for t in tenants
+            for p in self._scope.control.processes(t)
+            if users is None or p in users
+        }
+        self.lock_pids(pids - set(locks.pids), locks)
 
-    def _lock_pids(self, pids: set[int], locks: DriverLocks) -> list[Result]:
+    def lock_pids(self, pids: set[int], locks: DriverLocks) -> list[Result]:
         """Record, then lock ``pids`` in parallel (bounded); the results that did not settle."""
         if not pids or self._proc_lock is None:
             return []
         if self._ledger is not None:
             self._ledger.record(set(locks.pids) | pids)
-        timeout_ms = int(self._cfg.drain_timeout_s * 1e3)
+        timeout_ms = int(self._scope.cfg.drain_timeout_s * 1e3)
         results = self._proc_lock.lock_all(pids, timeout_ms)
         late = locks.add_locked([p for p, r in results.items() if r.outcome is Outcome.LOCKED])
         if late:  # the region ended (its entry undone, say by a cancel) during the calls
-            log.warning("GPU %d: unlocking %s, locked after the region ended", self.gpu, late)
+            log.warning(
+                "GPU %d: unlocking %s, locked after the region ended", self._scope.gpu, late
+            )
             self._proc_lock.unlock_all(late)
         locks.unsupported.extend(p for p, r in results.items() if r.outcome is Outcome.UNSUPPORTED)
         failed = [r for r in results.values() if r.outcome not in _SETTLED]
         locks.failed.extend(failed)
         return failed
 
-    async def _lock_gpu(
+    async def lock_gpu(
         self, holder: Tenant, locks: DriverLocks, frozen: list[Tenant] | None = None
     ) -> None:
         """Lock every process on this GPU but the holder's not locked yet; the offenders pay.
 
         Runs after the drain (the siblings that drained are locked already,
-        ``_lock_drained``), before the freeze of the rest, and once more
+        ``lock_drained``), before the freeze of the rest, and once more
         after the freeze, for any process that reached the GPU meanwhile.
         ``frozen``: the tenants this entry has frozen so far (the region's
         siblings list: those frozen as they drained, and any admitted during
@@ -111,14 +149,14 @@ class DriverLocking(FailClosed):
             # of it, and the driver does not return from the lock of a frozen one).
             settled = {os.getpid(), *locks.pids, *locks.unsupported}
             settled |= {r.pid for r in locks.failed}
-            if self._cfg.foreign == "allow":
+            if self._scope.cfg.foreign == "allow":
                 settled |= set(locks.foreign)
             targets = users - settled
             if targets:
-                targets -= set(self._ctl.processes(holder))
+                targets -= set(self._scope.control.processes(holder))
             if targets or locks.failed:  # the usual entry has neither: no cgroup reads
-                others = (t for t in self._tenants if t.id != holder.id)
-                owner = {p: t for t in others for p in self._ctl.processes(t)}
+                others = (t for t in self._scope.tenants if t.id != holder.id)
+                owner = {p: t for t in others for p in self._scope.control.processes(t)}
             if not targets or not await self._lock_targets(targets, owner, locks, frozen or []):
                 break  # nothing thawed: nothing can have started since the read
         failed, locks.failed = locks.failed, []
@@ -136,18 +174,18 @@ class DriverLocking(FailClosed):
         if foreign:
             self._foreign_policy(foreign)
             locks.foreign.extend(foreign)
-        if self._cfg.foreign == "allow":
+        if self._scope.cfg.foreign == "allow":
             targets = targets - set(locks.foreign)
-        thawed = [t for t in frozen if targets & set(self._ctl.processes(t))]
+        thawed = [t for t in frozen if targets & set(self._scope.control.processes(t))]
         try:
             for t in thawed:
-                thaw_unless_gone(self._ctl, t)
-            await asyncio.to_thread(self._lock_pids, targets, locks)
+                thaw_unless_gone(self._scope.control, t)
+            await asyncio.to_thread(self.lock_pids, targets, locks)
         finally:
             # Every one is frozen again before any error goes up (an ended one is gone).
-            refrozen = [t for t in thawed if freeze_unless_gone(self._ctl, t)]
+            refrozen = [t for t in thawed if freeze_unless_gone(self._scope.control, t)]
             for t in refrozen:
-                if not await self._ctl.wait_frozen(t, self._cfg.freeze_timeout_s):
+                if not await self._scope.control.wait_frozen(t, self._scope.cfg.freeze_timeout_s):
                     raise KrexError(
                         Code.FREEZE_TIMEOUT, f"tenant {t.id} did not freeze again after its lock"
                     )
@@ -157,20 +195,22 @@ class DriverLocking(FailClosed):
         """Pids with a context on this GPU; without a source, the siblings' processes."""
         users = self._guard.users() if self._guard is not None else None
         if users is None:
-            users = {p for t in self._siblings(holder) for p in self._ctl.processes(t)}
+            users = {
+                p for t in self._scope.siblings(holder) for p in self._scope.control.processes(t)
+            }
         return users
 
     def _foreign_policy(self, foreign: list[int]) -> None:
         """``[region] foreign``: "refuse" fails the entry; "lock" and "allow" log it."""
         names = ", ".join(f"pid {p} ({cmdline(p)})" for p in foreign)
-        if self._cfg.foreign == "refuse":
+        if self._scope.cfg.foreign == "refuse":
             raise KrexError(
                 Code.FOREIGN_GPU_USER,
-                f"GPU {self.gpu}: processes outside krex use the GPU: {names} "
+                f"GPU {self._scope.gpu}: processes outside krex use the GPU: {names} "
                 '([region] foreign = "refuse")',
             )
         log.warning("GPU %d: processes outside krex on the GPU (%s): %s",
-                    self.gpu, self._cfg.foreign, names)  # fmt: skip
+                    self._scope.gpu, self._scope.cfg.foreign, names)  # fmt: skip
 
     async def _make_offenders_pay(
         self, failed: list[Result], owner: dict[int, Tenant], locks: DriverLocks
@@ -183,7 +223,7 @@ class DriverLocking(FailClosed):
         if outside:
             raise KrexError(
                 Code.DRAIN_TIMEOUT,
-                f"GPU {self.gpu}: processes outside krex could not be locked: "
+                f"GPU {self._scope.gpu}: processes outside krex could not be locked: "
                 + "; ".join(r.describe() for r in outside),
             )
         by_tenant: dict[int, list[Result]] = {}
@@ -193,18 +233,18 @@ class DriverLocking(FailClosed):
             tenant = next(owner[r.pid] for r in results)
             reason = (
                 f"its GPU work did not complete within drain_timeout_s = "
-                f"{self._cfg.drain_timeout_s:g} s of region entry on GPU {self.gpu} "
+                f"{self._scope.cfg.drain_timeout_s:g} s of region entry on GPU {self._scope.gpu} "
                 f"(driver lock: {'; '.join(r.describe() for r in results)})"
             )
-            log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tid, reason)
-            self._end_offender(tenant, reason, "lock_failed")
+            log.error("GPU %d: tenant %d: %s; ending its command", self._scope.gpu, tid, reason)
+            self._scope.end_tenant(tenant, reason, "lock_failed")
             locks.ended.append(tid)
         await self._wait_left_gpu({r.pid for r in failed})
 
-    async def _end_overdue(self, overdue: set[int], epoch: int, locks: DriverLocks) -> None:
+    async def end_overdue(self, overdue: set[int], epoch: int, locks: DriverLocks) -> None:
         """End the sibling tenants that did not drain in time; wait until they left the GPU.
 
-        ``overdue``: tenant ids (``_drain``'s result).  Each command is ended
+        ``overdue``: tenant ids (``GateSteps.drain``'s result).  Each command is ended
         with exit 79 and the reason; the entry goes on once none of their
         processes has a context on this GPU (bounded by drain_timeout_s).
         """
@@ -212,29 +252,24 @@ class DriverLocking(FailClosed):
             return
         pids: set[int] = set()
         for tid in sorted(overdue):
-            tenant = self._tenants.get(tid)
+            tenant = self._scope.tenants.get(tid)
             if tenant is None:
                 continue
-            pids.update(self._ctl.processes(tenant))
+            pids.update(self._scope.control.processes(tenant))
             reason = (
                 f"it did not drain its GPU work within drain_timeout_s = "
-                f"{self._cfg.drain_timeout_s:g} s of region entry on GPU {self.gpu} (epoch {epoch})"
+                f"{self._scope.cfg.drain_timeout_s:g} s of region entry on GPU "
+                f"{self._scope.gpu} (epoch {epoch})"
             )
-            log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tid, reason)
-            self._end_offender(tenant, reason, "drain_timeout")
+            log.error("GPU %d: tenant %d: %s; ending its command", self._scope.gpu, tid, reason)
+            self._scope.end_tenant(tenant, reason, "drain_timeout")
             locks.ended.append(tid)
-        self.stats.drain_timeouts += 1
+        self._scope.stats.drain_timeouts += 1
         await self._wait_left_gpu(pids)
-
-    def _end_offender(self, tenant: Tenant, reason: str, cause: str) -> None:
-        if self._end_command is not None:
-            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE, cause)
-        else:
-            self._end_unprotected(tenant, reason, cause)
 
     async def _wait_left_gpu(self, pids: set[int]) -> None:
         """Until none of ``pids`` has a context on this GPU (bounded by drain_timeout_s)."""
-        deadline = time.monotonic() + self._cfg.drain_timeout_s
+        deadline = time.monotonic() + self._scope.cfg.drain_timeout_s
         while True:
             users = await asyncio.to_thread(self._guard.users) if self._guard else None
             alive = {p for p in pids if pid_alive(p)}
@@ -244,12 +279,12 @@ class DriverLocking(FailClosed):
             if time.monotonic() >= deadline:
                 raise KrexError(
                     Code.DRAIN_TIMEOUT,
-                    f"GPU {self.gpu}: processes {sorted(left)} still on the GPU "
-                    f"{self._cfg.drain_timeout_s:g} s after their commands were ended",
+                    f"GPU {self._scope.gpu}: processes {sorted(left)} still on the GPU "
+                    f"{self._scope.cfg.drain_timeout_s:g} s after their commands were ended",
                 )
             await asyncio.sleep(0.005)
 
-    async def _unlock_gpu(self, locks: DriverLocks | None) -> None:
+    async def unlock(self, locks: DriverLocks | None) -> None:
         """Unlock what a region locked (every end path and every undo); then clear the ledger.
 
         Called after the thaw: the driver does not return from an unlock of a
@@ -264,13 +299,39 @@ class DriverLocking(FailClosed):
             return
         try:
             await asyncio.wait_for(
-                asyncio.to_thread(self._proc_lock.unlock_all, pids), self._cfg.freeze_timeout_s
+                asyncio.to_thread(self._proc_lock.unlock_all, pids),
+                self._scope.cfg.freeze_timeout_s,
             )
         except TimeoutError:
-            log.error("GPU %d: unlock of %s did not return", self.gpu, sorted(pids))
+            log.error("GPU %d: unlock of %s did not return", self._scope.gpu, sorted(pids))
             return
         if self._ledger is not None:
             self._ledger.clear()
+
+    def settle(self, adopted: Region | None) -> None:
+        """At start: the processes a krexd before left locked through the driver.
+
+        They belong to ``adopted`` (the region adopted from it, if any:
+        unlocked at its end), or are unlocked now; the record names each by
+        pid and start time, so a reused pid is never touched
+        (``krexd.lock_ledger``).  Never raises (an unlock the driver cannot
+        do is logged).
+        """
+        if self._ledger is None:
+            return
+        gpu, pids = self._scope.gpu, self._ledger.live()
+        if pids and adopted is not None and adopted.adopted and not adopted.ended:
+            adopted.locks = DriverLocks(pids=pids)
+            log.warning("GPU %d: adopted region keeps %d processes locked", gpu, len(pids))
+            return
+        if pids:
+            unlocker = self._proc_lock or DriverLock()
+            try:
+                unlocker.unlock_all(pids)
+                log.warning("GPU %d: unlocked %d processes left locked", gpu, len(pids))
+            except DriverLockUnavailable as exc:
+                log.error("GPU %d: cannot unlock processes %s: %s", gpu, pids, exc)
+        self._ledger.clear()
 
 
 #: Reads of the GPU's users in one lock step when each finds a process of a frozen

@@ -1,4 +1,4 @@
-"""After step 4: fail closed on GPU use the gate cannot protect.
+"""``FailClosed``: after step 4, fail closed on GPU use the gate cannot protect.
 
 A sibling process with the GPU open and no verified registration drained
 for the epoch (``krexd.registrations``) ends its command (exit 79), and the
@@ -8,37 +8,39 @@ grant waits until it has left the GPU.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
-from krex_client.errors import ExitCode
-from krexd.coordinator.base import CoordinatorBase
+from krexd.coordinator.scope import GpuScope, log
 from krexd.errors import Code, KrexError
-from krexd.isolation import gone
+from krexd.isolation import GpuUseCheck
 from krexd.tenants import Tenant
 
-#: One logger for the package: its lines read as they did from one module.
-log = logging.getLogger("krexd.coordinator")
 
+class FailClosed:
+    """One GPU's fail-closed check of region entry (``GpuUseCheck``; None: skipped)."""
 
-class FailClosed(CoordinatorBase):
-    """The fail-closed check of region entry (``GpuUseCheck``)."""
+    def __init__(self, scope: GpuScope, guard: GpuUseCheck | None) -> None:
+        self._scope = scope
+        self._guard = guard
 
-    async def _fail_closed(self, holder: Tenant, epoch: int) -> None:
+    async def check(self, holder: Tenant, epoch: int) -> None:
         """After step 4: end siblings that use the GPU unprotected, wait until they left it.
 
         With the siblings frozen nothing new can open the GPU.  Each sibling
         process with a context and no verified registration drained for
         ``epoch`` (``krexd.registrations``) ends its command with exit code
-        79; the grant waits (bounded by drain_timeout_s) until none of them
-        is on the GPU any more, else the entry fails with DRAIN_TIMEOUT.
+        79; the grant waits (bounded by drain_timeout_s, polling every 2 ms)
+        until none of them is on the GPU any more.
+
+        Raises:
+            KrexError: DRAIN_TIMEOUT when one is still on the GPU after that.
         """
-        if self._guard is None:
+        guard, scope = self._guard, self._scope
+        if guard is None:
             return
-        guard = self._guard
         # The /proc reads on the loop (a thread hop cost more than they do with
         # every sibling verified); the driver's process list, if asked, in a thread.
-        suspects = guard.unverified(self._siblings(holder))
+        suspects = guard.unverified(scope.siblings(holder))
         if not suspects:
             return
         found = await asyncio.to_thread(guard.unprotected_among, suspects, epoch)
@@ -50,10 +52,11 @@ class FailClosed(CoordinatorBase):
         for tid, lines in ended.items():
             tenant = next(u.tenant for u in found if u.tenant.id == tid)
             reason = "; ".join(lines)
-            log.error("GPU %d: %s; ending tenant %d's command", self.gpu, reason, tid)
-            self._end_unprotected(tenant, reason)
+            log.error("GPU %d: %s; ending tenant %d's command", scope.gpu, reason, tid)
+            scope.end_tenant(tenant, reason, "unprotected")
         pids = {u.pid for u in found}
-        deadline = time.monotonic() + self._cfg.drain_timeout_s
+        timeout_s = scope.cfg.drain_timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             users = await asyncio.to_thread(guard.users)
             if users is None or not pids & users:
@@ -61,19 +64,7 @@ class FailClosed(CoordinatorBase):
             if time.monotonic() >= deadline:
                 raise KrexError(
                     Code.DRAIN_TIMEOUT,
-                    f"GPU {self.gpu}: unprotected processes {sorted(pids & users)} still on the "
-                    f"GPU {self._cfg.drain_timeout_s:g} s after their commands were ended",
+                    f"GPU {scope.gpu}: unprotected processes {sorted(pids & users)} still on the "
+                    f"GPU {timeout_s:g} s after their commands were ended",
                 )
             await asyncio.sleep(0.002)
-
-    def _end_unprotected(self, tenant: Tenant, reason: str, cause: str = "unprotected") -> None:
-        if self._end_command is not None:
-            self._end_command(tenant, reason, ExitCode.UNPROTECTABLE, cause)
-            return
-        self.stats.end(cause)
-        tenant.kill_reason = reason
-        try:
-            self._ctl.kill(tenant)
-        except OSError as exc:
-            if not gone(exc):
-                log.error("GPU %d: cannot kill tenant %d: %s", self.gpu, tenant.id, exc)

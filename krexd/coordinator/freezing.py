@@ -1,7 +1,10 @@
-"""Step 4 and its undo (step 7): freeze the siblings' cgroups, thaw them.
+"""``Freezer``: step 4 and its undo (step 7): the siblings' cgroups and the warm pools.
 
 Siblings that drained early were frozen during the drain already
-(``krexd.coordinator.drain_freeze``); step 4 freezes the rest.
+(``krexd.coordinator.drain_freeze``); step 4 freezes the rest.  The warm
+pools (``krexd.pool_freeze``, a hold shared by every GPU's regions) are
+asked to freeze once the gate is closed (step 2) and waited for beside the
+siblings.
 
 Freezing waits until the kernel reports every sibling frozen (bounded by
 ``freeze_timeout_ms``); thawing never raises, so the gate is reopened all
@@ -11,24 +14,29 @@ the same.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 from krexd import states
-from krexd.coordinator.base import CoordinatorBase
 from krexd.coordinator.records import tenant_state
+from krexd.coordinator.scope import GpuScope, log
 from krexd.errors import Code, KrexError
 from krexd.isolation import freeze_unless_gone, gone
+from krexd.pool_freeze import PoolFreeze
 from krexd.tenants import Tenant
 
-#: One logger for the package: its lines read as they did from one module.
-log = logging.getLogger("krexd.coordinator")
 
+class Freezer:
+    """Freeze and thaw of one GPU's sibling tenants, and its regions' hold of the pools.
 
-class Freezing(CoordinatorBase):
-    """Freeze and thaw of sibling tenants through ``TenantControl``."""
+    ``pool_freeze``: the warm pools' freeze every region holds (None:
+    warm pools are off).
+    """
 
-    async def _freeze(self, siblings: list[Tenant], frozen: list[Tenant]) -> None:
+    def __init__(self, scope: GpuScope, pool_freeze: PoolFreeze | None) -> None:
+        self._scope = scope
+        self.pool_freeze = pool_freeze
+
+    async def freeze(self, siblings: list[Tenant], frozen: list[Tenant]) -> None:
         """Step 4: freeze each sibling's cgroup and wait until all report frozen.
 
         ``frozen`` collects every tenant whose cgroup was asked to freeze, so
@@ -36,15 +44,20 @@ class Freezing(CoordinatorBase):
         already (frozen during the drain, ``DrainFreeze``, or admitted
         during the entry): those are not asked again, but waited for too.
         A sibling whose cgroup disappears meanwhile (it ended) is skipped.
+
+        Raises:
+            KrexError: FREEZE_TIMEOUT when a sibling is not frozen after
+                ``freeze_timeout_s``; OSError when a freeze cannot be written.
         """
+        scope = self._scope
         for sib in siblings:
             if any(sib is f for f in frozen):
                 continue  # admitted during this entry and frozen then (tenant_added)
-            if not freeze_unless_gone(self._ctl, sib):
+            if not freeze_unless_gone(scope.control, sib):
                 continue
             tenant_state(sib, states.RUNNING, states.FREEZING)  # RUNNING -> FREEZING
             frozen.append(sib)
-        timeout_s = self._cfg.freeze_timeout_s
+        timeout_s = scope.cfg.freeze_timeout_s
         # ``frozen`` may grow while we wait (tenant_added): wait for this snapshot.
         waiting = list(frozen)
         results = await asyncio.gather(*(self._wait_frozen(sib, timeout_s) for sib in waiting))
@@ -58,70 +71,74 @@ class Freezing(CoordinatorBase):
             names = ", ".join(f"tenant {s.id}" for s in stuck)
             raise KrexError(
                 Code.FREEZE_TIMEOUT,
-                f"siblings on GPU {self.gpu} not frozen after "
-                f"{self._cfg.freeze_timeout_s:g} s: {names}",
+                f"siblings on GPU {scope.gpu} not frozen after {timeout_s:g} s: {names}",
             )
 
-    def _begin_pools_freeze(self) -> bool:
-        """Step 2, once the gate is closed: ask the kernel to freeze the warm pools
-        (``krexd.pool_freeze``; a pool cannot open a GPU, so it need not drain first).
-
-        True when this region holds the pools' freeze (release it with
-        :meth:`_thaw_pools`).
-        """
+    def begin_pools(self) -> bool:
+        """Step 2, once the gate is closed: ask the kernel to freeze the warm pools (a
+        pool cannot open a GPU, so it need not drain first).  True when this region
+        now holds the pools' freeze (release it with :meth:`thaw_pools`)."""
         if self.pool_freeze is None:
             return False
         self.pool_freeze.begin()
         return True
 
-    async def _wait_pools_frozen(self, held: bool) -> None:
-        """Step 4, beside the siblings' freeze: wait until the pools stand still;
-        raises FREEZE_TIMEOUT when they do not freeze (the undo releases the hold)."""
+    async def wait_pools(self, held: bool) -> None:
+        """Step 4, beside the siblings' freeze: wait until the pools stand still
+        (``held``: :meth:`begin_pools` said so; False: nothing to wait for).
+
+        Raises:
+            KrexError: FREEZE_TIMEOUT when they are not frozen after
+                ``freeze_timeout_s`` (the undo releases the hold).
+        """
         if not held or self.pool_freeze is None:
             return
-        if not await self.pool_freeze.wait_frozen(self._cfg.freeze_timeout_s):
+        timeout_s = self._scope.cfg.freeze_timeout_s
+        if not await self.pool_freeze.wait_frozen(timeout_s):
             raise KrexError(
                 Code.FREEZE_TIMEOUT,
-                f"warm pools not frozen after {self._cfg.freeze_timeout_s:g} s "
-                f"({self.pool_freeze.path})",
+                f"warm pools not frozen after {timeout_s:g} s ({self.pool_freeze.path})",
             )
 
-    def _thaw_pools(self, held: bool) -> None:
-        """Step 7: release this region's hold of the pools' freeze (the last one thaws)."""
-        if held and self.pool_freeze is not None:
+    def thaw_pools(self) -> None:
+        """Step 7: release one region's hold of the pools' freeze (the last hold thaws)."""
+        if self.pool_freeze is not None:
             self.pool_freeze.release()
 
     async def _wait_frozen(self, sib: Tenant, timeout_s: float) -> bool:
+        """Until ``sib`` reports frozen (True), or ``timeout_s`` s passed (False)."""
         try:
-            return await self._ctl.wait_frozen(sib, timeout_s)
+            return await self._scope.control.wait_frozen(sib, timeout_s)
         except OSError as exc:
             if gone(exc):
                 return True  # the sibling ended: nothing left to run
             raise
 
-    async def _thaw(self, tenants: list[Tenant]) -> None:
-        """Thaw each tenant's cgroup and wait until none reports frozen.
+    async def thaw(self, tenants: list[Tenant]) -> None:
+        """Step 7: thaw each tenant's cgroup and wait until none reports frozen.
 
         Never raises: a sibling that cannot be thawed is logged and skipped,
         so that the others are thawed and the gate reopened all the same.
+        Bounded by ``max(1, freeze_timeout_s)`` s in all.
         """
+        scope = self._scope
         thawed: list[Tenant] = []
         for t in tenants:
             try:
-                self._ctl.thaw(t)
+                scope.control.thaw(t)
             except OSError as exc:
                 if not gone(exc):
-                    log.error("GPU %d: cannot thaw tenant %d: %s", self.gpu, t.id, exc)
+                    log.error("GPU %d: cannot thaw tenant %d: %s", scope.gpu, t.id, exc)
                 continue
             thawed.append(t)
             # FROZEN/FREEZING -> THAWING -> RUNNING
             if tenant_state(t, (states.FROZEN, states.FREEZING), states.THAWING):
                 tenant_state(t, states.THAWING, states.RUNNING)
-        deadline = time.monotonic() + max(1.0, self._cfg.freeze_timeout_s)
+        deadline = time.monotonic() + max(1.0, scope.cfg.freeze_timeout_s)
         for t in thawed:
             while time.monotonic() < deadline:
                 try:
-                    if not self._ctl.is_frozen(t):
+                    if not scope.control.is_frozen(t):
                         break
                 except OSError:
                     break  # gone

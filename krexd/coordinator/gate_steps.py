@@ -1,30 +1,39 @@
-"""Steps 3 and 8 on the gate: drain the siblings, reopen bound to (holder, epoch).
+"""``GateSteps``: steps 2, 3 and 8 on the gate: close, drain the siblings, reopen.
 
-Step 2 (close) is one call inside the entry (``krexd.coordinator.entry``).
-Without ``libkrex_gate.so`` there is no gate: the coordinator holds a
-:class:`krexd.coordinator.no_gate.NoGate`, whose steps do nothing (freezing
-and pinning still apply).
+The gate is a :class:`krexd.isolation.RegionGate` (``krexd.gate.Gate``), or,
+without ``libkrex_gate.so``, a :class:`krexd.coordinator.no_gate.NoGate`,
+whose steps do nothing (freezing and pinning still apply): the protocol
+reads the same either way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Iterable
 
-from krexd.coordinator.base import CoordinatorBase
+from krexd.coordinator.scope import GpuScope, log
 from krexd.errors import Code, KrexError
 from krexd.gate import GateError, GateTimeout
+from krexd.isolation import RegionGate
 from krexd.tenants import Tenant
 
-#: One logger for the package: its lines read as they did from one module.
-log = logging.getLogger("krexd.coordinator")
 
+class GateSteps:
+    """Close (step 2), drain (step 3) and reopen (step 8) through one GPU's gate."""
 
-class GateSteps(CoordinatorBase):
-    """Drain (step 3) and reopen (step 8) through the ``RegionGate``."""
+    def __init__(self, scope: GpuScope, gate: RegionGate) -> None:
+        self._scope = scope
+        self.gate = gate
 
-    async def _drain(
+    def close(self, holder: int, epoch: int) -> None:
+        """Step 2: close the gate for (``holder`` tenant id, ``epoch``), one atomic word.
+
+        Raises:
+            GateError: the gate refused (the entry fails and is undone).
+        """
+        self.gate.close(holder, epoch)
+
+    async def drain(
         self,
         holder: Tenant,
         epoch: int,
@@ -36,44 +45,50 @@ class GateSteps(CoordinatorBase):
         pending, after each change (``RegionGate.drain``); the tenants it
         returns are not waited for any more.
 
-        Returns the overdue tenants: the sibling tenants whose registrations
-        had not drained when ``drain_timeout_s`` ran out (empty when all
-        drained).  The caller ends them (the offender pays, not its
-        neighbours).
+        Returns the overdue tenants: the sibling tenant ids whose
+        registrations had not drained when ``drain_timeout_s`` ran out
+        (empty when all drained).  The caller ends them (the offender pays,
+        not its neighbours).
 
         Raises:
             KrexError: DRAIN_TIMEOUT when a pending registration belongs to
                 no sibling tenant krexd can end; INTERNAL on a gate error.
         """
-        timeout_s = self._cfg.drain_timeout_s
+        scope = self._scope
+        timeout_s = scope.cfg.drain_timeout_s
         try:
             # The drain blocks in C with the GIL released: run it off the loop.
-            await asyncio.to_thread(self._gate.drain, holder.id, epoch, timeout_s, settled)
+            await asyncio.to_thread(self.gate.drain, holder.id, epoch, timeout_s, settled)
         except GateTimeout as exc:
-            siblings = {t.id for t in self._siblings(holder)}
+            siblings = {t.id for t in scope.siblings(holder)}
             overdue = {s.tenant for s in exc.pending}
             if overdue and overdue <= siblings:
                 log.error(
                     "GPU %d: drain timed out after %g s; overdue: %s",
-                    self.gpu,
+                    scope.gpu,
                     timeout_s,
                     exc.describe(),
                 )
                 return overdue
             raise KrexError(
                 Code.DRAIN_TIMEOUT,
-                f"drain of GPU {self.gpu} timed out after {self._cfg.drain_timeout_s:g} s; "
+                f"drain of GPU {scope.gpu} timed out after {timeout_s:g} s; "
                 f"not drained: {exc.describe()}",
             ) from None
         except GateError as exc:
-            raise KrexError(Code.INTERNAL, f"gate of GPU {self.gpu}: {exc}") from None
+            raise KrexError(Code.INTERNAL, f"gate of GPU {scope.gpu}: {exc}") from None
         return set()
 
-    def _reopen_gate(self, holder: int, epoch: int) -> None:
+    def reopen(self, holder: int, epoch: int) -> None:
+        """Step 8: reopen the gate, bound to (``holder``, ``epoch``); never raises
+        (a stale reopen, refused, must not open a newer region: it is logged)."""
         try:
-            self._gate.reopen(holder, epoch)
+            self.gate.reopen(holder, epoch)
         except GateError as exc:
-            # Bound to (holder, epoch): a stale reopen must not open a newer region.
             log.error(
-                "GPU %d: reopen for tenant %d epoch %d refused: %s", self.gpu, holder, epoch, exc
+                "GPU %d: reopen for tenant %d epoch %d refused: %s",
+                self._scope.gpu,
+                holder,
+                epoch,
+                exc,
             )

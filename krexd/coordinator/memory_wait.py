@@ -1,30 +1,38 @@
-"""Region entry's memory wait: the holder's expected memory must fit beside its siblings'.
+"""``MemoryWait``: the holder's expected memory must fit beside its siblings'.
 
-The check first runs during the drain (``Entry._establish_fitting``); when
-it does not fit, the entry is undone and this wait runs, lock held (FIFO
-kept), bounded, while the siblings (running again) free memory; it fails at
-once when the need can never fit (``RegionMemory``, docs/design/memory.md).
+The check first runs during the drain (``GatedRegions._establish_fitting``);
+when it does not fit, the entry is undone and :meth:`MemoryWait.wait` runs,
+lock held (FIFO kept), bounded, while the siblings (running again) free
+memory; it fails at once when the need can never fit (``RegionMemory``,
+docs/design/memory.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
-from krexd.coordinator.base import CoordinatorBase
 from krexd.coordinator.records import RegionRequest
+from krexd.coordinator.scope import GpuScope, log
 from krexd.errors import Code, KrexError
+from krexd.isolation import RegionMemory
 from krexd.tenants import Tenant
 
-#: One logger for the package: its lines read as they did from one module.
-log = logging.getLogger("krexd.coordinator")
 
+class MemoryWait:
+    """One GPU's memory check and wait of region entry (``RegionMemory``; None: none).
 
-class MemoryWait(CoordinatorBase):
-    """The memory check and wait of region entry (``RegionMemory``)."""
+    Owns who waits now (:attr:`waiting`, a tenant id; status's
+    ``memory_wait``) and how many entries waited (:attr:`waits`).
+    """
 
-    async def _memory_short(self, holder: Tenant) -> bool:
+    def __init__(self, scope: GpuScope, memory: RegionMemory | None) -> None:
+        self._scope = scope
+        self._memory = memory
+        self.waiting: int | None = None  # tenant whose entry waits for memory
+        self.waits = 0  # entries that waited for siblings' memory
+
+    async def short(self, holder: Tenant) -> bool:
         """During step 3: True when the holder's expected memory does not fit now.
 
         Yields once first, so that the drain's task has handed ``Gate.drain``
@@ -34,34 +42,39 @@ class MemoryWait(CoordinatorBase):
         await asyncio.sleep(0)
         if self._memory is None:
             return False
-        fit = self._memory.check(holder, self._siblings(holder))
+        fit = self._memory.check(holder, self._scope.siblings(holder))
         return fit is not None and not fit.fits
 
-    async def _wait_for_memory(self, holder: Tenant, request: RegionRequest) -> None:
+    async def wait(self, holder: Tenant, request: RegionRequest) -> None:
         """With the lock held (FIFO kept), gate open: the holder's expected memory
         must fit in what its siblings leave free, or the region would begin into an
         out-of-memory error its frozen siblings cause.
 
-        Waits up to ``RegionMemory.wait_s`` for the siblings (still running) to free
-        memory, then proceeds: the expectation is an estimate, and an error inside
-        the region is attributed to the co-tenants anyway (exit 75).  Raises
-        ``KrexError(REGION_NO_MEMORY)`` at once when the need exceeds what the card
-        can ever give it, ``KrexError(CANCELLED)`` when the tenant gives up or ends.
+        Waits up to ``RegionMemory.wait_s`` seconds for the siblings (still
+        running) to free memory, polling every 20 ms, then proceeds: the
+        expectation is an estimate, and an error inside the region is
+        attributed to the co-tenants anyway (exit 75).
+
+        Raises:
+            KrexError: REGION_NO_MEMORY at once when the need exceeds what the
+                card can ever give it; CANCELLED when ``request`` is cancelled
+                (the tenant gives up or ends).
         """
-        if self._memory is None:
+        memory, scope = self._memory, self._scope
+        if memory is None:
             return
-        fit = self._memory.check(holder, self._siblings(holder))
+        fit = memory.check(holder, scope.siblings(holder))
         if fit is None or fit.fits:
             return
-        deadline = time.monotonic() + self._memory.wait_s
-        self._mem_waiting = holder.id
-        self.memory_waits += 1
+        deadline = time.monotonic() + memory.wait_s
+        self.waiting = holder.id
+        self.waits += 1
         try:
             while fit is not None and not fit.fits:
                 if fit.never:
                     raise KrexError(
                         Code.REGION_NO_MEMORY,
-                        f"GPU {self.gpu}: tenant {holder.id} expects {_gib(fit.need)} in its "
+                        f"GPU {scope.gpu}: tenant {holder.id} expects {_gib(fit.need)} in its "
                         f"region, more than the {_gib(fit.total - fit.other)} the card can give "
                         f"it ({_gib(fit.total)} total, {_gib(fit.other)} held by processes krex "
                         "does not run)",
@@ -72,17 +85,17 @@ class MemoryWait(CoordinatorBase):
                     log.warning(
                         "GPU %d: tenant %d enters its region expecting %s while its siblings "
                         "leave %s free (waited %g s)",
-                        self.gpu,
+                        scope.gpu,
                         holder.id,
                         _gib(fit.need),
                         _gib(fit.free),
-                        self._memory.wait_s,
+                        memory.wait_s,
                     )
                     return
                 await asyncio.sleep(0.02)
-                fit = self._memory.check(holder, self._siblings(holder))
+                fit = memory.check(holder, scope.siblings(holder))
         finally:
-            self._mem_waiting = None
+            self.waiting = None
 
 
 def _gib(nbytes: int) -> str:

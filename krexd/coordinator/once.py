@@ -9,7 +9,8 @@ once when the first is answered already, and never starts a region (or
 ends one) again.
 
 Memory is bounded: the last :data:`PER_TENANT` keys of each tenant, dropped
-with the tenant (``forget``).
+with the tenant (``forget``).  :class:`EndedEpochs` answers a
+``region_exit`` re-sent after a restart for a region that ended meanwhile.
 """
 
 from __future__ import annotations
@@ -84,3 +85,37 @@ class OnceLog:
     def forget(self, tenant: int) -> None:
         """Drop ``tenant``'s keys (it ended)."""
         self._seen.pop(tenant, None)
+
+
+class EndedEpochs:
+    """Each tenant's last region ended by its exit, and the regions a restart ended.
+
+    A ``region_exit`` re-sent after a restart for a region that ended
+    meanwhile is answered again (with zero times) as often as it comes;
+    both are saved across restarts (``Coordinator.saved``).
+    """
+
+    def __init__(self) -> None:
+        self._exited: dict[int, int] = {}  # tenant id -> epoch of its last exit
+        self._resumed: dict[int, int] = {}  # from the krexd before a restart
+
+    def exited(self, tenant: int, epoch: int) -> None:
+        """``tenant``'s region ``epoch`` ended by its exit."""
+        self._exited[tenant] = epoch
+
+    def resume(self, exited: dict[int, int]) -> None:
+        """The krexd before a restart ended these (tenant id -> epoch)."""
+        self._resumed.update(exited)
+
+    def answered(self, tenant: int, epoch: int) -> bool:
+        """Is ``epoch`` a region of ``tenant`` that ended already (its exit answered again)?"""
+        return epoch in (self._resumed.get(tenant), self._exited.get(tenant))
+
+    def forget(self, tenant: int) -> None:
+        """Drop ``tenant``'s epochs (it ended)."""
+        self._exited.pop(tenant, None)
+        self._resumed.pop(tenant, None)
+
+    def saved(self) -> dict[int, int]:
+        """Tenant id -> epoch, the exits before a restart first (a later one wins)."""
+        return {**self._resumed, **self._exited}

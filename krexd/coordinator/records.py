@@ -10,7 +10,6 @@ drives (``krexd.states``).
 from __future__ import annotations
 
 import asyncio
-import enum
 from dataclasses import dataclass, field
 
 from krexd import states
@@ -29,7 +28,7 @@ class Region:
     pid: int
     tid: int
     requested_at: float  # monotonic s, when region_enter arrived
-    granted_at: float  # monotonic s
+    granted_at: float  # monotonic s (0 until granted)
     siblings: list[Tenant] = field(default_factory=list)  # frozen by this region
     ended: bool = False
     end_reason: str = ""
@@ -41,28 +40,41 @@ class Region:
     holder_pids: set[int] = field(default_factory=set)  # the holder's processes at the grant
     ended_at: float | None = None  # monotonic s, when its end began (exit or recovery)
     request_id: str | None = None  # the region_enter's request id (a re-sent copy is granted again)
-    undo: UndoStack = field(default_factory=UndoStack)  # steps 3-5 undone at its end (step 7)
+    # Steps 2-5 undone last-first by a failed entry and by its end (7-8): one stack.
+    undo: UndoStack = field(default_factory=UndoStack)
+    # Its entry's and end's timings (the grant's and the exit's reply; ms or monotonic s).
+    locked_at: float = 0.0  # monotonic s, when its entry got the region lock (step 1)
     drain_ms: float = 0.0  # step 3 of its entry (with the driver's locks)
     freeze_ms: float = 0.0  # step 4 of its entry, the fail-closed check included
     check_ms: float = 0.0  # the fail-closed check's share of freeze_ms
+    thawed_at: float | None = None  # monotonic s, when its undo reached the gate (step 8)
+
+    def granted_again(self, request_id: str | None) -> bool:
+        """Is a region_enter with ``request_id`` a copy of the one this region was granted
+        for?  With request ids: when the ids match.  Without (an older client, or a
+        region an older krexd saved): the first region_enter after adoption."""
+        if self.request_id is not None or request_id is not None:
+            return self.request_id == request_id
+        if self.adopted:
+            self.adopted = False
+            return True
+        return False
+
+    @property
+    def wait_ms(self) -> float:
+        """Time in the region lock's FIFO (step 1), ms."""
+        return (self.locked_at - self.requested_at) * 1e3
+
+    @property
+    def establish_ms(self) -> float:
+        """Time from the lock to the grant (steps 2-5), ms."""
+        return (self.granted_at - self.locked_at) * 1e3
 
 
-class RequestStage(enum.Enum):
-    """A region request's stage; ``value`` is its name in ``region_cancel``'s reply."""
-
-    QUEUED = "queued"  # waiting for the region lock, or handed it and not yet resumed
-    ENTERING = "entering"  # steps 2-5 in progress
-    HELD = "held"  # granted: a Region exists
-
-    def __str__(self) -> str:
-        return self.value
-
-
+RequestStage = states.RequestStage
 QUEUED = RequestStage.QUEUED
 ENTERING = RequestStage.ENTERING
 HELD = RequestStage.HELD
-#: The one edge out of each stage (a request ends, from any stage, when it is dropped).
-_NEXT = {QUEUED: ENTERING, ENTERING: HELD}
 
 
 @dataclass(eq=False)
@@ -76,15 +88,20 @@ class RegionRequest:
     """
 
     tenant: int
-    stage: RequestStage = QUEUED
+    state: RequestStage = QUEUED  # states.REQUEST_EDGES
     cancelled: bool = False
+
+    def __repr__(self) -> str:
+        return f"region request of tenant {self.tenant}"
+
+    @property
+    def stage(self) -> RequestStage:
+        """Its stage (``value``: the name in ``region_cancel``'s reply)."""
+        return self.state
 
     def advance(self, new: RequestStage) -> None:
         """Move to ``new``, the next stage (raises ``states.StateError`` otherwise)."""
-        if _NEXT.get(self.stage) is not new:
-            who = f"region request of tenant {self.tenant}"
-            raise states.StateError(f"{who}: {self.stage} -> {new}")
-        self.stage = new
+        states.change_state(self, new)
 
 
 def tenant_state(

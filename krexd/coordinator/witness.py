@@ -13,42 +13,62 @@ tenant that caused it is ended (exit 79) when the source is exact.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
-from krex_client.errors import ExitCode
-from krexd.coordinator.driver_locking import DriverLocking
 from krexd.coordinator.records import Region
+from krexd.coordinator.scope import GpuScope, log
+from krexd.isolation import ActivityWitness, GpuUseCheck
 from krexd.procfs import cmdline
-
-#: One logger for the package: its lines read as they did from one module.
-log = logging.getLogger("krexd.coordinator")
+from krexd.tenants import Tenant
 
 
-class Witness(DriverLocking):
-    """The witness of a region that ended (``_witness``)."""
+class Witness:
+    """The witness of one GPU's regions, after their end.
 
-    async def _witness(self, region: Region) -> dict[str, Any] | None:
-        """What the activity source saw during ``region``: None without a source.
+    Args:
+        scope: the GPU's scope.
+        activity: per-process GPU activity (``krexd.activity``; None: the
+            driver lock's coverage, when ``locking`` and ``guard`` allow).
+        guard: who has the GPU open (None: no coverage either).
+        locking: do regions lock processes through the driver (coverage
+            is reported only then)?
+    """
+
+    def __init__(
+        self,
+        scope: GpuScope,
+        activity: ActivityWitness | None,
+        guard: GpuUseCheck | None,
+        locking: bool,
+    ) -> None:
+        self._scope = scope
+        self._activity = activity
+        self._guard = guard
+        self._locking = locking
+
+    async def see(self, region: Region) -> dict[str, Any] | None:
+        """After step 7: what the activity source saw during ``region`` (grant to the
+        start of its end); None without a source, or before the region ended.
 
         Returns ``{"source", "contaminated", "others": [{pid, busy_ms,
-        tenant, command}]}``.  Ends the krex tenants among ``others``
-        (exit 79) when the source is exact.
+        tenant, command}]}`` (busy_ms in ms).  Ends the krex tenants among
+        ``others`` (exit 79) when the source is exact.  Never raises on a
+        source's OSError (logged, None).
         """
-        source = self._activity
+        source, scope = self._activity, self._scope
         if region.ended_at is None:
             return None
         if source is None:
             return await self._coverage(region)
         t0, t1 = int(region.granted_at * 1e9), int(region.ended_at * 1e9)
         try:
-            busy = await asyncio.to_thread(source.busy, self.gpu, t0, t1)
+            busy = await asyncio.to_thread(source.busy, scope.gpu, t0, t1)
         except OSError as exc:
-            log.error("GPU %d: region witness unavailable: %s", self.gpu, exc)
+            log.error("GPU %d: region witness unavailable: %s", scope.gpu, exc)
             return None
-        holder = region.holder_pids | set(self._ctl.processes(region.tenant))
+        holder = region.holder_pids | set(scope.control.processes(region.tenant))
         others = {p: ns for p, ns in busy.items() if p not in holder and ns > 0}
-        owner = {p: t for t in self._tenants for p in self._ctl.processes(t)}
+        owner = {p: t for t in scope.tenants for p in scope.control.processes(t)}
         seen = []
         for pid, ns in sorted(others.items()):
             tenant = owner.get(pid)
@@ -62,10 +82,10 @@ class Witness(DriverLocking):
             )
         out = {"source": type(source).__name__, "contaminated": bool(seen), "others": seen}
         if seen:
-            self.stats.contaminated += 1
+            scope.stats.contaminated += 1
             log.error(
                 "GPU %d: region of tenant %d (epoch %d) contaminated: %s",
-                self.gpu,
+                scope.gpu,
                 region.tenant.id,
                 region.epoch,
                 "; ".join(f"pid {o['pid']} ({o['command']}) {o['busy_ms']} ms" for o in seen),
@@ -84,15 +104,15 @@ class Witness(DriverLocking):
         region (other than the holder's and the frozen siblings'): each could
         have run inside it.  ``contaminated`` is then None (unknown).
         """
-        if self._guard is None or self._proc_lock is None:
+        if self._guard is None or not self._locking:
             return None
         users = await asyncio.to_thread(self._guard.users)
         if users is None:
             return None
-        locks = region.locks
-        covered = region.holder_pids | set(self._ctl.processes(region.tenant))
+        scope, locks = self._scope, region.locks
+        covered = region.holder_pids | set(scope.control.processes(region.tenant))
         covered |= set([*locks.pids, *locks.released] if locks else [])  # unlocked by now
-        covered |= {p for t in region.siblings for p in self._ctl.processes(t)}
+        covered |= {p for t in region.siblings for p in scope.control.processes(t)}
         unlocked = sorted(users - covered)
         return {
             "source": "driver lock coverage",
@@ -102,14 +122,12 @@ class Witness(DriverLocking):
             ],  # fmt: skip
         }
 
-    def _end_contaminators(self, region: Region, tenants: list[Any]) -> None:
+    def _end_contaminators(self, region: Region, tenants: list[Tenant]) -> None:
+        scope = self._scope
         for tenant in {t.id: t for t in tenants if t.id != region.tenant.id}.values():
             reason = (
                 f"its GPU work ran inside tenant {region.tenant.id}'s critical region "
-                f"(GPU {self.gpu}, epoch {region.epoch})"
+                f"(GPU {scope.gpu}, epoch {region.epoch})"
             )
-            log.error("GPU %d: tenant %d: %s; ending its command", self.gpu, tenant.id, reason)
-            if self._end_command is not None:
-                self._end_command(tenant, reason, ExitCode.UNPROTECTABLE, "contaminated")
-            else:
-                self._end_unprotected(tenant, reason, "contaminated")
+            log.error("GPU %d: tenant %d: %s; ending its command", scope.gpu, tenant.id, reason)
+            scope.end_tenant(tenant, reason, "contaminated")

@@ -217,7 +217,7 @@ def test_a_process_started_while_its_tenant_was_thawed_for_a_lock_is_locked_too(
                 r.guard.users_now = (r.guard.users_now or set()) | {later}
 
     def region_entering() -> bool:
-        return r.coord._entering is not None
+        return r.coord.gated.entering is not None
 
     r.control.wait_frozen = wait_frozen  # type: ignore[method-assign]
     r.control.thaw = thaw  # type: ignore[method-assign]
@@ -262,12 +262,12 @@ def test_a_lock_returning_after_the_region_ended_is_undone() -> None:
 
     async def scenario() -> None:
         grant = await r.enter(a)
-        region = r.coord._region
+        region = r.coord.gated.region
         assert region is not None and region.locks is not None
         await r.exit(a, grant)
         assert region.locks.closed and not r.plock.locked
         # A call of the drain's thread that returns only now:
-        failed = await asyncio.to_thread(r.coord._lock_pids, {_pid(b)}, region.locks)
+        failed = await asyncio.to_thread(r.coord.steps.locks.lock_pids, {_pid(b)}, region.locks)
         assert failed == [] and _pid(b) not in r.plock.locked
         assert r.events.log[-1] == ("unlock", _pid(b))
 

@@ -71,7 +71,7 @@ def assert_idle(r: Rig) -> None:
     assert r.coord.state == states.IDLE
     assert r.coord.status()["holder"] is None
     assert r.gate.word is None, "gate left closed"
-    assert r.coord._lock.owner is None, "region lock still held"
+    assert r.coord.gated.requests.owner is None, "region lock still held"
     assert not r.control.frozen, f"left frozen: {r.control.frozen}"
     for tid, cores in r.pinner.cpus.items():
         assert cores == SLICE.tenant_cores, f"tenant {tid} kept the slice {cores}"
@@ -85,7 +85,7 @@ def test_entry_and_exit_run_the_steps_in_the_papers_order() -> None:
     holder, s1, s2 = r.tenants
     tid = min(holder.pids)
     seen: dict[str, Any] = {}
-    r.events.on("reopen", lambda: seen.update(owner_at_reopen=r.coord._lock.owner))
+    r.events.on("reopen", lambda: seen.update(owner_at_reopen=r.coord.gated.requests.owner))
 
     async def scenario() -> None:
         grant = await r.enter(holder)
@@ -357,12 +357,12 @@ def test_late_recovery_after_a_newer_region_is_a_no_op() -> None:
 
     async def scenario() -> None:
         grant_a = await r.enter(a)
-        region_a = r.coord._region
+        region_a = r.coord.gated.region
         assert region_a is not None
         await r.exit(a, grant_a)
         grant_b = await r.enter(b)
         before = list(r.events.log)
-        assert await r.coord._end(region_a, "late recovery of A") is None
+        assert await r.coord.gated._end(region_a, "late recovery of A") is None
         assert r.events.log == before, "late recovery acted on the newer region"
         assert r.gate.word == (b.id, grant_b["epoch"])
         assert r.control.frozen == {a.id, s.id}

@@ -27,7 +27,7 @@ def test_late_recovery_is_a_no_op_for_a_newer_region(one_gpu: Callable[[int], On
 
     async def scenario() -> None:
         grant_a = await coord.enter(a, g.pid(a), g.pid(a))
-        region_a = coord._region
+        region_a = coord.gated.region
         assert b.cgroup.is_frozen() and s.cgroup.is_frozen()
         await coord.exit(a, grant_a["epoch"], 0.0, 0)
         assert not s.cgroup.is_frozen()
@@ -35,7 +35,7 @@ def test_late_recovery_is_a_no_op_for_a_newer_region(one_gpu: Callable[[int], On
         assert grant_b["epoch"] != grant_a["epoch"]
         # A's recovery arrives late, after B's region began.
         assert region_a is not None
-        assert await coord._end(region_a, "late recovery of A") is None
+        assert await coord.gated._end(region_a, "late recovery of A") is None
         assert a.cgroup.is_frozen() and s.cgroup.is_frozen(), "late recovery thawed B's siblings"
         if g.gate is not None:
             assert g.gate.word == (b.id, grant_b["epoch"]), "late recovery reopened the gate"
@@ -57,13 +57,13 @@ def test_tenant_admitted_while_a_region_is_being_established_is_frozen(
     holder, sibling, late = g.tenants
     g.admit(holder, sibling)  # ``late`` is admitted during the entry, below
     coord = g.coordinator()
-    real_wait = coord._wait_frozen
+    real_wait = coord.steps.freezer._wait_frozen
 
     async def slow_wait_frozen(sib: Tenant, timeout_s: float) -> bool:
         await asyncio.sleep(0.3)  # the window a slow freeze leaves open
         return await real_wait(sib, timeout_s)
 
-    coord._wait_frozen = slow_wait_frozen  # type: ignore[method-assign]
+    coord.steps.freezer._wait_frozen = slow_wait_frozen  # type: ignore[method-assign]
 
     async def scenario() -> None:
         entering = asyncio.ensure_future(coord.enter(holder, g.pid(holder), g.pid(holder)))

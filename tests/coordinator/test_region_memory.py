@@ -114,7 +114,7 @@ def test_an_entry_found_short_freezes_no_more_siblings() -> None:
     c, mem, events, (holder, sib, other) = rig(3, wait_s=0.2)
     mem.held = {holder.id: 1 * G, sib.id: 70 * G, other.id: 1 * G}
     mem.expected = {holder.id: 20 * G}
-    gate = c._gate
+    gate = c.steps.gate.gate
     assert isinstance(gate, FakeGate)
     checked = threading.Event()
     # The drain settles its siblings only after the check said "short".
@@ -184,7 +184,7 @@ def test_an_entry_that_can_never_fit_fails_at_once_naming_the_sizes() -> None:
     assert time.monotonic() - t0 < 1.0
     _undone_before_waiting(events, sib)
     assert events.names().count("close") == 1 and c.status()["holder"] is None
-    assert c._lock.owner is None, "the lock is released"
+    assert c.gated.requests.owner is None, "the lock is released"
 
 
 def test_the_wait_is_bounded_then_the_entry_proceeds() -> None:
@@ -216,7 +216,7 @@ def test_cancel_ends_a_wait_for_memory() -> None:
         with pytest.raises(KrexError) as err:
             await entry
         assert err.value.code == Code.CANCELLED
-        assert c._lock.owner is None
+        assert c.gated.requests.owner is None
 
     run(scenario())
     _undone_before_waiting(events, sib)
@@ -260,7 +260,7 @@ def test_a_holder_that_gives_up_during_an_undone_attempt_is_not_entered_again(ho
             await enter(c, holder)
         await tasks[0]
         assert err.value.code == Code.CANCELLED
-        assert c._lock.owner is None and c.status()["holder"] is None
+        assert c.gated.requests.owner is None and c.status()["holder"] is None
 
     run(scenario())
     _undone_before_waiting(events, sib)

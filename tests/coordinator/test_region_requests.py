@@ -48,7 +48,7 @@ def test_second_enter_right_after_the_lock_hand_over_is_refused() -> None:
         waiting = asyncio.ensure_future(r.enter(b))
         await asyncio.sleep(0.01)
         await r.exit(a, grant)  # hands the lock to b; b's task has not resumed yet
-        assert r.coord._lock.owner == b.id
+        assert r.coord.gated.requests.owner == b.id
         with pytest.raises(KrexError) as err:
             await r.enter(b)
         assert err.value.code == Code.NESTED_REGION

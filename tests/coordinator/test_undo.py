@@ -66,7 +66,7 @@ def test_a_cancelled_pool_hold_is_released(tmp_path: Any) -> None:
 
     async def scenario() -> None:
         stack = UndoStack()
-        freeze.begin()  # as _establish does once the gate is closed
+        freeze.begin()  # as GatedRegions._hold_pools does once the gate is closed
         stack.push("pools' freeze", freeze.release)
         assert (tmp_path / "cgroup.freeze").read_text().strip() == "1"
         task = asyncio.ensure_future(freeze.wait_frozen(10.0))

@@ -8,7 +8,9 @@ from krexd import states
 
 
 class Thing:
-    def __init__(self, state: states.TenantState | states.RegionState) -> None:
+    def __init__(
+        self, state: states.TenantState | states.RegionState | states.RequestStage
+    ) -> None:
         self.state = state
 
 
@@ -50,9 +52,13 @@ def test_region_edges() -> None:
         states.change_state(r, states.HELD)
 
 
-def test_the_two_machines_share_no_state() -> None:
-    """Spelled alike on the wire ("freezing", "thawing"), never equal, never crossed."""
-    assert states.REGION_FREEZING.value == states.FREEZING.value
+def test_the_machines_share_no_state_and_no_value() -> None:
+    """Tenant, region and request states: no value in common (before, tenant and region
+    states were both "freezing" and "thawing", region and request states both "held")."""
+    machines = (states.TenantState, states.RegionState, states.RequestStage)
+    values = [s.value for m in machines for s in m]
+    assert len(values) == len(set(values))
+    assert str(states.REGION_FREEZING) == "freezing"  # the logs' name is kept
     assert states.REGION_FREEZING != states.FREEZING
     assert not set(states.TENANT_EDGES) & set(states.REGION_EDGES)
     t = Thing(states.RUNNING)
@@ -62,3 +68,14 @@ def test_the_two_machines_share_no_state() -> None:
     with pytest.raises(states.StateError):
         states.change_state(r, states.FREEZING)
     assert t.state is states.RUNNING and r.state is states.DRAINING
+
+
+def test_a_request_stage_is_guarded_like_any_state() -> None:
+    q = Thing(states.RequestStage.QUEUED)
+    with pytest.raises(states.StateError, match="queued -> held"):
+        states.change_state(q, states.RequestStage.HELD)
+    states.change_state(q, states.RequestStage.ENTERING)
+    with pytest.raises(states.StateError):
+        states.change_state(q, states.HELD)  # the region's HELD, another machine
+    states.change_state(q, states.RequestStage.HELD)
+    assert q.state is states.RequestStage.HELD

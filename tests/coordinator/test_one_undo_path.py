@@ -1,0 +1,120 @@
+"""One undo path: a failed entry, an end and an adopted region's end unwind one stack.
+
+Each step of an entry pushes its compensator on the region's undo stack as
+it takes effect, the gate's reopen first; ``GatedRegions._teardown`` unwinds
+it for every path (krexd.coordinator.protocol), so the paths cannot drift.
+Over the fakes of ``tests/fakes.py``: no root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from krexd import states
+from krexd.config import RegionConfig
+from krexd.coordinator import Coordinator
+from krexd.pool_freeze import PoolFreeze
+from krexd.tenants import TenantRegistry
+from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, rig, run
+from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
+
+#: What an entry pushes, in push order (so unwound last-first: cores first, gate last).
+STACK = ["gate", "pools' freeze", "driver locks", "siblings' freeze", "cores"]
+
+
+def _pools(tmp_path: Any) -> PoolFreeze:
+    (tmp_path / "cgroup.freeze").write_text("0\n")
+    (tmp_path / "cgroup.events").write_text("populated 1\nfrozen 1\n")  # frozen at once
+    return PoolFreeze(str(tmp_path))
+
+
+def test_an_adopted_region_has_the_stack_an_entered_one_has(tmp_path: Any) -> None:
+    # Before, adoption pushed its own list (the pools after the siblings, no gate): an
+    # adopted region's end thawed in another order than an entered region's end.
+    events = Events()
+    registry = TenantRegistry()
+    holder, sibling = make_tenant(registry), make_tenant(registry)
+    registry.add(holder)
+    registry.add(sibling)
+    pools = _pools(tmp_path)
+
+    def coordinator() -> Coordinator:
+        control, pinner, gate = FakeTenantControl(events), FakePinner(events), FakeGate(events)
+        cfg = RegionConfig()
+        return Coordinator(0, gate, SLICE, registry, cfg, control, pinner, pool_freeze=pools)
+
+    entered, adopted = coordinator(), coordinator()
+    tid = min(holder.pids)
+
+    async def scenario() -> None:
+        grant = await entered.enter(holder, tid, tid)
+        region = entered.gated.region
+        assert region is not None and region.undo.names() == STACK
+        adopted.adopt_region(holder, grant["epoch"], tid, tid, [sibling])
+        again = adopted.gated.region
+        assert again is not None and again.undo.names() == STACK
+        assert pools.holders == 2
+        await adopted.exit(holder, grant["epoch"], 0.0, 0)
+        assert again.undo.names() == [] and pools.holders == 1
+
+    run(scenario())
+
+
+def test_a_cancel_during_the_ends_thaw_still_reopens_and_releases() -> None:
+    # The exit's task is cancelled while a sibling thaws (a stop cancels the requests
+    # in flight).  Before, the end stopped after the unwind: the gate stayed closed, the
+    # state THAWING and the lock held, so no region could begin on the GPU again.
+    r = rig(2)
+    holder, sibling = r.tenants
+
+    async def scenario() -> None:
+        grant = await r.enter(holder)
+        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
+        exiting = asyncio.ensure_future(r.exit(holder, grant))
+        await asyncio.sleep(0.05)
+        exiting.cancel()
+        try:
+            await exiting
+        except asyncio.CancelledError:
+            pass
+        del r.control.is_frozen
+        assert r.coord.state == states.IDLE
+        assert r.gate.word is None, "gate left closed"
+        assert r.coord.gated.requests.owner is None, "region lock still held"
+        again = await r.enter(sibling)  # the GPU serves regions again
+        await r.exit(sibling, again)
+        assert_idle(r)
+
+    run(scenario())
+
+
+def test_a_second_cancel_during_a_failed_entrys_undo_still_reopens() -> None:
+    # The entry is cancelled while it waits for a freeze, then again while its undo
+    # thaws.  Before, the reopen came after the unwind and was skipped: the gate stayed
+    # closed and the state RECOVERING, and the next entry failed on its first edge.
+    r = rig(3)
+    holder, s1, _ = r.tenants
+    r.control.hold_freeze = asyncio.Event()
+
+    async def scenario() -> None:
+        entering = asyncio.ensure_future(r.enter(holder))
+        while ("wait_frozen", s1.id) not in r.events.log:
+            await asyncio.sleep(0.005)
+        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
+        entering.cancel()
+        await asyncio.sleep(0.05)  # inside the undo's thaw now
+        entering.cancel()
+        try:
+            await entering
+        except asyncio.CancelledError:
+            pass
+        del r.control.is_frozen
+        r.control.hold_freeze = None
+        assert r.coord.state == states.IDLE
+        assert r.gate.word is None, "gate left closed"
+        grant = await r.enter(s1)
+        await r.exit(s1, grant)
+        assert_idle(r)
+
+    run(scenario())
