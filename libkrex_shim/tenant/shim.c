@@ -66,14 +66,16 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
  *
  *   prepare  takes every lock of the shim, outermost first, the order in
  *            which the units may nest them: registration (reg_mu, here),
- *            tracking (track.c), the L2 buffers (region.c), the memory
+ *            tracking (track.c), HIP tracking (hiptrack.c, a leaf: it never
+ *            nests with track.c's), the L2 buffers (region.c), the memory
  *            accounting (memory.c, a leaf lock);
  *   parent   releases them in the reverse order;
  *   child    the child has its own pid and no drainer thread: it forgets
  *            the parent's slot (and registers at its first gated call),
  *            then each unit starts over, innermost first: memory, region,
- *            drain, tracking (contexts do not survive fork: the lists start
- *            empty), the thread marks; registration's lock last.
+ *            drain, HIP tracking, tracking (contexts and streams do not
+ *            survive fork: the lists start empty), the thread marks;
+ *            registration's lock last.
  *
  * The forking thread holds every lock across fork(), so the child never
  * inherits one held by a thread that does not exist there; both sides
