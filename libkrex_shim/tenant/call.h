@@ -106,10 +106,13 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter(void)
     return s;
 }
 
-/* As krex_enter() for a call into `stream`: when a sibling holds the gate
- * and the stream is capturing, the call passes uncounted (a captured call
- * puts no work on the device): KREX_CAPTURED. */
-static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
+/* As krex_enter() for a call into `stream` of `kind` (KREX_STREAM_*,
+ * state.h: a CUDA stream, of the per-thread family or not, or a HIP one):
+ * when a sibling holds the gate and the stream is capturing, the call
+ * passes uncounted (a captured call puts no work on the device):
+ * KREX_CAPTURED.  `kind` is a constant in every hook: the fast path is the
+ * same instructions for each. */
+static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_on(void *stream, int kind)
 {
     uintptr_t here = (uintptr_t)__builtin_frame_address(0);
     if (KREX_UNLIKELY(krex_counted()) && krex_reentry(here))
@@ -127,7 +130,7 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, i
             return marked;
         }
         if (KREX_UNLIKELY(!krex_gate_try_enter_inline(krex_gate_p, s, krex_tenant)))
-            s = krex_enter_blocked(s, stream, ptsz);
+            s = krex_enter_blocked(s, stream, kind);
         KREX_TEST_POINT("count_admitted");
     } else if (mode == KREX_MODE_PASS) {
         return NULL;
@@ -138,6 +141,19 @@ static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, i
     krex_outer = s;
     krex_depth = s != NULL;
     return s;
+}
+
+/* A CUDA driver call into `stream` (ptsz: the per-thread family). */
+static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_stream(CUstream stream, int ptsz)
+{
+    return krex_enter_on(stream, ptsz ? KREX_STREAM_CU_PTSZ : KREX_STREAM_CU);
+}
+
+/* A HIP runtime call into `stream` (spt: an _spt name, whose NULL stream is
+ * the per-thread one). */
+static KREX_ALWAYS_INLINE struct krex_slot *krex_enter_hip_stream(void *stream, int spt)
+{
+    return krex_enter_on(stream, spt ? KREX_STREAM_HIP_SPT : KREX_STREAM_HIP);
 }
 
 static KREX_ALWAYS_INLINE void krex_leave(struct krex_slot *s)

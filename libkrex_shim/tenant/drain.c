@@ -24,6 +24,7 @@
 #include "drain.h"
 #include "fault.h"
 #include "gate_internal.h"
+#include "hipdrain.h"
 #include "interpose.h"
 #include "marks.h"
 #include "track.h"
@@ -227,10 +228,11 @@ static CUcontext *all_contexts(const CUcontext *prim, size_t nprim, int **tracke
     return all;
 }
 
-/* The synchronization proper: snapshot under track_mu, then each context
- * (or, while a capture is open, each stream) claimed and synchronized
- * outside it, so the command's threads never wait behind the device. */
-static CUresult sync_all_locked(int app_thread)
+/* The CUDA synchronization proper: snapshot under track_mu, then each
+ * context (or, while a capture is open, each stream) claimed and
+ * synchronized outside it, so the command's threads never wait behind the
+ * device. */
+static CUresult sync_cuda_locked(int app_thread)
 {
     CUresult first = CUDA_SUCCESS;
     CUcontext prim[MAX_DEVICES];
@@ -273,6 +275,24 @@ static CUresult sync_all_locked(int app_thread)
     free(tracked);
     release_primaries(prim_dev, nprim);
     return first;
+}
+
+/* CUDA's half, when a CUDA hook bound the driver (krex_libcuda_bound: no
+ * load, no loader lock), then HIP's, when a HIP hook loaded the runtime
+ * (hipdrain.c).  A half that could synchronize nothing makes the whole
+ * CUDA_ERROR_NOT_FOUND (no acknowledgement); another failure of HIP's,
+ * CUDA_ERROR_UNKNOWN (logged there; acknowledged, as for CUDA's). */
+static CUresult sync_all_locked(int app_thread)
+{
+    CUresult r = krex_libcuda_bound() ? sync_cuda_locked(app_thread) : CUDA_SUCCESS;
+    enum krex_hip_sync_result h = krex_hip_sync(app_thread);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_ERROR_NOT_FOUND)
+        return r;
+    if (h == KREX_HIP_SYNC_NONE)
+        return CUDA_ERROR_NOT_FOUND;
+    if (h == KREX_HIP_SYNC_ERROR && r == CUDA_SUCCESS)
+        return CUDA_ERROR_UNKNOWN;
+    return r;
 }
 
 CUresult krex_sync_all(int app_thread)
@@ -513,8 +533,15 @@ static int exiting_discipline_on(void)
  * without synchronizing, and the driver's teardown never runs under the
  * drainer.  The cost: exit waits for the work the process left queued,
  * and each gated call made after this point synchronizes. */
+static _Atomic int at_exit_done;
+
 static void drain_at_exit(void)
 {
+    /* Registered once per runtime (CUDA's cuInit, HIP's first call): the
+     * one registered last runs first, before both runtimes' teardown, and
+     * does the work. */
+    if (atomic_exchange_explicit(&at_exit_done, 1, memory_order_relaxed))
+        return;
     stop_drains();
     struct krex_slot *s = atomic_load_explicit(&krex_slot_p, memory_order_acquire);
     if (!s || atomic_load_explicit(&krex_mode, memory_order_acquire) != KREX_MODE_GATING)
@@ -567,13 +594,25 @@ static void drain_at_exit(void)
     }
 }
 
+static void register_exit(_Atomic int *registered)
+{
+    /* Relaxed: only one caller registers; nothing else is published. */
+    if (!atomic_exchange_explicit(registered, 1, memory_order_relaxed) &&
+        atexit(drain_at_exit) != 0)
+        krex_log(KREX_LOG_WARN, "atexit failed: no synchronization at exit");
+}
+
 void krex_note_init(CUresult r)
 {
     static _Atomic int registered;
-    /* Relaxed: only one caller registers; nothing else is published. */
-    if (r == CUDA_SUCCESS && !atomic_exchange_explicit(&registered, 1, memory_order_relaxed) &&
-        atexit(drain_at_exit) != 0)
-        krex_log(KREX_LOG_WARN, "atexit failed: no synchronization at exit");
+    if (r == CUDA_SUCCESS)
+        register_exit(&registered);
+}
+
+void krex_note_exit_handler(void)
+{
+    static _Atomic int registered;
+    register_exit(&registered);
 }
 
 /* Last resort when the atexit handler never ran (no cuInit through the
@@ -595,5 +634,6 @@ void krex_drain_atfork_child(void)
     atomic_store_explicit(&exiting, 0, memory_order_relaxed);
     atomic_store_explicit(&krex_exit_sync, 0, memory_order_relaxed);
     atomic_store_explicit(&exit_unfinished, 0, memory_order_relaxed);
+    atomic_store_explicit(&at_exit_done, 0, memory_order_relaxed);
     pthread_mutex_init(&sync_mu, NULL);
 }

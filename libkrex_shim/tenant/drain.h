@@ -11,7 +11,8 @@
 int krex_drainer_start(struct krex_slot *s);
 /* Synchronize every context this process uses (paper §4.2 step 3):
  * contexts it created or made current plus the active primary contexts;
- * per stream instead while a capture is open.  `app_thread` != 0 when
+ * per stream instead while a capture is open; and every HIP device it used
+ * (hipdrain.h).  `app_thread` != 0 when
  * called from an application thread (its capture mode is restored).
  * Returns the first error, or CUDA_SUCCESS. */
 CUresult krex_sync_all(int app_thread);
@@ -21,8 +22,13 @@ CUresult krex_sync_all(int app_thread);
 extern _Atomic int krex_exit_sync;
 void krex_leave_exiting(struct krex_slot *s);
 
-/* [observe.post] of cuInit. */
+/* [observe.post] of cuInit: the exit handler is registered after the
+ * driver's first successful initialisation. */
 void krex_note_init(CUresult r);
+/* The same for HIP's first successful gated call (hipdrain.c): registered
+ * again if CUDA's came first, so that it runs before the teardown of
+ * whichever runtime initialised last; it runs once. */
+void krex_note_exit_handler(void);
 
 /* In a fork child (shim.c's fork handlers): no drainer, not exiting. */
 void krex_drain_atfork_child(void);

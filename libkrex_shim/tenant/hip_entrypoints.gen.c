@@ -7,6 +7,7 @@
 #include <hip/hip_runtime.h>
 #include <hip/hiprtc.h>
 #include <hip/amd_detail/hip_runtime_prof.h>
+#include <stddef.h>
 
 #include "hip_entrypoints.gen.h"
 
@@ -14,409 +15,6 @@
     HIP_VERSION_PATCH != KREX_HIP_EP_VERSION_PATCH
 #error "hip_entrypoints.gen.c was generated from other HIP headers: run tools/gen_hip_entrypoints.py"
 #endif
-
-const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
-    {"__hipGetPCH", "__hipGetPCH", 'D', 0},
-    {"__hipPopCallConfiguration", "__hipPopCallConfiguration", 'D', 0},
-    {"__hipPushCallConfiguration", "__hipPushCallConfiguration", 'D', 0},
-    {"hipApiName", "hipApiName", 'D', 0},
-    {"hipArray3DCreate", "hipArray3DCreate", 'D', 0},
-    {"hipArrayCreate", "hipArrayCreate", 'D', 0},
-    {"hipArrayDestroy", "hipArrayDestroy", 'A', KREX_HIP_EPF_GATED},
-    {"hipBindTexture", "hipBindTexture", 'D', 0},
-    {"hipBindTexture2D", "hipBindTexture2D", 'D', 0},
-    {"hipBindTextureToArray", "hipBindTextureToArray", 'D', 0},
-    {"hipBindTextureToMipmappedArray", "hipBindTextureToMipmappedArray", 'D', 0},
-    {"hipChooseDevice", "hipChooseDevice", 'D', 0},
-    {"hipConfigureCall", "hipConfigureCall", 'D', 0},
-    {"hipCreateChannelDesc", "hipCreateChannelDesc", 'D', 0},
-    {"hipCreateSurfaceObject", "_Z22hipCreateSurfaceObjectPP13__hip_surfacePK15hipResourceDesc", 'D', KREX_HIP_EPF_CXX},
-    {"hipCreateTextureObject", "hipCreateTextureObject", 'D', 0},
-    {"hipCtxCreate", "hipCtxCreate", 'C', KREX_HIP_EPF_GATED},
-    {"hipCtxDestroy", "hipCtxDestroy", 'C', KREX_HIP_EPF_GATED},
-    {"hipCtxDisablePeerAccess", "hipCtxDisablePeerAccess", 'D', 0},
-    {"hipCtxEnablePeerAccess", "hipCtxEnablePeerAccess", 'D', 0},
-    {"hipCtxGetApiVersion", "hipCtxGetApiVersion", 'D', 0},
-    {"hipCtxGetCacheConfig", "hipCtxGetCacheConfig", 'D', 0},
-    {"hipCtxGetCurrent", "hipCtxGetCurrent", 'D', 0},
-    {"hipCtxGetDevice", "hipCtxGetDevice", 'D', 0},
-    {"hipCtxGetFlags", "hipCtxGetFlags", 'D', 0},
-    {"hipCtxGetSharedMemConfig", "hipCtxGetSharedMemConfig", 'D', 0},
-    {"hipCtxPopCurrent", "hipCtxPopCurrent", 'C', KREX_HIP_EPF_GATED},
-    {"hipCtxPushCurrent", "hipCtxPushCurrent", 'C', KREX_HIP_EPF_GATED},
-    {"hipCtxSetCacheConfig", "hipCtxSetCacheConfig", 'D', 0},
-    {"hipCtxSetCurrent", "hipCtxSetCurrent", 'C', KREX_HIP_EPF_GATED},
-    {"hipCtxSetSharedMemConfig", "hipCtxSetSharedMemConfig", 'D', 0},
-    {"hipCtxSynchronize", "hipCtxSynchronize", 'B', 0},
-    {"hipDestroyExternalMemory", "hipDestroyExternalMemory", 'D', 0},
-    {"hipDestroyExternalSemaphore", "hipDestroyExternalSemaphore", 'D', 0},
-    {"hipDestroySurfaceObject", "_Z23hipDestroySurfaceObjectP13__hip_surface", 'D', KREX_HIP_EPF_CXX},
-    {"hipDestroyTextureObject", "hipDestroyTextureObject", 'D', 0},
-    {"hipDeviceCanAccessPeer", "hipDeviceCanAccessPeer", 'D', 0},
-    {"hipDeviceComputeCapability", "hipDeviceComputeCapability", 'D', 0},
-    {"hipDeviceDisablePeerAccess", "hipDeviceDisablePeerAccess", 'D', 0},
-    {"hipDeviceEnablePeerAccess", "hipDeviceEnablePeerAccess", 'D', 0},
-    {"hipDeviceGet", "hipDeviceGet", 'D', 0},
-    {"hipDeviceGetAttribute", "hipDeviceGetAttribute", 'D', 0},
-    {"hipDeviceGetByPCIBusId", "hipDeviceGetByPCIBusId", 'D', 0},
-    {"hipDeviceGetCacheConfig", "hipDeviceGetCacheConfig", 'D', 0},
-    {"hipDeviceGetDefaultMemPool", "hipDeviceGetDefaultMemPool", 'D', 0},
-    {"hipDeviceGetLimit", "hipDeviceGetLimit", 'D', 0},
-    {"hipDeviceGetMemPool", "hipDeviceGetMemPool", 'D', 0},
-    {"hipDeviceGetName", "hipDeviceGetName", 'D', 0},
-    {"hipDeviceGetP2PAttribute", "hipDeviceGetP2PAttribute", 'D', 0},
-    {"hipDeviceGetPCIBusId", "hipDeviceGetPCIBusId", 'D', 0},
-    {"hipDeviceGetSharedMemConfig", "hipDeviceGetSharedMemConfig", 'D', 0},
-    {"hipDeviceGetStreamPriorityRange", "hipDeviceGetStreamPriorityRange", 'D', 0},
-    {"hipDeviceGetUuid", "hipDeviceGetUuid", 'D', 0},
-    {"hipDevicePrimaryCtxGetState", "hipDevicePrimaryCtxGetState", 'D', 0},
-    {"hipDevicePrimaryCtxRelease", "hipDevicePrimaryCtxRelease", 'C', KREX_HIP_EPF_GATED},
-    {"hipDevicePrimaryCtxReset", "hipDevicePrimaryCtxReset", 'C', KREX_HIP_EPF_GATED},
-    {"hipDevicePrimaryCtxRetain", "hipDevicePrimaryCtxRetain", 'C', KREX_HIP_EPF_GATED},
-    {"hipDevicePrimaryCtxSetFlags", "hipDevicePrimaryCtxSetFlags", 'C', KREX_HIP_EPF_GATED},
-    {"hipDeviceReset", "hipDeviceReset", 'C', KREX_HIP_EPF_GATED},
-    {"hipDeviceSetCacheConfig", "hipDeviceSetCacheConfig", 'D', 0},
-    {"hipDeviceSetMemPool", "hipDeviceSetMemPool", 'D', 0},
-    {"hipDeviceSetSharedMemConfig", "hipDeviceSetSharedMemConfig", 'D', 0},
-    {"hipDeviceSynchronize", "hipDeviceSynchronize", 'B', 0},
-    {"hipDeviceTotalMem", "hipDeviceTotalMem", 'D', 0},
-    {"hipDriverGetVersion", "hipDriverGetVersion", 'D', 0},
-    {"hipDrvMemcpy2DUnaligned", "hipDrvMemcpy2DUnaligned", 'A', KREX_HIP_EPF_GATED},
-    {"hipDrvMemcpy3D", "hipDrvMemcpy3D", 'A', KREX_HIP_EPF_GATED},
-    {"hipDrvMemcpy3DAsync", "hipDrvMemcpy3DAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipDrvPointerGetAttributes", "hipDrvPointerGetAttributes", 'D', 0},
-    {"hipEnableActivityCallback", "hipEnableActivityCallback", 'D', 0},
-    {"hipEventCreate", "hipEventCreate", 'D', 0},
-    {"hipEventCreateWithFlags", "hipEventCreateWithFlags", 'D', 0},
-    {"hipEventDestroy", "hipEventDestroy", 'D', 0},
-    {"hipEventElapsedTime", "hipEventElapsedTime", 'B', 0},
-    {"hipEventQuery", "hipEventQuery", 'B', 0},
-    {"hipEventRecord", "hipEventRecord", 'A', KREX_HIP_EPF_GATED},
-    {"hipEventSynchronize", "hipEventSynchronize", 'B', 0},
-    {"hipExtGetLinkTypeAndHopCount", "hipExtGetLinkTypeAndHopCount", 'D', 0},
-    {"hipExtLaunchKernel", "hipExtLaunchKernel", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipExtLaunchMultiKernelMultiDevice", "hipExtLaunchMultiKernelMultiDevice", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipExtMallocWithFlags", "hipExtMallocWithFlags", 'D', 0},
-    {"hipExtModuleLaunchKernel", "_Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX},
-    {"hipExtStreamCreateWithCUMask", "hipExtStreamCreateWithCUMask", 'C', KREX_HIP_EPF_GATED},
-    {"hipExtStreamGetCUMask", "hipExtStreamGetCUMask", 'D', 0},
-    {"hipExternalMemoryGetMappedBuffer", "hipExternalMemoryGetMappedBuffer", 'D', 0},
-    {"hipFree", "hipFree", 'A', KREX_HIP_EPF_GATED},
-    {"hipFreeArray", "hipFreeArray", 'A', KREX_HIP_EPF_GATED},
-    {"hipFreeAsync", "hipFreeAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipFreeHost", "hipFreeHost", 'A', KREX_HIP_EPF_GATED},
-    {"hipFreeMipmappedArray", "hipFreeMipmappedArray", 'A', KREX_HIP_EPF_GATED},
-    {"hipFuncGetAttribute", "hipFuncGetAttribute", 'D', 0},
-    {"hipFuncGetAttributes", "hipFuncGetAttributes", 'C', KREX_HIP_EPF_GATED},
-    {"hipFuncSetAttribute", "hipFuncSetAttribute", 'C', KREX_HIP_EPF_GATED},
-    {"hipFuncSetCacheConfig", "hipFuncSetCacheConfig", 'C', KREX_HIP_EPF_GATED},
-    {"hipFuncSetSharedMemConfig", "hipFuncSetSharedMemConfig", 'C', KREX_HIP_EPF_GATED},
-    {"hipGLGetDevices", "hipGLGetDevices", 'D', 0},
-    {"hipGetChannelDesc", "hipGetChannelDesc", 'D', 0},
-    {"hipGetCmdName", "hipGetCmdName", 'D', 0},
-    {"hipGetDevice", "hipGetDevice", 'D', 0},
-    {"hipGetDeviceCount", "hipGetDeviceCount", 'D', 0},
-    {"hipGetDeviceFlags", "hipGetDeviceFlags", 'D', 0},
-    {"hipGetDeviceProperties", "hipGetDeviceProperties", 'D', 0},
-    {"hipGetErrorName", "hipGetErrorName", 'D', 0},
-    {"hipGetErrorString", "hipGetErrorString", 'D', 0},
-    {"hipGetLastError", "hipGetLastError", 'D', 0},
-    {"hipGetMipmappedArrayLevel", "hipGetMipmappedArrayLevel", 'D', 0},
-    {"hipGetStreamDeviceId", "hipGetStreamDeviceId", 'D', 0},
-    {"hipGetSymbolAddress", "hipGetSymbolAddress", 'C', KREX_HIP_EPF_GATED},
-    {"hipGetSymbolSize", "hipGetSymbolSize", 'C', KREX_HIP_EPF_GATED},
-    {"hipGetTextureAlignmentOffset", "hipGetTextureAlignmentOffset", 'D', 0},
-    {"hipGetTextureObjectResourceDesc", "hipGetTextureObjectResourceDesc", 'D', 0},
-    {"hipGetTextureObjectResourceViewDesc", "hipGetTextureObjectResourceViewDesc", 'D', 0},
-    {"hipGetTextureObjectTextureDesc", "hipGetTextureObjectTextureDesc", 'D', 0},
-    {"hipGetTextureReference", "hipGetTextureReference", 'C', KREX_HIP_EPF_GATED},
-    {"hipGraphAddChildGraphNode", "hipGraphAddChildGraphNode", 'D', 0},
-    {"hipGraphAddDependencies", "hipGraphAddDependencies", 'D', 0},
-    {"hipGraphAddEmptyNode", "hipGraphAddEmptyNode", 'D', 0},
-    {"hipGraphAddEventRecordNode", "hipGraphAddEventRecordNode", 'D', 0},
-    {"hipGraphAddEventWaitNode", "hipGraphAddEventWaitNode", 'D', 0},
-    {"hipGraphAddHostNode", "hipGraphAddHostNode", 'D', 0},
-    {"hipGraphAddKernelNode", "hipGraphAddKernelNode", 'D', 0},
-    {"hipGraphAddMemcpyNode", "hipGraphAddMemcpyNode", 'D', 0},
-    {"hipGraphAddMemcpyNode1D", "hipGraphAddMemcpyNode1D", 'D', 0},
-    {"hipGraphAddMemcpyNodeFromSymbol", "hipGraphAddMemcpyNodeFromSymbol", 'D', 0},
-    {"hipGraphAddMemcpyNodeToSymbol", "hipGraphAddMemcpyNodeToSymbol", 'D', 0},
-    {"hipGraphAddMemsetNode", "hipGraphAddMemsetNode", 'D', 0},
-    {"hipGraphChildGraphNodeGetGraph", "hipGraphChildGraphNodeGetGraph", 'D', 0},
-    {"hipGraphClone", "hipGraphClone", 'D', 0},
-    {"hipGraphCreate", "hipGraphCreate", 'D', 0},
-    {"hipGraphDestroy", "hipGraphDestroy", 'D', 0},
-    {"hipGraphDestroyNode", "hipGraphDestroyNode", 'D', 0},
-    {"hipGraphEventRecordNodeGetEvent", "hipGraphEventRecordNodeGetEvent", 'D', 0},
-    {"hipGraphEventRecordNodeSetEvent", "hipGraphEventRecordNodeSetEvent", 'D', 0},
-    {"hipGraphEventWaitNodeGetEvent", "hipGraphEventWaitNodeGetEvent", 'D', 0},
-    {"hipGraphEventWaitNodeSetEvent", "hipGraphEventWaitNodeSetEvent", 'D', 0},
-    {"hipGraphExecChildGraphNodeSetParams", "hipGraphExecChildGraphNodeSetParams", 'D', 0},
-    {"hipGraphExecDestroy", "hipGraphExecDestroy", 'D', 0},
-    {"hipGraphExecEventRecordNodeSetEvent", "hipGraphExecEventRecordNodeSetEvent", 'D', 0},
-    {"hipGraphExecEventWaitNodeSetEvent", "hipGraphExecEventWaitNodeSetEvent", 'D', 0},
-    {"hipGraphExecHostNodeSetParams", "hipGraphExecHostNodeSetParams", 'D', 0},
-    {"hipGraphExecKernelNodeSetParams", "hipGraphExecKernelNodeSetParams", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParams", "hipGraphExecMemcpyNodeSetParams", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParams1D", "hipGraphExecMemcpyNodeSetParams1D", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParamsFromSymbol", "hipGraphExecMemcpyNodeSetParamsFromSymbol", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParamsToSymbol", "hipGraphExecMemcpyNodeSetParamsToSymbol", 'D', 0},
-    {"hipGraphExecMemsetNodeSetParams", "hipGraphExecMemsetNodeSetParams", 'D', 0},
-    {"hipGraphExecUpdate", "hipGraphExecUpdate", 'D', 0},
-    {"hipGraphGetEdges", "hipGraphGetEdges", 'D', 0},
-    {"hipGraphGetNodes", "hipGraphGetNodes", 'D', 0},
-    {"hipGraphGetRootNodes", "hipGraphGetRootNodes", 'D', 0},
-    {"hipGraphHostNodeGetParams", "hipGraphHostNodeGetParams", 'D', 0},
-    {"hipGraphHostNodeSetParams", "hipGraphHostNodeSetParams", 'D', 0},
-    {"hipGraphInstantiate", "hipGraphInstantiate", 'C', KREX_HIP_EPF_GATED},
-    {"hipGraphInstantiateWithFlags", "hipGraphInstantiateWithFlags", 'C', KREX_HIP_EPF_GATED},
-    {"hipGraphKernelNodeGetAttribute", "hipGraphKernelNodeGetAttribute", 'D', 0},
-    {"hipGraphKernelNodeGetParams", "hipGraphKernelNodeGetParams", 'D', 0},
-    {"hipGraphKernelNodeSetAttribute", "hipGraphKernelNodeSetAttribute", 'D', 0},
-    {"hipGraphKernelNodeSetParams", "hipGraphKernelNodeSetParams", 'D', 0},
-    {"hipGraphLaunch", "hipGraphLaunch", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipGraphMemcpyNodeGetParams", "hipGraphMemcpyNodeGetParams", 'D', 0},
-    {"hipGraphMemcpyNodeSetParams", "hipGraphMemcpyNodeSetParams", 'D', 0},
-    {"hipGraphMemcpyNodeSetParams1D", "hipGraphMemcpyNodeSetParams1D", 'D', 0},
-    {"hipGraphMemcpyNodeSetParamsFromSymbol", "hipGraphMemcpyNodeSetParamsFromSymbol", 'D', 0},
-    {"hipGraphMemcpyNodeSetParamsToSymbol", "hipGraphMemcpyNodeSetParamsToSymbol", 'D', 0},
-    {"hipGraphMemsetNodeGetParams", "hipGraphMemsetNodeGetParams", 'D', 0},
-    {"hipGraphMemsetNodeSetParams", "hipGraphMemsetNodeSetParams", 'D', 0},
-    {"hipGraphNodeFindInClone", "hipGraphNodeFindInClone", 'D', 0},
-    {"hipGraphNodeGetDependencies", "hipGraphNodeGetDependencies", 'D', 0},
-    {"hipGraphNodeGetDependentNodes", "hipGraphNodeGetDependentNodes", 'D', 0},
-    {"hipGraphNodeGetType", "hipGraphNodeGetType", 'D', 0},
-    {"hipGraphRemoveDependencies", "hipGraphRemoveDependencies", 'D', 0},
-    {"hipGraphicsGLRegisterBuffer", "hipGraphicsGLRegisterBuffer", 'D', 0},
-    {"hipGraphicsGLRegisterImage", "hipGraphicsGLRegisterImage", 'D', 0},
-    {"hipGraphicsMapResources", "hipGraphicsMapResources", 'A', KREX_HIP_EPF_GATED},
-    {"hipGraphicsResourceGetMappedPointer", "hipGraphicsResourceGetMappedPointer", 'D', 0},
-    {"hipGraphicsSubResourceGetMappedArray", "hipGraphicsSubResourceGetMappedArray", 'D', 0},
-    {"hipGraphicsUnmapResources", "hipGraphicsUnmapResources", 'A', KREX_HIP_EPF_GATED},
-    {"hipGraphicsUnregisterResource", "hipGraphicsUnregisterResource", 'D', 0},
-    {"hipHccModuleLaunchKernel", "_Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX},
-    {"hipHostAlloc", "hipHostAlloc", 'D', 0},
-    {"hipHostFree", "hipHostFree", 'A', KREX_HIP_EPF_GATED},
-    {"hipHostGetDevicePointer", "hipHostGetDevicePointer", 'D', 0},
-    {"hipHostGetFlags", "hipHostGetFlags", 'D', 0},
-    {"hipHostMalloc", "hipHostMalloc", 'D', 0},
-    {"hipHostRegister", "hipHostRegister", 'D', 0},
-    {"hipHostUnregister", "hipHostUnregister", 'A', KREX_HIP_EPF_GATED},
-    {"hipImportExternalMemory", "hipImportExternalMemory", 'D', 0},
-    {"hipImportExternalSemaphore", "hipImportExternalSemaphore", 'D', 0},
-    {"hipInit", "hipInit", 'C', KREX_HIP_EPF_GATED},
-    {"hipInitActivityCallback", "hipInitActivityCallback", 'D', 0},
-    {"hipIpcCloseMemHandle", "hipIpcCloseMemHandle", 'D', 0},
-    {"hipIpcGetEventHandle", "hipIpcGetEventHandle", 'D', 0},
-    {"hipIpcGetMemHandle", "hipIpcGetMemHandle", 'D', 0},
-    {"hipIpcOpenEventHandle", "hipIpcOpenEventHandle", 'D', 0},
-    {"hipIpcOpenMemHandle", "hipIpcOpenMemHandle", 'D', 0},
-    {"hipKernelNameRef", "hipKernelNameRef", 'D', 0},
-    {"hipKernelNameRefByPtr", "hipKernelNameRefByPtr", 'C', KREX_HIP_EPF_GATED},
-    {"hipLaunchByPtr", "hipLaunchByPtr", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipLaunchCooperativeKernel", "hipLaunchCooperativeKernel", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipLaunchCooperativeKernelMultiDevice", "hipLaunchCooperativeKernelMultiDevice", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipLaunchCooperativeKernel_spt", "hipLaunchCooperativeKernel_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_SPT},
-    {"hipLaunchHostFunc", "hipLaunchHostFunc", 'A', KREX_HIP_EPF_GATED},
-    {"hipLaunchKernel", "hipLaunchKernel", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipLaunchKernel_spt", "hipLaunchKernel_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_SPT},
-    {"hipMalloc", "hipMalloc", 'D', 0},
-    {"hipMalloc3D", "hipMalloc3D", 'D', 0},
-    {"hipMalloc3DArray", "hipMalloc3DArray", 'D', 0},
-    {"hipMallocArray", "hipMallocArray", 'D', 0},
-    {"hipMallocAsync", "hipMallocAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMallocFromPoolAsync", "hipMallocFromPoolAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMallocHost", "hipMallocHost", 'D', 0},
-    {"hipMallocManaged", "hipMallocManaged", 'D', 0},
-    {"hipMallocMipmappedArray", "hipMallocMipmappedArray", 'D', 0},
-    {"hipMallocPitch", "hipMallocPitch", 'D', 0},
-    {"hipMemAddressFree", "hipMemAddressFree", 'D', 0},
-    {"hipMemAddressReserve", "hipMemAddressReserve", 'D', 0},
-    {"hipMemAdvise", "hipMemAdvise", 'D', 0},
-    {"hipMemAllocHost", "hipMemAllocHost", 'D', 0},
-    {"hipMemAllocPitch", "hipMemAllocPitch", 'D', 0},
-    {"hipMemCreate", "hipMemCreate", 'D', 0},
-    {"hipMemExportToShareableHandle", "hipMemExportToShareableHandle", 'D', 0},
-    {"hipMemGetAccess", "hipMemGetAccess", 'D', 0},
-    {"hipMemGetAddressRange", "hipMemGetAddressRange", 'D', 0},
-    {"hipMemGetAllocationGranularity", "hipMemGetAllocationGranularity", 'D', 0},
-    {"hipMemGetAllocationPropertiesFromHandle", "hipMemGetAllocationPropertiesFromHandle", 'D', 0},
-    {"hipMemGetInfo", "hipMemGetInfo", 'D', 0},
-    {"hipMemImportFromShareableHandle", "hipMemImportFromShareableHandle", 'D', 0},
-    {"hipMemMap", "hipMemMap", 'D', 0},
-    {"hipMemMapArrayAsync", "hipMemMapArrayAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemPoolCreate", "hipMemPoolCreate", 'D', 0},
-    {"hipMemPoolDestroy", "hipMemPoolDestroy", 'D', 0},
-    {"hipMemPoolExportPointer", "hipMemPoolExportPointer", 'D', 0},
-    {"hipMemPoolExportToShareableHandle", "hipMemPoolExportToShareableHandle", 'D', 0},
-    {"hipMemPoolGetAccess", "hipMemPoolGetAccess", 'D', 0},
-    {"hipMemPoolGetAttribute", "hipMemPoolGetAttribute", 'D', 0},
-    {"hipMemPoolImportFromShareableHandle", "hipMemPoolImportFromShareableHandle", 'D', 0},
-    {"hipMemPoolImportPointer", "hipMemPoolImportPointer", 'D', 0},
-    {"hipMemPoolSetAccess", "hipMemPoolSetAccess", 'D', 0},
-    {"hipMemPoolSetAttribute", "hipMemPoolSetAttribute", 'D', 0},
-    {"hipMemPoolTrimTo", "hipMemPoolTrimTo", 'D', 0},
-    {"hipMemPrefetchAsync", "hipMemPrefetchAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemPtrGetInfo", "hipMemPtrGetInfo", 'D', 0},
-    {"hipMemRangeGetAttribute", "hipMemRangeGetAttribute", 'D', 0},
-    {"hipMemRangeGetAttributes", "hipMemRangeGetAttributes", 'D', 0},
-    {"hipMemRelease", "hipMemRelease", 'D', 0},
-    {"hipMemRetainAllocationHandle", "hipMemRetainAllocationHandle", 'D', 0},
-    {"hipMemSetAccess", "hipMemSetAccess", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemUnmap", "hipMemUnmap", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy", "hipMemcpy", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy2D", "hipMemcpy2D", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy2DAsync", "hipMemcpy2DAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy2DFromArray", "hipMemcpy2DFromArray", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy2DFromArrayAsync", "hipMemcpy2DFromArrayAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy2DFromArray_spt", "hipMemcpy2DFromArray_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemcpy2DToArray", "hipMemcpy2DToArray", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy2DToArrayAsync", "hipMemcpy2DToArrayAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy2DToArray_spt", "hipMemcpy2DToArray_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemcpy2D_spt", "hipMemcpy2D_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemcpy3D", "hipMemcpy3D", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy3DAsync", "hipMemcpy3DAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy3D_spt", "hipMemcpy3D_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemcpyAsync", "hipMemcpyAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyAsync_spt", "hipMemcpyAsync_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemcpyAtoH", "hipMemcpyAtoH", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyDtoD", "hipMemcpyDtoD", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyDtoDAsync", "hipMemcpyDtoDAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyDtoH", "hipMemcpyDtoH", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyDtoHAsync", "hipMemcpyDtoHAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyFromArray", "hipMemcpyFromArray", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyFromSymbol", "hipMemcpyFromSymbol", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyFromSymbolAsync", "hipMemcpyFromSymbolAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyFromSymbol_spt", "hipMemcpyFromSymbol_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemcpyHtoA", "hipMemcpyHtoA", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyHtoD", "hipMemcpyHtoD", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyHtoDAsync", "hipMemcpyHtoDAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyParam2D", "hipMemcpyParam2D", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyParam2DAsync", "hipMemcpyParam2DAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyPeer", "hipMemcpyPeer", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyPeerAsync", "hipMemcpyPeerAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyToArray", "hipMemcpyToArray", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyToSymbol", "hipMemcpyToSymbol", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyToSymbolAsync", "hipMemcpyToSymbolAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpyToSymbol_spt", "hipMemcpyToSymbol_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemcpyWithStream", "hipMemcpyWithStream", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemcpy_spt", "hipMemcpy_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemset", "hipMemset", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemset2D", "hipMemset2D", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemset2DAsync", "hipMemset2DAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemset2D_spt", "hipMemset2D_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemset3D", "hipMemset3D", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemset3DAsync", "hipMemset3DAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemset3D_spt", "hipMemset3D_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMemsetAsync", "hipMemsetAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemsetD16", "hipMemsetD16", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemsetD16Async", "hipMemsetD16Async", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemsetD32", "hipMemsetD32", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemsetD32Async", "hipMemsetD32Async", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemsetD8", "hipMemsetD8", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemsetD8Async", "hipMemsetD8Async", 'A', KREX_HIP_EPF_GATED},
-    {"hipMemset_spt", "hipMemset_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipMipmappedArrayCreate", "hipMipmappedArrayCreate", 'D', 0},
-    {"hipMipmappedArrayDestroy", "hipMipmappedArrayDestroy", 'A', KREX_HIP_EPF_GATED},
-    {"hipMipmappedArrayGetLevel", "hipMipmappedArrayGetLevel", 'D', 0},
-    {"hipModuleGetFunction", "hipModuleGetFunction", 'C', KREX_HIP_EPF_GATED},
-    {"hipModuleGetGlobal", "hipModuleGetGlobal", 'C', KREX_HIP_EPF_GATED},
-    {"hipModuleGetTexRef", "hipModuleGetTexRef", 'C', KREX_HIP_EPF_GATED},
-    {"hipModuleLaunchKernel", "hipModuleLaunchKernel", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH},
-    {"hipModuleLoad", "hipModuleLoad", 'C', KREX_HIP_EPF_GATED},
-    {"hipModuleLoadData", "hipModuleLoadData", 'C', KREX_HIP_EPF_GATED},
-    {"hipModuleLoadDataEx", "hipModuleLoadDataEx", 'C', KREX_HIP_EPF_GATED},
-    {"hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", 'D', 0},
-    {"hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 'D', 0},
-    {"hipModuleOccupancyMaxPotentialBlockSize", "hipModuleOccupancyMaxPotentialBlockSize", 'D', 0},
-    {"hipModuleOccupancyMaxPotentialBlockSizeWithFlags", "hipModuleOccupancyMaxPotentialBlockSizeWithFlags", 'D', 0},
-    {"hipModuleUnload", "hipModuleUnload", 'C', KREX_HIP_EPF_GATED},
-    {"hipOccupancyMaxActiveBlocksPerMultiprocessor", "hipOccupancyMaxActiveBlocksPerMultiprocessor", 'C', KREX_HIP_EPF_GATED},
-    {"hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 'C', KREX_HIP_EPF_GATED},
-    {"hipOccupancyMaxPotentialBlockSize", "hipOccupancyMaxPotentialBlockSize", 'C', KREX_HIP_EPF_GATED},
-    {"hipPeekAtLastError", "hipPeekAtLastError", 'D', 0},
-    {"hipPointerGetAttribute", "hipPointerGetAttribute", 'D', 0},
-    {"hipPointerGetAttributes", "hipPointerGetAttributes", 'D', 0},
-    {"hipProfilerStart", "hipProfilerStart", 'D', 0},
-    {"hipProfilerStop", "hipProfilerStop", 'D', 0},
-    {"hipRegisterActivityCallback", "hipRegisterActivityCallback", 'D', 0},
-    {"hipRegisterApiCallback", "hipRegisterApiCallback", 'D', 0},
-    {"hipRemoveActivityCallback", "hipRemoveActivityCallback", 'D', 0},
-    {"hipRemoveApiCallback", "hipRemoveApiCallback", 'D', 0},
-    {"hipRuntimeGetVersion", "hipRuntimeGetVersion", 'D', 0},
-    {"hipSetDevice", "hipSetDevice", 'D', 0},
-    {"hipSetDeviceFlags", "hipSetDeviceFlags", 'D', 0},
-    {"hipSetupArgument", "hipSetupArgument", 'D', 0},
-    {"hipSignalExternalSemaphoresAsync", "hipSignalExternalSemaphoresAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipStreamAddCallback", "hipStreamAddCallback", 'A', KREX_HIP_EPF_GATED},
-    {"hipStreamAttachMemAsync", "hipStreamAttachMemAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hipStreamBeginCapture", "hipStreamBeginCapture", 'D', 0},
-    {"hipStreamCreate", "hipStreamCreate", 'C', KREX_HIP_EPF_GATED},
-    {"hipStreamCreateWithFlags", "hipStreamCreateWithFlags", 'C', KREX_HIP_EPF_GATED},
-    {"hipStreamCreateWithPriority", "hipStreamCreateWithPriority", 'C', KREX_HIP_EPF_GATED},
-    {"hipStreamDestroy", "hipStreamDestroy", 'C', KREX_HIP_EPF_GATED},
-    {"hipStreamEndCapture", "hipStreamEndCapture", 'D', 0},
-    {"hipStreamGetCaptureInfo", "hipStreamGetCaptureInfo", 'D', 0},
-    {"hipStreamGetCaptureInfo_v2", "hipStreamGetCaptureInfo_v2", 'D', 0},
-    {"hipStreamGetFlags", "hipStreamGetFlags", 'D', 0},
-    {"hipStreamGetFlags_spt", "hipStreamGetFlags_spt", 'D', KREX_HIP_EPF_SPT},
-    {"hipStreamGetPriority", "hipStreamGetPriority", 'D', 0},
-    {"hipStreamGetPriority_spt", "hipStreamGetPriority_spt", 'D', KREX_HIP_EPF_SPT},
-    {"hipStreamIsCapturing", "hipStreamIsCapturing", 'D', 0},
-    {"hipStreamQuery", "hipStreamQuery", 'B', 0},
-    {"hipStreamQuery_spt", "hipStreamQuery_spt", 'B', KREX_HIP_EPF_SPT},
-    {"hipStreamSynchronize", "hipStreamSynchronize", 'B', 0},
-    {"hipStreamSynchronize_spt", "hipStreamSynchronize_spt", 'B', KREX_HIP_EPF_SPT},
-    {"hipStreamUpdateCaptureDependencies", "hipStreamUpdateCaptureDependencies", 'D', 0},
-    {"hipStreamWaitEvent", "hipStreamWaitEvent", 'A', KREX_HIP_EPF_GATED},
-    {"hipStreamWaitEvent_spt", "hipStreamWaitEvent_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT},
-    {"hipStreamWaitValue32", "hipStreamWaitValue32", 'A', KREX_HIP_EPF_GATED},
-    {"hipStreamWaitValue64", "hipStreamWaitValue64", 'A', KREX_HIP_EPF_GATED},
-    {"hipStreamWriteValue32", "hipStreamWriteValue32", 'A', KREX_HIP_EPF_GATED},
-    {"hipStreamWriteValue64", "hipStreamWriteValue64", 'A', KREX_HIP_EPF_GATED},
-    {"hipTexObjectCreate", "hipTexObjectCreate", 'D', 0},
-    {"hipTexObjectDestroy", "hipTexObjectDestroy", 'D', 0},
-    {"hipTexObjectGetResourceDesc", "hipTexObjectGetResourceDesc", 'D', 0},
-    {"hipTexObjectGetResourceViewDesc", "hipTexObjectGetResourceViewDesc", 'D', 0},
-    {"hipTexObjectGetTextureDesc", "hipTexObjectGetTextureDesc", 'D', 0},
-    {"hipTexRefGetAddress", "hipTexRefGetAddress", 'D', 0},
-    {"hipTexRefGetAddressMode", "hipTexRefGetAddressMode", 'D', 0},
-    {"hipTexRefGetFilterMode", "hipTexRefGetFilterMode", 'D', 0},
-    {"hipTexRefGetFlags", "hipTexRefGetFlags", 'D', 0},
-    {"hipTexRefGetFormat", "hipTexRefGetFormat", 'D', 0},
-    {"hipTexRefGetMaxAnisotropy", "hipTexRefGetMaxAnisotropy", 'D', 0},
-    {"hipTexRefGetMipMappedArray", "hipTexRefGetMipMappedArray", 'D', 0},
-    {"hipTexRefGetMipmapFilterMode", "hipTexRefGetMipmapFilterMode", 'D', 0},
-    {"hipTexRefGetMipmapLevelBias", "hipTexRefGetMipmapLevelBias", 'D', 0},
-    {"hipTexRefGetMipmapLevelClamp", "hipTexRefGetMipmapLevelClamp", 'D', 0},
-    {"hipTexRefSetAddress", "hipTexRefSetAddress", 'D', 0},
-    {"hipTexRefSetAddress2D", "hipTexRefSetAddress2D", 'D', 0},
-    {"hipTexRefSetAddressMode", "hipTexRefSetAddressMode", 'D', 0},
-    {"hipTexRefSetArray", "hipTexRefSetArray", 'D', 0},
-    {"hipTexRefSetBorderColor", "hipTexRefSetBorderColor", 'D', 0},
-    {"hipTexRefSetFilterMode", "hipTexRefSetFilterMode", 'D', 0},
-    {"hipTexRefSetFlags", "hipTexRefSetFlags", 'D', 0},
-    {"hipTexRefSetFormat", "hipTexRefSetFormat", 'D', 0},
-    {"hipTexRefSetMaxAnisotropy", "hipTexRefSetMaxAnisotropy", 'D', 0},
-    {"hipTexRefSetMipmapFilterMode", "hipTexRefSetMipmapFilterMode", 'D', 0},
-    {"hipTexRefSetMipmapLevelBias", "hipTexRefSetMipmapLevelBias", 'D', 0},
-    {"hipTexRefSetMipmapLevelClamp", "hipTexRefSetMipmapLevelClamp", 'D', 0},
-    {"hipTexRefSetMipmappedArray", "hipTexRefSetMipmappedArray", 'D', 0},
-    {"hipThreadExchangeStreamCaptureMode", "hipThreadExchangeStreamCaptureMode", 'D', 0},
-    {"hipUnbindTexture", "hipUnbindTexture", 'D', 0},
-    {"hipWaitExternalSemaphoresAsync", "hipWaitExternalSemaphoresAsync", 'A', KREX_HIP_EPF_GATED},
-    {"hiprtcAddNameExpression", "hiprtcAddNameExpression", 'D', 0},
-    {"hiprtcCompileProgram", "hiprtcCompileProgram", 'D', 0},
-    {"hiprtcCreateProgram", "hiprtcCreateProgram", 'D', 0},
-    {"hiprtcDestroyProgram", "hiprtcDestroyProgram", 'D', 0},
-    {"hiprtcGetCode", "hiprtcGetCode", 'D', 0},
-    {"hiprtcGetCodeSize", "hiprtcGetCodeSize", 'D', 0},
-    {"hiprtcGetErrorString", "hiprtcGetErrorString", 'D', 0},
-    {"hiprtcGetLoweredName", "hiprtcGetLoweredName", 'D', 0},
-    {"hiprtcGetProgramLog", "hiprtcGetProgramLog", 'D', 0},
-    {"hiprtcGetProgramLogSize", "hiprtcGetProgramLogSize", 'D', 0},
-    {"hiprtcVersion", "hiprtcVersion", 'D', 0},
-};
 
 /* A function type per row, from the X-macros; each C-linkage one must be
  * the type the headers declare.  The C++-linkage ones are declared under
@@ -830,3 +428,90 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(hiprtcGetProgramLog), kre
 _Static_assert(__builtin_types_compatible_p(__typeof__(hiprtcGetProgramLogSize), krex_hip_fn_hiprtcGetProgramLogSize), "hiprtcGetProgramLogSize");
 _Static_assert(__builtin_types_compatible_p(__typeof__(hiprtcVersion), krex_hip_fn_hiprtcVersion), "hiprtcVersion");
 #pragma GCC diagnostic pop
+
+/* The ABI types: each the size and calling-convention class (an enum
+ * counts as an integer) of the header's type, each structure the
+ * header's layout. */
+#define KREX_HIP_CLASS(t) \
+    (__builtin_classify_type(*(t *)0) == 3 ? 1 : __builtin_classify_type(*(t *)0))
+#define KREX_HIP_SAME_ABI(a, b) \
+    (sizeof(a) == sizeof(b) && _Alignof(a) == _Alignof(b) && KREX_HIP_CLASS(a) == KREX_HIP_CLASS(b))
+_Static_assert(KREX_HIP_SAME_ABI(dim3, struct krex_hip_abi_dim3), "dim3");
+_Static_assert(offsetof(dim3, x) == offsetof(struct krex_hip_abi_dim3, x), "dim3.x");
+_Static_assert(offsetof(dim3, y) == offsetof(struct krex_hip_abi_dim3, y), "dim3.y");
+_Static_assert(offsetof(dim3, z) == offsetof(struct krex_hip_abi_dim3, z), "dim3.z");
+_Static_assert(KREX_HIP_SAME_ABI(hipExtent, struct krex_hip_abi_hipExtent), "hipExtent");
+_Static_assert(offsetof(hipExtent, width) == offsetof(struct krex_hip_abi_hipExtent, width), "hipExtent.width");
+_Static_assert(offsetof(hipExtent, height) == offsetof(struct krex_hip_abi_hipExtent, height), "hipExtent.height");
+_Static_assert(offsetof(hipExtent, depth) == offsetof(struct krex_hip_abi_hipExtent, depth), "hipExtent.depth");
+_Static_assert(KREX_HIP_SAME_ABI(hipPitchedPtr, struct krex_hip_abi_hipPitchedPtr), "hipPitchedPtr");
+_Static_assert(offsetof(hipPitchedPtr, ptr) == offsetof(struct krex_hip_abi_hipPitchedPtr, ptr), "hipPitchedPtr.ptr");
+_Static_assert(offsetof(hipPitchedPtr, pitch) == offsetof(struct krex_hip_abi_hipPitchedPtr, pitch), "hipPitchedPtr.pitch");
+_Static_assert(offsetof(hipPitchedPtr, xsize) == offsetof(struct krex_hip_abi_hipPitchedPtr, xsize), "hipPitchedPtr.xsize");
+_Static_assert(offsetof(hipPitchedPtr, ysize) == offsetof(struct krex_hip_abi_hipPitchedPtr, ysize), "hipPitchedPtr.ysize");
+_Static_assert(KREX_HIP_SAME_ABI(hipError_t, uint32_t), "hipError_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipArray*, void *), "hipArray*");
+_Static_assert(KREX_HIP_SAME_ABI(hipCtx_t*, void *), "hipCtx_t*");
+_Static_assert(KREX_HIP_SAME_ABI(unsigned int, uint32_t), "unsigned int");
+_Static_assert(KREX_HIP_SAME_ABI(hipDevice_t, int32_t), "hipDevice_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipCtx_t, void *), "hipCtx_t");
+_Static_assert(KREX_HIP_SAME_ABI(const hip_Memcpy2D*, void *), "const hip_Memcpy2D*");
+_Static_assert(KREX_HIP_SAME_ABI(const HIP_MEMCPY3D*, void *), "const HIP_MEMCPY3D*");
+_Static_assert(KREX_HIP_SAME_ABI(hipStream_t, void *), "hipStream_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipEvent_t*, void *), "hipEvent_t*");
+_Static_assert(KREX_HIP_SAME_ABI(unsigned, uint32_t), "unsigned");
+_Static_assert(KREX_HIP_SAME_ABI(hipEvent_t, void *), "hipEvent_t");
+_Static_assert(KREX_HIP_SAME_ABI(const void*, void *), "const void*");
+_Static_assert(KREX_HIP_SAME_ABI(dim3, struct krex_hip_abi_dim3), "dim3");
+_Static_assert(KREX_HIP_SAME_ABI(void**, void *), "void**");
+_Static_assert(KREX_HIP_SAME_ABI(size_t, uint64_t), "size_t");
+_Static_assert(KREX_HIP_SAME_ABI(int, int32_t), "int");
+_Static_assert(KREX_HIP_SAME_ABI(hipLaunchParams*, void *), "hipLaunchParams*");
+_Static_assert(KREX_HIP_SAME_ABI(hipFunction_t, void *), "hipFunction_t");
+_Static_assert(KREX_HIP_SAME_ABI(uint32_t, uint32_t), "uint32_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipStream_t*, void *), "hipStream_t*");
+_Static_assert(KREX_HIP_SAME_ABI(const uint32_t*, void *), "const uint32_t*");
+_Static_assert(KREX_HIP_SAME_ABI(void*, void *), "void*");
+_Static_assert(KREX_HIP_SAME_ABI(hipMipmappedArray_t, void *), "hipMipmappedArray_t");
+_Static_assert(KREX_HIP_SAME_ABI(struct hipFuncAttributes*, void *), "struct hipFuncAttributes*");
+_Static_assert(KREX_HIP_SAME_ABI(hipFuncAttribute, uint32_t), "hipFuncAttribute");
+_Static_assert(KREX_HIP_SAME_ABI(hipFuncCache_t, uint32_t), "hipFuncCache_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipSharedMemConfig, uint32_t), "hipSharedMemConfig");
+_Static_assert(KREX_HIP_SAME_ABI(int*, void *), "int*");
+_Static_assert(KREX_HIP_SAME_ABI(size_t*, void *), "size_t*");
+_Static_assert(KREX_HIP_SAME_ABI(const textureReference**, void *), "const textureReference**");
+_Static_assert(KREX_HIP_SAME_ABI(hipGraphExec_t*, void *), "hipGraphExec_t*");
+_Static_assert(KREX_HIP_SAME_ABI(hipGraph_t, void *), "hipGraph_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipGraphNode_t*, void *), "hipGraphNode_t*");
+_Static_assert(KREX_HIP_SAME_ABI(char*, void *), "char*");
+_Static_assert(KREX_HIP_SAME_ABI(unsigned long long, uint64_t), "unsigned long long");
+_Static_assert(KREX_HIP_SAME_ABI(hipGraphExec_t, void *), "hipGraphExec_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipGraphicsResource_t*, void *), "hipGraphicsResource_t*");
+_Static_assert(KREX_HIP_SAME_ABI(const char*, void *), "const char*");
+_Static_assert(KREX_HIP_SAME_ABI(hipHostFn_t, void *), "hipHostFn_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipMemPool_t, void *), "hipMemPool_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipArrayMapInfo*, void *), "hipArrayMapInfo*");
+_Static_assert(KREX_HIP_SAME_ABI(const hipMemAccessDesc*, void *), "const hipMemAccessDesc*");
+_Static_assert(KREX_HIP_SAME_ABI(hipMemcpyKind, uint32_t), "hipMemcpyKind");
+_Static_assert(KREX_HIP_SAME_ABI(hipArray_const_t, void *), "hipArray_const_t");
+_Static_assert(KREX_HIP_SAME_ABI(const struct hipMemcpy3DParms*, void *), "const struct hipMemcpy3DParms*");
+_Static_assert(KREX_HIP_SAME_ABI(hipDeviceptr_t, void *), "hipDeviceptr_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipPitchedPtr, struct krex_hip_abi_hipPitchedPtr), "hipPitchedPtr");
+_Static_assert(KREX_HIP_SAME_ABI(hipExtent, struct krex_hip_abi_hipExtent), "hipExtent");
+_Static_assert(KREX_HIP_SAME_ABI(unsigned short, uint16_t), "unsigned short");
+_Static_assert(KREX_HIP_SAME_ABI(unsigned char, uint8_t), "unsigned char");
+_Static_assert(KREX_HIP_SAME_ABI(hipFunction_t*, void *), "hipFunction_t*");
+_Static_assert(KREX_HIP_SAME_ABI(hipModule_t, void *), "hipModule_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipDeviceptr_t*, void *), "hipDeviceptr_t*");
+_Static_assert(KREX_HIP_SAME_ABI(textureReference**, void *), "textureReference**");
+_Static_assert(KREX_HIP_SAME_ABI(hipModule_t*, void *), "hipModule_t*");
+_Static_assert(KREX_HIP_SAME_ABI(hipJitOption*, void *), "hipJitOption*");
+_Static_assert(KREX_HIP_SAME_ABI(const hipExternalSemaphore_t*, void *), "const hipExternalSemaphore_t*");
+_Static_assert(KREX_HIP_SAME_ABI(const hipExternalSemaphoreSignalParams*, void *), "const hipExternalSemaphoreSignalParams*");
+_Static_assert(KREX_HIP_SAME_ABI(hipStreamCallback_t, void *), "hipStreamCallback_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipStreamCaptureMode, uint32_t), "hipStreamCaptureMode");
+_Static_assert(KREX_HIP_SAME_ABI(hipGraph_t*, void *), "hipGraph_t*");
+_Static_assert(KREX_HIP_SAME_ABI(hipStreamCaptureStatus*, void *), "hipStreamCaptureStatus*");
+_Static_assert(KREX_HIP_SAME_ABI(uint64_t, uint64_t), "uint64_t");
+_Static_assert(KREX_HIP_SAME_ABI(hipStreamCaptureMode*, void *), "hipStreamCaptureMode*");
+_Static_assert(KREX_HIP_SAME_ABI(const hipExternalSemaphoreWaitParams*, void *), "const hipExternalSemaphoreWaitParams*");

@@ -4,6 +4,7 @@
 #ifndef KREX_HIP_ENTRYPOINTS_GEN_H
 #define KREX_HIP_ENTRYPOINTS_GEN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define KREX_HIP_EP_VERSION_MAJOR 5
@@ -414,10 +415,11 @@ enum krex_hip_ep {
     KREX_HIP_EP_COUNT = 400
 };
 
-#define KREX_HIP_EPF_GATED 0x1u  /* A and C: counted and gated */
+#define KREX_HIP_EPF_GATED 0x1u  /* A, C and [gate_also]: counted and gated */
 #define KREX_HIP_EPF_LAUNCH 0x2u /* counted as a kernel launch */
 #define KREX_HIP_EPF_SPT 0x4u    /* _spt: stream 0 is the per-thread stream */
 #define KREX_HIP_EPF_CXX 0x8u    /* C++ linkage: exported mangled */
+#define KREX_HIP_EPF_HOOKED 0x10u /* the shim exports a hook of this name */
 
 struct krex_hip_ep_desc {
     const char *name;
@@ -426,8 +428,19 @@ struct krex_hip_ep_desc {
     uint8_t flags;
 };
 
-/* Sorted by name (strcmp order). */
+/* Sorted by name (strcmp order); hip_hooks.gen.c. */
 extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
+/* The hook exported under the name (NULL: unhooked), and for a C++-linkage
+ * name the one exported under its mangled symbol (else NULL). */
+extern void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT];
+extern void *const krex_hip_ep_symhook[KREX_HIP_EP_COUNT];
+/* The runtime majors the table accepts besides its own ([runtime]
+ * compatible_majors), and the exported names it knows beyond its rows
+ * ([runtime] known_exports and [undeclared]; sorted). */
+#define KREX_HIP_COMPAT_MAJORS_N 1
+#define KREX_HIP_KNOWN_EXPORTS_N 15
+extern const int krex_hip_compat_majors[];
+extern const char *const krex_hip_known_exports[];
 
 /* Prototypes by class, as X(name, symbol, ret, params, args, flags):
  * params is the parenthesized parameter list with its names (C++ default
@@ -436,102 +449,102 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
  * compiled as C with __HIP_PLATFORM_AMD__; a KREX_HIP_EPF_CXX name is
  * reached from C through its symbol (an asm label). */
 #define KREX_HIP_EPS_A(X) \
-    X(hipArrayDestroy, "hipArrayDestroy", hipError_t, (hipArray* array), (array), KREX_HIP_EPF_GATED) \
-    X(hipDrvMemcpy2DUnaligned, "hipDrvMemcpy2DUnaligned", hipError_t, (const hip_Memcpy2D* pCopy), (pCopy), KREX_HIP_EPF_GATED) \
-    X(hipDrvMemcpy3D, "hipDrvMemcpy3D", hipError_t, (const HIP_MEMCPY3D* pCopy), (pCopy), KREX_HIP_EPF_GATED) \
-    X(hipDrvMemcpy3DAsync, "hipDrvMemcpy3DAsync", hipError_t, (const HIP_MEMCPY3D* pCopy, hipStream_t stream), (pCopy, stream), KREX_HIP_EPF_GATED) \
-    X(hipEventRecord, "hipEventRecord", hipError_t, (hipEvent_t event, hipStream_t stream), (event, stream), KREX_HIP_EPF_GATED) \
-    X(hipExtLaunchKernel, "hipExtLaunchKernel", hipError_t, (const void* function_address, dim3 numBlocks, dim3 dimBlocks, void** args, size_t sharedMemBytes, hipStream_t stream, hipEvent_t startEvent, hipEvent_t stopEvent, int flags), (function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream, startEvent, stopEvent, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipExtLaunchMultiKernelMultiDevice, "hipExtLaunchMultiKernelMultiDevice", hipError_t, (hipLaunchParams* launchParamsList, int numDevices, unsigned int flags), (launchParamsList, numDevices, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipExtModuleLaunchKernel, "_Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j", hipError_t, (hipFunction_t f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, size_t sharedMemBytes, hipStream_t hStream, void** kernelParams, void** extra, hipEvent_t startEvent, hipEvent_t stopEvent, uint32_t flags), (f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX) \
-    X(hipFree, "hipFree", hipError_t, (void* ptr), (ptr), KREX_HIP_EPF_GATED) \
-    X(hipFreeArray, "hipFreeArray", hipError_t, (hipArray* array), (array), KREX_HIP_EPF_GATED) \
-    X(hipFreeAsync, "hipFreeAsync", hipError_t, (void* dev_ptr, hipStream_t stream), (dev_ptr, stream), KREX_HIP_EPF_GATED) \
-    X(hipFreeHost, "hipFreeHost", hipError_t, (void* ptr), (ptr), KREX_HIP_EPF_GATED) \
-    X(hipFreeMipmappedArray, "hipFreeMipmappedArray", hipError_t, (hipMipmappedArray_t mipmappedArray), (mipmappedArray), KREX_HIP_EPF_GATED) \
-    X(hipGraphLaunch, "hipGraphLaunch", hipError_t, (hipGraphExec_t graphExec, hipStream_t stream), (graphExec, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipGraphicsMapResources, "hipGraphicsMapResources", hipError_t, (int count, hipGraphicsResource_t* resources, hipStream_t stream), (count, resources, stream), KREX_HIP_EPF_GATED) \
-    X(hipGraphicsUnmapResources, "hipGraphicsUnmapResources", hipError_t, (int count, hipGraphicsResource_t* resources, hipStream_t stream), (count, resources, stream), KREX_HIP_EPF_GATED) \
-    X(hipHccModuleLaunchKernel, "_Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_", hipError_t, (hipFunction_t f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, size_t sharedMemBytes, hipStream_t hStream, void** kernelParams, void** extra, hipEvent_t startEvent, hipEvent_t stopEvent), (f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX) \
-    X(hipHostFree, "hipHostFree", hipError_t, (void* ptr), (ptr), KREX_HIP_EPF_GATED) \
-    X(hipHostUnregister, "hipHostUnregister", hipError_t, (void* hostPtr), (hostPtr), KREX_HIP_EPF_GATED) \
-    X(hipLaunchByPtr, "hipLaunchByPtr", hipError_t, (const void* func), (func), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipLaunchCooperativeKernel, "hipLaunchCooperativeKernel", hipError_t, (const void* f, dim3 gridDim, dim3 blockDimX, void** kernelParams, unsigned int sharedMemBytes, hipStream_t stream), (f, gridDim, blockDimX, kernelParams, sharedMemBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipLaunchCooperativeKernelMultiDevice, "hipLaunchCooperativeKernelMultiDevice", hipError_t, (hipLaunchParams* launchParamsList, int numDevices, unsigned int flags), (launchParamsList, numDevices, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipLaunchCooperativeKernel_spt, "hipLaunchCooperativeKernel_spt", hipError_t, (const void* f, dim3 gridDim, dim3 blockDim, void** kernelParams, uint32_t sharedMemBytes, hipStream_t hStream), (f, gridDim, blockDim, kernelParams, sharedMemBytes, hStream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_SPT) \
-    X(hipLaunchHostFunc, "hipLaunchHostFunc", hipError_t, (hipStream_t stream, hipHostFn_t fn, void* userData), (stream, fn, userData), KREX_HIP_EPF_GATED) \
-    X(hipLaunchKernel, "hipLaunchKernel", hipError_t, (const void* function_address, dim3 numBlocks, dim3 dimBlocks, void** args, size_t sharedMemBytes, hipStream_t stream), (function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipLaunchKernel_spt, "hipLaunchKernel_spt", hipError_t, (const void* function_address, dim3 numBlocks, dim3 dimBlocks, void** args, size_t sharedMemBytes, hipStream_t stream), (function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_SPT) \
-    X(hipMallocAsync, "hipMallocAsync", hipError_t, (void** dev_ptr, size_t size, hipStream_t stream), (dev_ptr, size, stream), KREX_HIP_EPF_GATED) \
-    X(hipMallocFromPoolAsync, "hipMallocFromPoolAsync", hipError_t, (void** dev_ptr, size_t size, hipMemPool_t mem_pool, hipStream_t stream), (dev_ptr, size, mem_pool, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemMapArrayAsync, "hipMemMapArrayAsync", hipError_t, (hipArrayMapInfo* mapInfoList, unsigned int count, hipStream_t stream), (mapInfoList, count, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemPrefetchAsync, "hipMemPrefetchAsync", hipError_t, (const void* dev_ptr, size_t count, int device, hipStream_t stream), (dev_ptr, count, device, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemSetAccess, "hipMemSetAccess", hipError_t, (void* ptr, size_t size, const hipMemAccessDesc* desc, size_t count), (ptr, size, desc, count), KREX_HIP_EPF_GATED) \
-    X(hipMemUnmap, "hipMemUnmap", hipError_t, (void* ptr, size_t size), (ptr, size), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy, "hipMemcpy", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind), (dst, src, sizeBytes, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy2D, "hipMemcpy2D", hipError_t, (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, spitch, width, height, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy2DAsync, "hipMemcpy2DAsync", hipError_t, (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind, hipStream_t stream), (dst, dpitch, src, spitch, width, height, kind, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy2DFromArray, "hipMemcpy2DFromArray", hipError_t, (void* dst, size_t dpitch, hipArray_const_t src, size_t wOffset, size_t hOffset, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, wOffset, hOffset, width, height, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy2DFromArrayAsync, "hipMemcpy2DFromArrayAsync", hipError_t, (void* dst, size_t dpitch, hipArray_const_t src, size_t wOffset, size_t hOffset, size_t width, size_t height, hipMemcpyKind kind, hipStream_t stream), (dst, dpitch, src, wOffset, hOffset, width, height, kind, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy2DFromArray_spt, "hipMemcpy2DFromArray_spt", hipError_t, (void* dst, size_t dpitch, hipArray_const_t src, size_t wOffset, size_t hOffset, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, wOffset, hOffset, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemcpy2DToArray, "hipMemcpy2DToArray", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, wOffset, hOffset, src, spitch, width, height, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy2DToArrayAsync, "hipMemcpy2DToArrayAsync", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind, hipStream_t stream), (dst, wOffset, hOffset, src, spitch, width, height, kind, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy2DToArray_spt, "hipMemcpy2DToArray_spt", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, wOffset, hOffset, src, spitch, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemcpy2D_spt, "hipMemcpy2D_spt", hipError_t, (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, spitch, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemcpy3D, "hipMemcpy3D", hipError_t, (const struct hipMemcpy3DParms* p), (p), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy3DAsync, "hipMemcpy3DAsync", hipError_t, (const struct hipMemcpy3DParms* p, hipStream_t stream), (p, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy3D_spt, "hipMemcpy3D_spt", hipError_t, (const struct hipMemcpy3DParms* p), (p), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemcpyAsync, "hipMemcpyAsync", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind, hipStream_t stream), (dst, src, sizeBytes, kind, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyAsync_spt, "hipMemcpyAsync_spt", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind, hipStream_t stream), (dst, src, sizeBytes, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemcpyAtoH, "hipMemcpyAtoH", hipError_t, (void* dst, hipArray* srcArray, size_t srcOffset, size_t count), (dst, srcArray, srcOffset, count), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyDtoD, "hipMemcpyDtoD", hipError_t, (hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes), (dst, src, sizeBytes), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyDtoDAsync, "hipMemcpyDtoDAsync", hipError_t, (hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes, hipStream_t stream), (dst, src, sizeBytes, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyDtoH, "hipMemcpyDtoH", hipError_t, (void* dst, hipDeviceptr_t src, size_t sizeBytes), (dst, src, sizeBytes), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyDtoHAsync, "hipMemcpyDtoHAsync", hipError_t, (void* dst, hipDeviceptr_t src, size_t sizeBytes, hipStream_t stream), (dst, src, sizeBytes, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyFromArray, "hipMemcpyFromArray", hipError_t, (void* dst, hipArray_const_t srcArray, size_t wOffset, size_t hOffset, size_t count, hipMemcpyKind kind), (dst, srcArray, wOffset, hOffset, count, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyFromSymbol, "hipMemcpyFromSymbol", hipError_t, (void* dst, const void* symbol, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (dst, symbol, sizeBytes, offset, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyFromSymbolAsync, "hipMemcpyFromSymbolAsync", hipError_t, (void* dst, const void* symbol, size_t sizeBytes, size_t offset, hipMemcpyKind kind, hipStream_t stream), (dst, symbol, sizeBytes, offset, kind, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyFromSymbol_spt, "hipMemcpyFromSymbol_spt", hipError_t, (void* dst, const void* symbol, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (dst, symbol, sizeBytes, offset, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemcpyHtoA, "hipMemcpyHtoA", hipError_t, (hipArray* dstArray, size_t dstOffset, const void* srcHost, size_t count), (dstArray, dstOffset, srcHost, count), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyHtoD, "hipMemcpyHtoD", hipError_t, (hipDeviceptr_t dst, void* src, size_t sizeBytes), (dst, src, sizeBytes), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyHtoDAsync, "hipMemcpyHtoDAsync", hipError_t, (hipDeviceptr_t dst, void* src, size_t sizeBytes, hipStream_t stream), (dst, src, sizeBytes, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyParam2D, "hipMemcpyParam2D", hipError_t, (const hip_Memcpy2D* pCopy), (pCopy), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyParam2DAsync, "hipMemcpyParam2DAsync", hipError_t, (const hip_Memcpy2D* pCopy, hipStream_t stream), (pCopy, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyPeer, "hipMemcpyPeer", hipError_t, (void* dst, int dstDeviceId, const void* src, int srcDeviceId, size_t sizeBytes), (dst, dstDeviceId, src, srcDeviceId, sizeBytes), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyPeerAsync, "hipMemcpyPeerAsync", hipError_t, (void* dst, int dstDeviceId, const void* src, int srcDevice, size_t sizeBytes, hipStream_t stream), (dst, dstDeviceId, src, srcDevice, sizeBytes, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyToArray, "hipMemcpyToArray", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t count, hipMemcpyKind kind), (dst, wOffset, hOffset, src, count, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyToSymbol, "hipMemcpyToSymbol", hipError_t, (const void* symbol, const void* src, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (symbol, src, sizeBytes, offset, kind), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyToSymbolAsync, "hipMemcpyToSymbolAsync", hipError_t, (const void* symbol, const void* src, size_t sizeBytes, size_t offset, hipMemcpyKind kind, hipStream_t stream), (symbol, src, sizeBytes, offset, kind, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpyToSymbol_spt, "hipMemcpyToSymbol_spt", hipError_t, (const void* symbol, const void* src, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (symbol, src, sizeBytes, offset, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemcpyWithStream, "hipMemcpyWithStream", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind, hipStream_t stream), (dst, src, sizeBytes, kind, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemcpy_spt, "hipMemcpy_spt", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind), (dst, src, sizeBytes, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemset, "hipMemset", hipError_t, (void* dst, int value, size_t sizeBytes), (dst, value, sizeBytes), KREX_HIP_EPF_GATED) \
-    X(hipMemset2D, "hipMemset2D", hipError_t, (void* dst, size_t pitch, int value, size_t width, size_t height), (dst, pitch, value, width, height), KREX_HIP_EPF_GATED) \
-    X(hipMemset2DAsync, "hipMemset2DAsync", hipError_t, (void* dst, size_t pitch, int value, size_t width, size_t height, hipStream_t stream), (dst, pitch, value, width, height, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemset2D_spt, "hipMemset2D_spt", hipError_t, (void* dst, size_t pitch, int value, size_t width, size_t height), (dst, pitch, value, width, height), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemset3D, "hipMemset3D", hipError_t, (hipPitchedPtr pitchedDevPtr, int value, hipExtent extent), (pitchedDevPtr, value, extent), KREX_HIP_EPF_GATED) \
-    X(hipMemset3DAsync, "hipMemset3DAsync", hipError_t, (hipPitchedPtr pitchedDevPtr, int value, hipExtent extent, hipStream_t stream), (pitchedDevPtr, value, extent, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemset3D_spt, "hipMemset3D_spt", hipError_t, (hipPitchedPtr pitchedDevPtr, int value, hipExtent extent), (pitchedDevPtr, value, extent), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMemsetAsync, "hipMemsetAsync", hipError_t, (void* dst, int value, size_t sizeBytes, hipStream_t stream), (dst, value, sizeBytes, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemsetD16, "hipMemsetD16", hipError_t, (hipDeviceptr_t dest, unsigned short value, size_t count), (dest, value, count), KREX_HIP_EPF_GATED) \
-    X(hipMemsetD16Async, "hipMemsetD16Async", hipError_t, (hipDeviceptr_t dest, unsigned short value, size_t count, hipStream_t stream), (dest, value, count, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemsetD32, "hipMemsetD32", hipError_t, (hipDeviceptr_t dest, int value, size_t count), (dest, value, count), KREX_HIP_EPF_GATED) \
-    X(hipMemsetD32Async, "hipMemsetD32Async", hipError_t, (hipDeviceptr_t dst, int value, size_t count, hipStream_t stream), (dst, value, count, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemsetD8, "hipMemsetD8", hipError_t, (hipDeviceptr_t dest, unsigned char value, size_t count), (dest, value, count), KREX_HIP_EPF_GATED) \
-    X(hipMemsetD8Async, "hipMemsetD8Async", hipError_t, (hipDeviceptr_t dest, unsigned char value, size_t count, hipStream_t stream), (dest, value, count, stream), KREX_HIP_EPF_GATED) \
-    X(hipMemset_spt, "hipMemset_spt", hipError_t, (void* dst, int value, size_t sizeBytes), (dst, value, sizeBytes), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipMipmappedArrayDestroy, "hipMipmappedArrayDestroy", hipError_t, (hipMipmappedArray_t hMipmappedArray), (hMipmappedArray), KREX_HIP_EPF_GATED) \
-    X(hipModuleLaunchKernel, "hipModuleLaunchKernel", hipError_t, (hipFunction_t f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, hipStream_t stream, void** kernelParams, void** extra), (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, stream, kernelParams, extra), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH) \
-    X(hipSignalExternalSemaphoresAsync, "hipSignalExternalSemaphoresAsync", hipError_t, (const hipExternalSemaphore_t* extSemArray, const hipExternalSemaphoreSignalParams* paramsArray, unsigned int numExtSems, hipStream_t stream), (extSemArray, paramsArray, numExtSems, stream), KREX_HIP_EPF_GATED) \
-    X(hipStreamAddCallback, "hipStreamAddCallback", hipError_t, (hipStream_t stream, hipStreamCallback_t callback, void* userData, unsigned int flags), (stream, callback, userData, flags), KREX_HIP_EPF_GATED) \
-    X(hipStreamAttachMemAsync, "hipStreamAttachMemAsync", hipError_t, (hipStream_t stream, void* dev_ptr, size_t length, unsigned int flags), (stream, dev_ptr, length, flags), KREX_HIP_EPF_GATED) \
-    X(hipStreamWaitEvent, "hipStreamWaitEvent", hipError_t, (hipStream_t stream, hipEvent_t event, unsigned int flags), (stream, event, flags), KREX_HIP_EPF_GATED) \
-    X(hipStreamWaitEvent_spt, "hipStreamWaitEvent_spt", hipError_t, (hipStream_t stream, hipEvent_t event, unsigned int flags), (stream, event, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT) \
-    X(hipStreamWaitValue32, "hipStreamWaitValue32", hipError_t, (hipStream_t stream, void* ptr, uint32_t value, unsigned int flags, uint32_t mask), (stream, ptr, value, flags, mask), KREX_HIP_EPF_GATED) \
-    X(hipStreamWaitValue64, "hipStreamWaitValue64", hipError_t, (hipStream_t stream, void* ptr, uint64_t value, unsigned int flags, uint64_t mask), (stream, ptr, value, flags, mask), KREX_HIP_EPF_GATED) \
-    X(hipStreamWriteValue32, "hipStreamWriteValue32", hipError_t, (hipStream_t stream, void* ptr, uint32_t value, unsigned int flags), (stream, ptr, value, flags), KREX_HIP_EPF_GATED) \
-    X(hipStreamWriteValue64, "hipStreamWriteValue64", hipError_t, (hipStream_t stream, void* ptr, uint64_t value, unsigned int flags), (stream, ptr, value, flags), KREX_HIP_EPF_GATED) \
-    X(hipWaitExternalSemaphoresAsync, "hipWaitExternalSemaphoresAsync", hipError_t, (const hipExternalSemaphore_t* extSemArray, const hipExternalSemaphoreWaitParams* paramsArray, unsigned int numExtSems, hipStream_t stream), (extSemArray, paramsArray, numExtSems, stream), KREX_HIP_EPF_GATED)
+    X(hipArrayDestroy, "hipArrayDestroy", hipError_t, (hipArray* array), (array), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDrvMemcpy2DUnaligned, "hipDrvMemcpy2DUnaligned", hipError_t, (const hip_Memcpy2D* pCopy), (pCopy), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDrvMemcpy3D, "hipDrvMemcpy3D", hipError_t, (const HIP_MEMCPY3D* pCopy), (pCopy), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDrvMemcpy3DAsync, "hipDrvMemcpy3DAsync", hipError_t, (const HIP_MEMCPY3D* pCopy, hipStream_t stream), (pCopy, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipEventRecord, "hipEventRecord", hipError_t, (hipEvent_t event, hipStream_t stream), (event, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipExtLaunchKernel, "hipExtLaunchKernel", hipError_t, (const void* function_address, dim3 numBlocks, dim3 dimBlocks, void** args, size_t sharedMemBytes, hipStream_t stream, hipEvent_t startEvent, hipEvent_t stopEvent, int flags), (function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream, startEvent, stopEvent, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipExtLaunchMultiKernelMultiDevice, "hipExtLaunchMultiKernelMultiDevice", hipError_t, (hipLaunchParams* launchParamsList, int numDevices, unsigned int flags), (launchParamsList, numDevices, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipExtModuleLaunchKernel, "_Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j", hipError_t, (hipFunction_t f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, size_t sharedMemBytes, hipStream_t hStream, void** kernelParams, void** extra, hipEvent_t startEvent, hipEvent_t stopEvent, uint32_t flags), (f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED) \
+    X(hipFree, "hipFree", hipError_t, (void* ptr), (ptr), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFreeArray, "hipFreeArray", hipError_t, (hipArray* array), (array), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFreeAsync, "hipFreeAsync", hipError_t, (void* dev_ptr, hipStream_t stream), (dev_ptr, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFreeHost, "hipFreeHost", hipError_t, (void* ptr), (ptr), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFreeMipmappedArray, "hipFreeMipmappedArray", hipError_t, (hipMipmappedArray_t mipmappedArray), (mipmappedArray), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipGraphLaunch, "hipGraphLaunch", hipError_t, (hipGraphExec_t graphExec, hipStream_t stream), (graphExec, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipGraphicsMapResources, "hipGraphicsMapResources", hipError_t, (int count, hipGraphicsResource_t* resources, hipStream_t stream), (count, resources, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipGraphicsUnmapResources, "hipGraphicsUnmapResources", hipError_t, (int count, hipGraphicsResource_t* resources, hipStream_t stream), (count, resources, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipHccModuleLaunchKernel, "_Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_", hipError_t, (hipFunction_t f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, size_t sharedMemBytes, hipStream_t hStream, void** kernelParams, void** extra, hipEvent_t startEvent, hipEvent_t stopEvent), (f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED) \
+    X(hipHostFree, "hipHostFree", hipError_t, (void* ptr), (ptr), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipHostUnregister, "hipHostUnregister", hipError_t, (void* hostPtr), (hostPtr), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipLaunchByPtr, "hipLaunchByPtr", hipError_t, (const void* func), (func), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipLaunchCooperativeKernel, "hipLaunchCooperativeKernel", hipError_t, (const void* f, dim3 gridDim, dim3 blockDimX, void** kernelParams, unsigned int sharedMemBytes, hipStream_t stream), (f, gridDim, blockDimX, kernelParams, sharedMemBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipLaunchCooperativeKernelMultiDevice, "hipLaunchCooperativeKernelMultiDevice", hipError_t, (hipLaunchParams* launchParamsList, int numDevices, unsigned int flags), (launchParamsList, numDevices, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipLaunchCooperativeKernel_spt, "hipLaunchCooperativeKernel_spt", hipError_t, (const void* f, dim3 gridDim, dim3 blockDim, void** kernelParams, uint32_t sharedMemBytes, hipStream_t hStream), (f, gridDim, blockDim, kernelParams, sharedMemBytes, hStream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipLaunchHostFunc, "hipLaunchHostFunc", hipError_t, (hipStream_t stream, hipHostFn_t fn, void* userData), (stream, fn, userData), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipLaunchKernel, "hipLaunchKernel", hipError_t, (const void* function_address, dim3 numBlocks, dim3 dimBlocks, void** args, size_t sharedMemBytes, hipStream_t stream), (function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipLaunchKernel_spt, "hipLaunchKernel_spt", hipError_t, (const void* function_address, dim3 numBlocks, dim3 dimBlocks, void** args, size_t sharedMemBytes, hipStream_t stream), (function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMallocAsync, "hipMallocAsync", hipError_t, (void** dev_ptr, size_t size, hipStream_t stream), (dev_ptr, size, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMallocFromPoolAsync, "hipMallocFromPoolAsync", hipError_t, (void** dev_ptr, size_t size, hipMemPool_t mem_pool, hipStream_t stream), (dev_ptr, size, mem_pool, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemMapArrayAsync, "hipMemMapArrayAsync", hipError_t, (hipArrayMapInfo* mapInfoList, unsigned int count, hipStream_t stream), (mapInfoList, count, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemPrefetchAsync, "hipMemPrefetchAsync", hipError_t, (const void* dev_ptr, size_t count, int device, hipStream_t stream), (dev_ptr, count, device, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemSetAccess, "hipMemSetAccess", hipError_t, (void* ptr, size_t size, const hipMemAccessDesc* desc, size_t count), (ptr, size, desc, count), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemUnmap, "hipMemUnmap", hipError_t, (void* ptr, size_t size), (ptr, size), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy, "hipMemcpy", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind), (dst, src, sizeBytes, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2D, "hipMemcpy2D", hipError_t, (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, spitch, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2DAsync, "hipMemcpy2DAsync", hipError_t, (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind, hipStream_t stream), (dst, dpitch, src, spitch, width, height, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2DFromArray, "hipMemcpy2DFromArray", hipError_t, (void* dst, size_t dpitch, hipArray_const_t src, size_t wOffset, size_t hOffset, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, wOffset, hOffset, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2DFromArrayAsync, "hipMemcpy2DFromArrayAsync", hipError_t, (void* dst, size_t dpitch, hipArray_const_t src, size_t wOffset, size_t hOffset, size_t width, size_t height, hipMemcpyKind kind, hipStream_t stream), (dst, dpitch, src, wOffset, hOffset, width, height, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2DFromArray_spt, "hipMemcpy2DFromArray_spt", hipError_t, (void* dst, size_t dpitch, hipArray_const_t src, size_t wOffset, size_t hOffset, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, wOffset, hOffset, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2DToArray, "hipMemcpy2DToArray", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, wOffset, hOffset, src, spitch, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2DToArrayAsync, "hipMemcpy2DToArrayAsync", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind, hipStream_t stream), (dst, wOffset, hOffset, src, spitch, width, height, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2DToArray_spt, "hipMemcpy2DToArray_spt", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, wOffset, hOffset, src, spitch, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy2D_spt, "hipMemcpy2D_spt", hipError_t, (void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, hipMemcpyKind kind), (dst, dpitch, src, spitch, width, height, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy3D, "hipMemcpy3D", hipError_t, (const struct hipMemcpy3DParms* p), (p), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy3DAsync, "hipMemcpy3DAsync", hipError_t, (const struct hipMemcpy3DParms* p, hipStream_t stream), (p, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy3D_spt, "hipMemcpy3D_spt", hipError_t, (const struct hipMemcpy3DParms* p), (p), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyAsync, "hipMemcpyAsync", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind, hipStream_t stream), (dst, src, sizeBytes, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyAsync_spt, "hipMemcpyAsync_spt", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind, hipStream_t stream), (dst, src, sizeBytes, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyAtoH, "hipMemcpyAtoH", hipError_t, (void* dst, hipArray* srcArray, size_t srcOffset, size_t count), (dst, srcArray, srcOffset, count), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyDtoD, "hipMemcpyDtoD", hipError_t, (hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes), (dst, src, sizeBytes), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyDtoDAsync, "hipMemcpyDtoDAsync", hipError_t, (hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes, hipStream_t stream), (dst, src, sizeBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyDtoH, "hipMemcpyDtoH", hipError_t, (void* dst, hipDeviceptr_t src, size_t sizeBytes), (dst, src, sizeBytes), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyDtoHAsync, "hipMemcpyDtoHAsync", hipError_t, (void* dst, hipDeviceptr_t src, size_t sizeBytes, hipStream_t stream), (dst, src, sizeBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyFromArray, "hipMemcpyFromArray", hipError_t, (void* dst, hipArray_const_t srcArray, size_t wOffset, size_t hOffset, size_t count, hipMemcpyKind kind), (dst, srcArray, wOffset, hOffset, count, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyFromSymbol, "hipMemcpyFromSymbol", hipError_t, (void* dst, const void* symbol, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (dst, symbol, sizeBytes, offset, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyFromSymbolAsync, "hipMemcpyFromSymbolAsync", hipError_t, (void* dst, const void* symbol, size_t sizeBytes, size_t offset, hipMemcpyKind kind, hipStream_t stream), (dst, symbol, sizeBytes, offset, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyFromSymbol_spt, "hipMemcpyFromSymbol_spt", hipError_t, (void* dst, const void* symbol, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (dst, symbol, sizeBytes, offset, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyHtoA, "hipMemcpyHtoA", hipError_t, (hipArray* dstArray, size_t dstOffset, const void* srcHost, size_t count), (dstArray, dstOffset, srcHost, count), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyHtoD, "hipMemcpyHtoD", hipError_t, (hipDeviceptr_t dst, void* src, size_t sizeBytes), (dst, src, sizeBytes), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyHtoDAsync, "hipMemcpyHtoDAsync", hipError_t, (hipDeviceptr_t dst, void* src, size_t sizeBytes, hipStream_t stream), (dst, src, sizeBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyParam2D, "hipMemcpyParam2D", hipError_t, (const hip_Memcpy2D* pCopy), (pCopy), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyParam2DAsync, "hipMemcpyParam2DAsync", hipError_t, (const hip_Memcpy2D* pCopy, hipStream_t stream), (pCopy, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyPeer, "hipMemcpyPeer", hipError_t, (void* dst, int dstDeviceId, const void* src, int srcDeviceId, size_t sizeBytes), (dst, dstDeviceId, src, srcDeviceId, sizeBytes), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyPeerAsync, "hipMemcpyPeerAsync", hipError_t, (void* dst, int dstDeviceId, const void* src, int srcDevice, size_t sizeBytes, hipStream_t stream), (dst, dstDeviceId, src, srcDevice, sizeBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyToArray, "hipMemcpyToArray", hipError_t, (hipArray* dst, size_t wOffset, size_t hOffset, const void* src, size_t count, hipMemcpyKind kind), (dst, wOffset, hOffset, src, count, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyToSymbol, "hipMemcpyToSymbol", hipError_t, (const void* symbol, const void* src, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (symbol, src, sizeBytes, offset, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyToSymbolAsync, "hipMemcpyToSymbolAsync", hipError_t, (const void* symbol, const void* src, size_t sizeBytes, size_t offset, hipMemcpyKind kind, hipStream_t stream), (symbol, src, sizeBytes, offset, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyToSymbol_spt, "hipMemcpyToSymbol_spt", hipError_t, (const void* symbol, const void* src, size_t sizeBytes, size_t offset, hipMemcpyKind kind), (symbol, src, sizeBytes, offset, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpyWithStream, "hipMemcpyWithStream", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind, hipStream_t stream), (dst, src, sizeBytes, kind, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemcpy_spt, "hipMemcpy_spt", hipError_t, (void* dst, const void* src, size_t sizeBytes, hipMemcpyKind kind), (dst, src, sizeBytes, kind), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset, "hipMemset", hipError_t, (void* dst, int value, size_t sizeBytes), (dst, value, sizeBytes), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset2D, "hipMemset2D", hipError_t, (void* dst, size_t pitch, int value, size_t width, size_t height), (dst, pitch, value, width, height), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset2DAsync, "hipMemset2DAsync", hipError_t, (void* dst, size_t pitch, int value, size_t width, size_t height, hipStream_t stream), (dst, pitch, value, width, height, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset2D_spt, "hipMemset2D_spt", hipError_t, (void* dst, size_t pitch, int value, size_t width, size_t height), (dst, pitch, value, width, height), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset3D, "hipMemset3D", hipError_t, (hipPitchedPtr pitchedDevPtr, int value, hipExtent extent), (pitchedDevPtr, value, extent), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset3DAsync, "hipMemset3DAsync", hipError_t, (hipPitchedPtr pitchedDevPtr, int value, hipExtent extent, hipStream_t stream), (pitchedDevPtr, value, extent, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset3D_spt, "hipMemset3D_spt", hipError_t, (hipPitchedPtr pitchedDevPtr, int value, hipExtent extent), (pitchedDevPtr, value, extent), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMemsetAsync, "hipMemsetAsync", hipError_t, (void* dst, int value, size_t sizeBytes, hipStream_t stream), (dst, value, sizeBytes, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemsetD16, "hipMemsetD16", hipError_t, (hipDeviceptr_t dest, unsigned short value, size_t count), (dest, value, count), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemsetD16Async, "hipMemsetD16Async", hipError_t, (hipDeviceptr_t dest, unsigned short value, size_t count, hipStream_t stream), (dest, value, count, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemsetD32, "hipMemsetD32", hipError_t, (hipDeviceptr_t dest, int value, size_t count), (dest, value, count), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemsetD32Async, "hipMemsetD32Async", hipError_t, (hipDeviceptr_t dst, int value, size_t count, hipStream_t stream), (dst, value, count, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemsetD8, "hipMemsetD8", hipError_t, (hipDeviceptr_t dest, unsigned char value, size_t count), (dest, value, count), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemsetD8Async, "hipMemsetD8Async", hipError_t, (hipDeviceptr_t dest, unsigned char value, size_t count, hipStream_t stream), (dest, value, count, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipMemset_spt, "hipMemset_spt", hipError_t, (void* dst, int value, size_t sizeBytes), (dst, value, sizeBytes), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipMipmappedArrayDestroy, "hipMipmappedArrayDestroy", hipError_t, (hipMipmappedArray_t hMipmappedArray), (hMipmappedArray), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleLaunchKernel, "hipModuleLaunchKernel", hipError_t, (hipFunction_t f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, hipStream_t stream, void** kernelParams, void** extra), (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, stream, kernelParams, extra), KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED) \
+    X(hipSignalExternalSemaphoresAsync, "hipSignalExternalSemaphoresAsync", hipError_t, (const hipExternalSemaphore_t* extSemArray, const hipExternalSemaphoreSignalParams* paramsArray, unsigned int numExtSems, hipStream_t stream), (extSemArray, paramsArray, numExtSems, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamAddCallback, "hipStreamAddCallback", hipError_t, (hipStream_t stream, hipStreamCallback_t callback, void* userData, unsigned int flags), (stream, callback, userData, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamAttachMemAsync, "hipStreamAttachMemAsync", hipError_t, (hipStream_t stream, void* dev_ptr, size_t length, unsigned int flags), (stream, dev_ptr, length, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamWaitEvent, "hipStreamWaitEvent", hipError_t, (hipStream_t stream, hipEvent_t event, unsigned int flags), (stream, event, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamWaitEvent_spt, "hipStreamWaitEvent_spt", hipError_t, (hipStream_t stream, hipEvent_t event, unsigned int flags), (stream, event, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamWaitValue32, "hipStreamWaitValue32", hipError_t, (hipStream_t stream, void* ptr, uint32_t value, unsigned int flags, uint32_t mask), (stream, ptr, value, flags, mask), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamWaitValue64, "hipStreamWaitValue64", hipError_t, (hipStream_t stream, void* ptr, uint64_t value, unsigned int flags, uint64_t mask), (stream, ptr, value, flags, mask), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamWriteValue32, "hipStreamWriteValue32", hipError_t, (hipStream_t stream, void* ptr, uint32_t value, unsigned int flags), (stream, ptr, value, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamWriteValue64, "hipStreamWriteValue64", hipError_t, (hipStream_t stream, void* ptr, uint64_t value, unsigned int flags), (stream, ptr, value, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipWaitExternalSemaphoresAsync, "hipWaitExternalSemaphoresAsync", hipError_t, (const hipExternalSemaphore_t* extSemArray, const hipExternalSemaphoreWaitParams* paramsArray, unsigned int numExtSems, hipStream_t stream), (extSemArray, paramsArray, numExtSems, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED)
 
 #define KREX_HIP_EPS_B(X) \
     X(hipCtxSynchronize, "hipCtxSynchronize", hipError_t, (void), (), 0) \
@@ -545,42 +558,42 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipStreamSynchronize_spt, "hipStreamSynchronize_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT)
 
 #define KREX_HIP_EPS_C(X) \
-    X(hipCtxCreate, "hipCtxCreate", hipError_t, (hipCtx_t* ctx, unsigned int flags, hipDevice_t device), (ctx, flags, device), KREX_HIP_EPF_GATED) \
-    X(hipCtxDestroy, "hipCtxDestroy", hipError_t, (hipCtx_t ctx), (ctx), KREX_HIP_EPF_GATED) \
-    X(hipCtxPopCurrent, "hipCtxPopCurrent", hipError_t, (hipCtx_t* ctx), (ctx), KREX_HIP_EPF_GATED) \
-    X(hipCtxPushCurrent, "hipCtxPushCurrent", hipError_t, (hipCtx_t ctx), (ctx), KREX_HIP_EPF_GATED) \
-    X(hipCtxSetCurrent, "hipCtxSetCurrent", hipError_t, (hipCtx_t ctx), (ctx), KREX_HIP_EPF_GATED) \
-    X(hipDevicePrimaryCtxRelease, "hipDevicePrimaryCtxRelease", hipError_t, (hipDevice_t dev), (dev), KREX_HIP_EPF_GATED) \
-    X(hipDevicePrimaryCtxReset, "hipDevicePrimaryCtxReset", hipError_t, (hipDevice_t dev), (dev), KREX_HIP_EPF_GATED) \
-    X(hipDevicePrimaryCtxRetain, "hipDevicePrimaryCtxRetain", hipError_t, (hipCtx_t* pctx, hipDevice_t dev), (pctx, dev), KREX_HIP_EPF_GATED) \
-    X(hipDevicePrimaryCtxSetFlags, "hipDevicePrimaryCtxSetFlags", hipError_t, (hipDevice_t dev, unsigned int flags), (dev, flags), KREX_HIP_EPF_GATED) \
-    X(hipDeviceReset, "hipDeviceReset", hipError_t, (void), (), KREX_HIP_EPF_GATED) \
-    X(hipExtStreamCreateWithCUMask, "hipExtStreamCreateWithCUMask", hipError_t, (hipStream_t* stream, uint32_t cuMaskSize, const uint32_t* cuMask), (stream, cuMaskSize, cuMask), KREX_HIP_EPF_GATED) \
-    X(hipFuncGetAttributes, "hipFuncGetAttributes", hipError_t, (struct hipFuncAttributes* attr, const void* func), (attr, func), KREX_HIP_EPF_GATED) \
-    X(hipFuncSetAttribute, "hipFuncSetAttribute", hipError_t, (const void* func, hipFuncAttribute attr, int value), (func, attr, value), KREX_HIP_EPF_GATED) \
-    X(hipFuncSetCacheConfig, "hipFuncSetCacheConfig", hipError_t, (const void* func, hipFuncCache_t config), (func, config), KREX_HIP_EPF_GATED) \
-    X(hipFuncSetSharedMemConfig, "hipFuncSetSharedMemConfig", hipError_t, (const void* func, hipSharedMemConfig config), (func, config), KREX_HIP_EPF_GATED) \
-    X(hipGetSymbolAddress, "hipGetSymbolAddress", hipError_t, (void** devPtr, const void* symbol), (devPtr, symbol), KREX_HIP_EPF_GATED) \
-    X(hipGetSymbolSize, "hipGetSymbolSize", hipError_t, (size_t* size, const void* symbol), (size, symbol), KREX_HIP_EPF_GATED) \
-    X(hipGetTextureReference, "hipGetTextureReference", hipError_t, (const textureReference** texref, const void* symbol), (texref, symbol), KREX_HIP_EPF_GATED) \
-    X(hipGraphInstantiate, "hipGraphInstantiate", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, hipGraphNode_t* pErrorNode, char* pLogBuffer, size_t bufferSize), (pGraphExec, graph, pErrorNode, pLogBuffer, bufferSize), KREX_HIP_EPF_GATED) \
-    X(hipGraphInstantiateWithFlags, "hipGraphInstantiateWithFlags", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, unsigned long long flags), (pGraphExec, graph, flags), KREX_HIP_EPF_GATED) \
-    X(hipInit, "hipInit", hipError_t, (unsigned int flags), (flags), KREX_HIP_EPF_GATED) \
-    X(hipKernelNameRefByPtr, "hipKernelNameRefByPtr", const char*, (const void* hostFunction, hipStream_t stream), (hostFunction, stream), KREX_HIP_EPF_GATED) \
-    X(hipModuleGetFunction, "hipModuleGetFunction", hipError_t, (hipFunction_t* function, hipModule_t module, const char* kname), (function, module, kname), KREX_HIP_EPF_GATED) \
-    X(hipModuleGetGlobal, "hipModuleGetGlobal", hipError_t, (hipDeviceptr_t* dptr, size_t* bytes, hipModule_t hmod, const char* name), (dptr, bytes, hmod, name), KREX_HIP_EPF_GATED) \
-    X(hipModuleGetTexRef, "hipModuleGetTexRef", hipError_t, (textureReference** texRef, hipModule_t hmod, const char* name), (texRef, hmod, name), KREX_HIP_EPF_GATED) \
-    X(hipModuleLoad, "hipModuleLoad", hipError_t, (hipModule_t* module, const char* fname), (module, fname), KREX_HIP_EPF_GATED) \
-    X(hipModuleLoadData, "hipModuleLoadData", hipError_t, (hipModule_t* module, const void* image), (module, image), KREX_HIP_EPF_GATED) \
-    X(hipModuleLoadDataEx, "hipModuleLoadDataEx", hipError_t, (hipModule_t* module, const void* image, unsigned int numOptions, hipJitOption* options, void** optionValues), (module, image, numOptions, options, optionValues), KREX_HIP_EPF_GATED) \
-    X(hipModuleUnload, "hipModuleUnload", hipError_t, (hipModule_t module), (module), KREX_HIP_EPF_GATED) \
-    X(hipOccupancyMaxActiveBlocksPerMultiprocessor, "hipOccupancyMaxActiveBlocksPerMultiprocessor", hipError_t, (int* numBlocks, const void* f, int blockSize, size_t dynSharedMemPerBlk), (numBlocks, f, blockSize, dynSharedMemPerBlk), KREX_HIP_EPF_GATED) \
-    X(hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, "hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", hipError_t, (int* numBlocks, const void* f, int blockSize, size_t dynSharedMemPerBlk, unsigned int flags), (numBlocks, f, blockSize, dynSharedMemPerBlk, flags), KREX_HIP_EPF_GATED) \
-    X(hipOccupancyMaxPotentialBlockSize, "hipOccupancyMaxPotentialBlockSize", hipError_t, (int* gridSize, int* blockSize, const void* f, size_t dynSharedMemPerBlk, int blockSizeLimit), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit), KREX_HIP_EPF_GATED) \
-    X(hipStreamCreate, "hipStreamCreate", hipError_t, (hipStream_t* stream), (stream), KREX_HIP_EPF_GATED) \
-    X(hipStreamCreateWithFlags, "hipStreamCreateWithFlags", hipError_t, (hipStream_t* stream, unsigned int flags), (stream, flags), KREX_HIP_EPF_GATED) \
-    X(hipStreamCreateWithPriority, "hipStreamCreateWithPriority", hipError_t, (hipStream_t* stream, unsigned int flags, int priority), (stream, flags, priority), KREX_HIP_EPF_GATED) \
-    X(hipStreamDestroy, "hipStreamDestroy", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_GATED)
+    X(hipCtxCreate, "hipCtxCreate", hipError_t, (hipCtx_t* ctx, unsigned int flags, hipDevice_t device), (ctx, flags, device), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipCtxDestroy, "hipCtxDestroy", hipError_t, (hipCtx_t ctx), (ctx), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipCtxPopCurrent, "hipCtxPopCurrent", hipError_t, (hipCtx_t* ctx), (ctx), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipCtxPushCurrent, "hipCtxPushCurrent", hipError_t, (hipCtx_t ctx), (ctx), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipCtxSetCurrent, "hipCtxSetCurrent", hipError_t, (hipCtx_t ctx), (ctx), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDevicePrimaryCtxRelease, "hipDevicePrimaryCtxRelease", hipError_t, (hipDevice_t dev), (dev), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDevicePrimaryCtxReset, "hipDevicePrimaryCtxReset", hipError_t, (hipDevice_t dev), (dev), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDevicePrimaryCtxRetain, "hipDevicePrimaryCtxRetain", hipError_t, (hipCtx_t* pctx, hipDevice_t dev), (pctx, dev), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDevicePrimaryCtxSetFlags, "hipDevicePrimaryCtxSetFlags", hipError_t, (hipDevice_t dev, unsigned int flags), (dev, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceReset, "hipDeviceReset", hipError_t, (void), (), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipExtStreamCreateWithCUMask, "hipExtStreamCreateWithCUMask", hipError_t, (hipStream_t* stream, uint32_t cuMaskSize, const uint32_t* cuMask), (stream, cuMaskSize, cuMask), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFuncGetAttributes, "hipFuncGetAttributes", hipError_t, (struct hipFuncAttributes* attr, const void* func), (attr, func), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFuncSetAttribute, "hipFuncSetAttribute", hipError_t, (const void* func, hipFuncAttribute attr, int value), (func, attr, value), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFuncSetCacheConfig, "hipFuncSetCacheConfig", hipError_t, (const void* func, hipFuncCache_t config), (func, config), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipFuncSetSharedMemConfig, "hipFuncSetSharedMemConfig", hipError_t, (const void* func, hipSharedMemConfig config), (func, config), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipGetSymbolAddress, "hipGetSymbolAddress", hipError_t, (void** devPtr, const void* symbol), (devPtr, symbol), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipGetSymbolSize, "hipGetSymbolSize", hipError_t, (size_t* size, const void* symbol), (size, symbol), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipGetTextureReference, "hipGetTextureReference", hipError_t, (const textureReference** texref, const void* symbol), (texref, symbol), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipGraphInstantiate, "hipGraphInstantiate", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, hipGraphNode_t* pErrorNode, char* pLogBuffer, size_t bufferSize), (pGraphExec, graph, pErrorNode, pLogBuffer, bufferSize), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipGraphInstantiateWithFlags, "hipGraphInstantiateWithFlags", hipError_t, (hipGraphExec_t* pGraphExec, hipGraph_t graph, unsigned long long flags), (pGraphExec, graph, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipInit, "hipInit", hipError_t, (unsigned int flags), (flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipKernelNameRefByPtr, "hipKernelNameRefByPtr", const char*, (const void* hostFunction, hipStream_t stream), (hostFunction, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleGetFunction, "hipModuleGetFunction", hipError_t, (hipFunction_t* function, hipModule_t module, const char* kname), (function, module, kname), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleGetGlobal, "hipModuleGetGlobal", hipError_t, (hipDeviceptr_t* dptr, size_t* bytes, hipModule_t hmod, const char* name), (dptr, bytes, hmod, name), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleGetTexRef, "hipModuleGetTexRef", hipError_t, (textureReference** texRef, hipModule_t hmod, const char* name), (texRef, hmod, name), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleLoad, "hipModuleLoad", hipError_t, (hipModule_t* module, const char* fname), (module, fname), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleLoadData, "hipModuleLoadData", hipError_t, (hipModule_t* module, const void* image), (module, image), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleLoadDataEx, "hipModuleLoadDataEx", hipError_t, (hipModule_t* module, const void* image, unsigned int numOptions, hipJitOption* options, void** optionValues), (module, image, numOptions, options, optionValues), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipModuleUnload, "hipModuleUnload", hipError_t, (hipModule_t module), (module), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipOccupancyMaxActiveBlocksPerMultiprocessor, "hipOccupancyMaxActiveBlocksPerMultiprocessor", hipError_t, (int* numBlocks, const void* f, int blockSize, size_t dynSharedMemPerBlk), (numBlocks, f, blockSize, dynSharedMemPerBlk), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, "hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", hipError_t, (int* numBlocks, const void* f, int blockSize, size_t dynSharedMemPerBlk, unsigned int flags), (numBlocks, f, blockSize, dynSharedMemPerBlk, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipOccupancyMaxPotentialBlockSize, "hipOccupancyMaxPotentialBlockSize", hipError_t, (int* gridSize, int* blockSize, const void* f, size_t dynSharedMemPerBlk, int blockSizeLimit), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamCreate, "hipStreamCreate", hipError_t, (hipStream_t* stream), (stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamCreateWithFlags, "hipStreamCreateWithFlags", hipError_t, (hipStream_t* stream, unsigned int flags), (stream, flags), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamCreateWithPriority, "hipStreamCreateWithPriority", hipError_t, (hipStream_t* stream, unsigned int flags, int priority), (stream, flags, priority), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamDestroy, "hipStreamDestroy", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED)
 
 #define KREX_HIP_EPS_D(X) \
     X(__hipGetPCH, "__hipGetPCH", void, (const char** pch, unsigned int* size), (pch, size), 0) \
@@ -788,11 +801,11 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hipRemoveActivityCallback, "hipRemoveActivityCallback", hipError_t, (uint32_t id), (id), 0) \
     X(hipRemoveApiCallback, "hipRemoveApiCallback", hipError_t, (uint32_t id), (id), 0) \
     X(hipRuntimeGetVersion, "hipRuntimeGetVersion", hipError_t, (int* runtimeVersion), (runtimeVersion), 0) \
-    X(hipSetDevice, "hipSetDevice", hipError_t, (int deviceId), (deviceId), 0) \
+    X(hipSetDevice, "hipSetDevice", hipError_t, (int deviceId), (deviceId), KREX_HIP_EPF_HOOKED) \
     X(hipSetDeviceFlags, "hipSetDeviceFlags", hipError_t, (unsigned flags), (flags), 0) \
     X(hipSetupArgument, "hipSetupArgument", hipError_t, (const void* arg, size_t size, size_t offset), (arg, size, offset), 0) \
-    X(hipStreamBeginCapture, "hipStreamBeginCapture", hipError_t, (hipStream_t stream, hipStreamCaptureMode mode), (stream, mode), 0) \
-    X(hipStreamEndCapture, "hipStreamEndCapture", hipError_t, (hipStream_t stream, hipGraph_t* pGraph), (stream, pGraph), 0) \
+    X(hipStreamBeginCapture, "hipStreamBeginCapture", hipError_t, (hipStream_t stream, hipStreamCaptureMode mode), (stream, mode), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamEndCapture, "hipStreamEndCapture", hipError_t, (hipStream_t stream, hipGraph_t* pGraph), (stream, pGraph), KREX_HIP_EPF_HOOKED) \
     X(hipStreamGetCaptureInfo, "hipStreamGetCaptureInfo", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* pCaptureStatus, unsigned long long* pId), (stream, pCaptureStatus, pId), 0) \
     X(hipStreamGetCaptureInfo_v2, "hipStreamGetCaptureInfo_v2", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* captureStatus_out, unsigned long long* id_out, hipGraph_t* graph_out, const hipGraphNode_t** dependencies_out, size_t* numDependencies_out), (stream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out), 0) \
     X(hipStreamGetFlags, "hipStreamGetFlags", hipError_t, (hipStream_t stream, unsigned int* flags), (stream, flags), 0) \
@@ -842,5 +855,158 @@ extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];
     X(hiprtcGetProgramLog, "hiprtcGetProgramLog", hiprtcResult, (hiprtcProgram prog, char* log), (prog, log), 0) \
     X(hiprtcGetProgramLogSize, "hiprtcGetProgramLogSize", hiprtcResult, (hiprtcProgram prog, size_t* logSizeRet), (prog, logSizeRet), 0) \
     X(hiprtcVersion, "hiprtcVersion", hiprtcResult, (int* major, int* minor), (major, minor), 0)
+
+/* The ABI prototypes of the names the shim hooks or calls: the header's
+ * types reduced to types of the same size and calling-convention class
+ * (hip_entrypoints.gen.c checks them against the headers), so that the
+ * shim builds without HIP's headers. */
+struct krex_hip_abi_dim3 { uint32_t x; uint32_t y; uint32_t z; };
+struct krex_hip_abi_hipExtent { size_t width; size_t height; size_t depth; };
+struct krex_hip_abi_hipPitchedPtr { void* ptr; size_t pitch; size_t xsize; size_t ysize; };
+
+typedef uint32_t krex_hip_abi_hipArrayDestroy(void * array);
+typedef uint32_t krex_hip_abi_hipCtxCreate(void * ctx, uint32_t flags, int32_t device);
+typedef uint32_t krex_hip_abi_hipCtxDestroy(void * ctx);
+typedef uint32_t krex_hip_abi_hipCtxPopCurrent(void * ctx);
+typedef uint32_t krex_hip_abi_hipCtxPushCurrent(void * ctx);
+typedef uint32_t krex_hip_abi_hipCtxSetCurrent(void * ctx);
+typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxRelease(int32_t dev);
+typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxReset(int32_t dev);
+typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxRetain(void * pctx, int32_t dev);
+typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxSetFlags(int32_t dev, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipDeviceReset(void);
+typedef uint32_t krex_hip_abi_hipDeviceSynchronize(void);
+typedef uint32_t krex_hip_abi_hipDrvMemcpy2DUnaligned(void * pCopy);
+typedef uint32_t krex_hip_abi_hipDrvMemcpy3D(void * pCopy);
+typedef uint32_t krex_hip_abi_hipDrvMemcpy3DAsync(void * pCopy, void * stream);
+typedef uint32_t krex_hip_abi_hipEventCreateWithFlags(void * event, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipEventDestroy(void * event);
+typedef uint32_t krex_hip_abi_hipEventRecord(void * event, void * stream);
+typedef uint32_t krex_hip_abi_hipEventSynchronize(void * event);
+typedef uint32_t krex_hip_abi_hipExtLaunchKernel(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream, void * startEvent, void * stopEvent, int32_t flags);
+typedef uint32_t krex_hip_abi_hipExtLaunchMultiKernelMultiDevice(void * launchParamsList, int32_t numDevices, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipExtStreamCreateWithCUMask(void * stream, uint32_t cuMaskSize, void * cuMask);
+typedef uint32_t krex_hip_abi_hipFree(void * ptr);
+typedef uint32_t krex_hip_abi_hipFreeArray(void * array);
+typedef uint32_t krex_hip_abi_hipFreeAsync(void * dev_ptr, void * stream);
+typedef uint32_t krex_hip_abi_hipFreeHost(void * ptr);
+typedef uint32_t krex_hip_abi_hipFreeMipmappedArray(void * mipmappedArray);
+typedef uint32_t krex_hip_abi_hipFuncGetAttributes(void * attr, void * func);
+typedef uint32_t krex_hip_abi_hipFuncSetAttribute(void * func, uint32_t attr, int32_t value);
+typedef uint32_t krex_hip_abi_hipFuncSetCacheConfig(void * func, uint32_t config);
+typedef uint32_t krex_hip_abi_hipFuncSetSharedMemConfig(void * func, uint32_t config);
+typedef uint32_t krex_hip_abi_hipGetDevice(void * deviceId);
+typedef uint32_t krex_hip_abi_hipGetSymbolAddress(void * devPtr, void * symbol);
+typedef uint32_t krex_hip_abi_hipGetSymbolSize(void * size, void * symbol);
+typedef uint32_t krex_hip_abi_hipGetTextureReference(void * texref, void * symbol);
+typedef uint32_t krex_hip_abi_hipGraphInstantiate(void * pGraphExec, void * graph, void * pErrorNode, void * pLogBuffer, uint64_t bufferSize);
+typedef uint32_t krex_hip_abi_hipGraphInstantiateWithFlags(void * pGraphExec, void * graph, uint64_t flags);
+typedef uint32_t krex_hip_abi_hipGraphLaunch(void * graphExec, void * stream);
+typedef uint32_t krex_hip_abi_hipGraphicsMapResources(int32_t count, void * resources, void * stream);
+typedef uint32_t krex_hip_abi_hipGraphicsUnmapResources(int32_t count, void * resources, void * stream);
+typedef uint32_t krex_hip_abi_hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent);
+typedef uint32_t krex_hip_abi_hipHostFree(void * ptr);
+typedef uint32_t krex_hip_abi_hipHostUnregister(void * hostPtr);
+typedef uint32_t krex_hip_abi_hipInit(uint32_t flags);
+typedef void * krex_hip_abi_hipKernelNameRefByPtr(void * hostFunction, void * stream);
+typedef uint32_t krex_hip_abi_hipLaunchByPtr(void * func);
+typedef uint32_t krex_hip_abi_hipLaunchCooperativeKernel(void * f, struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDimX, void * kernelParams, uint32_t sharedMemBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipLaunchCooperativeKernelMultiDevice(void * launchParamsList, int32_t numDevices, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipLaunchCooperativeKernel_spt(void * f, struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDim, void * kernelParams, uint32_t sharedMemBytes, void * hStream);
+typedef uint32_t krex_hip_abi_hipLaunchHostFunc(void * stream, void * fn, void * userData);
+typedef uint32_t krex_hip_abi_hipLaunchKernel(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipLaunchKernel_spt(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipMallocAsync(void * dev_ptr, uint64_t size, void * stream);
+typedef uint32_t krex_hip_abi_hipMallocFromPoolAsync(void * dev_ptr, uint64_t size, void * mem_pool, void * stream);
+typedef uint32_t krex_hip_abi_hipMemMapArrayAsync(void * mapInfoList, uint32_t count, void * stream);
+typedef uint32_t krex_hip_abi_hipMemPrefetchAsync(void * dev_ptr, uint64_t count, int32_t device, void * stream);
+typedef uint32_t krex_hip_abi_hipMemSetAccess(void * ptr, uint64_t size, void * desc, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemUnmap(void * ptr, uint64_t size);
+typedef uint32_t krex_hip_abi_hipMemcpy(void * dst, void * src, uint64_t sizeBytes, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpy2D(void * dst, uint64_t dpitch, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpy2DAsync(void * dst, uint64_t dpitch, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpy2DFromArray(void * dst, uint64_t dpitch, void * src, uint64_t wOffset, uint64_t hOffset, uint64_t width, uint64_t height, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpy2DFromArrayAsync(void * dst, uint64_t dpitch, void * src, uint64_t wOffset, uint64_t hOffset, uint64_t width, uint64_t height, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpy2DFromArray_spt(void * dst, uint64_t dpitch, void * src, uint64_t wOffset, uint64_t hOffset, uint64_t width, uint64_t height, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpy2DToArray(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpy2DToArrayAsync(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpy2DToArray_spt(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpy2D_spt(void * dst, uint64_t dpitch, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpy3D(void * p);
+typedef uint32_t krex_hip_abi_hipMemcpy3DAsync(void * p, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpy3D_spt(void * p);
+typedef uint32_t krex_hip_abi_hipMemcpyAsync(void * dst, void * src, uint64_t sizeBytes, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyAsync_spt(void * dst, void * src, uint64_t sizeBytes, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyAtoH(void * dst, void * srcArray, uint64_t srcOffset, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemcpyDtoD(void * dst, void * src, uint64_t sizeBytes);
+typedef uint32_t krex_hip_abi_hipMemcpyDtoDAsync(void * dst, void * src, uint64_t sizeBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyDtoH(void * dst, void * src, uint64_t sizeBytes);
+typedef uint32_t krex_hip_abi_hipMemcpyDtoHAsync(void * dst, void * src, uint64_t sizeBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyFromArray(void * dst, void * srcArray, uint64_t wOffset, uint64_t hOffset, uint64_t count, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpyFromSymbol(void * dst, void * symbol, uint64_t sizeBytes, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpyFromSymbolAsync(void * dst, void * symbol, uint64_t sizeBytes, uint64_t offset, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyFromSymbol_spt(void * dst, void * symbol, uint64_t sizeBytes, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpyHtoA(void * dstArray, uint64_t dstOffset, void * srcHost, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemcpyHtoD(void * dst, void * src, uint64_t sizeBytes);
+typedef uint32_t krex_hip_abi_hipMemcpyHtoDAsync(void * dst, void * src, uint64_t sizeBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyParam2D(void * pCopy);
+typedef uint32_t krex_hip_abi_hipMemcpyParam2DAsync(void * pCopy, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyPeer(void * dst, int32_t dstDeviceId, void * src, int32_t srcDeviceId, uint64_t sizeBytes);
+typedef uint32_t krex_hip_abi_hipMemcpyPeerAsync(void * dst, int32_t dstDeviceId, void * src, int32_t srcDevice, uint64_t sizeBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyToArray(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t count, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpyToSymbol(void * symbol, void * src, uint64_t sizeBytes, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpyToSymbolAsync(void * symbol, void * src, uint64_t sizeBytes, uint64_t offset, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpyToSymbol_spt(void * symbol, void * src, uint64_t sizeBytes, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemcpyWithStream(void * dst, void * src, uint64_t sizeBytes, uint32_t kind, void * stream);
+typedef uint32_t krex_hip_abi_hipMemcpy_spt(void * dst, void * src, uint64_t sizeBytes, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipMemset(void * dst, int32_t value, uint64_t sizeBytes);
+typedef uint32_t krex_hip_abi_hipMemset2D(void * dst, uint64_t pitch, int32_t value, uint64_t width, uint64_t height);
+typedef uint32_t krex_hip_abi_hipMemset2DAsync(void * dst, uint64_t pitch, int32_t value, uint64_t width, uint64_t height, void * stream);
+typedef uint32_t krex_hip_abi_hipMemset2D_spt(void * dst, uint64_t pitch, int32_t value, uint64_t width, uint64_t height);
+typedef uint32_t krex_hip_abi_hipMemset3D(struct krex_hip_abi_hipPitchedPtr pitchedDevPtr, int32_t value, struct krex_hip_abi_hipExtent extent);
+typedef uint32_t krex_hip_abi_hipMemset3DAsync(struct krex_hip_abi_hipPitchedPtr pitchedDevPtr, int32_t value, struct krex_hip_abi_hipExtent extent, void * stream);
+typedef uint32_t krex_hip_abi_hipMemset3D_spt(struct krex_hip_abi_hipPitchedPtr pitchedDevPtr, int32_t value, struct krex_hip_abi_hipExtent extent);
+typedef uint32_t krex_hip_abi_hipMemsetAsync(void * dst, int32_t value, uint64_t sizeBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipMemsetD16(void * dest, uint16_t value, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemsetD16Async(void * dest, uint16_t value, uint64_t count, void * stream);
+typedef uint32_t krex_hip_abi_hipMemsetD32(void * dest, int32_t value, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemsetD32Async(void * dst, int32_t value, uint64_t count, void * stream);
+typedef uint32_t krex_hip_abi_hipMemsetD8(void * dest, uint8_t value, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemsetD8Async(void * dest, uint8_t value, uint64_t count, void * stream);
+typedef uint32_t krex_hip_abi_hipMemset_spt(void * dst, int32_t value, uint64_t sizeBytes);
+typedef uint32_t krex_hip_abi_hipMipmappedArrayDestroy(void * hMipmappedArray);
+typedef uint32_t krex_hip_abi_hipModuleGetFunction(void * function, void * module, void * kname);
+typedef uint32_t krex_hip_abi_hipModuleGetGlobal(void * dptr, void * bytes, void * hmod, void * name);
+typedef uint32_t krex_hip_abi_hipModuleGetTexRef(void * texRef, void * hmod, void * name);
+typedef uint32_t krex_hip_abi_hipModuleLaunchKernel(void * f, uint32_t gridDimX, uint32_t gridDimY, uint32_t gridDimZ, uint32_t blockDimX, uint32_t blockDimY, uint32_t blockDimZ, uint32_t sharedMemBytes, void * stream, void * kernelParams, void * extra);
+typedef uint32_t krex_hip_abi_hipModuleLoad(void * module, void * fname);
+typedef uint32_t krex_hip_abi_hipModuleLoadData(void * module, void * image);
+typedef uint32_t krex_hip_abi_hipModuleLoadDataEx(void * module, void * image, uint32_t numOptions, void * options, void * optionValues);
+typedef uint32_t krex_hip_abi_hipModuleUnload(void * module);
+typedef uint32_t krex_hip_abi_hipOccupancyMaxActiveBlocksPerMultiprocessor(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk);
+typedef uint32_t krex_hip_abi_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipOccupancyMaxPotentialBlockSize(void * gridSize, void * blockSize, void * f, uint64_t dynSharedMemPerBlk, int32_t blockSizeLimit);
+typedef uint32_t krex_hip_abi_hipRuntimeGetVersion(void * runtimeVersion);
+typedef uint32_t krex_hip_abi_hipSetDevice(int32_t deviceId);
+typedef uint32_t krex_hip_abi_hipSignalExternalSemaphoresAsync(void * extSemArray, void * paramsArray, uint32_t numExtSems, void * stream);
+typedef uint32_t krex_hip_abi_hipStreamAddCallback(void * stream, void * callback, void * userData, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipStreamAttachMemAsync(void * stream, void * dev_ptr, uint64_t length, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipStreamBeginCapture(void * stream, uint32_t mode);
+typedef uint32_t krex_hip_abi_hipStreamCreate(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamCreateWithFlags(void * stream, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipStreamCreateWithPriority(void * stream, uint32_t flags, int32_t priority);
+typedef uint32_t krex_hip_abi_hipStreamDestroy(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamEndCapture(void * stream, void * pGraph);
+typedef uint32_t krex_hip_abi_hipStreamIsCapturing(void * stream, void * pCaptureStatus);
+typedef uint32_t krex_hip_abi_hipStreamSynchronize(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamWaitEvent(void * stream, void * event, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipStreamWaitEvent_spt(void * stream, void * event, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipStreamWaitValue32(void * stream, void * ptr, uint32_t value, uint32_t flags, uint32_t mask);
+typedef uint32_t krex_hip_abi_hipStreamWaitValue64(void * stream, void * ptr, uint64_t value, uint32_t flags, uint64_t mask);
+typedef uint32_t krex_hip_abi_hipStreamWriteValue32(void * stream, void * ptr, uint32_t value, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipStreamWriteValue64(void * stream, void * ptr, uint64_t value, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipThreadExchangeStreamCaptureMode(void * mode);
+typedef uint32_t krex_hip_abi_hipWaitExternalSemaphoresAsync(void * extSemArray, void * paramsArray, uint32_t numExtSems, void * stream);
 
 #endif /* KREX_HIP_ENTRYPOINTS_GEN_H */

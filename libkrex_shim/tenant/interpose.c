@@ -19,6 +19,7 @@
  * bound on first use with the real dlsym (never linked).
  */
 #include "interpose.h"
+#include "hipinterpose.h"
 #include "state.h"
 
 #include <ctype.h>
@@ -79,6 +80,11 @@ static void load_cuda(void)
 void *krex_libcuda(void)
 {
     pthread_once(&cuda_once, load_cuda);
+    return atomic_load_explicit(&cuda_handle, memory_order_acquire);
+}
+
+void *krex_libcuda_bound(void)
+{
     return atomic_load_explicit(&cuda_handle, memory_order_acquire);
 }
 
@@ -165,7 +171,9 @@ __attribute__((visibility("hidden"))) void *krex_dlsym_decide(void *handle, cons
     int saved = errno;
     real_dlsym();
     void *hook = NULL;
-    if (is_driver_name(name)) {
+    if (name && (name[0] == 'h' || name[0] == '_')) {
+        hook = krex_hip_dlsym_decide(handle, name); /* HIP's names (hipinterpose.c) */
+    } else if (is_driver_name(name)) {
         int idx = krex_ep_lookup(name);
         if (idx >= 0 && krex_ep_hook[idx]) {
             if (handle == RTLD_DEFAULT || handle == RTLD_NEXT)

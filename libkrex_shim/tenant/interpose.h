@@ -13,6 +13,9 @@ extern _Atomic(void *) krex_real_fns[KREX_EP_COUNT];
 void *krex_bind(int idx);
 CUresult krex_missing(int idx);
 void *krex_libcuda(void);
+/* The driver's handle if a CUDA hook (or the shim) loaded it, else NULL:
+ * no load, no lookup, no loader lock. */
+void *krex_libcuda_bound(void);
 /* The driver's handle if this process has loaded it, else NULL (no load). */
 void *krex_libcuda_if_loaded(void);
 void *krex_dlsym_real(void *handle, const char *name);

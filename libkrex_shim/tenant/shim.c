@@ -26,6 +26,8 @@
 #include "shim.h"
 #include "drain.h"
 #include "gate_internal.h"
+#include "hipinterpose.h"
+#include "hiptrack.h"
 #include "interpose.h"
 #include "marks.h"
 #include "memory.h"
@@ -64,14 +66,16 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
  *
  *   prepare  takes every lock of the shim, outermost first, the order in
  *            which the units may nest them: registration (reg_mu, here),
- *            tracking (track.c), the L2 buffers (region.c), the memory
+ *            tracking (track.c), HIP tracking (hiptrack.c, a leaf: it never
+ *            nests with track.c's), the L2 buffers (region.c), the memory
  *            accounting (memory.c, a leaf lock);
  *   parent   releases them in the reverse order;
  *   child    the child has its own pid and no drainer thread: it forgets
  *            the parent's slot (and registers at its first gated call),
  *            then each unit starts over, innermost first: memory, region,
- *            drain, tracking (contexts do not survive fork: the lists start
- *            empty), the thread marks; registration's lock last.
+ *            drain, HIP tracking, tracking (contexts and streams do not
+ *            survive fork: the lists start empty), the thread marks;
+ *            registration's lock last.
  *
  * The forking thread holds every lock across fork(), so the child never
  * inherits one held by a thread that does not exist there; both sides
@@ -80,6 +84,7 @@ static void atfork_prepare(void)
 {
     pthread_mutex_lock(&reg_mu);
     krex_track_atfork_prepare();
+    krex_hip_track_atfork_prepare();
     krex_region_atfork_prepare();
     krex_memory_atfork_prepare();
 }
@@ -88,6 +93,7 @@ static void atfork_parent(void)
 {
     krex_memory_atfork_parent();
     krex_region_atfork_parent();
+    krex_hip_track_atfork_parent();
     krex_track_atfork_parent();
     pthread_mutex_unlock(&reg_mu);
 }
@@ -98,6 +104,7 @@ static void atfork_child(void)
     krex_memory_atfork_child();
     krex_region_atfork_child();
     krex_drain_atfork_child();
+    krex_hip_track_atfork_child();
     krex_track_atfork_child();
     krex_marks_atfork_child();
     pthread_mutex_unlock(&reg_mu);
@@ -120,7 +127,7 @@ static int refuse(const char *fmt, ...)
     return KREX_MODE_REFUSE;
 }
 
-CUresult krex_refused(int idx)
+static void say_refused(const char *name)
 {
     static _Atomic int said;
     /* Relaxed: only decides who prints the one line. */
@@ -128,8 +135,19 @@ CUresult krex_refused(int idx)
         krex_log(KREX_LOG_ERROR,
                  "GPU work refused (%s failed): %s; krex cannot drain this process, so it may "
                  "not use the GPU beside other tenants",
-                 krex_ep_desc[idx].name, refuse_why);
+                 name, refuse_why);
+}
+
+CUresult krex_refused(int idx)
+{
+    say_refused(krex_ep_desc[idx].name);
     return CUDA_ERROR_NOT_PERMITTED;
+}
+
+int krex_hip_refused(int idx)
+{
+    say_refused(krex_hip_ep_desc[idx].name);
+    return KREX_HIP_ERROR_NOT_SUPPORTED;
 }
 
 /* The executable mapping that holds this function, as krex_slot.image
@@ -447,12 +465,15 @@ static void thread_gone(void)
 }
 
 /* Is `stream` capturing?  The _ptsz query for the per-thread family: a
- * NULL stream means this thread's per-thread stream there. */
-static int stream_capturing(CUstream stream, int ptsz)
+ * NULL stream means this thread's per-thread stream there.  A HIP stream:
+ * the HIP runtime's query (hiptrack.c). */
+static int stream_capturing(void *stream, int kind)
 {
+    if (kind == KREX_STREAM_HIP || kind == KREX_STREAM_HIP_SPT)
+        return krex_hip_stream_capturing(stream, kind == KREX_STREAM_HIP_SPT);
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult r;
-    if (ptsz) {
+    if (kind == KREX_STREAM_CU_PTSZ) {
         __typeof__(&cuStreamIsCapturing_ptsz) f = KREX_REAL(cuStreamIsCapturing_ptsz);
         r = f ? f(stream, &st) : CUDA_ERROR_NOT_FOUND;
     } else {
@@ -462,7 +483,7 @@ static int stream_capturing(CUstream stream, int ptsz)
     return r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int ptsz)
+struct krex_slot *krex_enter_blocked(struct krex_slot *s, void *stream, int kind)
 {
     int saved = errno;
     /* Only while this process has a capture open is the query worth it.
@@ -472,7 +493,7 @@ struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int p
      * between them and turn the uncounted call into device work. */
     if (krex_captures() != 0) {
         krex_capture_pass_begin();
-        if (stream_capturing(stream, ptsz)) {
+        if (stream_capturing(stream, kind)) {
             KREX_TEST_POINT("capture_checked");
             errno = saved;
             return KREX_CAPTURED; /* captured: passes the closed gate, uncounted */

@@ -21,10 +21,13 @@ struct krex_slot *krex_enter_slow(void);
 /* The hook's return when krex_enter() refused (mode REFUSE): the first
  * one logs why. */
 CUresult krex_refused(int idx);
-/* A call into `stream` met a closed gate: KREX_CAPTURED when the stream is
- * capturing (the capture lock is then held, shared), else the slot once
- * the gate admits it. */
-struct krex_slot *krex_enter_blocked(struct krex_slot *s, CUstream stream, int ptsz);
+/* As krex_refused() for HIP entry `idx` (hip_entrypoints.gen.h): the
+ * first line says why; returns hipErrorNotSupported. */
+int krex_hip_refused(int idx);
+/* A call into `stream` (of `kind`, enum krex_stream_kind) met a closed
+ * gate: KREX_CAPTURED when the stream is capturing (the capture lock is
+ * then held, shared), else the slot once the gate admits it. */
+struct krex_slot *krex_enter_blocked(struct krex_slot *s, void *stream, int kind);
 /* Out of line, rare: 1 when the counted call of this thread is live (this
  * call is nested in it and runs under its count), else 0 after releasing
  * what the abandoned call held. */

@@ -66,6 +66,14 @@ extern __thread struct krex_slot *krex_outer __attribute__((tls_model("initial-e
  * krex_leave(), so the capture cannot end between the check and the call
  * (track.c). */
 #define KREX_CAPTURED ((struct krex_slot *)(uintptr_t)2)
+/* The stream a gated call goes to, for the capture check at a closed gate
+ * (krex_enter_on, call.h; krex_enter_blocked, shim.c). */
+enum krex_stream_kind {
+    KREX_STREAM_CU = 0,      /* a CUstream */
+    KREX_STREAM_CU_PTSZ = 1, /* a CUstream of the per-thread family (_ptsz/_ptds) */
+    KREX_STREAM_HIP = 2,     /* a hipStream_t */
+    KREX_STREAM_HIP_SPT = 3, /* a hipStream_t of an _spt name */
+};
 /* krex_enter() returns a slot tagged with this bit for a call counted in
  * its thread's mark (marks.h) rather than in the slot's shared count.
  * Slots are 64-byte aligned, and KREX_REFUSED/KREX_CAPTURED are small

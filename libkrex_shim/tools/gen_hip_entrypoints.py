@@ -1,37 +1,49 @@
 #!/usr/bin/env python3
-"""Generate libkrex_shim's HIP runtime entry-point table from the HIP headers.
+"""Generate libkrex_shim's HIP runtime entry points from the HIP headers.
 
 Reads every ``hip*`` function the HIP headers declare (hip_decls.py: the C
 API of ``hip_runtime.h``, ``hiprtc.h`` and ``amd_detail/hip_runtime_prof.h``,
 plus what only C++ declares in ``hip_ext.h`` and ``hip_runtime_api.h``),
 classifies each name with ``hip_classes.toml`` (classes A/B/C/D, the rules
-of epclass.py, shared with the CUDA generator) and writes
-``hip_entrypoints.gen.h`` and ``hip_entrypoints.gen.c``:
+of epclass.py, shared with the CUDA generator) and writes three files:
 
-* one enum constant and one table row per declared name (sorted by name):
-  its name, exported symbol (mangled for a C++-linkage name), class and
-  flags (gated, launch, per-thread stream, C++ linkage);
-* per class, an X-macro listing each name's full prototype, for a later
-  step to expand into interposers: ``X(name, symbol, ret, params, args,
-  flags)``, ``params`` the parenthesized parameter list with names,
-  ``args`` the parenthesized names;
-* in the .c, compile-time checks that every C prototype of the table is the
-  header's own.
+* ``hip_entrypoints.gen.h``: one enum constant per declared name (sorted by
+  name), the table's type and flags (gated, launch, per-thread stream, C++
+  linkage, hooked); per class an X-macro with each name's full prototype
+  (``X(name, symbol, ret, params, args, flags)``); and the *ABI prototypes*
+  of every name the shim hooks or calls itself: the same functions with
+  each parameter reduced to a type of the same size and calling-convention
+  class that needs no HIP header (pointers and handles ``void *``, enums and
+  integers ``int32_t``-style, by-value structures the layouts of
+  ``[abi.structs]``), as ``krex_hip_abi_<name>`` function types.  The
+  reduction is found by compiling and running a probe against the headers.
+* ``hip_hooks.gen.c``: built into the shim without any HIP header: the
+  table (name, exported symbol, class, flags), the runtime versions the
+  table accepts (``[runtime]``), and one exported hook per A or C name, per
+  ``[gate_also]`` name and per observed name: ``bind -> gate enter ->
+  observe -> real -> observe -> gate leave``, as for CUDA.  A C++-linkage
+  name gets a hook under its mangled symbol and one under its plain name.
+* ``hip_entrypoints.gen.c``: compiled only against the headers (tests):
+  compile-time checks that every C prototype of the table is the header's
+  own and that every ABI prototype's parameters have the size and class of
+  the header's types (and each ``[abi.structs]`` layout its offsets).
 
-Nothing here is built into the shim yet.  Usage: ``gen_hip_entrypoints.py
-[--hip-include DIR] [--classes FILE] [--out-dir DIR] [--check]``; the
-include directory (``.../include/hip``) defaults to ``$HIP_INCLUDE``, else
-``/usr/include/hip`` if present, else ``/opt/rocm/include/hip``.
-``--check`` exits 1 when the files on disk differ from what it would
-write.  Errors (an unclassified or doubly classified name, a listed name the
-headers do not declare, a name that may do device work reaching D without
-review) exit 2 with one line per problem.
+Usage: ``gen_hip_entrypoints.py [--hip-include DIR] [--classes FILE]
+[--out-dir DIR] [--check]``; the include directory (``.../include/hip``)
+defaults to ``$HIP_INCLUDE``, else ``/usr/include/hip`` if present, else
+``/opt/rocm/include/hip``.  ``--check`` exits 1 when the files on disk
+differ from what it would write.  Errors (an unclassified or doubly
+classified name, a listed name the headers do not declare, a name that may
+do device work reaching D without review, a hooked parameter type the ABI
+reduction does not know) exit 2 with one line per problem.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,20 +54,37 @@ if str(HERE) not in sys.path:  # loaded by path (tests) as well as run as a scri
     sys.path.insert(0, str(HERE))
 
 from epclass import GenError, assign_classes, is_risky, names, write_outputs  # noqa: E402
-from hip_decls import C_HEADERS, Decl, default_include, hip_version, present, read_all  # noqa: E402
+from hip_decls import (  # noqa: E402
+    C_HEADERS,
+    DEFINES,
+    Decl,
+    default_include,
+    hip_version,
+    present,
+    read_all,
+)
 
 SOURCE = "hip_classes.toml"
 HEADER_NAME = "hip_entrypoints.gen.h"
 SOURCE_NAME = "hip_entrypoints.gen.c"
+HOOKS_NAME = "hip_hooks.gen.c"
+
+# __builtin_classify_type values (gcc's typeclass.h).
+_INTEGER, _ENUM, _BOOL, _POINTER, _REAL, _RECORD = 1, 3, 4, 5, 8, 12
 
 
 @dataclass
 class Entry:
-    """One declared entry point, its class and its table flags."""
+    """One declared entry point, its class, its table flags and what its hook does."""
 
     decl: Decl
     cls: str = "?"
     launch: bool = False
+    gated: bool = False
+    called: bool = False  # the shim calls it itself (drains, the version check)
+    pre: str | None = None
+    post: str | None = None
+    stream: str | None = None  # C expression of the call's stream, for capture checks
     flags: list[str] = field(default_factory=list)
 
     @property
@@ -63,10 +92,24 @@ class Entry:
         """The declared name."""
         return self.decl.name
 
+    @property
+    def hooked(self) -> bool:
+        """True when the shim exports a hook of this name."""
+        return self.gated or self.pre is not None or self.post is not None
+
+    @property
+    def abi(self) -> bool:
+        """True when the ABI prototype is generated (hooked or called by the shim)."""
+        return self.hooked or self.called
+
 
 def takes_stream(d: Decl) -> bool:
     """True when one of the parameters is a ``hipStream_t``."""
-    return any(p.type.replace("const ", "") == "hipStream_t" for p in d.params)
+    return any(_bare(p.type) == "hipStream_t" for p in d.params)
+
+
+def _bare(type_text: str) -> str:
+    return type_text.replace("const ", "").strip()
 
 
 def _section(rules: dict[str, object], name: str) -> dict[str, object]:
@@ -77,11 +120,12 @@ def _section(rules: dict[str, object], name: str) -> dict[str, object]:
 
 
 def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entry]:
-    """An Entry per declared name, with its class and flags.
+    """An Entry per declared name, with its class, flags and hook behaviour.
 
     Raises GenError listing every problem: those of epclass.assign_classes,
-    a ``[launch]`` name that is not a declared class-A name, and an
-    ``[undeclared]`` name that the headers do declare.
+    a ``[launch]`` name that is not a declared class-A name, an
+    ``[undeclared]`` name that the headers do declare, and a ``[gate_also]``,
+    ``[observe.*]`` or ``[calls]`` name that they do not.
     """
     risky = {n: is_risky(n, takes_stream(d)) for n, d in decls.items()}
     classes, problems = assign_classes(risky, rules, "the HIP headers", SOURCE)
@@ -95,10 +139,31 @@ def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entr
     for n in names(_section(rules, "undeclared"), source=SOURCE):
         if n in entries or n in symbols:
             problems.append(f"{n}: in [undeclared] but declared")
+    for sect in ("gate_also", "calls"):
+        for n in names(_section(rules, sect), source=SOURCE):
+            if n not in entries:
+                problems.append(f"{n}: in [{sect}] but not declared")
+            elif sect == "gate_also":
+                entries[n].gated = True
+            else:
+                entries[n].called = True
+    observe = _section(rules, "observe")
+    for when in ("pre", "post"):
+        table = observe.get(when, {})
+        if not isinstance(table, dict):
+            raise GenError(f"{SOURCE}: [observe.{when}] must be a table")
+        for n, stmt in table.items():
+            if n not in entries or not isinstance(stmt, str):
+                problems.append(f"{n}: bad [observe.{when}] entry")
+            else:
+                setattr(entries[n], when, stmt)
     if problems:
         raise GenError("\n".join(sorted(problems)))
     for e in entries.values():
         if e.cls in ("A", "C"):
+            e.gated = True
+        if e.gated:
+            e.stream = next((p.name for p in e.decl.params if _bare(p.type) == "hipStream_t"), None)
             e.flags.append("KREX_HIP_EPF_GATED")
         if e.launch:
             e.flags.append("KREX_HIP_EPF_LAUNCH")
@@ -106,7 +171,123 @@ def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entr
             e.flags.append("KREX_HIP_EPF_SPT")
         if e.decl.cxx:
             e.flags.append("KREX_HIP_EPF_CXX")
+        if e.hooked:
+            e.flags.append("KREX_HIP_EPF_HOOKED")
     return entries
+
+
+# ---- the ABI reduction --------------------------------------------------------------
+
+
+def _probe(include: Path, body: str) -> list[list[int]]:
+    """Compile and run ``body`` (printf lines of numbers) against the headers; its rows."""
+    headers = present(include, C_HEADERS)
+    src = "".join(f"#include <hip/{h}>\n" for h in headers)
+    src += "#include <stdio.h>\nint main(void)\n{\n" + body + "    return 0;\n}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "probe"
+        cmd = ["gcc", "-w", *DEFINES, f"-I{include.parent}", "-x", "c", "-", "-o", str(exe)]
+        out = subprocess.run(cmd, input=src, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise GenError(f"compiling the ABI probe failed: {out.stderr.strip()}")
+        run = subprocess.run([str(exe)], capture_output=True, text=True, check=False)
+        if run.returncode != 0:
+            raise GenError(f"the ABI probe failed (rc {run.returncode})")
+    return [[int(x) for x in line.split()] for line in run.stdout.splitlines()]
+
+
+def reduce_types(include: Path, types: list[str], structs: dict[str, list[str]]) -> dict[str, str]:
+    """{header type text: a type of the same size and calling-convention class}.
+
+    Pointers (handles, function pointers) become ``void *``, integers and
+    enums the ``<stdint.h>`` type of their size and signedness, floating
+    types ``float``/``double``, structures ``struct krex_hip_abi_<name>``
+    of ``[abi.structs]``.  Raises GenError for anything else.
+    """
+    body = "".join(
+        f'    printf("%d %d %zu\\n", {i}, __builtin_classify_type(*({t} *)0), sizeof({t}));\n'
+        for i, t in enumerate(types)
+    )
+    kinds = {row[0]: (row[1], row[2]) for row in _probe(include, body)}
+    ints = [i for i, (k, _) in kinds.items() if k in (_INTEGER, _ENUM, _BOOL)]
+    body = "".join(
+        f'    printf("%d %d\\n", {i}, (int)((({types[i]})-1) < ({types[i]})0));\n' for i in ints
+    )
+    signed = {row[0]: row[1] for row in _probe(include, body)} if ints else {}
+    out: dict[str, str] = {}
+    problems = []
+    for i, t in enumerate(types):
+        kind, size = kinds[i]
+        if kind == _POINTER:
+            out[t] = "void *"
+        elif kind in (_INTEGER, _ENUM, _BOOL) and size in (1, 2, 4, 8):
+            out[t] = f"{'' if signed[i] else 'u'}int{8 * size}_t"
+        elif kind == _REAL and size in (4, 8):
+            out[t] = "float" if size == 4 else "double"
+        elif kind == _RECORD and _bare(t) in structs:
+            out[t] = f"struct krex_hip_abi_{_bare(t)}"
+        else:
+            problems.append(
+                f"{t}: a parameter type of a hooked or called name that the ABI reduction "
+                f"does not know (class {kind}, {size} bytes): add it to [abi.structs]"
+            )
+    if problems:
+        raise GenError("\n".join(problems))
+    return out
+
+
+@dataclass
+class Abi:
+    """The reduced prototypes: ``types`` maps each header type text to its ABI type."""
+
+    types: dict[str, str]
+    structs: dict[str, list[str]]
+    compat_majors: list[int]
+    known_exports: list[str]
+
+
+def _abi_params(e: Entry, abi: Abi) -> str:
+    return ", ".join(f"{abi.types[p.type]} {p.name}" for p in e.decl.params) or "void"
+
+
+def _args(e: Entry) -> str:
+    return ", ".join(p.name for p in e.decl.params)
+
+
+def build_abi(include: Path, entries: list[Entry], rules: dict[str, object]) -> Abi:
+    """The ABI reduction of every hooked or called entry, and the ``[runtime]`` lists."""
+    abi_sect = _section(rules, "abi")
+    structs_raw = abi_sect.get("structs", {})
+    if not isinstance(structs_raw, dict):
+        raise GenError(f"{SOURCE}: [abi.structs] must be a table")
+    structs = {str(k): [str(f) for f in v] for k, v in structs_raw.items()}
+    problems = []
+    types: list[str] = []
+    for e in entries:
+        if not e.abi:
+            continue
+        if e.hooked and e.decl.ret != "hipError_t" and not e.decl.ret.endswith("*"):
+            problems.append(f"{e.name}: hooked but returns {e.decl.ret}, not hipError_t")
+        for t in [e.decl.ret, *(p.type for p in e.decl.params)]:
+            if t not in types and t != "void":
+                types.append(t)
+    if problems:
+        raise GenError("\n".join(problems))
+    runtime = _section(rules, "runtime")
+    majors = runtime.get("compatible_majors", [])
+    known = names(runtime, source=SOURCE, key="known_exports")
+    undeclared = names(_section(rules, "undeclared"), source=SOURCE)
+    if not isinstance(majors, list) or not all(isinstance(m, int) for m in majors):
+        raise GenError(f"{SOURCE}: [runtime] compatible_majors must be a list of integers")
+    return Abi(
+        reduce_types(include, types, structs),
+        structs,
+        sorted(set(majors)),
+        sorted(set(known) | set(undeclared)),
+    )
+
+
+# ---- rendering ----------------------------------------------------------------------
 
 
 def _banner(version: tuple[int, int, int], headers: list[str]) -> str:
@@ -126,28 +307,46 @@ def _xmacro_row(e: Entry) -> str:
     return f'    X({d.name}, "{d.symbol}", {d.ret}, ({params}), ({args}), {flags})'
 
 
-def render_header(entries: list[Entry], version: tuple[int, int, int], headers: list[str]) -> str:
-    """hip_entrypoints.gen.h: ids, flags, the table's type and the prototype X-macros."""
+def render_header(
+    entries: list[Entry], version: tuple[int, int, int], headers: list[str], abi: Abi
+) -> str:
+    """hip_entrypoints.gen.h: ids, flags, the table's type, the X-macros, the ABI types."""
     out = [_banner(version, headers)]
     out.append("#ifndef KREX_HIP_ENTRYPOINTS_GEN_H\n#define KREX_HIP_ENTRYPOINTS_GEN_H\n\n")
-    out.append("#include <stdint.h>\n\n")
+    out.append("#include <stddef.h>\n#include <stdint.h>\n\n")
     for part, value in zip(("MAJOR", "MINOR", "PATCH"), version, strict=True):
         out.append(f"#define KREX_HIP_EP_VERSION_{part} {value}\n")
     out.append("\nenum krex_hip_ep {\n")
     for i, e in enumerate(entries):
         out.append(f"    KREX_HIP_EP_{e.name} = {i},\n")
     out.append(f"    KREX_HIP_EP_COUNT = {len(entries)}\n}};\n\n")
-    out.append("#define KREX_HIP_EPF_GATED 0x1u  /* A and C: counted and gated */\n")
+    out.append("#define KREX_HIP_EPF_GATED 0x1u  /* A, C and [gate_also]: counted and gated */\n")
     out.append("#define KREX_HIP_EPF_LAUNCH 0x2u /* counted as a kernel launch */\n")
     out.append("#define KREX_HIP_EPF_SPT 0x4u    /* _spt: stream 0 is the per-thread stream */\n")
-    out.append("#define KREX_HIP_EPF_CXX 0x8u    /* C++ linkage: exported mangled */\n\n")
+    out.append("#define KREX_HIP_EPF_CXX 0x8u    /* C++ linkage: exported mangled */\n")
+    out.append("#define KREX_HIP_EPF_HOOKED 0x10u /* the shim exports a hook of this name */\n\n")
     out.append(
         "struct krex_hip_ep_desc {\n    const char *name;\n"
         "    const char *symbol; /* exported symbol: the name, or its C++ mangling */\n"
         "    char cls;           /* 'A'..'D' */\n    uint8_t flags;\n};\n\n"
     )
-    out.append("/* Sorted by name (strcmp order). */\n")
-    out.append("extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];\n\n")
+    out.append("/* Sorted by name (strcmp order); hip_hooks.gen.c. */\n")
+    out.append("extern const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT];\n")
+    out.append(
+        "/* The hook exported under the name (NULL: unhooked), and for a C++-linkage\n"
+        " * name the one exported under its mangled symbol (else NULL). */\n"
+    )
+    out.append("extern void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT];\n")
+    out.append("extern void *const krex_hip_ep_symhook[KREX_HIP_EP_COUNT];\n")
+    out.append(
+        "/* The runtime majors the table accepts besides its own ([runtime]\n"
+        " * compatible_majors), and the exported names it knows beyond its rows\n"
+        " * ([runtime] known_exports and [undeclared]; sorted). */\n"
+    )
+    out.append(f"#define KREX_HIP_COMPAT_MAJORS_N {len(abi.compat_majors)}\n")
+    out.append(f"#define KREX_HIP_KNOWN_EXPORTS_N {len(abi.known_exports)}\n")
+    out.append("extern const int krex_hip_compat_majors[];\n")
+    out.append("extern const char *const krex_hip_known_exports[];\n\n")
     out.append(
         "/* Prototypes by class, as X(name, symbol, ret, params, args, flags):\n"
         " * params is the parenthesized parameter list with its names (C++ default\n"
@@ -161,21 +360,40 @@ def render_header(entries: list[Entry], version: tuple[int, int, int], headers: 
         out.append(f"#define KREX_HIP_EPS_{cls}(X) \\\n")
         out.append(" \\\n".join(rows))
         out.append("\n\n")
-    out.append("#endif /* KREX_HIP_ENTRYPOINTS_GEN_H */\n")
+    out.append(
+        "/* The ABI prototypes of the names the shim hooks or calls: the header's\n"
+        " * types reduced to types of the same size and calling-convention class\n"
+        " * (hip_entrypoints.gen.c checks them against the headers), so that the\n"
+        " * shim builds without HIP's headers. */\n"
+    )
+    for name, fields in sorted(abi.structs.items()):
+        body = " ".join(f"{f};" for f in fields)
+        out.append(f"struct krex_hip_abi_{name} {{ {body} }};\n")
+    out.append("\n")
+    for e in entries:
+        if e.abi:
+            ret = abi.types[e.decl.ret] if e.decl.ret != "void" else "void"
+            out.append(f"typedef {ret} krex_hip_abi_{e.name}({_abi_params(e, abi)});\n")
+    out.append("\n#endif /* KREX_HIP_ENTRYPOINTS_GEN_H */\n")
     return "".join(out)
 
 
 def render_source(
-    entries: list[Entry], version: tuple[int, int, int], headers: list[str], includes: list[str]
+    entries: list[Entry],
+    version: tuple[int, int, int],
+    headers: list[str],
+    includes: list[str],
+    abi: Abi,
 ) -> str:
-    """hip_entrypoints.gen.c: the table, and checks that each prototype is the header's.
+    """hip_entrypoints.gen.c: checks that each prototype is the header's, and each ABI type
+    the header type's size and class.
 
     ``includes``: the headers read as C (hip_decls.C_HEADERS, those present).
     """
     out = [_banner(version, headers)]
     out.append("#ifndef __HIP_PLATFORM_AMD__\n#define __HIP_PLATFORM_AMD__\n#endif\n")
     out.extend(f"#include <hip/{h}>\n" for h in includes)
-    out.append(f'\n#include "{HEADER_NAME}"\n\n')
+    out.append(f'#include <stddef.h>\n\n#include "{HEADER_NAME}"\n\n')
     out.append(
         "#if HIP_VERSION_MAJOR != KREX_HIP_EP_VERSION_MAJOR || "
         "HIP_VERSION_MINOR != KREX_HIP_EP_VERSION_MINOR || \\\n"
@@ -183,11 +401,6 @@ def render_source(
         f'#error "{SOURCE_NAME} was generated from other HIP headers: '
         'run tools/gen_hip_entrypoints.py"\n#endif\n\n'
     )
-    out.append("const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {\n")
-    for e in entries:
-        flags = " | ".join(e.flags) or "0"
-        out.append(f'    {{"{e.name}", "{e.decl.symbol}", \'{e.cls}\', {flags}}},\n')
-    out.append("};\n\n")
     out.append(
         "/* A function type per row, from the X-macros; each C-linkage one must be\n"
         " * the type the headers declare.  The C++-linkage ones are declared under\n"
@@ -211,15 +424,119 @@ def render_source(
                 f"_Static_assert(__builtin_types_compatible_p(__typeof__({e.name}), "
                 f'krex_hip_fn_{e.name}), "{e.name}");\n'
             )
-    out.append("#pragma GCC diagnostic pop\n")
+    out.append("#pragma GCC diagnostic pop\n\n")
+    out.append(
+        "/* The ABI types: each the size and calling-convention class (an enum\n"
+        " * counts as an integer) of the header's type, each structure the\n"
+        " * header's layout. */\n"
+        "#define KREX_HIP_CLASS(t) \\\n"
+        "    (__builtin_classify_type(*(t *)0) == 3 ? 1 : __builtin_classify_type(*(t *)0))\n"
+        "#define KREX_HIP_SAME_ABI(a, b) \\\n"
+        "    (sizeof(a) == sizeof(b) && _Alignof(a) == _Alignof(b) && "
+        "KREX_HIP_CLASS(a) == KREX_HIP_CLASS(b))\n"
+    )
+    for name, fields in sorted(abi.structs.items()):
+        out.append(
+            f'_Static_assert(KREX_HIP_SAME_ABI({name}, struct krex_hip_abi_{name}), "{name}");\n'
+        )
+        for f in fields:
+            fname = f.split()[-1].lstrip("*")
+            out.append(
+                f"_Static_assert(offsetof({name}, {fname}) == "
+                f'offsetof(struct krex_hip_abi_{name}, {fname}), "{name}.{fname}");\n'
+            )
+    for t, reduced in abi.types.items():
+        out.append(f'_Static_assert(KREX_HIP_SAME_ABI({t}, {reduced}), "{t}");\n')
+    return "".join(out)
+
+
+def _fail(e: Entry, what: str) -> str:
+    """The hook's return when the call cannot be made: the error code, or NULL for a
+    pointer result (after the same log line)."""
+    call = f"krex_hip_{what}(KREX_HIP_EP_{e.name})"
+    return call if e.decl.ret == "hipError_t" else f"((void){call}, NULL)"
+
+
+def _hook_lines(e: Entry, ret: str, indent: str) -> list[str]:
+    lines = [f"KREX_HIP_BIND({e.name}, {_fail(e, 'missing')});"]
+    if e.gated:
+        spt = 1 if e.name.endswith("_spt") else 0
+        enter = f"krex_enter_hip_stream({e.stream}, {spt})" if e.stream else "krex_enter()"
+        lines.append("krex_hip_thread_check();")
+        lines.append(f"struct krex_slot *krex_s = {enter};")
+        lines.append(f"if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return {_fail(e, 'refused')};")
+    if e.launch:
+        lines.append("krex_count_launch();")
+    if e.pre:
+        lines.append(e.pre)
+    lines.append(f"{ret} krex_r = krex_real_fn({_args(e)});")
+    if e.post:
+        lines.append(e.post)
+    if e.gated:
+        lines.append("krex_leave(krex_s);")
+        if e.decl.ret == "hipError_t":
+            lines.append("krex_hip_after(krex_r);")
+    lines.append("return krex_r;")
+    return [f"{indent}{line}\n" for line in lines]
+
+
+def render_hook(e: Entry, abi: Abi) -> str:
+    """The exported hook(s) of one entry: under its name, and for C++ linkage its symbol."""
+    ret = abi.types[e.decl.ret]
+    params = _abi_params(e, abi)
+    body = [*_hook_lines(e, ret, "    "), "}\n\n"]
+    out = [f"KREX_HOOK {ret} {e.name}({params})\n{{\n", *body]
+    if e.decl.cxx:
+        sym = f"krex_hip_sym_{e.name}"
+        out.append(f'KREX_HOOK {ret} {sym}({params}) __asm__("{e.decl.symbol}");\n')
+        out.append(f"KREX_HOOK {ret} {sym}({params})\n{{\n")
+        out.extend(body)
+    return "".join(out)
+
+
+def render_hooks(
+    entries: list[Entry], version: tuple[int, int, int], headers: list[str], abi: Abi
+) -> str:
+    """hip_hooks.gen.c: the table, the runtime lists and every hook (no HIP header needed)."""
+    out = [_banner(version, headers)]
+    # The hooks are the top layer (docs/design/shim.md "Layering"): each header they use.
+    out.append('#include "base.h" /* KREX_HOOK */\n')
+    out.append('#include "call.h" /* krex_enter, krex_leave: the per-call protocol */\n')
+    out.append('#include "hipdrain.h" /* krex_hip_after: the exit handler */\n')
+    out.append('#include "hipinterpose.h" /* KREX_HIP_BIND, the table */\n')
+    out.append('#include "hiptrack.h" /* devices, streams, captures */\n')
+    out.append('#include "shim.h" /* krex_hip_refused */\n')
+    out.append('#include "track.h" /* the capture lock */\n\n')
+    out.append("const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {\n")
+    for e in entries:
+        flags = " | ".join(e.flags) or "0"
+        out.append(f'    {{"{e.name}", "{e.decl.symbol}", \'{e.cls}\', {flags}}},\n')
+    out.append("};\n\n")
+    majors = ", ".join(str(m) for m in abi.compat_majors) or "0"
+    out.append(f"const int krex_hip_compat_majors[] = {{{majors}}};\n")
+    out.append("const char *const krex_hip_known_exports[] = {\n")
+    out.extend(f'    "{n}",\n' for n in abi.known_exports)
+    out.append("};\n\n")
+    for e in entries:
+        if e.hooked:
+            out.append(render_hook(e, abi))
+    out.append("void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {\n")
+    for e in entries:
+        out.append(f"    (void *){e.name},\n" if e.hooked else "    NULL,\n")
+    out.append("};\n\nvoid *const krex_hip_ep_symhook[KREX_HIP_EP_COUNT] = {\n")
+    for e in entries:
+        hooked_sym = e.hooked and e.decl.cxx
+        out.append(f"    (void *)krex_hip_sym_{e.name},\n" if hooked_sym else "    NULL,\n")
+    out.append("};\n")
     return "".join(out)
 
 
 def generate(include: Path, classes: Path) -> dict[str, str]:
-    """Return {file name: content} for the two generated files.
+    """Return {file name: content} for the three generated files.
 
     Raises GenError (headers missing or not understood, classification
-    incomplete), OSError and tomllib.TOMLDecodeError.
+    incomplete, a type the ABI reduction does not know), OSError and
+    tomllib.TOMLDecodeError.
     """
     version = hip_version(include)
     decls = read_all(include)
@@ -228,9 +545,11 @@ def generate(include: Path, classes: Path) -> dict[str, str]:
     entries = classify(decls, rules)
     ordered = [entries[n] for n in sorted(entries)]
     headers = sorted({d.header for d in decls.values()})
+    abi = build_abi(include, ordered, rules)
     return {
-        HEADER_NAME: render_header(ordered, version, headers),
-        SOURCE_NAME: render_source(ordered, version, headers, present(include, C_HEADERS)),
+        HEADER_NAME: render_header(ordered, version, headers, abi),
+        SOURCE_NAME: render_source(ordered, version, headers, present(include, C_HEADERS), abi),
+        HOOKS_NAME: render_hooks(ordered, version, headers, abi),
     }
 
 

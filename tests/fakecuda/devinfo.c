@@ -89,6 +89,11 @@ void fc_uuid_text(int phys, char out[FC_UUID_TEXT])
              b[14], b[15]);
 }
 
+void fc_uuid_rocr_text(int phys, char out[FC_UUID_TEXT])
+{
+    snprintf(out, FC_UUID_TEXT, "GPU-%s%02x", "6b72657866616b", phys & 0xff);
+}
+
 static CUresult get_uuid(CUuuid *uuid, CUdevice dev)
 {
     CUresult r = check_device(dev);

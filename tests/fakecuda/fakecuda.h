@@ -218,6 +218,10 @@ struct fc_state {
      * CUDA_VISIBLE_DEVICES; the fake HIP runtime linking this engine
      * (tests/fakehip) sets its own lists from a constructor, before any call. */
     const char *const *vis_env[FC_VIS_LAYERS];
+    /* Set by the fake HIP runtime's constructor: a visibility entry may also
+     * name a GPU in ROCr's form, as krexd names a simulated AMD GPU
+     * (fc_uuid_rocr_text). */
+    bool rocr_uuids;
 };
 
 extern struct fc_state fc;
@@ -231,6 +235,10 @@ CUresult fc_check_init(void);   /* CUDA_SUCCESS or CUDA_ERROR_NOT_INITIALIZED */
 #define FC_UUID_TEXT 41
 void fc_uuid_bytes(int phys, char out[16]);
 void fc_uuid_text(int phys, char out[FC_UUID_TEXT]);
+/* ROCr's form of a GPU's name, "GPU-" and 16 hex digits: krexd's simulated
+ * AMD GPU `phys` ("krexfak" in ASCII, then the index byte; krexd.gpus
+ * fake_amd_uuid). */
+void fc_uuid_rocr_text(int phys, char out[FC_UUID_TEXT]);
 
 /* simgpu.c: the simulated device */
 uint64_t fc_now_ns(void);

@@ -108,9 +108,11 @@ static long uuid_entry(const char *p, char **end)
         n--;
     long found = -1;
     for (int i = 0; i < fc.nphys; i++) {
-        char text[FC_UUID_TEXT];
+        char text[FC_UUID_TEXT], rocr[FC_UUID_TEXT];
         fc_uuid_text(i, text);
-        if (n <= strlen(text) && strncasecmp(p, text, n) == 0) {
+        fc_uuid_rocr_text(i, rocr);
+        if ((n <= strlen(text) && strncasecmp(p, text, n) == 0) ||
+            (fc.rocr_uuids && n <= strlen(rocr) && strncasecmp(p, rocr, n) == 0)) {
             if (found >= 0)
                 return -1; /* ambiguous prefix */
             found = i;

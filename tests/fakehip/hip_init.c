@@ -16,6 +16,8 @@
 #include "fakehip.h"
 
 #include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 static const char *const rocr_visible[] = {"ROCR_VISIBLE_DEVICES", NULL};
 static const char *const hip_visible[] = {"HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", NULL};
@@ -26,6 +28,7 @@ __attribute__((constructor)) static void fh_load(void)
 {
     fc.vis_env[0] = rocr_visible;
     fc.vis_env[1] = hip_visible;
+    fc.rocr_uuids = true; /* ROCm names GPUs "GPU-<16 hex digits>", as krexd does */
 }
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -102,12 +105,28 @@ FH_API hipError_t hipInit(unsigned int flags)
     return fh_ret(fh_init());
 }
 
+/* FH_RUNTIME_VERSION, or KREX_FAKE_HIP_VERSION (a positive integer in
+ * HIP_VERSION's form, major * 10000000 + minor * 100000 + patch): a test
+ * plays another runtime release with it (the shim refuses one newer than its
+ * table).  Read at every call: no initialization needed. */
+static int runtime_version(void)
+{
+    const char *s = getenv("KREX_FAKE_HIP_VERSION");
+    if (s && *s) {
+        char *end = NULL;
+        long v = strtol(s, &end, 10);
+        if (*end == '\0' && v > 0 && v <= INT32_MAX)
+            return (int)v;
+    }
+    return FH_RUNTIME_VERSION;
+}
+
 FH_API hipError_t hipDriverGetVersion(int *driverVersion)
 {
     FC_ENTRY();
     if (driverVersion == NULL)
         return fh_ret(hipErrorInvalidValue);
-    *driverVersion = FH_RUNTIME_VERSION;
+    *driverVersion = runtime_version();
     return fh_ret(hipSuccess);
 }
 
@@ -116,7 +135,7 @@ FH_API hipError_t hipRuntimeGetVersion(int *runtimeVersion)
     FC_ENTRY();
     if (runtimeVersion == NULL)
         return fh_ret(hipErrorInvalidValue);
-    *runtimeVersion = FH_RUNTIME_VERSION;
+    *runtimeVersion = runtime_version();
     return fh_ret(hipSuccess);
 }
 

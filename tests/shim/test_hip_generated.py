@@ -5,10 +5,15 @@
   symbol (mangled for C++ linkage), bar four HIP 5.2 declares but never
   built, and the exported-but-undeclared ones are exactly the [undeclared]
   list of hip_classes.toml;
-* re-running the generator reproduces the committed files byte for byte;
+* re-running the generator reproduces the committed files byte for byte (the
+  header, the header checks, and the hooks built into the shim);
+* every A and C name is hooked, and the hooked set is what the table's flags say;
 * the generator refuses a classification that leaves out a launch or lets a
   stream-taking name reach D unreviewed;
-* the generated C compiles with -Wall -Wextra -Werror against the headers.
+* the generated C compiles with -Wall -Wextra -Werror against the headers: each
+  prototype is the header's, each ABI type (the hooks' parameter types, which need
+  no HIP header) has the size, alignment and class of the header's;
+* a hooked parameter type the ABI reduction does not know fails the generator.
 
 The headers come from Debian's libamdhip64-dev (``packaging/install-build-deps.sh
 --hip`` installs it, and under ``make test-packages`` the fixture runs it when they
@@ -37,6 +42,7 @@ from .procs import REPO
 TOOLS = REPO / "libkrex_shim" / "tools"
 GEN_H = REPO / "libkrex_shim" / "tenant" / "hip_entrypoints.gen.h"
 GEN_C = REPO / "libkrex_shim" / "tenant" / "hip_entrypoints.gen.c"
+GEN_HOOKS = REPO / "libkrex_shim" / "tenant" / "hip_hooks.gen.c"
 EXPORTS = Path(__file__).parent / "data" / "libamdhip64-5.2.21153-exports.txt"
 # Declared by the HIP 5.2 headers, absent from its library.
 NOT_BUILT = {
@@ -122,10 +128,10 @@ def rules() -> dict[str, Any]:
 
 
 def table_rows() -> dict[str, tuple[str, str, str]]:
-    """name -> (symbol, class, flags) from the committed hip_entrypoints.gen.c."""
+    """name -> (symbol, class, flags) from the committed hip_hooks.gen.c."""
     return {
         m.group(1): (m.group(2), m.group(3), m.group(4))
-        for m in re.finditer(r'\{"(\w+)", "(\w+)", \'([ABCD])\', ([^}]*)\}', GEN_C.read_text())
+        for m in re.finditer(r'\{"(\w+)", "(\w+)", \'([ABCD])\', ([^}]*)\}', GEN_HOOKS.read_text())
     }
 
 
@@ -264,6 +270,40 @@ def test_generator_refuses_incomplete_classification(hip_include: Path, tmp_path
     assert "hipStreamGetPriority: may do device work; classify it explicitly" in proc.stderr
     assert "hipStreamIsCapturing: may do device work; classify it in A/B/C" in proc.stderr
     assert not (tmp_path / "hip_entrypoints.gen.c").exists()
+
+
+def test_every_gated_name_is_hooked() -> None:
+    rows = table_rows()
+    hooks = GEN_HOOKS.read_text()
+    for name, (sym, cls, flags) in rows.items():
+        hooked = "KREX_HIP_EPF_HOOKED" in flags
+        if cls in "AC":
+            assert hooked and "KREX_HIP_EPF_GATED" in flags, name
+        assert (f" {name}(" in hooks) == hooked, name
+        if hooked and "KREX_HIP_EPF_CXX" in flags:
+            assert f'__asm__("{sym}")' in hooks, name
+    # Observed or gated beyond their class.
+    for name in ("hipStreamBeginCapture", "hipStreamEndCapture", "hipSetDevice"):
+        assert "KREX_HIP_EPF_HOOKED" in rows[name][2], name
+    assert "KREX_HIP_EPF_GATED" in rows["hipStreamBeginCapture"][2]
+
+
+def test_generator_refuses_an_unknown_by_value_type(hip_include: Path, tmp_path: Path) -> None:
+    text = (TOOLS / "hip_classes.toml").read_text()
+    broken = text.replace('dim3 = ["uint32_t x", "uint32_t y", "uint32_t z"]\n', "")
+    assert broken != text
+    (tmp_path / "hip_classes.toml").write_text(broken)
+    proc = run_generator(
+        "--hip-include",
+        str(hip_include),
+        "--classes",
+        str(tmp_path / "hip_classes.toml"),
+        "--out-dir",
+        str(tmp_path),
+    )
+    assert proc.returncode == 2
+    assert "dim3: a parameter type of a hooked or called name" in proc.stderr
+    assert not (tmp_path / "hip_hooks.gen.c").exists()
 
 
 def test_generated_c_compiles(hip_include: Path, tmp_path: Path) -> None:

@@ -53,6 +53,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tenant/dl_x86_64.S",
             "tenant/fault.h",
             "tenant/fault.c",
+            "tenant/hipinterpose.h",
+            "tenant/hipinterpose.c",
         ],
     ),
     (
@@ -64,13 +66,15 @@ LAYERS: list[tuple[str, list[str]]] = [
             "tenant/memory.c",
             "tenant/track.h",
             "tenant/track.c",
+            "tenant/hiptrack.h",
+            "tenant/hiptrack.c",
         ],
     ),
-    ("drain", ["tenant/drain.h", "tenant/drain.c"]),
+    ("drain", ["tenant/drain.h", "tenant/drain.c", "tenant/hipdrain.h", "tenant/hipdrain.c"]),
     ("region", ["tenant/region.h", "tenant/region.c"]),
     ("process", ["tenant/shim.h", "tenant/shim.c"]),
     ("call", ["tenant/call.h"]),
-    ("hooks", ["tenant/entrypoints.gen.c"]),
+    ("hooks", ["tenant/entrypoints.gen.c", "tenant/hip_hooks.gen.c"]),
 ]
 
 #: Where each folder's quoted includes are found (the Makefile's -I order).

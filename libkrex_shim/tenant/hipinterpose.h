@@ -1,0 +1,58 @@
+/*
+ * hipinterpose.h — how the shim reaches the real HIP runtime
+ * (hipinterpose.c): libamdhip64's handle, loaded only by a process that
+ * calls a HIP hook, each real function bound lazily, the refusal of a
+ * runtime the table cannot gate, and the dlsym decision for HIP names.
+ * Needs no HIP header: the functions are the table's ABI prototypes
+ * (hip_entrypoints.gen.h).  Internal, hidden.
+ */
+#ifndef KREX_HIPINTERPOSE_H
+#define KREX_HIPINTERPOSE_H
+
+#include "base.h"
+#include "hip_entrypoints.gen.h"
+
+/* HIP's values the shim uses (hip_runtime_api.h; the same numbers in every
+ * ROCm release). */
+#define KREX_HIP_SUCCESS 0
+#define KREX_HIP_ERROR_NOT_FOUND 500      /* hipErrorNotFound */
+#define KREX_HIP_ERROR_NOT_SUPPORTED 801  /* hipErrorNotSupported */
+#define KREX_HIP_STREAM_PER_THREAD ((void *)(uintptr_t)2) /* hipStreamPerThread */
+
+extern _Atomic(void *) krex_hip_real_fns[KREX_HIP_EP_COUNT];
+void *krex_hip_bind(int idx);
+/* The hook's return when the real function cannot be had: the runtime was
+ * refused (hipErrorNotSupported; the refusal's line is logged once), or it
+ * lacks the name (hipErrorNotFound, logged once per name). */
+int krex_hip_missing(int idx);
+
+/* The runtime's handle if this process has called a HIP hook (never loads
+ * it): a drain synchronizes HIP only then. */
+void *krex_hip_loaded(void);
+
+/* The real function for entry `idx`, bound on first use (acquire pairs
+ * with the release store in krex_hip_bind(), so the pointer's target is
+ * fully resolved when we call it). */
+static inline void *krex_hip_real(int idx)
+{
+    void *p = atomic_load_explicit(&krex_hip_real_fns[idx], memory_order_acquire);
+    return KREX_LIKELY(p) ? p : krex_hip_bind(idx);
+}
+
+/* In a hook: `krex_real_fn`, typed as the table's ABI prototype; `fail`
+ * returned when there is none. */
+#define KREX_HIP_BIND(name, fail)                                              \
+    krex_hip_abi_##name *krex_real_fn =                                       \
+        (krex_hip_abi_##name *)krex_hip_real(KREX_HIP_EP_##name);              \
+    if (KREX_UNLIKELY(krex_real_fn == NULL))                                   \
+    return fail
+
+/* A real function by name (the runtime loaded by then), or NULL. */
+#define KREX_HIP_REAL(name) ((krex_hip_abi_##name *)krex_hip_real(KREX_HIP_EP_##name))
+
+/* dlsym(handle, name) for a HIP name: our hook when `handle` is the
+ * runtime's (and it has the name), RTLD_DEFAULT or RTLD_NEXT; NULL to
+ * forward the lookup unchanged. */
+void *krex_hip_dlsym_decide(void *handle, const char *name);
+
+#endif /* KREX_HIPINTERPOSE_H */
