@@ -48,8 +48,8 @@ import pytest
 
 from krex_client.connection import Connection, KrexUnavailable
 from tests.fakecuda.harness import Build, FakeCuda
+from tests.support import GPU_APIS, GpuApi, ShimBuild, clean_env, make
 from tests.support import REPO as _REPO
-from tests.support import ShimBuild, clean_env, make
 
 REPO = str(_REPO)
 KREX = [sys.executable, "-m", "krex_cli"]
@@ -58,7 +58,7 @@ _counter = itertools.count()
 
 
 #: Fixtures that build C parts: a test using one (directly or not) is ``needs_build``.
-BUILD_FIXTURES = frozenset({"shim_build", "fakecuda_build", "fakehip_build", "built"})
+BUILD_FIXTURES = frozenset({"shim_build", "fakecuda_build", "fakehip_build", "built", "gpu_api"})
 #: Fixtures that need root: a krexd (cgroups) or a gate file the shim maps (it maps only
 #: a root-owned one, libkrex_shim/gate/gate.c).  A test using one (directly or not) is
 #: ``root``, so it is skipped with the reason wherever it could not pass.
@@ -311,6 +311,15 @@ def fakecuda_build() -> Build:
 @pytest.fixture(scope="session")
 def built(shim_build: ShimBuild, fakecuda_build: Build) -> None:
     """The shim, the gate library and the fake driver (once)."""
+
+
+@pytest.fixture(params=sorted(GPU_APIS))
+def gpu_api(request: pytest.FixtureRequest, built: None) -> GpuApi:
+    """Each fake in turn (``cuda``, ``hip``): a protocol suite over both
+    (tests.support.GpuApi), its build made."""
+    api: GpuApi = GPU_APIS[request.param]
+    make(api.make_target)
+    return api
 
 
 @pytest.fixture

@@ -12,6 +12,9 @@
   one JSON document per line; read them whole or as they come.
 * :func:`fake_driver_env`: an environment whose commands run over the fake
   driver, its device timeline written in a work directory.
+* :class:`GpuApi` (:data:`GPU_APIS`): the two fakes a protocol suite runs
+  over, CUDA's driver and HIP's runtime (``tests/conftest.py``'s ``gpu_api``
+  fixture parametrizes a test over both).
 """
 
 from __future__ import annotations
@@ -67,6 +70,36 @@ def fake_driver_env(base: dict[str, str], workdir: str) -> dict[str, str]:
         KREX_FAKE_TIMELINE=os.path.join(workdir, "timeline"),
         KREX_FAKE_STATE=os.path.join(workdir, "fakestate"),
     )
+
+
+@dataclass(frozen=True)
+class GpuApi:
+    """One fake a protocol suite runs its tenants over.
+
+    ``cuda``: the fake CUDA driver on simulated NVIDIA GPUs.  ``hip``: the
+    fake HIP runtime (tests/fakehip, over the same simulated device and
+    timeline) on simulated AMD GPUs (``krexd --fake-vendor amd``); the test
+    tenants built on tests/fakecuda/fakegpu.py drive HIP
+    (``KREX_TEST_GPU_API=hip``), so the programs are not copied.
+    """
+
+    name: str
+    krexd_args: tuple[str, ...]  # what krexd_factory's ``args`` gets
+    make_target: str  # the build the tenants need
+
+    def env(self, base: dict[str, str], workdir: str) -> dict[str, str]:
+        """:func:`fake_driver_env`, and for HIP the runtime first on the library path."""
+        env = fake_driver_env(base, workdir)
+        if self.name == "hip":
+            env["LD_LIBRARY_PATH"] = f"{HIP_DIR}:{FAKE_DIR}"
+            env["KREX_TEST_GPU_API"] = "hip"
+        return env
+
+
+GPU_APIS = {
+    "cuda": GpuApi("cuda", (), "fakecuda"),
+    "hip": GpuApi("hip", ("--fake-vendor", "amd"), "fakehip"),
+}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@ or one :class:`FakeGpu` per device.  As a command (a tenant for tests)::
     python fakegpu.py --count 100 --kernel-ns 1000000 [--seconds S] [--sync-every K]
 
 prints a JSON summary.  This module imports nothing from the project.
+
+``KREX_TEST_GPU_API=hip`` makes :func:`init` (so every test tenant built on
+it, and the command above) drive the fake HIP runtime instead, through
+``tests/fakehip/hipgpu.py``, whose ``HipGpu`` has the same methods: the
+protocol suites run over both fakes without a copy of their programs.
 """
 
 from __future__ import annotations
@@ -314,11 +319,24 @@ _default: FakeGpu | None = None
 
 
 def init(device: int = 0) -> FakeGpu:
-    """Initialize the driver and make ``device`` current; returns the default FakeGpu."""
+    """Initialize the driver and make ``device`` current; returns the default FakeGpu.
+
+    Under ``KREX_TEST_GPU_API=hip``: a ``hipgpu.HipGpu`` of the fake HIP runtime
+    (the same methods; typed as FakeGpu for its callers).
+    """
     global _default
     if _default is None:
-        _default = FakeGpu(device)
+        _default = _hip(device) if os.environ.get("KREX_TEST_GPU_API") == "hip" else FakeGpu(device)
     return _default
+
+
+def _hip(device: int) -> Any:
+    """``hipgpu.init(device)``: tests/fakehip/hipgpu.py, beside this module's folder."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(os.path.dirname(here), "fakehip"))
+    import hipgpu  # noqa: PLC0415 - only HIP tenants load it
+
+    return hipgpu.init(device)
 
 
 def _gpu() -> FakeGpu:

@@ -141,6 +141,7 @@ class HipGpu:
 
     def __init__(self, hip: Hip, device: int = 0) -> None:
         self.hip = hip
+        self.device = device
         hip.call("hipInit", 0)
         hip.call("hipSetDevice", device)
         mod = ctypes.c_void_p()
@@ -271,6 +272,24 @@ class HipGpu:
     def graph_launch(self, exec_graph: int, stream: int | None) -> None:
         """hipGraphLaunch."""
         self.hip.call("hipGraphLaunch", exec_graph, stream)
+
+    # The names tests/fakecuda/fakegpu.py's FakeGpu gives the same calls, so a test
+    # tenant written against it runs over HIP unchanged (KREX_TEST_GPU_API=hip).
+
+    def make_current(self) -> None:
+        """hipSetDevice of this object's device on the calling thread."""
+        self.hip.call("hipSetDevice", self.device)
+
+    def alloc(self, size: int) -> int:
+        """:meth:`malloc`."""
+        return self.malloc(size)
+
+    def mem_info(self) -> tuple[int, int]:
+        """:meth:`mem_get_info`: (free, total) bytes."""
+        return self.mem_get_info()
+
+    def close(self) -> None:
+        """Nothing to release: the process's primary context lives as long as it does."""
 
 
 def init(device: int = 0) -> HipGpu:

@@ -6,7 +6,9 @@ siblings, with one to three launching threads each, launch kernels
 constantly; one holder enters and leaves regions at random moments.
 With regions enforced, no sibling kernel overlaps a region; ungated
 (``[region] enforce = false``), the same check finds overlaps, so it can
-fail.
+fail.  Each runs over both fakes (``gpu_api``): the CUDA driver on a
+simulated NVIDIA GPU and the HIP runtime on a simulated AMD GPU, the same
+programs driving either.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.fakecuda import timeline
-from tests.support import fake_driver_env
+from tests.support import GpuApi
 
 pytestmark = [pytest.mark.root]
 
@@ -31,12 +33,14 @@ FAKEGPU = os.path.join(REPO, "tests", "fakecuda", "fakegpu.py")
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs", "timeline_holder.py")
 
 
-def _run(krexd_factory: Any, cycles: int, enforce: bool) -> tuple[int, list[list[int]], list[Any]]:
+def _run(
+    krexd_factory: Any, api: GpuApi, cycles: int, enforce: bool
+) -> tuple[int, list[list[int]], list[Any]]:
     if not (os.path.exists(SHIM) and os.path.exists(os.path.join(FAKE_DIR, "libcuda.so.1"))):
         pytest.fail("build the shim and the fake driver first: make")
     extra = "" if enforce else "[region]\nenforce = false\n"
-    k = krexd_factory(slots=10, extra=extra)
-    env = fake_driver_env(k.env, k.workdir)
+    k = krexd_factory(slots=10, extra=extra, args=list(api.krexd_args))
+    env = api.env(k.env, k.workdir)
     tl = env["KREX_FAKE_TIMELINE"]
     sibs = [
         subprocess.Popen(
@@ -83,8 +87,8 @@ def _violations(holder: int, regions: list[list[int]], records: list[Any]) -> in
 
 
 @pytest.mark.slow
-def test_no_sibling_kernel_inside_any_of_1000_regions(krexd_factory: Any) -> None:
-    holder, regions, records = _run(krexd_factory, 1000, enforce=True)
+def test_no_sibling_kernel_inside_any_of_1000_regions(krexd_factory: Any, gpu_api: GpuApi) -> None:
+    holder, regions, records = _run(krexd_factory, gpu_api, 1000, enforce=True)
     assert len(regions) == 1000
     siblings = {r.pid for r in records if r.pid != holder}
     assert len(siblings) == 8, "all eight siblings must have launched"
@@ -94,6 +98,6 @@ def test_no_sibling_kernel_inside_any_of_1000_regions(krexd_factory: Any) -> Non
     assert _violations(holder, regions, records) == 0
 
 
-def test_ungated_regions_do_overlap_siblings(krexd_factory: Any) -> None:
-    holder, regions, records = _run(krexd_factory, 100, enforce=False)
+def test_ungated_regions_do_overlap_siblings(krexd_factory: Any, gpu_api: GpuApi) -> None:
+    holder, regions, records = _run(krexd_factory, gpu_api, 100, enforce=False)
     assert _violations(holder, regions, records) > 0
