@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from tests.fakecuda import timeline
-from tests.support import JsonLineReader
+from tests.support import GPU_APIS, GpuApi, JsonLineReader
 
 # serial: an attack that works without the lock must be seen working (the witness); two
 # other test processes on the same cores can starve the attacker of its window.
@@ -84,6 +84,7 @@ def scene(
     driver_lock: bool = True,
     outside: list[str] | None = None,
     config: dict[str, dict[str, Any]] | None = None,
+    api: GpuApi = GPU_APIS["cuda"],
 ) -> Scene:
     """Start an honest sibling and the attacker ``attack``, run ``cycles`` regions.
 
@@ -91,14 +92,15 @@ def scene(
     driver at each entry (``KREX_DRIVER_LIB``), as it does on a real GPU;
     False: the shim's acknowledgements alone.  ``outside``: the attacker is
     started as a plain process, not through ``krex run`` (GPU use outside krex).
+    ``api``: the fake every tenant drives (tests.support.GpuApi).
     """
     state = os.path.join(tmp_path, "fakestate")  # krexd reads who has the GPU open there
     kenv = {"KREX_FAKE_STATE": state, "KREX_DRIVER_LIB": os.path.join(FAKE_DIR, "libcuda.so.1")}
     if not driver_lock:
         config = {**(config or {}), "region": {"driver_lock": "off"}}
-    k = krexd_factory(slots=6, env=kenv, config=config)
+    k = krexd_factory(slots=6, env=kenv, config=config, args=list(api.krexd_args))
     tl = os.path.join(k.workdir, "timeline")
-    env = dict(k.env, LD_LIBRARY_PATH=FAKE_DIR, KREX_FAKE_TIMELINE=tl, KREX_FAKE_STATE=state)
+    env = dict(api.env(k.env, k.workdir), KREX_FAKE_TIMELINE=tl, KREX_FAKE_STATE=state)
     honest = subprocess.Popen(
         [*k.krex, "run", "--", sys.executable, FAKEGPU, "--seconds", "300"]
         + ["--kernel-ns", "100000", "--sync-every", "4"],
@@ -232,14 +234,19 @@ def test_a_deleted_gate_file_is_restored_for_new_tenants(krexd_factory: Any, tmp
 # ---- issue 12, item 5: GPU use krexd cannot drain --------------------------------------------
 
 
-def test_env_u_ld_preload_ends_the_command(krexd_factory: Any, tmp_path: Any) -> None:
-    s = scene(krexd_factory, tmp_path, ["env", "-u", "LD_PRELOAD", sys.executable, ATTACKER, "gpu"])
+def test_env_u_ld_preload_ends_the_command(
+    krexd_factory: Any, tmp_path: Any, gpu_api: GpuApi
+) -> None:
+    attack = ["env", "-u", "LD_PRELOAD", sys.executable, ATTACKER, "gpu"]
+    s = scene(krexd_factory, tmp_path, attack, api=gpu_api)
     assert_ended_for(s, "shim is not loaded")
     assert s.violations({s.attacker_pid}) == []
 
 
-def test_exec_into_an_unshimmed_program_ends_the_command(krexd_factory: Any, tmp_path: Any) -> None:
-    s = scene(krexd_factory, tmp_path, [sys.executable, ATTACKER, "exec-unshimmed"])
+def test_exec_into_an_unshimmed_program_ends_the_command(
+    krexd_factory: Any, tmp_path: Any, gpu_api: GpuApi
+) -> None:
+    s = scene(krexd_factory, tmp_path, [sys.executable, ATTACKER, "exec-unshimmed"], api=gpu_api)
     assert_ended_for(s, "unprotectable GPU use")
     assert "DRAIN_TIMEOUT" not in s.log
     assert s.violations({s.attacker_pid}) == []

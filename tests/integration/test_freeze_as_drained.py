@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.fakecuda import timeline
-from tests.support import fake_driver_env, scrape, value
+from tests.support import GpuApi, scrape, value
 
 pytestmark = [pytest.mark.root]
 
@@ -101,10 +101,10 @@ class Stack:
     slow_pid: int
 
 
-def _start(k: Any, procs: list[subprocess.Popen[str]]) -> Stack:
+def _start(k: Any, procs: list[subprocess.Popen[str]], api: GpuApi) -> Stack:
     if not (os.path.exists(SHIM) and os.path.exists(os.path.join(FAKE_DIR, "libcuda.so.1"))):
         pytest.fail("build the shim and the fake driver first: make")
-    env = fake_driver_env(k.env, k.workdir)
+    env = api.env(k.env, k.workdir)
     tl = env["KREX_FAKE_TIMELINE"]
 
     def start(*argv: str) -> Lines:
@@ -159,11 +159,13 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
             p.wait()
 
 
-def test_a_drained_sibling_is_frozen_while_another_still_drains(krexd_factory: Any) -> None:
-    k = krexd_factory(slots=4)
+def test_a_drained_sibling_is_frozen_while_another_still_drains(
+    krexd_factory: Any, gpu_api: GpuApi
+) -> None:
+    k = krexd_factory(slots=4, args=list(gpu_api.krexd_args))
     procs: list[subprocess.Popen[str]] = []
     try:
-        s = _start(k, procs)
+        s = _start(k, procs, gpu_api)
         reply, seen = _enter_watching(s)
         assert reply["ok"], reply
         end = _slow_kernel_end(s)
@@ -179,17 +181,21 @@ def test_a_drained_sibling_is_frozen_while_another_still_drains(krexd_factory: A
         _stop(procs)
 
 
-def test_a_drain_timeout_ends_the_overdue_sibling_and_grants(krexd_factory: Any) -> None:
+def test_a_drain_timeout_ends_the_overdue_sibling_and_grants(
+    krexd_factory: Any, gpu_api: GpuApi
+) -> None:
     # The offender pays, not its neighbours: the slow sibling holds the drain past
     # drain_timeout_s, so its command is ended (exit 79, the reason in its output);
     # the holder is granted once it has left the GPU, and the quick sibling, frozen
     # early, is thawed at the region's exit and runs on.
     # The metrics endpoint counts it (issue "Operators can see a krex host", item 4).
     metrics = {"enabled": True, "port": 0}
-    k = krexd_factory(slots=4, config={"region": {"drain_timeout_s": 0.5}, "metrics": metrics})
+    region = {"drain_timeout_s": 0.5}
+    config = {"region": region, "metrics": metrics}
+    k = krexd_factory(slots=4, config=config, args=list(gpu_api.krexd_args))
     procs: list[subprocess.Popen[str]] = []
     try:
-        s = _start(k, procs)
+        s = _start(k, procs, gpu_api)
         reply, seen = _enter_watching(s)  # the slow sibling drains in 1.5 s: too late
         assert reply["ok"], reply
         assert any(quick and not slow for _, quick, slow in seen), "nothing was frozen early"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.fakecuda import timeline
-from tests.support import GpuApi
+from tests.support import HIP_DIR, GpuApi
 
 pytestmark = [pytest.mark.root]
 
@@ -31,6 +31,21 @@ FAKE_DIR = os.path.join(REPO, "build", "fakecuda")
 SHIM = os.path.join(REPO, "build", "lib", "libkrex_shim.so")
 FAKEGPU = os.path.join(REPO, "tests", "fakecuda", "fakegpu.py")
 HOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "progs", "timeline_holder.py")
+
+
+def _sibling(api: GpuApi, i: int) -> list[str]:
+    """Sibling ``i``'s command: kernels of 100-380 us (a region every ~30 ms on two busy
+    cores), 1-3 launching threads (each thread's calls count in its mark; hipbench:
+    streams).  Over HIP, every other one is hipbench (linked calls, hipLaunchKernel and
+    hipModuleLaunchKernel in turn) beside the Python tenants (dlsym'ed calls, ctypes)."""
+    kernel_ns, threads = str(100_000 + 40_000 * i), str(1 + i % 3)
+    if api.name == "hip" and i % 2:
+        mode = ("launch", "module")[i // 2 % 2]
+        hipbench = str(HIP_DIR / "bin" / "hipbench")
+        return [hipbench, "--link", "direct", "--mode", mode, "--seconds", "300",
+                "--kernel-ns", kernel_ns, "--streams", threads, "--sync-every", "4"]  # fmt: skip
+    return [sys.executable, FAKEGPU, "--seconds", "300", "--kernel-ns", kernel_ns,
+            "--sync-every", "4", "--threads", threads]  # fmt: skip
 
 
 def _run(
@@ -44,21 +59,7 @@ def _run(
     tl = env["KREX_FAKE_TIMELINE"]
     sibs = [
         subprocess.Popen(
-            [
-                *k.krex,
-                "run",
-                "--",
-                sys.executable,
-                FAKEGPU,
-                "--seconds",
-                "300",
-                "--kernel-ns",  # 100-380 us: a region every ~30 ms on two busy cores
-                str(100_000 + 40_000 * i),
-                "--sync-every",
-                "4",
-                "--threads",  # 1-3 launching threads: each thread's calls count in its mark
-                str(1 + i % 3),
-            ],
+            [*k.krex, "run", "--", *_sibling(api, i)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

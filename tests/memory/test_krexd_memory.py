@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import Krexd
-from tests.support import wait_for
+from tests.support import GPU_APIS, GpuApi, wait_for
 
-from .conftest import ALLOCATOR, FAKE_DIR, Proc
+from .conftest import ALLOCATOR, Proc
 
 pytestmark = [pytest.mark.root]
 
@@ -47,11 +47,11 @@ class Stack:
 
     k: Krexd
     state: Path
+    api: GpuApi = GPU_APIS["cuda"]  # the fake its tenants drive
 
     def env(self) -> dict[str, str]:
         return dict(
-            self.k.env,
-            LD_LIBRARY_PATH=str(FAKE_DIR),
+            self.api.env(self.k.env, self.k.workdir),
             KREX_FAKE_STATE=str(self.state),
             KREX_FAKE_MEM_BYTES="1G",
         )
@@ -79,20 +79,25 @@ class Stack:
 
 @pytest.fixture
 def stack(krexd_factory: Callable[..., Krexd], built: None, tmp_path: Path) -> Callable[..., Stack]:
-    def start(slots: int = 4, **memory: Any) -> Stack:
+    def start(slots: int = 4, api: GpuApi = GPU_APIS["cuda"], **memory: Any) -> Stack:
         state = tmp_path / "fakestate"
         k = krexd_factory(
             slots=slots,
             config={"memory": {"refresh_ms": 20, **memory}},
             env={"KREX_FAKE_STATE": str(state), "KREX_FAKE_MEM_BYTES": "1G"},
+            args=list(api.krexd_args),
         )
-        return Stack(k, state)
+        return Stack(k, state, api)
 
     return start
 
 
-def test_status_shows_gpu_memory_and_tenant_usage(stack: Callable[..., Stack]) -> None:
-    s = stack(headroom="100M", default_need="100M")
+# Admission by memory is krexd's (the device's memory read, per process): the same over
+# HIP.  (The shim's out-of-memory wait and retry, tested below, are CUDA's only.)
+def test_status_shows_gpu_memory_and_tenant_usage(
+    stack: Callable[..., Stack], gpu_api: GpuApi
+) -> None:
+    s = stack(headroom="100M", default_need="100M", api=gpu_api)
     p = s.run("alloc=300M", "wait", "free")
     assert p.next(20)["op"] == "start" and p.next()["rc"] == "CUDA_SUCCESS"
     wait_for(lambda: s.gpu()["memory"]["used_bytes"] == 300 * M, 5, "krexd sees 300 MiB used")
@@ -112,9 +117,9 @@ def test_status_shows_gpu_memory_and_tenant_usage(stack: Callable[..., Stack]) -
 
 
 def test_declared_need_waits_for_memory_and_impossible_need_is_refused(
-    stack: Callable[..., Stack],
+    stack: Callable[..., Stack], gpu_api: GpuApi
 ) -> None:
-    s = stack(headroom="0")
+    s = stack(headroom="0", api=gpu_api)
     first = s.run("alloc=600M", "wait", mem="700M")
     assert first.next(20)["op"] == "start"
     second = s.run("alloc=400M", mem="500M")

@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -38,8 +38,9 @@ class Restarter:
         k.proc.send_signal(sig)
         k.proc.wait(20)
 
-    def start_again(self, k: Krexd, wait: bool = True) -> Krexd:
-        """A new krexd on ``k``'s config (same socket, cgroup name, state directory)."""
+    def start_again(self, k: Krexd, wait: bool = True, args: Sequence[str] = ()) -> Krexd:
+        """A new krexd on ``k``'s config (same socket, cgroup name, state directory);
+        ``args``: more of krexd's arguments (as ``krexd_factory``'s, e.g. the fake vendor)."""
         config = os.path.join(k.workdir, "krex.toml")
         log = open(k.log_path, "ab")  # noqa: SIM115 - kept open by the child
         proc = subprocess.Popen(
@@ -52,6 +53,7 @@ class Restarter:
                 config,
                 "--fake-gpus",
                 str(len(k.status()["gpus"]) if k.proc.poll() is None else 1),
+                *args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

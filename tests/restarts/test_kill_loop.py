@@ -29,7 +29,7 @@ from tests.conftest import Krexd
 from tests.fakecuda import timeline
 from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
-from tests.support import fake_driver_env, wait_for
+from tests.support import GpuApi, wait_for
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]
@@ -49,13 +49,13 @@ def sibling(k: Krexd, env: dict[str, str], i: int) -> subprocess.Popen[bytes]:
 
 @pytest.mark.parametrize("how", ["sigkill", "restart"])
 def test_random_kills_under_a_region_loop(
-    how: str, krexd_factory: Factory, restarter: Restarter, built: None
+    how: str, krexd_factory: Factory, restarter: Restarter, gpu_api: GpuApi
 ) -> None:
     seed = int(os.environ.get("KREX_KILL_SEED", random.randrange(1 << 30)))
     print(f"seed {seed}")
     rng = random.Random(seed)
-    k = krexd_factory(slots=4)
-    env = fake_driver_env(k.env, k.workdir)
+    k = krexd_factory(slots=4, args=list(gpu_api.krexd_args))
+    env = gpu_api.env(k.env, k.workdir)
     sibs = [sibling(k, env, i) for i in range(2)]
     wait_for(lambda: len(k.status()["tenants"]) == 2, what="two siblings")
     stop_file = os.path.join(k.workdir, "stop-loop")
@@ -76,7 +76,7 @@ def test_random_kills_under_a_region_loop(
             else:
                 restarter.kill(k)
             time.sleep(0.5)
-            k = restarter.start_again(k)
+            k = restarter.start_again(k, args=gpu_api.krexd_args)
         last_restart_ns = time.monotonic_ns()
         time.sleep(2.0)
         open(stop_file, "w").close()

@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import Krexd
 from tests.fakecuda import timeline
 from tests.restarts.conftest import Restarter
-from tests.support import fake_driver_env, wait_for
+from tests.support import GPU_APIS, GpuApi, wait_for
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]
@@ -89,9 +89,23 @@ def start_all(k: Krexd, env: dict[str, str]) -> tuple[list[subprocess.Popen[byte
 def test_sigkill_at_each_step(
     step: str, krexd_factory: Factory, restarter: Restarter, built: None
 ) -> None:
+    kill_at(step, GPU_APIS["cuda"], krexd_factory, restarter)
+
+
+# Over the fake HIP runtime, the steps where a region's gate is closed, drained or held.
+@pytest.mark.parametrize("gpu_api", ["hip"], indirect=True)
+@pytest.mark.parametrize("step", ["closed", "drained", "held"])
+def test_sigkill_at_a_region_step_over_hip(
+    step: str, gpu_api: GpuApi, krexd_factory: Factory, restarter: Restarter
+) -> None:
+    kill_at(step, gpu_api, krexd_factory, restarter)
+
+
+def kill_at(step: str, api: GpuApi, krexd_factory: Factory, restarter: Restarter) -> None:
+    """SIGKILL krexd paused at ``step`` (or holding a region), start it again, check."""
     pause = {} if step == "held" else {"KREX_TEST_PAUSE_AT": step}
-    k = krexd_factory(slots=6, env=pause)
-    env = fake_driver_env(k.env, k.workdir)
+    k = krexd_factory(slots=6, env=pause, args=list(api.krexd_args))
+    env = api.env(k.env, k.workdir)
     sibs, holder = start_all(k, env)
     try:
         if step == "held":
@@ -99,7 +113,7 @@ def test_sigkill_at_each_step(
         else:
             wait_for(lambda: f"test pause at {step}" in k.log(), what=f"pause at {step}")
         restarter.kill(k)
-        k2 = restarter.start_again(k)
+        k2 = restarter.start_again(k, args=api.krexd_args)
         served = time.monotonic()
         adopted = k2.status()["gpus"][0]["region"]["holder"]
         if adopted is None:
