@@ -52,6 +52,12 @@ def _overlaps(holder: list[list[int]], sibling: list[list[int]]) -> int:
 @pytest.mark.parametrize("enforce", [True, False])
 def test_no_sibling_kernel_runs_inside_a_region(krexd_factory: Any, enforce: bool) -> None:
     """Device-clock proof: sibling kernels never overlap a region (they do when ungated)."""
+    region_proof(krexd_factory, enforce)
+
+
+def region_proof(krexd_factory: Any, enforce: bool) -> None:
+    """Three stamp siblings, a holder of 20 regions (progs/stamp.py): with ``enforce``,
+    0 sibling kernels overlap a region; without, some do.  Also tests/amdgpu's."""
     import numpy as np
 
     extra = "" if enforce else "[region]\nenforce = false\n"

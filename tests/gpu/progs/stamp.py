@@ -1,7 +1,10 @@
 """GPU kernels that stamp the device's global timer, for region tests on a real GPU.
 
 ``%globaltimer`` is one nanosecond clock for the whole GPU, so intervals
-recorded by kernels of different processes can be compared.
+recorded by kernels of different processes can be compared.  On ROCm (CuPy
+built for HIP) the kernel reads ``wall_clock64()``, the GPU's constant-rate
+clock (100 MHz on MI200/MI300: a stamp's units are then 10 ns ticks); one
+clock for every process all the same, which is all the overlap check needs.
 
     stamp.py sibling OUT.npy SECONDS   launch 100 µs stamp kernels back to back
                                        for SECONDS, then save [[start, end], ...]
@@ -33,8 +36,22 @@ extern "C" __global__ void stamp(unsigned long long* out, int idx, long long spi
 """
 
 
+_SRC_HIP = r"""
+extern "C" __global__ void stamp(unsigned long long* out, int idx, long long spin_ns) {
+    // wall_clock64(): the constant clock, 100 MHz on the Instinct GPUs (10 ns a tick).
+    long long spin = spin_ns / 10;
+    unsigned long long t0 = wall_clock64(), t = t0;
+    while ((long long)(t - t0) < spin) {
+        t = wall_clock64();
+    }
+    out[2 * idx] = t0;
+    out[2 * idx + 1] = t;
+}
+"""
+
+
 def _kernel() -> cp.RawKernel:
-    return cp.RawKernel(_SRC, "stamp")
+    return cp.RawKernel(_SRC_HIP if cp.cuda.runtime.is_hip else _SRC, "stamp")
 
 
 def sibling(out: str, seconds: float) -> None:
