@@ -53,7 +53,11 @@ def test_a_restart_retires_the_pool_without_losing_its_command(
     assert running.returncode == 7, err  # the old pool still reported its command's end
     assert SERVED in err
     wait_for(lambda: not pid_alive(old["pid"]), 20, "the old pool's exit")
-    assert "krexd restarted" in pools.logs()
+    # Its keeper saw the new krexd ("krexd restarted"), or pinged in the gap between the
+    # two ("krexd is gone", on a busy host): either way the pool stopped accepting.
+    logs = pools.logs()
+    assert "krexd restarted" in logs or "krexd is gone" in logs, logs
+    assert "the pool stops accepting" in logs, logs
     pools.ready()  # a new pool, registered with the new krexd
     new = pools.pools()[0]
     assert new["pid"] != old["pid"]
