@@ -17,6 +17,8 @@ without a built shim.
   bytes held and expected, set by the test.
 * :func:`make_tenant` — a RUNNING tenant with a placeholder cgroup.
 * :func:`slots_for` — admission slot counters for a list of GPUs.
+* :func:`until` — await a condition the protocol reaches in its own time (a
+  drain in a worker thread, a scheduled recovery), not a fixed sleep.
 """
 
 from __future__ import annotations
@@ -36,6 +38,19 @@ from krexd.isolation import RegionFit
 from krexd.tenants import Tenant, TenantRegistry
 
 _pids = itertools.count(100_000)
+
+
+async def until(
+    cond: Callable[[], object], what: str = "condition", timeout_s: float = 10.0
+) -> None:
+    """Yield to the loop until ``cond()`` is true (every ms); AssertionError naming ``what``
+    after ``timeout_s``.  For states reached by worker threads or scheduled tasks: a fixed
+    sleep is too short on a busy host."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < deadline, f"{what} not reached within {timeout_s} s"
+        await asyncio.sleep(0.001)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from krexd.errors import Code, KrexError
 from krexd.gate import SlotInfo
 from krexd.slices import CpuSlice
 from krexd.tenants import Tenant, TenantRegistry
-from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
+from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant, until
 
 T = TypeVar("T")
 
@@ -224,7 +224,7 @@ def test_fifo_among_waiters() -> None:
         tasks = []
         for t in reversed(waiters):  # arrival order: last tenant first
             tasks.append(asyncio.ensure_future(one(t)))
-            await asyncio.sleep(0.005)
+            await until(lambda t=t: t.id in r.coord.status()["queue"], "queued")
         assert r.coord.status()["queue"] == [t.id for t in reversed(waiters)]
         await r.exit(a, grant_a)
         await asyncio.gather(*tasks)
@@ -257,7 +257,7 @@ def test_cancel_queued_withdraws_the_request() -> None:
     async def scenario() -> None:
         grant = await r.enter(a)
         waiting = asyncio.ensure_future(r.enter(b))
-        await asyncio.sleep(0.01)
+        await until(lambda: b.id in r.coord.status()["queue"], "b queued")
         assert await r.coord.cancel(b) == {"cancelled": "queued"}
         with pytest.raises(KrexError) as err:
             await waiting
@@ -276,8 +276,7 @@ def test_cancel_while_entering_ends_the_region_once_granted() -> None:
 
     async def scenario() -> None:
         entering = asyncio.ensure_future(r.enter(a))
-        await asyncio.sleep(0.02)
-        assert r.coord.state == states.REGION_FREEZING
+        await until(lambda: r.coord.state == states.REGION_FREEZING, "freezing")
         assert await r.coord.cancel(a) == {"cancelled": "entering"}
         assert r.control.hold_freeze is not None
         r.control.hold_freeze.set()
@@ -322,7 +321,8 @@ def test_holder_dying_during_exit_recovers_nothing_twice() -> None:
         # The holder dies just as exit restores its cores (the first exit step).
         r.events.on("set_cpus", lambda: r.control.exit_process(pid))
         reply = await r.exit(holder, grant)
-        await asyncio.sleep(0.02)  # let the scheduled recovery run
+        await until(lambda: r.coord.idle(), "idle")  # a scheduled recovery ran (or none)
+        await asyncio.sleep(0.02)
         assert reply["launches"] == 0
         assert r.events.names().count("reopen") == 1
         assert r.events.names().count("thaw") == 2
@@ -340,7 +340,7 @@ def test_holder_death_recovers_and_a_late_exit_is_refused() -> None:
     async def scenario() -> None:
         grant = await r.enter(holder)
         r.control.exit_process(min(holder.pids))
-        await asyncio.sleep(0.02)
+        await until(lambda: r.coord.status()["regions"]["recovered"] == 1, "recovered")
         assert_idle(r)
         assert s.state == states.RUNNING
         assert r.coord.status()["regions"]["recovered"] == 1
@@ -378,8 +378,8 @@ def test_region_outliving_max_region_s_is_killed_and_recovered() -> None:
 
     async def scenario() -> None:
         await r.enter(holder)
-        await asyncio.sleep(0.15)
-        assert holder.id in r.control.killed
+        await until(lambda: holder.id in r.control.killed, "the holder killed")
+        await until(lambda: r.coord.idle(), "idle")
         assert "max_region_s" in (holder.kill_reason or "")
         assert_idle(r)
 

@@ -35,6 +35,7 @@ from tests.fakes import (
     FakeRegionMemory,
     FakeTenantControl,
     make_tenant,
+    until,
 )
 
 T = TypeVar("T")
@@ -148,9 +149,9 @@ def test_entry_waits_for_siblings_to_free_before_freezing_them_fifo_kept() -> No
 
     async def scenario() -> None:
         first = asyncio.ensure_future(enter(c, holder))
-        await asyncio.sleep(0.2)
+        await until(lambda: c.status()["memory_wait"] == holder.id, "the holder's memory wait")
         second = asyncio.ensure_future(enter(c, later))
-        await asyncio.sleep(0.2)
+        await until(lambda: c.status()["queue"] == [later.id], "the later request queued")
         assert not first.done() and not second.done()
         _undone_before_waiting(events, sib)  # waits with the gate open, siblings running
         assert events.names().count("close") == 1
@@ -211,7 +212,7 @@ def test_cancel_ends_a_wait_for_memory() -> None:
 
     async def scenario() -> None:
         entry = asyncio.ensure_future(enter(c, holder))
-        await asyncio.sleep(0.1)
+        await until(lambda: c.status()["memory_wait"] == holder.id, "the holder's memory wait")
         assert (await c.cancel(holder))["cancelled"] == "entering"
         with pytest.raises(KrexError) as err:
             await entry

@@ -14,7 +14,7 @@ import pytest
 from krexd import states
 from krexd.errors import Code, KrexError
 from tests.coordinator.test_protocol_fakes import assert_idle, rig, run
-from tests.fakes import make_tenant
+from tests.fakes import make_tenant, until
 
 
 def test_second_enter_while_the_first_is_being_set_up_is_refused() -> None:
@@ -24,8 +24,7 @@ def test_second_enter_while_the_first_is_being_set_up_is_refused() -> None:
 
     async def scenario() -> None:
         first = asyncio.ensure_future(r.enter(a))
-        await asyncio.sleep(0.02)
-        assert r.coord.state == states.REGION_FREEZING
+        await until(lambda: r.coord.state == states.REGION_FREEZING, "freezing")
         with pytest.raises(KrexError) as err:
             await r.enter(a)
         assert err.value.code == Code.NESTED_REGION
@@ -46,7 +45,7 @@ def test_second_enter_right_after_the_lock_hand_over_is_refused() -> None:
     async def scenario() -> None:
         grant = await r.enter(a)
         waiting = asyncio.ensure_future(r.enter(b))
-        await asyncio.sleep(0.01)
+        await until(lambda: b.id in r.coord.status()["queue"], "b queued")
         await r.exit(a, grant)  # hands the lock to b; b's task has not resumed yet
         assert r.coord.gated.requests.owner == b.id
         with pytest.raises(KrexError) as err:
@@ -67,7 +66,7 @@ def test_cancel_right_after_the_lock_hand_over_withdraws_the_request() -> None:
     async def scenario() -> None:
         grant = await r.enter(a)
         waiting = asyncio.ensure_future(r.enter(b))
-        await asyncio.sleep(0.01)
+        await until(lambda: b.id in r.coord.status()["queue"], "b queued")
         await r.exit(a, grant)  # lock handed to b, b not resumed
         reply = await r.coord.cancel(b)
         assert reply == {"cancelled": "queued"}
@@ -92,7 +91,7 @@ def test_cancel_acts_on_the_one_request_it_names() -> None:
     async def scenario() -> None:
         grant = await r.enter(a)
         first = asyncio.ensure_future(r.enter(b))
-        await asyncio.sleep(0.01)
+        await until(lambda: b.id in r.coord.status()["queue"], "b queued")
         with pytest.raises(KrexError):
             await r.enter(b)
         assert await r.coord.cancel(b) == {"cancelled": "queued"}

@@ -23,7 +23,14 @@ from krexd.errors import Code, KrexError
 from krexd.region_stats import RegionStats
 from krexd.tenants import Tenant, TenantRegistry
 from tests.coordinator.test_protocol_fakes import SLICE, rig, run
-from tests.fakes import Events, FakePinner, FakeRegionMemory, FakeTenantControl, make_tenant
+from tests.fakes import (
+    Events,
+    FakePinner,
+    FakeRegionMemory,
+    FakeTenantControl,
+    make_tenant,
+    until,
+)
 
 G = 1 << 30
 
@@ -120,7 +127,7 @@ def test_memory_wait_counts_its_waits_and_says_who_waits() -> None:
     async def scenario() -> None:
         assert await wait.short(holder)
         waiting = asyncio.ensure_future(wait.wait(holder, RegionRequest(holder.id)))
-        await asyncio.sleep(0.03)
+        await until(lambda: wait.waiting is not None, "a wait for memory")
         seen.append(wait.waiting)
         memory.held[sib.id] = 10 * G  # the sibling frees memory
         await waiting
