@@ -88,13 +88,16 @@ def _violations(holder: int, regions: list[list[int]], records: list[Any]) -> in
 
 
 @pytest.mark.slow
-def test_no_sibling_kernel_inside_any_of_1000_regions(krexd_factory: Any, gpu_api: GpuApi) -> None:
-    holder, regions, records = _run(krexd_factory, gpu_api, 1000, enforce=True)
-    assert len(regions) == 1000
+def test_no_sibling_kernel_inside_any_region(krexd_factory: Any, gpu_api: GpuApi) -> None:
+    """1,000 regions over the CUDA driver; 400 over HIP (the same shim protocol, its own
+    hooks and drain: enough to meet every sibling's launch kinds many times)."""
+    cycles = 1000 if gpu_api.name == "cuda" else 400
+    holder, regions, records = _run(krexd_factory, gpu_api, cycles, enforce=True)
+    assert len(regions) == cycles
     siblings = {r.pid for r in records if r.pid != holder}
     assert len(siblings) == 8, "all eight siblings must have launched"
     # Siblings kept working between regions (the check is not vacuous) ...
-    assert sum(1 for r in records if r.pid != holder) > 2000
+    assert sum(1 for r in records if r.pid != holder) > 2 * cycles
     # ... and never inside one.
     assert _violations(holder, regions, records) == 0
 
