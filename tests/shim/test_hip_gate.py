@@ -25,9 +25,8 @@ import pytest
 from krexd.gate import Gate, SlotInfo
 from krexd.registrations import Verifier
 from tests.fakecuda import timeline
-from tests.fakecuda.harness import Build
-from tests.fakehip.harness import FakeHip, HipBuild
-from tests.support import JsonLineReader, ShimBuild, make, tenant_env
+from tests.fakehip.harness import FakeHip
+from tests.support import JsonLineReader, ShimBuild, tenant_env
 
 from .procs import wait_for
 
@@ -35,17 +34,6 @@ HOLDER = 1
 SIBLING = 2
 KERNEL_NS = 1_000_000_000
 TENANT = Path(__file__).with_name("hip_tenant.py")
-
-
-@pytest.fixture(scope="module")
-def hip_build() -> HipBuild:
-    make("fakehip")
-    return HipBuild.default()
-
-
-@pytest.fixture
-def fh(hip_build: HipBuild, fakecuda_build: Build, tmp_path: Path) -> FakeHip:
-    return FakeHip(fakecuda_build, tmp_path, hip_build)
 
 
 class HipTenant:
