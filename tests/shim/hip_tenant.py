@@ -6,6 +6,7 @@ the shim.  Each command gets one JSON reply line ``{"cmd", "rc", "t0", "t1",
 call).  Commands:
 
   init                      hipInit, the device, a module and its function
+  count                     hipGetDeviceCount (class D: not gated; "count")
   launch NS [S]             hipModuleLaunchKernel of an NS-ns kernel (S: a stream index)
   launch_ptr NS [S]         hipLaunchKernel (a host function as the kernel's key)
   ext NS [S]                hipExtModuleLaunchKernel
@@ -70,6 +71,10 @@ class Tenant:
         g = self.gpu
         if cmd == "init":
             self.gpu = hipgpu.HipGpu(self.hip)
+        elif cmd == "count":
+            n = ctypes.c_int(0)
+            self.hip.call("hipGetDeviceCount", ctypes.byref(n))
+            out["count"] = n.value
         elif cmd == "launch":
             assert g is not None
             g.launch(int(args[0]), self.stream(args, 1))

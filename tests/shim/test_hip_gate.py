@@ -142,6 +142,41 @@ def test_a_hip_process_registers_and_is_verified(
     assert Verifier(lambda tenant: [t.pid] if tenant == SIBLING else None).resolve(s) == t.pid
 
 
+def test_the_runtime_initializes_inside_the_gate_whatever_the_first_call(
+    gate: Gate, sibling: Callable[..., HipTenant]
+) -> None:
+    """A first HIP call of class D (hipGetDeviceCount: the runtime initializes itself in it)
+    registers the process and parks at a closed gate, as a CUDA process's cuInit does."""
+    gate.close(HOLDER, 1)
+    gate.drain(HOLDER, 1, 10.0)
+    t = sibling()
+    time.sleep(0.5)  # started, no HIP call yet
+    assert mine(gate, t.pid) == []
+    t.send("count")
+    wait_for(lambda: mine(gate, t.pid) != [], what="the first HIP call registered")
+    time.sleep(0.3)
+    assert t.pending(), "the runtime initialized past the closed gate"
+    reopened = time.monotonic_ns()
+    gate.reopen(HOLDER, 1)
+    r = t.reply()
+    assert r["rc"] == 0 and r["count"] == 1 and r["t1"] >= reopened, r
+    assert Verifier(lambda tenant: [t.pid] if tenant == SIBLING else None).resolve(
+        mine(gate, t.pid)[0]
+    ) == t.pid
+
+
+def test_a_first_class_d_call_outside_krex_passes_through(
+    shim_build: ShimBuild, fh: FakeHip
+) -> None:
+    """Not under krex, nothing changes: the runtime starts in the program's own first call."""
+    env = fh.env(LD_PRELOAD=str(shim_build.shim))
+    t = HipTenant(env)
+    try:
+        assert t.run("count")["count"] == 1
+    finally:
+        t.close()
+
+
 # ---- the gate and the drain ----------------------------------------------------------
 
 
@@ -250,7 +285,8 @@ def test_hipbench_is_gated_linked_or_through_dlsym(
 def test_a_runtime_newer_than_the_table_is_refused(
     shim_build: ShimBuild, fh: FakeHip, gate: Gate
 ) -> None:
-    """HIP 7 (no compatible major): one line, every gated call fails, nothing registers or runs."""
+    """HIP 7 (no compatible major): one line, every gated call fails, nothing runs.  The process
+    registered: the version query (which starts a real runtime) is made inside the gate."""
     env = fh.env(
         LD_PRELOAD=str(shim_build.shim), KREX_FAKE_HIP_VERSION="70100000", **tenant_env(gate, 2)
     )
@@ -263,7 +299,7 @@ def test_a_runtime_newer_than_the_table_is_refused(
     lines = [ln for ln in proc.stderr.splitlines() if "HIP runtime 7.1" in ln]
     assert len(lines) == 1, proc.stderr
     assert "newer than the shim's HIP table" in lines[0]
-    assert [s for s in gate.slots() if s.state != "free"] == []
+    assert [s.gated_calls for s in gate.slots() if s.state != "free"] == [1]  # the load's
     assert fh.records() == []
 
 
