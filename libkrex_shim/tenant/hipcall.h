@@ -12,12 +12,14 @@
  * hipError_t -- binds through krex_hip_hook_real(): until the runtime is
  * loaded, its slow path enters the gate (registering the process, as a
  * CUDA process's first gated call does), loads the runtime and calls
- * hipInit under krex, and leaves.  After that each hook's bind is
+ * hipInit under krex, checks the visible devices against the GPU the
+ * command is bound to (bind.c), and leaves.  After that each hook's bind is
  * one acquire load, as before.
  */
 #ifndef KREX_HIPCALL_H
 #define KREX_HIPCALL_H
 
+#include "bind.h"
 #include "call.h"
 #include "hipdrain.h"
 #include "hipinterpose.h"
@@ -35,6 +37,8 @@ static __attribute__((noinline, cold, unused)) void krex_hip_load_gated(void)
         krex_hip_load(); /* notes the refusal */
     } else {
         int r = krex_hip_load();
+        if (r == KREX_HIP_SUCCESS)
+            krex_hip_check_bound(); /* may end the process (bind.h) */
         krex_leave(s);
         if (r == KREX_HIP_SUCCESS)
             krex_hip_after((uint32_t)r); /* the runtime is up: the exit handler */

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from krexd.gate import Gate, SlotInfo
+from krexd.gpus import fake_amd_uuid
 from krexd.registrations import Verifier
 from tests.fakecuda import timeline
 from tests.fakehip.harness import FakeHip
@@ -447,3 +448,41 @@ def test_a_cuda_process_never_loads_the_hip_runtime(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# ---- the GPU binding -----------------------------------------------------------------------
+
+WRONG_GPU = 83  # krex_client.errors.ExitCode.WRONG_GPU
+
+
+@pytest.mark.parametrize(
+    ("visible", "ok"),
+    [
+        ({"ROCR_VISIBLE_DEVICES": fake_amd_uuid(1), "HIP_VISIBLE_DEVICES": "0"}, True),  # krexd's
+        ({"ROCR_VISIBLE_DEVICES": fake_amd_uuid(0), "HIP_VISIBLE_DEVICES": "0"}, False),
+        ({"HIP_VISIBLE_DEVICES": "1,0"}, False),  # its own GPU first, another one visible
+        ({}, False),  # the variables unset: every GPU
+    ],
+    ids=["bound", "other", "widened", "unset"],
+)
+def test_a_hip_command_sees_only_its_own_gpu(
+    shim_build: ShimBuild, fh: FakeHip, gate: Gate, visible: dict[str, str], ok: bool
+) -> None:
+    """Bound to simulated AMD GPU 1 (KREX_GPU_UUID, ROCr's form): any other visible device ends
+    the command at its first HIP call (exit 83, one line), before any kernel."""
+    env = fh.env(
+        LD_PRELOAD=str(shim_build.shim), KREX_FAKE_GPUS="2", KREX_GPU_UUID=fake_amd_uuid(1),
+        **tenant_env(gate, SIBLING), **visible,
+    )  # fmt: skip
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run(
+        [str(fh.hip.hipbench), "--count", "2"], env=env, capture_output=True, text=True, timeout=30
+    )
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["launches"] == 2
+        return
+    assert proc.returncode == WRONG_GPU, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("krex: refusing HIP work")]
+    assert len(lines) == 1 and f"bound to {fake_amd_uuid(1)}" in lines[0], proc.stderr
+    assert fh.records() == []
