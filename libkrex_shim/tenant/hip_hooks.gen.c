@@ -7,6 +7,7 @@
 #include "hipdrain.h" /* krex_hip_after: the exit handler */
 #include "hipinterpose.h" /* the table */
 #include "hiptrack.h" /* devices, streams, captures */
+#include "memory.h" /* device memory */
 #include "shim.h" /* krex_hip_refused */
 #include "track.h" /* the capture lock */
 
@@ -981,7 +982,9 @@ KREX_HOOK uint32_t hipExtLaunchMultiKernelMultiDevice(void * launchParamsList, i
 KREX_HOOK uint32_t hipExtMallocWithFlags(void * ptr, uint64_t sizeBytes, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipExtMallocWithFlags, krex_hip_unbound(KREX_HIP_EP_hipExtMallocWithFlags));
-    return krex_real_fn(ptr, sizeBytes, flags);
+    uint32_t krex_r = krex_real_fn(ptr, sizeBytes, flags);
+    krex_hip_mem_alloced(krex_r, ptr, sizeBytes);
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent, uint32_t flags)
@@ -1042,7 +1045,9 @@ KREX_HOOK uint32_t hipFree(void * ptr)
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFree);
+    uint64_t krex_mz = krex_hip_mem_take(ptr);
     uint32_t krex_r = krex_real_fn(ptr);
+    krex_hip_mem_freed(krex_r, ptr, krex_mz);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -1066,7 +1071,9 @@ KREX_HOOK uint32_t hipFreeAsync(void * dev_ptr, void * stream)
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFreeAsync);
+    uint64_t krex_mz = krex_hip_mem_take(dev_ptr);
     uint32_t krex_r = krex_real_fn(dev_ptr, stream);
+    krex_hip_mem_freed(krex_r, dev_ptr, krex_mz);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -1912,7 +1919,9 @@ KREX_HOOK uint32_t hipLaunchKernel_spt(void * function_address, struct krex_hip_
 KREX_HOOK uint32_t hipMalloc(void * ptr, uint64_t size)
 {
     KREX_HIP_HOOK_BIND(hipMalloc, krex_hip_unbound(KREX_HIP_EP_hipMalloc));
-    return krex_real_fn(ptr, size);
+    uint32_t krex_r = krex_real_fn(ptr, size);
+    krex_hip_mem_alloced(krex_r, ptr, size);
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMalloc3D(void * pitchedDevPtr, struct krex_hip_abi_hipExtent extent)
@@ -1940,6 +1949,7 @@ KREX_HOOK uint32_t hipMallocAsync(void * dev_ptr, uint64_t size, void * stream)
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocAsync);
     uint32_t krex_r = krex_real_fn(dev_ptr, size, stream);
+    krex_hip_mem_alloced(krex_r, dev_ptr, size);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -1952,6 +1962,7 @@ KREX_HOOK uint32_t hipMallocFromPoolAsync(void * dev_ptr, uint64_t size, void * 
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocFromPoolAsync);
     uint32_t krex_r = krex_real_fn(dev_ptr, size, mem_pool, stream);
+    krex_hip_mem_alloced(krex_r, dev_ptr, size);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -1966,7 +1977,9 @@ KREX_HOOK uint32_t hipMallocHost(void * ptr, uint64_t size)
 KREX_HOOK uint32_t hipMallocManaged(void * dev_ptr, uint64_t size, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipMallocManaged, krex_hip_unbound(KREX_HIP_EP_hipMallocManaged));
-    return krex_real_fn(dev_ptr, size, flags);
+    uint32_t krex_r = krex_real_fn(dev_ptr, size, flags);
+    krex_hip_mem_alloced(krex_r, dev_ptr, size);
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMallocMipmappedArray(void * mipmappedArray, void * desc, struct krex_hip_abi_hipExtent extent, uint32_t numLevels, uint32_t flags)
@@ -1978,7 +1991,9 @@ KREX_HOOK uint32_t hipMallocMipmappedArray(void * mipmappedArray, void * desc, s
 KREX_HOOK uint32_t hipMallocPitch(void * ptr, void * pitch, uint64_t width, uint64_t height)
 {
     KREX_HIP_HOOK_BIND(hipMallocPitch, krex_hip_unbound(KREX_HIP_EP_hipMallocPitch));
-    return krex_real_fn(ptr, pitch, width, height);
+    uint32_t krex_r = krex_real_fn(ptr, pitch, width, height);
+    krex_hip_mem_alloced(krex_r, ptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemAddressFree(void * devPtr, uint64_t size)
@@ -2008,7 +2023,9 @@ KREX_HOOK uint32_t hipMemAllocHost(void * ptr, uint64_t size)
 KREX_HOOK uint32_t hipMemAllocPitch(void * dptr, void * pitch, uint64_t widthInBytes, uint64_t height, uint32_t elementSizeBytes)
 {
     KREX_HIP_HOOK_BIND(hipMemAllocPitch, krex_hip_unbound(KREX_HIP_EP_hipMemAllocPitch));
-    return krex_real_fn(dptr, pitch, widthInBytes, height, elementSizeBytes);
+    uint32_t krex_r = krex_real_fn(dptr, pitch, widthInBytes, height, elementSizeBytes);
+    krex_hip_mem_alloced(krex_r, dptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemCreate(void * handle, uint64_t size, void * prop, uint64_t flags)

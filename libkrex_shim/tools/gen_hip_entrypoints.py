@@ -528,6 +528,7 @@ def render_hooks(
     out.append('#include "hipdrain.h" /* krex_hip_after: the exit handler */\n')
     out.append('#include "hipinterpose.h" /* the table */\n')
     out.append('#include "hiptrack.h" /* devices, streams, captures */\n')
+    out.append('#include "memory.h" /* device memory */\n')
     out.append('#include "shim.h" /* krex_hip_refused */\n')
     out.append('#include "track.h" /* the capture lock */\n\n')
     out.append("const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {\n")

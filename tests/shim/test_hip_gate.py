@@ -450,6 +450,29 @@ def test_a_cuda_process_never_loads_the_hip_runtime(
     assert out.stdout.strip() == "False"
 
 
+# ---- device memory ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_hip_device_memory_is_counted_in_the_slot(
+    gate: Gate, sibling: Callable[..., HipTenant], how: str
+) -> None:
+    """hipMalloc/hipFree (hipMallocAsync/hipFreeAsync) move the slot's mem_mib, the figure krexd
+    reads where amdsmi gives none; a failed free changes nothing."""
+    extra = [] if how == "sync" else ["async"]
+    t = sibling()
+    a = t.run(" ".join(["malloc", "300", *extra]))["ptr"]
+    b = t.run(" ".join(["malloc", "100", *extra]))["ptr"]
+    assert mine(gate, t.pid)[0].mem_mib == 400
+    t.run(" ".join(["free", str(a), *extra]))
+    assert mine(gate, t.pid)[0].mem_mib == 100
+    t.send(" ".join(["free", str(a), *extra]))  # again: the runtime refuses it
+    assert t.reply()["rc"] != 0
+    assert mine(gate, t.pid)[0].mem_mib == 100
+    t.run(" ".join(["free", str(b), *extra]))
+    assert mine(gate, t.pid)[0].mem_mib == 0
+
+
 # ---- the GPU binding -----------------------------------------------------------------------
 
 WRONG_GPU = 83  # krex_client.errors.ExitCode.WRONG_GPU
