@@ -507,6 +507,7 @@ _Static_assert(KREX_HIP_SAME_ABI(hipDeviceptr_t, void *), "hipDeviceptr_t");
 _Static_assert(KREX_HIP_SAME_ABI(hipEvent_t*, void *), "hipEvent_t*");
 _Static_assert(KREX_HIP_SAME_ABI(unsigned, uint32_t), "unsigned");
 _Static_assert(KREX_HIP_SAME_ABI(hipEvent_t, void *), "hipEvent_t");
+_Static_assert(KREX_HIP_SAME_ABI(float*, void *), "float*");
 _Static_assert(KREX_HIP_SAME_ABI(uint32_t*, void *), "uint32_t*");
 _Static_assert(KREX_HIP_SAME_ABI(hipLaunchParams*, void *), "hipLaunchParams*");
 _Static_assert(KREX_HIP_SAME_ABI(hipFunction_t, void *), "hipFunction_t");
@@ -614,7 +615,6 @@ _Static_assert(KREX_HIP_SAME_ABI(HIP_TEXTURE_DESC*, void *), "HIP_TEXTURE_DESC*"
 _Static_assert(KREX_HIP_SAME_ABI(enum hipTextureAddressMode*, void *), "enum hipTextureAddressMode*");
 _Static_assert(KREX_HIP_SAME_ABI(enum hipTextureFilterMode*, void *), "enum hipTextureFilterMode*");
 _Static_assert(KREX_HIP_SAME_ABI(hipArray_Format*, void *), "hipArray_Format*");
-_Static_assert(KREX_HIP_SAME_ABI(float*, void *), "float*");
 _Static_assert(KREX_HIP_SAME_ABI(textureReference*, void *), "textureReference*");
 _Static_assert(KREX_HIP_SAME_ABI(enum hipTextureAddressMode, uint32_t), "enum hipTextureAddressMode");
 _Static_assert(KREX_HIP_SAME_ABI(enum hipTextureFilterMode, uint32_t), "enum hipTextureFilterMode");

@@ -547,15 +547,15 @@ extern const char *const krex_hip_known_exports[];
     X(hipWaitExternalSemaphoresAsync, "hipWaitExternalSemaphoresAsync", hipError_t, (const hipExternalSemaphore_t* extSemArray, const hipExternalSemaphoreWaitParams* paramsArray, unsigned int numExtSems, hipStream_t stream), (extSemArray, paramsArray, numExtSems, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED)
 
 #define KREX_HIP_EPS_B(X) \
-    X(hipCtxSynchronize, "hipCtxSynchronize", hipError_t, (void), (), 0) \
-    X(hipDeviceSynchronize, "hipDeviceSynchronize", hipError_t, (void), (), 0) \
-    X(hipEventElapsedTime, "hipEventElapsedTime", hipError_t, (float* ms, hipEvent_t start, hipEvent_t stop), (ms, start, stop), 0) \
-    X(hipEventQuery, "hipEventQuery", hipError_t, (hipEvent_t event), (event), 0) \
-    X(hipEventSynchronize, "hipEventSynchronize", hipError_t, (hipEvent_t event), (event), 0) \
-    X(hipStreamQuery, "hipStreamQuery", hipError_t, (hipStream_t stream), (stream), 0) \
-    X(hipStreamQuery_spt, "hipStreamQuery_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT) \
-    X(hipStreamSynchronize, "hipStreamSynchronize", hipError_t, (hipStream_t stream), (stream), 0) \
-    X(hipStreamSynchronize_spt, "hipStreamSynchronize_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT)
+    X(hipCtxSynchronize, "hipCtxSynchronize", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceSynchronize, "hipDeviceSynchronize", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipEventElapsedTime, "hipEventElapsedTime", hipError_t, (float* ms, hipEvent_t start, hipEvent_t stop), (ms, start, stop), KREX_HIP_EPF_HOOKED) \
+    X(hipEventQuery, "hipEventQuery", hipError_t, (hipEvent_t event), (event), KREX_HIP_EPF_HOOKED) \
+    X(hipEventSynchronize, "hipEventSynchronize", hipError_t, (hipEvent_t event), (event), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamQuery, "hipStreamQuery", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamQuery_spt, "hipStreamQuery_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamSynchronize, "hipStreamSynchronize", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamSynchronize_spt, "hipStreamSynchronize_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED)
 
 #define KREX_HIP_EPS_C(X) \
     X(hipCtxCreate, "hipCtxCreate", hipError_t, (hipCtx_t* ctx, unsigned int flags, hipDevice_t device), (ctx, flags, device), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
@@ -894,6 +894,7 @@ typedef uint32_t krex_hip_abi_hipCtxPushCurrent(void * ctx);
 typedef uint32_t krex_hip_abi_hipCtxSetCacheConfig(uint32_t cacheConfig);
 typedef uint32_t krex_hip_abi_hipCtxSetCurrent(void * ctx);
 typedef uint32_t krex_hip_abi_hipCtxSetSharedMemConfig(uint32_t config);
+typedef uint32_t krex_hip_abi_hipCtxSynchronize(void);
 typedef uint32_t krex_hip_abi_hipDestroyExternalMemory(void * extMem);
 typedef uint32_t krex_hip_abi_hipDestroyExternalSemaphore(void * extSem);
 typedef uint32_t krex_hip_abi_hipDestroySurfaceObject(void * surfaceObject);
@@ -934,6 +935,8 @@ typedef uint32_t krex_hip_abi_hipDrvPointerGetAttributes(uint32_t numAttributes,
 typedef uint32_t krex_hip_abi_hipEventCreate(void * event);
 typedef uint32_t krex_hip_abi_hipEventCreateWithFlags(void * event, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipEventDestroy(void * event);
+typedef uint32_t krex_hip_abi_hipEventElapsedTime(void * ms, void * start, void * stop);
+typedef uint32_t krex_hip_abi_hipEventQuery(void * event);
 typedef uint32_t krex_hip_abi_hipEventRecord(void * event, void * stream);
 typedef uint32_t krex_hip_abi_hipEventSynchronize(void * event);
 typedef uint32_t krex_hip_abi_hipExtGetLinkTypeAndHopCount(int32_t device1, int32_t device2, void * linktype, void * hopcount);
@@ -1200,7 +1203,10 @@ typedef uint32_t krex_hip_abi_hipStreamGetFlags_spt(void * stream, void * flags)
 typedef uint32_t krex_hip_abi_hipStreamGetPriority(void * stream, void * priority);
 typedef uint32_t krex_hip_abi_hipStreamGetPriority_spt(void * stream, void * priority);
 typedef uint32_t krex_hip_abi_hipStreamIsCapturing(void * stream, void * pCaptureStatus);
+typedef uint32_t krex_hip_abi_hipStreamQuery(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamQuery_spt(void * stream);
 typedef uint32_t krex_hip_abi_hipStreamSynchronize(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamSynchronize_spt(void * stream);
 typedef uint32_t krex_hip_abi_hipStreamUpdateCaptureDependencies(void * stream, void * dependencies, uint64_t numDependencies, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipStreamWaitEvent(void * stream, void * event, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipStreamWaitEvent_spt(void * stream, void * event, uint32_t flags);

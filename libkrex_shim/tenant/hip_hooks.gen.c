@@ -43,7 +43,7 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipCtxSetCacheConfig", "hipCtxSetCacheConfig", 'D', KREX_HIP_EPF_HOOKED},
     {"hipCtxSetCurrent", "hipCtxSetCurrent", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipCtxSetSharedMemConfig", "hipCtxSetSharedMemConfig", 'D', KREX_HIP_EPF_HOOKED},
-    {"hipCtxSynchronize", "hipCtxSynchronize", 'B', 0},
+    {"hipCtxSynchronize", "hipCtxSynchronize", 'B', KREX_HIP_EPF_HOOKED},
     {"hipDestroyExternalMemory", "hipDestroyExternalMemory", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDestroyExternalSemaphore", "hipDestroyExternalSemaphore", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDestroySurfaceObject", "_Z23hipDestroySurfaceObjectP13__hip_surface", 'D', KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED},
@@ -74,7 +74,7 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipDeviceSetCacheConfig", "hipDeviceSetCacheConfig", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDeviceSetMemPool", "hipDeviceSetMemPool", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDeviceSetSharedMemConfig", "hipDeviceSetSharedMemConfig", 'D', KREX_HIP_EPF_HOOKED},
-    {"hipDeviceSynchronize", "hipDeviceSynchronize", 'B', 0},
+    {"hipDeviceSynchronize", "hipDeviceSynchronize", 'B', KREX_HIP_EPF_HOOKED},
     {"hipDeviceTotalMem", "hipDeviceTotalMem", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDriverGetVersion", "hipDriverGetVersion", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDrvMemcpy2DUnaligned", "hipDrvMemcpy2DUnaligned", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
@@ -85,10 +85,10 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipEventCreate", "hipEventCreate", 'D', KREX_HIP_EPF_HOOKED},
     {"hipEventCreateWithFlags", "hipEventCreateWithFlags", 'D', KREX_HIP_EPF_HOOKED},
     {"hipEventDestroy", "hipEventDestroy", 'D', KREX_HIP_EPF_HOOKED},
-    {"hipEventElapsedTime", "hipEventElapsedTime", 'B', 0},
-    {"hipEventQuery", "hipEventQuery", 'B', 0},
+    {"hipEventElapsedTime", "hipEventElapsedTime", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipEventQuery", "hipEventQuery", 'B', KREX_HIP_EPF_HOOKED},
     {"hipEventRecord", "hipEventRecord", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipEventSynchronize", "hipEventSynchronize", 'B', 0},
+    {"hipEventSynchronize", "hipEventSynchronize", 'B', KREX_HIP_EPF_HOOKED},
     {"hipExtGetLinkTypeAndHopCount", "hipExtGetLinkTypeAndHopCount", 'D', KREX_HIP_EPF_HOOKED},
     {"hipExtLaunchKernel", "hipExtLaunchKernel", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED},
     {"hipExtLaunchMultiKernelMultiDevice", "hipExtLaunchMultiKernelMultiDevice", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED},
@@ -359,10 +359,10 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipStreamGetPriority", "hipStreamGetPriority", 'D', KREX_HIP_EPF_HOOKED},
     {"hipStreamGetPriority_spt", "hipStreamGetPriority_spt", 'D', KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
     {"hipStreamIsCapturing", "hipStreamIsCapturing", 'D', KREX_HIP_EPF_HOOKED},
-    {"hipStreamQuery", "hipStreamQuery", 'B', 0},
-    {"hipStreamQuery_spt", "hipStreamQuery_spt", 'B', KREX_HIP_EPF_SPT},
-    {"hipStreamSynchronize", "hipStreamSynchronize", 'B', 0},
-    {"hipStreamSynchronize_spt", "hipStreamSynchronize_spt", 'B', KREX_HIP_EPF_SPT},
+    {"hipStreamQuery", "hipStreamQuery", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipStreamQuery_spt", "hipStreamQuery_spt", 'B', KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
+    {"hipStreamSynchronize", "hipStreamSynchronize", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipStreamSynchronize_spt", "hipStreamSynchronize_spt", 'B', KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
     {"hipStreamUpdateCaptureDependencies", "hipStreamUpdateCaptureDependencies", 'D', KREX_HIP_EPF_HOOKED},
     {"hipStreamWaitEvent", "hipStreamWaitEvent", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamWaitEvent_spt", "hipStreamWaitEvent_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
@@ -645,6 +645,12 @@ KREX_HOOK uint32_t hipCtxSetSharedMemConfig(uint32_t config)
     return krex_real_fn(config);
 }
 
+KREX_HOOK uint32_t hipCtxSynchronize(void)
+{
+    KREX_HIP_HOOK_BIND(hipCtxSynchronize, krex_hip_unbound(KREX_HIP_EP_hipCtxSynchronize));
+    return krex_real_fn();
+}
+
 KREX_HOOK uint32_t hipDestroyExternalMemory(void * extMem)
 {
     KREX_HIP_HOOK_BIND(hipDestroyExternalMemory, krex_hip_unbound(KREX_HIP_EP_hipDestroyExternalMemory));
@@ -863,6 +869,12 @@ KREX_HOOK uint32_t hipDeviceSetSharedMemConfig(uint32_t config)
     return krex_real_fn(config);
 }
 
+KREX_HOOK uint32_t hipDeviceSynchronize(void)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceSynchronize, krex_hip_unbound(KREX_HIP_EP_hipDeviceSynchronize));
+    return krex_real_fn();
+}
+
 KREX_HOOK uint32_t hipDeviceTotalMem(void * bytes, int32_t device)
 {
     KREX_HIP_HOOK_BIND(hipDeviceTotalMem, krex_hip_unbound(KREX_HIP_EP_hipDeviceTotalMem));
@@ -935,6 +947,18 @@ KREX_HOOK uint32_t hipEventDestroy(void * event)
     return krex_real_fn(event);
 }
 
+KREX_HOOK uint32_t hipEventElapsedTime(void * ms, void * start, void * stop)
+{
+    KREX_HIP_HOOK_BIND(hipEventElapsedTime, krex_hip_unbound(KREX_HIP_EP_hipEventElapsedTime));
+    return krex_real_fn(ms, start, stop);
+}
+
+KREX_HOOK uint32_t hipEventQuery(void * event)
+{
+    KREX_HIP_HOOK_BIND(hipEventQuery, krex_hip_unbound(KREX_HIP_EP_hipEventQuery));
+    return krex_real_fn(event);
+}
+
 KREX_HOOK uint32_t hipEventRecord(void * event, void * stream)
 {
     KREX_HIP_HOOK_BIND(hipEventRecord, krex_hip_unbound(KREX_HIP_EP_hipEventRecord));
@@ -945,6 +969,12 @@ KREX_HOOK uint32_t hipEventRecord(void * event, void * stream)
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
+}
+
+KREX_HOOK uint32_t hipEventSynchronize(void * event)
+{
+    KREX_HIP_HOOK_BIND(hipEventSynchronize, krex_hip_unbound(KREX_HIP_EP_hipEventSynchronize));
+    return krex_real_fn(event);
 }
 
 KREX_HOOK uint32_t hipExtGetLinkTypeAndHopCount(int32_t device1, int32_t device2, void * linktype, void * hopcount)
@@ -3264,6 +3294,30 @@ KREX_HOOK uint32_t hipStreamIsCapturing(void * stream, void * pCaptureStatus)
     return krex_real_fn(stream, pCaptureStatus);
 }
 
+KREX_HOOK uint32_t hipStreamQuery(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamQuery, krex_hip_unbound(KREX_HIP_EP_hipStreamQuery));
+    return krex_real_fn(stream);
+}
+
+KREX_HOOK uint32_t hipStreamQuery_spt(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamQuery_spt, krex_hip_unbound(KREX_HIP_EP_hipStreamQuery_spt));
+    return krex_real_fn(stream);
+}
+
+KREX_HOOK uint32_t hipStreamSynchronize(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamSynchronize, krex_hip_unbound(KREX_HIP_EP_hipStreamSynchronize));
+    return krex_real_fn(stream);
+}
+
+KREX_HOOK uint32_t hipStreamSynchronize_spt(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamSynchronize_spt, krex_hip_unbound(KREX_HIP_EP_hipStreamSynchronize_spt));
+    return krex_real_fn(stream);
+}
+
 KREX_HOOK uint32_t hipStreamUpdateCaptureDependencies(void * stream, void * dependencies, uint64_t numDependencies, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipStreamUpdateCaptureDependencies, krex_hip_unbound(KREX_HIP_EP_hipStreamUpdateCaptureDependencies));
@@ -3566,7 +3620,7 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipCtxSetCacheConfig,
     (void *)hipCtxSetCurrent,
     (void *)hipCtxSetSharedMemConfig,
-    NULL,
+    (void *)hipCtxSynchronize,
     (void *)hipDestroyExternalMemory,
     (void *)hipDestroyExternalSemaphore,
     (void *)hipDestroySurfaceObject,
@@ -3597,7 +3651,7 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipDeviceSetCacheConfig,
     (void *)hipDeviceSetMemPool,
     (void *)hipDeviceSetSharedMemConfig,
-    NULL,
+    (void *)hipDeviceSynchronize,
     (void *)hipDeviceTotalMem,
     (void *)hipDriverGetVersion,
     (void *)hipDrvMemcpy2DUnaligned,
@@ -3608,10 +3662,10 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipEventCreate,
     (void *)hipEventCreateWithFlags,
     (void *)hipEventDestroy,
-    NULL,
-    NULL,
+    (void *)hipEventElapsedTime,
+    (void *)hipEventQuery,
     (void *)hipEventRecord,
-    NULL,
+    (void *)hipEventSynchronize,
     (void *)hipExtGetLinkTypeAndHopCount,
     (void *)hipExtLaunchKernel,
     (void *)hipExtLaunchMultiKernelMultiDevice,
@@ -3882,10 +3936,10 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipStreamGetPriority,
     (void *)hipStreamGetPriority_spt,
     (void *)hipStreamIsCapturing,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipStreamQuery,
+    (void *)hipStreamQuery_spt,
+    (void *)hipStreamSynchronize,
+    (void *)hipStreamSynchronize_spt,
     (void *)hipStreamUpdateCaptureDependencies,
     (void *)hipStreamWaitEvent,
     (void *)hipStreamWaitEvent_spt,

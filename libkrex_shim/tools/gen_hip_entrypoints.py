@@ -21,8 +21,8 @@ of epclass.py, shared with the CUDA generator) and writes three files:
   table (name, exported symbol, class, flags), the runtime versions the
   table accepts (``[runtime]``), and one exported hook per A or C name, per
   ``[gate_also]`` name and per observed name: ``bind -> gate enter ->
-  observe -> real -> observe -> gate leave``, as for CUDA; and per other D
-  name returning ``hipError_t`` a *forwarding* hook, ``bind -> real``: the
+  observe -> real -> observe -> gate leave``, as for CUDA; and per other B
+  or D name returning ``hipError_t`` a *forwarding* hook, ``bind -> real``: the
   process's first bind loads the runtime and initializes it under the gate
   (hipinterpose.c), whichever HIP call comes first.  A C++-linkage name gets
   a hook under its mangled symbol and one under its plain name.
@@ -173,12 +173,12 @@ def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entr
         if e.cls in ("A", "C"):
             e.gated = True
         # Every HIP call initializes the runtime when it is the process's first:
-        # a D name that returns hipError_t gets a forwarding hook, whose first
-        # bind initializes the runtime under the gate.  The others (error and
-        # API name strings, the channel-descriptor constructor, profiler
+        # a B or D name that returns hipError_t gets a forwarding hook, whose
+        # first bind initializes the runtime under the gate.  The others (error
+        # and API name strings, the channel-descriptor constructor, profiler
         # switches, hiprtc) do not start the runtime: docs/design/shim.md.
         e.forward = (
-            e.cls == "D" and not e.hooked and e.decl.ret == "hipError_t"
+            e.cls in ("B", "D") and not e.hooked and e.decl.ret == "hipError_t"
             and not e.name.startswith("hiprtc")
         )  # fmt: skip
         if e.gated:

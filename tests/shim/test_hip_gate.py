@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import Gate, SlotInfo
+from krexd.gate import FaultSeen, Gate, SlotInfo
 from krexd.gpus import fake_amd_uuid
 from krexd.registrations import Verifier
 from tests.fakecuda import timeline
@@ -161,9 +161,12 @@ def test_the_runtime_initializes_inside_the_gate_whatever_the_first_call(
     gate.reopen(HOLDER, 1)
     r = t.reply()
     assert r["rc"] == 0 and r["count"] == 1 and r["t1"] >= reopened, r
-    assert Verifier(lambda tenant: [t.pid] if tenant == SIBLING else None).resolve(
-        mine(gate, t.pid)[0]
-    ) == t.pid
+    assert (
+        Verifier(lambda tenant: [t.pid] if tenant == SIBLING else None).resolve(
+            mine(gate, t.pid)[0]
+        )
+        == t.pid
+    )
 
 
 def test_a_first_class_d_call_outside_krex_passes_through(
@@ -509,3 +512,23 @@ def test_a_hip_command_sees_only_its_own_gpu(
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("krex: refusing HIP work")]
     assert len(lines) == 1 and f"bound to {fake_amd_uuid(1)}" in lines[0], proc.stderr
     assert fh.records() == []
+
+
+# ---- the fault record ----------------------------------------------------------------------
+
+
+def test_a_hip_process_records_its_fatal_error(
+    shim_build: ShimBuild, fh: FakeHip, gate: Gate
+) -> None:
+    """A kernel faults (hipErrorIllegalAddress, sticky): the next gated call returns it and the
+    shim records it in the slot, with "had launched", as for CUDA (tests/shim/test_fault_record.py);
+    a healthy HIP process records nothing."""
+    ok = fh.env(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, 2))
+    bad = fh.env(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, 3))
+    assert fh.hipbench("--count", "3", env=ok)["launches"] == 3
+    proc = fh.hipbench_proc("--count", "50", "--fault-after", "4", env=bad)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    faults = {s.tenant: s.fault for s in gate.slots() if s.tenant}
+    assert faults[2] is None, "a healthy process recorded a fault"
+    assert faults[3] == FaultSeen(code=700, launched=True, at_sync=False)
