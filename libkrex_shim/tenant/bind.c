@@ -13,10 +13,22 @@
  * KREX_GPU_UUID and, on a mismatch, prints one line naming both and ends
  * the process with KREX_EXIT_WRONG_GPU (83; krex_client.errors.ExitCode).
  * Without KREX_GPU_UUID (not run by krex) nothing is checked.
+ *
+ * HIP (an AMD GPU: ROCR_VISIBLE_DEVICES=<UUID>, HIP_VISIBLE_DEVICES=0,
+ * KREX_GPU_UUID=GPU-<16 hex>, docs/design/amd.md) has no context creation
+ * to check before: its runtime takes every visible device at its
+ * initialization, which the shim runs inside the gate at the process's
+ * first HIP call (hipcall.h).  Right after it, still inside the gate,
+ * krex_hip_check_bound() reads every visible device's hipDeviceGetUuid (ROCm
+ * fills the 16 bytes with the hex digits of ROCr's name, GPU-<16 hex>) and
+ * ends the process the same way (83) when one is not the bound GPU: a
+ * command sees its own GPU only, or does no HIP work.
  */
 #include "bind.h"
+#include "hipinterpose.h"
 #include "interpose.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,4 +94,63 @@ void krex_check_device(CUdevice dev)
             "(KREX_GPU_UUID); a krex tenant may use only its own GPU (exit %d)\n",
             have, bound_uuid, KREX_EXIT_WRONG_GPU);
     _exit(KREX_EXIT_WRONG_GPU);
+}
+
+/* ---- HIP ---------------------------------------------------------------------------- */
+
+/* ROCr's name of a HIP device from its hipUUID bytes: "GPU-" and the 16
+ * characters when they are hex digits (ROCm's form), else the bytes as a
+ * UUID (another runtime's); "" when all zero (no UUID). */
+static void hip_uuid_text(const unsigned char b[16], char out[KREX_UUID_TEXT])
+{
+    int hex = 1, zero = 1;
+    for (int i = 0; i < 16; i++) {
+        hex &= isxdigit(b[i]) != 0;
+        zero &= b[i] == 0;
+    }
+    if (zero)
+        out[0] = '\0';
+    else if (hex)
+        snprintf(out, KREX_UUID_TEXT, "GPU-%.16s", (const char *)b);
+    else
+        uuid_text((const CUuuid *)(const void *)b, out);
+}
+
+static void check_hip_devices(void)
+{
+    pthread_once(&bound_once, read_bound);
+    if (!bound_set)
+        return;
+    krex_hip_abi_hipGetDeviceCount *count = KREX_HIP_REAL(hipGetDeviceCount);
+    krex_hip_abi_hipDeviceGetUuid *get = KREX_HIP_REAL(hipDeviceGetUuid);
+    int32_t n = 0;
+    if (!count || !get || count(&n) != KREX_HIP_SUCCESS)
+        return; /* no device visible: there is nothing to use */
+    for (int32_t d = 0; d < n; d++) {
+        unsigned char b[16];
+        char have[KREX_UUID_TEXT];
+        if (get(b, d) != KREX_HIP_SUCCESS)
+            memset(b, 0, sizeof b);
+        hip_uuid_text(b, have);
+        if (have[0] == '\0') {
+            /* krexd binds only GPUs with a UUID; one HIP cannot name is
+             * not a GPU krexd gave any command (its node is denied). */
+            krex_log(KREX_LOG_WARN, "HIP device %d has no UUID: cannot check it against %s",
+                     (int)d, bound_uuid);
+            continue;
+        }
+        if (strcasecmp(have, bound_uuid) == 0)
+            continue;
+        fprintf(stderr,
+                "krex: refusing HIP work: HIP device %d is %s, but this command is bound to %s "
+                "(KREX_GPU_UUID); a krex tenant may see and use only its own GPU (exit %d)\n",
+                (int)d, have, bound_uuid, KREX_EXIT_WRONG_GPU);
+        _exit(KREX_EXIT_WRONG_GPU);
+    }
+}
+
+void krex_hip_check_bound(void)
+{
+    static pthread_once_t checked = PTHREAD_ONCE_INIT;
+    pthread_once(&checked, check_hip_devices);
 }

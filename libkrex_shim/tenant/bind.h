@@ -12,5 +12,8 @@
 #define KREX_EXIT_WRONG_GPU 83
 /* Ends the process (KREX_EXIT_WRONG_GPU) when `dev` is not the bound GPU. */
 void krex_check_device(CUdevice dev);
+/* Ends the process (KREX_EXIT_WRONG_GPU) when a visible HIP device is not the
+ * bound GPU; once per process, after the runtime's initialization (hipcall.h). */
+void krex_hip_check_bound(void);
 
 #endif /* KREX_BIND_H */

@@ -1,16 +1,19 @@
 /*
- * dlguard.c — dlopen and dlmopen of the CUDA driver past the hooks
- * (docs/design/shim.md, "Loading the driver past the hooks").
+ * dlguard.c — dlopen and dlmopen of the CUDA driver or the HIP runtime past
+ * the hooks (docs/design/shim.md, "Loading the driver past the hooks").
  *
  * The hooks are reached because the preloaded shim comes first in the
- * global scope.  Two ways of loading bind cu* names to the driver itself:
+ * global scope.  Two ways of loading bind cu* (hip*) names to the driver
+ * (the runtime) itself:
  *
  *   dlopen(x, RTLD_DEEPBIND)  x and its dependencies look symbols up in
  *                             their own scope first: when x is the driver,
  *                             or needs it (DT_NEEDED libcuda.so*), its cu*
  *                             references bind to the driver, not the hooks;
+ *                             likewise libamdhip64.so* and hip* names;
  *   dlmopen(LM_ID_NEWLM, x)   a new namespace has no preloaded shim: a
- *                             second driver copy there is never gated.
+ *                             second driver (runtime) copy there is never
+ *                             gated.
  *
  * Under krex (gating or refusing; not in a pass-through process) both are
  * refused: one line on stderr, the call returns NULL, and dlerror() reports
@@ -81,9 +84,17 @@ static const char *base_of(const char *path)
     return b ? b + 1 : path;
 }
 
-static int is_driver_name(const char *name)
+/* What a load would bring past the hooks. */
+enum gpu_lib { GPU_LIB_NONE, GPU_LIB_CUDA, GPU_LIB_HIP };
+
+static enum gpu_lib gpu_lib_of(const char *name)
 {
-    return strncmp(base_of(name), "libcuda.so", 10) == 0;
+    const char *b = base_of(name);
+    if (strncmp(b, "libcuda.so", 10) == 0)
+        return GPU_LIB_CUDA;
+    if (strncmp(b, "libamdhip64.so", 14) == 0)
+        return GPU_LIB_HIP;
+    return GPU_LIB_NONE;
 }
 
 /* ---- the file's dynamic section ------------------------------------------ */
@@ -99,16 +110,16 @@ static int read_at(int fd, void *buf, size_t n, off_t off)
     return pread(fd, buf, n, off) == (ssize_t)n ? 0 : -1;
 }
 
-/* 1 when the ELF object at `path` is the driver (DT_SONAME libcuda.so*) or
- * needs it directly (DT_NEEDED libcuda.so*); 0 otherwise, and for anything
- * that is not a readable object of this machine's class (the loader would
- * not load it either). */
-static int elf_uses_driver(const char *path)
+/* Which GPU library the ELF object at `path` is (DT_SONAME libcuda.so*,
+ * libamdhip64.so*) or needs directly (DT_NEEDED); GPU_LIB_NONE otherwise,
+ * and for anything that is not a readable object of this machine's class
+ * (the loader would not load it either). */
+static enum gpu_lib elf_uses_gpu_lib(const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
-    int found = 0;
+        return GPU_LIB_NONE;
+    enum gpu_lib found = GPU_LIB_NONE;
     ElfW(Phdr) *ph = NULL;
     ElfW(Dyn) *dyn = NULL;
     char *str = NULL;
@@ -151,8 +162,8 @@ static int elf_uses_driver(const char *path)
     str[strsz] = '\0';
     for (size_t i = 0; i < ndyn && dyn[i].d_tag != DT_NULL && !found; i++)
         if ((dyn[i].d_tag == DT_NEEDED || dyn[i].d_tag == DT_SONAME) &&
-            dyn[i].d_un.d_val < strsz && is_driver_name(str + dyn[i].d_un.d_val))
-            found = 1;
+            dyn[i].d_un.d_val < strsz)
+            found = gpu_lib_of(str + dyn[i].d_un.d_val);
 out:
     free(str);
     free(dyn);
@@ -291,14 +302,23 @@ static int resolve(const char *file, const void *caller, char *out, size_t n)
     return found;
 }
 
-/* Would loading `file` (asked from `caller`) put the driver in the new
- * scope: the driver itself, or an object that needs it directly. */
-static int brings_driver(const char *file, const void *caller)
+/* Would loading `file` (asked from `caller`) put the driver or the HIP
+ * runtime in the new scope: the library itself, or an object that needs it
+ * directly.  Which one, or GPU_LIB_NONE. */
+static enum gpu_lib brings_gpu_lib(const char *file, const void *caller)
 {
-    if (is_driver_name(file))
-        return 1;
+    enum gpu_lib lib = gpu_lib_of(file);
+    if (lib != GPU_LIB_NONE)
+        return lib;
     char path[4096];
-    return resolve(file, caller, path, sizeof path) && elf_uses_driver(path);
+    return resolve(file, caller, path, sizeof path) ? elf_uses_gpu_lib(path) : GPU_LIB_NONE;
+}
+
+static const char *lib_text(enum gpu_lib lib, int itself)
+{
+    if (lib == GPU_LIB_HIP)
+        return itself ? "the HIP runtime" : "a HIP runtime user";
+    return itself ? "the CUDA driver" : "a CUDA driver user";
 }
 
 /* Say why on stderr (always: a refused load is not a debug matter), and
@@ -331,11 +351,13 @@ __attribute__((visibility("hidden"))) int krex_dlopen_decide(const char *file, i
     int saved = errno;
     real_dlopen(); /* the entry jumps through the pointer */
     int refused = 0;
+    enum gpu_lib lib;
     if (KREX_UNLIKELY(file && (mode & RTLD_DEEPBIND)) && krex_under_krex() &&
-        brings_driver(file, caller)) {
-        refuse_load("dlopen", file,
-                    is_driver_name(file) ? "RTLD_DEEPBIND of the CUDA driver"
-                                         : "RTLD_DEEPBIND of a CUDA driver user");
+        (lib = brings_gpu_lib(file, caller)) != GPU_LIB_NONE) {
+        char what[80];
+        snprintf(what, sizeof what, "RTLD_DEEPBIND of %s",
+                 lib_text(lib, gpu_lib_of(file) != GPU_LIB_NONE));
+        refuse_load("dlopen", file, what);
         refused = 1;
     }
     if (!refused)
@@ -350,13 +372,17 @@ __attribute__((visibility("hidden"))) int krex_dlmopen_decide(Lmid_t lmid, const
     real_dlmopen();
     real_dlopen(); /* for refuse_load */
     int refused = 0;
+    enum gpu_lib lib;
     /* Into the base namespace it is a dlopen; elsewhere no hook is seen. */
     if (file && (lmid != LM_ID_BASE || (mode & RTLD_DEEPBIND)) && krex_under_krex() &&
-        brings_driver(file, caller)) {
-        refuse_load("dlmopen", file,
-                    lmid != LM_ID_BASE ? "the CUDA driver (or a CUDA driver user) in another "
-                                         "link-map namespace"
-                                       : "RTLD_DEEPBIND of a CUDA driver user");
+        (lib = brings_gpu_lib(file, caller)) != GPU_LIB_NONE) {
+        char what[96];
+        if (lmid != LM_ID_BASE)
+            snprintf(what, sizeof what, "%s (or %s) in another link-map namespace",
+                     lib_text(lib, 1), lib_text(lib, 0));
+        else
+            snprintf(what, sizeof what, "RTLD_DEEPBIND of %s", lib_text(lib, 0));
+        refuse_load("dlmopen", file, what);
         refused = 1;
     }
     if (!refused)

@@ -14,7 +14,8 @@
  * program.
  *
  * Not on the fast path: only a result other than CUDA_SUCCESS reaches
- * krex_fault_result() (KREX_RESULT in fault.h).
+ * krex_fault_result() (KREX_RESULT in fault.h), only a HIP result other
+ * than hipSuccess krex_hip_fault_note() (krex_hip_after in hipdrain.h).
  */
 #include "fault.h"
 #include "state.h"
@@ -73,6 +74,16 @@ void krex_fault_note(CUresult r, int at_sync)
         word |= KREX_FAULT_LAUNCHED;
     atomic_store_explicit(&s->fault, word, memory_order_relaxed);
     krex_log(KREX_LOG_INFO, "fatal GPU error %d: recorded for krexd", (int)r);
+}
+
+/* HIP's fatal results: the codes of the CUDA list above that HIP defines,
+ * with CUDA's numbers (hip_runtime_api.h): hipErrorECCNotCorrectable (214),
+ * hipErrorIllegalAddress (700), hipErrorLaunchTimeOut (702),
+ * hipErrorLaunchFailure (719).  HIP has no MPS and none of CUDA's 714-718. */
+void krex_hip_fault_note(uint32_t r, int at_sync)
+{
+    if (r == 214 || r == 700 || r == 702 || r == 719)
+        krex_fault_note((CUresult)r, at_sync);
 }
 
 CUresult krex_fault_result(CUresult r)

@@ -547,15 +547,15 @@ extern const char *const krex_hip_known_exports[];
     X(hipWaitExternalSemaphoresAsync, "hipWaitExternalSemaphoresAsync", hipError_t, (const hipExternalSemaphore_t* extSemArray, const hipExternalSemaphoreWaitParams* paramsArray, unsigned int numExtSems, hipStream_t stream), (extSemArray, paramsArray, numExtSems, stream), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED)
 
 #define KREX_HIP_EPS_B(X) \
-    X(hipCtxSynchronize, "hipCtxSynchronize", hipError_t, (void), (), 0) \
-    X(hipDeviceSynchronize, "hipDeviceSynchronize", hipError_t, (void), (), 0) \
-    X(hipEventElapsedTime, "hipEventElapsedTime", hipError_t, (float* ms, hipEvent_t start, hipEvent_t stop), (ms, start, stop), 0) \
-    X(hipEventQuery, "hipEventQuery", hipError_t, (hipEvent_t event), (event), 0) \
-    X(hipEventSynchronize, "hipEventSynchronize", hipError_t, (hipEvent_t event), (event), 0) \
-    X(hipStreamQuery, "hipStreamQuery", hipError_t, (hipStream_t stream), (stream), 0) \
-    X(hipStreamQuery_spt, "hipStreamQuery_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT) \
-    X(hipStreamSynchronize, "hipStreamSynchronize", hipError_t, (hipStream_t stream), (stream), 0) \
-    X(hipStreamSynchronize_spt, "hipStreamSynchronize_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT)
+    X(hipCtxSynchronize, "hipCtxSynchronize", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceSynchronize, "hipDeviceSynchronize", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipEventElapsedTime, "hipEventElapsedTime", hipError_t, (float* ms, hipEvent_t start, hipEvent_t stop), (ms, start, stop), KREX_HIP_EPF_HOOKED) \
+    X(hipEventQuery, "hipEventQuery", hipError_t, (hipEvent_t event), (event), KREX_HIP_EPF_HOOKED) \
+    X(hipEventSynchronize, "hipEventSynchronize", hipError_t, (hipEvent_t event), (event), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamQuery, "hipStreamQuery", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamQuery_spt, "hipStreamQuery_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamSynchronize, "hipStreamSynchronize", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamSynchronize_spt, "hipStreamSynchronize_spt", hipError_t, (hipStream_t stream), (stream), KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED)
 
 #define KREX_HIP_EPS_C(X) \
     X(hipCtxCreate, "hipCtxCreate", hipError_t, (hipCtx_t* ctx, unsigned int flags, hipDevice_t device), (ctx, flags, device), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
@@ -597,253 +597,253 @@ extern const char *const krex_hip_known_exports[];
 
 #define KREX_HIP_EPS_D(X) \
     X(__hipGetPCH, "__hipGetPCH", void, (const char** pch, unsigned int* size), (pch, size), 0) \
-    X(__hipPopCallConfiguration, "__hipPopCallConfiguration", hipError_t, (dim3* gridDim, dim3* blockDim, size_t* sharedMem, hipStream_t* stream), (gridDim, blockDim, sharedMem, stream), 0) \
-    X(__hipPushCallConfiguration, "__hipPushCallConfiguration", hipError_t, (dim3 gridDim, dim3 blockDim, size_t sharedMem, hipStream_t stream), (gridDim, blockDim, sharedMem, stream), 0) \
+    X(__hipPopCallConfiguration, "__hipPopCallConfiguration", hipError_t, (dim3* gridDim, dim3* blockDim, size_t* sharedMem, hipStream_t* stream), (gridDim, blockDim, sharedMem, stream), KREX_HIP_EPF_HOOKED) \
+    X(__hipPushCallConfiguration, "__hipPushCallConfiguration", hipError_t, (dim3 gridDim, dim3 blockDim, size_t sharedMem, hipStream_t stream), (gridDim, blockDim, sharedMem, stream), KREX_HIP_EPF_HOOKED) \
     X(hipApiName, "hipApiName", const char*, (uint32_t id), (id), 0) \
-    X(hipArray3DCreate, "hipArray3DCreate", hipError_t, (hipArray** array, const HIP_ARRAY3D_DESCRIPTOR* pAllocateArray), (array, pAllocateArray), 0) \
-    X(hipArrayCreate, "hipArrayCreate", hipError_t, (hipArray** pHandle, const HIP_ARRAY_DESCRIPTOR* pAllocateArray), (pHandle, pAllocateArray), 0) \
-    X(hipBindTexture, "hipBindTexture", hipError_t, (size_t* offset, const textureReference* tex, const void* devPtr, const hipChannelFormatDesc* desc, size_t size), (offset, tex, devPtr, desc, size), 0) \
-    X(hipBindTexture2D, "hipBindTexture2D", hipError_t, (size_t* offset, const textureReference* tex, const void* devPtr, const hipChannelFormatDesc* desc, size_t width, size_t height, size_t pitch), (offset, tex, devPtr, desc, width, height, pitch), 0) \
-    X(hipBindTextureToArray, "hipBindTextureToArray", hipError_t, (const textureReference* tex, hipArray_const_t array, const hipChannelFormatDesc* desc), (tex, array, desc), 0) \
-    X(hipBindTextureToMipmappedArray, "hipBindTextureToMipmappedArray", hipError_t, (const textureReference* tex, hipMipmappedArray_const_t mipmappedArray, const hipChannelFormatDesc* desc), (tex, mipmappedArray, desc), 0) \
-    X(hipChooseDevice, "hipChooseDevice", hipError_t, (int* device, const hipDeviceProp_t* prop), (device, prop), 0) \
-    X(hipConfigureCall, "hipConfigureCall", hipError_t, (dim3 gridDim, dim3 blockDim, size_t sharedMem, hipStream_t stream), (gridDim, blockDim, sharedMem, stream), 0) \
+    X(hipArray3DCreate, "hipArray3DCreate", hipError_t, (hipArray** array, const HIP_ARRAY3D_DESCRIPTOR* pAllocateArray), (array, pAllocateArray), KREX_HIP_EPF_HOOKED) \
+    X(hipArrayCreate, "hipArrayCreate", hipError_t, (hipArray** pHandle, const HIP_ARRAY_DESCRIPTOR* pAllocateArray), (pHandle, pAllocateArray), KREX_HIP_EPF_HOOKED) \
+    X(hipBindTexture, "hipBindTexture", hipError_t, (size_t* offset, const textureReference* tex, const void* devPtr, const hipChannelFormatDesc* desc, size_t size), (offset, tex, devPtr, desc, size), KREX_HIP_EPF_HOOKED) \
+    X(hipBindTexture2D, "hipBindTexture2D", hipError_t, (size_t* offset, const textureReference* tex, const void* devPtr, const hipChannelFormatDesc* desc, size_t width, size_t height, size_t pitch), (offset, tex, devPtr, desc, width, height, pitch), KREX_HIP_EPF_HOOKED) \
+    X(hipBindTextureToArray, "hipBindTextureToArray", hipError_t, (const textureReference* tex, hipArray_const_t array, const hipChannelFormatDesc* desc), (tex, array, desc), KREX_HIP_EPF_HOOKED) \
+    X(hipBindTextureToMipmappedArray, "hipBindTextureToMipmappedArray", hipError_t, (const textureReference* tex, hipMipmappedArray_const_t mipmappedArray, const hipChannelFormatDesc* desc), (tex, mipmappedArray, desc), KREX_HIP_EPF_HOOKED) \
+    X(hipChooseDevice, "hipChooseDevice", hipError_t, (int* device, const hipDeviceProp_t* prop), (device, prop), KREX_HIP_EPF_HOOKED) \
+    X(hipConfigureCall, "hipConfigureCall", hipError_t, (dim3 gridDim, dim3 blockDim, size_t sharedMem, hipStream_t stream), (gridDim, blockDim, sharedMem, stream), KREX_HIP_EPF_HOOKED) \
     X(hipCreateChannelDesc, "hipCreateChannelDesc", struct hipChannelFormatDesc, (int x, int y, int z, int w, enum hipChannelFormatKind f), (x, y, z, w, f), 0) \
-    X(hipCreateSurfaceObject, "_Z22hipCreateSurfaceObjectPP13__hip_surfacePK15hipResourceDesc", hipError_t, (hipSurfaceObject_t* pSurfObject, const hipResourceDesc* pResDesc), (pSurfObject, pResDesc), KREX_HIP_EPF_CXX) \
-    X(hipCreateTextureObject, "hipCreateTextureObject", hipError_t, (hipTextureObject_t* pTexObject, const hipResourceDesc* pResDesc, const hipTextureDesc* pTexDesc, const struct hipResourceViewDesc* pResViewDesc), (pTexObject, pResDesc, pTexDesc, pResViewDesc), 0) \
-    X(hipCtxDisablePeerAccess, "hipCtxDisablePeerAccess", hipError_t, (hipCtx_t peerCtx), (peerCtx), 0) \
-    X(hipCtxEnablePeerAccess, "hipCtxEnablePeerAccess", hipError_t, (hipCtx_t peerCtx, unsigned int flags), (peerCtx, flags), 0) \
-    X(hipCtxGetApiVersion, "hipCtxGetApiVersion", hipError_t, (hipCtx_t ctx, int* apiVersion), (ctx, apiVersion), 0) \
-    X(hipCtxGetCacheConfig, "hipCtxGetCacheConfig", hipError_t, (hipFuncCache_t* cacheConfig), (cacheConfig), 0) \
-    X(hipCtxGetCurrent, "hipCtxGetCurrent", hipError_t, (hipCtx_t* ctx), (ctx), 0) \
-    X(hipCtxGetDevice, "hipCtxGetDevice", hipError_t, (hipDevice_t* device), (device), 0) \
-    X(hipCtxGetFlags, "hipCtxGetFlags", hipError_t, (unsigned int* flags), (flags), 0) \
-    X(hipCtxGetSharedMemConfig, "hipCtxGetSharedMemConfig", hipError_t, (hipSharedMemConfig* pConfig), (pConfig), 0) \
-    X(hipCtxSetCacheConfig, "hipCtxSetCacheConfig", hipError_t, (hipFuncCache_t cacheConfig), (cacheConfig), 0) \
-    X(hipCtxSetSharedMemConfig, "hipCtxSetSharedMemConfig", hipError_t, (hipSharedMemConfig config), (config), 0) \
-    X(hipDestroyExternalMemory, "hipDestroyExternalMemory", hipError_t, (hipExternalMemory_t extMem), (extMem), 0) \
-    X(hipDestroyExternalSemaphore, "hipDestroyExternalSemaphore", hipError_t, (hipExternalSemaphore_t extSem), (extSem), 0) \
-    X(hipDestroySurfaceObject, "_Z23hipDestroySurfaceObjectP13__hip_surface", hipError_t, (hipSurfaceObject_t surfaceObject), (surfaceObject), KREX_HIP_EPF_CXX) \
-    X(hipDestroyTextureObject, "hipDestroyTextureObject", hipError_t, (hipTextureObject_t textureObject), (textureObject), 0) \
-    X(hipDeviceCanAccessPeer, "hipDeviceCanAccessPeer", hipError_t, (int* canAccessPeer, int deviceId, int peerDeviceId), (canAccessPeer, deviceId, peerDeviceId), 0) \
-    X(hipDeviceComputeCapability, "hipDeviceComputeCapability", hipError_t, (int* major, int* minor, hipDevice_t device), (major, minor, device), 0) \
-    X(hipDeviceDisablePeerAccess, "hipDeviceDisablePeerAccess", hipError_t, (int peerDeviceId), (peerDeviceId), 0) \
-    X(hipDeviceEnablePeerAccess, "hipDeviceEnablePeerAccess", hipError_t, (int peerDeviceId, unsigned int flags), (peerDeviceId, flags), 0) \
-    X(hipDeviceGet, "hipDeviceGet", hipError_t, (hipDevice_t* device, int ordinal), (device, ordinal), 0) \
-    X(hipDeviceGetAttribute, "hipDeviceGetAttribute", hipError_t, (int* pi, hipDeviceAttribute_t attr, int deviceId), (pi, attr, deviceId), 0) \
-    X(hipDeviceGetByPCIBusId, "hipDeviceGetByPCIBusId", hipError_t, (int* device, const char* pciBusId), (device, pciBusId), 0) \
-    X(hipDeviceGetCacheConfig, "hipDeviceGetCacheConfig", hipError_t, (hipFuncCache_t* cacheConfig), (cacheConfig), 0) \
-    X(hipDeviceGetDefaultMemPool, "hipDeviceGetDefaultMemPool", hipError_t, (hipMemPool_t* mem_pool, int device), (mem_pool, device), 0) \
-    X(hipDeviceGetLimit, "hipDeviceGetLimit", hipError_t, (size_t* pValue, enum hipLimit_t limit), (pValue, limit), 0) \
-    X(hipDeviceGetMemPool, "hipDeviceGetMemPool", hipError_t, (hipMemPool_t* mem_pool, int device), (mem_pool, device), 0) \
-    X(hipDeviceGetName, "hipDeviceGetName", hipError_t, (char* name, int len, hipDevice_t device), (name, len, device), 0) \
-    X(hipDeviceGetP2PAttribute, "hipDeviceGetP2PAttribute", hipError_t, (int* value, hipDeviceP2PAttr attr, int srcDevice, int dstDevice), (value, attr, srcDevice, dstDevice), 0) \
-    X(hipDeviceGetPCIBusId, "hipDeviceGetPCIBusId", hipError_t, (char* pciBusId, int len, int device), (pciBusId, len, device), 0) \
-    X(hipDeviceGetSharedMemConfig, "hipDeviceGetSharedMemConfig", hipError_t, (hipSharedMemConfig* pConfig), (pConfig), 0) \
-    X(hipDeviceGetStreamPriorityRange, "hipDeviceGetStreamPriorityRange", hipError_t, (int* leastPriority, int* greatestPriority), (leastPriority, greatestPriority), 0) \
-    X(hipDeviceGetUuid, "hipDeviceGetUuid", hipError_t, (hipUUID* uuid, hipDevice_t device), (uuid, device), 0) \
-    X(hipDevicePrimaryCtxGetState, "hipDevicePrimaryCtxGetState", hipError_t, (hipDevice_t dev, unsigned int* flags, int* active), (dev, flags, active), 0) \
-    X(hipDeviceSetCacheConfig, "hipDeviceSetCacheConfig", hipError_t, (hipFuncCache_t cacheConfig), (cacheConfig), 0) \
-    X(hipDeviceSetMemPool, "hipDeviceSetMemPool", hipError_t, (int device, hipMemPool_t mem_pool), (device, mem_pool), 0) \
-    X(hipDeviceSetSharedMemConfig, "hipDeviceSetSharedMemConfig", hipError_t, (hipSharedMemConfig config), (config), 0) \
-    X(hipDeviceTotalMem, "hipDeviceTotalMem", hipError_t, (size_t* bytes, hipDevice_t device), (bytes, device), 0) \
-    X(hipDriverGetVersion, "hipDriverGetVersion", hipError_t, (int* driverVersion), (driverVersion), 0) \
-    X(hipDrvPointerGetAttributes, "hipDrvPointerGetAttributes", hipError_t, (unsigned int numAttributes, hipPointer_attribute* attributes, void** data, hipDeviceptr_t ptr), (numAttributes, attributes, data, ptr), 0) \
+    X(hipCreateSurfaceObject, "_Z22hipCreateSurfaceObjectPP13__hip_surfacePK15hipResourceDesc", hipError_t, (hipSurfaceObject_t* pSurfObject, const hipResourceDesc* pResDesc), (pSurfObject, pResDesc), KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED) \
+    X(hipCreateTextureObject, "hipCreateTextureObject", hipError_t, (hipTextureObject_t* pTexObject, const hipResourceDesc* pResDesc, const hipTextureDesc* pTexDesc, const struct hipResourceViewDesc* pResViewDesc), (pTexObject, pResDesc, pTexDesc, pResViewDesc), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxDisablePeerAccess, "hipCtxDisablePeerAccess", hipError_t, (hipCtx_t peerCtx), (peerCtx), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxEnablePeerAccess, "hipCtxEnablePeerAccess", hipError_t, (hipCtx_t peerCtx, unsigned int flags), (peerCtx, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxGetApiVersion, "hipCtxGetApiVersion", hipError_t, (hipCtx_t ctx, int* apiVersion), (ctx, apiVersion), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxGetCacheConfig, "hipCtxGetCacheConfig", hipError_t, (hipFuncCache_t* cacheConfig), (cacheConfig), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxGetCurrent, "hipCtxGetCurrent", hipError_t, (hipCtx_t* ctx), (ctx), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxGetDevice, "hipCtxGetDevice", hipError_t, (hipDevice_t* device), (device), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxGetFlags, "hipCtxGetFlags", hipError_t, (unsigned int* flags), (flags), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxGetSharedMemConfig, "hipCtxGetSharedMemConfig", hipError_t, (hipSharedMemConfig* pConfig), (pConfig), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxSetCacheConfig, "hipCtxSetCacheConfig", hipError_t, (hipFuncCache_t cacheConfig), (cacheConfig), KREX_HIP_EPF_HOOKED) \
+    X(hipCtxSetSharedMemConfig, "hipCtxSetSharedMemConfig", hipError_t, (hipSharedMemConfig config), (config), KREX_HIP_EPF_HOOKED) \
+    X(hipDestroyExternalMemory, "hipDestroyExternalMemory", hipError_t, (hipExternalMemory_t extMem), (extMem), KREX_HIP_EPF_HOOKED) \
+    X(hipDestroyExternalSemaphore, "hipDestroyExternalSemaphore", hipError_t, (hipExternalSemaphore_t extSem), (extSem), KREX_HIP_EPF_HOOKED) \
+    X(hipDestroySurfaceObject, "_Z23hipDestroySurfaceObjectP13__hip_surface", hipError_t, (hipSurfaceObject_t surfaceObject), (surfaceObject), KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED) \
+    X(hipDestroyTextureObject, "hipDestroyTextureObject", hipError_t, (hipTextureObject_t textureObject), (textureObject), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceCanAccessPeer, "hipDeviceCanAccessPeer", hipError_t, (int* canAccessPeer, int deviceId, int peerDeviceId), (canAccessPeer, deviceId, peerDeviceId), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceComputeCapability, "hipDeviceComputeCapability", hipError_t, (int* major, int* minor, hipDevice_t device), (major, minor, device), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceDisablePeerAccess, "hipDeviceDisablePeerAccess", hipError_t, (int peerDeviceId), (peerDeviceId), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceEnablePeerAccess, "hipDeviceEnablePeerAccess", hipError_t, (int peerDeviceId, unsigned int flags), (peerDeviceId, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGet, "hipDeviceGet", hipError_t, (hipDevice_t* device, int ordinal), (device, ordinal), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetAttribute, "hipDeviceGetAttribute", hipError_t, (int* pi, hipDeviceAttribute_t attr, int deviceId), (pi, attr, deviceId), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetByPCIBusId, "hipDeviceGetByPCIBusId", hipError_t, (int* device, const char* pciBusId), (device, pciBusId), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetCacheConfig, "hipDeviceGetCacheConfig", hipError_t, (hipFuncCache_t* cacheConfig), (cacheConfig), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetDefaultMemPool, "hipDeviceGetDefaultMemPool", hipError_t, (hipMemPool_t* mem_pool, int device), (mem_pool, device), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetLimit, "hipDeviceGetLimit", hipError_t, (size_t* pValue, enum hipLimit_t limit), (pValue, limit), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetMemPool, "hipDeviceGetMemPool", hipError_t, (hipMemPool_t* mem_pool, int device), (mem_pool, device), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetName, "hipDeviceGetName", hipError_t, (char* name, int len, hipDevice_t device), (name, len, device), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetP2PAttribute, "hipDeviceGetP2PAttribute", hipError_t, (int* value, hipDeviceP2PAttr attr, int srcDevice, int dstDevice), (value, attr, srcDevice, dstDevice), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetPCIBusId, "hipDeviceGetPCIBusId", hipError_t, (char* pciBusId, int len, int device), (pciBusId, len, device), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetSharedMemConfig, "hipDeviceGetSharedMemConfig", hipError_t, (hipSharedMemConfig* pConfig), (pConfig), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetStreamPriorityRange, "hipDeviceGetStreamPriorityRange", hipError_t, (int* leastPriority, int* greatestPriority), (leastPriority, greatestPriority), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceGetUuid, "hipDeviceGetUuid", hipError_t, (hipUUID* uuid, hipDevice_t device), (uuid, device), KREX_HIP_EPF_HOOKED) \
+    X(hipDevicePrimaryCtxGetState, "hipDevicePrimaryCtxGetState", hipError_t, (hipDevice_t dev, unsigned int* flags, int* active), (dev, flags, active), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceSetCacheConfig, "hipDeviceSetCacheConfig", hipError_t, (hipFuncCache_t cacheConfig), (cacheConfig), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceSetMemPool, "hipDeviceSetMemPool", hipError_t, (int device, hipMemPool_t mem_pool), (device, mem_pool), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceSetSharedMemConfig, "hipDeviceSetSharedMemConfig", hipError_t, (hipSharedMemConfig config), (config), KREX_HIP_EPF_HOOKED) \
+    X(hipDeviceTotalMem, "hipDeviceTotalMem", hipError_t, (size_t* bytes, hipDevice_t device), (bytes, device), KREX_HIP_EPF_HOOKED) \
+    X(hipDriverGetVersion, "hipDriverGetVersion", hipError_t, (int* driverVersion), (driverVersion), KREX_HIP_EPF_HOOKED) \
+    X(hipDrvPointerGetAttributes, "hipDrvPointerGetAttributes", hipError_t, (unsigned int numAttributes, hipPointer_attribute* attributes, void** data, hipDeviceptr_t ptr), (numAttributes, attributes, data, ptr), KREX_HIP_EPF_HOOKED) \
     X(hipEnableActivityCallback, "hipEnableActivityCallback", _Bool, (uint32_t op, _Bool enable), (op, enable), 0) \
-    X(hipEventCreate, "hipEventCreate", hipError_t, (hipEvent_t* event), (event), 0) \
-    X(hipEventCreateWithFlags, "hipEventCreateWithFlags", hipError_t, (hipEvent_t* event, unsigned flags), (event, flags), 0) \
-    X(hipEventDestroy, "hipEventDestroy", hipError_t, (hipEvent_t event), (event), 0) \
-    X(hipExtGetLinkTypeAndHopCount, "hipExtGetLinkTypeAndHopCount", hipError_t, (int device1, int device2, uint32_t* linktype, uint32_t* hopcount), (device1, device2, linktype, hopcount), 0) \
-    X(hipExtMallocWithFlags, "hipExtMallocWithFlags", hipError_t, (void** ptr, size_t sizeBytes, unsigned int flags), (ptr, sizeBytes, flags), 0) \
-    X(hipExtStreamGetCUMask, "hipExtStreamGetCUMask", hipError_t, (hipStream_t stream, uint32_t cuMaskSize, uint32_t* cuMask), (stream, cuMaskSize, cuMask), 0) \
-    X(hipExternalMemoryGetMappedBuffer, "hipExternalMemoryGetMappedBuffer", hipError_t, (void** devPtr, hipExternalMemory_t extMem, const hipExternalMemoryBufferDesc* bufferDesc), (devPtr, extMem, bufferDesc), 0) \
-    X(hipFuncGetAttribute, "hipFuncGetAttribute", hipError_t, (int* value, hipFunction_attribute attrib, hipFunction_t hfunc), (value, attrib, hfunc), 0) \
-    X(hipGLGetDevices, "hipGLGetDevices", hipError_t, (unsigned int* pHipDeviceCount, int* pHipDevices, unsigned int hipDeviceCount, hipGLDeviceList deviceList), (pHipDeviceCount, pHipDevices, hipDeviceCount, deviceList), 0) \
-    X(hipGetChannelDesc, "hipGetChannelDesc", hipError_t, (hipChannelFormatDesc* desc, hipArray_const_t array), (desc, array), 0) \
+    X(hipEventCreate, "hipEventCreate", hipError_t, (hipEvent_t* event), (event), KREX_HIP_EPF_HOOKED) \
+    X(hipEventCreateWithFlags, "hipEventCreateWithFlags", hipError_t, (hipEvent_t* event, unsigned flags), (event, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipEventDestroy, "hipEventDestroy", hipError_t, (hipEvent_t event), (event), KREX_HIP_EPF_HOOKED) \
+    X(hipExtGetLinkTypeAndHopCount, "hipExtGetLinkTypeAndHopCount", hipError_t, (int device1, int device2, uint32_t* linktype, uint32_t* hopcount), (device1, device2, linktype, hopcount), KREX_HIP_EPF_HOOKED) \
+    X(hipExtMallocWithFlags, "hipExtMallocWithFlags", hipError_t, (void** ptr, size_t sizeBytes, unsigned int flags), (ptr, sizeBytes, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipExtStreamGetCUMask, "hipExtStreamGetCUMask", hipError_t, (hipStream_t stream, uint32_t cuMaskSize, uint32_t* cuMask), (stream, cuMaskSize, cuMask), KREX_HIP_EPF_HOOKED) \
+    X(hipExternalMemoryGetMappedBuffer, "hipExternalMemoryGetMappedBuffer", hipError_t, (void** devPtr, hipExternalMemory_t extMem, const hipExternalMemoryBufferDesc* bufferDesc), (devPtr, extMem, bufferDesc), KREX_HIP_EPF_HOOKED) \
+    X(hipFuncGetAttribute, "hipFuncGetAttribute", hipError_t, (int* value, hipFunction_attribute attrib, hipFunction_t hfunc), (value, attrib, hfunc), KREX_HIP_EPF_HOOKED) \
+    X(hipGLGetDevices, "hipGLGetDevices", hipError_t, (unsigned int* pHipDeviceCount, int* pHipDevices, unsigned int hipDeviceCount, hipGLDeviceList deviceList), (pHipDeviceCount, pHipDevices, hipDeviceCount, deviceList), KREX_HIP_EPF_HOOKED) \
+    X(hipGetChannelDesc, "hipGetChannelDesc", hipError_t, (hipChannelFormatDesc* desc, hipArray_const_t array), (desc, array), KREX_HIP_EPF_HOOKED) \
     X(hipGetCmdName, "hipGetCmdName", const char*, (uint32_t id), (id), 0) \
-    X(hipGetDevice, "hipGetDevice", hipError_t, (int* deviceId), (deviceId), 0) \
-    X(hipGetDeviceCount, "hipGetDeviceCount", hipError_t, (int* count), (count), 0) \
-    X(hipGetDeviceFlags, "hipGetDeviceFlags", hipError_t, (unsigned int* flags), (flags), 0) \
-    X(hipGetDeviceProperties, "hipGetDeviceProperties", hipError_t, (hipDeviceProp_t* prop, int deviceId), (prop, deviceId), 0) \
+    X(hipGetDevice, "hipGetDevice", hipError_t, (int* deviceId), (deviceId), KREX_HIP_EPF_HOOKED) \
+    X(hipGetDeviceCount, "hipGetDeviceCount", hipError_t, (int* count), (count), KREX_HIP_EPF_HOOKED) \
+    X(hipGetDeviceFlags, "hipGetDeviceFlags", hipError_t, (unsigned int* flags), (flags), KREX_HIP_EPF_HOOKED) \
+    X(hipGetDeviceProperties, "hipGetDeviceProperties", hipError_t, (hipDeviceProp_t* prop, int deviceId), (prop, deviceId), KREX_HIP_EPF_HOOKED) \
     X(hipGetErrorName, "hipGetErrorName", const char*, (hipError_t hip_error), (hip_error), 0) \
     X(hipGetErrorString, "hipGetErrorString", const char*, (hipError_t hipError), (hipError), 0) \
-    X(hipGetLastError, "hipGetLastError", hipError_t, (void), (), 0) \
-    X(hipGetMipmappedArrayLevel, "hipGetMipmappedArrayLevel", hipError_t, (hipArray_t* levelArray, hipMipmappedArray_const_t mipmappedArray, unsigned int level), (levelArray, mipmappedArray, level), 0) \
+    X(hipGetLastError, "hipGetLastError", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipGetMipmappedArrayLevel, "hipGetMipmappedArrayLevel", hipError_t, (hipArray_t* levelArray, hipMipmappedArray_const_t mipmappedArray, unsigned int level), (levelArray, mipmappedArray, level), KREX_HIP_EPF_HOOKED) \
     X(hipGetStreamDeviceId, "hipGetStreamDeviceId", int, (hipStream_t stream), (stream), 0) \
-    X(hipGetTextureAlignmentOffset, "hipGetTextureAlignmentOffset", hipError_t, (size_t* offset, const textureReference* texref), (offset, texref), 0) \
-    X(hipGetTextureObjectResourceDesc, "hipGetTextureObjectResourceDesc", hipError_t, (hipResourceDesc* pResDesc, hipTextureObject_t textureObject), (pResDesc, textureObject), 0) \
-    X(hipGetTextureObjectResourceViewDesc, "hipGetTextureObjectResourceViewDesc", hipError_t, (struct hipResourceViewDesc* pResViewDesc, hipTextureObject_t textureObject), (pResViewDesc, textureObject), 0) \
-    X(hipGetTextureObjectTextureDesc, "hipGetTextureObjectTextureDesc", hipError_t, (hipTextureDesc* pTexDesc, hipTextureObject_t textureObject), (pTexDesc, textureObject), 0) \
-    X(hipGraphAddChildGraphNode, "hipGraphAddChildGraphNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, hipGraph_t childGraph), (pGraphNode, graph, pDependencies, numDependencies, childGraph), 0) \
-    X(hipGraphAddDependencies, "hipGraphAddDependencies", hipError_t, (hipGraph_t graph, const hipGraphNode_t* from, const hipGraphNode_t* to, size_t numDependencies), (graph, from, to, numDependencies), 0) \
-    X(hipGraphAddEmptyNode, "hipGraphAddEmptyNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies), (pGraphNode, graph, pDependencies, numDependencies), 0) \
-    X(hipGraphAddEventRecordNode, "hipGraphAddEventRecordNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, hipEvent_t event), (pGraphNode, graph, pDependencies, numDependencies, event), 0) \
-    X(hipGraphAddEventWaitNode, "hipGraphAddEventWaitNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, hipEvent_t event), (pGraphNode, graph, pDependencies, numDependencies, event), 0) \
-    X(hipGraphAddHostNode, "hipGraphAddHostNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipHostNodeParams* pNodeParams), (pGraphNode, graph, pDependencies, numDependencies, pNodeParams), 0) \
-    X(hipGraphAddKernelNode, "hipGraphAddKernelNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipKernelNodeParams* pNodeParams), (pGraphNode, graph, pDependencies, numDependencies, pNodeParams), 0) \
-    X(hipGraphAddMemcpyNode, "hipGraphAddMemcpyNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipMemcpy3DParms* pCopyParams), (pGraphNode, graph, pDependencies, numDependencies, pCopyParams), 0) \
-    X(hipGraphAddMemcpyNode1D, "hipGraphAddMemcpyNode1D", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, void* dst, const void* src, size_t count, hipMemcpyKind kind), (pGraphNode, graph, pDependencies, numDependencies, dst, src, count, kind), 0) \
-    X(hipGraphAddMemcpyNodeFromSymbol, "hipGraphAddMemcpyNodeFromSymbol", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, void* dst, const void* symbol, size_t count, size_t offset, hipMemcpyKind kind), (pGraphNode, graph, pDependencies, numDependencies, dst, symbol, count, offset, kind), 0) \
-    X(hipGraphAddMemcpyNodeToSymbol, "hipGraphAddMemcpyNodeToSymbol", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const void* symbol, const void* src, size_t count, size_t offset, hipMemcpyKind kind), (pGraphNode, graph, pDependencies, numDependencies, symbol, src, count, offset, kind), 0) \
-    X(hipGraphAddMemsetNode, "hipGraphAddMemsetNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipMemsetParams* pMemsetParams), (pGraphNode, graph, pDependencies, numDependencies, pMemsetParams), 0) \
-    X(hipGraphChildGraphNodeGetGraph, "hipGraphChildGraphNodeGetGraph", hipError_t, (hipGraphNode_t node, hipGraph_t* pGraph), (node, pGraph), 0) \
-    X(hipGraphClone, "hipGraphClone", hipError_t, (hipGraph_t* pGraphClone, hipGraph_t originalGraph), (pGraphClone, originalGraph), 0) \
-    X(hipGraphCreate, "hipGraphCreate", hipError_t, (hipGraph_t* pGraph, unsigned int flags), (pGraph, flags), 0) \
-    X(hipGraphDestroy, "hipGraphDestroy", hipError_t, (hipGraph_t graph), (graph), 0) \
-    X(hipGraphDestroyNode, "hipGraphDestroyNode", hipError_t, (hipGraphNode_t node), (node), 0) \
-    X(hipGraphEventRecordNodeGetEvent, "hipGraphEventRecordNodeGetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t* event_out), (node, event_out), 0) \
-    X(hipGraphEventRecordNodeSetEvent, "hipGraphEventRecordNodeSetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t event), (node, event), 0) \
-    X(hipGraphEventWaitNodeGetEvent, "hipGraphEventWaitNodeGetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t* event_out), (node, event_out), 0) \
-    X(hipGraphEventWaitNodeSetEvent, "hipGraphEventWaitNodeSetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t event), (node, event), 0) \
-    X(hipGraphExecChildGraphNodeSetParams, "hipGraphExecChildGraphNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, hipGraph_t childGraph), (hGraphExec, node, childGraph), 0) \
-    X(hipGraphExecDestroy, "hipGraphExecDestroy", hipError_t, (hipGraphExec_t graphExec), (graphExec), 0) \
-    X(hipGraphExecEventRecordNodeSetEvent, "hipGraphExecEventRecordNodeSetEvent", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t hNode, hipEvent_t event), (hGraphExec, hNode, event), 0) \
-    X(hipGraphExecEventWaitNodeSetEvent, "hipGraphExecEventWaitNodeSetEvent", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t hNode, hipEvent_t event), (hGraphExec, hNode, event), 0) \
-    X(hipGraphExecHostNodeSetParams, "hipGraphExecHostNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const hipHostNodeParams* pNodeParams), (hGraphExec, node, pNodeParams), 0) \
-    X(hipGraphExecKernelNodeSetParams, "hipGraphExecKernelNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const hipKernelNodeParams* pNodeParams), (hGraphExec, node, pNodeParams), 0) \
-    X(hipGraphExecMemcpyNodeSetParams, "hipGraphExecMemcpyNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, hipMemcpy3DParms* pNodeParams), (hGraphExec, node, pNodeParams), 0) \
-    X(hipGraphExecMemcpyNodeSetParams1D, "hipGraphExecMemcpyNodeSetParams1D", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, void* dst, const void* src, size_t count, hipMemcpyKind kind), (hGraphExec, node, dst, src, count, kind), 0) \
-    X(hipGraphExecMemcpyNodeSetParamsFromSymbol, "hipGraphExecMemcpyNodeSetParamsFromSymbol", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, void* dst, const void* symbol, size_t count, size_t offset, hipMemcpyKind kind), (hGraphExec, node, dst, symbol, count, offset, kind), 0) \
-    X(hipGraphExecMemcpyNodeSetParamsToSymbol, "hipGraphExecMemcpyNodeSetParamsToSymbol", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const void* symbol, const void* src, size_t count, size_t offset, hipMemcpyKind kind), (hGraphExec, node, symbol, src, count, offset, kind), 0) \
-    X(hipGraphExecMemsetNodeSetParams, "hipGraphExecMemsetNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const hipMemsetParams* pNodeParams), (hGraphExec, node, pNodeParams), 0) \
-    X(hipGraphExecUpdate, "hipGraphExecUpdate", hipError_t, (hipGraphExec_t hGraphExec, hipGraph_t hGraph, hipGraphNode_t* hErrorNode_out, hipGraphExecUpdateResult* updateResult_out), (hGraphExec, hGraph, hErrorNode_out, updateResult_out), 0) \
-    X(hipGraphGetEdges, "hipGraphGetEdges", hipError_t, (hipGraph_t graph, hipGraphNode_t* from, hipGraphNode_t* to, size_t* numEdges), (graph, from, to, numEdges), 0) \
-    X(hipGraphGetNodes, "hipGraphGetNodes", hipError_t, (hipGraph_t graph, hipGraphNode_t* nodes, size_t* numNodes), (graph, nodes, numNodes), 0) \
-    X(hipGraphGetRootNodes, "hipGraphGetRootNodes", hipError_t, (hipGraph_t graph, hipGraphNode_t* pRootNodes, size_t* pNumRootNodes), (graph, pRootNodes, pNumRootNodes), 0) \
-    X(hipGraphHostNodeGetParams, "hipGraphHostNodeGetParams", hipError_t, (hipGraphNode_t node, hipHostNodeParams* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphHostNodeSetParams, "hipGraphHostNodeSetParams", hipError_t, (hipGraphNode_t node, const hipHostNodeParams* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphKernelNodeGetAttribute, "hipGraphKernelNodeGetAttribute", hipError_t, (hipGraphNode_t hNode, hipKernelNodeAttrID attr, hipKernelNodeAttrValue* value), (hNode, attr, value), 0) \
-    X(hipGraphKernelNodeGetParams, "hipGraphKernelNodeGetParams", hipError_t, (hipGraphNode_t node, hipKernelNodeParams* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphKernelNodeSetAttribute, "hipGraphKernelNodeSetAttribute", hipError_t, (hipGraphNode_t hNode, hipKernelNodeAttrID attr, const hipKernelNodeAttrValue* value), (hNode, attr, value), 0) \
-    X(hipGraphKernelNodeSetParams, "hipGraphKernelNodeSetParams", hipError_t, (hipGraphNode_t node, const hipKernelNodeParams* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphMemcpyNodeGetParams, "hipGraphMemcpyNodeGetParams", hipError_t, (hipGraphNode_t node, hipMemcpy3DParms* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphMemcpyNodeSetParams, "hipGraphMemcpyNodeSetParams", hipError_t, (hipGraphNode_t node, const hipMemcpy3DParms* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphMemcpyNodeSetParams1D, "hipGraphMemcpyNodeSetParams1D", hipError_t, (hipGraphNode_t node, void* dst, const void* src, size_t count, hipMemcpyKind kind), (node, dst, src, count, kind), 0) \
-    X(hipGraphMemcpyNodeSetParamsFromSymbol, "hipGraphMemcpyNodeSetParamsFromSymbol", hipError_t, (hipGraphNode_t node, void* dst, const void* symbol, size_t count, size_t offset, hipMemcpyKind kind), (node, dst, symbol, count, offset, kind), 0) \
-    X(hipGraphMemcpyNodeSetParamsToSymbol, "hipGraphMemcpyNodeSetParamsToSymbol", hipError_t, (hipGraphNode_t node, const void* symbol, const void* src, size_t count, size_t offset, hipMemcpyKind kind), (node, symbol, src, count, offset, kind), 0) \
-    X(hipGraphMemsetNodeGetParams, "hipGraphMemsetNodeGetParams", hipError_t, (hipGraphNode_t node, hipMemsetParams* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphMemsetNodeSetParams, "hipGraphMemsetNodeSetParams", hipError_t, (hipGraphNode_t node, const hipMemsetParams* pNodeParams), (node, pNodeParams), 0) \
-    X(hipGraphNodeFindInClone, "hipGraphNodeFindInClone", hipError_t, (hipGraphNode_t* pNode, hipGraphNode_t originalNode, hipGraph_t clonedGraph), (pNode, originalNode, clonedGraph), 0) \
-    X(hipGraphNodeGetDependencies, "hipGraphNodeGetDependencies", hipError_t, (hipGraphNode_t node, hipGraphNode_t* pDependencies, size_t* pNumDependencies), (node, pDependencies, pNumDependencies), 0) \
-    X(hipGraphNodeGetDependentNodes, "hipGraphNodeGetDependentNodes", hipError_t, (hipGraphNode_t node, hipGraphNode_t* pDependentNodes, size_t* pNumDependentNodes), (node, pDependentNodes, pNumDependentNodes), 0) \
-    X(hipGraphNodeGetType, "hipGraphNodeGetType", hipError_t, (hipGraphNode_t node, hipGraphNodeType* pType), (node, pType), 0) \
-    X(hipGraphRemoveDependencies, "hipGraphRemoveDependencies", hipError_t, (hipGraph_t graph, const hipGraphNode_t* from, const hipGraphNode_t* to, size_t numDependencies), (graph, from, to, numDependencies), 0) \
-    X(hipGraphicsGLRegisterBuffer, "hipGraphicsGLRegisterBuffer", hipError_t, (hipGraphicsResource** resource, GLuint buffer, unsigned int flags), (resource, buffer, flags), 0) \
-    X(hipGraphicsGLRegisterImage, "hipGraphicsGLRegisterImage", hipError_t, (hipGraphicsResource** resource, GLuint image, GLenum target, unsigned int flags), (resource, image, target, flags), 0) \
-    X(hipGraphicsResourceGetMappedPointer, "hipGraphicsResourceGetMappedPointer", hipError_t, (void** devPtr, size_t* size, hipGraphicsResource_t resource), (devPtr, size, resource), 0) \
-    X(hipGraphicsSubResourceGetMappedArray, "hipGraphicsSubResourceGetMappedArray", hipError_t, (hipArray_t* array, hipGraphicsResource_t resource, unsigned int arrayIndex, unsigned int mipLevel), (array, resource, arrayIndex, mipLevel), 0) \
-    X(hipGraphicsUnregisterResource, "hipGraphicsUnregisterResource", hipError_t, (hipGraphicsResource_t resource), (resource), 0) \
-    X(hipHostAlloc, "hipHostAlloc", hipError_t, (void** ptr, size_t size, unsigned int flags), (ptr, size, flags), 0) \
-    X(hipHostGetDevicePointer, "hipHostGetDevicePointer", hipError_t, (void** devPtr, void* hstPtr, unsigned int flags), (devPtr, hstPtr, flags), 0) \
-    X(hipHostGetFlags, "hipHostGetFlags", hipError_t, (unsigned int* flagsPtr, void* hostPtr), (flagsPtr, hostPtr), 0) \
-    X(hipHostMalloc, "hipHostMalloc", hipError_t, (void** ptr, size_t size, unsigned int flags), (ptr, size, flags), 0) \
-    X(hipHostRegister, "hipHostRegister", hipError_t, (void* hostPtr, size_t sizeBytes, unsigned int flags), (hostPtr, sizeBytes, flags), 0) \
-    X(hipImportExternalMemory, "hipImportExternalMemory", hipError_t, (hipExternalMemory_t* extMem_out, const hipExternalMemoryHandleDesc* memHandleDesc), (extMem_out, memHandleDesc), 0) \
-    X(hipImportExternalSemaphore, "hipImportExternalSemaphore", hipError_t, (hipExternalSemaphore_t* extSem_out, const hipExternalSemaphoreHandleDesc* semHandleDesc), (extSem_out, semHandleDesc), 0) \
+    X(hipGetTextureAlignmentOffset, "hipGetTextureAlignmentOffset", hipError_t, (size_t* offset, const textureReference* texref), (offset, texref), KREX_HIP_EPF_HOOKED) \
+    X(hipGetTextureObjectResourceDesc, "hipGetTextureObjectResourceDesc", hipError_t, (hipResourceDesc* pResDesc, hipTextureObject_t textureObject), (pResDesc, textureObject), KREX_HIP_EPF_HOOKED) \
+    X(hipGetTextureObjectResourceViewDesc, "hipGetTextureObjectResourceViewDesc", hipError_t, (struct hipResourceViewDesc* pResViewDesc, hipTextureObject_t textureObject), (pResViewDesc, textureObject), KREX_HIP_EPF_HOOKED) \
+    X(hipGetTextureObjectTextureDesc, "hipGetTextureObjectTextureDesc", hipError_t, (hipTextureDesc* pTexDesc, hipTextureObject_t textureObject), (pTexDesc, textureObject), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddChildGraphNode, "hipGraphAddChildGraphNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, hipGraph_t childGraph), (pGraphNode, graph, pDependencies, numDependencies, childGraph), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddDependencies, "hipGraphAddDependencies", hipError_t, (hipGraph_t graph, const hipGraphNode_t* from, const hipGraphNode_t* to, size_t numDependencies), (graph, from, to, numDependencies), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddEmptyNode, "hipGraphAddEmptyNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies), (pGraphNode, graph, pDependencies, numDependencies), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddEventRecordNode, "hipGraphAddEventRecordNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, hipEvent_t event), (pGraphNode, graph, pDependencies, numDependencies, event), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddEventWaitNode, "hipGraphAddEventWaitNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, hipEvent_t event), (pGraphNode, graph, pDependencies, numDependencies, event), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddHostNode, "hipGraphAddHostNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipHostNodeParams* pNodeParams), (pGraphNode, graph, pDependencies, numDependencies, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddKernelNode, "hipGraphAddKernelNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipKernelNodeParams* pNodeParams), (pGraphNode, graph, pDependencies, numDependencies, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddMemcpyNode, "hipGraphAddMemcpyNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipMemcpy3DParms* pCopyParams), (pGraphNode, graph, pDependencies, numDependencies, pCopyParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddMemcpyNode1D, "hipGraphAddMemcpyNode1D", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, void* dst, const void* src, size_t count, hipMemcpyKind kind), (pGraphNode, graph, pDependencies, numDependencies, dst, src, count, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddMemcpyNodeFromSymbol, "hipGraphAddMemcpyNodeFromSymbol", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, void* dst, const void* symbol, size_t count, size_t offset, hipMemcpyKind kind), (pGraphNode, graph, pDependencies, numDependencies, dst, symbol, count, offset, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddMemcpyNodeToSymbol, "hipGraphAddMemcpyNodeToSymbol", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const void* symbol, const void* src, size_t count, size_t offset, hipMemcpyKind kind), (pGraphNode, graph, pDependencies, numDependencies, symbol, src, count, offset, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphAddMemsetNode, "hipGraphAddMemsetNode", hipError_t, (hipGraphNode_t* pGraphNode, hipGraph_t graph, const hipGraphNode_t* pDependencies, size_t numDependencies, const hipMemsetParams* pMemsetParams), (pGraphNode, graph, pDependencies, numDependencies, pMemsetParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphChildGraphNodeGetGraph, "hipGraphChildGraphNodeGetGraph", hipError_t, (hipGraphNode_t node, hipGraph_t* pGraph), (node, pGraph), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphClone, "hipGraphClone", hipError_t, (hipGraph_t* pGraphClone, hipGraph_t originalGraph), (pGraphClone, originalGraph), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphCreate, "hipGraphCreate", hipError_t, (hipGraph_t* pGraph, unsigned int flags), (pGraph, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphDestroy, "hipGraphDestroy", hipError_t, (hipGraph_t graph), (graph), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphDestroyNode, "hipGraphDestroyNode", hipError_t, (hipGraphNode_t node), (node), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphEventRecordNodeGetEvent, "hipGraphEventRecordNodeGetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t* event_out), (node, event_out), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphEventRecordNodeSetEvent, "hipGraphEventRecordNodeSetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t event), (node, event), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphEventWaitNodeGetEvent, "hipGraphEventWaitNodeGetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t* event_out), (node, event_out), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphEventWaitNodeSetEvent, "hipGraphEventWaitNodeSetEvent", hipError_t, (hipGraphNode_t node, hipEvent_t event), (node, event), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecChildGraphNodeSetParams, "hipGraphExecChildGraphNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, hipGraph_t childGraph), (hGraphExec, node, childGraph), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecDestroy, "hipGraphExecDestroy", hipError_t, (hipGraphExec_t graphExec), (graphExec), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecEventRecordNodeSetEvent, "hipGraphExecEventRecordNodeSetEvent", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t hNode, hipEvent_t event), (hGraphExec, hNode, event), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecEventWaitNodeSetEvent, "hipGraphExecEventWaitNodeSetEvent", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t hNode, hipEvent_t event), (hGraphExec, hNode, event), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecHostNodeSetParams, "hipGraphExecHostNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const hipHostNodeParams* pNodeParams), (hGraphExec, node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecKernelNodeSetParams, "hipGraphExecKernelNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const hipKernelNodeParams* pNodeParams), (hGraphExec, node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecMemcpyNodeSetParams, "hipGraphExecMemcpyNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, hipMemcpy3DParms* pNodeParams), (hGraphExec, node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecMemcpyNodeSetParams1D, "hipGraphExecMemcpyNodeSetParams1D", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, void* dst, const void* src, size_t count, hipMemcpyKind kind), (hGraphExec, node, dst, src, count, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecMemcpyNodeSetParamsFromSymbol, "hipGraphExecMemcpyNodeSetParamsFromSymbol", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, void* dst, const void* symbol, size_t count, size_t offset, hipMemcpyKind kind), (hGraphExec, node, dst, symbol, count, offset, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecMemcpyNodeSetParamsToSymbol, "hipGraphExecMemcpyNodeSetParamsToSymbol", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const void* symbol, const void* src, size_t count, size_t offset, hipMemcpyKind kind), (hGraphExec, node, symbol, src, count, offset, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecMemsetNodeSetParams, "hipGraphExecMemsetNodeSetParams", hipError_t, (hipGraphExec_t hGraphExec, hipGraphNode_t node, const hipMemsetParams* pNodeParams), (hGraphExec, node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphExecUpdate, "hipGraphExecUpdate", hipError_t, (hipGraphExec_t hGraphExec, hipGraph_t hGraph, hipGraphNode_t* hErrorNode_out, hipGraphExecUpdateResult* updateResult_out), (hGraphExec, hGraph, hErrorNode_out, updateResult_out), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphGetEdges, "hipGraphGetEdges", hipError_t, (hipGraph_t graph, hipGraphNode_t* from, hipGraphNode_t* to, size_t* numEdges), (graph, from, to, numEdges), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphGetNodes, "hipGraphGetNodes", hipError_t, (hipGraph_t graph, hipGraphNode_t* nodes, size_t* numNodes), (graph, nodes, numNodes), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphGetRootNodes, "hipGraphGetRootNodes", hipError_t, (hipGraph_t graph, hipGraphNode_t* pRootNodes, size_t* pNumRootNodes), (graph, pRootNodes, pNumRootNodes), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphHostNodeGetParams, "hipGraphHostNodeGetParams", hipError_t, (hipGraphNode_t node, hipHostNodeParams* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphHostNodeSetParams, "hipGraphHostNodeSetParams", hipError_t, (hipGraphNode_t node, const hipHostNodeParams* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphKernelNodeGetAttribute, "hipGraphKernelNodeGetAttribute", hipError_t, (hipGraphNode_t hNode, hipKernelNodeAttrID attr, hipKernelNodeAttrValue* value), (hNode, attr, value), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphKernelNodeGetParams, "hipGraphKernelNodeGetParams", hipError_t, (hipGraphNode_t node, hipKernelNodeParams* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphKernelNodeSetAttribute, "hipGraphKernelNodeSetAttribute", hipError_t, (hipGraphNode_t hNode, hipKernelNodeAttrID attr, const hipKernelNodeAttrValue* value), (hNode, attr, value), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphKernelNodeSetParams, "hipGraphKernelNodeSetParams", hipError_t, (hipGraphNode_t node, const hipKernelNodeParams* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphMemcpyNodeGetParams, "hipGraphMemcpyNodeGetParams", hipError_t, (hipGraphNode_t node, hipMemcpy3DParms* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphMemcpyNodeSetParams, "hipGraphMemcpyNodeSetParams", hipError_t, (hipGraphNode_t node, const hipMemcpy3DParms* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphMemcpyNodeSetParams1D, "hipGraphMemcpyNodeSetParams1D", hipError_t, (hipGraphNode_t node, void* dst, const void* src, size_t count, hipMemcpyKind kind), (node, dst, src, count, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphMemcpyNodeSetParamsFromSymbol, "hipGraphMemcpyNodeSetParamsFromSymbol", hipError_t, (hipGraphNode_t node, void* dst, const void* symbol, size_t count, size_t offset, hipMemcpyKind kind), (node, dst, symbol, count, offset, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphMemcpyNodeSetParamsToSymbol, "hipGraphMemcpyNodeSetParamsToSymbol", hipError_t, (hipGraphNode_t node, const void* symbol, const void* src, size_t count, size_t offset, hipMemcpyKind kind), (node, symbol, src, count, offset, kind), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphMemsetNodeGetParams, "hipGraphMemsetNodeGetParams", hipError_t, (hipGraphNode_t node, hipMemsetParams* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphMemsetNodeSetParams, "hipGraphMemsetNodeSetParams", hipError_t, (hipGraphNode_t node, const hipMemsetParams* pNodeParams), (node, pNodeParams), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphNodeFindInClone, "hipGraphNodeFindInClone", hipError_t, (hipGraphNode_t* pNode, hipGraphNode_t originalNode, hipGraph_t clonedGraph), (pNode, originalNode, clonedGraph), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphNodeGetDependencies, "hipGraphNodeGetDependencies", hipError_t, (hipGraphNode_t node, hipGraphNode_t* pDependencies, size_t* pNumDependencies), (node, pDependencies, pNumDependencies), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphNodeGetDependentNodes, "hipGraphNodeGetDependentNodes", hipError_t, (hipGraphNode_t node, hipGraphNode_t* pDependentNodes, size_t* pNumDependentNodes), (node, pDependentNodes, pNumDependentNodes), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphNodeGetType, "hipGraphNodeGetType", hipError_t, (hipGraphNode_t node, hipGraphNodeType* pType), (node, pType), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphRemoveDependencies, "hipGraphRemoveDependencies", hipError_t, (hipGraph_t graph, const hipGraphNode_t* from, const hipGraphNode_t* to, size_t numDependencies), (graph, from, to, numDependencies), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphicsGLRegisterBuffer, "hipGraphicsGLRegisterBuffer", hipError_t, (hipGraphicsResource** resource, GLuint buffer, unsigned int flags), (resource, buffer, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphicsGLRegisterImage, "hipGraphicsGLRegisterImage", hipError_t, (hipGraphicsResource** resource, GLuint image, GLenum target, unsigned int flags), (resource, image, target, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphicsResourceGetMappedPointer, "hipGraphicsResourceGetMappedPointer", hipError_t, (void** devPtr, size_t* size, hipGraphicsResource_t resource), (devPtr, size, resource), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphicsSubResourceGetMappedArray, "hipGraphicsSubResourceGetMappedArray", hipError_t, (hipArray_t* array, hipGraphicsResource_t resource, unsigned int arrayIndex, unsigned int mipLevel), (array, resource, arrayIndex, mipLevel), KREX_HIP_EPF_HOOKED) \
+    X(hipGraphicsUnregisterResource, "hipGraphicsUnregisterResource", hipError_t, (hipGraphicsResource_t resource), (resource), KREX_HIP_EPF_HOOKED) \
+    X(hipHostAlloc, "hipHostAlloc", hipError_t, (void** ptr, size_t size, unsigned int flags), (ptr, size, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipHostGetDevicePointer, "hipHostGetDevicePointer", hipError_t, (void** devPtr, void* hstPtr, unsigned int flags), (devPtr, hstPtr, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipHostGetFlags, "hipHostGetFlags", hipError_t, (unsigned int* flagsPtr, void* hostPtr), (flagsPtr, hostPtr), KREX_HIP_EPF_HOOKED) \
+    X(hipHostMalloc, "hipHostMalloc", hipError_t, (void** ptr, size_t size, unsigned int flags), (ptr, size, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipHostRegister, "hipHostRegister", hipError_t, (void* hostPtr, size_t sizeBytes, unsigned int flags), (hostPtr, sizeBytes, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipImportExternalMemory, "hipImportExternalMemory", hipError_t, (hipExternalMemory_t* extMem_out, const hipExternalMemoryHandleDesc* memHandleDesc), (extMem_out, memHandleDesc), KREX_HIP_EPF_HOOKED) \
+    X(hipImportExternalSemaphore, "hipImportExternalSemaphore", hipError_t, (hipExternalSemaphore_t* extSem_out, const hipExternalSemaphoreHandleDesc* semHandleDesc), (extSem_out, semHandleDesc), KREX_HIP_EPF_HOOKED) \
     X(hipInitActivityCallback, "hipInitActivityCallback", void, (void* id_callback, void* op_callback, void* arg), (id_callback, op_callback, arg), 0) \
-    X(hipIpcCloseMemHandle, "hipIpcCloseMemHandle", hipError_t, (void* devPtr), (devPtr), 0) \
-    X(hipIpcGetEventHandle, "hipIpcGetEventHandle", hipError_t, (hipIpcEventHandle_t* handle, hipEvent_t event), (handle, event), 0) \
-    X(hipIpcGetMemHandle, "hipIpcGetMemHandle", hipError_t, (hipIpcMemHandle_t* handle, void* devPtr), (handle, devPtr), 0) \
-    X(hipIpcOpenEventHandle, "hipIpcOpenEventHandle", hipError_t, (hipEvent_t* event, hipIpcEventHandle_t handle), (event, handle), 0) \
-    X(hipIpcOpenMemHandle, "hipIpcOpenMemHandle", hipError_t, (void** devPtr, hipIpcMemHandle_t handle, unsigned int flags), (devPtr, handle, flags), 0) \
+    X(hipIpcCloseMemHandle, "hipIpcCloseMemHandle", hipError_t, (void* devPtr), (devPtr), KREX_HIP_EPF_HOOKED) \
+    X(hipIpcGetEventHandle, "hipIpcGetEventHandle", hipError_t, (hipIpcEventHandle_t* handle, hipEvent_t event), (handle, event), KREX_HIP_EPF_HOOKED) \
+    X(hipIpcGetMemHandle, "hipIpcGetMemHandle", hipError_t, (hipIpcMemHandle_t* handle, void* devPtr), (handle, devPtr), KREX_HIP_EPF_HOOKED) \
+    X(hipIpcOpenEventHandle, "hipIpcOpenEventHandle", hipError_t, (hipEvent_t* event, hipIpcEventHandle_t handle), (event, handle), KREX_HIP_EPF_HOOKED) \
+    X(hipIpcOpenMemHandle, "hipIpcOpenMemHandle", hipError_t, (void** devPtr, hipIpcMemHandle_t handle, unsigned int flags), (devPtr, handle, flags), KREX_HIP_EPF_HOOKED) \
     X(hipKernelNameRef, "hipKernelNameRef", const char*, (const hipFunction_t f), (f), 0) \
-    X(hipMalloc, "hipMalloc", hipError_t, (void** ptr, size_t size), (ptr, size), 0) \
-    X(hipMalloc3D, "hipMalloc3D", hipError_t, (hipPitchedPtr* pitchedDevPtr, hipExtent extent), (pitchedDevPtr, extent), 0) \
-    X(hipMalloc3DArray, "hipMalloc3DArray", hipError_t, (hipArray** array, const struct hipChannelFormatDesc* desc, struct hipExtent extent, unsigned int flags), (array, desc, extent, flags), 0) \
-    X(hipMallocArray, "hipMallocArray", hipError_t, (hipArray** array, const hipChannelFormatDesc* desc, size_t width, size_t height, unsigned int flags), (array, desc, width, height, flags), 0) \
-    X(hipMallocHost, "hipMallocHost", hipError_t, (void** ptr, size_t size), (ptr, size), 0) \
-    X(hipMallocManaged, "hipMallocManaged", hipError_t, (void** dev_ptr, size_t size, unsigned int flags), (dev_ptr, size, flags), 0) \
-    X(hipMallocMipmappedArray, "hipMallocMipmappedArray", hipError_t, (hipMipmappedArray_t* mipmappedArray, const struct hipChannelFormatDesc* desc, struct hipExtent extent, unsigned int numLevels, unsigned int flags), (mipmappedArray, desc, extent, numLevels, flags), 0) \
-    X(hipMallocPitch, "hipMallocPitch", hipError_t, (void** ptr, size_t* pitch, size_t width, size_t height), (ptr, pitch, width, height), 0) \
-    X(hipMemAddressFree, "hipMemAddressFree", hipError_t, (void* devPtr, size_t size), (devPtr, size), 0) \
-    X(hipMemAddressReserve, "hipMemAddressReserve", hipError_t, (void** ptr, size_t size, size_t alignment, void* addr, unsigned long long flags), (ptr, size, alignment, addr, flags), 0) \
-    X(hipMemAdvise, "hipMemAdvise", hipError_t, (const void* dev_ptr, size_t count, hipMemoryAdvise advice, int device), (dev_ptr, count, advice, device), 0) \
-    X(hipMemAllocHost, "hipMemAllocHost", hipError_t, (void** ptr, size_t size), (ptr, size), 0) \
-    X(hipMemAllocPitch, "hipMemAllocPitch", hipError_t, (hipDeviceptr_t* dptr, size_t* pitch, size_t widthInBytes, size_t height, unsigned int elementSizeBytes), (dptr, pitch, widthInBytes, height, elementSizeBytes), 0) \
-    X(hipMemCreate, "hipMemCreate", hipError_t, (hipMemGenericAllocationHandle_t* handle, size_t size, const hipMemAllocationProp* prop, unsigned long long flags), (handle, size, prop, flags), 0) \
-    X(hipMemExportToShareableHandle, "hipMemExportToShareableHandle", hipError_t, (void* shareableHandle, hipMemGenericAllocationHandle_t handle, hipMemAllocationHandleType handleType, unsigned long long flags), (shareableHandle, handle, handleType, flags), 0) \
-    X(hipMemGetAccess, "hipMemGetAccess", hipError_t, (unsigned long long* flags, const hipMemLocation* location, void* ptr), (flags, location, ptr), 0) \
-    X(hipMemGetAddressRange, "hipMemGetAddressRange", hipError_t, (hipDeviceptr_t* pbase, size_t* psize, hipDeviceptr_t dptr), (pbase, psize, dptr), 0) \
-    X(hipMemGetAllocationGranularity, "hipMemGetAllocationGranularity", hipError_t, (size_t* granularity, const hipMemAllocationProp* prop, hipMemAllocationGranularity_flags option), (granularity, prop, option), 0) \
-    X(hipMemGetAllocationPropertiesFromHandle, "hipMemGetAllocationPropertiesFromHandle", hipError_t, (hipMemAllocationProp* prop, hipMemGenericAllocationHandle_t handle), (prop, handle), 0) \
-    X(hipMemGetInfo, "hipMemGetInfo", hipError_t, (size_t* free, size_t* total), (free, total), 0) \
-    X(hipMemImportFromShareableHandle, "hipMemImportFromShareableHandle", hipError_t, (hipMemGenericAllocationHandle_t* handle, void* osHandle, hipMemAllocationHandleType shHandleType), (handle, osHandle, shHandleType), 0) \
-    X(hipMemMap, "hipMemMap", hipError_t, (void* ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle, unsigned long long flags), (ptr, size, offset, handle, flags), 0) \
-    X(hipMemPoolCreate, "hipMemPoolCreate", hipError_t, (hipMemPool_t* mem_pool, const hipMemPoolProps* pool_props), (mem_pool, pool_props), 0) \
-    X(hipMemPoolDestroy, "hipMemPoolDestroy", hipError_t, (hipMemPool_t mem_pool), (mem_pool), 0) \
-    X(hipMemPoolExportPointer, "hipMemPoolExportPointer", hipError_t, (hipMemPoolPtrExportData* export_data, void* dev_ptr), (export_data, dev_ptr), 0) \
-    X(hipMemPoolExportToShareableHandle, "hipMemPoolExportToShareableHandle", hipError_t, (void* shared_handle, hipMemPool_t mem_pool, hipMemAllocationHandleType handle_type, unsigned int flags), (shared_handle, mem_pool, handle_type, flags), 0) \
-    X(hipMemPoolGetAccess, "hipMemPoolGetAccess", hipError_t, (hipMemAccessFlags* flags, hipMemPool_t mem_pool, hipMemLocation* location), (flags, mem_pool, location), 0) \
-    X(hipMemPoolGetAttribute, "hipMemPoolGetAttribute", hipError_t, (hipMemPool_t mem_pool, hipMemPoolAttr attr, void* value), (mem_pool, attr, value), 0) \
-    X(hipMemPoolImportFromShareableHandle, "hipMemPoolImportFromShareableHandle", hipError_t, (hipMemPool_t* mem_pool, void* shared_handle, hipMemAllocationHandleType handle_type, unsigned int flags), (mem_pool, shared_handle, handle_type, flags), 0) \
-    X(hipMemPoolImportPointer, "hipMemPoolImportPointer", hipError_t, (void** dev_ptr, hipMemPool_t mem_pool, hipMemPoolPtrExportData* export_data), (dev_ptr, mem_pool, export_data), 0) \
-    X(hipMemPoolSetAccess, "hipMemPoolSetAccess", hipError_t, (hipMemPool_t mem_pool, const hipMemAccessDesc* desc_list, size_t count), (mem_pool, desc_list, count), 0) \
-    X(hipMemPoolSetAttribute, "hipMemPoolSetAttribute", hipError_t, (hipMemPool_t mem_pool, hipMemPoolAttr attr, void* value), (mem_pool, attr, value), 0) \
-    X(hipMemPoolTrimTo, "hipMemPoolTrimTo", hipError_t, (hipMemPool_t mem_pool, size_t min_bytes_to_hold), (mem_pool, min_bytes_to_hold), 0) \
-    X(hipMemPtrGetInfo, "hipMemPtrGetInfo", hipError_t, (void* ptr, size_t* size), (ptr, size), 0) \
-    X(hipMemRangeGetAttribute, "hipMemRangeGetAttribute", hipError_t, (void* data, size_t data_size, hipMemRangeAttribute attribute, const void* dev_ptr, size_t count), (data, data_size, attribute, dev_ptr, count), 0) \
-    X(hipMemRangeGetAttributes, "hipMemRangeGetAttributes", hipError_t, (void** data, size_t* data_sizes, hipMemRangeAttribute* attributes, size_t num_attributes, const void* dev_ptr, size_t count), (data, data_sizes, attributes, num_attributes, dev_ptr, count), 0) \
-    X(hipMemRelease, "hipMemRelease", hipError_t, (hipMemGenericAllocationHandle_t handle), (handle), 0) \
-    X(hipMemRetainAllocationHandle, "hipMemRetainAllocationHandle", hipError_t, (hipMemGenericAllocationHandle_t* handle, void* addr), (handle, addr), 0) \
-    X(hipMipmappedArrayCreate, "hipMipmappedArrayCreate", hipError_t, (hipMipmappedArray_t* pHandle, HIP_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc, unsigned int numMipmapLevels), (pHandle, pMipmappedArrayDesc, numMipmapLevels), 0) \
-    X(hipMipmappedArrayGetLevel, "hipMipmappedArrayGetLevel", hipError_t, (hipArray_t* pLevelArray, hipMipmappedArray_t hMipMappedArray, unsigned int level), (pLevelArray, hMipMappedArray, level), 0) \
-    X(hipModuleOccupancyMaxActiveBlocksPerMultiprocessor, "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", hipError_t, (int* numBlocks, hipFunction_t f, int blockSize, size_t dynSharedMemPerBlk), (numBlocks, f, blockSize, dynSharedMemPerBlk), 0) \
-    X(hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, "hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", hipError_t, (int* numBlocks, hipFunction_t f, int blockSize, size_t dynSharedMemPerBlk, unsigned int flags), (numBlocks, f, blockSize, dynSharedMemPerBlk, flags), 0) \
-    X(hipModuleOccupancyMaxPotentialBlockSize, "hipModuleOccupancyMaxPotentialBlockSize", hipError_t, (int* gridSize, int* blockSize, hipFunction_t f, size_t dynSharedMemPerBlk, int blockSizeLimit), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit), 0) \
-    X(hipModuleOccupancyMaxPotentialBlockSizeWithFlags, "hipModuleOccupancyMaxPotentialBlockSizeWithFlags", hipError_t, (int* gridSize, int* blockSize, hipFunction_t f, size_t dynSharedMemPerBlk, int blockSizeLimit, unsigned int flags), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit, flags), 0) \
-    X(hipPeekAtLastError, "hipPeekAtLastError", hipError_t, (void), (), 0) \
-    X(hipPointerGetAttribute, "hipPointerGetAttribute", hipError_t, (void* data, hipPointer_attribute attribute, hipDeviceptr_t ptr), (data, attribute, ptr), 0) \
-    X(hipPointerGetAttributes, "hipPointerGetAttributes", hipError_t, (hipPointerAttribute_t* attributes, const void* ptr), (attributes, ptr), 0) \
-    X(hipProfilerStart, "hipProfilerStart", hipError_t, (void), (), 0) \
-    X(hipProfilerStop, "hipProfilerStop", hipError_t, (void), (), 0) \
-    X(hipRegisterActivityCallback, "hipRegisterActivityCallback", hipError_t, (uint32_t id, void* fun, void* arg), (id, fun, arg), 0) \
-    X(hipRegisterApiCallback, "hipRegisterApiCallback", hipError_t, (uint32_t id, void* fun, void* arg), (id, fun, arg), 0) \
-    X(hipRemoveActivityCallback, "hipRemoveActivityCallback", hipError_t, (uint32_t id), (id), 0) \
-    X(hipRemoveApiCallback, "hipRemoveApiCallback", hipError_t, (uint32_t id), (id), 0) \
-    X(hipRuntimeGetVersion, "hipRuntimeGetVersion", hipError_t, (int* runtimeVersion), (runtimeVersion), 0) \
+    X(hipMalloc, "hipMalloc", hipError_t, (void** ptr, size_t size), (ptr, size), KREX_HIP_EPF_HOOKED) \
+    X(hipMalloc3D, "hipMalloc3D", hipError_t, (hipPitchedPtr* pitchedDevPtr, hipExtent extent), (pitchedDevPtr, extent), KREX_HIP_EPF_HOOKED) \
+    X(hipMalloc3DArray, "hipMalloc3DArray", hipError_t, (hipArray** array, const struct hipChannelFormatDesc* desc, struct hipExtent extent, unsigned int flags), (array, desc, extent, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMallocArray, "hipMallocArray", hipError_t, (hipArray** array, const hipChannelFormatDesc* desc, size_t width, size_t height, unsigned int flags), (array, desc, width, height, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMallocHost, "hipMallocHost", hipError_t, (void** ptr, size_t size), (ptr, size), KREX_HIP_EPF_HOOKED) \
+    X(hipMallocManaged, "hipMallocManaged", hipError_t, (void** dev_ptr, size_t size, unsigned int flags), (dev_ptr, size, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMallocMipmappedArray, "hipMallocMipmappedArray", hipError_t, (hipMipmappedArray_t* mipmappedArray, const struct hipChannelFormatDesc* desc, struct hipExtent extent, unsigned int numLevels, unsigned int flags), (mipmappedArray, desc, extent, numLevels, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMallocPitch, "hipMallocPitch", hipError_t, (void** ptr, size_t* pitch, size_t width, size_t height), (ptr, pitch, width, height), KREX_HIP_EPF_HOOKED) \
+    X(hipMemAddressFree, "hipMemAddressFree", hipError_t, (void* devPtr, size_t size), (devPtr, size), KREX_HIP_EPF_HOOKED) \
+    X(hipMemAddressReserve, "hipMemAddressReserve", hipError_t, (void** ptr, size_t size, size_t alignment, void* addr, unsigned long long flags), (ptr, size, alignment, addr, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMemAdvise, "hipMemAdvise", hipError_t, (const void* dev_ptr, size_t count, hipMemoryAdvise advice, int device), (dev_ptr, count, advice, device), KREX_HIP_EPF_HOOKED) \
+    X(hipMemAllocHost, "hipMemAllocHost", hipError_t, (void** ptr, size_t size), (ptr, size), KREX_HIP_EPF_HOOKED) \
+    X(hipMemAllocPitch, "hipMemAllocPitch", hipError_t, (hipDeviceptr_t* dptr, size_t* pitch, size_t widthInBytes, size_t height, unsigned int elementSizeBytes), (dptr, pitch, widthInBytes, height, elementSizeBytes), KREX_HIP_EPF_HOOKED) \
+    X(hipMemCreate, "hipMemCreate", hipError_t, (hipMemGenericAllocationHandle_t* handle, size_t size, const hipMemAllocationProp* prop, unsigned long long flags), (handle, size, prop, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMemExportToShareableHandle, "hipMemExportToShareableHandle", hipError_t, (void* shareableHandle, hipMemGenericAllocationHandle_t handle, hipMemAllocationHandleType handleType, unsigned long long flags), (shareableHandle, handle, handleType, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMemGetAccess, "hipMemGetAccess", hipError_t, (unsigned long long* flags, const hipMemLocation* location, void* ptr), (flags, location, ptr), KREX_HIP_EPF_HOOKED) \
+    X(hipMemGetAddressRange, "hipMemGetAddressRange", hipError_t, (hipDeviceptr_t* pbase, size_t* psize, hipDeviceptr_t dptr), (pbase, psize, dptr), KREX_HIP_EPF_HOOKED) \
+    X(hipMemGetAllocationGranularity, "hipMemGetAllocationGranularity", hipError_t, (size_t* granularity, const hipMemAllocationProp* prop, hipMemAllocationGranularity_flags option), (granularity, prop, option), KREX_HIP_EPF_HOOKED) \
+    X(hipMemGetAllocationPropertiesFromHandle, "hipMemGetAllocationPropertiesFromHandle", hipError_t, (hipMemAllocationProp* prop, hipMemGenericAllocationHandle_t handle), (prop, handle), KREX_HIP_EPF_HOOKED) \
+    X(hipMemGetInfo, "hipMemGetInfo", hipError_t, (size_t* free, size_t* total), (free, total), KREX_HIP_EPF_HOOKED) \
+    X(hipMemImportFromShareableHandle, "hipMemImportFromShareableHandle", hipError_t, (hipMemGenericAllocationHandle_t* handle, void* osHandle, hipMemAllocationHandleType shHandleType), (handle, osHandle, shHandleType), KREX_HIP_EPF_HOOKED) \
+    X(hipMemMap, "hipMemMap", hipError_t, (void* ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle, unsigned long long flags), (ptr, size, offset, handle, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolCreate, "hipMemPoolCreate", hipError_t, (hipMemPool_t* mem_pool, const hipMemPoolProps* pool_props), (mem_pool, pool_props), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolDestroy, "hipMemPoolDestroy", hipError_t, (hipMemPool_t mem_pool), (mem_pool), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolExportPointer, "hipMemPoolExportPointer", hipError_t, (hipMemPoolPtrExportData* export_data, void* dev_ptr), (export_data, dev_ptr), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolExportToShareableHandle, "hipMemPoolExportToShareableHandle", hipError_t, (void* shared_handle, hipMemPool_t mem_pool, hipMemAllocationHandleType handle_type, unsigned int flags), (shared_handle, mem_pool, handle_type, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolGetAccess, "hipMemPoolGetAccess", hipError_t, (hipMemAccessFlags* flags, hipMemPool_t mem_pool, hipMemLocation* location), (flags, mem_pool, location), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolGetAttribute, "hipMemPoolGetAttribute", hipError_t, (hipMemPool_t mem_pool, hipMemPoolAttr attr, void* value), (mem_pool, attr, value), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolImportFromShareableHandle, "hipMemPoolImportFromShareableHandle", hipError_t, (hipMemPool_t* mem_pool, void* shared_handle, hipMemAllocationHandleType handle_type, unsigned int flags), (mem_pool, shared_handle, handle_type, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolImportPointer, "hipMemPoolImportPointer", hipError_t, (void** dev_ptr, hipMemPool_t mem_pool, hipMemPoolPtrExportData* export_data), (dev_ptr, mem_pool, export_data), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolSetAccess, "hipMemPoolSetAccess", hipError_t, (hipMemPool_t mem_pool, const hipMemAccessDesc* desc_list, size_t count), (mem_pool, desc_list, count), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolSetAttribute, "hipMemPoolSetAttribute", hipError_t, (hipMemPool_t mem_pool, hipMemPoolAttr attr, void* value), (mem_pool, attr, value), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPoolTrimTo, "hipMemPoolTrimTo", hipError_t, (hipMemPool_t mem_pool, size_t min_bytes_to_hold), (mem_pool, min_bytes_to_hold), KREX_HIP_EPF_HOOKED) \
+    X(hipMemPtrGetInfo, "hipMemPtrGetInfo", hipError_t, (void* ptr, size_t* size), (ptr, size), KREX_HIP_EPF_HOOKED) \
+    X(hipMemRangeGetAttribute, "hipMemRangeGetAttribute", hipError_t, (void* data, size_t data_size, hipMemRangeAttribute attribute, const void* dev_ptr, size_t count), (data, data_size, attribute, dev_ptr, count), KREX_HIP_EPF_HOOKED) \
+    X(hipMemRangeGetAttributes, "hipMemRangeGetAttributes", hipError_t, (void** data, size_t* data_sizes, hipMemRangeAttribute* attributes, size_t num_attributes, const void* dev_ptr, size_t count), (data, data_sizes, attributes, num_attributes, dev_ptr, count), KREX_HIP_EPF_HOOKED) \
+    X(hipMemRelease, "hipMemRelease", hipError_t, (hipMemGenericAllocationHandle_t handle), (handle), KREX_HIP_EPF_HOOKED) \
+    X(hipMemRetainAllocationHandle, "hipMemRetainAllocationHandle", hipError_t, (hipMemGenericAllocationHandle_t* handle, void* addr), (handle, addr), KREX_HIP_EPF_HOOKED) \
+    X(hipMipmappedArrayCreate, "hipMipmappedArrayCreate", hipError_t, (hipMipmappedArray_t* pHandle, HIP_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc, unsigned int numMipmapLevels), (pHandle, pMipmappedArrayDesc, numMipmapLevels), KREX_HIP_EPF_HOOKED) \
+    X(hipMipmappedArrayGetLevel, "hipMipmappedArrayGetLevel", hipError_t, (hipArray_t* pLevelArray, hipMipmappedArray_t hMipMappedArray, unsigned int level), (pLevelArray, hMipMappedArray, level), KREX_HIP_EPF_HOOKED) \
+    X(hipModuleOccupancyMaxActiveBlocksPerMultiprocessor, "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", hipError_t, (int* numBlocks, hipFunction_t f, int blockSize, size_t dynSharedMemPerBlk), (numBlocks, f, blockSize, dynSharedMemPerBlk), KREX_HIP_EPF_HOOKED) \
+    X(hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, "hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", hipError_t, (int* numBlocks, hipFunction_t f, int blockSize, size_t dynSharedMemPerBlk, unsigned int flags), (numBlocks, f, blockSize, dynSharedMemPerBlk, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipModuleOccupancyMaxPotentialBlockSize, "hipModuleOccupancyMaxPotentialBlockSize", hipError_t, (int* gridSize, int* blockSize, hipFunction_t f, size_t dynSharedMemPerBlk, int blockSizeLimit), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit), KREX_HIP_EPF_HOOKED) \
+    X(hipModuleOccupancyMaxPotentialBlockSizeWithFlags, "hipModuleOccupancyMaxPotentialBlockSizeWithFlags", hipError_t, (int* gridSize, int* blockSize, hipFunction_t f, size_t dynSharedMemPerBlk, int blockSizeLimit, unsigned int flags), (gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipPeekAtLastError, "hipPeekAtLastError", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipPointerGetAttribute, "hipPointerGetAttribute", hipError_t, (void* data, hipPointer_attribute attribute, hipDeviceptr_t ptr), (data, attribute, ptr), KREX_HIP_EPF_HOOKED) \
+    X(hipPointerGetAttributes, "hipPointerGetAttributes", hipError_t, (hipPointerAttribute_t* attributes, const void* ptr), (attributes, ptr), KREX_HIP_EPF_HOOKED) \
+    X(hipProfilerStart, "hipProfilerStart", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipProfilerStop, "hipProfilerStop", hipError_t, (void), (), KREX_HIP_EPF_HOOKED) \
+    X(hipRegisterActivityCallback, "hipRegisterActivityCallback", hipError_t, (uint32_t id, void* fun, void* arg), (id, fun, arg), KREX_HIP_EPF_HOOKED) \
+    X(hipRegisterApiCallback, "hipRegisterApiCallback", hipError_t, (uint32_t id, void* fun, void* arg), (id, fun, arg), KREX_HIP_EPF_HOOKED) \
+    X(hipRemoveActivityCallback, "hipRemoveActivityCallback", hipError_t, (uint32_t id), (id), KREX_HIP_EPF_HOOKED) \
+    X(hipRemoveApiCallback, "hipRemoveApiCallback", hipError_t, (uint32_t id), (id), KREX_HIP_EPF_HOOKED) \
+    X(hipRuntimeGetVersion, "hipRuntimeGetVersion", hipError_t, (int* runtimeVersion), (runtimeVersion), KREX_HIP_EPF_HOOKED) \
     X(hipSetDevice, "hipSetDevice", hipError_t, (int deviceId), (deviceId), KREX_HIP_EPF_HOOKED) \
-    X(hipSetDeviceFlags, "hipSetDeviceFlags", hipError_t, (unsigned flags), (flags), 0) \
-    X(hipSetupArgument, "hipSetupArgument", hipError_t, (const void* arg, size_t size, size_t offset), (arg, size, offset), 0) \
+    X(hipSetDeviceFlags, "hipSetDeviceFlags", hipError_t, (unsigned flags), (flags), KREX_HIP_EPF_HOOKED) \
+    X(hipSetupArgument, "hipSetupArgument", hipError_t, (const void* arg, size_t size, size_t offset), (arg, size, offset), KREX_HIP_EPF_HOOKED) \
     X(hipStreamBeginCapture, "hipStreamBeginCapture", hipError_t, (hipStream_t stream, hipStreamCaptureMode mode), (stream, mode), KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED) \
     X(hipStreamEndCapture, "hipStreamEndCapture", hipError_t, (hipStream_t stream, hipGraph_t* pGraph), (stream, pGraph), KREX_HIP_EPF_HOOKED) \
-    X(hipStreamGetCaptureInfo, "hipStreamGetCaptureInfo", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* pCaptureStatus, unsigned long long* pId), (stream, pCaptureStatus, pId), 0) \
-    X(hipStreamGetCaptureInfo_v2, "hipStreamGetCaptureInfo_v2", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* captureStatus_out, unsigned long long* id_out, hipGraph_t* graph_out, const hipGraphNode_t** dependencies_out, size_t* numDependencies_out), (stream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out), 0) \
-    X(hipStreamGetFlags, "hipStreamGetFlags", hipError_t, (hipStream_t stream, unsigned int* flags), (stream, flags), 0) \
-    X(hipStreamGetFlags_spt, "hipStreamGetFlags_spt", hipError_t, (hipStream_t stream, unsigned int* flags), (stream, flags), KREX_HIP_EPF_SPT) \
-    X(hipStreamGetPriority, "hipStreamGetPriority", hipError_t, (hipStream_t stream, int* priority), (stream, priority), 0) \
-    X(hipStreamGetPriority_spt, "hipStreamGetPriority_spt", hipError_t, (hipStream_t stream, int* priority), (stream, priority), KREX_HIP_EPF_SPT) \
-    X(hipStreamIsCapturing, "hipStreamIsCapturing", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* pCaptureStatus), (stream, pCaptureStatus), 0) \
-    X(hipStreamUpdateCaptureDependencies, "hipStreamUpdateCaptureDependencies", hipError_t, (hipStream_t stream, hipGraphNode_t* dependencies, size_t numDependencies, unsigned int flags), (stream, dependencies, numDependencies, flags), 0) \
-    X(hipTexObjectCreate, "hipTexObjectCreate", hipError_t, (hipTextureObject_t* pTexObject, const HIP_RESOURCE_DESC* pResDesc, const HIP_TEXTURE_DESC* pTexDesc, const HIP_RESOURCE_VIEW_DESC* pResViewDesc), (pTexObject, pResDesc, pTexDesc, pResViewDesc), 0) \
-    X(hipTexObjectDestroy, "hipTexObjectDestroy", hipError_t, (hipTextureObject_t texObject), (texObject), 0) \
-    X(hipTexObjectGetResourceDesc, "hipTexObjectGetResourceDesc", hipError_t, (HIP_RESOURCE_DESC* pResDesc, hipTextureObject_t texObject), (pResDesc, texObject), 0) \
-    X(hipTexObjectGetResourceViewDesc, "hipTexObjectGetResourceViewDesc", hipError_t, (HIP_RESOURCE_VIEW_DESC* pResViewDesc, hipTextureObject_t texObject), (pResViewDesc, texObject), 0) \
-    X(hipTexObjectGetTextureDesc, "hipTexObjectGetTextureDesc", hipError_t, (HIP_TEXTURE_DESC* pTexDesc, hipTextureObject_t texObject), (pTexDesc, texObject), 0) \
-    X(hipTexRefGetAddress, "hipTexRefGetAddress", hipError_t, (hipDeviceptr_t* dev_ptr, const textureReference* texRef), (dev_ptr, texRef), 0) \
-    X(hipTexRefGetAddressMode, "hipTexRefGetAddressMode", hipError_t, (enum hipTextureAddressMode* pam, const textureReference* texRef, int dim), (pam, texRef, dim), 0) \
-    X(hipTexRefGetFilterMode, "hipTexRefGetFilterMode", hipError_t, (enum hipTextureFilterMode* pfm, const textureReference* texRef), (pfm, texRef), 0) \
-    X(hipTexRefGetFlags, "hipTexRefGetFlags", hipError_t, (unsigned int* pFlags, const textureReference* texRef), (pFlags, texRef), 0) \
-    X(hipTexRefGetFormat, "hipTexRefGetFormat", hipError_t, (hipArray_Format* pFormat, int* pNumChannels, const textureReference* texRef), (pFormat, pNumChannels, texRef), 0) \
-    X(hipTexRefGetMaxAnisotropy, "hipTexRefGetMaxAnisotropy", hipError_t, (int* pmaxAnsio, const textureReference* texRef), (pmaxAnsio, texRef), 0) \
-    X(hipTexRefGetMipMappedArray, "hipTexRefGetMipMappedArray", hipError_t, (hipMipmappedArray_t* pArray, const textureReference* texRef), (pArray, texRef), 0) \
-    X(hipTexRefGetMipmapFilterMode, "hipTexRefGetMipmapFilterMode", hipError_t, (enum hipTextureFilterMode* pfm, const textureReference* texRef), (pfm, texRef), 0) \
-    X(hipTexRefGetMipmapLevelBias, "hipTexRefGetMipmapLevelBias", hipError_t, (float* pbias, const textureReference* texRef), (pbias, texRef), 0) \
-    X(hipTexRefGetMipmapLevelClamp, "hipTexRefGetMipmapLevelClamp", hipError_t, (float* pminMipmapLevelClamp, float* pmaxMipmapLevelClamp, const textureReference* texRef), (pminMipmapLevelClamp, pmaxMipmapLevelClamp, texRef), 0) \
-    X(hipTexRefSetAddress, "hipTexRefSetAddress", hipError_t, (size_t* ByteOffset, textureReference* texRef, hipDeviceptr_t dptr, size_t bytes), (ByteOffset, texRef, dptr, bytes), 0) \
-    X(hipTexRefSetAddress2D, "hipTexRefSetAddress2D", hipError_t, (textureReference* texRef, const HIP_ARRAY_DESCRIPTOR* desc, hipDeviceptr_t dptr, size_t Pitch), (texRef, desc, dptr, Pitch), 0) \
-    X(hipTexRefSetAddressMode, "hipTexRefSetAddressMode", hipError_t, (textureReference* texRef, int dim, enum hipTextureAddressMode am), (texRef, dim, am), 0) \
-    X(hipTexRefSetArray, "hipTexRefSetArray", hipError_t, (textureReference* tex, hipArray_const_t array, unsigned int flags), (tex, array, flags), 0) \
-    X(hipTexRefSetBorderColor, "hipTexRefSetBorderColor", hipError_t, (textureReference* texRef, float* pBorderColor), (texRef, pBorderColor), 0) \
-    X(hipTexRefSetFilterMode, "hipTexRefSetFilterMode", hipError_t, (textureReference* texRef, enum hipTextureFilterMode fm), (texRef, fm), 0) \
-    X(hipTexRefSetFlags, "hipTexRefSetFlags", hipError_t, (textureReference* texRef, unsigned int Flags), (texRef, Flags), 0) \
-    X(hipTexRefSetFormat, "hipTexRefSetFormat", hipError_t, (textureReference* texRef, hipArray_Format fmt, int NumPackedComponents), (texRef, fmt, NumPackedComponents), 0) \
-    X(hipTexRefSetMaxAnisotropy, "hipTexRefSetMaxAnisotropy", hipError_t, (textureReference* texRef, unsigned int maxAniso), (texRef, maxAniso), 0) \
-    X(hipTexRefSetMipmapFilterMode, "hipTexRefSetMipmapFilterMode", hipError_t, (textureReference* texRef, enum hipTextureFilterMode fm), (texRef, fm), 0) \
-    X(hipTexRefSetMipmapLevelBias, "hipTexRefSetMipmapLevelBias", hipError_t, (textureReference* texRef, float bias), (texRef, bias), 0) \
-    X(hipTexRefSetMipmapLevelClamp, "hipTexRefSetMipmapLevelClamp", hipError_t, (textureReference* texRef, float minMipMapLevelClamp, float maxMipMapLevelClamp), (texRef, minMipMapLevelClamp, maxMipMapLevelClamp), 0) \
-    X(hipTexRefSetMipmappedArray, "hipTexRefSetMipmappedArray", hipError_t, (textureReference* texRef, struct hipMipmappedArray* mipmappedArray, unsigned int Flags), (texRef, mipmappedArray, Flags), 0) \
-    X(hipThreadExchangeStreamCaptureMode, "hipThreadExchangeStreamCaptureMode", hipError_t, (hipStreamCaptureMode* mode), (mode), 0) \
-    X(hipUnbindTexture, "hipUnbindTexture", hipError_t, (const textureReference* tex), (tex), 0) \
+    X(hipStreamGetCaptureInfo, "hipStreamGetCaptureInfo", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* pCaptureStatus, unsigned long long* pId), (stream, pCaptureStatus, pId), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamGetCaptureInfo_v2, "hipStreamGetCaptureInfo_v2", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* captureStatus_out, unsigned long long* id_out, hipGraph_t* graph_out, const hipGraphNode_t** dependencies_out, size_t* numDependencies_out), (stream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamGetFlags, "hipStreamGetFlags", hipError_t, (hipStream_t stream, unsigned int* flags), (stream, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamGetFlags_spt, "hipStreamGetFlags_spt", hipError_t, (hipStream_t stream, unsigned int* flags), (stream, flags), KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamGetPriority, "hipStreamGetPriority", hipError_t, (hipStream_t stream, int* priority), (stream, priority), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamGetPriority_spt, "hipStreamGetPriority_spt", hipError_t, (hipStream_t stream, int* priority), (stream, priority), KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED) \
+    X(hipStreamIsCapturing, "hipStreamIsCapturing", hipError_t, (hipStream_t stream, hipStreamCaptureStatus* pCaptureStatus), (stream, pCaptureStatus), KREX_HIP_EPF_HOOKED) \
+    X(hipStreamUpdateCaptureDependencies, "hipStreamUpdateCaptureDependencies", hipError_t, (hipStream_t stream, hipGraphNode_t* dependencies, size_t numDependencies, unsigned int flags), (stream, dependencies, numDependencies, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipTexObjectCreate, "hipTexObjectCreate", hipError_t, (hipTextureObject_t* pTexObject, const HIP_RESOURCE_DESC* pResDesc, const HIP_TEXTURE_DESC* pTexDesc, const HIP_RESOURCE_VIEW_DESC* pResViewDesc), (pTexObject, pResDesc, pTexDesc, pResViewDesc), KREX_HIP_EPF_HOOKED) \
+    X(hipTexObjectDestroy, "hipTexObjectDestroy", hipError_t, (hipTextureObject_t texObject), (texObject), KREX_HIP_EPF_HOOKED) \
+    X(hipTexObjectGetResourceDesc, "hipTexObjectGetResourceDesc", hipError_t, (HIP_RESOURCE_DESC* pResDesc, hipTextureObject_t texObject), (pResDesc, texObject), KREX_HIP_EPF_HOOKED) \
+    X(hipTexObjectGetResourceViewDesc, "hipTexObjectGetResourceViewDesc", hipError_t, (HIP_RESOURCE_VIEW_DESC* pResViewDesc, hipTextureObject_t texObject), (pResViewDesc, texObject), KREX_HIP_EPF_HOOKED) \
+    X(hipTexObjectGetTextureDesc, "hipTexObjectGetTextureDesc", hipError_t, (HIP_TEXTURE_DESC* pTexDesc, hipTextureObject_t texObject), (pTexDesc, texObject), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetAddress, "hipTexRefGetAddress", hipError_t, (hipDeviceptr_t* dev_ptr, const textureReference* texRef), (dev_ptr, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetAddressMode, "hipTexRefGetAddressMode", hipError_t, (enum hipTextureAddressMode* pam, const textureReference* texRef, int dim), (pam, texRef, dim), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetFilterMode, "hipTexRefGetFilterMode", hipError_t, (enum hipTextureFilterMode* pfm, const textureReference* texRef), (pfm, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetFlags, "hipTexRefGetFlags", hipError_t, (unsigned int* pFlags, const textureReference* texRef), (pFlags, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetFormat, "hipTexRefGetFormat", hipError_t, (hipArray_Format* pFormat, int* pNumChannels, const textureReference* texRef), (pFormat, pNumChannels, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetMaxAnisotropy, "hipTexRefGetMaxAnisotropy", hipError_t, (int* pmaxAnsio, const textureReference* texRef), (pmaxAnsio, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetMipMappedArray, "hipTexRefGetMipMappedArray", hipError_t, (hipMipmappedArray_t* pArray, const textureReference* texRef), (pArray, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetMipmapFilterMode, "hipTexRefGetMipmapFilterMode", hipError_t, (enum hipTextureFilterMode* pfm, const textureReference* texRef), (pfm, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetMipmapLevelBias, "hipTexRefGetMipmapLevelBias", hipError_t, (float* pbias, const textureReference* texRef), (pbias, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefGetMipmapLevelClamp, "hipTexRefGetMipmapLevelClamp", hipError_t, (float* pminMipmapLevelClamp, float* pmaxMipmapLevelClamp, const textureReference* texRef), (pminMipmapLevelClamp, pmaxMipmapLevelClamp, texRef), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetAddress, "hipTexRefSetAddress", hipError_t, (size_t* ByteOffset, textureReference* texRef, hipDeviceptr_t dptr, size_t bytes), (ByteOffset, texRef, dptr, bytes), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetAddress2D, "hipTexRefSetAddress2D", hipError_t, (textureReference* texRef, const HIP_ARRAY_DESCRIPTOR* desc, hipDeviceptr_t dptr, size_t Pitch), (texRef, desc, dptr, Pitch), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetAddressMode, "hipTexRefSetAddressMode", hipError_t, (textureReference* texRef, int dim, enum hipTextureAddressMode am), (texRef, dim, am), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetArray, "hipTexRefSetArray", hipError_t, (textureReference* tex, hipArray_const_t array, unsigned int flags), (tex, array, flags), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetBorderColor, "hipTexRefSetBorderColor", hipError_t, (textureReference* texRef, float* pBorderColor), (texRef, pBorderColor), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetFilterMode, "hipTexRefSetFilterMode", hipError_t, (textureReference* texRef, enum hipTextureFilterMode fm), (texRef, fm), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetFlags, "hipTexRefSetFlags", hipError_t, (textureReference* texRef, unsigned int Flags), (texRef, Flags), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetFormat, "hipTexRefSetFormat", hipError_t, (textureReference* texRef, hipArray_Format fmt, int NumPackedComponents), (texRef, fmt, NumPackedComponents), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetMaxAnisotropy, "hipTexRefSetMaxAnisotropy", hipError_t, (textureReference* texRef, unsigned int maxAniso), (texRef, maxAniso), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetMipmapFilterMode, "hipTexRefSetMipmapFilterMode", hipError_t, (textureReference* texRef, enum hipTextureFilterMode fm), (texRef, fm), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetMipmapLevelBias, "hipTexRefSetMipmapLevelBias", hipError_t, (textureReference* texRef, float bias), (texRef, bias), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetMipmapLevelClamp, "hipTexRefSetMipmapLevelClamp", hipError_t, (textureReference* texRef, float minMipMapLevelClamp, float maxMipMapLevelClamp), (texRef, minMipMapLevelClamp, maxMipMapLevelClamp), KREX_HIP_EPF_HOOKED) \
+    X(hipTexRefSetMipmappedArray, "hipTexRefSetMipmappedArray", hipError_t, (textureReference* texRef, struct hipMipmappedArray* mipmappedArray, unsigned int Flags), (texRef, mipmappedArray, Flags), KREX_HIP_EPF_HOOKED) \
+    X(hipThreadExchangeStreamCaptureMode, "hipThreadExchangeStreamCaptureMode", hipError_t, (hipStreamCaptureMode* mode), (mode), KREX_HIP_EPF_HOOKED) \
+    X(hipUnbindTexture, "hipUnbindTexture", hipError_t, (const textureReference* tex), (tex), KREX_HIP_EPF_HOOKED) \
     X(hiprtcAddNameExpression, "hiprtcAddNameExpression", hiprtcResult, (hiprtcProgram prog, const char* name_expression), (prog, name_expression), 0) \
     X(hiprtcCompileProgram, "hiprtcCompileProgram", hiprtcResult, (hiprtcProgram prog, int numOptions, const char** options), (prog, numOptions, options), 0) \
     X(hiprtcCreateProgram, "hiprtcCreateProgram", hiprtcResult, (hiprtcProgram* prog, const char* src, const char* name, int numHeaders, const char** headers, const char** includeNames), (prog, src, name, numHeaders, headers, includeNames), 0) \
@@ -862,53 +862,196 @@ extern const char *const krex_hip_known_exports[];
  * shim builds without HIP's headers. */
 struct krex_hip_abi_dim3 { uint32_t x; uint32_t y; uint32_t z; };
 struct krex_hip_abi_hipExtent { size_t width; size_t height; size_t depth; };
+struct krex_hip_abi_hipIpcEventHandle_t { char reserved[64]; };
+struct krex_hip_abi_hipIpcMemHandle_t { char reserved[64]; };
 struct krex_hip_abi_hipPitchedPtr { void* ptr; size_t pitch; size_t xsize; size_t ysize; };
 
+typedef uint32_t krex_hip_abi___hipPopCallConfiguration(void * gridDim, void * blockDim, void * sharedMem, void * stream);
+typedef uint32_t krex_hip_abi___hipPushCallConfiguration(struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDim, uint64_t sharedMem, void * stream);
+typedef uint32_t krex_hip_abi_hipArray3DCreate(void * array, void * pAllocateArray);
+typedef uint32_t krex_hip_abi_hipArrayCreate(void * pHandle, void * pAllocateArray);
 typedef uint32_t krex_hip_abi_hipArrayDestroy(void * array);
+typedef uint32_t krex_hip_abi_hipBindTexture(void * offset, void * tex, void * devPtr, void * desc, uint64_t size);
+typedef uint32_t krex_hip_abi_hipBindTexture2D(void * offset, void * tex, void * devPtr, void * desc, uint64_t width, uint64_t height, uint64_t pitch);
+typedef uint32_t krex_hip_abi_hipBindTextureToArray(void * tex, void * array, void * desc);
+typedef uint32_t krex_hip_abi_hipBindTextureToMipmappedArray(void * tex, void * mipmappedArray, void * desc);
+typedef uint32_t krex_hip_abi_hipChooseDevice(void * device, void * prop);
+typedef uint32_t krex_hip_abi_hipConfigureCall(struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDim, uint64_t sharedMem, void * stream);
+typedef uint32_t krex_hip_abi_hipCreateSurfaceObject(void * pSurfObject, void * pResDesc);
+typedef uint32_t krex_hip_abi_hipCreateTextureObject(void * pTexObject, void * pResDesc, void * pTexDesc, void * pResViewDesc);
 typedef uint32_t krex_hip_abi_hipCtxCreate(void * ctx, uint32_t flags, int32_t device);
 typedef uint32_t krex_hip_abi_hipCtxDestroy(void * ctx);
+typedef uint32_t krex_hip_abi_hipCtxDisablePeerAccess(void * peerCtx);
+typedef uint32_t krex_hip_abi_hipCtxEnablePeerAccess(void * peerCtx, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipCtxGetApiVersion(void * ctx, void * apiVersion);
+typedef uint32_t krex_hip_abi_hipCtxGetCacheConfig(void * cacheConfig);
+typedef uint32_t krex_hip_abi_hipCtxGetCurrent(void * ctx);
+typedef uint32_t krex_hip_abi_hipCtxGetDevice(void * device);
+typedef uint32_t krex_hip_abi_hipCtxGetFlags(void * flags);
+typedef uint32_t krex_hip_abi_hipCtxGetSharedMemConfig(void * pConfig);
 typedef uint32_t krex_hip_abi_hipCtxPopCurrent(void * ctx);
 typedef uint32_t krex_hip_abi_hipCtxPushCurrent(void * ctx);
+typedef uint32_t krex_hip_abi_hipCtxSetCacheConfig(uint32_t cacheConfig);
 typedef uint32_t krex_hip_abi_hipCtxSetCurrent(void * ctx);
+typedef uint32_t krex_hip_abi_hipCtxSetSharedMemConfig(uint32_t config);
+typedef uint32_t krex_hip_abi_hipCtxSynchronize(void);
+typedef uint32_t krex_hip_abi_hipDestroyExternalMemory(void * extMem);
+typedef uint32_t krex_hip_abi_hipDestroyExternalSemaphore(void * extSem);
+typedef uint32_t krex_hip_abi_hipDestroySurfaceObject(void * surfaceObject);
+typedef uint32_t krex_hip_abi_hipDestroyTextureObject(void * textureObject);
+typedef uint32_t krex_hip_abi_hipDeviceCanAccessPeer(void * canAccessPeer, int32_t deviceId, int32_t peerDeviceId);
+typedef uint32_t krex_hip_abi_hipDeviceComputeCapability(void * major, void * minor, int32_t device);
+typedef uint32_t krex_hip_abi_hipDeviceDisablePeerAccess(int32_t peerDeviceId);
+typedef uint32_t krex_hip_abi_hipDeviceEnablePeerAccess(int32_t peerDeviceId, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipDeviceGet(void * device, int32_t ordinal);
+typedef uint32_t krex_hip_abi_hipDeviceGetAttribute(void * pi, uint32_t attr, int32_t deviceId);
+typedef uint32_t krex_hip_abi_hipDeviceGetByPCIBusId(void * device, void * pciBusId);
+typedef uint32_t krex_hip_abi_hipDeviceGetCacheConfig(void * cacheConfig);
+typedef uint32_t krex_hip_abi_hipDeviceGetDefaultMemPool(void * mem_pool, int32_t device);
+typedef uint32_t krex_hip_abi_hipDeviceGetLimit(void * pValue, uint32_t limit);
+typedef uint32_t krex_hip_abi_hipDeviceGetMemPool(void * mem_pool, int32_t device);
+typedef uint32_t krex_hip_abi_hipDeviceGetName(void * name, int32_t len, int32_t device);
+typedef uint32_t krex_hip_abi_hipDeviceGetP2PAttribute(void * value, uint32_t attr, int32_t srcDevice, int32_t dstDevice);
+typedef uint32_t krex_hip_abi_hipDeviceGetPCIBusId(void * pciBusId, int32_t len, int32_t device);
+typedef uint32_t krex_hip_abi_hipDeviceGetSharedMemConfig(void * pConfig);
+typedef uint32_t krex_hip_abi_hipDeviceGetStreamPriorityRange(void * leastPriority, void * greatestPriority);
+typedef uint32_t krex_hip_abi_hipDeviceGetUuid(void * uuid, int32_t device);
+typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxGetState(int32_t dev, void * flags, void * active);
 typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxRelease(int32_t dev);
 typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxReset(int32_t dev);
 typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxRetain(void * pctx, int32_t dev);
 typedef uint32_t krex_hip_abi_hipDevicePrimaryCtxSetFlags(int32_t dev, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipDeviceReset(void);
+typedef uint32_t krex_hip_abi_hipDeviceSetCacheConfig(uint32_t cacheConfig);
+typedef uint32_t krex_hip_abi_hipDeviceSetMemPool(int32_t device, void * mem_pool);
+typedef uint32_t krex_hip_abi_hipDeviceSetSharedMemConfig(uint32_t config);
 typedef uint32_t krex_hip_abi_hipDeviceSynchronize(void);
+typedef uint32_t krex_hip_abi_hipDeviceTotalMem(void * bytes, int32_t device);
+typedef uint32_t krex_hip_abi_hipDriverGetVersion(void * driverVersion);
 typedef uint32_t krex_hip_abi_hipDrvMemcpy2DUnaligned(void * pCopy);
 typedef uint32_t krex_hip_abi_hipDrvMemcpy3D(void * pCopy);
 typedef uint32_t krex_hip_abi_hipDrvMemcpy3DAsync(void * pCopy, void * stream);
+typedef uint32_t krex_hip_abi_hipDrvPointerGetAttributes(uint32_t numAttributes, void * attributes, void * data, void * ptr);
+typedef uint32_t krex_hip_abi_hipEventCreate(void * event);
 typedef uint32_t krex_hip_abi_hipEventCreateWithFlags(void * event, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipEventDestroy(void * event);
+typedef uint32_t krex_hip_abi_hipEventElapsedTime(void * ms, void * start, void * stop);
+typedef uint32_t krex_hip_abi_hipEventQuery(void * event);
 typedef uint32_t krex_hip_abi_hipEventRecord(void * event, void * stream);
 typedef uint32_t krex_hip_abi_hipEventSynchronize(void * event);
+typedef uint32_t krex_hip_abi_hipExtGetLinkTypeAndHopCount(int32_t device1, int32_t device2, void * linktype, void * hopcount);
 typedef uint32_t krex_hip_abi_hipExtLaunchKernel(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream, void * startEvent, void * stopEvent, int32_t flags);
 typedef uint32_t krex_hip_abi_hipExtLaunchMultiKernelMultiDevice(void * launchParamsList, int32_t numDevices, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipExtMallocWithFlags(void * ptr, uint64_t sizeBytes, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipExtStreamCreateWithCUMask(void * stream, uint32_t cuMaskSize, void * cuMask);
+typedef uint32_t krex_hip_abi_hipExtStreamGetCUMask(void * stream, uint32_t cuMaskSize, void * cuMask);
+typedef uint32_t krex_hip_abi_hipExternalMemoryGetMappedBuffer(void * devPtr, void * extMem, void * bufferDesc);
 typedef uint32_t krex_hip_abi_hipFree(void * ptr);
 typedef uint32_t krex_hip_abi_hipFreeArray(void * array);
 typedef uint32_t krex_hip_abi_hipFreeAsync(void * dev_ptr, void * stream);
 typedef uint32_t krex_hip_abi_hipFreeHost(void * ptr);
 typedef uint32_t krex_hip_abi_hipFreeMipmappedArray(void * mipmappedArray);
+typedef uint32_t krex_hip_abi_hipFuncGetAttribute(void * value, uint32_t attrib, void * hfunc);
 typedef uint32_t krex_hip_abi_hipFuncGetAttributes(void * attr, void * func);
 typedef uint32_t krex_hip_abi_hipFuncSetAttribute(void * func, uint32_t attr, int32_t value);
 typedef uint32_t krex_hip_abi_hipFuncSetCacheConfig(void * func, uint32_t config);
 typedef uint32_t krex_hip_abi_hipFuncSetSharedMemConfig(void * func, uint32_t config);
+typedef uint32_t krex_hip_abi_hipGLGetDevices(void * pHipDeviceCount, void * pHipDevices, uint32_t hipDeviceCount, uint32_t deviceList);
+typedef uint32_t krex_hip_abi_hipGetChannelDesc(void * desc, void * array);
 typedef uint32_t krex_hip_abi_hipGetDevice(void * deviceId);
+typedef uint32_t krex_hip_abi_hipGetDeviceCount(void * count);
+typedef uint32_t krex_hip_abi_hipGetDeviceFlags(void * flags);
+typedef uint32_t krex_hip_abi_hipGetDeviceProperties(void * prop, int32_t deviceId);
+typedef uint32_t krex_hip_abi_hipGetLastError(void);
+typedef uint32_t krex_hip_abi_hipGetMipmappedArrayLevel(void * levelArray, void * mipmappedArray, uint32_t level);
 typedef uint32_t krex_hip_abi_hipGetSymbolAddress(void * devPtr, void * symbol);
 typedef uint32_t krex_hip_abi_hipGetSymbolSize(void * size, void * symbol);
+typedef uint32_t krex_hip_abi_hipGetTextureAlignmentOffset(void * offset, void * texref);
+typedef uint32_t krex_hip_abi_hipGetTextureObjectResourceDesc(void * pResDesc, void * textureObject);
+typedef uint32_t krex_hip_abi_hipGetTextureObjectResourceViewDesc(void * pResViewDesc, void * textureObject);
+typedef uint32_t krex_hip_abi_hipGetTextureObjectTextureDesc(void * pTexDesc, void * textureObject);
 typedef uint32_t krex_hip_abi_hipGetTextureReference(void * texref, void * symbol);
+typedef uint32_t krex_hip_abi_hipGraphAddChildGraphNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * childGraph);
+typedef uint32_t krex_hip_abi_hipGraphAddDependencies(void * graph, void * from, void * to, uint64_t numDependencies);
+typedef uint32_t krex_hip_abi_hipGraphAddEmptyNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies);
+typedef uint32_t krex_hip_abi_hipGraphAddEventRecordNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * event);
+typedef uint32_t krex_hip_abi_hipGraphAddEventWaitNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * event);
+typedef uint32_t krex_hip_abi_hipGraphAddHostNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphAddKernelNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphAddMemcpyNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pCopyParams);
+typedef uint32_t krex_hip_abi_hipGraphAddMemcpyNode1D(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * dst, void * src, uint64_t count, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphAddMemcpyNodeFromSymbol(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * dst, void * symbol, uint64_t count, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphAddMemcpyNodeToSymbol(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * symbol, void * src, uint64_t count, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphAddMemsetNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pMemsetParams);
+typedef uint32_t krex_hip_abi_hipGraphChildGraphNodeGetGraph(void * node, void * pGraph);
+typedef uint32_t krex_hip_abi_hipGraphClone(void * pGraphClone, void * originalGraph);
+typedef uint32_t krex_hip_abi_hipGraphCreate(void * pGraph, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipGraphDestroy(void * graph);
+typedef uint32_t krex_hip_abi_hipGraphDestroyNode(void * node);
+typedef uint32_t krex_hip_abi_hipGraphEventRecordNodeGetEvent(void * node, void * event_out);
+typedef uint32_t krex_hip_abi_hipGraphEventRecordNodeSetEvent(void * node, void * event);
+typedef uint32_t krex_hip_abi_hipGraphEventWaitNodeGetEvent(void * node, void * event_out);
+typedef uint32_t krex_hip_abi_hipGraphEventWaitNodeSetEvent(void * node, void * event);
+typedef uint32_t krex_hip_abi_hipGraphExecChildGraphNodeSetParams(void * hGraphExec, void * node, void * childGraph);
+typedef uint32_t krex_hip_abi_hipGraphExecDestroy(void * graphExec);
+typedef uint32_t krex_hip_abi_hipGraphExecEventRecordNodeSetEvent(void * hGraphExec, void * hNode, void * event);
+typedef uint32_t krex_hip_abi_hipGraphExecEventWaitNodeSetEvent(void * hGraphExec, void * hNode, void * event);
+typedef uint32_t krex_hip_abi_hipGraphExecHostNodeSetParams(void * hGraphExec, void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphExecKernelNodeSetParams(void * hGraphExec, void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphExecMemcpyNodeSetParams(void * hGraphExec, void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphExecMemcpyNodeSetParams1D(void * hGraphExec, void * node, void * dst, void * src, uint64_t count, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphExecMemcpyNodeSetParamsFromSymbol(void * hGraphExec, void * node, void * dst, void * symbol, uint64_t count, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphExecMemcpyNodeSetParamsToSymbol(void * hGraphExec, void * node, void * symbol, void * src, uint64_t count, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphExecMemsetNodeSetParams(void * hGraphExec, void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphExecUpdate(void * hGraphExec, void * hGraph, void * hErrorNode_out, void * updateResult_out);
+typedef uint32_t krex_hip_abi_hipGraphGetEdges(void * graph, void * from, void * to, void * numEdges);
+typedef uint32_t krex_hip_abi_hipGraphGetNodes(void * graph, void * nodes, void * numNodes);
+typedef uint32_t krex_hip_abi_hipGraphGetRootNodes(void * graph, void * pRootNodes, void * pNumRootNodes);
+typedef uint32_t krex_hip_abi_hipGraphHostNodeGetParams(void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphHostNodeSetParams(void * node, void * pNodeParams);
 typedef uint32_t krex_hip_abi_hipGraphInstantiate(void * pGraphExec, void * graph, void * pErrorNode, void * pLogBuffer, uint64_t bufferSize);
 typedef uint32_t krex_hip_abi_hipGraphInstantiateWithFlags(void * pGraphExec, void * graph, uint64_t flags);
+typedef uint32_t krex_hip_abi_hipGraphKernelNodeGetAttribute(void * hNode, uint32_t attr, void * value);
+typedef uint32_t krex_hip_abi_hipGraphKernelNodeGetParams(void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphKernelNodeSetAttribute(void * hNode, uint32_t attr, void * value);
+typedef uint32_t krex_hip_abi_hipGraphKernelNodeSetParams(void * node, void * pNodeParams);
 typedef uint32_t krex_hip_abi_hipGraphLaunch(void * graphExec, void * stream);
+typedef uint32_t krex_hip_abi_hipGraphMemcpyNodeGetParams(void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphMemcpyNodeSetParams(void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphMemcpyNodeSetParams1D(void * node, void * dst, void * src, uint64_t count, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphMemcpyNodeSetParamsFromSymbol(void * node, void * dst, void * symbol, uint64_t count, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphMemcpyNodeSetParamsToSymbol(void * node, void * symbol, void * src, uint64_t count, uint64_t offset, uint32_t kind);
+typedef uint32_t krex_hip_abi_hipGraphMemsetNodeGetParams(void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphMemsetNodeSetParams(void * node, void * pNodeParams);
+typedef uint32_t krex_hip_abi_hipGraphNodeFindInClone(void * pNode, void * originalNode, void * clonedGraph);
+typedef uint32_t krex_hip_abi_hipGraphNodeGetDependencies(void * node, void * pDependencies, void * pNumDependencies);
+typedef uint32_t krex_hip_abi_hipGraphNodeGetDependentNodes(void * node, void * pDependentNodes, void * pNumDependentNodes);
+typedef uint32_t krex_hip_abi_hipGraphNodeGetType(void * node, void * pType);
+typedef uint32_t krex_hip_abi_hipGraphRemoveDependencies(void * graph, void * from, void * to, uint64_t numDependencies);
+typedef uint32_t krex_hip_abi_hipGraphicsGLRegisterBuffer(void * resource, uint32_t buffer, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipGraphicsGLRegisterImage(void * resource, uint32_t image, uint32_t target, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipGraphicsMapResources(int32_t count, void * resources, void * stream);
+typedef uint32_t krex_hip_abi_hipGraphicsResourceGetMappedPointer(void * devPtr, void * size, void * resource);
+typedef uint32_t krex_hip_abi_hipGraphicsSubResourceGetMappedArray(void * array, void * resource, uint32_t arrayIndex, uint32_t mipLevel);
 typedef uint32_t krex_hip_abi_hipGraphicsUnmapResources(int32_t count, void * resources, void * stream);
+typedef uint32_t krex_hip_abi_hipGraphicsUnregisterResource(void * resource);
 typedef uint32_t krex_hip_abi_hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent);
+typedef uint32_t krex_hip_abi_hipHostAlloc(void * ptr, uint64_t size, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipHostFree(void * ptr);
+typedef uint32_t krex_hip_abi_hipHostGetDevicePointer(void * devPtr, void * hstPtr, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipHostGetFlags(void * flagsPtr, void * hostPtr);
+typedef uint32_t krex_hip_abi_hipHostMalloc(void * ptr, uint64_t size, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipHostRegister(void * hostPtr, uint64_t sizeBytes, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipHostUnregister(void * hostPtr);
+typedef uint32_t krex_hip_abi_hipImportExternalMemory(void * extMem_out, void * memHandleDesc);
+typedef uint32_t krex_hip_abi_hipImportExternalSemaphore(void * extSem_out, void * semHandleDesc);
 typedef uint32_t krex_hip_abi_hipInit(uint32_t flags);
+typedef uint32_t krex_hip_abi_hipIpcCloseMemHandle(void * devPtr);
+typedef uint32_t krex_hip_abi_hipIpcGetEventHandle(void * handle, void * event);
+typedef uint32_t krex_hip_abi_hipIpcGetMemHandle(void * handle, void * devPtr);
+typedef uint32_t krex_hip_abi_hipIpcOpenEventHandle(void * event, struct krex_hip_abi_hipIpcEventHandle_t handle);
+typedef uint32_t krex_hip_abi_hipIpcOpenMemHandle(void * devPtr, struct krex_hip_abi_hipIpcMemHandle_t handle, uint32_t flags);
 typedef void * krex_hip_abi_hipKernelNameRefByPtr(void * hostFunction, void * stream);
 typedef uint32_t krex_hip_abi_hipLaunchByPtr(void * func);
 typedef uint32_t krex_hip_abi_hipLaunchCooperativeKernel(void * f, struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDimX, void * kernelParams, uint32_t sharedMemBytes, void * stream);
@@ -917,10 +1060,48 @@ typedef uint32_t krex_hip_abi_hipLaunchCooperativeKernel_spt(void * f, struct kr
 typedef uint32_t krex_hip_abi_hipLaunchHostFunc(void * stream, void * fn, void * userData);
 typedef uint32_t krex_hip_abi_hipLaunchKernel(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream);
 typedef uint32_t krex_hip_abi_hipLaunchKernel_spt(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream);
+typedef uint32_t krex_hip_abi_hipMalloc(void * ptr, uint64_t size);
+typedef uint32_t krex_hip_abi_hipMalloc3D(void * pitchedDevPtr, struct krex_hip_abi_hipExtent extent);
+typedef uint32_t krex_hip_abi_hipMalloc3DArray(void * array, void * desc, struct krex_hip_abi_hipExtent extent, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipMallocArray(void * array, void * desc, uint64_t width, uint64_t height, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipMallocAsync(void * dev_ptr, uint64_t size, void * stream);
 typedef uint32_t krex_hip_abi_hipMallocFromPoolAsync(void * dev_ptr, uint64_t size, void * mem_pool, void * stream);
+typedef uint32_t krex_hip_abi_hipMallocHost(void * ptr, uint64_t size);
+typedef uint32_t krex_hip_abi_hipMallocManaged(void * dev_ptr, uint64_t size, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipMallocMipmappedArray(void * mipmappedArray, void * desc, struct krex_hip_abi_hipExtent extent, uint32_t numLevels, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipMallocPitch(void * ptr, void * pitch, uint64_t width, uint64_t height);
+typedef uint32_t krex_hip_abi_hipMemAddressFree(void * devPtr, uint64_t size);
+typedef uint32_t krex_hip_abi_hipMemAddressReserve(void * ptr, uint64_t size, uint64_t alignment, void * addr, uint64_t flags);
+typedef uint32_t krex_hip_abi_hipMemAdvise(void * dev_ptr, uint64_t count, uint32_t advice, int32_t device);
+typedef uint32_t krex_hip_abi_hipMemAllocHost(void * ptr, uint64_t size);
+typedef uint32_t krex_hip_abi_hipMemAllocPitch(void * dptr, void * pitch, uint64_t widthInBytes, uint64_t height, uint32_t elementSizeBytes);
+typedef uint32_t krex_hip_abi_hipMemCreate(void * handle, uint64_t size, void * prop, uint64_t flags);
+typedef uint32_t krex_hip_abi_hipMemExportToShareableHandle(void * shareableHandle, void * handle, uint32_t handleType, uint64_t flags);
+typedef uint32_t krex_hip_abi_hipMemGetAccess(void * flags, void * location, void * ptr);
+typedef uint32_t krex_hip_abi_hipMemGetAddressRange(void * pbase, void * psize, void * dptr);
+typedef uint32_t krex_hip_abi_hipMemGetAllocationGranularity(void * granularity, void * prop, uint32_t option);
+typedef uint32_t krex_hip_abi_hipMemGetAllocationPropertiesFromHandle(void * prop, void * handle);
+typedef uint32_t krex_hip_abi_hipMemGetInfo(void * free, void * total);
+typedef uint32_t krex_hip_abi_hipMemImportFromShareableHandle(void * handle, void * osHandle, uint32_t shHandleType);
+typedef uint32_t krex_hip_abi_hipMemMap(void * ptr, uint64_t size, uint64_t offset, void * handle, uint64_t flags);
 typedef uint32_t krex_hip_abi_hipMemMapArrayAsync(void * mapInfoList, uint32_t count, void * stream);
+typedef uint32_t krex_hip_abi_hipMemPoolCreate(void * mem_pool, void * pool_props);
+typedef uint32_t krex_hip_abi_hipMemPoolDestroy(void * mem_pool);
+typedef uint32_t krex_hip_abi_hipMemPoolExportPointer(void * export_data, void * dev_ptr);
+typedef uint32_t krex_hip_abi_hipMemPoolExportToShareableHandle(void * shared_handle, void * mem_pool, uint32_t handle_type, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipMemPoolGetAccess(void * flags, void * mem_pool, void * location);
+typedef uint32_t krex_hip_abi_hipMemPoolGetAttribute(void * mem_pool, uint32_t attr, void * value);
+typedef uint32_t krex_hip_abi_hipMemPoolImportFromShareableHandle(void * mem_pool, void * shared_handle, uint32_t handle_type, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipMemPoolImportPointer(void * dev_ptr, void * mem_pool, void * export_data);
+typedef uint32_t krex_hip_abi_hipMemPoolSetAccess(void * mem_pool, void * desc_list, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemPoolSetAttribute(void * mem_pool, uint32_t attr, void * value);
+typedef uint32_t krex_hip_abi_hipMemPoolTrimTo(void * mem_pool, uint64_t min_bytes_to_hold);
 typedef uint32_t krex_hip_abi_hipMemPrefetchAsync(void * dev_ptr, uint64_t count, int32_t device, void * stream);
+typedef uint32_t krex_hip_abi_hipMemPtrGetInfo(void * ptr, void * size);
+typedef uint32_t krex_hip_abi_hipMemRangeGetAttribute(void * data, uint64_t data_size, uint32_t attribute, void * dev_ptr, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemRangeGetAttributes(void * data, void * data_sizes, void * attributes, uint64_t num_attributes, void * dev_ptr, uint64_t count);
+typedef uint32_t krex_hip_abi_hipMemRelease(void * handle);
+typedef uint32_t krex_hip_abi_hipMemRetainAllocationHandle(void * handle, void * addr);
 typedef uint32_t krex_hip_abi_hipMemSetAccess(void * ptr, uint64_t size, void * desc, uint64_t count);
 typedef uint32_t krex_hip_abi_hipMemUnmap(void * ptr, uint64_t size);
 typedef uint32_t krex_hip_abi_hipMemcpy(void * dst, void * src, uint64_t sizeBytes, uint32_t kind);
@@ -975,7 +1156,9 @@ typedef uint32_t krex_hip_abi_hipMemsetD32Async(void * dst, int32_t value, uint6
 typedef uint32_t krex_hip_abi_hipMemsetD8(void * dest, uint8_t value, uint64_t count);
 typedef uint32_t krex_hip_abi_hipMemsetD8Async(void * dest, uint8_t value, uint64_t count, void * stream);
 typedef uint32_t krex_hip_abi_hipMemset_spt(void * dst, int32_t value, uint64_t sizeBytes);
+typedef uint32_t krex_hip_abi_hipMipmappedArrayCreate(void * pHandle, void * pMipmappedArrayDesc, uint32_t numMipmapLevels);
 typedef uint32_t krex_hip_abi_hipMipmappedArrayDestroy(void * hMipmappedArray);
+typedef uint32_t krex_hip_abi_hipMipmappedArrayGetLevel(void * pLevelArray, void * hMipMappedArray, uint32_t level);
 typedef uint32_t krex_hip_abi_hipModuleGetFunction(void * function, void * module, void * kname);
 typedef uint32_t krex_hip_abi_hipModuleGetGlobal(void * dptr, void * bytes, void * hmod, void * name);
 typedef uint32_t krex_hip_abi_hipModuleGetTexRef(void * texRef, void * hmod, void * name);
@@ -983,12 +1166,27 @@ typedef uint32_t krex_hip_abi_hipModuleLaunchKernel(void * f, uint32_t gridDimX,
 typedef uint32_t krex_hip_abi_hipModuleLoad(void * module, void * fname);
 typedef uint32_t krex_hip_abi_hipModuleLoadData(void * module, void * image);
 typedef uint32_t krex_hip_abi_hipModuleLoadDataEx(void * module, void * image, uint32_t numOptions, void * options, void * optionValues);
+typedef uint32_t krex_hip_abi_hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk);
+typedef uint32_t krex_hip_abi_hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipModuleOccupancyMaxPotentialBlockSize(void * gridSize, void * blockSize, void * f, uint64_t dynSharedMemPerBlk, int32_t blockSizeLimit);
+typedef uint32_t krex_hip_abi_hipModuleOccupancyMaxPotentialBlockSizeWithFlags(void * gridSize, void * blockSize, void * f, uint64_t dynSharedMemPerBlk, int32_t blockSizeLimit, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipModuleUnload(void * module);
 typedef uint32_t krex_hip_abi_hipOccupancyMaxActiveBlocksPerMultiprocessor(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk);
 typedef uint32_t krex_hip_abi_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipOccupancyMaxPotentialBlockSize(void * gridSize, void * blockSize, void * f, uint64_t dynSharedMemPerBlk, int32_t blockSizeLimit);
+typedef uint32_t krex_hip_abi_hipPeekAtLastError(void);
+typedef uint32_t krex_hip_abi_hipPointerGetAttribute(void * data, uint32_t attribute, void * ptr);
+typedef uint32_t krex_hip_abi_hipPointerGetAttributes(void * attributes, void * ptr);
+typedef uint32_t krex_hip_abi_hipProfilerStart(void);
+typedef uint32_t krex_hip_abi_hipProfilerStop(void);
+typedef uint32_t krex_hip_abi_hipRegisterActivityCallback(uint32_t id, void * fun, void * arg);
+typedef uint32_t krex_hip_abi_hipRegisterApiCallback(uint32_t id, void * fun, void * arg);
+typedef uint32_t krex_hip_abi_hipRemoveActivityCallback(uint32_t id);
+typedef uint32_t krex_hip_abi_hipRemoveApiCallback(uint32_t id);
 typedef uint32_t krex_hip_abi_hipRuntimeGetVersion(void * runtimeVersion);
 typedef uint32_t krex_hip_abi_hipSetDevice(int32_t deviceId);
+typedef uint32_t krex_hip_abi_hipSetDeviceFlags(uint32_t flags);
+typedef uint32_t krex_hip_abi_hipSetupArgument(void * arg, uint64_t size, uint64_t offset);
 typedef uint32_t krex_hip_abi_hipSignalExternalSemaphoresAsync(void * extSemArray, void * paramsArray, uint32_t numExtSems, void * stream);
 typedef uint32_t krex_hip_abi_hipStreamAddCallback(void * stream, void * callback, void * userData, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipStreamAttachMemAsync(void * stream, void * dev_ptr, uint64_t length, uint32_t flags);
@@ -998,15 +1196,54 @@ typedef uint32_t krex_hip_abi_hipStreamCreateWithFlags(void * stream, uint32_t f
 typedef uint32_t krex_hip_abi_hipStreamCreateWithPriority(void * stream, uint32_t flags, int32_t priority);
 typedef uint32_t krex_hip_abi_hipStreamDestroy(void * stream);
 typedef uint32_t krex_hip_abi_hipStreamEndCapture(void * stream, void * pGraph);
+typedef uint32_t krex_hip_abi_hipStreamGetCaptureInfo(void * stream, void * pCaptureStatus, void * pId);
+typedef uint32_t krex_hip_abi_hipStreamGetCaptureInfo_v2(void * stream, void * captureStatus_out, void * id_out, void * graph_out, void * dependencies_out, void * numDependencies_out);
+typedef uint32_t krex_hip_abi_hipStreamGetFlags(void * stream, void * flags);
+typedef uint32_t krex_hip_abi_hipStreamGetFlags_spt(void * stream, void * flags);
+typedef uint32_t krex_hip_abi_hipStreamGetPriority(void * stream, void * priority);
+typedef uint32_t krex_hip_abi_hipStreamGetPriority_spt(void * stream, void * priority);
 typedef uint32_t krex_hip_abi_hipStreamIsCapturing(void * stream, void * pCaptureStatus);
+typedef uint32_t krex_hip_abi_hipStreamQuery(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamQuery_spt(void * stream);
 typedef uint32_t krex_hip_abi_hipStreamSynchronize(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamSynchronize_spt(void * stream);
+typedef uint32_t krex_hip_abi_hipStreamUpdateCaptureDependencies(void * stream, void * dependencies, uint64_t numDependencies, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipStreamWaitEvent(void * stream, void * event, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipStreamWaitEvent_spt(void * stream, void * event, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipStreamWaitValue32(void * stream, void * ptr, uint32_t value, uint32_t flags, uint32_t mask);
 typedef uint32_t krex_hip_abi_hipStreamWaitValue64(void * stream, void * ptr, uint64_t value, uint32_t flags, uint64_t mask);
 typedef uint32_t krex_hip_abi_hipStreamWriteValue32(void * stream, void * ptr, uint32_t value, uint32_t flags);
 typedef uint32_t krex_hip_abi_hipStreamWriteValue64(void * stream, void * ptr, uint64_t value, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipTexObjectCreate(void * pTexObject, void * pResDesc, void * pTexDesc, void * pResViewDesc);
+typedef uint32_t krex_hip_abi_hipTexObjectDestroy(void * texObject);
+typedef uint32_t krex_hip_abi_hipTexObjectGetResourceDesc(void * pResDesc, void * texObject);
+typedef uint32_t krex_hip_abi_hipTexObjectGetResourceViewDesc(void * pResViewDesc, void * texObject);
+typedef uint32_t krex_hip_abi_hipTexObjectGetTextureDesc(void * pTexDesc, void * texObject);
+typedef uint32_t krex_hip_abi_hipTexRefGetAddress(void * dev_ptr, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetAddressMode(void * pam, void * texRef, int32_t dim);
+typedef uint32_t krex_hip_abi_hipTexRefGetFilterMode(void * pfm, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetFlags(void * pFlags, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetFormat(void * pFormat, void * pNumChannels, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetMaxAnisotropy(void * pmaxAnsio, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetMipMappedArray(void * pArray, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetMipmapFilterMode(void * pfm, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetMipmapLevelBias(void * pbias, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefGetMipmapLevelClamp(void * pminMipmapLevelClamp, void * pmaxMipmapLevelClamp, void * texRef);
+typedef uint32_t krex_hip_abi_hipTexRefSetAddress(void * ByteOffset, void * texRef, void * dptr, uint64_t bytes);
+typedef uint32_t krex_hip_abi_hipTexRefSetAddress2D(void * texRef, void * desc, void * dptr, uint64_t Pitch);
+typedef uint32_t krex_hip_abi_hipTexRefSetAddressMode(void * texRef, int32_t dim, uint32_t am);
+typedef uint32_t krex_hip_abi_hipTexRefSetArray(void * tex, void * array, uint32_t flags);
+typedef uint32_t krex_hip_abi_hipTexRefSetBorderColor(void * texRef, void * pBorderColor);
+typedef uint32_t krex_hip_abi_hipTexRefSetFilterMode(void * texRef, uint32_t fm);
+typedef uint32_t krex_hip_abi_hipTexRefSetFlags(void * texRef, uint32_t Flags);
+typedef uint32_t krex_hip_abi_hipTexRefSetFormat(void * texRef, uint32_t fmt, int32_t NumPackedComponents);
+typedef uint32_t krex_hip_abi_hipTexRefSetMaxAnisotropy(void * texRef, uint32_t maxAniso);
+typedef uint32_t krex_hip_abi_hipTexRefSetMipmapFilterMode(void * texRef, uint32_t fm);
+typedef uint32_t krex_hip_abi_hipTexRefSetMipmapLevelBias(void * texRef, float bias);
+typedef uint32_t krex_hip_abi_hipTexRefSetMipmapLevelClamp(void * texRef, float minMipMapLevelClamp, float maxMipMapLevelClamp);
+typedef uint32_t krex_hip_abi_hipTexRefSetMipmappedArray(void * texRef, void * mipmappedArray, uint32_t Flags);
 typedef uint32_t krex_hip_abi_hipThreadExchangeStreamCaptureMode(void * mode);
+typedef uint32_t krex_hip_abi_hipUnbindTexture(void * tex);
 typedef uint32_t krex_hip_abi_hipWaitExternalSemaphoresAsync(void * extSemArray, void * paramsArray, uint32_t numExtSems, void * stream);
 
 #endif /* KREX_HIP_ENTRYPOINTS_GEN_H */

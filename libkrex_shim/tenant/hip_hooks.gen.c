@@ -3,208 +3,210 @@
  * and tools/hip_classes.toml.  Do not edit; re-run the generator. */
 #include "base.h" /* KREX_HOOK */
 #include "call.h" /* krex_enter, krex_leave: the per-call protocol */
+#include "hipcall.h" /* KREX_HIP_HOOK_BIND: the gated first call */
 #include "hipdrain.h" /* krex_hip_after: the exit handler */
-#include "hipinterpose.h" /* KREX_HIP_BIND, the table */
+#include "hipinterpose.h" /* the table */
 #include "hiptrack.h" /* devices, streams, captures */
+#include "memory.h" /* device memory */
 #include "shim.h" /* krex_hip_refused */
 #include "track.h" /* the capture lock */
 
 const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"__hipGetPCH", "__hipGetPCH", 'D', 0},
-    {"__hipPopCallConfiguration", "__hipPopCallConfiguration", 'D', 0},
-    {"__hipPushCallConfiguration", "__hipPushCallConfiguration", 'D', 0},
+    {"__hipPopCallConfiguration", "__hipPopCallConfiguration", 'D', KREX_HIP_EPF_HOOKED},
+    {"__hipPushCallConfiguration", "__hipPushCallConfiguration", 'D', KREX_HIP_EPF_HOOKED},
     {"hipApiName", "hipApiName", 'D', 0},
-    {"hipArray3DCreate", "hipArray3DCreate", 'D', 0},
-    {"hipArrayCreate", "hipArrayCreate", 'D', 0},
+    {"hipArray3DCreate", "hipArray3DCreate", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipArrayCreate", "hipArrayCreate", 'D', KREX_HIP_EPF_HOOKED},
     {"hipArrayDestroy", "hipArrayDestroy", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipBindTexture", "hipBindTexture", 'D', 0},
-    {"hipBindTexture2D", "hipBindTexture2D", 'D', 0},
-    {"hipBindTextureToArray", "hipBindTextureToArray", 'D', 0},
-    {"hipBindTextureToMipmappedArray", "hipBindTextureToMipmappedArray", 'D', 0},
-    {"hipChooseDevice", "hipChooseDevice", 'D', 0},
-    {"hipConfigureCall", "hipConfigureCall", 'D', 0},
+    {"hipBindTexture", "hipBindTexture", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipBindTexture2D", "hipBindTexture2D", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipBindTextureToArray", "hipBindTextureToArray", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipBindTextureToMipmappedArray", "hipBindTextureToMipmappedArray", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipChooseDevice", "hipChooseDevice", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipConfigureCall", "hipConfigureCall", 'D', KREX_HIP_EPF_HOOKED},
     {"hipCreateChannelDesc", "hipCreateChannelDesc", 'D', 0},
-    {"hipCreateSurfaceObject", "_Z22hipCreateSurfaceObjectPP13__hip_surfacePK15hipResourceDesc", 'D', KREX_HIP_EPF_CXX},
-    {"hipCreateTextureObject", "hipCreateTextureObject", 'D', 0},
+    {"hipCreateSurfaceObject", "_Z22hipCreateSurfaceObjectPP13__hip_surfacePK15hipResourceDesc", 'D', KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED},
+    {"hipCreateTextureObject", "hipCreateTextureObject", 'D', KREX_HIP_EPF_HOOKED},
     {"hipCtxCreate", "hipCtxCreate", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipCtxDestroy", "hipCtxDestroy", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipCtxDisablePeerAccess", "hipCtxDisablePeerAccess", 'D', 0},
-    {"hipCtxEnablePeerAccess", "hipCtxEnablePeerAccess", 'D', 0},
-    {"hipCtxGetApiVersion", "hipCtxGetApiVersion", 'D', 0},
-    {"hipCtxGetCacheConfig", "hipCtxGetCacheConfig", 'D', 0},
-    {"hipCtxGetCurrent", "hipCtxGetCurrent", 'D', 0},
-    {"hipCtxGetDevice", "hipCtxGetDevice", 'D', 0},
-    {"hipCtxGetFlags", "hipCtxGetFlags", 'D', 0},
-    {"hipCtxGetSharedMemConfig", "hipCtxGetSharedMemConfig", 'D', 0},
+    {"hipCtxDisablePeerAccess", "hipCtxDisablePeerAccess", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxEnablePeerAccess", "hipCtxEnablePeerAccess", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxGetApiVersion", "hipCtxGetApiVersion", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxGetCacheConfig", "hipCtxGetCacheConfig", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxGetCurrent", "hipCtxGetCurrent", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxGetDevice", "hipCtxGetDevice", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxGetFlags", "hipCtxGetFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxGetSharedMemConfig", "hipCtxGetSharedMemConfig", 'D', KREX_HIP_EPF_HOOKED},
     {"hipCtxPopCurrent", "hipCtxPopCurrent", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipCtxPushCurrent", "hipCtxPushCurrent", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipCtxSetCacheConfig", "hipCtxSetCacheConfig", 'D', 0},
+    {"hipCtxSetCacheConfig", "hipCtxSetCacheConfig", 'D', KREX_HIP_EPF_HOOKED},
     {"hipCtxSetCurrent", "hipCtxSetCurrent", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipCtxSetSharedMemConfig", "hipCtxSetSharedMemConfig", 'D', 0},
-    {"hipCtxSynchronize", "hipCtxSynchronize", 'B', 0},
-    {"hipDestroyExternalMemory", "hipDestroyExternalMemory", 'D', 0},
-    {"hipDestroyExternalSemaphore", "hipDestroyExternalSemaphore", 'D', 0},
-    {"hipDestroySurfaceObject", "_Z23hipDestroySurfaceObjectP13__hip_surface", 'D', KREX_HIP_EPF_CXX},
-    {"hipDestroyTextureObject", "hipDestroyTextureObject", 'D', 0},
-    {"hipDeviceCanAccessPeer", "hipDeviceCanAccessPeer", 'D', 0},
-    {"hipDeviceComputeCapability", "hipDeviceComputeCapability", 'D', 0},
-    {"hipDeviceDisablePeerAccess", "hipDeviceDisablePeerAccess", 'D', 0},
-    {"hipDeviceEnablePeerAccess", "hipDeviceEnablePeerAccess", 'D', 0},
-    {"hipDeviceGet", "hipDeviceGet", 'D', 0},
-    {"hipDeviceGetAttribute", "hipDeviceGetAttribute", 'D', 0},
-    {"hipDeviceGetByPCIBusId", "hipDeviceGetByPCIBusId", 'D', 0},
-    {"hipDeviceGetCacheConfig", "hipDeviceGetCacheConfig", 'D', 0},
-    {"hipDeviceGetDefaultMemPool", "hipDeviceGetDefaultMemPool", 'D', 0},
-    {"hipDeviceGetLimit", "hipDeviceGetLimit", 'D', 0},
-    {"hipDeviceGetMemPool", "hipDeviceGetMemPool", 'D', 0},
-    {"hipDeviceGetName", "hipDeviceGetName", 'D', 0},
-    {"hipDeviceGetP2PAttribute", "hipDeviceGetP2PAttribute", 'D', 0},
-    {"hipDeviceGetPCIBusId", "hipDeviceGetPCIBusId", 'D', 0},
-    {"hipDeviceGetSharedMemConfig", "hipDeviceGetSharedMemConfig", 'D', 0},
-    {"hipDeviceGetStreamPriorityRange", "hipDeviceGetStreamPriorityRange", 'D', 0},
-    {"hipDeviceGetUuid", "hipDeviceGetUuid", 'D', 0},
-    {"hipDevicePrimaryCtxGetState", "hipDevicePrimaryCtxGetState", 'D', 0},
+    {"hipCtxSetSharedMemConfig", "hipCtxSetSharedMemConfig", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipCtxSynchronize", "hipCtxSynchronize", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipDestroyExternalMemory", "hipDestroyExternalMemory", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDestroyExternalSemaphore", "hipDestroyExternalSemaphore", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDestroySurfaceObject", "_Z23hipDestroySurfaceObjectP13__hip_surface", 'D', KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED},
+    {"hipDestroyTextureObject", "hipDestroyTextureObject", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceCanAccessPeer", "hipDeviceCanAccessPeer", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceComputeCapability", "hipDeviceComputeCapability", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceDisablePeerAccess", "hipDeviceDisablePeerAccess", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceEnablePeerAccess", "hipDeviceEnablePeerAccess", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGet", "hipDeviceGet", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetAttribute", "hipDeviceGetAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetByPCIBusId", "hipDeviceGetByPCIBusId", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetCacheConfig", "hipDeviceGetCacheConfig", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetDefaultMemPool", "hipDeviceGetDefaultMemPool", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetLimit", "hipDeviceGetLimit", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetMemPool", "hipDeviceGetMemPool", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetName", "hipDeviceGetName", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetP2PAttribute", "hipDeviceGetP2PAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetPCIBusId", "hipDeviceGetPCIBusId", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetSharedMemConfig", "hipDeviceGetSharedMemConfig", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetStreamPriorityRange", "hipDeviceGetStreamPriorityRange", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceGetUuid", "hipDeviceGetUuid", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDevicePrimaryCtxGetState", "hipDevicePrimaryCtxGetState", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDevicePrimaryCtxRelease", "hipDevicePrimaryCtxRelease", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipDevicePrimaryCtxReset", "hipDevicePrimaryCtxReset", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipDevicePrimaryCtxRetain", "hipDevicePrimaryCtxRetain", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipDevicePrimaryCtxSetFlags", "hipDevicePrimaryCtxSetFlags", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipDeviceReset", "hipDeviceReset", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipDeviceSetCacheConfig", "hipDeviceSetCacheConfig", 'D', 0},
-    {"hipDeviceSetMemPool", "hipDeviceSetMemPool", 'D', 0},
-    {"hipDeviceSetSharedMemConfig", "hipDeviceSetSharedMemConfig", 'D', 0},
-    {"hipDeviceSynchronize", "hipDeviceSynchronize", 'B', 0},
-    {"hipDeviceTotalMem", "hipDeviceTotalMem", 'D', 0},
-    {"hipDriverGetVersion", "hipDriverGetVersion", 'D', 0},
+    {"hipDeviceSetCacheConfig", "hipDeviceSetCacheConfig", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceSetMemPool", "hipDeviceSetMemPool", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceSetSharedMemConfig", "hipDeviceSetSharedMemConfig", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceSynchronize", "hipDeviceSynchronize", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipDeviceTotalMem", "hipDeviceTotalMem", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipDriverGetVersion", "hipDriverGetVersion", 'D', KREX_HIP_EPF_HOOKED},
     {"hipDrvMemcpy2DUnaligned", "hipDrvMemcpy2DUnaligned", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipDrvMemcpy3D", "hipDrvMemcpy3D", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipDrvMemcpy3DAsync", "hipDrvMemcpy3DAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipDrvPointerGetAttributes", "hipDrvPointerGetAttributes", 'D', 0},
+    {"hipDrvPointerGetAttributes", "hipDrvPointerGetAttributes", 'D', KREX_HIP_EPF_HOOKED},
     {"hipEnableActivityCallback", "hipEnableActivityCallback", 'D', 0},
-    {"hipEventCreate", "hipEventCreate", 'D', 0},
-    {"hipEventCreateWithFlags", "hipEventCreateWithFlags", 'D', 0},
-    {"hipEventDestroy", "hipEventDestroy", 'D', 0},
-    {"hipEventElapsedTime", "hipEventElapsedTime", 'B', 0},
-    {"hipEventQuery", "hipEventQuery", 'B', 0},
+    {"hipEventCreate", "hipEventCreate", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipEventCreateWithFlags", "hipEventCreateWithFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipEventDestroy", "hipEventDestroy", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipEventElapsedTime", "hipEventElapsedTime", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipEventQuery", "hipEventQuery", 'B', KREX_HIP_EPF_HOOKED},
     {"hipEventRecord", "hipEventRecord", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipEventSynchronize", "hipEventSynchronize", 'B', 0},
-    {"hipExtGetLinkTypeAndHopCount", "hipExtGetLinkTypeAndHopCount", 'D', 0},
+    {"hipEventSynchronize", "hipEventSynchronize", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipExtGetLinkTypeAndHopCount", "hipExtGetLinkTypeAndHopCount", 'D', KREX_HIP_EPF_HOOKED},
     {"hipExtLaunchKernel", "hipExtLaunchKernel", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED},
     {"hipExtLaunchMultiKernelMultiDevice", "hipExtLaunchMultiKernelMultiDevice", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED},
-    {"hipExtMallocWithFlags", "hipExtMallocWithFlags", 'D', 0},
+    {"hipExtMallocWithFlags", "hipExtMallocWithFlags", 'D', KREX_HIP_EPF_HOOKED},
     {"hipExtModuleLaunchKernel", "_Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED},
     {"hipExtStreamCreateWithCUMask", "hipExtStreamCreateWithCUMask", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipExtStreamGetCUMask", "hipExtStreamGetCUMask", 'D', 0},
-    {"hipExternalMemoryGetMappedBuffer", "hipExternalMemoryGetMappedBuffer", 'D', 0},
+    {"hipExtStreamGetCUMask", "hipExtStreamGetCUMask", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipExternalMemoryGetMappedBuffer", "hipExternalMemoryGetMappedBuffer", 'D', KREX_HIP_EPF_HOOKED},
     {"hipFree", "hipFree", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipFreeArray", "hipFreeArray", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipFreeAsync", "hipFreeAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipFreeHost", "hipFreeHost", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipFreeMipmappedArray", "hipFreeMipmappedArray", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipFuncGetAttribute", "hipFuncGetAttribute", 'D', 0},
+    {"hipFuncGetAttribute", "hipFuncGetAttribute", 'D', KREX_HIP_EPF_HOOKED},
     {"hipFuncGetAttributes", "hipFuncGetAttributes", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipFuncSetAttribute", "hipFuncSetAttribute", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipFuncSetCacheConfig", "hipFuncSetCacheConfig", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipFuncSetSharedMemConfig", "hipFuncSetSharedMemConfig", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipGLGetDevices", "hipGLGetDevices", 'D', 0},
-    {"hipGetChannelDesc", "hipGetChannelDesc", 'D', 0},
+    {"hipGLGetDevices", "hipGLGetDevices", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetChannelDesc", "hipGetChannelDesc", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGetCmdName", "hipGetCmdName", 'D', 0},
-    {"hipGetDevice", "hipGetDevice", 'D', 0},
-    {"hipGetDeviceCount", "hipGetDeviceCount", 'D', 0},
-    {"hipGetDeviceFlags", "hipGetDeviceFlags", 'D', 0},
-    {"hipGetDeviceProperties", "hipGetDeviceProperties", 'D', 0},
+    {"hipGetDevice", "hipGetDevice", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetDeviceCount", "hipGetDeviceCount", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetDeviceFlags", "hipGetDeviceFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetDeviceProperties", "hipGetDeviceProperties", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGetErrorName", "hipGetErrorName", 'D', 0},
     {"hipGetErrorString", "hipGetErrorString", 'D', 0},
-    {"hipGetLastError", "hipGetLastError", 'D', 0},
-    {"hipGetMipmappedArrayLevel", "hipGetMipmappedArrayLevel", 'D', 0},
+    {"hipGetLastError", "hipGetLastError", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetMipmappedArrayLevel", "hipGetMipmappedArrayLevel", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGetStreamDeviceId", "hipGetStreamDeviceId", 'D', 0},
     {"hipGetSymbolAddress", "hipGetSymbolAddress", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipGetSymbolSize", "hipGetSymbolSize", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipGetTextureAlignmentOffset", "hipGetTextureAlignmentOffset", 'D', 0},
-    {"hipGetTextureObjectResourceDesc", "hipGetTextureObjectResourceDesc", 'D', 0},
-    {"hipGetTextureObjectResourceViewDesc", "hipGetTextureObjectResourceViewDesc", 'D', 0},
-    {"hipGetTextureObjectTextureDesc", "hipGetTextureObjectTextureDesc", 'D', 0},
+    {"hipGetTextureAlignmentOffset", "hipGetTextureAlignmentOffset", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetTextureObjectResourceDesc", "hipGetTextureObjectResourceDesc", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetTextureObjectResourceViewDesc", "hipGetTextureObjectResourceViewDesc", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGetTextureObjectTextureDesc", "hipGetTextureObjectTextureDesc", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGetTextureReference", "hipGetTextureReference", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipGraphAddChildGraphNode", "hipGraphAddChildGraphNode", 'D', 0},
-    {"hipGraphAddDependencies", "hipGraphAddDependencies", 'D', 0},
-    {"hipGraphAddEmptyNode", "hipGraphAddEmptyNode", 'D', 0},
-    {"hipGraphAddEventRecordNode", "hipGraphAddEventRecordNode", 'D', 0},
-    {"hipGraphAddEventWaitNode", "hipGraphAddEventWaitNode", 'D', 0},
-    {"hipGraphAddHostNode", "hipGraphAddHostNode", 'D', 0},
-    {"hipGraphAddKernelNode", "hipGraphAddKernelNode", 'D', 0},
-    {"hipGraphAddMemcpyNode", "hipGraphAddMemcpyNode", 'D', 0},
-    {"hipGraphAddMemcpyNode1D", "hipGraphAddMemcpyNode1D", 'D', 0},
-    {"hipGraphAddMemcpyNodeFromSymbol", "hipGraphAddMemcpyNodeFromSymbol", 'D', 0},
-    {"hipGraphAddMemcpyNodeToSymbol", "hipGraphAddMemcpyNodeToSymbol", 'D', 0},
-    {"hipGraphAddMemsetNode", "hipGraphAddMemsetNode", 'D', 0},
-    {"hipGraphChildGraphNodeGetGraph", "hipGraphChildGraphNodeGetGraph", 'D', 0},
-    {"hipGraphClone", "hipGraphClone", 'D', 0},
-    {"hipGraphCreate", "hipGraphCreate", 'D', 0},
-    {"hipGraphDestroy", "hipGraphDestroy", 'D', 0},
-    {"hipGraphDestroyNode", "hipGraphDestroyNode", 'D', 0},
-    {"hipGraphEventRecordNodeGetEvent", "hipGraphEventRecordNodeGetEvent", 'D', 0},
-    {"hipGraphEventRecordNodeSetEvent", "hipGraphEventRecordNodeSetEvent", 'D', 0},
-    {"hipGraphEventWaitNodeGetEvent", "hipGraphEventWaitNodeGetEvent", 'D', 0},
-    {"hipGraphEventWaitNodeSetEvent", "hipGraphEventWaitNodeSetEvent", 'D', 0},
-    {"hipGraphExecChildGraphNodeSetParams", "hipGraphExecChildGraphNodeSetParams", 'D', 0},
-    {"hipGraphExecDestroy", "hipGraphExecDestroy", 'D', 0},
-    {"hipGraphExecEventRecordNodeSetEvent", "hipGraphExecEventRecordNodeSetEvent", 'D', 0},
-    {"hipGraphExecEventWaitNodeSetEvent", "hipGraphExecEventWaitNodeSetEvent", 'D', 0},
-    {"hipGraphExecHostNodeSetParams", "hipGraphExecHostNodeSetParams", 'D', 0},
-    {"hipGraphExecKernelNodeSetParams", "hipGraphExecKernelNodeSetParams", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParams", "hipGraphExecMemcpyNodeSetParams", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParams1D", "hipGraphExecMemcpyNodeSetParams1D", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParamsFromSymbol", "hipGraphExecMemcpyNodeSetParamsFromSymbol", 'D', 0},
-    {"hipGraphExecMemcpyNodeSetParamsToSymbol", "hipGraphExecMemcpyNodeSetParamsToSymbol", 'D', 0},
-    {"hipGraphExecMemsetNodeSetParams", "hipGraphExecMemsetNodeSetParams", 'D', 0},
-    {"hipGraphExecUpdate", "hipGraphExecUpdate", 'D', 0},
-    {"hipGraphGetEdges", "hipGraphGetEdges", 'D', 0},
-    {"hipGraphGetNodes", "hipGraphGetNodes", 'D', 0},
-    {"hipGraphGetRootNodes", "hipGraphGetRootNodes", 'D', 0},
-    {"hipGraphHostNodeGetParams", "hipGraphHostNodeGetParams", 'D', 0},
-    {"hipGraphHostNodeSetParams", "hipGraphHostNodeSetParams", 'D', 0},
+    {"hipGraphAddChildGraphNode", "hipGraphAddChildGraphNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddDependencies", "hipGraphAddDependencies", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddEmptyNode", "hipGraphAddEmptyNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddEventRecordNode", "hipGraphAddEventRecordNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddEventWaitNode", "hipGraphAddEventWaitNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddHostNode", "hipGraphAddHostNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddKernelNode", "hipGraphAddKernelNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddMemcpyNode", "hipGraphAddMemcpyNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddMemcpyNode1D", "hipGraphAddMemcpyNode1D", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddMemcpyNodeFromSymbol", "hipGraphAddMemcpyNodeFromSymbol", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddMemcpyNodeToSymbol", "hipGraphAddMemcpyNodeToSymbol", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphAddMemsetNode", "hipGraphAddMemsetNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphChildGraphNodeGetGraph", "hipGraphChildGraphNodeGetGraph", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphClone", "hipGraphClone", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphCreate", "hipGraphCreate", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphDestroy", "hipGraphDestroy", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphDestroyNode", "hipGraphDestroyNode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphEventRecordNodeGetEvent", "hipGraphEventRecordNodeGetEvent", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphEventRecordNodeSetEvent", "hipGraphEventRecordNodeSetEvent", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphEventWaitNodeGetEvent", "hipGraphEventWaitNodeGetEvent", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphEventWaitNodeSetEvent", "hipGraphEventWaitNodeSetEvent", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecChildGraphNodeSetParams", "hipGraphExecChildGraphNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecDestroy", "hipGraphExecDestroy", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecEventRecordNodeSetEvent", "hipGraphExecEventRecordNodeSetEvent", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecEventWaitNodeSetEvent", "hipGraphExecEventWaitNodeSetEvent", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecHostNodeSetParams", "hipGraphExecHostNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecKernelNodeSetParams", "hipGraphExecKernelNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecMemcpyNodeSetParams", "hipGraphExecMemcpyNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecMemcpyNodeSetParams1D", "hipGraphExecMemcpyNodeSetParams1D", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecMemcpyNodeSetParamsFromSymbol", "hipGraphExecMemcpyNodeSetParamsFromSymbol", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecMemcpyNodeSetParamsToSymbol", "hipGraphExecMemcpyNodeSetParamsToSymbol", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecMemsetNodeSetParams", "hipGraphExecMemsetNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphExecUpdate", "hipGraphExecUpdate", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphGetEdges", "hipGraphGetEdges", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphGetNodes", "hipGraphGetNodes", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphGetRootNodes", "hipGraphGetRootNodes", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphHostNodeGetParams", "hipGraphHostNodeGetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphHostNodeSetParams", "hipGraphHostNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGraphInstantiate", "hipGraphInstantiate", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipGraphInstantiateWithFlags", "hipGraphInstantiateWithFlags", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipGraphKernelNodeGetAttribute", "hipGraphKernelNodeGetAttribute", 'D', 0},
-    {"hipGraphKernelNodeGetParams", "hipGraphKernelNodeGetParams", 'D', 0},
-    {"hipGraphKernelNodeSetAttribute", "hipGraphKernelNodeSetAttribute", 'D', 0},
-    {"hipGraphKernelNodeSetParams", "hipGraphKernelNodeSetParams", 'D', 0},
+    {"hipGraphKernelNodeGetAttribute", "hipGraphKernelNodeGetAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphKernelNodeGetParams", "hipGraphKernelNodeGetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphKernelNodeSetAttribute", "hipGraphKernelNodeSetAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphKernelNodeSetParams", "hipGraphKernelNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGraphLaunch", "hipGraphLaunch", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED},
-    {"hipGraphMemcpyNodeGetParams", "hipGraphMemcpyNodeGetParams", 'D', 0},
-    {"hipGraphMemcpyNodeSetParams", "hipGraphMemcpyNodeSetParams", 'D', 0},
-    {"hipGraphMemcpyNodeSetParams1D", "hipGraphMemcpyNodeSetParams1D", 'D', 0},
-    {"hipGraphMemcpyNodeSetParamsFromSymbol", "hipGraphMemcpyNodeSetParamsFromSymbol", 'D', 0},
-    {"hipGraphMemcpyNodeSetParamsToSymbol", "hipGraphMemcpyNodeSetParamsToSymbol", 'D', 0},
-    {"hipGraphMemsetNodeGetParams", "hipGraphMemsetNodeGetParams", 'D', 0},
-    {"hipGraphMemsetNodeSetParams", "hipGraphMemsetNodeSetParams", 'D', 0},
-    {"hipGraphNodeFindInClone", "hipGraphNodeFindInClone", 'D', 0},
-    {"hipGraphNodeGetDependencies", "hipGraphNodeGetDependencies", 'D', 0},
-    {"hipGraphNodeGetDependentNodes", "hipGraphNodeGetDependentNodes", 'D', 0},
-    {"hipGraphNodeGetType", "hipGraphNodeGetType", 'D', 0},
-    {"hipGraphRemoveDependencies", "hipGraphRemoveDependencies", 'D', 0},
-    {"hipGraphicsGLRegisterBuffer", "hipGraphicsGLRegisterBuffer", 'D', 0},
-    {"hipGraphicsGLRegisterImage", "hipGraphicsGLRegisterImage", 'D', 0},
+    {"hipGraphMemcpyNodeGetParams", "hipGraphMemcpyNodeGetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphMemcpyNodeSetParams", "hipGraphMemcpyNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphMemcpyNodeSetParams1D", "hipGraphMemcpyNodeSetParams1D", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphMemcpyNodeSetParamsFromSymbol", "hipGraphMemcpyNodeSetParamsFromSymbol", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphMemcpyNodeSetParamsToSymbol", "hipGraphMemcpyNodeSetParamsToSymbol", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphMemsetNodeGetParams", "hipGraphMemsetNodeGetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphMemsetNodeSetParams", "hipGraphMemsetNodeSetParams", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphNodeFindInClone", "hipGraphNodeFindInClone", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphNodeGetDependencies", "hipGraphNodeGetDependencies", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphNodeGetDependentNodes", "hipGraphNodeGetDependentNodes", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphNodeGetType", "hipGraphNodeGetType", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphRemoveDependencies", "hipGraphRemoveDependencies", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphicsGLRegisterBuffer", "hipGraphicsGLRegisterBuffer", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphicsGLRegisterImage", "hipGraphicsGLRegisterImage", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGraphicsMapResources", "hipGraphicsMapResources", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipGraphicsResourceGetMappedPointer", "hipGraphicsResourceGetMappedPointer", 'D', 0},
-    {"hipGraphicsSubResourceGetMappedArray", "hipGraphicsSubResourceGetMappedArray", 'D', 0},
+    {"hipGraphicsResourceGetMappedPointer", "hipGraphicsResourceGetMappedPointer", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipGraphicsSubResourceGetMappedArray", "hipGraphicsSubResourceGetMappedArray", 'D', KREX_HIP_EPF_HOOKED},
     {"hipGraphicsUnmapResources", "hipGraphicsUnmapResources", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipGraphicsUnregisterResource", "hipGraphicsUnregisterResource", 'D', 0},
+    {"hipGraphicsUnregisterResource", "hipGraphicsUnregisterResource", 'D', KREX_HIP_EPF_HOOKED},
     {"hipHccModuleLaunchKernel", "_Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_CXX | KREX_HIP_EPF_HOOKED},
-    {"hipHostAlloc", "hipHostAlloc", 'D', 0},
+    {"hipHostAlloc", "hipHostAlloc", 'D', KREX_HIP_EPF_HOOKED},
     {"hipHostFree", "hipHostFree", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipHostGetDevicePointer", "hipHostGetDevicePointer", 'D', 0},
-    {"hipHostGetFlags", "hipHostGetFlags", 'D', 0},
-    {"hipHostMalloc", "hipHostMalloc", 'D', 0},
-    {"hipHostRegister", "hipHostRegister", 'D', 0},
+    {"hipHostGetDevicePointer", "hipHostGetDevicePointer", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipHostGetFlags", "hipHostGetFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipHostMalloc", "hipHostMalloc", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipHostRegister", "hipHostRegister", 'D', KREX_HIP_EPF_HOOKED},
     {"hipHostUnregister", "hipHostUnregister", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipImportExternalMemory", "hipImportExternalMemory", 'D', 0},
-    {"hipImportExternalSemaphore", "hipImportExternalSemaphore", 'D', 0},
+    {"hipImportExternalMemory", "hipImportExternalMemory", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipImportExternalSemaphore", "hipImportExternalSemaphore", 'D', KREX_HIP_EPF_HOOKED},
     {"hipInit", "hipInit", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipInitActivityCallback", "hipInitActivityCallback", 'D', 0},
-    {"hipIpcCloseMemHandle", "hipIpcCloseMemHandle", 'D', 0},
-    {"hipIpcGetEventHandle", "hipIpcGetEventHandle", 'D', 0},
-    {"hipIpcGetMemHandle", "hipIpcGetMemHandle", 'D', 0},
-    {"hipIpcOpenEventHandle", "hipIpcOpenEventHandle", 'D', 0},
-    {"hipIpcOpenMemHandle", "hipIpcOpenMemHandle", 'D', 0},
+    {"hipIpcCloseMemHandle", "hipIpcCloseMemHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipIpcGetEventHandle", "hipIpcGetEventHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipIpcGetMemHandle", "hipIpcGetMemHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipIpcOpenEventHandle", "hipIpcOpenEventHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipIpcOpenMemHandle", "hipIpcOpenMemHandle", 'D', KREX_HIP_EPF_HOOKED},
     {"hipKernelNameRef", "hipKernelNameRef", 'D', 0},
     {"hipKernelNameRefByPtr", "hipKernelNameRefByPtr", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipLaunchByPtr", "hipLaunchByPtr", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED},
@@ -214,48 +216,48 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipLaunchHostFunc", "hipLaunchHostFunc", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipLaunchKernel", "hipLaunchKernel", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_HOOKED},
     {"hipLaunchKernel_spt", "hipLaunchKernel_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_LAUNCH | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
-    {"hipMalloc", "hipMalloc", 'D', 0},
-    {"hipMalloc3D", "hipMalloc3D", 'D', 0},
-    {"hipMalloc3DArray", "hipMalloc3DArray", 'D', 0},
-    {"hipMallocArray", "hipMallocArray", 'D', 0},
+    {"hipMalloc", "hipMalloc", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMalloc3D", "hipMalloc3D", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMalloc3DArray", "hipMalloc3DArray", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMallocArray", "hipMallocArray", 'D', KREX_HIP_EPF_HOOKED},
     {"hipMallocAsync", "hipMallocAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipMallocFromPoolAsync", "hipMallocFromPoolAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipMallocHost", "hipMallocHost", 'D', 0},
-    {"hipMallocManaged", "hipMallocManaged", 'D', 0},
-    {"hipMallocMipmappedArray", "hipMallocMipmappedArray", 'D', 0},
-    {"hipMallocPitch", "hipMallocPitch", 'D', 0},
-    {"hipMemAddressFree", "hipMemAddressFree", 'D', 0},
-    {"hipMemAddressReserve", "hipMemAddressReserve", 'D', 0},
-    {"hipMemAdvise", "hipMemAdvise", 'D', 0},
-    {"hipMemAllocHost", "hipMemAllocHost", 'D', 0},
-    {"hipMemAllocPitch", "hipMemAllocPitch", 'D', 0},
-    {"hipMemCreate", "hipMemCreate", 'D', 0},
-    {"hipMemExportToShareableHandle", "hipMemExportToShareableHandle", 'D', 0},
-    {"hipMemGetAccess", "hipMemGetAccess", 'D', 0},
-    {"hipMemGetAddressRange", "hipMemGetAddressRange", 'D', 0},
-    {"hipMemGetAllocationGranularity", "hipMemGetAllocationGranularity", 'D', 0},
-    {"hipMemGetAllocationPropertiesFromHandle", "hipMemGetAllocationPropertiesFromHandle", 'D', 0},
-    {"hipMemGetInfo", "hipMemGetInfo", 'D', 0},
-    {"hipMemImportFromShareableHandle", "hipMemImportFromShareableHandle", 'D', 0},
-    {"hipMemMap", "hipMemMap", 'D', 0},
+    {"hipMallocHost", "hipMallocHost", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMallocManaged", "hipMallocManaged", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMallocMipmappedArray", "hipMallocMipmappedArray", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMallocPitch", "hipMallocPitch", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemAddressFree", "hipMemAddressFree", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemAddressReserve", "hipMemAddressReserve", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemAdvise", "hipMemAdvise", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemAllocHost", "hipMemAllocHost", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemAllocPitch", "hipMemAllocPitch", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemCreate", "hipMemCreate", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemExportToShareableHandle", "hipMemExportToShareableHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemGetAccess", "hipMemGetAccess", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemGetAddressRange", "hipMemGetAddressRange", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemGetAllocationGranularity", "hipMemGetAllocationGranularity", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemGetAllocationPropertiesFromHandle", "hipMemGetAllocationPropertiesFromHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemGetInfo", "hipMemGetInfo", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemImportFromShareableHandle", "hipMemImportFromShareableHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemMap", "hipMemMap", 'D', KREX_HIP_EPF_HOOKED},
     {"hipMemMapArrayAsync", "hipMemMapArrayAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipMemPoolCreate", "hipMemPoolCreate", 'D', 0},
-    {"hipMemPoolDestroy", "hipMemPoolDestroy", 'D', 0},
-    {"hipMemPoolExportPointer", "hipMemPoolExportPointer", 'D', 0},
-    {"hipMemPoolExportToShareableHandle", "hipMemPoolExportToShareableHandle", 'D', 0},
-    {"hipMemPoolGetAccess", "hipMemPoolGetAccess", 'D', 0},
-    {"hipMemPoolGetAttribute", "hipMemPoolGetAttribute", 'D', 0},
-    {"hipMemPoolImportFromShareableHandle", "hipMemPoolImportFromShareableHandle", 'D', 0},
-    {"hipMemPoolImportPointer", "hipMemPoolImportPointer", 'D', 0},
-    {"hipMemPoolSetAccess", "hipMemPoolSetAccess", 'D', 0},
-    {"hipMemPoolSetAttribute", "hipMemPoolSetAttribute", 'D', 0},
-    {"hipMemPoolTrimTo", "hipMemPoolTrimTo", 'D', 0},
+    {"hipMemPoolCreate", "hipMemPoolCreate", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolDestroy", "hipMemPoolDestroy", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolExportPointer", "hipMemPoolExportPointer", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolExportToShareableHandle", "hipMemPoolExportToShareableHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolGetAccess", "hipMemPoolGetAccess", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolGetAttribute", "hipMemPoolGetAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolImportFromShareableHandle", "hipMemPoolImportFromShareableHandle", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolImportPointer", "hipMemPoolImportPointer", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolSetAccess", "hipMemPoolSetAccess", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolSetAttribute", "hipMemPoolSetAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemPoolTrimTo", "hipMemPoolTrimTo", 'D', KREX_HIP_EPF_HOOKED},
     {"hipMemPrefetchAsync", "hipMemPrefetchAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipMemPtrGetInfo", "hipMemPtrGetInfo", 'D', 0},
-    {"hipMemRangeGetAttribute", "hipMemRangeGetAttribute", 'D', 0},
-    {"hipMemRangeGetAttributes", "hipMemRangeGetAttributes", 'D', 0},
-    {"hipMemRelease", "hipMemRelease", 'D', 0},
-    {"hipMemRetainAllocationHandle", "hipMemRetainAllocationHandle", 'D', 0},
+    {"hipMemPtrGetInfo", "hipMemPtrGetInfo", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemRangeGetAttribute", "hipMemRangeGetAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemRangeGetAttributes", "hipMemRangeGetAttributes", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemRelease", "hipMemRelease", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipMemRetainAllocationHandle", "hipMemRetainAllocationHandle", 'D', KREX_HIP_EPF_HOOKED},
     {"hipMemSetAccess", "hipMemSetAccess", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipMemUnmap", "hipMemUnmap", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipMemcpy", "hipMemcpy", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
@@ -310,9 +312,9 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipMemsetD8", "hipMemsetD8", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipMemsetD8Async", "hipMemsetD8Async", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipMemset_spt", "hipMemset_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
-    {"hipMipmappedArrayCreate", "hipMipmappedArrayCreate", 'D', 0},
+    {"hipMipmappedArrayCreate", "hipMipmappedArrayCreate", 'D', KREX_HIP_EPF_HOOKED},
     {"hipMipmappedArrayDestroy", "hipMipmappedArrayDestroy", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipMipmappedArrayGetLevel", "hipMipmappedArrayGetLevel", 'D', 0},
+    {"hipMipmappedArrayGetLevel", "hipMipmappedArrayGetLevel", 'D', KREX_HIP_EPF_HOOKED},
     {"hipModuleGetFunction", "hipModuleGetFunction", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipModuleGetGlobal", "hipModuleGetGlobal", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipModuleGetTexRef", "hipModuleGetTexRef", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
@@ -320,27 +322,27 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipModuleLoad", "hipModuleLoad", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipModuleLoadData", "hipModuleLoadData", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipModuleLoadDataEx", "hipModuleLoadDataEx", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", 'D', 0},
-    {"hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 'D', 0},
-    {"hipModuleOccupancyMaxPotentialBlockSize", "hipModuleOccupancyMaxPotentialBlockSize", 'D', 0},
-    {"hipModuleOccupancyMaxPotentialBlockSizeWithFlags", "hipModuleOccupancyMaxPotentialBlockSizeWithFlags", 'D', 0},
+    {"hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipModuleOccupancyMaxPotentialBlockSize", "hipModuleOccupancyMaxPotentialBlockSize", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipModuleOccupancyMaxPotentialBlockSizeWithFlags", "hipModuleOccupancyMaxPotentialBlockSizeWithFlags", 'D', KREX_HIP_EPF_HOOKED},
     {"hipModuleUnload", "hipModuleUnload", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipOccupancyMaxActiveBlocksPerMultiprocessor", "hipOccupancyMaxActiveBlocksPerMultiprocessor", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipOccupancyMaxPotentialBlockSize", "hipOccupancyMaxPotentialBlockSize", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipPeekAtLastError", "hipPeekAtLastError", 'D', 0},
-    {"hipPointerGetAttribute", "hipPointerGetAttribute", 'D', 0},
-    {"hipPointerGetAttributes", "hipPointerGetAttributes", 'D', 0},
-    {"hipProfilerStart", "hipProfilerStart", 'D', 0},
-    {"hipProfilerStop", "hipProfilerStop", 'D', 0},
-    {"hipRegisterActivityCallback", "hipRegisterActivityCallback", 'D', 0},
-    {"hipRegisterApiCallback", "hipRegisterApiCallback", 'D', 0},
-    {"hipRemoveActivityCallback", "hipRemoveActivityCallback", 'D', 0},
-    {"hipRemoveApiCallback", "hipRemoveApiCallback", 'D', 0},
-    {"hipRuntimeGetVersion", "hipRuntimeGetVersion", 'D', 0},
+    {"hipPeekAtLastError", "hipPeekAtLastError", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipPointerGetAttribute", "hipPointerGetAttribute", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipPointerGetAttributes", "hipPointerGetAttributes", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipProfilerStart", "hipProfilerStart", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipProfilerStop", "hipProfilerStop", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipRegisterActivityCallback", "hipRegisterActivityCallback", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipRegisterApiCallback", "hipRegisterApiCallback", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipRemoveActivityCallback", "hipRemoveActivityCallback", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipRemoveApiCallback", "hipRemoveApiCallback", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipRuntimeGetVersion", "hipRuntimeGetVersion", 'D', KREX_HIP_EPF_HOOKED},
     {"hipSetDevice", "hipSetDevice", 'D', KREX_HIP_EPF_HOOKED},
-    {"hipSetDeviceFlags", "hipSetDeviceFlags", 'D', 0},
-    {"hipSetupArgument", "hipSetupArgument", 'D', 0},
+    {"hipSetDeviceFlags", "hipSetDeviceFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipSetupArgument", "hipSetupArgument", 'D', KREX_HIP_EPF_HOOKED},
     {"hipSignalExternalSemaphoresAsync", "hipSignalExternalSemaphoresAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamAddCallback", "hipStreamAddCallback", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamAttachMemAsync", "hipStreamAttachMemAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
@@ -350,54 +352,54 @@ const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {
     {"hipStreamCreateWithPriority", "hipStreamCreateWithPriority", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamDestroy", "hipStreamDestroy", 'C', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamEndCapture", "hipStreamEndCapture", 'D', KREX_HIP_EPF_HOOKED},
-    {"hipStreamGetCaptureInfo", "hipStreamGetCaptureInfo", 'D', 0},
-    {"hipStreamGetCaptureInfo_v2", "hipStreamGetCaptureInfo_v2", 'D', 0},
-    {"hipStreamGetFlags", "hipStreamGetFlags", 'D', 0},
-    {"hipStreamGetFlags_spt", "hipStreamGetFlags_spt", 'D', KREX_HIP_EPF_SPT},
-    {"hipStreamGetPriority", "hipStreamGetPriority", 'D', 0},
-    {"hipStreamGetPriority_spt", "hipStreamGetPriority_spt", 'D', KREX_HIP_EPF_SPT},
-    {"hipStreamIsCapturing", "hipStreamIsCapturing", 'D', 0},
-    {"hipStreamQuery", "hipStreamQuery", 'B', 0},
-    {"hipStreamQuery_spt", "hipStreamQuery_spt", 'B', KREX_HIP_EPF_SPT},
-    {"hipStreamSynchronize", "hipStreamSynchronize", 'B', 0},
-    {"hipStreamSynchronize_spt", "hipStreamSynchronize_spt", 'B', KREX_HIP_EPF_SPT},
-    {"hipStreamUpdateCaptureDependencies", "hipStreamUpdateCaptureDependencies", 'D', 0},
+    {"hipStreamGetCaptureInfo", "hipStreamGetCaptureInfo", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipStreamGetCaptureInfo_v2", "hipStreamGetCaptureInfo_v2", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipStreamGetFlags", "hipStreamGetFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipStreamGetFlags_spt", "hipStreamGetFlags_spt", 'D', KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
+    {"hipStreamGetPriority", "hipStreamGetPriority", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipStreamGetPriority_spt", "hipStreamGetPriority_spt", 'D', KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
+    {"hipStreamIsCapturing", "hipStreamIsCapturing", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipStreamQuery", "hipStreamQuery", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipStreamQuery_spt", "hipStreamQuery_spt", 'B', KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
+    {"hipStreamSynchronize", "hipStreamSynchronize", 'B', KREX_HIP_EPF_HOOKED},
+    {"hipStreamSynchronize_spt", "hipStreamSynchronize_spt", 'B', KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
+    {"hipStreamUpdateCaptureDependencies", "hipStreamUpdateCaptureDependencies", 'D', KREX_HIP_EPF_HOOKED},
     {"hipStreamWaitEvent", "hipStreamWaitEvent", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamWaitEvent_spt", "hipStreamWaitEvent_spt", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_SPT | KREX_HIP_EPF_HOOKED},
     {"hipStreamWaitValue32", "hipStreamWaitValue32", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamWaitValue64", "hipStreamWaitValue64", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamWriteValue32", "hipStreamWriteValue32", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hipStreamWriteValue64", "hipStreamWriteValue64", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
-    {"hipTexObjectCreate", "hipTexObjectCreate", 'D', 0},
-    {"hipTexObjectDestroy", "hipTexObjectDestroy", 'D', 0},
-    {"hipTexObjectGetResourceDesc", "hipTexObjectGetResourceDesc", 'D', 0},
-    {"hipTexObjectGetResourceViewDesc", "hipTexObjectGetResourceViewDesc", 'D', 0},
-    {"hipTexObjectGetTextureDesc", "hipTexObjectGetTextureDesc", 'D', 0},
-    {"hipTexRefGetAddress", "hipTexRefGetAddress", 'D', 0},
-    {"hipTexRefGetAddressMode", "hipTexRefGetAddressMode", 'D', 0},
-    {"hipTexRefGetFilterMode", "hipTexRefGetFilterMode", 'D', 0},
-    {"hipTexRefGetFlags", "hipTexRefGetFlags", 'D', 0},
-    {"hipTexRefGetFormat", "hipTexRefGetFormat", 'D', 0},
-    {"hipTexRefGetMaxAnisotropy", "hipTexRefGetMaxAnisotropy", 'D', 0},
-    {"hipTexRefGetMipMappedArray", "hipTexRefGetMipMappedArray", 'D', 0},
-    {"hipTexRefGetMipmapFilterMode", "hipTexRefGetMipmapFilterMode", 'D', 0},
-    {"hipTexRefGetMipmapLevelBias", "hipTexRefGetMipmapLevelBias", 'D', 0},
-    {"hipTexRefGetMipmapLevelClamp", "hipTexRefGetMipmapLevelClamp", 'D', 0},
-    {"hipTexRefSetAddress", "hipTexRefSetAddress", 'D', 0},
-    {"hipTexRefSetAddress2D", "hipTexRefSetAddress2D", 'D', 0},
-    {"hipTexRefSetAddressMode", "hipTexRefSetAddressMode", 'D', 0},
-    {"hipTexRefSetArray", "hipTexRefSetArray", 'D', 0},
-    {"hipTexRefSetBorderColor", "hipTexRefSetBorderColor", 'D', 0},
-    {"hipTexRefSetFilterMode", "hipTexRefSetFilterMode", 'D', 0},
-    {"hipTexRefSetFlags", "hipTexRefSetFlags", 'D', 0},
-    {"hipTexRefSetFormat", "hipTexRefSetFormat", 'D', 0},
-    {"hipTexRefSetMaxAnisotropy", "hipTexRefSetMaxAnisotropy", 'D', 0},
-    {"hipTexRefSetMipmapFilterMode", "hipTexRefSetMipmapFilterMode", 'D', 0},
-    {"hipTexRefSetMipmapLevelBias", "hipTexRefSetMipmapLevelBias", 'D', 0},
-    {"hipTexRefSetMipmapLevelClamp", "hipTexRefSetMipmapLevelClamp", 'D', 0},
-    {"hipTexRefSetMipmappedArray", "hipTexRefSetMipmappedArray", 'D', 0},
-    {"hipThreadExchangeStreamCaptureMode", "hipThreadExchangeStreamCaptureMode", 'D', 0},
-    {"hipUnbindTexture", "hipUnbindTexture", 'D', 0},
+    {"hipTexObjectCreate", "hipTexObjectCreate", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexObjectDestroy", "hipTexObjectDestroy", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexObjectGetResourceDesc", "hipTexObjectGetResourceDesc", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexObjectGetResourceViewDesc", "hipTexObjectGetResourceViewDesc", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexObjectGetTextureDesc", "hipTexObjectGetTextureDesc", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetAddress", "hipTexRefGetAddress", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetAddressMode", "hipTexRefGetAddressMode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetFilterMode", "hipTexRefGetFilterMode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetFlags", "hipTexRefGetFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetFormat", "hipTexRefGetFormat", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetMaxAnisotropy", "hipTexRefGetMaxAnisotropy", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetMipMappedArray", "hipTexRefGetMipMappedArray", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetMipmapFilterMode", "hipTexRefGetMipmapFilterMode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetMipmapLevelBias", "hipTexRefGetMipmapLevelBias", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefGetMipmapLevelClamp", "hipTexRefGetMipmapLevelClamp", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetAddress", "hipTexRefSetAddress", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetAddress2D", "hipTexRefSetAddress2D", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetAddressMode", "hipTexRefSetAddressMode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetArray", "hipTexRefSetArray", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetBorderColor", "hipTexRefSetBorderColor", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetFilterMode", "hipTexRefSetFilterMode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetFlags", "hipTexRefSetFlags", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetFormat", "hipTexRefSetFormat", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetMaxAnisotropy", "hipTexRefSetMaxAnisotropy", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetMipmapFilterMode", "hipTexRefSetMipmapFilterMode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetMipmapLevelBias", "hipTexRefSetMipmapLevelBias", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetMipmapLevelClamp", "hipTexRefSetMipmapLevelClamp", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipTexRefSetMipmappedArray", "hipTexRefSetMipmappedArray", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipThreadExchangeStreamCaptureMode", "hipThreadExchangeStreamCaptureMode", 'D', KREX_HIP_EPF_HOOKED},
+    {"hipUnbindTexture", "hipUnbindTexture", 'D', KREX_HIP_EPF_HOOKED},
     {"hipWaitExternalSemaphoresAsync", "hipWaitExternalSemaphoresAsync", 'A', KREX_HIP_EPF_GATED | KREX_HIP_EPF_HOOKED},
     {"hiprtcAddNameExpression", "hiprtcAddNameExpression", 'D', 0},
     {"hiprtcCompileProgram", "hiprtcCompileProgram", 'D', 0},
@@ -431,9 +433,33 @@ const char *const krex_hip_known_exports[] = {
     "hipGetDevicePropertiesR0600",
 };
 
+KREX_HOOK uint32_t __hipPopCallConfiguration(void * gridDim, void * blockDim, void * sharedMem, void * stream)
+{
+    KREX_HIP_HOOK_BIND(__hipPopCallConfiguration, krex_hip_unbound(KREX_HIP_EP___hipPopCallConfiguration));
+    return krex_real_fn(gridDim, blockDim, sharedMem, stream);
+}
+
+KREX_HOOK uint32_t __hipPushCallConfiguration(struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDim, uint64_t sharedMem, void * stream)
+{
+    KREX_HIP_HOOK_BIND(__hipPushCallConfiguration, krex_hip_unbound(KREX_HIP_EP___hipPushCallConfiguration));
+    return krex_real_fn(gridDim, blockDim, sharedMem, stream);
+}
+
+KREX_HOOK uint32_t hipArray3DCreate(void * array, void * pAllocateArray)
+{
+    KREX_HIP_HOOK_BIND(hipArray3DCreate, krex_hip_unbound(KREX_HIP_EP_hipArray3DCreate));
+    return krex_real_fn(array, pAllocateArray);
+}
+
+KREX_HOOK uint32_t hipArrayCreate(void * pHandle, void * pAllocateArray)
+{
+    KREX_HIP_HOOK_BIND(hipArrayCreate, krex_hip_unbound(KREX_HIP_EP_hipArrayCreate));
+    return krex_real_fn(pHandle, pAllocateArray);
+}
+
 KREX_HOOK uint32_t hipArrayDestroy(void * array)
 {
-    KREX_HIP_BIND(hipArrayDestroy, krex_hip_missing(KREX_HIP_EP_hipArrayDestroy));
+    KREX_HIP_HOOK_BIND(hipArrayDestroy, krex_hip_unbound(KREX_HIP_EP_hipArrayDestroy));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipArrayDestroy);
@@ -443,9 +469,64 @@ KREX_HOOK uint32_t hipArrayDestroy(void * array)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipBindTexture(void * offset, void * tex, void * devPtr, void * desc, uint64_t size)
+{
+    KREX_HIP_HOOK_BIND(hipBindTexture, krex_hip_unbound(KREX_HIP_EP_hipBindTexture));
+    return krex_real_fn(offset, tex, devPtr, desc, size);
+}
+
+KREX_HOOK uint32_t hipBindTexture2D(void * offset, void * tex, void * devPtr, void * desc, uint64_t width, uint64_t height, uint64_t pitch)
+{
+    KREX_HIP_HOOK_BIND(hipBindTexture2D, krex_hip_unbound(KREX_HIP_EP_hipBindTexture2D));
+    return krex_real_fn(offset, tex, devPtr, desc, width, height, pitch);
+}
+
+KREX_HOOK uint32_t hipBindTextureToArray(void * tex, void * array, void * desc)
+{
+    KREX_HIP_HOOK_BIND(hipBindTextureToArray, krex_hip_unbound(KREX_HIP_EP_hipBindTextureToArray));
+    return krex_real_fn(tex, array, desc);
+}
+
+KREX_HOOK uint32_t hipBindTextureToMipmappedArray(void * tex, void * mipmappedArray, void * desc)
+{
+    KREX_HIP_HOOK_BIND(hipBindTextureToMipmappedArray, krex_hip_unbound(KREX_HIP_EP_hipBindTextureToMipmappedArray));
+    return krex_real_fn(tex, mipmappedArray, desc);
+}
+
+KREX_HOOK uint32_t hipChooseDevice(void * device, void * prop)
+{
+    KREX_HIP_HOOK_BIND(hipChooseDevice, krex_hip_unbound(KREX_HIP_EP_hipChooseDevice));
+    return krex_real_fn(device, prop);
+}
+
+KREX_HOOK uint32_t hipConfigureCall(struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDim, uint64_t sharedMem, void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipConfigureCall, krex_hip_unbound(KREX_HIP_EP_hipConfigureCall));
+    return krex_real_fn(gridDim, blockDim, sharedMem, stream);
+}
+
+KREX_HOOK uint32_t hipCreateSurfaceObject(void * pSurfObject, void * pResDesc)
+{
+    KREX_HIP_HOOK_BIND(hipCreateSurfaceObject, krex_hip_unbound(KREX_HIP_EP_hipCreateSurfaceObject));
+    return krex_real_fn(pSurfObject, pResDesc);
+}
+
+KREX_HOOK uint32_t krex_hip_sym_hipCreateSurfaceObject(void * pSurfObject, void * pResDesc) __asm__("_Z22hipCreateSurfaceObjectPP13__hip_surfacePK15hipResourceDesc");
+KREX_HOOK uint32_t krex_hip_sym_hipCreateSurfaceObject(void * pSurfObject, void * pResDesc)
+{
+    KREX_HIP_HOOK_BIND(hipCreateSurfaceObject, krex_hip_unbound(KREX_HIP_EP_hipCreateSurfaceObject));
+    return krex_real_fn(pSurfObject, pResDesc);
+}
+
+KREX_HOOK uint32_t hipCreateTextureObject(void * pTexObject, void * pResDesc, void * pTexDesc, void * pResViewDesc)
+{
+    KREX_HIP_HOOK_BIND(hipCreateTextureObject, krex_hip_unbound(KREX_HIP_EP_hipCreateTextureObject));
+    return krex_real_fn(pTexObject, pResDesc, pTexDesc, pResViewDesc);
+}
+
 KREX_HOOK uint32_t hipCtxCreate(void * ctx, uint32_t flags, int32_t device)
 {
-    KREX_HIP_BIND(hipCtxCreate, krex_hip_missing(KREX_HIP_EP_hipCtxCreate));
+    KREX_HIP_HOOK_BIND(hipCtxCreate, krex_hip_unbound(KREX_HIP_EP_hipCtxCreate));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipCtxCreate);
@@ -458,7 +539,7 @@ KREX_HOOK uint32_t hipCtxCreate(void * ctx, uint32_t flags, int32_t device)
 
 KREX_HOOK uint32_t hipCtxDestroy(void * ctx)
 {
-    KREX_HIP_BIND(hipCtxDestroy, krex_hip_missing(KREX_HIP_EP_hipCtxDestroy));
+    KREX_HIP_HOOK_BIND(hipCtxDestroy, krex_hip_unbound(KREX_HIP_EP_hipCtxDestroy));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipCtxDestroy);
@@ -468,9 +549,57 @@ KREX_HOOK uint32_t hipCtxDestroy(void * ctx)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipCtxDisablePeerAccess(void * peerCtx)
+{
+    KREX_HIP_HOOK_BIND(hipCtxDisablePeerAccess, krex_hip_unbound(KREX_HIP_EP_hipCtxDisablePeerAccess));
+    return krex_real_fn(peerCtx);
+}
+
+KREX_HOOK uint32_t hipCtxEnablePeerAccess(void * peerCtx, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipCtxEnablePeerAccess, krex_hip_unbound(KREX_HIP_EP_hipCtxEnablePeerAccess));
+    return krex_real_fn(peerCtx, flags);
+}
+
+KREX_HOOK uint32_t hipCtxGetApiVersion(void * ctx, void * apiVersion)
+{
+    KREX_HIP_HOOK_BIND(hipCtxGetApiVersion, krex_hip_unbound(KREX_HIP_EP_hipCtxGetApiVersion));
+    return krex_real_fn(ctx, apiVersion);
+}
+
+KREX_HOOK uint32_t hipCtxGetCacheConfig(void * cacheConfig)
+{
+    KREX_HIP_HOOK_BIND(hipCtxGetCacheConfig, krex_hip_unbound(KREX_HIP_EP_hipCtxGetCacheConfig));
+    return krex_real_fn(cacheConfig);
+}
+
+KREX_HOOK uint32_t hipCtxGetCurrent(void * ctx)
+{
+    KREX_HIP_HOOK_BIND(hipCtxGetCurrent, krex_hip_unbound(KREX_HIP_EP_hipCtxGetCurrent));
+    return krex_real_fn(ctx);
+}
+
+KREX_HOOK uint32_t hipCtxGetDevice(void * device)
+{
+    KREX_HIP_HOOK_BIND(hipCtxGetDevice, krex_hip_unbound(KREX_HIP_EP_hipCtxGetDevice));
+    return krex_real_fn(device);
+}
+
+KREX_HOOK uint32_t hipCtxGetFlags(void * flags)
+{
+    KREX_HIP_HOOK_BIND(hipCtxGetFlags, krex_hip_unbound(KREX_HIP_EP_hipCtxGetFlags));
+    return krex_real_fn(flags);
+}
+
+KREX_HOOK uint32_t hipCtxGetSharedMemConfig(void * pConfig)
+{
+    KREX_HIP_HOOK_BIND(hipCtxGetSharedMemConfig, krex_hip_unbound(KREX_HIP_EP_hipCtxGetSharedMemConfig));
+    return krex_real_fn(pConfig);
+}
+
 KREX_HOOK uint32_t hipCtxPopCurrent(void * ctx)
 {
-    KREX_HIP_BIND(hipCtxPopCurrent, krex_hip_missing(KREX_HIP_EP_hipCtxPopCurrent));
+    KREX_HIP_HOOK_BIND(hipCtxPopCurrent, krex_hip_unbound(KREX_HIP_EP_hipCtxPopCurrent));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipCtxPopCurrent);
@@ -482,7 +611,7 @@ KREX_HOOK uint32_t hipCtxPopCurrent(void * ctx)
 
 KREX_HOOK uint32_t hipCtxPushCurrent(void * ctx)
 {
-    KREX_HIP_BIND(hipCtxPushCurrent, krex_hip_missing(KREX_HIP_EP_hipCtxPushCurrent));
+    KREX_HIP_HOOK_BIND(hipCtxPushCurrent, krex_hip_unbound(KREX_HIP_EP_hipCtxPushCurrent));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipCtxPushCurrent);
@@ -492,9 +621,15 @@ KREX_HOOK uint32_t hipCtxPushCurrent(void * ctx)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipCtxSetCacheConfig(uint32_t cacheConfig)
+{
+    KREX_HIP_HOOK_BIND(hipCtxSetCacheConfig, krex_hip_unbound(KREX_HIP_EP_hipCtxSetCacheConfig));
+    return krex_real_fn(cacheConfig);
+}
+
 KREX_HOOK uint32_t hipCtxSetCurrent(void * ctx)
 {
-    KREX_HIP_BIND(hipCtxSetCurrent, krex_hip_missing(KREX_HIP_EP_hipCtxSetCurrent));
+    KREX_HIP_HOOK_BIND(hipCtxSetCurrent, krex_hip_unbound(KREX_HIP_EP_hipCtxSetCurrent));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipCtxSetCurrent);
@@ -504,9 +639,160 @@ KREX_HOOK uint32_t hipCtxSetCurrent(void * ctx)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipCtxSetSharedMemConfig(uint32_t config)
+{
+    KREX_HIP_HOOK_BIND(hipCtxSetSharedMemConfig, krex_hip_unbound(KREX_HIP_EP_hipCtxSetSharedMemConfig));
+    return krex_real_fn(config);
+}
+
+KREX_HOOK uint32_t hipCtxSynchronize(void)
+{
+    KREX_HIP_HOOK_BIND(hipCtxSynchronize, krex_hip_unbound(KREX_HIP_EP_hipCtxSynchronize));
+    return krex_real_fn();
+}
+
+KREX_HOOK uint32_t hipDestroyExternalMemory(void * extMem)
+{
+    KREX_HIP_HOOK_BIND(hipDestroyExternalMemory, krex_hip_unbound(KREX_HIP_EP_hipDestroyExternalMemory));
+    return krex_real_fn(extMem);
+}
+
+KREX_HOOK uint32_t hipDestroyExternalSemaphore(void * extSem)
+{
+    KREX_HIP_HOOK_BIND(hipDestroyExternalSemaphore, krex_hip_unbound(KREX_HIP_EP_hipDestroyExternalSemaphore));
+    return krex_real_fn(extSem);
+}
+
+KREX_HOOK uint32_t hipDestroySurfaceObject(void * surfaceObject)
+{
+    KREX_HIP_HOOK_BIND(hipDestroySurfaceObject, krex_hip_unbound(KREX_HIP_EP_hipDestroySurfaceObject));
+    return krex_real_fn(surfaceObject);
+}
+
+KREX_HOOK uint32_t krex_hip_sym_hipDestroySurfaceObject(void * surfaceObject) __asm__("_Z23hipDestroySurfaceObjectP13__hip_surface");
+KREX_HOOK uint32_t krex_hip_sym_hipDestroySurfaceObject(void * surfaceObject)
+{
+    KREX_HIP_HOOK_BIND(hipDestroySurfaceObject, krex_hip_unbound(KREX_HIP_EP_hipDestroySurfaceObject));
+    return krex_real_fn(surfaceObject);
+}
+
+KREX_HOOK uint32_t hipDestroyTextureObject(void * textureObject)
+{
+    KREX_HIP_HOOK_BIND(hipDestroyTextureObject, krex_hip_unbound(KREX_HIP_EP_hipDestroyTextureObject));
+    return krex_real_fn(textureObject);
+}
+
+KREX_HOOK uint32_t hipDeviceCanAccessPeer(void * canAccessPeer, int32_t deviceId, int32_t peerDeviceId)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceCanAccessPeer, krex_hip_unbound(KREX_HIP_EP_hipDeviceCanAccessPeer));
+    return krex_real_fn(canAccessPeer, deviceId, peerDeviceId);
+}
+
+KREX_HOOK uint32_t hipDeviceComputeCapability(void * major, void * minor, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceComputeCapability, krex_hip_unbound(KREX_HIP_EP_hipDeviceComputeCapability));
+    return krex_real_fn(major, minor, device);
+}
+
+KREX_HOOK uint32_t hipDeviceDisablePeerAccess(int32_t peerDeviceId)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceDisablePeerAccess, krex_hip_unbound(KREX_HIP_EP_hipDeviceDisablePeerAccess));
+    return krex_real_fn(peerDeviceId);
+}
+
+KREX_HOOK uint32_t hipDeviceEnablePeerAccess(int32_t peerDeviceId, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceEnablePeerAccess, krex_hip_unbound(KREX_HIP_EP_hipDeviceEnablePeerAccess));
+    return krex_real_fn(peerDeviceId, flags);
+}
+
+KREX_HOOK uint32_t hipDeviceGet(void * device, int32_t ordinal)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGet, krex_hip_unbound(KREX_HIP_EP_hipDeviceGet));
+    return krex_real_fn(device, ordinal);
+}
+
+KREX_HOOK uint32_t hipDeviceGetAttribute(void * pi, uint32_t attr, int32_t deviceId)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetAttribute, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetAttribute));
+    return krex_real_fn(pi, attr, deviceId);
+}
+
+KREX_HOOK uint32_t hipDeviceGetByPCIBusId(void * device, void * pciBusId)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetByPCIBusId, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetByPCIBusId));
+    return krex_real_fn(device, pciBusId);
+}
+
+KREX_HOOK uint32_t hipDeviceGetCacheConfig(void * cacheConfig)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetCacheConfig, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetCacheConfig));
+    return krex_real_fn(cacheConfig);
+}
+
+KREX_HOOK uint32_t hipDeviceGetDefaultMemPool(void * mem_pool, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetDefaultMemPool, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetDefaultMemPool));
+    return krex_real_fn(mem_pool, device);
+}
+
+KREX_HOOK uint32_t hipDeviceGetLimit(void * pValue, uint32_t limit)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetLimit, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetLimit));
+    return krex_real_fn(pValue, limit);
+}
+
+KREX_HOOK uint32_t hipDeviceGetMemPool(void * mem_pool, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetMemPool, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetMemPool));
+    return krex_real_fn(mem_pool, device);
+}
+
+KREX_HOOK uint32_t hipDeviceGetName(void * name, int32_t len, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetName, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetName));
+    return krex_real_fn(name, len, device);
+}
+
+KREX_HOOK uint32_t hipDeviceGetP2PAttribute(void * value, uint32_t attr, int32_t srcDevice, int32_t dstDevice)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetP2PAttribute, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetP2PAttribute));
+    return krex_real_fn(value, attr, srcDevice, dstDevice);
+}
+
+KREX_HOOK uint32_t hipDeviceGetPCIBusId(void * pciBusId, int32_t len, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetPCIBusId, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetPCIBusId));
+    return krex_real_fn(pciBusId, len, device);
+}
+
+KREX_HOOK uint32_t hipDeviceGetSharedMemConfig(void * pConfig)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetSharedMemConfig, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetSharedMemConfig));
+    return krex_real_fn(pConfig);
+}
+
+KREX_HOOK uint32_t hipDeviceGetStreamPriorityRange(void * leastPriority, void * greatestPriority)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetStreamPriorityRange, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetStreamPriorityRange));
+    return krex_real_fn(leastPriority, greatestPriority);
+}
+
+KREX_HOOK uint32_t hipDeviceGetUuid(void * uuid, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceGetUuid, krex_hip_unbound(KREX_HIP_EP_hipDeviceGetUuid));
+    return krex_real_fn(uuid, device);
+}
+
+KREX_HOOK uint32_t hipDevicePrimaryCtxGetState(int32_t dev, void * flags, void * active)
+{
+    KREX_HIP_HOOK_BIND(hipDevicePrimaryCtxGetState, krex_hip_unbound(KREX_HIP_EP_hipDevicePrimaryCtxGetState));
+    return krex_real_fn(dev, flags, active);
+}
+
 KREX_HOOK uint32_t hipDevicePrimaryCtxRelease(int32_t dev)
 {
-    KREX_HIP_BIND(hipDevicePrimaryCtxRelease, krex_hip_missing(KREX_HIP_EP_hipDevicePrimaryCtxRelease));
+    KREX_HIP_HOOK_BIND(hipDevicePrimaryCtxRelease, krex_hip_unbound(KREX_HIP_EP_hipDevicePrimaryCtxRelease));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxRelease);
@@ -518,7 +804,7 @@ KREX_HOOK uint32_t hipDevicePrimaryCtxRelease(int32_t dev)
 
 KREX_HOOK uint32_t hipDevicePrimaryCtxReset(int32_t dev)
 {
-    KREX_HIP_BIND(hipDevicePrimaryCtxReset, krex_hip_missing(KREX_HIP_EP_hipDevicePrimaryCtxReset));
+    KREX_HIP_HOOK_BIND(hipDevicePrimaryCtxReset, krex_hip_unbound(KREX_HIP_EP_hipDevicePrimaryCtxReset));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxReset);
@@ -530,7 +816,7 @@ KREX_HOOK uint32_t hipDevicePrimaryCtxReset(int32_t dev)
 
 KREX_HOOK uint32_t hipDevicePrimaryCtxRetain(void * pctx, int32_t dev)
 {
-    KREX_HIP_BIND(hipDevicePrimaryCtxRetain, krex_hip_missing(KREX_HIP_EP_hipDevicePrimaryCtxRetain));
+    KREX_HIP_HOOK_BIND(hipDevicePrimaryCtxRetain, krex_hip_unbound(KREX_HIP_EP_hipDevicePrimaryCtxRetain));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxRetain);
@@ -543,7 +829,7 @@ KREX_HOOK uint32_t hipDevicePrimaryCtxRetain(void * pctx, int32_t dev)
 
 KREX_HOOK uint32_t hipDevicePrimaryCtxSetFlags(int32_t dev, uint32_t flags)
 {
-    KREX_HIP_BIND(hipDevicePrimaryCtxSetFlags, krex_hip_missing(KREX_HIP_EP_hipDevicePrimaryCtxSetFlags));
+    KREX_HIP_HOOK_BIND(hipDevicePrimaryCtxSetFlags, krex_hip_unbound(KREX_HIP_EP_hipDevicePrimaryCtxSetFlags));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxSetFlags);
@@ -555,7 +841,7 @@ KREX_HOOK uint32_t hipDevicePrimaryCtxSetFlags(int32_t dev, uint32_t flags)
 
 KREX_HOOK uint32_t hipDeviceReset(void)
 {
-    KREX_HIP_BIND(hipDeviceReset, krex_hip_missing(KREX_HIP_EP_hipDeviceReset));
+    KREX_HIP_HOOK_BIND(hipDeviceReset, krex_hip_unbound(KREX_HIP_EP_hipDeviceReset));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDeviceReset);
@@ -565,9 +851,45 @@ KREX_HOOK uint32_t hipDeviceReset(void)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipDeviceSetCacheConfig(uint32_t cacheConfig)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceSetCacheConfig, krex_hip_unbound(KREX_HIP_EP_hipDeviceSetCacheConfig));
+    return krex_real_fn(cacheConfig);
+}
+
+KREX_HOOK uint32_t hipDeviceSetMemPool(int32_t device, void * mem_pool)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceSetMemPool, krex_hip_unbound(KREX_HIP_EP_hipDeviceSetMemPool));
+    return krex_real_fn(device, mem_pool);
+}
+
+KREX_HOOK uint32_t hipDeviceSetSharedMemConfig(uint32_t config)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceSetSharedMemConfig, krex_hip_unbound(KREX_HIP_EP_hipDeviceSetSharedMemConfig));
+    return krex_real_fn(config);
+}
+
+KREX_HOOK uint32_t hipDeviceSynchronize(void)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceSynchronize, krex_hip_unbound(KREX_HIP_EP_hipDeviceSynchronize));
+    return krex_real_fn();
+}
+
+KREX_HOOK uint32_t hipDeviceTotalMem(void * bytes, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipDeviceTotalMem, krex_hip_unbound(KREX_HIP_EP_hipDeviceTotalMem));
+    return krex_real_fn(bytes, device);
+}
+
+KREX_HOOK uint32_t hipDriverGetVersion(void * driverVersion)
+{
+    KREX_HIP_HOOK_BIND(hipDriverGetVersion, krex_hip_unbound(KREX_HIP_EP_hipDriverGetVersion));
+    return krex_real_fn(driverVersion);
+}
+
 KREX_HOOK uint32_t hipDrvMemcpy2DUnaligned(void * pCopy)
 {
-    KREX_HIP_BIND(hipDrvMemcpy2DUnaligned, krex_hip_missing(KREX_HIP_EP_hipDrvMemcpy2DUnaligned));
+    KREX_HIP_HOOK_BIND(hipDrvMemcpy2DUnaligned, krex_hip_unbound(KREX_HIP_EP_hipDrvMemcpy2DUnaligned));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDrvMemcpy2DUnaligned);
@@ -579,7 +901,7 @@ KREX_HOOK uint32_t hipDrvMemcpy2DUnaligned(void * pCopy)
 
 KREX_HOOK uint32_t hipDrvMemcpy3D(void * pCopy)
 {
-    KREX_HIP_BIND(hipDrvMemcpy3D, krex_hip_missing(KREX_HIP_EP_hipDrvMemcpy3D));
+    KREX_HIP_HOOK_BIND(hipDrvMemcpy3D, krex_hip_unbound(KREX_HIP_EP_hipDrvMemcpy3D));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDrvMemcpy3D);
@@ -591,7 +913,7 @@ KREX_HOOK uint32_t hipDrvMemcpy3D(void * pCopy)
 
 KREX_HOOK uint32_t hipDrvMemcpy3DAsync(void * pCopy, void * stream)
 {
-    KREX_HIP_BIND(hipDrvMemcpy3DAsync, krex_hip_missing(KREX_HIP_EP_hipDrvMemcpy3DAsync));
+    KREX_HIP_HOOK_BIND(hipDrvMemcpy3DAsync, krex_hip_unbound(KREX_HIP_EP_hipDrvMemcpy3DAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDrvMemcpy3DAsync);
@@ -601,9 +923,45 @@ KREX_HOOK uint32_t hipDrvMemcpy3DAsync(void * pCopy, void * stream)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipDrvPointerGetAttributes(uint32_t numAttributes, void * attributes, void * data, void * ptr)
+{
+    KREX_HIP_HOOK_BIND(hipDrvPointerGetAttributes, krex_hip_unbound(KREX_HIP_EP_hipDrvPointerGetAttributes));
+    return krex_real_fn(numAttributes, attributes, data, ptr);
+}
+
+KREX_HOOK uint32_t hipEventCreate(void * event)
+{
+    KREX_HIP_HOOK_BIND(hipEventCreate, krex_hip_unbound(KREX_HIP_EP_hipEventCreate));
+    return krex_real_fn(event);
+}
+
+KREX_HOOK uint32_t hipEventCreateWithFlags(void * event, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipEventCreateWithFlags, krex_hip_unbound(KREX_HIP_EP_hipEventCreateWithFlags));
+    return krex_real_fn(event, flags);
+}
+
+KREX_HOOK uint32_t hipEventDestroy(void * event)
+{
+    KREX_HIP_HOOK_BIND(hipEventDestroy, krex_hip_unbound(KREX_HIP_EP_hipEventDestroy));
+    return krex_real_fn(event);
+}
+
+KREX_HOOK uint32_t hipEventElapsedTime(void * ms, void * start, void * stop)
+{
+    KREX_HIP_HOOK_BIND(hipEventElapsedTime, krex_hip_unbound(KREX_HIP_EP_hipEventElapsedTime));
+    return krex_real_fn(ms, start, stop);
+}
+
+KREX_HOOK uint32_t hipEventQuery(void * event)
+{
+    KREX_HIP_HOOK_BIND(hipEventQuery, krex_hip_unbound(KREX_HIP_EP_hipEventQuery));
+    return krex_real_fn(event);
+}
+
 KREX_HOOK uint32_t hipEventRecord(void * event, void * stream)
 {
-    KREX_HIP_BIND(hipEventRecord, krex_hip_missing(KREX_HIP_EP_hipEventRecord));
+    KREX_HIP_HOOK_BIND(hipEventRecord, krex_hip_unbound(KREX_HIP_EP_hipEventRecord));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipEventRecord);
@@ -613,9 +971,21 @@ KREX_HOOK uint32_t hipEventRecord(void * event, void * stream)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipEventSynchronize(void * event)
+{
+    KREX_HIP_HOOK_BIND(hipEventSynchronize, krex_hip_unbound(KREX_HIP_EP_hipEventSynchronize));
+    return krex_real_fn(event);
+}
+
+KREX_HOOK uint32_t hipExtGetLinkTypeAndHopCount(int32_t device1, int32_t device2, void * linktype, void * hopcount)
+{
+    KREX_HIP_HOOK_BIND(hipExtGetLinkTypeAndHopCount, krex_hip_unbound(KREX_HIP_EP_hipExtGetLinkTypeAndHopCount));
+    return krex_real_fn(device1, device2, linktype, hopcount);
+}
+
 KREX_HOOK uint32_t hipExtLaunchKernel(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream, void * startEvent, void * stopEvent, int32_t flags)
 {
-    KREX_HIP_BIND(hipExtLaunchKernel, krex_hip_missing(KREX_HIP_EP_hipExtLaunchKernel));
+    KREX_HIP_HOOK_BIND(hipExtLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipExtLaunchKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtLaunchKernel);
@@ -628,7 +998,7 @@ KREX_HOOK uint32_t hipExtLaunchKernel(void * function_address, struct krex_hip_a
 
 KREX_HOOK uint32_t hipExtLaunchMultiKernelMultiDevice(void * launchParamsList, int32_t numDevices, uint32_t flags)
 {
-    KREX_HIP_BIND(hipExtLaunchMultiKernelMultiDevice, krex_hip_missing(KREX_HIP_EP_hipExtLaunchMultiKernelMultiDevice));
+    KREX_HIP_HOOK_BIND(hipExtLaunchMultiKernelMultiDevice, krex_hip_unbound(KREX_HIP_EP_hipExtLaunchMultiKernelMultiDevice));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtLaunchMultiKernelMultiDevice);
@@ -639,9 +1009,17 @@ KREX_HOOK uint32_t hipExtLaunchMultiKernelMultiDevice(void * launchParamsList, i
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipExtMallocWithFlags(void * ptr, uint64_t sizeBytes, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipExtMallocWithFlags, krex_hip_unbound(KREX_HIP_EP_hipExtMallocWithFlags));
+    uint32_t krex_r = krex_real_fn(ptr, sizeBytes, flags);
+    krex_hip_mem_alloced(krex_r, ptr, sizeBytes);
+    return krex_r;
+}
+
 KREX_HOOK uint32_t hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent, uint32_t flags)
 {
-    KREX_HIP_BIND(hipExtModuleLaunchKernel, krex_hip_missing(KREX_HIP_EP_hipExtModuleLaunchKernel));
+    KREX_HIP_HOOK_BIND(hipExtModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipExtModuleLaunchKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
@@ -655,7 +1033,7 @@ KREX_HOOK uint32_t hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, 
 KREX_HOOK uint32_t krex_hip_sym_hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent, uint32_t flags) __asm__("_Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j");
 KREX_HOOK uint32_t krex_hip_sym_hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent, uint32_t flags)
 {
-    KREX_HIP_BIND(hipExtModuleLaunchKernel, krex_hip_missing(KREX_HIP_EP_hipExtModuleLaunchKernel));
+    KREX_HIP_HOOK_BIND(hipExtModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipExtModuleLaunchKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
@@ -668,7 +1046,7 @@ KREX_HOOK uint32_t krex_hip_sym_hipExtModuleLaunchKernel(void * f, uint32_t glob
 
 KREX_HOOK uint32_t hipExtStreamCreateWithCUMask(void * stream, uint32_t cuMaskSize, void * cuMask)
 {
-    KREX_HIP_BIND(hipExtStreamCreateWithCUMask, krex_hip_missing(KREX_HIP_EP_hipExtStreamCreateWithCUMask));
+    KREX_HIP_HOOK_BIND(hipExtStreamCreateWithCUMask, krex_hip_unbound(KREX_HIP_EP_hipExtStreamCreateWithCUMask));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtStreamCreateWithCUMask);
@@ -679,13 +1057,27 @@ KREX_HOOK uint32_t hipExtStreamCreateWithCUMask(void * stream, uint32_t cuMaskSi
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipExtStreamGetCUMask(void * stream, uint32_t cuMaskSize, void * cuMask)
+{
+    KREX_HIP_HOOK_BIND(hipExtStreamGetCUMask, krex_hip_unbound(KREX_HIP_EP_hipExtStreamGetCUMask));
+    return krex_real_fn(stream, cuMaskSize, cuMask);
+}
+
+KREX_HOOK uint32_t hipExternalMemoryGetMappedBuffer(void * devPtr, void * extMem, void * bufferDesc)
+{
+    KREX_HIP_HOOK_BIND(hipExternalMemoryGetMappedBuffer, krex_hip_unbound(KREX_HIP_EP_hipExternalMemoryGetMappedBuffer));
+    return krex_real_fn(devPtr, extMem, bufferDesc);
+}
+
 KREX_HOOK uint32_t hipFree(void * ptr)
 {
-    KREX_HIP_BIND(hipFree, krex_hip_missing(KREX_HIP_EP_hipFree));
+    KREX_HIP_HOOK_BIND(hipFree, krex_hip_unbound(KREX_HIP_EP_hipFree));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFree);
+    uint64_t krex_mz = krex_hip_mem_take(ptr);
     uint32_t krex_r = krex_real_fn(ptr);
+    krex_hip_mem_freed(krex_r, ptr, krex_mz);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -693,7 +1085,7 @@ KREX_HOOK uint32_t hipFree(void * ptr)
 
 KREX_HOOK uint32_t hipFreeArray(void * array)
 {
-    KREX_HIP_BIND(hipFreeArray, krex_hip_missing(KREX_HIP_EP_hipFreeArray));
+    KREX_HIP_HOOK_BIND(hipFreeArray, krex_hip_unbound(KREX_HIP_EP_hipFreeArray));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFreeArray);
@@ -705,11 +1097,13 @@ KREX_HOOK uint32_t hipFreeArray(void * array)
 
 KREX_HOOK uint32_t hipFreeAsync(void * dev_ptr, void * stream)
 {
-    KREX_HIP_BIND(hipFreeAsync, krex_hip_missing(KREX_HIP_EP_hipFreeAsync));
+    KREX_HIP_HOOK_BIND(hipFreeAsync, krex_hip_unbound(KREX_HIP_EP_hipFreeAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFreeAsync);
+    uint64_t krex_mz = krex_hip_mem_take(dev_ptr);
     uint32_t krex_r = krex_real_fn(dev_ptr, stream);
+    krex_hip_mem_freed(krex_r, dev_ptr, krex_mz);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -717,7 +1111,7 @@ KREX_HOOK uint32_t hipFreeAsync(void * dev_ptr, void * stream)
 
 KREX_HOOK uint32_t hipFreeHost(void * ptr)
 {
-    KREX_HIP_BIND(hipFreeHost, krex_hip_missing(KREX_HIP_EP_hipFreeHost));
+    KREX_HIP_HOOK_BIND(hipFreeHost, krex_hip_unbound(KREX_HIP_EP_hipFreeHost));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFreeHost);
@@ -729,7 +1123,7 @@ KREX_HOOK uint32_t hipFreeHost(void * ptr)
 
 KREX_HOOK uint32_t hipFreeMipmappedArray(void * mipmappedArray)
 {
-    KREX_HIP_BIND(hipFreeMipmappedArray, krex_hip_missing(KREX_HIP_EP_hipFreeMipmappedArray));
+    KREX_HIP_HOOK_BIND(hipFreeMipmappedArray, krex_hip_unbound(KREX_HIP_EP_hipFreeMipmappedArray));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFreeMipmappedArray);
@@ -739,9 +1133,15 @@ KREX_HOOK uint32_t hipFreeMipmappedArray(void * mipmappedArray)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipFuncGetAttribute(void * value, uint32_t attrib, void * hfunc)
+{
+    KREX_HIP_HOOK_BIND(hipFuncGetAttribute, krex_hip_unbound(KREX_HIP_EP_hipFuncGetAttribute));
+    return krex_real_fn(value, attrib, hfunc);
+}
+
 KREX_HOOK uint32_t hipFuncGetAttributes(void * attr, void * func)
 {
-    KREX_HIP_BIND(hipFuncGetAttributes, krex_hip_missing(KREX_HIP_EP_hipFuncGetAttributes));
+    KREX_HIP_HOOK_BIND(hipFuncGetAttributes, krex_hip_unbound(KREX_HIP_EP_hipFuncGetAttributes));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncGetAttributes);
@@ -753,7 +1153,7 @@ KREX_HOOK uint32_t hipFuncGetAttributes(void * attr, void * func)
 
 KREX_HOOK uint32_t hipFuncSetAttribute(void * func, uint32_t attr, int32_t value)
 {
-    KREX_HIP_BIND(hipFuncSetAttribute, krex_hip_missing(KREX_HIP_EP_hipFuncSetAttribute));
+    KREX_HIP_HOOK_BIND(hipFuncSetAttribute, krex_hip_unbound(KREX_HIP_EP_hipFuncSetAttribute));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetAttribute);
@@ -765,7 +1165,7 @@ KREX_HOOK uint32_t hipFuncSetAttribute(void * func, uint32_t attr, int32_t value
 
 KREX_HOOK uint32_t hipFuncSetCacheConfig(void * func, uint32_t config)
 {
-    KREX_HIP_BIND(hipFuncSetCacheConfig, krex_hip_missing(KREX_HIP_EP_hipFuncSetCacheConfig));
+    KREX_HIP_HOOK_BIND(hipFuncSetCacheConfig, krex_hip_unbound(KREX_HIP_EP_hipFuncSetCacheConfig));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetCacheConfig);
@@ -777,7 +1177,7 @@ KREX_HOOK uint32_t hipFuncSetCacheConfig(void * func, uint32_t config)
 
 KREX_HOOK uint32_t hipFuncSetSharedMemConfig(void * func, uint32_t config)
 {
-    KREX_HIP_BIND(hipFuncSetSharedMemConfig, krex_hip_missing(KREX_HIP_EP_hipFuncSetSharedMemConfig));
+    KREX_HIP_HOOK_BIND(hipFuncSetSharedMemConfig, krex_hip_unbound(KREX_HIP_EP_hipFuncSetSharedMemConfig));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetSharedMemConfig);
@@ -787,9 +1187,57 @@ KREX_HOOK uint32_t hipFuncSetSharedMemConfig(void * func, uint32_t config)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipGLGetDevices(void * pHipDeviceCount, void * pHipDevices, uint32_t hipDeviceCount, uint32_t deviceList)
+{
+    KREX_HIP_HOOK_BIND(hipGLGetDevices, krex_hip_unbound(KREX_HIP_EP_hipGLGetDevices));
+    return krex_real_fn(pHipDeviceCount, pHipDevices, hipDeviceCount, deviceList);
+}
+
+KREX_HOOK uint32_t hipGetChannelDesc(void * desc, void * array)
+{
+    KREX_HIP_HOOK_BIND(hipGetChannelDesc, krex_hip_unbound(KREX_HIP_EP_hipGetChannelDesc));
+    return krex_real_fn(desc, array);
+}
+
+KREX_HOOK uint32_t hipGetDevice(void * deviceId)
+{
+    KREX_HIP_HOOK_BIND(hipGetDevice, krex_hip_unbound(KREX_HIP_EP_hipGetDevice));
+    return krex_real_fn(deviceId);
+}
+
+KREX_HOOK uint32_t hipGetDeviceCount(void * count)
+{
+    KREX_HIP_HOOK_BIND(hipGetDeviceCount, krex_hip_unbound(KREX_HIP_EP_hipGetDeviceCount));
+    return krex_real_fn(count);
+}
+
+KREX_HOOK uint32_t hipGetDeviceFlags(void * flags)
+{
+    KREX_HIP_HOOK_BIND(hipGetDeviceFlags, krex_hip_unbound(KREX_HIP_EP_hipGetDeviceFlags));
+    return krex_real_fn(flags);
+}
+
+KREX_HOOK uint32_t hipGetDeviceProperties(void * prop, int32_t deviceId)
+{
+    KREX_HIP_HOOK_BIND(hipGetDeviceProperties, krex_hip_unbound(KREX_HIP_EP_hipGetDeviceProperties));
+    return krex_real_fn(prop, deviceId);
+}
+
+KREX_HOOK uint32_t hipGetLastError(void)
+{
+    KREX_HIP_HOOK_BIND(hipGetLastError, krex_hip_unbound(KREX_HIP_EP_hipGetLastError));
+    return krex_real_fn();
+}
+
+KREX_HOOK uint32_t hipGetMipmappedArrayLevel(void * levelArray, void * mipmappedArray, uint32_t level)
+{
+    KREX_HIP_HOOK_BIND(hipGetMipmappedArrayLevel, krex_hip_unbound(KREX_HIP_EP_hipGetMipmappedArrayLevel));
+    return krex_real_fn(levelArray, mipmappedArray, level);
+}
+
 KREX_HOOK uint32_t hipGetSymbolAddress(void * devPtr, void * symbol)
 {
-    KREX_HIP_BIND(hipGetSymbolAddress, krex_hip_missing(KREX_HIP_EP_hipGetSymbolAddress));
+    KREX_HIP_HOOK_BIND(hipGetSymbolAddress, krex_hip_unbound(KREX_HIP_EP_hipGetSymbolAddress));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetSymbolAddress);
@@ -801,7 +1249,7 @@ KREX_HOOK uint32_t hipGetSymbolAddress(void * devPtr, void * symbol)
 
 KREX_HOOK uint32_t hipGetSymbolSize(void * size, void * symbol)
 {
-    KREX_HIP_BIND(hipGetSymbolSize, krex_hip_missing(KREX_HIP_EP_hipGetSymbolSize));
+    KREX_HIP_HOOK_BIND(hipGetSymbolSize, krex_hip_unbound(KREX_HIP_EP_hipGetSymbolSize));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetSymbolSize);
@@ -811,9 +1259,33 @@ KREX_HOOK uint32_t hipGetSymbolSize(void * size, void * symbol)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipGetTextureAlignmentOffset(void * offset, void * texref)
+{
+    KREX_HIP_HOOK_BIND(hipGetTextureAlignmentOffset, krex_hip_unbound(KREX_HIP_EP_hipGetTextureAlignmentOffset));
+    return krex_real_fn(offset, texref);
+}
+
+KREX_HOOK uint32_t hipGetTextureObjectResourceDesc(void * pResDesc, void * textureObject)
+{
+    KREX_HIP_HOOK_BIND(hipGetTextureObjectResourceDesc, krex_hip_unbound(KREX_HIP_EP_hipGetTextureObjectResourceDesc));
+    return krex_real_fn(pResDesc, textureObject);
+}
+
+KREX_HOOK uint32_t hipGetTextureObjectResourceViewDesc(void * pResViewDesc, void * textureObject)
+{
+    KREX_HIP_HOOK_BIND(hipGetTextureObjectResourceViewDesc, krex_hip_unbound(KREX_HIP_EP_hipGetTextureObjectResourceViewDesc));
+    return krex_real_fn(pResViewDesc, textureObject);
+}
+
+KREX_HOOK uint32_t hipGetTextureObjectTextureDesc(void * pTexDesc, void * textureObject)
+{
+    KREX_HIP_HOOK_BIND(hipGetTextureObjectTextureDesc, krex_hip_unbound(KREX_HIP_EP_hipGetTextureObjectTextureDesc));
+    return krex_real_fn(pTexDesc, textureObject);
+}
+
 KREX_HOOK uint32_t hipGetTextureReference(void * texref, void * symbol)
 {
-    KREX_HIP_BIND(hipGetTextureReference, krex_hip_missing(KREX_HIP_EP_hipGetTextureReference));
+    KREX_HIP_HOOK_BIND(hipGetTextureReference, krex_hip_unbound(KREX_HIP_EP_hipGetTextureReference));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetTextureReference);
@@ -823,9 +1295,237 @@ KREX_HOOK uint32_t hipGetTextureReference(void * texref, void * symbol)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipGraphAddChildGraphNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * childGraph)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddChildGraphNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddChildGraphNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, childGraph);
+}
+
+KREX_HOOK uint32_t hipGraphAddDependencies(void * graph, void * from, void * to, uint64_t numDependencies)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddDependencies, krex_hip_unbound(KREX_HIP_EP_hipGraphAddDependencies));
+    return krex_real_fn(graph, from, to, numDependencies);
+}
+
+KREX_HOOK uint32_t hipGraphAddEmptyNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddEmptyNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddEmptyNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies);
+}
+
+KREX_HOOK uint32_t hipGraphAddEventRecordNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * event)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddEventRecordNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddEventRecordNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, event);
+}
+
+KREX_HOOK uint32_t hipGraphAddEventWaitNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * event)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddEventWaitNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddEventWaitNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, event);
+}
+
+KREX_HOOK uint32_t hipGraphAddHostNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddHostNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddHostNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphAddKernelNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddKernelNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddKernelNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphAddMemcpyNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pCopyParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddMemcpyNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddMemcpyNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, pCopyParams);
+}
+
+KREX_HOOK uint32_t hipGraphAddMemcpyNode1D(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * dst, void * src, uint64_t count, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddMemcpyNode1D, krex_hip_unbound(KREX_HIP_EP_hipGraphAddMemcpyNode1D));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, dst, src, count, kind);
+}
+
+KREX_HOOK uint32_t hipGraphAddMemcpyNodeFromSymbol(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * dst, void * symbol, uint64_t count, uint64_t offset, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddMemcpyNodeFromSymbol, krex_hip_unbound(KREX_HIP_EP_hipGraphAddMemcpyNodeFromSymbol));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, dst, symbol, count, offset, kind);
+}
+
+KREX_HOOK uint32_t hipGraphAddMemcpyNodeToSymbol(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * symbol, void * src, uint64_t count, uint64_t offset, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddMemcpyNodeToSymbol, krex_hip_unbound(KREX_HIP_EP_hipGraphAddMemcpyNodeToSymbol));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, symbol, src, count, offset, kind);
+}
+
+KREX_HOOK uint32_t hipGraphAddMemsetNode(void * pGraphNode, void * graph, void * pDependencies, uint64_t numDependencies, void * pMemsetParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphAddMemsetNode, krex_hip_unbound(KREX_HIP_EP_hipGraphAddMemsetNode));
+    return krex_real_fn(pGraphNode, graph, pDependencies, numDependencies, pMemsetParams);
+}
+
+KREX_HOOK uint32_t hipGraphChildGraphNodeGetGraph(void * node, void * pGraph)
+{
+    KREX_HIP_HOOK_BIND(hipGraphChildGraphNodeGetGraph, krex_hip_unbound(KREX_HIP_EP_hipGraphChildGraphNodeGetGraph));
+    return krex_real_fn(node, pGraph);
+}
+
+KREX_HOOK uint32_t hipGraphClone(void * pGraphClone, void * originalGraph)
+{
+    KREX_HIP_HOOK_BIND(hipGraphClone, krex_hip_unbound(KREX_HIP_EP_hipGraphClone));
+    return krex_real_fn(pGraphClone, originalGraph);
+}
+
+KREX_HOOK uint32_t hipGraphCreate(void * pGraph, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipGraphCreate, krex_hip_unbound(KREX_HIP_EP_hipGraphCreate));
+    return krex_real_fn(pGraph, flags);
+}
+
+KREX_HOOK uint32_t hipGraphDestroy(void * graph)
+{
+    KREX_HIP_HOOK_BIND(hipGraphDestroy, krex_hip_unbound(KREX_HIP_EP_hipGraphDestroy));
+    return krex_real_fn(graph);
+}
+
+KREX_HOOK uint32_t hipGraphDestroyNode(void * node)
+{
+    KREX_HIP_HOOK_BIND(hipGraphDestroyNode, krex_hip_unbound(KREX_HIP_EP_hipGraphDestroyNode));
+    return krex_real_fn(node);
+}
+
+KREX_HOOK uint32_t hipGraphEventRecordNodeGetEvent(void * node, void * event_out)
+{
+    KREX_HIP_HOOK_BIND(hipGraphEventRecordNodeGetEvent, krex_hip_unbound(KREX_HIP_EP_hipGraphEventRecordNodeGetEvent));
+    return krex_real_fn(node, event_out);
+}
+
+KREX_HOOK uint32_t hipGraphEventRecordNodeSetEvent(void * node, void * event)
+{
+    KREX_HIP_HOOK_BIND(hipGraphEventRecordNodeSetEvent, krex_hip_unbound(KREX_HIP_EP_hipGraphEventRecordNodeSetEvent));
+    return krex_real_fn(node, event);
+}
+
+KREX_HOOK uint32_t hipGraphEventWaitNodeGetEvent(void * node, void * event_out)
+{
+    KREX_HIP_HOOK_BIND(hipGraphEventWaitNodeGetEvent, krex_hip_unbound(KREX_HIP_EP_hipGraphEventWaitNodeGetEvent));
+    return krex_real_fn(node, event_out);
+}
+
+KREX_HOOK uint32_t hipGraphEventWaitNodeSetEvent(void * node, void * event)
+{
+    KREX_HIP_HOOK_BIND(hipGraphEventWaitNodeSetEvent, krex_hip_unbound(KREX_HIP_EP_hipGraphEventWaitNodeSetEvent));
+    return krex_real_fn(node, event);
+}
+
+KREX_HOOK uint32_t hipGraphExecChildGraphNodeSetParams(void * hGraphExec, void * node, void * childGraph)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecChildGraphNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphExecChildGraphNodeSetParams));
+    return krex_real_fn(hGraphExec, node, childGraph);
+}
+
+KREX_HOOK uint32_t hipGraphExecDestroy(void * graphExec)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecDestroy, krex_hip_unbound(KREX_HIP_EP_hipGraphExecDestroy));
+    return krex_real_fn(graphExec);
+}
+
+KREX_HOOK uint32_t hipGraphExecEventRecordNodeSetEvent(void * hGraphExec, void * hNode, void * event)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecEventRecordNodeSetEvent, krex_hip_unbound(KREX_HIP_EP_hipGraphExecEventRecordNodeSetEvent));
+    return krex_real_fn(hGraphExec, hNode, event);
+}
+
+KREX_HOOK uint32_t hipGraphExecEventWaitNodeSetEvent(void * hGraphExec, void * hNode, void * event)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecEventWaitNodeSetEvent, krex_hip_unbound(KREX_HIP_EP_hipGraphExecEventWaitNodeSetEvent));
+    return krex_real_fn(hGraphExec, hNode, event);
+}
+
+KREX_HOOK uint32_t hipGraphExecHostNodeSetParams(void * hGraphExec, void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecHostNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphExecHostNodeSetParams));
+    return krex_real_fn(hGraphExec, node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphExecKernelNodeSetParams(void * hGraphExec, void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecKernelNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphExecKernelNodeSetParams));
+    return krex_real_fn(hGraphExec, node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphExecMemcpyNodeSetParams(void * hGraphExec, void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecMemcpyNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphExecMemcpyNodeSetParams));
+    return krex_real_fn(hGraphExec, node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphExecMemcpyNodeSetParams1D(void * hGraphExec, void * node, void * dst, void * src, uint64_t count, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecMemcpyNodeSetParams1D, krex_hip_unbound(KREX_HIP_EP_hipGraphExecMemcpyNodeSetParams1D));
+    return krex_real_fn(hGraphExec, node, dst, src, count, kind);
+}
+
+KREX_HOOK uint32_t hipGraphExecMemcpyNodeSetParamsFromSymbol(void * hGraphExec, void * node, void * dst, void * symbol, uint64_t count, uint64_t offset, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecMemcpyNodeSetParamsFromSymbol, krex_hip_unbound(KREX_HIP_EP_hipGraphExecMemcpyNodeSetParamsFromSymbol));
+    return krex_real_fn(hGraphExec, node, dst, symbol, count, offset, kind);
+}
+
+KREX_HOOK uint32_t hipGraphExecMemcpyNodeSetParamsToSymbol(void * hGraphExec, void * node, void * symbol, void * src, uint64_t count, uint64_t offset, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecMemcpyNodeSetParamsToSymbol, krex_hip_unbound(KREX_HIP_EP_hipGraphExecMemcpyNodeSetParamsToSymbol));
+    return krex_real_fn(hGraphExec, node, symbol, src, count, offset, kind);
+}
+
+KREX_HOOK uint32_t hipGraphExecMemsetNodeSetParams(void * hGraphExec, void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecMemsetNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphExecMemsetNodeSetParams));
+    return krex_real_fn(hGraphExec, node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphExecUpdate(void * hGraphExec, void * hGraph, void * hErrorNode_out, void * updateResult_out)
+{
+    KREX_HIP_HOOK_BIND(hipGraphExecUpdate, krex_hip_unbound(KREX_HIP_EP_hipGraphExecUpdate));
+    return krex_real_fn(hGraphExec, hGraph, hErrorNode_out, updateResult_out);
+}
+
+KREX_HOOK uint32_t hipGraphGetEdges(void * graph, void * from, void * to, void * numEdges)
+{
+    KREX_HIP_HOOK_BIND(hipGraphGetEdges, krex_hip_unbound(KREX_HIP_EP_hipGraphGetEdges));
+    return krex_real_fn(graph, from, to, numEdges);
+}
+
+KREX_HOOK uint32_t hipGraphGetNodes(void * graph, void * nodes, void * numNodes)
+{
+    KREX_HIP_HOOK_BIND(hipGraphGetNodes, krex_hip_unbound(KREX_HIP_EP_hipGraphGetNodes));
+    return krex_real_fn(graph, nodes, numNodes);
+}
+
+KREX_HOOK uint32_t hipGraphGetRootNodes(void * graph, void * pRootNodes, void * pNumRootNodes)
+{
+    KREX_HIP_HOOK_BIND(hipGraphGetRootNodes, krex_hip_unbound(KREX_HIP_EP_hipGraphGetRootNodes));
+    return krex_real_fn(graph, pRootNodes, pNumRootNodes);
+}
+
+KREX_HOOK uint32_t hipGraphHostNodeGetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphHostNodeGetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphHostNodeGetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphHostNodeSetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphHostNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphHostNodeSetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
 KREX_HOOK uint32_t hipGraphInstantiate(void * pGraphExec, void * graph, void * pErrorNode, void * pLogBuffer, uint64_t bufferSize)
 {
-    KREX_HIP_BIND(hipGraphInstantiate, krex_hip_missing(KREX_HIP_EP_hipGraphInstantiate));
+    KREX_HIP_HOOK_BIND(hipGraphInstantiate, krex_hip_unbound(KREX_HIP_EP_hipGraphInstantiate));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphInstantiate);
@@ -837,7 +1537,7 @@ KREX_HOOK uint32_t hipGraphInstantiate(void * pGraphExec, void * graph, void * p
 
 KREX_HOOK uint32_t hipGraphInstantiateWithFlags(void * pGraphExec, void * graph, uint64_t flags)
 {
-    KREX_HIP_BIND(hipGraphInstantiateWithFlags, krex_hip_missing(KREX_HIP_EP_hipGraphInstantiateWithFlags));
+    KREX_HIP_HOOK_BIND(hipGraphInstantiateWithFlags, krex_hip_unbound(KREX_HIP_EP_hipGraphInstantiateWithFlags));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphInstantiateWithFlags);
@@ -847,9 +1547,33 @@ KREX_HOOK uint32_t hipGraphInstantiateWithFlags(void * pGraphExec, void * graph,
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipGraphKernelNodeGetAttribute(void * hNode, uint32_t attr, void * value)
+{
+    KREX_HIP_HOOK_BIND(hipGraphKernelNodeGetAttribute, krex_hip_unbound(KREX_HIP_EP_hipGraphKernelNodeGetAttribute));
+    return krex_real_fn(hNode, attr, value);
+}
+
+KREX_HOOK uint32_t hipGraphKernelNodeGetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphKernelNodeGetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphKernelNodeGetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphKernelNodeSetAttribute(void * hNode, uint32_t attr, void * value)
+{
+    KREX_HIP_HOOK_BIND(hipGraphKernelNodeSetAttribute, krex_hip_unbound(KREX_HIP_EP_hipGraphKernelNodeSetAttribute));
+    return krex_real_fn(hNode, attr, value);
+}
+
+KREX_HOOK uint32_t hipGraphKernelNodeSetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphKernelNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphKernelNodeSetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
 KREX_HOOK uint32_t hipGraphLaunch(void * graphExec, void * stream)
 {
-    KREX_HIP_BIND(hipGraphLaunch, krex_hip_missing(KREX_HIP_EP_hipGraphLaunch));
+    KREX_HIP_HOOK_BIND(hipGraphLaunch, krex_hip_unbound(KREX_HIP_EP_hipGraphLaunch));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphLaunch);
@@ -860,9 +1584,93 @@ KREX_HOOK uint32_t hipGraphLaunch(void * graphExec, void * stream)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipGraphMemcpyNodeGetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphMemcpyNodeGetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphMemcpyNodeGetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphMemcpyNodeSetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphMemcpyNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphMemcpyNodeSetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphMemcpyNodeSetParams1D(void * node, void * dst, void * src, uint64_t count, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphMemcpyNodeSetParams1D, krex_hip_unbound(KREX_HIP_EP_hipGraphMemcpyNodeSetParams1D));
+    return krex_real_fn(node, dst, src, count, kind);
+}
+
+KREX_HOOK uint32_t hipGraphMemcpyNodeSetParamsFromSymbol(void * node, void * dst, void * symbol, uint64_t count, uint64_t offset, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphMemcpyNodeSetParamsFromSymbol, krex_hip_unbound(KREX_HIP_EP_hipGraphMemcpyNodeSetParamsFromSymbol));
+    return krex_real_fn(node, dst, symbol, count, offset, kind);
+}
+
+KREX_HOOK uint32_t hipGraphMemcpyNodeSetParamsToSymbol(void * node, void * symbol, void * src, uint64_t count, uint64_t offset, uint32_t kind)
+{
+    KREX_HIP_HOOK_BIND(hipGraphMemcpyNodeSetParamsToSymbol, krex_hip_unbound(KREX_HIP_EP_hipGraphMemcpyNodeSetParamsToSymbol));
+    return krex_real_fn(node, symbol, src, count, offset, kind);
+}
+
+KREX_HOOK uint32_t hipGraphMemsetNodeGetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphMemsetNodeGetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphMemsetNodeGetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphMemsetNodeSetParams(void * node, void * pNodeParams)
+{
+    KREX_HIP_HOOK_BIND(hipGraphMemsetNodeSetParams, krex_hip_unbound(KREX_HIP_EP_hipGraphMemsetNodeSetParams));
+    return krex_real_fn(node, pNodeParams);
+}
+
+KREX_HOOK uint32_t hipGraphNodeFindInClone(void * pNode, void * originalNode, void * clonedGraph)
+{
+    KREX_HIP_HOOK_BIND(hipGraphNodeFindInClone, krex_hip_unbound(KREX_HIP_EP_hipGraphNodeFindInClone));
+    return krex_real_fn(pNode, originalNode, clonedGraph);
+}
+
+KREX_HOOK uint32_t hipGraphNodeGetDependencies(void * node, void * pDependencies, void * pNumDependencies)
+{
+    KREX_HIP_HOOK_BIND(hipGraphNodeGetDependencies, krex_hip_unbound(KREX_HIP_EP_hipGraphNodeGetDependencies));
+    return krex_real_fn(node, pDependencies, pNumDependencies);
+}
+
+KREX_HOOK uint32_t hipGraphNodeGetDependentNodes(void * node, void * pDependentNodes, void * pNumDependentNodes)
+{
+    KREX_HIP_HOOK_BIND(hipGraphNodeGetDependentNodes, krex_hip_unbound(KREX_HIP_EP_hipGraphNodeGetDependentNodes));
+    return krex_real_fn(node, pDependentNodes, pNumDependentNodes);
+}
+
+KREX_HOOK uint32_t hipGraphNodeGetType(void * node, void * pType)
+{
+    KREX_HIP_HOOK_BIND(hipGraphNodeGetType, krex_hip_unbound(KREX_HIP_EP_hipGraphNodeGetType));
+    return krex_real_fn(node, pType);
+}
+
+KREX_HOOK uint32_t hipGraphRemoveDependencies(void * graph, void * from, void * to, uint64_t numDependencies)
+{
+    KREX_HIP_HOOK_BIND(hipGraphRemoveDependencies, krex_hip_unbound(KREX_HIP_EP_hipGraphRemoveDependencies));
+    return krex_real_fn(graph, from, to, numDependencies);
+}
+
+KREX_HOOK uint32_t hipGraphicsGLRegisterBuffer(void * resource, uint32_t buffer, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipGraphicsGLRegisterBuffer, krex_hip_unbound(KREX_HIP_EP_hipGraphicsGLRegisterBuffer));
+    return krex_real_fn(resource, buffer, flags);
+}
+
+KREX_HOOK uint32_t hipGraphicsGLRegisterImage(void * resource, uint32_t image, uint32_t target, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipGraphicsGLRegisterImage, krex_hip_unbound(KREX_HIP_EP_hipGraphicsGLRegisterImage));
+    return krex_real_fn(resource, image, target, flags);
+}
+
 KREX_HOOK uint32_t hipGraphicsMapResources(int32_t count, void * resources, void * stream)
 {
-    KREX_HIP_BIND(hipGraphicsMapResources, krex_hip_missing(KREX_HIP_EP_hipGraphicsMapResources));
+    KREX_HIP_HOOK_BIND(hipGraphicsMapResources, krex_hip_unbound(KREX_HIP_EP_hipGraphicsMapResources));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphicsMapResources);
@@ -872,9 +1680,21 @@ KREX_HOOK uint32_t hipGraphicsMapResources(int32_t count, void * resources, void
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipGraphicsResourceGetMappedPointer(void * devPtr, void * size, void * resource)
+{
+    KREX_HIP_HOOK_BIND(hipGraphicsResourceGetMappedPointer, krex_hip_unbound(KREX_HIP_EP_hipGraphicsResourceGetMappedPointer));
+    return krex_real_fn(devPtr, size, resource);
+}
+
+KREX_HOOK uint32_t hipGraphicsSubResourceGetMappedArray(void * array, void * resource, uint32_t arrayIndex, uint32_t mipLevel)
+{
+    KREX_HIP_HOOK_BIND(hipGraphicsSubResourceGetMappedArray, krex_hip_unbound(KREX_HIP_EP_hipGraphicsSubResourceGetMappedArray));
+    return krex_real_fn(array, resource, arrayIndex, mipLevel);
+}
+
 KREX_HOOK uint32_t hipGraphicsUnmapResources(int32_t count, void * resources, void * stream)
 {
-    KREX_HIP_BIND(hipGraphicsUnmapResources, krex_hip_missing(KREX_HIP_EP_hipGraphicsUnmapResources));
+    KREX_HIP_HOOK_BIND(hipGraphicsUnmapResources, krex_hip_unbound(KREX_HIP_EP_hipGraphicsUnmapResources));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphicsUnmapResources);
@@ -884,9 +1704,15 @@ KREX_HOOK uint32_t hipGraphicsUnmapResources(int32_t count, void * resources, vo
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipGraphicsUnregisterResource(void * resource)
+{
+    KREX_HIP_HOOK_BIND(hipGraphicsUnregisterResource, krex_hip_unbound(KREX_HIP_EP_hipGraphicsUnregisterResource));
+    return krex_real_fn(resource);
+}
+
 KREX_HOOK uint32_t hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent)
 {
-    KREX_HIP_BIND(hipHccModuleLaunchKernel, krex_hip_missing(KREX_HIP_EP_hipHccModuleLaunchKernel));
+    KREX_HIP_HOOK_BIND(hipHccModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipHccModuleLaunchKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
@@ -900,7 +1726,7 @@ KREX_HOOK uint32_t hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, 
 KREX_HOOK uint32_t krex_hip_sym_hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent) __asm__("_Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_");
 KREX_HOOK uint32_t krex_hip_sym_hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ, uint32_t localWorkSizeX, uint32_t localWorkSizeY, uint32_t localWorkSizeZ, uint64_t sharedMemBytes, void * hStream, void * kernelParams, void * extra, void * startEvent, void * stopEvent)
 {
-    KREX_HIP_BIND(hipHccModuleLaunchKernel, krex_hip_missing(KREX_HIP_EP_hipHccModuleLaunchKernel));
+    KREX_HIP_HOOK_BIND(hipHccModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipHccModuleLaunchKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
@@ -911,9 +1737,15 @@ KREX_HOOK uint32_t krex_hip_sym_hipHccModuleLaunchKernel(void * f, uint32_t glob
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipHostAlloc(void * ptr, uint64_t size, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipHostAlloc, krex_hip_unbound(KREX_HIP_EP_hipHostAlloc));
+    return krex_real_fn(ptr, size, flags);
+}
+
 KREX_HOOK uint32_t hipHostFree(void * ptr)
 {
-    KREX_HIP_BIND(hipHostFree, krex_hip_missing(KREX_HIP_EP_hipHostFree));
+    KREX_HIP_HOOK_BIND(hipHostFree, krex_hip_unbound(KREX_HIP_EP_hipHostFree));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHostFree);
@@ -923,9 +1755,33 @@ KREX_HOOK uint32_t hipHostFree(void * ptr)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipHostGetDevicePointer(void * devPtr, void * hstPtr, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipHostGetDevicePointer, krex_hip_unbound(KREX_HIP_EP_hipHostGetDevicePointer));
+    return krex_real_fn(devPtr, hstPtr, flags);
+}
+
+KREX_HOOK uint32_t hipHostGetFlags(void * flagsPtr, void * hostPtr)
+{
+    KREX_HIP_HOOK_BIND(hipHostGetFlags, krex_hip_unbound(KREX_HIP_EP_hipHostGetFlags));
+    return krex_real_fn(flagsPtr, hostPtr);
+}
+
+KREX_HOOK uint32_t hipHostMalloc(void * ptr, uint64_t size, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipHostMalloc, krex_hip_unbound(KREX_HIP_EP_hipHostMalloc));
+    return krex_real_fn(ptr, size, flags);
+}
+
+KREX_HOOK uint32_t hipHostRegister(void * hostPtr, uint64_t sizeBytes, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipHostRegister, krex_hip_unbound(KREX_HIP_EP_hipHostRegister));
+    return krex_real_fn(hostPtr, sizeBytes, flags);
+}
+
 KREX_HOOK uint32_t hipHostUnregister(void * hostPtr)
 {
-    KREX_HIP_BIND(hipHostUnregister, krex_hip_missing(KREX_HIP_EP_hipHostUnregister));
+    KREX_HIP_HOOK_BIND(hipHostUnregister, krex_hip_unbound(KREX_HIP_EP_hipHostUnregister));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHostUnregister);
@@ -935,9 +1791,21 @@ KREX_HOOK uint32_t hipHostUnregister(void * hostPtr)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipImportExternalMemory(void * extMem_out, void * memHandleDesc)
+{
+    KREX_HIP_HOOK_BIND(hipImportExternalMemory, krex_hip_unbound(KREX_HIP_EP_hipImportExternalMemory));
+    return krex_real_fn(extMem_out, memHandleDesc);
+}
+
+KREX_HOOK uint32_t hipImportExternalSemaphore(void * extSem_out, void * semHandleDesc)
+{
+    KREX_HIP_HOOK_BIND(hipImportExternalSemaphore, krex_hip_unbound(KREX_HIP_EP_hipImportExternalSemaphore));
+    return krex_real_fn(extSem_out, semHandleDesc);
+}
+
 KREX_HOOK uint32_t hipInit(uint32_t flags)
 {
-    KREX_HIP_BIND(hipInit, krex_hip_missing(KREX_HIP_EP_hipInit));
+    KREX_HIP_HOOK_BIND(hipInit, krex_hip_unbound(KREX_HIP_EP_hipInit));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipInit);
@@ -947,9 +1815,39 @@ KREX_HOOK uint32_t hipInit(uint32_t flags)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipIpcCloseMemHandle(void * devPtr)
+{
+    KREX_HIP_HOOK_BIND(hipIpcCloseMemHandle, krex_hip_unbound(KREX_HIP_EP_hipIpcCloseMemHandle));
+    return krex_real_fn(devPtr);
+}
+
+KREX_HOOK uint32_t hipIpcGetEventHandle(void * handle, void * event)
+{
+    KREX_HIP_HOOK_BIND(hipIpcGetEventHandle, krex_hip_unbound(KREX_HIP_EP_hipIpcGetEventHandle));
+    return krex_real_fn(handle, event);
+}
+
+KREX_HOOK uint32_t hipIpcGetMemHandle(void * handle, void * devPtr)
+{
+    KREX_HIP_HOOK_BIND(hipIpcGetMemHandle, krex_hip_unbound(KREX_HIP_EP_hipIpcGetMemHandle));
+    return krex_real_fn(handle, devPtr);
+}
+
+KREX_HOOK uint32_t hipIpcOpenEventHandle(void * event, struct krex_hip_abi_hipIpcEventHandle_t handle)
+{
+    KREX_HIP_HOOK_BIND(hipIpcOpenEventHandle, krex_hip_unbound(KREX_HIP_EP_hipIpcOpenEventHandle));
+    return krex_real_fn(event, handle);
+}
+
+KREX_HOOK uint32_t hipIpcOpenMemHandle(void * devPtr, struct krex_hip_abi_hipIpcMemHandle_t handle, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipIpcOpenMemHandle, krex_hip_unbound(KREX_HIP_EP_hipIpcOpenMemHandle));
+    return krex_real_fn(devPtr, handle, flags);
+}
+
 KREX_HOOK void * hipKernelNameRefByPtr(void * hostFunction, void * stream)
 {
-    KREX_HIP_BIND(hipKernelNameRefByPtr, ((void)krex_hip_missing(KREX_HIP_EP_hipKernelNameRefByPtr), NULL));
+    KREX_HIP_HOOK_BIND(hipKernelNameRefByPtr, ((void)krex_hip_unbound(KREX_HIP_EP_hipKernelNameRefByPtr), NULL));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return ((void)krex_hip_refused(KREX_HIP_EP_hipKernelNameRefByPtr), NULL);
@@ -960,7 +1858,7 @@ KREX_HOOK void * hipKernelNameRefByPtr(void * hostFunction, void * stream)
 
 KREX_HOOK uint32_t hipLaunchByPtr(void * func)
 {
-    KREX_HIP_BIND(hipLaunchByPtr, krex_hip_missing(KREX_HIP_EP_hipLaunchByPtr));
+    KREX_HIP_HOOK_BIND(hipLaunchByPtr, krex_hip_unbound(KREX_HIP_EP_hipLaunchByPtr));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchByPtr);
@@ -973,7 +1871,7 @@ KREX_HOOK uint32_t hipLaunchByPtr(void * func)
 
 KREX_HOOK uint32_t hipLaunchCooperativeKernel(void * f, struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDimX, void * kernelParams, uint32_t sharedMemBytes, void * stream)
 {
-    KREX_HIP_BIND(hipLaunchCooperativeKernel, krex_hip_missing(KREX_HIP_EP_hipLaunchCooperativeKernel));
+    KREX_HIP_HOOK_BIND(hipLaunchCooperativeKernel, krex_hip_unbound(KREX_HIP_EP_hipLaunchCooperativeKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernel);
@@ -986,7 +1884,7 @@ KREX_HOOK uint32_t hipLaunchCooperativeKernel(void * f, struct krex_hip_abi_dim3
 
 KREX_HOOK uint32_t hipLaunchCooperativeKernelMultiDevice(void * launchParamsList, int32_t numDevices, uint32_t flags)
 {
-    KREX_HIP_BIND(hipLaunchCooperativeKernelMultiDevice, krex_hip_missing(KREX_HIP_EP_hipLaunchCooperativeKernelMultiDevice));
+    KREX_HIP_HOOK_BIND(hipLaunchCooperativeKernelMultiDevice, krex_hip_unbound(KREX_HIP_EP_hipLaunchCooperativeKernelMultiDevice));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernelMultiDevice);
@@ -999,7 +1897,7 @@ KREX_HOOK uint32_t hipLaunchCooperativeKernelMultiDevice(void * launchParamsList
 
 KREX_HOOK uint32_t hipLaunchCooperativeKernel_spt(void * f, struct krex_hip_abi_dim3 gridDim, struct krex_hip_abi_dim3 blockDim, void * kernelParams, uint32_t sharedMemBytes, void * hStream)
 {
-    KREX_HIP_BIND(hipLaunchCooperativeKernel_spt, krex_hip_missing(KREX_HIP_EP_hipLaunchCooperativeKernel_spt));
+    KREX_HIP_HOOK_BIND(hipLaunchCooperativeKernel_spt, krex_hip_unbound(KREX_HIP_EP_hipLaunchCooperativeKernel_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 1);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernel_spt);
@@ -1012,7 +1910,7 @@ KREX_HOOK uint32_t hipLaunchCooperativeKernel_spt(void * f, struct krex_hip_abi_
 
 KREX_HOOK uint32_t hipLaunchHostFunc(void * stream, void * fn, void * userData)
 {
-    KREX_HIP_BIND(hipLaunchHostFunc, krex_hip_missing(KREX_HIP_EP_hipLaunchHostFunc));
+    KREX_HIP_HOOK_BIND(hipLaunchHostFunc, krex_hip_unbound(KREX_HIP_EP_hipLaunchHostFunc));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchHostFunc);
@@ -1024,7 +1922,7 @@ KREX_HOOK uint32_t hipLaunchHostFunc(void * stream, void * fn, void * userData)
 
 KREX_HOOK uint32_t hipLaunchKernel(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream)
 {
-    KREX_HIP_BIND(hipLaunchKernel, krex_hip_missing(KREX_HIP_EP_hipLaunchKernel));
+    KREX_HIP_HOOK_BIND(hipLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipLaunchKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchKernel);
@@ -1037,7 +1935,7 @@ KREX_HOOK uint32_t hipLaunchKernel(void * function_address, struct krex_hip_abi_
 
 KREX_HOOK uint32_t hipLaunchKernel_spt(void * function_address, struct krex_hip_abi_dim3 numBlocks, struct krex_hip_abi_dim3 dimBlocks, void * args, uint64_t sharedMemBytes, void * stream)
 {
-    KREX_HIP_BIND(hipLaunchKernel_spt, krex_hip_missing(KREX_HIP_EP_hipLaunchKernel_spt));
+    KREX_HIP_HOOK_BIND(hipLaunchKernel_spt, krex_hip_unbound(KREX_HIP_EP_hipLaunchKernel_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 1);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchKernel_spt);
@@ -1048,13 +1946,40 @@ KREX_HOOK uint32_t hipLaunchKernel_spt(void * function_address, struct krex_hip_
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipMalloc(void * ptr, uint64_t size)
+{
+    KREX_HIP_HOOK_BIND(hipMalloc, krex_hip_unbound(KREX_HIP_EP_hipMalloc));
+    uint32_t krex_r = krex_real_fn(ptr, size);
+    krex_hip_mem_alloced(krex_r, ptr, size);
+    return krex_r;
+}
+
+KREX_HOOK uint32_t hipMalloc3D(void * pitchedDevPtr, struct krex_hip_abi_hipExtent extent)
+{
+    KREX_HIP_HOOK_BIND(hipMalloc3D, krex_hip_unbound(KREX_HIP_EP_hipMalloc3D));
+    return krex_real_fn(pitchedDevPtr, extent);
+}
+
+KREX_HOOK uint32_t hipMalloc3DArray(void * array, void * desc, struct krex_hip_abi_hipExtent extent, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMalloc3DArray, krex_hip_unbound(KREX_HIP_EP_hipMalloc3DArray));
+    return krex_real_fn(array, desc, extent, flags);
+}
+
+KREX_HOOK uint32_t hipMallocArray(void * array, void * desc, uint64_t width, uint64_t height, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMallocArray, krex_hip_unbound(KREX_HIP_EP_hipMallocArray));
+    return krex_real_fn(array, desc, width, height, flags);
+}
+
 KREX_HOOK uint32_t hipMallocAsync(void * dev_ptr, uint64_t size, void * stream)
 {
-    KREX_HIP_BIND(hipMallocAsync, krex_hip_missing(KREX_HIP_EP_hipMallocAsync));
+    KREX_HIP_HOOK_BIND(hipMallocAsync, krex_hip_unbound(KREX_HIP_EP_hipMallocAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocAsync);
     uint32_t krex_r = krex_real_fn(dev_ptr, size, stream);
+    krex_hip_mem_alloced(krex_r, dev_ptr, size);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -1062,19 +1987,134 @@ KREX_HOOK uint32_t hipMallocAsync(void * dev_ptr, uint64_t size, void * stream)
 
 KREX_HOOK uint32_t hipMallocFromPoolAsync(void * dev_ptr, uint64_t size, void * mem_pool, void * stream)
 {
-    KREX_HIP_BIND(hipMallocFromPoolAsync, krex_hip_missing(KREX_HIP_EP_hipMallocFromPoolAsync));
+    KREX_HIP_HOOK_BIND(hipMallocFromPoolAsync, krex_hip_unbound(KREX_HIP_EP_hipMallocFromPoolAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocFromPoolAsync);
     uint32_t krex_r = krex_real_fn(dev_ptr, size, mem_pool, stream);
+    krex_hip_mem_alloced(krex_r, dev_ptr, size);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipMallocHost(void * ptr, uint64_t size)
+{
+    KREX_HIP_HOOK_BIND(hipMallocHost, krex_hip_unbound(KREX_HIP_EP_hipMallocHost));
+    return krex_real_fn(ptr, size);
+}
+
+KREX_HOOK uint32_t hipMallocManaged(void * dev_ptr, uint64_t size, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMallocManaged, krex_hip_unbound(KREX_HIP_EP_hipMallocManaged));
+    uint32_t krex_r = krex_real_fn(dev_ptr, size, flags);
+    krex_hip_mem_alloced(krex_r, dev_ptr, size);
+    return krex_r;
+}
+
+KREX_HOOK uint32_t hipMallocMipmappedArray(void * mipmappedArray, void * desc, struct krex_hip_abi_hipExtent extent, uint32_t numLevels, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMallocMipmappedArray, krex_hip_unbound(KREX_HIP_EP_hipMallocMipmappedArray));
+    return krex_real_fn(mipmappedArray, desc, extent, numLevels, flags);
+}
+
+KREX_HOOK uint32_t hipMallocPitch(void * ptr, void * pitch, uint64_t width, uint64_t height)
+{
+    KREX_HIP_HOOK_BIND(hipMallocPitch, krex_hip_unbound(KREX_HIP_EP_hipMallocPitch));
+    uint32_t krex_r = krex_real_fn(ptr, pitch, width, height);
+    krex_hip_mem_alloced(krex_r, ptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    return krex_r;
+}
+
+KREX_HOOK uint32_t hipMemAddressFree(void * devPtr, uint64_t size)
+{
+    KREX_HIP_HOOK_BIND(hipMemAddressFree, krex_hip_unbound(KREX_HIP_EP_hipMemAddressFree));
+    return krex_real_fn(devPtr, size);
+}
+
+KREX_HOOK uint32_t hipMemAddressReserve(void * ptr, uint64_t size, uint64_t alignment, void * addr, uint64_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMemAddressReserve, krex_hip_unbound(KREX_HIP_EP_hipMemAddressReserve));
+    return krex_real_fn(ptr, size, alignment, addr, flags);
+}
+
+KREX_HOOK uint32_t hipMemAdvise(void * dev_ptr, uint64_t count, uint32_t advice, int32_t device)
+{
+    KREX_HIP_HOOK_BIND(hipMemAdvise, krex_hip_unbound(KREX_HIP_EP_hipMemAdvise));
+    return krex_real_fn(dev_ptr, count, advice, device);
+}
+
+KREX_HOOK uint32_t hipMemAllocHost(void * ptr, uint64_t size)
+{
+    KREX_HIP_HOOK_BIND(hipMemAllocHost, krex_hip_unbound(KREX_HIP_EP_hipMemAllocHost));
+    return krex_real_fn(ptr, size);
+}
+
+KREX_HOOK uint32_t hipMemAllocPitch(void * dptr, void * pitch, uint64_t widthInBytes, uint64_t height, uint32_t elementSizeBytes)
+{
+    KREX_HIP_HOOK_BIND(hipMemAllocPitch, krex_hip_unbound(KREX_HIP_EP_hipMemAllocPitch));
+    uint32_t krex_r = krex_real_fn(dptr, pitch, widthInBytes, height, elementSizeBytes);
+    krex_hip_mem_alloced(krex_r, dptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    return krex_r;
+}
+
+KREX_HOOK uint32_t hipMemCreate(void * handle, uint64_t size, void * prop, uint64_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMemCreate, krex_hip_unbound(KREX_HIP_EP_hipMemCreate));
+    return krex_real_fn(handle, size, prop, flags);
+}
+
+KREX_HOOK uint32_t hipMemExportToShareableHandle(void * shareableHandle, void * handle, uint32_t handleType, uint64_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMemExportToShareableHandle, krex_hip_unbound(KREX_HIP_EP_hipMemExportToShareableHandle));
+    return krex_real_fn(shareableHandle, handle, handleType, flags);
+}
+
+KREX_HOOK uint32_t hipMemGetAccess(void * flags, void * location, void * ptr)
+{
+    KREX_HIP_HOOK_BIND(hipMemGetAccess, krex_hip_unbound(KREX_HIP_EP_hipMemGetAccess));
+    return krex_real_fn(flags, location, ptr);
+}
+
+KREX_HOOK uint32_t hipMemGetAddressRange(void * pbase, void * psize, void * dptr)
+{
+    KREX_HIP_HOOK_BIND(hipMemGetAddressRange, krex_hip_unbound(KREX_HIP_EP_hipMemGetAddressRange));
+    return krex_real_fn(pbase, psize, dptr);
+}
+
+KREX_HOOK uint32_t hipMemGetAllocationGranularity(void * granularity, void * prop, uint32_t option)
+{
+    KREX_HIP_HOOK_BIND(hipMemGetAllocationGranularity, krex_hip_unbound(KREX_HIP_EP_hipMemGetAllocationGranularity));
+    return krex_real_fn(granularity, prop, option);
+}
+
+KREX_HOOK uint32_t hipMemGetAllocationPropertiesFromHandle(void * prop, void * handle)
+{
+    KREX_HIP_HOOK_BIND(hipMemGetAllocationPropertiesFromHandle, krex_hip_unbound(KREX_HIP_EP_hipMemGetAllocationPropertiesFromHandle));
+    return krex_real_fn(prop, handle);
+}
+
+KREX_HOOK uint32_t hipMemGetInfo(void * free, void * total)
+{
+    KREX_HIP_HOOK_BIND(hipMemGetInfo, krex_hip_unbound(KREX_HIP_EP_hipMemGetInfo));
+    return krex_real_fn(free, total);
+}
+
+KREX_HOOK uint32_t hipMemImportFromShareableHandle(void * handle, void * osHandle, uint32_t shHandleType)
+{
+    KREX_HIP_HOOK_BIND(hipMemImportFromShareableHandle, krex_hip_unbound(KREX_HIP_EP_hipMemImportFromShareableHandle));
+    return krex_real_fn(handle, osHandle, shHandleType);
+}
+
+KREX_HOOK uint32_t hipMemMap(void * ptr, uint64_t size, uint64_t offset, void * handle, uint64_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMemMap, krex_hip_unbound(KREX_HIP_EP_hipMemMap));
+    return krex_real_fn(ptr, size, offset, handle, flags);
+}
+
 KREX_HOOK uint32_t hipMemMapArrayAsync(void * mapInfoList, uint32_t count, void * stream)
 {
-    KREX_HIP_BIND(hipMemMapArrayAsync, krex_hip_missing(KREX_HIP_EP_hipMemMapArrayAsync));
+    KREX_HIP_HOOK_BIND(hipMemMapArrayAsync, krex_hip_unbound(KREX_HIP_EP_hipMemMapArrayAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemMapArrayAsync);
@@ -1084,9 +2124,75 @@ KREX_HOOK uint32_t hipMemMapArrayAsync(void * mapInfoList, uint32_t count, void 
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipMemPoolCreate(void * mem_pool, void * pool_props)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolCreate, krex_hip_unbound(KREX_HIP_EP_hipMemPoolCreate));
+    return krex_real_fn(mem_pool, pool_props);
+}
+
+KREX_HOOK uint32_t hipMemPoolDestroy(void * mem_pool)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolDestroy, krex_hip_unbound(KREX_HIP_EP_hipMemPoolDestroy));
+    return krex_real_fn(mem_pool);
+}
+
+KREX_HOOK uint32_t hipMemPoolExportPointer(void * export_data, void * dev_ptr)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolExportPointer, krex_hip_unbound(KREX_HIP_EP_hipMemPoolExportPointer));
+    return krex_real_fn(export_data, dev_ptr);
+}
+
+KREX_HOOK uint32_t hipMemPoolExportToShareableHandle(void * shared_handle, void * mem_pool, uint32_t handle_type, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolExportToShareableHandle, krex_hip_unbound(KREX_HIP_EP_hipMemPoolExportToShareableHandle));
+    return krex_real_fn(shared_handle, mem_pool, handle_type, flags);
+}
+
+KREX_HOOK uint32_t hipMemPoolGetAccess(void * flags, void * mem_pool, void * location)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolGetAccess, krex_hip_unbound(KREX_HIP_EP_hipMemPoolGetAccess));
+    return krex_real_fn(flags, mem_pool, location);
+}
+
+KREX_HOOK uint32_t hipMemPoolGetAttribute(void * mem_pool, uint32_t attr, void * value)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolGetAttribute, krex_hip_unbound(KREX_HIP_EP_hipMemPoolGetAttribute));
+    return krex_real_fn(mem_pool, attr, value);
+}
+
+KREX_HOOK uint32_t hipMemPoolImportFromShareableHandle(void * mem_pool, void * shared_handle, uint32_t handle_type, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolImportFromShareableHandle, krex_hip_unbound(KREX_HIP_EP_hipMemPoolImportFromShareableHandle));
+    return krex_real_fn(mem_pool, shared_handle, handle_type, flags);
+}
+
+KREX_HOOK uint32_t hipMemPoolImportPointer(void * dev_ptr, void * mem_pool, void * export_data)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolImportPointer, krex_hip_unbound(KREX_HIP_EP_hipMemPoolImportPointer));
+    return krex_real_fn(dev_ptr, mem_pool, export_data);
+}
+
+KREX_HOOK uint32_t hipMemPoolSetAccess(void * mem_pool, void * desc_list, uint64_t count)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolSetAccess, krex_hip_unbound(KREX_HIP_EP_hipMemPoolSetAccess));
+    return krex_real_fn(mem_pool, desc_list, count);
+}
+
+KREX_HOOK uint32_t hipMemPoolSetAttribute(void * mem_pool, uint32_t attr, void * value)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolSetAttribute, krex_hip_unbound(KREX_HIP_EP_hipMemPoolSetAttribute));
+    return krex_real_fn(mem_pool, attr, value);
+}
+
+KREX_HOOK uint32_t hipMemPoolTrimTo(void * mem_pool, uint64_t min_bytes_to_hold)
+{
+    KREX_HIP_HOOK_BIND(hipMemPoolTrimTo, krex_hip_unbound(KREX_HIP_EP_hipMemPoolTrimTo));
+    return krex_real_fn(mem_pool, min_bytes_to_hold);
+}
+
 KREX_HOOK uint32_t hipMemPrefetchAsync(void * dev_ptr, uint64_t count, int32_t device, void * stream)
 {
-    KREX_HIP_BIND(hipMemPrefetchAsync, krex_hip_missing(KREX_HIP_EP_hipMemPrefetchAsync));
+    KREX_HIP_HOOK_BIND(hipMemPrefetchAsync, krex_hip_unbound(KREX_HIP_EP_hipMemPrefetchAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemPrefetchAsync);
@@ -1096,9 +2202,39 @@ KREX_HOOK uint32_t hipMemPrefetchAsync(void * dev_ptr, uint64_t count, int32_t d
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipMemPtrGetInfo(void * ptr, void * size)
+{
+    KREX_HIP_HOOK_BIND(hipMemPtrGetInfo, krex_hip_unbound(KREX_HIP_EP_hipMemPtrGetInfo));
+    return krex_real_fn(ptr, size);
+}
+
+KREX_HOOK uint32_t hipMemRangeGetAttribute(void * data, uint64_t data_size, uint32_t attribute, void * dev_ptr, uint64_t count)
+{
+    KREX_HIP_HOOK_BIND(hipMemRangeGetAttribute, krex_hip_unbound(KREX_HIP_EP_hipMemRangeGetAttribute));
+    return krex_real_fn(data, data_size, attribute, dev_ptr, count);
+}
+
+KREX_HOOK uint32_t hipMemRangeGetAttributes(void * data, void * data_sizes, void * attributes, uint64_t num_attributes, void * dev_ptr, uint64_t count)
+{
+    KREX_HIP_HOOK_BIND(hipMemRangeGetAttributes, krex_hip_unbound(KREX_HIP_EP_hipMemRangeGetAttributes));
+    return krex_real_fn(data, data_sizes, attributes, num_attributes, dev_ptr, count);
+}
+
+KREX_HOOK uint32_t hipMemRelease(void * handle)
+{
+    KREX_HIP_HOOK_BIND(hipMemRelease, krex_hip_unbound(KREX_HIP_EP_hipMemRelease));
+    return krex_real_fn(handle);
+}
+
+KREX_HOOK uint32_t hipMemRetainAllocationHandle(void * handle, void * addr)
+{
+    KREX_HIP_HOOK_BIND(hipMemRetainAllocationHandle, krex_hip_unbound(KREX_HIP_EP_hipMemRetainAllocationHandle));
+    return krex_real_fn(handle, addr);
+}
+
 KREX_HOOK uint32_t hipMemSetAccess(void * ptr, uint64_t size, void * desc, uint64_t count)
 {
-    KREX_HIP_BIND(hipMemSetAccess, krex_hip_missing(KREX_HIP_EP_hipMemSetAccess));
+    KREX_HIP_HOOK_BIND(hipMemSetAccess, krex_hip_unbound(KREX_HIP_EP_hipMemSetAccess));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemSetAccess);
@@ -1110,7 +2246,7 @@ KREX_HOOK uint32_t hipMemSetAccess(void * ptr, uint64_t size, void * desc, uint6
 
 KREX_HOOK uint32_t hipMemUnmap(void * ptr, uint64_t size)
 {
-    KREX_HIP_BIND(hipMemUnmap, krex_hip_missing(KREX_HIP_EP_hipMemUnmap));
+    KREX_HIP_HOOK_BIND(hipMemUnmap, krex_hip_unbound(KREX_HIP_EP_hipMemUnmap));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemUnmap);
@@ -1122,7 +2258,7 @@ KREX_HOOK uint32_t hipMemUnmap(void * ptr, uint64_t size)
 
 KREX_HOOK uint32_t hipMemcpy(void * dst, void * src, uint64_t sizeBytes, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy, krex_hip_missing(KREX_HIP_EP_hipMemcpy));
+    KREX_HIP_HOOK_BIND(hipMemcpy, krex_hip_unbound(KREX_HIP_EP_hipMemcpy));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy);
@@ -1134,7 +2270,7 @@ KREX_HOOK uint32_t hipMemcpy(void * dst, void * src, uint64_t sizeBytes, uint32_
 
 KREX_HOOK uint32_t hipMemcpy2D(void * dst, uint64_t dpitch, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy2D, krex_hip_missing(KREX_HIP_EP_hipMemcpy2D));
+    KREX_HIP_HOOK_BIND(hipMemcpy2D, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2D));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2D);
@@ -1146,7 +2282,7 @@ KREX_HOOK uint32_t hipMemcpy2D(void * dst, uint64_t dpitch, void * src, uint64_t
 
 KREX_HOOK uint32_t hipMemcpy2DAsync(void * dst, uint64_t dpitch, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpy2DAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpy2DAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpy2DAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2DAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2DAsync);
@@ -1158,7 +2294,7 @@ KREX_HOOK uint32_t hipMemcpy2DAsync(void * dst, uint64_t dpitch, void * src, uin
 
 KREX_HOOK uint32_t hipMemcpy2DFromArray(void * dst, uint64_t dpitch, void * src, uint64_t wOffset, uint64_t hOffset, uint64_t width, uint64_t height, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy2DFromArray, krex_hip_missing(KREX_HIP_EP_hipMemcpy2DFromArray));
+    KREX_HIP_HOOK_BIND(hipMemcpy2DFromArray, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2DFromArray));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2DFromArray);
@@ -1170,7 +2306,7 @@ KREX_HOOK uint32_t hipMemcpy2DFromArray(void * dst, uint64_t dpitch, void * src,
 
 KREX_HOOK uint32_t hipMemcpy2DFromArrayAsync(void * dst, uint64_t dpitch, void * src, uint64_t wOffset, uint64_t hOffset, uint64_t width, uint64_t height, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpy2DFromArrayAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpy2DFromArrayAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpy2DFromArrayAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2DFromArrayAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2DFromArrayAsync);
@@ -1182,7 +2318,7 @@ KREX_HOOK uint32_t hipMemcpy2DFromArrayAsync(void * dst, uint64_t dpitch, void *
 
 KREX_HOOK uint32_t hipMemcpy2DFromArray_spt(void * dst, uint64_t dpitch, void * src, uint64_t wOffset, uint64_t hOffset, uint64_t width, uint64_t height, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy2DFromArray_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpy2DFromArray_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpy2DFromArray_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2DFromArray_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2DFromArray_spt);
@@ -1194,7 +2330,7 @@ KREX_HOOK uint32_t hipMemcpy2DFromArray_spt(void * dst, uint64_t dpitch, void * 
 
 KREX_HOOK uint32_t hipMemcpy2DToArray(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy2DToArray, krex_hip_missing(KREX_HIP_EP_hipMemcpy2DToArray));
+    KREX_HIP_HOOK_BIND(hipMemcpy2DToArray, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2DToArray));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2DToArray);
@@ -1206,7 +2342,7 @@ KREX_HOOK uint32_t hipMemcpy2DToArray(void * dst, uint64_t wOffset, uint64_t hOf
 
 KREX_HOOK uint32_t hipMemcpy2DToArrayAsync(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpy2DToArrayAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpy2DToArrayAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpy2DToArrayAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2DToArrayAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2DToArrayAsync);
@@ -1218,7 +2354,7 @@ KREX_HOOK uint32_t hipMemcpy2DToArrayAsync(void * dst, uint64_t wOffset, uint64_
 
 KREX_HOOK uint32_t hipMemcpy2DToArray_spt(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy2DToArray_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpy2DToArray_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpy2DToArray_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2DToArray_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2DToArray_spt);
@@ -1230,7 +2366,7 @@ KREX_HOOK uint32_t hipMemcpy2DToArray_spt(void * dst, uint64_t wOffset, uint64_t
 
 KREX_HOOK uint32_t hipMemcpy2D_spt(void * dst, uint64_t dpitch, void * src, uint64_t spitch, uint64_t width, uint64_t height, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy2D_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpy2D_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpy2D_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpy2D_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy2D_spt);
@@ -1242,7 +2378,7 @@ KREX_HOOK uint32_t hipMemcpy2D_spt(void * dst, uint64_t dpitch, void * src, uint
 
 KREX_HOOK uint32_t hipMemcpy3D(void * p)
 {
-    KREX_HIP_BIND(hipMemcpy3D, krex_hip_missing(KREX_HIP_EP_hipMemcpy3D));
+    KREX_HIP_HOOK_BIND(hipMemcpy3D, krex_hip_unbound(KREX_HIP_EP_hipMemcpy3D));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy3D);
@@ -1254,7 +2390,7 @@ KREX_HOOK uint32_t hipMemcpy3D(void * p)
 
 KREX_HOOK uint32_t hipMemcpy3DAsync(void * p, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpy3DAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpy3DAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpy3DAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpy3DAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy3DAsync);
@@ -1266,7 +2402,7 @@ KREX_HOOK uint32_t hipMemcpy3DAsync(void * p, void * stream)
 
 KREX_HOOK uint32_t hipMemcpy3D_spt(void * p)
 {
-    KREX_HIP_BIND(hipMemcpy3D_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpy3D_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpy3D_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpy3D_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy3D_spt);
@@ -1278,7 +2414,7 @@ KREX_HOOK uint32_t hipMemcpy3D_spt(void * p)
 
 KREX_HOOK uint32_t hipMemcpyAsync(void * dst, void * src, uint64_t sizeBytes, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyAsync);
@@ -1290,7 +2426,7 @@ KREX_HOOK uint32_t hipMemcpyAsync(void * dst, void * src, uint64_t sizeBytes, ui
 
 KREX_HOOK uint32_t hipMemcpyAsync_spt(void * dst, void * src, uint64_t sizeBytes, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyAsync_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpyAsync_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpyAsync_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpyAsync_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 1);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyAsync_spt);
@@ -1302,7 +2438,7 @@ KREX_HOOK uint32_t hipMemcpyAsync_spt(void * dst, void * src, uint64_t sizeBytes
 
 KREX_HOOK uint32_t hipMemcpyAtoH(void * dst, void * srcArray, uint64_t srcOffset, uint64_t count)
 {
-    KREX_HIP_BIND(hipMemcpyAtoH, krex_hip_missing(KREX_HIP_EP_hipMemcpyAtoH));
+    KREX_HIP_HOOK_BIND(hipMemcpyAtoH, krex_hip_unbound(KREX_HIP_EP_hipMemcpyAtoH));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyAtoH);
@@ -1314,7 +2450,7 @@ KREX_HOOK uint32_t hipMemcpyAtoH(void * dst, void * srcArray, uint64_t srcOffset
 
 KREX_HOOK uint32_t hipMemcpyDtoD(void * dst, void * src, uint64_t sizeBytes)
 {
-    KREX_HIP_BIND(hipMemcpyDtoD, krex_hip_missing(KREX_HIP_EP_hipMemcpyDtoD));
+    KREX_HIP_HOOK_BIND(hipMemcpyDtoD, krex_hip_unbound(KREX_HIP_EP_hipMemcpyDtoD));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyDtoD);
@@ -1326,7 +2462,7 @@ KREX_HOOK uint32_t hipMemcpyDtoD(void * dst, void * src, uint64_t sizeBytes)
 
 KREX_HOOK uint32_t hipMemcpyDtoDAsync(void * dst, void * src, uint64_t sizeBytes, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyDtoDAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyDtoDAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyDtoDAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyDtoDAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyDtoDAsync);
@@ -1338,7 +2474,7 @@ KREX_HOOK uint32_t hipMemcpyDtoDAsync(void * dst, void * src, uint64_t sizeBytes
 
 KREX_HOOK uint32_t hipMemcpyDtoH(void * dst, void * src, uint64_t sizeBytes)
 {
-    KREX_HIP_BIND(hipMemcpyDtoH, krex_hip_missing(KREX_HIP_EP_hipMemcpyDtoH));
+    KREX_HIP_HOOK_BIND(hipMemcpyDtoH, krex_hip_unbound(KREX_HIP_EP_hipMemcpyDtoH));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyDtoH);
@@ -1350,7 +2486,7 @@ KREX_HOOK uint32_t hipMemcpyDtoH(void * dst, void * src, uint64_t sizeBytes)
 
 KREX_HOOK uint32_t hipMemcpyDtoHAsync(void * dst, void * src, uint64_t sizeBytes, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyDtoHAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyDtoHAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyDtoHAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyDtoHAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyDtoHAsync);
@@ -1362,7 +2498,7 @@ KREX_HOOK uint32_t hipMemcpyDtoHAsync(void * dst, void * src, uint64_t sizeBytes
 
 KREX_HOOK uint32_t hipMemcpyFromArray(void * dst, void * srcArray, uint64_t wOffset, uint64_t hOffset, uint64_t count, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpyFromArray, krex_hip_missing(KREX_HIP_EP_hipMemcpyFromArray));
+    KREX_HIP_HOOK_BIND(hipMemcpyFromArray, krex_hip_unbound(KREX_HIP_EP_hipMemcpyFromArray));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyFromArray);
@@ -1374,7 +2510,7 @@ KREX_HOOK uint32_t hipMemcpyFromArray(void * dst, void * srcArray, uint64_t wOff
 
 KREX_HOOK uint32_t hipMemcpyFromSymbol(void * dst, void * symbol, uint64_t sizeBytes, uint64_t offset, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpyFromSymbol, krex_hip_missing(KREX_HIP_EP_hipMemcpyFromSymbol));
+    KREX_HIP_HOOK_BIND(hipMemcpyFromSymbol, krex_hip_unbound(KREX_HIP_EP_hipMemcpyFromSymbol));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyFromSymbol);
@@ -1386,7 +2522,7 @@ KREX_HOOK uint32_t hipMemcpyFromSymbol(void * dst, void * symbol, uint64_t sizeB
 
 KREX_HOOK uint32_t hipMemcpyFromSymbolAsync(void * dst, void * symbol, uint64_t sizeBytes, uint64_t offset, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyFromSymbolAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyFromSymbolAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyFromSymbolAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyFromSymbolAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyFromSymbolAsync);
@@ -1398,7 +2534,7 @@ KREX_HOOK uint32_t hipMemcpyFromSymbolAsync(void * dst, void * symbol, uint64_t 
 
 KREX_HOOK uint32_t hipMemcpyFromSymbol_spt(void * dst, void * symbol, uint64_t sizeBytes, uint64_t offset, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpyFromSymbol_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpyFromSymbol_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpyFromSymbol_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpyFromSymbol_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyFromSymbol_spt);
@@ -1410,7 +2546,7 @@ KREX_HOOK uint32_t hipMemcpyFromSymbol_spt(void * dst, void * symbol, uint64_t s
 
 KREX_HOOK uint32_t hipMemcpyHtoA(void * dstArray, uint64_t dstOffset, void * srcHost, uint64_t count)
 {
-    KREX_HIP_BIND(hipMemcpyHtoA, krex_hip_missing(KREX_HIP_EP_hipMemcpyHtoA));
+    KREX_HIP_HOOK_BIND(hipMemcpyHtoA, krex_hip_unbound(KREX_HIP_EP_hipMemcpyHtoA));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyHtoA);
@@ -1422,7 +2558,7 @@ KREX_HOOK uint32_t hipMemcpyHtoA(void * dstArray, uint64_t dstOffset, void * src
 
 KREX_HOOK uint32_t hipMemcpyHtoD(void * dst, void * src, uint64_t sizeBytes)
 {
-    KREX_HIP_BIND(hipMemcpyHtoD, krex_hip_missing(KREX_HIP_EP_hipMemcpyHtoD));
+    KREX_HIP_HOOK_BIND(hipMemcpyHtoD, krex_hip_unbound(KREX_HIP_EP_hipMemcpyHtoD));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyHtoD);
@@ -1434,7 +2570,7 @@ KREX_HOOK uint32_t hipMemcpyHtoD(void * dst, void * src, uint64_t sizeBytes)
 
 KREX_HOOK uint32_t hipMemcpyHtoDAsync(void * dst, void * src, uint64_t sizeBytes, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyHtoDAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyHtoDAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyHtoDAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyHtoDAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyHtoDAsync);
@@ -1446,7 +2582,7 @@ KREX_HOOK uint32_t hipMemcpyHtoDAsync(void * dst, void * src, uint64_t sizeBytes
 
 KREX_HOOK uint32_t hipMemcpyParam2D(void * pCopy)
 {
-    KREX_HIP_BIND(hipMemcpyParam2D, krex_hip_missing(KREX_HIP_EP_hipMemcpyParam2D));
+    KREX_HIP_HOOK_BIND(hipMemcpyParam2D, krex_hip_unbound(KREX_HIP_EP_hipMemcpyParam2D));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyParam2D);
@@ -1458,7 +2594,7 @@ KREX_HOOK uint32_t hipMemcpyParam2D(void * pCopy)
 
 KREX_HOOK uint32_t hipMemcpyParam2DAsync(void * pCopy, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyParam2DAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyParam2DAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyParam2DAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyParam2DAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyParam2DAsync);
@@ -1470,7 +2606,7 @@ KREX_HOOK uint32_t hipMemcpyParam2DAsync(void * pCopy, void * stream)
 
 KREX_HOOK uint32_t hipMemcpyPeer(void * dst, int32_t dstDeviceId, void * src, int32_t srcDeviceId, uint64_t sizeBytes)
 {
-    KREX_HIP_BIND(hipMemcpyPeer, krex_hip_missing(KREX_HIP_EP_hipMemcpyPeer));
+    KREX_HIP_HOOK_BIND(hipMemcpyPeer, krex_hip_unbound(KREX_HIP_EP_hipMemcpyPeer));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyPeer);
@@ -1482,7 +2618,7 @@ KREX_HOOK uint32_t hipMemcpyPeer(void * dst, int32_t dstDeviceId, void * src, in
 
 KREX_HOOK uint32_t hipMemcpyPeerAsync(void * dst, int32_t dstDeviceId, void * src, int32_t srcDevice, uint64_t sizeBytes, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyPeerAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyPeerAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyPeerAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyPeerAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyPeerAsync);
@@ -1494,7 +2630,7 @@ KREX_HOOK uint32_t hipMemcpyPeerAsync(void * dst, int32_t dstDeviceId, void * sr
 
 KREX_HOOK uint32_t hipMemcpyToArray(void * dst, uint64_t wOffset, uint64_t hOffset, void * src, uint64_t count, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpyToArray, krex_hip_missing(KREX_HIP_EP_hipMemcpyToArray));
+    KREX_HIP_HOOK_BIND(hipMemcpyToArray, krex_hip_unbound(KREX_HIP_EP_hipMemcpyToArray));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyToArray);
@@ -1506,7 +2642,7 @@ KREX_HOOK uint32_t hipMemcpyToArray(void * dst, uint64_t wOffset, uint64_t hOffs
 
 KREX_HOOK uint32_t hipMemcpyToSymbol(void * symbol, void * src, uint64_t sizeBytes, uint64_t offset, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpyToSymbol, krex_hip_missing(KREX_HIP_EP_hipMemcpyToSymbol));
+    KREX_HIP_HOOK_BIND(hipMemcpyToSymbol, krex_hip_unbound(KREX_HIP_EP_hipMemcpyToSymbol));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyToSymbol);
@@ -1518,7 +2654,7 @@ KREX_HOOK uint32_t hipMemcpyToSymbol(void * symbol, void * src, uint64_t sizeByt
 
 KREX_HOOK uint32_t hipMemcpyToSymbolAsync(void * symbol, void * src, uint64_t sizeBytes, uint64_t offset, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyToSymbolAsync, krex_hip_missing(KREX_HIP_EP_hipMemcpyToSymbolAsync));
+    KREX_HIP_HOOK_BIND(hipMemcpyToSymbolAsync, krex_hip_unbound(KREX_HIP_EP_hipMemcpyToSymbolAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyToSymbolAsync);
@@ -1530,7 +2666,7 @@ KREX_HOOK uint32_t hipMemcpyToSymbolAsync(void * symbol, void * src, uint64_t si
 
 KREX_HOOK uint32_t hipMemcpyToSymbol_spt(void * symbol, void * src, uint64_t sizeBytes, uint64_t offset, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpyToSymbol_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpyToSymbol_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpyToSymbol_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpyToSymbol_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyToSymbol_spt);
@@ -1542,7 +2678,7 @@ KREX_HOOK uint32_t hipMemcpyToSymbol_spt(void * symbol, void * src, uint64_t siz
 
 KREX_HOOK uint32_t hipMemcpyWithStream(void * dst, void * src, uint64_t sizeBytes, uint32_t kind, void * stream)
 {
-    KREX_HIP_BIND(hipMemcpyWithStream, krex_hip_missing(KREX_HIP_EP_hipMemcpyWithStream));
+    KREX_HIP_HOOK_BIND(hipMemcpyWithStream, krex_hip_unbound(KREX_HIP_EP_hipMemcpyWithStream));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpyWithStream);
@@ -1554,7 +2690,7 @@ KREX_HOOK uint32_t hipMemcpyWithStream(void * dst, void * src, uint64_t sizeByte
 
 KREX_HOOK uint32_t hipMemcpy_spt(void * dst, void * src, uint64_t sizeBytes, uint32_t kind)
 {
-    KREX_HIP_BIND(hipMemcpy_spt, krex_hip_missing(KREX_HIP_EP_hipMemcpy_spt));
+    KREX_HIP_HOOK_BIND(hipMemcpy_spt, krex_hip_unbound(KREX_HIP_EP_hipMemcpy_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemcpy_spt);
@@ -1566,7 +2702,7 @@ KREX_HOOK uint32_t hipMemcpy_spt(void * dst, void * src, uint64_t sizeBytes, uin
 
 KREX_HOOK uint32_t hipMemset(void * dst, int32_t value, uint64_t sizeBytes)
 {
-    KREX_HIP_BIND(hipMemset, krex_hip_missing(KREX_HIP_EP_hipMemset));
+    KREX_HIP_HOOK_BIND(hipMemset, krex_hip_unbound(KREX_HIP_EP_hipMemset));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset);
@@ -1578,7 +2714,7 @@ KREX_HOOK uint32_t hipMemset(void * dst, int32_t value, uint64_t sizeBytes)
 
 KREX_HOOK uint32_t hipMemset2D(void * dst, uint64_t pitch, int32_t value, uint64_t width, uint64_t height)
 {
-    KREX_HIP_BIND(hipMemset2D, krex_hip_missing(KREX_HIP_EP_hipMemset2D));
+    KREX_HIP_HOOK_BIND(hipMemset2D, krex_hip_unbound(KREX_HIP_EP_hipMemset2D));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset2D);
@@ -1590,7 +2726,7 @@ KREX_HOOK uint32_t hipMemset2D(void * dst, uint64_t pitch, int32_t value, uint64
 
 KREX_HOOK uint32_t hipMemset2DAsync(void * dst, uint64_t pitch, int32_t value, uint64_t width, uint64_t height, void * stream)
 {
-    KREX_HIP_BIND(hipMemset2DAsync, krex_hip_missing(KREX_HIP_EP_hipMemset2DAsync));
+    KREX_HIP_HOOK_BIND(hipMemset2DAsync, krex_hip_unbound(KREX_HIP_EP_hipMemset2DAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset2DAsync);
@@ -1602,7 +2738,7 @@ KREX_HOOK uint32_t hipMemset2DAsync(void * dst, uint64_t pitch, int32_t value, u
 
 KREX_HOOK uint32_t hipMemset2D_spt(void * dst, uint64_t pitch, int32_t value, uint64_t width, uint64_t height)
 {
-    KREX_HIP_BIND(hipMemset2D_spt, krex_hip_missing(KREX_HIP_EP_hipMemset2D_spt));
+    KREX_HIP_HOOK_BIND(hipMemset2D_spt, krex_hip_unbound(KREX_HIP_EP_hipMemset2D_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset2D_spt);
@@ -1614,7 +2750,7 @@ KREX_HOOK uint32_t hipMemset2D_spt(void * dst, uint64_t pitch, int32_t value, ui
 
 KREX_HOOK uint32_t hipMemset3D(struct krex_hip_abi_hipPitchedPtr pitchedDevPtr, int32_t value, struct krex_hip_abi_hipExtent extent)
 {
-    KREX_HIP_BIND(hipMemset3D, krex_hip_missing(KREX_HIP_EP_hipMemset3D));
+    KREX_HIP_HOOK_BIND(hipMemset3D, krex_hip_unbound(KREX_HIP_EP_hipMemset3D));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset3D);
@@ -1626,7 +2762,7 @@ KREX_HOOK uint32_t hipMemset3D(struct krex_hip_abi_hipPitchedPtr pitchedDevPtr, 
 
 KREX_HOOK uint32_t hipMemset3DAsync(struct krex_hip_abi_hipPitchedPtr pitchedDevPtr, int32_t value, struct krex_hip_abi_hipExtent extent, void * stream)
 {
-    KREX_HIP_BIND(hipMemset3DAsync, krex_hip_missing(KREX_HIP_EP_hipMemset3DAsync));
+    KREX_HIP_HOOK_BIND(hipMemset3DAsync, krex_hip_unbound(KREX_HIP_EP_hipMemset3DAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset3DAsync);
@@ -1638,7 +2774,7 @@ KREX_HOOK uint32_t hipMemset3DAsync(struct krex_hip_abi_hipPitchedPtr pitchedDev
 
 KREX_HOOK uint32_t hipMemset3D_spt(struct krex_hip_abi_hipPitchedPtr pitchedDevPtr, int32_t value, struct krex_hip_abi_hipExtent extent)
 {
-    KREX_HIP_BIND(hipMemset3D_spt, krex_hip_missing(KREX_HIP_EP_hipMemset3D_spt));
+    KREX_HIP_HOOK_BIND(hipMemset3D_spt, krex_hip_unbound(KREX_HIP_EP_hipMemset3D_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset3D_spt);
@@ -1650,7 +2786,7 @@ KREX_HOOK uint32_t hipMemset3D_spt(struct krex_hip_abi_hipPitchedPtr pitchedDevP
 
 KREX_HOOK uint32_t hipMemsetAsync(void * dst, int32_t value, uint64_t sizeBytes, void * stream)
 {
-    KREX_HIP_BIND(hipMemsetAsync, krex_hip_missing(KREX_HIP_EP_hipMemsetAsync));
+    KREX_HIP_HOOK_BIND(hipMemsetAsync, krex_hip_unbound(KREX_HIP_EP_hipMemsetAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemsetAsync);
@@ -1662,7 +2798,7 @@ KREX_HOOK uint32_t hipMemsetAsync(void * dst, int32_t value, uint64_t sizeBytes,
 
 KREX_HOOK uint32_t hipMemsetD16(void * dest, uint16_t value, uint64_t count)
 {
-    KREX_HIP_BIND(hipMemsetD16, krex_hip_missing(KREX_HIP_EP_hipMemsetD16));
+    KREX_HIP_HOOK_BIND(hipMemsetD16, krex_hip_unbound(KREX_HIP_EP_hipMemsetD16));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemsetD16);
@@ -1674,7 +2810,7 @@ KREX_HOOK uint32_t hipMemsetD16(void * dest, uint16_t value, uint64_t count)
 
 KREX_HOOK uint32_t hipMemsetD16Async(void * dest, uint16_t value, uint64_t count, void * stream)
 {
-    KREX_HIP_BIND(hipMemsetD16Async, krex_hip_missing(KREX_HIP_EP_hipMemsetD16Async));
+    KREX_HIP_HOOK_BIND(hipMemsetD16Async, krex_hip_unbound(KREX_HIP_EP_hipMemsetD16Async));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemsetD16Async);
@@ -1686,7 +2822,7 @@ KREX_HOOK uint32_t hipMemsetD16Async(void * dest, uint16_t value, uint64_t count
 
 KREX_HOOK uint32_t hipMemsetD32(void * dest, int32_t value, uint64_t count)
 {
-    KREX_HIP_BIND(hipMemsetD32, krex_hip_missing(KREX_HIP_EP_hipMemsetD32));
+    KREX_HIP_HOOK_BIND(hipMemsetD32, krex_hip_unbound(KREX_HIP_EP_hipMemsetD32));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemsetD32);
@@ -1698,7 +2834,7 @@ KREX_HOOK uint32_t hipMemsetD32(void * dest, int32_t value, uint64_t count)
 
 KREX_HOOK uint32_t hipMemsetD32Async(void * dst, int32_t value, uint64_t count, void * stream)
 {
-    KREX_HIP_BIND(hipMemsetD32Async, krex_hip_missing(KREX_HIP_EP_hipMemsetD32Async));
+    KREX_HIP_HOOK_BIND(hipMemsetD32Async, krex_hip_unbound(KREX_HIP_EP_hipMemsetD32Async));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemsetD32Async);
@@ -1710,7 +2846,7 @@ KREX_HOOK uint32_t hipMemsetD32Async(void * dst, int32_t value, uint64_t count, 
 
 KREX_HOOK uint32_t hipMemsetD8(void * dest, uint8_t value, uint64_t count)
 {
-    KREX_HIP_BIND(hipMemsetD8, krex_hip_missing(KREX_HIP_EP_hipMemsetD8));
+    KREX_HIP_HOOK_BIND(hipMemsetD8, krex_hip_unbound(KREX_HIP_EP_hipMemsetD8));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemsetD8);
@@ -1722,7 +2858,7 @@ KREX_HOOK uint32_t hipMemsetD8(void * dest, uint8_t value, uint64_t count)
 
 KREX_HOOK uint32_t hipMemsetD8Async(void * dest, uint8_t value, uint64_t count, void * stream)
 {
-    KREX_HIP_BIND(hipMemsetD8Async, krex_hip_missing(KREX_HIP_EP_hipMemsetD8Async));
+    KREX_HIP_HOOK_BIND(hipMemsetD8Async, krex_hip_unbound(KREX_HIP_EP_hipMemsetD8Async));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemsetD8Async);
@@ -1734,7 +2870,7 @@ KREX_HOOK uint32_t hipMemsetD8Async(void * dest, uint8_t value, uint64_t count, 
 
 KREX_HOOK uint32_t hipMemset_spt(void * dst, int32_t value, uint64_t sizeBytes)
 {
-    KREX_HIP_BIND(hipMemset_spt, krex_hip_missing(KREX_HIP_EP_hipMemset_spt));
+    KREX_HIP_HOOK_BIND(hipMemset_spt, krex_hip_unbound(KREX_HIP_EP_hipMemset_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemset_spt);
@@ -1744,9 +2880,15 @@ KREX_HOOK uint32_t hipMemset_spt(void * dst, int32_t value, uint64_t sizeBytes)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipMipmappedArrayCreate(void * pHandle, void * pMipmappedArrayDesc, uint32_t numMipmapLevels)
+{
+    KREX_HIP_HOOK_BIND(hipMipmappedArrayCreate, krex_hip_unbound(KREX_HIP_EP_hipMipmappedArrayCreate));
+    return krex_real_fn(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+}
+
 KREX_HOOK uint32_t hipMipmappedArrayDestroy(void * hMipmappedArray)
 {
-    KREX_HIP_BIND(hipMipmappedArrayDestroy, krex_hip_missing(KREX_HIP_EP_hipMipmappedArrayDestroy));
+    KREX_HIP_HOOK_BIND(hipMipmappedArrayDestroy, krex_hip_unbound(KREX_HIP_EP_hipMipmappedArrayDestroy));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMipmappedArrayDestroy);
@@ -1756,9 +2898,15 @@ KREX_HOOK uint32_t hipMipmappedArrayDestroy(void * hMipmappedArray)
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipMipmappedArrayGetLevel(void * pLevelArray, void * hMipMappedArray, uint32_t level)
+{
+    KREX_HIP_HOOK_BIND(hipMipmappedArrayGetLevel, krex_hip_unbound(KREX_HIP_EP_hipMipmappedArrayGetLevel));
+    return krex_real_fn(pLevelArray, hMipMappedArray, level);
+}
+
 KREX_HOOK uint32_t hipModuleGetFunction(void * function, void * module, void * kname)
 {
-    KREX_HIP_BIND(hipModuleGetFunction, krex_hip_missing(KREX_HIP_EP_hipModuleGetFunction));
+    KREX_HIP_HOOK_BIND(hipModuleGetFunction, krex_hip_unbound(KREX_HIP_EP_hipModuleGetFunction));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleGetFunction);
@@ -1770,7 +2918,7 @@ KREX_HOOK uint32_t hipModuleGetFunction(void * function, void * module, void * k
 
 KREX_HOOK uint32_t hipModuleGetGlobal(void * dptr, void * bytes, void * hmod, void * name)
 {
-    KREX_HIP_BIND(hipModuleGetGlobal, krex_hip_missing(KREX_HIP_EP_hipModuleGetGlobal));
+    KREX_HIP_HOOK_BIND(hipModuleGetGlobal, krex_hip_unbound(KREX_HIP_EP_hipModuleGetGlobal));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleGetGlobal);
@@ -1782,7 +2930,7 @@ KREX_HOOK uint32_t hipModuleGetGlobal(void * dptr, void * bytes, void * hmod, vo
 
 KREX_HOOK uint32_t hipModuleGetTexRef(void * texRef, void * hmod, void * name)
 {
-    KREX_HIP_BIND(hipModuleGetTexRef, krex_hip_missing(KREX_HIP_EP_hipModuleGetTexRef));
+    KREX_HIP_HOOK_BIND(hipModuleGetTexRef, krex_hip_unbound(KREX_HIP_EP_hipModuleGetTexRef));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleGetTexRef);
@@ -1794,7 +2942,7 @@ KREX_HOOK uint32_t hipModuleGetTexRef(void * texRef, void * hmod, void * name)
 
 KREX_HOOK uint32_t hipModuleLaunchKernel(void * f, uint32_t gridDimX, uint32_t gridDimY, uint32_t gridDimZ, uint32_t blockDimX, uint32_t blockDimY, uint32_t blockDimZ, uint32_t sharedMemBytes, void * stream, void * kernelParams, void * extra)
 {
-    KREX_HIP_BIND(hipModuleLaunchKernel, krex_hip_missing(KREX_HIP_EP_hipModuleLaunchKernel));
+    KREX_HIP_HOOK_BIND(hipModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipModuleLaunchKernel));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLaunchKernel);
@@ -1807,7 +2955,7 @@ KREX_HOOK uint32_t hipModuleLaunchKernel(void * f, uint32_t gridDimX, uint32_t g
 
 KREX_HOOK uint32_t hipModuleLoad(void * module, void * fname)
 {
-    KREX_HIP_BIND(hipModuleLoad, krex_hip_missing(KREX_HIP_EP_hipModuleLoad));
+    KREX_HIP_HOOK_BIND(hipModuleLoad, krex_hip_unbound(KREX_HIP_EP_hipModuleLoad));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoad);
@@ -1819,7 +2967,7 @@ KREX_HOOK uint32_t hipModuleLoad(void * module, void * fname)
 
 KREX_HOOK uint32_t hipModuleLoadData(void * module, void * image)
 {
-    KREX_HIP_BIND(hipModuleLoadData, krex_hip_missing(KREX_HIP_EP_hipModuleLoadData));
+    KREX_HIP_HOOK_BIND(hipModuleLoadData, krex_hip_unbound(KREX_HIP_EP_hipModuleLoadData));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoadData);
@@ -1831,7 +2979,7 @@ KREX_HOOK uint32_t hipModuleLoadData(void * module, void * image)
 
 KREX_HOOK uint32_t hipModuleLoadDataEx(void * module, void * image, uint32_t numOptions, void * options, void * optionValues)
 {
-    KREX_HIP_BIND(hipModuleLoadDataEx, krex_hip_missing(KREX_HIP_EP_hipModuleLoadDataEx));
+    KREX_HIP_HOOK_BIND(hipModuleLoadDataEx, krex_hip_unbound(KREX_HIP_EP_hipModuleLoadDataEx));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoadDataEx);
@@ -1841,9 +2989,33 @@ KREX_HOOK uint32_t hipModuleLoadDataEx(void * module, void * image, uint32_t num
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk)
+{
+    KREX_HIP_HOOK_BIND(hipModuleOccupancyMaxActiveBlocksPerMultiprocessor, krex_hip_unbound(KREX_HIP_EP_hipModuleOccupancyMaxActiveBlocksPerMultiprocessor));
+    return krex_real_fn(numBlocks, f, blockSize, dynSharedMemPerBlk);
+}
+
+KREX_HOOK uint32_t hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, krex_hip_unbound(KREX_HIP_EP_hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags));
+    return krex_real_fn(numBlocks, f, blockSize, dynSharedMemPerBlk, flags);
+}
+
+KREX_HOOK uint32_t hipModuleOccupancyMaxPotentialBlockSize(void * gridSize, void * blockSize, void * f, uint64_t dynSharedMemPerBlk, int32_t blockSizeLimit)
+{
+    KREX_HIP_HOOK_BIND(hipModuleOccupancyMaxPotentialBlockSize, krex_hip_unbound(KREX_HIP_EP_hipModuleOccupancyMaxPotentialBlockSize));
+    return krex_real_fn(gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit);
+}
+
+KREX_HOOK uint32_t hipModuleOccupancyMaxPotentialBlockSizeWithFlags(void * gridSize, void * blockSize, void * f, uint64_t dynSharedMemPerBlk, int32_t blockSizeLimit, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipModuleOccupancyMaxPotentialBlockSizeWithFlags, krex_hip_unbound(KREX_HIP_EP_hipModuleOccupancyMaxPotentialBlockSizeWithFlags));
+    return krex_real_fn(gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit, flags);
+}
+
 KREX_HOOK uint32_t hipModuleUnload(void * module)
 {
-    KREX_HIP_BIND(hipModuleUnload, krex_hip_missing(KREX_HIP_EP_hipModuleUnload));
+    KREX_HIP_HOOK_BIND(hipModuleUnload, krex_hip_unbound(KREX_HIP_EP_hipModuleUnload));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleUnload);
@@ -1855,7 +3027,7 @@ KREX_HOOK uint32_t hipModuleUnload(void * module)
 
 KREX_HOOK uint32_t hipOccupancyMaxActiveBlocksPerMultiprocessor(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk)
 {
-    KREX_HIP_BIND(hipOccupancyMaxActiveBlocksPerMultiprocessor, krex_hip_missing(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessor));
+    KREX_HIP_HOOK_BIND(hipOccupancyMaxActiveBlocksPerMultiprocessor, krex_hip_unbound(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessor));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessor);
@@ -1867,7 +3039,7 @@ KREX_HOOK uint32_t hipOccupancyMaxActiveBlocksPerMultiprocessor(void * numBlocks
 
 KREX_HOOK uint32_t hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void * numBlocks, void * f, int32_t blockSize, uint64_t dynSharedMemPerBlk, uint32_t flags)
 {
-    KREX_HIP_BIND(hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, krex_hip_missing(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags));
+    KREX_HIP_HOOK_BIND(hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, krex_hip_unbound(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags);
@@ -1879,7 +3051,7 @@ KREX_HOOK uint32_t hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void * 
 
 KREX_HOOK uint32_t hipOccupancyMaxPotentialBlockSize(void * gridSize, void * blockSize, void * f, uint64_t dynSharedMemPerBlk, int32_t blockSizeLimit)
 {
-    KREX_HIP_BIND(hipOccupancyMaxPotentialBlockSize, krex_hip_missing(KREX_HIP_EP_hipOccupancyMaxPotentialBlockSize));
+    KREX_HIP_HOOK_BIND(hipOccupancyMaxPotentialBlockSize, krex_hip_unbound(KREX_HIP_EP_hipOccupancyMaxPotentialBlockSize));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxPotentialBlockSize);
@@ -1889,17 +3061,89 @@ KREX_HOOK uint32_t hipOccupancyMaxPotentialBlockSize(void * gridSize, void * blo
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipPeekAtLastError(void)
+{
+    KREX_HIP_HOOK_BIND(hipPeekAtLastError, krex_hip_unbound(KREX_HIP_EP_hipPeekAtLastError));
+    return krex_real_fn();
+}
+
+KREX_HOOK uint32_t hipPointerGetAttribute(void * data, uint32_t attribute, void * ptr)
+{
+    KREX_HIP_HOOK_BIND(hipPointerGetAttribute, krex_hip_unbound(KREX_HIP_EP_hipPointerGetAttribute));
+    return krex_real_fn(data, attribute, ptr);
+}
+
+KREX_HOOK uint32_t hipPointerGetAttributes(void * attributes, void * ptr)
+{
+    KREX_HIP_HOOK_BIND(hipPointerGetAttributes, krex_hip_unbound(KREX_HIP_EP_hipPointerGetAttributes));
+    return krex_real_fn(attributes, ptr);
+}
+
+KREX_HOOK uint32_t hipProfilerStart(void)
+{
+    KREX_HIP_HOOK_BIND(hipProfilerStart, krex_hip_unbound(KREX_HIP_EP_hipProfilerStart));
+    return krex_real_fn();
+}
+
+KREX_HOOK uint32_t hipProfilerStop(void)
+{
+    KREX_HIP_HOOK_BIND(hipProfilerStop, krex_hip_unbound(KREX_HIP_EP_hipProfilerStop));
+    return krex_real_fn();
+}
+
+KREX_HOOK uint32_t hipRegisterActivityCallback(uint32_t id, void * fun, void * arg)
+{
+    KREX_HIP_HOOK_BIND(hipRegisterActivityCallback, krex_hip_unbound(KREX_HIP_EP_hipRegisterActivityCallback));
+    return krex_real_fn(id, fun, arg);
+}
+
+KREX_HOOK uint32_t hipRegisterApiCallback(uint32_t id, void * fun, void * arg)
+{
+    KREX_HIP_HOOK_BIND(hipRegisterApiCallback, krex_hip_unbound(KREX_HIP_EP_hipRegisterApiCallback));
+    return krex_real_fn(id, fun, arg);
+}
+
+KREX_HOOK uint32_t hipRemoveActivityCallback(uint32_t id)
+{
+    KREX_HIP_HOOK_BIND(hipRemoveActivityCallback, krex_hip_unbound(KREX_HIP_EP_hipRemoveActivityCallback));
+    return krex_real_fn(id);
+}
+
+KREX_HOOK uint32_t hipRemoveApiCallback(uint32_t id)
+{
+    KREX_HIP_HOOK_BIND(hipRemoveApiCallback, krex_hip_unbound(KREX_HIP_EP_hipRemoveApiCallback));
+    return krex_real_fn(id);
+}
+
+KREX_HOOK uint32_t hipRuntimeGetVersion(void * runtimeVersion)
+{
+    KREX_HIP_HOOK_BIND(hipRuntimeGetVersion, krex_hip_unbound(KREX_HIP_EP_hipRuntimeGetVersion));
+    return krex_real_fn(runtimeVersion);
+}
+
 KREX_HOOK uint32_t hipSetDevice(int32_t deviceId)
 {
-    KREX_HIP_BIND(hipSetDevice, krex_hip_missing(KREX_HIP_EP_hipSetDevice));
+    KREX_HIP_HOOK_BIND(hipSetDevice, krex_hip_unbound(KREX_HIP_EP_hipSetDevice));
     uint32_t krex_r = krex_real_fn(deviceId);
     krex_hip_note_device(krex_r, deviceId);
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipSetDeviceFlags(uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipSetDeviceFlags, krex_hip_unbound(KREX_HIP_EP_hipSetDeviceFlags));
+    return krex_real_fn(flags);
+}
+
+KREX_HOOK uint32_t hipSetupArgument(void * arg, uint64_t size, uint64_t offset)
+{
+    KREX_HIP_HOOK_BIND(hipSetupArgument, krex_hip_unbound(KREX_HIP_EP_hipSetupArgument));
+    return krex_real_fn(arg, size, offset);
+}
+
 KREX_HOOK uint32_t hipSignalExternalSemaphoresAsync(void * extSemArray, void * paramsArray, uint32_t numExtSems, void * stream)
 {
-    KREX_HIP_BIND(hipSignalExternalSemaphoresAsync, krex_hip_missing(KREX_HIP_EP_hipSignalExternalSemaphoresAsync));
+    KREX_HIP_HOOK_BIND(hipSignalExternalSemaphoresAsync, krex_hip_unbound(KREX_HIP_EP_hipSignalExternalSemaphoresAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipSignalExternalSemaphoresAsync);
@@ -1911,7 +3155,7 @@ KREX_HOOK uint32_t hipSignalExternalSemaphoresAsync(void * extSemArray, void * p
 
 KREX_HOOK uint32_t hipStreamAddCallback(void * stream, void * callback, void * userData, uint32_t flags)
 {
-    KREX_HIP_BIND(hipStreamAddCallback, krex_hip_missing(KREX_HIP_EP_hipStreamAddCallback));
+    KREX_HIP_HOOK_BIND(hipStreamAddCallback, krex_hip_unbound(KREX_HIP_EP_hipStreamAddCallback));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamAddCallback);
@@ -1923,7 +3167,7 @@ KREX_HOOK uint32_t hipStreamAddCallback(void * stream, void * callback, void * u
 
 KREX_HOOK uint32_t hipStreamAttachMemAsync(void * stream, void * dev_ptr, uint64_t length, uint32_t flags)
 {
-    KREX_HIP_BIND(hipStreamAttachMemAsync, krex_hip_missing(KREX_HIP_EP_hipStreamAttachMemAsync));
+    KREX_HIP_HOOK_BIND(hipStreamAttachMemAsync, krex_hip_unbound(KREX_HIP_EP_hipStreamAttachMemAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamAttachMemAsync);
@@ -1935,7 +3179,7 @@ KREX_HOOK uint32_t hipStreamAttachMemAsync(void * stream, void * dev_ptr, uint64
 
 KREX_HOOK uint32_t hipStreamBeginCapture(void * stream, uint32_t mode)
 {
-    KREX_HIP_BIND(hipStreamBeginCapture, krex_hip_missing(KREX_HIP_EP_hipStreamBeginCapture));
+    KREX_HIP_HOOK_BIND(hipStreamBeginCapture, krex_hip_unbound(KREX_HIP_EP_hipStreamBeginCapture));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamBeginCapture);
@@ -1949,7 +3193,7 @@ KREX_HOOK uint32_t hipStreamBeginCapture(void * stream, uint32_t mode)
 
 KREX_HOOK uint32_t hipStreamCreate(void * stream)
 {
-    KREX_HIP_BIND(hipStreamCreate, krex_hip_missing(KREX_HIP_EP_hipStreamCreate));
+    KREX_HIP_HOOK_BIND(hipStreamCreate, krex_hip_unbound(KREX_HIP_EP_hipStreamCreate));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreate);
@@ -1962,7 +3206,7 @@ KREX_HOOK uint32_t hipStreamCreate(void * stream)
 
 KREX_HOOK uint32_t hipStreamCreateWithFlags(void * stream, uint32_t flags)
 {
-    KREX_HIP_BIND(hipStreamCreateWithFlags, krex_hip_missing(KREX_HIP_EP_hipStreamCreateWithFlags));
+    KREX_HIP_HOOK_BIND(hipStreamCreateWithFlags, krex_hip_unbound(KREX_HIP_EP_hipStreamCreateWithFlags));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreateWithFlags);
@@ -1975,7 +3219,7 @@ KREX_HOOK uint32_t hipStreamCreateWithFlags(void * stream, uint32_t flags)
 
 KREX_HOOK uint32_t hipStreamCreateWithPriority(void * stream, uint32_t flags, int32_t priority)
 {
-    KREX_HIP_BIND(hipStreamCreateWithPriority, krex_hip_missing(KREX_HIP_EP_hipStreamCreateWithPriority));
+    KREX_HIP_HOOK_BIND(hipStreamCreateWithPriority, krex_hip_unbound(KREX_HIP_EP_hipStreamCreateWithPriority));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreateWithPriority);
@@ -1988,7 +3232,7 @@ KREX_HOOK uint32_t hipStreamCreateWithPriority(void * stream, uint32_t flags, in
 
 KREX_HOOK uint32_t hipStreamDestroy(void * stream)
 {
-    KREX_HIP_BIND(hipStreamDestroy, krex_hip_missing(KREX_HIP_EP_hipStreamDestroy));
+    KREX_HIP_HOOK_BIND(hipStreamDestroy, krex_hip_unbound(KREX_HIP_EP_hipStreamDestroy));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamDestroy);
@@ -2001,16 +3245,88 @@ KREX_HOOK uint32_t hipStreamDestroy(void * stream)
 
 KREX_HOOK uint32_t hipStreamEndCapture(void * stream, void * pGraph)
 {
-    KREX_HIP_BIND(hipStreamEndCapture, krex_hip_missing(KREX_HIP_EP_hipStreamEndCapture));
+    KREX_HIP_HOOK_BIND(hipStreamEndCapture, krex_hip_unbound(KREX_HIP_EP_hipStreamEndCapture));
     krex_capture_end_begin();
     uint32_t krex_r = krex_real_fn(stream, pGraph);
     krex_hip_note_capture_end(krex_r);
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipStreamGetCaptureInfo(void * stream, void * pCaptureStatus, void * pId)
+{
+    KREX_HIP_HOOK_BIND(hipStreamGetCaptureInfo, krex_hip_unbound(KREX_HIP_EP_hipStreamGetCaptureInfo));
+    return krex_real_fn(stream, pCaptureStatus, pId);
+}
+
+KREX_HOOK uint32_t hipStreamGetCaptureInfo_v2(void * stream, void * captureStatus_out, void * id_out, void * graph_out, void * dependencies_out, void * numDependencies_out)
+{
+    KREX_HIP_HOOK_BIND(hipStreamGetCaptureInfo_v2, krex_hip_unbound(KREX_HIP_EP_hipStreamGetCaptureInfo_v2));
+    return krex_real_fn(stream, captureStatus_out, id_out, graph_out, dependencies_out, numDependencies_out);
+}
+
+KREX_HOOK uint32_t hipStreamGetFlags(void * stream, void * flags)
+{
+    KREX_HIP_HOOK_BIND(hipStreamGetFlags, krex_hip_unbound(KREX_HIP_EP_hipStreamGetFlags));
+    return krex_real_fn(stream, flags);
+}
+
+KREX_HOOK uint32_t hipStreamGetFlags_spt(void * stream, void * flags)
+{
+    KREX_HIP_HOOK_BIND(hipStreamGetFlags_spt, krex_hip_unbound(KREX_HIP_EP_hipStreamGetFlags_spt));
+    return krex_real_fn(stream, flags);
+}
+
+KREX_HOOK uint32_t hipStreamGetPriority(void * stream, void * priority)
+{
+    KREX_HIP_HOOK_BIND(hipStreamGetPriority, krex_hip_unbound(KREX_HIP_EP_hipStreamGetPriority));
+    return krex_real_fn(stream, priority);
+}
+
+KREX_HOOK uint32_t hipStreamGetPriority_spt(void * stream, void * priority)
+{
+    KREX_HIP_HOOK_BIND(hipStreamGetPriority_spt, krex_hip_unbound(KREX_HIP_EP_hipStreamGetPriority_spt));
+    return krex_real_fn(stream, priority);
+}
+
+KREX_HOOK uint32_t hipStreamIsCapturing(void * stream, void * pCaptureStatus)
+{
+    KREX_HIP_HOOK_BIND(hipStreamIsCapturing, krex_hip_unbound(KREX_HIP_EP_hipStreamIsCapturing));
+    return krex_real_fn(stream, pCaptureStatus);
+}
+
+KREX_HOOK uint32_t hipStreamQuery(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamQuery, krex_hip_unbound(KREX_HIP_EP_hipStreamQuery));
+    return krex_real_fn(stream);
+}
+
+KREX_HOOK uint32_t hipStreamQuery_spt(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamQuery_spt, krex_hip_unbound(KREX_HIP_EP_hipStreamQuery_spt));
+    return krex_real_fn(stream);
+}
+
+KREX_HOOK uint32_t hipStreamSynchronize(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamSynchronize, krex_hip_unbound(KREX_HIP_EP_hipStreamSynchronize));
+    return krex_real_fn(stream);
+}
+
+KREX_HOOK uint32_t hipStreamSynchronize_spt(void * stream)
+{
+    KREX_HIP_HOOK_BIND(hipStreamSynchronize_spt, krex_hip_unbound(KREX_HIP_EP_hipStreamSynchronize_spt));
+    return krex_real_fn(stream);
+}
+
+KREX_HOOK uint32_t hipStreamUpdateCaptureDependencies(void * stream, void * dependencies, uint64_t numDependencies, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipStreamUpdateCaptureDependencies, krex_hip_unbound(KREX_HIP_EP_hipStreamUpdateCaptureDependencies));
+    return krex_real_fn(stream, dependencies, numDependencies, flags);
+}
+
 KREX_HOOK uint32_t hipStreamWaitEvent(void * stream, void * event, uint32_t flags)
 {
-    KREX_HIP_BIND(hipStreamWaitEvent, krex_hip_missing(KREX_HIP_EP_hipStreamWaitEvent));
+    KREX_HIP_HOOK_BIND(hipStreamWaitEvent, krex_hip_unbound(KREX_HIP_EP_hipStreamWaitEvent));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamWaitEvent);
@@ -2022,7 +3338,7 @@ KREX_HOOK uint32_t hipStreamWaitEvent(void * stream, void * event, uint32_t flag
 
 KREX_HOOK uint32_t hipStreamWaitEvent_spt(void * stream, void * event, uint32_t flags)
 {
-    KREX_HIP_BIND(hipStreamWaitEvent_spt, krex_hip_missing(KREX_HIP_EP_hipStreamWaitEvent_spt));
+    KREX_HIP_HOOK_BIND(hipStreamWaitEvent_spt, krex_hip_unbound(KREX_HIP_EP_hipStreamWaitEvent_spt));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 1);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamWaitEvent_spt);
@@ -2034,7 +3350,7 @@ KREX_HOOK uint32_t hipStreamWaitEvent_spt(void * stream, void * event, uint32_t 
 
 KREX_HOOK uint32_t hipStreamWaitValue32(void * stream, void * ptr, uint32_t value, uint32_t flags, uint32_t mask)
 {
-    KREX_HIP_BIND(hipStreamWaitValue32, krex_hip_missing(KREX_HIP_EP_hipStreamWaitValue32));
+    KREX_HIP_HOOK_BIND(hipStreamWaitValue32, krex_hip_unbound(KREX_HIP_EP_hipStreamWaitValue32));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamWaitValue32);
@@ -2046,7 +3362,7 @@ KREX_HOOK uint32_t hipStreamWaitValue32(void * stream, void * ptr, uint32_t valu
 
 KREX_HOOK uint32_t hipStreamWaitValue64(void * stream, void * ptr, uint64_t value, uint32_t flags, uint64_t mask)
 {
-    KREX_HIP_BIND(hipStreamWaitValue64, krex_hip_missing(KREX_HIP_EP_hipStreamWaitValue64));
+    KREX_HIP_HOOK_BIND(hipStreamWaitValue64, krex_hip_unbound(KREX_HIP_EP_hipStreamWaitValue64));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamWaitValue64);
@@ -2058,7 +3374,7 @@ KREX_HOOK uint32_t hipStreamWaitValue64(void * stream, void * ptr, uint64_t valu
 
 KREX_HOOK uint32_t hipStreamWriteValue32(void * stream, void * ptr, uint32_t value, uint32_t flags)
 {
-    KREX_HIP_BIND(hipStreamWriteValue32, krex_hip_missing(KREX_HIP_EP_hipStreamWriteValue32));
+    KREX_HIP_HOOK_BIND(hipStreamWriteValue32, krex_hip_unbound(KREX_HIP_EP_hipStreamWriteValue32));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamWriteValue32);
@@ -2070,7 +3386,7 @@ KREX_HOOK uint32_t hipStreamWriteValue32(void * stream, void * ptr, uint32_t val
 
 KREX_HOOK uint32_t hipStreamWriteValue64(void * stream, void * ptr, uint64_t value, uint32_t flags)
 {
-    KREX_HIP_BIND(hipStreamWriteValue64, krex_hip_missing(KREX_HIP_EP_hipStreamWriteValue64));
+    KREX_HIP_HOOK_BIND(hipStreamWriteValue64, krex_hip_unbound(KREX_HIP_EP_hipStreamWriteValue64));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamWriteValue64);
@@ -2080,9 +3396,189 @@ KREX_HOOK uint32_t hipStreamWriteValue64(void * stream, void * ptr, uint64_t val
     return krex_r;
 }
 
+KREX_HOOK uint32_t hipTexObjectCreate(void * pTexObject, void * pResDesc, void * pTexDesc, void * pResViewDesc)
+{
+    KREX_HIP_HOOK_BIND(hipTexObjectCreate, krex_hip_unbound(KREX_HIP_EP_hipTexObjectCreate));
+    return krex_real_fn(pTexObject, pResDesc, pTexDesc, pResViewDesc);
+}
+
+KREX_HOOK uint32_t hipTexObjectDestroy(void * texObject)
+{
+    KREX_HIP_HOOK_BIND(hipTexObjectDestroy, krex_hip_unbound(KREX_HIP_EP_hipTexObjectDestroy));
+    return krex_real_fn(texObject);
+}
+
+KREX_HOOK uint32_t hipTexObjectGetResourceDesc(void * pResDesc, void * texObject)
+{
+    KREX_HIP_HOOK_BIND(hipTexObjectGetResourceDesc, krex_hip_unbound(KREX_HIP_EP_hipTexObjectGetResourceDesc));
+    return krex_real_fn(pResDesc, texObject);
+}
+
+KREX_HOOK uint32_t hipTexObjectGetResourceViewDesc(void * pResViewDesc, void * texObject)
+{
+    KREX_HIP_HOOK_BIND(hipTexObjectGetResourceViewDesc, krex_hip_unbound(KREX_HIP_EP_hipTexObjectGetResourceViewDesc));
+    return krex_real_fn(pResViewDesc, texObject);
+}
+
+KREX_HOOK uint32_t hipTexObjectGetTextureDesc(void * pTexDesc, void * texObject)
+{
+    KREX_HIP_HOOK_BIND(hipTexObjectGetTextureDesc, krex_hip_unbound(KREX_HIP_EP_hipTexObjectGetTextureDesc));
+    return krex_real_fn(pTexDesc, texObject);
+}
+
+KREX_HOOK uint32_t hipTexRefGetAddress(void * dev_ptr, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetAddress, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetAddress));
+    return krex_real_fn(dev_ptr, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetAddressMode(void * pam, void * texRef, int32_t dim)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetAddressMode, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetAddressMode));
+    return krex_real_fn(pam, texRef, dim);
+}
+
+KREX_HOOK uint32_t hipTexRefGetFilterMode(void * pfm, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetFilterMode, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetFilterMode));
+    return krex_real_fn(pfm, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetFlags(void * pFlags, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetFlags, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetFlags));
+    return krex_real_fn(pFlags, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetFormat(void * pFormat, void * pNumChannels, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetFormat, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetFormat));
+    return krex_real_fn(pFormat, pNumChannels, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetMaxAnisotropy(void * pmaxAnsio, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetMaxAnisotropy, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetMaxAnisotropy));
+    return krex_real_fn(pmaxAnsio, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetMipMappedArray(void * pArray, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetMipMappedArray, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetMipMappedArray));
+    return krex_real_fn(pArray, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetMipmapFilterMode(void * pfm, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetMipmapFilterMode, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetMipmapFilterMode));
+    return krex_real_fn(pfm, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetMipmapLevelBias(void * pbias, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetMipmapLevelBias, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetMipmapLevelBias));
+    return krex_real_fn(pbias, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefGetMipmapLevelClamp(void * pminMipmapLevelClamp, void * pmaxMipmapLevelClamp, void * texRef)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefGetMipmapLevelClamp, krex_hip_unbound(KREX_HIP_EP_hipTexRefGetMipmapLevelClamp));
+    return krex_real_fn(pminMipmapLevelClamp, pmaxMipmapLevelClamp, texRef);
+}
+
+KREX_HOOK uint32_t hipTexRefSetAddress(void * ByteOffset, void * texRef, void * dptr, uint64_t bytes)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetAddress, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetAddress));
+    return krex_real_fn(ByteOffset, texRef, dptr, bytes);
+}
+
+KREX_HOOK uint32_t hipTexRefSetAddress2D(void * texRef, void * desc, void * dptr, uint64_t Pitch)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetAddress2D, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetAddress2D));
+    return krex_real_fn(texRef, desc, dptr, Pitch);
+}
+
+KREX_HOOK uint32_t hipTexRefSetAddressMode(void * texRef, int32_t dim, uint32_t am)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetAddressMode, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetAddressMode));
+    return krex_real_fn(texRef, dim, am);
+}
+
+KREX_HOOK uint32_t hipTexRefSetArray(void * tex, void * array, uint32_t flags)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetArray, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetArray));
+    return krex_real_fn(tex, array, flags);
+}
+
+KREX_HOOK uint32_t hipTexRefSetBorderColor(void * texRef, void * pBorderColor)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetBorderColor, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetBorderColor));
+    return krex_real_fn(texRef, pBorderColor);
+}
+
+KREX_HOOK uint32_t hipTexRefSetFilterMode(void * texRef, uint32_t fm)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetFilterMode, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetFilterMode));
+    return krex_real_fn(texRef, fm);
+}
+
+KREX_HOOK uint32_t hipTexRefSetFlags(void * texRef, uint32_t Flags)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetFlags, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetFlags));
+    return krex_real_fn(texRef, Flags);
+}
+
+KREX_HOOK uint32_t hipTexRefSetFormat(void * texRef, uint32_t fmt, int32_t NumPackedComponents)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetFormat, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetFormat));
+    return krex_real_fn(texRef, fmt, NumPackedComponents);
+}
+
+KREX_HOOK uint32_t hipTexRefSetMaxAnisotropy(void * texRef, uint32_t maxAniso)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetMaxAnisotropy, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetMaxAnisotropy));
+    return krex_real_fn(texRef, maxAniso);
+}
+
+KREX_HOOK uint32_t hipTexRefSetMipmapFilterMode(void * texRef, uint32_t fm)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetMipmapFilterMode, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetMipmapFilterMode));
+    return krex_real_fn(texRef, fm);
+}
+
+KREX_HOOK uint32_t hipTexRefSetMipmapLevelBias(void * texRef, float bias)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetMipmapLevelBias, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetMipmapLevelBias));
+    return krex_real_fn(texRef, bias);
+}
+
+KREX_HOOK uint32_t hipTexRefSetMipmapLevelClamp(void * texRef, float minMipMapLevelClamp, float maxMipMapLevelClamp)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetMipmapLevelClamp, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetMipmapLevelClamp));
+    return krex_real_fn(texRef, minMipMapLevelClamp, maxMipMapLevelClamp);
+}
+
+KREX_HOOK uint32_t hipTexRefSetMipmappedArray(void * texRef, void * mipmappedArray, uint32_t Flags)
+{
+    KREX_HIP_HOOK_BIND(hipTexRefSetMipmappedArray, krex_hip_unbound(KREX_HIP_EP_hipTexRefSetMipmappedArray));
+    return krex_real_fn(texRef, mipmappedArray, Flags);
+}
+
+KREX_HOOK uint32_t hipThreadExchangeStreamCaptureMode(void * mode)
+{
+    KREX_HIP_HOOK_BIND(hipThreadExchangeStreamCaptureMode, krex_hip_unbound(KREX_HIP_EP_hipThreadExchangeStreamCaptureMode));
+    return krex_real_fn(mode);
+}
+
+KREX_HOOK uint32_t hipUnbindTexture(void * tex)
+{
+    KREX_HIP_HOOK_BIND(hipUnbindTexture, krex_hip_unbound(KREX_HIP_EP_hipUnbindTexture));
+    return krex_real_fn(tex);
+}
+
 KREX_HOOK uint32_t hipWaitExternalSemaphoresAsync(void * extSemArray, void * paramsArray, uint32_t numExtSems, void * stream)
 {
-    KREX_HIP_BIND(hipWaitExternalSemaphoresAsync, krex_hip_missing(KREX_HIP_EP_hipWaitExternalSemaphoresAsync));
+    KREX_HIP_HOOK_BIND(hipWaitExternalSemaphoresAsync, krex_hip_unbound(KREX_HIP_EP_hipWaitExternalSemaphoresAsync));
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipWaitExternalSemaphoresAsync);
@@ -2094,200 +3590,200 @@ KREX_HOOK uint32_t hipWaitExternalSemaphoresAsync(void * extSemArray, void * par
 
 void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     NULL,
+    (void *)__hipPopCallConfiguration,
+    (void *)__hipPushCallConfiguration,
     NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipArray3DCreate,
+    (void *)hipArrayCreate,
     (void *)hipArrayDestroy,
+    (void *)hipBindTexture,
+    (void *)hipBindTexture2D,
+    (void *)hipBindTextureToArray,
+    (void *)hipBindTextureToMipmappedArray,
+    (void *)hipChooseDevice,
+    (void *)hipConfigureCall,
     NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipCreateSurfaceObject,
+    (void *)hipCreateTextureObject,
     (void *)hipCtxCreate,
     (void *)hipCtxDestroy,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipCtxDisablePeerAccess,
+    (void *)hipCtxEnablePeerAccess,
+    (void *)hipCtxGetApiVersion,
+    (void *)hipCtxGetCacheConfig,
+    (void *)hipCtxGetCurrent,
+    (void *)hipCtxGetDevice,
+    (void *)hipCtxGetFlags,
+    (void *)hipCtxGetSharedMemConfig,
     (void *)hipCtxPopCurrent,
     (void *)hipCtxPushCurrent,
-    NULL,
+    (void *)hipCtxSetCacheConfig,
     (void *)hipCtxSetCurrent,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipCtxSetSharedMemConfig,
+    (void *)hipCtxSynchronize,
+    (void *)hipDestroyExternalMemory,
+    (void *)hipDestroyExternalSemaphore,
+    (void *)hipDestroySurfaceObject,
+    (void *)hipDestroyTextureObject,
+    (void *)hipDeviceCanAccessPeer,
+    (void *)hipDeviceComputeCapability,
+    (void *)hipDeviceDisablePeerAccess,
+    (void *)hipDeviceEnablePeerAccess,
+    (void *)hipDeviceGet,
+    (void *)hipDeviceGetAttribute,
+    (void *)hipDeviceGetByPCIBusId,
+    (void *)hipDeviceGetCacheConfig,
+    (void *)hipDeviceGetDefaultMemPool,
+    (void *)hipDeviceGetLimit,
+    (void *)hipDeviceGetMemPool,
+    (void *)hipDeviceGetName,
+    (void *)hipDeviceGetP2PAttribute,
+    (void *)hipDeviceGetPCIBusId,
+    (void *)hipDeviceGetSharedMemConfig,
+    (void *)hipDeviceGetStreamPriorityRange,
+    (void *)hipDeviceGetUuid,
+    (void *)hipDevicePrimaryCtxGetState,
     (void *)hipDevicePrimaryCtxRelease,
     (void *)hipDevicePrimaryCtxReset,
     (void *)hipDevicePrimaryCtxRetain,
     (void *)hipDevicePrimaryCtxSetFlags,
     (void *)hipDeviceReset,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipDeviceSetCacheConfig,
+    (void *)hipDeviceSetMemPool,
+    (void *)hipDeviceSetSharedMemConfig,
+    (void *)hipDeviceSynchronize,
+    (void *)hipDeviceTotalMem,
+    (void *)hipDriverGetVersion,
     (void *)hipDrvMemcpy2DUnaligned,
     (void *)hipDrvMemcpy3D,
     (void *)hipDrvMemcpy3DAsync,
+    (void *)hipDrvPointerGetAttributes,
     NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipEventCreate,
+    (void *)hipEventCreateWithFlags,
+    (void *)hipEventDestroy,
+    (void *)hipEventElapsedTime,
+    (void *)hipEventQuery,
     (void *)hipEventRecord,
-    NULL,
-    NULL,
+    (void *)hipEventSynchronize,
+    (void *)hipExtGetLinkTypeAndHopCount,
     (void *)hipExtLaunchKernel,
     (void *)hipExtLaunchMultiKernelMultiDevice,
-    NULL,
+    (void *)hipExtMallocWithFlags,
     (void *)hipExtModuleLaunchKernel,
     (void *)hipExtStreamCreateWithCUMask,
-    NULL,
-    NULL,
+    (void *)hipExtStreamGetCUMask,
+    (void *)hipExternalMemoryGetMappedBuffer,
     (void *)hipFree,
     (void *)hipFreeArray,
     (void *)hipFreeAsync,
     (void *)hipFreeHost,
     (void *)hipFreeMipmappedArray,
-    NULL,
+    (void *)hipFuncGetAttribute,
     (void *)hipFuncGetAttributes,
     (void *)hipFuncSetAttribute,
     (void *)hipFuncSetCacheConfig,
     (void *)hipFuncSetSharedMemConfig,
+    (void *)hipGLGetDevices,
+    (void *)hipGetChannelDesc,
+    NULL,
+    (void *)hipGetDevice,
+    (void *)hipGetDeviceCount,
+    (void *)hipGetDeviceFlags,
+    (void *)hipGetDeviceProperties,
     NULL,
     NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipGetLastError,
+    (void *)hipGetMipmappedArrayLevel,
     NULL,
     (void *)hipGetSymbolAddress,
     (void *)hipGetSymbolSize,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipGetTextureAlignmentOffset,
+    (void *)hipGetTextureObjectResourceDesc,
+    (void *)hipGetTextureObjectResourceViewDesc,
+    (void *)hipGetTextureObjectTextureDesc,
     (void *)hipGetTextureReference,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipGraphAddChildGraphNode,
+    (void *)hipGraphAddDependencies,
+    (void *)hipGraphAddEmptyNode,
+    (void *)hipGraphAddEventRecordNode,
+    (void *)hipGraphAddEventWaitNode,
+    (void *)hipGraphAddHostNode,
+    (void *)hipGraphAddKernelNode,
+    (void *)hipGraphAddMemcpyNode,
+    (void *)hipGraphAddMemcpyNode1D,
+    (void *)hipGraphAddMemcpyNodeFromSymbol,
+    (void *)hipGraphAddMemcpyNodeToSymbol,
+    (void *)hipGraphAddMemsetNode,
+    (void *)hipGraphChildGraphNodeGetGraph,
+    (void *)hipGraphClone,
+    (void *)hipGraphCreate,
+    (void *)hipGraphDestroy,
+    (void *)hipGraphDestroyNode,
+    (void *)hipGraphEventRecordNodeGetEvent,
+    (void *)hipGraphEventRecordNodeSetEvent,
+    (void *)hipGraphEventWaitNodeGetEvent,
+    (void *)hipGraphEventWaitNodeSetEvent,
+    (void *)hipGraphExecChildGraphNodeSetParams,
+    (void *)hipGraphExecDestroy,
+    (void *)hipGraphExecEventRecordNodeSetEvent,
+    (void *)hipGraphExecEventWaitNodeSetEvent,
+    (void *)hipGraphExecHostNodeSetParams,
+    (void *)hipGraphExecKernelNodeSetParams,
+    (void *)hipGraphExecMemcpyNodeSetParams,
+    (void *)hipGraphExecMemcpyNodeSetParams1D,
+    (void *)hipGraphExecMemcpyNodeSetParamsFromSymbol,
+    (void *)hipGraphExecMemcpyNodeSetParamsToSymbol,
+    (void *)hipGraphExecMemsetNodeSetParams,
+    (void *)hipGraphExecUpdate,
+    (void *)hipGraphGetEdges,
+    (void *)hipGraphGetNodes,
+    (void *)hipGraphGetRootNodes,
+    (void *)hipGraphHostNodeGetParams,
+    (void *)hipGraphHostNodeSetParams,
     (void *)hipGraphInstantiate,
     (void *)hipGraphInstantiateWithFlags,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipGraphKernelNodeGetAttribute,
+    (void *)hipGraphKernelNodeGetParams,
+    (void *)hipGraphKernelNodeSetAttribute,
+    (void *)hipGraphKernelNodeSetParams,
     (void *)hipGraphLaunch,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipGraphMemcpyNodeGetParams,
+    (void *)hipGraphMemcpyNodeSetParams,
+    (void *)hipGraphMemcpyNodeSetParams1D,
+    (void *)hipGraphMemcpyNodeSetParamsFromSymbol,
+    (void *)hipGraphMemcpyNodeSetParamsToSymbol,
+    (void *)hipGraphMemsetNodeGetParams,
+    (void *)hipGraphMemsetNodeSetParams,
+    (void *)hipGraphNodeFindInClone,
+    (void *)hipGraphNodeGetDependencies,
+    (void *)hipGraphNodeGetDependentNodes,
+    (void *)hipGraphNodeGetType,
+    (void *)hipGraphRemoveDependencies,
+    (void *)hipGraphicsGLRegisterBuffer,
+    (void *)hipGraphicsGLRegisterImage,
     (void *)hipGraphicsMapResources,
-    NULL,
-    NULL,
+    (void *)hipGraphicsResourceGetMappedPointer,
+    (void *)hipGraphicsSubResourceGetMappedArray,
     (void *)hipGraphicsUnmapResources,
-    NULL,
+    (void *)hipGraphicsUnregisterResource,
     (void *)hipHccModuleLaunchKernel,
-    NULL,
+    (void *)hipHostAlloc,
     (void *)hipHostFree,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipHostGetDevicePointer,
+    (void *)hipHostGetFlags,
+    (void *)hipHostMalloc,
+    (void *)hipHostRegister,
     (void *)hipHostUnregister,
-    NULL,
-    NULL,
+    (void *)hipImportExternalMemory,
+    (void *)hipImportExternalSemaphore,
     (void *)hipInit,
     NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipIpcCloseMemHandle,
+    (void *)hipIpcGetEventHandle,
+    (void *)hipIpcGetMemHandle,
+    (void *)hipIpcOpenEventHandle,
+    (void *)hipIpcOpenMemHandle,
     NULL,
     (void *)hipKernelNameRefByPtr,
     (void *)hipLaunchByPtr,
@@ -2297,48 +3793,48 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipLaunchHostFunc,
     (void *)hipLaunchKernel,
     (void *)hipLaunchKernel_spt,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipMalloc,
+    (void *)hipMalloc3D,
+    (void *)hipMalloc3DArray,
+    (void *)hipMallocArray,
     (void *)hipMallocAsync,
     (void *)hipMallocFromPoolAsync,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipMallocHost,
+    (void *)hipMallocManaged,
+    (void *)hipMallocMipmappedArray,
+    (void *)hipMallocPitch,
+    (void *)hipMemAddressFree,
+    (void *)hipMemAddressReserve,
+    (void *)hipMemAdvise,
+    (void *)hipMemAllocHost,
+    (void *)hipMemAllocPitch,
+    (void *)hipMemCreate,
+    (void *)hipMemExportToShareableHandle,
+    (void *)hipMemGetAccess,
+    (void *)hipMemGetAddressRange,
+    (void *)hipMemGetAllocationGranularity,
+    (void *)hipMemGetAllocationPropertiesFromHandle,
+    (void *)hipMemGetInfo,
+    (void *)hipMemImportFromShareableHandle,
+    (void *)hipMemMap,
     (void *)hipMemMapArrayAsync,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipMemPoolCreate,
+    (void *)hipMemPoolDestroy,
+    (void *)hipMemPoolExportPointer,
+    (void *)hipMemPoolExportToShareableHandle,
+    (void *)hipMemPoolGetAccess,
+    (void *)hipMemPoolGetAttribute,
+    (void *)hipMemPoolImportFromShareableHandle,
+    (void *)hipMemPoolImportPointer,
+    (void *)hipMemPoolSetAccess,
+    (void *)hipMemPoolSetAttribute,
+    (void *)hipMemPoolTrimTo,
     (void *)hipMemPrefetchAsync,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipMemPtrGetInfo,
+    (void *)hipMemRangeGetAttribute,
+    (void *)hipMemRangeGetAttributes,
+    (void *)hipMemRelease,
+    (void *)hipMemRetainAllocationHandle,
     (void *)hipMemSetAccess,
     (void *)hipMemUnmap,
     (void *)hipMemcpy,
@@ -2393,9 +3889,9 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipMemsetD8,
     (void *)hipMemsetD8Async,
     (void *)hipMemset_spt,
-    NULL,
+    (void *)hipMipmappedArrayCreate,
     (void *)hipMipmappedArrayDestroy,
-    NULL,
+    (void *)hipMipmappedArrayGetLevel,
     (void *)hipModuleGetFunction,
     (void *)hipModuleGetGlobal,
     (void *)hipModuleGetTexRef,
@@ -2403,27 +3899,27 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipModuleLoad,
     (void *)hipModuleLoadData,
     (void *)hipModuleLoadDataEx,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipModuleOccupancyMaxActiveBlocksPerMultiprocessor,
+    (void *)hipModuleOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    (void *)hipModuleOccupancyMaxPotentialBlockSize,
+    (void *)hipModuleOccupancyMaxPotentialBlockSizeWithFlags,
     (void *)hipModuleUnload,
     (void *)hipOccupancyMaxActiveBlocksPerMultiprocessor,
     (void *)hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
     (void *)hipOccupancyMaxPotentialBlockSize,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipPeekAtLastError,
+    (void *)hipPointerGetAttribute,
+    (void *)hipPointerGetAttributes,
+    (void *)hipProfilerStart,
+    (void *)hipProfilerStop,
+    (void *)hipRegisterActivityCallback,
+    (void *)hipRegisterApiCallback,
+    (void *)hipRemoveActivityCallback,
+    (void *)hipRemoveApiCallback,
+    (void *)hipRuntimeGetVersion,
     (void *)hipSetDevice,
-    NULL,
-    NULL,
+    (void *)hipSetDeviceFlags,
+    (void *)hipSetupArgument,
     (void *)hipSignalExternalSemaphoresAsync,
     (void *)hipStreamAddCallback,
     (void *)hipStreamAttachMemAsync,
@@ -2433,54 +3929,54 @@ void *const krex_hip_ep_hook[KREX_HIP_EP_COUNT] = {
     (void *)hipStreamCreateWithPriority,
     (void *)hipStreamDestroy,
     (void *)hipStreamEndCapture,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipStreamGetCaptureInfo,
+    (void *)hipStreamGetCaptureInfo_v2,
+    (void *)hipStreamGetFlags,
+    (void *)hipStreamGetFlags_spt,
+    (void *)hipStreamGetPriority,
+    (void *)hipStreamGetPriority_spt,
+    (void *)hipStreamIsCapturing,
+    (void *)hipStreamQuery,
+    (void *)hipStreamQuery_spt,
+    (void *)hipStreamSynchronize,
+    (void *)hipStreamSynchronize_spt,
+    (void *)hipStreamUpdateCaptureDependencies,
     (void *)hipStreamWaitEvent,
     (void *)hipStreamWaitEvent_spt,
     (void *)hipStreamWaitValue32,
     (void *)hipStreamWaitValue64,
     (void *)hipStreamWriteValue32,
     (void *)hipStreamWriteValue64,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    (void *)hipTexObjectCreate,
+    (void *)hipTexObjectDestroy,
+    (void *)hipTexObjectGetResourceDesc,
+    (void *)hipTexObjectGetResourceViewDesc,
+    (void *)hipTexObjectGetTextureDesc,
+    (void *)hipTexRefGetAddress,
+    (void *)hipTexRefGetAddressMode,
+    (void *)hipTexRefGetFilterMode,
+    (void *)hipTexRefGetFlags,
+    (void *)hipTexRefGetFormat,
+    (void *)hipTexRefGetMaxAnisotropy,
+    (void *)hipTexRefGetMipMappedArray,
+    (void *)hipTexRefGetMipmapFilterMode,
+    (void *)hipTexRefGetMipmapLevelBias,
+    (void *)hipTexRefGetMipmapLevelClamp,
+    (void *)hipTexRefSetAddress,
+    (void *)hipTexRefSetAddress2D,
+    (void *)hipTexRefSetAddressMode,
+    (void *)hipTexRefSetArray,
+    (void *)hipTexRefSetBorderColor,
+    (void *)hipTexRefSetFilterMode,
+    (void *)hipTexRefSetFlags,
+    (void *)hipTexRefSetFormat,
+    (void *)hipTexRefSetMaxAnisotropy,
+    (void *)hipTexRefSetMipmapFilterMode,
+    (void *)hipTexRefSetMipmapLevelBias,
+    (void *)hipTexRefSetMipmapLevelClamp,
+    (void *)hipTexRefSetMipmappedArray,
+    (void *)hipThreadExchangeStreamCaptureMode,
+    (void *)hipUnbindTexture,
     (void *)hipWaitExternalSemaphoresAsync,
     NULL,
     NULL,
@@ -2510,6 +4006,7 @@ void *const krex_hip_ep_symhook[KREX_HIP_EP_COUNT] = {
     NULL,
     NULL,
     NULL,
+    (void *)krex_hip_sym_hipCreateSurfaceObject,
     NULL,
     NULL,
     NULL,
@@ -2529,8 +4026,7 @@ void *const krex_hip_ep_symhook[KREX_HIP_EP_COUNT] = {
     NULL,
     NULL,
     NULL,
-    NULL,
-    NULL,
+    (void *)krex_hip_sym_hipDestroySurfaceObject,
     NULL,
     NULL,
     NULL,

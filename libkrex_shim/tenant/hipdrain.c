@@ -51,6 +51,8 @@ static void note(uint32_t *first, uint32_t r)
 {
     if (!benign(r) && *first == KREX_HIP_SUCCESS)
         *first = r;
+    if (r != KREX_HIP_SUCCESS)
+        krex_hip_fault_note(r, 1); /* found by the shim's own synchronization */
 }
 
 static uint32_t sync_devices(uint64_t mask, krex_hip_abi_hipSetDevice *set,

@@ -7,6 +7,7 @@
 #ifndef KREX_HIPDRAIN_H
 #define KREX_HIPDRAIN_H
 
+#include "fault.h"
 #include "state.h"
 
 /* What krex_hip_sync() found. */
@@ -27,14 +28,18 @@ enum krex_hip_sync_result krex_hip_sync(int app_thread);
 
 /* After each gated HIP call (hip_hooks.gen.c): the process's first
  * successful one registers the exit handler (drain.c), after the runtime
- * initialized itself and registered its own teardown. */
+ * initialized itself and registered its own teardown; a fatal result is
+ * recorded in the slot (fault.c). */
 extern _Atomic int krex_hip_exit_registered;
 void krex_hip_first_success(void);
 static KREX_ALWAYS_INLINE void krex_hip_after(uint32_t r)
 {
+    if (KREX_UNLIKELY(r != 0)) {
+        krex_hip_fault_note(r, 0);
+        return;
+    }
     /* Relaxed: a hint; the registration itself is idempotent. */
-    if (KREX_UNLIKELY(!atomic_load_explicit(&krex_hip_exit_registered, memory_order_relaxed)) &&
-        r == 0)
+    if (KREX_UNLIKELY(!atomic_load_explicit(&krex_hip_exit_registered, memory_order_relaxed)))
         krex_hip_first_success();
 }
 

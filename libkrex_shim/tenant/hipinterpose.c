@@ -4,9 +4,12 @@
  *
  * The runtime is dlopen("libamdhip64.so.6") (else "libamdhip64.so") on the
  * first call of a HIP hook, never before: a process that never calls HIP
- * never loads it.  Each real function is then bound on first use with the
- * real dlsym, under its exported symbol (a C++-linkage name's mangled one,
- * else its plain name).
+ * never loads it.  Under krex that first call (of any class: hipcall.h
+ * holds the gate around it) also initializes the runtime, with hipInit, so
+ * that its implicit initialization never runs outside the gate; a process
+ * whose GPU work is refused loads nothing.  Each real function is then
+ * bound on first use with the real dlsym, under its exported symbol (a
+ * C++-linkage name's mangled one, else its plain name).
  *
  * Under krex the runtime must be one the table can gate (docs/design/shim.md
  * "HIP runtime versions"): a major (hipRuntimeGetVersion / 10,000,000) above
@@ -45,8 +48,15 @@ static pthread_once_t hip_once = PTHREAD_ONCE_INIT;
 /* Written under hip_once (then read after pthread_once, which orders it),
  * and published with a release store for krex_hip_loaded()'s acquire. */
 static void *_Atomic hip_handle;
-static int hip_refused;
+static int hip_refused; /* REFUSED_RUNTIME, or REFUSED_PROCESS: nothing loaded */
 static char refusal[384];
+static int init_result = -1; /* hipInit's, when the load initialized the runtime */
+enum { REFUSED_RUNTIME = 1, REFUSED_PROCESS = 2 };
+/* The thread running load_hip() and the handle it loaded: a HIP hook it
+ * reaches meanwhile (the runtime calling its own exported names during
+ * hipInit) binds from that handle, not through hip_once (which it holds). */
+static __thread int in_load;
+static void *loading_handle; /* written and read by the loading thread only */
 /* A handle an application got for the runtime (another name or path). */
 static void *_Atomic hip_handle_seen;
 
@@ -222,6 +232,18 @@ static void judge_runtime(void *h, char *why, size_t len)
 static void load_hip(void)
 {
     int saved = errno;
+    /* Acquire pairs with shim.c's release store of the mode.  The caller
+     * (hipcall.h) entered the gate first: under krex the process is
+     * registered and admitted, or refused, by now. */
+    int mode = atomic_load_explicit(&krex_mode, memory_order_acquire);
+    if (mode == KREX_MODE_REFUSE) {
+        /* Refused GPU work: not even the version query (it starts the
+         * runtime) runs. */
+        hip_refused = REFUSED_PROCESS;
+        snprintf(refusal, sizeof refusal, "this process's GPU work is refused");
+        errno = saved;
+        return;
+    }
     void *h = dlopen("libamdhip64.so.6", RTLD_NOW | RTLD_GLOBAL);
     if (!h)
         h = dlopen("libamdhip64.so", RTLD_NOW | RTLD_GLOBAL);
@@ -229,14 +251,26 @@ static void load_hip(void)
         krex_log(KREX_LOG_ERROR, "cannot load the HIP runtime (libamdhip64.so.6): %s",
                  dlerror());
     } else {
+        in_load = 1;
+        loading_handle = h;
         char why[320];
         judge_runtime(h, why, sizeof why);
         if (why[0] && krex_under_krex()) {
-            hip_refused = 1;
+            hip_refused = REFUSED_RUNTIME;
             snprintf(refusal, sizeof refusal, "%s", why);
         } else if (why[0]) {
             krex_log(KREX_LOG_DEBUG, "not under krex, HIP passes through: %s", why);
         }
+        if (!hip_refused && mode == KREX_MODE_GATING) {
+            /* The initialization the runtime would do in whichever call
+             * came first, here, inside the gate the caller holds. */
+            krex_hip_abi_hipInit *init = (krex_hip_abi_hipInit *)krex_dlsym_real(h, "hipInit");
+            init_result = init ? (int)init(0) : KREX_HIP_ERROR_NOT_FOUND;
+            if (init_result != KREX_HIP_SUCCESS)
+                krex_log(KREX_LOG_INFO, "hipInit at the first HIP call returned %d",
+                         init_result);
+        }
+        in_load = 0;
     }
     /* Release: hip_refused and refusal are written before the handle is
      * seen by krex_hip_loaded()'s acquire load (pthread_once orders them
@@ -247,12 +281,33 @@ static void load_hip(void)
 
 void *krex_hip_loaded(void) { return atomic_load_explicit(&hip_handle, memory_order_acquire); }
 
+int krex_hip_load(void)
+{
+    if (in_load)
+        return -1; /* reached from inside the load: the loading call goes on */
+    pthread_once(&hip_once, load_hip);
+    return init_result;
+}
+
+int krex_hip_refused_process(void)
+{
+    pthread_once(&hip_once, load_hip);
+    return hip_refused == REFUSED_PROCESS;
+}
+
 void *krex_hip_bind(int idx)
 {
     int saved = errno;
-    pthread_once(&hip_once, load_hip);
-    void *h = atomic_load_explicit(&hip_handle, memory_order_acquire);
-    void *p = NULL;
+    void *h, *p = NULL;
+    if (KREX_UNLIKELY(in_load)) {
+        /* This thread is loading (the runtime's own call of an exported
+         * name, during the version query or hipInit): bind from the
+         * handle, unpublished; hip_once would wait for this thread. */
+        h = loading_handle;
+    } else {
+        pthread_once(&hip_once, load_hip);
+        h = atomic_load_explicit(&hip_handle, memory_order_acquire);
+    }
     if (h && !hip_refused) {
         p = krex_dlsym_real(h, krex_hip_ep_desc[idx].symbol);
         if (!p && (krex_hip_ep_desc[idx].flags & KREX_HIP_EPF_CXX))

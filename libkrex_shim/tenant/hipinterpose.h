@@ -30,6 +30,15 @@ int krex_hip_missing(int idx);
  * it): a drain synchronizes HIP only then. */
 void *krex_hip_loaded(void);
 
+/* Load the runtime, once per process (hipcall.h calls it with the gate
+ * entered): dlopen, the version check, and under krex (gating) hipInit.
+ * Returns hipInit's result when this load initialized the runtime, else -1
+ * (not under krex, refused, not loaded, or called from inside the load).
+ * In a process whose GPU work is refused it loads nothing. */
+int krex_hip_load(void);
+/* 1 when the load found this process's GPU work refused (nothing loaded). */
+int krex_hip_refused_process(void);
+
 /* The real function for entry `idx`, bound on first use (acquire pairs
  * with the release store in krex_hip_bind(), so the pointer's target is
  * fully resolved when we call it). */

@@ -5,8 +5,11 @@
  *
  * Accounting.  Every device allocation the hooks see (cuMemAlloc*,
  * cuMemAllocPitch*, cuMemAllocManaged, cuMemAlloc[FromPool]Async*,
- * cuMemCreate with a device location) is recorded by address (or handle)
- * with its size; frees look the size up.  The process's total is published
+ * cuMemCreate with a device location; HIP's hipMalloc, hipExtMallocWithFlags,
+ * hipMallocManaged, hipMalloc[FromPool]Async, hipMallocPitch,
+ * hipMemAllocPitch) is recorded by address (or handle) with its size;
+ * frees (cuMemFree*, hipFree, hipFreeAsync) look the size up.  One table for
+ * both runtimes: a process using both has one figure.  The process's total is published
  * in its slot as `mem_mib`, which krexd reads where NVML gives no
  * per-process figure and summarizes per tenant in the gate (krexd alone
  * writes the gate), where sibling shims read it to tell their own
@@ -294,6 +297,20 @@ uint64_t krex_mem_take_handle(CUmemGenericAllocationHandle handle)
 void krex_mem_released(CUresult r, CUmemGenericAllocationHandle handle, uint64_t bytes)
 {
     note_gone(&handles, r, (uint64_t)handle, bytes);
+}
+
+void krex_hip_mem_alloced(uint32_t r, void *pptr, uint64_t bytes)
+{
+    if (r == 0 && pptr)
+        krex_mem_alloced(CUDA_SUCCESS, (CUdeviceptr)(uintptr_t) * (void *const *)pptr, bytes);
+}
+
+uint64_t krex_hip_mem_take(void *ptr) { return krex_mem_take((CUdeviceptr)(uintptr_t)ptr); }
+
+void krex_hip_mem_freed(uint32_t r, void *ptr, uint64_t bytes)
+{
+    /* Any failure puts the size back (note_gone): the memory is still held. */
+    krex_mem_freed(r == 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, (CUdeviceptr)(uintptr_t)ptr, bytes);
 }
 
 uint64_t krex_mem_device_bytes(size_t size, const CUmemAllocationProp *prop)

@@ -50,6 +50,13 @@ void krex_mem_created(CUresult r, CUmemGenericAllocationHandle handle, uint64_t 
 uint64_t krex_mem_take_handle(CUmemGenericAllocationHandle handle);
 void krex_mem_released(CUresult r, CUmemGenericAllocationHandle handle, uint64_t bytes);
 
+/* The same for HIP's allocations and frees (hip_hooks.gen.c; r is the
+ * hipError_t, 0 for success as CUDA's; `pptr` the void ** the allocation
+ * wrote its pointer to). */
+void krex_hip_mem_alloced(uint32_t r, void *pptr, uint64_t bytes);
+uint64_t krex_hip_mem_take(void *ptr);
+void krex_hip_mem_freed(uint32_t r, void *ptr, uint64_t bytes);
+
 /* Bytes of device memory a cuMemCreate(size, prop) asks for (0 for host
  * or host-NUMA locations: not device memory). */
 uint64_t krex_mem_device_bytes(size_t size, const CUmemAllocationProp *prop);

@@ -21,8 +21,11 @@ of epclass.py, shared with the CUDA generator) and writes three files:
   table (name, exported symbol, class, flags), the runtime versions the
   table accepts (``[runtime]``), and one exported hook per A or C name, per
   ``[gate_also]`` name and per observed name: ``bind -> gate enter ->
-  observe -> real -> observe -> gate leave``, as for CUDA.  A C++-linkage
-  name gets a hook under its mangled symbol and one under its plain name.
+  observe -> real -> observe -> gate leave``, as for CUDA; and per other B
+  or D name returning ``hipError_t`` a *forwarding* hook, ``bind -> real``: the
+  process's first bind loads the runtime and initializes it under the gate
+  (hipinterpose.c), whichever HIP call comes first.  A C++-linkage name gets
+  a hook under its mangled symbol and one under its plain name.
 * ``hip_entrypoints.gen.c``: compiled only against the headers (tests):
   compile-time checks that every C prototype of the table is the header's
   own and that every ABI prototype's parameters have the size and class of
@@ -85,6 +88,7 @@ class Entry:
     pre: str | None = None
     post: str | None = None
     stream: str | None = None  # C expression of the call's stream, for capture checks
+    forward: bool = False  # D, not otherwise hooked: bind (the gated initialization), call
     flags: list[str] = field(default_factory=list)
 
     @property
@@ -95,7 +99,7 @@ class Entry:
     @property
     def hooked(self) -> bool:
         """True when the shim exports a hook of this name."""
-        return self.gated or self.pre is not None or self.post is not None
+        return self.gated or self.pre is not None or self.post is not None or self.forward
 
     @property
     def abi(self) -> bool:
@@ -110,6 +114,12 @@ def takes_stream(d: Decl) -> bool:
 
 def _bare(type_text: str) -> str:
     return type_text.replace("const ", "").strip()
+
+
+def _struct_name(type_text: str) -> str:
+    """A by-value structure's name as [abi.structs] lists it (``struct hipExtent``:
+    ``hipExtent``)."""
+    return _bare(type_text).removeprefix("struct ").strip()
 
 
 def _section(rules: dict[str, object], name: str) -> dict[str, object]:
@@ -162,6 +172,15 @@ def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entr
     for e in entries.values():
         if e.cls in ("A", "C"):
             e.gated = True
+        # Every HIP call initializes the runtime when it is the process's first:
+        # a B or D name that returns hipError_t gets a forwarding hook, whose
+        # first bind initializes the runtime under the gate.  The others (error
+        # and API name strings, the channel-descriptor constructor, profiler
+        # switches, hiprtc) do not start the runtime: docs/design/shim.md.
+        e.forward = (
+            e.cls in ("B", "D") and not e.hooked and e.decl.ret == "hipError_t"
+            and not e.name.startswith("hiprtc")
+        )  # fmt: skip
         if e.gated:
             e.stream = next((p.name for p in e.decl.params if _bare(p.type) == "hipStream_t"), None)
             e.flags.append("KREX_HIP_EPF_GATED")
@@ -224,8 +243,8 @@ def reduce_types(include: Path, types: list[str], structs: dict[str, list[str]])
             out[t] = f"{'' if signed[i] else 'u'}int{8 * size}_t"
         elif kind == _REAL and size in (4, 8):
             out[t] = "float" if size == 4 else "double"
-        elif kind == _RECORD and _bare(t) in structs:
-            out[t] = f"struct krex_hip_abi_{_bare(t)}"
+        elif kind == _RECORD and _struct_name(t) in structs:
+            out[t] = f"struct krex_hip_abi_{_struct_name(t)}"
         else:
             problems.append(
                 f"{t}: a parameter type of a hooked or called name that the ABI reduction "
@@ -440,7 +459,7 @@ def render_source(
             f'_Static_assert(KREX_HIP_SAME_ABI({name}, struct krex_hip_abi_{name}), "{name}");\n'
         )
         for f in fields:
-            fname = f.split()[-1].lstrip("*")
+            fname = f.split()[-1].lstrip("*").split("[")[0]
             out.append(
                 f"_Static_assert(offsetof({name}, {fname}) == "
                 f'offsetof(struct krex_hip_abi_{name}, {fname}), "{name}.{fname}");\n'
@@ -458,7 +477,10 @@ def _fail(e: Entry, what: str) -> str:
 
 
 def _hook_lines(e: Entry, ret: str, indent: str) -> list[str]:
-    lines = [f"KREX_HIP_BIND({e.name}, {_fail(e, 'missing')});"]
+    lines = [f"KREX_HIP_HOOK_BIND({e.name}, {_fail(e, 'unbound')});"]
+    if e.forward:
+        lines.append(f"return krex_real_fn({_args(e)});")
+        return [f"{indent}{line}\n" for line in lines]
     if e.gated:
         spt = 1 if e.name.endswith("_spt") else 0
         enter = f"krex_enter_hip_stream({e.stream}, {spt})" if e.stream else "krex_enter()"
@@ -502,9 +524,11 @@ def render_hooks(
     # The hooks are the top layer (docs/design/shim.md "Layering"): each header they use.
     out.append('#include "base.h" /* KREX_HOOK */\n')
     out.append('#include "call.h" /* krex_enter, krex_leave: the per-call protocol */\n')
+    out.append('#include "hipcall.h" /* KREX_HIP_HOOK_BIND: the gated first call */\n')
     out.append('#include "hipdrain.h" /* krex_hip_after: the exit handler */\n')
-    out.append('#include "hipinterpose.h" /* KREX_HIP_BIND, the table */\n')
+    out.append('#include "hipinterpose.h" /* the table */\n')
     out.append('#include "hiptrack.h" /* devices, streams, captures */\n')
+    out.append('#include "memory.h" /* device memory */\n')
     out.append('#include "shim.h" /* krex_hip_refused */\n')
     out.append('#include "track.h" /* the capture lock */\n\n')
     out.append("const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {\n")

@@ -5,15 +5,26 @@
  *
  * Every simulated GPU looks like an MI300X-class device (gfx942, 304 compute
  * units, wavefronts of 64, 4 MiB of L2) with the engine's
- * KREX_FAKE_MEM_BYTES of memory.  Its UUID is the engine's (the bytes
- * cuDeviceGetUuid reports and krexd's fake_uuid computes) and its PCI bus
- * the same, so the fake CUDA driver and the fake HIP runtime name one
- * simulated GPU alike.
+ * KREX_FAKE_MEM_BYTES of memory.  Its UUID is ROCm's form of the name krexd
+ * gives the simulated AMD GPU (hipDeviceGetUuid's 16 bytes are the hex
+ * digits of "GPU-6b72657866616b<NN>", krexd's fake_amd_uuid) and its PCI bus
+ * the fake CUDA driver's, so both fakes find one simulated GPU at one
+ * address.
  */
 #include "fakehip.h"
 
 #include <stdio.h>
 #include <string.h>
+
+/* ROCm's UUID bytes: the 16 hex digits of the name ROCr gives the GPU
+ * ("GPU-<16 hex>", fc_uuid_rocr_text: krexd's name of simulated AMD GPU N),
+ * as characters, no NUL. */
+static void rocm_uuid(int phys, char out[16])
+{
+    char text[FC_UUID_TEXT];
+    fc_uuid_rocr_text(phys, text);
+    memcpy(out, text + 4, 16);
+}
 
 #define FH_NAME "AMD Instinct MI300X (fake)"
 #define FH_ARCH_NAME "gfx942:sramecc+:xnack-"
@@ -100,7 +111,7 @@ FH_API hipError_t hipGetDevicePropertiesR0600(hipDeviceProp_tR0600 *prop, int de
         return fh_ret(e);
     memset(prop, 0, sizeof *prop);
     FH_FILL_COMMON(prop, deviceId);
-    fc_uuid_bytes(fc.phys[deviceId], prop->uuid.bytes);
+    rocm_uuid(fc.phys[deviceId], prop->uuid.bytes);
     prop->asyncEngineCount = 2;
     prop->unifiedAddressing = 1;
     prop->streamPrioritiesSupported = 1;
@@ -190,7 +201,7 @@ FH_API hipError_t hipDeviceGetUuid(hipUUID *uuid, hipDevice_t device)
     FC_ENTRY();
     hipError_t e = uuid ? check_device(device) : hipErrorInvalidValue;
     if (e == hipSuccess)
-        fc_uuid_bytes(fc.phys[device], uuid->bytes);
+        rocm_uuid(fc.phys[device], uuid->bytes);
     return fh_ret(e);
 }
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from krexd.gpus import fake_amd_uuid
+
 from .harness import HERE, FakeHip
 
 GIB = 1 << 30
@@ -25,9 +27,9 @@ def test_device_properties(fh: FakeHip) -> None:
     assert d0["totalGlobalMem"] == 64 * GIB
     assert d0["l2CacheSize"] == d0["attr_l2CacheSize"] == 4 << 20
     assert (d0["warpSize"], d0["multiProcessorCount"], d0["major"], d0["minor"]) == (64, 304, 9, 4)
-    # The UUID is the fake CUDA driver's for the same simulated GPU (krexd's fake_uuid).
-    assert d0["uuid"] == d0["uuid_call"] == b"krex-fake-gp".hex() + "00000000"
-    assert d1["uuid"] == b"krex-fake-gp".hex() + "00000001"
+    # ROCm's form: the 16 hex digits of krexd's name for the GPU (fake_amd_uuid), as text.
+    assert d0["uuid"] == d0["uuid_call"] == b"6b72657866616b00".hex()
+    assert d1["uuid"] == b"6b72657866616b01".hex()
     assert (d0["pciBusID"], d0["pciBusId"]) == (0x18, "0000:18:00.0")
     # HIP 5's layout (hipDeviceProp_t) carries the same values.
     assert d0["r0000"] == {
@@ -39,23 +41,12 @@ def test_device_properties(fh: FakeHip) -> None:
     }
 
 
-def test_uuid_agrees_with_the_fake_cuda_driver(fh: FakeHip) -> None:
+def test_uuid_is_krexds_name_of_the_simulated_amd_gpu(fh: FakeHip) -> None:
+    """hipDeviceGetUuid's 16 characters, after "GPU-", are the name krexd gives the GPU
+    (krexd.gpus.fake_amd_uuid) and the one ROCR_VISIBLE_DEVICES accepts."""
     info = fh.hipbench("--info", env=fh.env(KREX_FAKE_GPUS="3"))
-    cuda = fh.python_json(
-        """
-import ctypes, json
-lib = ctypes.CDLL("libcuda.so.1")
-assert lib.cuInit(0) == 0
-out = []
-for i in range(3):
-    b = ctypes.create_string_buffer(16)
-    assert lib.cuDeviceGetUuid_v2(b, i) == 0
-    out.append(b.raw.hex())
-print(json.dumps(out))
-""",
-        env=fh.env(KREX_FAKE_GPUS="3"),
-    )
-    assert [d["uuid"] for d in info["devices"]] == cuda
+    names = ["GPU-" + bytes.fromhex(d["uuid"]).decode() for d in info["devices"]]
+    assert names == [fake_amd_uuid(i) for i in range(3)]
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Fixtures: ``gate``, an open gate in the test's temporary directory; ``spawn``,
-``gate_tenant`` processes on it.
+``gate_tenant`` processes on it; ``fh``, the fake HIP runtime (tests/fakehip) on
+this test's own simulated GPU.
 
 Its ``judge`` (krexd's verdict on registrations still pending in a drain)
 checks pid and start time only: these tests run no cgroups.
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from krexd.gate import Gate
-from tests.support import ShimBuild, forget_gate
+from tests.fakecuda.harness import Build
+from tests.fakehip.harness import FakeHip, HipBuild
+from tests.support import ShimBuild, forget_gate, make
 
 from .procs import Tenant, alive_judge
 
@@ -45,3 +48,16 @@ def spawn(shim_build: ShimBuild, gate: Gate, tmp_path: Path) -> Iterator[Callabl
     yield start
     for t in started:
         t.kill()
+
+
+@pytest.fixture(scope="session")
+def hip_build() -> HipBuild:
+    """The fake HIP runtime and hipbench, built once."""
+    make("fakehip")
+    return HipBuild.default()
+
+
+@pytest.fixture
+def fh(hip_build: HipBuild, fakecuda_build: Build, tmp_path: Path) -> FakeHip:
+    """The fake HIP runtime over a simulated GPU that belongs to this test only."""
+    return FakeHip(fakecuda_build, tmp_path, hip_build)

@@ -6,6 +6,9 @@ the shim.  Each command gets one JSON reply line ``{"cmd", "rc", "t0", "t1",
 call).  Commands:
 
   init                      hipInit, the device, a module and its function
+  count                     hipGetDeviceCount (class D: not gated; "count")
+  malloc MIB [async]        hipMalloc (or hipMallocAsync on the null stream) of MIB MiB ("ptr")
+  free PTR [async]          hipFree (or hipFreeAsync) of PTR
   launch NS [S]             hipModuleLaunchKernel of an NS-ns kernel (S: a stream index)
   launch_ptr NS [S]         hipLaunchKernel (a host function as the kernel's key)
   ext NS [S]                hipExtModuleLaunchKernel
@@ -70,6 +73,23 @@ class Tenant:
         g = self.gpu
         if cmd == "init":
             self.gpu = hipgpu.HipGpu(self.hip)
+        elif cmd == "malloc":
+            p = ctypes.c_void_p()
+            size = int(args[0]) << 20
+            if len(args) > 1:
+                self.hip.call("hipMallocAsync", ctypes.byref(p), size, None)
+            else:
+                self.hip.call("hipMalloc", ctypes.byref(p), size)
+            out["ptr"] = p.value
+        elif cmd == "free":
+            if len(args) > 1:
+                self.hip.call("hipFreeAsync", int(args[0]), None)
+            else:
+                self.hip.call("hipFree", int(args[0]))
+        elif cmd == "count":
+            n = ctypes.c_int(0)
+            self.hip.call("hipGetDeviceCount", ctypes.byref(n))
+            out["count"] = n.value
         elif cmd == "launch":
             assert g is not None
             g.launch(int(args[0]), self.stream(args, 1))

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import Gate, SlotInfo
+from krexd.gate import FaultSeen, Gate, SlotInfo
+from krexd.gpus import fake_amd_uuid
 from krexd.registrations import Verifier
 from tests.fakecuda import timeline
-from tests.fakecuda.harness import Build
-from tests.fakehip.harness import FakeHip, HipBuild
-from tests.support import JsonLineReader, ShimBuild, make, tenant_env
+from tests.fakehip.harness import FakeHip
+from tests.support import JsonLineReader, ShimBuild, tenant_env
 
 from .procs import wait_for
 
@@ -35,17 +35,6 @@ HOLDER = 1
 SIBLING = 2
 KERNEL_NS = 1_000_000_000
 TENANT = Path(__file__).with_name("hip_tenant.py")
-
-
-@pytest.fixture(scope="module")
-def hip_build() -> HipBuild:
-    make("fakehip")
-    return HipBuild.default()
-
-
-@pytest.fixture
-def fh(hip_build: HipBuild, fakecuda_build: Build, tmp_path: Path) -> FakeHip:
-    return FakeHip(fakecuda_build, tmp_path, hip_build)
 
 
 class HipTenant:
@@ -152,6 +141,44 @@ def test_a_hip_process_registers_and_is_verified(
     s = slots[0]
     assert (s.state, s.tenant) == ("active", SIBLING)
     assert Verifier(lambda tenant: [t.pid] if tenant == SIBLING else None).resolve(s) == t.pid
+
+
+def test_the_runtime_initializes_inside_the_gate_whatever_the_first_call(
+    gate: Gate, sibling: Callable[..., HipTenant]
+) -> None:
+    """A first HIP call of class D (hipGetDeviceCount: the runtime initializes itself in it)
+    registers the process and parks at a closed gate, as a CUDA process's cuInit does."""
+    gate.close(HOLDER, 1)
+    gate.drain(HOLDER, 1, 10.0)
+    t = sibling()
+    time.sleep(0.5)  # started, no HIP call yet
+    assert mine(gate, t.pid) == []
+    t.send("count")
+    wait_for(lambda: mine(gate, t.pid) != [], what="the first HIP call registered")
+    time.sleep(0.3)
+    assert t.pending(), "the runtime initialized past the closed gate"
+    reopened = time.monotonic_ns()
+    gate.reopen(HOLDER, 1)
+    r = t.reply()
+    assert r["rc"] == 0 and r["count"] == 1 and r["t1"] >= reopened, r
+    assert (
+        Verifier(lambda tenant: [t.pid] if tenant == SIBLING else None).resolve(
+            mine(gate, t.pid)[0]
+        )
+        == t.pid
+    )
+
+
+def test_a_first_class_d_call_outside_krex_passes_through(
+    shim_build: ShimBuild, fh: FakeHip
+) -> None:
+    """Not under krex, nothing changes: the runtime starts in the program's own first call."""
+    env = fh.env(LD_PRELOAD=str(shim_build.shim))
+    t = HipTenant(env)
+    try:
+        assert t.run("count")["count"] == 1
+    finally:
+        t.close()
 
 
 # ---- the gate and the drain ----------------------------------------------------------
@@ -262,7 +289,8 @@ def test_hipbench_is_gated_linked_or_through_dlsym(
 def test_a_runtime_newer_than_the_table_is_refused(
     shim_build: ShimBuild, fh: FakeHip, gate: Gate
 ) -> None:
-    """HIP 7 (no compatible major): one line, every gated call fails, nothing registers or runs."""
+    """HIP 7 (no compatible major): one line, every gated call fails, nothing runs.  The process
+    registered: the version query (which starts a real runtime) is made inside the gate."""
     env = fh.env(
         LD_PRELOAD=str(shim_build.shim), KREX_FAKE_HIP_VERSION="70100000", **tenant_env(gate, 2)
     )
@@ -275,7 +303,7 @@ def test_a_runtime_newer_than_the_table_is_refused(
     lines = [ln for ln in proc.stderr.splitlines() if "HIP runtime 7.1" in ln]
     assert len(lines) == 1, proc.stderr
     assert "newer than the shim's HIP table" in lines[0]
-    assert [s for s in gate.slots() if s.state != "free"] == []
+    assert [s.gated_calls for s in gate.slots() if s.state != "free"] == [1]  # the load's
     assert fh.records() == []
 
 
@@ -423,3 +451,84 @@ def test_a_cuda_process_never_loads_the_hip_runtime(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# ---- device memory ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_hip_device_memory_is_counted_in_the_slot(
+    gate: Gate, sibling: Callable[..., HipTenant], how: str
+) -> None:
+    """hipMalloc/hipFree (hipMallocAsync/hipFreeAsync) move the slot's mem_mib, the figure krexd
+    reads where amdsmi gives none; a failed free changes nothing."""
+    extra = [] if how == "sync" else ["async"]
+    t = sibling()
+    a = t.run(" ".join(["malloc", "300", *extra]))["ptr"]
+    b = t.run(" ".join(["malloc", "100", *extra]))["ptr"]
+    assert mine(gate, t.pid)[0].mem_mib == 400
+    t.run(" ".join(["free", str(a), *extra]))
+    assert mine(gate, t.pid)[0].mem_mib == 100
+    t.send(" ".join(["free", str(a), *extra]))  # again: the runtime refuses it
+    assert t.reply()["rc"] != 0
+    assert mine(gate, t.pid)[0].mem_mib == 100
+    t.run(" ".join(["free", str(b), *extra]))
+    assert mine(gate, t.pid)[0].mem_mib == 0
+
+
+# ---- the GPU binding -----------------------------------------------------------------------
+
+WRONG_GPU = 83  # krex_client.errors.ExitCode.WRONG_GPU
+
+
+@pytest.mark.parametrize(
+    ("visible", "ok"),
+    [
+        ({"ROCR_VISIBLE_DEVICES": fake_amd_uuid(1), "HIP_VISIBLE_DEVICES": "0"}, True),  # krexd's
+        ({"ROCR_VISIBLE_DEVICES": fake_amd_uuid(0), "HIP_VISIBLE_DEVICES": "0"}, False),
+        ({"HIP_VISIBLE_DEVICES": "1,0"}, False),  # its own GPU first, another one visible
+        ({}, False),  # the variables unset: every GPU
+    ],
+    ids=["bound", "other", "widened", "unset"],
+)
+def test_a_hip_command_sees_only_its_own_gpu(
+    shim_build: ShimBuild, fh: FakeHip, gate: Gate, visible: dict[str, str], ok: bool
+) -> None:
+    """Bound to simulated AMD GPU 1 (KREX_GPU_UUID, ROCr's form): any other visible device ends
+    the command at its first HIP call (exit 83, one line), before any kernel."""
+    env = fh.env(
+        LD_PRELOAD=str(shim_build.shim), KREX_FAKE_GPUS="2", KREX_GPU_UUID=fake_amd_uuid(1),
+        **tenant_env(gate, SIBLING), **visible,
+    )  # fmt: skip
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run(
+        [str(fh.hip.hipbench), "--count", "2"], env=env, capture_output=True, text=True, timeout=30
+    )
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["launches"] == 2
+        return
+    assert proc.returncode == WRONG_GPU, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("krex: refusing HIP work")]
+    assert len(lines) == 1 and f"bound to {fake_amd_uuid(1)}" in lines[0], proc.stderr
+    assert fh.records() == []
+
+
+# ---- the fault record ----------------------------------------------------------------------
+
+
+def test_a_hip_process_records_its_fatal_error(
+    shim_build: ShimBuild, fh: FakeHip, gate: Gate
+) -> None:
+    """A kernel faults (hipErrorIllegalAddress, sticky): the next gated call returns it and the
+    shim records it in the slot, with "had launched", as for CUDA (tests/shim/test_fault_record.py);
+    a healthy HIP process records nothing."""
+    ok = fh.env(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, 2))
+    bad = fh.env(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, 3))
+    assert fh.hipbench("--count", "3", env=ok)["launches"] == 3
+    proc = fh.hipbench_proc("--count", "50", "--fault-after", "4", env=bad)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    faults = {s.tenant: s.fault for s in gate.slots() if s.tenant}
+    assert faults[2] is None, "a healthy process recorded a fault"
+    assert faults[3] == FaultSeen(code=700, launched=True, at_sync=False)

@@ -73,7 +73,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("drain", ["tenant/drain.h", "tenant/drain.c", "tenant/hipdrain.h", "tenant/hipdrain.c"]),
     ("region", ["tenant/region.h", "tenant/region.c"]),
     ("process", ["tenant/shim.h", "tenant/shim.c"]),
-    ("call", ["tenant/call.h"]),
+    ("call", ["tenant/call.h", "tenant/hipcall.h"]),
     ("hooks", ["tenant/entrypoints.gen.c", "tenant/hip_hooks.gen.c"]),
 ]
 

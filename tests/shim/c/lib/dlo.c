@@ -9,6 +9,7 @@
  *                                  RUNPATH $ORIGIN
  *   dlo/libdlo_leaf.so  (LEAF)
  *   dlo/libdlo_user.so  (USER)     needs libcuda.so.1 (DT_NEEDED): a CUDA driver user
+ *   dlo/libdlo_hipuser.so (HIPUSER) needs libamdhip64.so.6 (DT_NEEDED): a HIP user
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -41,4 +42,11 @@ int dlo_plain(void) { return dlo_leaf() + 1; }
 #include <cuda.h>
 /* Bound in this library's scope: with RTLD_DEEPBIND, the driver's own. */
 int dlo_user(void) { return (int)cuInit(0); }
+#endif
+
+#ifdef HIPUSER
+/* HIP's hipInit (hipError_t is an int enum); bound in this library's scope:
+ * with RTLD_DEEPBIND, the runtime's own. */
+int hipInit(unsigned int flags);
+int dlo_user(void) { return hipInit(0); }
 #endif
