@@ -13,7 +13,7 @@ from krexd.gate import SlotInfo
 
 
 class NoGate:
-    """The :class:`krexd.isolation.RegionGate` of a GPU without ``libkrex_gate.so``:
+    """The :class:`krexd.coordinator.isolation.RegionGate` of a GPU without ``libkrex_gate.so``:
     nothing to close, drain or reopen, no registrations."""
 
     def close(self, holder: int, epoch: int) -> None:

@@ -13,7 +13,7 @@ protocol on it (paper §4.2, DESIGN.md "Region entry and exit"):
 * step 3 ``drain(holder, epoch, timeout_s)``: until every sibling slot has
   acknowledged ``epoch`` with nothing in flight; the owners of slots still
   pending are judged by ``judge`` (krexd's own verification of who the
-  slot's process is, ``krexd.registrations``) and those judged gone are
+  slot's process is, ``krexd.tenancy.registrations``) and those judged gone are
   skipped (:meth:`Gate.ignore`, kept in krexd, never written to the slot);
   its ``settled`` callback hears after each acknowledgement which tenants
   are still pending, and the tenants it takes (freezes) are not waited for;
@@ -51,7 +51,7 @@ Modules, one concern each (import the names from here):
   and the audit.
 * ``protocol``: ``Gate``: the gate word and epoch, steps 2, 3 and 8.
 
-The library is found through ``krexd.paths.gate_library()``.
+The library is found through ``krexd.system.paths.gate_library()``.
 """
 
 from __future__ import annotations

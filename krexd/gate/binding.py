@@ -13,7 +13,6 @@ import os
 import threading
 from typing import Any
 
-from krexd import paths
 from krexd.gate.errors import GateError
 from krexd.gate.slots import (
     LIVE_SLOT_STATES,
@@ -23,6 +22,7 @@ from krexd.gate.slots import (
     OomRecord,
     SlotInfo,
 )
+from krexd.system import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
 ABI_VERSION = 9

@@ -33,7 +33,7 @@ class GateMapping:
 
     ``judge`` (None: none) verifies the owners of registrations still pending
     in a drain (``krexd.gate.Gate.drain``; krexd's is
-    ``krexd.registrations.Verifier.judge``).
+    ``krexd.tenancy.registrations.Verifier.judge``).
     """
 
     def __init__(

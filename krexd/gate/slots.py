@@ -112,7 +112,7 @@ class SlotInfo:
     ``pid`` is in the owner's pid namespace (``pidns``, an inode number),
     ``start_ticks`` its start time and ``image`` the shim's mapping in it
     (krex_gate.h ``krex_slot.image``), which krexd verifies
-    (``krexd.registrations``).  ``inflight`` counts the driver calls between
+    (``krexd.tenancy.registrations``).  ``inflight`` counts the driver calls between
     entry and return that the shim counts in the slot (calls admitted on a
     thread's mark are counted there instead, in the process's own memory:
     docs/design/shim.md "Thread marks"; its drainer waits for both);

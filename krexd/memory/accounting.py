@@ -7,7 +7,7 @@ Per GPU (krexd/memory/views.py gives the formulas and when they run)::
     other        = device used - tenants_used   (processes krex does not run)
     excess       = other + sum over tenants of max(0, used - need)
 
-Each tenant's record (``krexd.memory.records.TenantMemory``) is updated on
+Each tenant's record (``krexd.tenancy.memory_records.TenantMemory``) is updated on
 the way: usage and peaks, whether an allocation of it waits for co-tenants'
 memory (the shim's WAITING bit), the registration ledger.
 """
@@ -20,8 +20,8 @@ from krex_client.sizes import format_size
 from krexd.gate import LIVE_SLOT_STATES, SlotInfo
 from krexd.memory.sources import DeviceMemory
 from krexd.memory.view import GpuMemory, GpuView
-from krexd.procfs import pid_alive
-from krexd.tenants import Tenant
+from krexd.system.procfs import pid_alive
+from krexd.tenancy.tenants import Tenant
 
 _log = logging.getLogger("krexd.memory")
 

@@ -1,6 +1,6 @@
 """Every GPU's memory view: what each GPU has used and free, per tenant and by others.
 
-A GPU's view (``krexd.memory.view.GpuView``, kept on its ``krexd.gpu.Gpu``)
+A GPU's view (``krexd.memory.view.GpuView``, kept on its ``krexd.orchestration.gpu.Gpu``)
 is worked out from the last read of its device source (NVML, amdsmi, the
 fake driver's state, or none: ``krexd.memory.opening``) and the shim's
 registrations in its gate (``krexd.gate.Gate.slots``: the daemon's own gate
@@ -27,16 +27,16 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from krexd.gate import Gate, GateError, SlotInfo
-from krexd.gpus import GpuInfo
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory import accounting
 from krexd.memory.sources import DeviceMemory
 from krexd.memory.view import GpuMemory, GpuView
-from krexd.procfs import pid_alive
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.system.procfs import pid_alive
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 
 class ViewedGpu(Protocol):
-    """What the views use of a GPU (``krexd.gpu.Gpu`` shares them)."""
+    """What the views use of a GPU (``krexd.orchestration.gpu.Gpu`` shares them)."""
 
     @property
     def info(self) -> GpuInfo: ...

@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from krexd import states
-from krexd.config import RegionConfig
+from krexd.config.config import RegionConfig
 from krexd.coordinator import Coordinator
-from krexd.errors import Code, KrexError
 from krexd.gate import SlotInfo
-from krexd.slices import CpuSlice
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.hardware.slices import CpuSlice
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
 
 T = TypeVar("T")

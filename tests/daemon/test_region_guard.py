@@ -1,4 +1,4 @@
-"""The fail-closed check (krexd.registrations.RegionGuard) against real processes.
+"""The fail-closed check (krexd.tenancy.registrations.RegionGuard) against real processes.
 
 A sibling frozen between its count's increment and the retraction a closed
 gate causes shows ``inflight`` 1, and one that registered after the close
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from krexd.gate import SlotInfo
-from krexd.registrations import RegionGuard, identity
+from krexd.tenancy.registrations import RegionGuard, identity
 
 pytestmark = pytest.mark.needs_build
 
@@ -198,7 +198,7 @@ def _wait_leader_exited(pid: int, deadline: float) -> None:
 def test_a_process_whose_main_thread_exited_is_still_checked() -> None:
     """Its leader shows Z while another thread runs with the address space and descriptors:
     not "gone", so a process with the GPU open this way is still ended."""
-    from krexd.procfs import pid_alive
+    from krexd.system.procfs import pid_alive
 
     p = subprocess.Popen([sys.executable, "-c", _LEADER_EXITS])
     try:
@@ -245,7 +245,7 @@ def test_a_registered_process_whose_main_thread_exited_is_not_ended() -> None:
 def test_a_start_time_matches_within_the_slack_of_another_time_namespace() -> None:
     """A process of another time namespace: one tick either way (the shim takes a
     boot-time offset back out, exact only for whole ticks); else exactly; 0 never."""
-    from krexd.registrations import Identity, matches
+    from krexd.tenancy.registrations import Identity, matches
 
     def slot(ticks: int) -> SlotInfo:
         return SlotInfo(0, "active", 42, 1, 0, 0, 0, 0, 0, 0, start_ticks=ticks, pidns=9)

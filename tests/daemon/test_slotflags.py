@@ -1,6 +1,6 @@
 """Flags of the slot memories that pause others: verified owners, bounded time (root-free).
 
-``krexd.slotflags`` and the gate watch's sweep over fake gates and a fake
+``krexd.tenancy.slotflags`` and the gate watch's sweep over fake gates and a fake
 ``/proc``: the sweep's cost is counted in identity reads (one per process,
 not one per (slot, process)), ignored slots are not read again, a memory
 wait is honoured only for a verified process and only for its bound (time
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from krexd import registrations, states
 from krexd.gate import OomRecord, SlotInfo
-from krexd.gatewatch import GateWatch
-from krexd.registrations import Identity, Verifier
-from krexd.slotflags import SlotFlags
+from krexd.orchestration.gatewatch import GateWatch
+from krexd.tenancy import registrations, states
+from krexd.tenancy.registrations import Identity, Verifier
+from krexd.tenancy.slotflags import SlotFlags
 
 TENANT = 5
 PIDS = list(range(1000, 1000 + 4096))

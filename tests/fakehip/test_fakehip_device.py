@@ -68,7 +68,8 @@ print(json.dumps(out))
         ({"ROCR_VISIBLE_DEVICES": "2,1"}, [0x38, 0x28]),
         ({"ROCR_VISIBLE_DEVICES": "2,1", "HIP_VISIBLE_DEVICES": "1"}, [0x28]),  # in turn
         ({"HIP_VISIBLE_DEVICES": "1,7,0"}, [0x28]),  # up to the first invalid entry
-        # ROCr's form of krexd's simulated AMD GPUs (krexd.gpus.fake_amd_uuid), as krex run sets
+        # ROCr's form of krexd's simulated AMD GPUs (krexd.hardware.inventory.fake_amd_uuid), as
+        # krex run sets
         ({"ROCR_VISIBLE_DEVICES": "GPU-6b72657866616b02", "HIP_VISIBLE_DEVICES": "0"}, [0x38]),
         ({"HIP_VISIBLE_DEVICES": "GPU-6b72657866616b01,0"}, [0x28, 0x18]),
     ],

@@ -140,13 +140,13 @@ class SharedGpu:
 
 
 def _audit(gate: Any, stop: threading.Event) -> None:
-    """What krexd's gate watch does for the shims' memory judgement (krexd/gatewatch.py).
+    """What krexd's gate watch does for the shims' memory judgement (orchestration/gatewatch.py).
 
     Every 5 ms: ``Gate.audit()`` publishes the per-tenant memory summary and
     relays frees; every 50 ms, registrations whose process exited are
     ignored (judged by pid and start time: these tests run no cgroups).
     """
-    from krexd.registrations import identity
+    from krexd.tenancy.registrations import identity
 
     n = 0
     while not stop.wait(0.005):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from krexd.gate import Gate, OomRecord, SlotInfo
-from krexd.memory.records import RegistrationLedger, TenantMemory
+from krexd.tenancy.memory_records import RegistrationLedger, TenantMemory
 from tests.support import REPO, ShimBuild, forget_gate, tenant_env
 
 # Writes slot 5 of tenant argv[2]'s slot memory argv[1] as an owner would (state ACTIVE).

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from krexd.admission import GpuSlots
-from krexd.config import MemoryConfig
+from krexd.config.config import MemoryConfig
 from krexd.gate import OomRecord, SlotInfo
-from krexd.gpus import GpuInfo
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory.gpu_users import GpuUsers
 from krexd.memory.learned import LearnedNeeds
 from krexd.memory.policy import AdmissionPolicy
@@ -35,8 +34,9 @@ from krexd.memory.status import MemoryStatus
 from krexd.memory.tenant_records import TenantRecords
 from krexd.memory.view import GpuMemory
 from krexd.memory.views import MemoryViews
-from krexd.runtime import STOPPING, Runtime
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.system.runtime import STOPPING, Runtime
+from krexd.tenancy.admission import GpuSlots
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.fakes import make_tenant
 
 G = 1 << 30

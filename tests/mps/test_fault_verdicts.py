@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from krexd.faults import FaultMonitor
 from krexd.gate import FaultSeen
+from krexd.orchestration.faults import FaultMonitor
 
 
 @dataclass

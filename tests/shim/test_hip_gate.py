@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from krexd.gate import Gate, SlotInfo
-from krexd.registrations import Verifier
+from krexd.tenancy.registrations import Verifier
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import Build
 from tests.fakehip.harness import FakeHip, HipBuild
