@@ -76,8 +76,8 @@ from krexd.system import paths
 from krexd.system.runtime import Runtime
 from krexd.tenancy.admission import Admission, GpuSlots
 from krexd.tenancy.quotas import UidCaps
+from krexd.tenancy.registration_flags import RegistrationFlags
 from krexd.tenancy.registrations import RegionGuard, Verifier
-from krexd.tenancy.slotflags import SlotFlags
 from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd")
@@ -170,7 +170,7 @@ def assemble(
     runtime: Runtime,
     tenants: TenantRegistry,
     verifier: Verifier,
-    flags: SlotFlags,
+    flags: RegistrationFlags,
     mps: MpsManager,
     version: str,
     built: Built,

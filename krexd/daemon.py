@@ -58,8 +58,8 @@ from krexd.server.server import Server, check_free
 from krexd.system.notify import Notifier
 from krexd.system.runtime import RESTARTING, SERVING, Runtime
 from krexd.tenancy.admission import Admission
+from krexd.tenancy.registration_flags import WAIT_GRACE_S, RegistrationFlags
 from krexd.tenancy.registrations import Verifier
-from krexd.tenancy.slotflags import WAIT_GRACE_S, SlotFlags
 from krexd.tenancy.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")
@@ -78,7 +78,9 @@ class Daemon(Stopping):
         self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
         self.verifier = Verifier(self._cgroup_pids)
         # Which flags of the slot memories are honoured (verified, bounded).
-        self.flags = SlotFlags(self.verifier, self.tenants, config.memory.oom_wait_s + WAIT_GRACE_S)
+        self.flags = RegistrationFlags(
+            self.verifier, self.tenants, config.memory.oom_wait_s + WAIT_GRACE_S
+        )
         self.counters = DaemonCounters()  # restarts and adoptions (krexd.restarts.counters)
         self.built = Built()  # what a start made so far: undone when it fails
         self.parts: Parts | None = None  # krexd.assembly's record, once setup() made it

@@ -29,7 +29,7 @@ from typing import Any
 
 from krexd.cgroups import TenantCgroup
 from krexd.coordinator.isolation import RegionFit
-from krexd.gate import GateError, GateStale, GateTimeout, SlotInfo
+from krexd.gate import GateError, GateStale, GateTimeout, RegistrationInfo
 from krexd.hardware.driverlock import Outcome, Result
 from krexd.tenancy import states
 from krexd.tenancy.admission import GpuSlots
@@ -169,7 +169,7 @@ class FakeGate:
         self.drain_fails_for: set[int] | None = None
         self.drain_error: GateError | None = None
         self.drain_steps: list[set[int]] = []
-        self.registrations: list[SlotInfo] = []
+        self.records: list[RegistrationInfo] = []
 
     def close(self, holder: int, epoch: int) -> None:
         self.events.add("close", holder, epoch)
@@ -194,9 +194,9 @@ class FakeGate:
             self.events.add("drain_step", tuple(sorted(step)))
         fails = self.drain_fails_for is None or holder in self.drain_fails_for
         if self.drain_pending and fails:
-            known = {s.index: s for s in self.registrations}
+            known = {s.index: s for s in self.records}
             pending = [
-                known.get(i) or SlotInfo(i, "active", 0, 0, 0, 0, 0, 0, 0, 0)
+                known.get(i) or RegistrationInfo(i, "active", 0, 0, 0, 0, 0, 0, 0, 0)
                 for i in self.drain_pending
             ]
             if settled is not None:
@@ -209,8 +209,8 @@ class FakeGate:
             raise GateStale(f"gate holds {self.word}, not {(holder, epoch)}")
         self.word = None
 
-    def slots(self) -> list[SlotInfo]:
-        return list(self.registrations)
+    def registrations(self) -> list[RegistrationInfo]:
+        return list(self.records)
 
 
 class FakeRegionMemory:

@@ -86,7 +86,7 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
         "gpu": tenant.gpu,
         "env": ctx.lifecycle.tenant_env(tenant),
     }
-    slots = ctx.lifecycle.slot_memory(tenant)
+    slots = ctx.lifecycle.registration_memory(tenant)
     if slots is not None:
         reply["slots"] = slots
     return reply

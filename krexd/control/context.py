@@ -45,7 +45,7 @@ class TenantLifecycle(Protocol):
         """Environment of the tenant's command."""
         ...
 
-    def slot_memory(self, tenant: Tenant) -> dict[str, Any] | None:
+    def registration_memory(self, tenant: Tenant) -> dict[str, Any] | None:
         """What the launcher needs to create the tenant's slot memory, or None."""
         ...
 

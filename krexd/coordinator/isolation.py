@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from krexd.gate import SlotInfo
+from krexd.gate import RegistrationInfo
 from krexd.hardware.driverlock import Result
 from krexd.tenancy.registrations import Suspect, Unprotected
 from krexd.tenancy.tenants import PidWatch, Tenant
@@ -174,7 +174,7 @@ class RegionGate(Protocol):
         """Step 8: reopen the gate if it still holds (holder, epoch)."""
         ...
 
-    def slots(self) -> list[SlotInfo]:
+    def registrations(self) -> list[RegistrationInfo]:
         """A snapshot of every registration of the gate (to name pending ones)."""
         ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from krexd.gate import SlotInfo
+from krexd.gate import RegistrationInfo
 
 
 class NoGate:
@@ -32,6 +32,6 @@ class NoGate:
     def reopen(self, holder: int, epoch: int) -> None:
         """Step 8: nothing to reopen."""
 
-    def slots(self) -> list[SlotInfo]:
+    def registrations(self) -> list[RegistrationInfo]:
         """No registrations."""
         return []

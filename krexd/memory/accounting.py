@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from krex_client.sizes import format_size
-from krexd.gate import LIVE_SLOT_STATES, SlotInfo
+from krexd.gate import LIVE_REGISTRATION_STATES, RegistrationInfo
 from krexd.memory.sources import DeviceMemory
 from krexd.memory.view import GpuMemory, GpuView
 from krexd.system.procfs import pid_alive
@@ -30,7 +30,7 @@ def apply(
     memory: GpuMemory,
     dm: DeviceMemory,
     tenants: list[Tenant],
-    slots: list[SlotInfo] | None,
+    slots: list[RegistrationInfo] | None,
 ) -> None:
     """Recompute ``memory.view`` of one GPU from its device read ``dm``, its live
     ``tenants`` and the registrations ``slots`` in its gate (None: no gate, or
@@ -44,7 +44,7 @@ def apply(
     if slots is not None:
         memory.ledger.update(slots, records)
         for s in slots:
-            if s.state in LIVE_SLOT_STATES and s.tenant and pid_alive(s.pid):
+            if s.state in LIVE_REGISTRATION_STATES and s.tenant and pid_alive(s.pid):
                 shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
                 if s.oom.waiting:
                     waiting.add(s.tenant)

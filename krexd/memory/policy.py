@@ -11,7 +11,7 @@ already reserved there::
 
 so a command is charged max(need, used), and memory used by others is
 charged too.  A GPU where an allocation waits for co-tenants' memory (the
-shim's WAITING bit, honoured only as ``krexd.tenancy.slotflags`` verifies and
+shim's WAITING bit, honoured only as ``krexd.tenancy.registration_flags`` verifies and
 bounds it) admits nothing until the wait ends (:meth:`AdmissionPolicy.blocked`).
 docs/design/memory.md gives the reasoning.
 """
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from krex_client.sizes import format_size
 from krexd.config.config import MemoryConfig
-from krexd.gate import LIVE_SLOT_STATES, Gate, GateError
+from krexd.gate import LIVE_REGISTRATION_STATES, Gate, GateError
 from krexd.hardware.inventory import GpuInfo
 from krexd.memory.learned import LearnedNeeds, label_for
 from krexd.memory.views import MemoryViews
@@ -33,7 +33,7 @@ from krexd.tenancy.admission import GpuSlots
 from krexd.tenancy.memory_records import TenantMemory
 
 if TYPE_CHECKING:
-    from krexd.tenancy.slotflags import SlotFlags
+    from krexd.tenancy.registration_flags import RegistrationFlags
 
 
 class PolicyGpu(Protocol):
@@ -60,7 +60,7 @@ class AdmissionPolicy:
         gpus: the managed GPUs: their gates (the WAITING bits) and slots (a
             slot's share of the card).
         learned: the learned needs (``krexd.memory.learned``; read).
-        flags: which slot-memory waits are honoured (``krexd.tenancy.slotflags``;
+        flags: which slot-memory waits are honoured (``krexd.tenancy.registration_flags``;
             None: every one of a live process).
     """
 
@@ -70,7 +70,7 @@ class AdmissionPolicy:
         views: MemoryViews,
         gpus: Sequence[PolicyGpu],
         learned: LearnedNeeds,
-        flags: SlotFlags | None = None,
+        flags: RegistrationFlags | None = None,
     ) -> None:
         self.cfg = cfg
         self._views = views
@@ -137,7 +137,8 @@ class AdmissionPolicy:
 
     def blocked(self, gpu: int) -> bool:
         """True while a verified allocation on ``gpu`` waits for co-tenants' memory, within
-        its bound (read from the gate now; ``krexd.tenancy.slotflags``).  False without a gate."""
+        its bound (read from the gate now; ``krexd.tenancy.registration_flags``).  False without
+        a gate."""
         g = self._gpus.get(gpu)
         if g is None or g.gate is None:
             return False
@@ -147,7 +148,7 @@ class AdmissionPolicy:
                 return self._flags.waits_honoured(g.gate, waiting)
         except GateError:
             return False  # unmapped: the daemon is stopping
-        return any(s.state in LIVE_SLOT_STATES and pid_alive(s.pid) for s in waiting)
+        return any(s.state in LIVE_REGISTRATION_STATES and pid_alive(s.pid) for s in waiting)
 
     def available(self, gpu: int) -> int | None:
         """Bytes of ``gpu`` admission may still reserve, before reservations: total -

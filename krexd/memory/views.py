@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from krexd.gate import Gate, GateError, SlotInfo
+from krexd.gate import Gate, GateError, RegistrationInfo
 from krexd.hardware.inventory import GpuInfo
 from krexd.memory import accounting
 from krexd.memory.sources import DeviceMemory
@@ -122,13 +122,13 @@ class MemoryViews:
                 counts[s.tenant] = counts.get(s.tenant, 0) + (s.mem_mib << 20)
         return counts
 
-    def _registrations(self, gpu: int) -> list[SlotInfo] | None:
+    def _registrations(self, gpu: int) -> list[RegistrationInfo] | None:
         """The registrations in ``gpu``'s gate now; None without a gate or once it is unmapped."""
         g = self._gpus.get(gpu)
         if g is None or g.gate is None:
             return None
         try:
-            return g.gate.slots()
+            return g.gate.registrations()
         except GateError:
             return None  # unmapped: the daemon is stopping
 

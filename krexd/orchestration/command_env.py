@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from krexd.config.config import Config
-from krexd.gate import slot_memory_spec
+from krexd.gate import registration_memory_spec
 from krexd.hardware import vendors
 from krexd.orchestration.gpu import Gpu
 from krexd.system import paths
@@ -22,11 +22,11 @@ from krexd.tenancy.tenants import Tenant
 _log = logging.getLogger("krexd.lifecycle")
 
 
-def slot_memory(gpu: Gpu, tenant: Tenant) -> dict[str, Any] | None:
+def registration_memory(gpu: Gpu, tenant: Tenant) -> dict[str, Any] | None:
     """``{"size", "header"}`` of the tenant's slot memory, or None (no gate, exclusive)."""
     if tenant.exclusive or gpu.gate is None:
         return None
-    size, header = slot_memory_spec(tenant.id)
+    size, header = registration_memory_spec(tenant.id)
     return {"size": size, "header": header}
 
 

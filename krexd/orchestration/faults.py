@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from krexd.gate import FaultSeen, GateError
 from krexd.hardware.mps import MpsDaemon
 from krexd.orchestration.gpu import Gpu
-from krexd.tenancy.slotflags import SlotFlags
+from krexd.tenancy.registration_flags import RegistrationFlags
 from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd.faults")
@@ -100,7 +100,7 @@ class Incident:
     outsiders: set[int] = field(default_factory=set)
     opened_at: float = field(default_factory=time.monotonic)
     verdicts: dict[int, str] = field(default_factory=dict)  # tenant id -> role
-    # Tenants whose verified processes recorded the fault (krexd.tenancy.slotflags).
+    # Tenants whose verified processes recorded the fault (krexd.tenancy.registration_flags).
     claimers: set[int] = field(default_factory=set)
     held_over: bool = False  # paused past FAULT_HOLD_S: admission resumed
 
@@ -131,7 +131,7 @@ class FaultMonitor:
         tenants: TenantRegistry,
         admission: Pausable,
         mps: MpsControl,
-        flags: SlotFlags | None = None,
+        flags: RegistrationFlags | None = None,
     ) -> None:
         self._gpus = gpus
         self._flags = flags
@@ -190,7 +190,7 @@ class FaultMonitor:
     def held_too_long(self, gpu: int) -> list[tuple[int, str]]:
         """(tenant, reason) for each live recorder of ``gpu``'s fault past the hold bound.
 
-        Admission pauses for a fault at most ``SlotFlags.fault_hold_s``: a
+        Admission pauses for a fault at most ``RegistrationFlags.fault_hold_s``: a
         faulted MPS client cannot use the GPU again and its server tears it
         down, so a tenant whose process recorded the fault and still runs
         that long holds the GPU's recovery back (or forged its record).
@@ -221,7 +221,7 @@ class FaultMonitor:
         if g.gate is None:
             return set()
         try:
-            slots = g.gate.slots()
+            slots = g.gate.registrations()
         except GateError:
             return set()
         hit: set[int] = set()
@@ -345,7 +345,7 @@ class FaultMonitor:
 
 def _slots(g: Gpu) -> list[Any]:
     try:
-        return g.gate.slots() if g.gate is not None else []
+        return g.gate.registrations() if g.gate is not None else []
     except GateError:
         return []
 

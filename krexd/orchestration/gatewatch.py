@@ -11,13 +11,13 @@ Every ``period_s`` (10 ms), for each gate:
   memory summary the shims read and relays device-memory frees to waiting
   co-tenants.
 * every ``sweep_every`` ticks: each live registration not ignored yet is
-  verified (``krexd.tenancy.slotflags.SlotFlags.verify``: one identity read per
+  verified (``krexd.tenancy.registration_flags.RegistrationFlags.verify``: one identity read per
   process and one lookup per slot, O(processes + slots) per tenant); those
   whose process is gone or exec'd are ignored from then on (drains skip
   them, the summary drops them); each verified memory wait is timed, and a
   tenant whose wait was honoured past its bound, or whose process still runs
   ``FAULT_HOLD_S`` after the fault it recorded under MPS, is ended (exit 79)
-  like one the audit caught (``krexd.tenancy.slotflags``); the
+  like one the audit caught (``krexd.tenancy.registration_flags``); the
   gate file's path is checked and restored if it was removed or replaced
   (krexd keeps its fd and a second link, so running tenants never notice
   and new ones find it); a gate word left closed with no region (only
@@ -37,8 +37,8 @@ from krex_client.errors import ExitCode
 from krexd.coordinator.isolation import EndCommand
 from krexd.gate import GateError
 from krexd.orchestration.gpu import Gpu
+from krexd.tenancy.registration_flags import RegistrationFlags
 from krexd.tenancy.registrations import Verifier
-from krexd.tenancy.slotflags import SlotFlags
 from krexd.tenancy.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd.gatewatch")
@@ -58,7 +58,7 @@ class GateWatch:
         kill: KillTenant,
         period_s: float = 0.01,
         sweep_every: int = 10,
-        flags: SlotFlags | None = None,
+        flags: RegistrationFlags | None = None,
         fault_claims: Callable[[int], list[tuple[int, str]]] | None = None,
     ) -> None:
         self._gpus = gpus
@@ -66,7 +66,7 @@ class GateWatch:
         self._verifier = verifier
         self._kill = kill
         # Without flags of the daemon's: verify only, never bound a wait.
-        self.flags = flags or SlotFlags(verifier, tenants, wait_bound_s=float("inf"))
+        self.flags = flags or RegistrationFlags(verifier, tenants, wait_bound_s=float("inf"))
         # fault_claims(gpu): (tenant, reason) for recorders of a fault held too long.
         self._fault_claims = fault_claims
         self._period_s = period_s
@@ -119,7 +119,7 @@ class GateWatch:
     def _sweep(self, gpu: Gpu) -> None:
         gate = gpu.gate
         assert gate is not None
-        slots = gate.slots()
+        slots = gate.registrations()
         self.flags.forget({t.id for t in self._tenants})
         verified = self.flags.verify(gate, slots)  # the others are ignored from now on
         ended = self.flags.observe_waits(slots, verified)

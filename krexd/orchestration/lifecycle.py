@@ -41,7 +41,7 @@ from krexd.tenancy import identity, states
 from krexd.tenancy.admission import Admission
 from krexd.tenancy.memory_records import TenantMemory
 from krexd.tenancy.quotas import check_argv
-from krexd.tenancy.slot_attach import attach_slots
+from krexd.tenancy.registration_attach import attach_registrations
 from krexd.tenancy.states import change_state
 from krexd.tenancy.tenants import PidWatch, Tenant, TenantRegistry
 
@@ -275,9 +275,9 @@ class Lifecycle:
         if timer is not None:
             timer.cancel()
 
-    def slot_memory(self, tenant: Tenant) -> dict[str, Any] | None:
+    def registration_memory(self, tenant: Tenant) -> dict[str, Any] | None:
         """``{"size", "header"}`` of the tenant's slot memory, or None (no gate, exclusive)."""
-        return command_env.slot_memory(self._gpus[tenant.gpu], tenant)
+        return command_env.registration_memory(self._gpus[tenant.gpu], tenant)
 
     def place(
         self,
@@ -312,7 +312,7 @@ class Lifecycle:
                 f"place: pid {pid} is not a child of pool {pool_pid}, the one krex run talked to",
             )
         if slots_fd is not None:
-            attach_slots(self._gpus[tenant.gpu].gate, tenant, slots_fd)
+            attach_registrations(self._gpus[tenant.gpu].gate, tenant, slots_fd)
         try:
             tenant.cgroup.add_pid(pid)
         except CgroupError as exc:
@@ -405,13 +405,13 @@ class Lifecycle:
                 self._records.tenant_ended(tenant)  # its processes are gone: final record
             except Exception:
                 _log.exception("t%d: memory record", tenant.id)
-            if gpu.gate is not None and tenant.slots_attached:
+            if gpu.gate is not None and tenant.registrations_attached:
                 # After the final read of its registrations' memory records.
                 try:
                     gpu.gate.detach(tenant.id)
                 except Exception:
                     _log.exception("t%d: detaching its slot memory", tenant.id)
-                tenant.slots_attached = False
+                tenant.registrations_attached = False
             if self._runtime.state != STOPPING:
                 # While krexd stops, an ended tenant stays registered (EXITED) so that
                 # its launcher's release, however late, reads its kill_reason.

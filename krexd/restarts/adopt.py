@@ -218,7 +218,7 @@ def adopt(
         launcher_alive = saved_state.process_start(tenant.launcher_pid) == tenant.launcher_start
         if not launcher_alive or not os.path.isdir(tenant.cgroup.path):
             gone.append(tenant)
-        elif not _attach_slots(tenant, gpus[tenant.gpu]):
+        elif not _attach_registrations(tenant, gpus[tenant.gpu]):
             unattached.append(tenant)
     known = {t.id for t in adopted}
     _kill_orphans(cgroups, known, runtime)
@@ -261,7 +261,7 @@ def _one_holder(registry: TenantRegistry, gpu: int, holder: Tenant | None) -> No
             tenant_state(t, states.HOLDING, states.RUNNING)  # HOLDING -> RUNNING
 
 
-def _attach_slots(tenant: Tenant, gpu: Gpu) -> bool:
+def _attach_registrations(tenant: Tenant, gpu: Gpu) -> bool:
     """Attach ``tenant``'s slot memory to ``gpu``'s re-opened gate again; False when lost.
 
     True as well when there is nothing to attach (no gate, an exclusive
@@ -283,7 +283,7 @@ def _attach_slots(tenant: Tenant, gpu: Gpu) -> bool:
         return False
     finally:
         os.close(fd)
-    tenant.slots_attached = True
+    tenant.registrations_attached = True
     _log.info("t%d: slot memory attached to gpu%d's gate again", tenant.id, gpu.index)
     return True
 

@@ -73,7 +73,7 @@ def dynamic_record(t: Tenant) -> dict[str, Any]:
         "pids": sorted(t.pids),
         "state": resting_state(t.state),
         "kill_reason": t.kill_reason,
-        "slots_fd": t.slots_fd if t.slots_attached else None,
+        "slots_fd": t.slots_fd if t.registrations_attached else None,
         # A plain dataclass of scalars (no __slots__): its __dict__ holds exactly its
         # fields, in order (a test checks it).
         "memory": dict(vars(t.memory)),
@@ -132,7 +132,7 @@ class TenantFragments:
             pids,
             resting_state(t.state),
             t.kill_reason,
-            t.slots_fd if t.slots_attached else None,
+            t.slots_fd if t.registrations_attached else None,
         )
         memory = vars(t.memory)
         if dynamic != frag.dynamic_key or memory != frag.memory:

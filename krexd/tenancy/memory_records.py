@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex_client.sizes import format_size
-from krexd.gate import COTENANT_REASONS, LIVE_SLOT_STATES, SlotInfo
+from krexd.gate import COTENANT_REASONS, LIVE_REGISTRATION_STATES, RegistrationInfo
 
 
 @dataclass
@@ -120,8 +120,8 @@ class RegistrationLedger:
     # By (tenant, slot index): each tenant's registrations live in its own slot memory.
     _owners: dict[tuple[int, int], _Owner] = field(default_factory=dict)
 
-    def update(self, slots: list[SlotInfo], records: dict[int, TenantMemory]) -> None:
-        """Apply a fresh read of a gate's registrations (``Gate.slots()``) to ``records``.
+    def update(self, slots: list[RegistrationInfo], records: dict[int, TenantMemory]) -> None:
+        """Apply a fresh read of a gate's registrations (``Gate.registrations()``) to ``records``.
 
         ``records`` maps tenant id -> record; registrations of other tenants are
         tracked but credit nothing.
@@ -129,7 +129,7 @@ class RegistrationLedger:
         for s in slots:
             key = (s.tenant, s.index)
             known = self._owners.get(key)
-            if (s.state in LIVE_SLOT_STATES or s.state == "dead") and s.tenant:
+            if (s.state in LIVE_REGISTRATION_STATES or s.state == "dead") and s.tenant:
                 if known is None or known.pid != s.pid:
                     known = self._owners[key] = _Owner(s.tenant, s.pid)
                 self._credit(known, s, records)
@@ -141,7 +141,7 @@ class RegistrationLedger:
                 self._owners.pop(key, None)  # being reset by a new owner
 
     @staticmethod
-    def _credit(o: _Owner, s: SlotInfo, records: dict[int, TenantMemory]) -> None:
+    def _credit(o: _Owner, s: RegistrationInfo, records: dict[int, TenantMemory]) -> None:
         w = s.oom
         rec = records.get(o.tenant)
         if rec is not None:

@@ -1,6 +1,6 @@
 """Gate registrations as krexd verifies them, and the fail-closed check of region entry.
 
-A registration (``krexd.gate.SlotInfo``) is what a tenant process wrote in
+A registration (``krexd.gate.RegistrationInfo``) is what a tenant process wrote in
 its tenant's slot memory: its pid *in its own pid namespace*, that
 namespace's inode, its start time, and where the shim is mapped in it
 (``image``).  krexd trusts none of it alone.  :meth:`Verifier.resolve`
@@ -42,7 +42,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from krexd.gate import LIVE_SLOT_STATES, Registration, SlotInfo
+from krexd.gate import LIVE_REGISTRATION_STATES, Registration, RegistrationInfo
 from krexd.system.procfs import read_file, start_time
 from krexd.tenancy.tenants import Tenant
 
@@ -163,7 +163,7 @@ def _thread_maps(pid: int) -> list[bytes]:
     return []
 
 
-def matches(slot: SlotInfo | Registration, who: Identity) -> bool:
+def matches(slot: RegistrationInfo | Registration, who: Identity) -> bool:
     """True when ``slot`` describes process ``who`` (pid, namespace, start time).
 
     The start time is compared within ``who.start_slack`` ticks (a process
@@ -188,7 +188,7 @@ class Verifier:
     def __init__(self, cgroup_pids: Callable[[int], list[int] | None]) -> None:
         self._cgroup_pids = cgroup_pids
 
-    def resolve(self, slot: SlotInfo) -> int | None:
+    def resolve(self, slot: RegistrationInfo) -> int | None:
         """The pid (krexd's namespace) of the live process ``slot`` names, else None."""
         try:
             pids = self._cgroup_pids(slot.tenant)
@@ -204,7 +204,7 @@ class Verifier:
                 return pid if image_mapped(pid, slot.image) else None
         return None
 
-    def resolve_all(self, slots: list[SlotInfo]) -> dict[tuple[int, int], int | None]:
+    def resolve_all(self, slots: list[RegistrationInfo]) -> dict[tuple[int, int], int | None]:
         """(tenant, index) -> the pid each of ``slots`` names, else None: :meth:`resolve` in bulk.
 
         O(processes + slots) per tenant: each process of a tenant's cgroup is
@@ -215,7 +215,7 @@ class Verifier:
         loop: per (slot, process) it cost about 2 µs, a second per sweep for
         128 forged slots over 4,096 processes.
         """
-        by_tenant: dict[int, list[SlotInfo]] = {}
+        by_tenant: dict[int, list[RegistrationInfo]] = {}
         for s in slots:
             by_tenant.setdefault(s.tenant, []).append(s)
         out: dict[tuple[int, int], int | None] = {}
@@ -240,7 +240,7 @@ class Verifier:
                 known.setdefault((who.nspid, who.pidns), who)
         return known
 
-    def judge(self, slot: SlotInfo) -> bool:
+    def judge(self, slot: RegistrationInfo) -> bool:
         """True when ``slot``'s owner is verified live (``krexd.gate.Gate.judge``)."""
         return self.resolve(slot) is not None
 
@@ -353,7 +353,7 @@ class RegionGuard:
         """
         by_tenant: dict[int, list[Registration]] = {}
         for s in self._slots():
-            if s.state in LIVE_SLOT_STATES:
+            if s.state in LIVE_REGISTRATION_STATES:
                 by_tenant.setdefault(s.tenant, []).append(s)
         out: list[Suspect] = []
         for t in siblings:

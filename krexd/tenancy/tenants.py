@@ -59,7 +59,7 @@ class Tenant:
     kill_reason: str | None = None  # set when krexd kills the command (e.g. max_region_s)
     told_end: bool = False  # its launcher asked after it once it had ended (krexd's stop)
     kill_code: int | None = None  # the exit code krex run reports for that kill (e.g. 79)
-    slots_attached: bool = False  # its slot memory is attached to its GPU's gate
+    registrations_attached: bool = False  # its slot memory is attached to its GPU's gate
     slots_fd: int | None = None  # the launcher's fd of that slot memory (adoption re-attaches it)
     # Memory need, usage and out-of-memory record (krexd/memory, docs/design/memory.md).
     memory: TenantMemory = field(default_factory=lambda: TenantMemory(0, "default"))

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import SlotInfo
+from krexd.gate import RegistrationInfo
 from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env, forget_gate, tenant_env
 
 SHIM = BUILD / "lib" / "libkrex_shim.so"
@@ -132,9 +132,9 @@ class SharedGpu:
         self.procs.append(p)
         return p
 
-    def slot(self, pid: int) -> SlotInfo:
+    def slot(self, pid: int) -> RegistrationInfo:
         """The gate slot of process ``pid`` (its last record, even after it ended)."""
-        mine = [s for s in self.gate.slots() if s.pid == pid]
+        mine = [s for s in self.gate.registrations() if s.pid == pid]
         assert mine, f"pid {pid} has no gate slot"
         return mine[0]
 
@@ -152,7 +152,7 @@ def _audit(gate: Any, stop: threading.Event) -> None:
     while not stop.wait(0.005):
         n += 1
         if n % 10 == 0:
-            for s in gate.slots():
+            for s in gate.registrations():
                 who = identity(s.pid)
                 if s.state == "active" and (who is None or who.start_ticks != s.start_ticks):
                     gate.ignore(s)

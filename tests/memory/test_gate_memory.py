@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gate import Gate, OomRecord, SlotInfo
+from krexd.gate import Gate, OomRecord, RegistrationInfo
 from krexd.tenancy.memory_records import RegistrationLedger, TenantMemory
 from tests.support import REPO, ShimBuild, forget_gate, tenant_env
 
@@ -76,7 +76,7 @@ def test_slots_give_the_memory_fields_decoded(probe: Path, tmp_path: Path) -> No
     with Gate.create(path, 0) as gate:
         slots_path = tenant_env(gate, 9)["KREX_SLOTS"]
         subprocess.run([str(probe), slots_path, "9"], check=True)
-        slots = gate.slots()
+        slots = gate.registrations()
         waiting = gate.waiting_for_memory()
         forget_gate(gate)
     (s,) = slots
@@ -101,8 +101,8 @@ def slot(
     failed: int = 0,
     own: int = 0,
     last: str | None = None,
-) -> SlotInfo:
-    return SlotInfo(
+) -> RegistrationInfo:
+    return RegistrationInfo(
         i, state, pid, tenant, 0, 0, 0, 0, 0, 0, 0, OomRecord(waited, failed, own, last, False)
     )
 

@@ -25,7 +25,7 @@ class _Slot:
 class _Gate:
     records: list[_Slot] = field(default_factory=list)
 
-    def slots(self) -> list[_Slot]:
+    def registrations(self) -> list[_Slot]:
         return list(self.records)
 
 

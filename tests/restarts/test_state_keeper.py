@@ -80,7 +80,7 @@ def _reference(registry: TenantRegistry, gpus: dict[int, Any]) -> dict[str, Any]
             "pids": sorted(t.pids),
             "state": (states.RUNNING if t.state in RESTING else t.state).value,
             "kill_reason": t.kill_reason,
-            "slots_fd": t.slots_fd if t.slots_attached else None,
+            "slots_fd": t.slots_fd if t.registrations_attached else None,
             "cgroup": {
                 "freezer": t.cgroup.freezer_dir,
                 "cpuset": t.cgroup.cpuset_dir,
@@ -130,7 +130,7 @@ def test_the_saved_document_equals_one_encoded_from_scratch(tmp_path: Path) -> N
         registry.add(_tenant(registry.new_id()))
 
     def slots() -> None:
-        t2.slots_fd, t2.slots_attached = 7, True
+        t2.slots_fd, t2.registrations_attached = 7, True
 
     def memory() -> None:
         t1.memory.observe(t1.memory.peak_bytes + (1 << 30), "fake", 2 << 30)

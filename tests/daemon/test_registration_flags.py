@@ -1,6 +1,6 @@
 """Flags of the slot memories that pause others: verified owners, bounded time (root-free).
 
-``krexd.tenancy.slotflags`` and the gate watch's sweep over fake gates and a fake
+``krexd.tenancy.registration_flags`` and the gate watch's sweep over fake gates and a fake
 ``/proc``: the sweep's cost is counted in identity reads (one per process,
 not one per (slot, process)), ignored slots are not read again, a memory
 wait is honoured only for a verified process and only for its bound (time
@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import OomRecord, SlotInfo
+from krexd.gate import OomRecord, RegistrationInfo
 from krexd.orchestration.gatewatch import GateWatch
 from krexd.tenancy import registrations, states
+from krexd.tenancy.registration_flags import RegistrationFlags
 from krexd.tenancy.registrations import Identity, Verifier
-from krexd.tenancy.slotflags import SlotFlags
 
 TENANT = 5
 PIDS = list(range(1000, 1000 + 4096))
 
 
-def slot(index: int, pid: int, *, waiting: bool = False, ignored: bool = False) -> SlotInfo:
+def slot(index: int, pid: int, *, waiting: bool = False, ignored: bool = False) -> RegistrationInfo:
     """A registration of tenant ``TENANT`` naming ``pid`` (pid namespace 1, start 7)."""
-    return SlotInfo(
+    return RegistrationInfo(
         index=index,
         state="dead" if ignored else "active",
         pid=pid,
@@ -53,14 +53,14 @@ class FakeGate:
     path = "gpu0.gate"
     word = None
 
-    def __init__(self, slots: list[SlotInfo]) -> None:
+    def __init__(self, slots: list[RegistrationInfo]) -> None:
         self._slots = slots
-        self.ignored: list[SlotInfo] = []
+        self.ignored: list[RegistrationInfo] = []
 
-    def slots(self) -> list[SlotInfo]:
+    def registrations(self) -> list[RegistrationInfo]:
         return list(self._slots)
 
-    def ignore(self, s: SlotInfo) -> None:
+    def ignore(self, s: RegistrationInfo) -> None:
         self.ignored.append(s)
 
     def relink(self) -> bool:
@@ -98,7 +98,7 @@ def proc(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def watch_over(gate: FakeGate, tenant: Any, flags: SlotFlags | None = None) -> GateWatch:
+def watch_over(gate: FakeGate, tenant: Any, flags: RegistrationFlags | None = None) -> GateWatch:
     gpu = SimpleNamespace(index=0, gate=gate, coordinator=SimpleNamespace(idle=lambda: True))
     verifier = flags._verifier if flags is not None else Verifier(lambda t: PIDS)
     killed.clear()
@@ -134,7 +134,7 @@ def test_a_memory_wait_is_honoured_for_a_verified_process_within_its_bound(
 ) -> None:
     now = [100.0]
     tenant = SimpleNamespace(id=TENANT, state=states.RUNNING, kill_reason=None)
-    flags = SlotFlags(Verifier(lambda t: PIDS), Tenants(tenant), 3.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    flags = RegistrationFlags(Verifier(lambda t: PIDS), Tenants(tenant), 3.0, clock=lambda: now[0])  # type: ignore[arg-type]
     honest, forged = slot(0, 1000, waiting=True), slot(1, 90_000, waiting=True)
     gate = FakeGate([honest, forged])
     assert not flags.waits_honoured(gate, [forged]), "a slot of no process is not honoured"
@@ -163,12 +163,14 @@ def test_a_new_wait_starts_a_new_bound(proc: list[int]) -> None:
     """An absorbed wait bumps the record's count: the next wait is honoured afresh."""
     now = [0.0]
     tenant = SimpleNamespace(id=TENANT, state=states.RUNNING, kill_reason=None)
-    flags = SlotFlags(Verifier(lambda t: PIDS), Tenants(tenant), 3.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    flags = RegistrationFlags(Verifier(lambda t: PIDS), Tenants(tenant), 3.0, clock=lambda: now[0])  # type: ignore[arg-type]
     gate = FakeGate([slot(0, 1000, waiting=True)])
     watch = watch_over(gate, tenant, flags)
     for n in range(60):  # 6 s of back-to-back waits, each absorbed after 2 s
         s = slot(0, 1000, waiting=True)
-        gate._slots = [SlotInfo(**{**s.__dict__, "oom": OomRecord(waited=n // 20, waiting=True)})]
+        gate._slots = [
+            RegistrationInfo(**{**s.__dict__, "oom": OomRecord(waited=n // 20, waiting=True)})
+        ]
         watch._sweep(watch._gpus[0])  # type: ignore[arg-type]
         now[0] += 0.1
     assert killed == [] and flags.waits_honoured(gate, gate._slots)

@@ -15,14 +15,14 @@ from krexd.tenancy import states
 from krexd.tenancy.tenants import Tenant
 
 
-def attach_slots(gate: Gate | None, tenant: Tenant, slots_fd: int) -> None:
+def attach_registrations(gate: Gate | None, tenant: Tenant, slots_fd: int) -> None:
     """Attach the launcher's slot memory fd ``slots_fd`` to the tenant's gate (once).
 
     ``gate``: the tenant's GPU's gate (None: nothing to attach).  Raises
     ``KrexError(BAD_FIELD)`` for a running tenant, an fd that cannot be
     opened, or slot memory the gate does not accept.
     """
-    if gate is None or tenant.exclusive or tenant.slots_attached:
+    if gate is None or tenant.exclusive or tenant.registrations_attached:
         return
     if tenant.state != states.ADMITTED:
         # Only the place that starts the command attaches: a region entry judges a
@@ -44,5 +44,5 @@ def attach_slots(gate: Gate | None, tenant: Tenant, slots_fd: int) -> None:
         raise KrexError(Code.BAD_FIELD, str(exc)) from None
     finally:
         os.close(fd)
-    tenant.slots_attached = True
+    tenant.registrations_attached = True
     tenant.slots_fd = slots_fd

@@ -1,6 +1,6 @@
 """What krexd reads back from the gate, decoded: registrations, their records, findings.
 
-``SlotInfo`` is one registration as ``krex_coord_slots`` returns it
+``RegistrationInfo`` is one registration as ``krex_coord_slots`` returns it
 (``krexd.gate.binding``), with its out-of-memory record (``OomRecord``) and
 its first fatal CUDA error (``FaultSeen``); ``Finding`` is what
 ``krex_coord_audit`` reports.  The value tables mirror the C enums of
@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-SLOT_STATES = {0: "free", 1: "claiming", 2: "active", 3: "dead", 4: "exiting"}
+REGISTRATION_STATES = {0: "free", 1: "claiming", 2: "active", 3: "dead", 4: "exiting"}
 #: States of a slot whose process is registered and alive ("exiting": past its
 #: exit synchronization, drained whenever nothing is in flight).
-LIVE_SLOT_STATES = ("active", "exiting")
+LIVE_REGISTRATION_STATES = ("active", "exiting")
 
 #: enum krex_finding_kind: what krex_coord_audit found that the protocol cannot produce.
 FINDINGS = {
@@ -81,12 +81,12 @@ class FaultSeen:
 
 
 class Registration(NamedTuple):
-    """A live registration as region entry reads it: the fields of :class:`SlotInfo`
+    """A live registration as region entry reads it: the fields of :class:`RegistrationInfo`
     that the memory fit and the fail-closed check ask for, nothing else.
 
-    ``state`` is ``active`` or ``exiting`` (:data:`LIVE_SLOT_STATES`); slots
+    ``state`` is ``active`` or ``exiting`` (:data:`LIVE_REGISTRATION_STATES`); slots
     krexd judged gone (``ignored``) are left out.  Building a full
-    :class:`SlotInfo` per slot cost about 7 µs on the development machine,
+    :class:`RegistrationInfo` per slot cost about 7 µs on the development machine,
     paid twice per region entry for every sibling process; this costs a
     fraction of that (:meth:`krexd.gate.Gate.live_registrations`).
     """
@@ -101,7 +101,7 @@ class Registration(NamedTuple):
 
 
 @dataclass(frozen=True)
-class SlotInfo:
+class RegistrationInfo:
     """One registration: a tenant process's slot in its tenant's slot memory.
 
     ``tenant`` is the tenant whose slot memory holds it (krexd's own table,
@@ -151,6 +151,11 @@ class SlotInfo:
     fault: FaultSeen | None = None
 
 
+#: The C layout's names (``krex_slot_info``, the slot states), for the shim's tests.
+SlotInfo = RegistrationInfo
+LIVE_SLOT_STATES = LIVE_REGISTRATION_STATES
+
+
 @dataclass(frozen=True)
 class Finding:
     """A state krexd's protocol cannot have produced, in ``tenant``'s slot memory."""
@@ -167,4 +172,4 @@ class Finding:
 
 
 #: Judges one pending registration: True when its owner is verified live (keep waiting).
-Judge = Callable[[SlotInfo], bool]
+Judge = Callable[[RegistrationInfo], bool]

@@ -1,4 +1,4 @@
-"""Regions after idling, for the compute warm-up test (tests/gpu/test_gpu_warm_matmul.py).
+"""Regions after idling, for the compute warm-up test (tests/gpu/test_gpu_warmup_matmul.py).
 
 Initializes CUDA through torch, then twice: idles for ``IDLE_S`` seconds (the
 SM clock drops), enters a region and times 5 matmuls with CUDA events.  The

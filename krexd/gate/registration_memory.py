@@ -7,13 +7,19 @@ import os
 import threading
 from typing import Any
 
-from krexd.gate.binding import TENANT_SLOTS, FindingC, SlotInfoC, check_id
+from krexd.gate.binding import TENANT_SLOTS, FindingC, RegistrationInfoC, check_id
 from krexd.gate.errors import GateError
 from krexd.gate.mapping import GateMapping
-from krexd.gate.slots import LIVE_SLOT_STATES, SLOT_STATES, Finding, Registration, SlotInfo
+from krexd.gate.readback import (
+    LIVE_REGISTRATION_STATES,
+    REGISTRATION_STATES,
+    Finding,
+    Registration,
+    RegistrationInfo,
+)
 
 
-class GateSlotMemory(GateMapping):
+class GateRegistrationMemory(GateMapping):
     """Each attached tenant's slot memory (read-only) and what krexd reads of it."""
 
     def attach(self, tenant: int, fd: int) -> None:
@@ -50,7 +56,7 @@ class GateSlotMemory(GateMapping):
         with self._mu:
             return max(1, len(self._attached)) * TENANT_SLOTS
 
-    def ignore(self, slot: SlotInfo) -> None:
+    def ignore(self, slot: RegistrationInfo) -> None:
         """Skip ``slot`` in drains and summaries while its owner stays ``slot.owner``."""
         with self._mapped() as h:
             self._lib.krex_coord_ignore(h, slot.tenant, slot.index, slot.owner)
@@ -69,13 +75,16 @@ class GateSlotMemory(GateMapping):
             raise GateError(f"audit of gate {self.path}: {os.strerror(-n)}", -n)
         return [Finding(f.tenant, f.kind, f.index, f.value) for f in out[:n]]
 
-    def slots(self) -> list[SlotInfo]:
+    def registrations(self) -> list[RegistrationInfo]:
         """A snapshot of every used slot of every attached tenant.
 
         Fields are read without a lock (relaxed loads): counts may be
         mutually stale by a few calls.  Raises GateError once unmapped.
         """
-        return [info.snapshot() for info in self._read_slots()]
+        return [info.snapshot() for info in self._read_registrations()]
+
+    #: The C layout's name (``krex_coord_slots``), for the shim's tests.
+    slots = registrations
 
     def live_registrations(self) -> list[Registration]:
         """The live (active or exiting), not ignored, registrations of every attached tenant.
@@ -86,21 +95,27 @@ class GateSlotMemory(GateMapping):
         """
         return [
             Registration(
-                SLOT_STATES[c.state], c.pid, c.tenant, c.mem_mib, c.start_ticks, c.image, c.pidns
+                REGISTRATION_STATES[c.state],
+                c.pid,
+                c.tenant,
+                c.mem_mib,
+                c.start_ticks,
+                c.image,
+                c.pidns,
             )
-            for c in self._read_slots()
+            for c in self._read_registrations()
             if c.state in _LIVE_CODES and not c.ignored
         ]
 
-    def waiting_for_memory(self) -> list[SlotInfo]:
+    def waiting_for_memory(self) -> list[RegistrationInfo]:
         """The slots whose allocation waits for co-tenants' memory now (``oom.waiting``).
 
         What admission asks before every decision: only those slots are
         converted.  Raises GateError once unmapped.
         """
-        return [info.snapshot() for info in self._read_slots() if info.oom_waiting]
+        return [info.snapshot() for info in self._read_registrations() if info.oom_waiting]
 
-    def _read_slots(self) -> list[SlotInfoC]:
+    def _read_registrations(self) -> list[RegistrationInfoC]:
         """The used slots, as views into this thread's reusable buffer.
 
         Valid until this thread's next call: every caller converts them at
@@ -117,15 +132,17 @@ class GateSlotMemory(GateMapping):
         return list(infos[:n])
 
 
-#: The C state codes of :data:`LIVE_SLOT_STATES`.
-_LIVE_CODES = frozenset(code for code, name in SLOT_STATES.items() if name in LIVE_SLOT_STATES)
+#: The C state codes of :data:`LIVE_REGISTRATION_STATES`.
+_LIVE_CODES = frozenset(
+    code for code, name in REGISTRATION_STATES.items() if name in LIVE_REGISTRATION_STATES
+)
 
 _BUFFERS = threading.local()
 
 
 def _buffer(cap: int) -> Any:
-    """This thread's ``SlotInfoC`` array of at least ``cap`` entries (grown, never shrunk)."""
+    """This thread's ``RegistrationInfoC`` array of ``cap`` entries or more (grown, not shrunk)."""
     buf = getattr(_BUFFERS, "infos", None)
     if buf is None or len(buf) < cap:
-        buf = _BUFFERS.infos = (SlotInfoC * cap)()
+        buf = _BUFFERS.infos = (RegistrationInfoC * cap)()
     return buf

@@ -1,4 +1,4 @@
-"""The compute-bound clock warm-up (krex_client.warm_matmul) without a GPU.
+"""The compute-bound clock warm-up (krex_client.warmup_matmul) without a GPU.
 
 A fake torch (tests/client/warmfakes.py) queues each matmul's device time
 and runs it at the stream's synchronization, on a fake GPU whose SM clock
@@ -6,7 +6,7 @@ warms after some work; the fake NVML reads that clock.  The loop's slices,
 stops and budget are exact over the fake time.  The region-level tests use
 the fake control connection and a stand-in shim whose launch counter the
 fake matmuls advance, as the real shim's hooks would.  On a real GPU:
-tests/gpu/test_gpu_warm_matmul.py.
+tests/gpu/test_gpu_warmup_matmul.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from krex_client import warm_matmul, warmup
+from krex_client import warmup, warmup_matmul
 from krex_client.region import region
 from tests.client.conftest import FakeConnection
 from tests.client.warmfakes import FakeTorch, Gpu, StandInShim, fake_pynvml
@@ -33,21 +33,21 @@ def test_torch_counts_only_when_the_process_drives_cuda_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    assert warm_matmul.torch_cuda() is None and warm_matmul.for_process() is None
+    assert warmup_matmul.torch_cuda() is None and warmup_matmul.for_process() is None
     torch = FakeTorch(Gpu())
     monkeypatch.setitem(sys.modules, "torch", torch)
-    assert warm_matmul.torch_cuda() is torch
+    assert warmup_matmul.torch_cuda() is torch
     torch.initialized = False  # imported, CUDA never touched: no context is created
-    assert warm_matmul.torch_cuda() is None
+    assert warmup_matmul.torch_cuda() is None
     torch.initialized, torch.available = True, False
-    assert warm_matmul.torch_cuda() is None
+    assert warmup_matmul.torch_cuda() is None
 
     def broken() -> bool:
         raise RuntimeError("partially imported")
 
     torch.available = True
     torch.cuda.is_initialized = broken
-    assert warm_matmul.torch_cuda() is None
+    assert warmup_matmul.torch_cuda() is None
 
 
 def test_krex_client_never_imports_torch(tmp_path: Path) -> None:
@@ -56,8 +56,8 @@ def test_krex_client_never_imports_torch(tmp_path: Path) -> None:
     (tmp_path / "torch" / "__init__.py").write_text("raise SystemExit('torch was imported')\n")
     code = (
         "import sys\n"
-        "from krex_client import region, warm_matmul, warmup\n"
-        "assert warm_matmul.for_process() is None\n"
+        "from krex_client import region, warmup_matmul, warmup\n"
+        "assert warmup_matmul.for_process() is None\n"
         "assert 'torch' not in sys.modules\n"
         "print('ok')\n"
     )
@@ -69,7 +69,7 @@ def test_krex_client_never_imports_torch(tmp_path: Path) -> None:
 def test_matmul_slices_stop_at_the_threshold() -> None:
     gpu = Gpu(warm_after_us=4000)
     torch = FakeTorch(gpu, matmul_us=200, cold_matmul_us=300)
-    mm = warm_matmul.Matmuls(torch, now=gpu.now)
+    mm = warmup_matmul.Matmuls(torch, now=gpu.now)
     res = warmup.warm_up(mm, warmup.Policy(), gpu.clock, 1980, 990, gpu.now, kind="matmul")
     # One matmul to learn its time (300 µs cold), then 2000 // 300 = 6 per 2 ms slice:
     # 300 + 1800 + 1800 + 1800 µs of work; warm after the fourth slice.
@@ -88,7 +88,7 @@ def test_matmul_slices_stop_at_the_threshold() -> None:
 def test_matmul_warm_up_respects_the_budget() -> None:
     gpu = Gpu()  # never warms
     torch = FakeTorch(gpu, cold_matmul_us=300)
-    mm = warm_matmul.Matmuls(torch, now=gpu.now)
+    mm = warmup_matmul.Matmuls(torch, now=gpu.now)
     policy = warmup.Policy(budget_ms=10.0)
     res = warmup.warm_up(mm, policy, gpu.clock, 1980, 990, gpu.now, kind="matmul")
     assert res.stop == "budget" and res.sm_clock_mhz == 990 and res.kind == "matmul"
@@ -99,20 +99,20 @@ def test_matmul_warm_up_respects_the_budget() -> None:
     # A matmul far shorter than the slice: at most MAX_PER_SLICE per slice.
     gpu = Gpu()
     torch = FakeTorch(gpu, cold_matmul_us=1)
-    mm = warm_matmul.Matmuls(torch, now=gpu.now)
+    mm = warmup_matmul.Matmuls(torch, now=gpu.now)
     warmup.warm_up(mm, warmup.Policy(budget_ms=4.0), gpu.clock, 1980, 990, gpu.now)
-    assert gpu.slices[0] == 1 and max(gpu.slices) == warm_matmul.MAX_PER_SLICE
+    assert gpu.slices[0] == 1 and max(gpu.slices) == warmup_matmul.MAX_PER_SLICE
 
 
 def test_operands_are_made_once_per_device_and_kept() -> None:
     gpu = Gpu()
     torch = FakeTorch(gpu)
-    mm = warm_matmul.Matmuls(torch, now=gpu.now)
+    mm = warmup_matmul.Matmuls(torch, now=gpu.now)
     a = mm.operands(0)
     mm(2000)
     mm(2000)
     assert mm.operands(0) is a and torch.calls.count("randn") == 2
-    assert a[0].dtype == "bfloat16" and a[0].shape == (warm_matmul.SIZE, warm_matmul.SIZE)
+    assert a[0].dtype == "bfloat16" and a[0].shape == (warmup_matmul.SIZE, warmup_matmul.SIZE)
     torch.device, torch.bf16 = 1, False  # another current device, no bf16 there
     mm(2000)
     assert torch.calls.count("randn") == 4 and mm.operands(1)[0].dtype == "float16"
@@ -124,18 +124,18 @@ def test_an_open_capture_or_a_full_gpu_stops_the_matmul_warm_up(
 ) -> None:
     gpu = Gpu()
     torch = FakeTorch(gpu)
-    mm = warm_matmul.Matmuls(torch, now=gpu.now)
+    mm = warmup_matmul.Matmuls(torch, now=gpu.now)
     torch.capturing = True  # the matmuls would join the graph being captured
     res = warmup.warm_up(mm, warmup.Policy(), gpu.clock, 1980, 990, gpu.now, kind="matmul")
     assert res.stop == "nothing_to_warm" and torch.calls == [] and res.slices == 1
     torch.capturing, torch.oom = False, True
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(warm_matmul, "_cached", None)
-    cached = warm_matmul.for_process()
+    monkeypatch.setattr(warmup_matmul, "_cached", None)
+    cached = warmup_matmul.for_process()
     assert cached is not None
     res = warmup.warm_up(cached, warmup.Policy(), gpu.clock, 1980, 990, gpu.now, kind="matmul")
     assert res.stop == "failed" and res.error is not None and "out of memory" in res.error
-    assert warm_matmul.for_process() is None  # memsets from then on
+    assert warmup_matmul.for_process() is None  # memsets from then on
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -168,15 +168,15 @@ def gpu_with_torch(
     monkeypatch.setattr(shim, "warm", sleeping_memset)
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpu))
-    monkeypatch.setattr(warm_matmul, "Matmuls", _on_fake_time(gpu))
+    monkeypatch.setattr(warmup_matmul, "Matmuls", _on_fake_time(gpu))
     monkeypatch.setenv("KREX_REGION_LOG", str(tmp_path / "log"))
     return shim, conn, torch, held
 
 
 def _on_fake_time(gpu: Gpu) -> Any:
-    real = warm_matmul.Matmuls
+    real = warmup_matmul.Matmuls
 
-    def make(torch: Any) -> warm_matmul.Matmuls:
+    def make(torch: Any) -> warmup_matmul.Matmuls:
         return real(torch, now=gpu.now)
 
     return make

@@ -9,7 +9,7 @@ as claims (issue "No user can stall another", item 4):
 
 * **Verified owners only.**  A flag counts only in a slot whose registration
   resolves to a live process of that tenant (``krexd.tenancy.registrations.Verifier``,
-  through :meth:`SlotFlags.verify`): the gate watch's sweep verifies every
+  through :meth:`RegistrationFlags.verify`): the gate watch's sweep verifies every
   live slot every 100 ms, and a flag in a slot not verified yet is verified
   when it is first asked about.  A slot that does not resolve is ignored
   (``Gate.ignore``), as the sweep ignores it.  A fault record read after its
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from krexd.gate import LIVE_SLOT_STATES, GateError, SlotInfo
+from krexd.gate import LIVE_REGISTRATION_STATES, GateError, RegistrationInfo
 from krexd.system.procfs import start_time
 from krexd.tenancy import states
 from krexd.tenancy.registrations import Verifier
@@ -49,15 +49,15 @@ FAULT_HOLD_S = 10.0
 _FROZEN = frozenset({states.FREEZING, states.FROZEN, states.THAWING})
 
 #: (tenant, slot index): where a flag is.
-SlotKey = tuple[int, int]
+RegistrationKey = tuple[int, int]
 #: What a verified registration said of its process: pid namespace, start time, image.
 Described = tuple[int, int, int]
 
 
 class GateLike(Protocol):
-    """What :class:`SlotFlags` uses of a gate (``krexd.gate.Gate``)."""
+    """What :class:`RegistrationFlags` uses of a gate (``krexd.gate.Gate``)."""
 
-    def ignore(self, slot: SlotInfo) -> None:
+    def ignore(self, slot: RegistrationInfo) -> None:
         """Skip ``slot`` in drains and summaries while its owner stays the same."""
         ...
 
@@ -72,11 +72,11 @@ class _Wait:
     seen_at: float = 0.0
 
 
-def _described(s: SlotInfo) -> Described:
+def _described(s: RegistrationInfo) -> Described:
     return (s.pidns, s.start_ticks, s.image)
 
 
-class SlotFlags:
+class RegistrationFlags:
     """Decides whether a slot's memory-wait and fault flags are honoured (module docstring).
 
     Args:
@@ -101,20 +101,20 @@ class SlotFlags:
         self.wait_bound_s = wait_bound_s
         self.fault_hold_s = fault_hold_s
         self._clock = clock
-        self._verified: dict[SlotKey, Described] = {}
-        self._waits: dict[SlotKey, _Wait] = {}
+        self._verified: dict[RegistrationKey, Described] = {}
+        self._waits: dict[RegistrationKey, _Wait] = {}
 
     # --- verification -----------------------------------------------------------------
 
-    def verify(self, gate: GateLike, slots: Iterable[SlotInfo]) -> set[SlotKey]:
+    def verify(self, gate: GateLike, slots: Iterable[RegistrationInfo]) -> set[RegistrationKey]:
         """Verify the live, not ignored ``slots``; ignore those that do not resolve.
 
         One identity read per process of each tenant involved and one mapping
         check per slot (``Verifier.resolve_all``).  Returns the verified slots.
         """
-        live = [s for s in slots if s.state in LIVE_SLOT_STATES and not s.ignored]
+        live = [s for s in slots if s.state in LIVE_REGISTRATION_STATES and not s.ignored]
         verdicts = self._verifier.resolve_all(live)
-        ok: set[SlotKey] = set()
+        ok: set[RegistrationKey] = set()
         for s in live:
             key = (s.tenant, s.index)
             if verdicts.get(key) is None:
@@ -128,12 +128,14 @@ class SlotFlags:
                 ok.add(key)
         return ok
 
-    def _known(self, s: SlotInfo) -> bool:
+    def _known(self, s: RegistrationInfo) -> bool:
         return self._verified.get((s.tenant, s.index)) == _described(s)
 
-    def _verified_now(self, gate: GateLike, slots: list[SlotInfo]) -> list[SlotInfo]:
+    def _verified_now(
+        self, gate: GateLike, slots: list[RegistrationInfo]
+    ) -> list[RegistrationInfo]:
         """Those of the live ``slots`` verified, verifying the ones not known yet."""
-        live = [s for s in slots if s.state in LIVE_SLOT_STATES and not s.ignored]
+        live = [s for s in slots if s.state in LIVE_REGISTRATION_STATES and not s.ignored]
         unknown = [s for s in live if not self._known(s)]
         if unknown:
             self.verify(gate, unknown)
@@ -141,7 +143,7 @@ class SlotFlags:
 
     # --- the memory wait --------------------------------------------------------------
 
-    def waits_honoured(self, gate: GateLike, waiting: list[SlotInfo]) -> bool:
+    def waits_honoured(self, gate: GateLike, waiting: list[RegistrationInfo]) -> bool:
         """True when some slot of ``waiting`` (WAITING set) is a verified wait within its bound."""
         for s in self._verified_now(gate, waiting):
             w = self._waits.get((s.tenant, s.index))
@@ -149,7 +151,9 @@ class SlotFlags:
                 return True
         return False
 
-    def observe_waits(self, slots: list[SlotInfo], verified: set[SlotKey]) -> list[tuple[int, str]]:
+    def observe_waits(
+        self, slots: list[RegistrationInfo], verified: set[RegistrationKey]
+    ) -> list[tuple[int, str]]:
         """A sweep's view of one gate: advance each verified wait; the tenants past the bound.
 
         ``slots`` is every slot of the gate, ``verified`` what :meth:`verify`
@@ -158,7 +162,7 @@ class SlotFlags:
         reason) for each tenant with a wait honoured longer than the bound.
         """
         now = self._clock()
-        seen: set[SlotKey] = set()
+        seen: set[RegistrationKey] = set()
         over: dict[int, str] = {}
         for s in slots:
             key = (s.tenant, s.index)
@@ -188,11 +192,11 @@ class SlotFlags:
 
     # --- the fault word ---------------------------------------------------------------
 
-    def fault_honoured(self, gate: GateLike, s: SlotInfo) -> bool:
+    def fault_honoured(self, gate: GateLike, s: RegistrationInfo) -> bool:
         """True when ``s``'s fault record is of a verified owner (verified now if it is live)."""
         if s.fault is None:
             return False
-        if s.state in LIVE_SLOT_STATES and not s.ignored and self._verified_now(gate, [s]):
+        if s.state in LIVE_REGISTRATION_STATES and not s.ignored and self._verified_now(gate, [s]):
             return True
         # Its process ended (a slot still live whose process is gone fails the check
         # above): verified while it lived, or the very process krexd placed in the tenant
@@ -200,7 +204,7 @@ class SlotFlags:
         # a member refused at its first context).
         return self._known(s) or self._placed(s)
 
-    def _placed(self, s: SlotInfo) -> bool:
+    def _placed(self, s: RegistrationInfo) -> bool:
         """True when ``s`` names a process krexd placed in its tenant (``Tenant.pids``)
         that has ended (a live one must pass the verification instead)."""
         tenant = self._tenants.get(s.tenant)

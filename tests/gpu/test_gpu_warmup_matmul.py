@@ -2,7 +2,7 @@
 
 Skipped without a GPU (``@pytest.mark.gpu``).  Real krexd, the shim
 preloaded by ``krex run --region-log``, PyTorch and pynvml in the
-interpreter running the tests.  ``progs/warm_matmul.py`` idles before each
+interpreter running the tests.  ``progs/warmup_matmul.py`` idles before each
 of two regions; the second warms with matmuls.  Prints the records (``-s``):
 whether the clock reached the threshold within the budget, and how long it
 took, is the measurement docs/bench/autotune-h200.md asks for.
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.root, pytest.mark.slow]
 
 
 def test_matmul_warm_up_on_real_nvml(krexd_factory: Any) -> None:
-    off, on = run_logged(krexd_factory, "warm_matmul.py", KREX_REGION_WARM_MS="200")
+    off, on = run_logged(krexd_factory, "warmup_matmul.py", KREX_REGION_WARM_MS="200")
     print(json.dumps([off, on], indent=1))
     assert off["warmup"]["kind"] == "none" and off["warmup"]["stop"] == "off"
     warm = on["warmup"]
