@@ -17,7 +17,7 @@ driver accounts per process).  What each gives:
   simulated GPU the bytes in use, per process its bytes; for
   ``--fake-gpus``.  Capacity from ``KREX_FAKE_MEM_BYTES``.
 * ``NoSource``: the total from the GPU inventory only; usage then comes
-  from the shim's own count in the gate slots (``krexd.gate.Gate.slots``).
+  from the shim's own count in the gate slots (``krexd.gate.Gate.registrations``).
 
 Each source also says which processes have the GPU open (a context on
 it): ``users(gpu)``, a set of pids in krexd's namespace, or None when it

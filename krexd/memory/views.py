@@ -3,7 +3,7 @@
 A GPU's view (``krexd.memory.view.GpuView``, kept on its ``krexd.orchestration.gpu.Gpu``)
 is worked out from the last read of its device source (NVML, amdsmi, the
 fake driver's state, or none: ``krexd.memory.opening``) and the shim's
-registrations in its gate (``krexd.gate.Gate.slots``: the daemon's own gate
+registrations in its gate (``krexd.gate.Gate.registrations``: the daemon's own gate
 objects, so each gate file is mapped once)::
 
     tenants_used = sum of the tenants' usage (per-process figures of the

@@ -5,7 +5,7 @@ creates a gate for GPU 0 in the test's directory and gives processes on it:
 ``start(tenant, *steps)`` runs ``fakealloc`` (tests/fakecuda) with the shim
 preloaded as tenant ``tenant`` (``tenant=None``: no shim, a process krex does
 not run); ``slot(pid)`` reads that process's memory fields from the gate as
-krexd does (``krexd.gate.Gate.slots``).
+krexd does (``krexd.gate.Gate.registrations``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A probe program built against ``krex_gate.h`` writes a slot's ``mem_mib``
 and ``oom`` word with the header's own macros into a tenant's slot memory
-attached to a gate that krexd's binding created; :meth:`krexd.gate.Gate.slots`
+attached to a gate that krexd's binding created; :meth:`krexd.gate.Gate.registrations`
 must read them back decoded, under the tenant krexd attached it for.
 The ledger tests feed slot reads in the order a slot's life gives them
 (owner counts, owner ends, slot reused).

@@ -225,9 +225,7 @@ def test_a_tenants_end_credits_its_counts_and_teaches_its_peak(tmp_path: Path) -
     records.refresh_tenant(t)
     assert (t.memory.oom_waited, t.memory.oom_cotenant) == (2, 1)
     # Its process ended and its slot was freed with its final counts.
-    rig.gate.records = [
-        _slot(t.id, 0, 6 * 1024, state="free", waited=3, failed=1, last="timeout")
-    ]
+    rig.gate.records = [_slot(t.id, 0, 6 * 1024, state="free", waited=3, failed=1, last="timeout")]
     t.memory.waiting = True
     records.tenant_ended(t)
     assert t.memory.oom_waited == 3 and not t.memory.waiting
