@@ -3,7 +3,7 @@
 Starts ``python -c "import torch; ..."`` with the shim preloaded (pass-through:
 no gate in its environment) and times, per call in µs, the reads the check
 makes of a sibling process (docs/design/shim.md "Fail closed";
-``krexd.registrations``): the shim mapping's ``map_files`` link, a held
+``krexd.tenancy.registrations``): the shim mapping's ``map_files`` link, a held
 ``stat`` read, a pidfd poll; and, for comparison, opening and reading a
 /proc file and the cost of a bare system call.  Needs torch with CUDA and a
 GPU (docs/bench/gate-v2-h200.md, round 5).

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from krex_cli import slotmem  # noqa: E402
-from krexd.gate import Gate, slot_memory_spec  # noqa: E402
+from krexd.gate import Gate, registration_memory_spec  # noqa: E402
 
 GOAL_NS = 20.0
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         slots = -1
         if not args.pass_through:
             # As krex run does: the tenant's sealed slot memory, inherited.
-            slots = slotmem.create(*slot_memory_spec(1))
+            slots = slotmem.create(*registration_memory_spec(1))
             gate.attach(1, slots)
             env.update(KREX_GATE=gate.path, KREX_TENANT="1", **slotmem.environ(slots))
             if args.thread_marks == "off":

@@ -1,7 +1,7 @@
 """``krex run`` after a GPU-wide fault under MPS: run casualties again, suspects alone.
 
 When CMD fails and krexd's ``release`` reply says the failure came with a
-GPU-wide fault of the MPS server (``gpu_fault``, ``krexd.faults``):
+GPU-wide fault of the MPS server (``gpu_fault``, ``krexd.orchestration.faults``):
 
 * ``culprit``: CMD's own kernel faulted; its exit code stands (one line says so);
 * ``casualty``: a co-tenant's kernel faulted; CMD runs again, as it was asked;

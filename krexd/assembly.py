@@ -37,26 +37,26 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from krexd import adopt, gpus, paths, state_files, vendors
-from krexd.activity import activity_source
-from krexd.admission import Admission, GpuSlots
 from krexd.cgroups import CgroupBackend
 from krexd.cgroups.devices import DeviceIsolation
-from krexd.config import Config
+from krexd.config.config import Config
+from krexd.config.slot_count import SlotChoice, choose
 from krexd.coordinator import Coordinator
-from krexd.driverlock import driver_lock_for
-from krexd.gate import Gate
-from krexd.gpu import Gpu
-from krexd.gpus import AMD, GpuInfo
-from krexd.isolation import (
+from krexd.coordinator.isolation import (
     ActivityWitness,
     AffinityPinner,
     CgroupControl,
     EndCommand,
     ProcessLock,
 )
-from krexd.lifecycle import Lifecycle
-from krexd.lock_ledger import LockLedger, ledger_path
+from krexd.gate import Gate
+from krexd.hardware import inventory, vendors
+from krexd.hardware.driverlock import driver_lock_for
+from krexd.hardware.inventory import AMD, GpuInfo
+from krexd.hardware.lock_ledger import LockLedger, ledger_path
+from krexd.hardware.mps import MpsDaemon, MpsManager
+from krexd.hardware.slices import CpuSlice, compute_slices
+from krexd.memory.activity import activity_source
 from krexd.memory.gpu_users import GpuUsers
 from krexd.memory.opening import open_source
 from krexd.memory.policy import AdmissionPolicy
@@ -67,22 +67,24 @@ from krexd.memory.status import MemoryStatus
 from krexd.memory.tenant_records import TenantRecords
 from krexd.memory.view import GpuMemory
 from krexd.memory.views import MemoryViews
-from krexd.mps import MpsDaemon, MpsManager
-from krexd.pool_freeze import PoolFreeze
-from krexd.pools import PoolRegistry
-from krexd.quotas import UidCaps
-from krexd.registrations import RegionGuard, Verifier
-from krexd.runtime import Runtime
-from krexd.slices import CpuSlice, compute_slices
-from krexd.slot_count import SlotChoice, choose
-from krexd.slotflags import SlotFlags
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.orchestration.gpu import Gpu
+from krexd.orchestration.lifecycle import Lifecycle
+from krexd.pools.freeze import PoolFreeze
+from krexd.pools.registry import PoolRegistry
+from krexd.restarts import adopt, state_files
+from krexd.system import paths
+from krexd.system.runtime import Runtime
+from krexd.tenancy.admission import Admission, GpuSlots
+from krexd.tenancy.quotas import UidCaps
+from krexd.tenancy.registration_flags import RegistrationFlags
+from krexd.tenancy.registrations import RegionGuard, Verifier
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 _log = logging.getLogger("krexd")
 
 
 class TenantEnder:
-    """The coordinators' "end this tenant's command" port (``krexd.isolation.EndCommand``).
+    """The coordinators' "end this tenant's command" port (``coordinator.isolation.EndCommand``).
 
     Bound once to ``Lifecycle.kill_command`` (:meth:`bind`); the
     coordinators hold the port, built before the lifecycle that needs them.
@@ -168,7 +170,7 @@ def assemble(
     runtime: Runtime,
     tenants: TenantRegistry,
     verifier: Verifier,
-    flags: SlotFlags,
+    flags: RegistrationFlags,
     mps: MpsManager,
     version: str,
     built: Built,
@@ -276,7 +278,7 @@ def _hardware(
     """Steps 1-2: the GPU inventory, their CPU slices (invalid ones refused), the cgroup
     tree with its device isolation, and what a krexd before a restart saved to adopt
     (its gates reopened with ``verifier``'s judge)."""
-    infos = gpus.discover(config.daemon.fake_gpus, config.daemon.fake_vendor)
+    infos = inventory.discover(config.daemon.fake_gpus, config.daemon.fake_vendor)
     _log.info("GPUs: %s", ", ".join(f"{g.name} ({g.vendor})" for g in infos) or "none")
     slices = compute_slices(infos, config.cpu)
     for s in slices.values():
@@ -287,7 +289,7 @@ def _hardware(
         unmanaged_render=vendors.unmanaged_render(infos),
     )
     cgroups = built.cgroups = CgroupBackend.open(config.cgroup, devices=devices)
-    # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/adopt.py).
+    # Adopt the tenants of the krexd before a restart, or clean its tree (krexd/restarts/adopt.py).
     saved = adopt.load(config, cgroups, {i.index: i.uuid for i in infos}, verifier.judge)
     cgroups.prepare(slices, adopt=saved is not None)
     _log.info("cgroups: %s", cgroups.describe())
@@ -327,7 +329,7 @@ class _Coordinating:
         guard = None
         if gate is not None:
             # Who has the GPU open, from the device source; "cannot tell" counts as "open"
-            # where the shim does not gate the vendor's commands (krexd.vendors).
+            # where the shim does not gate the vendor's commands (krexd.hardware.vendors).
             guard = RegionGuard(
                 self.users.of(info.index),
                 gate.live_registrations,
@@ -371,7 +373,7 @@ def _pools(
 
 def _slots(config: Config, info: GpuInfo, cpu_slice: CpuSlice) -> tuple[GpuSlots, SlotChoice]:
     """GPU ``info``'s admission slots from ``[admission] slots_per_gpu``
-    (``krexd.slot_count``), and how many were chosen and why (logged)."""
+    (``krexd.config.slot_count``), and how many were chosen and why (logged)."""
     chosen = choose(
         config.admission.slots_per_gpu,
         len(cpu_slice.tenant_cores),

@@ -15,13 +15,13 @@ Start order (each step logged; any failure stops the start with a message):
    state and MPS daemon (``[mps] enabled``); the memory parts (views,
    admission policy, records, who has a GPU open, status) and admission,
    then the periodic memory read; per GPU its region coordinator with the
-   fail-closed check (``krexd.registrations``); the tenant lifecycle.  Then adoption of what a
-   krexd before a restart left, restart continuity, and the gate watch
-   (``krexd.gatewatch``).
+   fail-closed check (``krexd.tenancy.registrations``); the tenant lifecycle.  Then
+   adoption of what a krexd before a restart left, restart continuity, and the gate watch
+   (``krexd.orchestration.gatewatch``).
 4. Bind the control socket; only then READY=1 (krexd serves requests).
 
 The parts never see the daemon: each gets the narrow interfaces it uses
-(``krexd.isolation`` for the coordinators, ``krexd.runtime.Runtime``,
+(``krexd.coordinator.isolation`` for the coordinators, ``krexd.system.runtime.Runtime``,
 ``krexd.control.context.OpContext`` for the ops).
 
 Shutdown (SIGTERM/SIGINT): STOPPING=1, parked requests answered
@@ -37,28 +37,30 @@ import os
 import signal
 from typing import Any
 
-from krexd import __version__, adopt, assembly, restart, status_report
-from krexd.admission import Admission
+from krexd import __version__, assembly
 from krexd.assembly import Built, Parts
 from krexd.cgroups import CgroupBackend
-from krexd.config import Config
+from krexd.config.config import Config
 from krexd.control.context import OpContext
-from krexd.counters import DaemonCounters
 from krexd.daemon_stop import Stopping
-from krexd.faults import FaultMonitor
-from krexd.gatewatch import GateWatch
-from krexd.gpu import Gpu
-from krexd.lifecycle import Lifecycle
+from krexd.hardware.mps import MpsManager
 from krexd.memory.status import MemoryStatus
-from krexd.metrics import MetricsServer
-from krexd.mps import MpsManager
-from krexd.notify import Notifier
-from krexd.pools import PoolRegistry
-from krexd.registrations import Verifier
-from krexd.runtime import RESTARTING, SERVING, Runtime
-from krexd.server import Server, check_free
-from krexd.slotflags import WAIT_GRACE_S, SlotFlags
-from krexd.tenants import TenantRegistry
+from krexd.orchestration.faults import FaultMonitor
+from krexd.orchestration.gatewatch import GateWatch
+from krexd.orchestration.gpu import Gpu
+from krexd.orchestration.lifecycle import Lifecycle
+from krexd.pools.registry import PoolRegistry
+from krexd.restarts import adopt, restart
+from krexd.restarts.counters import DaemonCounters
+from krexd.server import status_report
+from krexd.server.metrics import MetricsServer
+from krexd.server.server import Server, check_free
+from krexd.system.notify import Notifier
+from krexd.system.runtime import RESTARTING, SERVING, Runtime
+from krexd.tenancy.admission import Admission
+from krexd.tenancy.registration_flags import WAIT_GRACE_S, RegistrationFlags
+from krexd.tenancy.registrations import Verifier
+from krexd.tenancy.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")
 
@@ -76,8 +78,10 @@ class Daemon(Stopping):
         self.mps = MpsManager(config.mps.control, config.daemon.gate_dir)
         self.verifier = Verifier(self._cgroup_pids)
         # Which flags of the slot memories are honoured (verified, bounded).
-        self.flags = SlotFlags(self.verifier, self.tenants, config.memory.oom_wait_s + WAIT_GRACE_S)
-        self.counters = DaemonCounters()  # restarts and adoptions (krexd.counters)
+        self.flags = RegistrationFlags(
+            self.verifier, self.tenants, config.memory.oom_wait_s + WAIT_GRACE_S
+        )
+        self.counters = DaemonCounters()  # restarts and adoptions (krexd.restarts.counters)
         self.built = Built()  # what a start made so far: undone when it fails
         self.parts: Parts | None = None  # krexd.assembly's record, once setup() made it
         self.continuity: restart.Continuity | None = None  # state, heartbeat, watchdog
@@ -187,7 +191,7 @@ class Daemon(Stopping):
         return tenant.cgroup.pids() if tenant is not None else None
 
     def summary_line(self) -> str:
-        """One line for STATUS= and the log (krexd/status_report.py)."""
+        """One line for STATUS= and the log (krexd/server/status_report.py)."""
         return status_report.summary_line(self)
 
     def problems(self) -> dict[str, str]:
@@ -255,7 +259,7 @@ class Daemon(Stopping):
     # --- status -------------------------------------------------------------------
 
     def about(self) -> dict[str, Any]:
-        """The ``ping`` op's reply body (krexd/status_report.py)."""
+        """The ``ping`` op's reply body (krexd/server/status_report.py)."""
         return status_report.about(self)
 
     def status(self) -> dict[str, Any]:

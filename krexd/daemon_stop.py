@@ -13,15 +13,16 @@ import logging
 import os
 from typing import Any
 
-from krexd import procfs, restart
 from krexd.assembly import Built, Parts
-from krexd.errors import Code
-from krexd.faults import FaultMonitor
-from krexd.mps import MpsManager
-from krexd.notify import Notifier
-from krexd.runtime import RESTARTING, STOPPING, Runtime
-from krexd.server import Server
-from krexd.tenants import TenantRegistry
+from krexd.hardware.mps import MpsManager
+from krexd.orchestration.faults import FaultMonitor
+from krexd.restarts import restart
+from krexd.server.server import Server
+from krexd.system import procfs
+from krexd.system.errors import Code
+from krexd.system.notify import Notifier
+from krexd.system.runtime import RESTARTING, STOPPING, Runtime
+from krexd.tenancy.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")
 

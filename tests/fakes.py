@@ -1,4 +1,4 @@
-"""In-memory fakes of the coordinator's interfaces (krexd.isolation), for root-free tests.
+"""In-memory fakes of the coordinator's interfaces (coordinator.isolation), for root-free tests.
 
 Every fake appends what it was asked to do to one shared :class:`Events`
 log, so a test can assert on the order of the protocol's steps across the
@@ -29,13 +29,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from krexd import states
-from krexd.admission import GpuSlots
 from krexd.cgroups import TenantCgroup
-from krexd.driverlock import Outcome, Result
-from krexd.gate import GateError, GateStale, GateTimeout, SlotInfo
-from krexd.isolation import RegionFit
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.coordinator.isolation import RegionFit
+from krexd.gate import GateError, GateStale, GateTimeout, RegistrationInfo
+from krexd.hardware.driverlock import Outcome, Result
+from krexd.tenancy import states
+from krexd.tenancy.admission import GpuSlots
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 _pids = itertools.count(100_000)
 
@@ -91,7 +91,7 @@ class _FakeWatch:
 
 
 class FakeTenantControl:
-    """:class:`krexd.isolation.TenantControl` over flags: nothing is really frozen."""
+    """:class:`krexd.coordinator.isolation.TenantControl` over flags: nothing is really frozen."""
 
     def __init__(self, events: Events) -> None:
         self.events = events
@@ -145,7 +145,7 @@ class FakeTenantControl:
 
 
 class FakePinner:
-    """:class:`krexd.isolation.Pinner` that records cpusets and thread affinities."""
+    """:class:`krexd.coordinator.isolation.Pinner` that records cpusets and thread affinities."""
 
     def __init__(self, events: Events) -> None:
         self.events = events
@@ -167,7 +167,7 @@ class FakePinner:
 
 
 class FakeGate:
-    """:class:`krexd.isolation.RegionGate`: the gate word and its (holder, epoch) checks.
+    """:class:`krexd.coordinator.isolation.RegionGate`: the gate word, its (holder, epoch) checks.
 
     ``drain_pending``: registration indices ``drain`` reports as not drained
     (it then raises ``GateTimeout`` with those of ``registrations``, or
@@ -184,7 +184,7 @@ class FakeGate:
         self.drain_fails_for: set[int] | None = None
         self.drain_error: GateError | None = None
         self.drain_steps: list[set[int]] = []
-        self.registrations: list[SlotInfo] = []
+        self.records: list[RegistrationInfo] = []
 
     def close(self, holder: int, epoch: int) -> None:
         self.events.add("close", holder, epoch)
@@ -209,9 +209,9 @@ class FakeGate:
             self.events.add("drain_step", tuple(sorted(step)))
         fails = self.drain_fails_for is None or holder in self.drain_fails_for
         if self.drain_pending and fails:
-            known = {s.index: s for s in self.registrations}
+            known = {s.index: s for s in self.records}
             pending = [
-                known.get(i) or SlotInfo(i, "active", 0, 0, 0, 0, 0, 0, 0, 0)
+                known.get(i) or RegistrationInfo(i, "active", 0, 0, 0, 0, 0, 0, 0, 0)
                 for i in self.drain_pending
             ]
             if settled is not None:
@@ -224,12 +224,12 @@ class FakeGate:
             raise GateStale(f"gate holds {self.word}, not {(holder, epoch)}")
         self.word = None
 
-    def slots(self) -> list[SlotInfo]:
-        return list(self.registrations)
+    def registrations(self) -> list[RegistrationInfo]:
+        return list(self.records)
 
 
 class FakeRegionMemory:
-    """:class:`krexd.isolation.RegionMemory` over numbers the test sets (bytes).
+    """:class:`krexd.coordinator.isolation.RegionMemory` over numbers the test sets (bytes).
 
     ``held[tenant id]``: what a tenant holds now; ``expected[tenant id]``: its
     expected need in a region; ``total`` and ``other`` describe the card.
@@ -275,7 +275,7 @@ def make_tenant(registry: TenantRegistry, gpu: int = 0, exclusive: bool = False)
 
 
 class FakeProcessLock:
-    """The driver's lock of other processes (``krexd.isolation.ProcessLock``), in memory.
+    """The driver's lock of other processes (``isolation.ProcessLock``), in memory.
 
     ``outcomes``: pid -> the ``Outcome`` its lock gets (default LOCKED);
     ``locked``: pids locked now.  Each call is logged in ``events``.
@@ -314,7 +314,7 @@ class FakeProcessLock:
 
 
 class FakeLedger:
-    """``krexd.isolation.LockRecord`` in memory; ``history`` of what was recorded."""
+    """``krexd.coordinator.isolation.LockRecord`` in memory; ``history`` of what was recorded."""
 
     def __init__(self, events: Events) -> None:
         self.events = events
@@ -334,7 +334,7 @@ class FakeLedger:
 
 
 class FakeGuard:
-    """``krexd.isolation.GpuUseCheck``: ``users`` is the set of pids on the GPU."""
+    """``krexd.coordinator.isolation.GpuUseCheck``: ``users`` is the set of pids on the GPU."""
 
     def __init__(self, users: set[int] | None = None) -> None:
         self.users_now: set[int] | None = users

@@ -254,12 +254,12 @@ def tenant_env(gate: Any, tenant: int) -> dict[str, str]:
     ``/proc/<this pid>/fd/<n>`` (``KREX_SLOTS``), so they need no inherited fd.
     """
     from krex_cli import slotmem
-    from krexd.gate import slot_memory_spec
+    from krexd.gate import registration_memory_spec
 
     fds: dict[int, int] = gate.__dict__.setdefault("_test_slot_fds", {})
     fd = fds.get(tenant)
     if fd is None:
-        size, header = slot_memory_spec(tenant)
+        size, header = registration_memory_spec(tenant)
         fd = slotmem.create(size, header)
         gate.attach(tenant, fd)
         fds[tenant] = fd

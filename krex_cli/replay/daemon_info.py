@@ -50,7 +50,7 @@ def config_slots(base: Path | None) -> tuple[int | None, str]:
 
     Returns ``(slots, source)``: the config's value when it fixes one (an
     integer >= 1), else ``None``: krexd derives the count itself (``"auto"``,
-    its default; ``krexd.slot_count``), known only from its ``status``.
+    its default; ``krexd.config.slot_count``), known only from its ``status``.
     """
     table, key = modes.CONCURRENCY_KEY
     if base is not None:

@@ -47,8 +47,8 @@ from krexd.cgroups import choose, detect, fs, pool, treelock
 from krexd.cgroups.devices import DeviceIsolation
 from krexd.cgroups.fs import CgroupError
 from krexd.cgroups.tenant import CPUSET_AFFINITY, CPUSET_V1, CPUSET_V2, TenantCgroup
-from krexd.config import CgroupConfig, format_cores
-from krexd.slices import CpuSlice
+from krexd.config.config import CgroupConfig, format_cores
+from krexd.hardware.slices import CpuSlice
 
 _log = logging.getLogger("krexd.cgroups")
 
@@ -136,7 +136,7 @@ class CgroupBackend:
         """Claim the tree (:meth:`lock`), clean a stale one, then build ``<name>/gpu<N>``.
 
         With ``adopt`` the tree of the krexd before is kept as it is (its
-        tenants are adopted, krexd/adopt.py); only missing directories are made.
+        tenants are adopted, krexd/restarts/adopt.py); only missing directories are made.
         Returns how many leftover processes of an earlier krexd were killed.
         Raises CgroupError when another live krexd uses the same tree.
         """

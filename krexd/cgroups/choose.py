@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from krexd.cgroups import detect, fs
 from krexd.cgroups.tenant import CPUSET_AFFINITY, CPUSET_V1, CPUSET_V2
-from krexd.config import CgroupConfig, ConfigError
+from krexd.config.config import CgroupConfig, ConfigError
 
 _log = logging.getLogger("krexd.cgroups")
 

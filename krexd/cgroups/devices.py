@@ -1,6 +1,6 @@
 """Device isolation: a tenant's processes can open its own GPU's device node and no other.
 
-AMD GPUs (krexd/gpus_amd.py): a tenant of one may open ``/dev/kfd`` (shared
+AMD GPUs (krexd/hardware/inventory_amd.py): a tenant of one may open ``/dev/kfd`` (shared
 by every AMD GPU, never filtered) and its GPU's render node
 ``/dev/dri/renderD<render minor>``, no other render node and no
 ``/dev/nvidia<M>``; on a host with AMD GPUs, the tenants of its NVIDIA
@@ -36,7 +36,7 @@ active (:meth:`DeviceIsolation.describe`).
 
 GPU index to device minor: NVML's ``nvmlDeviceGetMinorNumber`` (or the
 driver's ``/proc/driver/nvidia/gpus/<bus>/information``) for real GPUs
-(krexd/gpus.py); simulated GPU N is minor N (tests make such nodes with
+(krexd/hardware/inventory.py); simulated GPU N is minor N (tests make such nodes with
 ``mknod``).
 """
 
@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 
 from krexd.cgroups import bpf, fs
 from krexd.cgroups.fs import CgroupError
-from krexd.config import ConfigError
+from krexd.config.config import ConfigError
 
 _log = logging.getLogger("krexd.cgroups")
 

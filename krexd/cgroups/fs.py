@@ -1,7 +1,7 @@
 """Small cgroupfs helpers: read/write one control file, raising CgroupError with its path.
 
 A control file is named by its path (opened and closed each time) or is a
-``krexd.heldfiles.HeldFile`` kept open between uses (the files region entry
+``krexd.system.heldfiles.HeldFile`` kept open between uses (the files region entry
 uses for every sibling: ``krexd.cgroups.tenant``); either way a failure
 raises the same CgroupError, with the same message.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import errno
 import os
 
-from krexd.heldfiles import HeldFile, OpenError
-from krexd.procfs import read_file
+from krexd.system.heldfiles import HeldFile, OpenError
+from krexd.system.procfs import read_file
 
 #: A control file: its path, or the file held open.
 Target = str | HeldFile

@@ -1,6 +1,6 @@
 """Warm pools' cgroups: ``<root>/<name>/pools/u<uid>-p<pid>``, with a memory limit.
 
-A registered pool's zygote is moved here (krexd/pools.py); the processes it
+A registered pool's zygote is moved here (krexd/pools/registry.py); the processes it
 forks are born here and leave at ``place`` for their tenant cgroup.  The
 directory's memory limit (``[warm] memory_max``) bounds the zygote and its
 unplaced children (docs/design/warm.md):
@@ -20,11 +20,11 @@ a pool, in its v2 directory where the v2 tree offers the ``pids``
 controller, else in a parallel directory of the v1 ``pids`` tree tenants
 use on hybrid hosts (``<pids root>/pools/<leaf>``; a placed child moves to
 its tenant's, krexd/cgroups/backend.py).  Every region
-freezes the pools (krexd/pool_freeze.py), and a cgroup freeze stops each
+freezes the pools (krexd/pools/freeze.py), and a cgroup freeze stops each
 task, so one user's pool of thousands of threads would lengthen every
 user's region entry.  Migration is not bounded by ``pids.max``, so
 registration also counts the zygote's threads before and after the move
-(krexd/pools.py).
+(krexd/pools/registry.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ has a timeout and the caller rolls back with :meth:`TenantCgroup.thaw`
 
 Region entry and exit use ``cgroup.procs``, ``cgroup.events``,
 ``cgroup.freeze`` (and the holder's ``cpuset.cpus``) of every sibling, so
-these stay open between uses (``krexd.heldfiles``: one ``pread`` or
+these stay open between uses (``krexd.system.heldfiles``: one ``pread`` or
 ``pwrite`` a use, a stale descriptor opened again once) until
 :meth:`TenantCgroup.close` or :meth:`TenantCgroup.remove`.
 """
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from krexd.cgroups import fs
-from krexd.config import format_cores
-from krexd.heldfiles import HeldFile
+from krexd.config.config import format_cores
+from krexd.system.heldfiles import HeldFile
 
 CPUSET_V2 = "v2"  # cpuset.cpus in the v2 directory
 CPUSET_V1 = "v1"  # cpuset.cpus in a separate v1 cpuset directory (hybrid host)

@@ -6,12 +6,12 @@ compatibility (units and scripts pass it) and changes nothing.
 
 ``krexd --prepare-restart [--config PATH]`` only writes the restart marker:
 the next SIGTERM makes the running krexd leave its tenants running for its
-successor instead of ending them (krexd/restart.py); the unit's ``ExecStop``
+successor instead of ending them (krexd/restarts/restart.py); the unit's ``ExecStop``
 runs it when systemd's job is a restart.
 
 Exit codes: 0 after a clean shutdown, 78 (EX_CONFIG) for an invalid
 configuration or slice layout, or a state or socket directory that is not
-root's alone (krexd/safe_dirs.py), 69 (EX_UNAVAILABLE) when the socket or the
+root's alone (krexd/system/safe_dirs.py), 69 (EX_UNAVAILABLE) when the socket or the
 cgroups cannot be set up, 77 (EX_NOPERM) when not root.
 """
 
@@ -25,13 +25,13 @@ import sys
 
 from krexd import __version__
 from krexd.cgroups import CgroupError
-from krexd.config import SYSTEM_CONFIG, ConfigError, load, with_overrides
-from krexd.errors import ExitCode
+from krexd.config.config import SYSTEM_CONFIG, ConfigError, load, with_overrides
 from krexd.gate import GateError
-from krexd.journal import setup_logging
-from krexd.mps import MpsError
-from krexd.notify import Notifier
-from krexd.server import ServerError
+from krexd.hardware.mps import MpsError
+from krexd.server.server import ServerError
+from krexd.system.errors import ExitCode
+from krexd.system.journal import setup_logging
+from krexd.system.notify import Notifier
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         print("krexd: must run as root (it manages cgroups)", file=sys.stderr)
         return ExitCode.NOPERM
     if args.prepare_restart:
-        from krexd.restart import prepare_restart
+        from krexd.restarts.restart import prepare_restart
 
         prepare_restart(cfg)
         return ExitCode.OK
-    from krexd import safe_dirs
     from krexd.daemon import Daemon
+    from krexd.system import safe_dirs
 
     try:
         safe_dirs.check(cfg)  # a state or socket directory others may write: refused

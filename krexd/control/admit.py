@@ -37,7 +37,7 @@ learned from earlier runs of the label, the default need).
 The need is reserved on the granted GPU until ``release``; a GPU admits the
 command only when the need fits there.
 
-The launcher is the kernel-verified caller (``krexd.identity``): the process
+The launcher is the kernel-verified caller (``krexd.tenancy.identity``): the process
 that sent ``admit`` (``krex run``), with its uid and start time.
 ``launcher_pid`` is optional and, when given, must be the caller's own pid
 (``AUTH`` otherwise); it is never trusted on its own.  Only a direct child of
@@ -58,8 +58,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext
@@ -86,7 +86,7 @@ async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
         "gpu": tenant.gpu,
         "env": ctx.lifecycle.tenant_env(tenant),
     }
-    slots = ctx.lifecycle.slot_memory(tenant)
+    slots = ctx.lifecycle.registration_memory(tenant)
     if slots is not None:
         reply["slots"] = slots
     return reply

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from krexd.config import WarmConfig
-from krexd.identity import Caller
-from krexd.pools import Pool
-from krexd.tenants import Tenant
+from krexd.config.config import WarmConfig
+from krexd.pools.registry import Pool
+from krexd.tenancy.identity import Caller
+from krexd.tenancy.tenants import Tenant
 
 
 class TenantAuth(Protocol):
-    """Authentication of tenant requests (``krexd.tenants.TenantRegistry``)."""
+    """Authentication of tenant requests (``krexd.tenancy.tenants.TenantRegistry``)."""
 
     def authenticate(self, tenant_id: int | None, token: str | None) -> Tenant:
         """The tenant if ``token`` is its token; else ``KrexError(AUTH)``."""
@@ -26,7 +26,7 @@ class TenantAuth(Protocol):
 
 
 class TenantLifecycle(Protocol):
-    """Admit, place and end tenants (``krexd.lifecycle.Lifecycle``)."""
+    """Admit, place and end tenants (``krexd.orchestration.lifecycle.Lifecycle``)."""
 
     async def admit(
         self,
@@ -45,7 +45,7 @@ class TenantLifecycle(Protocol):
         """Environment of the tenant's command."""
         ...
 
-    def slot_memory(self, tenant: Tenant) -> dict[str, Any] | None:
+    def registration_memory(self, tenant: Tenant) -> dict[str, Any] | None:
         """What the launcher needs to create the tenant's slot memory, or None."""
         ...
 
@@ -100,7 +100,7 @@ class MemoryRecords(Protocol):
 
 
 class Pools(Protocol):
-    """Warm pools (``krexd.pools.PoolRegistry``)."""
+    """Warm pools (``krexd.pools.registry.PoolRegistry``)."""
 
     @property
     def config(self) -> WarmConfig:
@@ -113,7 +113,7 @@ class Pools(Protocol):
 
 
 class FaultVerdicts(Protocol):
-    """GPU-wide faults under MPS (``krexd.faults.FaultMonitor``)."""
+    """GPU-wide faults under MPS (``krexd.orchestration.faults.FaultMonitor``)."""
 
     def verdict(self, tenant: Tenant) -> dict[str, Any] | None:
         """Whether the tenant's end was a GPU-wide fault's casualty, culprit or suspect."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from krexd.errors import Code, KrexError
+from krexd.system.errors import Code, KrexError
 
 _MISSING = object()
 

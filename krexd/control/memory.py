@@ -1,7 +1,7 @@
 """``memory``: the calling tenant's memory record, read fresh.
 
 Request: tenant + token; body ``{}``.
-Reply body (``krexd.memory.records.TenantMemory``; bytes)::
+Reply body (``krexd.tenancy.memory_records.TenantMemory``; bytes)::
 
     {"need_bytes": int, "need_source": "declared|default", "used_bytes": int,
      "peak_bytes": int, "used_source": "nvml|fake|shim|none", "exceeded": bool,
@@ -16,7 +16,7 @@ returned to the command that its co-tenants caused (``last_cotenant_oom``
 says why: ``timeout``, ``in_region``, ``nested``, ``no_wait``, ``mutual``);
 ``oom_own`` those that were its own (``too_large``, ``alone``).
 Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.identity``), ``BAD_FIELD``.
+that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``.
 Sent by: ``krex run`` when CMD failed, to exit 75 (EX_TEMPFAIL) instead of
 CMD's code when co-tenants' memory caused the failure (docs/design/memory.md).
 """
@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext

@@ -5,7 +5,7 @@ Reply body: ``{"cgroups": [str, ...]}`` (the directories the pid is now in).
 
 The pid must be a direct child of the tenant's verified launcher, running
 with the launcher's uid (every uid of ``/proc/<pid>/status``) and started
-after it; never the launcher itself (``krexd.identity.check_placeable``).
+after it; never the launcher itself (``krexd.tenancy.identity.check_placeable``).
 So nobody can have krexd freeze or kill a process that is not their own
 command.  The caller must be the launcher (or root, or a process of the
 tenant).  ``krex run``
@@ -37,8 +37,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext

@@ -8,7 +8,7 @@ Reply body: ``{"cgroup": str, "memory_max": int|null, "idle_s": float}``.
 
 The caller is the pool's keeper (``krex_cli.warm.keeper``), verified by the
 kernel; ``pid`` is the zygote: a direct child of the caller, started after
-it, with its uid (``krexd.identity.check_child_of``), not inside krexd's
+it, with its uid (``krexd.tenancy.identity.check_child_of``), not inside krexd's
 cgroup tree (a tenant's or a pool's cgroup: registering would move a
 command's process out of its tenant).  krexd moves it into
 ``<root>/pools/u<uid>-p<pid>`` (``[warm] memory_max``) and from then on
@@ -31,16 +31,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
-from krexd.errors import Code, KrexError
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext
 
 
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
-    """Check the fields and the caller, register the pool (``krexd.pools.PoolRegistry``)."""
+    """Check the fields and the caller, register the pool (``pools.registry.PoolRegistry``)."""
     fields.only(req.body, "pid", "key", "version", "interpreter", "modules")
     body = {
         "pid": fields.integer(req.body, "pid", 1, 1 << 22),

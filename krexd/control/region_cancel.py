@@ -11,7 +11,7 @@ Why: a benchmark interrupted while its ``region_enter`` is parked (Ctrl-C, a
 harness's alarm) would otherwise be granted a region nobody uses, and its
 siblings would stay frozen until the command exits or ``max_region_s``.
 Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.identity``), ``BAD_FIELD``.
+that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``.
 Sent by: ``krex_client.region.critical()`` when its wait for the grant is
 interrupted.
 """
@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext

@@ -23,7 +23,7 @@ An ``--exclusive`` tenant holds the whole GPU already: it gets a no-op grant
 ``--exclusive``.  A second request from a tenant whose request is queued,
 being set up or held is refused ``NESTED_REGION``.
 Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.identity``), ``BAD_FIELD``,
+that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``,
 ``NESTED_REGION``, ``REGION_NO_MEMORY`` (its expected memory can never fit
 beside its siblings), ``DRAIN_TIMEOUT``,
 ``FREEZE_TIMEOUT``, ``CANCELLED``, ``SHUTTING_DOWN``.
@@ -35,8 +35,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext

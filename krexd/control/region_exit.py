@@ -12,7 +12,7 @@ Reply body: ``{"region_ms": float, "thaw_ms": float, "sync_ms": float, "launches
 Paper §4.2 steps 7-8, in that order: siblings thawed, *then* the gate
 reopened, *then* the region lock released to the next waiter.
 Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.identity``), ``BAD_FIELD``, ``NOT_HOLDER``
+that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``, ``NOT_HOLDER``
 (no region, another holder, a stale epoch), ``REGION_ABORTED`` (recovery ended the region first).
 Sent by: ``krex_client.region.critical()`` on exit.
 """
@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
 from krexd.control.region_enter import MAX_REQUEST_ID
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext

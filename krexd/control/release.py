@@ -8,14 +8,14 @@ reports for that kill when it has one of its own (79: unprotectable GPU use
 or tampered gate registrations), else null; and, only under MPS when the
 command failed after a GPU-wide fault, ``gpu_fault``: ``{"role":
 "culprit|casualty|suspect", "gpu": int, "error": int (CUresult) or null
-(a suspect with no fault record), "why": str}`` (``krexd.faults``):
+(a suspect with no fault record), "why": str}`` (``krexd.orchestration.faults``):
 ``krex run`` runs a casualty again, and a suspect again without MPS
 (``admit`` with ``mps: false``).
 
 Whatever is left of the tenant's process tree is killed (``cgroup.kill``);
 the coordinator's recovery runs first if the tenant held the region.
 Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.identity``), ``BAD_FIELD``.
+that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``.
 Sent by: ``krex run`` when CMD exits (or its ``--timeout`` expires).
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext

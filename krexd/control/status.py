@@ -59,24 +59,24 @@ Reply body (stable keys; ``krexctl status --json`` prints it as is)::
      "metrics": {"address": str, "port": int, "scrapes": int}|null}
 
 ``vendor`` is the GPU's maker: NVIDIA GPUs are numbered first, AMD GPUs
-after them (krexd/gpus.py, "Numbering"; docs/design/amd.md).  ``devices``'
+after them (krexd/hardware/inventory.py, "Numbering"; docs/design/amd.md).  ``devices``'
 ``minors`` are the NVIDIA GPUs' ``/dev/nvidia<N>``, ``render_minors`` the
 AMD GPUs' ``/dev/dri/renderD<N>``.  ``memory.source`` (top level) names the
 source of every GPU, ``nvml+amdsmi`` on a host with both.
-``slots`` says how ``slots_total`` was chosen (``krexd.slot_count``):
+``slots`` says how ``slots_total`` was chosen (``krexd.config.slot_count``):
 ``rule`` is one line, e.g. ``auto: 15 = min(cores 15 x 1, memory 139.4 GiB /
 1.0 GiB)`` or ``fixed: 4 ([admission] slots_per_gpu = 4)``.
 ``region`` is the coordinator's own ``status()``: holder, queue, counts and
 latency percentiles (ms) ``entry_ms`` (request to grant, as in the
 ``region_enter`` reply), ``wait_ms`` (for the region lock),
 ``establish_ms`` (steps 2-5) and ``steps_ms``, the same for each step of
-``establish_ms`` by name (``krexd.region_stats.STEPS``); ``regions`` also
+``establish_ms`` by name (``krexd.coordinator.region_stats.STEPS``); ``regions`` also
 counts ``adopted``, ``drain_timeouts``, ``freeze_timeouts`` and ``refused``
 (failed entries by error code), ``commands_ended`` the commands krex ended
-by cause (``krexd.region_stats.ENDED_CAUSES``), ``recent_entry_ms`` the
+by cause (``krexd.coordinator.region_stats.ENDED_CAUSES``), ``recent_entry_ms`` the
 entry percentiles of the last minute (``krexctl top``), ``histograms`` the
 cumulative buckets of ``entry_ms``, ``steps_ms`` and ``hold_s`` (what the
-Prometheus endpoint exports, ``krexd.metrics``).  ``server``'s
+Prometheus endpoint exports, ``krexd.server.metrics``).  ``server``'s
 ``state_save_ms`` is the state save made after each state-changing op,
 before its reply (a region entry's reply waits for it too).  ``memory`` per GPU
 is ``krexd.memory.status.MemoryStatus.gpu_status``, read from the gate at the
@@ -96,9 +96,9 @@ tenant exists: its row is ``{"id", "gpu", "state", "age_s", "exclusive",
 "waiting_for", "redacted": true}``, and the holder without ``pid``.  Command
 lines carry secrets; pids let a user aim at another's processes.  Warm
 pools (``warm.pools``) are shown to root and to their own uid only.
-Command lines (``command``) are cut to 512 characters (``krexd.quotas.shown_command``).
+Command lines (``command``) are cut to 512 characters (``krexd.tenancy.quotas.shown_command``).
 Served one at a time after region operations, at most ``[daemon]
-max_status_per_uid`` per uid at once (``krexd/lanes.py``); beyond: ``TOO_MANY``.
+max_status_per_uid`` per uid at once (``krexd/server/lanes.py``); beyond: ``TOO_MANY``.
 Errors: ``BAD_FIELD``, ``TOO_MANY``.
 """
 
@@ -107,8 +107,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from krex_client.protocol import Request
-from krexd import identity
 from krexd.control import fields
+from krexd.tenancy import identity
 
 if TYPE_CHECKING:
     from krexd.control.context import OpContext

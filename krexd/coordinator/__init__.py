@@ -48,7 +48,7 @@ stack is unwound by a failed entry before it reports the error, by the
 region's end (exit, recovery) and by the end of a region adopted after a
 restart, so no tenant is ever left frozen and the paths cannot drift.
 
-The coordinator acts only through injected interfaces (``krexd.isolation``):
+The coordinator acts only through injected interfaces (``krexd.coordinator.isolation``):
 ``TenantControl`` (freeze, thaw, wait frozen, kill, watch the holder),
 ``Pinner`` (cpuset and thread affinity), ``RegionGate`` (the gate; a
 ``NoGate`` when ``libkrex_gate.so`` is not built), ``RegionMemory`` (the
@@ -84,7 +84,7 @@ its state, ``GatedRegions`` calls them in the paper's order, and
     recovery.py      RegionWatch: the holder died or ran past max_region_s
     once.py          requests run once; exits re-sent after a restart answered again
 
-Counters and latency percentiles live in ``krexd.region_stats``.
+Counters and latency percentiles live in ``krexd.coordinator.region_stats``.
 """
 
 from __future__ import annotations

@@ -12,16 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from krexd import states
-from krexd.config import RegionConfig
-from krexd.coordinator.once import EndedEpochs, OnceLog
-from krexd.coordinator.port import RegionPort
-from krexd.coordinator.protocol import GatedRegions
-from krexd.coordinator.scope import GpuScope
-from krexd.coordinator.steps import build_steps
-from krexd.coordinator.ungated import UngatedRegions
-from krexd.errors import Code, KrexError
-from krexd.isolation import (
+from krexd.config.config import RegionConfig
+from krexd.coordinator.isolation import (
     ActivityWitness,
     EndCommand,
     GpuUseCheck,
@@ -32,10 +24,18 @@ from krexd.isolation import (
     RegionMemory,
     TenantControl,
 )
-from krexd.pool_freeze import PoolFreeze
-from krexd.region_stats import RegionStats
-from krexd.slices import CpuSlice
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.coordinator.once import EndedEpochs, OnceLog
+from krexd.coordinator.port import RegionPort
+from krexd.coordinator.protocol import GatedRegions
+from krexd.coordinator.region_stats import RegionStats
+from krexd.coordinator.scope import GpuScope
+from krexd.coordinator.steps import build_steps
+from krexd.coordinator.ungated import UngatedRegions
+from krexd.hardware.slices import CpuSlice
+from krexd.pools.freeze import PoolFreeze
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 
 class Coordinator:
@@ -60,14 +60,14 @@ class Coordinator:
             tenant's command for unprotectable GPU use (None: the tree is
             killed through ``control`` with the reason recorded).
         proc_lock: the driver's lock of other processes
-            (``krexd.driverlock.DriverLock``; None: the shim's
+            (``krexd.hardware.driverlock.DriverLock``; None: the shim's
             acknowledgements alone, ``[region] driver_lock = "off"``).
         ledger: where the locked processes are recorded before they are
-            locked (``krexd.lock_ledger.LockLedger``; None: nowhere).
+            locked (``krexd.hardware.lock_ledger.LockLedger``; None: nowhere).
         activity: the witness's source of per-process GPU activity
-            (``krexd.activity``; None: regions are not witnessed).
+            (``krexd.memory.activity``; None: regions are not witnessed).
         pool_freeze: the warm pools' freeze every region holds
-            (``krexd.pool_freeze``; None: warm pools are off).
+            (``krexd.pools.freeze``; None: warm pools are off).
     """
 
     def __init__(
@@ -287,7 +287,7 @@ class Coordinator:
             **self.stats.as_dict(),
         }
 
-    # ------------------------------------------------- restart (krexd/adopt.py)
+    # ------------------------------------------------- restart (krexd/restarts/adopt.py)
 
     def saved(self) -> dict[str, Any]:
         """What a restarted krexd needs of this GPU: epoch, region in progress, last exits."""
@@ -343,7 +343,7 @@ class Coordinator:
         (``[region] holder_cpus = "add"``), given back at exit.
         ``request_id``: its region_enter's (a re-sent copy is granted again).
         The warm pools are frozen for it, as for any region
-        (``krexd.pool_freeze``).
+        (``krexd.pools.freeze``).
         """
         self.gated.adopt(holder, epoch, pid, tid, siblings, thread_cpus, request_id)
 

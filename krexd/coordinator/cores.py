@@ -7,10 +7,10 @@ holder's own (``"add"``) and pinning its thread to them alone
 
 from __future__ import annotations
 
+from krexd.coordinator.isolation import Pinner, gone
 from krexd.coordinator.scope import GpuScope, log
-from krexd.isolation import Pinner, gone
-from krexd.slices import CpuSlice
-from krexd.tenants import Tenant
+from krexd.hardware.slices import CpuSlice
+from krexd.tenancy.tenants import Tenant
 
 
 def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:

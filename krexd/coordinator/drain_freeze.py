@@ -29,13 +29,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from krexd import states
+from krexd.coordinator.isolation import TenantControl, freeze_unless_gone
 from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.records import Region, tenant_state
 from krexd.coordinator.scope import GpuScope
 from krexd.coordinator.steps import Steps
-from krexd.isolation import TenantControl, freeze_unless_gone
-from krexd.tenants import Tenant
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant
 
 
 class MemoryShort(Exception):

@@ -2,7 +2,7 @@
 
 The shim's acknowledgements (``gate_steps``) are written by the tenant's own
 process and can be forged; the CUDA driver's checkpoint lock cannot
-(``krexd.driverlock``; docs/design/driver-lock.md).  After the siblings are
+(``krexd.hardware.driverlock``; docs/design/driver-lock.md).  After the siblings are
 drained and frozen, krexd locks, in parallel and bounded by
 ``drain_timeout_s``, every process with a context on this GPU other than the
 holder's: the siblings' processes, other krex tenants' processes that
@@ -15,7 +15,7 @@ command is ended (exit 79, with the reason) and the entry goes on once it
 has left the GPU; its neighbours wait no longer than that.  A process
 outside krex that cannot be locked fails the entry (DRAIN_TIMEOUT).  Every
 path that ends a region unlocks what it locked (``DriverLocking.unlock``), and the
-processes are recorded before they are locked (``krexd.lock_ledger``) so
+processes are recorded before they are locked (``krexd.hardware.lock_ledger``) so
 that a successor or the watchdog unlocks them if krexd dies
 (:meth:`DriverLocking.settle` at start).
 """
@@ -26,20 +26,20 @@ import asyncio
 import os
 import time
 
-from krexd.coordinator.locks import DriverLocks
-from krexd.coordinator.records import Region
-from krexd.coordinator.scope import GpuScope, log
-from krexd.driverlock import DriverLock, DriverLockUnavailable, Outcome, Result
-from krexd.errors import Code, KrexError
-from krexd.isolation import (
+from krexd.coordinator.isolation import (
     GpuUseCheck,
     LockRecord,
     ProcessLock,
     freeze_unless_gone,
     thaw_unless_gone,
 )
-from krexd.procfs import cmdline, pid_alive
-from krexd.tenants import Tenant
+from krexd.coordinator.locks import DriverLocks
+from krexd.coordinator.records import Region
+from krexd.coordinator.scope import GpuScope, log
+from krexd.hardware.driverlock import DriverLock, DriverLockUnavailable, Outcome, Result
+from krexd.system.errors import Code, KrexError
+from krexd.system.procfs import cmdline, pid_alive
+from krexd.tenancy.tenants import Tenant
 
 
 class DriverLocking:
@@ -48,10 +48,10 @@ class DriverLocking:
     Args:
         scope: the GPU's scope.
         proc_lock: the driver's lock of other processes
-            (``krexd.driverlock.DriverLock``; None: the shim's
+            (``krexd.hardware.driverlock.DriverLock``; None: the shim's
             acknowledgements alone, ``[region] driver_lock = "off"``).
         ledger: where the locked processes are recorded before they are
-            locked (``krexd.lock_ledger.LockLedger``; None: nowhere).
+            locked (``krexd.hardware.lock_ledger.LockLedger``; None: nowhere).
         guard: who has the GPU open (None: no source; the siblings'
             processes are taken for the GPU's users).
     """
@@ -314,7 +314,7 @@ class DriverLocking:
         They belong to ``adopted`` (the region adopted from it, if any:
         unlocked at its end), or are unlocked now; the record names each by
         pid and start time, so a reused pid is never touched
-        (``krexd.lock_ledger``).  Never raises (an unlock the driver cannot
+        (``krexd.hardware.lock_ledger``).  Never raises (an unlock the driver cannot
         do is logged).
         """
         if self._ledger is None:

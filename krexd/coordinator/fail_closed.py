@@ -1,7 +1,7 @@
 """``FailClosed``: after step 4, fail closed on GPU use the gate cannot protect.
 
 A sibling process with the GPU open and no verified registration drained
-for the epoch (``krexd.registrations``) ends its command (exit 79), and the
+for the epoch (``krexd.tenancy.registrations``) ends its command (exit 79), and the
 grant waits until it has left the GPU.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+from krexd.coordinator.isolation import GpuUseCheck
 from krexd.coordinator.scope import GpuScope, log
-from krexd.errors import Code, KrexError
-from krexd.isolation import GpuUseCheck
-from krexd.tenants import Tenant
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy.tenants import Tenant
 
 
 class FailClosed:
@@ -28,7 +28,7 @@ class FailClosed:
 
         With the siblings frozen nothing new can open the GPU.  Each sibling
         process with a context and no verified registration drained for
-        ``epoch`` (``krexd.registrations``) ends its command with exit code
+        ``epoch`` (``krexd.tenancy.registrations``) ends its command with exit code
         79; the grant waits (bounded by drain_timeout_s, polling every 2 ms)
         until none of them is on the GPU any more.
 

@@ -2,7 +2,7 @@
 
 Siblings that drained early were frozen during the drain already
 (``krexd.coordinator.drain_freeze``); step 4 freezes the rest.  The warm
-pools (``krexd.pool_freeze``, a hold shared by every GPU's regions) are
+pools (``krexd.pools.freeze``, a hold shared by every GPU's regions) are
 asked to freeze once the gate is closed (step 2) and waited for beside the
 siblings.
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from krexd import states
+from krexd.coordinator.isolation import freeze_unless_gone, gone
 from krexd.coordinator.records import tenant_state
 from krexd.coordinator.scope import GpuScope, log
-from krexd.errors import Code, KrexError
-from krexd.isolation import freeze_unless_gone, gone
-from krexd.pool_freeze import PoolFreeze
-from krexd.tenants import Tenant
+from krexd.pools.freeze import PoolFreeze
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant
 
 
 class Freezer:

@@ -1,6 +1,6 @@
 """``GateSteps``: steps 2, 3 and 8 on the gate: close, drain the siblings, reopen.
 
-The gate is a :class:`krexd.isolation.RegionGate` (``krexd.gate.Gate``), or,
+The gate is a :class:`krexd.coordinator.isolation.RegionGate` (``krexd.gate.Gate``), or,
 without ``libkrex_gate.so``, a :class:`krexd.coordinator.no_gate.NoGate`,
 whose steps do nothing (freezing and pinning still apply): the protocol
 reads the same either way.
@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
+from krexd.coordinator.isolation import RegionGate
 from krexd.coordinator.scope import GpuScope, log
-from krexd.errors import Code, KrexError
 from krexd.gate import GateError, GateTimeout
-from krexd.isolation import RegionGate
-from krexd.tenants import Tenant
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy.tenants import Tenant
 
 
 class GateSteps:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from krexd.driverlock import Result
+from krexd.hardware.driverlock import Result
 
 
 @dataclass

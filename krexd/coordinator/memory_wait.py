@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from krexd.coordinator.isolation import RegionMemory
 from krexd.coordinator.records import RegionRequest
 from krexd.coordinator.scope import GpuScope, log
-from krexd.errors import Code, KrexError
-from krexd.isolation import RegionMemory
-from krexd.tenants import Tenant
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy.tenants import Tenant
 
 
 class MemoryWait:

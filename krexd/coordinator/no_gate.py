@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from krexd.gate import SlotInfo
+from krexd.gate import RegistrationInfo
 
 
 class NoGate:
-    """The :class:`krexd.isolation.RegionGate` of a GPU without ``libkrex_gate.so``:
+    """The :class:`krexd.coordinator.isolation.RegionGate` of a GPU without ``libkrex_gate.so``:
     nothing to close, drain or reopen, no registrations."""
 
     def close(self, holder: int, epoch: int) -> None:
@@ -32,6 +32,6 @@ class NoGate:
     def reopen(self, holder: int, epoch: int) -> None:
         """Step 8: nothing to reopen."""
 
-    def slots(self) -> list[SlotInfo]:
+    def registrations(self) -> list[RegistrationInfo]:
         """No registrations."""
         return []

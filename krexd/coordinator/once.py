@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from krexd.errors import Code, KrexError
+from krexd.system.errors import Code, KrexError
 
 PER_TENANT = 8  # keys remembered per tenant (a region needs two: its enter and its exit)
 

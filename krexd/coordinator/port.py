@@ -13,8 +13,8 @@ import asyncio
 from typing import Any, Protocol
 
 from krexd.coordinator.records import Region
-from krexd.errors import KrexError
-from krexd.tenants import Tenant
+from krexd.system.errors import KrexError
+from krexd.tenancy.tenants import Tenant
 
 
 class RegionPort(Protocol):

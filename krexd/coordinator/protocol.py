@@ -22,7 +22,6 @@ import asyncio
 import time
 from typing import Any
 
-from krexd import states, testhooks
 from krexd.coordinator.drain_freeze import MemoryShort, drain_freezing
 from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.once import EndedEpochs
@@ -32,8 +31,10 @@ from krexd.coordinator.recovery import RegionWatch, log_end, log_grant
 from krexd.coordinator.request_queue import RequestQueue
 from krexd.coordinator.scope import GpuScope, log
 from krexd.coordinator.steps import Steps
-from krexd.errors import Code, KrexError
-from krexd.tenants import Tenant
+from krexd.system import testhooks
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant
 
 
 class GatedRegions:

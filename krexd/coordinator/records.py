@@ -4,7 +4,7 @@ A request is recorded from its arrival to its region's end (its stage:
 ``QUEUED``, ``ENTERING``, ``HELD``); a ``Region`` is bound to one holder and
 epoch, so that recovery ends that region and never a newer one.
 ``tenant_state`` moves a tenant along the lifecycle edges the protocol
-drives (``krexd.states``).
+drives (``krexd.tenancy.states``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from krexd import states
+from krexd.coordinator.isolation import Watch
 from krexd.coordinator.locks import DriverLocks
 from krexd.coordinator.undo import UndoStack
-from krexd.isolation import Watch
-from krexd.tenants import Tenant
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant
 
 
 @dataclass(eq=False)
@@ -35,7 +35,7 @@ class Region:
     holder_watch: Watch | None = None  # fires when the holder's process exits
     timer: asyncio.TimerHandle | None = None
     adopted: bool = False  # from a crashed krexd's state, its grant maybe never delivered
-    pools_frozen: bool = False  # this region holds the warm pools' freeze (krexd.pool_freeze)
+    pools_frozen: bool = False  # this region holds the warm pools' freeze (krexd.pools.freeze)
     locks: DriverLocks | None = None  # processes the driver locked for it (unlocked at its end)
     holder_pids: set[int] = field(default_factory=set)  # the holder's processes at the grant
     ended_at: float | None = None  # monotonic s, when its end began (exit or recovery)

@@ -12,10 +12,10 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from krexd.coordinator.isolation import gone
 from krexd.coordinator.records import Region
 from krexd.coordinator.scope import GpuScope, log
-from krexd.isolation import gone
-from krexd.journal import log_fields
+from krexd.system.journal import log_fields
 
 #: ``end(region, reason)``: the one end path (None when the region had ended already).
 EndRegion = Callable[[Region, str], Coroutine[Any, Any, float | None]]

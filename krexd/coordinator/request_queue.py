@@ -4,7 +4,7 @@ A request is recorded from its arrival to its region's end
 (``RegionRequest``, its stage QUEUED, ENTERING, HELD), so that a cancel or
 a tenant's end finds it at any stage, including the window between the
 lock's hand-over and the waiter's resumption, and a second one is
-NESTED_REGION.  The lock is FIFO (``krexd.fifo``: no starvation).
+NESTED_REGION.  The lock is FIFO (``krexd.coordinator.fifo``: no starvation).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+from krexd.coordinator.fifo import FifoLock
 from krexd.coordinator.records import ENTERING, HELD, QUEUED, RegionRequest, RequestStage
-from krexd.errors import Code, KrexError
-from krexd.fifo import FifoLock
-from krexd.tenants import Tenant
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy.tenants import Tenant
 
 
 class RequestQueue:

@@ -14,10 +14,10 @@ import logging
 from dataclasses import dataclass
 
 from krex_client.errors import ExitCode
-from krexd.config import RegionConfig
-from krexd.isolation import EndCommand, TenantControl, gone
-from krexd.region_stats import RegionStats
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.config.config import RegionConfig
+from krexd.coordinator.isolation import EndCommand, TenantControl, gone
+from krexd.coordinator.region_stats import RegionStats
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 #: One logger for the package: its lines read as they did from one module.
 log = logging.getLogger("krexd.coordinator")

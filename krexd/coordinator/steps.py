@@ -14,11 +14,7 @@ from krexd.coordinator.driver_locking import DriverLocking
 from krexd.coordinator.fail_closed import FailClosed
 from krexd.coordinator.freezing import Freezer
 from krexd.coordinator.gate_steps import GateSteps
-from krexd.coordinator.memory_wait import MemoryWait
-from krexd.coordinator.no_gate import NoGate
-from krexd.coordinator.scope import GpuScope
-from krexd.coordinator.witness import Witness
-from krexd.isolation import (
+from krexd.coordinator.isolation import (
     ActivityWitness,
     GpuUseCheck,
     LockRecord,
@@ -27,8 +23,12 @@ from krexd.isolation import (
     RegionGate,
     RegionMemory,
 )
-from krexd.pool_freeze import PoolFreeze
-from krexd.slices import CpuSlice
+from krexd.coordinator.memory_wait import MemoryWait
+from krexd.coordinator.no_gate import NoGate
+from krexd.coordinator.scope import GpuScope
+from krexd.coordinator.witness import Witness
+from krexd.hardware.slices import CpuSlice
+from krexd.pools.freeze import PoolFreeze
 
 
 @dataclass(frozen=True, eq=False)

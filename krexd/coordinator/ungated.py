@@ -15,8 +15,8 @@ from typing import Any
 from krexd.coordinator.port import exit_reply, grant_reply
 from krexd.coordinator.records import HELD
 from krexd.coordinator.scope import GpuScope
-from krexd.errors import Code, KrexError
-from krexd.tenants import Tenant
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy.tenants import Tenant
 
 
 class UngatedRegions:

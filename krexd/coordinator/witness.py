@@ -3,7 +3,7 @@
 The drain and the lock make a region exclusive; the witness checks that it
 was, from a source the tenants cannot write: the driver's per-process
 activity on the GPU (NVML's per-process utilization on a real GPU, the fake
-driver's operation records on a simulated one; ``krexd.activity``).  Any
+driver's operation records on a simulated one; ``krexd.memory.activity``).  Any
 process other than the holder's with GPU work inside the region's window
 (grant to exit request) makes the region *contaminated*: the exit reply
 and so the region record name each such process, krexd logs it, and a krex
@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from krexd.coordinator.isolation import ActivityWitness, GpuUseCheck
 from krexd.coordinator.records import Region
 from krexd.coordinator.scope import GpuScope, log
-from krexd.isolation import ActivityWitness, GpuUseCheck
-from krexd.procfs import cmdline
-from krexd.tenants import Tenant
+from krexd.system.procfs import cmdline
+from krexd.tenancy.tenants import Tenant
 
 
 class Witness:
@@ -27,7 +27,7 @@ class Witness:
 
     Args:
         scope: the GPU's scope.
-        activity: per-process GPU activity (``krexd.activity``; None: the
+        activity: per-process GPU activity (``krexd.memory.activity``; None: the
             driver lock's coverage, when ``locking`` and ``guard`` allow).
         guard: who has the GPU open (None: no coverage either).
         locking: do regions lock processes through the driver (coverage

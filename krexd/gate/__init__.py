@@ -13,7 +13,7 @@ protocol on it (paper §4.2, DESIGN.md "Region entry and exit"):
 * step 3 ``drain(holder, epoch, timeout_s)``: until every sibling slot has
   acknowledged ``epoch`` with nothing in flight; the owners of slots still
   pending are judged by ``judge`` (krexd's own verification of who the
-  slot's process is, ``krexd.registrations``) and those judged gone are
+  slot's process is, ``krexd.tenancy.registrations``) and those judged gone are
   skipped (:meth:`Gate.ignore`, kept in krexd, never written to the slot);
   its ``settled`` callback hears after each acknowledgement which tenants
   are still pending, and the tenants it takes (freezes) are not waited for;
@@ -41,36 +41,52 @@ declares its structures), and a test keeps it the only one.
 Modules, one concern each (import the names from here):
 
 * ``binding``: the C API: layout constants, the ctypes structures, loading
-  the library and declaring its prototypes; ``slot_memory_spec``.
-* ``slots``: what krexd reads back, decoded: ``SlotInfo`` (one
+  the library and declaring its prototypes; ``registration_memory_spec``.
+* ``readback``: what krexd reads back, decoded: ``RegistrationInfo`` (one
   registration), its out-of-memory and fault records, audit findings (``Finding``).
 * ``errors``: ``GateError`` and its kinds (busy, stale, drain timeout).
 * ``mapping``: the gate file and krexd's mapping of it: create, open again
   after a restart, unmap, unlink, relink (``keep_path``).
-* ``slotmem``: the tenants' slot memories: attach, detach, ignore, snapshots
-  and the audit.
+* ``registration_memory``: the tenants' slot memories: attach, detach, ignore,
+  snapshots and the audit.
 * ``protocol``: ``Gate``: the gate word and epoch, steps 2, 3 and 8.
 
-The library is found through ``krexd.paths.gate_library()``.
+Words: the C layout (krex_gate.h) calls a registration a *slot* and a
+tenant's memory of registrations its *slot memory* (``krex_slot``,
+``KREX_TENANT_SLOTS``, ``KREX_SLOTS_FD``, the wire's ``slots_fd``, admit's
+``slots``); those names stay.  krexd's Python names say *registration*,
+and *slot* means an admission slot (``[admission] slots_per_gpu``).  The C
+names ``SlotInfo``, ``LIVE_SLOT_STATES`` and ``Gate.slots`` remain as
+aliases for the C shim's own tests, nowhere else.
+
+The library is found through ``krexd.system.paths.gate_library()``.
 """
 
 from __future__ import annotations
 
-from krexd.gate.binding import ABI_VERSION, MAX_SLOTS, MAX_TENANTS, TENANT_SLOTS, slot_memory_spec
+from krexd.gate.binding import (
+    ABI_VERSION,
+    MAX_SLOTS,
+    MAX_TENANTS,
+    TENANT_SLOTS,
+    registration_memory_spec,
+)
 from krexd.gate.errors import GateBusy, GateError, GateStale, GateTimeout
 from krexd.gate.mapping import GATE_MODE, keep_path
 from krexd.gate.protocol import Gate
-from krexd.gate.slots import (
+from krexd.gate.readback import (
     COTENANT_REASONS,
     FINDINGS,
+    LIVE_REGISTRATION_STATES,
     LIVE_SLOT_STATES,
     OOM_REASONS,
-    SLOT_STATES,
+    REGISTRATION_STATES,
     FaultSeen,
     Finding,
     Judge,
     OomRecord,
     Registration,
+    RegistrationInfo,
     SlotInfo,
 )
 
@@ -79,11 +95,12 @@ __all__ = [
     "COTENANT_REASONS",
     "FINDINGS",
     "GATE_MODE",
+    "LIVE_REGISTRATION_STATES",
     "LIVE_SLOT_STATES",
     "MAX_SLOTS",
     "MAX_TENANTS",
     "OOM_REASONS",
-    "SLOT_STATES",
+    "REGISTRATION_STATES",
     "TENANT_SLOTS",
     "FaultSeen",
     "Finding",
@@ -95,7 +112,8 @@ __all__ = [
     "Judge",
     "OomRecord",
     "Registration",
+    "RegistrationInfo",
     "SlotInfo",
     "keep_path",
-    "slot_memory_spec",
+    "registration_memory_spec",
 ]

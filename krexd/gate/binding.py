@@ -13,16 +13,16 @@ import os
 import threading
 from typing import Any
 
-from krexd import paths
 from krexd.gate.errors import GateError
-from krexd.gate.slots import (
-    LIVE_SLOT_STATES,
+from krexd.gate.readback import (
+    LIVE_REGISTRATION_STATES,
     OOM_REASONS,
-    SLOT_STATES,
+    REGISTRATION_STATES,
     FaultSeen,
     OomRecord,
-    SlotInfo,
+    RegistrationInfo,
 )
+from krexd.system import paths
 
 #: Layout version this binding was written for (krex_gate.h KREX_GATE_VERSION).
 ABI_VERSION = 9
@@ -34,7 +34,7 @@ MAX_TENANTS = 64
 MAX_SLOTS = TENANT_SLOTS * MAX_TENANTS
 
 
-class SlotInfoC(ctypes.Structure):
+class RegistrationInfoC(ctypes.Structure):
     # struct krex_slot_info (krex_gate.h): the flat snapshot, not the atomic slot.
     _fields_ = [
         ("state", ctypes.c_uint32),
@@ -64,8 +64,8 @@ class SlotInfoC(ctypes.Structure):
         ("reserved_", ctypes.c_uint32),
     ]
 
-    def snapshot(self) -> SlotInfo:
-        """This C snapshot as a :class:`SlotInfo`."""
+    def snapshot(self) -> RegistrationInfo:
+        """This C snapshot as a :class:`RegistrationInfo`."""
         oom = _NO_OOM
         if self.oom_waited or self.oom_failed or self.oom_own or self.oom_last or self.oom_waiting:
             oom = OomRecord(
@@ -75,10 +75,10 @@ class SlotInfoC(ctypes.Structure):
                 last=OOM_REASONS.get(self.oom_last),
                 waiting=bool(self.oom_waiting),
             )
-        state = SLOT_STATES.get(self.state, f"unknown({self.state})")
-        return SlotInfo(
+        state = REGISTRATION_STATES.get(self.state, f"unknown({self.state})")
+        return RegistrationInfo(
             index=self.index,
-            state="dead" if self.ignored and state in LIVE_SLOT_STATES else state,
+            state="dead" if self.ignored and state in LIVE_REGISTRATION_STATES else state,
             pid=self.pid,
             tenant=self.tenant,
             inflight=self.inflight,
@@ -171,7 +171,7 @@ def library() -> ctypes.CDLL:
             "krex_coord_epoch": (u32, [p]),
             "krex_coord_set_epoch": (None, [p, u32]),
             "krex_coord_drain_scans": (u64, [p]),
-            "krex_coord_slots": (cint, [p, ctypes.POINTER(SlotInfoC), u32]),
+            "krex_coord_slots": (cint, [p, ctypes.POINTER(RegistrationInfoC), u32]),
             "krex_coord_audit": (cint, [p, ctypes.POINTER(FindingC), u32]),
         }
         del i32
@@ -196,7 +196,7 @@ def check_id(what: str, value: int) -> None:
         raise ValueError(f"{what} must be an integer in 1..2**32-1, not {value!r}")
 
 
-def slot_memory_spec(tenant: int) -> tuple[int, bytes]:
+def registration_memory_spec(tenant: int) -> tuple[int, bytes]:
     """What a launcher needs to create tenant ``tenant``'s slot memory: (size, header).
 
     The launcher (``krex run``, which does not load this library) creates a

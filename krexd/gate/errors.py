@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 
-from krexd.gate.slots import SlotInfo
+from krexd.gate.readback import RegistrationInfo
 
 
 class GateError(Exception):
@@ -26,7 +26,7 @@ class GateStale(GateError):
 class GateTimeout(GateError):
     """``drain`` ran out of time; ``pending`` lists the undrained registrations."""
 
-    def __init__(self, message: str, pending: list[SlotInfo]) -> None:
+    def __init__(self, message: str, pending: list[RegistrationInfo]) -> None:
         super().__init__(message, errno.ETIMEDOUT)
         self.pending = pending
 

@@ -17,7 +17,7 @@ from typing import Self
 
 from krexd.gate.binding import ABI_VERSION, library
 from krexd.gate.errors import GateError
-from krexd.gate.slots import Judge
+from krexd.gate.readback import Judge
 
 #: Mode of the gate file: krexd (root) writes it, everyone may map it read-only.
 GATE_MODE = 0o644
@@ -33,7 +33,7 @@ class GateMapping:
 
     ``judge`` (None: none) verifies the owners of registrations still pending
     in a drain (``krexd.gate.Gate.drain``; krexd's is
-    ``krexd.registrations.Verifier.judge``).
+    ``krexd.tenancy.registrations.Verifier.judge``).
     """
 
     def __init__(

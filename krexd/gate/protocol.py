@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 
 from krexd.gate.binding import MAX_SLOTS, PendingC, check_id
 from krexd.gate.errors import GateBusy, GateError, GateStale, GateTimeout
-from krexd.gate.slotmem import GateSlotMemory
-from krexd.gate.slots import SlotInfo
+from krexd.gate.readback import RegistrationInfo
+from krexd.gate.registration_memory import GateRegistrationMemory
 
 # The first slice of a drain before pending owners are judged (s), then the
 # period of judgements while a drain waits: doubling from the first to the
@@ -22,7 +22,7 @@ _JUDGE_PERIOD_S = 0.005
 _JUDGE_PERIOD_MAX_S = 0.04
 
 
-class Gate(GateSlotMemory):
+class Gate(GateRegistrationMemory):
     """One GPU's gate as krexd holds it.  Build with :meth:`create`.
 
     ``judge`` (optional) verifies the owners of registrations still pending
@@ -94,7 +94,7 @@ class Gate(GateSlotMemory):
                 skip.extend(settled({p[0] for p in pending}))
             if not expired:
                 continue  # a tenant drained (or came): wait again for the rest
-            slots = self._judged(self._pending_slots(pending))
+            slots = self._judged(self._pending_registrations(pending))
             if last and slots:
                 raise GateTimeout(
                     f"gate {self.path}: {len(slots)} registration(s) not drained for "
@@ -104,7 +104,7 @@ class Gate(GateSlotMemory):
             judge_at = time.monotonic() + period
             period = min(_JUDGE_PERIOD_MAX_S, period * 2)
 
-    def _judged(self, slots: list[SlotInfo]) -> list[SlotInfo]:
+    def _judged(self, slots: list[RegistrationInfo]) -> list[RegistrationInfo]:
         """The pending ``slots`` whose owners :attr:`judge` accepts; the others are ignored."""
         if self.judge is None:
             return slots
@@ -159,17 +159,17 @@ class Gate(GateSlotMemory):
             )
         raise GateError(f"drain on gate {self.path}: {os.strerror(-rc)}", -rc)
 
-    def _pending_slots(self, pending: list[tuple[int, int, int]]) -> list[SlotInfo]:
+    def _pending_registrations(self, pending: list[tuple[int, int, int]]) -> list[RegistrationInfo]:
         """The snapshots of the pending registrations still owned as they were pending."""
         want = set(pending)
-        return [s for s in self.slots() if (s.tenant, s.index, s.owner) in want]
+        return [s for s in self.registrations() if (s.tenant, s.index, s.owner) in want]
 
-    def wait_drained(self, holder: int, epoch: int, timeout_s: float) -> list[SlotInfo]:
+    def wait_drained(self, holder: int, epoch: int, timeout_s: float) -> list[RegistrationInfo]:
         """:meth:`drain`, then the sibling registrations that acknowledged ``epoch``."""
         self.drain(holder, epoch, timeout_s)
         return [
             s
-            for s in self.slots()
+            for s in self.registrations()
             if s.state == "active" and s.tenant != holder and s.ack_epoch == epoch
         ]
 

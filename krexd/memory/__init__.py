@@ -12,9 +12,10 @@
 * :mod:`krexd.memory.sources` — NVML / fake-driver / no device view;
 * :mod:`krexd.memory.amd_source` — amdsmi's view of AMD GPUs;
 * :mod:`krexd.memory.opening` — which source each GPU is read from (by vendor);
-* :mod:`krexd.memory.records` — per-tenant records and registration bookkeeping (the
-  shim's per-process memory fields come through :meth:`krexd.gate.Gate.slots`);
-* :mod:`krexd.memory.view` — one GPU's memory state (lives on ``krexd.gpu.Gpu``);
+* per-tenant records and registration bookkeeping live in the tenancy room
+  (:mod:`krexd.tenancy.memory_records`: a ``Tenant`` holds its record; the shim's
+  per-process memory fields come through :meth:`krexd.gate.Gate.registrations`);
+* :mod:`krexd.memory.view` — one GPU's memory state (lives on ``krexd.orchestration.gpu.Gpu``);
 * :mod:`krexd.memory.accounting` — one GPU's view from a device read and the registrations;
 * :mod:`krexd.memory.learned` — learned needs per command label (state directory);
 * :mod:`krexd.memory.region_fit` — the region entry's memory check (``RegionMemory``).
@@ -22,8 +23,7 @@
 ``krexd.assembly`` builds them in that dependency order (source, views,
 policy, records, users, status, then the refresh once admission exists).
 
-The package itself imports nothing: ``krexd.config`` and ``krexd.tenants``
-import ``sizes`` and ``records`` without pulling in the other parts.
+The package itself imports nothing, so importing one part pulls in no other.
 
 docs/design/memory.md explains the decisions (fairness, OOM attribution,
 what NVML gives).

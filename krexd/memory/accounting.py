@@ -7,7 +7,7 @@ Per GPU (krexd/memory/views.py gives the formulas and when they run)::
     other        = device used - tenants_used   (processes krex does not run)
     excess       = other + sum over tenants of max(0, used - need)
 
-Each tenant's record (``krexd.memory.records.TenantMemory``) is updated on
+Each tenant's record (``krexd.tenancy.memory_records.TenantMemory``) is updated on
 the way: usage and peaks, whether an allocation of it waits for co-tenants'
 memory (the shim's WAITING bit), the registration ledger.
 """
@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 
 from krex_client.sizes import format_size
-from krexd.gate import LIVE_SLOT_STATES, SlotInfo
+from krexd.gate import LIVE_REGISTRATION_STATES, RegistrationInfo
 from krexd.memory.sources import DeviceMemory
 from krexd.memory.view import GpuMemory, GpuView
-from krexd.procfs import pid_alive
-from krexd.tenants import Tenant
+from krexd.system.procfs import pid_alive
+from krexd.tenancy.tenants import Tenant
 
 _log = logging.getLogger("krexd.memory")
 
@@ -30,7 +30,7 @@ def apply(
     memory: GpuMemory,
     dm: DeviceMemory,
     tenants: list[Tenant],
-    slots: list[SlotInfo] | None,
+    slots: list[RegistrationInfo] | None,
 ) -> None:
     """Recompute ``memory.view`` of one GPU from its device read ``dm``, its live
     ``tenants`` and the registrations ``slots`` in its gate (None: no gate, or
@@ -44,7 +44,7 @@ def apply(
     if slots is not None:
         memory.ledger.update(slots, records)
         for s in slots:
-            if s.state in LIVE_SLOT_STATES and s.tenant and pid_alive(s.pid):
+            if s.state in LIVE_REGISTRATION_STATES and s.tenant and pid_alive(s.pid):
                 shim_used[s.tenant] = shim_used.get(s.tenant, 0) + (s.mem_mib << 20)
                 if s.oom.waiting:
                     waiting.add(s.tenant)

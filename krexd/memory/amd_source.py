@@ -9,7 +9,7 @@ only here, when krexd manages AMD GPUs (krexd/memory/opening.py).  Per GPU:
 * ``amdsmi_get_gpu_process_list``: the processes with the GPU open (KFD's
   list: every process whose HIP/HSA runtime opened the GPU), each with
   ``memory_usage["vram_mem"]`` (bytes): the per-pid figures and the
-  ``users()`` of the fail-closed check (krexd/registrations.py).
+  ``users()`` of the fail-closed check (krexd/tenancy/registrations.py).
 
 krexd's GPUs are matched with amdsmi's processor handles by PCI address
 (``amdsmi_get_gpu_device_bdf``; ``GpuInfo.pci_bus_id`` comes from the KFD
@@ -23,10 +23,10 @@ import logging
 import threading
 from typing import Any
 
-from krexd import kfd
-from krexd.gpus import GpuInfo
+from krexd.hardware import kfd
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory.sources import DeviceMemory
-from krexd.procfs import pid_alive
+from krexd.system.procfs import pid_alive
 
 _log = logging.getLogger("krexd.memory")
 

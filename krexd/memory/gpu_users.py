@@ -1,4 +1,4 @@
-"""Who has a GPU open now: the fail-closed check's source (``krexd.registrations.RegionGuard``).
+"""Who has a GPU open now: the fail-closed check's source (``registrations.RegionGuard``).
 
 Read afresh from the GPUs' device source (``krexd.memory.opening``: NVML's or
 amdsmi's process list, the fake driver's state) at each question, never

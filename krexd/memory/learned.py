@@ -16,7 +16,7 @@ evicts only its own; beyond ``max_labels`` in all, the least recently used
 label of the uid holding the most is dropped.
 
 The table persists in the state directory (one JSON file, replaced
-atomically: ``krexd.atomic_file``), so it survives krexd's restarts; it is
+atomically: ``krexd.system.atomic_file``), so it survives krexd's restarts; it is
 versioned (a file of another version, the label-only version 1 included, is
 set aside and learning starts again).
 """
@@ -32,7 +32,7 @@ import time
 from collections import Counter, OrderedDict
 from typing import Any
 
-from krexd.atomic_file import write_atomic
+from krexd.system.atomic_file import write_atomic
 
 _log = logging.getLogger("krexd.memory")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from krexd.gpus import AMD, NVIDIA, GpuInfo
+from krexd.hardware.inventory import AMD, NVIDIA, GpuInfo
 from krexd.memory.amd_source import AmdSmiSource
 from krexd.memory.sources import DeviceMemory, FakeStateSource, NoSource, NvmlSource, Source
 

@@ -1,6 +1,6 @@
 """The memory side of admission: what a command needs, what a GPU can give, when it waits.
 
-Admission (``krexd.admission``) reserves each admitted command's *need*
+Admission (``krexd.tenancy.admission``) reserves each admitted command's *need*
 (max of ``krex run --mem``, the need learned from earlier runs of its label
 (``krexd.memory.learned``) and ``[memory] default_need`` capped at one
 slot's share of the card) and admits a command to a GPU only when its need
@@ -11,7 +11,7 @@ already reserved there::
 
 so a command is charged max(need, used), and memory used by others is
 charged too.  A GPU where an allocation waits for co-tenants' memory (the
-shim's WAITING bit, honoured only as ``krexd.slotflags`` verifies and
+shim's WAITING bit, honoured only as ``krexd.tenancy.registration_flags`` verifies and
 bounds it) admits nothing until the wait ends (:meth:`AdmissionPolicy.blocked`).
 docs/design/memory.md gives the reasoning.
 """
@@ -22,22 +22,22 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from krex_client.sizes import format_size
-from krexd.admission import GpuSlots
-from krexd.config import MemoryConfig
-from krexd.errors import Code, KrexError
-from krexd.gate import LIVE_SLOT_STATES, Gate, GateError
-from krexd.gpus import GpuInfo
+from krexd.config.config import MemoryConfig
+from krexd.gate import LIVE_REGISTRATION_STATES, Gate, GateError
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory.learned import LearnedNeeds, label_for
-from krexd.memory.records import TenantMemory
 from krexd.memory.views import MemoryViews
-from krexd.procfs import pid_alive
+from krexd.system.errors import Code, KrexError
+from krexd.system.procfs import pid_alive
+from krexd.tenancy.admission import GpuSlots
+from krexd.tenancy.memory_records import TenantMemory
 
 if TYPE_CHECKING:
-    from krexd.slotflags import SlotFlags
+    from krexd.tenancy.registration_flags import RegistrationFlags
 
 
 class PolicyGpu(Protocol):
-    """What the policy uses of a GPU (``krexd.gpu.Gpu`` shares them)."""
+    """What the policy uses of a GPU (``krexd.orchestration.gpu.Gpu`` shares them)."""
 
     @property
     def info(self) -> GpuInfo: ...
@@ -50,7 +50,7 @@ class PolicyGpu(Protocol):
 
 
 class AdmissionPolicy:
-    """``krexd.admission.MemoryPolicy`` over the GPUs' views; the needs of new commands.
+    """``krexd.tenancy.admission.MemoryPolicy`` over the GPUs' views; the needs of new commands.
 
     Args:
         cfg: the ``[memory]`` table (admission on/off, headroom, default
@@ -60,7 +60,7 @@ class AdmissionPolicy:
         gpus: the managed GPUs: their gates (the WAITING bits) and slots (a
             slot's share of the card).
         learned: the learned needs (``krexd.memory.learned``; read).
-        flags: which slot-memory waits are honoured (``krexd.slotflags``;
+        flags: which slot-memory waits are honoured (``krexd.tenancy.registration_flags``;
             None: every one of a live process).
     """
 
@@ -70,7 +70,7 @@ class AdmissionPolicy:
         views: MemoryViews,
         gpus: Sequence[PolicyGpu],
         learned: LearnedNeeds,
-        flags: SlotFlags | None = None,
+        flags: RegistrationFlags | None = None,
     ) -> None:
         self.cfg = cfg
         self._views = views
@@ -137,7 +137,8 @@ class AdmissionPolicy:
 
     def blocked(self, gpu: int) -> bool:
         """True while a verified allocation on ``gpu`` waits for co-tenants' memory, within
-        its bound (read from the gate now; ``krexd.slotflags``).  False without a gate."""
+        its bound (read from the gate now; ``krexd.tenancy.registration_flags``).  False without
+        a gate."""
         g = self._gpus.get(gpu)
         if g is None or g.gate is None:
             return False
@@ -147,7 +148,7 @@ class AdmissionPolicy:
                 return self._flags.waits_honoured(g.gate, waiting)
         except GateError:
             return False  # unmapped: the daemon is stopping
-        return any(s.state in LIVE_SLOT_STATES and pid_alive(s.pid) for s in waiting)
+        return any(s.state in LIVE_REGISTRATION_STATES and pid_alive(s.pid) for s in waiting)
 
     def available(self, gpu: int) -> int | None:
         """Bytes of ``gpu`` admission may still reserve, before reservations: total -

@@ -17,18 +17,18 @@ from collections.abc import Callable
 from typing import Protocol
 
 from krex_client.sizes import format_size
-from krexd.admission import Waiter
-from krexd.config import MemoryConfig
-from krexd.errors import KrexError
+from krexd.config.config import MemoryConfig
 from krexd.memory.sources import DeviceMemory, Source
 from krexd.memory.views import MemoryViews
-from krexd.runtime import Runtime
+from krexd.system.errors import KrexError
+from krexd.system.runtime import Runtime
+from krexd.tenancy.admission import Waiter
 
 _log = logging.getLogger("krexd.memory")
 
 
 class Parked(Protocol):
-    """What the refresh asks of admission (``krexd.admission.Admission``)."""
+    """What the refresh asks of admission (``krexd.tenancy.admission.Admission``)."""
 
     @property
     def parked(self) -> list[Waiter]: ...
@@ -47,7 +47,7 @@ class MemoryRefresh:
         admission: kicked after a read while requests are parked.
         runtime: runs the loop; it ends once krexd stops serving.
         on_gpu_users: told the pids each read saw with GPU memory (the warm
-            pools' watch, ``krexd.pools.PoolRegistry.after_device_read``;
+            pools' watch, ``krexd.pools.registry.PoolRegistry.after_device_read``;
             None: nobody).  What it raises is logged, never stops the read.
     """
 

@@ -1,4 +1,4 @@
-"""The region entry's memory check (``krexd.isolation.RegionMemory``) over the memory views.
+"""The region entry's memory check (``isolation.RegionMemory``) over the memory views.
 
 Frozen siblings keep their memory for the whole region, and the shim
 returns an out-of-memory error inside a region at once (waiting on frozen
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from krexd.isolation import RegionFit
+from krexd.coordinator.isolation import RegionFit
 from krexd.memory.view import GpuView
-from krexd.tenants import Tenant
+from krexd.tenancy.tenants import Tenant
 
 
 class FitViews(Protocol):
@@ -37,7 +37,7 @@ class FitViews(Protocol):
 
 
 class RegionMemoryCheck:
-    """:class:`krexd.isolation.RegionMemory` for every GPU's coordinator.
+    """:class:`krexd.coordinator.isolation.RegionMemory` for every GPU's coordinator.
 
     ``wait_s``: ``[memory] region_wait_s``; ``views``: the GPUs' memory views.
     A GPU without a view yet (before the first device read) gets no check (None).

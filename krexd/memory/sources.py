@@ -17,13 +17,13 @@ driver accounts per process).  What each gives:
   simulated GPU the bytes in use, per process its bytes; for
   ``--fake-gpus``.  Capacity from ``KREX_FAKE_MEM_BYTES``.
 * ``NoSource``: the total from the GPU inventory only; usage then comes
-  from the shim's own count in the gate slots (``krexd.gate.Gate.slots``).
+  from the shim's own count in the gate slots (``krexd.gate.Gate.registrations``).
 
 Each source also says which processes have the GPU open (a context on
 it): ``users(gpu)``, a set of pids in krexd's namespace, or None when it
 cannot tell.  NVML's compute processes; the fake driver's context mask;
 ``NoSource`` cannot tell.  krexd's fail-closed check
-(``krexd.registrations``) compares it with the gate registrations.
+(``krexd.tenancy.registrations``) compares it with the gate registrations.
 
 Processes that died without cleanup are skipped, as the drivers reclaim
 their memory.
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from krex_client.sizes import parse_size
-from krexd.gpus import GpuInfo
-from krexd.procfs import pid_alive
+from krexd.hardware.inventory import GpuInfo
+from krexd.system.procfs import pid_alive
 
 _log = logging.getLogger("krexd.memory")
 
@@ -172,7 +172,7 @@ class NvmlSource:
 
 # The simulated GPU state file, format "rexfksv3": the table of
 # docs/design/interfaces.md ("Simulated GPU memory state") is its declaration
-# (krexd/activity.py reads the activity rings after the records).
+# (krexd/memory/activity.py reads the activity rings after the records).
 FAKE_MAGIC = 0x3376736B66786572
 FAKE_MAX_GPUS = 16
 FAKE_PROCS = 1024

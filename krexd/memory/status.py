@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from krexd.admission import GpuSlots
-from krexd.config import MemoryConfig
+from krexd.config.config import MemoryConfig
 from krexd.memory.learned import LearnedNeeds
 from krexd.memory.policy import AdmissionPolicy
 from krexd.memory.sources import Source
 from krexd.memory.views import MemoryViews
+from krexd.tenancy.admission import GpuSlots
 
 
 class MemoryStatus:

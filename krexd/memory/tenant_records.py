@@ -1,6 +1,6 @@
 """What a tenant's memory record gets: fresh counts on demand, a final read, a learned peak.
 
-A record (``krexd.memory.records.TenantMemory``) is created by the admission
+A record (``krexd.tenancy.memory_records.TenantMemory``) is created by the admission
 policy (``krexd.memory.policy``) and kept current by each refresh of its
 GPU's view (``krexd.memory.views``).  Two moments need more than that: the
 ``memory`` op (``krex run`` asks after a failure whether co-tenants caused
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from krexd.config import MemoryConfig
+from krexd.config.config import MemoryConfig
 from krexd.memory.learned import LearnedNeeds
 from krexd.memory.views import MemoryViews
-from krexd.tenants import Tenant
+from krexd.tenancy.tenants import Tenant
 
 _log = logging.getLogger("krexd.memory")
 

@@ -1,6 +1,6 @@
 """One GPU's memory state in krexd: the gate's memory fields, the ledger, the last view.
 
-A :class:`GpuMemory` lives on each ``krexd.gpu.Gpu``; only the memory
+A :class:`GpuMemory` lives on each ``krexd.orchestration.gpu.Gpu``; only the memory
 views (``krexd.memory.views``) write it.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from krexd.memory.records import RegistrationLedger
+from krexd.tenancy.memory_records import RegistrationLedger
 
 
 @dataclass

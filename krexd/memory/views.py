@@ -1,9 +1,9 @@
 """Every GPU's memory view: what each GPU has used and free, per tenant and by others.
 
-A GPU's view (``krexd.memory.view.GpuView``, kept on its ``krexd.gpu.Gpu``)
+A GPU's view (``krexd.memory.view.GpuView``, kept on its ``krexd.orchestration.gpu.Gpu``)
 is worked out from the last read of its device source (NVML, amdsmi, the
 fake driver's state, or none: ``krexd.memory.opening``) and the shim's
-registrations in its gate (``krexd.gate.Gate.slots``: the daemon's own gate
+registrations in its gate (``krexd.gate.Gate.registrations``: the daemon's own gate
 objects, so each gate file is mapped once)::
 
     tenants_used = sum of the tenants' usage (per-process figures of the
@@ -26,17 +26,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from krexd.gate import Gate, GateError, SlotInfo
-from krexd.gpus import GpuInfo
+from krexd.gate import Gate, GateError, RegistrationInfo
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory import accounting
 from krexd.memory.sources import DeviceMemory
 from krexd.memory.view import GpuMemory, GpuView
-from krexd.procfs import pid_alive
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.system.procfs import pid_alive
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 
 class ViewedGpu(Protocol):
-    """What the views use of a GPU (``krexd.gpu.Gpu`` shares them)."""
+    """What the views use of a GPU (``krexd.orchestration.gpu.Gpu`` shares them)."""
 
     @property
     def info(self) -> GpuInfo: ...
@@ -122,13 +122,13 @@ class MemoryViews:
                 counts[s.tenant] = counts.get(s.tenant, 0) + (s.mem_mib << 20)
         return counts
 
-    def _registrations(self, gpu: int) -> list[SlotInfo] | None:
+    def _registrations(self, gpu: int) -> list[RegistrationInfo] | None:
         """The registrations in ``gpu``'s gate now; None without a gate or once it is unmapped."""
         g = self._gpus.get(gpu)
         if g is None or g.gate is None:
             return None
         try:
-            return g.gate.slots()
+            return g.gate.registrations()
         except GateError:
             return None  # unmapped: the daemon is stopping
 

@@ -214,7 +214,7 @@ void krex_slot_snapshot(const struct krex_slot *cs, uint32_t tenant, uint32_t in
     out->oom_waiting = (oom & KREX_OOM_WAITING) != 0;
     /* Relaxed: a status hint the owner stores once; krexd's fault monitor
      * reads it again on its next pass.  Tenant-written, so only the
-     * defined bits are kept (krexd.faults validates the code). */
+     * defined bits are kept (krexd.orchestration.faults validates the code). */
     out->fault = atomic_load_explicit(&s->fault, memory_order_relaxed) & KREX_FAULT_KNOWN;
     out->reserved_ = 0;
 }

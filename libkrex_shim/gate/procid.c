@@ -19,7 +19,7 @@
  *     (/proc/self/timens_offsets) is taken back out, so the value is the
  *     initial namespace's.  When the offset is not a whole number of clock
  *     ticks the result may be one tick off; krexd allows one tick for a
- *     process of another time namespace (krexd/registrations.py).
+ *     process of another time namespace (krexd/tenancy/registrations.py).
  *
  * What cannot be read comes back as 0 ("unknown").
  */

@@ -38,7 +38,7 @@ DEFAULT_TIMEOUT_S = 5.0
 """Seconds a request waits for its reply unless told otherwise."""
 
 # What a request asked again after a pace refusal may still need: krexd holds a paced
-# request up to 1 s (krexd/conn_pace.py PACE_MAX_S).
+# request up to 1 s (krexd/server/conn_pace.py PACE_MAX_S).
 _RETRY_ROOM_S = 1.0
 
 _POLL_SLICE_S = 0.5
@@ -199,7 +199,7 @@ class Connection:
         ``check`` is called about every 0.5 s while waiting and may raise to
         give up (e.g. when krexd's process is gone).  A refusal that says the
         request was not run and when to ask again (``retry_s``: a connection
-        over its uid's pace, krexd/conn_pace.py) is retried after that long
+        over its uid's pace, krexd/server/conn_pace.py) is retried after that long
         while the wait allows.  Raises :class:`KrexUnavailable` or
         :class:`RemoteError`.
         """

@@ -1,7 +1,7 @@
 """Numeric error codes of the control plane and the exit codes of the CLIs.
 
 The *names* are the contract (docs/design/interfaces.md); the numbers are
-stable once released.  krexd raises ``krexd.errors.KrexError(Code.X,
+stable once released.  krexd raises ``krexd.system.errors.KrexError(Code.X,
 "message")`` and its server turns it into an error reply ``{"code", "name",
 "message"}``; ``krex`` and ``krexctl`` read the name back and map it to an exit
 code here.  One definition for both sides; standard library

@@ -55,9 +55,9 @@ def warm_up(
     first = entry.get("sm_clock_mhz")
     if policy.budget_ms <= 0:
         return warmup.Result(0.0, first, first_mhz=first), 0
-    from krex_client import warm_matmul
+    from krex_client import warmup_matmul
 
-    matmuls = warm_matmul.for_process() if policy.kind != "memset" else None
+    matmuls = warmup_matmul.for_process() if policy.kind != "memset" else None
     kind, slice_fn = warmup.choose(policy, shim.warm, matmuls)
     if slice_fn is None:  # no shim and no torch: nothing to warm with
         return warmup.Result(0.0, first, stop="nothing_to_warm", first_mhz=first), 0

@@ -9,7 +9,7 @@ therefore keeps the GPU busy until the clock is warm, with one of two kinds
 of work (:func:`choose`):
 
 * ``matmul``: dense bf16 (fp16 where bf16 is not supported) matmuls on the
-  current device and stream (:mod:`krex_client.warm_matmul`), when the
+  current device and stream (:mod:`krex_client.warmup_matmul`), when the
   process has already imported torch and initialized CUDA through it;
   compute-bound work raises the clock where memsets do not;
 * ``memset``: the shim's ``krex_shim_region_warm`` (memsets of the L2 flush
@@ -190,7 +190,7 @@ def warm_up(
 
     Args:
         warm_us: one slice of warm-up (:data:`Slice`): the shim's
-            ``krex_shim_region_warm`` or a :class:`krex_client.warm_matmul.Matmuls`.
+            ``krex_shim_region_warm`` or a :class:`krex_client.warmup_matmul.Matmuls`.
         policy: threshold and budget.
         clock: reads the SM clock now (MHz, None when NVML cannot); None
             without NVML.

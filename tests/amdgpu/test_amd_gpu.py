@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from krexd import gpus_amd, vendors
-from krexd.gpus import GpuInfo
+from krexd.hardware import inventory_amd, vendors
+from krexd.hardware.inventory import GpuInfo
 from tests.support import REPO
 
 pytestmark = pytest.mark.amd_gpu
@@ -26,17 +26,17 @@ pytestmark = pytest.mark.amd_gpu
 # the devices as that process's environment lets it see them.
 HIP_LIST = """
 import json
-from krexd import hip_probe
+from krexd.hardware import hip_probe
 print(json.dumps(hip_probe.read_devices(hip_probe._import_hip())))
 """
 
 
 @pytest.fixture(scope="module")
-def devices() -> list[gpus_amd.AmdDevice]:
-    missing = gpus_amd.missing_bindings()
+def devices() -> list[inventory_amd.AmdDevice]:
+    missing = inventory_amd.missing_bindings()
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: pip install 'krex[amd]'")
-    found = gpus_amd.discover()
+    found = inventory_amd.discover()
     assert found, "an AMD GPU is present (/dev/kfd) but krexd's inventory found none"
     return found
 
@@ -51,7 +51,7 @@ def _hip_list(env: dict[str, str]) -> list[dict[str, Any]]:
     return listed
 
 
-def test_inventory_lists_every_gpu_hip_lists(devices: list[gpus_amd.AmdDevice]) -> None:
+def test_inventory_lists_every_gpu_hip_lists(devices: list[inventory_amd.AmdDevice]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.endswith("VISIBLE_DEVICES")}
     assert len(devices) == len(_hip_list(env))
     for d in devices:
@@ -59,7 +59,9 @@ def test_inventory_lists_every_gpu_hip_lists(devices: list[gpus_amd.AmdDevice]) 
         assert d.render_minor is not None and os.path.exists(f"/dev/dri/renderD{d.render_minor}")
 
 
-def test_a_command_bound_to_a_gpu_sees_that_gpu_alone(devices: list[gpus_amd.AmdDevice]) -> None:
+def test_a_command_bound_to_a_gpu_sees_that_gpu_alone(
+    devices: list[inventory_amd.AmdDevice],
+) -> None:
     last = devices[-1]
     info = GpuInfo(len(devices) - 1, last.name, last.total_mem_bytes, last.l2_bytes, None,
                    False, last.pci_bus_id, last.uuid, None, vendor="amd",
@@ -70,7 +72,7 @@ def test_a_command_bound_to_a_gpu_sees_that_gpu_alone(devices: list[gpus_amd.Amd
     assert seen["uuid"] in ("", last.uuid)
 
 
-def test_client_reads_the_bound_gpus_clocks(devices: list[gpus_amd.AmdDevice]) -> None:
+def test_client_reads_the_bound_gpus_clocks(devices: list[inventory_amd.AmdDevice]) -> None:
     last = devices[-1]
     info = GpuInfo(len(devices) - 1, last.name, last.total_mem_bytes, last.l2_bytes, None,
                    False, last.pci_bus_id, last.uuid, None, vendor="amd",

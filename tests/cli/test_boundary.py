@@ -57,7 +57,7 @@ def test_the_checker_sees_every_kind_of_daemon_import(tmp_path: Path) -> None:
     bad = pkg / "bad.py"
     bad.write_text(
         "import os\n"
-        "import krexd.gpus\n"
+        "import krexd.hardware.inventory\n"
         "from krexd import paths\n"
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
@@ -67,7 +67,7 @@ def test_the_checker_sees_every_kind_of_daemon_import(tmp_path: Path) -> None:
         "import krexdish\n"
     )
     assert [hit.split(" ")[1] for hit in daemon_imports(bad)] == [
-        "krexd.gpus",
+        "krexd.hardware.inventory",
         "krexd",
         "krexd.daemon",
         "..",
@@ -120,11 +120,11 @@ def test_shared_modules_need_only_the_standard_library() -> None:
 
 
 def test_krexd_uses_the_one_definition_of_the_codes() -> None:
-    import krexd.errors
+    import krexd.system.errors
 
-    assert krexd.errors.Code is Code
-    assert krexd.errors.ExitCode is ExitCode
-    assert krexd.errors.StatusExit is StatusExit
+    assert krexd.system.errors.Code is Code
+    assert krexd.system.errors.ExitCode is ExitCode
+    assert krexd.system.errors.StatusExit is StatusExit
 
 
 def test_every_cotenant_reason_of_the_shim_has_its_text() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from krex_cli.krexctl import render
-from krexd.config import Config, ConfigError, load, with_overrides
+from krexd.config.config import Config, ConfigError, load, with_overrides
 from tests.conftest import Krexd
 
 SHOW_ENV = (

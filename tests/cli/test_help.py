@@ -36,7 +36,8 @@ def test_help_is_plain_text(name: str) -> None:
 
 def test_krexd_help_names_the_real_default_config() -> None:
     out = run(HELPS["krexd"]).stdout
-    # krexd.config.default_path: $KREX_CONFIG, /etc/krex/krex.toml, the checkout's etc/krex.toml.
+    # krexd.config.config.default_path: $KREX_CONFIG, /etc/krex/krex.toml, the checkout's
+    # etc/krex.toml.
     assert "$KREX_CONFIG" in out and "/etc/krex/krex.toml" in out
     assert "default: etc/krex.toml)" not in out
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from krex_client import implicit, warm_matmul, warmup
+from krex_client import implicit, warmup, warmup_matmul
 from krex_client._timing import use_backend
 from krex_client.region import region
 from tests.client.warmfakes import StandInShim
@@ -185,7 +185,7 @@ def standin(
     monkeypatch.setattr(region, "_shim", shim)
     monkeypatch.setattr(region, "_device", None)
     monkeypatch.setattr(region, "_recorder", None)
-    monkeypatch.setattr(warm_matmul, "_cached", None)
+    monkeypatch.setattr(warmup_matmul, "_cached", None)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     for var in (warmup.PCT_VAR, warmup.MS_VAR, warmup.KIND_VAR):
         monkeypatch.delenv(var, raising=False)

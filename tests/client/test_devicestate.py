@@ -134,8 +134,8 @@ def test_amd_gpu_not_found_or_no_amdsmi_gives_nulls(clean_env: pytest.MonkeyPatc
 def test_the_gpu_krexd_binds_is_the_one_amd_smi_reads(clean_env: pytest.MonkeyPatch) -> None:
     """krexd's AMD binding (HIP device 0 of a filtered view) names the GPU by PCI address for
     AMD SMI, which sees every GPU: the second GPU here, not AMD SMI's index 0."""
-    from krexd import vendors
-    from krexd.gpus import GpuInfo
+    from krexd.hardware import vendors
+    from krexd.hardware.inventory import GpuInfo
 
     info = GpuInfo(1, "MI300X", 192 << 30, 4 << 20, None, False, "0000:0d:00.0",
                    "GPU-9a1b2c3d4e5f6071", None, vendor="amd", render_minor=129)  # fmt: skip

@@ -1,6 +1,6 @@
 """Fakes for the clock warm-up tests: a GPU whose SM clock warms with work, the
 shim's holder-side calls, ``pynvml`` and the part of ``torch`` the matmul
-warm-up uses (tests/client/test_warmup.py, tests/client/test_warm_matmul.py).
+warm-up uses (tests/client/test_warmup.py, tests/client/test_warmup_matmul.py).
 
 Time is fake: it moves only when the GPU "works" (a memset slice, or a
 synchronization of queued matmuls), so budgets and slices are exact.
@@ -116,7 +116,7 @@ class FakeGenerator:
 
 
 class FakeTorch(types.ModuleType):
-    """What :mod:`krex_client.warm_matmul` asks of torch.
+    """What :mod:`krex_client.warmup_matmul` asks of torch.
 
     Each matmul queues ``matmul_us`` of device work (``cold_matmul_us`` while
     the SM clock is cold) on the current stream; ``on_matmul`` is called for

@@ -19,13 +19,15 @@ from typing import Any
 
 import pytest
 
-from krexd import gpus, paths, states
 from krexd.cgroups import CgroupBackend
-from krexd.config import CgroupConfig, CpuConfig, RegionConfig
+from krexd.config.config import CgroupConfig, CpuConfig, RegionConfig
 from krexd.coordinator import Coordinator
-from krexd.isolation import AffinityPinner, CgroupControl
-from krexd.slices import CpuSlice, compute_slices
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.coordinator.isolation import AffinityPinner, CgroupControl
+from krexd.hardware import inventory
+from krexd.hardware.slices import CpuSlice, compute_slices
+from krexd.system import paths
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 _names = itertools.count()
 
@@ -67,7 +69,7 @@ def one_gpu(tmp_path: Any) -> Iterator[Callable[[int], OneGpu]]:
 
     def build(n: int) -> OneGpu:
         backend = CgroupBackend.open(CgroupConfig(name=f"krexco{os.getpid()}n{next(_names)}"))
-        slices = compute_slices(gpus.discover(1), CpuConfig(allow_shared=True))
+        slices = compute_slices(inventory.discover(1), CpuConfig(allow_shared=True))
         backend.prepare(slices)
         gate = None
         if paths.gate_library() is not None:

@@ -1,6 +1,6 @@
 """Region entry's driver lock over in-memory fakes: who is locked, when, and every unlock.
 
-The driver's lock (``krexd.driverlock``) is the authority of step 3: after
+The driver's lock (``krexd.hardware.driverlock``) is the authority of step 3: after
 the siblings are drained and frozen, every process on the GPU but the
 holder's is locked; each end path unlocks.  These tests drive the
 coordinator with ``tests/fakes.py`` (no root, no driver) and check the
@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from krexd import states
-from krexd.config import RegionConfig
+from krexd.config.config import RegionConfig
 from krexd.coordinator import Coordinator
-from krexd.driverlock import Outcome
-from krexd.errors import Code, KrexError
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.hardware.driverlock import Outcome
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, run
 from tests.fakes import (
     Events,
@@ -401,7 +401,7 @@ def test_a_process_that_reached_the_gpu_after_the_freeze_is_locked_thawed_then_r
 
 
 def test_outcomes_of_the_driver_codes_measured() -> None:
-    from krexd.driverlock import _lock_outcome
+    from krexd.hardware.driverlock import _lock_outcome
 
     me = os.getpid()
     assert _lock_outcome(0, me) is Outcome.LOCKED

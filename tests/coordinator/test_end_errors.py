@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from krexd import states
 from krexd.cgroups import CgroupError
+from krexd.tenancy import states
 from tests.coordinator.conftest import OneGpu
 
 pytestmark = [pytest.mark.root]

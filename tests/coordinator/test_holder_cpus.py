@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from krexd.config import ConfigError, RegionConfig, load
+from krexd.config.config import ConfigError, RegionConfig, load
 from krexd.coordinator import Coordinator
-from krexd.isolation import AffinityPinner, CgroupControl
-from krexd.slices import CpuSlice
-from krexd.tenants import TenantRegistry
+from krexd.coordinator.isolation import AffinityPinner, CgroupControl
+from krexd.hardware.slices import CpuSlice
+from krexd.tenancy.tenants import TenantRegistry
 from tests.fakes import Events, FakePinner, FakeTenantControl, make_tenant
 
 SLICE = CpuSlice(0, cores=(0, 1, 2, 3), reserved=(3,), tenant_cores=(0, 1, 2))

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from krexd import states
-from krexd.config import RegionConfig
+from krexd.config.config import RegionConfig
 from krexd.coordinator import Coordinator
-from krexd.pool_freeze import PoolFreeze
-from krexd.tenants import TenantRegistry
+from krexd.pools.freeze import PoolFreeze
+from krexd.tenancy import states
+from krexd.tenancy.tenants import TenantRegistry
 from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, rig, run
 from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
 

@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from krexd import states
-from krexd.config import RegionConfig
+from krexd.config.config import RegionConfig
 from krexd.coordinator import Coordinator
-from krexd.errors import Code, KrexError
-from krexd.gate import SlotInfo
-from krexd.slices import CpuSlice
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.gate import RegistrationInfo
+from krexd.hardware.slices import CpuSlice
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant, until
 
 T = TypeVar("T")
@@ -408,7 +408,7 @@ def test_drain_timeout_ends_the_overdue_sibling_and_grants() -> None:
     r = rig(3)
     a, b, c = r.tenants
     r.gate.drain_pending = [4]
-    r.gate.registrations = [SlotInfo(4, "active", min(b.pids), b.id, 1, 0, 0, 0, 0, 0)]
+    r.gate.records = [RegistrationInfo(4, "active", min(b.pids), b.id, 1, 0, 0, 0, 0, 0)]
 
     async def scenario() -> None:
         grant = await r.enter(a)
@@ -421,7 +421,7 @@ def test_drain_timeout_ends_the_overdue_sibling_and_grants() -> None:
         assert ("freeze", b.id) in r.events.log
         assert r.coord.status()["regions"]["failed"] == 0
         await r.exit(a, grant)
-        r.gate.registrations = []
+        r.gate.records = []
         assert_idle(r)
 
     run(scenario())
@@ -433,7 +433,7 @@ def test_drain_timeout_of_a_registration_of_no_sibling_fails_the_entry() -> None
     r = rig(3)
     a, b, c = r.tenants
     r.gate.drain_pending = [4]
-    r.gate.registrations = [SlotInfo(4, "active", 4242, 99, 1, 0, 0, 0, 0, 0)]
+    r.gate.records = [RegistrationInfo(4, "active", 4242, 99, 1, 0, 0, 0, 0, 0)]
 
     async def scenario() -> None:
         with pytest.raises(KrexError) as err:
@@ -443,7 +443,7 @@ def test_drain_timeout_of_a_registration_of_no_sibling_fails_the_entry() -> None
         assert "reopen" in r.events.names()
         assert not r.control.killed
         assert b.state == c.state == states.RUNNING
-        r.gate.registrations = []
+        r.gate.records = []
         assert_idle(r)
         assert r.coord.status()["regions"]["failed"] == 1
         r.gate.drain_pending = []

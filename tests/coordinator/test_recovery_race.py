@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from krexd.tenants import Tenant
+from krexd.tenancy.tenants import Tenant
 from tests.coordinator.conftest import OneGpu
 
 pytestmark = [pytest.mark.root]

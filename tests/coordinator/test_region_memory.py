@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-from krexd.config import RegionConfig
+from krexd.config.config import RegionConfig
 from krexd.coordinator import Coordinator
-from krexd.errors import Code, KrexError
-from krexd.slices import CpuSlice
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.hardware.slices import CpuSlice
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.fakes import (
     Events,
     FakeGate,

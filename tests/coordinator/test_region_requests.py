@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from krexd import states
-from krexd.errors import Code, KrexError
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
 from tests.coordinator.test_protocol_fakes import assert_idle, rig, run
 from tests.fakes import make_tenant, until
 

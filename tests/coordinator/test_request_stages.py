@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from krexd.coordinator.records import ENTERING, HELD, QUEUED, RegionRequest
-from krexd.states import StateError
+from krexd.tenancy.states import StateError
 
 
 def test_a_request_moves_forward_one_stage_at_a_time() -> None:

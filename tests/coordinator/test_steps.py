@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from krexd import states
-from krexd.config import RegionConfig
+from krexd.config.config import RegionConfig
 from krexd.coordinator.cores import HolderCores
 from krexd.coordinator.freezing import Freezer
 from krexd.coordinator.memory_wait import MemoryWait
 from krexd.coordinator.once import EndedEpochs
 from krexd.coordinator.records import ENTERING, HELD, QUEUED, RegionRequest
+from krexd.coordinator.region_stats import RegionStats
 from krexd.coordinator.request_queue import RequestQueue
 from krexd.coordinator.scope import GpuScope
-from krexd.errors import Code, KrexError
-from krexd.region_stats import RegionStats
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy import states
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.coordinator.test_protocol_fakes import SLICE, rig, run
 from tests.fakes import (
     Events,

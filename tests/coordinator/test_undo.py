@@ -58,7 +58,7 @@ def test_a_cancel_during_a_step_runs_the_steps_after_it_then_is_raised() -> None
 def test_a_cancelled_pool_hold_is_released(tmp_path: Any) -> None:
     """An entry cancelled while the pools freeze leaves no hold behind (pools thaw): the
     hold begun at step 2 is on the region's undo stack, which the failed entry unwinds."""
-    from krexd.pool_freeze import PoolFreeze
+    from krexd.pools.freeze import PoolFreeze
 
     (tmp_path / "cgroup.freeze").write_text("0\n")
     (tmp_path / "cgroup.events").write_text("populated 1\nfrozen 0\n")  # never reports frozen

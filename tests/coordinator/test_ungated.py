@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from krexd.config import RegionConfig
+from krexd.config.config import RegionConfig
+from krexd.coordinator.region_stats import RegionStats
 from krexd.coordinator.scope import GpuScope
 from krexd.coordinator.ungated import UngatedRegions
-from krexd.errors import KrexError
-from krexd.region_stats import RegionStats
-from krexd.tenants import TenantRegistry
+from krexd.system.errors import KrexError
+from krexd.tenancy.tenants import TenantRegistry
 from tests.fakes import Events, FakeTenantControl
 
 

@@ -1,4 +1,4 @@
-"""krexd.admission: slots, least-loaded placement, FIFO parking, exclusive leases."""
+"""krexd.tenancy.admission: slots, least-loaded placement, FIFO parking, exclusive leases."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from krexd.admission import Admission
-from krexd.errors import Code, KrexError
-from krexd.quotas import UidCaps
+from krexd.system.errors import Code, KrexError
+from krexd.tenancy.admission import Admission
+from krexd.tenancy.quotas import UidCaps
 from tests.fakes import slots_for
 
 

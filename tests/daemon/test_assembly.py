@@ -67,6 +67,6 @@ def test_the_assembly_attaches_nothing_to_a_part_it_built() -> None:
 
 
 def test_admission_has_no_setter_for_its_memory_policy() -> None:
-    from krexd.admission import Admission
+    from krexd.tenancy.admission import Admission
 
     assert not hasattr(Admission, "use_memory")

@@ -28,7 +28,7 @@ MMAP_ALLOWED = {
 
 #: Files that declare ctypes structures of another binary interface than the gate's.
 STRUCT_ALLOWED = {
-    "krexd/driverlock.py": "the CUDA driver's checkpoint-lock arguments (cuda.h)",
+    "krexd/hardware/driverlock.py": "the CUDA driver's checkpoint-lock arguments (cuda.h)",
 }
 
 GATE_LAYOUT = [

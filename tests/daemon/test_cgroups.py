@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from krexd.cgroups import CgroupBackend
-from krexd.config import CgroupConfig, CpuConfig
-from krexd.gpus import fake_gpus
-from krexd.slices import compute_slices
+from krexd.config.config import CgroupConfig, CpuConfig
+from krexd.hardware.inventory import fake_gpus
+from krexd.hardware.slices import compute_slices
 
 pytestmark = pytest.mark.root
 

@@ -1,14 +1,15 @@
-"""The environment binding a command to its GPU, by vendor (krexd/vendors.py, command_env.py)."""
+"""The environment binding a command to its GPU, by vendor (hardware/vendors.py, command_env.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from krexd import command_env, vendors
-from krexd.config import Config
-from krexd.gpus import GpuInfo, fake_gpus
-from krexd.lifecycle import Lifecycle
+from krexd.config.config import Config
+from krexd.hardware import vendors
+from krexd.hardware.inventory import GpuInfo, fake_gpus
+from krexd.orchestration import command_env
+from krexd.orchestration.lifecycle import Lifecycle
 
 NV = GpuInfo(0, "NVIDIA H100", 80 << 30, 50 << 20, None, False, "", "GPU-aaaa-nv", 3)
 AMD = GpuInfo(1, "AMD Instinct MI300X", 192 << 30, 4 << 20, None, False, "0000:0c:00.0",

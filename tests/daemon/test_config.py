@@ -1,4 +1,4 @@
-"""krexd.config: shipped file, unknown keys and bad values named in errors."""
+"""krexd.config.config: shipped file, unknown keys and bad values named in errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from krexd.config import Config, ConfigError, format_cores, load, parse_cores, with_overrides
+from krexd.config.config import Config, ConfigError, format_cores, load, parse_cores, with_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "etc" / "krex.toml"
@@ -111,7 +111,7 @@ def test_core_lists() -> None:
 
 
 def test_max_region_s_zero_means_no_limit_and_negative_is_refused() -> None:
-    from krexd.config import ConfigError, from_dict
+    from krexd.config.config import ConfigError, from_dict
 
     assert from_dict({"region": {"max_region_s": 0}}).region.max_region_s == 0.0
     with pytest.raises(ConfigError, match=r"\[region\] max_region_s: must be >= 0"):

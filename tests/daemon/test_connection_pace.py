@@ -1,7 +1,7 @@
 """One user's connection churn is paced (``[daemon] connections_per_s_per_uid``): the
 churner is held to the rate, another user is served at once, krex clients over the
 rate are told when to ask again and do so by themselves (docs/design/security.md,
-"Fair shares"; krexd/connections.py).
+"Fair shares"; krexd/server/connections.py).
 
 Real krexd, real uids (``tests.daemon.asuser``).  Without the pace the churner gets
 every ping answered (hundreds in the test's seconds) and a client over it has nothing

@@ -1,11 +1,11 @@
 """The connection guard's parts, each alone (root-free).
 
-* ``krexd.conn_caps``: the caps in all and per uid (root exempt from the
+* ``krexd.server.conn_caps``: the caps in all and per uid (root exempt from the
   latter), the bound on refused connections waiting;
-* ``krexd.conn_pace``: a uid's pace (burst, wait, refusal with ``retry_s``,
+* ``krexd.server.conn_pace``: a uid's pace (burst, wait, refusal with ``retry_s``,
   root's region op not held), requests held in order and bounded;
-* ``krexd.conn_events``: an acceptance ended in the same batch is dropped;
-* ``krexd.conn_trim``: a trim after a quiet burst, once more later.
+* ``krexd.server.conn_events``: an acceptance ended in the same batch is dropped;
+* ``krexd.server.conn_trim``: a trim after a quiet burst, once more later.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import asyncio
 import pytest
 import zmq
 
-from krexd import conn_trim
-from krexd.conn_caps import REFUSING_MAX, REFUSING_PER_UID, ConnectionCaps
-from krexd.conn_events import changes
-from krexd.conn_pace import DROP, HELD_MAX, START, HeldRequests, UidPace
+from krexd.server import conn_trim
+from krexd.server.conn_caps import REFUSING_MAX, REFUSING_PER_UID, ConnectionCaps
+from krexd.server.conn_events import changes
+from krexd.server.conn_pace import DROP, HELD_MAX, START, HeldRequests, UidPace
 
 
 def test_caps_in_all_and_per_uid() -> None:

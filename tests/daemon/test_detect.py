@@ -8,7 +8,7 @@ import pytest
 
 from krexd.cgroups import CgroupBackend
 from krexd.cgroups.detect import Mounts, find_mounts, own_v1_cgroup, own_v2_cgroup
-from krexd.config import CgroupConfig, ConfigError
+from krexd.config.config import CgroupConfig, ConfigError
 
 PURE_V2 = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 HYBRID = (

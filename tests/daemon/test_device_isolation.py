@@ -29,9 +29,9 @@ import pytest
 
 from krexd.cgroups import CgroupBackend, bpf, devices
 from krexd.cgroups.detect import find_mounts
-from krexd.config import CgroupConfig, ConfigError, CpuConfig
-from krexd.gpus import fake_gpus
-from krexd.slices import compute_slices
+from krexd.config.config import CgroupConfig, ConfigError, CpuConfig
+from krexd.hardware.inventory import fake_gpus
+from krexd.hardware.slices import compute_slices
 from tests.conftest import REPO, Krexd, make_config, render_toml
 from tests.support import clean_env
 

@@ -3,7 +3,7 @@
 No ROCm here: ``tests/amdstub`` holds stand-ins for hip-python's ``hip`` and
 for ``amdsmi`` with the call names and return shapes of the real wheels
 (their docstrings say which).  krexd runs the HIP inventory in a child
-process (``python -m krexd.hip_probe``), so the tests hand the stand-in to
+process (``python -m krexd.hardware.hip_probe``), so the tests hand the stand-in to
 the child through PYTHONPATH and its devices through ``KREX_TEST_HIP_DEVICES``.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from krexd import gpus, gpus_amd, hip_probe, kfd
+from krexd.hardware import hip_probe, inventory, inventory_amd, kfd
 from tests.support import REPO
 
 STUBS = str(REPO / "tests" / "amdstub")
@@ -130,7 +130,7 @@ def test_the_hip_probe_reads_name_memory_l2_bus_and_uuid(
 def test_two_amd_gpus_are_listed_with_name_uuid_memory_l2_and_render_node(
     amd_host: Path, bindings: None
 ) -> None:
-    found = gpus.discover(0)
+    found = inventory.discover(0)
     assert [g.index for g in found] == [0, 1]
     assert {g.vendor for g in found} == {"amd"} and not any(g.fake for g in found)
     assert [g.uuid for g in found] == ["GPU-9a1b2c3d4e5f6071", "GPU-0011223344556677"]
@@ -145,7 +145,7 @@ def test_without_the_bindings_one_clear_line_and_no_amd_gpu(
     amd_host: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="krexd")
-    assert gpus.discover(0) == []
+    assert inventory.discover(0) == []
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, lines
     assert "2 AMD GPU(s) found" in lines[0] and "krexd does not manage them" in lines[0]
@@ -161,7 +161,7 @@ def test_with_hip_but_no_amdsmi_the_line_names_amdsmi(
 ) -> None:
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # import amdsmi fails
     caplog.set_level(logging.INFO, logger="krexd")
-    assert gpus.discover(0) == []
+    assert inventory.discover(0) == []
     (line,) = [r.getMessage() for r in caplog.records]
     assert "but amdsmi is not installed" in line and "krex[amd]" in line
 
@@ -173,7 +173,7 @@ def test_a_failing_hip_manages_no_amd_gpu(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("KREX_TEST_HIP_FAIL", "1")
-    assert gpus.discover(0) == []
+    assert inventory.discover(0) == []
     assert any("hipGetDeviceCount" in r.getMessage() for r in caplog.records)
 
 
@@ -184,7 +184,7 @@ def test_an_amdsmi_that_cannot_start_manages_no_amd_gpu(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("KREX_TEST_AMDSMI_FAIL", "1")  # installed, but libamd_smi finds no driver
-    assert gpus.discover(0) == []
+    assert inventory.discover(0) == []
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "amdsmi cannot start" in line and "none managed" in line
 
@@ -194,15 +194,15 @@ def test_an_amd_gpu_without_any_uuid_is_not_managed(
 ) -> None:
     devices = [{**d, "uuid": ""} for d in hip_probe_like()]
     nodes = kfd.gpu_nodes(str(write_topology(tmp_path, [{**KFD_NODES[0], "unique_id": 0}])))
-    assert gpus_amd.match(devices[:1], nodes) == []
+    assert inventory_amd.match(devices[:1], nodes) == []
     # HIP without a UUID, the KFD node with one: the node's.
     nodes = kfd.gpu_nodes(str(write_topology(tmp_path / "b", KFD_NODES[:1])))
-    (d,) = gpus_amd.match(devices[:1], nodes)
+    (d,) = inventory_amd.match(devices[:1], nodes)
     assert d.uuid == "GPU-9a1b2c3d4e5f6071" and d.render_minor == 128
 
 
 def hip_probe_like() -> list[dict[str, Any]]:
-    """What ``krexd.hip_probe`` prints for :data:`HIP_DEVICES`."""
+    """What ``krexd.hardware.hip_probe`` prints for :data:`HIP_DEVICES`."""
     return [
         {"ordinal": i, "name": d["name"], "total_mem_bytes": d["mem"], "l2_bytes": d["l2"],
          "pci_bus_id": f"0000:{d['bus']:02x}:00.0", "uuid": f"GPU-{d['uuid16']}", "arch": ""}
@@ -229,7 +229,7 @@ def test_a_mixed_host_numbers_the_amd_gpus_after_the_nvidia_ones(
     amd_host: Path, bindings: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", nvml_two_gpus())
-    found = gpus.discover(0)
+    found = inventory.discover(0)
     assert [(g.index, g.vendor) for g in found] == [
         (0, "nvidia"), (1, "nvidia"), (2, "amd"), (3, "amd"),
     ]  # fmt: skip
@@ -242,21 +242,21 @@ def test_a_host_without_kfd_never_looks_for_the_bindings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(kfd, "KFD_DEVICE", str(tmp_path / "no-kfd"))
-    monkeypatch.setattr(gpus_amd, "missing_bindings", lambda: pytest.fail("looked"))
-    monkeypatch.setattr(gpus_amd, "run_probe", lambda: pytest.fail("probed"))
-    assert gpus_amd.discover() == []
+    monkeypatch.setattr(inventory_amd, "missing_bindings", lambda: pytest.fail("looked"))
+    monkeypatch.setattr(inventory_amd, "run_probe", lambda: pytest.fail("probed"))
+    assert inventory_amd.discover() == []
 
 
 def test_fake_gpus_are_nvidia_unless_asked_for_amd() -> None:
-    assert [(g.vendor, g.minor, g.render_minor) for g in gpus.discover(2)] == [
+    assert [(g.vendor, g.minor, g.render_minor) for g in inventory.discover(2)] == [
         ("nvidia", 0, None), ("nvidia", 1, None),
     ]  # fmt: skip
-    amd = gpus.discover(2, "amd")
+    amd = inventory.discover(2, "amd")
     assert [(g.vendor, g.minor, g.render_minor) for g in amd] == [
         ("amd", None, 128),
         ("amd", None, 129),
     ]
-    assert [g.uuid for g in amd] == [gpus.fake_amd_uuid(0), gpus.fake_amd_uuid(1)]
+    assert [g.uuid for g in amd] == [inventory.fake_amd_uuid(0), inventory.fake_amd_uuid(1)]
     assert amd[1].uuid == "GPU-6b72657866616b01" and all(g.fake for g in amd)
 
 
@@ -277,7 +277,7 @@ def test_each_kfd_node_serves_one_device_and_one_without_a_render_node_is_not_ma
     ]
     nodes = [_node(1, 1, 128, 0x0C), _node(3, 3, None, 0x33), _node(4, 4, 5, 0x44)]
     with caplog.at_level(logging.WARNING, logger="krexd.gpus"):
-        got = gpus_amd.match(devices, nodes)
+        got = inventory_amd.match(devices, nodes)
     assert [(d.name, d.render_minor, d.uuid) for d in got] == [("a", 128, nodes[0].uuid)]
     said = caplog.text
     assert "no KFD node of its own" in said and said.count("no render node") == 2
@@ -295,10 +295,10 @@ def test_the_probe_child_runs_from_root_without_the_current_directory_on_its_pat
 ) -> None:
     """Run as root, it must import nothing from where krexd was started."""
     report = 'printf \'{"devices": [{"cwd": "%s", "args": "%s"}]}\\n\' "$(pwd)" "$*"\n'
-    monkeypatch.setattr(gpus_amd.sys, "executable", _fake_interpreter(tmp_path, report))
+    monkeypatch.setattr(inventory_amd.sys, "executable", _fake_interpreter(tmp_path, report))
     monkeypatch.chdir(tmp_path)
-    (got,) = gpus_amd.run_probe(timeout_s=10.0) or [{}]
-    assert got["cwd"] == "/" and got["args"].split()[:3] == ["-P", "-m", "krexd.hip_probe"]
+    (got,) = inventory_amd.run_probe(timeout_s=10.0) or [{}]
+    assert got["cwd"] == "/" and got["args"].split()[:3] == ["-P", "-m", "krexd.hardware.hip_probe"]
 
 
 def test_a_probe_that_hangs_is_given_up_in_bounded_time(
@@ -306,10 +306,12 @@ def test_a_probe_that_hangs_is_given_up_in_bounded_time(
 ) -> None:
     import time
 
-    monkeypatch.setattr(gpus_amd.sys, "executable", _fake_interpreter(tmp_path, "exec sleep 60\n"))
+    monkeypatch.setattr(
+        inventory_amd.sys, "executable", _fake_interpreter(tmp_path, "exec sleep 60\n")
+    )
     start = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="krexd.gpus"):
-        assert gpus_amd.run_probe(timeout_s=0.5) is None
+        assert inventory_amd.run_probe(timeout_s=0.5) is None
     assert time.monotonic() - start < 10.0
     assert "did not answer" in caplog.text and "none managed" in caplog.text
 
@@ -320,12 +322,15 @@ def test_amd_gpus_krexd_does_not_manage_are_denied_and_hidden(
     """No amdsmi: both AMD GPUs unmanaged, so every tenant and pool is denied their render
     nodes, and a command on an NVIDIA GPU sees no ROCr GPU (issue 30: never run ungated)."""
     from krex_cli.krexctl import _devices_line
-    from krexd import vendors
     from krexd.cgroups import bpf, devices
+    from krexd.hardware import vendors
 
-    nvidia = gpus.fake_gpus(1)
+    nvidia = inventory.fake_gpus(1)
     assert vendors.unmanaged_render(nvidia) == [128, 129]
-    one_managed = [*nvidia, gpus.GpuInfo(1, "x", 1, 1, None, False, vendor="amd", render_minor=129)]
+    one_managed = [
+        *nvidia,
+        inventory.GpuInfo(1, "x", 1, 1, None, False, vendor="amd", render_minor=129),
+    ]
     assert vendors.unmanaged_render(one_managed) == [128]
     monkeypatch.setattr(kfd, "KFD_DEVICE", str(amd_host / "no-kfd"))
     assert vendors.unmanaged_render(nvidia) == []  # no /dev/kfd: nothing to deny

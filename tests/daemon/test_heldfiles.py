@@ -1,4 +1,4 @@
-"""Held kernel-file descriptors (krexd.heldfiles): /proc/<pid>/stat by pid, a tenant's cgroup files.
+"""Held kernel-file descriptors (krexd.system.heldfiles): /proc/<pid>/stat, a tenant's cgroup files.
 
 Real processes and, for the cgroup half, real cgroups: a held descriptor
 must read the current state with no new open, must never outlive its
@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from krexd import procfs
 from krexd.cgroups import CgroupBackend, fs
 from krexd.cgroups.tenant import TenantCgroup
-from krexd.config import CgroupConfig, CpuConfig
-from krexd.gpus import fake_gpus
-from krexd.heldfiles import HeldFile
-from krexd.procfs import STAT_FILES, StatFiles, proc_stat, stat_limit
-from krexd.registrations import identity
-from krexd.slices import compute_slices
+from krexd.config.config import CgroupConfig, CpuConfig
+from krexd.hardware.inventory import fake_gpus
+from krexd.hardware.slices import compute_slices
+from krexd.system import procfs
+from krexd.system.heldfiles import HeldFile
+from krexd.system.procfs import STAT_FILES, StatFiles, proc_stat, stat_limit
+from krexd.tenancy.registrations import identity
 
 
 def held_under(prefix: str) -> list[str]:

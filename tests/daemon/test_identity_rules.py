@@ -1,4 +1,4 @@
-"""krexd.identity and the status op's need-to-know, without krexd (fast lane)."""
+"""krexd.tenancy.identity and the status op's need-to-know, without krexd (fast lane)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from krexd import identity, procfs
 from krexd.cgroups import TenantCgroup
 from krexd.control.status import need_to_know
-from krexd.errors import KrexError
-from krexd.tenants import Tenant
+from krexd.system import procfs
+from krexd.system.errors import KrexError
+from krexd.tenancy import identity
+from krexd.tenancy.tenants import Tenant
 
 
 def test_peer_address_is_parsed_and_bound_to_the_start_time() -> None:

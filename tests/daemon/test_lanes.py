@@ -1,4 +1,4 @@
-"""The bulk lane at a stop: no status request goes unanswered (krexd.lanes).
+"""The bulk lane at a stop: no status request goes unanswered (krexd.server.lanes).
 
 Root-free: the lane alone, its jobs recording whether they ran.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from krexd.lanes import Lanes
+from krexd.server.lanes import Lanes
 
 
 def test_a_job_taken_from_the_queue_but_not_started_is_handed_back_at_a_stop() -> None:

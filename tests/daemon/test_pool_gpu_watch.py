@@ -1,4 +1,4 @@
-"""A warm pool found on the GPU, or over its task cap, is ended (krexd.pools.PoolRegistry).
+"""A warm pool found on the GPU, or over its task cap, is ended (krexd.pools.registry.PoolRegistry).
 
 A pool never initialises CUDA; one of its processes with GPU memory is code
 that got past the zygote's checks, running GPU work outside every gate.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from krexd.config import WarmConfig
-from krexd.pools import Pool, PoolRegistry
+from krexd.config.config import WarmConfig
+from krexd.pools.registry import Pool, PoolRegistry
 
 
 @dataclass

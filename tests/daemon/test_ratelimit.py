@@ -1,10 +1,10 @@
-"""krexd.ratelimit: a burst at once, then the rate as later starts, then refusals that say when."""
+"""krexd.server.ratelimit: a burst at once, then the rate as later starts, then refusals."""
 
 from __future__ import annotations
 
 import pytest
 
-from krexd.ratelimit import RateBuckets
+from krexd.server.ratelimit import RateBuckets
 
 
 def test_a_burst_starts_at_once_then_events_wait_their_turn() -> None:

@@ -1,4 +1,4 @@
-"""The fail-closed check (krexd.registrations.RegionGuard) against real processes.
+"""The fail-closed check (krexd.tenancy.registrations.RegionGuard) against real processes.
 
 A sibling frozen between its count's increment and the retraction a closed
 gate causes shows ``inflight`` 1, and one that registered after the close
@@ -8,7 +8,7 @@ corpus with exit 79).  A process with the GPU open and no registration, or
 a registration whose shim image is gone, still is.
 
 Root-free: the "sibling" is a real ``sleep`` with the real shim preloaded
-(pass-through: no krexd), its registration a SlotInfo built from /proc.
+(pass-through: no krexd), its registration a RegistrationInfo built from /proc.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import SlotInfo
-from krexd.registrations import RegionGuard, identity
+from krexd.gate import RegistrationInfo
+from krexd.tenancy.registrations import RegionGuard, identity
 
 pytestmark = pytest.mark.needs_build
 
@@ -75,7 +75,7 @@ def sibling() -> Iterator[int]:
         p.wait()
 
 
-def _slot(pid: int, **kw: Any) -> SlotInfo:
+def _slot(pid: int, **kw: Any) -> RegistrationInfo:
     who = identity(pid)
     assert who is not None
     base: dict[str, Any] = dict(
@@ -94,10 +94,10 @@ def _slot(pid: int, **kw: Any) -> SlotInfo:
         pidns=who.pidns,
         claimed_tenant=2,
     )
-    return SlotInfo(**(base | kw))
+    return RegistrationInfo(**(base | kw))
 
 
-def _unprotected(pid: int, slots: list[SlotInfo]) -> list[str]:
+def _unprotected(pid: int, slots: list[RegistrationInfo]) -> list[str]:
     tenant = _Tenant(2, _Cgroup([pid]))
     guard = RegionGuard(lambda: {pid}, lambda: slots)
     return [u.describe() for u in guard.unprotected([tenant], EPOCH)]  # type: ignore[list-item]
@@ -198,7 +198,7 @@ def _wait_leader_exited(pid: int, deadline: float) -> None:
 def test_a_process_whose_main_thread_exited_is_still_checked() -> None:
     """Its leader shows Z while another thread runs with the address space and descriptors:
     not "gone", so a process with the GPU open this way is still ended."""
-    from krexd.procfs import pid_alive
+    from krexd.system.procfs import pid_alive
 
     p = subprocess.Popen([sys.executable, "-c", _LEADER_EXITS])
     try:
@@ -245,10 +245,10 @@ def test_a_registered_process_whose_main_thread_exited_is_not_ended() -> None:
 def test_a_start_time_matches_within_the_slack_of_another_time_namespace() -> None:
     """A process of another time namespace: one tick either way (the shim takes a
     boot-time offset back out, exact only for whole ticks); else exactly; 0 never."""
-    from krexd.registrations import Identity, matches
+    from krexd.tenancy.registrations import Identity, matches
 
-    def slot(ticks: int) -> SlotInfo:
-        return SlotInfo(0, "active", 42, 1, 0, 0, 0, 0, 0, 0, start_ticks=ticks, pidns=9)
+    def slot(ticks: int) -> RegistrationInfo:
+        return RegistrationInfo(0, "active", 42, 1, 0, 0, 0, 0, 0, 0, start_ticks=ticks, pidns=9)
 
     here, other = Identity(100, 42, 9, 500), Identity(100, 42, 9, 500, start_slack=1)
     assert matches(slot(500), here) and not matches(slot(501), here)

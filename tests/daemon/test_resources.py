@@ -13,8 +13,8 @@ import msgpack
 import pytest
 import zmq
 
-from krexd.conn_caps import REFUSING_PER_UID
-from krexd.connections import REFUSE_GRACE_S
+from krexd.server.conn_caps import REFUSING_PER_UID
+from krexd.server.connections import REFUSE_GRACE_S
 from tests.conftest import Krexd
 
 pytestmark = pytest.mark.root
@@ -72,7 +72,7 @@ def _closed_by_peer(s: socket.socket) -> bool:
 def test_rss_stays_flat_under_connection_churn(krexd_factory: Factory) -> None:
     """5 rounds of 3,000 connect/ping/close (all open at once): growth after round 1 < 10 MB.
 
-    Without the trim each round kept ~40 MB (krexd/conn_trim.py), so four more rounds
+    Without the trim each round kept ~40 MB (krexd/server/conn_trim.py), so four more rounds
     would show ~160 MB: five rounds keep a wide margin at half the time of ten."""
     _raise_fd_limit(8192)
     k = krexd_factory(config={"daemon": {"max_connections": 4000, "log_level": "info"}})

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from krexd import state
+from krexd.restarts import saved_state
 from tests.conftest import Krexd
 
 pytestmark = pytest.mark.root
@@ -72,7 +72,7 @@ def test_a_saved_tenant_outside_krexds_tree_is_not_adopted(krexd_factory: Factor
         doc = {"cgroup_root": root, "pid": 1, "saved_at": 0.0, "next_tenant_id": 2,
                "gpus": {"0": {"epoch": 1, "gate": None, "region": None, "exited": {}}},
                "tenants": [tenant]}  # fmt: skip
-        state.StateFile(state.path_for(state_dir, name)).write(doc)
+        saved_state.StateFile(saved_state.path_for(state_dir, name)).write(doc)
         k = krexd_factory(config={"daemon": {"state_dir": state_dir}}, name=name)
         assert "outside krexd's tree" in k.log()
         time.sleep(0.5)

@@ -1,12 +1,12 @@
-"""krexd.slices: computed and configured CPU slices, and the layouts refused at start."""
+"""krexd.hardware.slices: computed and configured CPU slices, and the layouts refused at start."""
 
 from __future__ import annotations
 
 import pytest
 
-from krexd.config import ConfigError, CpuConfig
-from krexd.gpus import GpuInfo, fake_gpus
-from krexd.slices import compute_slices
+from krexd.config.config import ConfigError, CpuConfig
+from krexd.hardware.inventory import GpuInfo, fake_gpus
+from krexd.hardware.slices import compute_slices
 
 
 def gpus_on_nodes(*nodes: int | None) -> list[GpuInfo]:

@@ -1,4 +1,4 @@
-"""``[admission] slots_per_gpu``: "auto" derived per GPU (krexd.slot_count), a fixed override."""
+"""``[admission] slots_per_gpu``: "auto" per GPU (krexd.config.slot_count), a fixed override."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from krex_cli.krexctl import render
-from krexd.config import AdmissionConfig, Config, ConfigError, from_dict, parse_cores
-from krexd.slot_count import AUTO_MAX, AUTO_MIN, choose
+from krexd.config.config import AdmissionConfig, Config, ConfigError, from_dict, parse_cores
+from krexd.config.slot_count import AUTO_MAX, AUTO_MIN, choose
 from tests.conftest import KREXCTL, Krexd
 
 G = 1 << 30

@@ -1,10 +1,10 @@
-"""krexd.states: guarded transitions."""
+"""krexd.tenancy.states: guarded transitions."""
 
 from __future__ import annotations
 
 import pytest
 
-from krexd import states
+from krexd.tenancy import states
 
 
 class Thing:

@@ -1,4 +1,4 @@
-"""krexd.workers: calls that never return hold neither other calls nor krexd's exit."""
+"""krexd.system.workers: calls that never return hold neither other calls nor krexd's exit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from krexd.workers import KEEP_IDLE, DaemonWorkers
+from krexd.system.workers import KEEP_IDLE, DaemonWorkers
 
 
 def test_a_call_never_waits_behind_a_stuck_one() -> None:

@@ -1,7 +1,7 @@
 /*
  * activity.c — per-process GPU activity in the shared state file (share.h):
  * the model of NVML's per-process utilization that krexd reads
- * (krexd/activity.py) to ask whether a process other than a region's holder
+ * (krexd/memory/activity.py) to ask whether a process other than a region's holder
  * ran GPU work during a window.
  *
  * Each operation enqueued for execution (kernel, memset, copy, and a graph

@@ -70,7 +70,7 @@ FC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* krexd computes the same bytes (krexd/gpus.py fake_uuid): keep them in step. */
+/* krexd computes the same bytes (krexd/hardware/inventory.py fake_uuid): keep them in step. */
 void fc_uuid_bytes(int phys, char out[16])
 {
     static const char stem[12] = {'k', 'r', 'e', 'x', '-', 'f', 'a', 'k', 'e', '-', 'g', 'p'};

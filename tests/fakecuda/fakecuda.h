@@ -236,7 +236,7 @@ CUresult fc_check_init(void);   /* CUDA_SUCCESS or CUDA_ERROR_NOT_INITIALIZED */
 void fc_uuid_bytes(int phys, char out[16]);
 void fc_uuid_text(int phys, char out[FC_UUID_TEXT]);
 /* ROCr's form of a GPU's name, "GPU-" and 16 hex digits: krexd's simulated
- * AMD GPU `phys` ("krexfak" in ASCII, then the index byte; krexd.gpus
+ * AMD GPU `phys` ("krexfak" in ASCII, then the index byte; krexd.hardware.inventory
  * fake_amd_uuid). */
 void fc_uuid_rocr_text(int phys, char out[FC_UUID_TEXT]);
 

@@ -6,7 +6,7 @@
  *
  * The layout is an interface: docs/design/interfaces.md ("Simulated GPU
  * memory state") declares it for krexd's readers (krexd/memory/sources.py,
- * krexd/activity.py).  Change that table, the readers and the magic's last
+ * krexd/memory/activity.py).  Change that table, the readers and the magic's last
  * byte (the version) with these structures.
  *
  *   offset 0        struct shared_state: magic, per-GPU bytes in use, the

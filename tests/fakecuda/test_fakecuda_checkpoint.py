@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from krexd.activity import FakeActivitySource
-from krexd.gpus import GpuInfo
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory import sources
+from krexd.memory.activity import FakeActivitySource
 from krexd.memory.sources import FakeStateSource
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import HERE, FakeCuda
@@ -395,12 +395,12 @@ def test_every_export_makes_the_entry_check_first() -> None:
     )
 
 
-# krexd's binding (krexd/driverlock.py) against a frozen process, in a child
+# krexd's binding (krexd/hardware/driverlock.py) against a frozen process, in a child
 # Python: lock_all with a 200 ms timeout, then thaw on "thaw" from stdin and
 # report the process's state once the late lock has been undone.
 BOUNDED_LOCK = """
 import json, sys, time
-from krexd.driverlock import DriverLock
+from krexd.hardware.driverlock import DriverLock
 lock = DriverLock()
 pid = int(sys.argv[1])
 t = time.monotonic()

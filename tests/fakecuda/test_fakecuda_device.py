@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from krexd.gpus import fake_uuid
+from krexd.hardware.inventory import fake_uuid
 
 from .harness import FakeCuda
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gpus import fake_amd_uuid
+from krexd.hardware.inventory import fake_amd_uuid
 
 from .harness import HERE, FakeHip
 
@@ -43,7 +43,7 @@ def test_device_properties(fh: FakeHip) -> None:
 
 def test_uuid_is_krexds_name_of_the_simulated_amd_gpu(fh: FakeHip) -> None:
     """hipDeviceGetUuid's 16 characters, after "GPU-", are the name krexd gives the GPU
-    (krexd.gpus.fake_amd_uuid) and the one ROCR_VISIBLE_DEVICES accepts."""
+    (krexd.hardware.inventory.fake_amd_uuid) and the one ROCR_VISIBLE_DEVICES accepts."""
     info = fh.hipbench("--info", env=fh.env(KREX_FAKE_GPUS="3"))
     names = ["GPU-" + bytes.fromhex(d["uuid"]).decode() for d in info["devices"]]
     assert names == [fake_amd_uuid(i) for i in range(3)]
@@ -59,7 +59,8 @@ def test_uuid_is_krexds_name_of_the_simulated_amd_gpu(fh: FakeHip) -> None:
         ({"ROCR_VISIBLE_DEVICES": "2,1"}, [0x38, 0x28]),
         ({"ROCR_VISIBLE_DEVICES": "2,1", "HIP_VISIBLE_DEVICES": "1"}, [0x28]),  # in turn
         ({"HIP_VISIBLE_DEVICES": "1,7,0"}, [0x28]),  # up to the first invalid entry
-        # ROCr's form of krexd's simulated AMD GPUs (krexd.gpus.fake_amd_uuid), as krex run sets
+        # ROCr's form of krexd's simulated AMD GPUs (krexd.hardware.inventory.fake_amd_uuid), as
+        # krex run sets
         ({"ROCR_VISIBLE_DEVICES": "GPU-6b72657866616b02", "HIP_VISIBLE_DEVICES": "0"}, [0x38]),
         ({"HIP_VISIBLE_DEVICES": "GPU-6b72657866616b01,0"}, [0x28, 0x18]),
     ],

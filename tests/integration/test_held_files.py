@@ -1,4 +1,4 @@
-"""Region entry opens no per-sibling kernel file once krexd has opened it (krexd.heldfiles).
+"""Region entry opens no per-sibling kernel file once krexd has opened it (krexd.system.heldfiles).
 
 Real krexd over the fake driver, three busy siblings under the real shim
 (registered, drained, frozen, checked), a holder that enters one region per
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gpus import fake_gpus
+from krexd.hardware.inventory import fake_gpus
 from krexd.memory.sources import FakeStateSource
 
 pytestmark = [pytest.mark.root]

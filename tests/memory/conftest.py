@@ -5,7 +5,7 @@ creates a gate for GPU 0 in the test's directory and gives processes on it:
 ``start(tenant, *steps)`` runs ``fakealloc`` (tests/fakecuda) with the shim
 preloaded as tenant ``tenant`` (``tenant=None``: no shim, a process krex does
 not run); ``slot(pid)`` reads that process's memory fields from the gate as
-krexd does (``krexd.gate.Gate.slots``).
+krexd does (``krexd.gate.Gate.registrations``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import SlotInfo
+from krexd.gate import RegistrationInfo
 from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env, forget_gate, tenant_env
 
 SHIM = BUILD / "lib" / "libkrex_shim.so"
@@ -132,27 +132,27 @@ class SharedGpu:
         self.procs.append(p)
         return p
 
-    def slot(self, pid: int) -> SlotInfo:
+    def slot(self, pid: int) -> RegistrationInfo:
         """The gate slot of process ``pid`` (its last record, even after it ended)."""
-        mine = [s for s in self.gate.slots() if s.pid == pid]
+        mine = [s for s in self.gate.registrations() if s.pid == pid]
         assert mine, f"pid {pid} has no gate slot"
         return mine[0]
 
 
 def _audit(gate: Any, stop: threading.Event) -> None:
-    """What krexd's gate watch does for the shims' memory judgement (krexd/gatewatch.py).
+    """What krexd's gate watch does for the shims' memory judgement (orchestration/gatewatch.py).
 
     Every 5 ms: ``Gate.audit()`` publishes the per-tenant memory summary and
     relays frees; every 50 ms, registrations whose process exited are
     ignored (judged by pid and start time: these tests run no cgroups).
     """
-    from krexd.registrations import identity
+    from krexd.tenancy.registrations import identity
 
     n = 0
     while not stop.wait(0.005):
         n += 1
         if n % 10 == 0:
-            for s in gate.slots():
+            for s in gate.registrations():
                 who = identity(s.pid)
                 if s.state == "active" and (who is None or who.start_ticks != s.start_ticks):
                     gate.ignore(s)

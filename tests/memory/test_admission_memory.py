@@ -1,4 +1,4 @@
-"""Admission by memory (krexd.admission with a memory policy): fit, blocking, bounded bypass.
+"""Admission by memory (tenancy.admission with a memory policy): fit, blocking, bounded bypass.
 
 The policy here is a hand-written stand-in for krexd.memory.policy.AdmissionPolicy
 (STYLE.md "side effects injected"): per GPU the bytes admission may reserve
@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from krexd.admission import Admission, Waiter
+from krexd.tenancy.admission import Admission, Waiter
 from tests.fakes import slots_for
 
 G = 1 << 30

@@ -17,7 +17,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from krexd.gpus import GpuInfo
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory import opening, sources
 from krexd.memory.amd_source import AmdSmiSource
 from tests.support import REPO

@@ -6,8 +6,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from krexd import activity
-from krexd.memory import sources
+from krexd.memory import activity, sources
 
 MS = 1_000_000
 

@@ -2,7 +2,7 @@
 
 A probe program built against ``krex_gate.h`` writes a slot's ``mem_mib``
 and ``oom`` word with the header's own macros into a tenant's slot memory
-attached to a gate that krexd's binding created; :meth:`krexd.gate.Gate.slots`
+attached to a gate that krexd's binding created; :meth:`krexd.gate.Gate.registrations`
 must read them back decoded, under the tenant krexd attached it for.
 The ledger tests feed slot reads in the order a slot's life gives them
 (owner counts, owner ends, slot reused).
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gate import Gate, OomRecord, SlotInfo
-from krexd.memory.records import RegistrationLedger, TenantMemory
+from krexd.gate import Gate, OomRecord, RegistrationInfo
+from krexd.tenancy.memory_records import RegistrationLedger, TenantMemory
 from tests.support import REPO, ShimBuild, forget_gate, tenant_env
 
 # Writes slot 5 of tenant argv[2]'s slot memory argv[1] as an owner would (state ACTIVE).
@@ -76,7 +76,7 @@ def test_slots_give_the_memory_fields_decoded(probe: Path, tmp_path: Path) -> No
     with Gate.create(path, 0) as gate:
         slots_path = tenant_env(gate, 9)["KREX_SLOTS"]
         subprocess.run([str(probe), slots_path, "9"], check=True)
-        slots = gate.slots()
+        slots = gate.registrations()
         waiting = gate.waiting_for_memory()
         forget_gate(gate)
     (s,) = slots
@@ -101,8 +101,8 @@ def slot(
     failed: int = 0,
     own: int = 0,
     last: str | None = None,
-) -> SlotInfo:
-    return SlotInfo(
+) -> RegistrationInfo:
+    return RegistrationInfo(
         i, state, pid, tenant, 0, 0, 0, 0, 0, 0, 0, OomRecord(waited, failed, own, last, False)
     )
 

@@ -14,14 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from krexd.admission import GpuSlots
-from krexd.config import MemoryConfig
-from krexd.gpus import GpuInfo
+from krexd.config.config import MemoryConfig
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory.learned import KEEP_RUNS, VERSION, LearnedNeeds, label_for
 from krexd.memory.policy import AdmissionPolicy
 from krexd.memory.view import GpuMemory, GpuView
 from krexd.memory.views import MemoryViews
-from krexd.tenants import TenantRegistry
+from krexd.tenancy.admission import GpuSlots
+from krexd.tenancy.tenants import TenantRegistry
 
 G = 1 << 30
 U = 1000  # the uid of the tables' entries

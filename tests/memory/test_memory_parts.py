@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from krexd.admission import GpuSlots
-from krexd.config import MemoryConfig
-from krexd.gate import OomRecord, SlotInfo
-from krexd.gpus import GpuInfo
+from krexd.config.config import MemoryConfig
+from krexd.gate import OomRecord, RegistrationInfo
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory.gpu_users import GpuUsers
 from krexd.memory.learned import LearnedNeeds
 from krexd.memory.policy import AdmissionPolicy
@@ -35,18 +34,21 @@ from krexd.memory.status import MemoryStatus
 from krexd.memory.tenant_records import TenantRecords
 from krexd.memory.view import GpuMemory
 from krexd.memory.views import MemoryViews
-from krexd.runtime import STOPPING, Runtime
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.system.runtime import STOPPING, Runtime
+from krexd.tenancy.admission import GpuSlots
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.fakes import make_tenant
 
 G = 1 << 30
 M = 1 << 20
 
 
-def _slot(tenant: int, index: int, mib: int, *, state: str = "active", **oom: Any) -> SlotInfo:
+def _slot(
+    tenant: int, index: int, mib: int, *, state: str = "active", **oom: Any
+) -> RegistrationInfo:
     """A registration of ``tenant`` by this (live) process holding ``mib`` MiB."""
     pid = os.getpid()
-    return SlotInfo(
+    return RegistrationInfo(
         index=index,
         state=state,
         pid=pid,
@@ -70,16 +72,16 @@ class _Gate:
     """The gate reads the memory parts make: registrations and the WAITING bits."""
 
     def __init__(self) -> None:
-        self.registrations: list[SlotInfo] = []
+        self.records: list[RegistrationInfo] = []
 
-    def slots(self) -> list[SlotInfo]:
-        return list(self.registrations)
+    def registrations(self) -> list[RegistrationInfo]:
+        return list(self.records)
 
-    def live_registrations(self) -> list[SlotInfo]:
-        return [s for s in self.registrations if s.state in ("active", "exiting")]
+    def live_registrations(self) -> list[RegistrationInfo]:
+        return [s for s in self.records if s.state in ("active", "exiting")]
 
-    def waiting_for_memory(self) -> list[SlotInfo]:
-        return [s for s in self.registrations if s.oom.waiting]
+    def waiting_for_memory(self) -> list[RegistrationInfo]:
+        return [s for s in self.records if s.oom.waiting]
 
 
 @dataclass
@@ -147,7 +149,7 @@ def _rig(tmp_path: Path, total: int = 80 * G, **cfg: Any) -> _Rig:
 def test_a_device_read_and_the_shim_counts_make_the_view(tmp_path: Path) -> None:
     rig = _rig(tmp_path)
     a, b = rig.tenant(need=1 * G), rig.tenant(need=10 * G)
-    rig.gate.registrations = [_slot(a.id, 0, 3 * 1024), _slot(b.id, 0, 2 * 1024)]
+    rig.gate.records = [_slot(a.id, 0, 3 * 1024), _slot(b.id, 0, 2 * 1024)]
     assert rig.views.view(0) is None
     rig.views.refresh()  # before the first device read: nothing to read over
     assert rig.views.view(0) is None
@@ -158,7 +160,7 @@ def test_a_device_read_and_the_shim_counts_make_the_view(tmp_path: Path) -> None
     assert view.other == 15 * G and view.excess == 15 * G + 2 * G  # a is 2 GiB over its need
     assert a.memory.used_bytes == 3 * G and a.memory.exceeded and not b.memory.exceeded
     assert rig.views.shim_counts(0) == {a.id: 3 * G, b.id: 2 * G}
-    rig.gate.registrations = [_slot(a.id, 0, 1024)]  # b freed, a freed 2 GiB
+    rig.gate.records = [_slot(a.id, 0, 1024)]  # b freed, a freed 2 GiB
     rig.views.refresh(0)
     view = rig.views.view(0)
     assert view is not None and view.tenants_used == 1 * G and a.memory.peak_bytes == 3 * G
@@ -192,11 +194,11 @@ def test_a_live_waiting_allocation_blocks_its_gpu(tmp_path: Path) -> None:
     t = rig.tenant()
     policy = rig.policy()
     assert not policy.blocked(0)
-    rig.gate.registrations = [_slot(t.id, 0, 10, waiting=True)]
+    rig.gate.records = [_slot(t.id, 0, 10, waiting=True)]
     assert policy.blocked(0)
 
     class _Flags:
-        def waits_honoured(self, gate: Any, waiting: list[SlotInfo]) -> bool:
+        def waits_honoured(self, gate: Any, waiting: list[RegistrationInfo]) -> bool:
             return False  # past its bound, or not verified
 
     assert not rig.policy(flags=_Flags()).blocked(0)
@@ -219,13 +221,11 @@ def test_a_tenants_end_credits_its_counts_and_teaches_its_peak(tmp_path: Path) -
     t = rig.tenant()
     t.memory.label = "bench.py"
     rig.views.apply({0: DeviceMemory(80 * G, None, None, "shim")})
-    rig.gate.registrations = [_slot(t.id, 0, 6 * 1024, waited=2, failed=1, last="timeout")]
+    rig.gate.records = [_slot(t.id, 0, 6 * 1024, waited=2, failed=1, last="timeout")]
     records.refresh_tenant(t)
     assert (t.memory.oom_waited, t.memory.oom_cotenant) == (2, 1)
     # Its process ended and its slot was freed with its final counts.
-    rig.gate.registrations = [
-        _slot(t.id, 0, 6 * 1024, state="free", waited=3, failed=1, last="timeout")
-    ]
+    rig.gate.records = [_slot(t.id, 0, 6 * 1024, state="free", waited=3, failed=1, last="timeout")]
     t.memory.waiting = True
     records.tenant_ended(t)
     assert t.memory.oom_waited == 3 and not t.memory.waiting
@@ -309,7 +309,7 @@ def test_the_status_shows_each_gpus_memory_and_the_settings(tmp_path: Path) -> N
     status = MemoryStatus(rig.cfg, rig.views, policy, {0: rig.gpu.slots}, _Source({}), rig.learned)
     assert status.gpu_status(0) is None, "before the first read"
     rig.views.apply({0: DeviceMemory(80 * G, 10 * G, None, "fake")})
-    rig.gate.registrations = [_slot(t.id, 0, 1024, waiting=True)]
+    rig.gate.records = [_slot(t.id, 0, 1024, waiting=True)]
     row = status.gpu_status(0)
     assert row is not None
     assert row["available_bytes"] == 80 * G - 2 * G - 9 * G - 8 * G  # re-read: 1 GiB is t's

@@ -60,7 +60,7 @@ def _fill(gpu: SharedGpu, tenant: int | None):  # type: ignore[no-untyped-def]
 
 def _wait_until_waiting(gpu: SharedGpu, pid: int) -> None:
     deadline = time.monotonic() + 10
-    while not any(s.pid == pid and s.oom.waiting for s in gpu.gate.slots()):
+    while not any(s.pid == pid and s.oom.waiting for s in gpu.gate.registrations()):
         assert time.monotonic() < deadline, "the call never waited for co-tenants' memory"
         time.sleep(0.01)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krexd.memory.region_fit import RegionMemoryCheck
-from krexd.tenants import TenantRegistry
+from krexd.tenancy.tenants import TenantRegistry
 from tests.fakes import make_tenant
 
 G = 1 << 30

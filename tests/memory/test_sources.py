@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gpus import GpuInfo
+from krexd.hardware.inventory import GpuInfo
 from krexd.memory import opening, sources
 from tests.fakecuda.harness import FakeCuda, read_step
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from krexd.journal import JournalHandler, encode, log_fields, under_journal
+from krexd.system.journal import JournalHandler, encode, log_fields, under_journal
 
 
 def parse(data: bytes) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from krexd.region_stats import ENDED_CAUSES, Histogram, RegionStats
+from krexd.coordinator.region_stats import ENDED_CAUSES, Histogram, RegionStats
 
 
 def test_histogram_buckets_are_cumulative() -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from krexd.faults import FaultMonitor
 from krexd.gate import FaultSeen
+from krexd.orchestration.faults import FaultMonitor
 
 
 @dataclass
@@ -25,7 +25,7 @@ class _Slot:
 class _Gate:
     records: list[_Slot] = field(default_factory=list)
 
-    def slots(self) -> list[_Slot]:
+    def registrations(self) -> list[_Slot]:
         return list(self.records)
 
 

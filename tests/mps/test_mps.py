@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from krexd.mps import MpsError, MpsManager
+from krexd.hardware.mps import MpsError, MpsManager
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake-mps-control")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gpus import fake_uuid
+from krexd.hardware.inventory import fake_uuid
 from tests.conftest import Krexd
 from tests.fakecuda.harness import FakeCuda
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from krexd import state as saved_state
+from krexd.restarts import saved_state
 from tests.conftest import Krexd
 from tests.restarts.conftest import Restarter
 from tests.support import wait_for

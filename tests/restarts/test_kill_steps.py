@@ -3,7 +3,7 @@
 Real krexd, real cgroups, ``krex run`` with the real shim over the fake
 driver (its device timeline is the witness).  Three siblings launch kernels
 all the time; one holder enters regions in a loop.  krexd pauses at a step
-(``KREX_TEST_PAUSE_AT``, krexd/testhooks.py) or is caught holding a region,
+(``KREX_TEST_PAUSE_AT``, krexd/system/testhooks.py) or is caught holding a region,
 is SIGKILLed there and started again on the same config.  Then:
 
 * every ``krex run`` ends with its command's own exit code (0);

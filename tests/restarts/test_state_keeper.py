@@ -1,4 +1,4 @@
-"""The saved state's document (krexd/state_keeper.py): what a region entry costs, what is saved.
+"""The saved state's document (restarts/state_keeper.py): what a region entry costs, what is saved.
 
 Root-free: tenants and GPUs in memory, the state in a temporary directory.
 A save encodes again only the tenant records that changed; the document it
@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from krexd import adopt, states
-from krexd import state as saved_state
 from krexd.cgroups import TenantCgroup
-from krexd.gpus import fake_gpus
-from krexd.memory.records import TenantMemory
-from krexd.state_keeper import StateKeeper
-from krexd.tenants import Tenant, TenantRegistry
+from krexd.hardware.inventory import fake_gpus
+from krexd.restarts import adopt, saved_state
+from krexd.restarts.state_keeper import StateKeeper
+from krexd.tenancy import states
+from krexd.tenancy.memory_records import TenantMemory
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 
 ROOT = "/sys/fs/cgroup/krex-test"
 RESTING = {states.FREEZING, states.FROZEN, states.THAWING}
@@ -80,7 +80,7 @@ def _reference(registry: TenantRegistry, gpus: dict[int, Any]) -> dict[str, Any]
             "pids": sorted(t.pids),
             "state": (states.RUNNING if t.state in RESTING else t.state).value,
             "kill_reason": t.kill_reason,
-            "slots_fd": t.slots_fd if t.slots_attached else None,
+            "slots_fd": t.slots_fd if t.registrations_attached else None,
             "cgroup": {
                 "freezer": t.cgroup.freezer_dir,
                 "cpuset": t.cgroup.cpuset_dir,
@@ -95,7 +95,7 @@ def _reference(registry: TenantRegistry, gpus: dict[int, Any]) -> dict[str, Any]
     doc = {
         "cgroup_root": ROOT,
         "next_tenant_id": registry.next_id,
-        "restarts": 0,  # restarts continued from (krexd.counters), saved for the next krexd
+        "restarts": 0,  # restarts continued from (restarts.counters), saved for the next krexd
         "gpus": {
             str(i): {**g.coordinator.saved(), "gate": g.gate_path, "uuid": g.info.uuid}
             for i, g in gpus.items()
@@ -130,7 +130,7 @@ def test_the_saved_document_equals_one_encoded_from_scratch(tmp_path: Path) -> N
         registry.add(_tenant(registry.new_id()))
 
     def slots() -> None:
-        t2.slots_fd, t2.slots_attached = 7, True
+        t2.slots_fd, t2.registrations_attached = 7, True
 
     def memory() -> None:
         t1.memory.observe(t1.memory.peak_bytes + (1 << 30), "fake", 2 << 30)
@@ -238,7 +238,7 @@ def test_a_region_entry_encodes_the_holders_record_only(
 
 def test_resting_states_are_restored_as_the_states_they_stand_for() -> None:
     """Adoption restores a tenant saved in its resting state as it would the state itself."""
-    from krexd.state_fragments import resting_state
+    from krexd.restarts.state_fragments import resting_state
 
     restored = adopt._RESTORED_STATES
     for s in states.TENANT_EDGES:

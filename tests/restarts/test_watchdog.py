@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from krexd import watchdog
-from krexd.state import process_start
+from krexd.restarts import watchdog
+from krexd.restarts.saved_state import process_start
 from tests.conftest import REPO, Krexd
 from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
@@ -99,7 +99,7 @@ def test_a_stale_heartbeat_of_a_live_krexd_thaws_nothing(
     tree.mkdir()
     (tree / "cgroup.freeze").write_text("1")
     heartbeat.write_text(f"{k.pid} {start} {watchdog.boottime_ns() - 60 * 10**9}\n")
-    argv = [sys.executable, "-m", "krexd.watchdog", "--heartbeat", str(heartbeat)]
+    argv = [sys.executable, "-m", "krexd.restarts.watchdog", "--heartbeat", str(heartbeat)]
     argv += ["--tree", str(tree), "--bound", "1", "--pid", str(k.pid), "--socket", k.socket]
     dog = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:

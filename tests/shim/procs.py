@@ -99,7 +99,7 @@ def slot_of(gate: Any, tenant: int, index: int) -> Any:
 
 def alive_judge(s: Any) -> bool:
     """A drain judge for registrants without a shim image: the pid lives, same start time."""
-    from krexd.registrations import identity
+    from krexd.tenancy.registrations import identity
 
     who = identity(s.pid)
     return who is not None and who.start_ticks == s.start_ticks

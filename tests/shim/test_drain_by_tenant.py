@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from krexd.gate import Gate, GateTimeout
-from krexd.gate.slots import SlotInfo
+from krexd.gate.readback import SlotInfo
 
 from .procs import Tenant, slot_of, wait_for
 

@@ -221,7 +221,7 @@ def test_sibling_killed_in_teardown_frees_its_slot(
     t.proc.wait()
     info = slot_of(gate, pid)
     assert info.state == "exiting" and not alive_judge(info), info
-    gate.ignore(info)  # krexd's sweep (krexd.gatewatch) does this every 100 ms
+    gate.ignore(info)  # krexd's sweep (krexd.orchestration.gatewatch) does this every 100 ms
     info = slot_of(gate, pid)
     assert info.state == "dead" and info.ignored, info
     gate.reopen(HOLDER, 1)

@@ -334,7 +334,7 @@ def test_the_drain_backs_off_polling_a_slot_that_shows_a_call_in_flight(gate: Ga
     """
     import mmap
 
-    from krexd.registrations import identity
+    from krexd.tenancy.registrations import identity
 
     tenant_env(gate, 2)
     fd = gate.__dict__["_test_slot_fds"][2]

@@ -1,4 +1,4 @@
-"""A restarted krexd maps the same gate file again (adoption, krexd/adopt.py).
+"""A restarted krexd maps the same gate file again (adoption, krexd/restarts/adopt.py).
 
 Tenants map the gate read-only and keep their mapping of that very file, so
 a restarted krexd must write the same file: ``Gate.open`` maps it

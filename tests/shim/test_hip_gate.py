@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from krexd.gate import FaultSeen, Gate, SlotInfo
-from krexd.gpus import fake_amd_uuid
-from krexd.registrations import Verifier
+from krexd.hardware.inventory import fake_amd_uuid
+from krexd.tenancy.registrations import Verifier
 from tests.fakecuda import timeline
 from tests.fakehip.harness import FakeHip
 from tests.support import JsonLineReader, ShimBuild, tenant_env

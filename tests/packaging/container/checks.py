@@ -7,7 +7,7 @@ systemd as PID 1, and the host reads the results afterwards.
 
 Usage: ``python3 checks.py OUTDIR``. Writes ``OUTDIR/results.json``: a map
 check name -> ``{"ok": bool, "detail": str}``, rewritten after every check
-so a hang still leaves the earlier results; and ``OUTDIR/krexd.journal``.
+so a hang still leaves the earlier results; and ``OUTDIR/krexd.system.journal``.
 Checks run in order; later ones (stop, remove, purge) change the system.
 Standard library only: this runs on the container's /usr/bin/python3.
 """
@@ -476,7 +476,7 @@ def main() -> int:
     for c in CHECKS:
         c()
     journal = run(["journalctl", "--no-pager", "-o", "short-monotonic", "-u", UNIT])
-    OUT.joinpath("krexd.journal").write_text(journal.stdout + journal.stderr)
+    OUT.joinpath("krexd.system.journal").write_text(journal.stdout + journal.stderr)
     return 0 if all(r["ok"] for r in results.values()) else 1
 
 

@@ -1,0 +1,115 @@
+"""How many commands a GPU admits at once (its slots): ``[admission] slots_per_gpu``.
+
+``"auto"`` (the shipped default) derives the count per GPU from the two
+things a GPU's commands share off-region::
+
+    slots = clamp(1, min(floor(tenant_cores * K) within [AUTO_MIN, AUTO_MAX],
+                         floor((total_mem - headroom) / default_need)))
+
+* **CPU.**  A command spends ~1.5 % of its wall time in critical regions;
+  the rest (imports, compiling, building inputs, checking results, exit) is
+  CPU-bound work of one busy thread on the GPU's tenant cores (its CPU
+  slice minus the reserved ones, ``krexd.hardware.slices``), so the CPU, not the
+  GPU, bounds how many commands a GPU serves.  On the 16-core H200 host (15
+  tenant cores) 12 slots gave 7.85x native (docs/bench/replay-h200.md)
+  with the median import already 1.5x slower than native's (6.6 s against
+  4.5 s, 12 interpreters importing PyTorch on 15 cores), and 16 slots ran
+  12-21 % above 12 (docs/bench/memory-learned-h200.md: 61-63 against 52-55
+  ok/min), with 16 interpreters on 15 tenant cores.  ``K = 1.0``
+  (one slot per tenant core: 15 on that host) sits in the measured range
+  of 12-16 and does not oversubscribe the cores (more was not measured).
+  ``AUTO_MAX`` (64, the gate's ``KREX_GATE_MAX_TENANTS``) bounds the CPU
+  term on very large slices.
+* **Memory.**  Every command is charged at least ``[memory] default_need``;
+  a GPU of ``total - headroom`` bytes holds at most that many undeclared
+  commands (the admission policy caps the default need at one slot's share,
+  ``krexd.memory.policy``, which this keeps at ``default_need``).  The term
+  applies whether ``[memory] admission`` is on or off: it is what the card
+  can hold.
+* **At least AUTO_MIN (4) on the CPU side**, the fixed default krex
+  shipped before: on a small host (a 2-core machine has one tenant core)
+  one slot would serialize every command and a holder could never run
+  beside a sibling; four was measured as safe there for years of tests and
+  demos.  The memory term can still lower it, to 1 at the least.
+
+A fixed integer overrides the derivation (the same for every GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from krex_client.sizes import format_size
+
+AUTO = "auto"
+#: Slots per tenant core (see the module docstring for the measurements behind it).
+SLOTS_PER_CORE = 1.0
+#: The most slots the CPU term gives one GPU.
+AUTO_MAX = 64
+#: The fewest the CPU term gives (the fixed default of earlier versions).
+AUTO_MIN = 4
+
+
+@dataclass(frozen=True)
+class SlotChoice:
+    """A GPU's slot count: ``total`` slots, ``mode`` "auto" or "fixed", ``rule`` (one line)."""
+
+    total: int
+    mode: str
+    rule: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``gpus[].slots`` of ``status``)."""
+        return {"total": self.total, "mode": self.mode, "rule": self.rule}
+
+
+def choose(
+    setting: int | str, tenant_cores: int, total_mem: int, default_need: int, headroom: int
+) -> SlotChoice:
+    """One GPU's slots for ``[admission] slots_per_gpu`` = ``setting``.
+
+    Args:
+        setting: ``"auto"`` or a fixed count (>= 1, already checked by the config).
+        tenant_cores: number of the GPU's tenant cores (``CpuSlice.tenant_cores``).
+        total_mem: the GPU's memory (bytes; 0 when unknown: the memory term is skipped).
+        default_need: ``[memory] default_need`` (bytes; 0: the memory term is skipped).
+        headroom: ``[memory] headroom`` (bytes).
+
+    Returns:
+        The :class:`SlotChoice`: a fixed ``setting`` as is; "auto" in [1, AUTO_MAX].
+    """
+    if setting != AUTO:
+        n = int(setting)
+        return SlotChoice(n, "fixed", f"fixed: {n} ([admission] slots_per_gpu = {n})")
+    raw = int(max(0, tenant_cores) * SLOTS_PER_CORE)
+    cpu = min(max(raw, AUTO_MIN), AUTO_MAX)
+    cpu_text = f"cores {tenant_cores} x {SLOTS_PER_CORE:g}"
+    if raw > AUTO_MAX:
+        cpu_text += f" capped at {AUTO_MAX}"
+    elif raw < AUTO_MIN:
+        cpu_text += f" raised to {AUTO_MIN}"
+    terms = [cpu]
+    texts = [cpu_text]
+    if total_mem > 0 and default_need > 0:
+        usable = max(0, total_mem - headroom)
+        terms.append(usable // default_need)
+        texts.append(f"memory {format_size(usable)} / {format_size(default_need)}")
+    n = max(1, min(terms))
+    rule = f"auto: {n} = min({', '.join(texts)})"
+    if min(terms) < 1:
+        rule += ", at least 1"
+    return SlotChoice(n, "auto", rule)
+
+
+def check_setting(value: Any) -> int | str:
+    """The config checker of ``slots_per_gpu``: ``"auto"`` or an integer in [1, 1024].
+
+    Raises:
+        ValueError: anything else (one line, naming what is allowed).
+    """
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1024:
+        return value
+    raise ValueError(f'must be "auto" or an integer in [1, 1024], got {value!r}')

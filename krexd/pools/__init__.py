@@ -1,0 +1,3 @@
+"""Warm pools: their registry (registration, placement of their children, status)
+and their freeze during every region.
+"""
