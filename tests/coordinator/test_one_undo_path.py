@@ -9,6 +9,8 @@ Over the fakes of ``tests/fakes.py``: no root.
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from krexd import states
@@ -16,6 +18,7 @@ from krexd.config import RegionConfig
 from krexd.coordinator import Coordinator
 from krexd.pool_freeze import PoolFreeze
 from krexd.tenants import TenantRegistry
+from tests.coordinator.test_driver_locking import LockRig
 from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, rig, run
 from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
 
@@ -116,5 +119,40 @@ def test_a_second_cancel_during_a_failed_entrys_undo_still_reopens() -> None:
         grant = await r.enter(s1)
         await r.exit(s1, grant)
         assert_idle(r)
+
+    run(scenario())
+
+
+def test_a_cancel_while_the_unlock_waits_for_its_thread_still_unlocks() -> None:
+    # The exit's task is cancelled as the driver unlock waits for a worker thread.
+    # Before, the cancel reached the unlock's queued job, which never ran: the
+    # siblings' processes stayed locked through the driver (no GPU work) and the
+    # ledger kept them, although the region had ended and the gate reopened.
+    r = LockRig(3)
+    holder = r.tenants[0]
+    busy = threading.Event()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        grant = await r.enter(holder)
+        assert r.plock.locked, "the siblings' processes are locked in the region"
+        blocker = loop.run_in_executor(None, busy.wait)  # the one worker is busy
+        exiting = asyncio.ensure_future(r.exit(holder, grant))
+        while r.control.frozen and not exiting.done():
+            await asyncio.sleep(0)  # until the siblings are thawed: the unlock is next
+        exiting.cancel()
+        for _ in range(10):
+            await asyncio.sleep(0)  # the cancel reaches the unlock, queued behind the blocker
+        busy.set()
+        await blocker
+        try:
+            await exiting
+        except asyncio.CancelledError:
+            pass
+        await asyncio.sleep(0.05)
+        assert not r.plock.locked, f"left locked through the driver: {r.plock.locked}"
+        assert r.ledger.entries == [], "the ledger kept the unlocked processes"
+        assert r.coord.state == states.IDLE and r.gate.word is None
 
     run(scenario())
