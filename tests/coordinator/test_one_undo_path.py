@@ -9,9 +9,12 @@ Over the fakes of ``tests/fakes.py``: no root.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import pytest
 
 from krexd import states
 from krexd.config import RegionConfig
@@ -156,3 +159,54 @@ def test_a_cancel_while_the_unlock_waits_for_its_thread_still_unlocks() -> None:
         assert r.coord.state == states.IDLE and r.gate.word is None
 
     run(scenario())
+
+
+def test_an_end_cancelled_during_its_unwind_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # region_cancel's task is cancelled while the siblings thaw (a stop cancels the
+    # requests in flight).  The region ends all the same; before, its end was neither
+    # counted (regions.recovered) nor logged, so status said it never ended.
+    r = rig(2)
+    holder, _ = r.tenants
+
+    async def scenario() -> None:
+        await r.enter(holder)
+        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
+        cancelling = asyncio.ensure_future(r.coord.cancel(holder))
+        await asyncio.sleep(0.02)
+        cancelling.cancel()
+        try:
+            await cancelling
+        except asyncio.CancelledError:
+            pass
+        del r.control.is_frozen
+        assert_idle(r)
+
+    with caplog.at_level(logging.WARNING, logger="krexd.coordinator"):
+        run(scenario())
+    regions = r.coord.status()["regions"]
+    assert (regions["granted"], regions["recovered"]) == (1, 1), regions
+    assert "ended by recovery: cancelled by its holder" in caplog.text
+
+
+def test_an_exit_cancelled_during_its_unwind_is_counted_completed() -> None:
+    r = rig(2)
+    holder, _ = r.tenants
+
+    async def scenario() -> None:
+        grant = await r.enter(holder)
+        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
+        exiting = asyncio.ensure_future(r.exit(holder, grant))
+        await asyncio.sleep(0.02)
+        exiting.cancel()
+        try:
+            await exiting
+        except asyncio.CancelledError:
+            pass
+        del r.control.is_frozen
+        assert_idle(r)
+
+    run(scenario())
+    regions = r.coord.status()["regions"]
+    assert (regions["granted"], regions["completed"], regions["recovered"]) == (1, 1, 0)
