@@ -290,23 +290,34 @@ class DriverLocking:
         Called after the thaw: the driver does not return from an unlock of a
         frozen process.  Bounded by ``freeze_timeout_s``: an unlock that does
         not return is logged, and the ledger kept for the watchdog and a
-        successor.
+        successor.  Neither that bound nor a cancel (a stop cancels the
+        requests in flight) cuts the unlock short: its job, once handed to a
+        worker thread, runs (a job dropped unrun would leave the processes
+        locked after the region); a cancel is raised once it has returned.
         """
         if self._proc_lock is None or locks is None:
             return
         pids = locks.close()
         if not pids:
             return
-        try:
-            await asyncio.wait_for(
-                asyncio.to_thread(self._proc_lock.unlock_all, pids),
-                self._scope.cfg.freeze_timeout_s,
-            )
-        except TimeoutError:
+        job = asyncio.ensure_future(asyncio.to_thread(self._proc_lock.unlock_all, pids))
+        deadline = time.monotonic() + self._scope.cfg.freeze_timeout_s
+        cancelled: asyncio.CancelledError | None = None
+        while not job.done() and (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait((job,), timeout=left)
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+        failed = job.done() and (job.cancelled() or job.exception() is not None)
+        if not job.done():
             log.error("GPU %d: unlock of %s did not return", self._scope.gpu, sorted(pids))
-            return
-        if self._ledger is not None:
+            job.add_done_callback(_late_unlock)
+        elif not failed and self._ledger is not None:
             self._ledger.clear()
+        if cancelled is not None:
+            raise cancelled
+        if failed:
+            job.result()
 
     def settle(self, adopted: Region | None) -> None:
         """At start: the processes a krexd before left locked through the driver.
@@ -332,6 +343,12 @@ class DriverLocking:
             except DriverLockUnavailable as exc:
                 log.error("GPU %d: cannot unlock processes %s: %s", gpu, pids, exc)
         self._ledger.clear()
+
+
+def _late_unlock(job: asyncio.Future[dict[int, Result]]) -> None:
+    """An unlock that returned after its bound: its error logged (the ledger is kept)."""
+    if not job.cancelled() and job.exception() is not None:
+        log.error("late unlock failed: %s", job.exception())
 
 
 #: Reads of the GPU's users in one lock step when each finds a process of a frozen

@@ -313,10 +313,9 @@ class GatedRegions:
             raise KrexError(
                 Code.NOT_HOLDER, f"epoch {epoch} is not the current region's ({region.epoch})"
             )
-        thaw_ms = await self._end(region, "exit")
+        thaw_ms = await self._end(region, "exit")  # counted completed there (log_end)
         if thaw_ms is None:  # recovery ended it first
             raise KrexError(Code.REGION_ABORTED, f"region ended: {region.end_reason}")
-        self._scope.stats.completed += 1
         region_ms = (time.monotonic() - region.granted_at) * 1e3
         reply = exit_reply(sync_ms, launches, region_ms, thaw_ms)
         return {**reply, "witness": await self.steps.witness.see(region)}
@@ -347,7 +346,7 @@ class GatedRegions:
                 if exiting:
                     self._ended.exited(region.tenant.id, region.epoch)
                 self.requests.ended(region.tenant.id)  # the lock released last
-            log_end(self._scope, region, reason)
+                log_end(self._scope, region, reason)  # counted also when a cancel goes up
             return thaw_ms
 
     # ------------------------------------------------- what else acts on a region

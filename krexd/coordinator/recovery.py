@@ -99,8 +99,8 @@ def log_grant(scope: GpuScope, region: Region) -> None:
 
 
 def log_end(scope: GpuScope, region: Region, reason: str) -> None:
-    """Count and log a region's end: recovery at warning, an exit (``reason`` "exit") at
-    debug."""
+    """Count and log a region's end: recovery at warning (``recovered``), an exit
+    (``reason`` "exit", ``completed``) at debug."""
     if reason != "exit":
         scope.stats.recovered += 1
         log.warning(
@@ -111,7 +111,9 @@ def log_end(scope: GpuScope, region: Region, reason: str) -> None:
             reason,
             extra=log_fields("region_recovered", region.tenant.id, scope.gpu, region.epoch),
         )
-    elif log.isEnabledFor(logging.DEBUG):
+        return
+    scope.stats.completed += 1
+    if log.isEnabledFor(logging.DEBUG):
         log.debug(
             "GPU %d: tenant %d exited its region (epoch %d) after %.3f ms",
             scope.gpu,

@@ -9,13 +9,19 @@ Over the fakes of ``tests/fakes.py``: no root.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import pytest
 
 from krexd.config.config import RegionConfig
 from krexd.coordinator import Coordinator
 from krexd.pools.freeze import PoolFreeze
 from krexd.tenancy import states
 from krexd.tenancy.tenants import TenantRegistry
+from tests.coordinator.test_driver_locking import LockRig
 from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, rig, run
 from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
 
@@ -118,3 +124,89 @@ def test_a_second_cancel_during_a_failed_entrys_undo_still_reopens() -> None:
         assert_idle(r)
 
     run(scenario())
+
+
+def test_a_cancel_while_the_unlock_waits_for_its_thread_still_unlocks() -> None:
+    # The exit's task is cancelled as the driver unlock waits for a worker thread.
+    # Before, the cancel reached the unlock's queued job, which never ran: the
+    # siblings' processes stayed locked through the driver (no GPU work) and the
+    # ledger kept them, although the region had ended and the gate reopened.
+    r = LockRig(3)
+    holder = r.tenants[0]
+    busy = threading.Event()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        grant = await r.enter(holder)
+        assert r.plock.locked, "the siblings' processes are locked in the region"
+        blocker = loop.run_in_executor(None, busy.wait)  # the one worker is busy
+        exiting = asyncio.ensure_future(r.exit(holder, grant))
+        while r.control.frozen and not exiting.done():
+            await asyncio.sleep(0)  # until the siblings are thawed: the unlock is next
+        exiting.cancel()
+        for _ in range(10):
+            await asyncio.sleep(0)  # the cancel reaches the unlock, queued behind the blocker
+        busy.set()
+        await blocker
+        try:
+            await exiting
+        except asyncio.CancelledError:
+            pass
+        await asyncio.sleep(0.05)
+        assert not r.plock.locked, f"left locked through the driver: {r.plock.locked}"
+        assert r.ledger.entries == [], "the ledger kept the unlocked processes"
+        assert r.coord.state == states.IDLE and r.gate.word is None
+
+    run(scenario())
+
+
+def test_an_end_cancelled_during_its_unwind_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # region_cancel's task is cancelled while the siblings thaw (a stop cancels the
+    # requests in flight).  The region ends all the same; before, its end was neither
+    # counted (regions.recovered) nor logged, so status said it never ended.
+    r = rig(2)
+    holder, _ = r.tenants
+
+    async def scenario() -> None:
+        await r.enter(holder)
+        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
+        cancelling = asyncio.ensure_future(r.coord.cancel(holder))
+        await asyncio.sleep(0.02)
+        cancelling.cancel()
+        try:
+            await cancelling
+        except asyncio.CancelledError:
+            pass
+        del r.control.is_frozen
+        assert_idle(r)
+
+    with caplog.at_level(logging.WARNING, logger="krexd.coordinator"):
+        run(scenario())
+    regions = r.coord.status()["regions"]
+    assert (regions["granted"], regions["recovered"]) == (1, 1), regions
+    assert "ended by recovery: cancelled by its holder" in caplog.text
+
+
+def test_an_exit_cancelled_during_its_unwind_is_counted_completed() -> None:
+    r = rig(2)
+    holder, _ = r.tenants
+
+    async def scenario() -> None:
+        grant = await r.enter(holder)
+        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
+        exiting = asyncio.ensure_future(r.exit(holder, grant))
+        await asyncio.sleep(0.02)
+        exiting.cancel()
+        try:
+            await exiting
+        except asyncio.CancelledError:
+            pass
+        del r.control.is_frozen
+        assert_idle(r)
+
+    run(scenario())
+    regions = r.coord.status()["regions"]
+    assert (regions["granted"], regions["completed"], regions["recovered"]) == (1, 1, 0)
