@@ -20,7 +20,10 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import RegistrationInfo
+from krexd.gate import Gate, RegistrationInfo
+from krexd.tenancy.registrations import identity  # here: imported in the auditor, the first
+
+# test of a process had no audit for its first second, and its co-tenant was not seen
 from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env, forget_gate, tenant_env
 
 SHIM = BUILD / "lib" / "libkrex_shim.so"
@@ -146,8 +149,6 @@ def _audit(gate: Any, stop: threading.Event) -> None:
     relays frees; every 50 ms, registrations whose process exited are
     ignored (judged by pid and start time: these tests run no cgroups).
     """
-    from krexd.tenancy.registrations import identity
-
     n = 0
     while not stop.wait(0.005):
         n += 1
@@ -162,8 +163,6 @@ def _audit(gate: Any, stop: threading.Event) -> None:
 @pytest.fixture
 def shared_gpu(built: None, tmp_path: Path) -> Iterator[SharedGpu]:
     """A fresh 1 GiB simulated GPU and its gate, audited as krexd does; processes killed after."""
-    from krexd.gate import Gate
-
     gate = Gate.create(str(tmp_path / "gpu0.gate"), 0)
     gpu = SharedGpu(tmp_path, gate)
     stop = threading.Event()
