@@ -105,20 +105,24 @@ def alive_judge(s: Any) -> bool:
     return who is not None and who.start_ticks == s.start_ticks
 
 
-class CuTenant:
-    """A running ``cu_tenant`` (tests/shim/c/cu_tenant.c) driven line by line."""
+class LineTenant:
+    """A tenant program driven line by line: one command a line in, one JSON reply a line
+    out (``rc`` 0 on success); ``timeout_s``: the default wait for a reply."""
 
-    def __init__(self, build: ShimBuild, env: dict[str, str]) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str], name: str, timeout_s: float = 10.0
+    ) -> None:
         self.proc = subprocess.Popen(
-            [str(build.prog("cu_tenant"))],
+            argv,
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.timeout_s = timeout_s
         assert self.proc.stdout is not None
-        self._replies = JsonLineReader(self.proc.stdout, f"cu_tenant {self.pid}", self._ended)
+        self._replies = JsonLineReader(self.proc.stdout, f"{name} {self.pid}", self._ended)
 
     def _ended(self) -> str:
         err = self.proc.stderr.read() if self.proc.stderr else ""
@@ -135,15 +139,15 @@ class CuTenant:
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
 
-    def reply(self, timeout: float = 10.0) -> dict[str, Any]:
+    def reply(self, timeout: float | None = None) -> dict[str, Any]:
         """The next reply; AssertionError when none comes within ``timeout`` s."""
-        return self._replies.next(timeout)
+        return self._replies.next(self.timeout_s if timeout is None else timeout)
 
     def pending(self) -> bool:
         """True when no reply is waiting."""
         return self._replies.empty()
 
-    def run(self, command: str, timeout: float = 10.0) -> dict[str, Any]:
+    def run(self, command: str, timeout: float | None = None) -> dict[str, Any]:
         """Send ``command``, return its reply, assert it succeeded (rc 0)."""
         self.send(command)
         r = self.reply(timeout)
@@ -155,7 +159,14 @@ class CuTenant:
         if self.proc.poll() is None:
             try:
                 self.send("quit")
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=self.timeout_s)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+
+
+class CuTenant(LineTenant):
+    """A running ``cu_tenant`` (tests/shim/c/cu_tenant.c) driven line by line."""
+
+    def __init__(self, build: ShimBuild, env: dict[str, str]) -> None:
+        super().__init__([str(build.prog("cu_tenant"))], env, "cu_tenant")

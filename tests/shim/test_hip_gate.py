@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,9 +26,9 @@ from krexd.hardware.inventory import fake_amd_uuid
 from krexd.tenancy.registrations import Verifier
 from tests.fakecuda import timeline
 from tests.fakehip.harness import FakeHip
-from tests.support import JsonLineReader, ShimBuild, tenant_env
+from tests.support import ShimBuild, tenant_env
 
-from .procs import wait_for
+from .procs import LineTenant, wait_for
 
 HOLDER = 1
 SIBLING = 2
@@ -37,54 +36,11 @@ KERNEL_NS = 1_000_000_000
 TENANT = Path(__file__).with_name("hip_tenant.py")
 
 
-class HipTenant:
+class HipTenant(LineTenant):
     """A running ``hip_tenant.py`` under the shim."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(TENANT)],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self._replies = JsonLineReader(self.proc.stdout, f"hip_tenant {self.pid}", self._ended)
-
-    def _ended(self) -> str:
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        return f"rc {self.proc.wait()}\n{err}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def send(self, command: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-
-    def reply(self, timeout: float = 15.0) -> dict[str, Any]:
-        return self._replies.next(timeout)
-
-    def pending(self) -> bool:
-        return self._replies.empty()
-
-    def run(self, command: str, timeout: float = 15.0) -> dict[str, Any]:
-        self.send(command)
-        r = self.reply(timeout)
-        assert r["rc"] == 0, f"{command}: {r}"
-        return r
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.send("quit")
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__([sys.executable, str(TENANT)], env, "hip_tenant", timeout_s=15.0)
 
 
 @pytest.fixture
