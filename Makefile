@@ -107,7 +107,7 @@ check: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -m '$(FAST)'
+	$(PY) -m pytest -q -m '$(FAST)' -n 2 --dist loadfile
 
 test:
 	$(if $(NO_ROOT),@echo "$(NO_ROOT_TESTS)")

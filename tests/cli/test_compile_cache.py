@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from krex_cli import compile_cache as cc
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 UID = os.getuid()
 OTHER = UID + 4242

@@ -12,7 +12,7 @@ import pytest
 
 from krex_cli.krexctl import render
 from krexd.config.config import Config, ConfigError, load, with_overrides
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 SHOW_ENV = (
     "import json, os; print(json.dumps({k: os.environ.get(k) for k in "

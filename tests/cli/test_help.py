@@ -9,7 +9,7 @@ import pytest
 
 from krex_client.errors import ExitCode
 from krexd.cli.krexd import build_parser as krexd_parser
-from tests.conftest import KREX, KREXCTL
+from tests.support.krexd import KREX, KREXCTL
 
 KREXD = [sys.executable, "-m", "krexd"]
 HELPS = {

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from krex_cli.krexctl import render
-from tests.conftest import KREXCTL, Krexd
+from tests.support.krexd import KREXCTL, Krexd
 
 Factory = Callable[..., Krexd]
 

@@ -18,7 +18,7 @@ import pytest
 
 from krex_cli.queued import FIRST_S, REFRESH_S, QueueNotice, describe
 from krex_client.errors import ExitCode
-from tests.conftest import KREX
+from tests.support.krexd import KREX
 
 
 def _status(rows: list[dict[str, Any]]) -> dict[str, Any]:

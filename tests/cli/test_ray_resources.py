@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from krex_cli import ray_resources
-from tests.conftest import KREX, Krexd
+from tests.support.krexd import KREX, Krexd
 
 
 def krex(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

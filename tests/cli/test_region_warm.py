@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.fakecuda import timeline
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

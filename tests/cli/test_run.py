@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import KREX, Krexd
 from tests.support import gone, wait_for
+from tests.support.krexd import KREX, Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -23,7 +23,7 @@ from krex_cli.warm import client
 from krex_cli.warm import krexpool_wire as wire
 from krex_client.connection import Connection, RemoteError
 from tests.cli.warm_support import PY, Pools, warm_config
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.warm_support import PROBE, PROGS, PY, SERVED, Pools, diff, probe, warm_config
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli.warm_support import PROBE, PY, SERVED, Pools, pid_alive, probe, warm_config
-from tests.conftest import Krexd
 from tests.support import scrape, value, wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 PY = sys.executable
 PROGS = Path(__file__).resolve().parent / "progs"

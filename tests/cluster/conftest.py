@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from krex_cli import ray_resources
-from tests.conftest import REPO, Krexd, make_config, render_toml
 from tests.support import clean_env
+from tests.support.krexd import REPO, Krexd, make_config, render_toml
 
 OBJECT_STORE = 80 * 1024 * 1024
 _names = itertools.count()

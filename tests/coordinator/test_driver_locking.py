@@ -3,7 +3,7 @@
 The driver's lock (``krexd.hardware.driverlock``) is the authority of step 3: after
 the siblings are drained and frozen, every process on the GPU but the
 holder's is locked; each end path unlocks.  These tests drive the
-coordinator with ``tests/fakes.py`` (no root, no driver) and check the
+coordinator with ``tests/support/fakes.py`` (no root, no driver) and check the
 order and the outcomes: offenders ended, foreign processes by policy, the
 ledger written before any lock and cleared after the unlock.
 """
@@ -23,7 +23,7 @@ from krexd.system.errors import Code, KrexError
 from krexd.tenancy import states
 from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, run
-from tests.fakes import (
+from tests.support.fakes import (
     Events,
     FakeGate,
     FakeGuard,

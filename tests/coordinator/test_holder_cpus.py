@@ -26,7 +26,7 @@ from krexd.coordinator import Coordinator
 from krexd.coordinator.isolation import AffinityPinner, CgroupControl
 from krexd.hardware.slices import CpuSlice
 from krexd.tenancy.tenants import TenantRegistry
-from tests.fakes import Events, FakePinner, FakeTenantControl, make_tenant
+from tests.support.fakes import Events, FakePinner, FakeTenantControl, make_tenant
 
 SLICE = CpuSlice(0, cores=(0, 1, 2, 3), reserved=(3,), tenant_cores=(0, 1, 2))
 

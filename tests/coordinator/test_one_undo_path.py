@@ -3,7 +3,7 @@
 Each step of an entry pushes its compensator on the region's undo stack as
 it takes effect, the gate's reopen first; ``GatedRegions._teardown`` unwinds
 it for every path (krexd.coordinator.protocol), so the paths cannot drift.
-Over the fakes of ``tests/fakes.py``: no root.
+Over the fakes of ``tests/support/fakes.py``: no root.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from krexd.tenancy import states
 from krexd.tenancy.tenants import TenantRegistry
 from tests.coordinator.test_driver_locking import LockRig
 from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, rig, run
-from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
+from tests.support.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
 
 #: What an entry pushes, in push order (so unwound last-first: cores first, gate last).
 STACK = ["gate", "pools' freeze", "driver locks", "siblings' freeze", "cores"]

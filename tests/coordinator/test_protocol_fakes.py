@@ -1,6 +1,6 @@
 """The region protocol with in-memory fakes: no root, no cgroups, no built shim.
 
-The coordinator is driven in-process with ``tests/fakes.py`` standing in for
+The coordinator is driven in-process with ``tests/support/fakes.py`` standing in for
 the freezer, the pinner and the gate, so each test checks the order of the
 protocol's steps (paper §4.2, numbered 1-8 as there) and forces its races at
 an exact point.  The same protocol runs against real cgroups and the real
@@ -24,7 +24,7 @@ from krexd.hardware.slices import CpuSlice
 from krexd.system.errors import Code, KrexError
 from krexd.tenancy import states
 from krexd.tenancy.tenants import Tenant, TenantRegistry
-from tests.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant, until
+from tests.support.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant, until
 
 T = TypeVar("T")
 

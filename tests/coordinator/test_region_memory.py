@@ -1,4 +1,4 @@
-"""Memory-aware region entry with in-memory fakes (no root): krexd.coordinator + tests/fakes.py.
+"""Memory-aware region entry over in-memory fakes (no root): tests/support/fakes.py.
 
 Frozen siblings keep their memory for the whole region, so the coordinator
 checks that the holder's expected memory fits in what they leave free
@@ -28,7 +28,7 @@ from krexd.coordinator import Coordinator
 from krexd.hardware.slices import CpuSlice
 from krexd.system.errors import Code, KrexError
 from krexd.tenancy.tenants import Tenant, TenantRegistry
-from tests.fakes import (
+from tests.support.fakes import (
     Events,
     FakeGate,
     FakePinner,

@@ -1,6 +1,6 @@
 """Region requests have a per-tenant record from their arrival (issue: region_cancel races).
 
-Driven over the in-memory fakes of ``tests/fakes.py`` (no root): each test
+Driven over the in-memory fakes of ``tests/support/fakes.py`` (no root): each test
 forces one window in which the request was, before the record, found
 nowhere or found twice.
 """
@@ -14,7 +14,7 @@ import pytest
 from krexd.system.errors import Code, KrexError
 from krexd.tenancy import states
 from tests.coordinator.test_protocol_fakes import assert_idle, rig, run
-from tests.fakes import make_tenant, until
+from tests.support.fakes import make_tenant, until
 
 
 def test_second_enter_while_the_first_is_being_set_up_is_refused() -> None:

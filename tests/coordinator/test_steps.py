@@ -1,6 +1,6 @@
 """The coordinator's step objects, each over its own state (krexd.coordinator.steps).
 
-Over the fakes of ``tests/fakes.py``: no root, no cgroups, no gate.
+Over the fakes of ``tests/support/fakes.py``: no root, no cgroups, no gate.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from krexd.system.errors import Code, KrexError
 from krexd.tenancy import states
 from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.coordinator.test_protocol_fakes import SLICE, rig, run
-from tests.fakes import (
+from tests.support.fakes import (
     Events,
     FakePinner,
     FakeRegionMemory,

@@ -14,7 +14,7 @@ from krexd.coordinator.scope import GpuScope
 from krexd.coordinator.ungated import UngatedRegions
 from krexd.system.errors import KrexError
 from krexd.tenancy.tenants import TenantRegistry
-from tests.fakes import Events, FakeTenantControl
+from tests.support.fakes import Events, FakeTenantControl
 
 
 def tenant(tid: int) -> Any:

@@ -9,7 +9,7 @@ import pytest
 from krexd.system.errors import Code, KrexError
 from krexd.tenancy.admission import Admission
 from krexd.tenancy.quotas import UidCaps
-from tests.fakes import slots_for
+from tests.support.fakes import slots_for
 
 
 def run(coro: object) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from krex_client.connection import Connection, RemoteError
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

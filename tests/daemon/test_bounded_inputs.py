@@ -15,7 +15,7 @@ import msgpack
 import pytest
 
 from krex_client.protocol import MAX_FRAME_BYTES, decode_reply
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 Factory = Callable[..., Krexd]
 

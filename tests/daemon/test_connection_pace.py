@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.daemon.test_fair_shares import flood_beside_b
 from tests.daemon.test_identity import USER_A, as_user, finish
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

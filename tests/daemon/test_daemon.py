@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from krex_client.connection import Connection, RemoteError
-from tests.conftest import REPO, Krexd
 from tests.support import wait_for
+from tests.support.krexd import REPO, Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -32,8 +32,8 @@ from krexd.cgroups.detect import find_mounts
 from krexd.config.config import CgroupConfig, ConfigError, CpuConfig
 from krexd.hardware.inventory import fake_gpus
 from krexd.hardware.slices import compute_slices
-from tests.conftest import REPO, Krexd, make_config, render_toml
 from tests.support import clean_env
+from tests.support.krexd import REPO, Krexd, make_config, render_toml
 
 pytestmark = pytest.mark.root
 

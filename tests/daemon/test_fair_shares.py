@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.daemon.test_identity import USER_A, USER_B, as_user, finish
 from tests.support import wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

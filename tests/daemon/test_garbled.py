@@ -13,7 +13,7 @@ import zmq
 
 from krex_client.connection import Connection, RemoteError
 from krex_client.protocol import decode_reply
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

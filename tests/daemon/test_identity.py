@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Krexd
 from tests.support import JsonLineReader
+from tests.support.krexd import REPO, Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

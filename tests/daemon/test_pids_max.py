@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -15,7 +15,7 @@ import zmq
 
 from krexd.server.conn_caps import REFUSING_PER_UID
 from krexd.server.connections import REFUSE_GRACE_S
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

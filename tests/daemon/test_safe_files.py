@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from krexd.restarts import saved_state
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -11,7 +11,7 @@ import pytest
 from krex_cli.krexctl import render
 from krexd.config.config import AdmissionConfig, Config, ConfigError, from_dict, parse_cores
 from krexd.config.slot_count import AUTO_MAX, AUTO_MIN, choose
-from tests.conftest import KREXCTL, Krexd
+from tests.support.krexd import KREXCTL, Krexd
 
 G = 1 << 30
 

@@ -18,8 +18,8 @@ import pytest
 from krex_cli.warm import client, pooldir
 from krex_client.connection import RemoteError
 from tests.cli.warm_support import PY, Pools, warm_config
-from tests.conftest import Krexd
 from tests.daemon.test_identity import OPEN, USER_A, USER_B, as_user, finish
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

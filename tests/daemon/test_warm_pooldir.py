@@ -25,7 +25,7 @@ import pytest
 
 from krex_cli.warm import pooldir
 from tests.cli.warm_support import PY, Pools, warm_config
-from tests.conftest import Krexd
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

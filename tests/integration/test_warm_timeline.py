@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tests.cli.warm_support import SERVED, Pools, warm_config
-from tests.conftest import Krexd
 from tests.fakecuda import timeline
 from tests.support import REPO, fake_driver_env
+from tests.support.krexd import Krexd
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

@@ -13,7 +13,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from krexd.tenancy.admission import Admission, Waiter
-from tests.fakes import slots_for
+from tests.support.fakes import slots_for
 
 G = 1 << 30
 

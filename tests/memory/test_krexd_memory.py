@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.support import GPU_APIS, GpuApi, wait_for
+from tests.support.krexd import Krexd
 
 from .conftest import ALLOCATOR, Proc
 

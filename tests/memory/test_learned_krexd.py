@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.support import wait_for
+from tests.support.krexd import Krexd
 
 from .conftest import ALLOCATOR, Proc
 from .test_krexd_memory import Stack

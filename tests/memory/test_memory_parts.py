@@ -37,7 +37,7 @@ from krexd.memory.views import MemoryViews
 from krexd.system.runtime import STOPPING, Runtime
 from krexd.tenancy.admission import GpuSlots
 from krexd.tenancy.tenants import Tenant, TenantRegistry
-from tests.fakes import make_tenant
+from tests.support.fakes import make_tenant
 
 G = 1 << 30
 M = 1 << 20

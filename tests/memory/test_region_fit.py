@@ -13,7 +13,7 @@ from typing import Any
 
 from krexd.memory.region_fit import RegionMemoryCheck
 from krexd.tenancy.tenants import TenantRegistry
-from tests.fakes import make_tenant
+from tests.support.fakes import make_tenant
 
 G = 1 << 30
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from krex_cli.top import Events, render
-from tests.conftest import KREXCTL
+from tests.support.krexd import KREXCTL
 
 PROG = os.path.join(os.path.dirname(__file__), "progs", "regions.py")
 TMUX = shutil.which("tmux")

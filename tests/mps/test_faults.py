@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from krex_cli import casualty
-from tests.conftest import Krexd
 from tests.support import FAKE_DIR
+from tests.support.krexd import Krexd
 
 from .test_mps import FAKE
 

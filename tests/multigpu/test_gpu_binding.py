@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from krexd.hardware.inventory import fake_uuid
-from tests.conftest import Krexd
 from tests.fakecuda.harness import FakeCuda
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 

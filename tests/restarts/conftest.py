@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from tests.conftest import REPO, Krexd
 from tests.support import clean_env
+from tests.support.krexd import REPO, Krexd
 
 Factory = Callable[..., Krexd]
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 
 from krexd.restarts import saved_state
-from tests.conftest import Krexd
 from tests.restarts.conftest import Restarter
 from tests.support import wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.daemon.test_identity import USER_A, as_user, finish
 from tests.restarts.conftest import Restarter
 from tests.support import wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

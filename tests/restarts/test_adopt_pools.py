@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.cli.warm_support import Pools, warm_config
-from tests.conftest import Krexd
 from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import HOLDER
 from tests.support import fake_driver_env, wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

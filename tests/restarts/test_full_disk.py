@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.fakecuda import timeline
 from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
 from tests.support import fake_driver_env, wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

@@ -25,11 +25,11 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.fakecuda import timeline
 from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
 from tests.support import GpuApi, wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

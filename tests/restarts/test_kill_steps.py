@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Krexd
 from tests.fakecuda import timeline
 from tests.restarts.conftest import Restarter
 from tests.support import GPU_APIS, GpuApi, wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

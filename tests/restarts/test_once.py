@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from krex_client.connection import Connection, KrexUnavailable, RemoteError
-from tests.conftest import Krexd
 from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import frozen_tenants
 from tests.support import wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.cli.warm_support import PY, SERVED, Pools, pid_alive, warm_config
-from tests.conftest import Krexd
 from tests.restarts.conftest import Restarter
 from tests.support import wait_for
+from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]

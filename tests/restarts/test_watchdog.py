@@ -14,10 +14,10 @@ import pytest
 
 from krexd.restarts import watchdog
 from krexd.restarts.saved_state import process_start
-from tests.conftest import REPO, Krexd
 from tests.restarts.conftest import Restarter
 from tests.restarts.test_kill_steps import FAKEGPU, HOLDER, frozen_tenants
 from tests.support import fake_driver_env, wait_for
+from tests.support.krexd import REPO, Krexd
 
 pytestmark = [pytest.mark.root]
 Factory = Callable[..., Krexd]

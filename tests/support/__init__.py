@@ -1,5 +1,10 @@
 """Helpers shared by every test package, defined once (``tests/conftest.py`` exposes the fixtures).
 
+The package: this module (paths, builds, environments, waiting, reading
+programs' output), :mod:`tests.support.krexd` (a real krexd's handle and the
+test config) and :mod:`tests.support.fakes` (in-memory fakes of the
+coordinator's ports).  Test modules import these, never a conftest.
+
 * Paths of the built parts: :data:`REPO`, :data:`BUILD`, :class:`ShimBuild`
   (``libkrex_shim.so``, ``libkrex_gate.so``, the C programs of tests/shim),
   :data:`FAKE_DIR` (the fake driver of tests/fakecuda), :data:`HIP_DIR` (the
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "build"
 FAKE_DIR = BUILD / "fakecuda"
 HIP_DIR = BUILD / "fakehip"
