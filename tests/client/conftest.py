@@ -70,6 +70,8 @@ def fake_krex(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeConnection]:
     monkeypatch.setenv("KREX_TOKEN", "token")
     monkeypatch.setattr(region, "connect", lambda: conn)
     monkeypatch.setattr(region, "_conn", None)
+    # The "not running under krex run" warning is once per process: each test sees its own.
+    monkeypatch.setattr(region, "_warned", False)
     yield conn
     assert not conn.held, "a region was left open"
 
