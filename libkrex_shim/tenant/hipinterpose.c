@@ -343,19 +343,8 @@ int krex_hip_missing(int idx)
 
 static int is_hip_handle(void *handle)
 {
-    void *h = atomic_load_explicit(&hip_handle, memory_order_acquire);
-    if ((h && handle == h) || handle == atomic_load_explicit(&hip_handle_seen,
-                                                             memory_order_relaxed))
-        return handle != NULL;
-    struct link_map *lm = NULL;
-    if (dlinfo(handle, RTLD_DI_LINKMAP, &lm) != 0 || !lm || !lm->l_name)
-        return 0;
-    const char *base = strrchr(lm->l_name, '/');
-    base = base ? base + 1 : lm->l_name;
-    if (strncmp(base, "libamdhip64.so", 14) != 0)
-        return 0;
-    atomic_store_explicit(&hip_handle_seen, handle, memory_order_relaxed);
-    return 1;
+    return krex_handle_is_lib(handle, atomic_load_explicit(&hip_handle, memory_order_acquire),
+                              &hip_handle_seen, "libamdhip64.so");
 }
 
 void *krex_hip_dlsym_decide(void *handle, const char *name)

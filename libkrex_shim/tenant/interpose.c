@@ -145,20 +145,27 @@ static int is_driver_name(const char *name)
     return name && name[0] == 'c' && name[1] == 'u' && isupper((unsigned char)name[2]);
 }
 
-static int is_libcuda_handle(void *handle)
+int krex_handle_is_lib(void *handle, void *known, void *_Atomic *seen, const char *prefix)
 {
-    if (handle == atomic_load_explicit(&cuda_handle, memory_order_acquire) ||
-        handle == atomic_load_explicit(&cuda_handle_seen, memory_order_relaxed))
+    /* Relaxed: seen is a cache of a handle already checked below; a stale
+     * read only means checking again. */
+    if (handle == known || handle == atomic_load_explicit(seen, memory_order_relaxed))
         return handle != NULL;
     struct link_map *lm = NULL;
     if (dlinfo(handle, RTLD_DI_LINKMAP, &lm) != 0 || !lm || !lm->l_name)
         return 0;
     const char *base = strrchr(lm->l_name, '/');
     base = base ? base + 1 : lm->l_name;
-    if (strncmp(base, "libcuda.so", 10) != 0)
+    if (strncmp(base, prefix, strlen(prefix)) != 0)
         return 0;
-    atomic_store_explicit(&cuda_handle_seen, handle, memory_order_relaxed);
+    atomic_store_explicit(seen, handle, memory_order_relaxed);
     return 1;
+}
+
+static int is_libcuda_handle(void *handle)
+{
+    return krex_handle_is_lib(handle, atomic_load_explicit(&cuda_handle, memory_order_acquire),
+                              &cuda_handle_seen, "libcuda.so");
 }
 
 /* Our answer to dlsym(handle, name), or NULL to forward the call to the

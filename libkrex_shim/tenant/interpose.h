@@ -49,4 +49,12 @@ CUresult krex_route_proc_address(CUresult r, const char *symbol, void **pfn, int
 __attribute__((visibility("hidden"))) extern void *_Atomic krex_real_dlsym_ptr;
 __attribute__((visibility("hidden"))) void *krex_dlsym_decide(void *handle, const char *name);
 
+/* Is ``handle`` a dlopen handle of the library whose file name starts with
+ * ``prefix`` (``libcuda.so``, ``libamdhip64.so``)?  ``known``: the handle the
+ * shim opened; ``seen``: the cache of the last other handle found to be it
+ * (by its link map's name). */
+__attribute__((visibility("hidden"))) int krex_handle_is_lib(void *handle, void *known,
+                                                             void *_Atomic *seen,
+                                                             const char *prefix);
+
 #endif /* KREX_INTERPOSE_H */
