@@ -97,8 +97,11 @@ def test_fixed_warm_up_runs_inside_the_region_only(krexd_factory: Factory, tmp_p
         assert rec["warmed"] == {"sm_clock_mhz": None} and "cold_clock" not in _kinds(rec)
         assert rec["warmup"]["kind"] == "memset" and rec["warmup"]["stop"] == "budget"
         assert rec["warmup"]["launches"] == 0 and rec["launches"] == 1
-        # The L2 flush, then the warm-up's memsets, all within the budget.
-        assert len(memsets) > 10, memsets
+        # The L2 flush, then at least one memset for each warm-up slice, all
+        # within the budget (how many fit a slice depends on the host's speed;
+        # tests/client/test_warmup.py checks the slicing exactly).
+        assert rec["warmup"]["slices"] >= 1
+        assert len(memsets) >= 1 + rec["warmup"]["slices"], (rec, memsets)
         warm_span_ms = (memsets[-1].end_ns - memsets[1].start_ns) / 1e6
         assert warm_span_ms < 30.0 + SLACK_MS
         # The sibling was held off while the holder warmed.
@@ -136,5 +139,9 @@ def test_a_clock_that_stays_cold_spends_the_budget_and_warns(
     assert rec["warmed"] == {"sm_clock_mhz": 990}
     (cold,) = [w for w in rec["warnings"] if w["kind"] == "cold_clock"]
     assert "after" in cold["message"] and "warm-up" in cold["message"]
+    assert rec["warmup"]["stop"] == "budget"
     (memsets,) = _memsets_by_region(out, recs)
-    assert len(memsets) > 10, memsets
+    # The L2 flush, then at least one memset for each 2 ms slice the budget
+    # paid for (one slow memset on a loaded host spends several slices' time).
+    assert rec["warmup"]["slices"] >= 1
+    assert len(memsets) >= 1 + rec["warmup"]["slices"], (rec, memsets)
