@@ -56,7 +56,7 @@ from krexd.server import status_report
 from krexd.server.metrics import MetricsServer
 from krexd.server.server import Server, check_free
 from krexd.system.notify import Notifier
-from krexd.system.runtime import RESTARTING, SERVING, Runtime
+from krexd.system.runtime import Runtime, RunState
 from krexd.tenancy.admission import Admission
 from krexd.tenancy.registration_flags import WAIT_GRACE_S, RegistrationFlags
 from krexd.tenancy.registrations import Verifier
@@ -218,7 +218,7 @@ class Daemon(Stopping):
             self.continuity.start()
             keep = spawn(self.continuity.loop())
             serve = spawn(self.server.serve())
-            self.runtime.state = SERVING
+            self.runtime.change(RunState.SERVING)
             self.notifier.ready(f"serving {self.config.daemon.socket}: {self.summary_line()}")
             _log.info("krexd %s ready (pid %d)", self.version, self.pid)
             watchdog = spawn(self.notifier.watchdog_loop())
@@ -246,7 +246,7 @@ class Daemon(Stopping):
                 self.metrics.stop()
             if self.server is not None:
                 self.server.close()
-            if self.runtime.state != RESTARTING:
+            if self.runtime.state != RunState.RESTARTING:
                 if self.continuity is not None:
                     self.continuity.full_stop()
                 await self._cleanup_after_failure()

@@ -21,7 +21,7 @@ from krexd.server.server import Server
 from krexd.system import procfs
 from krexd.system.errors import Code
 from krexd.system.notify import Notifier
-from krexd.system.runtime import RESTARTING, STOPPING, Runtime
+from krexd.system.runtime import Runtime, RunState
 from krexd.tenancy.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")
@@ -50,7 +50,7 @@ class Stopping:
 
     def _leave_for_restart(self) -> None:
         """Exit for a restart: save, close the socket unanswered, leave cgroups and gates."""
-        self.runtime.state = RESTARTING
+        self.runtime.change(RunState.RESTARTING)
         self.notifier.stopping()
         if self.server is not None:
             # Parked requests are not answered (clients re-send them); the socket file stays.
@@ -81,7 +81,7 @@ class Stopping:
         parts = self.parts
         if parts is None:
             raise RuntimeError("shutdown before krexd's parts were built")
-        self.runtime.state = STOPPING
+        self.runtime.change(RunState.STOPPING)
         self.notifier.stopping()
         _log.info("shutting down: %s", self.summary_line())
         parts.admission.cancel_all(Code.SHUTTING_DOWN, "krexd is stopping")

@@ -36,7 +36,7 @@ from krexd.pools.registry import PoolRegistry
 from krexd.system import testhooks
 from krexd.system.errors import Code, KrexError
 from krexd.system.journal import log_fields
-from krexd.system.runtime import STOPPING, Runtime
+from krexd.system.runtime import Runtime, RunState
 from krexd.tenancy import identity, states
 from krexd.tenancy.admission import Admission
 from krexd.tenancy.memory_records import TenantMemory
@@ -412,7 +412,7 @@ class Lifecycle:
                 except Exception:
                     _log.exception("t%d: detaching its slot memory", tenant.id)
                 tenant.registrations_attached = False
-            if self._runtime.state != STOPPING:
+            if self._runtime.state != RunState.STOPPING:
                 # While krexd stops, an ended tenant stays registered (EXITED) so that
                 # its launcher's release, however late, reads its kill_reason.
                 self._tenants.remove(tenant)

@@ -112,7 +112,7 @@ def status(d: Reported) -> dict[str, Any]:
         gpus_out.append(row)
     return {
         **about(d),
-        "state": d.runtime.state,
+        "state": d.runtime.state.value,
         "healthy": not problems(d),
         "problems": problems(d),
         "socket": d.config.daemon.socket,

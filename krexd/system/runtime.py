@@ -8,23 +8,37 @@ refuse work once shutdown begins or run something in the background
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 from krexd.system.errors import Code, KrexError
 
-STARTING = "starting"
-SERVING = "running"
-STOPPING = "stopping"
-RESTARTING = "restarting"  # leaving the tenants to the next krexd (krexd/restarts/restart.py)
+
+class RunState(enum.Enum):
+    """krexd's run state; ``value`` is what ``status`` shows.  Edges: :data:`RUN_EDGES`."""
+
+    STARTING = "starting"
+    SERVING = "running"
+    STOPPING = "stopping"
+    RESTARTING = "restarting"  # leaving the tenants to the next krexd (krexd/restarts/restart.py)
+
+
+#: The run state's edges: serving once built; stopping or leaving for a restart is final.
+RUN_EDGES: dict[RunState, frozenset[RunState]] = {
+    RunState.STARTING: frozenset({RunState.SERVING, RunState.STOPPING, RunState.RESTARTING}),
+    RunState.SERVING: frozenset({RunState.STOPPING, RunState.RESTARTING}),
+    RunState.STOPPING: frozenset(),
+    RunState.RESTARTING: frozenset(),
+}
 
 
 class Runtime:
     """Run state (``starting``, ``running``, ``stopping``), uptime, background tasks."""
 
     def __init__(self) -> None:
-        self.state = STARTING
+        self._state = RunState.STARTING
         self.started_at = time.monotonic()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -32,9 +46,20 @@ class Runtime:
         """Seconds since krexd started (ms resolution)."""
         return round(time.monotonic() - self.started_at, 3)
 
+    @property
+    def state(self) -> RunState:
+        """The run state now (changed only by :meth:`change`)."""
+        return self._state
+
+    def change(self, to: RunState) -> None:
+        """Move to run state ``to``; ``ValueError`` for an edge not in :data:`RUN_EDGES`."""
+        if to not in RUN_EDGES[self._state]:
+            raise ValueError(f"krexd run state {self._state.value} -> {to.value} is not an edge")
+        self._state = to
+
     def check_serving(self) -> None:
         """Raise ``KrexError(SHUTTING_DOWN)`` once shutdown has begun."""
-        if self.state in (STOPPING, RESTARTING):
+        if self._state in (RunState.STOPPING, RunState.RESTARTING):
             raise KrexError(Code.SHUTTING_DOWN, "krexd is stopping")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from krexd.system.errors import KrexError
 from krexd.tenancy import states
 
 
@@ -79,3 +80,20 @@ def test_a_request_stage_is_guarded_like_any_state() -> None:
         states.change_state(q, states.HELD)  # the region's HELD, another machine
     states.change_state(q, states.RequestStage.HELD)
     assert q.state is states.RequestStage.HELD
+
+
+def test_krexds_run_state_moves_only_along_its_edges() -> None:
+    from krexd.system.runtime import RunState, Runtime
+
+    r = Runtime()
+    with pytest.raises(ValueError, match="starting -> starting"):
+        r.change(RunState.STARTING)
+    r.change(RunState.SERVING)
+    r.check_serving()
+    r.change(RunState.RESTARTING)
+    with pytest.raises(KrexError):
+        r.check_serving()
+    for to in RunState:  # leaving for a restart is final, stopping too
+        with pytest.raises(ValueError):
+            r.change(to)
+    assert r.state is RunState.RESTARTING and r.state != "restarting"

@@ -34,7 +34,7 @@ from krexd.memory.status import MemoryStatus
 from krexd.memory.tenant_records import TenantRecords
 from krexd.memory.view import GpuMemory
 from krexd.memory.views import MemoryViews
-from krexd.system.runtime import STOPPING, Runtime
+from krexd.system.runtime import Runtime, RunState
 from krexd.tenancy.admission import GpuSlots
 from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.support.fakes import make_tenant
@@ -289,7 +289,7 @@ def test_the_refresh_reads_tells_the_pools_kicks_admission_and_closes(tmp_path: 
         assert rig.views.view(0) is not None, "read once at start"
         while source.reads < 3:
             await asyncio.sleep(0.01)
-        runtime.state = STOPPING
+        runtime.change(RunState.STOPPING)
         while not source.closed:
             await asyncio.sleep(0.01)
 

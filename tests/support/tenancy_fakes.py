@@ -26,7 +26,7 @@ from krexd.hardware.inventory import GpuInfo
 from krexd.hardware.slices import CpuSlice
 from krexd.orchestration.gpu import Gpu
 from krexd.orchestration.lifecycle import Lifecycle
-from krexd.system.runtime import SERVING, Runtime
+from krexd.system.runtime import Runtime, RunState
 from krexd.tenancy.admission import Admission, GpuSlots
 from krexd.tenancy.memory_records import TenantMemory
 from krexd.tenancy.tenants import Tenant, TenantRegistry
@@ -184,7 +184,7 @@ def lifecycle_rig(
         for i in range(ngpus)
     }
     cgroups, records, runtime = FakeCgroups(events), FakeRecords(events), Runtime()
-    runtime.state = SERVING
+    runtime.change(RunState.SERVING)
     lifecycle = Lifecycle(config, runtime, gpus, registry, admission, cgroups, FakeNeeds(), records)
     return LifecycleRig(
         events, control, pinner, gates, registry, slots, admission, cgroups, records, runtime,
