@@ -56,7 +56,7 @@ from krexd.server import status_report
 from krexd.server.metrics import MetricsServer
 from krexd.server.server import Server, check_free
 from krexd.system.notify import Notifier
-from krexd.system.runtime import Runtime, RunState
+from krexd.system.runtime import RunState, Runtime
 from krexd.tenancy.admission import Admission
 from krexd.tenancy.registration_flags import WAIT_GRACE_S, RegistrationFlags
 from krexd.tenancy.registrations import Verifier

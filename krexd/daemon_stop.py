@@ -21,7 +21,7 @@ from krexd.server.server import Server
 from krexd.system import procfs
 from krexd.system.errors import Code
 from krexd.system.notify import Notifier
-from krexd.system.runtime import Runtime, RunState
+from krexd.system.runtime import RunState, Runtime
 from krexd.tenancy.tenants import TenantRegistry
 
 _log = logging.getLogger("krexd")

@@ -55,9 +55,7 @@ Words: the C layout (krex_gate.h) calls a registration a *slot* and a
 tenant's memory of registrations its *slot memory* (``krex_slot``,
 ``KREX_TENANT_SLOTS``, ``KREX_SLOTS_FD``, the wire's ``slots_fd``, admit's
 ``slots``); those names stay.  krexd's Python names say *registration*,
-and *slot* means an admission slot (``[admission] slots_per_gpu``).  The C
-names ``SlotInfo``, ``LIVE_SLOT_STATES`` and ``Gate.slots`` remain as
-aliases for the C shim's own tests, nowhere else.
+and *slot* means an admission slot (``[admission] slots_per_gpu``).
 
 The library is found through ``krexd.system.paths.gate_library()``.
 """
@@ -78,7 +76,6 @@ from krexd.gate.readback import (
     COTENANT_REASONS,
     FINDINGS,
     LIVE_REGISTRATION_STATES,
-    LIVE_SLOT_STATES,
     OOM_REASONS,
     REGISTRATION_STATES,
     FaultSeen,
@@ -87,7 +84,6 @@ from krexd.gate.readback import (
     OomRecord,
     Registration,
     RegistrationInfo,
-    SlotInfo,
 )
 
 __all__ = [
@@ -96,7 +92,6 @@ __all__ = [
     "FINDINGS",
     "GATE_MODE",
     "LIVE_REGISTRATION_STATES",
-    "LIVE_SLOT_STATES",
     "MAX_SLOTS",
     "MAX_TENANTS",
     "OOM_REASONS",
@@ -113,7 +108,6 @@ __all__ = [
     "OomRecord",
     "Registration",
     "RegistrationInfo",
-    "SlotInfo",
     "keep_path",
     "registration_memory_spec",
 ]

@@ -151,11 +151,6 @@ class RegistrationInfo:
     fault: FaultSeen | None = None
 
 
-#: The C layout's names (``krex_slot_info``, the slot states), for the shim's tests.
-SlotInfo = RegistrationInfo
-LIVE_SLOT_STATES = LIVE_REGISTRATION_STATES
-
-
 @dataclass(frozen=True)
 class Finding:
     """A state krexd's protocol cannot have produced, in ``tenant``'s slot memory."""

@@ -83,9 +83,6 @@ class GateRegistrationMemory(GateMapping):
         """
         return [info.snapshot() for info in self._read_registrations()]
 
-    #: The C layout's name (``krex_coord_slots``), for the shim's tests.
-    slots = registrations
-
     def live_registrations(self) -> list[Registration]:
         """The live (active or exiting), not ignored, registrations of every attached tenant.
 

@@ -36,7 +36,7 @@ from krexd.pools.registry import PoolRegistry
 from krexd.system import testhooks
 from krexd.system.errors import Code, KrexError
 from krexd.system.journal import log_fields
-from krexd.system.runtime import Runtime, RunState
+from krexd.system.runtime import RunState, Runtime
 from krexd.tenancy import identity, states
 from krexd.tenancy.admission import Admission
 from krexd.tenancy.memory_records import TenantMemory

@@ -34,7 +34,7 @@ from krexd.memory.status import MemoryStatus
 from krexd.memory.tenant_records import TenantRecords
 from krexd.memory.view import GpuMemory
 from krexd.memory.views import MemoryViews
-from krexd.system.runtime import Runtime, RunState
+from krexd.system.runtime import RunState, Runtime
 from krexd.tenancy.admission import GpuSlots
 from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.support.fakes import make_tenant

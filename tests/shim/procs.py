@@ -90,11 +90,11 @@ class Tenant:
 
 
 def slot_of(gate: Any, tenant: int, index: int) -> Any:
-    """Registration ``index`` of ``tenant`` on ``gate`` (krexd.gate.SlotInfo)."""
-    for s in gate.slots():
+    """Registration ``index`` of ``tenant`` on ``gate`` (krexd.gate.RegistrationInfo)."""
+    for s in gate.registrations():
         if s.tenant == tenant and s.index == index:
             return s
-    raise AssertionError(f"no slot {index} of tenant {tenant}: {gate.slots()}")
+    raise AssertionError(f"no slot {index} of tenant {tenant}: {gate.registrations()}")
 
 
 def alive_judge(s: Any) -> bool:

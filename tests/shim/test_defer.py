@@ -81,7 +81,7 @@ def test_deferred_shim_initialises_in_the_child_from_its_environment(
         time.sleep(0.5)
         child = first["child_pid"]
         assert timeline.by_pid(fc.records()).get(child, []) == [], "kernel ran in a region"
-        assert [s.state for s in gate.slots() if s.pid == child] == ["active"]
+        assert [s.state for s in gate.registrations() if s.pid == child] == ["active"]
         opened_ns = time.monotonic_ns()
         gate.reopen(HOLDER, 1)
         done = json.loads(p.stdout.readline())

@@ -146,7 +146,9 @@ def test_plain_loads_of_the_hip_runtime_keep_working(
     assert "krex: refused" not in err
     if "hipuser" in args[1]:
         assert r["call"] == 0  # hipInit through the hook: gated, registered
-        assert any(s.tenant == 2 for s in gate.slots() if s.state != "free"), gate.slots()
+        assert any(s.tenant == 2 for s in gate.registrations() if s.state != "free"), (
+            gate.registrations()
+        )
 
 
 def test_a_pass_through_process_may_load_the_hip_runtime_anyhow(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from krexd.gate import Gate, GateTimeout
-from krexd.gate.readback import SlotInfo
+from krexd.gate.readback import RegistrationInfo
 
 from .procs import Tenant, slot_of, wait_for
 
@@ -51,7 +51,7 @@ def test_a_drained_tenant_is_reported_while_another_is_pending(
     with pytest.raises(GateTimeout) as exc:
         gate.drain(HOLDER, 1, 2.0, reports)
     assert {s.tenant for s in exc.value.pending} == {2}
-    assert [s.ack_epoch for s in gate.slots() if s.pid == mate.pid] == [1]
+    assert [s.ack_epoch for s in gate.registrations() if s.pid == mate.pid] == [1]
     assert reports.seen, "settled never called"
     assert all(2 in p for _, p in reports.seen), reports.seen
     # Tenant 3 drained long before the timeout, and the drain said so at once.
@@ -72,7 +72,7 @@ def test_the_tenants_taken_are_not_waited_for(gate: Gate, spawn: Callable[..., T
     gate.drain(HOLDER, 4, 5.0, reports)  # tenant 2 taken: only tenant 3 is waited for
     assert time.monotonic() - t0 < 1.0
     assert reports.seen[0][1] >= {2}
-    acks = {s.tenant: s.ack_epoch for s in gate.slots()}
+    acks = {s.tenant: s.ack_epoch for s in gate.registrations()}
     assert acks == {2: 0, 3: 4}
     gate.reopen(HOLDER, 4)
 
@@ -100,7 +100,7 @@ def test_a_waiting_drain_sleeps(gate: Gate, spawn: Callable[..., Tenant], judged
         spawn(tenant, "--no-ack").wait_ready()
     judgements = []
 
-    def judge(slot: SlotInfo) -> bool:
+    def judge(slot: RegistrationInfo) -> bool:
         judgements.append(time.monotonic())
         return True
 

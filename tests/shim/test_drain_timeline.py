@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gate import Gate, SlotInfo
+from krexd.gate import Gate, RegistrationInfo
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
 from tests.support import ShimBuild, tenant_env
@@ -71,7 +71,9 @@ def test_stream_create_does_not_wait_for_a_drain(
     result: dict[str, tuple[int, int]] = {}
     th = threading.Thread(target=lambda: result.update(r=region(gate, 1)))
     th.start()
-    wait_for(lambda: gate.slots()[0].ack_epoch != 1 and gate.word is not None, what="closure")
+    wait_for(
+        lambda: gate.registrations()[0].ack_epoch != 1 and gate.word is not None, what="closure"
+    )
     time.sleep(0.2)  # the drainer is inside its synchronization now
     r = t.run("stream 1")
     took_ms = (r["t1"] - r["t0"]) / 1e6
@@ -129,9 +131,9 @@ def test_exit_without_sync_is_not_acknowledged(
 TEARDOWN_KERNEL_NS = 200_000_000
 
 
-def slot_of(gate: Gate, pid: int) -> SlotInfo:
+def slot_of(gate: Gate, pid: int) -> RegistrationInfo:
     """The slot that ``pid`` owns (any state but free)."""
-    mine = [s for s in gate.slots() if s.pid == pid and s.state != "free"]
+    mine = [s for s in gate.registrations() if s.pid == pid and s.state != "free"]
     assert len(mine) == 1, f"slots of {pid}: {mine}"
     return mine[0]
 

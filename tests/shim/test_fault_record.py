@@ -32,7 +32,7 @@ def _run(fc: FakeCuda, shim: ShimBuild, gate: Gate, tenant: int, *args: str, **e
 
 
 def _faults(gate: Gate) -> dict[int, FaultSeen | None]:
-    return {s.tenant: s.fault for s in gate.slots() if s.tenant}
+    return {s.tenant: s.fault for s in gate.registrations() if s.tenant}
 
 
 def test_the_faulting_process_records_its_error(
@@ -63,7 +63,7 @@ def test_a_forged_record_is_read_only_within_its_fields(
 ) -> None:
     """The tenant writes the word: krexd keeps only code, launched and at_sync."""
     assert _run(fc, shim_build, gate, 5, "--count", "50", "--fault-after", "4") == 1
-    (slot,) = [s for s in gate.slots() if s.tenant == 5]
+    (slot,) = [s for s in gate.registrations() if s.tenant == 5]
     fd = gate.__dict__["_test_slot_fds"][5]
     with mmap.mmap(fd, 0) as m:  # the tenant's own (read-write) view of its slot memory
         at = _SLOT0 + _SLOT_SIZE * slot.index + _FAULT_AT

@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gate import TENANT_SLOTS, Gate, GateBusy, GateError, GateStale, GateTimeout, SlotInfo
+from krexd.gate import (
+    TENANT_SLOTS,
+    Gate,
+    GateBusy,
+    GateError,
+    GateStale,
+    GateTimeout,
+    RegistrationInfo,
+)
 from tests.support import tenant_env
 
 from .procs import ShimBuild, Tenant, alive_judge, cpu_ticks, slot_of, wait_for
@@ -27,7 +35,7 @@ from .procs import ShimBuild, Tenant, alive_judge, cpu_ticks, slot_of, wait_for
 HOLDER = 1
 
 
-def indices(slots: list[SlotInfo]) -> list[int]:
+def indices(slots: list[RegistrationInfo]) -> list[int]:
     return [s.index for s in slots]
 
 
@@ -153,8 +161,8 @@ def test_sibling_dying_mid_drain(gate: Gate, spawn: Callable[..., Tenant], reap:
     assert info.state == "dead" and info.ignored
     # A newcomer of the same tenant does not take it during the region.
     newcomer = spawn(2)
-    wait_for(lambda: any(s.pid == newcomer.pid for s in gate.slots()), what="newcomer")
-    taken = [s.index for s in gate.slots() if s.pid == newcomer.pid]
+    wait_for(lambda: any(s.pid == newcomer.pid for s in gate.registrations()), what="newcomer")
+    taken = [s.index for s in gate.registrations() if s.pid == newcomer.pid]
     assert taken != [slot]
     gate.reopen(HOLDER, 1)
     t.proc.wait()
@@ -199,8 +207,8 @@ def test_registration_waits_for_reopen(gate: Gate, spawn: Callable[..., Tenant])
     """A process that registers while the gate is closed acknowledges and parks."""
     gate.close(HOLDER, 3)
     t = spawn(2)
-    wait_for(lambda: any(s.pid == t.pid for s in gate.slots()), what="registration")
-    (mine,) = [s.index for s in gate.slots() if s.pid == t.pid]
+    wait_for(lambda: any(s.pid == t.pid for s in gate.registrations()), what="registration")
+    (mine,) = [s.index for s in gate.registrations() if s.pid == t.pid]
     # It acknowledged the closure itself: it has no work and no drainer yet.
     assert indices(gate.wait_drained(HOLDER, 3, 2.0)) == [mine]
     time.sleep(0.2)
@@ -244,7 +252,7 @@ def test_exec_forgets_the_old_image(gate: Gate, spawn: Callable[..., Tenant]) ->
     t = spawn(2, "--exec")
     t.wait_ready()
     assert t.stats()["forgotten"] == 1
-    mine = [s for s in gate.slots() if s.pid == t.pid and s.state != "free"]
+    mine = [s for s in gate.registrations() if s.pid == t.pid and s.state != "free"]
     assert len(mine) == 1 and mine[0].index == t.stats()["slot"]
     gate.close(HOLDER, 1)
     gate.wait_drained(HOLDER, 1, 2.0)
@@ -316,12 +324,12 @@ def test_full_tenant_reclaims_exited_processes(
     ]
     for p in procs:
         assert p.wait(30) == 0
-    assert [s.state for s in gate.slots()] == ["active"] * TENANT_SLOTS
+    assert [s.state for s in gate.registrations()] == ["active"] * TENANT_SLOTS
     alive = spawn(2, "--calls", "0")
     alive.wait_ready()
-    mine = [s for s in gate.slots() if s.pid == alive.pid]
+    mine = [s for s in gate.registrations() if s.pid == alive.pid]
     assert len(mine) == 1 and mine[0].state == "active"
-    assert sum(s.state == "free" for s in gate.slots()) >= TENANT_SLOTS - 1
+    assert sum(s.state == "free" for s in gate.registrations()) >= TENANT_SLOTS - 1
 
 
 def test_the_drain_backs_off_polling_a_slot_that_shows_a_call_in_flight(gate: Gate) -> None:

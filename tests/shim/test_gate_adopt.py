@@ -48,7 +48,7 @@ def test_restarted_krexd_drains_through_the_same_gate(
         old.unmap()  # krexd is gone; the tenant keeps running on its mapping
         new = Gate.open(old.path, 0, keep_path(old.path), judge=alive_judge)
         new.__dict__["_test_slot_fds"] = fds
-        assert new.slots() == [], "nothing attached yet"
+        assert new.registrations() == [], "nothing attached yet"
         # The gate is open (word 0), yet its header keeps the last epoch closed:
         # without a seed, the new krexd continues from it (layout 9).
         assert new.epoch == 3

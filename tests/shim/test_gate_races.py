@@ -79,7 +79,7 @@ def exited_slot(spawn: Callable[..., Tenant]) -> int:
 
 def assert_owned(gate: Gate, live: list[Tenant]) -> None:
     """Every live registrant's slot is ACTIVE and names it; no slot is shared."""
-    slots = gate.slots()
+    slots = gate.registrations()
     seen: set[tuple[int, int]] = set()
     for t in live:
         assert t.proc.poll() is None, f"registrant {t.pid} ended"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from krexd.gate import FaultSeen, Gate, SlotInfo
+from krexd.gate import FaultSeen, Gate, RegistrationInfo
 from krexd.hardware.inventory import fake_amd_uuid
 from krexd.tenancy.registrations import Verifier
 from tests.fakecuda import timeline
@@ -58,8 +58,8 @@ def sibling(shim_build: ShimBuild, fh: FakeHip, gate: Gate) -> Iterator[Callable
         t.close()
 
 
-def mine(gate: Gate, pid: int) -> list[SlotInfo]:
-    return [s for s in gate.slots() if s.pid == pid and s.state != "free"]
+def mine(gate: Gate, pid: int) -> list[RegistrationInfo]:
+    return [s for s in gate.registrations() if s.pid == pid and s.state != "free"]
 
 
 def region(gate: Gate, epoch: int, hold_s: float = 0.3, timeout_s: float = 15.0) -> tuple[int, int]:
@@ -93,7 +93,7 @@ def test_a_hip_process_registers_and_is_verified(
     assert mine(gate, t.pid) == []
     t.run("init")  # hipInit (class C): the first gated call
     slots = mine(gate, t.pid)
-    assert len(slots) == 1, gate.slots()
+    assert len(slots) == 1, gate.registrations()
     s = slots[0]
     assert (s.state, s.tenant) == ("active", SIBLING)
     assert Verifier(lambda tenant: [t.pid] if tenant == SIBLING else None).resolve(s) == t.pid
@@ -222,7 +222,7 @@ def test_hipbench_is_gated_linked_or_through_dlsym(
         "--streams", "2", env=env,
     )  # fmt: skip
     try:
-        wait_for(lambda: any(s.tenant == SIBLING for s in gate.slots()), what="registered")
+        wait_for(lambda: any(s.tenant == SIBLING for s in gate.registrations()), what="registered")
         time.sleep(0.3)
         spans = [region(gate, e, hold_s=0.2) for e in (1, 2, 3)]
         out, err = proc.communicate(timeout=30)
@@ -259,7 +259,7 @@ def test_a_runtime_newer_than_the_table_is_refused(
     lines = [ln for ln in proc.stderr.splitlines() if "HIP runtime 7.1" in ln]
     assert len(lines) == 1, proc.stderr
     assert "newer than the shim's HIP table" in lines[0]
-    assert [s.gated_calls for s in gate.slots() if s.state != "free"] == [1]  # the load's
+    assert [s.gated_calls for s in gate.registrations() if s.state != "free"] == [1]  # the load's
     assert fh.records() == []
 
 
@@ -271,7 +271,7 @@ def test_a_compatible_newer_runtime_and_pass_through_are_not_refused(
     env = fh.env(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, SIBLING))
     out = fh.hipbench("--count", "2", env=env)
     assert out["launches"] == 2
-    assert any(s.tenant == SIBLING for s in gate.slots())
+    assert any(s.tenant == SIBLING for s in gate.registrations())
     plain = fh.env(LD_PRELOAD=str(shim_build.shim), KREX_FAKE_HIP_VERSION="70100000")
     assert fh.hipbench("--count", "2", env=plain)["launches"] == 2
 
@@ -378,7 +378,9 @@ def test_a_forked_hip_tenant(fh: FakeHip, gate: Gate, sibling: Callable[..., Hip
     assert span[0] - t0 >= KERNEL_NS, "the grant came before the parent's kernel ended"
     r = t.reply()
     assert r["pid"] == child and r["t1"] >= span[1], "the child's call passed the closed gate"
-    assert [s for s in gate.slots() if s.pid == child and s.state != "free"], "the child registered"
+    assert [s for s in gate.registrations() if s.pid == child and s.state != "free"], (
+        "the child registered"
+    )
     t.send("quit")  # the child
     assert t.reply()["child_rc"] == 0
     assert inside(kernels_of(fh, t.pid), span) == []
@@ -485,6 +487,6 @@ def test_a_hip_process_records_its_fatal_error(
     proc = fh.hipbench_proc("--count", "50", "--fault-after", "4", env=bad)
     proc.communicate(timeout=60)
     assert proc.returncode == 1
-    faults = {s.tenant: s.fault for s in gate.slots() if s.tenant}
+    faults = {s.tenant: s.fault for s in gate.registrations() if s.tenant}
     assert faults[2] is None, "a healthy process recorded a fault"
     assert faults[3] == FaultSeen(code=700, launched=True, at_sync=False)

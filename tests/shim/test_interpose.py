@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from krexd.gate import ABI_VERSION, LIVE_SLOT_STATES, Gate
+from krexd.gate import ABI_VERSION, LIVE_REGISTRATION_STATES, Gate
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
 from tests.support import json_lines, tenant_env
@@ -197,7 +197,7 @@ def test_siblings_stop_while_gate_closed(shim_build: ShimBuild, fc: FakeCuda, ga
         assert any(r.end_ns <= t_close for r in mine), link
         assert any(r.start_ns >= t_reopen for r in mine), link
         assert max(r.end_ns for r in mine if r.start_ns < t_ack) <= t_ack, link
-    for s in gate.slots():
+    for s in gate.registrations():
         if s.state == "active":
             assert s.ack_epoch == 11 and s.blocked_calls >= 1 and s.gated_calls > 10
 
@@ -241,7 +241,7 @@ def test_capture_survives_drain(
     t.run("begin 1 global")
     t.run("launch 1 5 1000000")  # captured, not executed
     t.run("launch 2 10 10000000")  # 100 ms of real work on another stream
-    assert gate.slots()[0].captures == 1
+    assert gate.registrations()[0].captures == 1
     gate.close(HOLDER, 4)
     gate.wait_drained(HOLDER, 4, 10.0)
     t_ack = time.monotonic_ns()
@@ -252,7 +252,7 @@ def test_capture_survives_drain(
     t.run("graph 1")
     t.run("sync 1")
     assert len([r for r in records_of(fc, t.pid) if r.captured]) == 5
-    assert gate.slots()[0].captures == 0
+    assert gate.registrations()[0].captures == 0
 
 
 def test_capturing_launch_passes_closed_gate(
@@ -359,7 +359,7 @@ def test_fork_child_registers_its_own_slot(shim_build: ShimBuild, fc: FakeCuda, 
         pids = {int(p.stdout.readline()), int(p.stdout.readline())}
         assert p.pid in pids
         wait_for(
-            lambda: {s.pid for s in gate.slots() if s.state == "active"} == pids,
+            lambda: {s.pid for s in gate.registrations() if s.state == "active"} == pids,
             what="parent and child slots",
         )
         gate.close(HOLDER, 1)
@@ -398,12 +398,12 @@ def test_exec_releases_the_slot(shim_build: ShimBuild, fc: FakeCuda, gate: Gate)
     assert p.stdin is not None and p.stdout is not None
     try:
         pid = int(p.stdout.readline())
-        assert [s.state for s in gate.slots() if s.pid == pid] == ["active"]
+        assert [s.state for s in gate.registrations() if s.pid == pid] == ["active"]
         p.stdin.write("\n")
         p.stdin.flush()
         assert p.stdout.readline().strip() == "new"
         # The new image (same pid, no drainer) released the old slot at start.
-        assert [s.state for s in gate.slots() if s.pid == pid] == []
+        assert [s.state for s in gate.registrations() if s.pid == pid] == []
         gate.close(HOLDER, 1)
         assert gate.wait_drained(HOLDER, 1, 2.0) == []
         gate.reopen(HOLDER, 1)
@@ -514,7 +514,7 @@ def test_driver_called_from_a_library_constructor(
     )
     assert out.returncode == 0 and out.stdout.strip() == "init=0 active=1", out
     # Exited: the slot stays registered (EXITING after the exit handler) until reclaimed.
-    mine = [s for s in gate.slots() if s.state in LIVE_SLOT_STATES]
+    mine = [s for s in gate.registrations() if s.state in LIVE_REGISTRATION_STATES]
     assert len(mine) == 1 and mine[0].gated_calls >= 1
 
 

@@ -167,7 +167,7 @@ def test_a_fork_child_does_not_wait_for_its_parents_marks(
         pids = {int(p.stdout.readline()), int(p.stdout.readline())}
         child = (pids - {p.pid}).pop()
         wait_for(
-            lambda: {s.pid for s in gate.slots() if s.state == "active"} >= pids,
+            lambda: {s.pid for s in gate.registrations() if s.state == "active"} >= pids,
             what="parent and child slots",
         )
         gate.close(HOLDER, 2)
@@ -195,7 +195,7 @@ def test_the_exit_path_waits_for_a_call_counted_in_its_mark(
         d = Drain(gate, 3)
         t.send("quit")  # exit begins while the marked call is in flight
         time.sleep(0.3)
-        states = {s.state for s in gate.slots() if s.pid == t.pid}
+        states = {s.state for s in gate.registrations() if s.pid == t.pid}
         assert "exiting" not in states, "EXITING with a marked call in flight"
         assert d.done_ns is None and d.error is None, "drained over a call in flight"
         armed.release()

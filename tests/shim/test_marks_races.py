@@ -104,7 +104,7 @@ def test_a_call_in_flight_over_a_second_at_exit_turns_the_slot_exiting_when_it_r
         replies = {t.reply(10)["cmd"], t.reply(10)["cmd"]}
         assert replies == {"bglaunch", "teardown"}, replies
         time.sleep(0.2)
-        states = {s.state for s in gate.slots() if s.pid == t.pid}
+        states = {s.state for s in gate.registrations() if s.pid == t.pid}
         gate.close(HOLDER, 5)
         try:
             gate.drain(HOLDER, 5, 2.0)

@@ -26,7 +26,7 @@ from krexd.hardware.inventory import GpuInfo
 from krexd.hardware.slices import CpuSlice
 from krexd.orchestration.gpu import Gpu
 from krexd.orchestration.lifecycle import Lifecycle
-from krexd.system.runtime import Runtime, RunState
+from krexd.system.runtime import RunState, Runtime
 from krexd.tenancy.admission import Admission, GpuSlots
 from krexd.tenancy.memory_records import TenantMemory
 from krexd.tenancy.tenants import Tenant, TenantRegistry
