@@ -15,6 +15,7 @@
 /* HIP's values the shim uses (hip_runtime_api.h; the same numbers in every
  * ROCm release). */
 #define KREX_HIP_SUCCESS 0
+#define KREX_HIP_ERROR_OUT_OF_MEMORY 2    /* hipErrorOutOfMemory */
 #define KREX_HIP_ERROR_NOT_FOUND 500      /* hipErrorNotFound */
 #define KREX_HIP_ERROR_NOT_SUPPORTED 801  /* hipErrorNotSupported */
 #define KREX_HIP_STREAM_PER_THREAD ((void *)(uintptr_t)2) /* hipStreamPerThread */

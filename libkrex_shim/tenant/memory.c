@@ -21,7 +21,10 @@
  * -- an allocation, or any other call that needs device memory: a launch
  * growing local memory, a module load, context or stream creation, graph
  * instantiation or upload, cuMemMap, page-locked host memory (the list is
- * tools/classes.toml [oom_retry]) -- krex_oom_retry() judges it:
+ * tools/classes.toml [oom_retry]) -- krex_oom_retry() judges it; a HIP call
+ * failing with hipErrorOutOfMemory (tools/hip_classes.toml [oom_retry]) is
+ * judged the same way by krex_hip_oom_retry() (one implementation,
+ * oom_retry(), told which error it saw and how to read the card's size):
  *
  *   the tenant alone would exceed the card     -> own error, returned now
  *   no live process of another tenant on the GPU -> own error, returned now
@@ -46,6 +49,7 @@
  * cache and retries after the first error: that retry must not wait again).
  */
 #include "memory.h"
+#include "hipinterpose.h"
 #include "interpose.h"
 
 #include <errno.h>
@@ -376,7 +380,16 @@ static void scan_gate(struct scan *sc, struct krex_slot *mine)
     }
 }
 
-static uint64_t device_total(void)
+/* What the judgement needs of the runtime whose call failed: its error's
+ * name (logged) and the size of the calling thread's device (0: unknown).
+ * Each runtime is asked through its own real function: a HIP process never
+ * loads libcuda, a CUDA one never loads the HIP runtime. */
+struct oom_runtime {
+    const char *oom_name;
+    uint64_t (*device_total)(void);
+};
+
+static uint64_t cuda_device_total(void)
 {
     __typeof__(&cuMemGetInfo_v2) f = KREX_REAL(cuMemGetInfo_v2);
     size_t free_b = 0, total = 0;
@@ -384,6 +397,19 @@ static uint64_t device_total(void)
         return 0;
     return (uint64_t)total;
 }
+
+static uint64_t hip_device_total(void)
+{
+    /* The runtime is loaded: this runs after one of its calls failed. */
+    krex_hip_abi_hipMemGetInfo *f = KREX_HIP_REAL(hipMemGetInfo);
+    size_t free_b = 0, total = 0;
+    if (!f || f(&free_b, &total) != KREX_HIP_SUCCESS)
+        return 0;
+    return (uint64_t)total;
+}
+
+static const struct oom_runtime cuda_runtime = {"CUDA_ERROR_OUT_OF_MEMORY", cuda_device_total};
+static const struct oom_runtime hip_runtime = {"hipErrorOutOfMemory", hip_device_total};
 
 /* Wait until krexd has audited the gate twice since now (at most 50 ms):
  * the summary read next was made after this call began. */
@@ -401,9 +427,10 @@ static void fresh_summary(const struct krex_gate *g)
 }
 
 /* KREX_OOM_NONE: co-tenants' memory, wait for it; else why to return now. */
-static enum krex_oom_reason judge(const struct scan *sc, uint64_t bytes, int first)
+static enum krex_oom_reason judge(const struct scan *sc, uint64_t bytes, int first,
+                                  const struct oom_runtime *rt)
 {
-    uint64_t total = device_total();
+    uint64_t total = rt->device_total();
     if (total && sc->own_bytes + bytes > total)
         return KREX_OOM_TOO_LARGE;
     if (sc->others == 0)
@@ -491,14 +518,17 @@ static void stop_waiting(struct krex_oom *o, int ev, enum krex_oom_reason why)
     oom_record(ev, why);
 }
 
-int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
+/* krex_oom_retry() for any runtime: the attempt failed for want of device
+ * memory (`oom`), succeeded (`ok`), or neither (another error). */
+static int oom_retry(struct krex_oom *o, const struct oom_runtime *rt, int oom, int ok,
+                     uint64_t bytes)
 {
-    if (r != CUDA_ERROR_OUT_OF_MEMORY) {
+    if (!oom) {
         if (o->waiting) {
-            stop_waiting(o, r == CUDA_SUCCESS ? EV_WAITED : EV_NONE, KREX_OOM_NONE);
+            stop_waiting(o, ok ? EV_WAITED : EV_NONE, KREX_OOM_NONE);
             krex_log(KREX_LOG_INFO, "%llu MiB: %s after waiting %.3f s for co-tenants' memory",
                      (unsigned long long)((bytes + MIB - 1) / MIB),
-                     r != CUDA_SUCCESS ? "failed otherwise" : bytes ? "allocated" : "succeeded",
+                     !ok ? "failed otherwise" : bytes ? "allocated" : "succeeded",
                      (double)(krex_now_ns() - o->start_ns) / 1e9);
         }
         return 0;
@@ -517,13 +547,13 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
         snprintf(what, sizeof what, "in a call that needs device memory");
     struct scan sc;
     scan_gate(&sc, mine);
-    enum krex_oom_reason why = judge(&sc, bytes, !o->waiting);
+    enum krex_oom_reason why = judge(&sc, bytes, !o->waiting, rt);
     if (why == KREX_OOM_ALONE && !o->waiting) {
         /* krexd's summary may predate a co-tenant's first allocation: judge
          * again on a summary made after this failure. */
         fresh_summary(g);
         scan_gate(&sc, mine);
-        why = judge(&sc, bytes, 1);
+        why = judge(&sc, bytes, 1, rt);
     }
     uint64_t now = krex_now_ns();
     if (why == KREX_OOM_NONE && o->waiting && now >= o->deadline_ns) {
@@ -537,8 +567,9 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
                      reason_text(why));
         else
             krex_log(KREX_LOG_WARN, "out of memory %s: %s (%u co-tenant process(es) "
-                     "hold %llu MiB): returning CUDA_ERROR_OUT_OF_MEMORY, caused by co-tenants",
-                     what, reason_text(why), sc.others, (unsigned long long)sc.other_mib);
+                     "hold %llu MiB): returning %s, caused by co-tenants",
+                     what, reason_text(why), sc.others, (unsigned long long)sc.other_mib,
+                     rt->oom_name);
         errno = saved;
         return 0;
     }
@@ -562,6 +593,17 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
     o->seq = atomic_load_explicit(&g->mem_seq, memory_order_seq_cst);
     errno = saved;
     return 1;
+}
+
+int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
+{
+    return oom_retry(o, &cuda_runtime, r == CUDA_ERROR_OUT_OF_MEMORY, r == CUDA_SUCCESS, bytes);
+}
+
+int krex_hip_oom_retry(struct krex_oom *o, uint32_t r, uint64_t bytes)
+{
+    return oom_retry(o, &hip_runtime, r == KREX_HIP_ERROR_OUT_OF_MEMORY, r == KREX_HIP_SUCCESS,
+                     bytes);
 }
 
 /* ---- fork ------------------------------------------------------------------------ */

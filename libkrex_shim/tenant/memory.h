@@ -13,7 +13,10 @@
  *            krex_oom_retry(&krex_o, r, requested_bytes));
  *
  * so a wait for co-tenants' memory never holds the in-flight count (a
- * region's drain would otherwise stall behind it).
+ * region's drain would otherwise stall behind it).  The HIP hooks
+ * (hip_hooks.gen.c, tools/hip_classes.toml [oom_retry]) run the same loop
+ * on hipErrorOutOfMemory with krex_hip_oom_retry(): one judgement and one
+ * wait for both runtimes, each reading its own card size.
  */
 #ifndef KREX_MEMORY_H
 #define KREX_MEMORY_H
@@ -38,6 +41,10 @@ struct krex_oom {
  * waits at most oom_wait_s (env KREX_OOM_WAIT_S) for co-tenants' memory,
  * never inside the tenant's own region. */
 int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes);
+/* The same for a HIP call that returned the hipError_t `r`
+ * (hipErrorOutOfMemory is the out-of-memory error; the card's size comes
+ * from hipMemGetInfo). */
+int krex_hip_oom_retry(struct krex_oom *o, uint32_t r, uint64_t bytes);
 
 /* Accounting of the process's device memory, published to its slot.
  * Frees take the size out before the call (`take`) and put it back if the
