@@ -7,7 +7,7 @@
 #include "hipdrain.h" /* krex_hip_after: the exit handler */
 #include "hipinterpose.h" /* the table */
 #include "hiptrack.h" /* devices, streams, captures */
-#include "memory.h" /* device memory */
+#include "memory.h" /* device memory, krex_hip_oom_retry */
 #include "shim.h" /* krex_hip_refused */
 #include "track.h" /* the capture lock */
 
@@ -448,13 +448,25 @@ KREX_HOOK uint32_t __hipPushCallConfiguration(struct krex_hip_abi_dim3 gridDim, 
 KREX_HOOK uint32_t hipArray3DCreate(void * array, void * pAllocateArray)
 {
     KREX_HIP_HOOK_BIND(hipArray3DCreate, krex_hip_unbound(KREX_HIP_EP_hipArray3DCreate));
-    return krex_real_fn(array, pAllocateArray);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(array, pAllocateArray);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipArrayCreate(void * pHandle, void * pAllocateArray)
 {
     KREX_HIP_HOOK_BIND(hipArrayCreate, krex_hip_unbound(KREX_HIP_EP_hipArrayCreate));
-    return krex_real_fn(pHandle, pAllocateArray);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(pHandle, pAllocateArray);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipArrayDestroy(void * array)
@@ -528,11 +540,16 @@ KREX_HOOK uint32_t hipCtxCreate(void * ctx, uint32_t flags, int32_t device)
 {
     KREX_HIP_HOOK_BIND(hipCtxCreate, krex_hip_unbound(KREX_HIP_EP_hipCtxCreate));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipCtxCreate);
-    uint32_t krex_r = krex_real_fn(ctx, flags, device);
-    krex_hip_note_device(krex_r, device);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipCtxCreate);
+        krex_r = krex_real_fn(ctx, flags, device);
+        krex_hip_note_device(krex_r, device);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -818,11 +835,16 @@ KREX_HOOK uint32_t hipDevicePrimaryCtxRetain(void * pctx, int32_t dev)
 {
     KREX_HIP_HOOK_BIND(hipDevicePrimaryCtxRetain, krex_hip_unbound(KREX_HIP_EP_hipDevicePrimaryCtxRetain));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxRetain);
-    uint32_t krex_r = krex_real_fn(pctx, dev);
-    krex_hip_note_device(krex_r, dev);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxRetain);
+        krex_r = krex_real_fn(pctx, dev);
+        krex_hip_note_device(krex_r, dev);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -932,13 +954,25 @@ KREX_HOOK uint32_t hipDrvPointerGetAttributes(uint32_t numAttributes, void * att
 KREX_HOOK uint32_t hipEventCreate(void * event)
 {
     KREX_HIP_HOOK_BIND(hipEventCreate, krex_hip_unbound(KREX_HIP_EP_hipEventCreate));
-    return krex_real_fn(event);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(event);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipEventCreateWithFlags(void * event, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipEventCreateWithFlags, krex_hip_unbound(KREX_HIP_EP_hipEventCreateWithFlags));
-    return krex_real_fn(event, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(event, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipEventDestroy(void * event)
@@ -987,11 +1021,16 @@ KREX_HOOK uint32_t hipExtLaunchKernel(void * function_address, struct krex_hip_a
 {
     KREX_HIP_HOOK_BIND(hipExtLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipExtLaunchKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtLaunchKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream, startEvent, stopEvent, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtLaunchKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream, startEvent, stopEvent, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1000,11 +1039,16 @@ KREX_HOOK uint32_t hipExtLaunchMultiKernelMultiDevice(void * launchParamsList, i
 {
     KREX_HIP_HOOK_BIND(hipExtLaunchMultiKernelMultiDevice, krex_hip_unbound(KREX_HIP_EP_hipExtLaunchMultiKernelMultiDevice));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtLaunchMultiKernelMultiDevice);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(launchParamsList, numDevices, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtLaunchMultiKernelMultiDevice);
+        krex_count_launch();
+        krex_r = krex_real_fn(launchParamsList, numDevices, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1012,8 +1056,13 @@ KREX_HOOK uint32_t hipExtLaunchMultiKernelMultiDevice(void * launchParamsList, i
 KREX_HOOK uint32_t hipExtMallocWithFlags(void * ptr, uint64_t sizeBytes, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipExtMallocWithFlags, krex_hip_unbound(KREX_HIP_EP_hipExtMallocWithFlags));
-    uint32_t krex_r = krex_real_fn(ptr, sizeBytes, flags);
-    krex_hip_mem_alloced(krex_r, ptr, sizeBytes);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, sizeBytes, flags);
+        krex_hip_mem_alloced(krex_r, ptr, sizeBytes);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(sizeBytes)));
     return krex_r;
 }
 
@@ -1021,11 +1070,16 @@ KREX_HOOK uint32_t hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, 
 {
     KREX_HIP_HOOK_BIND(hipExtModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipExtModuleLaunchKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1035,11 +1089,16 @@ KREX_HOOK uint32_t krex_hip_sym_hipExtModuleLaunchKernel(void * f, uint32_t glob
 {
     KREX_HIP_HOOK_BIND(hipExtModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipExtModuleLaunchKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1048,11 +1107,16 @@ KREX_HOOK uint32_t hipExtStreamCreateWithCUMask(void * stream, uint32_t cuMaskSi
 {
     KREX_HIP_HOOK_BIND(hipExtStreamCreateWithCUMask, krex_hip_unbound(KREX_HIP_EP_hipExtStreamCreateWithCUMask));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtStreamCreateWithCUMask);
-    uint32_t krex_r = krex_real_fn(stream, cuMaskSize, cuMask);
-    krex_hip_note_stream_created(krex_r, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtStreamCreateWithCUMask);
+        krex_r = krex_real_fn(stream, cuMaskSize, cuMask);
+        krex_hip_note_stream_created(krex_r, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1143,10 +1207,15 @@ KREX_HOOK uint32_t hipFuncGetAttributes(void * attr, void * func)
 {
     KREX_HIP_HOOK_BIND(hipFuncGetAttributes, krex_hip_unbound(KREX_HIP_EP_hipFuncGetAttributes));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncGetAttributes);
-    uint32_t krex_r = krex_real_fn(attr, func);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncGetAttributes);
+        krex_r = krex_real_fn(attr, func);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1155,10 +1224,15 @@ KREX_HOOK uint32_t hipFuncSetAttribute(void * func, uint32_t attr, int32_t value
 {
     KREX_HIP_HOOK_BIND(hipFuncSetAttribute, krex_hip_unbound(KREX_HIP_EP_hipFuncSetAttribute));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetAttribute);
-    uint32_t krex_r = krex_real_fn(func, attr, value);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetAttribute);
+        krex_r = krex_real_fn(func, attr, value);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1167,10 +1241,15 @@ KREX_HOOK uint32_t hipFuncSetCacheConfig(void * func, uint32_t config)
 {
     KREX_HIP_HOOK_BIND(hipFuncSetCacheConfig, krex_hip_unbound(KREX_HIP_EP_hipFuncSetCacheConfig));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetCacheConfig);
-    uint32_t krex_r = krex_real_fn(func, config);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetCacheConfig);
+        krex_r = krex_real_fn(func, config);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1179,10 +1258,15 @@ KREX_HOOK uint32_t hipFuncSetSharedMemConfig(void * func, uint32_t config)
 {
     KREX_HIP_HOOK_BIND(hipFuncSetSharedMemConfig, krex_hip_unbound(KREX_HIP_EP_hipFuncSetSharedMemConfig));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetSharedMemConfig);
-    uint32_t krex_r = krex_real_fn(func, config);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFuncSetSharedMemConfig);
+        krex_r = krex_real_fn(func, config);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1239,10 +1323,15 @@ KREX_HOOK uint32_t hipGetSymbolAddress(void * devPtr, void * symbol)
 {
     KREX_HIP_HOOK_BIND(hipGetSymbolAddress, krex_hip_unbound(KREX_HIP_EP_hipGetSymbolAddress));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetSymbolAddress);
-    uint32_t krex_r = krex_real_fn(devPtr, symbol);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetSymbolAddress);
+        krex_r = krex_real_fn(devPtr, symbol);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1251,10 +1340,15 @@ KREX_HOOK uint32_t hipGetSymbolSize(void * size, void * symbol)
 {
     KREX_HIP_HOOK_BIND(hipGetSymbolSize, krex_hip_unbound(KREX_HIP_EP_hipGetSymbolSize));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetSymbolSize);
-    uint32_t krex_r = krex_real_fn(size, symbol);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetSymbolSize);
+        krex_r = krex_real_fn(size, symbol);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1287,10 +1381,15 @@ KREX_HOOK uint32_t hipGetTextureReference(void * texref, void * symbol)
 {
     KREX_HIP_HOOK_BIND(hipGetTextureReference, krex_hip_unbound(KREX_HIP_EP_hipGetTextureReference));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetTextureReference);
-    uint32_t krex_r = krex_real_fn(texref, symbol);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGetTextureReference);
+        krex_r = krex_real_fn(texref, symbol);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1527,10 +1626,15 @@ KREX_HOOK uint32_t hipGraphInstantiate(void * pGraphExec, void * graph, void * p
 {
     KREX_HIP_HOOK_BIND(hipGraphInstantiate, krex_hip_unbound(KREX_HIP_EP_hipGraphInstantiate));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphInstantiate);
-    uint32_t krex_r = krex_real_fn(pGraphExec, graph, pErrorNode, pLogBuffer, bufferSize);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphInstantiate);
+        krex_r = krex_real_fn(pGraphExec, graph, pErrorNode, pLogBuffer, bufferSize);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1539,10 +1643,15 @@ KREX_HOOK uint32_t hipGraphInstantiateWithFlags(void * pGraphExec, void * graph,
 {
     KREX_HIP_HOOK_BIND(hipGraphInstantiateWithFlags, krex_hip_unbound(KREX_HIP_EP_hipGraphInstantiateWithFlags));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphInstantiateWithFlags);
-    uint32_t krex_r = krex_real_fn(pGraphExec, graph, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphInstantiateWithFlags);
+        krex_r = krex_real_fn(pGraphExec, graph, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1575,11 +1684,16 @@ KREX_HOOK uint32_t hipGraphLaunch(void * graphExec, void * stream)
 {
     KREX_HIP_HOOK_BIND(hipGraphLaunch, krex_hip_unbound(KREX_HIP_EP_hipGraphLaunch));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphLaunch);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(graphExec, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipGraphLaunch);
+        krex_count_launch();
+        krex_r = krex_real_fn(graphExec, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1714,11 +1828,16 @@ KREX_HOOK uint32_t hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, 
 {
     KREX_HIP_HOOK_BIND(hipHccModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipHccModuleLaunchKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1728,11 +1847,16 @@ KREX_HOOK uint32_t krex_hip_sym_hipHccModuleLaunchKernel(void * f, uint32_t glob
 {
     KREX_HIP_HOOK_BIND(hipHccModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipHccModuleLaunchKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1740,7 +1864,13 @@ KREX_HOOK uint32_t krex_hip_sym_hipHccModuleLaunchKernel(void * f, uint32_t glob
 KREX_HOOK uint32_t hipHostAlloc(void * ptr, uint64_t size, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipHostAlloc, krex_hip_unbound(KREX_HIP_EP_hipHostAlloc));
-    return krex_real_fn(ptr, size, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, size, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipHostFree(void * ptr)
@@ -1770,13 +1900,25 @@ KREX_HOOK uint32_t hipHostGetFlags(void * flagsPtr, void * hostPtr)
 KREX_HOOK uint32_t hipHostMalloc(void * ptr, uint64_t size, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipHostMalloc, krex_hip_unbound(KREX_HIP_EP_hipHostMalloc));
-    return krex_real_fn(ptr, size, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, size, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipHostRegister(void * hostPtr, uint64_t sizeBytes, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipHostRegister, krex_hip_unbound(KREX_HIP_EP_hipHostRegister));
-    return krex_real_fn(hostPtr, sizeBytes, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(hostPtr, sizeBytes, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipHostUnregister(void * hostPtr)
@@ -1860,11 +2002,16 @@ KREX_HOOK uint32_t hipLaunchByPtr(void * func)
 {
     KREX_HIP_HOOK_BIND(hipLaunchByPtr, krex_hip_unbound(KREX_HIP_EP_hipLaunchByPtr));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchByPtr);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(func);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchByPtr);
+        krex_count_launch();
+        krex_r = krex_real_fn(func);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1873,11 +2020,16 @@ KREX_HOOK uint32_t hipLaunchCooperativeKernel(void * f, struct krex_hip_abi_dim3
 {
     KREX_HIP_HOOK_BIND(hipLaunchCooperativeKernel, krex_hip_unbound(KREX_HIP_EP_hipLaunchCooperativeKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(f, gridDim, blockDimX, kernelParams, sharedMemBytes, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, gridDim, blockDimX, kernelParams, sharedMemBytes, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1886,11 +2038,16 @@ KREX_HOOK uint32_t hipLaunchCooperativeKernelMultiDevice(void * launchParamsList
 {
     KREX_HIP_HOOK_BIND(hipLaunchCooperativeKernelMultiDevice, krex_hip_unbound(KREX_HIP_EP_hipLaunchCooperativeKernelMultiDevice));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernelMultiDevice);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(launchParamsList, numDevices, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernelMultiDevice);
+        krex_count_launch();
+        krex_r = krex_real_fn(launchParamsList, numDevices, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1899,11 +2056,16 @@ KREX_HOOK uint32_t hipLaunchCooperativeKernel_spt(void * f, struct krex_hip_abi_
 {
     KREX_HIP_HOOK_BIND(hipLaunchCooperativeKernel_spt, krex_hip_unbound(KREX_HIP_EP_hipLaunchCooperativeKernel_spt));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 1);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernel_spt);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(f, gridDim, blockDim, kernelParams, sharedMemBytes, hStream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(hStream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchCooperativeKernel_spt);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, gridDim, blockDim, kernelParams, sharedMemBytes, hStream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1924,11 +2086,16 @@ KREX_HOOK uint32_t hipLaunchKernel(void * function_address, struct krex_hip_abi_
 {
     KREX_HIP_HOOK_BIND(hipLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipLaunchKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1937,11 +2104,16 @@ KREX_HOOK uint32_t hipLaunchKernel_spt(void * function_address, struct krex_hip_
 {
     KREX_HIP_HOOK_BIND(hipLaunchKernel_spt, krex_hip_unbound(KREX_HIP_EP_hipLaunchKernel_spt));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 1);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchKernel_spt);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 1);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipLaunchKernel_spt);
+        krex_count_launch();
+        krex_r = krex_real_fn(function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1949,38 +2121,66 @@ KREX_HOOK uint32_t hipLaunchKernel_spt(void * function_address, struct krex_hip_
 KREX_HOOK uint32_t hipMalloc(void * ptr, uint64_t size)
 {
     KREX_HIP_HOOK_BIND(hipMalloc, krex_hip_unbound(KREX_HIP_EP_hipMalloc));
-    uint32_t krex_r = krex_real_fn(ptr, size);
-    krex_hip_mem_alloced(krex_r, ptr, size);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, size);
+        krex_hip_mem_alloced(krex_r, ptr, size);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(size)));
     return krex_r;
 }
 
 KREX_HOOK uint32_t hipMalloc3D(void * pitchedDevPtr, struct krex_hip_abi_hipExtent extent)
 {
     KREX_HIP_HOOK_BIND(hipMalloc3D, krex_hip_unbound(KREX_HIP_EP_hipMalloc3D));
-    return krex_real_fn(pitchedDevPtr, extent);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(pitchedDevPtr, extent);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)extent.width * extent.height * extent.depth)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMalloc3DArray(void * array, void * desc, struct krex_hip_abi_hipExtent extent, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipMalloc3DArray, krex_hip_unbound(KREX_HIP_EP_hipMalloc3DArray));
-    return krex_real_fn(array, desc, extent, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(array, desc, extent, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMallocArray(void * array, void * desc, uint64_t width, uint64_t height, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipMallocArray, krex_hip_unbound(KREX_HIP_EP_hipMallocArray));
-    return krex_real_fn(array, desc, width, height, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(array, desc, width, height, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMallocAsync(void * dev_ptr, uint64_t size, void * stream)
 {
     KREX_HIP_HOOK_BIND(hipMallocAsync, krex_hip_unbound(KREX_HIP_EP_hipMallocAsync));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocAsync);
-    uint32_t krex_r = krex_real_fn(dev_ptr, size, stream);
-    krex_hip_mem_alloced(krex_r, dev_ptr, size);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocAsync);
+        krex_r = krex_real_fn(dev_ptr, size, stream);
+        krex_hip_mem_alloced(krex_r, dev_ptr, size);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(size)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -1989,11 +2189,16 @@ KREX_HOOK uint32_t hipMallocFromPoolAsync(void * dev_ptr, uint64_t size, void * 
 {
     KREX_HIP_HOOK_BIND(hipMallocFromPoolAsync, krex_hip_unbound(KREX_HIP_EP_hipMallocFromPoolAsync));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocFromPoolAsync);
-    uint32_t krex_r = krex_real_fn(dev_ptr, size, mem_pool, stream);
-    krex_hip_mem_alloced(krex_r, dev_ptr, size);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMallocFromPoolAsync);
+        krex_r = krex_real_fn(dev_ptr, size, mem_pool, stream);
+        krex_hip_mem_alloced(krex_r, dev_ptr, size);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(size)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -2001,28 +2206,50 @@ KREX_HOOK uint32_t hipMallocFromPoolAsync(void * dev_ptr, uint64_t size, void * 
 KREX_HOOK uint32_t hipMallocHost(void * ptr, uint64_t size)
 {
     KREX_HIP_HOOK_BIND(hipMallocHost, krex_hip_unbound(KREX_HIP_EP_hipMallocHost));
-    return krex_real_fn(ptr, size);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, size);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMallocManaged(void * dev_ptr, uint64_t size, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipMallocManaged, krex_hip_unbound(KREX_HIP_EP_hipMallocManaged));
-    uint32_t krex_r = krex_real_fn(dev_ptr, size, flags);
-    krex_hip_mem_alloced(krex_r, dev_ptr, size);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(dev_ptr, size, flags);
+        krex_hip_mem_alloced(krex_r, dev_ptr, size);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(size)));
     return krex_r;
 }
 
 KREX_HOOK uint32_t hipMallocMipmappedArray(void * mipmappedArray, void * desc, struct krex_hip_abi_hipExtent extent, uint32_t numLevels, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipMallocMipmappedArray, krex_hip_unbound(KREX_HIP_EP_hipMallocMipmappedArray));
-    return krex_real_fn(mipmappedArray, desc, extent, numLevels, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(mipmappedArray, desc, extent, numLevels, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMallocPitch(void * ptr, void * pitch, uint64_t width, uint64_t height)
 {
     KREX_HIP_HOOK_BIND(hipMallocPitch, krex_hip_unbound(KREX_HIP_EP_hipMallocPitch));
-    uint32_t krex_r = krex_real_fn(ptr, pitch, width, height);
-    krex_hip_mem_alloced(krex_r, ptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, pitch, width, height);
+        krex_hip_mem_alloced(krex_r, ptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)width * height)));
     return krex_r;
 }
 
@@ -2047,21 +2274,38 @@ KREX_HOOK uint32_t hipMemAdvise(void * dev_ptr, uint64_t count, uint32_t advice,
 KREX_HOOK uint32_t hipMemAllocHost(void * ptr, uint64_t size)
 {
     KREX_HIP_HOOK_BIND(hipMemAllocHost, krex_hip_unbound(KREX_HIP_EP_hipMemAllocHost));
-    return krex_real_fn(ptr, size);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, size);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemAllocPitch(void * dptr, void * pitch, uint64_t widthInBytes, uint64_t height, uint32_t elementSizeBytes)
 {
     KREX_HIP_HOOK_BIND(hipMemAllocPitch, krex_hip_unbound(KREX_HIP_EP_hipMemAllocPitch));
-    uint32_t krex_r = krex_real_fn(dptr, pitch, widthInBytes, height, elementSizeBytes);
-    krex_hip_mem_alloced(krex_r, dptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(dptr, pitch, widthInBytes, height, elementSizeBytes);
+        krex_hip_mem_alloced(krex_r, dptr, krex_r ? 0 : (uint64_t)*(size_t *)pitch * height);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)widthInBytes * height)));
     return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemCreate(void * handle, uint64_t size, void * prop, uint64_t flags)
 {
     KREX_HIP_HOOK_BIND(hipMemCreate, krex_hip_unbound(KREX_HIP_EP_hipMemCreate));
-    return krex_real_fn(handle, size, prop, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(handle, size, prop, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemExportToShareableHandle(void * shareableHandle, void * handle, uint32_t handleType, uint64_t flags)
@@ -2109,17 +2353,28 @@ KREX_HOOK uint32_t hipMemImportFromShareableHandle(void * handle, void * osHandl
 KREX_HOOK uint32_t hipMemMap(void * ptr, uint64_t size, uint64_t offset, void * handle, uint64_t flags)
 {
     KREX_HIP_HOOK_BIND(hipMemMap, krex_hip_unbound(KREX_HIP_EP_hipMemMap));
-    return krex_real_fn(ptr, size, offset, handle, flags);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(ptr, size, offset, handle, flags);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemMapArrayAsync(void * mapInfoList, uint32_t count, void * stream)
 {
     KREX_HIP_HOOK_BIND(hipMemMapArrayAsync, krex_hip_unbound(KREX_HIP_EP_hipMemMapArrayAsync));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemMapArrayAsync);
-    uint32_t krex_r = krex_real_fn(mapInfoList, count, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipMemMapArrayAsync);
+        krex_r = krex_real_fn(mapInfoList, count, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -2127,7 +2382,13 @@ KREX_HOOK uint32_t hipMemMapArrayAsync(void * mapInfoList, uint32_t count, void 
 KREX_HOOK uint32_t hipMemPoolCreate(void * mem_pool, void * pool_props)
 {
     KREX_HIP_HOOK_BIND(hipMemPoolCreate, krex_hip_unbound(KREX_HIP_EP_hipMemPoolCreate));
-    return krex_real_fn(mem_pool, pool_props);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(mem_pool, pool_props);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemPoolDestroy(void * mem_pool)
@@ -2883,7 +3144,13 @@ KREX_HOOK uint32_t hipMemset_spt(void * dst, int32_t value, uint64_t sizeBytes)
 KREX_HOOK uint32_t hipMipmappedArrayCreate(void * pHandle, void * pMipmappedArrayDesc, uint32_t numMipmapLevels)
 {
     KREX_HIP_HOOK_BIND(hipMipmappedArrayCreate, krex_hip_unbound(KREX_HIP_EP_hipMipmappedArrayCreate));
-    return krex_real_fn(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        krex_r = krex_real_fn(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMipmappedArrayDestroy(void * hMipmappedArray)
@@ -2908,10 +3175,15 @@ KREX_HOOK uint32_t hipModuleGetFunction(void * function, void * module, void * k
 {
     KREX_HIP_HOOK_BIND(hipModuleGetFunction, krex_hip_unbound(KREX_HIP_EP_hipModuleGetFunction));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleGetFunction);
-    uint32_t krex_r = krex_real_fn(function, module, kname);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleGetFunction);
+        krex_r = krex_real_fn(function, module, kname);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -2920,10 +3192,15 @@ KREX_HOOK uint32_t hipModuleGetGlobal(void * dptr, void * bytes, void * hmod, vo
 {
     KREX_HIP_HOOK_BIND(hipModuleGetGlobal, krex_hip_unbound(KREX_HIP_EP_hipModuleGetGlobal));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleGetGlobal);
-    uint32_t krex_r = krex_real_fn(dptr, bytes, hmod, name);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleGetGlobal);
+        krex_r = krex_real_fn(dptr, bytes, hmod, name);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -2944,11 +3221,16 @@ KREX_HOOK uint32_t hipModuleLaunchKernel(void * f, uint32_t gridDimX, uint32_t g
 {
     KREX_HIP_HOOK_BIND(hipModuleLaunchKernel, krex_hip_unbound(KREX_HIP_EP_hipModuleLaunchKernel));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLaunchKernel);
-    krex_count_launch();
-    uint32_t krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, stream, kernelParams, extra);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLaunchKernel);
+        krex_count_launch();
+        krex_r = krex_real_fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, stream, kernelParams, extra);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -2957,10 +3239,15 @@ KREX_HOOK uint32_t hipModuleLoad(void * module, void * fname)
 {
     KREX_HIP_HOOK_BIND(hipModuleLoad, krex_hip_unbound(KREX_HIP_EP_hipModuleLoad));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoad);
-    uint32_t krex_r = krex_real_fn(module, fname);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoad);
+        krex_r = krex_real_fn(module, fname);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -2969,10 +3256,15 @@ KREX_HOOK uint32_t hipModuleLoadData(void * module, void * image)
 {
     KREX_HIP_HOOK_BIND(hipModuleLoadData, krex_hip_unbound(KREX_HIP_EP_hipModuleLoadData));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoadData);
-    uint32_t krex_r = krex_real_fn(module, image);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoadData);
+        krex_r = krex_real_fn(module, image);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -2981,10 +3273,15 @@ KREX_HOOK uint32_t hipModuleLoadDataEx(void * module, void * image, uint32_t num
 {
     KREX_HIP_HOOK_BIND(hipModuleLoadDataEx, krex_hip_unbound(KREX_HIP_EP_hipModuleLoadDataEx));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoadDataEx);
-    uint32_t krex_r = krex_real_fn(module, image, numOptions, options, optionValues);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipModuleLoadDataEx);
+        krex_r = krex_real_fn(module, image, numOptions, options, optionValues);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -3029,10 +3326,15 @@ KREX_HOOK uint32_t hipOccupancyMaxActiveBlocksPerMultiprocessor(void * numBlocks
 {
     KREX_HIP_HOOK_BIND(hipOccupancyMaxActiveBlocksPerMultiprocessor, krex_hip_unbound(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessor));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessor);
-    uint32_t krex_r = krex_real_fn(numBlocks, f, blockSize, dynSharedMemPerBlk);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessor);
+        krex_r = krex_real_fn(numBlocks, f, blockSize, dynSharedMemPerBlk);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -3041,10 +3343,15 @@ KREX_HOOK uint32_t hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void * 
 {
     KREX_HIP_HOOK_BIND(hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, krex_hip_unbound(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags);
-    uint32_t krex_r = krex_real_fn(numBlocks, f, blockSize, dynSharedMemPerBlk, flags);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxActiveBlocksPerMultiprocessorWithFlags);
+        krex_r = krex_real_fn(numBlocks, f, blockSize, dynSharedMemPerBlk, flags);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -3053,10 +3360,15 @@ KREX_HOOK uint32_t hipOccupancyMaxPotentialBlockSize(void * gridSize, void * blo
 {
     KREX_HIP_HOOK_BIND(hipOccupancyMaxPotentialBlockSize, krex_hip_unbound(KREX_HIP_EP_hipOccupancyMaxPotentialBlockSize));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxPotentialBlockSize);
-    uint32_t krex_r = krex_real_fn(gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipOccupancyMaxPotentialBlockSize);
+        krex_r = krex_real_fn(gridSize, blockSize, f, dynSharedMemPerBlk, blockSizeLimit);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -3195,11 +3507,16 @@ KREX_HOOK uint32_t hipStreamCreate(void * stream)
 {
     KREX_HIP_HOOK_BIND(hipStreamCreate, krex_hip_unbound(KREX_HIP_EP_hipStreamCreate));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreate);
-    uint32_t krex_r = krex_real_fn(stream);
-    krex_hip_note_stream_created(krex_r, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreate);
+        krex_r = krex_real_fn(stream);
+        krex_hip_note_stream_created(krex_r, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -3208,11 +3525,16 @@ KREX_HOOK uint32_t hipStreamCreateWithFlags(void * stream, uint32_t flags)
 {
     KREX_HIP_HOOK_BIND(hipStreamCreateWithFlags, krex_hip_unbound(KREX_HIP_EP_hipStreamCreateWithFlags));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreateWithFlags);
-    uint32_t krex_r = krex_real_fn(stream, flags);
-    krex_hip_note_stream_created(krex_r, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreateWithFlags);
+        krex_r = krex_real_fn(stream, flags);
+        krex_hip_note_stream_created(krex_r, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }
@@ -3221,11 +3543,16 @@ KREX_HOOK uint32_t hipStreamCreateWithPriority(void * stream, uint32_t flags, in
 {
     KREX_HIP_HOOK_BIND(hipStreamCreateWithPriority, krex_hip_unbound(KREX_HIP_EP_hipStreamCreateWithPriority));
     krex_hip_thread_check();
-    struct krex_slot *krex_s = krex_enter();
-    if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreateWithPriority);
-    uint32_t krex_r = krex_real_fn(stream, flags, priority);
-    krex_hip_note_stream_created(krex_r, stream);
-    krex_leave(krex_s);
+    struct krex_oom krex_o = KREX_OOM_INIT;
+    uint32_t krex_r;
+    do {
+        struct krex_slot *krex_s = krex_enter();
+        if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamCreateWithPriority);
+        krex_r = krex_real_fn(stream, flags, priority);
+        krex_hip_note_stream_created(krex_r, stream);
+        krex_leave(krex_s);
+    } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
     krex_hip_after(krex_r);
     return krex_r;
 }

@@ -25,7 +25,12 @@ of epclass.py, shared with the CUDA generator) and writes three files:
   or D name returning ``hipError_t`` a *forwarding* hook, ``bind -> real``: the
   process's first bind loads the runtime and initializes it under the gate
   (hipinterpose.c), whichever HIP call comes first.  A C++-linkage name gets
-  a hook under its mangled symbol and one under its plain name.
+  a hook under its mangled symbol and one under its plain name.  The hook of
+  an ``[oom_retry]`` name (every call that can fail because the device is
+  full) repeats ``gate enter -> real -> gate leave`` while
+  ``krex_hip_oom_retry()`` (memory.c) asks to, as CUDA's hooks do: a name
+  that may need device memory (:func:`may_need_memory`) must be under
+  ``[oom_retry]`` or ``[oom_reviewed]``.
 * ``hip_entrypoints.gen.c``: compiled only against the headers (tests):
   compile-time checks that every C prototype of the table is the header's
   own and that every ABI prototype's parameters have the size and class of
@@ -37,13 +42,15 @@ defaults to ``$HIP_INCLUDE``, else ``/usr/include/hip`` if present, else
 ``/opt/rocm/include/hip``.  ``--check`` exits 1 when the files on disk
 differ from what it would write.  Errors (an unclassified or doubly
 classified name, a listed name the headers do not declare, a name that may
-do device work reaching D without review, a hooked parameter type the ABI
-reduction does not know) exit 2 with one line per problem.
+do device work reaching D without review, a name that may need device memory
+neither retried nor reviewed, a hooked parameter type the ABI reduction does
+not know) exit 2 with one line per problem.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -89,6 +96,7 @@ class Entry:
     post: str | None = None
     stream: str | None = None  # C expression of the call's stream, for capture checks
     forward: bool = False  # D, not otherwise hooked: bind (the gated initialization), call
+    oom_bytes: str | None = None  # C expression of the device bytes requested ([oom_retry])
     flags: list[str] = field(default_factory=list)
 
     @property
@@ -99,7 +107,10 @@ class Entry:
     @property
     def hooked(self) -> bool:
         """True when the shim exports a hook of this name."""
-        return self.gated or self.pre is not None or self.post is not None or self.forward
+        return (
+            self.gated or self.pre is not None or self.post is not None or self.forward
+            or self.oom_bytes is not None
+        )  # fmt: skip
 
     @property
     def abi(self) -> bool:
@@ -134,8 +145,9 @@ def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entr
 
     Raises GenError listing every problem: those of epclass.assign_classes,
     a ``[launch]`` name that is not a declared class-A name, an
-    ``[undeclared]`` name that the headers do declare, and a ``[gate_also]``,
-    ``[observe.*]`` or ``[calls]`` name that they do not.
+    ``[undeclared]`` name that the headers do declare, a ``[gate_also]``,
+    ``[observe.*]`` or ``[calls]`` name that they do not, and an
+    ``[oom_retry]`` name that is not a declared name returning ``hipError_t``.
     """
     risky = {n: is_risky(n, takes_stream(d)) for n, d in decls.items()}
     classes, problems = assign_classes(risky, rules, "the HIP headers", SOURCE)
@@ -167,6 +179,13 @@ def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entr
                 problems.append(f"{n}: bad [observe.{when}] entry")
             else:
                 setattr(entries[n], when, stmt)
+    for n, expr in _section(rules, "oom_retry").items():
+        if n not in entries or not isinstance(expr, str) or not expr.strip():
+            problems.append(f"{n}: bad [oom_retry] entry")
+        elif entries[n].decl.ret != "hipError_t":
+            problems.append(f"{n}: in [oom_retry] but returns {entries[n].decl.ret}")
+        else:
+            entries[n].oom_bytes = expr
     if problems:
         raise GenError("\n".join(sorted(problems)))
     for e in entries.values():
@@ -193,6 +212,57 @@ def classify(decls: dict[str, Decl], rules: dict[str, object]) -> dict[str, Entr
         if e.hooked:
             e.flags.append("KREX_HIP_EPF_HOOKED")
     return entries
+
+
+# ---- out-of-memory retries ------------------------------------------------------------
+
+# Names that say the call allocates, creates, registers, loads, launches,
+# instantiates, maps memory or retains: each may need device memory (outside
+# the graph-node API, which only edits graphs).
+MAY_NEED_MEMORY = re.compile(r"Malloc|Alloc|Create|Register|Load|Launch|Instantiate|MemMap|Retain")
+# A documentation comment and the declaration it documents, in a raw header.
+DOC_DECL = re.compile(
+    r"/\*\*((?:(?!\*/).)*)\*/\s*(?:HIP_PUBLIC_API\s+)?(?:DEPRECATED\([^)]*\)\s*)?"
+    r"hipError_t\s+(hip\w+)\s*\(",
+    re.S,
+)
+
+
+def documented_oom(include: Path, headers: list[str]) -> set[str]:
+    """Names whose documentation in ``headers`` (relative to ``include``) lists
+    ``hipErrorOutOfMemory`` among their returns."""
+    found: set[str] = set()
+    for h in headers:
+        text = (include / h).read_text()
+        found |= {
+            m.group(2) for m in DOC_DECL.finditer(text) if "hipErrorOutOfMemory" in m.group(1)
+        }
+    return found
+
+
+def may_need_memory(name: str, documented: set[str]) -> bool:
+    """True when the call may fail because the device is full: its name says it
+    allocates, creates, registers, loads, launches, instantiates, maps memory or
+    retains (graph-node API excepted), or the headers document ``hipErrorOutOfMemory`` for it.
+    HIP documents that error for few calls, so the name decides as well."""
+    return name in documented or (MAY_NEED_MEMORY.search(name) is not None and "Node" not in name)
+
+
+def check_oom(entries: dict[str, Entry], rules: dict[str, object], documented: set[str]) -> None:
+    """Every name that may need device memory is retried (``[oom_retry]``) or reviewed
+    (``[oom_reviewed]``), never both; raise GenError listing the others."""
+    reviewed = set(names(_section(rules, "oom_reviewed"), source=SOURCE))
+    problems = [f"{n}: in [oom_reviewed] but not declared" for n in reviewed if n not in entries]
+    for e in entries.values():
+        if e.oom_bytes is not None and e.name in reviewed:
+            problems.append(f"{e.name}: in both [oom_retry] and [oom_reviewed]")
+        elif e.oom_bytes is None and e.name not in reviewed and may_need_memory(e.name, documented):
+            problems.append(
+                f"{e.name}: may fail with hipErrorOutOfMemory; list it under [oom_retry], "
+                "or under [oom_reviewed] with the reason it is not retried"
+            )
+    if problems:
+        raise GenError("\n".join(sorted(problems)))
 
 
 # ---- the ABI reduction --------------------------------------------------------------
@@ -477,29 +547,46 @@ def _fail(e: Entry, what: str) -> str:
 
 
 def _hook_lines(e: Entry, ret: str, indent: str) -> list[str]:
+    """bind -> gate enter (or refuse) -> pre -> real -> post -> gate leave -> the exit
+    handler, one statement per line; an ``[oom_retry]`` name repeats the attempt (enter
+    to leave) while ``krex_hip_oom_retry()`` asks to, so a wait is outside the gate."""
     lines = [f"KREX_HIP_HOOK_BIND({e.name}, {_fail(e, 'unbound')});"]
     if e.forward:
         lines.append(f"return krex_real_fn({_args(e)});")
         return [f"{indent}{line}\n" for line in lines]
+    retry = e.oom_bytes is not None
+    attempt = []
     if e.gated:
         spt = 1 if e.name.endswith("_spt") else 0
         enter = f"krex_enter_hip_stream({e.stream}, {spt})" if e.stream else "krex_enter()"
         lines.append("krex_hip_thread_check();")
-        lines.append(f"struct krex_slot *krex_s = {enter};")
-        lines.append(f"if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return {_fail(e, 'refused')};")
+        attempt.append(f"struct krex_slot *krex_s = {enter};")
+        attempt.append(f"if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return {_fail(e, 'refused')};")
     if e.launch:
-        lines.append("krex_count_launch();")
+        attempt.append("krex_count_launch();")
     if e.pre:
-        lines.append(e.pre)
-    lines.append(f"{ret} krex_r = krex_real_fn({_args(e)});")
+        attempt.append(e.pre)
+    attempt.append(f"{'' if retry else ret + ' '}krex_r = krex_real_fn({_args(e)});")
     if e.post:
-        lines.append(e.post)
+        attempt.append(e.post)
     if e.gated:
-        lines.append("krex_leave(krex_s);")
-        if e.decl.ret == "hipError_t":
-            lines.append("krex_hip_after(krex_r);")
-    lines.append("return krex_r;")
-    return [f"{indent}{line}\n" for line in lines]
+        attempt.append("krex_leave(krex_s);")
+    out = [f"{indent}{line}\n" for line in lines]
+    if retry:
+        out.append(f"{indent}struct krex_oom krex_o = KREX_OOM_INIT;\n{indent}{ret} krex_r;\n")
+        out.append(f"{indent}do {{\n")
+        out += [f"{indent}    {line}\n" for line in attempt]
+        out.append(
+            f"{indent}}} while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || "
+            "krex_o.waiting) &&\n"
+            f"{indent}         krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)({e.oom_bytes})));\n"
+        )
+    else:
+        out += [f"{indent}{line}\n" for line in attempt]
+    if e.gated and e.decl.ret == "hipError_t":
+        out.append(f"{indent}krex_hip_after(krex_r);\n")
+    out.append(f"{indent}return krex_r;\n")
+    return out
 
 
 def render_hook(e: Entry, abi: Abi) -> str:
@@ -528,7 +615,7 @@ def render_hooks(
     out.append('#include "hipdrain.h" /* krex_hip_after: the exit handler */\n')
     out.append('#include "hipinterpose.h" /* the table */\n')
     out.append('#include "hiptrack.h" /* devices, streams, captures */\n')
-    out.append('#include "memory.h" /* device memory */\n')
+    out.append('#include "memory.h" /* device memory, krex_hip_oom_retry */\n')
     out.append('#include "shim.h" /* krex_hip_refused */\n')
     out.append('#include "track.h" /* the capture lock */\n\n')
     out.append("const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {\n")
@@ -567,8 +654,9 @@ def generate(include: Path, classes: Path) -> dict[str, str]:
     with classes.open("rb") as f:
         rules = tomllib.load(f)
     entries = classify(decls, rules)
-    ordered = [entries[n] for n in sorted(entries)]
     headers = sorted({d.header for d in decls.values()})
+    check_oom(entries, rules, documented_oom(include, headers))
+    ordered = [entries[n] for n in sorted(entries)]
     abi = build_abi(include, ordered, rules)
     return {
         HEADER_NAME: render_header(ordered, version, headers, abi),

@@ -10,6 +10,11 @@
 * every A and C name is hooked, and the hooked set is what the table's flags say;
 * the generator refuses a classification that leaves out a launch or lets a
   stream-taking name reach D unreviewed;
+* every ``[oom_retry]`` name's hook retries on hipErrorOutOfMemory through
+  krex_hip_oom_retry with its byte count, and the generator refuses a name that
+  may need device memory (by its name, or documented to return
+  hipErrorOutOfMemory) left out of ``[oom_retry]`` and ``[oom_reviewed]``, and a
+  name in both;
 * the generated C compiles with -Wall -Wextra -Werror against the headers: each
   prototype is the header's, each ABI type (the hooks' parameter types, which need
   no HIP header) has the size, alignment and class of the header's;
@@ -286,6 +291,50 @@ def test_every_gated_name_is_hooked() -> None:
     for name in ("hipStreamBeginCapture", "hipStreamEndCapture", "hipSetDevice"):
         assert "KREX_HIP_EPF_HOOKED" in rows[name][2], name
     assert "KREX_HIP_EPF_GATED" in rows["hipStreamBeginCapture"][2]
+
+
+def test_oom_retry_hooks_retry() -> None:
+    hooks = GEN_HOOKS.read_text()
+    retried: dict[str, str] = rules()["oom_retry"]
+    assert {"hipMalloc", "hipMallocAsync", "hipModuleLoadData", "hipModuleLaunchKernel"} <= set(
+        retried
+    )
+    for name, expr in retried.items():
+        body = re.search(rf"KREX_HOOK \w+ {name}\(.*?\n}}\n", hooks, re.S)
+        assert body, name
+        assert "krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting" in body.group(0), name
+        assert f"krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)({expr}))" in body.group(0), name
+    # No other hook retries (a C++-linkage name has a second hook under its symbol).
+    hooked_twice = [n for n in retried if f"krex_hip_sym_{n}(" in hooks]
+    assert hooks.count("krex_hip_oom_retry(") == len(retried) + len(hooked_twice)
+
+
+def test_generator_refuses_an_unreviewed_allocation(hip_include: Path, tmp_path: Path) -> None:
+    text = (TOOLS / "hip_classes.toml").read_text()
+    broken = (
+        # An allocation left out (its name says it allocates) ...
+        text.replace('hipMallocManaged = "size"\n', "", 1)
+        # ... a name only its documentation marks (hipErrorOutOfMemory) ...
+        .replace('"hipIpcGetMemHandle", ', "", 1)
+        # ... and a name both retried and reviewed.
+        .replace('"hiprtcCreateProgram",', '"hiprtcCreateProgram", "hipMalloc",', 1)
+    )
+    assert 'hipMallocManaged = "size"' not in broken and '"hipIpcGetMemHandle"' not in broken
+    assert '"hiprtcCreateProgram", "hipMalloc",' in broken
+    (tmp_path / "hip_classes.toml").write_text(broken)
+    proc = run_generator(
+        "--hip-include",
+        str(hip_include),
+        "--classes",
+        str(tmp_path / "hip_classes.toml"),
+        "--out-dir",
+        str(tmp_path),
+    )
+    assert proc.returncode == 2
+    assert "hipMallocManaged: may fail with hipErrorOutOfMemory" in proc.stderr
+    assert "hipIpcGetMemHandle: may fail with hipErrorOutOfMemory" in proc.stderr
+    assert "hipMalloc: in both [oom_retry] and [oom_reviewed]" in proc.stderr
+    assert not (tmp_path / "hip_hooks.gen.c").exists()
 
 
 def test_generator_refuses_an_unknown_by_value_type(hip_include: Path, tmp_path: Path) -> None:
