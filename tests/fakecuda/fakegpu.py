@@ -79,6 +79,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuStreamQuery": [_P],
     "cuStreamWaitEvent": [_P, _P, _U],
     "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), _SZ],
+    "cuMemAllocAsync": [ctypes.POINTER(ctypes.c_uint64), _SZ, _P],
     "cuMemFree_v2": [ctypes.c_uint64],
     "cuMemGetInfo_v2": [_PSZ, _PSZ],
     "cuPointerGetAttribute": [_P, _I, ctypes.c_uint64],
@@ -221,6 +222,12 @@ class FakeGpu:
         self.drv.call("cuMemAlloc_v2", ctypes.byref(p), nbytes)
         return p.value
 
+    def alloc_async(self, nbytes: int, stream: int | None = None) -> int:
+        """Allocate ``nbytes`` in stream order on ``stream`` (cuMemAllocAsync, a gated call)."""
+        p = ctypes.c_uint64()
+        self.drv.call("cuMemAllocAsync", ctypes.byref(p), nbytes, stream)
+        return p.value
+
     def free(self, ptr: int) -> None:
         """Free device memory from :meth:`alloc` (synchronizes, like cuMemFree)."""
         self.drv.call("cuMemFree_v2", ptr)
@@ -330,13 +337,29 @@ def init(device: int = 0) -> FakeGpu:
     return _default
 
 
-def _hip(device: int) -> Any:
-    """``hipgpu.init(device)``: tests/fakehip/hipgpu.py, beside this module's folder."""
+def _hipgpu() -> Any:
+    """The module tests/fakehip/hipgpu.py, beside this module's folder."""
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.join(os.path.dirname(here), "fakehip"))
+    folder = os.path.join(os.path.dirname(here), "fakehip")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     import hipgpu  # noqa: PLC0415 - only HIP tenants load it
 
-    return hipgpu.init(device)
+    return hipgpu
+
+
+def _hip(device: int) -> Any:
+    """``hipgpu.init(device)``."""
+    return _hipgpu().init(device)
+
+
+def error_type() -> type[RuntimeError]:
+    """What a failed call of :func:`init`'s device raises: :class:`CudaError`, or under
+    ``KREX_TEST_GPU_API=hip`` ``hipgpu.HipError`` (both carry ``code`` and ``name``)."""
+    if os.environ.get("KREX_TEST_GPU_API") == "hip":
+        err: type[RuntimeError] = _hipgpu().HipError
+        return err
+    return CudaError
 
 
 def _gpu() -> FakeGpu:

@@ -230,6 +230,12 @@ class HipGpu:
         self.hip.call("hipMalloc", ctypes.byref(p), size)
         return int(p.value or 0)
 
+    def malloc_async(self, size: int, stream: int | None = None) -> int:
+        """hipMallocAsync on ``stream`` (None: the null stream); the device pointer."""
+        p = ctypes.c_void_p()
+        self.hip.call("hipMallocAsync", ctypes.byref(p), size, stream)
+        return int(p.value or 0)
+
     def free(self, ptr: int) -> None:
         """hipFree."""
         self.hip.call("hipFree", ptr)
@@ -283,6 +289,10 @@ class HipGpu:
     def alloc(self, size: int) -> int:
         """:meth:`malloc`."""
         return self.malloc(size)
+
+    def alloc_async(self, size: int, stream: int | None = None) -> int:
+        """:meth:`malloc_async`."""
+        return self.malloc_async(size, stream)
 
     def mem_info(self) -> tuple[int, int]:
         """:meth:`mem_get_info`: (free, total) bytes."""

@@ -4,8 +4,10 @@
 creates a gate for GPU 0 in the test's directory and gives processes on it:
 ``start(tenant, *steps)`` runs ``fakealloc`` (tests/fakecuda) with the shim
 preloaded as tenant ``tenant`` (``tenant=None``: no shim, a process krex does
-not run); ``slot(pid)`` reads that process's memory fields from the gate as
-krexd does (``krexd.gate.Gate.registrations``).
+not run); ``run_allocator(tenant, *steps, api=...)`` runs ``progs/allocator.py``
+over the fake CUDA driver or the fake HIP runtime (tests.support.GpuApi; the
+``gpu_api`` fixture builds the latter); ``slot(pid)`` reads that process's
+memory fields from the gate as krexd does (``krexd.gate.Gate.registrations``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from krexd.gate import Gate, RegistrationInfo
 from krexd.tenancy.registrations import identity  # here: imported in the auditor, the first
 
 # test of a process had no audit for its first second, and its co-tenant was not seen
-from tests.support import BUILD, FAKE_DIR, JsonLineReader, clean_env, forget_gate, tenant_env
+from tests.support import (
+    BUILD,
+    FAKE_DIR,
+    GPU_APIS,
+    GpuApi,
+    JsonLineReader,
+    clean_env,
+    forget_gate,
+    tenant_env,
+)
 
 SHIM = BUILD / "lib" / "libkrex_shim.so"
 FAKEALLOC = FAKE_DIR / "bin" / "fakealloc"
@@ -88,7 +99,9 @@ class SharedGpu:
     gate: Any  # krexd.gate.Gate
     procs: list[Proc] = field(default_factory=list)
 
-    def env(self, tenant: int | None, oom_wait_s: float = 30.0) -> dict[str, str]:
+    def env(
+        self, tenant: int | None, oom_wait_s: float = 30.0, api: GpuApi = GPU_APIS["cuda"]
+    ) -> dict[str, str]:
         env = clean_env(
             LD_LIBRARY_PATH=str(FAKE_DIR),
             KREX_FAKE_MEM_BYTES=CAPACITY,
@@ -101,7 +114,7 @@ class SharedGpu:
                 **tenant_env(self.gate, tenant),
                 KREX_OOM_WAIT_S=f"{oom_wait_s:g}",
             )
-        return env
+        return api.runtime_env(env)
 
     def start(
         self, tenant: int | None, *steps: str, oom_wait_s: float = 30.0, prog: Path = FAKEALLOC
@@ -120,12 +133,15 @@ class SharedGpu:
         self.procs.append(p)
         return p
 
-    def run_allocator(self, tenant: int, *steps: str, oom_wait_s: float = 30.0) -> Proc:
-        """Start ``progs/allocator.py STEPS`` (Python, fakegpu) as tenant ``tenant``."""
+    def run_allocator(
+        self, tenant: int, *steps: str, oom_wait_s: float = 30.0, api: GpuApi = GPU_APIS["cuda"]
+    ) -> Proc:
+        """Start ``progs/allocator.py STEPS`` (Python, fakegpu) as tenant ``tenant``, over
+        ``api``'s fake."""
         p = Proc(
             subprocess.Popen(
                 [sys.executable, str(ALLOCATOR), *steps],
-                env=self.env(tenant, oom_wait_s),
+                env=self.env(tenant, oom_wait_s, api),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -17,6 +17,10 @@ would on ``torch.OutOfMemoryError``.  Checked here:
   regions: none sees an error its co-tenants caused, nothing deadlocks, the
   holder's own in-region error comes at once, and a command too large for
   the card fails fast with its own error.
+
+The tests taking ``gpu_api`` run over the fake CUDA driver and over the fake HIP
+runtime (tests.support.GpuApi): admission, and the shim's out-of-memory wait and
+retry (hipMalloc's over HIP, its error hipErrorOutOfMemory).
 """
 
 from __future__ import annotations
@@ -93,13 +97,13 @@ def stack(krexd_factory: Callable[..., Krexd], built: None, tmp_path: Path) -> C
 
 
 # Admission by memory is krexd's (the device's memory read, per process): the same over
-# HIP.  (The shim's out-of-memory wait and retry, tested below, are CUDA's only.)
+# HIP.
 def test_status_shows_gpu_memory_and_tenant_usage(
     stack: Callable[..., Stack], gpu_api: GpuApi
 ) -> None:
     s = stack(headroom="100M", default_need="100M", api=gpu_api)
     p = s.run("alloc=300M", "wait", "free")
-    assert p.next(20)["op"] == "start" and p.next()["rc"] == "CUDA_SUCCESS"
+    assert p.next(20)["op"] == "start" and p.next()["rc"] == gpu_api.success
     wait_for(lambda: s.gpu()["memory"]["used_bytes"] == 300 * M, 5, "krexd sees 300 MiB used")
     mem = s.gpu()["memory"]
     assert (mem["source"], mem["total_bytes"], mem["free_bytes"]) == ("fake", 1 << 30, 724 * M)
@@ -130,7 +134,7 @@ def test_declared_need_waits_for_memory_and_impossible_need_is_refused(
     assert second.popen.poll() is None and second.quiet()
     first.go()
     assert first.finish()[0] == 0
-    assert second.next(20)["op"] == "start" and second.next()["rc"] == "CUDA_SUCCESS"
+    assert second.next(20)["op"] == "start" and second.next()["rc"] == gpu_api.success
     assert second.finish()[0] == 0
     t0 = time.monotonic()
     refused = s.run("alloc=1M", mem="2G")
@@ -138,10 +142,14 @@ def test_declared_need_waits_for_memory_and_impossible_need_is_refused(
     assert code == 65 and "never fits" in err and time.monotonic() - t0 < 10
 
 
-def test_an_allocation_waiting_for_cotenants_stops_admission(stack: Callable[..., Stack]) -> None:
-    s = stack(admission=False, oom_wait_s=20)
+# The shim's out-of-memory wait and retry (memory.c): the same judgement over HIP, whose
+# hipMalloc waits for the co-tenant's memory and whose error is hipErrorOutOfMemory.
+def test_an_allocation_waiting_for_cotenants_stops_admission(
+    stack: Callable[..., Stack], gpu_api: GpuApi
+) -> None:
+    s = stack(admission=False, oom_wait_s=20, api=gpu_api)
     hog = s.run("alloc=700M", "wait", "free", "wait")
-    assert hog.next(20)["op"] == "start" and hog.next()["rc"] == "CUDA_SUCCESS"
+    assert hog.next(20)["op"] == "start" and hog.next()["rc"] == gpu_api.success
     victim = s.run("alloc=500M")
     assert victim.next(20)["op"] == "start"
     wait_for(lambda: bool(s.gpu()["memory"]["waiting"]), 10, "krexd sees the wait")
@@ -152,7 +160,7 @@ def test_an_allocation_waiting_for_cotenants_stops_admission(stack: Callable[...
     time.sleep(0.3)
     assert late.quiet(), "nothing is admitted while an allocation waits for memory"
     hog.go()
-    assert victim.next(10)["rc"] == "CUDA_SUCCESS"
+    assert victim.next(10)["rc"] == gpu_api.success
     assert victim.finish()[0] == 0
     assert late.next(20)["op"] == "start" and late.finish()[0] == 0
     hog.go()
@@ -160,11 +168,11 @@ def test_an_allocation_waiting_for_cotenants_stops_admission(stack: Callable[...
 
 
 def test_cotenant_failure_exits_75_own_failure_keeps_its_code(
-    stack: Callable[..., Stack],
+    stack: Callable[..., Stack], gpu_api: GpuApi
 ) -> None:
-    s = stack(admission=False, oom_wait_s=1)
+    s = stack(admission=False, oom_wait_s=1, api=gpu_api)
     hog = s.run("alloc=700M", "wait")
-    assert hog.next(20)["op"] == "start" and hog.next()["rc"] == "CUDA_SUCCESS"
+    assert hog.next(20)["op"] == "start" and hog.next()["rc"] == gpu_api.success
     victim = s.run("alloc=500M")
     code, err = victim.finish(30)
     lines = [ln for ln in err.splitlines() if ln.startswith("krex:")]
@@ -172,7 +180,7 @@ def test_cotenant_failure_exits_75_own_failure_keeps_its_code(
     assert len(lines) == 1 and "caused by co-tenants" in lines[0] and "exit 75" in lines[0]
     assert "oom_wait_s" in lines[0]
     (failed,) = [x for x in victim.drain() if x["op"] == "alloc"]
-    assert failed["rc"] == "CUDA_ERROR_OUT_OF_MEMORY" and failed["ms"] >= 1000
+    assert failed["rc"] == gpu_api.out_of_memory and failed["ms"] >= 1000
     t0 = time.monotonic()
     own = s.run("alloc=2G")
     code, err = own.finish(30)

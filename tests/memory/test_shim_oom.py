@@ -10,11 +10,17 @@ one gate; the gate slots are read as krexd reads them.  What is checked:
   reason; a wait that runs out returns the error after ``oom_wait_s``;
 * two tenants each waiting for the other: the later one gives up at once;
 * ``mem_mib`` follows allocations and frees.
+
+The tests taking ``gpu_api`` run over the fake CUDA driver and over the fake HIP
+runtime (``progs/allocator.py``, hipMalloc and hipMallocAsync over HIP): the
+same judgement, the same wait, the runtime's own error.
 """
 
 from __future__ import annotations
 
 import time
+
+from tests.support import GpuApi
 
 from .conftest import SharedGpu
 
@@ -78,24 +84,24 @@ def test_no_cotenant_means_its_own_error(shared_gpu: SharedGpu) -> None:
     assert (rec.own, rec.last) == (1, "alone")
 
 
-def test_wait_runs_out_then_later_errors_return_at_once(shared_gpu: SharedGpu) -> None:
-    hog = shared_gpu.start(1, "alloc=700M", "wait")
-    assert hog.next()["rc"] == 0
+def test_wait_runs_out_then_later_errors_return_at_once(
+    shared_gpu: SharedGpu, gpu_api: GpuApi
+) -> None:
+    hog = shared_gpu.run_allocator(1, "alloc=700M", "wait", api=gpu_api)
+    assert hog.next()["op"] == "start" and hog.next()["rc"] == gpu_api.success
     steps = ["alloc=500M", "tolerate", "alloc=400M", "tolerate", "alloc=100M"]
-    p = shared_gpu.run_allocator(2, *steps, "alloc=400M", "tolerate", oom_wait_s=1)
+    p = shared_gpu.run_allocator(2, *steps, "alloc=400M", "tolerate", oom_wait_s=1, api=gpu_api)
     code, err = p.finish(30)
     assert code == 0, err
     allocs = [x for x in p.drain() if x["op"] == "alloc"]  # times taken in the process
-    assert [x["rc"] for x in allocs] == ["CUDA_ERROR_OUT_OF_MEMORY"] * 2 + [
-        "CUDA_SUCCESS",
-        "CUDA_ERROR_OUT_OF_MEMORY",
-    ]
+    oom = gpu_api.out_of_memory
+    assert [x["rc"] for x in allocs] == [oom, oom, gpu_api.success, oom]
     assert allocs[0]["ms"] >= 1000, "the first one waited oom_wait_s"
     assert allocs[1]["ms"] < 500, "after a timeout the next one fails at once"
     assert allocs[3]["ms"] >= 1000, "a success in between: this one waited again"
     rec = shared_gpu.slot(p.pid).oom
     assert (rec.waited, rec.failed, rec.own, rec.last) == (0, 3, 0, "timeout")
-    assert "caused by co-tenants" in err
+    assert f"returning {oom}, caused by co-tenants" in err
 
 
 def test_inside_its_own_region_the_error_returns_at_once(shared_gpu: SharedGpu) -> None:
@@ -132,11 +138,14 @@ def test_mutual_wait_the_later_tenant_gives_up(shared_gpu: SharedGpu) -> None:
     assert shared_gpu.slot(a.pid).oom.waited == 1
 
 
-def test_a_wait_in_a_gated_allocation_does_not_stall_a_drain(shared_gpu: SharedGpu) -> None:
-    """cuMemAllocAsync is gated; its wait happens outside the gate, so a region can start."""
-    hog = shared_gpu.start(1, "alloc=700M", "wait", "free=all")
-    assert hog.next()["rc"] == 0
-    victim = shared_gpu.run_allocator(2, "allocasync=500M")
+def test_a_wait_in_a_gated_allocation_does_not_stall_a_drain(
+    shared_gpu: SharedGpu, gpu_api: GpuApi
+) -> None:
+    """cuMemAllocAsync (hipMallocAsync) is gated; its wait happens outside the gate, so a
+    region can start."""
+    hog = shared_gpu.run_allocator(1, "alloc=700M", "wait", "free", api=gpu_api)
+    assert hog.next()["op"] == "start" and hog.next()["rc"] == gpu_api.success
+    victim = shared_gpu.run_allocator(2, "allocasync=500M", api=gpu_api)
     assert victim.next()["op"] == "start"
     deadline = time.monotonic() + 10
     while not shared_gpu.slot(victim.pid).oom.waiting:
@@ -152,5 +161,5 @@ def test_a_wait_in_a_gated_allocation_does_not_stall_a_drain(shared_gpu: SharedG
     assert shared_gpu.slot(victim.pid).oom.waiting  # still waiting after the region
     hog.go()
     got = victim.next()
-    assert got["op"] == "alloc" and got["rc"] == "CUDA_SUCCESS" and got["ms"] > 200
+    assert got["op"] == "alloc" and got["rc"] == gpu_api.success and got["ms"] > 200
     assert victim.finish()[0] == 0

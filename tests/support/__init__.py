@@ -91,19 +91,24 @@ class GpuApi:
     name: str
     krexd_args: tuple[str, ...]  # what krexd_factory's ``args`` gets
     make_target: str  # the build the tenants need
+    success: str  # the runtime's name for success, as a tenant reports it
+    out_of_memory: str  # its out-of-memory error's name
 
     def env(self, base: dict[str, str], workdir: str) -> dict[str, str]:
-        """:func:`fake_driver_env`, and for HIP the runtime first on the library path."""
-        env = fake_driver_env(base, workdir)
+        """:func:`fake_driver_env`, then :meth:`runtime_env`."""
+        return self.runtime_env(fake_driver_env(base, workdir))
+
+    def runtime_env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` (which runs over the fake driver) with, for HIP, the runtime first on the
+        library path and the test tenants driving it."""
         if self.name == "hip":
-            env["LD_LIBRARY_PATH"] = f"{HIP_DIR}:{FAKE_DIR}"
-            env["KREX_TEST_GPU_API"] = "hip"
+            env = dict(env, LD_LIBRARY_PATH=f"{HIP_DIR}:{FAKE_DIR}", KREX_TEST_GPU_API="hip")
         return env
 
 
 GPU_APIS = {
-    "cuda": GpuApi("cuda", (), "fakecuda"),
-    "hip": GpuApi("hip", ("--fake-vendor", "amd"), "fakehip"),
+    "cuda": GpuApi("cuda", (), "fakecuda", "CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"),
+    "hip": GpuApi("hip", ("--fake-vendor", "amd"), "fakehip", "hipSuccess", "hipErrorOutOfMemory"),
 }
 
 

@@ -14,15 +14,18 @@ Usage: allocator.py STEP...   (one JSON line per step on stdout, flushed)
   region=STEPS   run STEPS (comma-separated, same syntax) inside
                  region.critical()
 
-An allocation that fails raises fakegpu.CudaError: the program exits 1 with
-the driver's error name on stderr, as a benchmark would on
-torch.OutOfMemoryError.  Each alloc reports its CUresult name and how long
-the call took (``ms``).
+Under ``KREX_TEST_GPU_API=hip`` the same steps go through the fake HIP runtime
+(fakegpu.init): hipMalloc, hipMallocAsync on the null stream, hipFree.
+
+An allocation that fails raises the runtime's error (fakegpu.error_type()):
+the program exits 1 with the error's name on stderr, as a benchmark would on
+torch.OutOfMemoryError.  Each alloc reports its result's name (the runtime's:
+``CUDA_SUCCESS``, ``hipErrorOutOfMemory``, ...) and how long the call took
+(``ms``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import sys
@@ -35,6 +38,8 @@ from krex_client.sizes import parse_size  # noqa: E402
 from tests.fakecuda import fakegpu  # noqa: E402
 
 held: list[int] = []
+GpuError = fakegpu.error_type()
+SUCCESS = "hipSuccess" if os.environ.get("KREX_TEST_GPU_API") == "hip" else "CUDA_SUCCESS"
 
 
 def say(**kw: object) -> None:
@@ -49,11 +54,12 @@ def run(steps: list[str], gpu: fakegpu.FakeGpu) -> None:
         tolerate = i + 1 < len(steps) and steps[i + 1] == "tolerate"
         if key in ("alloc", "allocasync"):
             t0 = time.monotonic()
+            nbytes = parse_size(val)
             try:
-                held.append(_alloc(gpu, parse_size(val), key == "allocasync"))
-                say(op="alloc", bytes=parse_size(val), rc="CUDA_SUCCESS", ms=_ms(t0))
-            except fakegpu.CudaError as exc:
-                say(op="alloc", bytes=parse_size(val), rc=exc.name, ms=_ms(t0))
+                held.append(gpu.alloc_async(nbytes) if key == "allocasync" else gpu.alloc(nbytes))
+                say(op="alloc", bytes=nbytes, rc=SUCCESS, ms=_ms(t0))
+            except GpuError as exc:
+                say(op="alloc", bytes=nbytes, rc=getattr(exc, "name", "?"), ms=_ms(t0))
                 if not tolerate:
                     raise
         elif key == "free":
@@ -82,19 +88,6 @@ def run(steps: list[str], gpu: fakegpu.FakeGpu) -> None:
         i += 1
 
 
-def _alloc(gpu: fakegpu.FakeGpu, nbytes: int, stream_ordered: bool) -> int:
-    if not stream_ordered:
-        return gpu.alloc(nbytes)
-    fn = gpu.drv.lib.cuMemAllocAsync
-    fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    ptr = ctypes.c_uint64()
-    code = int(fn(ctypes.byref(ptr), nbytes, None))
-    if code != 0:
-        raise fakegpu.CudaError("cuMemAllocAsync", code, gpu.drv.error_name(code))
-    return ptr.value
-
-
 def _ms(t0: float) -> float:
     return round((time.monotonic() - t0) * 1e3, 3)
 
@@ -104,7 +97,7 @@ def main() -> int:
     say(op="start", pid=os.getpid())
     try:
         run(sys.argv[1:], gpu)
-    except fakegpu.CudaError as exc:
+    except GpuError as exc:
         print(f"allocator.py: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
