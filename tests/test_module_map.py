@@ -104,3 +104,24 @@ def test_a_module_left_out_of_the_map_is_found() -> None:
     # A module named only in another folder's entry does not count: entry.py of the
     # coordinator is not krexd/entry.py.
     assert entry(lines, ["krexd/", "nowhere/"]) is None
+
+
+#: Rooms whose unit tests live elsewhere: the gate's beside the shim's (one C
+#: layout, tested from both sides); the ops' through a real krexd (tests/daemon);
+#: krexd's command line in tests/cli with the other commands.
+TESTED_ELSEWHERE = {"gate": "shim", "control": "daemon", "cli": "cli"}
+
+
+def test_each_room_of_krexd_has_its_tests_folder() -> None:
+    # The tests mirror the code: tests/<room>/ for each room of krexd (architecture.md).
+    rooms = sorted(p.name for p in (ROOT / "krexd").iterdir() if (p / "__init__.py").exists())
+    assert len(rooms) >= 10, rooms
+    missing = [
+        r
+        for r in rooms
+        if not (ROOT / "tests" / TESTED_ELSEWHERE.get(r, r) / "__init__.py").exists()
+    ]
+    assert missing == [], f"rooms with no tests/<room>/: {missing}"
+    for room, where in TESTED_ELSEWHERE.items():
+        assert room in rooms, f"{room} is no room of krexd any more: drop it from the exceptions"
+        assert not (ROOT / "tests" / room / "__init__.py").exists() or room == where
