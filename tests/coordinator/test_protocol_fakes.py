@@ -192,9 +192,11 @@ def test_status_times_each_step_of_the_entry() -> None:
     r = rig(2)
 
     async def scenario() -> None:
-        r.control.hold_freeze = asyncio.Event()
+        held = r.control.hold_freeze = asyncio.Event()
         loop = asyncio.get_running_loop()
-        loop.call_later(0.03, r.control.hold_freeze.set)
+        # Released 30 ms after the freeze wait begins (not after the entry began: the
+        # steps before it take their own time on a busy host).
+        r.events.on("wait_frozen", lambda: loop.call_later(0.03, held.set) and None)
         grant = await r.enter(r.tenants[0])
         await r.exit(r.tenants[0], grant)
         st = r.coord.status()
@@ -202,7 +204,7 @@ def test_status_times_each_step_of_the_entry() -> None:
         assert list(steps) == ["memory", "close", "drain", "freeze", "pools", "check", "pin"]
         assert all(v["n"] == 1 for v in steps.values())
         assert steps["freeze"]["p50"] >= 25.0
-        assert all(v["p50"] < 25.0 for k, v in steps.items() if k != "freeze")
+        assert max(steps, key=lambda k: steps[k]["p50"]) == "freeze", steps
         assert sum(v["p50"] for v in steps.values()) <= st["establish_ms"]["max"] + 1e-6
 
     run(scenario())
