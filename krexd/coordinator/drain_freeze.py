@@ -1,25 +1,8 @@
-"""Steps 3 and 4 pipelined: each sibling tenant's freeze is written as soon as it has drained.
+"""Steps 3 and 4 overlapped: each sibling tenant is frozen as soon as it has drained.
 
-The drain (``Gate.drain``, in a worker thread) calls :meth:`DrainFreeze.settled`
-with the tenants that still have registrations pending, at its first scan
-and after each acknowledgement; every sibling tenant not among them has
-drained (all its registrations acknowledged with nothing in flight,
-EXITING with nothing in flight, judged gone, or it has none) and gets its
-``cgroup.freeze`` written right there, in the drain's thread (no hop to the
-event loop), while the drain of the others goes on.  A tenant taken so is
-not waited for by the rest of the drain: every later gated call of it
-reads the closed gate and parks (docs/design/shim.md "Ordering"), and a
-frozen drainer could not acknowledge anyway.  Step 4 then writes only the
-freezes not written yet and waits until every sibling reports frozen.
-
-Threads: ``settled`` runs in the drain's thread; :meth:`DrainFreeze.stop`
-and the tenant-state edges (RUNNING -> FREEZING) run on the event loop.
-A lock orders the two, so after ``stop`` no freeze is written, and every
-freeze written before it is in ``frozen`` (the list the failure path
-thaws) with its tenant marked FREEZING.
-
-:func:`drain_freezing` runs one entry's step 3 so, with the memory check
-(``MemoryWait.short``) on the loop while the drain waits in its thread.
+:func:`drain_freezing` runs one entry's drain with the memory check beside
+it; :class:`DrainFreeze` writes the freezes from the drain's thread
+(docs/design/architecture.md "The region protocol, step by step").
 """
 
 from __future__ import annotations
@@ -92,6 +75,15 @@ async def drain_freezing(
 
 class DrainFreeze:
     """The freezes written during one entry's drain.
+
+    A sibling taken here is not waited for by the rest of the drain: every
+    later gated call of it reads the closed gate and parks
+    (docs/design/shim.md "Ordering"), and a frozen drainer could not
+    acknowledge anyway.  Threads: :meth:`settled` runs in the drain's
+    thread; :meth:`stop` and the tenant-state edges (RUNNING -> FREEZING)
+    run on the event loop.  A lock orders the two, so after ``stop`` no
+    freeze is written, and every freeze written before it is in ``frozen``
+    (the list the failure path thaws) with its tenant marked FREEZING.
 
     Args:
         control: writes the freezes (``TenantControl.freeze``: one write

@@ -1,23 +1,9 @@
 """Step 3 made unforgeable: the driver locks every other process on the GPU.
 
-The shim's acknowledgements (``gate_steps``) are written by the tenant's own
-process and can be forged; the CUDA driver's checkpoint lock cannot
-(``krexd.hardware.driverlock``; docs/design/driver-lock.md).  After the siblings are
-drained and frozen, krexd locks, in parallel and bounded by
-``drain_timeout_s``, every process with a context on this GPU other than the
-holder's: the siblings' processes, other krex tenants' processes that
-reached this GPU, and processes outside krex (``[region] foreign``).  The
-lock returns once each one's submitted GPU work has completed, so the grant
-follows the drain the driver saw, not the one a tenant wrote.
-
-A tenant process whose work does not complete in time is the offender: its
-command is ended (exit 79, with the reason) and the entry goes on once it
-has left the GPU; its neighbours wait no longer than that.  A process
-outside krex that cannot be locked fails the entry (DRAIN_TIMEOUT).  Every
-path that ends a region unlocks what it locked (``DriverLocking.unlock``), and the
-processes are recorded before they are locked (``krexd.hardware.lock_ledger``) so
-that a successor or the watchdog unlocks them if krexd dies
-(:meth:`DriverLocking.settle` at start).
+Drained siblings are locked before their freeze, then every other process
+on the GPU but the holder's; a tenant whose work does not complete in time
+ends (exit 79), a process outside krex that cannot be locked fails the
+entry, and every end unlocks.  docs/design/driver-lock.md.
 """
 
 from __future__ import annotations

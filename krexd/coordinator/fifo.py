@@ -2,7 +2,7 @@
 
 Paper §4.2 step 1 admits one holder at a time but says nothing about order;
 krex grants the region lock strictly in arrival order so that no tenant
-starves (DESIGN.md "Region entry and exit" step 1).  ``asyncio.Lock`` wakes
+starves (docs/design/architecture.md, step 1).  ``asyncio.Lock`` wakes
 waiters in order too, but a task that arrives between a release and the
 woken waiter's resumption can barge in; here ``release()`` hands ownership
 directly to the oldest waiter, so arrival order is the grant order.

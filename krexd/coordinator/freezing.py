@@ -7,7 +7,7 @@ asked to freeze once the gate is closed (step 2) and waited for beside the
 siblings.
 
 Freezing waits until the kernel reports every sibling frozen (bounded by
-``freeze_timeout_ms``); thawing never raises, so the gate is reopened all
+``freeze_timeout_s``); thawing never raises, so the gate is reopened all
 the same.
 """
 

@@ -1,27 +1,10 @@
-"""How the coordinator acts on tenants and on the gate: small interfaces, real implementations.
+"""The interfaces the coordinator acts through, and the real ones the daemon injects.
 
-The region coordinator (``krexd.coordinator``) never touches cgroupfs, the
-scheduler or the gate library directly.  It goes through three interfaces:
-
-* :class:`TenantControl` — freeze, thaw, wait frozen, kill a tenant's process
-  tree (paper §4.2 steps 4 and 7), check that a pid/tid belongs to a tenant,
-  watch the holder's process for recovery;
-* :class:`Pinner` — the holder's cores (step 5): widen its cpuset by the
-  reserved cores, give its submitting thread the reserved cores (added to
-  what it had, or alone: ``[region] holder_cpus``), and back;
-* :class:`RegionGate` — the gate word (steps 2, 3 and 8), satisfied by
-  ``krexd.gate.Gate``;
-* :class:`RegionMemory` — during step 3, whether the holder's expected
-  memory fits in what its siblings leave free (``krexd.memory.region_fit``).
-* :class:`GpuUseCheck` — the fail-closed check after step 4: sibling
-  processes with the GPU open and no drained registration, satisfied by
-  ``krexd.tenancy.registrations.RegionGuard``.
-
-The daemon injects :class:`CgroupControl` and :class:`AffinityPinner` (the
-real cgroup v2 freezer, cpuset and ``sched_setaffinity``); anything
-that implements the same protocols (in-memory fakes, say) can stand in.  Errors keep the kernel's
-meaning: an ``OSError`` whose errno is ENOENT, ESRCH or ENODEV says the
-tenant or thread is gone (:func:`gone`).
+The coordinator never touches cgroupfs, the scheduler, the gate library or
+the driver directly: each Protocol here says what one step needs, and
+:class:`CgroupControl` and :class:`AffinityPinner` are the cgroup and
+``sched_setaffinity`` implementations (in-memory fakes stand in for tests).
+An ``OSError`` whose errno says the tenant or thread is gone: :func:`gone`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Region requests run once: a duplicate gets the first one's answer (docs/design/daemon.md).
+"""Region requests run once: a duplicate gets the first one's answer.
 
-A request can reach krexd twice after a restart: ``region.critical()``
-re-sends it on a fresh connection, and the lost connection's ZeroMQ queue
-may deliver its own copy to the new krexd as well.  Both copies carry the
-same key (``region_enter``: the client's ``request_id``; ``region_exit``:
-its epoch), so the second waits for the first one's outcome, or gets it at
-once when the first is answered already, and never starts a region (or
-ends one) again.
-
-Memory is bounded: the last :data:`PER_TENANT` keys of each tenant, dropped
-with the tenant (``forget``).  :class:`EndedEpochs` answers a
-``region_exit`` re-sent after a restart for a region that ended meanwhile.
+After a restart a request can arrive twice (the client's re-send and the
+lost connection's own copy); both carry one key (``region_enter``: its
+``request_id``; ``region_exit``: its epoch).  Why and how:
+docs/design/daemon.md "Restarts", "Exactly once".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""``GatedRegions``: one GPU's region protocol, read top to bottom (paper §4.2).
+"""``GatedRegions``: one GPU's region protocol, steps 0-8 read top to bottom (paper §4.2).
 
-    enter            0-1  the request recorded, the region lock (``RequestQueue``)
-    _establish       2    close the gate; the warm pools begin to freeze
-    _drain_step      3    drain (each sibling frozen as it drains), memory check, locks
-    _freeze_step     4    freeze the rest, wait for them and the pools; fail closed
-    _establish       5    pin the holder; grant
-    exit / _end      7-8  unwind the region's undo stack: cores, thaw, unlock, reopen
-    recovery, adopt       the same ``_end`` and the same stack
-
-Each step pushes its compensator on the region's undo stack as it takes
-effect (``_close_gate``, ``_hold_pools``, ``_hold_siblings``, ``_pin_holder``);
+Each step pushes its compensator on the region's undo stack as it acts;
 :meth:`GatedRegions._teardown` unwinds it for a failed entry, an end and an
-adopted region's end alike.  This object keeps the requests and lock, the
-epoch, the region (held, or being established) and the region state; each
-step's own state lives in its step object (``krexd.coordinator.steps``).
+adopted region's end alike.  The steps' own state lives in their step
+objects (``krexd.coordinator.steps``); docs/design/architecture.md "The
+region protocol, step by step".
 """
 
 from __future__ import annotations

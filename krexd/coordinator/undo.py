@@ -1,17 +1,11 @@
 """A region's undo stack: the compensators of the steps it took, run last-first, once.
 
-Region entry pushes one compensator as each step takes effect (the driver
-locks, the siblings' freeze, the pools' freeze, the holder's cores); a
-failed entry unwinds the stack, and so does the region's end (exit,
-recovery, the end of an adopted region), so both undo through the same
-code in the same order (paper §4.2 steps 7-8 mirror steps 3-5).  The gate's
-reopen (step 8) is not on the stack: it comes after the unwind in both
-paths, and only when the gate was closed.
-
-Every compensator must not raise (each logs its own failure), so that
-those after it still run: a sibling that cannot be thawed must not keep
-the gate closed.  One that raises all the same is logged and the unwind
-goes on (a hold left on the warm pools would freeze them for every region).
+Every region entry pushes one as each step takes effect, the gate's reopen
+(step 8) first; a failed entry, the region's end and an adopted region's
+end all unwind it (docs/design/architecture.md "The region protocol, step
+by step").  A compensator must not raise: one that does is logged and the
+unwind goes on, so a sibling that cannot be thawed never keeps the gate
+closed.
 """
 
 from __future__ import annotations
