@@ -78,12 +78,13 @@ class DrainFreeze:
 
     A sibling taken here is not waited for by the rest of the drain: every
     later gated call of it reads the closed gate and parks
-    (docs/design/shim.md "Ordering"), and a frozen drainer could not
-    acknowledge anyway.  Threads: :meth:`settled` runs in the drain's
-    thread; :meth:`stop` and the tenant-state edges (RUNNING -> FREEZING)
-    run on the event loop.  A lock orders the two, so after ``stop`` no
-    freeze is written, and every freeze written before it is in ``frozen``
-    (the list the failure path thaws) with its tenant marked FREEZING.
+    (docs/design/shim.md "The per-call protocol and its memory orders"),
+    and a frozen drainer could not acknowledge anyway.  Threads:
+    :meth:`settled` runs in the drain's thread; :meth:`stop` and the
+    tenant-state edges (RUNNING -> FREEZING) run on the event loop.  A lock
+    orders the two, so after ``stop`` no freeze is written, and every
+    freeze written before it is in ``frozen`` (the list the failure path
+    thaws) with its tenant marked FREEZING.
 
     Args:
         control: writes the freezes (``TenantControl.freeze``: one write

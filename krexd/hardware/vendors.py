@@ -4,7 +4,7 @@ Callers ask :func:`of` for a GPU's vendor object instead of testing
 ``GpuInfo.vendor`` themselves.  Each object says:
 
 * ``binding(info)``: the variables that bind a command to that GPU by
-  identity (docs/design/interfaces.md, "Command environment");
+  identity (docs/design/interfaces.md, "Environment of a tenant command");
 * ``hidden()``: the variables that hide every GPU of this vendor from a
   command bound to another vendor's GPU (set only on a host where krexd
   manages GPUs of both);

@@ -33,7 +33,7 @@ Rules (each refusal is logged with the caller's pid and uid and answered
   ``region_cancel``, ``release``, ``memory``): the caller is in the tenant's
   own cgroup, or is its launcher (same pid and start time), and runs as the
   launcher's uid; or is root (:func:`authorize_tenant_op`).  Root is trusted
-  (DESIGN.md "Trust model"): it can freeze, kill or move any process through
+  (docs/design/security.md "Parties and trust"): it can freeze, kill or move any process through
   cgroupfs and kill(2) anyway.  The uid check refuses a process of another
   user that reached the tenant's cgroup or pid (a set-uid program a command
   ran, a pid reused between two reads) even when the place test passes.

@@ -6,7 +6,7 @@ requests of other users behind it are granted first (the queue stays FIFO
 among the requests that are within their caps).  ``[admission]
 max_parked_per_uid`` bounds the requests one uid may have parked; one more is
 refused with ``CANCELLED``.  0 means no cap.  Root (uid 0) is exempt from
-both: it is trusted (DESIGN.md "Trust model") and is still bounded by
+both: it is trusted (docs/design/security.md "Parties and trust") and is still bounded by
 ``max_parked``.  The uid is the kernel-verified caller's (``krexd.tenancy.identity``).
 """
 

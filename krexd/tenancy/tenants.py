@@ -1,6 +1,6 @@
 """Tenant registry: id, secret token, placed pids, cgroup, and liveness of the launcher.
 
-A tenant is a command admitted to a GPU (DESIGN.md vocabulary).  Ids are
+A tenant is a command admitted to a GPU.  Ids are
 decimal integers > 0, never reused within one krexd; tokens are 128-bit
 random hex strings.  Every request after ``admit`` carries both; the token
 names the tenant, and the kernel-verified caller (``krexd.tenancy.identity``) must be

@@ -8,7 +8,8 @@
  *
  * Memory orders: the gate word and the slots' owner and acknowledgement
  * words are read and written seq_cst (the Dekker pairings with the
- * registrants and submitters, docs/design/shim.md "Ordering"); each
+ * registrants and submitters, docs/design/shim.md "The per-call protocol
+ * and its memory orders"); each
  * relaxed access says why it may be.
  */
 #define _GNU_SOURCE

@@ -196,7 +196,7 @@ __attribute__((visibility("hidden"))) void *krex_dlsym_decide(void *handle, cons
 #if !defined(__x86_64__)
 /* Without the assembly entry the forwarded call carries our return
  * address: dlsym(RTLD_NEXT, x) for a non-driver name then resolves
- * relative to this library (docs/design/shim.md, "dlsym"). */
+ * relative to this library (docs/design/shim.md, "How calls reach the hooks", 2). */
 KREX_EXPORT void *dlsym(void *handle, const char *name)
 {
     void *hook = krex_dlsym_decide(handle, name);
@@ -272,7 +272,7 @@ static int route_lookup(void *p, void **hook)
 /* Names resolved to no export cuda.h declares that are handed out
  * unhooked anyway: query-only, no device work, no context of their own
  * (the driver exports them; their headers are cudaProfiler.h, cudaGL.h,
- * cudaVDPAU.h).  docs/design/shim.md, "cuGetProcAddress". */
+ * cudaVDPAU.h).  docs/design/shim.md, "How calls reach the hooks", 3. */
 static const char *const proc_allow[] = {
     "cuGLGetDevices",   /* the devices of the current GL context */
     "cuProfilerStart",  /* profiler collection on/off: no GPU work */

@@ -1,4 +1,4 @@
-"""``krex_client.do_bench``: the original timing entry point (DESIGN.md's contract).
+"""``krex_client.do_bench``: the original timing entry point.
 
 ``do_bench(fn, warmup_ms=25, rep_ms=100) -> float`` times ``fn`` inside one
 critical region and returns the median in ms.  It runs the same measurement

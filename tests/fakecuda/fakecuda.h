@@ -4,8 +4,8 @@
  * The fake driver exports a subset of the CUDA driver API with the real
  * prototypes of cuda.h (built with __CUDA_API_VERSION_INTERNAL so every
  * versioned and per-thread export name is declared, as for the real
- * driver).  It simulates a GPU without threads (DESIGN.md "Testing without
- * a GPU"):
+ * driver).  It simulates a GPU without threads (tests/fakecuda/README.md
+ * "The simulated GPU"):
  *
  *   - each stream has a `tail`, the CLOCK_MONOTONIC time (ns) at which the
  *     last work enqueued on it ends; work enqueued at host time t starts at

@@ -7,7 +7,7 @@ the file named by ``KREX_FAKE_TIMELINE`` (tests/fakecuda/README.md)::
 
 Times are CLOCK_MONOTONIC nanoseconds, the clock of ``time.monotonic_ns()``.
 Integration tests use :func:`overlapping` to prove that no sibling's kernel
-ran inside a critical region (DESIGN.md "Testing without a GPU").
+ran inside a critical region (tests/fakecuda/README.md "Timeline file").
 
 This module imports nothing from the project, so a test or tenant script
 can load it by path.
