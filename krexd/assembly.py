@@ -1,35 +1,8 @@
 """krexd's parts, built once, each from those before it, into one frozen record.
 
-:func:`assemble` is the composition root's plan (``krexd.daemon`` runs it at
-start, step 1-3 of its start order).  Every part is built after what it
-needs and handed what it uses, as constructor arguments; nothing is
-attached afterwards:
-
-1. the GPU inventory and their CPU slices;
-2. the cgroup tree, after reading what a krexd before a restart saved (the
-   gates it reopens get the drains' judge, ``Verifier.judge``);
-3. warm pools: their cgroups, the freeze every region holds, the registry;
-4. per GPU: its admission slots (how many, and why), its gate (with the
-   drains' judge) and its memory state;
-5. GPU memory, one part per role (``krexd.memory``): the device source,
-   the views over each GPU's inventory, gate and memory state, the
-   admission policy (honouring slot-memory flags through ``flags``), the
-   tenants' records, who has each GPU open, the status; then admission over
-   the slots, asking the policy; then the periodic memory read, which
-   kicks admission and tells the pools which processes use a GPU;
-6. per GPU: its region coordinator (the memory check over the views, the
-   fail-closed check over who has the GPU open, the pools' freeze, the
-   :class:`TenantEnder`) and its ``Gpu`` record, with its MPS daemon;
-7. the tenant lifecycle, to which the ender is then bound.
-
-The one cycle, coordinator -> lifecycle -> GPUs -> coordinator (a
-coordinator ends a tenant's command for what it did; the lifecycle ends
-commands on every GPU), is broken by the ender port: the coordinators get
-the port, the port gets the lifecycle once it exists, before any tenant.
-
-What a failed start must clean up (the cgroup tree, gates, MPS daemons, the
-memory source) is recorded in :class:`Built` as it is made, so the daemon
-can undo a half-made start.
+:func:`assemble` is the composition root's plan (its docstring gives the
+order); the :class:`TenantEnder` port breaks the one cycle, and
+:class:`Built` records what a failed start must clean up.
 """
 
 from __future__ import annotations
@@ -149,7 +122,7 @@ class Built:
 
 @dataclass(frozen=True)
 class Parts:
-    """krexd's parts after :func:`assemble` (module docstring for the order)."""
+    """krexd's parts after :func:`assemble` (its docstring gives the order)."""
 
     cgroups: CgroupBackend
     saved: adopt.Saved | None  # what a krexd before a restart left to adopt (None: nothing)
@@ -175,9 +148,32 @@ def assemble(
     version: str,
     built: Built,
 ) -> Parts:
-    """Build krexd's parts in dependency order (module docstring); ``built`` records what
-    a failed start must undo.  Raises whatever a part's construction raises (CgroupError,
-    GateError, ConfigError, OSError), after recording in ``built`` what exists."""
+    """Build krexd's parts in dependency order; ``built`` records what a failed start
+    must undo.  Raises whatever a part's construction raises (CgroupError, GateError,
+    ConfigError, OSError), after recording in ``built`` what exists.
+
+    Every part is built after what it needs and handed what it uses, as
+    constructor arguments; nothing is attached afterwards:
+
+    1. the GPU inventory and their CPU slices;
+    2. the cgroup tree, after reading what a krexd before a restart saved (the
+       gates it reopens get the drains' judge, ``Verifier.judge``);
+    3. warm pools: their cgroups, the freeze every region holds, the registry;
+    4. per GPU: its admission slots (how many, and why), its gate (with the
+       drains' judge) and its memory state;
+    5. GPU memory, one part per role (``krexd.memory``): the device source,
+       the views, the admission policy (honouring slot-memory flags through
+       ``flags``), the tenants' records, who has each GPU open, the status;
+       then admission over the slots, asking the policy; then the periodic
+       memory read, which kicks admission and tells the pools which
+       processes use a GPU;
+    6. per GPU: its region coordinator (the memory check over the views, the
+       fail-closed check over who has the GPU open, the pools' freeze, the
+       :class:`TenantEnder`) and its ``Gpu`` record, with its MPS daemon;
+    7. the tenant lifecycle, to which the ender is then bound: the one
+       cycle, coordinator -> lifecycle -> GPUs -> coordinator, is broken by
+       that port, bound before any tenant exists.
+    """
     infos, slices, cgroups, saved = _hardware(config, verifier, built)
     pools, pool_freeze = _pools(config, cgroups, version)
     slots = {i.index: _slots(config, i, slices[i.index]) for i in infos}

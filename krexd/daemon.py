@@ -1,32 +1,7 @@
-"""The krexd process: the composition root that builds and wires the parts and runs the loop.
+"""The krexd process: runs the assembly, adoption, the loop and the stop order.
 
-Start order (each step logged; any failure stops the start with a message):
-
-1. GPU inventory (``gpus``), CPU slices (``slices``; invalid ones refused).
-2. cgroups: under systemd move into the ``supervisor`` leaf, thaw/kill/remove
-   a stale tree, build ``<name>/gpu<N>`` with the slices; probe device
-   isolation (``[gpu] device_isolation``, krexd/cgroups/devices.py).
-3. The parts, each built from those before it (``krexd.assembly``, whose
-   docstring lists the order): warm pools, per GPU its slots, gate
-   (``<state_dir>/<cgroup name>-gpu<N>.gate``, root's, mode 0644, its
-   space reserved — a full file system stops the start with one line
-   naming the directory — and a second link under
-   ``<state_dir>/.krex-keep/``, when ``libkrex_gate.so`` is built), memory
-   state and MPS daemon (``[mps] enabled``); the memory parts (views,
-   admission policy, records, who has a GPU open, status) and admission,
-   then the periodic memory read; per GPU its region coordinator with the
-   fail-closed check (``krexd.tenancy.registrations``); the tenant lifecycle.  Then
-   adoption of what a krexd before a restart left, restart continuity, and the gate watch
-   (``krexd.orchestration.gatewatch``).
-4. Bind the control socket; only then READY=1 (krexd serves requests).
-
-The parts never see the daemon: each gets the narrow interfaces it uses
-(``krexd.coordinator.isolation`` for the coordinators, ``krexd.system.runtime.Runtime``,
-``krexd.control.context.OpContext`` for the ops).
-
-Shutdown (SIGTERM/SIGINT): STOPPING=1, parked requests answered
-SHUTTING_DOWN, coordinators shut down (thaw, reopen), every tenant ended
-(tree killed), cgroups removed, gate files and the socket removed.
+The parts never see the daemon: each gets the narrow interfaces it uses.
+The start order and the shutdown: docs/design/daemon.md "Parts and wiring".
 """
 
 from __future__ import annotations

@@ -1,38 +1,12 @@
 """How many commands a GPU admits at once (its slots): ``[admission] slots_per_gpu``.
 
-``"auto"`` (the shipped default) derives the count per GPU from the two
-things a GPU's commands share off-region::
+``"auto"`` (the shipped default) derives each GPU's count::
 
     slots = clamp(1, min(floor(tenant_cores * K) within [AUTO_MIN, AUTO_MAX],
                          floor((total_mem - headroom) / default_need)))
 
-* **CPU.**  A command spends ~1.5 % of its wall time in critical regions;
-  the rest (imports, compiling, building inputs, checking results, exit) is
-  CPU-bound work of one busy thread on the GPU's tenant cores (its CPU
-  slice minus the reserved ones, ``krexd.hardware.slices``), so the CPU, not the
-  GPU, bounds how many commands a GPU serves.  On the 16-core H200 host (15
-  tenant cores) 12 slots gave 7.85x native (docs/bench/replay-h200.md)
-  with the median import already 1.5x slower than native's (6.6 s against
-  4.5 s, 12 interpreters importing PyTorch on 15 cores), and 16 slots ran
-  12-21 % above 12 (docs/bench/memory-learned-h200.md: 61-63 against 52-55
-  ok/min), with 16 interpreters on 15 tenant cores.  ``K = 1.0``
-  (one slot per tenant core: 15 on that host) sits in the measured range
-  of 12-16 and does not oversubscribe the cores (more was not measured).
-  ``AUTO_MAX`` (64, the gate's ``KREX_GATE_MAX_TENANTS``) bounds the CPU
-  term on very large slices.
-* **Memory.**  Every command is charged at least ``[memory] default_need``;
-  a GPU of ``total - headroom`` bytes holds at most that many undeclared
-  commands (the admission policy caps the default need at one slot's share,
-  ``krexd.memory.policy``, which this keeps at ``default_need``).  The term
-  applies whether ``[memory] admission`` is on or off: it is what the card
-  can hold.
-* **At least AUTO_MIN (4) on the CPU side**, the fixed default krex
-  shipped before: on a small host (a 2-core machine has one tenant core)
-  one slot would serialize every command and a holder could never run
-  beside a sibling; four was measured as safe there for years of tests and
-  demos.  The memory term can still lower it, to 1 at the least.
-
-A fixed integer overrides the derivation (the same for every GPU).
+and a fixed integer overrides it.  Why these terms and this ``K``, with the
+measurements: docs/design/daemon.md "Admission".
 """
 
 from __future__ import annotations

@@ -1,29 +1,7 @@
 """Small kernel files kept open between uses: one open, then one system call a use.
 
-Region entry reads or writes small kernel files for every sibling process
-and tenant (``/proc/<pid>/stat``, ``cgroup.procs``, ``cgroup.events``,
-``cgroup.freeze``), and on the H200's host each system call costs
-microseconds; opening and closing such a file every time tripled the calls
-of a read.  A :class:`HeldFile` keeps its descriptor open: a read is
-``pread`` from offset 0 (procfs and cgroupfs files are seq files, which
-make their text afresh for a read at offset 0; one call for a file made in
-one piece, :func:`read_fd`), a write one ``pwrite``
-at offset 0 (cgroupfs control files take each write whole; kernfs keeps
-``pwrite`` allowed on them).
-
-A held descriptor can go stale: ``/proc/<pid>/stat`` of a process that has
-been reaped fails with ESRCH, even when the pid number is in use again (the
-descriptor refers to the old process's ``struct pid``), and a cgroup file
-whose directory was removed fails with ENODEV, even when a directory of the
-same name was made again.  So a use that fails on a held descriptor closes
-it and is made once more on a freshly opened one, which is what opening the
-file every time did; an error there is raised (:class:`OpenError` when
-``open(2)`` failed) and leaves nothing held.
-
-A HeldFile may be used from krexd's worker threads (the drain's judgements,
-the fail-closed check's driver query) while the event loop uses it too: a
-lock keeps one thread from closing a descriptor that another is about to
-read, whose number a third open could have reused.
+Why, and why a held descriptor that went stale (ESRCH, ENODEV) is opened
+once more: docs/design/daemon.md "Process model: one asyncio loop".
 """
 
 from __future__ import annotations
@@ -47,9 +25,16 @@ class HeldFile:
     """The kernel file ``path`` kept open for reads (``write=False``) or for writes.
 
     ``one_record``: the kernel makes the file's text in one piece, so one
-    ``pread`` reads it (:func:`read_fd`).  Opened at its first use;
-    :meth:`close` closes it (a later use opens it again).  Every error is an
-    OSError; a failed use holds nothing after it.
+    ``pread`` reads it (:func:`read_fd`).  A read is ``pread`` from offset 0
+    (procfs and cgroupfs seq files make their text afresh there), a write
+    one ``pwrite`` at offset 0 (cgroupfs takes each write whole).  Opened at
+    its first use; :meth:`close` closes it (a later use opens it again).  A
+    use that fails on a held descriptor is made once more on a fresh one;
+    every error is an OSError (:class:`OpenError` when ``open(2)`` failed),
+    and a failed use holds nothing after it.  Usable from krexd's worker
+    threads beside the loop: a lock keeps one thread from closing a
+    descriptor another is about to read, whose number a third open could
+    have reused.
     """
 
     __slots__ = ("path", "_flags", "_one_record", "_fd", "_lock")

@@ -1,20 +1,9 @@
 """krexd's log under systemd: structured journald fields, without a C binding.
 
-Under systemd (``$JOURNAL_STREAM`` names krexd's stderr, sd_journal_stream_fd(3))
-each log record is sent to journald's native socket as one datagram of
-fields (systemd's "Native Journal Protocol"): ``MESSAGE``, ``PRIORITY``,
-``SYSLOG_IDENTIFIER=krexd``, ``LOGGER``, ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC``
-and, where the log site passed them with ``extra=log_fields(...)``,
-``TENANT``, ``GPU``, ``EPOCH``, ``EVENT`` and ``REASON``, so that::
-
-    journalctl -u krexd TENANT=42
-    journalctl -u krexd EVENT=command_ended REASON=drain_timeout
-
-work.  A record too large for a datagram goes in a sealed memfd passed with
-``SCM_RIGHTS``, as libsystemd does.  In the foreground (no journal) the
-plain-text format on stderr is kept.  ``systemd-python``'s ``JournalHandler``
-would do the same but ships no wheel (it compiles against libsystemd's
-headers); this module is the protocol's few lines in Python.
+Under systemd (``$JOURNAL_STREAM`` names krexd's stderr) each record goes
+to journald's native socket with ``TENANT``, ``GPU``, ``EPOCH``, ``EVENT`` and
+``REASON`` where the log site passed them (``extra=log_fields(...)``); in
+the foreground the plain text on stderr stays.  docs/install.md "The journal".
 """
 
 from __future__ import annotations
@@ -87,6 +76,14 @@ def encode(fields: dict[str, str]) -> bytes:
 
 class JournalHandler(logging.Handler):
     """A logging handler that sends each record to journald with its fields.
+
+    Each record is one datagram of systemd's "Native Journal Protocol":
+    ``MESSAGE``, ``PRIORITY``, ``SYSLOG_IDENTIFIER=krexd``, ``LOGGER``,
+    ``CODE_FILE``/``CODE_LINE``/``CODE_FUNC`` and the record's
+    :func:`log_fields`; one too large for a datagram goes in a sealed memfd
+    passed with ``SCM_RIGHTS``, as libsystemd does.  (``systemd-python``'s
+    handler does the same but ships no wheel: it compiles against
+    libsystemd's headers.)
 
     The socket never blocks: when journald's queue is full the record is
     written to stderr as plain text (counted in ``overflowed``).

@@ -1,22 +1,10 @@
 """Readers of ``/proc/<pid>``: state, parent, start time and uids of a process.
 
-One place for the checks several parts make (identity's rules, the tenants'
-liveness poll, the memory views' registrations): a zombie (``Z``) or dead
-(``X``) process with no thread left counts as gone everywhere, since it can
-neither run nor be placed nor send requests (:func:`gone`).  Field numbers are proc(5)'s.
-
-``/proc/<pid>/stat`` is read for every sibling process at every region
-entry, so its descriptors stay open (:data:`STAT_FILES`, a bounded cache by
-pid; ``krexd.system.heldfiles``): a read is one ``pread``.  That is safe because a
-descriptor opened on ``/proc/<pid>/stat`` refers to that process (its
-``struct pid``), not to the number: while the process lives, or is a zombie
-not yet reaped, reads show its current state; once it is reaped they fail
-with ESRCH, even if the pid number has been given to a new process.  A read
-that fails drops the descriptor and opens the file once more: that open
-finds no process (gone: None), or the process that now has the number,
-whose start time differs (callers compare it: :func:`proc_stat`'s start
-time, ``krexd.tenancy.registrations.identity``).  A held descriptor does not keep
-the number from being reused, nor the process from being reaped.
+One place for the checks several parts make (identity's rules, the
+tenants' liveness poll, the memory views' registrations): a zombie or dead
+process with no thread left is gone everywhere (:func:`gone`).  The held
+``stat`` descriptors and the pidfds: docs/design/daemon.md "Process model:
+one asyncio loop".  Field numbers are proc(5)'s.
 """
 
 from __future__ import annotations
