@@ -1,37 +1,8 @@
 """krexd's cgroup subtree: ``<root>/<name>/gpu<N>/t<tenant id>``.
 
-Backends (shown by ``krexctl status``):
-
-* ``v2``: one cgroup2 tree; ``cgroup.freeze`` for freezing and the v2
-  ``cpuset`` controller for slices (enabled top-down through
-  ``cgroup.subtree_control``).  When cpuset cannot be enabled there, slices
-  fall back to ``sched_setaffinity`` on every thread (``cpuset: affinity``).
-* ``hybrid``: cgroup2 mounted beside v1 controllers (freezer through v2
-  ``cgroup.freeze``, which works without v2 controllers) and the v1 ``cpuset``
-  hierarchy for slices: a parallel tree ``<cpuset mount>/<name>/gpu<N>/t<id>``.
-
-Each tenant cgroup gets ``pids.max = [cgroup] pids_max`` (tasks: processes
-and threads), so a command that forks without bound gets ``EAGAIN`` from
-fork/clone instead of exhausting the host's pids for every tenant and
-growing the ``cgroup.procs`` krexd reads.  The ``pids`` controller comes
-from the v2 tree (enabled top-down like cpuset) when the root offers it, else
-from a v1 ``pids`` hierarchy (a parallel tree, like the hybrid cpuset one);
-with neither, krexd warns and tenants have no such limit (``pids: none`` in
-``krexctl status``).
-
-Each tenant cgroup also gets, as it is made and before anything runs in it,
-a device program that lets its processes open their own GPU's device node
-and no other GPU's (``[gpu] device_isolation``, krexd/cgroups/devices.py).
-
-``<root>``: ``[cgroup] root`` when set; under systemd (``Delegate=yes``) the
-unit's own cgroup, after krexd has moved itself into the ``supervisor`` leaf
-(before READY=1; systemd CGROUP_DELEGATION.md); else the cgroup2 mount.
-``<name>`` is ``[cgroup] name`` so several krexd instances never collide; tenant
-directories are ``t<id>`` so they never collide with kernel files.
-
-At start, a tree left by an earlier krexd of the same name is thawed, its
-processes killed and its directories removed, so no tenant stays frozen
-across a daemon crash.  At shutdown the same happens to krexd's own tree.
+Builds, cleans and tears down the tree in one of the backends (``v2``, v2
+with ``affinity``, ``hybrid``); each tenant cgroup gets its ``pids.max``
+and device program as it is made.  docs/design/daemon.md "cgroup backends".
 """
 
 from __future__ import annotations

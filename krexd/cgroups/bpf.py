@@ -1,32 +1,10 @@
 """The cgroup v2 device controller through bpf(2): a device program per cgroup, from Python.
 
-The kernel's cgroup v2 has no ``devices.allow`` file: what a cgroup's
-processes may open (or ``mknod``) is decided by ``BPF_PROG_TYPE_CGROUP_DEVICE``
-programs attached to the cgroup and its ancestors (Documentation/admin-guide/
-cgroup-v2.rst, "Device controller"; runc and systemd's ``DeviceAllow=`` do the
-same).  Each program sees ``struct bpf_cgroup_dev_ctx`` ::
-
-    struct bpf_cgroup_dev_ctx {
-        __u32 access_type;   /* (BPF_DEVCG_ACC_* << 16) | BPF_DEVCG_DEV_* */
-        __u32 major;
-        __u32 minor;
-    };
-
-and returns 1 (allow) or 0 (the ``open(2)`` fails with ``EPERM``).  With
-``BPF_F_ALLOW_MULTI`` every program attached to the cgroup and to its
-ancestors must allow; children of the process inherit the cgroup, so the
-rule holds for every process the tenant starts, whatever its environment.
-
-This module assembles the few instructions of krex's program
-(:func:`program`), loads it (``BPF_PROG_LOAD``), attaches it to a cgroup
-directory (``BPF_PROG_ATTACH``) and lists what is attached
-(``BPF_PROG_QUERY``), through ``ctypes`` and the raw syscall: no library
-beyond libc (none of the Python packages for BPF does cgroup device
-programs without a compiler toolchain).  The program's descriptor is closed
-once it is attached: the attachment holds the program, and the kernel
-detaches and frees it when the cgroup is removed.
-
-Layouts are those of ``include/uapi/linux/bpf.h`` (stable kernel ABI).
+Assembles krex's program (:func:`program`), loads it, attaches it to a
+cgroup directory and lists what is attached, through ``ctypes`` and the raw
+syscall: no library beyond libc (none of the Python packages for BPF does
+cgroup device programs without a compiler toolchain).  Layouts are those of
+``include/uapi/linux/bpf.h``; docs/design/security.md "6. GPU binding".
 """
 
 from __future__ import annotations
@@ -136,6 +114,12 @@ def program(
     nodes are not looked at, and the program is the one an NVIDIA-only host
     has always had.  ``/dev/kfd`` (another major) is
     always allowed.  Returns the instructions (8 bytes each).
+
+    The kernel runs it with ``struct bpf_cgroup_dev_ctx {__u32 access_type
+    /* (BPF_DEVCG_ACC_* << 16) | BPF_DEVCG_DEV_* */; __u32 major; __u32
+    minor;}``; it returns 1 (allow) or 0 (``open(2)`` fails with ``EPERM``).
+    With ``BPF_F_ALLOW_MULTI`` every program of the cgroup and of its
+    ancestors must allow, and a process's children inherit its cgroup.
     """
     drm = render_own is not None or bool(render_deny)
     # r1 = ctx; r2 = the field being tested.
@@ -255,6 +239,10 @@ def attach(cgroup_dir: str, prog_fd: int) -> None:
     Raises BpfError (e.g. ``EPERM`` when an ancestor holds a device program
     attached without ``BPF_F_ALLOW_MULTI``), or OSError when the directory
     cannot be opened.
+
+    The caller may close the program's descriptor once it is attached: the
+    attachment holds the program, which the kernel detaches and frees when the
+    cgroup is removed.
     """
     dfd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -1,43 +1,9 @@
 """Device isolation: a tenant's processes can open its own GPU's device node and no other.
 
-AMD GPUs (krexd/hardware/inventory_amd.py): a tenant of one may open ``/dev/kfd`` (shared
-by every AMD GPU, never filtered) and its GPU's render node
-``/dev/dri/renderD<render minor>``, no other render node and no
-``/dev/nvidia<M>``; on a host with AMD GPUs, the tenants of its NVIDIA
-GPUs and the warm pools are also denied every AMD GPU's render node —
-those krexd manages, and those it found but does not manage (no
-``hip-python``/``amdsmi``): a HIP program run by ``krex run`` on such a
-host gets no AMD GPU rather than one outside every region.  Render minors
-come from the KFD topology (simulated AMD GPU N: 128 + N).  On an
-NVIDIA-only host the programs are what they always were.
-
-``[gpu] device_isolation`` (docs/design/security.md, "GPU binding"):
-
-* ``auto`` (default): when krexd can load and attach a cgroup device
-  program (probed at start in a scratch cgroup of its tree), every tenant
-  cgroup gets one that lets through ``/dev/nvidia<minor of its GPU>`` and
-  denies every other ``/dev/nvidia<M>``; every other device stays allowed
-  (krexd/cgroups/bpf.py).  When it cannot (a kernel without the program
-  type, no CAP_BPF, an ancestor cgroup holding a device program that
-  forbids more), or a GPU's device minor is unknown, krexd warns once and
-  runs without, as before (the binding is then only the environment and
-  the shim's check).
-* ``require``: the same, but krexd refuses to start, with the reason, when
-  isolation cannot be had.
-* ``off``: nothing is attached.
-
-The program is attached when the tenant's cgroup is made (``CgroupBackend.
-create_tenant``, within ``Lifecycle.admit``), before any process is placed
-in it; a warm pool's cgroup gets one that denies every GPU node (a pool
-never uses a GPU, and a descriptor it opened would pass to its children).
-Adopted tenants keep theirs (attachments live with the cgroup); removing a
-cgroup frees its program.  ``krexctl status`` prints whether isolation is
-active (:meth:`DeviceIsolation.describe`).
-
-GPU index to device minor: NVML's ``nvmlDeviceGetMinorNumber`` (or the
-driver's ``/proc/driver/nvidia/gpus/<bus>/information``) for real GPUs
-(krexd/hardware/inventory.py); simulated GPU N is minor N (tests make such nodes with
-``mknod``).
+``[gpu] device_isolation`` (``auto``, ``require``, ``off``), what each tenant
+and pool cgroup is let open, and the limits: docs/design/security.md "6. GPU
+binding".  Simulated GPU N has device minor N, simulated AMD GPU N render
+minor 128 + N (tests make such nodes with ``mknod``).
 """
 
 from __future__ import annotations

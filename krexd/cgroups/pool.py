@@ -1,30 +1,9 @@
 """Warm pools' cgroups: ``<root>/<name>/pools/u<uid>-p<pid>``, with a memory limit.
 
-A registered pool's zygote is moved here (krexd/pools/registry.py); the processes it
-forks are born here and leave at ``place`` for their tenant cgroup.  The
-directory's memory limit (``[warm] memory_max``) bounds the zygote and its
-unplaced children (docs/design/warm.md):
-
-* ``v2``: ``memory.max`` in the pool's v2 directory, when the cgroup2 root
-  offers the ``memory`` controller (enabled top-down like ``pids``);
-* ``v1``: hybrid hosts: a parallel directory in the v1 ``memory``
-  hierarchy, under krexd's own memory cgroup
-  (``<mount><krexd's>/<name>/pools/<leaf>``, ``memory.limit_in_bytes``).
-  A placed process is moved back to krexd's own memory cgroup, so that
-  the command is not held to the pool's limit;
-* ``none``: no memory controller (or ``memory_max = 0``): no limit, a
-  warning at start.
-
-``pids.max = [warm] pids_max`` bounds the tasks (processes and threads) of
-a pool, in its v2 directory where the v2 tree offers the ``pids``
-controller, else in a parallel directory of the v1 ``pids`` tree tenants
-use on hybrid hosts (``<pids root>/pools/<leaf>``; a placed child moves to
-its tenant's, krexd/cgroups/backend.py).  Every region
-freezes the pools (krexd/pools/freeze.py), and a cgroup freeze stops each
-task, so one user's pool of thousands of threads would lengthen every
-user's region entry.  Migration is not bounded by ``pids.max``, so
-registration also counts the zygote's threads before and after the move
-(krexd/pools/registry.py).
+A registered zygote is moved here; its children are born here and leave
+at ``place``.  ``[warm] memory_max`` (v2 ``memory.max``, a v1 ``memory``
+directory on hybrid hosts, or none) and ``pids_max`` bound the pool:
+docs/design/warm.md "Limits, lifetime, restarts".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """One tenant's cgroup(s): v2 freezer directory plus, on hybrid hosts, a v1 cpuset one.
 
-Freeze semantics (cgroup-v2.rst ``cgroup.freeze``): writing 1 is asynchronous;
-the kernel reports completion as ``frozen 1`` in ``cgroup.events``.  Tasks in
-uninterruptible sleep freeze only when they return to user space, so waiting
-has a timeout and the caller rolls back with :meth:`TenantCgroup.thaw`
-(as runc does).  Frozen tasks still die from SIGKILL.
-
-Region entry and exit use ``cgroup.procs``, ``cgroup.events``,
-``cgroup.freeze`` (and the holder's ``cpuset.cpus``) of every sibling, so
-these stay open between uses (``krexd.system.heldfiles``: one ``pread`` or
-``pwrite`` a use, a stale descriptor opened again once) until
-:meth:`TenantCgroup.close` or :meth:`TenantCgroup.remove`.
+The files region entry and exit use (``cgroup.procs``, ``cgroup.events``,
+``cgroup.freeze``, the holder's ``cpuset.cpus``) stay open between uses
+(``krexd.system.heldfiles``) until :meth:`TenantCgroup.close` or
+:meth:`TenantCgroup.remove`.
 """
 
 from __future__ import annotations
@@ -124,6 +117,12 @@ class TenantCgroup:
         before that, so a freeze that missed the first check cost about 1 ms
         more (on the H200 host, one sibling: entry's freeze p50 0.2 or 1.3 ms
         by luck).  Then polls with asyncio sleeps doubling to 5 ms.
+
+        Freezing is asynchronous (cgroup-v2.rst ``cgroup.freeze``): the kernel
+        reports completion as ``frozen 1`` in ``cgroup.events``, and tasks in
+        uninterruptible sleep freeze only when they return to user space, so the
+        wait has a timeout and the caller rolls back with :meth:`thaw` (as runc
+        does).  Frozen tasks still die from SIGKILL.
         """
         deadline = time.monotonic() + timeout_s
         if self.is_frozen() or _spin(self.is_frozen, min(SPIN_S, timeout_s)):

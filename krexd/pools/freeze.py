@@ -1,22 +1,8 @@
-"""Warm pools stand still during every region (docs/design/warm.md "Regions").
+"""Warm pools stand still during every region (docs/design/warm.md "Regions: pools stand still").
 
-A pool's zygote imports modules from files the user's commands can write
-(site-packages, ``PYTHONPATH``, ``.pth`` files), and the processes it forks
-live in its cgroup until ``place``: code that ran there would run outside
-every tenant, so nobody would freeze it for a sibling's region.  Every region
-entry therefore freezes the whole ``pools`` directory of krexd's tree (one
-``cgroup.freeze`` for every pool) as soon as it has closed the gate (step 2:
-a pool cannot open a GPU, so its freeze need not wait for the drain, and the
-kernel stops the pools' threads while the siblings drain), waits at step 4
-until the kernel reports it frozen, and thaws it with the siblings.  Regions
-of several GPUs share the directory: it is frozen while at least one region
-holds it (a count).
-
-A warm command asked for during a region waits until the region ends, as a
-cold one admitted then is frozen until it ends.
-
-Its ``cgroup.freeze`` and ``cgroup.events`` stay open between regions
-(``krexd.system.heldfiles``), as the tenants' do.
+One ``cgroup.freeze`` of krexd's ``pools`` directory, asked as a region's
+gate closes and released as it ends; regions of several GPUs share it (a
+count).  Its files stay open between regions (``krexd.system.heldfiles``).
 """
 
 from __future__ import annotations

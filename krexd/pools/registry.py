@@ -1,36 +1,10 @@
 """Warm pools krexd knows: registration, limits, placement of their children, status.
 
-A pool (docs/design/warm.md) is a user's interpreter (the *zygote*) that
-imported the frameworks once and forks one process per ``krex run --warm``
-command; its *keeper*, a krex process of the same user, started it and
-registers it here with ``pool_register``.  krexd executes nothing of the
-user's: it only checks, confines and remembers.
-
-Registration (:meth:`PoolRegistry.register`, caller = the keeper, verified
-by the kernel):
-
-* ``[warm] enabled``; the version the keeper reports is krexd's own (a pool
-  of another krex version never serves: ``krex run`` checks it again at each
-  request);
-* the zygote is a direct child of the keeper, started after it, with the
-  keeper's uid (every uid; ``krexd.tenancy.identity.check_child_of``);
-* the zygote is not in krexd's cgroup tree (a tenant's or a pool's
-  cgroup): registered, it would leave its tenant for the pool's cgroup,
-  out of the freezer and the tenant's end (a command registering a pool of
-  its own); a ``krex run --warm`` inside a command therefore starts cold;
-* the uid has fewer than ``[warm] max_pools_per_uid`` pools;
-* the zygote has at most ``[warm] pids_max`` threads, counted before the
-  move and again in its cgroup after it (a pool over it is killed);
-* the zygote moves into ``<root>/pools/u<uid>-p<pid>`` with
-  ``[warm] memory_max`` and ``pids_max`` (``krexd.cgroups.pool``).
-
-The pool is forgotten (its cgroup killed and removed) as soon as its
-zygote or its keeper exits (pidfds), and at krexd's shutdown; a restarted
-krexd knows no pool (keepers notice the new krexd and let their pools end).
-
-Placement (:meth:`PoolRegistry.child_of_pool`): ``place`` also accepts a
-process whose parent is a registered pool of the tenant's uid, started
-after the pool, still in the pool's cgroup (not placed before).
+krexd executes nothing of the user's: it checks a pool's registration
+(:meth:`PoolRegistry.register`), confines it, places its children
+(:meth:`PoolRegistry.child_of_pool`) and forgets it when its zygote or
+keeper exits.  docs/design/warm.md; the checks: docs/design/security.md
+"8. Warm pools".
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """Admission (paper §4.3): slots per GPU, least-loaded placement, FIFO parking in krexd.
 
-Each GPU has ``slots_per_gpu`` slots (command concurrency).  A request names
-a GPU or takes the least-loaded one (fewest used slots, then lowest index).
-When nothing fits, the request is *parked* here, server-side, in arrival
-order; clients do not poll.  Whenever a slot frees, the queue is scanned front
-to back and every waiter that now fits is granted, so earlier requests always
-win the slots they can use.
-
-Exclusive requests (``krex run --exclusive``, paper §7 "whole-device lease")
-take a GPU with no tenants and hold all its slots.  A parked exclusive waiter
-reserves its GPU (the named one, else the least-loaded) so that later
-requests cannot keep it busy for ever.
-
-Memory (paper §7 names memory-aware scheduling as future work; docs/design/
-memory.md).  Each request carries its memory *need* (bytes); a GPU admits it
-only when the need fits in what the memory policy (``krexd.memory``) says is
-available there minus the needs already reserved on it, and never while an
-allocation on that GPU waits for co-tenants' memory.  Fairness is *bounded
-bypass*: a waiter that has a free slot but not enough memory names the GPU
-it waits for (the one with the most room); each later request granted that
-GPU counts as one bypass, and after ``max_bypass`` of them the GPU admits no
-later request until the waiter fits.  No later command takes memory on a
-GPU closed that way and the commands there end, so a large command waits at
-most for the commands admitted before it and ``max_bypass`` more (0 = strict
-head-of-line blocking).
-
-Per-uid caps (``krexd.tenancy.quotas``): a waiter whose uid holds its
-``max_admitted_per_uid`` slots is passed over (FIFO among the others), and a
-uid may have at most ``max_parked_per_uid`` requests parked.
+Requests park here, server-side, in arrival order; each release grants
+every waiter that now fits.  Exclusive requests, memory needs with bounded
+bypass, and the per-uid caps (``krexd.tenancy.quotas``):
+docs/design/daemon.md "Admission", docs/design/memory.md "2. Admission by
+memory".
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """Who sent a request: the kernel-verified caller, and what it may do to a tenant.
 
-krexd acts only for the process that sent a request, as the kernel reports it
-(docs/design/security.md).  The control socket is a ZeroMQ ROUTER on
-``ipc://``; for an IPC connection libzmq reads the peer's credentials with
-``getsockopt(SO_PEERCRED)`` when the connection is accepted and attaches them
-to every message as the property ``Peer-Address``, formatted
-``localhost:UID:GID:PID`` (pyzmq: ``frame.get("Peer-Address")`` on a frame
-received with ``copy=False``).  Those are the credentials of the process that
-called ``connect(2)``, fixed at that moment; nothing in a message (a pid, a
-uid, a tenant id) is trusted on its own.
-
-The server reads them for each request (:func:`caller_from_peer`), adds the
-caller's start time (field 22 of ``/proc/<pid>/stat``) so that a later reuse
-of the pid is seen (:class:`PeerTable`), and publishes the result in the
-context variable :data:`CALLER` of the task that runs the op; ops read it
-with :func:`caller`.
-
-Rules (each refusal is logged with the caller's pid and uid and answered
-``AUTH``):
-
-* ``admit``: the caller is the launcher (:func:`check_launcher_claim`).
-* ``place``: only a direct child of the launcher, with the launcher's uid,
-  started after it (:func:`check_placeable`) — never the launcher itself;
-  or a direct child of a warm pool registered for the launcher's uid, with
-  that uid, started after the pool and still in the pool's cgroup
-  (``krexd.pools.registry``; ``krex run --warm``), of the pool the launcher names
-  when it names one (``krexd.orchestration.lifecycle.Lifecycle.place``).
-* ``pool_register``: the zygote is a direct child of the caller (the
-  pool's keeper), with its uid, started after it (:func:`check_child_of`),
-  and not inside krexd's cgroup tree (``krexd.pools.registry``).
-* acting on a tenant (``place``, ``region_enter``, ``region_exit``,
-  ``region_cancel``, ``release``, ``memory``): the caller is in the tenant's
-  own cgroup, or is its launcher (same pid and start time), and runs as the
-  launcher's uid; or is root (:func:`authorize_tenant_op`).  Root is trusted
-  (docs/design/security.md "Parties and trust"): it can freeze, kill or move any process through
-  cgroupfs and kill(2) anyway.  The uid check refuses a process of another
-  user that reached the tenant's cgroup or pid (a set-uid program a command
-  ran, a pid reused between two reads) even when the place test passes.
+The server reads each request's peer credentials (:func:`caller_from_peer`,
+:class:`PeerTable` against a reused pid) into :data:`CALLER`; ops read it
+with :func:`caller` and check it by the rules here, each refusal logged and
+answered ``AUTH``.  The rules and why: docs/design/security.md "1. Every
+request is bound to the kernel-verified caller", "2. Acting on a tenant
+needs the token *and* the right process" and "8. Warm pools".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Per-tenant memory records, and the bookkeeping that fills them from gate registrations.
 
-A tenant's record says what it declared (or was assumed to need), what it
-used, whether it exceeded its need (allowed, noted), and what the shim did
-with its out-of-memory errors: absorbed by waiting for co-tenants, returned
-as caused by co-tenants (``krex run`` then exits 75 if the command fails),
-or returned as its own.  It is shown by ``krexctl status`` and returned by
-``release``.
-
-The shim keeps per-process counters in its registration (a slot of the
-gate, ``krex_gate.h``); a process's registration may be freed (and later
-reused) after it exits.  :class:`RegistrationLedger` remembers who owned
-each registration and what it had counted, and credits only increases to
-the owning tenant, so a record survives the registration.
+A record (:class:`TenantMemory`) says what a tenant needed, used and did
+with its out-of-memory errors (docs/design/memory.md "4. Records and exit
+code 75"); :class:`RegistrationLedger` credits a registration's counts to
+its owner, so a record survives a registration freed after its process.
 """
 
 from __future__ import annotations
@@ -115,7 +107,12 @@ class _Owner:
 
 @dataclass
 class RegistrationLedger:
-    """Credits the shim's per-registration OOM counters to tenant records, once each."""
+    """Credits the shim's per-registration OOM counters to tenant records, once each.
+
+    A process's registration may be freed (and later reused) after it exits:
+    the ledger remembers who owned each registration and what it had counted,
+    and credits only increases to the owning tenant.
+    """
 
     # By (tenant, slot index): each tenant's registrations live in its own slot memory.
     _owners: dict[tuple[int, int], _Owner] = field(default_factory=dict)

@@ -1,28 +1,10 @@
 """Flags a tenant writes in its own slot memory that pause others: verified, and bounded.
 
-Two words of a slot stop other tenants when krexd honours them: the
-memory-wait bit (``krex_slot.oom`` WAITING: the GPU admits nothing while an
-allocation waits for co-tenants, docs/design/memory.md) and the fault word
-(``krex_slot.fault``: under MPS an incident opens and admission to the GPU
-pauses, docs/design/faults.md).  The tenant writes both, so krexd takes them
-as claims (issue "No user can stall another", item 4):
-
-* **Verified owners only.**  A flag counts only in a slot whose registration
-  resolves to a live process of that tenant (``krexd.tenancy.registrations.Verifier``,
-  through :meth:`RegistrationFlags.verify`): the gate watch's sweep verifies every
-  live slot every 100 ms, and a flag in a slot not verified yet is verified
-  when it is first asked about.  A slot that does not resolve is ignored
-  (``Gate.ignore``), as the sweep ignores it.  A fault record read after its
-  process ended counts when that process was verified while it lived.
-* **For a bounded time.**  An allocation waits at most ``[memory] oom_wait_s``
-  (the shim's own bound) plus :data:`WAIT_GRACE_S`; krexd counts how long it
-  has honoured one continuous wait of one process (observed set at each sweep,
-  time while the tenant is frozen by a region not counted) and past the bound
-  stops honouring it and ends the tenant (exit 79, through the gate watch).
-  A fault pauses admission at most :data:`FAULT_HOLD_S`: the MPS server tears
-  its clients down at once and a faulted process cannot use the GPU again, so
-  a process still alive that long after its own fault record stalls its
-  GPU's recovery; its tenant is ended (exit 79) and admission resumes.
+The memory-wait bit and the fault word stop other tenants when krexd
+honours them, so they are claims: honoured only in a slot whose owner
+verifies as a live process of the tenant, and for a bounded time, past
+which the tenant is ended (exit 79).  docs/design/memory.md "2. Admission
+by memory", docs/design/faults.md "Signals (most reliable first)".
 """
 
 from __future__ import annotations
@@ -77,7 +59,7 @@ def _described(s: RegistrationInfo) -> Described:
 
 
 class RegistrationFlags:
-    """Decides whether a slot's memory-wait and fault flags are honoured (module docstring).
+    """Decides whether a slot's memory-wait and fault flags are honoured (verified, bounded).
 
     Args:
         verifier: resolves registrations to processes of their tenant.

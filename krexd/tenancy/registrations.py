@@ -1,39 +1,9 @@
 """Gate registrations as krexd verifies them, and the fail-closed check of region entry.
 
-A registration (``krexd.gate.RegistrationInfo``) is what a tenant process wrote in
-its tenant's slot memory: its pid *in its own pid namespace*, that
-namespace's inode, its start time, and where the shim is mapped in it
-(``image``).  krexd trusts none of it alone.  :meth:`Verifier.resolve`
-finds the process it names among the processes of the tenant's cgroup
-(``cgroup.procs`` lists them in krexd's namespace): same innermost pid
-(``NSpid`` of ``/proc/<pid>/status``), same pid namespace
-(``/proc/<pid>/ns/pid``), same start time (``/proc/<pid>/stat`` field 22),
-and the shim's mapping still there (``/proc/<pid>/map_files/<start>-<end>``,
-which a program exec'd without the shim does not have).  A registration
-that resolves to no process is garbage: drains skip it
-(``krexd.gate.Gate.ignore``).
-
-:class:`RegionGuard` is the fail-closed rule (docs/design/shim.md "Fail
-closed"): once the siblings are drained and frozen, every process of a
-sibling's cgroup that has the GPU open (the memory source's ``users``:
-NVML's compute processes, or the fake driver's contexts) must have a
-verified registration.
-
-After the drain, a verified registration needs nothing more: the drain
-returned only once every registration present at the close acknowledged
-the epoch with nothing in flight, so any call made since saw the gate
-closed and parks.  The acknowledgement and count themselves are *not*
-asked for again: the freeze stops processes at any instruction, and a
-thread frozen between its count's increment and the retraction that
-follows a closed gate (or a process that registered after the close,
-frozen before it acknowledged while parked) shows a count of 1 or an old
-epoch though it can start no work.  Asking for them ended about one
-command in eight of a PyTorch corpus on the H200 with exit 79.
-Any other process is "unprotectable GPU use": no shim (``env -u
-LD_PRELOAD``), a program exec'd without it, a shim that refused or passed
-through.  The coordinator then ends that sibling's command (exit code 79,
-``ExitCode.UNPROTECTABLE``) with a message naming the process and the
-cause, and grants only once its processes have left the GPU.
+:class:`Verifier` finds the process a registration names among its
+tenant's cgroup (or judges it garbage, which drains skip);
+:class:`RegionGuard` ends a sibling that has the GPU open without a
+verified registration.  docs/design/shim.md "Fail closed".
 """
 
 from __future__ import annotations

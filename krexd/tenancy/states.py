@@ -1,35 +1,9 @@
 """Tenant, region and region-request states; every change goes through change_state().
 
-This module imports nothing but the standard library (it must stay importable
-from anywhere, like supervisor's ``states.py``).
-
-Tenant edges (``# A -> B`` comments mark them where they are taken)::
-
-    ADMITTED -> RUNNING   CMD placed in its cgroup (place)  -> EXITED
-    RUNNING  -> FREEZING  a sibling entered a region (coordinator step 4)
-    FREEZING -> FROZEN    the kernel reports the cgroup frozen
-    FREEZING -> THAWING   freeze timed out, rolled back
-    FROZEN   -> THAWING   the region ended (coordinator step 7)
-    THAWING  -> RUNNING   thaw written
-    RUNNING  -> HOLDING   the tenant was granted the region (step 5)
-    HOLDING  -> RUNNING   the tenant left the region (step 8)
-    any live -> EXITED    released, or its launcher / process tree died
-
-Region edges (per GPU, coordinator)::
-
-    IDLE -> CLOSING -> DRAINING -> FREEZING -> HELD -> THAWING -> REOPENING -> IDLE
-      steps:  2           3           4       5, 6        7           8
-    CLOSING/DRAINING/FREEZING/HELD -> RECOVERING -> IDLE   (failure or holder death)
-
-Steps are the paper's §4.2 numbers (krexd/coordinator/).
-
-Region request stages (per request, coordinator; ``value`` on the wire in
-``region_cancel``'s reply)::
-
-    QUEUED -> ENTERING -> HELD   (a request ends, from any stage, when it is dropped)
-
-The three machines are three enum types whose values are all distinct, so
-no state of one compares or serializes equal to a state of another.
+Three enum types with distinct values and one edge table each
+(:data:`TENANT_EDGES`, :data:`REGION_EDGES`, :data:`REQUEST_EDGES`; ``# A ->
+B`` comments mark where edges are taken); docs/design/daemon.md "States".
+Imports nothing but the standard library, so it is importable from anywhere.
 """
 
 from __future__ import annotations
@@ -105,6 +79,13 @@ REGION_THAWING = RegionState.THAWING
 REOPENING = RegionState.REOPENING
 RECOVERING = RegionState.RECOVERING
 
+# ADMITTED -> RUNNING: its command placed (place).  RUNNING -> FREEZING: a
+# sibling's region entry froze it (steps 3-4); FREEZING -> FROZEN: the kernel
+# reports it frozen; FREEZING -> THAWING: the entry failed and rolls back;
+# FROZEN -> THAWING: the region ended (step 7); THAWING -> RUNNING: thaw
+# written.  RUNNING -> HOLDING: granted a region (step 5); HOLDING -> RUNNING:
+# its region ended.  Any live state -> EXITED: released, or its launcher or
+# process tree died.
 TENANT_EDGES: dict[TenantState, frozenset[TenantState]] = {
     ADMITTED: frozenset({RUNNING, EXITED}),
     RUNNING: frozenset({FREEZING, HOLDING, EXITED}),
@@ -115,6 +96,9 @@ TENANT_EDGES: dict[TenantState, frozenset[TenantState]] = {
     EXITED: frozenset(),
 }
 
+# One GPU's region, steps in the paper's numbers: IDLE -> CLOSING (2) -> DRAINING
+# (3) -> FREEZING (4) -> HELD (5, 6) -> THAWING (7) -> REOPENING (8) -> IDLE;
+# a failed entry or any end but the exit goes through RECOVERING to IDLE.
 REGION_EDGES: dict[RegionState, frozenset[RegionState]] = {
     IDLE: frozenset({CLOSING}),
     CLOSING: frozenset({DRAINING, RECOVERING}),
