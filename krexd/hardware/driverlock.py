@@ -1,18 +1,10 @@
 """The CUDA driver's lock of another process: the drain a tenant cannot forge.
 
-``cuCheckpointProcessLock(pid, {timeoutMs})`` (driver API since CUDA 12.8,
-driver >= 570; cuda.h "Checkpoint") blocks every further CUDA API call of
-process ``pid`` and returns once the work it had already submitted has
-completed; ``cuCheckpointProcessUnlock`` lets it go on.  krexd, as root and
-without a context of its own (``cuInit`` only), locks every process with a
-context on the region's GPU other than the holder's at region entry
-(docs/design/driver-lock.md gives the measurements this rests on and the
-order of the steps) and unlocks them at the region's end.
-
-This module is the one binding of those calls: :class:`DriverLock` loads
-the driver (``libcuda.so.1``, or the fake driver of the tests through
-``KREX_DRIVER_LIB``) through ctypes, which releases the GIL during each
-call, and runs the locks of many processes in parallel threads.
+The one binding of ``cuCheckpointProcessLock`` / ``cuCheckpointProcessUnlock``
+(driver API since CUDA 12.8): :class:`DriverLock` loads the driver
+(``libcuda.so.1``, or the tests' fake through ``KREX_DRIVER_LIB``) with
+ctypes, which releases the GIL during each call, and locks many processes in
+parallel threads.  docs/design/driver-lock.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """``python -m krexd.hardware.hip_probe``: the AMD GPUs as HIP sees them, one JSON line on stdout.
 
-krexd runs this in a child process (krexd/hardware/inventory_amd.py) rather than in
-itself: initializing the HIP runtime opens ``/dev/kfd`` and makes the
-process a KFD process of every GPU, which would put krexd's own pid in
-each GPU's process list (``amdsmi_get_gpu_process_list``) for as long as
-it runs, where the fail-closed check (krexd/tenancy/registrations.py) would take
-it for an unregistered GPU user.  The child's runtime ends with it.
-
-Output: ``{"devices": [{"ordinal", "name", "total_mem_bytes", "l2_bytes",
-"pci_bus_id", "uuid", "arch"}]}``, or ``{"error": str}`` when hip-python
-cannot be imported, HIP fails, or ``amdsmi`` cannot be imported or started
-(``amdsmi_init``): krexd manages no AMD GPU it cannot see into (the memory
-in use and the processes on it, krexd/memory/amd_source.py).
-``uuid`` is ``GPU-<16 characters>`` from ``hipDeviceGetUuid`` (ROCm fills
-the 16 bytes with the hex digits of the name ROCr gives the GPU), "" when
-HIP gives none.  ``pci_bus_id`` is built
-from ``hipDeviceProp_t``'s ``pciDomainID``/``pciBusID``/``pciDeviceID``
-(function 0: HIP's properties carry none).
-
-hip-python's calls (``hip.hipGetDeviceCount()``, ``hipGetDeviceProperties(i)``,
-``hipDeviceGetUuid(i)``, ``hipDeviceGetAttribute(attr, i)``) each return a
-tuple whose first element is a ``hipError_t`` (0: ``hipSuccess``).
-Newer hip-python is ``rocm.bindings.hip`` re-exported as ``hip.hip``; both
-are tried.
+krexd runs it in a child, never in itself: the HIP runtime would make
+krexd a KFD process of every GPU, listed among its users for as long as it
+runs (docs/design/amd.md "Inventory").  The line's shape: :func:`read_devices`.
 """
 
 from __future__ import annotations
@@ -81,7 +61,20 @@ def _l2(hip: Any, i: int, props: Any) -> int:
 
 
 def read_devices(hip: Any) -> list[dict[str, Any]]:
-    """Every device HIP lists, as described in the module docstring (raises RuntimeError)."""
+    """Every device HIP lists (raises RuntimeError).
+
+    The line: ``{"devices": [{"ordinal", "name", "total_mem_bytes", "l2_bytes",
+    "pci_bus_id", "uuid", "arch"}]}``, or ``{"error": str}`` when hip-python
+    cannot be imported, HIP fails, or ``amdsmi`` cannot be imported or started
+    (``amdsmi_init``): krexd manages no AMD GPU it cannot see into.  ``uuid``
+    is ``GPU-<16 characters>`` from ``hipDeviceGetUuid`` (ROCm fills the 16
+    bytes with the hex digits of the name ROCr gives the GPU), "" when HIP
+    gives none.  ``pci_bus_id`` is built from ``hipDeviceProp_t``'s
+    ``pciDomainID``/``pciBusID``/``pciDeviceID`` (function 0: HIP's
+    properties carry none).  hip-python's calls each return a tuple whose
+    first element is a ``hipError_t`` (0: ``hipSuccess``); newer hip-python is
+    ``rocm.bindings.hip`` re-exported as ``hip.hip``, and both are tried.
+    """
     err, count = hip.hipGetDeviceCount()
     if int(err) != 0:
         if int(err) == int(hip.hipError_t.hipErrorNoDevice):
@@ -124,7 +117,7 @@ def check_amdsmi() -> str | None:
 
 
 def main() -> int:
-    """Print the JSON line (see the module docstring); always exit 0."""
+    """Print the JSON line (:func:`read_devices`); always exit 0."""
     try:
         reply: dict[str, Any] = {"devices": read_devices(_import_hip())}
     except ImportError as exc:

@@ -1,31 +1,13 @@
 """GPU inventory: NVIDIA GPUs through NVML (nvidia-ml-py) or cuda-python, AMD GPUs through
-hip-python (krexd/hardware/inventory_amd.py), else fake GPUs.
+hip-python (``krexd.hardware.inventory_amd``), else fake GPUs.
 
-Imports of the vendor libraries are lazy: without them (or without a driver)
-the inventory is empty unless ``--fake-gpus N`` / ``[daemon] fake_gpus``
-declares simulated GPUs (NVIDIA ones; ``--fake-vendor amd`` / ``[daemon]
-fake_vendor = "amd"`` makes them AMD ones).  krexd never creates a CUDA
-context here (NVML needs none; cuda-python's ``cuDeviceGet*`` calls need
-only ``cuInit``), nor starts the HIP runtime in its own process.
-
-Numbering: the NVIDIA GPUs come first, in NVML's (PCI bus) order, as
-0..n-1, so an NVIDIA host's indices are what they always were; the AMD GPUs
-follow as n..n+m-1 in HIP's order.  Each GPU's ``vendor`` says which it is.
-
-Each GPU carries its UUID (``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``, the
-form ``nvidia-smi -L``, NVML and ``CUDA_VISIBLE_DEVICES`` use): tenants are
-bound to their GPU by UUID, never by index (docs/design/security.md).  A
-simulated GPU's UUID is the one the fake driver reports for it
-(:func:`fake_uuid`; docs/design/interfaces.md "Fake driver").
-
-Each GPU also carries the minor number of its device node ``/dev/nvidia<minor>``
-(NVML's ``nvmlDeviceGetMinorNumber``, else the driver's
-``/proc/driver/nvidia/gpus/<bus>/information``; simulated GPU N: N), which
-the device isolation of tenant cgroups allows (krexd/cgroups/devices.py); an
-AMD GPU instead carries the minor of its render node ``/dev/dri/renderD<minor>``
-(``render_minor``, from the KFD topology; simulated AMD GPU N: 128 + N).
-An AMD GPU's UUID is ROCr's ``GPU-<16 hex digits>`` (what
-``ROCR_VISIBLE_DEVICES`` accepts); a simulated one's is :func:`fake_amd_uuid`.
+Vendor libraries are imported lazily, and krexd never creates a CUDA
+context here (NVML needs none; cuda-python's ``cuDeviceGet*`` only
+``cuInit``) nor starts the HIP runtime in its own process.  NVIDIA GPUs
+come first, in NVML's (PCI bus) order, then AMD GPUs in HIP's; each carries
+its UUID (tenants are bound by UUID, never by index) and its device node's
+minor (docs/design/amd.md "Inventory", docs/design/security.md "6. GPU
+binding").
 """
 
 from __future__ import annotations

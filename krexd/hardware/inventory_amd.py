@@ -1,28 +1,9 @@
 """AMD GPU inventory (ROCm): the KFD topology first, then HIP (hip-python) in a child process.
 
-Order of the checks, so that a host without AMD GPUs never imports a ROCm
-binding and one with them says once what is missing:
-
-1. ``/dev/kfd`` and a GPU node in the KFD topology (krexd/hardware/kfd.py); else no
-   AMD GPU, silently.
-2. ``hip-python`` (module ``hip``) and ``amdsmi`` installed where krexd's
-   Python finds them (looked up, not imported); else ONE warning naming
-   what to install (``pip install 'krex[amd]'``) and no AMD GPU is
-   managed: krexd needs HIP for the inventory and amdsmi for the memory in
-   use and the processes on each GPU (the memory admission and the
-   fail-closed check, krexd/memory/amd_source.py), and never runs a GPU it
-   cannot see into as if it managed it.
-3. ``python -m krexd.hardware.hip_probe`` in a child (why a child: its docstring)
-   lists the devices: name, total memory, L2 size, PCI address, UUID; it
-   also checks that amdsmi imports and starts (an error line and no AMD
-   GPU managed otherwise).  Each
-   is matched with its KFD node (by UUID, else by PCI domain/bus/device) for
-   its render node minor, the PCI function, and the UUID when HIP gave none.
-   A GPU with no UUID from either is not managed (a command is bound to its
-   AMD GPU by UUID: ``ROCR_VISIBLE_DEVICES``), with a warning.
-
-The devices come back in HIP's order (ROCr's, the KFD node order);
-krexd.hardware.inventory numbers them after the NVIDIA GPUs.
+A host without AMD GPUs never imports a ROCm binding, and one with them
+says once what is missing; the checks, in order: docs/design/amd.md
+"Inventory".  The devices come back in HIP's order; ``krexd.hardware.inventory``
+numbers them after the NVIDIA GPUs.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """The AMD GPUs the kernel's KFD driver (amdgpu's compute side) reports, read from sysfs.
 
-A host has AMD GPUs for ROCm when ``/dev/kfd`` exists and the KFD topology
-(``/sys/class/kfd/kfd/topology/nodes/<N>/properties``) has a node with
-``simd_count > 0`` (CPU nodes have none) and no CPU cores (an APU's
-integrated GPU has both, and is not managed: it shares the host's memory
-and cores, and its tenants could not be held apart from the host's work).
-Each such node's ``properties`` file holds ``key value`` lines; krexd reads:
-
-* ``gpu_id`` (KFD's id of the GPU, what ``amdsmi_get_gpu_kfd_info`` calls ``kfd_id``);
-* ``unique_id``: ROCr names the GPU ``GPU-<unique_id as 16 hex digits>``
-  (``HSA_AMD_AGENT_INFO_UUID``, what ``ROCR_VISIBLE_DEVICES`` accepts;
-  HIP's ``hipDeviceGetUuid`` returns those 16 characters);
-* ``drm_render_minor``: the GPU's render node ``/dev/dri/renderD<minor>``,
-  which the device isolation of tenant cgroups allows (krexd/cgroups/devices.py);
-* ``domain`` and ``location_id`` (``bus << 8 | device << 3 | function``): its PCI address.
-
 Nothing here imports a ROCm library: this is how krexd decides whether to
-import ``hip-python`` and ``amdsmi`` at all (krexd/hardware/inventory_amd.py).
+import ``hip-python`` and ``amdsmi`` at all (``krexd.hardware.inventory_amd``;
+docs/design/amd.md "Inventory").
 """
 
 from __future__ import annotations
@@ -32,7 +18,17 @@ TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
 
 @dataclass(frozen=True)
 class KfdGpu:
-    """One GPU node of the KFD topology (see the module docstring)."""
+    """One GPU node of the KFD topology, from its ``properties`` file's ``key value`` lines.
+
+    * ``gpu_id``: KFD's id of the GPU (``amdsmi_get_gpu_kfd_info``'s ``kfd_id``);
+    * ``unique_id``: ROCr names the GPU ``GPU-<unique_id as 16 hex digits>``
+      (``HSA_AMD_AGENT_INFO_UUID``, what ``ROCR_VISIBLE_DEVICES`` accepts;
+      HIP's ``hipDeviceGetUuid`` returns those 16 characters);
+    * ``drm_render_minor``: the GPU's render node ``/dev/dri/renderD<minor>``,
+      which the device isolation of tenant cgroups allows;
+    * ``domain`` and ``location_id`` (``bus << 8 | device << 3 | function``):
+      its PCI address.
+    """
 
     node: int
     gpu_id: int
@@ -71,7 +67,13 @@ def _properties(path: str) -> dict[str, int]:
 
 def gpu_nodes(topology: str | None = None) -> list[KfdGpu]:
     """The GPU nodes of the KFD topology under ``topology`` (default :data:`TOPOLOGY`),
-    by node number ([] when none)."""
+    by node number ([] when none).
+
+    A GPU node has ``simd_count > 0`` (CPU nodes have none) and no CPU cores:
+    an APU's integrated GPU has both and is not managed (it shares the host's
+    memory and cores, and its tenants could not be held apart from the host's
+    work).
+    """
     topology = topology or TOPOLOGY
     try:
         names = os.listdir(topology)

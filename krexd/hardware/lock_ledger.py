@@ -1,17 +1,9 @@
 """The processes a GPU's region has locked through the driver, as a file that outlives krexd.
 
-A process locked by ``cuCheckpointProcessLock`` stays blocked until someone
-unlocks it: if krexd dies holding a region, its successor (``krexd.restarts.adopt``)
-or the watchdog (``krexd.restarts.watchdog``) must know whom to unlock.  Before each
-lock krexd records the processes it is about to lock, with their start
-times (a pid reused by a new process is never unlocked by mistake), and
-clears the record once they are unlocked.
-
-The file, ``<gate_dir>/<cgroup name>-gpu<N>.locks``, has a fixed size
-reserved when it is made (a full file system cannot stop a later record):
-one JSON line ``{"gpu": N, "locked": [[pid, start_ticks], ...]}`` written
-at offset 0 with one ``pwrite``, the rest NUL bytes.  krexd dies between
-whole writes, never inside one, so the reader sees the last record written.
+Recorded before each lock, with start times, and cleared once unlocked,
+so that a successor (``krexd.restarts.adopt``) or the watchdog
+(``krexd.restarts.watchdog``) unlocks them if krexd dies holding a region
+(docs/design/driver-lock.md).  The file's form: :class:`LockLedger`.
 """
 
 from __future__ import annotations
@@ -35,7 +27,15 @@ def ledger_path(gate_dir: str, cgroup_name: str, gpu: int) -> str:
 
 
 class LockLedger:
-    """One GPU's record of driver-locked processes (see the module docstring).
+    """One GPU's record of driver-locked processes.
+
+    The file, ``<gate_dir>/<cgroup name>-gpu<N>.locks``, has a fixed size
+    reserved when it is made (a full file system cannot stop a later
+    record): one JSON line ``{"gpu": N, "locked": [[pid, start_ticks], ...]}``
+    written at offset 0 with one ``pwrite``, the rest NUL bytes.  krexd dies
+    between whole writes, never inside one, so the reader sees the last
+    record written; a pid reused by a new process (another start time) is
+    never unlocked by mistake.
 
     ``path``: the file; made with its full size on first use.  A write that
     fails (the file cannot be made) is logged and the lock goes on: krexd's

@@ -1,17 +1,9 @@
 """NVIDIA MPS control daemons, one per GPU, started and stopped by krexd.
 
-Paper §6.5: with MPS, kernels of concurrent commands share the GPU instead
-of being time-sliced between contexts, which raises throughput off-region
-(H20: +24 % at command concurrency 16).  With ``[mps] enabled = true``
-krexd starts ``nvidia-cuda-mps-control -d`` for each GPU with
-``CUDA_VISIBLE_DEVICES`` set to that GPU and private pipe and log folders
-under the state directory, gives tenants of that GPU the same
-``CUDA_MPS_PIPE_DIRECTORY``, and always stops the daemons at shutdown
-(``quit`` on the control pipe, then SIGKILL of what is left).
-
-The freezer is unchanged: drained and frozen MPS clients hold no work on
-the GPU (docs/design/daemon.md discusses what is and is not known about
-freezing MPS clients).
+With ``[mps] enabled = true`` kernels of concurrent commands share the GPU
+instead of being time-sliced between contexts (paper §6.5: +24 % on the
+H20 at concurrency 16); :class:`MpsManager` runs each GPU's daemon.
+GPU-wide faults under MPS: docs/design/faults.md.
 """
 
 from __future__ import annotations
@@ -66,6 +58,13 @@ class MpsManager:
         state_dir: krexd's state directory; folders ``mps-gpu<N>/{pipe,log}``
             are made below it (mode 0755; the pipes must be reachable by
             tenants).
+
+    krexd starts ``nvidia-cuda-mps-control -d`` for each GPU with
+    ``CUDA_VISIBLE_DEVICES`` set to that GPU and private pipe and log folders
+    under the state directory, gives tenants of that GPU the same
+    ``CUDA_MPS_PIPE_DIRECTORY``, and always stops the daemons at shutdown
+    (``quit`` on the control pipe, then SIGKILL of what is left).  The freezer
+    is unchanged: drained and frozen MPS clients hold no work on the GPU.
     """
 
     def __init__(self, control: str, state_dir: str) -> None:

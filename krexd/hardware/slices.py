@@ -1,15 +1,10 @@
 """Per-GPU CPU slices and reserved cores (paper §4.2 "CPU exclusivity").
 
-Each GPU gets a slice of cores; its tenants run on ``tenant_cores`` (the slice
-minus its ``reserved`` cores) off-region, and the holder's submitting thread
-runs on ``reserved`` during a region.  Slices come from ``[cpu.slices]`` or
-are computed: the cores of the GPU's NUMA node (when known) split evenly among
-the GPUs of that node, else all cores krexd may use split evenly.
-
-Small machines (fewer cores than needed): with ``[cpu] allow_shared = true``
-slices may share cores (round robin) and a slice whose cores are all reserved
-keeps them for its tenants too (tenant_cores = cores); ``shared`` is then true
-and ``krexctl status`` says so.  Without it such layouts are refused at start.
+Each GPU's tenants run on its ``tenant_cores`` off-region, and the holder's
+submitting thread on its ``reserved`` cores during a region; slices are
+configured (``[cpu.slices]``) or computed, and may share cores on small
+machines only with ``[cpu] allow_shared``.  docs/design/daemon.md "CPU
+slices, including small machines".
 """
 
 from __future__ import annotations

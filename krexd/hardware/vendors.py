@@ -1,35 +1,9 @@
 """What differs between GPU vendors outside the inventory: one object per vendor.
 
-Callers ask :func:`of` for a GPU's vendor object instead of testing
-``GpuInfo.vendor`` themselves.  Each object says:
-
-* ``binding(info)``: the variables that bind a command to that GPU by
-  identity (docs/design/interfaces.md, "Environment of a tenant command");
-* ``hidden()``: the variables that hide every GPU of this vendor from a
-  command bound to another vendor's GPU (set only on a host where krexd
-  manages GPUs of both);
-* ``node_table`` / ``node_minor(info)``: which device node the device
-  isolation of tenant cgroups lets the GPU's tenants open
-  (krexd/cgroups/devices.py): ``/dev/nvidia<minor>``, or the render node
-  ``/dev/dri/renderD<minor>``;
-* ``mps``, ``driver_lock``: whether NVIDIA MPS and the CUDA driver's process
-  lock (krexd/hardware/driverlock.py) apply to its GPUs.
-
-The memory sources per vendor are krexd/memory/opening.py's.
-
-NVIDIA: ``CUDA_VISIBLE_DEVICES=<GPU UUID>`` and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-(unchanged).  AMD: ``ROCR_VISIBLE_DEVICES=<GPU-UUID>`` filters ROCr's
-agents (HIP, OpenCL and HSA programs alike) down to the GPU, then
-``HIP_VISIBLE_DEVICES=0`` is that one device: HIP numbers what ROCr left
-(an index there, so a value a command inherited cannot point elsewhere),
-and a non-empty ``HIP_VISIBLE_DEVICES`` is what makes HIP ignore
-``CUDA_VISIBLE_DEVICES``, which it reads otherwise.  ``CUDA_VISIBLE_DEVICES``
-is set empty: CUDA then sees no device (no NVIDIA GPU of a mixed host is
-reachable), and no stale value inherited from the user's shell can
-disagree with ``HIP_VISIBLE_DEVICES`` (tools such as vLLM's ROCm platform
-refuse a non-empty one that differs, and copy the HIP one into an empty
-one).  An NVIDIA command on a host with managed AMD GPUs gets
-``ROCR_VISIBLE_DEVICES=""``: ROCr then exposes no GPU at all.
+Callers ask :func:`of` for a GPU's :class:`Vendor` instead of testing
+``GpuInfo.vendor`` themselves (the memory sources per vendor are
+``krexd.memory.opening``'s).  What each vendor's binding sets, and why:
+docs/design/amd.md "Environment of a command on an AMD GPU".
 """
 
 from __future__ import annotations
@@ -42,7 +16,20 @@ from krexd.hardware.inventory import AMD, NVIDIA, GpuInfo
 
 
 class Vendor(Protocol):
-    """One GPU vendor's part (module docstring)."""
+    """One GPU vendor's part.
+
+    * ``binding(info)``: the variables that bind a command to that GPU by
+      identity (docs/design/interfaces.md, "Environment of a tenant command");
+    * ``hidden()``: the variables that hide every GPU of this vendor from a
+      command bound to another vendor's GPU (set only on a host where krexd
+      manages GPUs of both);
+    * ``node_table`` / ``node_minor(info)``: which device node the device
+      isolation of tenant cgroups lets the GPU's tenants open
+      (``krexd.cgroups.devices``): ``/dev/nvidia<minor>``, or the render node
+      ``/dev/dri/renderD<minor>``;
+    * ``mps``, ``driver_lock``: whether NVIDIA MPS and the CUDA driver's
+      process lock (``krexd.hardware.driverlock``) apply to its GPUs.
+    """
 
     name: str
     node_table: str  # "minors" or "render_minors": DeviceIsolation's argument

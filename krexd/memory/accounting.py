@@ -1,15 +1,8 @@
 """One GPU's memory accounting: a device read and the shim's registrations into a view.
 
-Per GPU (krexd/memory/views.py gives the formulas and when they run)::
-
-    tenants_used = sum of the tenants' usage (per-process figures of the
-                   source for the tenant's cgroup pids, else the shim's count)
-    other        = device used - tenants_used   (processes krex does not run)
-    excess       = other + sum over tenants of max(0, used - need)
-
-Each tenant's record (``krexd.tenancy.memory_records.TenantMemory``) is updated on
-the way: usage and peaks, whether an allocation of it waits for co-tenants'
-memory (the shim's WAITING bit), the registration ledger.
+Computes ``tenants_used``, ``other`` and ``excess`` (docs/design/memory.md
+"1. The memory view") and updates each tenant's record on the way: usage
+and peaks, a wait for co-tenants' memory, the registration ledger.
 """
 
 from __future__ import annotations

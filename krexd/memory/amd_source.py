@@ -1,20 +1,9 @@
 """AMD GPUs' memory and users, read through amdsmi: the NVML source's counterpart.
 
-``amdsmi`` (PyPI ``amdsmi``, Python over ROCm's ``libamd_smi``) is imported
-only here, when krexd manages AMD GPUs (krexd/memory/opening.py).  Per GPU:
-
-* ``amdsmi_get_gpu_memory_total`` / ``amdsmi_get_gpu_memory_usage`` with
-  ``AmdSmiMemoryType.VRAM``: the device's VRAM and what every process has
-  of it, in bytes (``amdsmi_get_gpu_vram_usage`` gives MB only);
-* ``amdsmi_get_gpu_process_list``: the processes with the GPU open (KFD's
-  list: every process whose HIP/HSA runtime opened the GPU), each with
-  ``memory_usage["vram_mem"]`` (bytes): the per-pid figures and the
-  ``users()`` of the fail-closed check (krexd/tenancy/registrations.py).
-
-krexd's GPUs are matched with amdsmi's processor handles by PCI address
-(``amdsmi_get_gpu_device_bdf``; ``GpuInfo.pci_bus_id`` comes from the KFD
-topology, function included); a GPU no handle matches makes the source
-unavailable (RuntimeError), and krexd falls back to the shim's counts.
+``amdsmi`` is imported only here, when krexd manages AMD GPUs; GPUs are
+matched with amdsmi's handles by PCI address, and a GPU no handle matches
+makes the source unavailable (krexd then falls back to the shim's counts).
+The calls: docs/design/amd.md "Memory and users (amdsmi)".
 """
 
 from __future__ import annotations

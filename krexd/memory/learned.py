@@ -1,24 +1,8 @@
 """Learned memory needs: what earlier runs of the same command used sets the need of the next.
 
-Agents do not know how much GPU memory a candidate takes, so commands
-rarely declare it (``krex run --mem``).  krexd learns it: each command has a
-*label* (``krex run --label L``, else :func:`label_for` derives one from the
-command line: the script and its arguments), and when a command ends the
-peak the shim counted for it (and the device source's peak, whichever is
-larger) is recorded under its launcher's uid and its label.  The next
-command of that uid with that label is charged, by admission, the largest
-peak of the last ``KEEP_RUNS`` runs (docs/design/memory.md "Learned needs").
-
-Needs are keyed by ``(uid, label)``: one user's runs can neither raise nor
-evict another user's learned need.  Each uid keeps at most ``max_per_uid``
-labels (its least recently used dropped first), so a user churning labels
-evicts only its own; beyond ``max_labels`` in all, the least recently used
-label of the uid holding the most is dropped.
-
-The table persists in the state directory (one JSON file, replaced
-atomically: ``krexd.system.atomic_file``), so it survives krexd's restarts; it is
-versioned (a file of another version, the label-only version 1 included, is
-set aside and learning starts again).
+Keyed by ``(uid, label)`` (:func:`label_for` derives a label from the
+command line), bounded per uid and in all, kept in one versioned JSON file
+in the state directory: docs/design/memory.md "5. Learned needs".
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Which source each GPU's memory is read from: by vendor, one source per vendor.
 
-* simulated GPUs (all of them, ``--fake-gpus``): the fake driver's state
-  (``FakeStateSource``), whatever their vendor;
-* NVIDIA GPUs: NVML (``NvmlSource``);
-* AMD GPUs: amdsmi (``krexd.memory.amd_source.AmdSmiSource``);
-* a vendor's source that cannot be opened: a warning, and the inventory's
-  totals with the shim's counts for its GPUs (``NoSource``).
-
 A host with GPUs of both vendors reads each through its own source behind
-one :class:`SplitSource` (named ``nvml+amdsmi``), so the memory refresh and
-the fail-closed check (``krexd.memory.gpu_users``) ask one object, whatever the vendors.
+one :class:`SplitSource` (named ``nvml+amdsmi``), so the memory refresh
+and the fail-closed check ask one object; the choice: :func:`open_source`.
 """
 
 from __future__ import annotations
@@ -63,7 +56,13 @@ def _open_vendor(vendor: str, gpus: list[GpuInfo]) -> Source:
 
 
 def open_source(gpus: list[GpuInfo]) -> Source:
-    """The source for ``gpus`` (module docstring)."""
+    """The source for ``gpus``.
+
+    Simulated GPUs (all of them, ``--fake-gpus``): the fake driver's state
+    (``FakeStateSource``), whatever their vendor; NVIDIA GPUs: NVML
+    (``NvmlSource``); AMD GPUs: amdsmi (``AmdSmiSource``); a vendor's source
+    that cannot be opened: a warning, and the inventory's totals with the
+    shim's counts for its GPUs (``NoSource``)."""
     if gpus and all(g.fake for g in gpus):
         return FakeStateSource(gpus)
     by_vendor: dict[str, list[GpuInfo]] = {}

@@ -1,19 +1,10 @@
 """The memory side of admission: what a command needs, what a GPU can give, when it waits.
 
-Admission (``krexd.tenancy.admission``) reserves each admitted command's *need*
-(max of ``krex run --mem``, the need learned from earlier runs of its label
-(``krexd.memory.learned``) and ``[memory] default_need`` capped at one
-slot's share of the card) and admits a command to a GPU only when its need
-fits in what :meth:`AdmissionPolicy.available` gives minus the needs
-already reserved there::
-
-    available = total - headroom - excess    (the GPU's view, krexd.memory.views)
-
-so a command is charged max(need, used), and memory used by others is
-charged too.  A GPU where an allocation waits for co-tenants' memory (the
-shim's WAITING bit, honoured only as ``krexd.tenancy.registration_flags`` verifies and
-bounds it) admits nothing until the wait ends (:meth:`AdmissionPolicy.blocked`).
-docs/design/memory.md gives the reasoning.
+A command's need is reserved on its GPU; it fits where
+:meth:`AdmissionPolicy.available` (total - headroom - excess) minus the
+needs reserved there holds it, and a GPU where an allocation waits for
+co-tenants admits nothing (:meth:`AdmissionPolicy.blocked`).
+docs/design/memory.md "2. Admission by memory".
 """
 
 from __future__ import annotations

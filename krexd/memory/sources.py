@@ -1,32 +1,10 @@
 """Where krexd sees a GPU's memory: NVML, the fake driver's shared state, or nothing.
 
-(amdsmi for AMD GPUs: krexd/memory/amd_source.py; which source each GPU gets:
-krexd/memory/opening.py.)
-
-Each source reads, per GPU, the total, the memory in use by every process
-(when it can see the whole device) and the usage per process id (when the
-driver accounts per process).  What each gives:
-
-* ``NvmlSource`` (nvidia-ml-py, imported lazily): ``nvmlDeviceGetMemoryInfo``
-  (total/used, all processes) and ``nvmlDeviceGetComputeRunningProcesses``
-  (``usedGpuMemory`` per pid, the CUDA context included).  The per-process
-  figure is missing (``None``) where the driver withholds it, e.g. for MPS
-  clients (NVML then lists the MPS server) or across pid namespaces.
-* ``FakeStateSource``: the simulated GPUs' memory-state file, an interface
-  declared in docs/design/interfaces.md ("Simulated GPU memory state"): per
-  simulated GPU the bytes in use, per process its bytes; for
-  ``--fake-gpus``.  Capacity from ``KREX_FAKE_MEM_BYTES``.
-* ``NoSource``: the total from the GPU inventory only; usage then comes
-  from the shim's own count in the gate slots (``krexd.gate.Gate.registrations``).
-
-Each source also says which processes have the GPU open (a context on
-it): ``users(gpu)``, a set of pids in krexd's namespace, or None when it
-cannot tell.  NVML's compute processes; the fake driver's context mask;
-``NoSource`` cannot tell.  krexd's fail-closed check
-(``krexd.tenancy.registrations``) compares it with the gate registrations.
-
-Processes that died without cleanup are skipped, as the drivers reclaim
-their memory.
+Each source reads, per GPU, the total, the memory every process uses and
+the usage per pid where the driver accounts it, and says who has the GPU
+open (``users``).  What each gives: docs/design/memory.md "1. The memory
+view"; amdsmi's source is ``krexd.memory.amd_source``, the choice per GPU
+``krexd.memory.opening``.
 """
 
 from __future__ import annotations
@@ -64,7 +42,15 @@ class DeviceMemory:
 
 
 class Source(Protocol):
-    """A device-memory reader for the GPUs krexd manages."""
+    """A device-memory reader for the GPUs krexd manages.
+
+    ``users(gpu)``: the pids (in krexd's namespace) with a context on the GPU,
+    or None when the source cannot tell (NVML's compute processes; the fake
+    driver's context mask; :class:`NoSource` cannot tell); the fail-closed
+    check (``krexd.tenancy.registrations``) compares them with the gate
+    registrations.  Processes that died without cleanup are skipped, as the
+    drivers reclaim their memory.
+    """
 
     name: str
 

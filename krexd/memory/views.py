@@ -1,24 +1,10 @@
 """Every GPU's memory view: what each GPU has used and free, per tenant and by others.
 
-A GPU's view (``krexd.memory.view.GpuView``, kept on its ``krexd.orchestration.gpu.Gpu``)
-is worked out from the last read of its device source (NVML, amdsmi, the
-fake driver's state, or none: ``krexd.memory.opening``) and the shim's
-registrations in its gate (``krexd.gate.Gate.registrations``: the daemon's own gate
-objects, so each gate file is mapped once)::
-
-    tenants_used = sum of the tenants' usage (per-process figures of the
-                   source for the tenant's cgroup pids, else the shim's count)
-    other        = device used - tenants_used   (processes krex does not run)
-    excess       = other + sum over tenants of max(0, used - need)
-
-(``krexd.memory.accounting`` computes it; the admission policy,
-``krexd.memory.policy``, subtracts ``headroom`` and ``excess`` from the
-total.)  The device is read every ``[memory] refresh_ms`` by
-``krexd.memory.refresher``, which hands each read to :meth:`MemoryViews.apply`;
-between reads, every admission decision, region entry check and status
-re-reads only the shim's counts over the last device read
-(:meth:`MemoryViews.refresh`), so memory is seen as the shim counts it at
-that moment.  docs/design/memory.md gives the reasoning.
+:meth:`MemoryViews.apply` takes each device read (every ``[memory]
+refresh_ms``, ``krexd.memory.refresher``); between reads
+:meth:`MemoryViews.refresh` re-reads only the shim's counts over it, so
+every decision sees memory as the shim counts it at that moment.  The
+formulas (``krexd.memory.accounting``): docs/design/memory.md "1. The memory view".
 """
 
 from __future__ import annotations
