@@ -53,18 +53,18 @@ class MpsDaemon:
 class MpsManager:
     """Start and stop the MPS control daemon of a GPU (each lives on its ``Gpu``).
 
-    Args:
-        control: the control program (``nvidia-cuda-mps-control``, or a path).
-        state_dir: krexd's state directory; folders ``mps-gpu<N>/{pipe,log}``
-            are made below it (mode 0755; the pipes must be reachable by
-            tenants).
-
     krexd starts ``nvidia-cuda-mps-control -d`` for each GPU with
     ``CUDA_VISIBLE_DEVICES`` set to that GPU and private pipe and log folders
     under the state directory, gives tenants of that GPU the same
     ``CUDA_MPS_PIPE_DIRECTORY``, and always stops the daemons at shutdown
     (``quit`` on the control pipe, then SIGKILL of what is left).  The freezer
     is unchanged: drained and frozen MPS clients hold no work on the GPU.
+
+    Args:
+        control: the control program (``nvidia-cuda-mps-control``, or a path).
+        state_dir: krexd's state directory; folders ``mps-gpu<N>/{pipe,log}``
+            are made below it (mode 0755; the pipes must be reachable by
+            tenants).
     """
 
     def __init__(self, control: str, state_dir: str) -> None:

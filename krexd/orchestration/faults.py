@@ -1,39 +1,10 @@
 """GPU-wide faults under MPS: detect them, pause the GPU, attribute them, restart the server.
 
-Under MPS a fatal fault of one client (an illegal address, a failed launch)
-is returned to every client of that GPU's server: one faulty candidate
-fails all its co-tenants (docs/design/faults.md, measured on the H200).
-Without MPS only the faulting context is hit, and nothing here runs.
-
-Signals, in order of reliability (docs/design/faults.md):
-
-1. The shim's record: each process writes the first fatal CUDA error it saw
-   in its gate slot (``libkrex_shim/tenant/fault.c``; ``krexd.gate.FaultSeen``).
-   On an MPS GPU any such record means the server faulted: every client of
-   it is hit.
-2. The MPS server's log (``<log dir>/server.log``): a line that says a
-   client met a fatal GPU error (:data:`FATAL_LINE`, the real server's
-   wording).  Detection only: the client it names is not the culprit (on
-   the H200 it named a GEMM while another client wrote to address 0x10;
-   docs/bench/mps-faults-h200.md), as NVIDIA documents.
-
-An :class:`Incident` opens at the first signal: its members are the tenants
-of the GPU at that moment, the GPU admits nothing more (``Admission.pause``)
-until every member has ended and the MPS control daemon has been restarted
-(``MpsManager.stop`` then ``start``: a fresh server, the old one's fault
-state and clients gone), then admission resumes.
-
-Attribution (:meth:`FaultMonitor.verdict`, asked by ``release``): a member
-that failed after seeing a fatal error is
-
-* ``culprit`` when it was the server's only client: it keeps its own exit
-  code;
-* ``casualty`` when its processes never launched a kernel before the
-  error: ``krex run`` runs it again;
-* ``suspect`` otherwise: ``krex run`` runs it again without MPS (a shared
-  tenant that is not the server's client: its own fault stays in its own
-  context); the one that faults again is the culprit, and every re-run's
-  exit code is the command's.
+Under MPS one client's fatal fault hits every client of the GPU's server;
+:class:`FaultMonitor` opens an :class:`Incident` at the first signal (the
+shim's record, the server's log), pauses admission to the GPU until its
+members have ended and the MPS daemon restarted, and gives ``release`` each
+member's verdict.  docs/design/faults.md.
 """
 
 from __future__ import annotations

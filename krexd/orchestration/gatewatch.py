@@ -1,30 +1,9 @@
 """Keeps every GPU's gate sound between and during regions (docs/design/shim.md "Who writes what").
 
-Every ``period_s`` (10 ms), for each gate:
-
-* ``Gate.audit()``: every attached slot memory is validated (states krexd's
-  protocol cannot have produced: a slot state that does not exist, a
-  registration claiming another tenant, an acknowledgement of an epoch
-  krexd never requested, an impossible in-flight count, a rewritten
-  header); each such tenant is named in one error line and its command is
-  ended (``kill``, exit code 79).  The audit also publishes the per-tenant
-  memory summary the shims read and relays device-memory frees to waiting
-  co-tenants.
-* every ``sweep_every`` ticks: each live registration not ignored yet is
-  verified (``krexd.tenancy.registration_flags.RegistrationFlags.verify``: one identity read per
-  process and one lookup per slot, O(processes + slots) per tenant); those
-  whose process is gone or exec'd are ignored from then on (drains skip
-  them, the summary drops them); each verified memory wait is timed, and a
-  tenant whose wait was honoured past its bound, or whose process still runs
-  ``FAULT_HOLD_S`` after the fault it recorded under MPS, is ended (exit 79)
-  like one the audit caught (``krexd.tenancy.registration_flags``); the
-  gate file's path is checked and restored if it was removed or replaced
-  (krexd keeps its fd and a second link, so running tenants never notice
-  and new ones find it); a gate word left closed with no region (only
-  krexd writes it: that would be krexd's own fault) is logged and reopened.
-
-Bounded: one audit reads at most 64 x 128 slots; the detection delay is
-one period.
+Every 10 ms :class:`GateWatch` audits each gate (a forged state ends its
+tenant, exit 79); every few ticks it verifies the live registrations,
+times the memory waits and fault holds it honours, restores the gate
+file's path and reopens a gate word left closed with no region.
 """
 
 from __future__ import annotations
@@ -48,7 +27,24 @@ KillTenant = EndCommand
 
 
 class GateWatch:
-    """Audits, verifies and restores the gates of ``gpus`` (see the module docstring)."""
+    """Audits, verifies and restores the gates of ``gpus``.
+
+    Every ``period_s``, for each gate, ``Gate.audit()`` validates every
+    attached slot memory (a slot state that does not exist, a registration
+    claiming another tenant, an acknowledgement of an epoch krexd never
+    requested, an impossible in-flight count, a rewritten header): each such
+    tenant is named in one error line and its command ended (exit 79).  The
+    audit also publishes the per-tenant memory summary the shims read and
+    relays device-memory frees to waiting co-tenants.  Every ``sweep_every``
+    ticks each live registration not ignored yet is verified
+    (``RegistrationFlags.verify``: O(processes + slots) per tenant), those
+    whose process is gone or exec'd are ignored from then on, each verified
+    memory wait is timed, and a tenant honoured past its bound (a memory
+    wait, or a process alive ``FAULT_HOLD_S`` after its fault under MPS) is
+    ended (exit 79); the gate file's path is checked and restored, and a
+    gate word left closed with no region (krexd's own fault) is logged and
+    reopened.  One audit reads at most 64 x 128 slots; the detection delay
+    is one period."""
 
     def __init__(
         self,

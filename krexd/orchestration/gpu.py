@@ -1,18 +1,8 @@
 """One object per GPU krexd manages: everything that belongs to that GPU, in one place.
 
-``krexd.hardware.inventory`` finds the GPUs (inventory); ``Daemon`` builds one :class:`Gpu`
-for each at start and the parts look it up by index instead of keeping
-tables of their own:
-
-* ``info`` — inventory (name, vendor, memory, NUMA node);
-* ``cpu_slice`` — its CPU slice and reserved cores (``krexd.hardware.slices``);
-* ``gate`` / ``gate_path`` — its shared-memory gate (None without
-  ``libkrex_gate.so``);
-* ``coordinator`` — its region lock and region protocol;
-* ``memory`` — its memory state, written by ``krexd.memory.views``;
-* ``mps`` — its MPS control daemon (None unless ``[mps] enabled``);
-* ``slots`` — its admission slots, counted by ``krexd.tenancy.admission``;
-  ``slot_choice`` — how many and why (``krexd.config.slot_count``).
+``krexd.hardware.inventory`` finds the GPUs; the assembly builds one
+:class:`Gpu` for each, and the parts look it up by index instead of keeping
+tables of their own.
 """
 
 from __future__ import annotations
@@ -32,7 +22,16 @@ from krexd.tenancy.admission import GpuSlots
 
 @dataclass(eq=False)
 class Gpu:
-    """One managed GPU and its parts (see the module docstring)."""
+    """One managed GPU and its parts.
+
+    ``info``: inventory (name, vendor, memory, NUMA node); ``cpu_slice``: its
+    CPU slice and reserved cores; ``slots``: its admission slots (counted by
+    ``krexd.tenancy.admission``), ``slot_choice`` how many and why;
+    ``coordinator``: its region lock and protocol; ``gate`` / ``gate_path``:
+    its gate (None without ``libkrex_gate.so``); ``memory``: its memory
+    state (written by ``krexd.memory.views``); ``mps``: its MPS control
+    daemon (None unless ``[mps] enabled``).
+    """
 
     info: GpuInfo
     cpu_slice: CpuSlice

@@ -1,24 +1,10 @@
 """Tenant life cycle: admit (slot + cgroup), place (pid into the cgroup), end (reclaim).
 
-``end`` is the single way out for a tenant, whatever the reason (release, its
-launcher died, shutdown): the coordinator recovers a region it may hold
-(``tenant_gone``), the tree is killed, the cgroup removed, the memory record
-completed, the tenant's slot memory detached from its gate, the admission
-slot and the memory reservation freed and parked requests granted.
-
-Identity (docs/design/security.md): ``admit`` records the verified launcher
-(``krexd.tenancy.identity.Caller``); ``place`` moves only a direct child of it with
-its uid; a tenant not placed within ``[admission] place_timeout_s`` is ended
-(:meth:`Lifecycle._arm_place_timeout`).
-
-``kill_command`` ends a tenant's command for what it did (unprotectable GPU
-use, tampered gate registrations): the tree is killed with the reason and an
-exit code recorded, which ``release`` hands to the launcher; a launcher that
-does not release within ``KILL_GRACE_S`` has its tenant ended all the same.
-
-``place`` also attaches the tenant's slot memory (the launcher's sealed memfd,
-opened through ``/proc/<launcher>/fd/<n>``) to its GPU's gate before the
-command runs.
+``end`` is the single way out for a tenant, whatever the reason: the
+coordinator recovers a region it holds (``tenant_gone``) first.
+``kill_command`` ends a command for what it did, with a reason and an exit
+code ``release`` reports.  docs/design/architecture.md "A command's life";
+the identity rules: docs/design/security.md.
 """
 
 from __future__ import annotations
@@ -86,6 +72,17 @@ class EndedMemory(Protocol):
 
 class Lifecycle:
     """Creates and ends tenants.
+
+    ``end`` kills the tree, removes the cgroup, completes the memory record,
+    detaches the tenant's slot memory from its gate, frees the admission slot
+    and the memory reservation and grants parked requests.  ``place`` moves
+    only a direct child of the verified launcher with its uid (or a fresh
+    child of the launcher's warm pool), and attaches the tenant's slot memory
+    (the launcher's sealed memfd, opened through ``/proc/<launcher>/fd/<n>``)
+    to its GPU's gate before the command runs; a tenant not placed within
+    ``[admission] place_timeout_s`` is ended.  A launcher that does not
+    ``release`` within ``KILL_GRACE_S`` of a ``kill_command`` has its tenant
+    ended all the same.
 
     Args:
         config: krexd's configuration (socket, shim, memory and liveness settings).

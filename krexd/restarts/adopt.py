@@ -1,35 +1,10 @@
 """Adoption: a restarted krexd takes over the running tenants of the one before.
 
-The model is containerd's: the service's restart leaves the tenants running
-(``KillMode=process``, ``Delegate=yes``) and the new daemon re-attaches to
-them from what the old one saved (``krexd.restarts.saved_state``).
-``krexd.restarts.state_keeper.StateKeeper`` saves, :func:`load` decides whether to
-adopt, :func:`adopt` does it:
-
-1. before the cgroup tree is touched, :func:`load` reads the state and maps
-   every saved gate file again, read-write (never recreated: the tenants'
-   shims map these very files read-only; ``Gate.open`` checks that each is
-   root's, written by nobody else, of this layout and GPU).  Anything refused (corrupt,
-   foreign or newer state, a gate that does not open, GPUs or cgroup layout
-   changed) is logged with its reason and krexd falls back to the safe
-   cleanup of an unknown tree: thaw, kill, start empty.
-2. :func:`adopt` then re-creates each tenant (id, token, GPU, cgroup, pids,
-   verified launcher: pid, start time, uid and gid; memory record with its
-   label and declared and learned needs), counts its slot (and its uid's
-   cap), watches its launcher again (pidfd) and ends those whose launcher is
-   gone (a pid is matched with its start time, so a reused pid is not taken
-   for the launcher).  Each live tenant's slot memory (where its processes
-   registered) is attached to its gate again, opened through its launcher's
-   fd (``/proc/<launcher>/fd/<slots_fd>``); a tenant whose slot memory cannot
-   be attached is ended (krexd could not drain it).
-3. a region in progress is adopted bound to its saved holder and epoch when
-   the holder lives and the gate still holds (holder, epoch); otherwise the
-   gate is reopened for that word and the region counts as ended.  Every
-   tenant that is not a sibling of an adopted region is thawed, with the
-   tree's inner directories; tenant directories the state does not know are
-   killed and removed.  Each gate's epoch (the bound of honest
-   acknowledgements) is seeded with the coordinator's resumed one, so that
-   epochs never repeat across the restart.
+:func:`load` reads the saved state and maps every saved gate again before
+the cgroup tree is touched (anything refused: the safe cleanup of an
+unknown tree); :func:`adopt` re-creates the tenants, attaches their slot
+memories again, and adopts a region in progress or reopens its gate.
+docs/design/daemon.md "Restarts", "Adoption".
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Stop or restart: what krexd does when it is asked to exit, and what it keeps for its successor.
 
-Two ways out (docs/design/daemon.md "Restarts"; docs/install.md says what
-each ``systemctl`` action does):
-
-* **restart** — SIGTERM while the restart marker ``<state_dir>/<cgroup
-  name>.restart`` exists (written by ``krexd --prepare-restart``, which the
-  unit's ``ExecStop`` runs when systemd's job is a restart, and the package
-  scripts before an upgrade's restart).  krexd saves its state, closes its
-  socket without answering parked requests and exits; tenants keep running,
-  frozen siblings stay frozen (bounded by the watchdog), gates stay as they
-  are, and the next krexd adopts all of it.  A crash (SIGKILL, a hang killed
-  by systemd's watchdog) leaves the same behind.
-* **stop** — SIGTERM (or SIGINT) without the marker: today's full shutdown,
-  every command ended, and each ``krex run`` is told so in one line.
-
-:class:`Continuity` owns the parts that outlive a krexd: the state file
-(``krexd.restarts.state_keeper.StateKeeper``), the heartbeat and the watchdog process
-(``krexd.restarts.watchdog``).
+SIGTERM with the restart marker (``krexd --prepare-restart``) is a restart:
+krexd saves and exits, leaving tenants, frozen siblings and gates for the
+next krexd to adopt; without it, a stop ends every command.
+:class:`Continuity` owns what outlives a krexd (the state file, the
+heartbeat, the watchdog).  docs/design/daemon.md "Restarts"; docs/install.md
+"What each action does to running commands".
 """
 
 from __future__ import annotations

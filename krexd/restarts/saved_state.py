@@ -1,66 +1,10 @@
 """krexd's saved state: what a restarted krexd needs to adopt the tenants of the one before.
 
-Two files per cgroup tree, ``<state_dir>/<cgroup name>.state`` and
-``<...>.state.alt``: each write goes, in place, to the slot that does not
-hold the newest state, as one JSON document, a newline and a trailer line
-``krexd-state-end <crc32> <length>``; :func:`load` takes the newest slot
-whose trailer checks (``seq``, CLOCK_MONOTONIC ns, increases across krexd
-restarts of one boot).  A krexd killed at any instruction, or a write that
-fails on a full disk, leaves a torn slot that is skipped and the other one
-holding the previous state: never a mix.  A slot written shorter than it was
-is padded with newlines to its length in the same write (the reader strips
-them before the trailer) rather than cut by an ``ftruncate``, unless the gap
-exceeds :data:`PAD_MAX` or the document's own length.  The state is written before the
-reply of every state-changing request, region entries and exits included;
-in-place writes cost microseconds where a write-``fsync``-``rename`` cost
-0.2-2 ms on ext4.  It is not ``fsync``-ed: it serves only a krexd restarted
-on the same boot (a killed process loses nothing the kernel's page cache
-holds; a reboot ends every tenant it could name).  A plain JSON file (the
-single-file format of earlier krexd versions) is read as the oldest slot, so
-an upgrade adopts what the previous version saved.  Layout::
-
-    {"format": "krexd-state", "version": 1,
-     "cgroup_root": str,            # the tree it describes (a foreign state is refused)
-     "pid": int, "saved_at": float, # the krexd that wrote it; wall-clock s
-     "seq": int,                    # CLOCK_MONOTONIC ns at the write (newest slot wins)
-     "next_tenant_id": int,
-     "gpus": {"<index>": {"epoch": int, "gate": str|null,
-                          "uuid": str,       # the GPU at that index (absent before 0.1.1)
-                          "region": {"tenant", "epoch", "pid", "tid", "siblings": [int],
-                                     "thread_cpus": [int] | null,
-                                     "request": str | null} | null,
-                          "exited": {"<tenant>": epoch}}},
-     "tenants": [{"id", "token", "gpu", "argv", "launcher_pid", "launcher_start",
-                  "uid", "gid", "exclusive", "without_mps",
-                  "cgroup": {"freezer", "cpuset", "kind", "cores": [int]},
-                  "pids": [int], "state", "kill_reason", "slots_fd": int | null,
-                  "memory": {TenantMemory fields}}]}
-
-A tenant's ``state`` is its resting state: ``freezing``, ``frozen`` and
-``thawing`` (a sibling of a region, for the region's length) are saved as
-``running``.  Adoption restores only ``admitted`` and ``holding`` and takes
-every other state for ``running``; which tenants a region keeps frozen, it
-reads from the region's ``siblings``.  So a region entry or exit changes the
-holder's record and its GPU's, never its siblings' (their records are
-encoded again only when they change: krexd/restarts/state_fragments.py).
-
-``launcher_start`` is the launcher's start time (``/proc/<pid>/stat`` field
-22, clock ticks since boot): with the pid it names the process, so a pid
-reused by another process is never adopted as a launcher; with ``uid`` and
-``gid`` it is the verified launcher of ``krexd.tenancy.identity``, so an adopted
-tenant's ``place`` and tenant ops are checked as before the restart.
-``slots_fd`` is the launcher's fd of the tenant's slot memory (the sealed
-memfd krexd attached to the gate at ``place``; null before that or without a
-gate): a restarted krexd opens it again as ``/proc/<launcher>/fd/<slots_fd>``
-and attaches it to the gate it re-opens, and continues the GPU's ``epoch``
-so that no epoch repeats (krexd audits acknowledgements against it).
-``memory`` carries the label and the declared and learned needs, so an
-adopted tenant is charged and teaches its label as before.
-
-:func:`load` refuses (:class:`StateRefused`, with the reason) a file that is
-not JSON or not this format (corrupt), describes another cgroup tree
-(foreign) or has a newer ``version``; krexd then falls back to the safe
-cleanup of an unknown tree (thaw, kill, start empty).
+Two slots written in place by turns, each a JSON document with a CRC
+trailer; :func:`load` takes the newest intact one and refuses
+(:class:`StateRefused`) a corrupt, foreign or newer state.  Why in place and
+without ``fsync``, and what a state holds: docs/design/daemon.md "Restarts";
+the document's layout: :class:`StateFile`.
 """
 
 from __future__ import annotations
@@ -98,6 +42,39 @@ class StateFile:
     ``path`` is :func:`path_for`'s; the slots are ``path`` and ``path + ".alt"``
     (created mode 0600 at the first write, kept open).  Not thread-safe: krexd
     writes from its event loop only.
+
+    A slot is the JSON document, a newline and a trailer line
+    ``krexd-state-end <crc32> <length>``; one written shorter than it was is
+    padded with newlines to its length in the same write (the reader strips
+    them) rather than cut by an ``ftruncate``, unless the gap exceeds
+    :data:`PAD_MAX` or the document's own length.  A plain JSON file (the
+    single-file format of earlier krexd versions) is read as the oldest slot.
+    The document::
+
+        {"format": "krexd-state", "version": 1,
+         "cgroup_root": str,            # the tree it describes (a foreign state is refused)
+         "pid": int, "saved_at": float, # the krexd that wrote it; wall-clock s
+         "seq": int,                    # CLOCK_MONOTONIC ns at the write (newest slot wins)
+         "next_tenant_id": int,
+         "gpus": {"<index>": {"epoch": int, "gate": str|null,
+                              "uuid": str,       # the GPU at that index (absent before 0.1.1)
+                              "region": {"tenant", "epoch", "pid", "tid", "siblings": [int],
+                                         "thread_cpus": [int] | null,
+                                         "request": str | null} | null,
+                              "exited": {"<tenant>": epoch}}},
+         "tenants": [{"id", "token", "gpu", "argv", "launcher_pid", "launcher_start",
+                      "uid", "gid", "exclusive", "without_mps",
+                      "cgroup": {"freezer", "cpuset", "kind", "cores": [int]},
+                      "pids": [int], "state", "kill_reason", "slots_fd": int | null,
+                      "memory": {TenantMemory fields}}]}
+
+    ``launcher_start`` (``/proc/<pid>/stat`` field 22) with the pid names the
+    launcher, so a reused pid is never adopted as one; ``slots_fd`` is the
+    launcher's fd of the tenant's slot memory (null before ``place`` or
+    without a gate), opened again as ``/proc/<launcher>/fd/<slots_fd>``.  A
+    tenant's ``state`` is its resting state (``freezing``, ``frozen`` and
+    ``thawing`` saved as ``running``), so a region entry or exit changes only
+    the holder's record and its GPU's.
     """
 
     def __init__(self, path: str) -> None:

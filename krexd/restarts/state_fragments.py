@@ -1,20 +1,9 @@
 """Each tenant's record of the saved state, kept encoded and encoded again only when it changed.
 
-The state is saved before the reply of every region entry and exit
-(krexd/restarts/state_keeper.py); encoding every tenant's record each time made the
-save grow with the number of tenants (~0.5 ms with 16).  A record here is a
-static part, fixed at admission and encoded once (id, token, GPU, argv, the
-verified launcher, ``exclusive``, ``without_mps``, the cgroup directories and
-cores: nothing in krexd assigns them afterwards), and a dynamic part (pids,
-resting state, kill reason, slot memory fd, memory record), compared with the
-one encoded last and encoded again only when it differs.  The static part is
-checked as well (a cheap comparison of the values, the argv list by
-identity), so a field that did change after all is saved, not lost.
-
-A tenant's state is saved as its resting state (:func:`resting_state`): the
-region steps of its siblings (running, freezing, frozen, thawing, running)
-then leave their records unchanged, and a region entry or exit encodes the
-holder's record only.
+A record is a static part, encoded once at admission, and a dynamic part
+encoded again only when it differs; a tenant is saved in its resting state
+(:func:`resting_state`), so a region entry or exit encodes the holder's
+record only.  docs/design/daemon.md "Restarts".
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """Bounded freeze without krexd: krexd's heartbeat and the watchdog process that reads it.
 
-Guarantee (docs/design/daemon.md "Restarts"): no tenant stays frozen, and no
-gate stays closed, longer than ``[daemon] freeze_bound_s`` after krexd's
-last heartbeat, whether krexd was SIGKILLed, crashed, or hangs, and whether
-or not a successor ever starts.
-
-* krexd writes ``<state_dir>/<cgroup name>.heartbeat`` once a second from its
-  event loop (a hung loop stops beating): ``"<pid> <start> <boottime ns>"``,
-  its pid, its start time (clock ticks since boot; with the pid it names the
-  process) and ``CLOCK_BOOTTIME`` (never jumps, counts suspend), zero-padded
-  to a fixed length and written in place (``pwrite`` at offset 0 of a file
-  kept open), so a beat needs no new disk blocks: a full state directory
-  does not stop it.
-* at start krexd launches ``python -m krexd.restarts.watchdog`` in its own session
-  (``start_new_session``), so the watchdog outlives krexd's death and, under
-  systemd with ``KillMode=process``, the service's restart.  The watchdog
-  polls every 0.5 s.  When the heartbeat is older than ``freeze_bound_s - 1``
-  it confirms that krexd is gone before it acts: krexd's process has exited
-  (a pidfd, polled), or it no longer answers ``ping`` on its socket within
-  0.5 s (a hung krexd).  A krexd that answers is spared (one log line per
-  stall).  Then the watchdog thaws every directory of the cgroup tree
-  (top-down), unlocks the processes the driver locked for a region (after
-  the thaw: the driver never returns for a frozen process) and reopens every
-  gate for the word it holds, then keeps watching.  It exits when the
-  heartbeat file is removed (krexd stopped and cleaned up itself) or names
-  another live krexd (a successor runs its own watchdog), or when its krexd is
-  dead and the tree holds no tenant.
+No tenant stays frozen, and no gate closed, longer than ``[daemon]
+freeze_bound_s`` after krexd's last heartbeat: the watchdog, in a session
+of its own, confirms krexd is gone, then thaws the tree, unlocks what the
+driver locked and reopens every gate.  docs/design/daemon.md "Restarts",
+"Bounded freeze without krexd".
 """
 
 from __future__ import annotations

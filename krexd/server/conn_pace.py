@@ -1,18 +1,10 @@
 """Each uid's new control connections paced, and the requests held for their start.
 
-A connection is charged to its uid's pace (``[daemon]
-connections_per_s_per_uid``, a burst of ``connection_burst_per_uid``; root
-is exempt) at its first request, so a liveness probe that sends none costs
-its owner nothing.  The first request of a connection over the rate is held
-until the connection's start (:mod:`krexd.server.ratelimit`; at most
-:data:`HELD_MAX` requests per connection, kept in order; more are refused);
-one that would wait over :data:`PACE_MAX_S` is refused with the seconds
-after which asking again fits (``retry_s``: the request is refused, not the
-connection, and krex clients ask again on it by themselves).  A region
-operation that is a connection's first request is not held but pays as any
-other (refused past the bound).  ``krexd.server.connections`` keeps one
-:class:`HeldRequests` per connection and asks :class:`UidPace` at its first
-request.
+:class:`UidPace` charges a connection to its uid's pace at its first
+request; :class:`HeldRequests` holds that connection's requests until its
+start, or the request is refused with ``retry_s`` past :data:`PACE_MAX_S`.
+docs/design/security.md "3. No squatting, no starvation: no user can stall
+another".
 """
 
 from __future__ import annotations

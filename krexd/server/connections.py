@@ -1,41 +1,11 @@
 """Bounded control connections: caps (global and per uid), pace, idle closing, memory trims.
 
-This module watches the ROUTER socket's connections (``krexd.server.conn_events``:
-libzmq accepts every connection and gives krexd no accept hook) and
-
-* reads each connection's uid at accept (``SO_PEERCRED`` on a duplicate of
-  its descriptor) and counts connections per uid;
-* keeps at most ``[daemon] max_connections`` open in all and
-  ``[daemon] max_connections_per_uid`` per uid (root is exempt from the
-  latter only: it is still bounded by the former).  A connection beyond a
-  cap is *refused*: it stays open for up to :data:`REFUSE_GRACE_S` so that
-  its first request gets an error reply naming the cap (``TOO_MANY``; the
-  server asks :meth:`ConnectionGuard.verdict` with the message's source
-  descriptor), then it is shut down.  At most ``REFUSING_MAX`` refused
-  connections wait that way, ``REFUSING_PER_UID`` of one uid
-  (``krexd.server.conn_caps``); beyond them one is shut down at once, silently (a
-  request it had sent is lost: only a user flooding krexd with connections
-  meets this);
-* paces each uid's new connections at their first request
-  (``krexd.server.conn_pace``: held until the connection's start, or refused with
-  ``retry_s``), so a user churning connections is held to the rate, whether
-  it waits for its replies or not (see the end of this docstring);
-* shuts down a connection idle for ``[daemon] idle_timeout_s`` (no request
-  received and none in progress: a parked ``admit`` is in progress).  A
-  ZeroMQ client reconnects by itself at its next request, so closing an
-  idle connection costs its owner nothing but a reconnection;
-* returns freed memory to the kernel once a burst of connections has ended
-  (``krexd.server.conn_trim``).
-
-"Shut down" is ``shutdown(2)`` on a duplicate of the descriptor: libzmq sees
-end-of-file and closes it itself, so its descriptor is never closed behind
-libzmq's back.  An accepted descriptor may have been reused by the time its
-event is read (``krexd.server.conn_events``), and only a Unix stream socket is shut
-down, so the worst case is one other client disconnected (and reconnecting).
-A request of a connection krexd does not count as open (cut at accept, or
-gone before its request was read: nobody could read a reply) is dropped
-unanswered (:meth:`ConnectionGuard.verdict`), so neither a cut nor a client
-that closes without waiting for its reply gets a request served uncharged.
+:class:`ConnectionGuard` watches the ROUTER socket's connections
+(``krexd.server.conn_events``: libzmq gives no accept hook), refuses those
+beyond a cap after answering their first request ``TOO_MANY``, paces each
+uid's new ones (``krexd.server.conn_pace``), shuts down idle ones and trims
+memory after a burst.  The caps: docs/design/security.md "3. No squatting,
+no starvation: no user can stall another".
 """
 
 from __future__ import annotations
@@ -87,6 +57,18 @@ class Verdict:
 
 class ConnectionGuard:
     """Counts the ROUTER socket's connections, enforces the caps, closes idle ones, trims memory.
+
+    "Shut down" is ``shutdown(2)`` on a duplicate of the descriptor: libzmq
+    sees end-of-file and closes it itself, so its descriptor is never closed
+    behind libzmq's back.  An accepted descriptor may have been reused by the
+    time its event is read, and only a Unix stream socket is shut down, so the
+    worst case is one other client disconnected (and reconnecting).  A refused
+    connection waits at most :data:`REFUSE_GRACE_S` for its request, and at
+    most ``REFUSING_MAX`` of them (``REFUSING_PER_UID`` of one uid,
+    ``krexd.server.conn_caps``) wait at once; beyond, one is shut down at once,
+    silently.  A request of a connection krexd does not count as open (cut at
+    accept, or gone before its request was read) is dropped unanswered
+    (:meth:`verdict`), so no request is served uncharged.
 
     Args:
         sock: krexd's bound ROUTER socket.

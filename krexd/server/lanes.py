@@ -1,25 +1,11 @@
 """Fair shares of the control plane: per-uid request caps, region ops ahead of bulk ones.
 
-Every request is counted against its caller's uid while krexd serves it (a
-parked ``admit`` and a ``region_enter`` waiting for the region lock
-included): a uid with ``[daemon] max_requests_per_uid`` requests in progress
-gets ``TOO_MANY`` for the next one.  Bulk requests (``status``: it builds
-and encodes krexd's whole status, about a millisecond of the loop) do not
-run in a task of their own: they wait in one FIFO *bulk lane*, served one
-at a time, and only while no region operation (``region_enter``,
-``region_exit``, ``region_cancel``) is in progress, for at most
-:data:`BULK_DEFER_S` each (an entry waiting for the region lock counts: a
-status is no region's business); a uid may have ``[daemon]
-max_status_per_uid`` of them queued or running, the next one is answered
-``TOO_MANY`` (after 0.1 s: ``server.REFUSAL_DELAY_S``, so that a client
-resending at each reply cannot turn refusals into a busy loop).  The lane
-serves one uid's bulk requests at most ``[daemon] status_per_s_per_uid``
-times a second (its later ones wait while other uids' are served), so a
-uid's status loop costs krexd a bounded share of its time.  So a flood of
-``status`` from one user costs every region step at most one status build,
-and the flooding user's replies wait, not anyone else's region.  Root (uid
-0) is exempt from the per-uid caps and the pace; a request without a
-verified caller counts as uid -1.
+Every request counts against its caller's uid while it is served; bulk
+requests (``status``) wait in one FIFO lane served one at a time, only
+while no region operation is in progress, and paced per uid, so a status
+flood delays the flooding user's replies, never another user's regions.
+docs/design/security.md "3. No squatting, no starvation: no user can stall
+another".
 """
 
 from __future__ import annotations

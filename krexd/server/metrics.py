@@ -1,19 +1,10 @@
 """krexd's Prometheus endpoint (``[metrics]``): a collector over krexd's own counters.
 
-Off by default; ``[metrics] enabled = true`` serves ``/metrics`` over HTTP on
-``address:port`` (``127.0.0.1:9464`` unless configured) from
-``prometheus_client``'s server thread.  Nothing is counted for it: the
-:class:`KrexCollector` reads, at scrape time and in that thread, the plain
-ints, lists and dicts krexd keeps anyway (``RegionStats``, the slots, the
-tenant registry, the server's and connection guard's counters).  It never
-takes an asyncio lock and never runs on the event loop, so a region entry
-neither formats nor waits for metrics.  A container changed by the loop
-while it is copied is copied again (:func:`_snapshot`).
-
-Names follow Prometheus conventions (base units in names, ``_total`` on
-counters); labels are ``gpu`` and small fixed sets (``step``, ``state``,
-``reason``, ``code``, ``role``), never a tenant.  The metrics are listed
-in docs/install.md, "Metrics".
+Off by default.  :class:`KrexCollector` reads, at scrape time and in the
+server's own thread, the counters krexd keeps anyway; it never takes an
+asyncio lock nor runs on the event loop, so a region entry neither formats
+nor waits for metrics.  Labels are ``gpu`` and small fixed sets, never a
+tenant; the metrics: docs/install.md "Prometheus metrics".
 """
 
 from __future__ import annotations

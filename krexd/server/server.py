@@ -1,24 +1,10 @@
 """The control-plane server: one ZeroMQ ROUTER on ``ipc://<socket>``, ops from control.OPS.
 
-Each valid request runs in its own task, so a parked ``admit`` never blocks
-other requests.  Malformed input never stops the loop:
-
-* a message that is not ``[identity, frame]`` (e.g. several frames) gets a
-  ``BAD_FRAME`` reply when an identity is there, else is dropped;
-* frames that break krex_client.protocol's rules get the error it names;
-* frames over 16 MiB are cut off by libzmq itself (``ZMQ_MAXMSGSIZE``: the
-  peer is disconnected, no reply is possible); frames over
-  ``MAX_FRAME_BYTES`` get a ``BAD_FRAME`` reply without being decoded.
-
-The socket file gets exactly ``[daemon] socket_mode`` (bound under a matching
-umask, then chmod) and ``[daemon] socket_group`` (chown).  A socket file that
-answers no ping is stale and replaced; one that answers belongs to another
-krexd and is refused.
-
-Every request runs with its kernel-verified caller (``krexd.tenancy.identity``):
-libzmq's ``Peer-Address`` property of the message (SO_PEERCRED of the IPC
-connection), bound to the connection's first caller by
-``identity.PeerTable``, published in ``identity.CALLER`` for the op.
+Each valid request runs in its own task with its kernel-verified caller
+(``krexd.tenancy.identity``); malformed input gets the error it earns and
+never stops the loop (docs/design/daemon.md "Malformed input").  The socket
+file gets ``[daemon] socket_mode`` and ``socket_group``; a stale one (it
+answers no ping) is replaced, one that answers is another krexd's.
 """
 
 from __future__ import annotations
