@@ -11,7 +11,7 @@ outcome, then its current, learned and declared memory), the parked queue
 in use, krexd's version and uptime, and the warm pools (``krex run --warm``:
 pid, owner, age, commands served, memory, modules, key, interpreter; a user
 sees only their own).  ``--json`` prints the ``status`` op's
-reply as is (keys documented in krexd/control/status.py); when krexd is not
+reply as is (keys documented in docs/design/interfaces.md); when krexd is not
 running or does not answer it prints
 ``{"state": "not running"|"unknown", "socket": PATH, "error": TEXT}``
 instead, with the same exit code.
@@ -22,7 +22,7 @@ but no valid answer came, or this user may not open it: the message then says
 "permission denied" and names the group to join).
 
 What a user sees of other users' tenants is need-to-know (the ``status`` op,
-krexd/control/status.py): their id, GPU, state and age, not their command
+docs/design/interfaces.md): their id, GPU, state and age, not their command
 line or pids.
 """
 

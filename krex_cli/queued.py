@@ -1,6 +1,6 @@
 """What ``krex run`` says while krexd keeps its ``admit`` parked: nothing waits silently.
 
-krexd sends no reply while a request is parked (``krexd/control/admit.py``:
+krexd sends no reply while a request is parked (``admit``, docs/design/interfaces.md:
 FIFO, server-side).  After :data:`FIRST_S` of waiting ``krex run`` asks
 krexd's ``status``, finds its own parked request there by its pid (krexd
 shows a caller its own parked requests in full: ``queue.queue``, in FIFO

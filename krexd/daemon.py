@@ -238,5 +238,5 @@ class Daemon(Stopping):
         return status_report.about(self)
 
     def status(self) -> dict[str, Any]:
-        """The ``status`` op's reply body (documented in krexd/control/status.py)."""
+        """The ``status`` op's reply body (docs/design/interfaces.md "Control plane")."""
         return status_report.status(self)

@@ -1,35 +1,6 @@
 """``place``: move a launcher's child into the tenant's cgroup(s) before it executes CMD.
 
-Request: tenant + token; body ``{"pid": int, "slots_fd": int?, "pool": int?, "cold": str?}``.
-Reply body: ``{"cgroups": [str, ...]}`` (the directories the pid is now in).
-
-The pid must be a direct child of the tenant's verified launcher, running
-with the launcher's uid (every uid of ``/proc/<pid>/status``) and started
-after it; never the launcher itself (``krexd.tenancy.identity.check_placeable``).
-So nobody can have krexd freeze or kill a process that is not their own
-command.  The caller must be the launcher (or root, or a process of the
-tenant).  ``krex run``
-forks, the child blocks on a pipe, the launcher sends ``place`` and only then
-lets the child ``exec`` CMD, so CMD's first instruction already runs inside
-the tenant cgroup (paper §4.2: freezing catches ``import torch``).
-``slots_fd`` is the launcher's fd of the tenant's slot memory (the memfd
-the ``admit`` reply described): krexd opens it as
-``/proc/<launcher>/fd/<slots_fd>``, checks its seals, size and header, and
-maps it read-only before the command runs (docs/design/shim.md); only the
-place that starts the command may carry it (a running tenant with nothing
-attached has no registration a drain waits for).
-``pool`` (``krex run --warm``): the pid of the warm pool ``krex run`` talked
-to (the kernel's ``SO_PEERCRED`` of its connection); the pid must then be a
-child of that registered pool, never of another process (a relay on the
-pool's socket path cannot have another process placed).
-``cold``: why ``krex run`` starts the command cold, one of
-``krex_client.cold_reasons.REASONS`` (counted in ``status``'s ``warm`` and the
-metrics; any other value counts as "other", never refused: it is only a
-count), sent only to a krexd whose ``ping`` announces ``warm.cold_reasons``.
-Errors: ``AUTH`` (wrong token or caller; not the launcher's child or uid),
-``BAD_FIELD`` (gone, tenant ended, slot memory not acceptable),
-``SHUTTING_DOWN``, ``INTERNAL`` (cgroupfs write failed).
-Sent by: ``krex run``.
+Request, reply, errors and who sends it: docs/design/interfaces.md "Control plane".
 """
 
 from __future__ import annotations

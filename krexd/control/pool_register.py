@@ -1,29 +1,6 @@
 """``pool_register``: a keeper registers its warm pool's zygote (``krex run --warm``).
 
-Request body::
-
-    {"pid": int, "key": str, "version": str, "interpreter": str, "modules": [str, ...]}
-
-Reply body: ``{"cgroup": str, "memory_max": int|null, "idle_s": float}``.
-
-The caller is the pool's keeper (``krex_cli.warm.keeper``), verified by the
-kernel; ``pid`` is the zygote: a direct child of the caller, started after
-it, with its uid (``krexd.tenancy.identity.check_child_of``), not inside krexd's
-cgroup tree (a tenant's or a pool's cgroup: registering would move a
-command's process out of its tenant).  krexd moves it into
-``<root>/pools/u<uid>-p<pid>`` (``[warm] memory_max``) and from then on
-``place`` accepts the zygote's unplaced children for tenants of that uid
-(docs/design/security.md).  The registration lasts until the zygote or the
-keeper exits (krexd watches both) or krexd stops; krexd never runs anything
-of the pool's.  ``version`` must be krexd's own; ``key`` (at most 64
-characters), ``interpreter`` and ``modules`` are shown by ``krexctl
-status``.
-Errors: ``CANCELLED`` (``[warm] enabled = false``; the uid already has
-``[warm] max_pools_per_uid`` pools; the zygote has more than ``[warm]
-pids_max`` threads), ``BAD_FIELD`` (another version, a pid
-that is gone, a malformed field), ``AUTH`` (not the caller's child or
-uid, inside krexd's cgroup tree), ``INTERNAL`` (cgroupfs), ``SHUTTING_DOWN``.
-Sent by: the pool's keeper, once, when it has started the zygote.
+Request, reply, errors and who sends it: docs/design/interfaces.md "Control plane".
 """
 
 from __future__ import annotations

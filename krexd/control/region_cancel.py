@@ -1,19 +1,6 @@
 """``region_cancel``: the client stopped waiting for its region; withdraw or end it.
 
-Request: tenant + token; body ``{}``.
-Reply body: ``{"cancelled": "queued" | "entering" | "held" | "none"}`` — what
-was withdrawn: a request still in the FIFO (its ``region_enter`` is answered
-``CANCELLED``), a region being established (ended as soon as it is granted),
-the region the tenant holds (ended: siblings thawed, gate reopened), or
-nothing.
-
-Why: a benchmark interrupted while its ``region_enter`` is parked (Ctrl-C, a
-harness's alarm) would otherwise be granted a region nobody uses, and its
-siblings would stay frozen until the command exits or ``max_region_s``.
-Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``.
-Sent by: ``krex_client.region.critical()`` when its wait for the grant is
-interrupted.
+Request, reply, errors and who sends it: docs/design/interfaces.md "Control plane".
 """
 
 from __future__ import annotations

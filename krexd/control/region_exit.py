@@ -1,20 +1,6 @@
 """``region_exit``: the holder's timed code is done; thaw siblings, reopen, release.
 
-Request: tenant + token; body ``{"epoch": int, "sync_ms": float, "launches": int,
-"request_id": str?}`` — the epoch ``region_enter`` returned, how long the
-holder's shim waited for its own GPU work at exit, the launches it made
-inside the region and, optionally, the client's id of this request (as
-``region_enter``'s).  Idempotent per (tenant, epoch): a second copy gets the
-first one's reply, and a copy re-sent after a restart for a region that
-ended meanwhile is answered again.
-Reply body: ``{"region_ms": float, "thaw_ms": float, "sync_ms": float, "launches": int}``.
-
-Paper §4.2 steps 7-8, in that order: siblings thawed, *then* the gate
-reopened, *then* the region lock released to the next waiter.
-Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``, ``NOT_HOLDER``
-(no region, another holder, a stale epoch), ``REGION_ABORTED`` (recovery ended the region first).
-Sent by: ``krex_client.region.critical()`` on exit.
+Request, reply, errors and who sends it: docs/design/interfaces.md "Control plane".
 """
 
 from __future__ import annotations

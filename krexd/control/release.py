@@ -1,22 +1,6 @@
 """``release``: the command ended; free its slot and remove its cgroup.
 
-Request: tenant + token; body ``{"exit_code": int?, "signal": int?}``.
-Reply body: ``{"kill_reason": str | null, "exit_code": int | null,
-"gpu_fault"?: {...}}`` — why krexd killed the command (e.g. its critical
-region exceeded ``max_region_s``), or null; the exit code ``krex run``
-reports for that kill when it has one of its own (79: unprotectable GPU use
-or tampered gate registrations), else null; and, only under MPS when the
-command failed after a GPU-wide fault, ``gpu_fault``: ``{"role":
-"culprit|casualty|suspect", "gpu": int, "error": int (CUresult) or null
-(a suspect with no fault record), "why": str}`` (``krexd.orchestration.faults``):
-``krex run`` runs a casualty again, and a suspect again without MPS
-(``admit`` with ``mps: false``).
-
-Whatever is left of the tenant's process tree is killed (``cgroup.kill``);
-the coordinator's recovery runs first if the tenant held the region.
-Errors: ``AUTH`` (wrong token, or a caller outside the tenant's cgroup
-that is not its launcher: ``krexd.tenancy.identity``), ``BAD_FIELD``.
-Sent by: ``krex run`` when CMD exits (or its ``--timeout`` expires).
+Request, reply, errors and who sends it: docs/design/interfaces.md "Control plane".
 """
 
 from __future__ import annotations

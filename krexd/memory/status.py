@@ -4,7 +4,7 @@ Read, never written: each GPU's view (``krexd.memory.views``, its shim counts
 re-read first), what admission reserved there (``GpuSlots.mem_reserved``)
 and what the admission policy (``krexd.memory.policy``) says it may still
 give and whether it admits at all.  The fields are documented with the
-``status`` op (``krexd/control/status.py``).
+``status`` op (docs/design/interfaces.md "Control plane").
 """
 
 from __future__ import annotations

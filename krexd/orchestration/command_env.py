@@ -1,6 +1,6 @@
 """What an admitted command is given to run under krex: its environment, its slot memory.
 
-The ``admit`` reply carries both (krexd/control/admit.py): the environment
+The ``admit`` reply carries both (docs/design/interfaces.md "Control plane"): the environment
 binds the command to its GPU by identity, names the control socket, its
 credentials, the gate and the shim (docs/design/interfaces.md); the slot
 memory's size and header are what ``krex run`` makes the sealed memfd from.

@@ -61,7 +61,7 @@ class Gpu:
         """The GPU's row of the ``status`` reply, without ``memory``.
 
         ``tenants``: ids of its live tenants, in admission order.  Keys are
-        documented in ``krexd/control/status.py``.
+        documented in docs/design/interfaces.md "Control plane".
         """
         region = self.coordinator.status()
         held = region.get("holder")

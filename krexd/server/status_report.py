@@ -104,7 +104,7 @@ def about(d: Reported) -> dict[str, Any]:
 
 
 def status(d: Reported) -> dict[str, Any]:
-    """The ``status`` op's reply body (documented in krexd/control/status.py)."""
+    """The ``status`` op's reply body (docs/design/interfaces.md "Control plane")."""
     gpus_out = []
     for gpu in d.gpus.values():
         row = gpu.status([t.id for t in d.tenants.on_gpu(gpu.index)])

@@ -23,7 +23,7 @@ class TenantMemory:
     need_source: str  # "declared" (krex run --mem) | "learned" | "default" ([memory] default_need)
     used_bytes: int = 0  # current usage (the latest read)
     peak_bytes: int = 0
-    used_source: str = "none"  # "nvml" | "fake" | "shim" | "none"
+    used_source: str = "none"  # "nvml" | "amdsmi" | "fake" | "shim" | "none"
     label: str = ""  # what learned needs are keyed by (krexd.memory.learned)
     declared_bytes: int | None = None  # krex run --mem
     learned_bytes: int | None = None  # learned from earlier runs of the label
