@@ -1,20 +1,9 @@
 """``krex run`` after a GPU-wide fault under MPS: run casualties again, suspects alone.
 
-When CMD fails and krexd's ``release`` reply says the failure came with a
-GPU-wide fault of the MPS server (``gpu_fault``, ``krexd.orchestration.faults``):
-
-* ``culprit``: CMD's own kernel faulted; its exit code stands (one line says so);
-* ``casualty``: a co-tenant's kernel faulted; CMD runs again, as it was asked;
-* ``suspect``: krexd cannot tell whose kernel it was; CMD runs again as a
-  shared tenant that is not a client of the MPS server (admitted with
-  ``mps: false``): if it was the culprit it faults again, with its own error,
-  and hurts nobody (a fault outside MPS stays in its own context), and it
-  runs beside the others instead of waiting for the whole GPU.
-
-Each re-run is announced by one line on stderr; the final exit code is the
-last run's.  After ``retries`` re-runs that still end as casualties,
-``krex run`` exits 76 (``ExitCode.FAULT_CASUALTY``) so a harness does not
-blame the command (docs/design/faults.md).
+By the ``gpu_fault`` role of krexd's ``release`` reply: a ``culprit``'s
+exit code stands, a ``casualty`` runs again, a ``suspect`` runs again as a
+shared tenant outside MPS (``mps: false``); after ``retries`` re-runs that
+still end as casualties, exit 76.  docs/design/faults.md "Attribution".
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
-"""Compile work shared per user: persistent Inductor, Triton and CUDA JIT caches that ``krex run``
-points every command of one user at (docs/design/warm.md, "Compile caches").
+"""Compile work shared per user: persistent Inductor, Triton and CUDA JIT caches for ``krex run``.
 
-``krex run`` sets, unless the user's environment already names them::
-
-    TORCHINDUCTOR_CACHE_DIR = <dir>/inductor
-    TRITON_CACHE_DIR        = <dir>/triton
-    CUDA_CACHE_PATH         = <dir>/cuda
-
-``<dir>`` is ``$XDG_CACHE_HOME/krex/compile`` (``~/.cache/krex/compile``),
-or ``<[cache] dir>/<uid>`` when krexd's configuration names a root.
-``krex run`` runs as the user, so the user's identity here is the kernel's
-(the process's uid) and every directory is created by the user itself:
-krexd (root) never creates or trims anything in users' directories.  The
-directory is made without following symbolic links below the root (each
-component opened with ``O_NOFOLLOW`` relative to its parent) and must be
-owned by the user; the last one is mode 0700.  A root another user could
-rename entries in (group- or world-writable without the sticky bit, or
-owned by someone else than root and the user), a symbolic link or a
-directory of another owner on the way is refused with one line
-(:class:`Refused`): the command then runs with no shared cache.
-
-Concurrent writers: commands of one user run at once and fill the caches
-together.  Triton (``FileCacheManager.put``: a temporary file, then
-``os.replace``) and Inductor (``write_atomic``: the same) publish every file
-by an atomic rename, so a reader sees a whole file or none; the CUDA driver
-manages its JIT cache itself, as it does for every process of a user at its
-default place.  krex relies on that and adds no lock.
-
-Size: after the command ends ``krex run`` trims the directory to ``[cache]
-max_bytes`` (:func:`trim`): least recently written first, by each
-directory's mtime, bounded in time, at most once a minute per user.
+Unless the user's environment names them, every command of one user gets
+the same cache directories, created by the user's own process without
+following symbolic links (:func:`ensure`, :class:`Refused`), and trimmed to
+``[cache] max_bytes`` after it ends (:func:`trim`).  Whose, concurrent
+writers, size: docs/design/warm.md "Compile caches: compile work shared per
+user".
 """
 
 from __future__ import annotations

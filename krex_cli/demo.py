@@ -1,20 +1,10 @@
 """``make demo`` / ``python -m krex_cli.demo``: the main job, short.
 
-Replays a few benchmarking commands twice — natively, one at a time
-(command-granular exclusivity), and through krex at command concurrency 4
-(regions enforced) — then prints the report's summary: throughput and
-timing fidelity against the native run (paper §6).
-
-* On a host with an NVIDIA GPU (``nvidia-smi -L`` lists one): the first
-  commands of ``workloads/trace-h200.jsonl`` (PyTorch, Triton and CuPy
-  candidates).
-* Without one it says so and replays simulated benchmarks instead:
-  ``workloads/simulated.py`` timing kernels on the fake CUDA driver
-  (``build/fakecuda``, built by ``make``), with krexd on ``--fake-gpus 1``.
-
-Both runs start their own krexd with the shipped config ``etc/krex.toml``
-(``krex replay`` does that).  Needs root: krexd manages cgroups.  Run through sudo
-(as ``make demo`` runs it for a user), the run's files are given to that user.
+Replays a few benchmarking commands natively and through krex at
+concurrency 4, then prints the report's summary (paper §6): the first
+commands of ``workloads/trace-h200.jsonl`` on a host with an NVIDIA GPU,
+simulated ones on the fake driver (``--fake-gpus 1``) without.  Needs root
+(krexd manages cgroups); run through sudo, the files are given to that user.
 """
 
 from __future__ import annotations

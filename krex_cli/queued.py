@@ -1,20 +1,10 @@
 """What ``krex run`` says while krexd keeps its ``admit`` parked: nothing waits silently.
 
-krexd sends no reply while a request is parked (``admit``, docs/design/interfaces.md:
-FIFO, server-side).  After :data:`FIRST_S` of waiting ``krex run`` asks
-krexd's ``status``, finds its own parked request there by its pid (krexd
-shows a caller its own parked requests in full: ``queue.queue``, in FIFO
-order) and says on stderr, in one line, its place in the queue and what it
-waits for: a free slot on GPU N (with the GPUs' slot counts), GPU memory on
-GPU N, or a GPU with no tenants (``--exclusive``).  Where krexd cannot say
-(a status refused or not answered, a krexd that does not show the request)
-the line says only "waiting for a free slot on GPU N" (or "on any GPU").
-
-On a terminal the line is rewritten in place every :data:`REFRESH_S`, with
-the seconds waited, and ended when the ``admit`` is answered.  Elsewhere it
-is printed only with ``-v`` (or ``KREX_LOG=debug``), as a new line whenever
-its text changes.  Needs no change to krexd: ``status`` has carried the
-queue since admission parks.
+After :data:`FIRST_S` of waiting, ``krex run`` finds its own parked request
+in krexd's ``status`` and says in one line on stderr its place in the queue
+and what it waits for (:func:`describe`); on a terminal the line is
+rewritten every :data:`REFRESH_S`, elsewhere printed only with ``-v``, as a
+new line when its text changes.
 """
 
 from __future__ import annotations
@@ -46,6 +36,13 @@ def describe(status: dict[str, Any] | None, pid: int, gpu: int | None) -> str:
     ``status`` is krexd's ``status`` reply (None when there was none).
     Returns e.g. ``queued: 2 of 3 parked requests; waiting for a free slot on
     GPU 1 (4 of 4 in use)``.
+
+    krexd shows a caller its own parked requests in full (``queue.queue``, in
+    FIFO order): the line says the request's place and what it waits for, a
+    free slot on GPU N (with the GPUs' slot counts), GPU memory on GPU N, or a
+    GPU with no tenants (``--exclusive``).  Where krexd cannot say (a status
+    refused or not answered, a krexd that does not show the request) it says
+    only "waiting for a free slot on GPU N" (or "on any GPU").
     """
     rows = list(((status or {}).get("queue") or {}).get("queue") or [])
     for i, row in enumerate(rows):

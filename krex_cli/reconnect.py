@@ -1,22 +1,9 @@
 """A connection to krexd that survives krexd's restart: reconnect, then re-send.
 
-krexd may restart under a running ``krex run`` (a crash, ``systemctl
-restart``, a package upgrade); the new krexd adopts the tenants
-(docs/design/daemon.md "Restarts").  A request whose krexd went away — the
-socket refuses connections, its file vanished, no reply came, or the krexd
-that took a parked request is no longer the one serving — is sent again, on
-a fresh connection, to the krexd that answers ``ping`` next, within
-``KREX_RECONNECT_S`` seconds (default 120) of losing it, backing off from
-50 ms to 250 ms between attempts (a restarted krexd is answered within a
-quarter second of listening again; each attempt is one ``connect``).  A
-krexd leaving for a restart, or killed,
-leaves its socket file behind; a stopped one removes it, so a socket file
-missing for ``SOCKET_GONE_S`` ends the wait early.  A parked ``admit`` re-sent this way joins
-the new krexd's queue.  Anything else (an error reply) is not retried.
-
-Before the command starts (:meth:`Reconnecting.first_ping`) nothing is
-waited for: a missing socket file, or one that refuses connections (a stale
-file left by a krexd that crashed or was killed), fails at once.
+A request whose krexd went away is sent again, on a fresh connection, to
+the krexd that answers ``ping`` next, within ``KREX_RECONNECT_S`` seconds
+(default 120); before the command starts (:meth:`Reconnecting.first_ping`)
+nothing is waited for.  docs/design/daemon.md "Restarts", "Re-sent requests".
 """
 
 from __future__ import annotations
@@ -56,6 +43,15 @@ class Reconnecting:
     ``socket``), re-sending a request to the next krexd when the one it went to is gone.
 
     ``on_reconnect(op)`` is called once per re-send (to say so on stderr).
+
+    Gone means: the socket refuses connections, its file vanished, no reply
+    came, or the krexd that took a parked request is no longer the one
+    serving.  Attempts back off from 50 ms to 250 ms (a restarted krexd
+    answers within a quarter second of listening again; each attempt is one
+    ``connect``).  A krexd leaving for a restart, or killed, leaves its socket
+    file behind; a stopped one removes it, so a file missing for
+    ``SOCKET_GONE_S`` ends the wait early.  A parked ``admit`` re-sent joins
+    the new krexd's queue; an error reply is not retried.
     """
 
     def __init__(

@@ -1,61 +1,9 @@
 """``krex run``: admit a command through krexd, start it inside its tenant cgroup, relay its end.
 
-Sequence (DESIGN.md "krex run"):
-
-1. ``ping`` krexd (unreachable -> one line naming the socket, exit 69; a
-   stale socket file, with nothing listening, counts as unreachable at once).
-2. ``admit`` (parked server-side until a slot frees; no polling).  While it
-   waits, one line on stderr says its place in krexd's queue and what it
-   waits for (``krex_cli.queued``; on a terminal, or with ``-v``).
-3. Create the tenant's slot memory when the reply asks for it (a sealed
-   memfd, ``krex_cli.slotmem``; the command inherits it), then fork
-   (``krex_cli.coldstart``); the child puts itself in its own process group
-   and blocks on a pipe.  With ``--warm`` a warm pool's process is used
-   instead when a pool can serve CMD (``krex_cli.warm.launch``,
-   docs/design/warm.md): placed the same way before it runs CMD's code.
-4. ``place`` the child's pid in the tenant cgroup (and name the slot
-   memory, which krexd attaches to the gate); only then the pipe is written
-   and the child ``exec``s CMD, so CMD's first instruction already runs in
-   the cgroup (paper §4.2: a freeze catches ``import torch``).
-   On a lost krexd every request is re-sent to the krexd that comes back
-   (``krex_cli.reconnect``): a restart loses no command.
-5. Wait for CMD; SIGINT/SIGTERM/SIGHUP/SIGQUIT to ``krex run`` are forwarded
-   to CMD's process group.  When stdin is a terminal and ``krex run`` is in
-   the foreground, CMD's group becomes the terminal's foreground group, so
-   Ctrl-C reaches CMD once, straight from the terminal.
-6. ``--timeout S``: SIGKILL to CMD's group, and krexd kills whatever is left
-   in the cgroup on ``release``; exit 124 with a one-line message.
-7. ``release`` with the exit status; exit with CMD's code (128+N for signal N),
-   except when CMD failed and its memory record (the ``memory`` op, asked
-   before ``release``) says out-of-memory errors caused by co-tenants were
-   returned to it: then one line says so and the exit code is 75
-   (EX_TEMPFAIL), so a harness retries instead of blaming the candidate
-   (docs/design/memory.md).  When krexd itself ended CMD with an exit code
-   of its own (79: GPU use krex cannot drain, or tampered gate
-   registrations), that code, after krexd's reason on one line.
-
-The command's compile work is shared with the user's other commands: unless
-set, ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and ``CUDA_CACHE_PATH``
-name a private per-user directory (``krex_cli.compile_cache``), trimmed to
-krexd's ``[cache] max_bytes`` after the command ends.
-
-``--mem SIZE`` declares the command's GPU memory need (admission by memory);
-``--label L`` names the command for learned needs (default: krexd derives
-the label from the command line).  ``--retry-tempfail N`` (default: krexd's
-``[memory] retry_tempfail``, reported by ``ping``; 0 = never) runs CMD again,
-up to N times, when it exited 75: the new ``admit`` is charged the memory
-the failed run used (learned under its label), so it starts once that much
-is free; each retry is announced on stderr.  ``--fault-retries N`` (default
-2) runs CMD again when krexd's ``release`` reply says it failed with a
-GPU-wide fault under MPS that was not its own (``krex_cli.casualty``; exit
-76 when the re-runs are used up).
-
-CMD runs as the user who ran ``krex run``: krexd executes nothing; ``krex
-run`` forks and execs CMD itself, and krexd places only a direct child of
-the verified launcher with the launcher's uid, or an unplaced child of the
-launcher's uid's warm pool (docs/design/security.md).  A
-socket this user may not open is reported as "permission denied" with the
-group to join (exit 77, EX_NOPERM).
+CMD runs as the user who ran ``krex run`` (krexd executes nothing); its
+first instruction already runs in its tenant's cgroup.  The sequence:
+:func:`run`; a command's life: docs/design/architecture.md; the options
+and exit codes: README.md "Using it" and ``krex run --help``.
 """
 
 from __future__ import annotations
@@ -130,6 +78,38 @@ def run(
     The layers, outermost first: fault re-runs (``casualty.with_reruns``, which
     may turn later runs exclusive), exit-75 retries (:func:`_retry_tempfail`),
     one run (:func:`_run`); all over one reconnecting connection.
+
+    The sequence of one run:
+
+    1. ``ping`` krexd (unreachable: one line naming the socket, exit 69; a
+       stale socket file, with nothing listening, counts as unreachable at
+       once; a socket this user may not open: "permission denied" with the
+       group to join, exit 77).
+    2. ``admit`` (parked server-side until a slot frees; no polling); while it
+       waits, one line on stderr says its place in krexd's queue
+       (``krex_cli.queued``).
+    3. Create the tenant's slot memory when the reply asks for it
+       (``krex_cli.slotmem``), then fork (``krex_cli.coldstart``): the child
+       takes its own process group and blocks on a pipe; with ``--warm`` a warm
+       pool's process is used instead when one can serve CMD
+       (``krex_cli.warm.launch``).
+    4. ``place`` the child (and name the slot memory); only then the child
+       ``exec``s CMD.  On a lost krexd every request is re-sent to the krexd
+       that comes back (``krex_cli.reconnect``).
+    5. Wait for CMD; SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to its process
+       group, which becomes the terminal's foreground group when stdin is a
+       terminal and ``krex run`` is in the foreground (Ctrl-C reaches CMD once).
+    6. ``--timeout S``: SIGKILL to CMD's group (krexd kills what is left at
+       ``release``); exit 124 with one line.
+    7. ``release``; exit with CMD's code (128+N for signal N), except 75 when
+       CMD failed and its memory record (the ``memory`` op, asked before
+       ``release``) says co-tenants caused its out-of-memory errors, and
+       krexd's own code (79) after its reason when krexd ended CMD.  An exit-75
+       retry's ``admit`` is charged the memory the failed run used.
+
+    Unless set, ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR`` and
+    ``CUDA_CACHE_PATH`` name the user's compile caches
+    (``krex_cli.compile_cache``), trimmed after the command ends.
     """
     conn = Reconnecting(socket, timeout_s=5.0, on_reconnect=_resent)
     try:

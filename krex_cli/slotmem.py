@@ -1,18 +1,9 @@
 """A tenant's slot memory, created by its launcher (docs/design/shim.md "Who writes what").
 
-krexd's gate is read-only for tenants; each tenant's processes register in
-memory of their own: a memfd that ``krex run`` creates before it starts the
-command, from what krexd's ``admit`` reply says (``slots``: the exact size
-and the first bytes).  Before anyone maps it, the space is reserved
-(``posix_fallocate``: a full memory limit fails here, at start) and it is
-sealed against shrinking, growing and further sealing, so that no mapping
-of it (krexd's included) can ever fault past its end.  The fd is inherited
-by the command (``KREX_SLOTS_FD``) and also reachable as
-``/proc/<launcher pid>/fd/<n>`` (``KREX_SLOTS``) for processes whose parent
-closed it; krexd opens it through ``/proc`` at ``place`` and checks the
-seals and the size itself.
-
-This module knows nothing of the layout: it writes the bytes it was given.
+A memfd of the size and first bytes krexd's ``admit`` reply gives, its
+space reserved and sealed against shrinking, growing and sealing before
+anyone maps it (:func:`create`); inherited by the command (``KREX_SLOTS_FD``,
+``KREX_SLOTS``: :func:`environ`).  Knows nothing of the layout.
 """
 
 from __future__ import annotations

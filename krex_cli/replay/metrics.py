@@ -1,24 +1,9 @@
 """Fidelity and throughput metrics of a replay (paper §6.3 and §6.4).
 
-Every timing metric compares a run against a *reference*: the first native
-run of the same trace (command-granular exclusivity, paper §6.1).  A
-*measurement* is the kernel time one command reported (its ``median_ms`` or
-``mean_ms``: each metric is computed for both statistics).  The reference
-time of a (task, candidate) key is the median of its measurements in the
-reference run.
-
-- timing ratio: measured ms / reference ms of the same key, per measurement.
-- P (p95 timing inflation), in %: (95th percentile of the ratios - 1) x 100,
-  overall and for keys whose reference time is > 10, > 1, > 0.1 ms.
-- median ratio; share of ratios within 5 % (|ratio - 1| <= 0.05).
-- pairwise flip rate by native gap: for each pair of candidates of one task,
-  gap = |ra - rb| / min(ra, rb) on reference times; the pair flips when the
-  measured order (medians per key in the measured run) differs from the
-  reference order.  Pairs tied in the reference have no order and are left
-  out; a measured tie of a pair ordered in the reference counts as a flip.
-- Kendall tau-b per task between reference and measured times of the
-  candidates both runs have (scipy.stats.kendalltau, variant b).
-- throughput: commands completed with exit code 0 per minute.
+Every timing metric compares a run against the reference, the first native
+run of the trace, on each command's ``median_ms`` and ``mean_ms``: timing
+ratios, P (p95 inflation), pairwise flip rate by native gap, Kendall tau-b,
+throughput.  Their definitions: docs/design/replay.md "Metrics (paper §6.3–6.4)".
 """
 
 from __future__ import annotations

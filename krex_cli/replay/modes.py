@@ -1,15 +1,9 @@
 """Replay modes and the krexd a krexd-backed mode runs under (paper §6.1 baselines).
 
-- native: one command per GPU, no krex (command-granular exclusivity).
-- serial: through krex at command concurrency 1.
-- krex: through krex at command concurrency N, regions enforced.
-- ungated: through krex at command concurrency N, ``[region] enforce = false``
-  (admission and CPU slices apply; regions are granted at once, without
-  gate, drain or freeze).
-
-For the krexd-backed modes the replay starts its own krexd with a config
-generated from the shipped ``etc/krex.toml`` plus the mode's overrides, and
-stops it at the end, unless a socket of a running krexd is given.
+native, serial, krex and ungated (docs/design/replay.md "Modes (paper
+§6.1)"); a krexd-backed mode starts its own krexd, configured from the
+shipped ``etc/krex.toml`` plus the mode's overrides, unless a running
+krexd's socket is given.
 """
 
 from __future__ import annotations

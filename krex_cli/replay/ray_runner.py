@@ -1,23 +1,10 @@
 """``krex replay --ray ADDRESS``: the trace's commands spread over a Ray cluster of krex hosts.
 
-The runner of ``runner.py`` with Ray in place of a local krexd: no krexd is
-started; each command is a :mod:`krex_client.cluster` task that runs ``krex
-run`` against the krexd of the host Ray chose (that krexd's configuration
-decides slots, regions and, under ``--warm auto``, warm or cold starts;
-``--warm off``/``on``/``alternate`` pass ``krex run --cold``/``--warm`` as a
-local replay does).  As many workers as the cluster has
-``krex_slot``, each with one command in flight, so Ray always has a command
-for a slot that frees and krexd never has to park one.
-
-A record has the usual fields (``start``/``end`` on this machine's clock:
-submission and result) plus ``host``, ``node``, ``attempt`` (Ray's runs of
-the command: more than 1 after a lost worker or host) and ``queued_s``,
-``admit_wait_s``, ``ran_s`` (:class:`krex_client.cluster.Timings`); ``gpu``
-is the GPU krexd granted on that host.  The region records come back with
-the result and are written to the run's ``regions/`` as a local replay's.
-meta.json adds ``ray`` (the address) and ``hosts`` (``krex_slot`` per host).
-A record has no ``warm`` field: the task's ``krex run`` does not say how it
-started the command (no ``-v``).
+The runner of ``runner.py`` with Ray in place of a local krexd: each
+command is a ``krex_client.cluster`` task running ``krex run`` against the
+krexd of the host Ray chose, one in flight per ``krex_slot``.
+docs/design/replay.md "Over a Ray cluster (``--ray ADDRESS``)"; the record's
+extra fields: "results.jsonl".
 """
 
 from __future__ import annotations

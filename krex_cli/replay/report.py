@@ -1,15 +1,9 @@
 """``krex replay report``: compare replay runs; markdown, JSON and PNG plots.
 
-Input: run directories (each with meta.json and results.jsonl from the
-runner).  The reference is the earliest-started native run; any later
-native run is reported as a *native repeat* (run-to-run variation, paper
-§6.4).  A run over a Ray cluster (``krex replay --ray``) also gets each
-host's and the cluster's throughput (``hosts.py``).  Output directory:
-``report.md``, ``metrics.json`` and the plots ``throughput.png``,
-``phases.png`` and, per statistic S in (median, mean), ``ratio_cdf_S.png``,
-``ratio_by_band_S.png``, ``flip_rate_S.png``, ``kendall_cdf_S.png``.
-
-The plots are drawn in ``charts.py``; the run files' format is in ``results.py``.
+The reference is the earliest-started native run, a later native run a
+*native repeat* (paper §6.4).  The outputs: docs/design/replay.md "Report
+(REPORT_DIR)"; the plots are drawn in ``charts.py``, the run files' format
+is ``results.py``'s.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Run a trace in one mode and record every command (``results.jsonl``, ``meta.json``).
 
 Workers pull commands in trace order from one shared queue, so a task's
-candidates stay interleaved with other tasks as in the agents' trajectories.
-native: one worker per GPU (``CUDA_VISIBLE_DEVICES`` set, no krex).
-serial/krex/ungated: ``concurrency`` workers per GPU, each command run as
-``krex run [--gpu G] -- ARGV`` against the replay's krexd (paper §6.1).
-
-Each command's record (one JSON line, written as soon as it ends):
-``seq, pass, index, argv, task, candidate, band, mode, worker, gpu, start,
-end (wall clock s), wall_s, exit_code, result (the command's JSON result
-line or null), stderr_tail (on failure), error (on failure)``, and
-``gpu_fault`` (``{role, reruns}``, ``krex_cli.casualty.summary``) when
-``krex run`` met a GPU-wide fault under MPS.
-
-The options and each command's argv/env are in ``options.py``; the run's
-files and how a record is completed are in ``results.py``.
+candidates stay interleaved with other tasks as in the agents'
+trajectories.  The modes: docs/design/replay.md "Modes (paper §6.1)"; each
+command's record: "results.jsonl" (completed in ``results.py``; options and
+each command's argv and environment in ``options.py``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Warm and cold starts in a replay (``krex replay --warm auto|off|on|alternate``).
 
-With ``--warm auto`` (the default) every command runs as ``krex run -v``:
-no start flag, so krexd's ``[warm] start`` decides as it does for any
-``krex run`` (warm as shipped, docs/design/warm.md); ``--warm off`` passes
-``--cold``, ``--warm on`` ``--warm -v``; ``--warm alternate`` alternates
-between ``--warm -v`` and ``--cold`` (by the parity of pass + index, so a
-repeated trace runs each command both ways), so one run compares the two.
-Except under ``off``, the runner records each command's start as ``warm``:
-``{"asked": bool|"krexd", "served": bool, "why": str|null}`` from ``krex run
--v``'s debug lines: ``asked`` is ``"krexd"`` when no flag was passed;
-``served`` when a pool started it, else ``why`` it started cold (for
-commands that asked for warm or left it to krexd).
-
-:func:`summarize` and :func:`markdown` give the report's section: per run,
-commands started warm and cold, their median wall time and median import
-phase (``imports_ms`` of the command's result line), and why commands that
-were to start warm started cold.
+Which start flag each command gets, the ``warm`` record parsed from ``krex
+run -v``'s lines, and the report's section (:func:`summarize`,
+:func:`markdown`): docs/design/warm.md "Comparing warm and cold: ``krex
+replay --warm``", docs/design/replay.md "results.jsonl".
 """
 
 from __future__ import annotations

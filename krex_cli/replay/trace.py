@@ -1,22 +1,8 @@
 """The command trace: one benchmarking command per JSONL line.
 
-A trace is the command stream a replay feeds to every mode (paper §6.1: the
-recorded commands of agent trajectories, replayed in their order).  Each
-line is a JSON object:
-
-    {"argv": ["python", "workloads/gemm.py", "--task", "gemm_bf16_4096",
-              "--candidate", "triton_128x128"],
-     "task": "gemm_bf16_4096", "candidate": "triton_128x128", "band": "0.1-1ms"}
-
-``argv`` (non-empty list of strings) is what runs; ``task`` and
-``candidate`` name the measurement (a task's candidates are ranked against
-each other); ``band``, optional and informative, is the expected
-kernel-duration band, one of ``BANDS`` (the metrics band every measurement
-by its measured native time, not by this key; absent, it is unknown:
-``None`` here, ``null`` in the results).  An optional ``mem`` (e.g.
-``"8G"``) is the command's GPU memory need, passed to ``krex run --mem`` in
-the krexd-backed modes.  Other keys are kept in ``extra`` and ignored.  Blank
-lines are skipped.  Bad input raises ``TraceError`` naming the file and line.
+A trace is the command stream a replay feeds to every mode (paper §6.1);
+each line's fields: docs/design/replay.md "Trace (JSONL, input)".  Bad
+input raises ``TraceError`` naming the file and line.
 """
 
 from __future__ import annotations

@@ -2,33 +2,9 @@
 
     python -m krex_cli.warm.keeper START_FILE
 
-Started by ``krex run --warm`` (its own session, detached) when no pool
-serves the command's key; it runs as the user, under krex's interpreter
-(it speaks krexd's protocol; the zygote, under the command's interpreter,
-cannot).  ``START_FILE`` (JSON, removed once read): ``krexd_socket``,
-``directory``, ``key``, ``version``, ``path`` (the interpreter), ``argv0``,
-``flags``, ``env`` (the zygote's), ``modules``, ``idle_s``.
-
-1. Take the key's lock (``<key>.lock``); another keeper holding it means a
-   pool is starting or serving: exit.
-2. Start the zygote's process, stopped before its interpreter starts
-   (krex's own interpreter, isolated, waits on a pipe), its stdin and stdout
-   pipes to us, its stderr to the pool's log.
-3. ``pool_register`` it with krexd: krexd checks that it is our child and
-   our uid, counts it against ``[warm] max_pools_per_uid``, moves it into a
-   pool cgroup with ``[warm] memory_max`` (docs/design/warm.md).  Only then
-   it execs the command's interpreter with ``krexpool_zygote.py`` (by file
-   path, the command's options, the pool's environment), so even the
-   interpreter's start-up runs in the pool.  Refused: it exits unstarted,
-   and so do we.
-4. Send it its settings; it imports the modules and says ``ready`` or
-   ``refused`` (then ``<key>.refused`` keeps the reason, so ``krex run`` does
-   not start the same failing pool for every command).
-5. Every ``KEEPALIVE_S`` ping krexd: when it is gone or another krexd
-   answers (a restart forgot the registration), close the zygote's stdin:
-   it stops accepting, lets its commands finish and exits.  When the
-   zygote exits, so does the keeper; krexd forgets the pool when either
-   process ends.
+Started detached by the first ``krex run --warm`` of a key that finds no
+pool; runs as the user under krex's interpreter (it speaks krexd's
+protocol).  Its steps: :func:`main`; docs/design/warm.md "Processes".
 """
 
 from __future__ import annotations
@@ -191,7 +167,29 @@ def _refused(cfg: dict[str, Any], why: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """See the module docstring; always 0 (the pool is a cache: krex run never depends on it)."""
+    """Keep one pool; always 0 (the pool is a cache: krex run never depends on it).
+
+    ``START_FILE`` (JSON, removed once read): ``krexd_socket``,
+    ``directory``, ``key``, ``version``, ``path`` (the interpreter),
+    ``argv0``, ``flags``, ``env`` (the zygote's), ``modules``, ``idle_s``.
+
+    1. Take the key's lock (``<key>.lock``); another keeper holding it means
+       a pool is starting or serving: exit.
+    2. Start the zygote's process, stopped before its interpreter starts
+       (krex's own interpreter, isolated, waits on a pipe), its stdin and
+       stdout pipes to us, its stderr to the pool's log.
+    3. ``pool_register`` it with krexd (our child, our uid, counted, moved
+       into a pool cgroup); only then it execs the command's interpreter
+       with ``krexpool_zygote.py``, so even the interpreter's start-up runs
+       in the pool.  Refused: it exits unstarted, and so do we.
+    4. Send it its settings; it imports the modules and says ``ready`` or
+       ``refused`` (then ``<key>.refused`` keeps the reason, so ``krex run``
+       does not start the same failing pool for every command).
+    5. Every ``KEEPALIVE_S`` ping krexd: when it is gone or another krexd
+       answers, close the zygote's stdin (it stops accepting, lets its
+       commands finish and exits).  When the zygote exits, so does the
+       keeper; krexd forgets the pool when either process ends.
+    """
     with open(argv[0]) as f:
         cfg = json.load(f)
     os.unlink(argv[0])

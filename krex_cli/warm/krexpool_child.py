@@ -1,29 +1,10 @@
 """A warm pool's child: become the command's process, then run it as a cold interpreter would.
 
 Standard library only (it runs under the command's interpreter, forked from
-the pool's zygote; docs/design/warm.md).  Two steps:
-
-* :func:`become` (right after ``fork``, before any command code): own
-  process group, signal dispositions and mask of a fresh interpreter started
-  by ``krex run``, the command's file descriptors at their numbers, its
-  working directory (``fchdir`` to the directory ``krex run`` passed),
-  umask, resource limits, nice value and environment; then it tells
-  ``krex run`` its pid and waits for ``go`` (sent once krexd has placed it in
-  the tenant cgroup).  A ``go`` while it is still in its pool's cgroup (no
-  ``place``: a command of the same user talking to the pool itself) is
-  refused: the command would run outside every tenant.
-* :meth:`Command.run` (called from the zygote script's top level, so that
-  the command ends through the interpreter's own exit path: ``SystemExit``
-  codes, the traceback and exit 1 of an uncaught exception, death by SIGINT
-  after ``KeyboardInterrupt``, ``atexit``, the final flush): ``sys.argv``,
-  ``sys.orig_argv``, ``sys.path[0]``, a fresh ``__main__``, standard streams
-  built as CPython's ``create_stdio`` builds them (line buffered on a
-  terminal, unbuffered under ``-u``/``PYTHONUNBUFFERED``), random generators
-  reseeded, then the script, module (``runpy``, as ``-m`` does) or ``-c``
-  program.  Frames of the pool's own files are left out of tracebacks.
-
-Where a warm command still differs from a cold one is listed in
-docs/design/warm.md ("What a command can tell").
+the zygote).  :func:`become` sets the process up right after ``fork`` and
+waits for ``go``; :meth:`Command.run`, called from the zygote script's top
+level, runs the command.  docs/design/warm.md "A warm command, step by
+step" (5-7) and "What a command can tell".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """A warm pool's server loop: accept ``krex run``'s requests, fork one child per command.
 
-Standard library only (it runs in the zygote, under the command's
-interpreter; docs/design/warm.md).  The zygote never runs command code: for
-each ``run`` request it forks; the child (``krexpool_child.become``) turns
-into the command's process and :meth:`Server.run` *returns* its
-:class:`krexpool_child.Command` to the zygote script, which runs it at its
-top level.  The zygote itself reaps each child through a pidfd and sends
-its wait status back on the request's connection.
-
-Only the pool's own uid is served (``SO_PEERCRED``); the socket lives in a
-directory of mode 0700 that ``krex run`` checks.  The server stops
-accepting when its keeper closes the zygote's stdin (krexd gone or
-restarted, or the keeper ended), on SIGTERM, or after ``idle_s`` seconds
-without a request once its last child ended; it exits when its children
-have ended.
+Standard library only (it runs in the zygote).  For each ``run`` it forks;
+:meth:`Server.run` *returns* the child's ``krexpool_child.Command`` to the
+zygote script, and the zygote reaps each child through a pidfd and sends
+its wait status back.  Only the pool's own uid is served (``SO_PEERCRED``).
+docs/design/warm.md "A warm command, step by step".
 """
 
 from __future__ import annotations
@@ -76,6 +67,11 @@ class Server:
     krexd moved them out of the pool's cgroup, :func:`krexpool_child.become`);
     ``boot``: the interpreter as it started (``krexpool_child.Boot``);
     ``hello``: extra keys of the ``hello`` reply (the modules imported).
+
+    Stops accepting when the keeper closes the zygote's stdin (krexd gone or
+    restarted, or the keeper ended), on SIGTERM, or after ``idle_s`` seconds
+    without a request once its last child ended; exits when its children have
+    ended.
     """
 
     def __init__(self, config: dict[str, Any], boot: child.Boot, hello: dict[str, Any]) -> None:

@@ -1,22 +1,11 @@
 """The warm pool's request protocol: length-prefixed JSON messages over a Unix stream socket.
 
 Standard library only: the pool's zygote runs this module under the
-command's own interpreter, which may not have krex installed
-(docs/design/warm.md).  ``krex run`` imports it as
-``krex_cli.warm.krexpool_wire``.
-
-A message is a 4-byte big-endian length, then that many bytes of UTF-8
-JSON (an object).  File descriptors travel with a message as one
-``SCM_RIGHTS`` control message attached to its first byte; the receiver
-gets them close-on-exec (``MSG_CMSG_CLOEXEC``) and owns them.
-
-Conversation on one connection (``krex run`` -> pool, then pool -> ``krex run``)::
-
-    {"op": "hello"}                      -> {"ok": true, "version", "key", "pid", "uid", ...}
-    {"op": "run", ...} + fds             -> {"pid": C}          (from the command's process C)
-                                         or {"error": TEXT}     (nothing ran: start cold)
-    {"op": "go"}                         (C runs the command; or {"op": "abort"}: C exits 0)
-                                         -> {"status": WAIT_STATUS}  (from the zygote, at C's end)
+command's own interpreter; ``krex run`` imports it as
+``krex_cli.warm.krexpool_wire``.  A message is a 4-byte big-endian length
+and that many bytes of UTF-8 JSON, with descriptors as one ``SCM_RIGHTS``
+message on its first byte, received close-on-exec.  The conversation:
+docs/design/warm.md "The request protocol (``krexpool_wire.py``)".
 """
 
 from __future__ import annotations

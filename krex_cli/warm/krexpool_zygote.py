@@ -1,26 +1,8 @@
 """A warm pool's zygote: import the configured modules once, then fork one process per command.
 
-Run by file path under the command's own interpreter and flags (it may not
-have krex installed, so this file and its ``krexpool_*`` siblings use the
-standard library only), by the pool's keeper (``krex_cli.warm.keeper``),
-with the command's environment plus ``KREX_SHIM_DEFER=1`` and stdin/stdout
-pipes to the keeper, stderr to the pool's log.  docs/design/warm.md.
-
-1. Record the interpreter as it started (``krexpool_child.Boot``).
-2. Read the pool's settings, one JSON line on stdin: ``socket``, ``key``,
-   ``version``, ``idle_s``, ``modules`` (the keeper sends it once krexd has
-   registered the zygote and moved it into its pool cgroup).
-3. Import the modules.  A module that does not exist is skipped; one that
-   fails otherwise, a thread left running, an initialised shim
-   (``krex_shim_mode() != 0``) or an initialised CUDA driver (a GPU device
-   file open) make the pool refuse to serve: a fork would not be a clean
-   start.  When torch is among them, the modules ``torch.compile`` loads
-   (:data:`COMPILE_MODULES`) are imported too, optionally: only when a
-   trial fork imported them cleanly, and skipped otherwise.
-4. Say ``{"ready": ...}`` or ``{"refused": why}`` on stdout, one JSON line.
-5. Serve (``krexpool_serve.Server``).  In a forked child the server returns
-   the command, which runs here, at the script's top level, so that it ends
-   through the interpreter's normal exit path.
+Run by file path under the command's own interpreter and flags, by the
+pool's keeper (so this file and its ``krexpool_*`` siblings use the
+standard library only).  docs/design/warm.md "Processes".
 """
 
 from __future__ import annotations
@@ -209,7 +191,26 @@ def _gpu_device_open(prefixes: tuple[str, ...] = GPU_DEVICE_PREFIXES) -> str | N
 
 
 def _main() -> Command | None:
-    """Boot, import, check, serve; the command to run when this is a forked child."""
+    """Boot, import, check, serve; the command to run when this is a forked child.
+
+    Started with the command's environment plus ``KREX_SHIM_DEFER=1``,
+    stdin/stdout pipes to the keeper and stderr to the pool's log:
+
+    1. Record the interpreter as it started (``krexpool_child.Boot``).
+    2. Read the pool's settings, one JSON line on stdin: ``socket``,
+       ``key``, ``version``, ``idle_s``, ``modules`` (sent once krexd has
+       registered the zygote and moved it into its pool cgroup).
+    3. Import the modules.  One that does not exist is skipped; one that
+       fails otherwise, a thread left running, an initialised shim
+       (``krex_shim_mode() != 0``) or an initialised CUDA driver (a GPU
+       device file open) make the pool refuse: a fork would not be a clean
+       start.  With torch, :data:`COMPILE_MODULES` too, optionally (only
+       when a trial fork imported them cleanly).
+    4. Say ``{"ready": ...}`` or ``{"refused": why}`` on stdout.
+    5. Serve (``krexpool_serve.Server``); in a forked child the server
+       returns the command, which runs at the script's top level, so that
+       it ends through the interpreter's normal exit path.
+    """
     original_path = list(sys.path)
     here = os.path.dirname(os.path.realpath(__file__))
     sys.path.insert(0, here)

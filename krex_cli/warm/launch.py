@@ -1,29 +1,9 @@
 """``krex run --warm``: start the command in a process forked from a warm pool, or say why not.
 
-:func:`attempt` is called by ``krex_cli.run`` once the command is admitted
-and its environment and slot memory are ready.  It returns the command's
-wait status, or None: then ``krex run`` starts the command cold, as
-without ``--warm``, after one debug line with the reason (``krex run -v``
-or ``KREX_LOG=debug``).  A pool never makes a command fail.
-
-1. :func:`krex_cli.warm.plan.make_plan`: a Python command a pool can run,
-   and its pool key.
-2. Connect to the key's pool (``krex_cli.warm.pooldir``); none there: start
-   one (a detached keeper, ``krex_cli.warm.keeper``) for the commands to
-   come, and run this one cold.
-3. ``hello``; the pool must be of this krex version and key and able to
-   reproduce this ``krex run``'s credentials, limits and nice value
-   (``krex_cli.warm.client.mismatch``).
-4. ``run``: the pool forks the command's process C, which sets itself up
-   and waits; ``place`` C in the tenant cgroup (krexd accepts a direct
-   child of a pool registered for the launcher's uid, and checks that pool
-   is the process listening on the socket we talked to, ``SO_PEERCRED``:
-   a relay put on the socket path by a command cannot swap the process);
-   ``go``.
-5. Wait: signals to ``krex run`` are forwarded to C's process group (C is
-   in the pool's session, so it cannot be the terminal's foreground group);
-   ``--timeout`` kills the group; the pool sends C's wait status.  A pool
-   that dies meanwhile loses it: :data:`client.UNKNOWN_STATUS`, once C ends.
+:func:`attempt`, called by ``krex_cli.run`` once the command is admitted,
+returns the command's wait status, or None: ``krex run`` then starts it
+cold, after one debug line with the reason.  A pool never makes a command
+fail.  The steps: docs/design/warm.md "A warm command, step by step".
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Can a pool serve this command, and which pool: the Python command line, the pool key.
 
-``krex run --warm`` asks :func:`make_plan` (docs/design/warm.md):
-
-* the command must be a Python interpreter (its file name is ``python``,
-  ``python3``, ``python3.11``...) running a script file, ``-m MODULE`` or
-  ``-c CODE``, with interpreter options a pool can reproduce (it is started
-  with the same ones);
-* the pool key is a hash of everything a module could see at import time
-  and a pool cannot change afterwards: krex's version, krexd's socket, the
-  interpreter (the path the command would exec, its real path and that
-  file's identity), its options, the configured modules, the preloaded
-  libraries (``LD_PRELOAD``, the shim among them, and their files'
-  identity) and the environment variables ``[warm] key_prefixes`` /
-  ``key_names`` select.  The variables krexd sets per command (``KREX_*``,
-  ``CUDA_VISIBLE_DEVICES`` ...) are not in the key and not in the pool's
-  environment: a command gets them only when it starts; ``KREX_AUTOREGION``,
-  which an interpreter acts on at start, is in both.
-
-Anything else is a reason (a string) to start cold.
+``krex run --warm`` asks :func:`make_plan`: a Python interpreter running a
+script, ``-m`` or ``-c`` with options a pool reproduces, and the key over
+everything a module could see at import time; anything else is a reason (a
+string) to start cold.  docs/design/warm.md "A warm command, step by step"
+(2) and "The pool key and the pool's environment".
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """Where a user's pools live: a private directory, and the files of one pool key in it.
 
 The rendezvous must be a directory no other user can create first, replace
-or redirect (docs/design/security.md "Warm pools"): another user who
-created ``/tmp/krex-pool-<uid>`` first used to turn every warm start of
-that user cold.  The first usable one of, in order:
-
-1. ``$XDG_RUNTIME_DIR/krex`` (``XDG_RUNTIME_DIR`` an absolute path);
-2. ``/run/user/<uid>/krex`` (logind's per-user directory, made by root);
-3. ``$XDG_CACHE_HOME/krex-pool``, else ``$HOME/.cache/krex-pool`` (home
-   from the environment, else the password database);
-4. ``$TMPDIR/krex-pool-<uid>`` (``/tmp`` without an absolute ``TMPDIR``).
-
-A candidate is usable when its parent is one only the user or root can
-change (:func:`_parent_problem`: owned by the user or root, and not
-writable by group or others unless root's and sticky, like ``/tmp``) and
-the directory itself, created mode 0700 when missing, is a real directory
-(never a symbolic link: ``lstat``), owned by the user, with no permission
-for group or others, short enough for a socket path in it.  Each candidate
-refused is reported in one line (``krex run -v`` prints it) and the next
-tried; none usable: :class:`PoolDirError` with every reason, and the
-command starts cold.
-
-Files of pool key ``K``: ``K.sock`` (the zygote's socket), ``K.lock``
-(held by the pool's keeper while it lives), ``K.log`` (the keeper's and
-the zygote's log), ``K.refused`` (why the last pool for this key refused to
-serve; no new pool is started for it while it is younger than the idle
-lifetime), ``K.start-<pid>.json`` (the settings ``krex run`` hands a new
-keeper; removed by the keeper).
+or redirect: the first usable candidate (:func:`directory`), each refused
+one reported in one line.  The candidates and a key's files:
+docs/design/warm.md "Files of a user's pools"; why: docs/design/security.md
+"8. Warm pools".
 """
 
 from __future__ import annotations
@@ -96,10 +74,14 @@ class PoolFiles:
 def directory(
     environ: dict[str, str] | None = None, note: Callable[[str], None] | None = None
 ) -> str:
-    """This user's pool directory, created if needed (see the module docstring).
+    """This user's pool directory, created if needed: the first usable :func:`candidates`.
 
-    ``note`` gets one line per candidate refused (why); PoolDirError when
-    none is usable, naming each candidate's reason.
+    A candidate is usable when its parent is one only the user or root can
+    change (:func:`_parent_problem`) and the directory itself, created mode
+    0700 when missing, is a real directory (never a symbolic link), owned by
+    the user, with no permission for group or others, short enough for a
+    socket path in it.  ``note`` gets one line per candidate refused (why);
+    PoolDirError when none is usable, naming each candidate's reason.
     """
     env = os.environ if environ is None else environ
     uid = os.getuid()
