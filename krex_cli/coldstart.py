@@ -1,6 +1,6 @@
 """``krex run``'s cold start: fork, have krexd place the child, exec CMD, wait.
 
-Steps 3-6 of ``krex_cli.run`` (its docstring): the child puts itself in its
+Steps 3-6 of ``krex_cli.run.run`` (its docstring): the child puts itself in its
 own process group and blocks on a pipe; ``place`` moves it into the tenant
 cgroup; only then the pipe is written and the child ``exec``s CMD, so CMD's
 first instruction already runs in the cgroup.  Signals to ``krex run`` are

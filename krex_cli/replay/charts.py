@@ -1,7 +1,7 @@
 """The PNG plots of ``krex replay report`` (matplotlib, Agg backend).
 
 Moved out of ``report.py``, which computes the metrics and writes the
-markdown; file names are listed in that module's docstring.
+markdown; the files: docs/design/replay.md "Report (REPORT_DIR)".
 
 Legends sit outside the axes, right of them, so they never cover a bar or
 a curve.  The per-bucket bar charts (P by band, flip rate by gap) show only

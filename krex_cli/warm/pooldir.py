@@ -97,7 +97,7 @@ def directory(
 
 
 def candidates(env: Mapping[str, str], uid: int) -> list[str]:
-    """The pool directories to try for ``uid``, in order (the module docstring)."""
+    """The pool directories to try for ``uid``, in order (warm.md "Files of a user's pools")."""
     out: list[str] = []
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if os.path.isabs(runtime):

@@ -157,7 +157,7 @@ class CgroupBackend:
         return True
 
     def _prepare_pids(self) -> None:
-        """Choose where tenants' ``pids.max`` goes and build that tree (module docstring)."""
+        """Choose where tenants' ``pids.max`` goes and build that tree (v2, a v1 tree, or none)."""
         self.pids_kind = PIDS_NONE
         if self.pids_max == 0:
             return

@@ -178,7 +178,7 @@ class PoolCgroups:
         self.kind = MEMORY_NONE
 
     def prepare(self) -> None:
-        """Build ``pools`` and choose where the memory and task limits go (module docstring)."""
+        """Build ``pools`` and choose where its memory and task limits go (v2, v1, or none)."""
         fs.mkdir(self.dir)
         self._prepare_pids()
         if self.memory_max == 0:

@@ -17,7 +17,7 @@ from typing import Any
 from krex_client.sizes import format_size
 
 AUTO = "auto"
-#: Slots per tenant core (see the module docstring for the measurements behind it).
+#: Slots per tenant core (the measurements behind it: docs/design/daemon.md "Admission").
 SLOTS_PER_CORE = 1.0
 #: The most slots the CPU term gives one GPU.
 AUTO_MAX = 64

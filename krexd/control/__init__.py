@@ -1,4 +1,4 @@
-"""Control-plane ops: one module per op, its docstring is the protocol.
+"""Control-plane ops: one module per op (requests and replies: docs/design/interfaces.md).
 
 ``OPS`` maps the ``op`` string of a request to ``handle(ctx, req) -> body``; ``ctx``
 is the :class:`krexd.control.context.OpContext` the daemon builds.

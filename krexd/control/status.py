@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 async def handle(ctx: OpContext, req: Request) -> dict[str, Any]:
-    """Collect krexd's status (see module docstring)."""
+    """Collect krexd's status (docs/design/interfaces.md "Control plane")."""
     fields.only(req.body)
     return need_to_know(ctx.status(), identity.CALLER.get())
 
@@ -26,7 +26,7 @@ PARKED_PUBLIC = ("gpu", "exclusive", "waiting_s", "waiting_for")
 
 
 def need_to_know(body: dict[str, Any], who: identity.Caller | None) -> dict[str, Any]:
-    """``body`` with other users' tenants reduced to their public keys (module docstring).
+    """``body`` with other users' tenants reduced to their public keys (need-to-know).
 
     ``who`` None (no verified caller) sees no private key of anyone.
     """

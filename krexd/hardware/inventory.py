@@ -34,7 +34,18 @@ RENDER_MINOR_BASE = 128
 @dataclass(frozen=True)
 class GpuInfo:
     """One GPU: host ``index``, ``name``, memory and L2 sizes (bytes), NUMA node (or None);
-    ``vendor`` ``"nvidia"`` or ``"amd"`` (module docstring for the rest)."""
+    ``vendor`` ``"nvidia"`` or ``"amd"``.
+
+    ``uuid``: an NVIDIA GPU's ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` (the
+    form ``nvidia-smi -L``, NVML and ``CUDA_VISIBLE_DEVICES`` use), an AMD
+    GPU's ROCr ``GPU-<16 hex digits>`` (what ``ROCR_VISIBLE_DEVICES``
+    accepts); a simulated one's is :func:`fake_uuid` / :func:`fake_amd_uuid`
+    (what the fake driver reports).  ``minor``: the minor of
+    ``/dev/nvidia<minor>`` (NVML's ``nvmlDeviceGetMinorNumber``, else the
+    driver's ``/proc/driver/nvidia/gpus/<bus>/information``; simulated GPU
+    N: N); ``render_minor``: an AMD GPU's ``/dev/dri/renderD<minor>`` (from
+    the KFD topology; simulated AMD GPU N: 128 + N).
+    """
 
     index: int
     name: str
@@ -222,7 +233,7 @@ def _amd(first: int) -> list[GpuInfo]:
 
 def discover(fake: int, fake_vendor: str = NVIDIA) -> list[GpuInfo]:
     """The GPUs krexd manages: ``fake`` > 0 -> that many simulated GPUs of ``fake_vendor``,
-    else the real ones: NVIDIA's first, then AMD's (module docstring, "Numbering")."""
+    else the real ones: NVIDIA's first in NVML's order, then AMD's in HIP's."""
     if fake > 0:
         return fake_gpus(fake, vendor=fake_vendor)
     nvidia = _nvidia()

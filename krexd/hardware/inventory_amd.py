@@ -111,7 +111,7 @@ def run_probe(timeout_s: float = PROBE_TIMEOUT_S) -> list[dict[str, Any]] | None
 
 def match(devices: list[dict[str, Any]], nodes: list[kfd.KfdGpu]) -> list[AmdDevice]:
     """``devices`` (the probe's: ``uuid``, ``pci_bus_id``, ``name``, ``total_mem_bytes``,
-    ``l2_bytes``) with what their KFD nodes add (module docstring, step 3).
+    ``l2_bytes``) with what their KFD nodes add (docs/design/amd.md "Inventory", step 4).
 
     Each KFD node serves one device at most.  A device without a node of its own, or
     whose node gives no render node (``drm_render_minor`` under 128 or unknown), is not
@@ -150,7 +150,7 @@ def match(devices: list[dict[str, Any]], nodes: list[kfd.KfdGpu]) -> list[AmdDev
 
 
 def discover() -> list[AmdDevice]:
-    """The AMD GPUs krexd manages on this host (the steps of the module docstring)."""
+    """The AMD GPUs krexd manages on this host (the steps of docs/design/amd.md "Inventory")."""
     nodes = kfd.amd_gpus_present()
     if not nodes:
         return []

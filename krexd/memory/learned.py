@@ -118,7 +118,7 @@ class LearnedNeeds:
         return [label for u, label in self._peaks if u == uid]
 
     def _put(self, key: tuple[int, str], peaks: list[int]) -> None:
-        """Store ``key`` as the most recently used, then evict to the bounds (docstring)."""
+        """Store ``key`` as the most recently used, then evict to the bounds (memory.md §5)."""
         self._pop(key)
         uid = key[0]
         while self._per_uid[uid] >= self.max_per_uid:

@@ -87,7 +87,7 @@ class Incident:
 
 
 class FaultMonitor:
-    """Watches the MPS GPUs for GPU-wide faults (see the module docstring).
+    """Watches the MPS GPUs for GPU-wide faults (docs/design/faults.md).
 
     Args:
         gpus: the managed GPUs by index; only those with ``mps`` are watched.

@@ -99,7 +99,7 @@ class PoolRegistry:
         return [p for p in self._pools.values() if p.uid == uid]
 
     def register(self, keeper: identity.Caller, body: dict[str, Any]) -> Pool:
-        """Register the zygote ``body["pid"]`` for ``keeper`` (rules in the module docstring).
+        """Register the zygote ``body["pid"]`` for ``keeper`` (rules: docs/design/security.md §8).
 
         ``body``: ``pid``, ``key``, ``version``, ``interpreter``, ``modules``
         (checked by the op).  Raises ``KrexError``: ``CANCELLED`` (warm

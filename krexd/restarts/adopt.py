@@ -174,7 +174,7 @@ def adopt(
     cgroups: CgroupBackend,
     runtime: Runtime,
 ) -> list[Tenant]:
-    """Take over the saved tenants and regions (see the module docstring); returns the tenants.
+    """Take over the saved tenants and regions (daemon.md "Restarts"); returns the tenants.
 
     Runs on the event loop before krexd serves (pidfds are registered with it).
     """

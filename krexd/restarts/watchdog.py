@@ -287,7 +287,7 @@ def watch(
     pid: int,
     socket: str | None = None,
 ) -> int:
-    """The watchdog's loop (see the module docstring); returns the exit code."""
+    """The watchdog's loop (docs/design/daemon.md "Restarts"); returns the exit code."""
     limit_ns = int(max(0.5, bound_s - 1.0) * 1e9)
     krexd = Watched(pid, socket)
     thawed_for: int | None = None  # heartbeat time of the last thaw

@@ -54,7 +54,9 @@ class StatFiles:
     def read(self, pid: int) -> bytes:
         """``/proc/<pid>/stat`` now; OSError (ESRCH, ENOENT) when there is no such process.
 
-        A failed read leaves no descriptor of ``pid`` held (see the module docstring).
+        A failed read leaves no descriptor of ``pid`` held: a reaped process's
+        descriptor fails with ESRCH even when the pid number is in use again, and
+        the next read opens the file afresh (its start time tells the processes apart).
         """
         with self._lock:
             f = self._files.pop(pid, None) or HeldFile(f"/proc/{pid}/stat", one_record=True)

@@ -163,7 +163,7 @@ def in_tenant_cgroup(tenant: Tenant, pid: int) -> bool:
 
 
 def authorize_tenant_op(tenant: Tenant, who: Caller, op: str) -> None:
-    """Raise ``KrexError(AUTH)`` unless ``who`` may act on ``tenant`` (see module docstring).
+    """Raise ``KrexError(AUTH)`` unless ``who`` may act on ``tenant`` (security.md §2).
 
     A stolen ``KREX_TOKEN`` is useless outside the tenant's cgroup: the token
     names the tenant, the kernel names the caller.

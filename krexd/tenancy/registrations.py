@@ -260,7 +260,7 @@ Suspect = tuple[Tenant, int, Identity, list[Registration]]
 
 
 class RegionGuard:
-    """The fail-closed check of one GPU's region entry (see the module docstring).
+    """The fail-closed check of one GPU's region entry (docs/design/shim.md "Fail closed").
 
     ``users()`` is the set of pids with the GPU open (None: the source
     cannot tell, and the check is skipped, unless ``unknown_is_open``: then
@@ -337,7 +337,8 @@ class RegionGuard:
                 if who is None:
                     continue  # gone: its contexts are torn down
                 # A verified registration is enough; its acknowledgement and count
-                # are not asked for (see the module docstring, "after the drain").
+                # are not asked for (docs/design/shim.md "Fail closed": a freeze stops a
+                # thread at any instruction, a count of 1 that starts no work included).
                 if any(matches(s, who) and image_mapped(pid, s.image) for s in mine):
                     continue
                 out.append((t, pid, who, mine))

@@ -1,19 +1,10 @@
 """krex_client: what a benchmarking command uses inside krex.
 
-* ``from krex_client import region`` then ``with region.critical(): ...``
-  marks a critical region (paper §4.1);
-* ``krex_client.testing.do_bench`` / ``do_bench_cudagraph`` are
-  ``triton.testing``'s, each run in one region; ``time_trials`` is
-  KernelBench's loop;
-* ``krex_client.do_bench(fn, warmup_ms=25, rep_ms=100)`` times ``fn`` in one
-  region (median, ms);
-* ``krex_client.autoregion()`` (or ``KREX_AUTOREGION=1``) runs Triton's and
-  PyTorch's benchmarking calls in regions without code changes.
-
-All of it works, as no-ops with one warning, when the command does not run
-under krex.  Importing this package needs no GPU, no krexd, no pyzmq and no
-PyTorch: submodules load on first use, pyzmq and msgpack on the first region
-under krex, PyTorch at the first measurement.
+``region.critical()``, ``testing.do_bench`` / ``do_bench_cudagraph`` /
+``time_trials``, ``do_bench`` and ``autoregion()`` (python_client/README.md
+"Use"); all work as no-ops with one warning off krex.  Importing this
+package needs no GPU, krexd, pyzmq or PyTorch: submodules load on first
+use, pyzmq and msgpack at the first region, PyTorch at the first measurement.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Timing backends and statistics behind :mod:`krex_client.testing`.
 
-A backend gives the timing loops what ``triton.testing`` takes from PyTorch:
-a device synchronize, timing events (``record()``, ``elapsed_time(end)`` in
-ms), an L2-sized buffer to overwrite between repetitions, a side stream and
-graph capture.  Two exist:
-
-* :class:`TorchCudaBackend` – PyTorch's CUDA events and graphs (what Triton
-  uses); chosen whenever PyTorch is importable and sees a CUDA device;
-* :class:`HostBackend` – the host's monotonic clock, no synchronization, no
-  cache to flush; chosen otherwise, with one warning, so that a script runs
-  off a GPU host (its figures then time the host side of ``fn`` only).
-
-Tests substitute their own backend with :func:`use_backend`.
+A backend gives the timing loops what ``triton.testing`` takes from
+PyTorch: :class:`TorchCudaBackend` (CUDA events and graphs) where PyTorch
+sees a CUDA device, else :class:`HostBackend` (the host's clock, one
+warning: it times the host side of ``fn`` only).  Tests substitute their
+own with :func:`use_backend`.
 """
 
 from __future__ import annotations
@@ -52,7 +45,9 @@ class Graph(Protocol):
 
 
 class Backend(Protocol):
-    """What the timing loops need of a device (see the module docstring)."""
+    """What the timing loops need of a device: a synchronize, timing events
+    (``record()``, ``elapsed_time(end)`` in ms), an L2-sized buffer to overwrite
+    between repetitions, a side stream and graph capture."""
 
     name: str
 
@@ -186,7 +181,7 @@ def use_backend(backend: Backend) -> Iterator[Backend]:
 
 
 def current_backend() -> Backend:
-    """The backend for the next measurement (see the module docstring).
+    """The backend for the next measurement (``TorchCudaBackend`` or ``HostBackend``).
 
     PyTorch is imported here, at the first measurement, never at import time.
     """

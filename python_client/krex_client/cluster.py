@@ -1,38 +1,11 @@
 """Run benchmarking commands on a Ray cluster of krex hosts.
 
-Ray places each command on a host; that host's krexd enforces (slots,
-memory admission, regions): the Ray task only runs ``krex run`` against its
-host's krexd (:mod:`krex_client.cluster_task`), so krexd still parks a
-command that does not fit.  Usage, in a Ray driver::
-
-    import ray
-    from krex_client import cluster
-
-    ray.init(address="head:6379")
-    ref = cluster.submit(cluster.Command(["python", "bench.py"], cwd="/srv/bench",
-                                         mem="8G", label="gemm-v3", timeout_s=600))
-    res = ray.get(ref)        # a cluster.Result: exit code, output tails, regions, host, GPU
-    ray.cancel(ref)           # (instead) ends the command's krex tenant
-
-Each host's Ray node advertises krexd's capacity (``krex ray-resources``,
-docs/install.md "Several hosts"): ``krex_slot`` (krexd's slots),
-``krex_gpu`` (its GPUs) and ``krex_host_<NAME>``.  A command asks for one
-``krex_slot`` and no CPU, so Ray runs at most krexd's slots on a host at
-once.  The task finds its host's krexd through ``KREX_SOCKET`` and its
-host's name through ``KREX_HOST`` in the Ray worker's environment (set where
-the host's Ray node was started; default ``/run/krex/krexd.sock`` and the
-host name).
-
-Failures: a Ray worker or host lost mid-command makes Ray run the command
-again on a host that has a free slot, at most ``max_retries`` times;
-:attr:`Result.attempt` counts the runs.  Cancelling the task (``ray.cancel``)
-stops ``krex run`` (SIGTERM, which it forwards to the command, then SIGKILL
-after ``cancel_grace_s``), and krexd kills whatever is left of the tenant;
-``ray.cancel(force=True)`` kills the worker, and ``krex run`` with it (its
-parent-death signal), with the same end.
-
-Ray is imported only when a function here needs it (``pip install
-'krex-client[ray]'`` or ``krex[ray]``).
+Ray places each command on a host (one ``krex_slot``); that host's krexd
+enforces, through a task that runs ``krex run`` against it
+(``krex_client.cluster_task``).  Usage: python_client/README.md "Commands
+on a Ray cluster"; the names the parts share and what failures do:
+docs/design/interfaces.md "Several hosts (Ray)", docs/install.md "Several
+hosts".  Ray is imported only when a function here needs it.
 """
 
 from __future__ import annotations

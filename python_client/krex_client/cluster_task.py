@@ -1,24 +1,11 @@
 """The Ray task of :mod:`krex_client.cluster`: one ``krex run`` against this host's krexd.
 
-Runs in a Ray worker on the host Ray chose.  :func:`execute` starts ``krex
-run [options] --grant-log G --region-log R -- ARGV`` with the worker's
-environment (``KREX_SOCKET`` there names this host's krexd) plus the
-command's, its output into files, waits for it and returns a
-:class:`krex_client.cluster.Result`.
-
-How the command ends when the task does, whatever ends it:
-
-* ``ray.cancel(ref)`` raises KeyboardInterrupt in the task, the worker's
-  SIGTERM raises SystemExit, SIGINT KeyboardInterrupt: ``krex run`` gets
-  SIGTERM (forwarded to the command's process group: the command ends and
-  ``krex run`` releases its tenant), then SIGKILL after ``cancel_grace_s``;
-* the worker dies (``ray.cancel(force=True)``, its raylet or host lost):
-  ``krex run --die-with <worker pid>`` gets SIGKILL from the kernel
-  (``krex_cli/parentdeath.py``);
-
-and when ``krex run`` dies first, krexd ends its tenant itself: it watches
-every launcher, and kills the tenant's cgroup when the launcher is gone.
-Ray is not imported here: the worker's own ``ray`` names the node and the attempt.
+:func:`execute` runs ``krex run [options] --grant-log G --region-log R
+--die-with <worker> -- ARGV`` with the worker's environment plus the
+command's and returns a ``cluster.Result``.  However the task ends
+(``ray.cancel``, the worker's death), the command and its tenant end too:
+docs/install.md "What failures do", docs/design/interfaces.md "Several
+hosts (Ray)".  Ray is not imported here.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Client side of the krex control plane: one ZeroMQ DEALER, request/reply with timeouts.
 
-Usage::
-
-    with Connection.from_env() as conn:          # KREX_SOCKET, KREX_TENANT, KREX_TOKEN
-        info = conn.request("ping")               # -> {"version", "pid", "uptime_s"}
-
-Replies are matched on the request ``id`` (a late reply to a request that
-timed out is discarded).  Errors from krexd raise :class:`RemoteError`
-carrying the numeric code and name of :mod:`krex_client.errors`; a daemon that is
-not there raises :class:`KrexUnavailable` naming the socket, and a socket this
-user may not open raises :class:`KrexPermissionDenied` (a subclass) naming the
-group to join — checked before connecting, since ZeroMQ retries a refused
-``connect(2)`` silently and the request would only time out.
+``Connection.from_env()`` (``KREX_SOCKET``, ``KREX_TENANT``, ``KREX_TOKEN``)
+then ``conn.request(op, body)``; replies are matched on the request ``id``.
+krexd's errors raise :class:`RemoteError`, a missing daemon
+:class:`KrexUnavailable`, a socket this user may not open
+:class:`KrexPermissionDenied` (checked before connecting: ZeroMQ retries a
+refused ``connect(2)`` silently).
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """This command's GPU as its management library sees it: clocks, temperature, power.
 
-The region record (``krex_client.record``) and the clock warm-up
-(``krex_client.warmup``) read the GPU's state around each region.  Two
-sources give it, one per vendor, behind one interface (:class:`DeviceState`):
-
-* :class:`NvmlState`: NVIDIA, through NVML (``pynvml``, the ``nvidia-ml-py``
-  package).  The GPU is ``CUDA_VISIBLE_DEVICES`` when it names a UUID
-  (``GPU-...``, as ``krex run`` sets it), else index ``KREX_GPU``.
-* :class:`AmdSmiState`: AMD, through AMD SMI (the ``amdsmi`` package, ROCm's
-  management library).  AMD SMI sees every GPU of the host, whatever the
-  visibility variables say, so the GPU is the one at ``KREX_GPU_PCI`` (the
-  PCI address ``krex run`` passes), else the one whose UUID
-  ``ROCR_VISIBLE_DEVICES`` names, else the host's only GPU when no
-  visibility variable is set; otherwise none (an index into a filtered view
-  names no GPU of AMD SMI's list).  Its "SM
-  clock" is the graphics (GFX) clock (``AmdSmiClkType.GFX``), the temperature
-  the hotspot (junction) sensor's, else the edge sensor's, and the power
-  the current socket power, else the average (W).
-
-:func:`vendor` says which applies: ``KREX_GPU_VENDOR`` (``nvidia`` or
-``amd``) when set, else ``amd`` where the process's PyTorch is a ROCm build
-(``torch.version.hip``; PyTorch is not imported for this), else ``amd``
-where only ROCm's visibility variables are set, else ``nvidia``.
-
-A library that is missing, a GPU it cannot find, or a figure it cannot give
-is null, never guessed (docs/design/region-log.md).  Nothing here runs
-inside timed code.
+Read around each region by the region record and the clock warm-up, through
+one interface (:class:`DeviceState`) over NVML (:class:`NvmlState`) or AMD
+SMI (:class:`AmdSmiState`), as :func:`vendor` says.  A library that is
+missing, a GPU it cannot find, or a figure it cannot give is null, never
+guessed (docs/design/region-log.md).  Nothing here runs inside timed code.
 """
 
 from __future__ import annotations
@@ -126,7 +105,11 @@ class DeviceState:
 
 
 class NvmlState(DeviceState):
-    """An NVIDIA GPU through NVML (``pynvml``): module docstring."""
+    """An NVIDIA GPU through NVML (``pynvml``, the ``nvidia-ml-py`` package).
+
+    The GPU is ``CUDA_VISIBLE_DEVICES`` when it names a UUID (``GPU-...``, as
+    ``krex run`` sets it), else index ``KREX_GPU``.
+    """
 
     def __init__(self, lib: Any = None) -> None:
         """``lib``: the ``pynvml`` module (tests pass a stand-in); imported when None."""
@@ -186,7 +169,17 @@ def _same_uuid(a: str, b: str) -> bool:
 
 
 class AmdSmiState(DeviceState):
-    """An AMD GPU through AMD SMI (``amdsmi``): module docstring."""
+    """An AMD GPU through AMD SMI (``amdsmi``, ROCm's management library).
+
+    AMD SMI sees every GPU of the host, whatever the visibility variables
+    say, so the GPU is the one at ``KREX_GPU_PCI`` (the PCI address ``krex
+    run`` passes), else the one whose UUID ``ROCR_VISIBLE_DEVICES`` names,
+    else the host's only GPU when no visibility variable is set; otherwise
+    none (an index into a filtered view names no GPU of AMD SMI's list).
+    Its "SM clock" is the graphics (GFX) clock, the temperature the hotspot
+    (junction) sensor's, else the edge sensor's, and the power the current
+    socket power, else the average (W).
+    """
 
     def __init__(self, lib: Any = None) -> None:
         """``lib``: the ``amdsmi`` module (tests pass a stand-in); imported when None."""
@@ -205,7 +198,7 @@ class AmdSmiState(DeviceState):
 
     @staticmethod
     def _pick(sm: Any, handles: list[Any]) -> Any:
-        """The handle of this command's GPU (module docstring); raises when there is none."""
+        """The handle of this command's GPU (the class docstring); raises when there is none."""
         pci = _bdf(os.environ.get("KREX_GPU_PCI", ""))
         if pci:
             for h in handles:

@@ -1,75 +1,14 @@
 """Auto-regions: run measurements a script does not mark inside critical regions.
 
-Opt-in, by one of:
-
-* ``krex_client.autoregion()`` in code;
-* ``KREX_AUTOREGION=1`` in the environment (``krex run --autoregion`` sets
-  it).  It takes effect at interpreter start through the
-  ``krex_client-autoregion.pth`` file the krex-client distribution installs
-  (and the .deb/.rpm place beside krex_client), so a script that never
-  imports krex_client is covered; where that file is absent (an editable or
-  ``PYTHONPATH`` install) it takes effect when krex_client is imported.
-
-Once on, each of these calls runs as one critical region (paper §4.1, "an
-autotuner profiles internally"):
-
-=================================================  ===============================
-``triton.testing.do_bench``, ``do_bench_cudagraph``  the whole call, after a first
-                                                   call of ``fn`` outside it
-``triton.runtime.autotuner.Autotuner.run``          a tuning step: every configuration,
-                                                   after priming them all outside it,
-                                                   timed interleaved
-                                                   (:mod:`krex_client.tuning_step`);
-                                                   ``_bench`` with
-                                                   ``KREX_AUTOTUNE_REGION=config``
-``torch.utils.benchmark.Timer`` ``timeit``,          the whole call
-``repeat``, ``autorange``, ``blocked_autorange``,
-``adaptive_autorange``
-=================================================  ===============================
-
-Priming outside the region.  Triton's ``do_bench`` and
-``do_bench_cudagraph`` begin with one untimed ``fn()``; for a Triton kernel
-that first call compiles it (or loads it from Triton's cache): CPU-only
-time, once per autotuner configuration, with the GPU idle.  Inside the
-region that would undo the clock warm-up the region just ran
-(:mod:`krex_client.warmup`: the GPU cools while the compiler runs, and the
-timed loop starts cold) and keep the siblings frozen for work that does not
-need the GPU alone.  So, under krex and outside any region of the calling
-thread, the patched ``do_bench`` first calls ``fn()`` and synchronizes the
-device as Triton's own first step does (:func:`_synchronize`), outside the
-region, then enters the region and runs Triton's ``do_bench`` whole (its own
-first call, now compiled, is quick).  That priming call is not timed and
-runs unprotected, alongside the siblings; ``fn`` runs once more than
-without krex.  An exception of it propagates as it would out of Triton's
-first call, with no region entered.  ``do_bench_cudagraph`` is primed the
-same way: an eager call on the current stream, never a capture (Triton
-captures inside the region, after its own eager call).  Inside a region
-(explicit, or another auto-region) nothing is primed: the enclosing region
-covers the whole call, compile included.  Nor while another thread of the
-process holds a region (the first call would run alongside that region's
-timed code; the call waits for the region instead), nor off krex.
-
-Triton's autotuner, by default, times a whole tuning step in one region
-(:mod:`krex_client.tuning_step`); with ``KREX_AUTOTUNE_REGION=config``, or
-for a ``_bench`` outside a tuning step, one configuration per region, as
-follows.  It times each configuration through a ``do_bench``: in
-3.0/3.1 the names ``do_bench``/``do_bench_cudagraph`` of its own module,
-bound from ``triton.testing`` when ``triton.runtime.autotuner`` is imported
-(patched here as well); in 3.2+ the instance's ``do_bench``, set from
-``driver.active.get_benchmarker()`` (``triton.testing.do_bench``) when the
-autotuner is built (3.2, 3.3) or at its first use (a cached property, 3.4+).
-When that benchmarker is a patched one, ``_bench`` runs without a region of
-its own, so the compile happens outside and the timed part inside; when it
-is not (a ``do_bench`` of the script's own, Triton's deprecated
-``warmup``/``rep``/``use_cuda_graph`` lambdas, a benchmarker taken before
-``autoregion()`` ran) the whole ``_bench``, compile included, is one region.
-Regions are re-entrant, so an explicit ``region.critical()`` around any of
-these is one region.
-
-Nothing is imported here: a module is patched right after it is first
-imported (a post-import hook on ``sys.meta_path``), or at once when it is
-already loaded.  Patching is idempotent; patched callables keep their
-signature (``functools.wraps``) and carry ``__krex_autoregion__ = True``.
+Opt-in (``autoregion()``, or ``KREX_AUTOREGION=1`` through the
+``krex_client-autoregion.pth`` file or krex_client's import): Triton's
+``do_bench`` family, its autotuner's tuning steps and ``torch.utils.benchmark.Timer``
+run in regions, each first call (the compile) primed outside.  What is
+patched and why: python_client/README.md "Auto-regions",
+docs/design/region-log.md "Clock warm-up".  Nothing is imported here: a
+module is patched right after its first import (:data:`PATCHES`, a
+post-import hook on ``sys.meta_path``), idempotently, each patched callable
+keeping its signature and carrying ``__krex_autoregion__ = True``.
 """
 
 from __future__ import annotations
@@ -124,9 +63,15 @@ def _primed_in_region(bench: Callable[..., Any]) -> Callable[..., Any]:
     ``bench`` call inside ``region.critical()``.  Inside a region, while
     another thread holds one (the first call would run alongside its timed
     code; instead this waits for the region, as before), or off krex, just the
-    region (see the module docstring).  An exception of the first
+    region.  An exception of the first
     ``fn()`` or of the synchronization propagates with no region entered, as it
     would out of Triton's own first call.  Unchanged if already wrapped.
+
+    That priming call is untimed, runs beside the siblings, and makes ``fn``
+    run once more than without krex (Triton's own first call, now compiled,
+    is quick); ``do_bench_cudagraph`` is primed the same way, by an eager
+    call on the current stream, never a capture (Triton captures inside the
+    region, after its own eager call).
     """
     if getattr(bench, MARK, False):
         return bench
@@ -387,7 +332,7 @@ def enabled() -> bool:
 
 
 def autoregion() -> None:
-    """Turn auto-regions on for this process (idempotent; see the module docstring).
+    """Turn auto-regions on for this process (idempotent).
 
     Modules already imported are patched now; the others when first imported.
     Imports neither torch nor triton.

@@ -1,26 +1,10 @@
 """Time several callables in interleaved repetitions, as one ``do_bench`` each would.
 
-A GPU's SM clock moves while a region runs: an autotuning step's matmuls
-pull an H200 from near its maximum at the region's start to its power-limited
-clock by its end (docs/bench/autotune-h200.md, "one region per tuning step":
-exit clock median 1305 MHz against 1965 at the start).  Timed one after the
-other, as Triton's autotuner times its configurations, the first
-configurations run at a higher clock than the last, and a configuration can
-win by the clock it was timed at.  Interleaving spreads every callable's
-repetitions evenly over the whole loop (:func:`schedule`), so each one is
-timed under the same mix of clocks.
-
-What each callable gets follows ``triton.testing.do_bench`` (and
-:func:`krex_client.testing.bench_loop`): an estimate from five calls, each
-after an L2 flush; ``max(1, int(warmup / estimate))`` warm-up calls and
-``max(1, int(rep / estimate))`` repetitions, each after resetting
-``grad_to_none``'s gradients and flushing L2, timed by its own event pair.
-Only the order differs: the estimates run first, one callable after the
-other; then the warm-up calls and then the repetitions of all callables,
-interleaved, synchronized every :data:`EVENT_PAIRS` repetitions so that their
-events can time the next ones (Triton's loop synchronizes once, after its
-last repetition).  The caller has already made Triton's first call of each
-(:mod:`krex_client.tuning_step` primes them) and holds the region.
+The SM clock moves while a region runs, so callables timed one after the
+other meet different clocks; spreading every callable's repetitions evenly
+over one loop (:func:`schedule`) times each under the same mix
+(docs/design/region-log.md "Clock warm-up").  The caller has made Triton's
+first call of each and holds the region.
 """
 
 from __future__ import annotations
@@ -64,7 +48,18 @@ def schedule(counts: Sequence[int]) -> list[int]:
 
 
 def time_interleaved(backend: Backend, calls: Sequence[Timed]) -> list[list[float]]:
-    """Per-repetition ms of each of ``calls``, timed interleaved (module docstring).
+    """Per-repetition ms of each of ``calls``, timed interleaved.
+
+    Each callable gets what ``triton.testing.do_bench`` (and
+    ``krex_client.testing.bench_loop``) gives it: an estimate from five
+    calls, each after an L2 flush; ``max(1, int(warmup / estimate))``
+    warm-up calls and ``max(1, int(rep / estimate))`` repetitions, each
+    after resetting ``grad_to_none``'s gradients and flushing L2, timed by
+    its own event pair.  Only the order differs: the estimates run first,
+    one callable after the other; then the warm-up calls and then the
+    repetitions of all callables, interleaved, synchronized every
+    :data:`EVENT_PAIRS` repetitions so that their events can time the next
+    ones (Triton's loop synchronizes once, after its last repetition).
 
     Args:
         backend: the device's timing backend (:mod:`krex_client._timing`).

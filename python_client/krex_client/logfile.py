@@ -1,19 +1,9 @@
 """Appending one line to a log file another user may have prepared: links, FIFOs, locks.
 
-The region log (``KREX_REGION_LOG``) and ``krex run --grant-log`` are paths
-a user names, often in a shared directory such as ``/tmp``, and ``krex run``
-may run as root.  :func:`append_line`:
-
-* opens with ``O_NOFOLLOW`` (a symbolic link at the path is refused, so root
-  never appends to a file another user pointed it at) and ``O_NONBLOCK``
-  (opening a FIFO never waits for a reader);
-* refuses anything but a regular file (a FIFO or a device: one message);
-* creates the file mode 0600 (the records are the user's own);
-* takes the exclusive ``flock`` that lets several processes of one command
-  share the file, without blocking: :data:`LOCK_TRIES` non-blocking tries
-  :data:`LOCK_WAIT_S` apart, then it writes anyway (one ``write(2)`` to a file
-  opened ``O_APPEND`` is atomic on a local file system), so another user
-  holding the lock cannot hang the command.
+The region log and ``krex run --grant-log`` are paths a user names, often
+in ``/tmp``, and ``krex run`` may run as root: :func:`append_line` follows
+no symbolic link, opens no FIFO nor device, creates the file mode 0600 and
+takes the shared file's ``flock`` without blocking for long.
 """
 
 from __future__ import annotations
@@ -40,6 +30,15 @@ def append_line(path: str, data: bytes) -> bool:
     process held it for the whole bounded wait (written anyway).
     Raises LogFileError for a symbolic link, a FIFO or another non-regular
     file, or any error opening or writing.
+
+    Opened with ``O_NOFOLLOW`` (root never appends to a file another user
+    pointed it at) and ``O_NONBLOCK`` (a FIFO never waits for a reader), then
+    checked to be a regular file; created mode 0600 (the records are the
+    user's own).  The exclusive ``flock`` several processes of one command
+    share is tried :data:`LOCK_TRIES` times :data:`LOCK_WAIT_S` apart, then
+    the line is written anyway (one ``write(2)`` to a file opened
+    ``O_APPEND`` is atomic on a local file system), so another user holding
+    the lock cannot hang the command.
     """
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:

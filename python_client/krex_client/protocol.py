@@ -1,43 +1,10 @@
 """krex control-plane framing, shared by krexd and its clients.
 
-Transport: ZeroMQ ROUTER (krexd) / DEALER (clients) over ``ipc://<socket>``.
-A client sends exactly one frame per request; krexd's ROUTER sees
-``[identity, frame]`` and answers ``[identity, frame]``.  Each frame is one
-msgpack map (``use_bin_type=True``, strings are UTF-8 ``str``):
-
-request::
-
-    {"v": 1, "id": <uint64>, "op": <str>,
-     "tenant": <uint>?, "token": <str>?, "body": {<str>: ...}}
-
-ok reply::
-
-    {"v": 1, "id": <same id>, "ok": true, "body": {...}}
-
-error reply::
-
-    {"v": 1, "id": <same id, or 0 when the request had none>, "ok": false,
-     "error": {"code": <int>, "name": <str>, "message": <str>, "retry_s": <float>?}}
-
-``retry_s`` (seconds, only on a ``TOO_MANY`` for a connection over its uid's
-pace): the request was not run and asking again after that long fits; the
-client retries by itself (:meth:`krex_client.connection.Connection.request`).
-
-Rules checked by :func:`decode_request`, each with its error name:
-
-* the frame is at most :data:`MAX_FRAME_BYTES` bytes (``BAD_FRAME``; a reply:
-  :data:`MAX_REPLY_BYTES`);
-* it is valid msgpack holding one map with ``str`` keys (``BAD_FRAME``);
-* ``v`` is present and equals :data:`PROTOCOL_VERSION` (``BAD_VERSION``);
-* ``id`` is an integer in [0, 2**64) (``BAD_FIELD``);
-* ``op`` is a non-empty ``str`` (``BAD_FIELD``); whether the op exists is the
-  server's concern (``UNKNOWN_OP``);
-* ``tenant`` (when present) is an integer > 0, ``token`` a ``str``, ``body`` a
-  map with ``str`` keys (``BAD_FIELD``); no other top-level keys
-  (``BAD_FIELD``).
-
-Error codes and their numbers live in :mod:`krex_client.errors`; this module speaks
-only of their names so that it imports anywhere (no krexd, no GPU).
+One msgpack map per ZeroMQ frame (DEALER clients, krexd's ROUTER over
+``ipc://<socket>``); the request, reply and error shapes:
+docs/design/interfaces.md "Control plane"; the rules a request must meet:
+:func:`decode_request`.  Speaks only of error names (their numbers are
+``krex_client.errors``'), so it imports anywhere (no krexd, no GPU).
 """
 
 from __future__ import annotations
@@ -137,7 +104,19 @@ def encode_request(req: Request) -> bytes:
 
 
 def decode_request(frame: bytes) -> Request:
-    """Parse one request frame; raises :class:`FrameError` naming the first broken rule."""
+    """Parse one request frame; raises :class:`FrameError` naming the first broken rule.
+
+    * the frame is at most :data:`MAX_FRAME_BYTES` bytes (``BAD_FRAME``; a
+      reply: :data:`MAX_REPLY_BYTES`);
+    * it is valid msgpack holding one map with ``str`` keys (``BAD_FRAME``);
+    * ``v`` is present and equals :data:`PROTOCOL_VERSION` (``BAD_VERSION``);
+    * ``id`` is an integer in [0, 2**64) (``BAD_FIELD``);
+    * ``op`` is a non-empty ``str`` (``BAD_FIELD``); whether the op exists
+      is the server's concern (``UNKNOWN_OP``);
+    * ``tenant`` (when present) is an integer > 0, ``token`` a ``str``,
+      ``body`` a map with ``str`` keys (``BAD_FIELD``); no other top-level
+      keys (``BAD_FIELD``).
+    """
     msg = _unpack_map(frame)
     raw_id = msg.get("id", 0)
     request_id = raw_id if _is_int(raw_id) and 0 <= raw_id <= MAX_ID else 0

@@ -1,25 +1,10 @@
 """The region record: one JSON line per critical region (docs/design/region-log.md).
 
-Enabled by ``KREX_REGION_LOG=PATH`` (``krex run --region-log PATH`` sets it;
-``krex replay`` gives each command its own).  After each region the holder
-process appends one object to PATH: the region's epoch and timings (wait,
-drain, freeze, in-region, exit synchronization), the device and its SM and
-memory clocks, temperature and power at entry and at exit (NVML on NVIDIA,
-AMD SMI on AMD: ``krex_client.devicestate``; a figure the library cannot
-give is null, never guessed), what the clock warm-up did, whether L2 was flushed, the launches
-in the region, the device time of work left on streams other than the
-timed one, CUDA events recorded and timed outside any region, and warnings.
-
-Several processes of one command may share PATH: each record is one
-``write(2)`` of one line to a file opened with ``O_APPEND``, under an
-exclusive ``flock`` (taken without blocking, bounded: another user holding
-it delays a record by at most 0.1 s; ``krex_client.logfile``, which also
-refuses symbolic links and FIFOs and creates the file mode 0600).  On a
-local file system the append alone is atomic (the kernel positions and
-writes under the inode lock); the lock also covers file systems where it
-is not (NFS emulates ``flock`` with byte-range locks).  Nothing here runs
-inside the timed code: the GPU's state is sampled after the grant and before the exit
-request, the line written after the exit.
+With ``KREX_REGION_LOG=PATH`` (``krex run --region-log``) the holder
+appends one object to PATH after each region (its fields and warnings:
+region-log.md "Fields", "Warnings"), one ``write(2)`` under an exclusive
+``flock`` (``krex_client.logfile``), so several processes of one command
+may share PATH.  Nothing here runs inside the timed code.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """``region.critical()``: mark the code whose timing must run alone on the GPU.
 
 Paper §4.1: the author marks the measurement; krex establishes exclusivity
-for the enclosed code at run time (§4.2).  Under ``krex run`` (``KREX_SOCKET``,
-``KREX_TENANT`` and ``KREX_TOKEN`` set) entering the context manager asks
-krexd for the region and returns once this command is the holder: siblings'
-GPU work drained and gated, their processes frozen, this thread on the
-reserved cores.  The shim then flushes L2 in this process's current context,
-and, when the SM clock is cold, the client keeps the GPU busy until it warms
-up (:mod:`krex_client.warmup`: matmuls through the process's torch, or the
-shim's memsets).
-Leaving it synchronizes this process's own GPU work (so nothing it queued
-runs alongside resumed siblings) and tells krexd to thaw and reopen.
-
-Outside krex, ``critical()`` does nothing and warns once, so the same script
-runs anywhere.  This module imports pyzmq and msgpack (through
-:mod:`krex_client.connection`) only when it first talks to krexd.
-
-Regions are re-entrant: a ``critical()`` nested in the same thread's region,
-explicit or entered by an auto-region (:mod:`krex_client.implicit`), joins
-the outer region instead of asking krexd again.
+for it at run time (docs/design/architecture.md "The region protocol, step
+by step": this module sends ``region_enter`` and ``region_exit`` and calls
+the shim's holder side around the code).  Off krex it does nothing and
+warns once; regions are re-entrant within a thread.  pyzmq and msgpack are
+imported only when it first talks to krexd.
 """
 
 from __future__ import annotations

@@ -1,45 +1,12 @@
 """Drop-in timing: ``triton.testing``'s ``do_bench`` family, each timed in one critical region.
 
-``from krex_client.testing import do_bench`` replaces ``from triton.testing
-import do_bench`` with no other change: same parameters, defaults and return
-shapes (Triton 3.x).  The difference is that the measurement (estimate,
-warm-up and timed repetitions: paper §4.1, warm-up belongs to the
-measurement) runs inside one ``region.critical()``, so under krex it has the
-GPU alone.
-
-What runs where.  The first call of ``fn`` compiles or loads its kernels
-(Triton's JIT, PyTorch's lazy modules): CPU time with the GPU idle, which
-inside the region would keep the siblings frozen for nothing and cool the
-clocks the region's warm-up just raised.  So each function first calls
-``fn`` once and synchronizes *outside* the region (unprotected, beside the
-siblings, untimed), then enters the region for the rest.  That call is the
-one Triton makes first anyway: ``fn`` runs exactly as often as in Triton.
-Inside an enclosing region (explicit, or an auto-region), or while another
-thread of the process holds one, nothing runs outside: the whole call runs
-in the region.  An exception of the first call propagates with no region
-entered.
-
-What the functions do follows Triton's own (``python/triton/testing.py``):
-
-* :func:`do_bench` – outside: call ``fn`` once, allocate the L2 buffer;
-  inside: estimate one call from five (each after an L2 flush), derive
-  warm-up and repetition counts from the ``warmup`` and ``rep`` budgets (ms,
-  at least one each), then time every repetition with a pair of events after
-  resetting ``grad_to_none``'s gradients and flushing L2;
-* :func:`do_bench_cudagraph` – on a side stream, outside: call ``fn`` once,
-  estimate one call from five plain calls, capture ``n_repeat = rep /
-  estimate`` calls (1000 when the estimate reads 0) unrolled into one graph;
-  inside: replay it 10 times; each sample is one replay divided by
-  ``n_repeat`` (no L2 flush between calls, as in Triton).  The estimate only
-  sizes the graph (a busy GPU makes it larger and the graph shorter); every
-  sample is timed in the region;
-* :func:`time_trials` – KernelBench's loop: ``num_warmup`` untimed calls (the
-  first outside, the rest inside), then ``num_trials`` calls, each timed by
-  its own event pair and synchronized.
-
-Off a GPU host (no PyTorch with CUDA) they time on the host clock and warn
-once (see :mod:`krex_client._timing`); off krex the region is a no-op that
-warns once.  PyTorch is imported at the first measurement, never at import.
+Same parameters, defaults and return shapes as Triton 3.x (and KernelBench's
+``time_trials``); each function calls ``fn`` once outside the region (the
+compile), then runs estimate, warm-up and timed repetitions inside one
+``region.critical()``, as Triton's own loops do (each function says what it
+runs where; docs/design/region-log.md "Clock warm-up").  Off a GPU host they
+time on the host clock (``krex_client._timing``); off krex the region is a
+no-op that warns once.  PyTorch is imported at the first measurement.
 """
 
 from __future__ import annotations
@@ -77,9 +44,17 @@ def do_bench(
 ) -> float | list[float]:
     """Time ``fn`` as ``triton.testing.do_bench`` does, inside one critical region.
 
-    The first call of ``fn`` (it compiles) runs before the region, the
-    estimate, warm-up and repetitions inside it (module docstring, "What runs
-    where").
+    Outside the region: one call of ``fn`` (it compiles or loads its
+    kernels: CPU time that would keep the siblings frozen and cool the
+    clocks the region's warm-up raised) and a synchronization, the one
+    Triton makes first anyway, and the L2 buffer's allocation.  Inside:
+    the estimate from five calls (each after an L2 flush), warm-up and
+    repetition counts from the ``warmup`` and ``rep`` budgets, then every
+    repetition timed by its own event pair after resetting
+    ``grad_to_none``'s gradients and flushing L2.  Within an enclosing
+    region, or while another thread of the process holds one
+    (:func:`may_prime`), the whole call runs in the region.  An exception
+    of the first call propagates with no region entered.
 
     Args:
         fn: callable launching the work to time on the current stream.
@@ -105,7 +80,7 @@ def do_bench(
 
 
 def may_prime() -> bool:
-    """True when a first call may run outside the region (module docstring, "What runs where").
+    """True when a first call may run outside the region (:func:`do_bench`).
 
     False inside a region of the calling thread (the enclosing region covers
     the whole call) and while another thread of the process holds a region
@@ -189,8 +164,13 @@ def do_bench_cudagraph(
 ) -> float | list[float]:
     """Time ``fn`` replayed from a CUDA graph, as ``triton.testing.do_bench_cudagraph`` does.
 
-    The first call, the estimate and the capture run outside the region, the
-    10 replays inside it (module docstring, "What runs where").
+    On a side stream, outside the region: one call of ``fn``, an estimate
+    from five plain calls, and the capture of ``n_repeat = rep / estimate``
+    calls (1000 when the estimate reads 0) unrolled into one graph; inside:
+    10 replays, each sample one replay divided by ``n_repeat`` (no L2 flush
+    between calls, as in Triton).  The estimate only sizes the graph (a busy
+    GPU makes it larger and the graph shorter); every sample is timed in the
+    region.
 
     Args:
         fn: callable whose launches can be captured in a CUDA graph.
@@ -309,8 +289,8 @@ def time_trials(
 
     Each trial records an event pair around one call and synchronizes.  The
     first warm-up call (it compiles) runs outside the region, the other
-    warm-up calls and all trials inside one (module docstring, "What runs
-    where"); with ``num_warmup=0`` everything runs in the region.
+    warm-up calls and all trials inside one (as :func:`do_bench` primes);
+    with ``num_warmup=0`` everything runs in the region.
 
     Args:
         fn: callable launching the work on the current stream.

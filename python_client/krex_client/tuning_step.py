@@ -1,69 +1,11 @@
 """Auto-regions for Triton's autotuner: one critical region per tuning step.
 
-A *tuning step* is what ``Autotuner.run`` does when the call's key has no
-cached configuration: it prunes the configurations (``prune_configs``) and
-times each one with ``_bench``, then keeps the fastest.  Timing each
-configuration in its own region (the ``config`` scope) lets the siblings'
-regions run between two configurations of one command, seconds apart, and
-each configuration is timed at whatever clock, temperature and power state
-the GPU was left in (docs/bench/autotune-h200.md: the start clocks of one
-command's eight regions spread a median 405 MHz).  The ``step`` scope, the
-default, times every configuration of the step back to back in one region,
-as a command alone on the GPU would, and enters the region once:
-
-1. ``run`` opens a step for its autotuner (this thread only);
-2. ``prune_configs`` names the step's configurations (not when the
-   autotuner's class overrides it: then each configuration is timed in a
-   region of its own, as with ``KREX_AUTOTUNE_REGION=config``);
-3. at the step's first ``_bench``, every configuration is *primed* outside
-   the region: ``_bench`` runs with its benchmarker (a patched
-   ``triton.testing.do_bench``) reduced to Triton's own first call, ``fn()``
-   and a device synchronization, which compiles the configuration (or loads
-   it from Triton's cache) while the siblings run, then returns without
-   timing;
-4. the region is entered and, with ``KREX_AUTOTUNE_ORDER=interleaved`` (the
-   default) on a CUDA device, after the usual clock warm-up, every
-   configuration is timed in interleaved repetitions
-   (:mod:`krex_client.interleaved`: each under the same mix of clocks,
-   where in turn the first ones would run at the clock the warm-up left);
-   each ``_bench`` of the step then runs in the region and its ``do_bench``
-   returns that configuration's result without calling the kernel
-   (:func:`take_served`).  Timed in turn instead (``sequential``, off a
-   CUDA device, or a configuration primed through ``do_bench_cudagraph``
-   or with arguments the interleaving does not honour), the warm-up runs
-   its whole budget (:meth:`krex_client.warmup.Policy.for_tuning_step`:
-   with NVML, 200 ms unless the clock reaches its maximum) and each
-   ``_bench``'s ``do_bench`` times its configuration (it sees the
-   enclosing region and primes nothing).  When a configuration's call
-   raises during the interleaved loop, the region (already warmed as any
-   region is, and by the loop itself) stays and each ``_bench`` times its
-   configuration in turn in it;
-5. the region is left after the step's last ``_bench`` (one per entry of
-   the pruned list), or when ``run`` returns or raises.
-
-A configuration whose priming failed inside ``_bench`` (a compile error
-Triton turns into an infinite time) is not run again inside the region: its
-``_bench`` returns what the priming ``_bench`` returned.  An exception out of
-a priming ``_bench`` is raised again out of that configuration's own
-``_bench`` call, not run again, as it would have been out of its timing (so
-a ``_bench`` override that tolerates failing configurations still times the
-others).  The region is entered at the first configuration with something
-to time: none when every one failed, or when the first raised.
-
-No priming when the autotuner times through a benchmarker krex did not
-patch (the step's region then covers the compiles as well), inside an
-explicit region (it covers the whole step), or while another thread of the
-process holds a region (checked before each configuration's priming: once
-one does, the remaining configurations compile in the step's region).  A
-step of another autotuner started by a configuration's call (a hook that
-launches another autotuned kernel) primes and times its own configurations,
-in a region of its own when the outer step is priming, in the outer step's
-region when it is timing.  The same autotuner run again from within its own
-``run`` once its step ended (a hook of the launch) tunes its key in a step of
-its own: the ended step's results are another key's.
-
-``KREX_AUTOTUNE_REGION=config`` restores one region per configuration
-(:mod:`krex_client.implicit`); off krex, steps change nothing.
+A tuning step (``Autotuner.run`` of a key with no cached configuration)
+primes every configuration outside the region, then times them all in one
+region, interleaved by default (``KREX_AUTOTUNE_ORDER``), instead of one
+region per configuration (``KREX_AUTOTUNE_REGION=config``).  Why, and what
+happens when a configuration fails: docs/design/region-log.md "Clock
+warm-up"; the step's life: :class:`Step`.
 """
 
 from __future__ import annotations
@@ -240,7 +182,47 @@ def active(tuner: Any) -> Step | None:
 
 @dataclass
 class Step:
-    """One tuning step of one autotuner on one thread (see the module docstring)."""
+    """One tuning step of one autotuner on one thread.
+
+    1. ``run`` opens a step for its autotuner (this thread only);
+    2. ``prune_configs`` names the step's configurations (not when the
+       autotuner's class overrides it: then each configuration is timed in a
+       region of its own, as with ``KREX_AUTOTUNE_REGION=config``);
+    3. at the step's first ``_bench``, every configuration is *primed*
+       outside the region: ``_bench`` runs with its benchmarker (a patched
+       ``triton.testing.do_bench``) reduced to Triton's own first call,
+       ``fn()`` and a device synchronization, which compiles it (or loads it
+       from Triton's cache) while the siblings run, then returns untimed;
+    4. the region is entered and, interleaved (the default, on a CUDA
+       device), after the usual clock warm-up every configuration is timed
+       in interleaved repetitions (``krex_client.interleaved``); each
+       ``_bench`` of the step then runs in the region and its ``do_bench``
+       returns that configuration's result without calling the kernel
+       (:func:`take_served`).  Timed in turn instead (``sequential``, off a
+       CUDA device, or a configuration primed through ``do_bench_cudagraph``
+       or with arguments the interleaving does not honour), the warm-up runs
+       its whole budget (``warmup.Policy.for_tuning_step``) and each
+       ``_bench``'s ``do_bench`` times its configuration.  When a call
+       raises during the interleaved loop, each ``_bench`` times its
+       configuration in turn in the same region;
+    5. the region is left after the step's last ``_bench`` (one per entry
+       of the pruned list), or when ``run`` returns or raises.
+
+    A configuration whose priming failed inside ``_bench`` (a compile error
+    Triton turns into an infinite time) is not run again in the region: its
+    ``_bench`` returns what the priming returned; an exception out of a
+    priming ``_bench`` is raised again out of that configuration's own
+    ``_bench``, not run again.  The region is entered at the first
+    configuration with something to time: none when every one failed.  No
+    priming when the autotuner times through a benchmarker krex did not
+    patch, inside an explicit region, or once another thread of the process
+    holds a region (checked before each priming).  Another autotuner's step
+    started by a configuration's call primes and times its own
+    configurations, in a region of its own while the outer step primes, in
+    the outer step's region while it times; the same autotuner run again
+    from within its own ``run`` once its step ended tunes its key in a step
+    of its own.
+    """
 
     configs: list[Any] | None = None
     calls: int = 0  # this step's _bench calls so far: Triton makes one per pruned entry
@@ -265,7 +247,7 @@ class Step:
         Args:
             bench: the unpatched ``Autotuner._bench``.
             primed: True when its benchmarker is a patched ``do_bench``
-                (step 3 of the module docstring primes only then).
+                (step 3 of the class docstring primes only then).
 
         Returns:
             What ``_bench`` returns; for a configuration whose priming

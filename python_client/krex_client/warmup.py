@@ -1,31 +1,10 @@
 """The clock warm-up at region entry (docs/design/region-log.md, "Clock warm-up").
 
-A region often begins on an idle GPU: krexd drained it, the tenants were
-compiling between measurements.  An idle GPU lowers its SM clock, and a
-timing loop's own warm-up (Triton's 25 ms) does not always bring it back, so
-two measurements timed in two regions can run at two clocks
-(docs/bench/autotune-h200.md).  After the grant and the L2 flush, the holder
-therefore keeps the GPU busy until the clock is warm, with one of two kinds
-of work (:func:`choose`):
-
-* ``matmul``: dense bf16 (fp16 where bf16 is not supported) matmuls on the
-  current device and stream (:mod:`krex_client.warmup_matmul`), when the
-  process has already imported torch and initialized CUDA through it;
-  compute-bound work raises the clock where memsets do not;
-* ``memset``: the shim's ``krex_shim_region_warm`` (memsets of the L2 flush
-  buffer in the current context) otherwise, or when
-  ``KREX_REGION_WARM_KIND=memset``.
-
-When to stop:
-
-* with NVML (``pynvml``), when the SM clock is below ``KREX_REGION_WARM_PCT``
-  (default 90) percent of its maximum, in slices of ``SLICE_MS`` until it
-  reaches that or ``KREX_REGION_WARM_MS`` (default 100) ms are spent;
-* without NVML (or when it cannot read the SM clock), only when
-  ``KREX_REGION_WARM_MS`` is set explicitly, for that fixed time.
-
-``KREX_REGION_WARM_MS=0`` turns the warm-up off.  This module has no
-dependencies: the slices and the clock come in as functions.
+After the grant and the L2 flush the holder keeps the GPU busy until its SM
+clock is warm: matmuls (``krex_client.warmup_matmul``) where the process's
+torch drives CUDA, else the shim's memsets (:func:`choose`), stopped by
+NVML's clock or a fixed budget (``KREX_REGION_WARM_*``).  No dependencies:
+the slices and the clock come in as functions.
 """
 
 from __future__ import annotations
@@ -186,7 +165,12 @@ def warm_up(
     now: Callable[[], float] = time.monotonic,
     kind: str = "memset",
 ) -> Result:
-    """Keep the GPU busy at region entry until its clock is warm (module docstring).
+    """Keep the GPU busy at region entry until its clock is warm.
+
+    With a ``clock`` (NVML), only when the SM clock is below the policy's
+    percent of its maximum, in slices of :data:`SLICE_MS` until it reaches
+    that or the budget is spent; without one, only when the budget was set
+    explicitly, for that fixed time.  A zero budget turns it off.
 
     Args:
         warm_us: one slice of warm-up (:data:`Slice`): the shim's

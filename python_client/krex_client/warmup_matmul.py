@@ -1,23 +1,10 @@
 """Compute-bound warm-up slices: dense matmuls through the process's own torch.
 
-The clock warm-up at region entry (:mod:`krex_client.warmup`) keeps the GPU
-busy until NVML says its SM clock is warm.  Memsets of the L2 buffer are
-memory-bound and did not raise an H200's clock within 50 ms
-(docs/bench/autotune-h200.md); dense matmuls are what the clock governor
-answers to.  This module runs them through torch when, and only when, the
-process has imported torch itself and initialized CUDA with it
-(:func:`torch_cuda`): krex_client never imports torch, and never creates a
-CUDA context a command did not create.
-
-Each slice launches ``n`` matmuls of two ``SIZE`` x ``SIZE`` operands
-(bf16, fp16 where bf16 is not supported) into a third, on the current
-device and the current stream, then synchronizes that stream, so the work
-is finished when the slice returns.  ``n`` comes from the last slice's time
-per matmul (one matmul first).  The three operands (``3 * SIZE**2 * 2``
-bytes: 96 MiB at 4096) are allocated once per device and process, from the
-process's caching allocator, filled from a private generator (the
-command's random state is untouched), and kept: nothing the command owns is
-freed or reused.
+Used by the clock warm-up (``krex_client.warmup``) when, and only when, the
+process has imported torch and initialized CUDA with it (:func:`torch_cuda`):
+krex_client never imports torch, nor creates a CUDA context a command did
+not.  The slices' work, operands and sizing: docs/design/region-log.md
+"Clock warm-up" and :class:`Matmuls`.
 """
 
 from __future__ import annotations
@@ -53,7 +40,16 @@ def torch_cuda() -> Any | None:
 
 
 class Matmuls:
-    """A :data:`krex_client.warmup.Slice` of dense matmuls (module docstring).
+    """A :data:`krex_client.warmup.Slice` of dense matmuls.
+
+    Each slice launches ``n`` matmuls of two ``SIZE`` x ``SIZE`` operands
+    (bf16, fp16 where bf16 is not supported) into a third, on the current
+    device and stream, then synchronizes that stream, so the work is done
+    when the slice returns; ``n`` comes from the last slice's time per
+    matmul (one matmul first).  The three operands (96 MiB at 4096) are
+    allocated once per device and process from the caching allocator,
+    filled from a private generator (the command's random state is
+    untouched), and kept: nothing the command owns is freed or reused.
 
     ``launched`` counts the matmuls launched so far (each one kernel launch
     or more, as cuBLAS decides); ``broken`` says why the operands could not
