@@ -1,28 +1,13 @@
 /*
  * coord.c — krexd's half of the gate: the gate file, the tenants' slot
  * memories and what krexd reads of them (snapshots, audit).  The region
- * protocol's steps 2, 3 and 8 (close, the drain's wait, reopen) are
- * coord_protocol.c; the protocol's shared half and the tenant's are gate.c.
- * Built only into libkrex_gate.so, which krexd loads through ctypes
- * (krexd/gate/).
- *
- * Who writes what (docs/design/shim.md "Who writes what"): krexd alone
- * writes the gate (this file's read-write mapping; tenants map it
- * read-only), and never writes a tenant's slot memory (mapped read-only
- * here).  Every size and count this file loops over is a constant of
- * krex_gate.h or a field of the private struct krex_coord, never a value
- * read from shared memory, and slot memory is only ever mapped after its
- * seals guarantee that it can neither shrink nor grow (no SIGBUS).
- * Judgements krexd makes about a slot's owner (gone, exec'd, not the
- * tenant's) are kept here, bound to the ownership word they were made on
- * (krex_coord_ignore), instead of being written into the slot.
- *
- * Concurrency: krexd drains from a worker thread while its event loop
- * attaches and detaches slot memory and runs audits.  The tenant table is
- * behind a read-write lock; a drain holds it (read) only while it scans,
- * never while it sleeps on a futex.  A futex wait on a slot memory that
- * was detached meanwhile fails with EFAULT or, if the address was reused,
- * waits at most one slice on the wrong word: the next scan corrects it.
+ * protocol's steps 2, 3 and 8 are coord_protocol.c; the shared half and the
+ * tenant's are gate.c.  Built only into libkrex_gate.so, which krexd loads
+ * through ctypes (krexd/gate/).  krexd alone writes the gate and never a
+ * slot memory; it loops only over its own sizes and maps slot memory only
+ * once sealed, and keeps its judgements of a slot's owner here, bound to
+ * their ownership word (krex_coord_ignore): docs/design/shim.md "Who writes
+ * what".
  */
 #define _GNU_SOURCE
 #include "coord_internal.h"

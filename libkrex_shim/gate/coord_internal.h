@@ -29,6 +29,12 @@ struct krex_coord {
     _Atomic uint64_t poll_word;       /* the drain (gate word) the back-off below is of */
     _Atomic int64_t poll_ns;          /* its poll interval now (coord_protocol.c) */
     _Atomic uint32_t poll_last_n;     /* its pending count at the last scan */
+    /* The tenant table.  krexd drains from a worker thread while its event
+     * loop attaches and detaches slot memory and runs audits: a drain holds
+     * it (read) only while it scans, never while it sleeps on a futex.  A
+     * futex wait on a slot memory detached meanwhile fails with EFAULT or,
+     * if the address was reused, waits at most one slice on the wrong word:
+     * the next scan corrects it. */
     pthread_rwlock_t mu;              /* the tenant table */
     struct attached t[KREX_GATE_MAX_TENANTS];
 };

@@ -1,43 +1,14 @@
 /*
  * gate.c — the gate protocol, both sides (paper §4.2; krex_gate.h).
  *
- * This file holds what both sides share and the tenant's half; krexd's half
- * is coord.c (the gate's creation, attaching slot memories, audit) and
- * coord_protocol.c (close, drain, reopen).  Built into libkrex_shim.so
- * (tenant side, symbols hidden) and, with those two, into libkrex_gate.so
- * (krexd loads it through ctypes; symbols exported).
- *
- * Memory orders.  Every access to the two words of the Dekker pairing —
- * the gate `word` (krexd's, read-only here) and each slot's `inflight`
- * (the tenant's own) — and to slot `owner` is seq_cst, so all of them lie
- * in one total order S:
- *
- *   submitter:   inflight += 1 ; read word          (increment, then check)
- *   coordinator: CAS word      ; read state/acks    (close, then read)
- *   drainer:     read word     ; read inflight == 0 (capture epoch, drain)
- *
- * If the drainer's read of `inflight` (after the close in S) misses a
- * submitter's increment, that increment is later in S, so the submitter's
- * read of `word` comes after the close and sees the gate closed: a racing
- * submission is either drained or blocked before it reaches the driver.
- * The same pairing (owner = ACTIVE ; read word) serializes registration
- * with closure.  An EXITING slot needs no acknowledgement: each of its
- * calls synchronizes before its decrement, so a zero read after the close
- * means none of its work is queued (see "exiting process" below).
- * docs/design/shim.md gives the argument in full.
- * Statistics use relaxed orders: nothing is ordered by them.
- *
- * Slot ownership.  A slot's state, generation and owner pid are one word
- * (krex_slot.owner) and every transition is a seq_cst compare-and-swap
- * from the exact word the caller judged: "this owner is dead", "this
- * owner has pid P".  Any transition in between changes the generation, so
- * the CAS fails and the judgement is dropped instead of being applied to
- * a later owner.  Only the winner of a transition acts on it (frees the
- * slot), and it frees by CAS from the DEAD word it made itself, so another
- * reclaimer that freed the slot first, and whoever claimed it next, are
- * left alone.  Only the tenant's own processes make these transitions:
- * krexd maps slot memory read-only and keeps its judgements to itself
- * (krex_coord_ignore).
+ * What both sides share and the tenant's half; krexd's half is coord.c (the
+ * gate's creation, attaching slot memories, audit) and coord_protocol.c
+ * (close, drain, reopen).  Built into libkrex_shim.so (tenant side, symbols
+ * hidden) and, with those two, into libkrex_gate.so (krexd loads it through
+ * ctypes; symbols exported).  Why the memory orders make a racing
+ * submission either drained or parked: docs/design/shim.md "The per-call
+ * protocol and its memory orders"; the slots' ownership word and its
+ * transitions: shim.md "Slot ownership".  Statistics use relaxed orders.
  */
 #define _GNU_SOURCE
 #include "gate_internal.h"

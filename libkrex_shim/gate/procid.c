@@ -1,27 +1,11 @@
 /*
  * procid.c — a process's start time as krexd sees it, read from whatever
  * /proc and time namespace the caller has (docs/design/shim.md
- * "Registration in namespaces").
- *
- * A registration carries its process's start time (/proc/<pid>/stat field
- * 22, clock ticks since boot) so that krexd can tell it from a later
- * process given the same pid.  krexd reads it in the initial pid and time
- * namespaces; a tenant may have neither:
- *
- *   - /proc may belong to an ancestor pid namespace (`unshare -pf` without
- *     --mount-proc: the host's).  /proc/<getpid()> there names another
- *     process (pid 1 is the host's init); /proc/self still names the
- *     caller, so the caller's own start time is read there, and another
- *     process's through a pidfd (pidfd_open takes a pid of the caller's
- *     namespace) whose fdinfo "Pid:" line gives its number in /proc's.
- *   - a time namespace with a boot-time offset (`unshare -T --boottime`)
- *     shows every start time shifted by the *reader's* offset.  The offset
- *     (/proc/self/timens_offsets) is taken back out, so the value is the
- *     initial namespace's.  When the offset is not a whole number of clock
- *     ticks the result may be one tick off; krexd allows one tick for a
- *     process of another time namespace (krexd/tenancy/registrations.py).
- *
- * What cannot be read comes back as 0 ("unknown").
+ * "Registration in namespaces").  A registration carries it so that krexd
+ * can tell its process from a later one given the same pid: /proc/self when
+ * /proc is an ancestor namespace's, another process's through a pidfd, a
+ * time namespace's boot-time offset taken back out.  What cannot be read
+ * comes back as 0 ("unknown").
  */
 #define _GNU_SOURCE
 #include "procid.h"

@@ -1,74 +1,11 @@
 /*
  * krex_gate.h — the per-GPU gate and the per-tenant slot memory: one fixed,
- * versioned layout used by both sides of the region protocol (paper §4.2,
- * DESIGN.md "Region entry and exit" steps 2-3 and 7-8).
- *
- * Two kinds of shared memory, each written by one party only (least
- * privilege; docs/design/shim.md "Who writes what"):
- *
- *   the gate (struct krex_gate): one file per GPU, created, reserved
- *   (posix_fallocate) and written by krexd alone; owned by root, mode 0644;
- *   tenants map it read-only.  It holds the gate word, the futex sequence
- *   of closures and reopens, and krexd's summary of every tenant's device
- *   memory (for the shim's out-of-memory judgement).
- *
- *   the slot memory (struct krex_tenant_mem): one sealed memfd per tenant,
- *   created by the tenant's launcher (krex run), sized, reserved and sealed
- *   against shrinking and growing before anyone maps it, inherited by the
- *   command.  The tenant's processes claim their slots in it; krexd opens
- *   it through /proc/<launcher>/fd/<n>, checks seals and size, and maps it
- *   read-only.  A tenant can corrupt only its own slots, and krexd
- *   validates everything it reads there (krex_coord_audit).
- *
- *   krexd (coordinator, through ctypes on libkrex_gate.so) creates one gate
- *   per GPU (krex_coord_create), attaches each tenant's slot memory, closes
- *   the gate for a holder, waits for every sibling slot to acknowledge the
- *   epoch with a zero in-flight counter, and reopens it.  Every size and
- *   count it loops over is its own (constants below, and its private
- *   struct krex_coord), never one read from shared memory.
- *
- *   libkrex_shim.so (in every tenant process) claims one slot per process
- *   in its tenant's slot memory, counts its in-flight driver calls in it,
- *   parks on the gate's futex while a sibling holds the gate, and runs a
- *   drainer thread that publishes acknowledgements in its own slot.
- *
- * The gate word packs the holder and the epoch so that closing is one
- * atomic compare-and-swap (step 2: "atomically claims a shared-memory gate,
- * recording the holder's identity and a unique epoch"):
- *
- *   word == 0                       gate open
- *   word == (epoch << 32) | holder  gate closed for tenant `holder`
- *
- * Tenant ids and epochs are never 0.
- *
- * Version history: 1 (initial); 2 adds krex_slot.start_ticks (pid reuse
- * and exec detection) and the in-flight counter's waiter bit; 3 adds
- * krex_slot.mem_mib/oom and the header's mem_seq/mem_waiters; 4: a slot's
- * state and pid become one 64-bit ownership word with a generation; 5 (two
- * lines of development took this number; neither file exists any more):
- * the EXITING slot state (drained with nothing in flight, no
- * acknowledgement) and krex_gate_mark_exiting() /
- * krex_gate_leave_exiting(), and, separately, the slots moved out of the
- * gate into per-tenant sealed slot memory (tenants map the gate
- * read-only), a slot of two cache lines (the owner's image token and pid
- * namespace, for krexd's verification), the coordinator waiting on each
- * slot's ack_epoch (no shared ack_seq) and krexd's per-tenant memory
- * summary in the gate; 6 is reserved (a fault word); 7: both of 5's
- * changes together: EXITING slots live in the tenant's slot memory, the
- * exiting process marks its own slot, and the drain counts
- * an EXITING slot with nothing in flight as drained; 8 adds
- * krex_slot.fault (the first fatal CUDA error the process saw, written by
- * the owner in its tenant's slot memory, carved from the slot's padding)
- * and its decoded copy in struct krex_slot_info (the MPS fault work had
- * numbered this field's first form 6, in a gate file that no longer holds
- * slots); 9 adds the header's last_epoch (carved from its padding), so
- * that a krexd adopting the gate continues the epochs after the watchdog
- * reopened it.  Any change of a
- * layout, of a slot state's meaning, of struct krex_slot_info or of a
- * function's signature bumps the version: krex_gate_map() and
- * krex_coord_attach() refuse memory of another version (EPROTO;
- * krex_gate_file_version() says which), and krexd refuses a library of
- * another version (krex_gate_abi_version()).
+ * versioned layout used by both sides of the region protocol (paper §4.2;
+ * docs/design/architecture.md "The region protocol, step by step").  Who
+ * creates, writes and maps each part, and why: docs/design/shim.md "Who
+ * writes what".  The gate word packs holder and epoch so that closing is
+ * one compare-and-swap (struct krex_gate); tenant ids and epochs are never
+ * 0.  The layout's versions: at KREX_GATE_VERSION.
  */
 #ifndef KREX_GATE_H
 #define KREX_GATE_H
@@ -82,6 +19,33 @@ extern "C" {
 
 #define KREX_GATE_MAGIC 0x455441475845524BULL /* bytes "KREXGATE" in memory */
 #define KREX_SLOTS_MAGIC 0x53544f4c5845524BULL /* bytes "KREXLOTS" in memory */
+/* Version history: 1 (initial); 2 adds krex_slot.start_ticks (pid reuse
+ * and exec detection) and the in-flight counter's waiter bit; 3 adds
+ * krex_slot.mem_mib/oom and the header's mem_seq/mem_waiters; 4: a slot's
+ * state and pid become one 64-bit ownership word with a generation; 5 (two
+ * lines of development took this number; neither file exists any more):
+ * the EXITING slot state (drained with nothing in flight, no
+ * acknowledgement) and krex_gate_mark_exiting() /
+ * krex_gate_leave_exiting(), and, separately, the slots moved out of the
+ * gate into per-tenant sealed slot memory (tenants map the gate
+ * read-only), a slot of two cache lines (the owner's image token and pid
+ * namespace, for krexd's verification), the coordinator waiting on each
+ * slot's ack_epoch (no shared ack_seq) and krexd's per-tenant memory
+ * summary in the gate; 6 is reserved (a fault word); 7: both of 5's
+ * changes together: EXITING slots live in the tenant's slot memory, the
+ * exiting process marks its own slot, and the drain counts an EXITING slot
+ * with nothing in flight as drained; 8 adds krex_slot.fault (the first
+ * fatal CUDA error the process saw, written by the owner in its tenant's
+ * slot memory, carved from the slot's padding) and its decoded copy in
+ * struct krex_slot_info (the MPS fault work had numbered this field's
+ * first form 6, in a gate file that no longer holds slots); 9 adds the
+ * header's last_epoch (carved from its padding), so that a krexd adopting
+ * the gate continues the epochs after the watchdog reopened it.  Any
+ * change of a layout, of a slot state's meaning, of struct krex_slot_info
+ * or of a function's signature bumps the version: krex_gate_map() and
+ * krex_coord_attach() refuse memory of another version (EPROTO;
+ * krex_gate_file_version() says which), and krexd refuses a library of
+ * another version (krex_gate_abi_version()). */
 #define KREX_GATE_VERSION 9u
 /* Processes of one tenant that can be registered at once (slots in its
  * slot memory), and tenants one gate summarizes. */

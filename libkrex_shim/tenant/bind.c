@@ -1,28 +1,14 @@
 /*
  * bind.c — GPU binding by identity: a command creates contexts only on the
- * GPU krexd gave it.
+ * GPU krexd gave it (docs/design/security.md "6. GPU binding").
  *
- * krexd binds a tenant to its GPU by UUID (CUDA_VISIBLE_DEVICES=<UUID>,
- * CUDA_DEVICE_ORDER=PCI_BUS_ID) and names it again in KREX_GPU_UUID.  A
- * script that sets CUDA_VISIBLE_DEVICES itself, or a driver that numbers
- * GPUs differently, could otherwise put the command on a GPU whose
- * coordinator neither drains nor freezes it (docs/design/security.md).
- * Before every call that creates a context on a device (cuCtxCreate*,
- * cuDevicePrimaryCtxRetain, cuGreenCtxCreate; classes.toml [observe.pre]),
- * krex_check_device() compares that device's cuDeviceGetUuid with
- * KREX_GPU_UUID and, on a mismatch, prints one line naming both and ends
- * the process with KREX_EXIT_WRONG_GPU (83; krex_client.errors.ExitCode).
- * Without KREX_GPU_UUID (not run by krex) nothing is checked.
- *
- * HIP (an AMD GPU: ROCR_VISIBLE_DEVICES=<UUID>, HIP_VISIBLE_DEVICES=0,
- * KREX_GPU_UUID=GPU-<16 hex>, docs/design/amd.md) has no context creation
- * to check before: its runtime takes every visible device at its
- * initialization, which the shim runs inside the gate at the process's
- * first HIP call (hipcall.h).  Right after it, still inside the gate,
- * krex_hip_check_bound() reads every visible device's hipDeviceGetUuid (ROCm
- * fills the 16 bytes with the hex digits of ROCr's name, GPU-<16 hex>) and
- * ends the process the same way (83) when one is not the bound GPU: a
- * command sees its own GPU only, or does no HIP work.
+ * krex_check_device(), before every call that creates a context on a
+ * device (cuCtxCreate*, cuDevicePrimaryCtxRetain, cuGreenCtxCreate;
+ * classes.toml [observe.pre]), and krex_hip_check_bound(), right after the
+ * HIP runtime's initialization inside the gate (hipcall.h), compare the
+ * device's UUID with KREX_GPU_UUID and, on a mismatch, print one line
+ * naming both and end the process with KREX_EXIT_WRONG_GPU (83).  Without
+ * KREX_GPU_UUID (not run by krex) nothing is checked.
  */
 #include "bind.h"
 #include "hipinterpose.h"

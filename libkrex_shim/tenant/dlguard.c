@@ -2,28 +2,13 @@
  * dlguard.c — dlopen and dlmopen of the CUDA driver or the HIP runtime past
  * the hooks (docs/design/shim.md, "Loading the driver past the hooks").
  *
- * The hooks are reached because the preloaded shim comes first in the
- * global scope.  Two ways of loading bind cu* (hip*) names to the driver
- * (the runtime) itself:
- *
- *   dlopen(x, RTLD_DEEPBIND)  x and its dependencies look symbols up in
- *                             their own scope first: when x is the driver,
- *                             or needs it (DT_NEEDED libcuda.so*), its cu*
- *                             references bind to the driver, not the hooks;
- *                             likewise libamdhip64.so* and hip* names;
- *   dlmopen(LM_ID_NEWLM, x)   a new namespace has no preloaded shim: a
- *                             second driver (runtime) copy there is never
- *                             gated.
- *
- * Under krex (gating or refusing; not in a pass-through process) both are
- * refused: one line on stderr, the call returns NULL, and dlerror() reports
- * an open of a path that cannot exist whose name says why.  The decisions
- * run before the real call, which the assembly entries (dl_x86_64.S) make
- * with the caller's own return address, so a bare name resolves through the
- * caller's RPATH/RUNPATH as the loader does; the check finds the same file
- * the way the loader will (the caller's search list from dlinfo
- * RTLD_DI_SERINFO, then /etc/ld.so.cache, then the default directories) and
- * reads its dynamic section.  Only direct dependencies are checked.
+ * dlopen(x, RTLD_DEEPBIND) of the driver (runtime) or of an object that
+ * needs it, and dlmopen(LM_ID_NEWLM, x) of it, would bind cu* (hip*) names
+ * to the driver itself; under krex (gating or refusing) both are refused:
+ * one line on stderr, NULL, and a dlerror() naming why.  The check finds
+ * the file the way the loader will, from the caller's own search list (the
+ * assembly entries, dl_x86_64.S, keep the caller's return address), and
+ * reads its dynamic section; only direct dependencies are checked.
  */
 #include "dlguard.h"
 #include "state.h"

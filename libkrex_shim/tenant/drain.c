@@ -1,25 +1,13 @@
 /*
- * drain.c — the drainer thread (paper §4.2 step 3) and the synchronization
- * it runs; what to synchronize comes from track.c (track.h).
- *
- * On a closure by another tenant the drainer captures the epoch, waits for
- * the in-flight counter to reach zero, synchronizes every context the
- * process created or made current plus the active primary contexts
- * (through the REAL driver functions: nothing here is gated or observed),
- * then publishes the epoch.  While a stream capture is open in the process
- * a context-wide synchronization would invalidate it, so the drainer
- * switches its own thread to the relaxed capture mode and synchronizes the
- * tracked streams that are not capturing and each context's legacy stream
- * instead (docs/design/shim.md "Capture").
- *
- * No lock that the command's own threads need is held while the device is
- * waited on: the lists are snapshot, and each handle is then claimed
- * (still tracked, marked busy) and synchronized outside the tracking lock;
- * a destroy of the busy handle, or of its context, waits in its hook until
- * the drain moved on, so the driver never gets a freed handle.  At exit the
- * drainer stops before the driver's teardown, the process synchronizes
- * once more, and each later gated call synchronizes before it leaves (see
- * "exit" below): nothing acknowledges without synchronizing.
+ * drain.c — the drainer thread (paper §4.2 step 3: docs/design/architecture.md
+ * "The region protocol, step by step") and the synchronization it runs; what
+ * to synchronize comes from track.c (track.h).  On a closure by another
+ * tenant the drainer waits for the process's calls in flight, synchronizes
+ * its contexts (through the REAL driver functions), then acknowledges the
+ * epoch; with a capture open, per-stream instead.  No lock the command's own
+ * threads need is held while the device is waited on, and at exit nothing
+ * acknowledges without synchronizing: docs/design/shim.md "The drainer and
+ * capture", "Exit" (and "exit" below).
  */
 #include "drain.h"
 #include "fault.h"

@@ -1,19 +1,10 @@
 /*
  * fault.c — fatal ("sticky") CUDA errors seen by this process, published in
- * its gate slot for krexd (docs/design/faults.md).
- *
- * A fatal error (an illegal address, a failed launch, ...) leaves the
- * context unusable: every later call returns it.  Without MPS only the
- * context whose kernel faulted is hit.  Under MPS every client of the
- * server gets it, so krexd needs to know which tenants saw one to tell the
- * command whose kernel faulted from its co-tenants (casualties).  The shim
- * cannot see whose kernel it was; it records what it can: the first fatal
- * code, whether the process had launched kernels before it (a process that
- * never launched cannot be the culprit), and whether the shim's own
- * synchronization (a drain, the exit) found it rather than a call of the
- * program.
- *
- * Not on the fast path: only a result other than CUDA_SUCCESS reaches
+ * its gate slot for krexd (docs/design/faults.md "Signals (most reliable
+ * first)"): the first fatal code, whether the process had launched kernels
+ * before it (one that never launched cannot be the culprit), and whether
+ * the shim's own synchronization (a drain, the exit) found it.  Not on the
+ * fast path: only a result other than CUDA_SUCCESS reaches
  * krex_fault_result() (KREX_RESULT in fault.h), only a HIP result other
  * than hipSuccess krex_hip_fault_note() (krex_hip_after in hipdrain.h).
  */

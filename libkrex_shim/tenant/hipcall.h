@@ -1,20 +1,12 @@
 /*
- * hipcall.h — how a HIP hook (hip_hooks.gen.c) reaches its real function:
- * the process's first HIP call, of whatever class, loads the runtime and
- * initializes it inside the gate (docs/design/shim.md "HIP gating",
- * "Initialization").  Header only, next to call.h; included by the HIP
- * hooks alone.  Internal, hidden.
- *
- * HIP has no cuInit that must come first: every entry point of the runtime
- * initializes it (ROCr, the device objects, possibly device memory and
- * queues) when it is the process's first call.  Every hooked name -- the
- * gated ones and a forwarding hook for every other name that returns
- * hipError_t -- binds through krex_hip_hook_real(): until the runtime is
- * loaded, its slow path enters the gate (registering the process, as a
- * CUDA process's first gated call does), loads the runtime and calls
- * hipInit under krex, checks the visible devices against the GPU the
- * command is bound to (bind.c), and leaves.  After that each hook's bind is
- * one acquire load, as before.
+ * hipcall.h — how a HIP hook (hip_hooks.gen.c) reaches its real function
+ * (docs/design/shim.md "HIP gating", "Initialization").  Header only, next
+ * to call.h; included by the HIP hooks alone.  Internal, hidden.  Every
+ * hooked name binds through krex_hip_hook_real(): until the runtime is
+ * loaded its slow path enters the gate (registering the process), loads the
+ * runtime, calls hipInit under krex, checks the visible devices (bind.c)
+ * and leaves, so the runtime's implicit initialization never runs outside
+ * the gate; after that each bind is one acquire load.
  */
 #ifndef KREX_HIPCALL_H
 #define KREX_HIPCALL_H

@@ -1,19 +1,13 @@
 /*
  * hipdrain.c — the HIP half of a drain (hipdrain.h), run by krex_sync_all
  * (drain.c) under its lock: the drainer's, a holder's region exit, the exit
- * discipline's.  Through the REAL runtime functions only.
- *
- * Without an open capture: each device the process used (hiptrack.c) is
- * made current on this thread and synchronized (hipDeviceSynchronize: every
- * stream of the device's context, the null stream's work included).  With a
- * capture open (track.c's count, shared with CUDA), a device-wide
- * synchronization would invalidate it, as cuCtxSynchronize does (the
- * "Capture" rules of docs/design/shim.md): this thread switches to the
- * relaxed capture mode (hipThreadExchangeStreamCaptureMode) and
- * synchronizes each tracked stream that is not capturing
- * (hipStreamIsCapturing), each event recorded just before a capture began
- * (the work queued on the captured stream before it), and each device's
- * null stream.
+ * discipline's.  Through the REAL runtime functions only.  Without an open
+ * capture each device the process used (hiptrack.c) is made current and
+ * synchronized (hipDeviceSynchronize); with one open (track.c's count,
+ * shared with CUDA) this thread switches to the relaxed capture mode and
+ * synchronizes each tracked stream not capturing, each event recorded just
+ * before a capture began, and each device's null stream
+ * (docs/design/shim.md "HIP gating").
  */
 #include "hipdrain.h"
 #include "drain.h"

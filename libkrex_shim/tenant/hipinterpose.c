@@ -2,22 +2,12 @@
  * hipinterpose.c — the real HIP runtime behind the HIP hooks
  * (hip_hooks.gen.c), as interpose.c is the CUDA driver behind the CUDA ones.
  *
- * The runtime is dlopen("libamdhip64.so.6") (else "libamdhip64.so") on the
- * first call of a HIP hook, never before: a process that never calls HIP
- * never loads it.  Under krex that first call (of any class: hipcall.h
- * holds the gate around it) also initializes the runtime, with hipInit, so
- * that its implicit initialization never runs outside the gate; a process
- * whose GPU work is refused loads nothing.  Each real function is then
- * bound on first use with the real dlsym, under its exported symbol (a
- * C++-linkage name's mangled one, else its plain name).
- *
- * Under krex the runtime must be one the table can gate (docs/design/shim.md
- * "HIP runtime versions"): a major (hipRuntimeGetVersion / 10,000,000) above
- * the table's and not among its compatible majors is refused outright, and a
- * runtime newer than the table's headers must export no hip name the table
- * does not know (a launch or a resolver it cannot gate).  A refused runtime
- * binds nothing: every hook returns hipErrorNotSupported, and the refusal is
- * said in one line.
+ * The runtime is dlopen("libamdhip64.so.6") (else "libamdhip64.so") at the
+ * first call of a HIP hook, never before; under krex that call also runs
+ * hipInit inside the gate (hipcall.h), and a runtime the table cannot gate
+ * is refused (docs/design/shim.md "HIP gating", "HIP runtime versions").
+ * Each real function is bound on first use with the real dlsym, under its
+ * exported symbol (a C++-linkage name's mangled one, else its plain name).
  */
 #include "hipinterpose.h"
 #include "interpose.h"

@@ -1,18 +1,11 @@
 /*
  * hiptrack.c — what a drain must synchronize of the process's HIP work
- * (hiptrack.h): the devices it used, the streams it created and the events
- * recorded just before its captures began (docs/design/shim.md "HIP
- * gating").  The drainer (hipdrain.c) reads them as track.c's lists are
- * read: a snapshot, then each handle claimed for its synchronization.
- *
- * Devices: HIP's work goes to the calling thread's current device (0 until
- * hipSetDevice), in that device's primary context; a drain synchronizes
- * every device noted here: each thread's current device at its first gated
- * call, each device made current (hipSetDevice) or given a context
- * (hipCtxCreate, hipDevicePrimaryCtxRetain).
- *
- * Captures share track.c's count and lock with CUDA's: one process, one
- * question for the drainer ("is any capture open?").
+ * (hiptrack.h): the devices it used (each thread's current device at its
+ * first gated call, each made current or given a context), the streams it
+ * created and the events recorded just before its captures began
+ * (docs/design/shim.md "HIP gating").  Read as track.c's lists are: a
+ * snapshot, then each handle claimed; captures share track.c's count and
+ * lock with CUDA's.
  */
 #include "hiptrack.h"
 #include "hipinterpose.h"

@@ -1,22 +1,11 @@
 /*
- * interpose.c — how the hooks are reached and how they reach the driver.
- *
- *   1. Exported names: the hooks in entrypoints.gen.c carry the driver's
- *      exported names, so DT_NEEDED linking and dlsym(RTLD_DEFAULT) find
- *      them first (LD_PRELOAD).
- *   2. dlsym(libcuda handle, "cu...") searches only libcuda: the dlsym
- *      override answers with our hook (dl_x86_64.S keeps the caller's
- *      return address for everything it forwards).
- *   3. cuGetProcAddress[_v2]: the hook calls the real resolver first, then
- *      krex_route_proc_address() maps the returned pointer back to the
- *      exported name at that address and substitutes that name's hook, so
- *      the driver's own choice of _v2/_v3/_ptsz/_ptds is kept.  The
- *      resolver's self-lookup routes to our resolver of the same arity.
- *      A pointer to no export cuda.h declares (a name from a newer driver)
- *      is refused under krex: it could do device work past the gate.
- *
- * The real driver is dlopen("libcuda.so.1") and each real function is
- * bound on first use with the real dlsym (never linked).
+ * interpose.c — how the hooks are reached and how they reach the driver
+ * (docs/design/shim.md "How calls reach the hooks": exported names, the
+ * dlsym override, cuGetProcAddress routing with krex_route_proc_address(),
+ * which keeps the driver's own choice of _v2/_v3/_ptsz/_ptds and refuses
+ * under krex a pointer to no export cuda.h declares).  The real driver is
+ * dlopen("libcuda.so.1") and each real function is bound on first use with
+ * the real dlsym (never linked).
  */
 #include "interpose.h"
 #include "hipinterpose.h"

@@ -2,29 +2,12 @@
  * marks.h — per-thread in-flight marks: the per-call fast path without a
  * locked instruction (marks.c; docs/design/shim.md, "Thread marks").
  *
- * The gate's pairing (gate.c) is increment-then-check against
- * close-then-read.  On the slot's shared count each side needs a full
- * barrier between its store and its load: two locked read-modify-writes per
- * gated call, most of the shim's cost per call.  Marks move the whole cost
- * to the rare side (an asymmetric fence, as in liburcu and folly):
- *
- *   submitting thread:  mark = 1 ; compiler barrier ; read word
- *   drainer:            read word (closed) ; membarrier(2) ; read every mark
- *
- * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) runs a full barrier on every
- * thread of the process that is running (the others pass one when they are
- * scheduled).  A submitter whose read of the word comes before its thread's
- * barrier set its mark before it too, so the drainer, reading after
- * membarrier returned, sees the mark and waits for the call; one whose read
- * comes after it sees the closed word the drainer saw before (x86-64 and
- * AArch64 are multi-copy atomic) and parks.  The release store that clears
- * the mark after the driver call publishes the call's effects to the
- * drainer's acquire read of 0, before it synchronizes the contexts.
- *
- * A call admitted on the marks counts in its thread's mark only; every
- * other path (registration, a closed gate, the exiting discipline, marks
- * unavailable) counts in the slot's shared `inflight` as before, so krexd's
- * half of the protocol (coord_protocol.c) is unchanged: a process acknowledges a
+ * A submitting thread sets its mark, then reads the gate word with only a
+ * compiler barrier between; the drainer, after reading the closed word,
+ * runs membarrier(2) and reads every mark (an asymmetric fence, as in
+ * liburcu and folly).  A call admitted on the marks counts in its thread's
+ * mark only; every other path counts in the slot's shared `inflight`, so
+ * krexd's half (coord_protocol.c) is unchanged: a process acknowledges a
  * closure only after its marks and its shared count are all zero.
  */
 #ifndef KREX_MARKS_H

@@ -1,52 +1,16 @@
 /*
  * memory.c — the process's device memory and co-tenant out-of-memory
- * handling (docs/design/memory.md; paper §7 names memory-aware scheduling
- * as future work).
+ * handling (docs/design/memory.md "3. Co-tenant out-of-memory errors in the
+ * shim"; paper §7 names memory-aware scheduling as future work).
  *
- * Accounting.  Every device allocation the hooks see (cuMemAlloc*,
- * cuMemAllocPitch*, cuMemAllocManaged, cuMemAlloc[FromPool]Async*,
- * cuMemCreate with a device location; HIP's hipMalloc, hipExtMallocWithFlags,
- * hipMallocManaged, hipMalloc[FromPool]Async, hipMallocPitch,
- * hipMemAllocPitch) is recorded by address (or handle) with its size;
- * frees (cuMemFree*, hipFree, hipFreeAsync) look the size up.  One table for
- * both runtimes: a process using both has one figure.  The process's total is published
- * in its slot as `mem_mib`, which krexd reads where NVML gives no
- * per-process figure and summarizes per tenant in the gate (krexd alone
- * writes the gate), where sibling shims read it to tell their own
- * out-of-memory errors from their co-tenants'.  Memory freed implicitly
- * (a context destroyed with allocations alive, a pool keeping freed
- * blocks) is not seen: the figure is the program's live allocations.
- *
- * Out-of-memory errors.  When a call fails with CUDA_ERROR_OUT_OF_MEMORY
- * -- an allocation, or any other call that needs device memory: a launch
- * growing local memory, a module load, context or stream creation, graph
- * instantiation or upload, cuMemMap, page-locked host memory (the list is
- * tools/classes.toml [oom_retry]) -- krex_oom_retry() judges it; a HIP call
- * failing with hipErrorOutOfMemory (tools/hip_classes.toml [oom_retry]) is
- * judged the same way by krex_hip_oom_retry() (one implementation,
- * oom_retry(), told which error it saw and how to read the card's size):
- *
- *   the tenant alone would exceed the card     -> own error, returned now
- *   no live process of another tenant on the GPU -> own error, returned now
- *   this tenant holds the region                -> co-tenants', returned now
- *     (its siblings are frozen: waiting on them would deadlock the region)
- *   inside another driver call (nested)         -> co-tenants', returned now
- *   every co-tenant holding memory waits too    -> the latest admitted
- *     tenant gives up (co-tenants', returned now), the others keep waiting
- *   otherwise                                   -> wait for co-tenants
- *
- * A wait sets the slot's KREX_OOM_WAITING bit (krexd admits nothing to
- * the GPU meanwhile), then retries the allocation after every free on the
- * GPU (a free bumps the tenant's own mem_seq; krexd's audit, every few ms,
- * relays it to the gate's mem_seq, the futex waited on) and at least every
- * 20 ms (a co-tenant
- * that exits frees its memory without a call), for at most oom_wait_s
- * (env KREX_OOM_WAIT_S, set by krexd).  The candidate never sees an error
- * its co-tenants caused unless that time runs out; then the error is
- * returned, recorded as the co-tenants' (krex run exits 75 if the command
- * fails), and later co-tenant errors of the process return at once until
- * one of its allocations succeeds again (a caching allocator frees its
- * cache and retries after the first error: that retry must not wait again).
+ * Accounting: every device allocation the hooks see, CUDA's and HIP's
+ * (hipMalloc, hipExtMallocWithFlags, hipMallocManaged,
+ * hipMalloc[FromPool]Async, hipMallocPitch, hipMemAllocPitch), is recorded
+ * by address (or handle) with its size in one table, and the total is
+ * published in the slot as `mem_mib`.  Out-of-memory errors: judged by
+ * krex_oom_retry() (CUDA) and krex_hip_oom_retry() (HIP), one judgement
+ * (oom_retry(), told the error and how to read the card's size), which waits
+ * for co-tenants or returns the error now (the table: memory.md section 3).
  */
 #include "memory.h"
 #include "hipinterpose.h"

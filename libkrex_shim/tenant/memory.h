@@ -1,22 +1,16 @@
 /*
  * memory.h — device-memory accounting and co-tenant out-of-memory handling
  * in libkrex_shim (memory.c; docs/design/memory.md).  Internal, hidden.
- *
  * The generated hooks of every call that can fail because the device is
- * full (tools/classes.toml [oom_retry]: allocations, launches, module
- * loads, context and stream creation, graphs, VMM, pinned host memory)
- * run the real call in a loop:
+ * full (tools/classes.toml [oom_retry]) run the real call in a loop:
  *
  *     struct krex_oom krex_o = KREX_OOM_INIT;
  *     do { gate enter; r = real(...); observe; gate leave; }
  *     while ((r == CUDA_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
  *            krex_oom_retry(&krex_o, r, requested_bytes));
  *
- * so a wait for co-tenants' memory never holds the in-flight count (a
- * region's drain would otherwise stall behind it).  The HIP hooks
- * (hip_hooks.gen.c, tools/hip_classes.toml [oom_retry]) run the same loop
- * on hipErrorOutOfMemory with krex_hip_oom_retry(): one judgement and one
- * wait for both runtimes, each reading its own card size.
+ * so a wait for co-tenants' memory never holds the in-flight count; the HIP
+ * hooks run the same loop on hipErrorOutOfMemory with krex_hip_oom_retry().
  */
 #ifndef KREX_MEMORY_H
 #define KREX_MEMORY_H

@@ -1,48 +1,14 @@
 /*
  * region.c — the holder's side of a critical region (paper §4.2 steps 5
- * and 7), called by krex_client through ctypes after krexd granted the
- * region and before it reports the exit (docs/design/interfaces.md).
- *
- *   krex_shim_region_begin(epoch, l2_flush)
- *       under krex only in the gate's holder of `epoch` (else
- *       CUDA_ERROR_NOT_PERMITTED, nothing done); resets the launch counter
- *       and flushes L2: a memset over a buffer of
- *       CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE bytes, allocated once per context
- *       in the calling thread's current context, then synchronized.  The
- *       buffer lives as long as its context (forgotten when the context is
- *       destroyed or its primary reset: the memory goes with it).
- *   krex_shim_region_l2_flushed()
- *       1 when the last krex_shim_region_begin() did flush L2, else 0 (no
- *       context, an open capture, no memory for the buffer, an error), so
- *       the region's record says what happened, not what was asked.
- *   krex_shim_region_end(&sync_ns, &launches)
- *       synchronizes every context of this process (work left on a private
- *       side stream must not run alongside the siblings once they thaw) and
- *       returns how long that took and the launches made in the region.
- *   krex_shim_region_launches()
- *       the launches made since the last krex_shim_region_begin() so far
- *       (the client subtracts its clock warm-up's from the region's).
- *       When an event was recorded in the region, the stream of the last
- *       one (the timed stream) is synchronized first, then the contexts:
- *   krex_shim_region_other_streams_ns()
- *       how long that second part took: device time of work left on streams
- *       other than the timed one when the region ended (UINT64_MAX when no
- *       event was recorded in the region, or a capture was open).
- *   krex_shim_region_events_outside(&recorded, &timed)
- *       CUDA events this process recorded (cuEventRecord*) and timed
- *       (cuEventElapsedTime*) outside any region so far: timing done
- *       outside a region.  Timing events recorded in one of the last
- *       RECENT_EVENTS region records after the region ended is not counted.
- *   krex_shim_region_warm(budget_us)
- *       inside the holder's region only: keeps the GPU busy for about
- *       budget_us microseconds (memsets of the L2 flush buffer) so that
- *       its SM clock ramps up before the timed code runs; returns the
- *       microseconds spent, or a negative CUresult.
- *
- * The region record (krex_client, docs/design/region-log.md) reports them.
- * begin and end return 0 or a CUresult.  The driver calls go to the real
- * functions.  begin, end and warm are exported by shim.c, which initialises
- * the shim (the process layer, above this one) and calls krex_region_*.
+ * and 7: docs/design/architecture.md "The region protocol, step by step";
+ * docs/design/shim.md "Holder side (region.c)"), called by krex_client
+ * through ctypes after krexd granted the region and before it reports the
+ * exit.  Each krex_shim_region_* entry says what it does below (their
+ * prototypes: docs/design/interfaces.md "Shim symbols the Python client
+ * calls"); begin, end and warm are exported by shim.c, which initialises
+ * the shim first and calls krex_region_*.  The driver calls go to the real
+ * functions; the region record (docs/design/region-log.md) reports what
+ * the entries say.
  */
 #include "region.h"
 #include "drain.h"
@@ -257,6 +223,13 @@ static int holds_region(uint32_t epoch)
     return word == krex_gate_word(krex_tenant, epoch);
 }
 
+/* krex_shim_region_begin(epoch, l2_flush): under krex only in the gate's
+ * holder of `epoch` (else CUDA_ERROR_NOT_PERMITTED, nothing done); resets
+ * the launch counter and flushes L2: a memset over a buffer of
+ * CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE bytes, allocated once per context in
+ * the calling thread's current context, then synchronized.  The buffer
+ * lives as long as its context (forgotten when the context is destroyed or
+ * its primary reset: the memory goes with it). */
 int krex_region_begin(uint32_t epoch, int l2_flush)
 {
     int saved = errno;
@@ -317,6 +290,8 @@ out:
     return (int)r;
 }
 
+/* The launches made since the last krex_shim_region_begin() so far (the
+ * client subtracts its clock warm-up's from the region's). */
 KREX_EXPORT uint64_t krex_shim_region_launches(void)
 {
     /* Relaxed: a statistic, read by the client's thread between its
@@ -324,6 +299,9 @@ KREX_EXPORT uint64_t krex_shim_region_launches(void)
     return atomic_load_explicit(&krex_launches, memory_order_relaxed);
 }
 
+/* 1 when the last krex_shim_region_begin() did flush L2, else 0 (no
+ * context, an open capture, no memory for the buffer, an error), so the
+ * region's record says what happened, not what was asked. */
 KREX_EXPORT int krex_shim_region_l2_flushed(void)
 {
     return atomic_load_explicit(&l2_flushed, memory_order_relaxed);
@@ -345,6 +323,11 @@ static CUresult exit_sync(void)
     return r != CUDA_SUCCESS ? r : r2;
 }
 
+/* krex_shim_region_end(&sync_ns, &launches): synchronizes every context of
+ * this process (work left on a private side stream must not run alongside
+ * the siblings once they thaw), the timed stream first when an event was
+ * recorded in the region (exit_sync), and returns how long that took and
+ * the launches made in the region. */
 int krex_region_end(uint64_t *sync_ns, uint64_t *launches)
 {
     int saved = errno;
@@ -368,11 +351,18 @@ int krex_region_end(uint64_t *sync_ns, uint64_t *launches)
     return (int)r;
 }
 
+/* How long exit_sync's second part took: device time of work left on
+ * streams other than the timed one when the region ended (UINT64_MAX when
+ * no event was recorded in the region, or a capture was open). */
 KREX_EXPORT uint64_t krex_shim_region_other_streams_ns(void)
 {
     return atomic_load_explicit(&other_streams_ns, memory_order_relaxed);
 }
 
+/* CUDA events this process recorded (cuEventRecord*) and timed
+ * (cuEventElapsedTime*) outside any region so far: timing done outside a
+ * region.  Timing events recorded in one of the last RECENT_EVENTS regions
+ * after the region ended is not counted. */
 KREX_EXPORT int krex_shim_region_events_outside(uint64_t *recorded, uint64_t *timed)
 {
     if (recorded)
@@ -446,6 +436,10 @@ static CUresult warm_batches(CUdeviceptr p, size_t size, uint64_t budget_ns, uin
     return r;
 }
 
+/* krex_shim_region_warm(budget_us): inside the holder's region only, keeps
+ * the GPU busy for about budget_us microseconds (memsets of the L2 flush
+ * buffer) so that its SM clock ramps up before the timed code runs;
+ * returns the microseconds spent, or a negative CUresult. */
 int krex_region_warm(uint32_t budget_us)
 {
     int saved = errno;

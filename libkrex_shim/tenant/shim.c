@@ -3,25 +3,11 @@
  * the environment, registration with the gate, the slow paths of the
  * per-call protocol, abandoned calls, and the fork handlers (the one
  * pthread_atfork of the library, calling each unit's hooks in the order
- * written at "fork" below).
- *
- * Environment (docs/design/interfaces.md): KREX_GATE (gate file) and
- * KREX_TENANT (tenant id) turn gating on; KREX_SLOTS_FD (an inherited fd)
- * or KREX_SLOTS (a path, /proc/<launcher>/fd/<n>) name the tenant's slot
- * memory.  Without KREX_GATE every hook is a pure pass-through (not under
- * krex).  Under krex, a process that cannot be
- * drained — gate or slot memory unusable, no free slot, no drainer — fails
- * closed: every gated call returns CUDA_ERROR_NOT_PERMITTED with one error
- * line saying why (krex_refused), never a silent pass-through.
- * KREX_SHIM_LOG = debug|info|warn|error sets the stderr log level
- * (default warn).
- *
- * KREX_SHIM_DEFER=1 (set only in a warm pool's zygote, docs/design/warm.md)
- * makes the constructor skip initialisation: the first driver call of the
- * process, made by a command forked from the zygote, initialises from the
- * environment the command has by then (its own KREX_GATE, KREX_TENANT and
- * slot memory).  krex_shim_mode() lets the zygote check that nothing
- * initialised the shim before it forks.
+ * written at "fork" below).  The variables it reads (KREX_GATE,
+ * KREX_TENANT, KREX_SLOTS_FD / KREX_SLOTS, KREX_SHIM_LOG, KREX_SHIM_DEFER):
+ * docs/design/interfaces.md "Environment of a tenant command"; without
+ * KREX_GATE every hook passes through, and under krex a process that cannot
+ * be drained fails closed (krex_refused: docs/design/shim.md "Fail closed").
  */
 #include "shim.h"
 #include "drain.h"

@@ -1,20 +1,12 @@
 /*
  * track.c — what a drain must synchronize: the contexts and streams this
  * process uses, and its open stream captures (docs/design/shim.md "The
- * drainer and capture").  The drainer (drain.c) reads them through
- * track.h: a snapshot of a list, then each handle claimed for its
- * synchronization.
- *
- * Contexts: created through the API (cuCtxCreate*, cuCtxFromGreenCtx) or
- * made current (cuCtxSetCurrent, cuCtxPushCurrent*), dropped at
- * cuCtxDestroy* (with their streams) or when the driver calls the handle
- * invalid.  Streams: created through the API, dropped at cuStreamDestroy*.
- * A green context is tracked as the context converted from it.
- *
- * Captures: a count of the captures open in the process, and a
- * read-write lock that makes the "is this stream capturing?" check of an
- * uncounted launch and the launch itself atomic with respect to the end
- * of that capture (krex_capture_pass / krex_capture_end_begin).
+ * drainer and capture").  The drainer (drain.c) reads them through track.h:
+ * a snapshot of a list, then each handle claimed for its synchronization.
+ * Captures: a count of those open in the process, and a read-write lock
+ * that makes an uncounted launch's "is this stream capturing?" check and the
+ * launch itself atomic with respect to that capture's end
+ * (krex_capture_pass / krex_capture_end_begin).
  */
 #include "track.h"
 #include "interpose.h"
