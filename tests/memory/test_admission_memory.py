@@ -1,7 +1,7 @@
 """Admission by memory (tenancy.admission with a memory policy): fit, blocking, bounded bypass.
 
 The policy here is a hand-written stand-in for krexd.memory.policy.AdmissionPolicy
-(STYLE.md "side effects injected"): per GPU the bytes admission may reserve
+(side effects injected): per GPU the bytes admission may reserve
 and whether an allocation there waits for co-tenants' memory.  The end-to-end
 behaviour with the real policy is in test_krexd_memory.py.
 """
