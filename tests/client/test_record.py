@@ -1,7 +1,7 @@
 """The region record's parts without krexd: NVML figures, warnings, appends.
 
 The end-to-end record (real krexd, shim and fake driver) is checked in
-tests/cli/test_region_log.py; the real NVML in tests/gpu/test_region_log.py.
+tests/cli/test_region_log.py; the real NVML in tests/gpu/test_gpu_region_log.py.
 Here a stand-in ``pynvml`` module gives chosen clocks, so the warning rules
 and the null-for-absent rule can be asserted exactly.
 """
