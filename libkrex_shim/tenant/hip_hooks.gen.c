@@ -8,6 +8,7 @@
 #include "hipinterpose.h" /* the table */
 #include "hiptrack.h" /* devices, streams, captures */
 #include "memory.h" /* device memory, krex_hip_oom_retry */
+#include "region.h" /* the L2 flush buffers */
 #include "shim.h" /* krex_hip_refused */
 #include "track.h" /* the capture lock */
 
@@ -826,6 +827,7 @@ KREX_HOOK uint32_t hipDevicePrimaryCtxReset(int32_t dev)
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxReset);
     uint32_t krex_r = krex_real_fn(dev);
+    krex_hip_note_reset(krex_r, dev);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -868,6 +870,7 @@ KREX_HOOK uint32_t hipDeviceReset(void)
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDeviceReset);
     uint32_t krex_r = krex_real_fn();
+    krex_hip_note_reset(krex_r, -1);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;

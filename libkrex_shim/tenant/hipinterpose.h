@@ -19,6 +19,7 @@
 #define KREX_HIP_ERROR_NOT_FOUND 500      /* hipErrorNotFound */
 #define KREX_HIP_ERROR_NOT_SUPPORTED 801  /* hipErrorNotSupported */
 #define KREX_HIP_STREAM_PER_THREAD ((void *)(uintptr_t)2) /* hipStreamPerThread */
+#define KREX_HIP_DEVICE_ATTRIBUTE_L2_CACHE_SIZE 19 /* hipDeviceAttributeL2CacheSize */
 
 extern _Atomic(void *) krex_hip_real_fns[KREX_HIP_EP_COUNT];
 void *krex_hip_bind(int idx);

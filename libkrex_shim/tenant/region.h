@@ -43,6 +43,10 @@ static KREX_ALWAYS_INLINE void krex_note_event_record(CUresult r, CUevent ev, CU
 void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end);
 void krex_region_stream_destroying(CUstream stream);
 void krex_note_primary_reset(CUresult r, CUdevice dev);
+/* [observe.post] of hipDeviceReset (dev < 0: the calling thread's current
+ * device) and hipDevicePrimaryCtxReset (hip_classes.toml): the device's L2
+ * flush buffer went with its memory. */
+void krex_hip_note_reset(uint32_t r, int32_t dev);
 
 /* Fork (shim.c's handlers): the L2 buffers' lock; the child forgets them. */
 void krex_region_atfork_prepare(void);

@@ -616,6 +616,7 @@ def render_hooks(
     out.append('#include "hipinterpose.h" /* the table */\n')
     out.append('#include "hiptrack.h" /* devices, streams, captures */\n')
     out.append('#include "memory.h" /* device memory, krex_hip_oom_retry */\n')
+    out.append('#include "region.h" /* the L2 flush buffers */\n')
     out.append('#include "shim.h" /* krex_hip_refused */\n')
     out.append('#include "track.h" /* the capture lock */\n\n')
     out.append("const struct krex_hip_ep_desc krex_hip_ep_desc[KREX_HIP_EP_COUNT] = {\n")
