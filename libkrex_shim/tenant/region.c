@@ -545,15 +545,20 @@ static CUresult exit_sync(void)
 
 /* krex_shim_region_end(&sync_ns, &launches): synchronizes every context of
  * this process (work left on a private side stream must not run alongside
- * the siblings once they thaw), the timed stream first when an event was
+ * the siblings once they thaw; HIP: every device it used, as a drain
+ * does), the timed stream first when an event was
  * recorded in the region (exit_sync), and returns how long that took and
  * the launches made in the region. */
 int krex_region_end(uint64_t *sync_ns, uint64_t *launches)
 {
     int saved = errno;
     uint64_t t0 = krex_now_ns();
-    /* No driver loaded in this process: no work of it can be running. */
-    CUresult r = krex_libcuda_if_loaded() ? exit_sync() : CUDA_SUCCESS;
+    /* A HIP process (no driver loaded) records no CUDA event: the drain's
+     * synchronization, HIP's half only (exit_sync would load the driver).
+     * Neither runtime loaded: no work of this process can be running. */
+    CUresult r = krex_libcuda_if_loaded() ? exit_sync()
+                 : krex_hip_loaded()      ? krex_sync_all(1)
+                                          : CUDA_SUCCESS;
     uint64_t dt = krex_now_ns() - t0;
     atomic_store_explicit(&krex_region_open, 0, memory_order_relaxed);
     if (sync_ns)
@@ -658,7 +663,8 @@ static int warm_batches(const struct l2_runtime *rt, uint64_t p, size_t size, ui
 /* krex_shim_region_warm(budget_us): inside the holder's region only, keeps
  * the GPU busy for about budget_us microseconds (memsets of the L2 flush
  * buffer) so that its SM clock ramps up before the timed code runs;
- * returns the microseconds spent, or a negative CUresult. */
+ * returns the microseconds spent, or a negative CUresult (hipError_t in a
+ * HIP process). */
 int krex_region_warm(uint32_t budget_us)
 {
     int saved = errno;
