@@ -1,6 +1,7 @@
 """Fixtures: ``gate``, an open gate in the test's temporary directory; ``spawn``,
 ``gate_tenant`` processes on it; ``fh``, the fake HIP runtime (tests/fakehip) on
-this test's own simulated GPU.
+this test's own simulated GPU; ``region_tenants``, shimmed tenants of that GPU
+and that gate over the fake of ``gpu_api`` (procs.RegionTenant).
 
 Its ``judge`` (krexd's verdict on registrations still pending in a drain)
 checks pid and start time only: these tests run no cgroups.
@@ -20,9 +21,9 @@ import pytest
 from krexd.gate import Gate
 from tests.fakecuda.harness import Build
 from tests.fakehip.harness import FakeHip, HipBuild
-from tests.support import ShimBuild, forget_gate, make
+from tests.support import GpuApi, ShimBuild, forget_gate, make, tenant_env
 
-from .procs import Tenant, alive_judge
+from .procs import RegionTenant, Tenant, alive_judge
 
 
 @pytest.fixture
@@ -61,3 +62,23 @@ def hip_build() -> HipBuild:
 def fh(hip_build: HipBuild, fakecuda_build: Build, tmp_path: Path) -> FakeHip:
     """The fake HIP runtime over a simulated GPU that belongs to this test only."""
     return FakeHip(fakecuda_build, tmp_path, hip_build)
+
+
+@pytest.fixture
+def region_tenants(
+    gpu_api: GpuApi, shim_build: ShimBuild, fh: FakeHip, gate: Gate
+) -> Iterator[Callable[..., RegionTenant]]:
+    """``start(tenant, **env)``: a shimmed tenant ``tenant`` of ``gate`` on ``fh``'s
+    simulated GPU (``env`` added to its environment), driving ``gpu_api``'s runtime; all
+    are closed at the end."""
+    started: list[RegionTenant] = []
+
+    def start(tenant: int, **extra: str) -> RegionTenant:
+        env = fh.env(LD_PRELOAD=str(shim_build.shim), **tenant_env(gate, tenant), **extra)
+        t = RegionTenant(gpu_api, shim_build, env)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.close()

@@ -9,15 +9,19 @@ call).  Commands:
   count                     hipGetDeviceCount (class D: not gated; "count")
   malloc MIB [async]        hipMalloc (or hipMallocAsync on the null stream) of MIB MiB ("ptr")
   free PTR [async]          hipFree (or hipFreeAsync) of PTR
-  launch NS [S]             hipModuleLaunchKernel of an NS-ns kernel (S: a stream index)
+  launch NS [S] [N]         hipModuleLaunchKernel of an NS-ns kernel (S: a stream index), N times
   launch_ptr NS [S]         hipLaunchKernel (a host function as the kernel's key)
   ext NS [S]                hipExtModuleLaunchKernel
-  stream                    a new blocking stream (its index in "stream")
+  stream [nonblocking]      a new stream, blocking unless said (its index in "stream")
   capture_begin S [MODE]    hipStreamBeginCapture (global, thread_local, relaxed)
   capture_end S             hipStreamEndCapture, then hipGraphInstantiate (the graph kept)
   capture_status S          hipStreamIsCapturing ("status")
   graph_launch [S]          hipGraphLaunch of the last instantiated graph
   sync                      hipDeviceSynchronize
+  region_begin EPOCH L2     krex_shim_region_begin ("rc" its result): adds "flushed"
+                            (krex_shim_region_l2_flushed)
+  region_end                krex_shim_region_end: adds "sync_ns" and "launches"
+  region_warm US            krex_shim_region_warm: adds "spent" (its result)
   cuda_init                 the fake CUDA driver too (tests/fakecuda/fakegpu.py)
   cuda_launch NS            a CUDA kernel of NS ns
   fork                      fork; the child answers the next commands (the parent waits
@@ -92,7 +96,8 @@ class Tenant:
             out["count"] = n.value
         elif cmd == "launch":
             assert g is not None
-            g.launch(int(args[0]), self.stream(args, 1))
+            for _ in range(int(args[2]) if len(args) > 2 else 1):
+                g.launch(int(args[0]), self.stream(args, 1))
         elif cmd == "launch_ptr":
             assert g is not None
             key = ctypes.cast(self.hip.lib.hipGetErrorName, _P).value or 0
@@ -107,7 +112,7 @@ class Tenant:
                 raise hipgpu.HipError("hipExtModuleLaunchKernel", code, self.hip.error_name(code))
         elif cmd == "stream":
             assert g is not None
-            self.streams.append(g.stream_create())
+            self.streams.append(g.stream_create(nonblocking=args[:1] == ["nonblocking"]))
             out["stream"] = len(self.streams) - 1
         elif cmd == "capture_begin":
             assert g is not None
@@ -125,6 +130,22 @@ class Tenant:
         elif cmd == "sync":
             assert g is not None
             g.synchronize()
+        elif cmd == "region_begin":
+            shim = ctypes.CDLL(None)
+            begin = shim.krex_shim_region_begin
+            begin.argtypes, begin.restype = [_U, ctypes.c_int], ctypes.c_int
+            out["rc"] = begin(int(args[0]), int(args[1]))
+            out["flushed"] = shim.krex_shim_region_l2_flushed()
+        elif cmd == "region_end":
+            end = ctypes.CDLL(None).krex_shim_region_end
+            sync_ns, launches = ctypes.c_uint64(), ctypes.c_uint64()
+            end.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
+            out["rc"] = end(ctypes.byref(sync_ns), ctypes.byref(launches))
+            out["sync_ns"], out["launches"] = sync_ns.value, launches.value
+        elif cmd == "region_warm":
+            warm = ctypes.CDLL(None).krex_shim_region_warm
+            warm.argtypes, warm.restype = [_U], ctypes.c_int
+            out["spent"] = warm(int(args[0]))
         elif cmd == "cuda_init":
             import fakegpu
 

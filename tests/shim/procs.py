@@ -7,6 +7,7 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from tests import support
-from tests.support import REPO, JsonLineReader, ShimBuild, tenant_env
+from tests.support import REPO, GpuApi, JsonLineReader, ShimBuild, tenant_env
 
 __all__ = [
     "REPO",
     "CuTenant",
+    "HipTenant",
+    "RegionTenant",
     "ShimBuild",
     "Tenant",
     "alive_judge",
@@ -27,6 +30,7 @@ __all__ = [
     "wait_for",
 ]
 
+HIP_TENANT = Path(__file__).with_name("hip_tenant.py")
 STATS_FIELDS = ("started", "finished", "slot", "acks", "ready", "forgotten")
 _STATS = struct.Struct("<" + "Q" * len(STATS_FIELDS))
 
@@ -170,3 +174,69 @@ class CuTenant(LineTenant):
 
     def __init__(self, build: ShimBuild, env: dict[str, str]) -> None:
         super().__init__([str(build.prog("cu_tenant"))], env, "cu_tenant")
+
+
+class HipTenant(LineTenant):
+    """A running ``hip_tenant.py`` (tests/shim, over the fake HIP runtime) driven line
+    by line."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__([sys.executable, str(HIP_TENANT)], env, "hip_tenant", timeout_s=15.0)
+
+
+class RegionTenant:
+    """A tenant of the region tests that run over both fakes (``gpu_api``): cu_tenant
+    over the CUDA driver, hip_tenant.py over the HIP runtime.  :meth:`run`,
+    :meth:`send` and :meth:`reply` take the commands both programs spell alike
+    (``init``, ``region_begin EPOCH L2``, ``region_end``); streams, launches and
+    captures are methods, each sent in its program's words."""
+
+    def __init__(self, api: GpuApi, build: ShimBuild, env: dict[str, str]) -> None:
+        self.api = api.name
+        self.tenant: LineTenant = CuTenant(build, env) if api.name == "cuda" else HipTenant(env)
+        self.streams = 0
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.tenant.pid
+
+    def send(self, command: str) -> None:
+        """Send one command line without waiting for its reply."""
+        self.tenant.send(command)
+
+    def reply(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next reply."""
+        return self.tenant.reply(timeout)
+
+    def run(self, command: str, timeout: float | None = None) -> dict[str, Any]:
+        """Send ``command``, return its reply, assert it succeeded (rc 0)."""
+        return self.tenant.run(command, timeout)
+
+    def stream(self, nonblocking: bool = False) -> int:
+        """A new stream; its number (1, 2, ...) for the methods below."""
+        self.streams += 1
+        flag = " nonblocking" if nonblocking else ""
+        if self.api == "cuda":
+            self.run(f"stream {self.streams}{flag}")
+        else:
+            assert self.run(f"stream{flag}")["stream"] == self.streams
+        return self.streams
+
+    def launch(self, stream: int, n: int, ns: int) -> dict[str, Any]:
+        """``n`` kernels of ``ns`` ns on ``stream`` (0: the legacy / null stream)."""
+        if self.api == "cuda":
+            return self.run(f"launch {stream} {n} {ns}")
+        return self.run(f"launch {ns} {stream} {n}")
+
+    def capture_begin(self, stream: int) -> None:
+        """Begin a global-mode capture on ``stream``."""
+        self.run(f"begin {stream} global" if self.api == "cuda" else f"capture_begin {stream}")
+
+    def capture_end(self, stream: int) -> None:
+        """End the capture of ``stream`` and instantiate its graph (rc 0: still valid)."""
+        self.run(f"end {stream}" if self.api == "cuda" else f"capture_end {stream}")
+
+    def close(self) -> None:
+        """Quit (or kill) and reap."""
+        self.tenant.close()

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -28,19 +27,11 @@ from tests.fakecuda import timeline
 from tests.fakehip.harness import FakeHip
 from tests.support import ShimBuild, tenant_env
 
-from .procs import LineTenant, wait_for
+from .procs import HipTenant, wait_for
 
 HOLDER = 1
 SIBLING = 2
 KERNEL_NS = 1_000_000_000
-TENANT = Path(__file__).with_name("hip_tenant.py")
-
-
-class HipTenant(LineTenant):
-    """A running ``hip_tenant.py`` under the shim."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__([sys.executable, str(TENANT)], env, "hip_tenant", timeout_s=15.0)
 
 
 @pytest.fixture

@@ -27,12 +27,12 @@ import pytest
 from krexd.gate import ABI_VERSION, LIVE_REGISTRATION_STATES, Gate
 from tests.fakecuda import timeline
 from tests.fakecuda.harness import FakeCuda
-from tests.support import json_lines, tenant_env
+from tests.fakehip.harness import FakeHip
+from tests.support import GpuApi, json_lines, tenant_env
 
-from .procs import CuTenant, ShimBuild, wait_for
+from .procs import CuTenant, RegionTenant, ShimBuild, wait_for
 
 HOLDER = 1
-FAKE_L2_BYTES = 50 * 1024 * 1024  # tests/fakecuda/devinfo.c: an H100-like 50 MiB L2
 
 
 def shim_env(fc: FakeCuda, shim: ShimBuild, gate: Gate | None, tenant: int = 2) -> dict[str, str]:
@@ -281,26 +281,24 @@ def test_capturing_launch_passes_closed_gate(
 
 
 def test_holder_region_begin_end(
-    shim_build: ShimBuild,
-    fc: FakeCuda,
-    gate: Gate,
-    tenants: Callable[[dict[str, str]], CuTenant],
+    gpu_api: GpuApi, fh: FakeHip, gate: Gate, region_tenants: Callable[..., RegionTenant]
 ) -> None:
-    """The holder's own calls pass; region_begin flushes L2, region_end waits for side work."""
-    holder = tenants(shim_env(fc, shim_build, gate, tenant=HOLDER))
+    """The holder's own calls pass; region_begin flushes L2, region_end waits for side work.
+    Over HIP the flush is a HIP memset of the device's L2 and the exit a HIP drain."""
+    holder = region_tenants(HOLDER)
     holder.run("init")
-    holder.run("stream 1 nonblocking")
+    side = holder.stream(nonblocking=True)
     gate.close(HOLDER, 3)
     gate.wait_drained(HOLDER, 3, 5.0)
     b = holder.run("region_begin 3 1")
-    flush = [r for r in records_of(fc, holder.pid) if r.kind == timeline.MEMSET]
+    flush = [r for r in records_of(fh, holder.pid) if r.kind == timeline.MEMSET]
     assert len(flush) == 1 and b["t0"] <= flush[0].start_ns and flush[0].end_ns <= b["t1"]
     assert b["flushed"] == 1  # the record says what happened
     # The fake device moves bytes at 1 TB/s: the memset covered the whole L2.
-    assert abs(flush[0].duration_ns - FAKE_L2_BYTES / 1e3) < 2000
-    holder.run("launch 1 5 20000000")  # 100 ms left running on a side stream
+    assert abs(flush[0].duration_ns - gpu_api.l2_bytes / 1e3) < 2000
+    holder.launch(side, 5, 20_000_000)  # 100 ms left running on a side stream
     e = holder.run("region_end")
-    kernels = [r for r in records_of(fc, holder.pid) if r.kind == timeline.KERNEL]
+    kernels = [r for r in records_of(fh, holder.pid) if r.kind == timeline.KERNEL]
     assert e["launches"] == 5
     assert e["t1"] >= max(r.end_ns for r in kernels)
     assert e["sync_ns"] >= 50_000_000
@@ -309,23 +307,19 @@ def test_holder_region_begin_end(
 
 
 def test_region_runs_unflushed_when_the_gpu_has_no_room_for_the_flush_buffer(
-    shim_build: ShimBuild,
-    fc: FakeCuda,
-    gate: Gate,
-    tenants: Callable[[dict[str, str]], CuTenant],
+    gpu_api: GpuApi, fh: FakeHip, gate: Gate, region_tenants: Callable[..., RegionTenant]
 ) -> None:
     """Frozen siblings keep their memory: a full GPU skips the flush, the region goes on."""
-    env = shim_env(fc, shim_build, gate, tenant=HOLDER)
-    env["KREX_FAKE_MEM_BYTES"] = str(FAKE_L2_BYTES // 2)  # the L2-sized buffer cannot fit
-    holder = tenants(env)
+    # The L2-sized buffer cannot fit.
+    holder = region_tenants(HOLDER, KREX_FAKE_MEM_BYTES=str(gpu_api.l2_bytes // 2))
     holder.run("init")
     gate.close(HOLDER, 5)
     gate.wait_drained(HOLDER, 5, 5.0)
     b = holder.run("region_begin 5 1")
     assert b["rc"] == 0
     assert b["flushed"] == 0  # asked for, not done: the record must not claim it
-    assert not [r for r in records_of(fc, holder.pid) if r.kind == timeline.MEMSET]
-    holder.run("launch 0 2 1000000")
+    assert not [r for r in records_of(fh, holder.pid) if r.kind == timeline.MEMSET]
+    holder.launch(0, 2, 1_000_000)
     e = holder.run("region_end")
     assert e["launches"] == 2
     gate.reopen(HOLDER, 5)
@@ -519,24 +513,21 @@ def test_driver_called_from_a_library_constructor(
 
 
 def test_region_begin_keeps_an_open_capture(
-    shim_build: ShimBuild,
-    fc: FakeCuda,
-    gate: Gate,
-    tenants: Callable[[dict[str, str]], CuTenant],
+    fh: FakeHip, gate: Gate, region_tenants: Callable[..., RegionTenant]
 ) -> None:
     """With a capture open the L2 flush is skipped: it would invalidate the capture."""
-    t = tenants(shim_env(fc, shim_build, gate, tenant=HOLDER))
+    t = region_tenants(HOLDER)
     t.run("init")
-    t.run("stream 1")
-    t.run("begin 1 global")
-    t.run("launch 1 3 1000")
+    s = t.stream()
+    t.capture_begin(s)
+    t.launch(s, 3, 1000)
     gate.close(HOLDER, 1)
     gate.wait_drained(HOLDER, 1, 5.0)
     t.run("region_begin 1 1")
     t.run("region_end")
     gate.reopen(HOLDER, 1)
-    t.run("end 1")  # 901 if the flush or the exit synchronization had broken it
-    assert [r for r in records_of(fc, t.pid) if r.kind == timeline.MEMSET] == []
+    t.capture_end(s)  # 901 if the flush or the exit synchronization had broken it
+    assert [r for r in records_of(fh, t.pid) if r.kind == timeline.MEMSET] == []
 
 
 def test_region_calls_without_a_driver_loaded(shim_build: ShimBuild, gate: Gate) -> None:

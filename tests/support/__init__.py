@@ -93,6 +93,7 @@ class GpuApi:
     make_target: str  # the build the tenants need
     success: str  # the runtime's name for success, as a tenant reports it
     out_of_memory: str  # its out-of-memory error's name
+    l2_bytes: int  # the simulated GPU's L2 (the region's flush buffer), as the runtime says
 
     def env(self, base: dict[str, str], workdir: str) -> dict[str, str]:
         """:func:`fake_driver_env`, then :meth:`runtime_env`."""
@@ -107,8 +108,11 @@ class GpuApi:
 
 
 GPU_APIS = {
-    "cuda": GpuApi("cuda", (), "fakecuda", "CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY"),
-    "hip": GpuApi("hip", ("--fake-vendor", "amd"), "fakehip", "hipSuccess", "hipErrorOutOfMemory"),
+    # L2: tests/fakecuda/devinfo.c (an H100's 50 MiB), tests/fakehip/hip_device.c (4 MiB).
+    "cuda": GpuApi("cuda", (), "fakecuda", "CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY", 50 << 20),
+    "hip": GpuApi(
+        "hip", ("--fake-vendor", "amd"), "fakehip", "hipSuccess", "hipErrorOutOfMemory", 4 << 20
+    ),
 }
 
 
