@@ -32,6 +32,7 @@
  *   region_begin EPOCH L2      krex_shim_region_begin (found with dlsym(RTLD_DEFAULT)):
  *                              adds "flushed" (krex_shim_region_l2_flushed)
  *   region_end                 krex_shim_region_end: adds "sync_ns" and "launches"
+ *   region_warm US             krex_shim_region_warm: adds "spent" (its result)
  *   exitflush PATH             exit(0) with 256 KiB of fully buffered output for
  *                              PATH (a FIFO) still in stdio: the exit blocks in
  *                              its final flush until the test reads (no reply)
@@ -393,13 +394,15 @@ int main(void)
     int (*region_end)(uint64_t *, uint64_t *) =
         (int (*)(uint64_t *, uint64_t *))dlsym(RTLD_DEFAULT, "krex_shim_region_end");
     int (*l2_flushed)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "krex_shim_region_l2_flushed");
+    int (*region_warm)(uint32_t) =
+        (int (*)(uint32_t))dlsym(RTLD_DEFAULT, "krex_shim_region_warm");
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
         char cmd[32] = "", a[200] = "", b[32] = "", c[32] = "";
         if (sscanf(line, "%31s %199s %31s %31s", cmd, a, b, c) < 1)
             continue;
         uint64_t t0 = now_ns(), sync_ns = 0, launches = 0;
-        int r = 0, extra = 0, flushed = -1, ctx_no = -1;
+        int r = 0, extra = 0, flushed = -1, ctx_no = -1, warmed = 0, spent = 0;
         size_t mfree = 0, mtotal = 0;
         if (!strcmp(cmd, "init")) {
             r = cmd_init(a);
@@ -453,6 +456,10 @@ int main(void)
         } else if (!strcmp(cmd, "region_end")) {
             r = region_end ? region_end(&sync_ns, &launches) : -1;
             extra = 1;
+        } else if (!strcmp(cmd, "region_warm")) {
+            r = region_warm ? 0 : -1;
+            spent = region_warm ? region_warm((uint32_t)strtoul(a, NULL, 10)) : 0;
+            warmed = 1;
         } else if (!strcmp(cmd, "exitflush")) {
             FILE *f = fopen(a, "w");
             static char big[1 << 20], chunk[4096];
@@ -492,6 +499,8 @@ int main(void)
                    (unsigned long long)launches);
         if (flushed >= 0)
             printf(", \"flushed\": %d", flushed);
+        if (warmed)
+            printf(", \"spent\": %d", spent);
         printf("}\n");
         fflush(stdout);
         pthread_mutex_unlock(&out_mu);
