@@ -1,18 +1,17 @@
 """A stand-in ``pynvml`` for the clock warm-up tests (put this folder on PYTHONPATH).
 
-The SM clock reads ``STANDIN_NVML_COLD_MHZ`` (default 990) for the first
-``STANDIN_NVML_COLD_READS`` reads of this process (default: every read),
-then 1980 MHz, the maximum.  Other figures are fixed.
+An NVIDIA GPU whose SM clock is ``standin_clock``'s (cold for the first
+``STANDIN_SMI_COLD_READS`` reads, then warm); other figures are fixed.
+``amdsmi.py`` here is the same GPU through AMD SMI.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from standin_clock import MAX_MHZ, sm_clock
+
 NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
-MAX_MHZ = 1980
-_sm_reads = 0
 
 
 def nvmlInit() -> None:  # noqa: N802 - pynvml's names
@@ -40,14 +39,7 @@ def nvmlDeviceGetMaxClockInfo(handle: Any, clock: int) -> int:  # noqa: N802
 
 
 def nvmlDeviceGetClockInfo(handle: Any, clock: int) -> int:  # noqa: N802
-    global _sm_reads
-    if clock != NVML_CLOCK_SM:
-        return 2619
-    _sm_reads += 1
-    cold = os.environ.get("STANDIN_NVML_COLD_READS", "")
-    if cold and _sm_reads > int(cold):
-        return MAX_MHZ
-    return int(os.environ.get("STANDIN_NVML_COLD_MHZ", "990"))
+    return sm_clock() if clock == NVML_CLOCK_SM else 2619
 
 
 def nvmlDeviceGetTemperature(handle: Any, sensor: int) -> int:  # noqa: N802
