@@ -23,6 +23,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # python3-* packages; a python3 earlier on PATH, e.g. pyenv's, does not).
 caller_path=$PATH
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+# The packages' byte code is compiled into the package tree, whatever the
+# builder's environment says (a pycache prefix would move it out of the tree,
+# e.g. make's test steps set one for the checkout).
+unset PYTHONPYCACHEPREFIX PYTHONDONTWRITEBYTECODE
 out=$root/build/pkg
 install_deps=1
 lint=1
