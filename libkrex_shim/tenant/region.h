@@ -7,6 +7,7 @@
 #ifndef KREX_REGION_H
 #define KREX_REGION_H
 
+#include "l2flush.h" /* the reset observations the hooks call */
 #include "state.h"
 
 /* krex_shim_region_begin/_end/_warm, after the shim is initialised. */
@@ -42,13 +43,9 @@ static KREX_ALWAYS_INLINE void krex_note_event_record(CUresult r, CUevent ev, CU
 }
 void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end);
 void krex_region_stream_destroying(CUstream stream);
-void krex_note_primary_reset(CUresult r, CUdevice dev);
-/* [observe.post] of hipDeviceReset (dev < 0: the calling thread's current
- * device) and hipDevicePrimaryCtxReset (hip_classes.toml): the device's L2
- * flush buffer went with its memory. */
-void krex_hip_note_reset(uint32_t r, int32_t dev);
 
-/* Fork (shim.c's handlers): the L2 buffers' lock; the child forgets them. */
+/* Fork (shim.c's handlers): the L2 buffers' lock (l2flush.c); the child
+ * forgets the region and the buffers. */
 void krex_region_atfork_prepare(void);
 void krex_region_atfork_parent(void);
 void krex_region_atfork_child(void);

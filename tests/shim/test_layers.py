@@ -71,7 +71,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("drain", ["tenant/drain.h", "tenant/drain.c", "tenant/hipdrain.h", "tenant/hipdrain.c"]),
-    ("region", ["tenant/region.h", "tenant/region.c"]),
+    ("region", ["tenant/l2flush.h", "tenant/l2flush.c", "tenant/region.h", "tenant/region.c"]),
     ("process", ["tenant/shim.h", "tenant/shim.c"]),
     ("call", ["tenant/call.h", "tenant/hipcall.h"]),
     ("hooks", ["tenant/entrypoints.gen.c", "tenant/hip_hooks.gen.c"]),
