@@ -185,33 +185,9 @@ def assemble(
     watched = [
         MonitoredGpu(i, gates[i.index][0], states[i.index], slots[i.index][0]) for i in infos
     ]
-    source = built.memory_source = open_source(infos)
-    learned = state_files.learned_needs(config)
-    if config.memory.learn:
-        learned.load()
-    views = MemoryViews(watched, tenants)
-    policy = AdmissionPolicy(config.memory, views, watched, learned, flags=flags)
-    admission = _admission(config, [s for s, _ in slots.values()], policy)
-    memory = MemoryParts(
-        views,
-        policy,
-        TenantRecords(config.memory, views, learned),
-        GpuUsers(source),
-        MemoryStatus(
-            config.memory, views, policy, {g.info.index: g.slots for g in watched}, source, learned
-        ),
-        MemoryRefresh(
-            config.memory,
-            source,
-            views,
-            admission,
-            runtime,
-            on_gpu_users=pools.after_device_read,  # a pool on the GPU or over its tasks ends
-        ),
-    )
-    memory.refresh.start()
+    memory, admission = _memory(config, runtime, tenants, watched, flags, pools, built)
     ender = TenantEnder()
-    parts = _Coordinating(
+    coordinating = _Coordinating(
         config,
         tenants,
         memory.views,
@@ -222,17 +198,7 @@ def assemble(
         activity_source(infos, config.daemon.fake_gpus),
     )
     by_index = {
-        i.index: Gpu(
-            i,
-            slices[i.index],
-            slots[i.index][0],
-            parts.coordinator(i, gates[i.index][0], slices[i.index]),
-            gate=gates[i.index][0],
-            gate_path=gates[i.index][1],
-            memory=states[i.index],
-            mps=_mps(config, mps, i, built),
-            slot_choice=slots[i.index][1],
-        )
+        i.index: _gpu_record(config, mps, built, coordinating, i, slices, slots, gates, states)
         for i in infos
     }
     # AMD GPUs found but not managed are hidden from every command (docs/design/amd.md).
@@ -251,6 +217,73 @@ def assemble(
     )
     ender.bind(lifecycle.kill_command)
     return Parts(cgroups, saved, by_index, admission, memory, pools, lifecycle)
+
+
+def _memory(
+    config: Config,
+    runtime: Runtime,
+    tenants: TenantRegistry,
+    watched: list[MonitoredGpu],
+    flags: RegistrationFlags,
+    pools: PoolRegistry,
+    built: Built,
+) -> tuple[MemoryParts, Admission]:
+    """Step 5 of :func:`assemble`: GPU memory, one part per role, then admission over the
+    slots asking the policy, then the periodic read (started) that kicks admission and
+    tells the pools which processes use a GPU."""
+    source = built.memory_source = open_source([g.info for g in watched])
+    learned = state_files.learned_needs(config)
+    if config.memory.learn:
+        learned.load()
+    views = MemoryViews(watched, tenants)
+    policy = AdmissionPolicy(config.memory, views, watched, learned, flags=flags)
+    admission = _admission(config, [g.slots for g in watched], policy)
+    memory = MemoryParts(
+        views,
+        policy,
+        TenantRecords(config.memory, views, learned),
+        GpuUsers(source),
+        MemoryStatus(
+            config.memory, views, policy, {g.info.index: g.slots for g in watched}, source, learned
+        ),
+        MemoryRefresh(
+            config.memory,
+            source,
+            views,
+            admission,
+            runtime,
+            on_gpu_users=pools.after_device_read,  # a pool on the GPU or over its tasks ends
+        ),
+    )
+    memory.refresh.start()
+    return memory, admission
+
+
+def _gpu_record(
+    config: Config,
+    mps: MpsManager,
+    built: Built,
+    coordinating: _Coordinating,
+    info: GpuInfo,
+    slices: dict[int, CpuSlice],
+    slots: dict[int, tuple[GpuSlots, SlotChoice]],
+    gates: dict[int, tuple[Gate | None, str | None]],
+    states: dict[int, GpuMemory],
+) -> Gpu:
+    """Step 6 of :func:`assemble` for one GPU: its coordinator and its ``Gpu`` record,
+    with its MPS daemon."""
+    i = info.index
+    return Gpu(
+        info,
+        slices[i],
+        slots[i][0],
+        coordinating.coordinator(info, gates[i][0], slices[i]),
+        gate=gates[i][0],
+        gate_path=gates[i][1],
+        memory=states[i],
+        mps=_mps(config, mps, info, built),
+        slot_choice=slots[i][1],
+    )
 
 
 def _admission(config: Config, slots: list[GpuSlots], memory: AdmissionPolicy) -> Admission:
