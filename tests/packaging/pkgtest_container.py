@@ -81,7 +81,14 @@ def rpm_targets() -> dict[str, Any]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PATH": SYSTEM_PATH, "LC_ALL": "C.UTF-8"}
+    """The host tools' environment: the system's PATH, and no bytecode settings of the
+    checkout's test steps (they would move the image's and the packages' bytecode)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")
+    }
+    return {**env, "PATH": SYSTEM_PATH, "LC_ALL": "C.UTF-8"}
 
 
 def _run(argv: list[str], step: str, timeout: float) -> subprocess.CompletedProcess[str]:
