@@ -271,6 +271,21 @@ static void load_hip(void)
 
 void *krex_hip_loaded(void) { return atomic_load_explicit(&hip_handle, memory_order_acquire); }
 
+uint32_t krex_hip_peek_error(void)
+{
+    krex_hip_abi_hipPeekAtLastError *peek = KREX_HIP_REAL(hipPeekAtLastError);
+    return peek ? peek() : KREX_HIP_SUCCESS;
+}
+
+void krex_hip_forget_own_error(uint32_t before)
+{
+    if (before != KREX_HIP_SUCCESS || krex_hip_peek_error() == KREX_HIP_SUCCESS)
+        return; /* the program's own error stays for it to read */
+    krex_hip_abi_hipGetLastError *get = KREX_HIP_REAL(hipGetLastError);
+    if (get)
+        (void)get();
+}
+
 int krex_hip_load(void)
 {
     if (in_load)

@@ -61,6 +61,17 @@ static inline void *krex_hip_real(int idx)
 /* A real function by name (the runtime loaded by then), or NULL. */
 #define KREX_HIP_REAL(name) ((krex_hip_abi_##name *)krex_hip_real(KREX_HIP_EP_##name))
 
+/* The runtime keeps a failed call's error as the thread's last error until
+ * hipGetLastError reads it, whatever succeeds in between.  The shim's own
+ * calls (the L2 flush) and a failed attempt the shim retried are calls the
+ * program never made or never saw fail: their error must not reach its
+ * next hipGetLastError.  krex_hip_peek_error() is the thread's last error
+ * now (the real hipPeekAtLastError; success when unknown);
+ * krex_hip_forget_own_error(before) clears a last error the shim's call
+ * left when the thread had none `before` (the real hipGetLastError). */
+uint32_t krex_hip_peek_error(void);
+void krex_hip_forget_own_error(uint32_t before);
+
 /* dlsym(handle, name) for a HIP name: our hook when `handle` is the
  * runtime's (and it has the name), RTLD_DEFAULT or RTLD_NEXT; NULL to
  * forward the lookup unchanged. */

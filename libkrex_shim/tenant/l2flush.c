@@ -123,13 +123,27 @@ static const struct l2_runtime cuda_l2 = {
  * HIP's work goes to the calling thread's current device.  A device's
  * memory goes only with a reset of it (hipDeviceReset,
  * hipDevicePrimaryCtxReset: krex_hip_note_reset), so nothing is checked
- * before use. */
+ * before use.  Each call is the shim's own: an error it leaves as the
+ * thread's last error is forgotten unless the program had one unread
+ * (hipinterpose.h, krex_hip_forget_own_error), so that a flush that found
+ * no memory is not the program's next hipGetLastError. */
+
+/* The thread's last error before the call, then the call's result `r`:
+ * OWN_CALL(r = real(...)) returns r. */
+#define OWN_CALL(call)                                                         \
+    __extension__({                                                            \
+        uint32_t own_before_ = krex_hip_peek_error();                          \
+        uint32_t own_r_ = (uint32_t)(call);                                    \
+        if (own_r_ != KREX_HIP_SUCCESS)                                        \
+            krex_hip_forget_own_error(own_before_);                            \
+        own_r_;                                                                \
+    })
 
 static int hip_owner(uintptr_t *key)
 {
     krex_hip_abi_hipGetDevice *get = KREX_HIP_REAL(hipGetDevice);
     int32_t dev = -1;
-    if (!get || get(&dev) != KREX_HIP_SUCCESS || dev < 0)
+    if (!get || OWN_CALL(get(&dev)) != KREX_HIP_SUCCESS || dev < 0)
         return 0;
     *key = (uintptr_t)dev;
     return 1;
@@ -141,14 +155,14 @@ static int hip_l2_size(uintptr_t key, int *dev, int *bytes)
     if (!get_attr)
         return L2_NOT_FOUND;
     *dev = (int)key;
-    return (int)get_attr(bytes, KREX_HIP_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, *dev);
+    return (int)OWN_CALL(get_attr(bytes, KREX_HIP_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, *dev));
 }
 
 static int hip_alloc(uint64_t *ptr, size_t size)
 {
     krex_hip_abi_hipMalloc *alloc = KREX_HIP_REAL(hipMalloc);
     void *p = NULL;
-    uint32_t r = alloc ? alloc(&p, size) : KREX_HIP_ERROR_NOT_FOUND;
+    uint32_t r = alloc ? OWN_CALL(alloc(&p, size)) : KREX_HIP_ERROR_NOT_FOUND;
     if (r == KREX_HIP_SUCCESS)
         *ptr = (uint64_t)(uintptr_t)p;
     return (int)r;
@@ -158,31 +172,31 @@ static void hip_release(uint64_t ptr)
 {
     krex_hip_abi_hipFree *mfree = KREX_HIP_REAL(hipFree);
     if (mfree)
-        mfree((void *)(uintptr_t)ptr);
+        (void)OWN_CALL(mfree((void *)(uintptr_t)ptr));
 }
 
 static int hip_memset(uint64_t ptr, unsigned char value, size_t size)
 {
     krex_hip_abi_hipMemset *set = KREX_HIP_REAL(hipMemset);
-    return set ? (int)set((void *)(uintptr_t)ptr, value, size) : L2_NOT_FOUND;
+    return set ? (int)OWN_CALL(set((void *)(uintptr_t)ptr, value, size)) : L2_NOT_FOUND;
 }
 
 static int hip_sync(void)
 {
     krex_hip_abi_hipDeviceSynchronize *sync = KREX_HIP_REAL(hipDeviceSynchronize);
-    return sync ? (int)sync() : L2_NOT_FOUND;
+    return sync ? (int)OWN_CALL(sync()) : L2_NOT_FOUND;
 }
 
 static int hip_memset_async(uint64_t ptr, size_t size)
 {
     krex_hip_abi_hipMemsetAsync *set = KREX_HIP_REAL(hipMemsetAsync);
-    return set ? (int)set((void *)(uintptr_t)ptr, 0, size, NULL) : L2_NOT_FOUND;
+    return set ? (int)OWN_CALL(set((void *)(uintptr_t)ptr, 0, size, NULL)) : L2_NOT_FOUND;
 }
 
 static int hip_stream_sync(void)
 {
     krex_hip_abi_hipStreamSynchronize *ssync = KREX_HIP_REAL(hipStreamSynchronize);
-    return ssync ? (int)ssync(NULL) : L2_NOT_FOUND; /* NULL: the null stream */
+    return ssync ? (int)OWN_CALL(ssync(NULL)) : L2_NOT_FOUND; /* NULL: the null stream */
 }
 
 static const struct l2_runtime hip_l2 = {

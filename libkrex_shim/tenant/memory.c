@@ -566,8 +566,16 @@ int krex_oom_retry(struct krex_oom *o, CUresult r, uint64_t bytes)
 
 int krex_hip_oom_retry(struct krex_oom *o, uint32_t r, uint64_t bytes)
 {
-    return oom_retry(o, &hip_runtime, r == KREX_HIP_ERROR_OUT_OF_MEMORY, r == KREX_HIP_SUCCESS,
-                     bytes);
+    int waited = o->waiting;
+    int again = oom_retry(o, &hip_runtime, r == KREX_HIP_ERROR_OUT_OF_MEMORY,
+                          r == KREX_HIP_SUCCESS, bytes);
+    /* Succeeded after waiting: the failed attempt's hipErrorOutOfMemory is
+     * still the thread's last error, and the program never saw it fail.  An
+     * error the program left unread before the call is lost with it (the
+     * runtime has no way to put it back). */
+    if (waited && r == KREX_HIP_SUCCESS)
+        krex_hip_forget_own_error(KREX_HIP_SUCCESS);
+    return again;
 }
 
 /* ---- fork ------------------------------------------------------------------------ */

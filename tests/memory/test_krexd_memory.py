@@ -150,7 +150,7 @@ def test_an_allocation_waiting_for_cotenants_stops_admission(
     s = stack(admission=False, oom_wait_s=20, api=gpu_api)
     hog = s.run("alloc=700M", "wait", "free", "wait")
     assert hog.next(20)["op"] == "start" and hog.next()["rc"] == gpu_api.success
-    victim = s.run("alloc=500M")
+    victim = s.run("alloc=500M", "lasterror")
     assert victim.next(20)["op"] == "start"
     wait_for(lambda: bool(s.gpu()["memory"]["waiting"]), 10, "krexd sees the wait")
     mem = s.gpu()["memory"]
@@ -161,6 +161,8 @@ def test_an_allocation_waiting_for_cotenants_stops_admission(
     assert late.quiet(), "nothing is admitted while an allocation waits for memory"
     hog.go()
     assert victim.next(10)["rc"] == gpu_api.success
+    # The attempts that failed while it waited are not the program's last error.
+    assert victim.next(10) == {"op": "lasterror", "rc": gpu_api.success}
     assert victim.finish()[0] == 0
     assert late.next(20)["op"] == "start" and late.finish()[0] == 0
     hog.go()

@@ -19,7 +19,7 @@ call).  Commands:
   graph_launch [S]          hipGraphLaunch of the last instantiated graph
   sync                      hipDeviceSynchronize
   region_begin EPOCH L2     krex_shim_region_begin ("rc" its result): adds "flushed"
-                            (krex_shim_region_l2_flushed)
+                            (krex_shim_region_l2_flushed) and "last_error" (hipPeekAtLastError)
   region_end                krex_shim_region_end: adds "sync_ns" and "launches"
   region_warm US            krex_shim_region_warm: adds "spent" (its result)
   cuda_init                 the fake CUDA driver too (tests/fakecuda/fakegpu.py)
@@ -136,6 +136,8 @@ class Tenant:
             begin.argtypes, begin.restype = [_U, ctypes.c_int], ctypes.c_int
             out["rc"] = begin(int(args[0]), int(args[1]))
             out["flushed"] = shim.krex_shim_region_l2_flushed()
+            # What the program's next hipGetLastError would read (not consumed here).
+            out["last_error"] = self.hip.try_call("hipPeekAtLastError")
         elif cmd == "region_end":
             end = ctypes.CDLL(None).krex_shim_region_end
             sync_ns, launches = ctypes.c_uint64(), ctypes.c_uint64()

@@ -11,6 +11,8 @@ Usage: allocator.py STEP...   (one JSON line per step on stdout, flushed)
   hold=S         sleep S seconds
   wait           print {"op": "wait"} and block until a line on stdin
   launch=N       launch N 100 µs kernels and synchronize
+  lasterror      report the runtime's last error (HIP: hipGetLastError, which
+                 also clears it; the CUDA driver keeps none: its success)
   region=STEPS   run STEPS (comma-separated, same syntax) inside
                  region.critical()
 
@@ -71,6 +73,10 @@ def run(steps: list[str], gpu: fakegpu.FakeGpu) -> None:
         elif key == "wait":
             say(op="wait")
             sys.stdin.readline()
+        elif key == "lasterror":
+            hip = getattr(gpu, "hip", None)
+            rc = hip.error_name(hip.try_call("hipGetLastError")) if hip is not None else SUCCESS
+            say(op="lasterror", rc=rc)
         elif key == "launch":
             for _ in range(int(val)):
                 gpu.launch(100_000)
