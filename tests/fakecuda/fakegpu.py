@@ -50,6 +50,28 @@ _I = ctypes.c_int
 _SZ = ctypes.c_size_t
 _PSZ = ctypes.POINTER(ctypes.c_size_t)
 
+
+class MemLocation(ctypes.Structure):
+    """CUmemLocation."""
+
+    _fields_ = [("type", _I), ("id", _I)]
+
+
+class MemAllocationProp(ctypes.Structure):
+    """CUmemAllocationProp (its allocFlags as one 8-byte field)."""
+
+    _fields_ = [
+        ("type", _I),
+        ("requestedHandleTypes", _I),
+        ("location", MemLocation),
+        ("win32HandleMetaData", _P),
+        ("allocFlags", ctypes.c_uint64),
+    ]
+
+
+CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+
 # name -> argument types (all return CUresult, an int)
 _SIGNATURES: dict[str, list[Any]] = {
     "cuInit": [_U],
@@ -82,6 +104,13 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuMemAllocAsync": [ctypes.POINTER(ctypes.c_uint64), _SZ, _P],
     "cuMemFree_v2": [ctypes.c_uint64],
     "cuMemGetInfo_v2": [_PSZ, _PSZ],
+    "cuMemCreate": [
+        ctypes.POINTER(ctypes.c_uint64),
+        _SZ,
+        ctypes.POINTER(MemAllocationProp),
+        ctypes.c_ulonglong,
+    ],
+    "cuMemRelease": [ctypes.c_uint64],
     "cuPointerGetAttribute": [_P, _I, ctypes.c_uint64],
     "cuMemsetD8Async": [ctypes.c_uint64, ctypes.c_ubyte, _SZ, _P],
     "cuMemcpyHtoD_v2": [ctypes.c_uint64, _P, _SZ],
@@ -231,6 +260,19 @@ class FakeGpu:
     def free(self, ptr: int) -> None:
         """Free device memory from :meth:`alloc` (synchronizes, like cuMemFree)."""
         self.drv.call("cuMemFree_v2", ptr)
+
+    def mem_create(self, nbytes: int) -> int:
+        """A physical allocation of ``nbytes`` on this device (cuMemCreate); the handle."""
+        prop = MemAllocationProp()
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location = MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, self.device)
+        h = ctypes.c_uint64()
+        self.drv.call("cuMemCreate", ctypes.byref(h), nbytes, ctypes.byref(prop), 0)
+        return h.value
+
+    def mem_release(self, handle: int) -> None:
+        """Release a physical allocation from :meth:`mem_create` (cuMemRelease)."""
+        self.drv.call("cuMemRelease", handle)
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of this device, as all processes share it."""

@@ -178,7 +178,41 @@
     X(hipStreamCaptureModeRelaxed, 2)                                                             \
     X(hipStreamCaptureStatusNone, 0)                                                              \
     X(hipStreamCaptureStatusActive, 1)                                                            \
-    X(hipStreamCaptureStatusInvalidated, 2)
+    X(hipStreamCaptureStatusInvalidated, 2)                                                       \
+    X(hipArrayDefault, 0x00)                                                                      \
+    X(hipArrayLayered, 0x01)                                                                      \
+    X(hipArraySurfaceLoadStore, 0x02)                                                             \
+    X(hipArrayCubemap, 0x04)                                                                      \
+    X(hipArrayTextureGather, 0x08)                                                                \
+    X(hipChannelFormatKindSigned, 0)                                                              \
+    X(hipChannelFormatKindUnsigned, 1)                                                            \
+    X(hipChannelFormatKindFloat, 2)                                                               \
+    X(hipChannelFormatKindNone, 3)                                                                \
+    X(HIP_AD_FORMAT_UNSIGNED_INT8, 0x01)                                                          \
+    X(HIP_AD_FORMAT_UNSIGNED_INT16, 0x02)                                                         \
+    X(HIP_AD_FORMAT_UNSIGNED_INT32, 0x03)                                                         \
+    X(HIP_AD_FORMAT_SIGNED_INT8, 0x08)                                                            \
+    X(HIP_AD_FORMAT_SIGNED_INT16, 0x09)                                                           \
+    X(HIP_AD_FORMAT_SIGNED_INT32, 0x0a)                                                           \
+    X(HIP_AD_FORMAT_HALF, 0x10)                                                                   \
+    X(HIP_AD_FORMAT_FLOAT, 0x20)                                                                  \
+    X(hipMemLocationTypeInvalid, 0)                                                               \
+    X(hipMemLocationTypeDevice, 1)                                                                \
+    X(hipMemAllocationTypeInvalid, 0)                                                             \
+    X(hipMemAllocationTypePinned, 1)                                                              \
+    X(hipMemHandleTypeNone, 0)
+
+/* Sizes and offsets of the structures the memory calls take, on LP64 (the
+ * HIP 5.2.3 layouts; asserted in both modes, against the real header there):
+ * tests/fakehip/hipgpu.py builds them with ctypes. */
+#define FH_STRUCT_LAYOUTS(X)                                                                      \
+    X(hipExtent, 24, depth, 16)                                                                   \
+    X(hipPitchedPtr, 32, ysize, 24)                                                               \
+    X(hipChannelFormatDesc, 20, f, 16)                                                            \
+    X(HIP_ARRAY_DESCRIPTOR, 24, NumChannels, 20)                                                  \
+    X(HIP_ARRAY3D_DESCRIPTOR, 40, Flags, 32)                                                      \
+    X(hipMemLocation, 8, id, 4)                                                                   \
+    X(hipMemAllocationProp, 32, location, 4)
 
 /* Size of the HIP 5.2.3 hipDeviceProp_t and of ROCm 6's hipDeviceProp_tR0600
  * on LP64 (asserted for both in own mode, the first against the real header). */
@@ -268,6 +302,105 @@ typedef void (*hipHostFn_t)(void *userData);
 typedef void (*hipStreamCallback_t)(hipStream_t stream, hipError_t status, void *userData);
 
 #define hipStreamPerThread ((hipStream_t)2)
+#define hipArrayDefault 0x00
+#define hipArrayLayered 0x01
+#define hipArraySurfaceLoadStore 0x02
+#define hipArrayCubemap 0x04
+#define hipArrayTextureGather 0x08
+
+typedef struct hipExtent {
+    size_t width; /* in elements for arrays, in bytes for linear memory */
+    size_t height;
+    size_t depth;
+} hipExtent;
+
+typedef struct hipPitchedPtr {
+    void *ptr;
+    size_t pitch;
+    size_t xsize;
+    size_t ysize;
+} hipPitchedPtr;
+
+typedef enum hipChannelFormatKind {
+    hipChannelFormatKindSigned = 0,
+    hipChannelFormatKindUnsigned = 1,
+    hipChannelFormatKindFloat = 2,
+    hipChannelFormatKindNone = 3
+} hipChannelFormatKind;
+
+typedef struct hipChannelFormatDesc {
+    int x;
+    int y;
+    int z;
+    int w;
+    enum hipChannelFormatKind f;
+} hipChannelFormatDesc;
+
+typedef enum hipArray_Format {
+    HIP_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    HIP_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    HIP_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    HIP_AD_FORMAT_SIGNED_INT8 = 0x08,
+    HIP_AD_FORMAT_SIGNED_INT16 = 0x09,
+    HIP_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    HIP_AD_FORMAT_HALF = 0x10,
+    HIP_AD_FORMAT_FLOAT = 0x20
+} hipArray_Format;
+
+typedef struct HIP_ARRAY_DESCRIPTOR {
+    size_t Width;
+    size_t Height;
+    enum hipArray_Format Format;
+    unsigned int NumChannels;
+} HIP_ARRAY_DESCRIPTOR;
+
+typedef struct HIP_ARRAY3D_DESCRIPTOR {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    enum hipArray_Format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} HIP_ARRAY3D_DESCRIPTOR;
+
+/* HIP declares the structure; the fake's arrays are its own (hip_memory.c)
+ * and never read as one. */
+typedef struct hipArray hipArray;
+
+typedef enum hipMemLocationType {
+    hipMemLocationTypeInvalid = 0,
+    hipMemLocationTypeDevice = 1
+} hipMemLocationType;
+
+typedef struct hipMemLocation {
+    hipMemLocationType type;
+    int id;
+} hipMemLocation;
+
+typedef enum hipMemAllocationType {
+    hipMemAllocationTypeInvalid = 0x0,
+    hipMemAllocationTypePinned = 0x1,
+    hipMemAllocationTypeMax = 0x7FFFFFFF
+} hipMemAllocationType;
+
+typedef enum hipMemAllocationHandleType {
+    hipMemHandleTypeNone = 0x0,
+    hipMemHandleTypePosixFileDescriptor = 0x1,
+    hipMemHandleTypeWin32 = 0x2,
+    hipMemHandleTypeWin32Kmt = 0x4
+} hipMemAllocationHandleType;
+
+/* HIP 5.2.3's layout (ROCm 6 reordered it: the fake is HIP 5.2.3's). */
+typedef struct hipMemAllocationProp {
+    unsigned char compressionType;
+    hipMemLocation location;
+    hipMemAllocationHandleType requestedHandleType;
+    hipMemAllocationType type;
+    unsigned short usage;
+    void *win32HandleMetaData;
+} hipMemAllocationProp;
+
+typedef struct ihipMemGenericAllocationHandle *hipMemGenericAllocationHandle_t;
 
 typedef struct dim3 {
     uint32_t x;
@@ -379,6 +512,18 @@ hipError_t hipMalloc(void **ptr, size_t size);
 hipError_t hipFree(void *ptr);
 hipError_t hipMallocAsync(void **dev_ptr, size_t size, hipStream_t stream);
 hipError_t hipFreeAsync(void *dev_ptr, hipStream_t stream);
+hipError_t hipMalloc3D(hipPitchedPtr *pitchedDevPtr, hipExtent extent);
+hipError_t hipMallocArray(hipArray **array, const hipChannelFormatDesc *desc, size_t width,
+                          size_t height, unsigned int flags);
+hipError_t hipMalloc3DArray(hipArray **array, const struct hipChannelFormatDesc *desc,
+                            struct hipExtent extent, unsigned int flags);
+hipError_t hipArrayCreate(hipArray **pHandle, const HIP_ARRAY_DESCRIPTOR *pAllocateArray);
+hipError_t hipArray3DCreate(hipArray **array, const HIP_ARRAY3D_DESCRIPTOR *pAllocateArray);
+hipError_t hipFreeArray(hipArray *array);
+hipError_t hipArrayDestroy(hipArray *array);
+hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size,
+                        const hipMemAllocationProp *prop, unsigned long long flags);
+hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle);
 hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags);
 hipError_t hipHostFree(void *ptr);
 hipError_t hipMemcpy(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind);
@@ -451,6 +596,12 @@ hipError_t hipGraphLaunch(hipGraphExec_t graphExec, hipStream_t stream);
 hipError_t hipGraphExecDestroy(hipGraphExec_t graphExec);
 
 #endif /* FAKEHIP_REAL_HEADERS */
+
+#define FH_CHECK_LAYOUT(type, size, field, offset)                                                \
+    _Static_assert(sizeof(type) == (size), #type " size");                                        \
+    _Static_assert(offsetof(type, field) == (offset), #type "." #field " offset");
+FH_STRUCT_LAYOUTS(FH_CHECK_LAYOUT)
+#undef FH_CHECK_LAYOUT
 
 /* ROCm 6.0's hipDeviceProp_t (hipDeviceProp_tR0600), which ROCm 6 programs
  * pass to hipGetDevicePropertiesR0600 (HIP 5.2.3 has neither). */

@@ -42,6 +42,77 @@ class Dim3(ctypes.Structure):
     _fields_ = [("x", ctypes.c_uint32), ("y", ctypes.c_uint32), ("z", ctypes.c_uint32)]
 
 
+class Extent(ctypes.Structure):
+    """hipExtent, passed by value (width in bytes for linear memory, in elements for arrays)."""
+
+    _fields_ = [("width", _SZ), ("height", _SZ), ("depth", _SZ)]
+
+
+class PitchedPtr(ctypes.Structure):
+    """hipPitchedPtr, what hipMalloc3D fills in."""
+
+    _fields_ = [("ptr", _P), ("pitch", _SZ), ("xsize", _SZ), ("ysize", _SZ)]
+
+
+class ChannelFormatDesc(ctypes.Structure):
+    """hipChannelFormatDesc: bits per channel and the channels' kind."""
+
+    _fields_ = [("x", _I), ("y", _I), ("z", _I), ("w", _I), ("f", _I)]
+
+
+class ArrayDescriptor(ctypes.Structure):
+    """HIP_ARRAY_DESCRIPTOR (hipArrayCreate)."""
+
+    _fields_ = [("Width", _SZ), ("Height", _SZ), ("Format", _I), ("NumChannels", _U)]
+
+
+class Array3DDescriptor(ctypes.Structure):
+    """HIP_ARRAY3D_DESCRIPTOR (hipArray3DCreate)."""
+
+    _fields_ = [
+        ("Width", _SZ),
+        ("Height", _SZ),
+        ("Depth", _SZ),
+        ("Format", _I),
+        ("NumChannels", _U),
+        ("Flags", _U),
+    ]
+
+
+class MemLocation(ctypes.Structure):
+    """hipMemLocation."""
+
+    _fields_ = [("type", _I), ("id", _I)]
+
+
+class MemAllocationProp(ctypes.Structure):
+    """hipMemAllocationProp, HIP 5.2's layout (the fake's, tests/fakehip/hip_api.h)."""
+
+    _fields_ = [
+        ("compressionType", ctypes.c_ubyte),
+        ("location", MemLocation),
+        ("requestedHandleType", _I),
+        ("type", _I),
+        ("usage", ctypes.c_ushort),
+        ("win32HandleMetaData", _P),
+    ]
+
+
+# Arrays of float4 elements: 16 bytes each.
+CHANNEL_FORMAT_KIND_FLOAT = 2
+AD_FORMAT_FLOAT = 0x20
+FLOAT4_BYTES = 16
+MEM_LOCATION_TYPE_DEVICE = 1
+MEM_ALLOCATION_TYPE_PINNED = 1
+# How an array is made, and the free that goes with it.
+ARRAY_CALLS = {
+    "hipMallocArray": "hipFreeArray",
+    "hipMalloc3DArray": "hipFreeArray",
+    "hipArrayCreate": "hipArrayDestroy",
+    "hipArray3DCreate": "hipArrayDestroy",
+}
+
+
 # name -> argument types (all return hipError_t, an int)
 _SIGNATURES: dict[str, list[Any]] = {
     "hipInit": [_U],
@@ -55,6 +126,15 @@ _SIGNATURES: dict[str, list[Any]] = {
     "hipFree": [_P],
     "hipMallocAsync": [_PP, _SZ, _P],
     "hipFreeAsync": [_P, _P],
+    "hipMalloc3D": [ctypes.POINTER(PitchedPtr), Extent],
+    "hipMallocArray": [_PP, ctypes.POINTER(ChannelFormatDesc), _SZ, _SZ, _U],
+    "hipMalloc3DArray": [_PP, ctypes.POINTER(ChannelFormatDesc), Extent, _U],
+    "hipArrayCreate": [_PP, ctypes.POINTER(ArrayDescriptor)],
+    "hipArray3DCreate": [_PP, ctypes.POINTER(Array3DDescriptor)],
+    "hipFreeArray": [_P],
+    "hipArrayDestroy": [_P],
+    "hipMemCreate": [_PP, _SZ, ctypes.POINTER(MemAllocationProp), ctypes.c_ulonglong],
+    "hipMemRelease": [_P],
     "hipHostMalloc": [_PP, _SZ, _U],
     "hipHostFree": [_P],
     "hipMemcpy": [_P, _P, _SZ, _I],
@@ -239,6 +319,50 @@ class HipGpu:
     def free(self, ptr: int) -> None:
         """hipFree."""
         self.hip.call("hipFree", ptr)
+
+    def malloc3d(self, width: int, height: int, depth: int) -> tuple[int, int]:
+        """hipMalloc3D of rows of ``width`` bytes; (the device pointer, the pitch)."""
+        pp = PitchedPtr()
+        self.hip.call("hipMalloc3D", ctypes.byref(pp), Extent(width, height, depth))
+        return int(pp.ptr or 0), int(pp.pitch)
+
+    def array_create(
+        self, width: int, height: int = 0, depth: int = 0, how: str = "hipArray3DCreate"
+    ) -> int:
+        """An array of float4 elements (16 bytes) made by ``how`` (a key of ARRAY_CALLS;
+        hipMallocArray and hipArrayCreate take no depth); its handle."""
+        a = ctypes.c_void_p()
+        desc = ChannelFormatDesc(32, 32, 32, 32, CHANNEL_FORMAT_KIND_FLOAT)
+        if how == "hipMallocArray":
+            assert depth == 0
+            self.hip.call(how, ctypes.byref(a), ctypes.byref(desc), width, height, 0)
+        elif how == "hipMalloc3DArray":
+            self.hip.call(how, ctypes.byref(a), ctypes.byref(desc), Extent(width, height, depth), 0)
+        elif how == "hipArrayCreate":
+            assert depth == 0
+            d2 = ArrayDescriptor(width, height, AD_FORMAT_FLOAT, 4)
+            self.hip.call(how, ctypes.byref(a), ctypes.byref(d2))
+        else:
+            d3 = Array3DDescriptor(width, height, depth, AD_FORMAT_FLOAT, 4, 0)
+            self.hip.call("hipArray3DCreate", ctypes.byref(a), ctypes.byref(d3))
+        return int(a.value or 0)
+
+    def array_free(self, array: int, how: str = "hipFreeArray") -> None:
+        """hipFreeArray (or ``how`` = hipArrayDestroy) of an array."""
+        self.hip.call(how, array)
+
+    def mem_create(self, size: int) -> int:
+        """hipMemCreate of ``size`` bytes on this object's device; the handle."""
+        prop = MemAllocationProp()
+        prop.type = MEM_ALLOCATION_TYPE_PINNED
+        prop.location = MemLocation(MEM_LOCATION_TYPE_DEVICE, self.device)
+        h = ctypes.c_void_p()
+        self.hip.call("hipMemCreate", ctypes.byref(h), size, ctypes.byref(prop), 0)
+        return int(h.value or 0)
+
+    def mem_release(self, handle: int) -> None:
+        """hipMemRelease."""
+        self.hip.call("hipMemRelease", handle)
 
     def memcpy(self, dst: int, src: int, size: int, kind: str, stream: int | None = None) -> None:
         """hipMemcpy (stream None) or hipMemcpyAsync; ``kind`` a key of MEMCPY."""

@@ -1,6 +1,7 @@
 """What the simulated GPUs look like through HIP (properties, attributes,
-UUIDs, visibility), memory shared with CUDA tenants, HIP's error codes and
-last error, and the library itself (exports, soname, ROCm's header)."""
+UUIDs, visibility), memory shared with CUDA tenants and what each allocation
+holds, HIP's error codes and last error, and the library itself (exports,
+soname, ROCm's header)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,42 @@ print(json.dumps({"free": free, "total": total, "oom": oom, "name": g.hip.error_
         cuda.wait()
     assert res["total"] == 1 << 30 and res["free"] == (1 << 30) - (700 << 20)
     assert (res["oom"], res["name"]) == (2, "hipErrorOutOfMemory")
+
+
+def test_pitched_memory_arrays_and_physical_allocations_hold_device_memory(fh: FakeHip) -> None:
+    # hipMalloc3D pads rows to 256 bytes; an array holds element x width x height x depth
+    # bytes; hipMemCreate is the engine's physical allocation; a second free is refused.
+    res = fh.python_json(
+        """
+import json, hipgpu
+g = hipgpu.init()
+def used():
+    free, total = g.mem_get_info()
+    return total - free
+base = used()
+out = {}
+p, out["pitch"] = g.malloc3d(1000, 4, 3)
+out["malloc3d"] = used() - base
+g.free(p)
+for how, free in hipgpu.ARRAY_CALLS.items():
+    a = g.array_create(100, 2, 3 if "3D" in how else 0, how=how)
+    out[how] = used() - base
+    g.array_free(a, free)
+    out[how + " again"] = g.hip.try_call(free, a)
+h = g.mem_create(1 << 20)
+out["memcreate"] = used() - base
+g.mem_release(h)
+out["release again"] = g.hip.try_call("hipMemRelease", h)
+out["after"] = used() - base
+print(json.dumps(out))
+"""
+    )
+    assert res["pitch"] == 1024 and res["malloc3d"] == 1024 * 4 * 3
+    assert res["hipMallocArray"] == res["hipArrayCreate"] == 16 * 100 * 2
+    assert res["hipMalloc3DArray"] == res["hipArray3DCreate"] == 16 * 100 * 2 * 3
+    assert res["memcreate"] == 1 << 20 and res["after"] == 0
+    again = [v for k, v in res.items() if k.endswith("again")]
+    assert again == [1] * 5  # hipErrorInvalidValue
 
 
 def test_error_codes_names_and_last_error(fh: FakeHip) -> None:
