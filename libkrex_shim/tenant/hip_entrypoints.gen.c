@@ -436,10 +436,28 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(hiprtcVersion), krex_hip_
     (__builtin_classify_type(*(t *)0) == 3 ? 1 : __builtin_classify_type(*(t *)0))
 #define KREX_HIP_SAME_ABI(a, b) \
     (sizeof(a) == sizeof(b) && _Alignof(a) == _Alignof(b) && KREX_HIP_CLASS(a) == KREX_HIP_CLASS(b))
+_Static_assert(KREX_HIP_SAME_ABI(HIP_ARRAY3D_DESCRIPTOR, struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR), "HIP_ARRAY3D_DESCRIPTOR");
+_Static_assert(offsetof(HIP_ARRAY3D_DESCRIPTOR, Width) == offsetof(struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR, Width), "HIP_ARRAY3D_DESCRIPTOR.Width");
+_Static_assert(offsetof(HIP_ARRAY3D_DESCRIPTOR, Height) == offsetof(struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR, Height), "HIP_ARRAY3D_DESCRIPTOR.Height");
+_Static_assert(offsetof(HIP_ARRAY3D_DESCRIPTOR, Depth) == offsetof(struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR, Depth), "HIP_ARRAY3D_DESCRIPTOR.Depth");
+_Static_assert(offsetof(HIP_ARRAY3D_DESCRIPTOR, Format) == offsetof(struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR, Format), "HIP_ARRAY3D_DESCRIPTOR.Format");
+_Static_assert(offsetof(HIP_ARRAY3D_DESCRIPTOR, NumChannels) == offsetof(struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR, NumChannels), "HIP_ARRAY3D_DESCRIPTOR.NumChannels");
+_Static_assert(offsetof(HIP_ARRAY3D_DESCRIPTOR, Flags) == offsetof(struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR, Flags), "HIP_ARRAY3D_DESCRIPTOR.Flags");
+_Static_assert(KREX_HIP_SAME_ABI(HIP_ARRAY_DESCRIPTOR, struct krex_hip_abi_HIP_ARRAY_DESCRIPTOR), "HIP_ARRAY_DESCRIPTOR");
+_Static_assert(offsetof(HIP_ARRAY_DESCRIPTOR, Width) == offsetof(struct krex_hip_abi_HIP_ARRAY_DESCRIPTOR, Width), "HIP_ARRAY_DESCRIPTOR.Width");
+_Static_assert(offsetof(HIP_ARRAY_DESCRIPTOR, Height) == offsetof(struct krex_hip_abi_HIP_ARRAY_DESCRIPTOR, Height), "HIP_ARRAY_DESCRIPTOR.Height");
+_Static_assert(offsetof(HIP_ARRAY_DESCRIPTOR, Format) == offsetof(struct krex_hip_abi_HIP_ARRAY_DESCRIPTOR, Format), "HIP_ARRAY_DESCRIPTOR.Format");
+_Static_assert(offsetof(HIP_ARRAY_DESCRIPTOR, NumChannels) == offsetof(struct krex_hip_abi_HIP_ARRAY_DESCRIPTOR, NumChannels), "HIP_ARRAY_DESCRIPTOR.NumChannels");
 _Static_assert(KREX_HIP_SAME_ABI(dim3, struct krex_hip_abi_dim3), "dim3");
 _Static_assert(offsetof(dim3, x) == offsetof(struct krex_hip_abi_dim3, x), "dim3.x");
 _Static_assert(offsetof(dim3, y) == offsetof(struct krex_hip_abi_dim3, y), "dim3.y");
 _Static_assert(offsetof(dim3, z) == offsetof(struct krex_hip_abi_dim3, z), "dim3.z");
+_Static_assert(KREX_HIP_SAME_ABI(hipChannelFormatDesc, struct krex_hip_abi_hipChannelFormatDesc), "hipChannelFormatDesc");
+_Static_assert(offsetof(hipChannelFormatDesc, x) == offsetof(struct krex_hip_abi_hipChannelFormatDesc, x), "hipChannelFormatDesc.x");
+_Static_assert(offsetof(hipChannelFormatDesc, y) == offsetof(struct krex_hip_abi_hipChannelFormatDesc, y), "hipChannelFormatDesc.y");
+_Static_assert(offsetof(hipChannelFormatDesc, z) == offsetof(struct krex_hip_abi_hipChannelFormatDesc, z), "hipChannelFormatDesc.z");
+_Static_assert(offsetof(hipChannelFormatDesc, w) == offsetof(struct krex_hip_abi_hipChannelFormatDesc, w), "hipChannelFormatDesc.w");
+_Static_assert(offsetof(hipChannelFormatDesc, f) == offsetof(struct krex_hip_abi_hipChannelFormatDesc, f), "hipChannelFormatDesc.f");
 _Static_assert(KREX_HIP_SAME_ABI(hipExtent, struct krex_hip_abi_hipExtent), "hipExtent");
 _Static_assert(offsetof(hipExtent, width) == offsetof(struct krex_hip_abi_hipExtent, width), "hipExtent.width");
 _Static_assert(offsetof(hipExtent, height) == offsetof(struct krex_hip_abi_hipExtent, height), "hipExtent.height");

@@ -860,7 +860,10 @@ extern const char *const krex_hip_known_exports[];
  * types reduced to types of the same size and calling-convention class
  * (hip_entrypoints.gen.c checks them against the headers), so that the
  * shim builds without HIP's headers. */
+struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR { size_t Width; size_t Height; size_t Depth; uint32_t Format; uint32_t NumChannels; uint32_t Flags; };
+struct krex_hip_abi_HIP_ARRAY_DESCRIPTOR { size_t Width; size_t Height; uint32_t Format; uint32_t NumChannels; };
 struct krex_hip_abi_dim3 { uint32_t x; uint32_t y; uint32_t z; };
+struct krex_hip_abi_hipChannelFormatDesc { int32_t x; int32_t y; int32_t z; int32_t w; int32_t f; };
 struct krex_hip_abi_hipExtent { size_t width; size_t height; size_t depth; };
 struct krex_hip_abi_hipIpcEventHandle_t { char reserved[64]; };
 struct krex_hip_abi_hipIpcMemHandle_t { char reserved[64]; };

@@ -453,8 +453,9 @@ KREX_HOOK uint32_t hipArray3DCreate(void * array, void * pAllocateArray)
     uint32_t krex_r;
     do {
         krex_r = krex_real_fn(array, pAllocateArray);
+        krex_hip_array_created(krex_r, array, krex_r ? 0 : krex_hip_array3d_desc_bytes(pAllocateArray));
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
-             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(krex_hip_array3d_desc_bytes(pAllocateArray))));
     return krex_r;
 }
 
@@ -465,8 +466,9 @@ KREX_HOOK uint32_t hipArrayCreate(void * pHandle, void * pAllocateArray)
     uint32_t krex_r;
     do {
         krex_r = krex_real_fn(pHandle, pAllocateArray);
+        krex_hip_array_created(krex_r, pHandle, krex_r ? 0 : krex_hip_array_desc_bytes(pAllocateArray));
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
-             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(krex_hip_array_desc_bytes(pAllocateArray))));
     return krex_r;
 }
 
@@ -476,7 +478,9 @@ KREX_HOOK uint32_t hipArrayDestroy(void * array)
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipArrayDestroy);
+    uint64_t krex_mz = krex_hip_array_take(array);
     uint32_t krex_r = krex_real_fn(array);
+    krex_hip_array_freed(krex_r, array, krex_mz);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -1156,7 +1160,9 @@ KREX_HOOK uint32_t hipFreeArray(void * array)
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipFreeArray);
+    uint64_t krex_mz = krex_hip_array_take(array);
     uint32_t krex_r = krex_real_fn(array);
+    krex_hip_array_freed(krex_r, array, krex_mz);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -2141,6 +2147,7 @@ KREX_HOOK uint32_t hipMalloc3D(void * pitchedDevPtr, struct krex_hip_abi_hipExte
     uint32_t krex_r;
     do {
         krex_r = krex_real_fn(pitchedDevPtr, extent);
+        krex_hip_mem_alloced_pitched(krex_r, pitchedDevPtr, extent.height, extent.depth);
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)((uint64_t)extent.width * extent.height * extent.depth)));
     return krex_r;
@@ -2153,8 +2160,9 @@ KREX_HOOK uint32_t hipMalloc3DArray(void * array, void * desc, struct krex_hip_a
     uint32_t krex_r;
     do {
         krex_r = krex_real_fn(array, desc, extent, flags);
+        krex_hip_array_created(krex_r, array, krex_r ? 0 : krex_hip_array_bytes(desc, extent.width, extent.height, extent.depth));
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
-             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(krex_hip_array_bytes(desc, extent.width, extent.height, extent.depth))));
     return krex_r;
 }
 
@@ -2165,8 +2173,9 @@ KREX_HOOK uint32_t hipMallocArray(void * array, void * desc, uint64_t width, uin
     uint32_t krex_r;
     do {
         krex_r = krex_real_fn(array, desc, width, height, flags);
+        krex_hip_array_created(krex_r, array, krex_r ? 0 : krex_hip_array_bytes(desc, width, height, 0));
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
-             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(krex_hip_array_bytes(desc, width, height, 0))));
     return krex_r;
 }
 
@@ -2306,8 +2315,9 @@ KREX_HOOK uint32_t hipMemCreate(void * handle, uint64_t size, void * prop, uint6
     uint32_t krex_r;
     do {
         krex_r = krex_real_fn(handle, size, prop, flags);
+        krex_hip_mem_created(krex_r, handle, size);
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
-             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
+             krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(size)));
     return krex_r;
 }
 
@@ -2487,7 +2497,10 @@ KREX_HOOK uint32_t hipMemRangeGetAttributes(void * data, void * data_sizes, void
 KREX_HOOK uint32_t hipMemRelease(void * handle)
 {
     KREX_HIP_HOOK_BIND(hipMemRelease, krex_hip_unbound(KREX_HIP_EP_hipMemRelease));
-    return krex_real_fn(handle);
+    uint64_t krex_mz = krex_hip_mem_take_handle(handle);
+    uint32_t krex_r = krex_real_fn(handle);
+    krex_hip_mem_released(krex_r, handle, krex_mz);
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipMemRetainAllocationHandle(void * handle, void * addr)

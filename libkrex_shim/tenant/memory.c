@@ -5,8 +5,9 @@
  *
  * Accounting: every device allocation the hooks see, CUDA's and HIP's
  * (hipMalloc, hipExtMallocWithFlags, hipMallocManaged,
- * hipMalloc[FromPool]Async, hipMallocPitch, hipMemAllocPitch), is recorded
- * by address (or handle) with its size in one table, and the total is
+ * hipMalloc[FromPool]Async, hipMallocPitch, hipMemAllocPitch, hipMalloc3D,
+ * hipMemCreate, the arrays), is recorded by address, physical handle or
+ * array handle with its size in one of three tables, and the total is
  * published in the slot as `mem_mib`.  Out-of-memory errors: judged by
  * krex_oom_retry() (CUDA) and krex_hip_oom_retry() (HIP), one judgement
  * (oom_retry(), told the error and how to read the card's size), which waits
@@ -72,7 +73,9 @@ struct table {
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct table ptrs, handles;
+/* Device addresses; physical allocations (cuMemCreate's and hipMemCreate's
+ * handles); HIP arrays (their hipArray *, a host object of the runtime's). */
+static struct table ptrs, handles, arrays;
 static uint64_t proc_bytes;
 /* A co-tenant wait of this process ran out: later co-tenant errors return
  * at once until an allocation succeeds.  Relaxed: a hint, no data behind it. */
@@ -155,6 +158,14 @@ static uint64_t table_take(struct table *t, uint64_t key)
 }
 
 /* ---- accounting ------------------------------------------------------------- */
+
+/* a x b, or UINT64_MAX when it does not fit (sizes read from a call's
+ * arguments). */
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    uint64_t p;
+    return __builtin_mul_overflow(a, b, &p) ? UINT64_MAX : p;
+}
 
 static int gating(void)
 {
@@ -279,6 +290,118 @@ void krex_hip_mem_freed(uint32_t r, void *ptr, uint64_t bytes)
 {
     /* Any failure puts the size back (note_gone): the memory is still held. */
     krex_mem_freed(r == 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, (CUdeviceptr)(uintptr_t)ptr, bytes);
+}
+
+void krex_hip_mem_alloced_pitched(uint32_t r, const void *pitched, uint64_t height,
+                                  uint64_t depth)
+{
+    if (r != 0 || !pitched)
+        return;
+    const struct krex_hip_abi_hipPitchedPtr *p = pitched;
+    krex_mem_alloced(CUDA_SUCCESS, (CUdeviceptr)(uintptr_t)p->ptr,
+                     mul_sat(mul_sat((uint64_t)p->pitch, height), depth));
+}
+
+/* The handle a creation wrote to `*pp` (HIP's handles are pointers), or 0. */
+static uint64_t written_handle(uint32_t r, const void *pp)
+{
+    return r == 0 && pp ? (uint64_t)(uintptr_t) * (void *const *)pp : 0;
+}
+
+static void note_created(struct table *t, uint64_t key, uint64_t bytes)
+{
+    if (key && bytes && gating())
+        note_new(t, key, bytes);
+}
+
+static void note_freed(struct table *t, uint32_t r, void *key, uint64_t bytes)
+{
+    /* Any failure puts the size back (note_gone): the memory is still held. */
+    note_gone(t, r == 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, (uint64_t)(uintptr_t)key, bytes);
+}
+
+void krex_hip_mem_created(uint32_t r, const void *phandle, uint64_t bytes)
+{
+    note_created(&handles, written_handle(r, phandle), bytes);
+}
+
+uint64_t krex_hip_mem_take_handle(void *handle)
+{
+    return note_take(&handles, (uint64_t)(uintptr_t)handle);
+}
+
+void krex_hip_mem_released(uint32_t r, void *handle, uint64_t bytes)
+{
+    note_freed(&handles, r, handle, bytes);
+}
+
+void krex_hip_array_created(uint32_t r, const void *parray, uint64_t bytes)
+{
+    note_created(&arrays, written_handle(r, parray), bytes);
+}
+
+uint64_t krex_hip_array_take(void *array) { return note_take(&arrays, (uint64_t)(uintptr_t)array); }
+
+void krex_hip_array_freed(uint32_t r, void *array, uint64_t bytes)
+{
+    note_freed(&arrays, r, array, bytes);
+}
+
+/* width x height x depth elements of `elem` bytes, a height or depth of 0
+ * counting as 1 (1D and 2D arrays). */
+static uint64_t array_bytes(uint64_t elem, uint64_t width, uint64_t height, uint64_t depth)
+{
+    return mul_sat(mul_sat(mul_sat(elem, width), height ? height : 1), depth ? depth : 1);
+}
+
+uint64_t krex_hip_array_bytes(const void *desc, uint64_t width, uint64_t height, uint64_t depth)
+{
+    if (!desc)
+        return 0;
+    /* Bits per channel (hipChannelFormatDesc x, y, z, w): their sum, in
+     * bytes, is the element's size. */
+    const struct krex_hip_abi_hipChannelFormatDesc *d = desc;
+    const int32_t bits[4] = {d->x, d->y, d->z, d->w};
+    uint64_t sum = 0;
+    for (int i = 0; i < 4; i++)
+        sum += bits[i] > 0 ? (uint64_t)bits[i] : 0;
+    return array_bytes((sum + 7) / 8, width, height, depth);
+}
+
+/* Bytes of one channel of hipArray_Format `format` (0: unknown). */
+static uint64_t format_bytes(uint32_t format)
+{
+    switch (format) {
+    case 0x01: /* HIP_AD_FORMAT_UNSIGNED_INT8 */
+    case 0x08: /* HIP_AD_FORMAT_SIGNED_INT8 */
+        return 1;
+    case 0x02: /* HIP_AD_FORMAT_UNSIGNED_INT16 */
+    case 0x09: /* HIP_AD_FORMAT_SIGNED_INT16 */
+    case 0x10: /* HIP_AD_FORMAT_HALF */
+        return 2;
+    case 0x03: /* HIP_AD_FORMAT_UNSIGNED_INT32 */
+    case 0x0a: /* HIP_AD_FORMAT_SIGNED_INT32 */
+    case 0x20: /* HIP_AD_FORMAT_FLOAT */
+        return 4;
+    default:
+        return 0;
+    }
+}
+
+uint64_t krex_hip_array_desc_bytes(const void *desc)
+{
+    if (!desc)
+        return 0;
+    const struct krex_hip_abi_HIP_ARRAY_DESCRIPTOR *d = desc;
+    return array_bytes(format_bytes(d->Format) * d->NumChannels, d->Width, d->Height, 0);
+}
+
+uint64_t krex_hip_array3d_desc_bytes(const void *desc)
+{
+    if (!desc)
+        return 0;
+    const struct krex_hip_abi_HIP_ARRAY3D_DESCRIPTOR *d = desc;
+    return array_bytes(format_bytes(d->Format) * d->NumChannels, d->Width, d->Height, d->Depth);
 }
 
 uint64_t krex_mem_device_bytes(size_t size, const CUmemAllocationProp *prop)
@@ -592,6 +715,7 @@ void krex_memory_atfork_child(void)
     pthread_mutex_init(&mu, NULL);
     memset(&ptrs, 0, sizeof ptrs);
     memset(&handles, 0, sizeof handles);
+    memset(&arrays, 0, sizeof arrays);
     proc_bytes = 0;
     atomic_store_explicit(&gave_up, 0, memory_order_relaxed);
     atomic_store_explicit(&nwaiting, 0, memory_order_relaxed);

@@ -57,6 +57,28 @@ void krex_mem_released(CUresult r, CUmemGenericAllocationHandle handle, uint64_t
 void krex_hip_mem_alloced(uint32_t r, void *pptr, uint64_t bytes);
 uint64_t krex_hip_mem_take(void *ptr);
 void krex_hip_mem_freed(uint32_t r, void *ptr, uint64_t bytes);
+/* hipMalloc3D: `pitched` the hipPitchedPtr it filled in, its pointer
+ * holding pitch x height x depth bytes. */
+void krex_hip_mem_alloced_pitched(uint32_t r, const void *pitched, uint64_t height,
+                                  uint64_t depth);
+/* hipMemCreate / hipMemRelease: by handle (`phandle` the
+ * hipMemGenericAllocationHandle_t * the creation wrote to), as cuMemCreate's. */
+void krex_hip_mem_created(uint32_t r, const void *phandle, uint64_t bytes);
+uint64_t krex_hip_mem_take_handle(void *handle);
+void krex_hip_mem_released(uint32_t r, void *handle, uint64_t bytes);
+/* Arrays, by their hipArray * (`parray` the hipArray ** the creation wrote
+ * to); their size from the descriptor, element size x width x height x
+ * depth (a height or depth of 0 counting as 1): the runtime's row padding
+ * and tiling are not seen. */
+void krex_hip_array_created(uint32_t r, const void *parray, uint64_t bytes);
+uint64_t krex_hip_array_take(void *array);
+void krex_hip_array_freed(uint32_t r, void *array, uint64_t bytes);
+/* An array's bytes: of hipChannelFormatDesc `desc` elements (hipMallocArray,
+ * hipMalloc3DArray), of a HIP_ARRAY_DESCRIPTOR (hipArrayCreate) or of a
+ * HIP_ARRAY3D_DESCRIPTOR (hipArray3DCreate); 0 for a NULL or unknown one. */
+uint64_t krex_hip_array_bytes(const void *desc, uint64_t width, uint64_t height, uint64_t depth);
+uint64_t krex_hip_array_desc_bytes(const void *desc);
+uint64_t krex_hip_array3d_desc_bytes(const void *desc);
 
 /* Bytes of device memory a cuMemCreate(size, prop) asks for (0 for host
  * or host-NUMA locations: not device memory). */

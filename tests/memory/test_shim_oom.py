@@ -9,31 +9,61 @@ one gate; the gate slots are read as krexd reads them.  What is checked:
   inside the tenant's own region fail at once, each recorded with its
   reason; a wait that runs out returns the error after ``oom_wait_s``;
 * two tenants each waiting for the other: the later one gives up at once;
-* ``mem_mib`` follows allocations and frees.
+* ``mem_mib`` follows allocations and frees, whichever call took the memory.
 
 The tests taking ``gpu_api`` run over the fake CUDA driver and over the fake HIP
-runtime (``progs/allocator.py``, hipMalloc and hipMallocAsync over HIP): the
-same judgement, the same wait, the runtime's own error.
+runtime (``progs/allocator.py``: over HIP hipMalloc, hipMallocAsync, hipMemCreate,
+hipMalloc3D and the arrays): the same judgement, the same wait, the runtime's own
+error, the same count.
 """
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.support import GpuApi
 
 from .conftest import SharedGpu
 
+# Each runtime's ways to take device memory (allocator.py's via=): CUDA's allocation and
+# physical allocation (the virtual-memory API); HIP's, its pitched 3D allocation and its
+# arrays (four ways to make one, two to free it).
+ALLOCATIONS = [
+    ("cuda", "malloc"),
+    ("cuda", "memcreate"),
+    ("hip", "malloc"),
+    ("hip", "memcreate"),
+    ("hip", "malloc3d"),
+    ("hip", "mallocarray"),
+    ("hip", "malloc3darray"),
+    ("hip", "arraycreate"),
+    ("hip", "array3dcreate"),
+]
 
-def test_mem_mib_follows_allocations_and_frees(shared_gpu: SharedGpu) -> None:
-    p = shared_gpu.start(1, "alloc=300M", "alloc=100M", "wait", "free=0", "wait", "free=all")
-    assert p.next()["rc"] == 0 and p.next()["rc"] == 0 and p.next()["op"] == "wait"
+
+@pytest.mark.parametrize(
+    ("gpu_api", "via"), ALLOCATIONS, indirect=["gpu_api"], ids=[f"{a}-{v}" for a, v in ALLOCATIONS]
+)
+def test_mem_mib_follows_allocations_and_frees(
+    shared_gpu: SharedGpu, gpu_api: GpuApi, via: str
+) -> None:
+    """The slot's mem_mib is the device memory the process holds: the simulated GPU's use
+    (a pitched allocation's padded rows included)."""
+    steps = [f"via={via}", "alloc=300M", "alloc=100M", "info", "wait", "free=0", "wait", "free"]
+    p = shared_gpu.run_allocator(1, *steps, api=gpu_api)
+    assert p.next()["op"] == "start"
+    assert [p.next()["rc"] for _ in range(2)] == [gpu_api.success] * 2
+    assert p.next() == {"op": "info", "used": 400 << 20}
+    assert p.next()["op"] == "wait"
     s = shared_gpu.slot(p.pid)
     assert (s.state, s.tenant, s.mem_mib) == ("active", 1, 400)
     p.go()
     assert p.next()["op"] == "free" and p.next()["op"] == "wait"
     assert shared_gpu.slot(p.pid).mem_mib == 100
     p.go()
+    assert p.next()["op"] == "free"
     assert p.finish()[0] == 0
     assert shared_gpu.slot(p.pid).mem_mib == 0
 

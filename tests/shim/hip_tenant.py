@@ -7,8 +7,13 @@ call).  Commands:
 
   init                      hipInit, the device, a module and its function
   count                     hipGetDeviceCount (class D: not gated; "count")
-  malloc MIB [async]        hipMalloc (or hipMallocAsync on the null stream) of MIB MiB ("ptr")
-  free PTR [async]          hipFree (or hipFreeAsync) of PTR
+  malloc MIB [HOW]          MIB MiB of device memory ("ptr": the pointer or handle), by
+                            hipMalloc, or HOW: async (hipMallocAsync on the null stream),
+                            memcreate (hipMemCreate), malloc3d (hipMalloc3D: MIB slices of
+                            1024 rows of 1000 bytes, padded to a 1024-byte pitch), array
+                            (hipMalloc3DArray of float4 elements, 1024 x 64 x MIB)
+  free PTR [HOW]            free what ``malloc MIB HOW`` gave: hipFree, hipFreeAsync,
+                            hipMemRelease, hipFree, hipFreeArray
   launch NS [S] [N]         hipModuleLaunchKernel of an NS-ns kernel (S: a stream index), N times
   launch_ptr NS [S]         hipLaunchKernel (a host function as the kernel's key)
   ext NS [S]                hipExtModuleLaunchKernel
@@ -72,24 +77,43 @@ class Tenant:
         self.keep.append(p)
         return p
 
+    def mem(self) -> hipgpu.HipGpu:
+        """The device (made by ``init`` or now) for the allocations hipgpu spells."""
+        if self.gpu is None:
+            self.gpu = hipgpu.HipGpu(self.hip)
+        return self.gpu
+
+    def malloc(self, mib: int, how: str) -> int:
+        size = mib << 20
+        if how == "memcreate":
+            return self.mem().mem_create(size)
+        if how == "malloc3d":
+            return self.mem().malloc3d(1000, 1024, mib)[0]
+        if how == "array":
+            return self.mem().array_create(1024, 64, mib, how="hipMalloc3DArray")
+        p = ctypes.c_void_p()
+        if how == "async":
+            self.hip.call("hipMallocAsync", ctypes.byref(p), size, None)
+        else:
+            self.hip.call("hipMalloc", ctypes.byref(p), size)
+        return p.value or 0
+
+    def free(self, ptr: int, how: str) -> None:
+        if how == "async":
+            self.hip.call("hipFreeAsync", ptr, None)
+        else:
+            fn = {"memcreate": "hipMemRelease", "array": "hipFreeArray"}.get(how, "hipFree")
+            self.hip.call(fn, ptr)
+
     def run(self, cmd: str, args: list[str]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         g = self.gpu
         if cmd == "init":
             self.gpu = hipgpu.HipGpu(self.hip)
         elif cmd == "malloc":
-            p = ctypes.c_void_p()
-            size = int(args[0]) << 20
-            if len(args) > 1:
-                self.hip.call("hipMallocAsync", ctypes.byref(p), size, None)
-            else:
-                self.hip.call("hipMalloc", ctypes.byref(p), size)
-            out["ptr"] = p.value
+            out["ptr"] = self.malloc(int(args[0]), args[1] if len(args) > 1 else "sync")
         elif cmd == "free":
-            if len(args) > 1:
-                self.hip.call("hipFreeAsync", int(args[0]), None)
-            else:
-                self.hip.call("hipFree", int(args[0]))
+            self.free(int(args[0]), args[1] if len(args) > 1 else "sync")
         elif cmd == "count":
             n = ctypes.c_int(0)
             self.hip.call("hipGetDeviceCount", ctypes.byref(n))

@@ -405,13 +405,14 @@ def test_a_cuda_process_never_loads_the_hip_runtime(
 # ---- device memory ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("how", ["sync", "async", "memcreate", "malloc3d", "array"])
 def test_hip_device_memory_is_counted_in_the_slot(
     gate: Gate, sibling: Callable[..., HipTenant], how: str
 ) -> None:
-    """hipMalloc/hipFree (hipMallocAsync/hipFreeAsync) move the slot's mem_mib, the figure krexd
-    reads where amdsmi gives none; a failed free changes nothing."""
-    extra = [] if how == "sync" else ["async"]
+    """hipMalloc/hipFree (hipMallocAsync/hipFreeAsync, hipMemCreate/hipMemRelease,
+    hipMalloc3D/hipFree, hipMalloc3DArray/hipFreeArray) move the slot's mem_mib, the figure
+    krexd reads where amdsmi gives none; a failed free changes nothing."""
+    extra = [] if how == "sync" else [how]
     t = sibling()
     a = t.run(" ".join(["malloc", "300", *extra]))["ptr"]
     b = t.run(" ".join(["malloc", "100", *extra]))["ptr"]
