@@ -831,7 +831,7 @@ KREX_HOOK uint32_t hipDevicePrimaryCtxReset(int32_t dev)
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDevicePrimaryCtxReset);
     uint32_t krex_r = krex_real_fn(dev);
-    krex_hip_note_reset(krex_r, dev);
+    krex_hip_note_reset(krex_r, dev); krex_region_hip_reset(krex_r);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -874,7 +874,7 @@ KREX_HOOK uint32_t hipDeviceReset(void)
     struct krex_slot *krex_s = krex_enter();
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipDeviceReset);
     uint32_t krex_r = krex_real_fn();
-    krex_hip_note_reset(krex_r, -1);
+    krex_hip_note_reset(krex_r, -1); krex_region_hip_reset(krex_r);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -991,7 +991,9 @@ KREX_HOOK uint32_t hipEventDestroy(void * event)
 KREX_HOOK uint32_t hipEventElapsedTime(void * ms, void * start, void * stop)
 {
     KREX_HIP_HOOK_BIND(hipEventElapsedTime, krex_hip_unbound(KREX_HIP_EP_hipEventElapsedTime));
-    return krex_real_fn(ms, start, stop);
+    uint32_t krex_r = krex_real_fn(ms, start, stop);
+    krex_hip_note_event_elapsed(krex_r, start, stop);
+    return krex_r;
 }
 
 KREX_HOOK uint32_t hipEventQuery(void * event)
@@ -1007,6 +1009,7 @@ KREX_HOOK uint32_t hipEventRecord(void * event, void * stream)
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipEventRecord);
     uint32_t krex_r = krex_real_fn(event, stream);
+    krex_hip_note_event_record(krex_r, event, stream);
     krex_leave(krex_s);
     krex_hip_after(krex_r);
     return krex_r;
@@ -1035,6 +1038,7 @@ KREX_HOOK uint32_t hipExtLaunchKernel(void * function_address, struct krex_hip_a
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtLaunchKernel);
         krex_count_launch();
         krex_r = krex_real_fn(function_address, numBlocks, dimBlocks, args, sharedMemBytes, stream, startEvent, stopEvent, flags);
+        krex_hip_note_launch_events(krex_r, startEvent, stopEvent, stream);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
@@ -1084,6 +1088,7 @@ KREX_HOOK uint32_t hipExtModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, 
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
         krex_count_launch();
         krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags);
+        krex_hip_note_launch_events(krex_r, startEvent, stopEvent, hStream);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
@@ -1103,6 +1108,7 @@ KREX_HOOK uint32_t krex_hip_sym_hipExtModuleLaunchKernel(void * f, uint32_t glob
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipExtModuleLaunchKernel);
         krex_count_launch();
         krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent, flags);
+        krex_hip_note_launch_events(krex_r, startEvent, stopEvent, hStream);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
@@ -1844,6 +1850,7 @@ KREX_HOOK uint32_t hipHccModuleLaunchKernel(void * f, uint32_t globalWorkSizeX, 
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
         krex_count_launch();
         krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent);
+        krex_hip_note_launch_events(krex_r, startEvent, stopEvent, hStream);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
@@ -1863,6 +1870,7 @@ KREX_HOOK uint32_t krex_hip_sym_hipHccModuleLaunchKernel(void * f, uint32_t glob
         if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipHccModuleLaunchKernel);
         krex_count_launch();
         krex_r = krex_real_fn(f, globalWorkSizeX, globalWorkSizeY, globalWorkSizeZ, localWorkSizeX, localWorkSizeY, localWorkSizeZ, sharedMemBytes, hStream, kernelParams, extra, startEvent, stopEvent);
+        krex_hip_note_launch_events(krex_r, startEvent, stopEvent, hStream);
         krex_leave(krex_s);
     } while (KREX_UNLIKELY(krex_r == KREX_HIP_ERROR_OUT_OF_MEMORY || krex_o.waiting) &&
              krex_hip_oom_retry(&krex_o, krex_r, (uint64_t)(0)));
@@ -3579,7 +3587,7 @@ KREX_HOOK uint32_t hipStreamDestroy(void * stream)
     krex_hip_thread_check();
     struct krex_slot *krex_s = krex_enter_hip_stream(stream, 0);
     if (KREX_UNLIKELY(krex_s == KREX_REFUSED)) return krex_hip_refused(KREX_HIP_EP_hipStreamDestroy);
-    krex_hip_note_stream_destroying(stream);
+    krex_hip_note_stream_destroying(stream); krex_region_stream_destroying(stream);
     uint32_t krex_r = krex_real_fn(stream);
     krex_leave(krex_s);
     krex_hip_after(krex_r);

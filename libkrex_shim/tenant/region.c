@@ -24,34 +24,40 @@
 static _Atomic uint32_t region_epoch;
 static _Atomic int l2_flushed;
 
-/* Events and streams, for the region record.  All relaxed: statistics,
- * written by the hooks of any thread and read by the client's thread after
- * krex_shim_region_end(); a record racing with begin or end may land on
- * either side, as it would without the shim. */
+/* Events and streams, for the region record: CUDA's and HIP's alike (both
+ * are pointers; an event or stream is kept as its address).  All relaxed:
+ * statistics, written by the hooks of any thread and read by the client's
+ * thread after krex_shim_region_end(); a record racing with begin or end
+ * may land on either side, as it would without the shim. */
 #define RECENT_EVENTS 64
 _Atomic int krex_region_open;        /* 1 from region_begin to region_end (region.h) */
-_Atomic uint64_t krex_events_recorded_outside; /* region.h, krex_note_event_record */
+_Atomic uint64_t krex_events_recorded_outside; /* region.h, krex_note_record */
 static _Atomic uint64_t events_timed_outside;
-static _Atomic(CUstream) timed_stream; /* stream of the last event recorded in the region */
+static _Atomic uintptr_t timed_stream; /* stream of the last event recorded in the region */
+/* 0: no timed stream; else the runtime it belongs to (enum krex_region_rt). */
 static _Atomic int timed_stream_known;
-static _Atomic(CUevent) recent_events[RECENT_EVENTS]; /* recorded in regions */
+static _Atomic uintptr_t recent_events[RECENT_EVENTS]; /* recorded in regions */
 static _Atomic uint32_t recent_next;
 static _Atomic uint64_t other_streams_ns = UINT64_MAX;
 
-/* [observe.post] of cuEventRecord*: in a region, remember the stream (the
- * timed one) and the event; outside, one relaxed increment. */
-void krex_note_event_record_in_region(CUevent ev, CUstream stream)
+/* [observe.post] of cuEventRecord* and hipEventRecord (region.h): in a
+ * region, remember the stream (the timed one, of runtime `rt`) and the
+ * event; outside, one relaxed increment. */
+void krex_note_event_record_in_region(const void *ev, const void *stream, int rt)
 {
-    /* The ring index: relaxed loads and stores (see krex_note_event_record
-     * in region.h). */
-    atomic_store_explicit(&timed_stream, stream, memory_order_relaxed);
-    atomic_store_explicit(&timed_stream_known, 1, memory_order_relaxed);
+    /* The ring index: relaxed loads and stores (see krex_note_record in
+     * region.h).  The stream before its runtime, both relaxed: a racing
+     * reader may pair one event's stream with another's runtime only when
+     * two runtimes record at the same instant, which the exit then
+     * synchronizes whole anyway (exit_sync's second part). */
+    atomic_store_explicit(&timed_stream, (uintptr_t)stream, memory_order_relaxed);
+    atomic_store_explicit(&timed_stream_known, rt, memory_order_relaxed);
     uint32_t i = atomic_load_explicit(&recent_next, memory_order_relaxed);
     atomic_store_explicit(&recent_next, i + 1, memory_order_relaxed);
-    atomic_store_explicit(&recent_events[i % RECENT_EVENTS], ev, memory_order_relaxed);
+    atomic_store_explicit(&recent_events[i % RECENT_EVENTS], (uintptr_t)ev, memory_order_relaxed);
 }
 
-static int recorded_in_region(CUevent ev)
+static int recorded_in_region(uintptr_t ev)
 {
     for (int i = 0; i < RECENT_EVENTS; i++)
         if (atomic_load_explicit(&recent_events[i], memory_order_relaxed) == ev)
@@ -59,29 +65,56 @@ static int recorded_in_region(CUevent ev)
     return 0;
 }
 
-/* [observe.post] of cuEventElapsedTime*: timing outside a region, unless
- * both events were recorded in a region (read after it ended). */
-void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end)
+/* Timing outside a region, unless both events were recorded in a region
+ * (read after it ended). */
+static void note_elapsed(int ok, uintptr_t start, uintptr_t end)
 {
-    if (r != CUDA_SUCCESS || atomic_load_explicit(&krex_region_open, memory_order_relaxed))
+    if (!ok || atomic_load_explicit(&krex_region_open, memory_order_relaxed))
         return;
     if (recorded_in_region(start) && recorded_in_region(end))
         return;
     atomic_fetch_add_explicit(&events_timed_outside, 1, memory_order_relaxed);
 }
 
-/* [observe.pre] of cuStreamDestroy*: the exit never synchronizes a freed stream. */
-void krex_region_stream_destroying(CUstream stream)
+/* [observe.post] of cuEventElapsedTime*. */
+void krex_note_event_elapsed(CUresult r, CUevent start, CUevent end)
+{
+    note_elapsed(r == CUDA_SUCCESS, (uintptr_t)start, (uintptr_t)end);
+}
+
+/* [observe.post] of hipEventElapsedTime. */
+void krex_hip_note_event_elapsed(uint32_t r, void *start, void *stop)
+{
+    note_elapsed(r == KREX_HIP_SUCCESS, (uintptr_t)start, (uintptr_t)stop);
+}
+
+/* [observe.pre] of cuStreamDestroy* and hipStreamDestroy: the exit never
+ * synchronizes a freed stream. */
+void krex_region_stream_destroying(const void *stream)
 {
     if (atomic_load_explicit(&timed_stream_known, memory_order_relaxed) &&
-        atomic_load_explicit(&timed_stream, memory_order_relaxed) == stream)
+        atomic_load_explicit(&timed_stream, memory_order_relaxed) == (uintptr_t)stream)
         atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
+}
+
+/* [observe.post] of hipDeviceReset and hipDevicePrimaryCtxReset: a timed
+ * HIP stream may have been one of the device's (relaxed, as above). */
+void krex_region_hip_reset(uint32_t r)
+{
+    if (r != KREX_HIP_SUCCESS)
+        return;
+    int rt = KREX_REGION_RT_HIP;
+    atomic_compare_exchange_strong_explicit(&timed_stream_known, &rt, 0, memory_order_relaxed,
+                                            memory_order_relaxed);
 }
 
 void krex_region_forget_ctx(CUcontext ctx)
 {
-    /* The timed stream may be one of the context's: forget it. */
-    atomic_store_explicit(&timed_stream_known, 0, memory_order_relaxed);
+    /* A timed CUDA stream may be one of the context's: forget it (relaxed,
+     * as above). */
+    int rt = KREX_REGION_RT_CUDA;
+    atomic_compare_exchange_strong_explicit(&timed_stream_known, &rt, 0, memory_order_relaxed,
+                                            memory_order_relaxed);
     krex_l2_forget_ctx(ctx);
 }
 
@@ -200,38 +233,54 @@ KREX_EXPORT int krex_shim_region_l2_flushed(void)
     return atomic_load_explicit(&l2_flushed, memory_order_relaxed);
 }
 
+/* Synchronize the timed stream `stream` of runtime `rt` through the real
+ * function (only of a runtime this process loaded: nothing is loaded
+ * here).  Its result (a CUresult, or a hipError_t), or -1 when it could not
+ * be asked. */
+static int sync_timed(int rt, uintptr_t stream)
+{
+    if (rt == KREX_REGION_RT_CUDA && krex_libcuda_if_loaded()) {
+        __typeof__(&cuStreamSynchronize) ssync = KREX_REAL(cuStreamSynchronize);
+        return ssync ? (int)ssync((CUstream)stream) : -1;
+    }
+    if (rt == KREX_REGION_RT_HIP && krex_hip_loaded()) {
+        krex_hip_abi_hipStreamSynchronize *ssync = KREX_HIP_REAL(hipStreamSynchronize);
+        return ssync ? (int)ssync((void *)stream) : -1;
+    }
+    return -1;
+}
+
 /* The exit synchronization: the timed stream first (when known), then
- * every context; the second part's duration goes to other_streams_ns. */
+ * every context (HIP: every device); the second part's duration goes to
+ * other_streams_ns. */
 static CUresult exit_sync(void)
 {
-    __typeof__(&cuStreamSynchronize) ssync = KREX_REAL(cuStreamSynchronize);
-    int known = atomic_exchange_explicit(&timed_stream_known, 0, memory_order_relaxed);
-    if (!known || !ssync || krex_captures() != 0)
-        return krex_sync_all(1); /* a capture: per-stream rules apply (drain.c) */
-    CUresult r = ssync(atomic_load_explicit(&timed_stream, memory_order_relaxed));
+    int rt = atomic_exchange_explicit(&timed_stream_known, 0, memory_order_relaxed);
+    /* A capture: per-stream rules apply (drain.c, hipdrain.c). */
+    int r = rt && krex_captures() == 0
+                ? sync_timed(rt, atomic_load_explicit(&timed_stream, memory_order_relaxed))
+                : -1;
+    if (r < 0)
+        return krex_sync_all(1);
     uint64_t t1 = krex_now_ns();
     CUresult r2 = krex_sync_all(1);
-    if (r == CUDA_SUCCESS)
+    if (r == 0)
         atomic_store_explicit(&other_streams_ns, krex_now_ns() - t1, memory_order_relaxed);
-    return r != CUDA_SUCCESS ? r : r2;
+    return r != 0 ? (CUresult)r : r2;
 }
 
 /* krex_shim_region_end(&sync_ns, &launches): synchronizes every context of
  * this process (work left on a private side stream must not run alongside
  * the siblings once they thaw; HIP: every device it used, as a drain
- * does), the timed stream first when an event was
- * recorded in the region (exit_sync), and returns how long that took and
- * the launches made in the region. */
+ * does), the timed stream first when an event was recorded in the region
+ * (exit_sync: CUDA's or HIP's, by the runtime that recorded it), and
+ * returns how long that took and the launches made in the region. */
 int krex_region_end(uint64_t *sync_ns, uint64_t *launches)
 {
     int saved = errno;
     uint64_t t0 = krex_now_ns();
-    /* A HIP process (no driver loaded) records no CUDA event: the drain's
-     * synchronization, HIP's half only (exit_sync would load the driver).
-     * Neither runtime loaded: no work of this process can be running. */
-    CUresult r = krex_libcuda_if_loaded() ? exit_sync()
-                 : krex_hip_loaded()      ? krex_sync_all(1)
-                                          : CUDA_SUCCESS;
+    /* Neither runtime loaded: no work of this process can be running. */
+    CUresult r = krex_libcuda_if_loaded() || krex_hip_loaded() ? exit_sync() : CUDA_SUCCESS;
     uint64_t dt = krex_now_ns() - t0;
     atomic_store_explicit(&krex_region_open, 0, memory_order_relaxed);
     if (sync_ns)
@@ -257,8 +306,9 @@ KREX_EXPORT uint64_t krex_shim_region_other_streams_ns(void)
     return atomic_load_explicit(&other_streams_ns, memory_order_relaxed);
 }
 
-/* CUDA events this process recorded (cuEventRecord*) and timed
- * (cuEventElapsedTime*) outside any region so far: timing done outside a
+/* Events this process recorded (cuEventRecord*, hipEventRecord, the
+ * events of HIP's launches that take them) and timed (cuEventElapsedTime*,
+ * hipEventElapsedTime) outside any region so far: timing done outside a
  * region.  Timing events recorded in one of the last RECENT_EVENTS regions
  * after the region ended is not counted. */
 KREX_EXPORT int krex_shim_region_events_outside(uint64_t *recorded, uint64_t *timed)

@@ -3,7 +3,9 @@
 Real krexd, real cgroups, the real shim LD_PRELOADed by ``krex run`` over
 the fake driver, and the client writing the region record
 (docs/design/region-log.md).  Without pynvml (the test machine has no GPU)
-every NVML figure must be null.
+every NVML figure must be null.  The record's test runs over both fakes
+(``gpu_api``): over HIP, ``progs/region_record.py`` times with HIP events
+(hipEventRecord, hipEventElapsedTime) on krexd's simulated AMD GPU.
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ from typing import Any
 
 import pytest
 
+from tests.support import GpuApi
 from tests.support.krexd import Krexd
 
 pytestmark = pytest.mark.root
 Factory = Callable[..., Krexd]
 PY = sys.executable
-REPO = Path(__file__).resolve().parents[2]
-FAKE_DIR = REPO / "build" / "fakecuda"
 PROG = Path(__file__).resolve().parent / "progs" / "region_record.py"
 
 
@@ -44,17 +45,10 @@ def test_autoregion_flag_reaches_the_command(krexd_factory: Factory) -> None:
 
 
 def test_region_log_records_every_region(
-    krexd_factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    krexd_factory: Factory, gpu_api: GpuApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not (FAKE_DIR / "libcuda.so.1").exists():
-        pytest.fail("build the shim and the fake driver first: make")
-    k = krexd_factory()
-    env = dict(
-        k.env,
-        LD_LIBRARY_PATH=str(FAKE_DIR),
-        KREX_FAKE_TIMELINE=str(tmp_path / "timeline"),
-        KREX_FAKE_STATE=str(tmp_path / "fakestate"),
-    )
+    k = krexd_factory(args=list(gpu_api.krexd_args))
+    env = gpu_api.env(k.env, str(tmp_path))
     env.pop("KREX_REGION_LOG", None)
     log = tmp_path / "regions.jsonl"
     monkeypatch.chdir(tmp_path)  # --region-log is relative to krex run's directory

@@ -2,7 +2,10 @@
 
 Usage: region_record.py
 
-1. Times a kernel with CUDA events outside any region (cuEventElapsedTime).
+Under ``KREX_TEST_GPU_API=hip`` the same over the fake HIP runtime
+(fakegpu.init): HIP events (hipEventRecord, hipEventElapsedTime), HIP streams.
+
+1. Times a kernel with events outside any region (cuEventElapsedTime).
 2. Region 1: times a 1 ms kernel on the legacy stream with events and leaves
    a 30 ms kernel running on a side stream (work left on another stream).
 3. Region 2, in a child process of this command (the log is shared).
