@@ -149,6 +149,15 @@ def run_generator(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def generate_from(classes: str, hip_include: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """Run the generator over the headers with ``classes`` as its table; output into ``out``."""
+    (out / "hip_classes.toml").write_text(classes)
+    return run_generator(
+        "--hip-include", str(hip_include), "--classes", str(out / "hip_classes.toml"),
+        "--out-dir", str(out),
+    )  # fmt: skip
+
+
 def test_every_declared_function_is_classified_once(
     gen: ModuleType, declared: dict[str, Any]
 ) -> None:
@@ -261,15 +270,7 @@ def test_generator_refuses_incomplete_classification(hip_include: Path, tmp_path
     assert '"hipStreamGetPriority"' not in broken and '"hipStreamGet*"' in broken
     assert broken.count('"hipStreamIsCapturing"') == text.count('"hipStreamIsCapturing"')
     assert '"hipStreamIsCapturing", "hipEventCreate"' in broken
-    (tmp_path / "hip_classes.toml").write_text(broken)
-    proc = run_generator(
-        "--hip-include",
-        str(hip_include),
-        "--classes",
-        str(tmp_path / "hip_classes.toml"),
-        "--out-dir",
-        str(tmp_path),
-    )
+    proc = generate_from(broken, hip_include, tmp_path)
     assert proc.returncode == 2
     assert "hipModuleLaunchKernel: unclassified" in proc.stderr
     assert "hipStreamGetPriority: may do device work; classify it explicitly" in proc.stderr
@@ -321,15 +322,7 @@ def test_generator_refuses_an_unreviewed_allocation(hip_include: Path, tmp_path:
     )
     assert 'hipMallocManaged = "size"' not in broken and '"hipIpcGetMemHandle"' not in broken
     assert '"hiprtcCreateProgram", "hipMalloc",' in broken
-    (tmp_path / "hip_classes.toml").write_text(broken)
-    proc = run_generator(
-        "--hip-include",
-        str(hip_include),
-        "--classes",
-        str(tmp_path / "hip_classes.toml"),
-        "--out-dir",
-        str(tmp_path),
-    )
+    proc = generate_from(broken, hip_include, tmp_path)
     assert proc.returncode == 2
     assert "hipMallocManaged: may fail with hipErrorOutOfMemory" in proc.stderr
     assert "hipIpcGetMemHandle: may fail with hipErrorOutOfMemory" in proc.stderr
@@ -341,15 +334,7 @@ def test_generator_refuses_an_unknown_by_value_type(hip_include: Path, tmp_path:
     text = (TOOLS / "hip_classes.toml").read_text()
     broken = text.replace('dim3 = ["uint32_t x", "uint32_t y", "uint32_t z"]\n', "")
     assert broken != text
-    (tmp_path / "hip_classes.toml").write_text(broken)
-    proc = run_generator(
-        "--hip-include",
-        str(hip_include),
-        "--classes",
-        str(tmp_path / "hip_classes.toml"),
-        "--out-dir",
-        str(tmp_path),
-    )
+    proc = generate_from(broken, hip_include, tmp_path)
     assert proc.returncode == 2
     assert "dim3: a parameter type of a hooked or called name" in proc.stderr
     assert not (tmp_path / "hip_hooks.gen.c").exists()
