@@ -88,6 +88,7 @@ def _violations(holder: int, regions: list[list[int]], records: list[Any]) -> in
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # nine busy tenants: beside other tests they slowed them (and it) tenfold
 def test_no_sibling_kernel_inside_any_region(krexd_factory: Any, gpu_api: GpuApi) -> None:
     """1,000 regions over the CUDA driver; 400 over HIP (the same shim protocol, its own
     hooks and drain: enough to meet every sibling's launch kinds many times)."""
