@@ -20,9 +20,9 @@ from krexd.config.config import RegionConfig
 from krexd.coordinator import Coordinator
 from krexd.pools.freeze import PoolFreeze
 from krexd.tenancy import states
-from krexd.tenancy.tenants import TenantRegistry
+from krexd.tenancy.tenants import Tenant, TenantRegistry
 from tests.coordinator.test_driver_locking import LockRig
-from tests.coordinator.test_protocol_fakes import SLICE, assert_idle, rig, run
+from tests.coordinator.test_protocol_fakes import SLICE, Rig, assert_idle, rig, run
 from tests.support.fakes import Events, FakeGate, FakePinner, FakeTenantControl, make_tenant
 
 #: What an entry pushes, in push order (so unwound last-first: cores first, gate last).
@@ -33,6 +33,21 @@ def _pools(tmp_path: Any) -> PoolFreeze:
     (tmp_path / "cgroup.freeze").write_text("0\n")
     (tmp_path / "cgroup.events").write_text("populated 1\nfrozen 1\n")  # frozen at once
     return PoolFreeze(str(tmp_path))
+
+
+async def cancel_the_exit_during_its_thaw(r: Rig, holder: Tenant, after_s: float) -> None:
+    """Enter as ``holder``, then cancel its exit ``after_s`` seconds in, while the
+    siblings' thaw is still waited for (as a stop cancels the requests in flight)."""
+    grant = await r.enter(holder)
+    r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
+    exiting = asyncio.ensure_future(r.exit(holder, grant))
+    await asyncio.sleep(after_s)
+    exiting.cancel()
+    try:
+        await exiting
+    except asyncio.CancelledError:
+        pass
+    del r.control.is_frozen
 
 
 def test_an_adopted_region_has_the_stack_an_entered_one_has(tmp_path: Any) -> None:
@@ -75,16 +90,7 @@ def test_a_cancel_during_the_ends_thaw_still_reopens_and_releases() -> None:
     holder, sibling = r.tenants
 
     async def scenario() -> None:
-        grant = await r.enter(holder)
-        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
-        exiting = asyncio.ensure_future(r.exit(holder, grant))
-        await asyncio.sleep(0.05)
-        exiting.cancel()
-        try:
-            await exiting
-        except asyncio.CancelledError:
-            pass
-        del r.control.is_frozen
+        await cancel_the_exit_during_its_thaw(r, holder, 0.05)
         assert r.coord.state == states.IDLE
         assert r.gate.word is None, "gate left closed"
         assert r.coord.gated.requests.owner is None, "region lock still held"
@@ -195,16 +201,7 @@ def test_an_exit_cancelled_during_its_unwind_is_counted_completed() -> None:
     holder, _ = r.tenants
 
     async def scenario() -> None:
-        grant = await r.enter(holder)
-        r.control.is_frozen = lambda t: True  # type: ignore[method-assign]  # slow thaw
-        exiting = asyncio.ensure_future(r.exit(holder, grant))
-        await asyncio.sleep(0.02)
-        exiting.cancel()
-        try:
-            await exiting
-        except asyncio.CancelledError:
-            pass
-        del r.control.is_frozen
+        await cancel_the_exit_during_its_thaw(r, holder, 0.02)
         assert_idle(r)
 
     run(scenario())
