@@ -126,7 +126,8 @@ def _start(k: Any, procs: list[subprocess.Popen[str]], api: GpuApi) -> Stack:
 
 
 def _enter_watching(s: Stack) -> tuple[dict[str, Any], list[tuple[int, bool, bool]]]:
-    """Queue the slow kernel, enter; (the holder's reply, [(ns, quick frozen, slow frozen)])."""
+    """Queue the slow kernel, enter; (the holder's reply, [(ns, quick frozen, slow frozen)]),
+    ns read after the two states (an upper bound of any freeze seen)."""
     s.slow.send(str(SLOW_NS))
     assert s.slow.get() == "launched"
     s.holder.send("enter")
@@ -134,7 +135,11 @@ def _enter_watching(s: Stack) -> tuple[dict[str, Any], list[tuple[int, bool, boo
     deadline = time.monotonic() + 30
     while (reply := s.holder.poll()) is None:
         assert time.monotonic() < deadline, "the holder's entry never ended"
-        seen.append((time.monotonic_ns(), _frozen(s.quick_pid), _frozen(s.slow_pid)))
+        quick, slow = _frozen(s.quick_pid), _frozen(s.slow_pid)
+        # The time after the reads: a state read as frozen was frozen by then.  (Taken
+        # before them, a test descheduled between the clock and the reads dated a
+        # later freeze too early.)
+        seen.append((time.monotonic_ns(), quick, slow))
         time.sleep(0.0005)
     return json.loads(reply), seen
 
